@@ -1,0 +1,109 @@
+"""Per-token KL pieces of the RPG objectives (spec §1.4, §2.1, §2.2, §2.7). Pure torch.
+
+Notation (per response token t, all tensors [batch, response_len]):
+
+    l      = log pi_theta(o_t | h_t)                 (differentiable)
+    l_old  = log mu(o_t | h_t)   sampling policy     (data)
+    l_ref  = log a(o_t | h_t)    KL anchor           (data; a = mu for the iterative reference)
+    w      = exp(l - l_old)      importance ratio pi_theta / mu
+    r_ref  = exp(l_ref - l_old)  anchor / sampler    (theta-free; 1 when a = mu)
+    log_rho = l - l_ref          log pi_theta / a
+
+The objective is J = E_{pi_theta}[R] - beta * D(pi_theta, a), estimated from samples of mu.
+Every divergence below is handled in the general three-policy form of spec §2.7
+(sampler mu, anchor a); with a = mu it reduces exactly to the paper's two-policy formulas.
+
+Two families of per-token quantities are needed:
+
+* ``kl_surrogate`` kappa_D: the fully differentiable regularizer. ``E_mu[kappa_D]`` equals
+  D (in value, with Z = 1) and its autograd gradient equals grad D, for every theta.
+* ``kl_weight`` C_D(x): the KL part of the REINFORCE weight, so that the exact per-token
+  weight is ``W = w * A + C_D(w)`` and ``-grad J = -E_mu[W * grad l]``. It is evaluated at a
+  ratio x (the ratio w itself, or its clipped value for RPG-Style Clip, Remark F.2).
+
+They are linked by ``d(beta * kappa_D)/dl = -C_D(w)``: the differentiable and the
+REINFORCE-style losses have identical per-token gradients when nothing is clipped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
+
+
+def kl_surrogate(divergence: str, w: torch.Tensor, log_rho: torch.Tensor, r_ref: torch.Tensor | float) -> torch.Tensor:
+    """Differentiable per-token KL surrogate kappa_D (spec §2.2 generalised by §2.7).
+
+    ==========  ===============================  =======================  ==========================
+    divergence  kappa_D                          a = mu (iterative ref)   d kappa / d l
+    ==========  ===============================  =======================  ==========================
+    fkl         -r_ref * log_rho                 -log w        (k1)       -r_ref
+    ufkl        w - r_ref - r_ref * log_rho      w - 1 - log w (k3)       w - r_ref
+    rkl         w * log_rho                      w log w                  w (log_rho + 1)
+    urkl        w * log_rho - w + r_ref          w log w - w + 1          w log_rho
+    ==========  ===============================  =======================  ==========================
+
+    E_mu[kappa] = KL(a||pi) (fkl), UKL(a||pi) (ufkl), KL(pi||a) (rkl), UKL(pi||a) (urkl).
+    The urkl form is w * k3(a / pi_theta) >= 0: exactly GRPO's corrected KL (spec §3).
+    """
+    if divergence == "fkl":
+        return -r_ref * log_rho
+    if divergence == "ufkl":
+        return w - r_ref - r_ref * log_rho
+    if divergence == "rkl":
+        return w * log_rho
+    if divergence == "urkl":
+        return w * log_rho - w + r_ref
+    raise ValueError(f"divergence={divergence!r} is not one of {DIVERGENCES}")
+
+
+def kl_weight(
+    divergence: str, beta: float, x: torch.Tensor, log_x: torch.Tensor, r_ref: torch.Tensor | float, log_r_ref: torch.Tensor | float
+) -> torch.Tensor:
+    """KL component C_D of the REINFORCE weight, evaluated at ratio x (spec §2.7, §4.2).
+
+    With rho_x = x / r_ref (so log rho_x = log x - log r_ref), C_D(x) = -beta * x * phi_D(rho_x):
+
+    ==========  =============================  ============================
+    divergence  C_D(x)                         a = mu (r_ref = 1)
+    ==========  =============================  ============================
+    fkl         +beta * r_ref                  +beta
+    ufkl        -beta * (x - r_ref)            -beta (x - 1)
+    rkl         -beta * x * (log rho_x + 1)    -beta x (log x + 1)
+    urkl        -beta * x * log rho_x          -beta x log x
+    ==========  =============================  ============================
+
+    At x = w this is exactly the KL part of the weight of spec §2.1 (Table 2 / App. F):
+    the loss -SG(w*A + C_D(w)) * l has gradient -grad J at every theta. For RPG-Style Clip
+    x is the clipped ratio (Remark F.2), the last column of spec §4.2.
+    """
+    if divergence == "fkl":
+        return beta * (r_ref * torch.ones_like(x))
+    if divergence == "ufkl":
+        return -beta * (x - r_ref)
+    log_rho = log_x - log_r_ref
+    if divergence == "rkl":
+        return -beta * x * (log_rho + 1.0)
+    if divergence == "urkl":
+        return -beta * x * log_rho
+    raise ValueError(f"divergence={divergence!r} is not one of {DIVERGENCES}")
+
+
+def kl_phi(divergence: str, log_rho: torch.Tensor) -> torch.Tensor:
+    """phi_D(rho) of spec §2.7, used by the paper-literal Algorithm 1 (regularized A-hat = A - beta*phi).
+
+    Only defined here for the reverse directions, the ones Algorithm 1 specifies
+    (rkl: log rho + 1, urkl: log rho). For the forward directions a differentiable A-hat
+    = A + C/w cancels the KL gradient entirely, so Algorithm 1 is rejected for them upstream.
+    """
+    if divergence == "rkl":
+        return log_rho + 1.0
+    if divergence == "urkl":
+        return log_rho
+    raise ValueError(f"Algorithm 1 is defined for divergence in ('rkl', 'urkl'), got {divergence!r}")
+
+
+def k3(y: torch.Tensor, log_y: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3(y) = y - 1 - log y >= 0 (spec §1.4), given y and log y."""
+    return y - 1.0 - log_y
