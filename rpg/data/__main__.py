@@ -1,0 +1,88 @@
+"""CLI: ``python -m rpg.data {list,prepare,prepare-all} ...``. Thin: all logic is in rpg.data.prepare."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rpg.data.io import LOCAL_SUFFIXES
+from rpg.data.prepare import Summary, prepare, rejects_path
+from rpg.data.sources import SOURCES
+
+EVAL_DEFAULT = ["aime2024", "aime2025", "amc2023", "minerva", "olympiadbench"]
+TRAIN_DEFAULT = "dapo-math-17k-en"
+
+
+def _report(summary: Summary, show: int) -> None:
+    for r in summary.rejects[:show]:
+        print(f"  rejected row {r.index}: {r.reason}", file=sys.stderr)
+    if len(summary.rejects) > show:
+        print(f"  ... {len(summary.rejects) - show} more in {rejects_path(Path(summary.out))}", file=sys.stderr)
+    print(summary.line())
+
+
+def _find_local(input_dir: Path, key: str) -> Path:
+    for suffix in LOCAL_SUFFIXES:
+        cand = input_dir / f"{key}{suffix}"
+        if cand.is_file():
+            return cand
+    raise ValueError(f"--input-dir {input_dir}: no {key}{{{','.join(LOCAL_SUFFIXES)}}} file")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rpg.data", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="list the dataset presets")
+
+    p = sub.add_parser("prepare", help="build one parquet file")
+    p.add_argument("dataset", choices=sorted(SOURCES))
+    p.add_argument("--out", required=True, help="output .parquet path")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--input", help="local .parquet/.json/.jsonl file (default: the preset's hub dataset)")
+    src.add_argument("--hf", help="Hugging Face dataset name overriding the preset's")
+    p.add_argument("--hf-config", help="Hugging Face dataset config")
+    p.add_argument("--split", help="Hugging Face split (default: the preset's, or the only one)")
+    p.add_argument("--problem-key", help="column holding the problem text")
+    p.add_argument("--answer-key", help="column holding the ground-truth answer")
+    p.add_argument("--data-source", help="data_source value to write (default: the preset's)")
+    p.add_argument("--copies", type=int, help="rows per problem; 1 (default) for val_kwargs.n=32, 32 = authors' layout")
+    p.add_argument("--show-rejects", type=int, default=20, help="rejected rows to print (all go to *.rejects.jsonl)")
+
+    a = sub.add_parser("prepare-all", help="build the training file and all evaluation files")
+    a.add_argument("--out-dir", required=True)
+    a.add_argument("--input-dir", help="read <dataset>.parquet|.json|.jsonl from here instead of the hub")
+    a.add_argument("--datasets", default=",".join([TRAIN_DEFAULT, *EVAL_DEFAULT]), help="comma-separated presets")
+    a.add_argument("--eval-copies", type=int, default=1, help="rows per eval problem (32 = authors' layout)")
+    a.add_argument("--show-rejects", type=int, default=5)
+
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "list":
+            for key, s in SOURCES.items():
+                print(f"{key:18s} data_source={s.data_source:14s} split={s.split:5s} hf={s.hf_name}  {s.description}")
+        elif args.cmd == "prepare":
+            summary = prepare(
+                args.dataset, args.out, input_path=args.input, hf_name=args.hf, hf_config=args.hf_config,
+                hf_split=args.split, copies=args.copies, data_source=args.data_source,
+                problem_key=args.problem_key, answer_key=args.answer_key,
+            )
+            _report(summary, args.show_rejects)
+        else:
+            keys = [k.strip() for k in args.datasets.split(",") if k.strip()]
+            unknown = [k for k in keys if k not in SOURCES]
+            if unknown:
+                raise ValueError(f"unknown datasets {unknown}; allowed: {', '.join(SOURCES)}")
+            out_dir = Path(args.out_dir)
+            for key in keys:
+                inp = _find_local(Path(args.input_dir), key) if args.input_dir else None
+                copies = args.eval_copies if SOURCES[key].split == "test" else 1
+                _report(prepare(key, out_dir / f"{key}.parquet", input_path=inp, copies=copies), args.show_rejects)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Reading sources (local files, Hugging Face hub) and writing verl parquet files atomically.
+
+Determinism: the parquet writer options are pinned (below), the schema is explicit (no pandas
+metadata, no index column), rows keep input order, and nothing time-dependent is written, so the
+same input and the same pyarrow version give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rpg.data.rows import BadRecord
+
+LOCAL_SUFFIXES = (".parquet", ".json", ".jsonl")
+
+ROW_SCHEMA = pa.schema(
+    [
+        ("data_source", pa.string()),
+        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("ability", pa.string()),
+        ("reward_model", pa.struct([("ground_truth", pa.string()), ("style", pa.string())])),
+        (
+            "extra_info",
+            pa.struct(
+                [
+                    ("index", pa.int64()),
+                    ("copy", pa.int64()),
+                    ("raw_problem", pa.string()),
+                    ("split", pa.string()),
+                    ("source_index", pa.int64()),
+                ]
+            ),
+        ),
+    ]
+)
+
+_WRITE_OPTIONS = dict(
+    compression="zstd",
+    compression_level=3,
+    use_dictionary=True,
+    write_statistics=True,
+    version="2.6",
+    data_page_version="1.0",
+    row_group_size=8192,
+    store_schema=True,
+)
+
+
+def read_local(path: str | Path) -> tuple[list[object], list[str]]:
+    """Records and column names of a local .parquet / .json (list of objects) / .jsonl file."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in LOCAL_SUFFIXES:
+        raise ValueError(f"unsupported input file {str(path)!r}: suffix must be one of {LOCAL_SUFFIXES}")
+    if not path.is_file():
+        raise FileNotFoundError(f"input file not found: {path}")
+    if suffix == ".parquet":
+        table = pq.read_table(path)
+        return table.to_pylist(), list(table.column_names)
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".json":
+        data = json.loads(text)
+        if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
+            raise ValueError(f"{path}: column-oriented JSON is not supported; use a list of objects or JSONL")
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: a .json input must hold a list of objects")
+        records = data
+    else:
+        records = []
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                records.append(BadRecord(f"invalid JSON line ({err.msg})"))
+    return records, _columns(records)
+
+
+def _columns(records: list[object]) -> list[str]:
+    cols: dict[str, None] = {}
+    for r in records:
+        if isinstance(r, dict):
+            cols.update(dict.fromkeys(r))
+    return list(cols)
+
+
+HubLoader = Callable[..., object]
+
+
+def _default_hub_loader(name: str, config: str | None):
+    from datasets import load_dataset  # lazy: never imported unless the hub is used
+
+    return load_dataset(name, config)
+
+
+def read_hub(
+    name: str, config: str | None = None, split: str | None = None, loader: HubLoader | None = None
+) -> tuple[Iterator[dict] | list, list[str]]:
+    """Records of a Hugging Face dataset split via ``datasets.load_dataset(name, config)``.
+
+    ``loader(name, config)`` must return a mapping split -> dataset (a ``DatasetDict``); tests inject
+    a fake. split=None takes the only split and is an error when there are several.
+    """
+    dsd = (loader or _default_hub_loader)(name, config)
+    splits = list(dsd.keys())
+    if split is None:
+        if len(splits) != 1:
+            raise ValueError(f"{name}: several splits {splits}; choose one with --split")
+        split = splits[0]
+    if split not in splits:
+        raise ValueError(f"{name}: no split {split!r}; available: {splits}")
+    ds = dsd[split]
+    columns = list(getattr(ds, "column_names", None) or _columns(list(ds)))
+    return ds, columns
+
+
+def write_parquet_atomic(rows: list[dict], path: str | Path) -> None:
+    """Write rows with ROW_SCHEMA to ``path`` via a temp file in the same directory + os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows, schema=ROW_SCHEMA)
+    _atomic(path, lambda tmp: pq.write_table(table, tmp, **_WRITE_OPTIONS))
+
+
+def write_text_atomic(text: str, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def _atomic(path: Path, write: Callable[[str], None]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file normal permissions
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,203 @@
+"""Pure row checks and the verl RLHFDataset row layout (no I/O).
+
+Input records are plain dicts from a parquet/JSON/JSONL file or a Hugging Face dataset, in one of
+two layouts:
+
+* ``verl``  -- already a verl row: ``prompt`` (chat list) + ``reward_model.ground_truth``; the
+  problem is ``extra_info.raw_problem`` if present, else the user message with the §6.2 template
+  removed (this is how DAPO-Math-17k and the authors' eval parquets are stored);
+* ``plain`` -- a problem column and an answer column (names from the preset or the CLI).
+
+Every input row either becomes one problem or is rejected with ``(index, reason)``; nothing is
+dropped silently. Duplicates (same problem text up to whitespace) keep the first occurrence.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from rpg.data.template import format_prompt, unwrap_prompt
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
+
+
+@dataclass(frozen=True)
+class Layout:
+    kind: str                      # "verl" | "plain"
+    problem_key: str | None = None
+    answer_key: str | None = None
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """An input row that could not even be parsed (e.g. an invalid JSONL line); rejected with ``reason``."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reject:
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Problem:
+    problem: str       # exact text (not stripped: prompts stay byte-identical to the source's)
+    answer: str
+    source_index: int  # row index in the input
+
+
+def resolve_layout(
+    columns: Iterable[str],
+    problem_keys: Sequence[str],
+    answer_keys: Sequence[str],
+    problem_key: str | None = None,
+    answer_key: str | None = None,
+) -> Layout:
+    """Choose the input layout from the column names; explicit keys win. ValueError if impossible."""
+    cols = set(columns)
+    if problem_key is None and answer_key is None and {"prompt", "reward_model"} <= cols:
+        return Layout("verl")
+    pk = problem_key or next((k for k in problem_keys if k in cols), None)
+    ak = answer_key or next((k for k in answer_keys if k in cols), None)
+    for name, key, tried in (("problem", pk, problem_keys), ("answer", ak, answer_keys)):
+        if key is None or key not in cols:
+            wanted = repr(key) if key else f"one of {list(tried)}"
+            raise ValueError(
+                f"no {name} column: wanted {wanted}; the input has columns {sorted(cols)} "
+                f"(set --{name}-key)"
+            )
+    return Layout("plain", pk, ak)
+
+
+def _answer_text(value) -> str:
+    """Ground truth as a non-empty str; raises ValueError(reason) otherwise.
+
+    ints (not bools) are converted with str(); a one-element list of str (OlympiadBench's
+    ``final_answer``) is unwrapped. Floats are rejected: 0.1 vs 0.10000000000000001 is ambiguous.
+    """
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if value is None:
+        raise ValueError("no answer (missing or null)")
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        kind = f"list of {len(value)} items" if isinstance(value, list) else type(value).__name__
+        raise ValueError(f"non-string answer ({kind})")
+    text = str(value).strip()
+    if not text:
+        raise ValueError("no answer (empty string)")
+    return text
+
+
+def _verl_problem(record: dict) -> tuple[object, object]:
+    rm = record.get("reward_model")
+    if not isinstance(rm, dict):
+        raise ValueError(f"reward_model is not a mapping ({type(rm).__name__})")
+    answer = rm.get("ground_truth")
+    extra = record.get("extra_info")
+    if isinstance(extra, dict) and extra.get("raw_problem") is not None:
+        return extra["raw_problem"], answer
+    prompt = record.get("prompt")
+    if not isinstance(prompt, list) or not prompt:
+        raise ValueError("prompt is not a non-empty chat list")
+    users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+    if not users or not isinstance(users[-1].get("content"), str):
+        raise ValueError("prompt has no user message with string content")
+    problem = unwrap_prompt(users[-1]["content"])
+    if problem is None:
+        raise ValueError("prompt is not in the spec §6.2 template and extra_info.raw_problem is missing")
+    return problem, answer
+
+
+def check_record(index: int, record: object, layout: Layout, english_only: bool) -> Problem:
+    """One input row -> Problem, or ValueError whose message is the rejection reason."""
+    if isinstance(record, BadRecord):
+        raise ValueError(record.reason)
+    if not isinstance(record, dict):
+        raise ValueError(f"row is not a mapping ({type(record).__name__})")
+    if layout.kind == "verl":
+        problem, answer = _verl_problem(record)
+    else:
+        if layout.problem_key not in record:
+            raise ValueError(f"missing problem column {layout.problem_key!r}")
+        problem, answer = record.get(layout.problem_key), record.get(layout.answer_key)
+    if not isinstance(problem, str):
+        raise ValueError(f"non-string problem ({type(problem).__name__})")
+    if not problem.strip():
+        raise ValueError("empty problem")
+    answer_text = _answer_text(answer)
+    if english_only and _CJK.search(problem):
+        raise ValueError("non-English problem (CJK characters)")
+    return Problem(problem, answer_text, index)
+
+
+def _dedup_key(problem: str) -> str:
+    return " ".join(problem.split())
+
+
+def select_problems(
+    records: Iterable[object], layout: Layout, english_only: bool = False
+) -> tuple[list[Problem], list[Reject], int]:
+    """Check every record, drop (and report) duplicates. Returns (problems, rejects, rows_read)."""
+    problems: list[Problem] = []
+    rejects: list[Reject] = []
+    first_seen: dict[str, Problem] = {}
+    n = 0
+    for index, record in enumerate(records):
+        n += 1
+        try:
+            p = check_record(index, record, layout, english_only)
+        except ValueError as err:
+            rejects.append(Reject(index, str(err)))
+            continue
+        key = _dedup_key(p.problem)
+        first = first_seen.get(key)
+        if first is not None:
+            if first.answer == p.answer:
+                reason = f"duplicate of row {first.source_index}"
+            else:
+                reason = (
+                    f"duplicate of row {first.source_index} with a different answer "
+                    f"({p.answer!r:.40} vs {first.answer!r:.40})"
+                )
+            rejects.append(Reject(index, reason))
+            continue
+        first_seen[key] = p
+        problems.append(p)
+    return problems, rejects, n
+
+
+def build_rows(problems: Sequence[Problem], data_source: str, split: str, copies: int = 1) -> list[dict]:
+    """verl RLHFDataset rows, ``copies`` consecutive rows per problem.
+
+    copies=1 is the layout for verl 0.9.1 (mean@k from ``val_kwargs.n=k``: verl groups the k samples
+    of a row by a per-row uid). copies=k reproduces the authors' files (k identical rows,
+    ``val_kwargs.n=1``); in verl 0.9.1 that logs ``acc/mean@1`` whose value equals mean@k.
+    ``extra_info.index`` is the problem id, ``extra_info.copy`` the copy number.
+    """
+    if not isinstance(copies, int) or copies < 1:
+        raise ValueError(f"copies must be an integer >= 1, got {copies!r}")
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    rows = []
+    for pid, p in enumerate(problems):
+        for c in range(copies):
+            rows.append(
+                {
+                    "data_source": data_source,
+                    "prompt": [{"role": "user", "content": format_prompt(p.problem)}],
+                    "ability": "MATH",
+                    "reward_model": {"ground_truth": p.answer, "style": "rule"},
+                    "extra_info": {
+                        "index": pid,
+                        "copy": c,
+                        "raw_problem": p.problem,
+                        "split": split,
+                        "source_index": p.source_index,
+                    },
+                }
+            )
+    return rows

@@ -1,0 +1,63 @@
+"""Known datasets: where to find them on the Hugging Face hub and how their columns map.
+
+Each preset gives the default ``data_source`` written into the parquet. The names are chosen so that
+``rpg.reward.compute_score`` routes them as the paper scored them (AIME/AMC/DAPO -> DAPO math scorer,
+Minerva/OlympiadBench -> Math-Verify); ``math_dapo`` and ``aime*`` also route in verl's own
+``default_compute_score``, ``amc*`` / ``minerva*`` / ``olympiad*`` need ``rpg.reward``.
+
+Hub names and column names could not be checked from the (offline) development machine; they are
+the commonly used public copies. Every preset accepts overrides (``--hf``, ``--hf-config``,
+``--split``, ``--problem-key``, ``--answer-key``), and a missing column is a clear error listing the
+columns that exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    key: str                      # CLI name
+    data_source: str              # value written to the parquet's data_source column
+    split: str                    # "train" or "test" (written to extra_info.split)
+    hf_name: str                  # default Hugging Face dataset
+    hf_config: str | None = None
+    hf_split: str | None = None   # None: the dataset's only split (error if it has several)
+    problem_keys: tuple[str, ...] = ("problem", "question", "Problem", "Question")
+    answer_keys: tuple[str, ...] = ("answer", "Answer", "final_answer", "ground_truth")
+    english_only: bool = False    # reject problems containing CJK characters
+    default_copies: int = 1       # rows per problem (eval: 1 + val_kwargs.n=32)
+    description: str = ""
+
+
+SOURCES: dict[str, SourceSpec] = {
+    s.key: s
+    for s in (
+        SourceSpec(
+            "dapo-math-17k-en", "math_dapo", "train", "math-dataset/DAPO-17k-Eng", hf_split="train",
+            english_only=True,
+            description="training set: DAPO-Math-17k, English problems (~13.9k), deduplicated",
+        ),
+        SourceSpec(
+            "dapo-math-17k", "math_dapo", "train", "BytedTsinghua-SIA/DAPO-Math-17k", hf_split="train",
+            english_only=True,
+            description="training set from the original DAPO-Math-17k (rows repeated; CJK filtered, deduplicated)",
+        ),
+        SourceSpec("aime2024", "aime2024", "test", "HuggingFaceH4/aime_2024", description="AIME 2024, 30 problems"),
+        SourceSpec("aime2025", "aime2025", "test", "math-ai/aime25", description="AIME 2025, 30 problems"),
+        SourceSpec("amc2023", "amc2023", "test", "math-ai/amc23", description="AMC 2023, 40 problems"),
+        SourceSpec("minerva", "minerva_math", "test", "math-ai/minervamath", description="MinervaMath, 272 problems (Table 7)"),
+        SourceSpec(
+            "olympiadbench", "olympiadbench", "test", "math-ai/olympiadbench",
+            description="OlympiadBench, English text-only math (Table 7)",
+        ),
+    )
+}
+
+
+def get_source(key: str) -> SourceSpec:
+    try:
+        return SOURCES[key]
+    except KeyError:
+        raise ValueError(f"unknown dataset {key!r}; allowed: {', '.join(SOURCES)}") from None

@@ -1,0 +1,280 @@
+"""Data preparation: local files, fake hub loader, row checks, determinism, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from rpg.data import format_prompt, prepare, unwrap_prompt
+from rpg.data.__main__ import main as cli_main
+from rpg.data.prepare import rejects_path
+from rpg.data.rows import resolve_layout
+from rpg.reward import MATH_DAPO, MATH_VERIFY, scorer_for
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+# Spec §6.2, typed out independently of rpg.data.template.
+SPEC_PROMPT = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{question}\n\n"
+    'Remember to put your answer on its own line after "Answer:".'
+)
+
+
+def _write_jsonl(path: Path, records: list) -> Path:
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+MIXED = [
+    {"problem": "What is 1+1?", "answer": "2"},                # 0 ok
+    {"problem": "", "answer": "3"},                            # 1 empty problem
+    {"problem": "Compute 2+2.", "answer": None},               # 2 no answer
+    {"problem": 17, "answer": "4"},                            # 3 non-string problem
+    {"problem": "Compute 3.5+1.", "answer": 4.5},              # 4 non-string answer (float)
+    {"problem": "What is  1+1?", "answer": "2"},               # 5 duplicate of 0 (whitespace)
+    {"problem": "What is 1+1?", "answer": "3"},                # 6 duplicate, different answer
+    "{not json",                                               # 7 invalid JSON line
+    {"problem": "Find x if x^2=9, x>0.", "answer": 3},          # 8 ok (int answer -> "3")
+    {"problem": "Give the answer.", "answer": ["7"]},          # 9 ok (one-element list)
+    {"problem": "Two answers?", "answer": ["1", "2"]},         # 10 list of 2 items
+    {"problem": "   ", "answer": "1"},                         # 11 empty problem (whitespace)
+    [1, 2],                                                    # 12 not a mapping
+    {"problem": "计算 1+1。", "answer": "2"},                    # 13 CJK: kept for eval presets
+    {"problem": "Missing answer key"},                         # 14 no answer
+    {"problem": "What is 2*3?", "answer": "  "},                # 15 empty answer
+]
+
+EXPECTED_REJECTS = {
+    1: "empty problem",
+    2: "no answer (missing or null)",
+    3: "non-string problem (int)",
+    4: "non-string answer (float)",
+    5: "duplicate of row 0",
+    6: "duplicate of row 0 with a different answer ('3' vs '2')",
+    7: "invalid JSON line",
+    10: "non-string answer (list of 2 items)",
+    11: "empty problem",
+    12: "row is not a mapping (list)",
+    14: "no answer (missing or null)",
+    15: "no answer (empty string)",
+}
+
+
+def test_template_is_spec_6_2():
+    assert format_prompt("Q?") == SPEC_PROMPT.format(question="Q?")
+    assert unwrap_prompt(format_prompt(" a\nb ")) == " a\nb "
+    assert unwrap_prompt("Solve this: 1+1") is None
+
+
+def test_local_jsonl_rejects_by_index_with_reason(tmp_path):
+    src = _write_jsonl(tmp_path / "in.jsonl", MIXED)
+    out = tmp_path / "out" / "aime.parquet"
+    s = prepare("aime2024", out, input_path=src)
+    assert s.rows_read == len(MIXED)
+    got = {r.index: r.reason for r in s.rejects}
+    assert set(got) == set(EXPECTED_REJECTS)
+    for i, reason in EXPECTED_REJECTS.items():
+        assert got[i].startswith(reason), (i, got[i])
+    assert s.problems == s.rows_written == 4  # rows 0, 8, 9, 13
+    line = s.line()
+    assert "read 16 rows" in line and "wrote 4 rows" in line and "rejected 12" in line
+    assert "duplicate: 2" in line and "empty problem: 2" in line and "invalid JSON: 1" in line
+    rows = pq.read_table(out).to_pylist()
+    assert [r["extra_info"]["source_index"] for r in rows] == [0, 8, 9, 13]
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["2", "3", "7", "2"]
+    assert rows[0]["prompt"] == [{"role": "user", "content": SPEC_PROMPT.format(question="What is 1+1?")}]
+    assert rows[0]["data_source"] == "aime2024" and rows[0]["extra_info"]["split"] == "test"
+    side = [json.loads(x) for x in rejects_path(out).read_text().splitlines()]
+    assert [d["index"] for d in side] == sorted(EXPECTED_REJECTS)
+
+
+def test_train_preset_rejects_non_english(tmp_path):
+    src = _write_jsonl(tmp_path / "train.jsonl", MIXED[:1] + MIXED[13:14])
+    s = prepare("dapo-math-17k-en", tmp_path / "train.parquet", input_path=src)
+    assert [(r.index, r.reason) for r in s.rejects] == [(1, "non-English problem (CJK characters)")]
+    row = pq.read_table(tmp_path / "train.parquet").to_pylist()[0]
+    assert row["data_source"] == "math_dapo" and row["extra_info"]["split"] == "train"
+
+
+def test_rerun_is_byte_identical_and_leaves_no_temp_files(tmp_path):
+    src = _write_jsonl(tmp_path / "in.jsonl", MIXED)
+    out = tmp_path / "o.parquet"
+    prepare("amc2023", out, input_path=src, copies=3)
+    first, first_rej = out.read_bytes(), rejects_path(out).read_bytes()
+    prepare("amc2023", out, input_path=src, copies=3)
+    assert out.read_bytes() == first and rejects_path(out).read_bytes() == first_rej
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "o.parquet", "o.rejects.jsonl"]
+    # a clean input removes the stale rejects file
+    clean = _write_jsonl(tmp_path / "clean.jsonl", MIXED[:1])
+    prepare("amc2023", out, input_path=clean)
+    assert not rejects_path(out).exists()
+
+
+def test_failed_write_keeps_previous_file(tmp_path, monkeypatch):
+    src = _write_jsonl(tmp_path / "in.jsonl", MIXED[:1])
+    out = tmp_path / "o.parquet"
+    prepare("aime2025", out, input_path=src)
+    before = out.read_bytes()
+
+    import rpg.data.io as dio
+
+    def boom(table, where, **kw):
+        Path(where).write_bytes(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(dio.pq, "write_table", boom)
+    with pytest.raises(OSError, match="disk full"):
+        prepare("aime2025", out, input_path=_write_jsonl(tmp_path / "in2.jsonl", MIXED[8:9]))
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "in2.jsonl", "o.parquet"]
+
+
+def test_copies_layout(tmp_path):
+    src = _write_jsonl(tmp_path / "in.jsonl", [MIXED[0], MIXED[8]])
+    out = tmp_path / "k.parquet"
+    s = prepare("aime2025", out, input_path=src, copies=32)
+    assert s.rows_written == 64
+    rows = pq.read_table(out).to_pylist()
+    assert [r["extra_info"]["index"] for r in rows] == [0] * 32 + [1] * 32
+    assert [r["extra_info"]["copy"] for r in rows] == list(range(32)) * 2
+    with pytest.raises(ValueError, match="copies"):
+        prepare("aime2025", out, input_path=src, copies=0)
+
+
+def test_json_list_input_and_explicit_keys(tmp_path):
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps([{"Q": "What is 5-2?", "A": "3"}, {"Q": "What is 6-2?", "A": "4"}]))
+    s = prepare("minerva", tmp_path / "m.parquet", input_path=src, problem_key="Q", answer_key="A")
+    assert (s.rows_read, s.rows_written, s.rejects) == (2, 2, [])
+    rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
+    assert rows[1]["extra_info"]["raw_problem"] == "What is 6-2?"
+    assert scorer_for(rows[0]["data_source"]) == MATH_VERIFY
+
+
+def test_missing_columns_is_a_clear_error(tmp_path):
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"text": "x", "label": "1"}])
+    with pytest.raises(ValueError, match=r"no problem column.*\['label', 'text'\]"):
+        prepare("aime2024", tmp_path / "o.parquet", input_path=src)
+    with pytest.raises(ValueError, match="no answer column"):
+        resolve_layout(["problem"], ("problem",), ("answer",))
+    with pytest.raises(ValueError, match="suffix"):
+        prepare("aime2024", tmp_path / "o.parquet", input_path=tmp_path / "in.csv")
+    with pytest.raises(ValueError, match="unknown dataset 'aime'"):
+        prepare("aime", tmp_path / "o.parquet", input_path=src)
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_all_rows_rejected_writes_nothing(tmp_path):
+    src = _write_jsonl(tmp_path / "in.jsonl", [MIXED[1], MIXED[2]])
+    with pytest.raises(ValueError, match="no valid rows"):
+        prepare("aime2024", tmp_path / "o.parquet", input_path=src)
+    assert not (tmp_path / "o.parquet").exists()
+
+
+class _FakeDataset(list):
+    """Stands in for datasets.Dataset: iterable of dicts with column_names."""
+
+    def __init__(self, rows):
+        super().__init__(rows)
+        self.column_names = list(rows[0])
+
+
+def test_hub_path_column_mapping_with_injected_loader(tmp_path):
+    calls = []
+
+    def loader(name, config):
+        calls.append((name, config))
+        return {"test": _FakeDataset([{"id": 1, "problem": "P1?", "answer": "11"}, {"id": 2, "problem": "P2?", "answer": 22}])}
+
+    s = prepare("aime2025", tmp_path / "a.parquet", hub_loader=loader)
+    assert calls == [("math-ai/aime25", None)] and s.source == "hf:math-ai/aime25"
+    rows = pq.read_table(tmp_path / "a.parquet").to_pylist()
+    assert [(r["extra_info"]["raw_problem"], r["reward_model"]["ground_truth"]) for r in rows] == [("P1?", "11"), ("P2?", "22")]
+
+    # question/final_answer columns (OlympiadBench-style lists), a named split, a name override
+    def loader2(name, config):
+        calls.append((name, config))
+        return {
+            "train": _FakeDataset([{"question": "Q0", "final_answer": ["$5$"]}]),
+            "test": _FakeDataset([{"question": "Q1", "final_answer": ["$\\frac{1}{2}$"]}]),
+        }
+
+    with pytest.raises(ValueError, match=r"several splits \['train', 'test'\]"):
+        prepare("olympiadbench", tmp_path / "b.parquet", hub_loader=loader2)
+    s = prepare("olympiadbench", tmp_path / "b.parquet", hf_name="x/ob", hf_config="en", hf_split="test", hub_loader=loader2)
+    assert calls[-1] == ("x/ob", "en")
+    row = pq.read_table(tmp_path / "b.parquet").to_pylist()[0]
+    assert row["reward_model"]["ground_truth"] == "$\\frac{1}{2}$" and row["data_source"] == "olympiadbench"
+    with pytest.raises(ValueError, match="no split 'dev'"):
+        prepare("olympiadbench", tmp_path / "b.parquet", hf_split="dev", hub_loader=loader2)
+
+
+def test_importing_rpg_data_does_not_import_datasets():
+    code = "import sys, rpg.data, rpg.data.__main__; print('datasets' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_output_loads_with_hf_datasets_as_verl_does(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    src = _write_jsonl(tmp_path / "in.jsonl", [MIXED[0], MIXED[8]])
+    out = tmp_path / "v.parquet"
+    prepare("aime2024", out, input_path=src)
+    ds = datasets.load_dataset("parquet", data_files=str(out), cache_dir=str(tmp_path / "cache"))["train"]
+    row = ds[1]
+    assert row["prompt"][0]["role"] == "user" and row["reward_model"]["ground_truth"] == "3"
+    assert row["extra_info"]["index"] == 1
+
+
+def test_cli_prepare_and_prepare_all(tmp_path, capsys):
+    src = _write_jsonl(tmp_path / "in.jsonl", MIXED)
+    rc = cli_main(["prepare", "amc2023", "--input", str(src), "--out", str(tmp_path / "amc.parquet"), "--show-rejects", "1"])
+    cap = capsys.readouterr()
+    assert rc == 0 and "rejected 12" in cap.out and "rejected row 1: empty problem" in cap.err
+    assert "11 more in" in cap.err
+    rc = cli_main(["prepare", "amc2023", "--input", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "x.parquet")])
+    assert rc == 2 and "input file not found" in capsys.readouterr().err
+
+    indir = tmp_path / "local"
+    indir.mkdir()
+    _write_jsonl(indir / "dapo-math-17k-en.jsonl", MIXED[:1])
+    _write_jsonl(indir / "aime2024.jsonl", MIXED[8:10])
+    rc = cli_main(["prepare-all", "--out-dir", str(tmp_path / "all"), "--input-dir", str(indir),
+                   "--datasets", "dapo-math-17k-en,aime2024", "--eval-copies", "4"])
+    assert rc == 0
+    assert pq.read_metadata(tmp_path / "all" / "dapo-math-17k-en.parquet").num_rows == 1
+    assert pq.read_metadata(tmp_path / "all" / "aime2024.parquet").num_rows == 8
+    rc = cli_main(["prepare-all", "--out-dir", str(tmp_path / "all"), "--input-dir", str(indir), "--datasets", "amc2023"])
+    assert rc == 2 and "no amc2023" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared eval files not found at {SHARED}")
+@pytest.mark.parametrize(
+    "fname,key,n_problems,ds_name",
+    [("aime-2024.parquet", "aime2024", 30, "aime2024"), ("aime25.parquet", "aime2025", 30, "aime2025"),
+     ("amc-23.parquet", "amc2023", 40, "amc2023")],
+)
+def test_shared_real_eval_files(tmp_path, fname, key, n_problems, ds_name):
+    src = SHARED / fname
+    orig = pq.read_table(src).to_pylist()
+    out = tmp_path / f"{key}.parquet"
+    s = prepare(key, out, input_path=src)
+    assert (s.rows_read, s.problems, s.rows_written) == (len(orig), n_problems, n_problems)
+    assert len(s.rejects) == len(orig) - n_problems and all(r.reason.startswith("duplicate of row") for r in s.rejects)
+    rows = pq.read_table(out).to_pylist()
+    assert {r["data_source"] for r in rows} == {ds_name} and scorer_for(ds_name) == MATH_DAPO
+    # prompts and answers are byte-identical to the authors' rows for the same problem
+    by_content = {o["prompt"][0]["content"]: o["reward_model"]["ground_truth"] for o in orig}
+    assert len(by_content) == n_problems
+    for r in rows:
+        assert by_content[r["prompt"][0]["content"]] == r["reward_model"]["ground_truth"]
+    # authors' 32-copies layout: same row count as the shipped file
+    s32 = prepare(key, tmp_path / "k.parquet", input_path=src, copies=32)
+    assert s32.rows_written == len(orig)
