@@ -5,3 +5,4 @@ process (driver, TaskRunner and Ray workers). Kept import-light and failure-tole
 design of verl's loader (errors are logged at DEBUG by verl), so each registration module
 is imported explicitly here.
 """
+import rpg.verl.register  # noqa: F401,E402  (issue 4: RPG policy losses + advantage estimators)

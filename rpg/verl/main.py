@@ -1,0 +1,87 @@
+"""Driver and TaskRunner of the RPG recipe (``recipe/rpg/main_rpg.py`` is a thin Hydra shell).
+
+``run(config)`` mirrors verl's ``verl.trainer.main_ppo.main`` (auto_set_device ->
+validate_config -> run_ppo) with two differences:
+
+1. ``rpg.verl.settings.validate_and_apply`` checks the ``rpg:`` block and writes the verl keys it
+   implies BEFORE verl's ``validate_config`` and before Ray starts (bad value -> one-line
+   ``RPGConfigError`` naming the key);
+2. ``run_ppo`` gets ``RPGTaskRunner``, whose ``run`` is verl's ``TaskRunnerV1.run`` with the
+   trainer class fixed to ``RPGTrainer`` (``trainer.v1.trainer_mode`` stays ``sync``: verl
+   compares that string to pick the replay buffer, so no new trainer name is registered).
+"""
+
+from __future__ import annotations
+
+import sys
+from pprint import pprint
+
+import ray
+from omegaconf import DictConfig, OmegaConf
+
+from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import validate_config
+from verl.utils.device import auto_set_device
+from verl.utils.logging_utils import configure_verl_logging
+
+import rpg.verl.register  # noqa: F401  (registrations in the driver even without the entry point)
+from rpg.verl.settings import RPGConfigError, RPGSettings, validate_and_apply
+
+
+class RPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
+    """verl's v1 TaskRunner with the RPG trainer."""
+
+    def run(self, config: DictConfig):
+        configure_verl_logging()
+        import transfer_queue as tq
+
+        import rpg.verl.register  # noqa: F401  (advantage estimators run in this process)
+        from rpg.verl.trainer import RPGTrainer
+
+        config.transfer_queue.enable = True
+        pprint(OmegaConf.to_container(config, resolve=True))
+        OmegaConf.resolve(config)
+        self.config = config
+        tq.init(config.transfer_queue)
+        succeeded = False
+        try:
+            self.trainer = RPGTrainer(config=config)
+            self.trainer.init()
+            self.init_agent_loop_manager()
+            self.trainer.fit(self.agent_loop_manager)
+            succeeded = True
+        finally:
+            try:
+                tracking = getattr(self.trainer, "logger", None)
+                if tracking is not None:
+                    tracking.finish(exit_code=0 if succeeded else 1)
+            finally:
+                tq.close()
+
+
+def prepare_config(config: DictConfig) -> RPGSettings:
+    """Everything the driver does before Ray: RPG validation/translation, then verl's checks."""
+    auto_set_device(config)
+    settings = validate_and_apply(config)
+    validate_config(
+        config=config,
+        use_reference_policy=need_reference_policy(config),
+        use_critic=need_critic(config),
+    )
+    return settings
+
+
+def run(config: DictConfig) -> None:
+    prepare_config(config)
+    run_ppo(config, task_runner_class=ray.remote(RPGTaskRunner))
+
+
+def main_from_hydra(config: DictConfig) -> None:
+    """Body of the Hydra main: one clear line on a bad ``rpg:`` value, then exit code 2."""
+    try:
+        prepare_config(config)
+    except RPGConfigError as e:
+        print(f"rpg config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    run_ppo(config, task_runner_class=ray.remote(RPGTaskRunner))

@@ -1,0 +1,72 @@
+"""Register RPG with verl's registries. Idempotent and import-light (torch + core_algos only).
+
+Imported by the ``verl.plugins`` entry point (``rpg/verl_plugin.py``) in every process that
+imports verl: the driver, the TaskRunner (advantage estimators run there) and every Ray worker
+(policy losses run there).
+
+* policy losses (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``rpg``, ``grpo_corrected``
+  -> ``rpg.verl.policy_loss.rpg_pg_loss`` (settings from ``RPGPolicyLossConfig``; anchor = pi_old
+  when called by verl's own ``ppo_loss``).
+* advantage estimators (``algorithm.adv_estimator``): ``rpg`` (R - group mean, no std; singleton
+  group -> R) and ``rpg_batchmean`` (R - batch mean), via ``rpg.advantage.outcome_advantage``.
+
+The loss library is imported lazily inside the functions, so this module imports even before
+``rpg.losses`` exists and never drags verl's trainer/worker stack into a process.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verl.trainer.ppo import core_algos
+
+POLICY_LOSS_NAMES = ("rpg", "grpo_corrected")
+ADV_ESTIMATOR_NAMES = ("rpg", "rpg_batchmean")
+
+
+def rpg_policy_loss_fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                       config=None, rollout_is_weights=None):
+    """verl ``PolicyLossFn`` entry for loss modes ``rpg`` / ``grpo_corrected`` (sampler anchor)."""
+    from rpg.verl.policy_loss import rpg_pg_loss
+
+    return rpg_pg_loss(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
+                       response_mask=response_mask, loss_agg_mode=loss_agg_mode, config=config,
+                       rollout_is_weights=rollout_is_weights)
+
+
+def _outcome(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, mode: str):
+    from rpg.advantage import outcome_advantage
+
+    if mode == "group" and index is None:
+        raise ValueError("algorithm.adv_estimator=rpg needs the prompt uid index (group baseline)")
+    return outcome_advantage(token_level_rewards, response_mask, index, mode=mode)
+
+
+def rpg_group_mean_advantage(token_level_rewards, response_mask, config=None, index=None, **kwargs):
+    """``algorithm.adv_estimator=rpg``: A_i = R_i - mean of R over the prompt's group (no std)."""
+    return _outcome(token_level_rewards, response_mask, index, "group")
+
+
+def rpg_batch_mean_advantage(token_level_rewards, response_mask, config=None, index=None, **kwargs):
+    """``algorithm.adv_estimator=rpg_batchmean``: A_i = R_i - mean of R over the batch."""
+    return _outcome(token_level_rewards, response_mask, index, "batch")
+
+
+_ADV_FNS = {"rpg": rpg_group_mean_advantage, "rpg_batchmean": rpg_batch_mean_advantage}
+
+
+def register() -> None:
+    """(Re-)register everything. Safe to call any number of times."""
+    for name in POLICY_LOSS_NAMES:
+        core_algos.POLICY_LOSS_REGISTRY[name] = rpg_policy_loss_fn
+    for name, fn in _ADV_FNS.items():
+        current = core_algos.ADV_ESTIMATOR_REGISTRY.get(name)
+        if current is fn:
+            continue
+        if current is not None and getattr(current, "__module__", None) != __name__:
+            raise ValueError(f"advantage estimator {name!r} is already registered by {current.__module__}")
+        # same function from a re-imported copy of this module, or not registered yet
+        core_algos.ADV_ESTIMATOR_REGISTRY[name] = fn
+
+
+register()

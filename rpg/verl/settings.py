@@ -1,0 +1,374 @@
+"""The recipe's ``rpg:`` config block: typed settings, strict validation, translation to verl keys.
+
+Runs in the driver before Ray starts (``rpg.verl.main``), so a bad value fails fast with ONE
+line naming the key and the allowed values. Unknown keys anywhere under ``rpg.`` are rejected.
+
+Block (key names fixed by SCHEMA.md; keys marked [added] are this module's additions)::
+
+    rpg:
+      loss:      {name, divergence, form, beta, clip, branch_on, fd_clip, kl_clamp}
+      reference: {mode, update_every, kl_threshold, kl_ema_decay,
+                  log_weight_diff [added]}
+      optimizer: adamw | schedulefree
+      reward_function: "rpg.reward:compute_score" | null        [added]
+
+How each setting reaches verl (``apply_to_verl_config``):
+
+* ``rpg.loss.*`` -> ``actor_rollout_ref.actor.policy_loss`` becomes an ``RPGPolicyLossConfig``
+  (``_target_`` override, verl's own mechanism for typed loss settings) whose ``rpg_*`` fields
+  carry the loss settings to the actor workers (workers only see ``actor_rollout_ref``).
+  ``loss_mode`` = ``rpg`` or ``grpo_corrected``; both are also registered policy losses.
+* ``rpg.reference.mode`` -> whether verl builds a reference model: ``sampler`` keeps
+  ``actor.use_kl_loss=False`` and ``algorithm.use_kl_in_reward=False`` (no reference worker, no
+  extra forward pass; the loss anchors on ``old_log_probs``); other modes set
+  ``actor.use_kl_loss=True`` only so that verl builds the reference and fills ``ref_log_prob``
+  (verl's own KL term is not used: the RPG actor loss replaces ``ppo_loss``).
+* ``rpg.optimizer=schedulefree`` -> ``actor.optim.optimizer_impl=schedulefree``,
+  ``actor.optim.optimizer=AdamWScheduleFree`` (verl's ``build_optimizer``); constant lr schedule.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+LOSS_NAMES = ("rpg", "grpo_corrected", "verl")
+DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
+FORMS = ("reinforce", "differentiable")
+BRANCH_ON = ("regularized", "raw")
+FD_CLIP = ("reward", "algorithm1")
+REFERENCE_MODES = ("sampler", "fixed", "periodic", "kl_threshold")
+OPTIMIZERS = ("adamw", "schedulefree")
+# aggregation modes the RPG loss library supports (verl semantics)
+RPG_LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+POLICY_LOSS_TARGET = "rpg.verl.policy_config.RPGPolicyLossConfig"
+SCHEDULEFREE_IMPL, SCHEDULEFREE_CLASS = "schedulefree", "AdamWScheduleFree"
+
+_LOSS_KEYS = ("name", "divergence", "form", "beta", "clip", "branch_on", "fd_clip", "kl_clamp")
+_REF_KEYS = ("mode", "update_every", "kl_threshold", "kl_ema_decay", "log_weight_diff")
+_TOP_KEYS = ("loss", "reference", "optimizer", "reward_function")
+
+
+class RPGConfigError(ValueError):
+    """A bad value in the ``rpg:`` block or a conflicting verl key (message: one line)."""
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    name: str = "rpg"
+    divergence: str = "ufkl"
+    form: str = "reinforce"
+    beta: float = 1e-4
+    clip: bool = True
+    branch_on: str = "regularized"
+    fd_clip: str = "reward"
+    kl_clamp: float | None = None
+
+
+@dataclass(frozen=True)
+class ReferenceSettings:
+    mode: str = "sampler"
+    update_every: int = 0
+    kl_threshold: float | None = None
+    kl_ema_decay: float = 0.9
+    log_weight_diff: bool = False
+
+    @property
+    def resets(self) -> bool:
+        """True when the reference model is overwritten with actor weights during training."""
+        return self.mode in ("periodic", "kl_threshold")
+
+
+@dataclass(frozen=True)
+class RPGSettings:
+    loss: LossSettings = LossSettings()
+    reference: ReferenceSettings = ReferenceSettings()
+    optimizer: str = "adamw"
+    reward_function: str | None = None
+
+    @property
+    def uses_rpg_actor_loss(self) -> bool:
+        return self.loss.name in ("rpg", "grpo_corrected")
+
+
+# ----------------------------------------------------------------------------- parsing helpers
+
+
+def _fail(msg: str):
+    raise RPGConfigError(msg)
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        _fail(f"{key}={value!r} is invalid; allowed values: {', '.join(allowed)}")
+    return value
+
+
+def _number(key: str, value: Any, *, minimum: float | None = None, strict_min: bool = False,
+            maximum: float | None = None, strict_max: bool = False, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(f"{key}={value!r} is invalid; expected a number{' or null' if allow_none else ''}")
+    v = float(value)
+    if v != v or v in (float("inf"), float("-inf")):
+        _fail(f"{key}={value!r} is invalid; expected a finite number")
+    if minimum is not None and (v < minimum or (strict_min and v == minimum)):
+        _fail(f"{key}={value!r} is invalid; expected a value {'>' if strict_min else '>='} {minimum}")
+    if maximum is not None and (v > maximum or (strict_max and v == maximum)):
+        _fail(f"{key}={value!r} is invalid; expected a value {'<' if strict_max else '<='} {maximum}")
+    return v
+
+
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        _fail(f"{key}={value!r} is invalid; allowed values: true, false")
+    return value
+
+
+def _int(key: str, value: Any, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        _fail(f"{key}={value!r} is invalid; expected an integer >= {minimum}")
+    return value
+
+
+def _mapping(key: str, value: Any, allowed: tuple[str, ...]) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        _fail(f"{key} must be a mapping with keys: {', '.join(allowed)}")
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        _fail(f"{key}.{unknown[0]} is not a known key; allowed keys under {key}: {', '.join(allowed)}")
+    return dict(value)
+
+
+def _to_plain(block: Any) -> Any:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(block, DictConfig):
+            return OmegaConf.to_container(block, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf ships with hydra/verl
+        pass
+    return block
+
+
+def parse_rpg_settings(block: Any) -> RPGSettings:
+    """Strictly parse the ``rpg:`` block (a mapping or DictConfig) into ``RPGSettings``.
+
+    Checks each value and the within-block consistency (e.g. ``periodic`` needs
+    ``update_every >= 1``). Raises ``RPGConfigError`` (a ``ValueError``) with one line.
+    """
+    top = _mapping("rpg", _to_plain(block), _TOP_KEYS)
+    loss = _mapping("rpg.loss", top.get("loss"), _LOSS_KEYS)
+    ref = _mapping("rpg.reference", top.get("reference"), _REF_KEYS)
+    d_loss, d_ref = LossSettings(), ReferenceSettings()
+
+    loss_s = LossSettings(
+        name=_choice("rpg.loss.name", loss.get("name", d_loss.name), LOSS_NAMES),
+        divergence=_choice("rpg.loss.divergence", loss.get("divergence", d_loss.divergence), DIVERGENCES),
+        form=_choice("rpg.loss.form", loss.get("form", d_loss.form), FORMS),
+        beta=_number("rpg.loss.beta", loss.get("beta", d_loss.beta), minimum=0.0),
+        clip=_bool("rpg.loss.clip", loss.get("clip", d_loss.clip)),
+        branch_on=_choice("rpg.loss.branch_on", loss.get("branch_on", d_loss.branch_on), BRANCH_ON),
+        fd_clip=_choice("rpg.loss.fd_clip", loss.get("fd_clip", d_loss.fd_clip), FD_CLIP),
+        kl_clamp=_number("rpg.loss.kl_clamp", loss.get("kl_clamp", d_loss.kl_clamp), minimum=0.0,
+                         strict_min=True, allow_none=True),
+    )
+    ref_s = ReferenceSettings(
+        mode=_choice("rpg.reference.mode", ref.get("mode", d_ref.mode), REFERENCE_MODES),
+        update_every=_int("rpg.reference.update_every", ref.get("update_every", d_ref.update_every)),
+        kl_threshold=_number("rpg.reference.kl_threshold", ref.get("kl_threshold", d_ref.kl_threshold),
+                             minimum=0.0, strict_min=True, allow_none=True),
+        kl_ema_decay=_number("rpg.reference.kl_ema_decay", ref.get("kl_ema_decay", d_ref.kl_ema_decay),
+                             minimum=0.0, maximum=1.0, strict_max=True),
+        log_weight_diff=_bool("rpg.reference.log_weight_diff", ref.get("log_weight_diff", d_ref.log_weight_diff)),
+    )
+    optimizer = _choice("rpg.optimizer", top.get("optimizer", "adamw"), OPTIMIZERS)
+    reward_function = top.get("reward_function", None)
+    if reward_function is not None and (not isinstance(reward_function, str) or reward_function.count(":") != 1):
+        _fail(f"rpg.reward_function={reward_function!r} is invalid; expected 'package.module:function' or null")
+
+    # within-block consistency
+    if ref_s.mode == "periodic":
+        if ref_s.update_every < 1:
+            _fail("rpg.reference.update_every must be >= 1 when rpg.reference.mode=periodic "
+                  f"(got {ref_s.update_every})")
+    elif ref_s.update_every != 0:
+        _fail(f"rpg.reference.update_every={ref_s.update_every} is only used with rpg.reference.mode=periodic "
+              f"(mode is {ref_s.mode}); set it to 0")
+    if ref_s.mode == "kl_threshold":
+        if ref_s.kl_threshold is None:
+            _fail("rpg.reference.kl_threshold must be a number > 0 when rpg.reference.mode=kl_threshold")
+    elif ref_s.kl_threshold is not None:
+        _fail(f"rpg.reference.kl_threshold={ref_s.kl_threshold} is only used with rpg.reference.mode=kl_threshold "
+              f"(mode is {ref_s.mode}); set it to null")
+    if ref_s.log_weight_diff and not ref_s.resets:
+        _fail("rpg.reference.log_weight_diff=true needs rpg.reference.mode=periodic or kl_threshold")
+    return RPGSettings(loss=loss_s, reference=ref_s, optimizer=optimizer, reward_function=reward_function)
+
+
+# ----------------------------------------------------------------------------- verl translation
+
+
+def _select(cfg, path: str, default=None):
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(cfg, path, default=default)
+    return default if value is None else value
+
+
+def resolve_reward_function(spec: str) -> tuple[str, str]:
+    """``'pkg.module:function'`` -> (file path of the module, function name). Clear error if absent."""
+    module_name, fn_name = spec.split(":")
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.origin:
+        _fail(f"rpg.reward_function={spec!r}: module {module_name!r} is not importable; "
+              "install it, set rpg.reward_function=null, or set reward.custom_reward_function.path")
+    module = importlib.import_module(module_name)
+    if not callable(getattr(module, fn_name, None)):
+        _fail(f"rpg.reward_function={spec!r}: {module_name} has no function {fn_name!r}")
+    return found.origin, fn_name
+
+
+def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
+    """Check ``settings`` against verl's keys in ``cfg`` and write the verl keys they imply.
+
+    Mutates ``cfg`` (a composed Hydra DictConfig). Raises ``RPGConfigError`` on conflicts.
+    """
+    from omegaconf import open_dict
+
+    actor = "actor_rollout_ref.actor"
+    loss, ref = settings.loss, settings.reference
+
+    # --- trainer: our subclass is the v1 sync trainer (see rpg.verl.main)
+    if not _select(cfg, "trainer.use_v1", True):
+        _fail("trainer.use_v1=False is not supported by the RPG recipe (it extends verl's v1 trainer); "
+              "allowed: trainer.use_v1=True")
+    if _select(cfg, "trainer.v1.trainer_mode", "sync") != "sync":
+        _fail(f"trainer.v1.trainer_mode={_select(cfg, 'trainer.v1.trainer_mode')!r} is not supported by the RPG "
+              "recipe; allowed: sync")
+    if _select(cfg, "distillation.enabled", False):
+        _fail("distillation.enabled=True is not supported together with the RPG recipe")
+
+    use_kl_loss = bool(_select(cfg, f"{actor}.use_kl_loss", False))
+    use_kl_in_reward = bool(_select(cfg, "algorithm.use_kl_in_reward", False))
+    loss_mode = _select(cfg, f"{actor}.policy_loss.loss_mode", "vanilla")
+    strategy = _select(cfg, f"{actor}.strategy", "fsdp")
+    lora_rank = _select(cfg, "actor_rollout_ref.model.lora.rank", 0) or _select(cfg, "actor_rollout_ref.model.lora_rank", 0)
+    ref_in_actor = bool(lora_rank and lora_rank > 0) or _select(cfg, "actor_rollout_ref.model.lora_adapter_path") is not None
+
+    if ref.resets:
+        if strategy not in ("fsdp", "fsdp2"):
+            _fail(f"rpg.reference.mode={ref.mode} copies actor weights into the reference and supports "
+                  f"{actor}.strategy fsdp or fsdp2 only (got {strategy!r})")
+        if ref_in_actor:
+            _fail(f"rpg.reference.mode={ref.mode} needs a separate reference model; LoRA (reference = actor "
+                  "without adapter) is not supported; allowed modes with LoRA: sampler, fixed")
+
+    with open_dict(cfg):
+        if settings.uses_rpg_actor_loss:
+            if loss_mode not in ("vanilla", loss.name):
+                _fail(f"rpg.loss.name={loss.name} conflicts with {actor}.policy_loss.loss_mode={loss_mode!r}; "
+                      "leave loss_mode unset (the recipe sets it) or use rpg.loss.name=verl")
+            agg = _select(cfg, f"{actor}.loss_agg_mode", "token-mean")
+            if agg not in RPG_LOSS_AGG_MODES:
+                _fail(f"{actor}.loss_agg_mode={agg!r} is not supported by the RPG losses; allowed values: "
+                      f"{', '.join(RPG_LOSS_AGG_MODES)}")
+            c = _select(cfg, f"{actor}.clip_ratio_c", 3.0)
+            if not float(c) > 1.0:
+                _fail(f"{actor}.clip_ratio_c={c} is invalid; expected a value > 1")
+            if use_kl_in_reward:
+                _fail(f"algorithm.use_kl_in_reward=True cannot be combined with rpg.loss.name={loss.name} "
+                      "(the KL term is inside the RPG loss); set algorithm.use_kl_in_reward=False")
+            if ref.mode == "sampler":
+                if use_kl_loss:
+                    _fail(f"{actor}.use_kl_loss=True conflicts with rpg.loss.name={loss.name} and "
+                          "rpg.reference.mode=sampler (no reference model; the KL is inside the RPG loss); "
+                          f"set {actor}.use_kl_loss=False or choose rpg.reference.mode fixed|periodic|kl_threshold")
+            else:
+                # only to make verl build the reference and fill ref_log_prob: the RPG actor loss
+                # replaces ppo_loss, so verl's own kl term is never added.
+                cfg.actor_rollout_ref.actor.use_kl_loss = True
+                cfg.actor_rollout_ref.actor.kl_loss_coef = loss.beta
+            pl = cfg.actor_rollout_ref.actor.policy_loss
+            pl._target_ = POLICY_LOSS_TARGET
+            pl.loss_mode = loss.name
+            pl.rpg_divergence = loss.divergence
+            pl.rpg_form = loss.form
+            pl.rpg_beta = loss.beta
+            pl.rpg_clip = loss.clip
+            pl.rpg_branch_on = loss.branch_on
+            pl.rpg_fd_clip = loss.fd_clip
+            pl.rpg_kl_clamp = loss.kl_clamp
+            pl.rpg_anchor = "sampler" if ref.mode == "sampler" else "reference"
+            pl.rpg_sampler_kl = False
+        else:  # loss.name == "verl": verl's own ppo_loss; the reference settings govern its KL reference
+            if loss_mode in ("rpg", "grpo_corrected"):
+                _fail(f"{actor}.policy_loss.loss_mode={loss_mode} needs rpg.loss.name={loss_mode} "
+                      "(the recipe then wires the loss settings)")
+            wants_ref = use_kl_loss or use_kl_in_reward
+            pl = cfg.actor_rollout_ref.actor.policy_loss
+            pl._target_ = POLICY_LOSS_TARGET
+            pl.rpg_sampler_kl = False
+            if ref.mode == "sampler" and use_kl_loss:
+                if use_kl_in_reward:
+                    _fail("algorithm.use_kl_in_reward=True needs a reference model; with rpg.loss.name=verl use "
+                          "rpg.reference.mode fixed|periodic|kl_threshold")
+                # KL loss against the sampling policy pi_old (REINFORCE++ as in the paper's scripts):
+                # no reference model is built; the worker feeds old_log_probs as ref_log_prob.
+                cfg.actor_rollout_ref.actor.use_kl_loss = False
+                pl.rpg_sampler_kl = True
+                pl.rpg_anchor = "sampler"
+            elif ref.mode == "sampler" and use_kl_in_reward:
+                _fail("algorithm.use_kl_in_reward=True needs a reference model; with rpg.loss.name=verl use "
+                      "rpg.reference.mode fixed|periodic|kl_threshold")
+            elif ref.mode != "sampler" and not wants_ref:
+                _fail(f"rpg.reference.mode={ref.mode} has no effect with rpg.loss.name=verl unless "
+                      f"{actor}.use_kl_loss=True or algorithm.use_kl_in_reward=True; use rpg.reference.mode=sampler")
+            else:
+                pl.rpg_anchor = "sampler" if ref.mode == "sampler" else "reference"
+
+        # --- optimizer
+        optim = cfg.actor_rollout_ref.actor.optim
+        impl = _select(cfg, f"{actor}.optim.optimizer_impl", "torch.optim")
+        sched = _select(cfg, f"{actor}.optim.lr_scheduler_type", "constant")
+        warmup_style = _select(cfg, f"{actor}.optim.warmup_style", None)
+        if settings.optimizer == "schedulefree":
+            if importlib.util.find_spec(SCHEDULEFREE_IMPL) is None:
+                _fail("rpg.optimizer=schedulefree needs the 'schedulefree' package, which is not installed "
+                      "(pip install schedulefree); allowed without it: rpg.optimizer=adamw")
+            if impl not in ("torch.optim", SCHEDULEFREE_IMPL):
+                _fail(f"rpg.optimizer=schedulefree conflicts with {actor}.optim.optimizer_impl={impl!r}")
+            if sched != "constant" or (warmup_style not in (None, "constant")):
+                _fail(f"rpg.optimizer=schedulefree needs {actor}.optim.lr_scheduler_type=constant "
+                      f"(got {warmup_style or sched!r}); schedule-free replaces the lr schedule")
+            optim.optimizer_impl = SCHEDULEFREE_IMPL
+            optim.optimizer = SCHEDULEFREE_CLASS
+        elif impl == SCHEDULEFREE_IMPL:
+            _fail(f"{actor}.optim.optimizer_impl=schedulefree needs rpg.optimizer=schedulefree "
+                  "(the recipe places the optimizer's train()/eval() switches)")
+
+        # --- default reward function (explicit reward.custom_reward_function.path wins)
+        if settings.reward_function and not _select(cfg, "reward.custom_reward_function.path"):
+            path, name = resolve_reward_function(settings.reward_function)
+            cfg.reward.custom_reward_function.path = path
+            cfg.reward.custom_reward_function.name = name
+
+
+def validate_and_apply(cfg) -> RPGSettings:
+    """Driver entry: parse ``cfg.rpg`` strictly, then apply it to the verl keys of ``cfg``."""
+    from omegaconf import OmegaConf
+
+    block = OmegaConf.select(cfg, "rpg")
+    if block is None:
+        _fail("the config has no rpg: block; use recipe/rpg/config/rpg_trainer.yaml")
+    settings = parse_rpg_settings(block)
+    apply_to_verl_config(cfg, settings)
+    return settings

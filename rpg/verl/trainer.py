@@ -1,0 +1,221 @@
+"""``RPGTrainer``: verl 0.9.1's v1 synchronous trainer (``PPOTrainerSync``) plus RPG's schedules.
+
+Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is patched):
+
+* ``_init_resource_pool_mgr``: swap the actor/rollout/ref worker class for
+  ``RPGActorRolloutRefWorker`` (as verl's separate-async trainer does).
+* ``_compute_ref_log_prob`` (reference modes only): after verl's computation, log
+  ``rpg/ref_kl`` = token-mean k3 estimate of KL(pi_old || pi_ref) on the batch (samples from
+  pi_old); the ``kl_threshold`` schedule averages it.
+* ``step``: after verl's step (rollout -> old/ref log-probs -> advantage -> actor update), run the
+  reference schedule: ``periodic`` copies actor -> reference when ``global_steps % K == 0``;
+  ``kl_threshold`` keeps ``ema = d*ema + (1-d)*ref_kl`` and copies (and resets ema to 0) when
+  ``ema > kappa``. Resetting inside ``step`` (before verl saves a checkpoint) makes the saved
+  reference state match the saved actor.
+* ``_save_checkpoint``: schedule-free -> eval (averaged x) weights are saved; then back to train.
+  Reference modes that reset also write ``rpg_reference.json`` (last reset step, EMA, count) and,
+  unless the reference equals the saved actor (last reset == this step), the reference shards.
+* ``on_init_end``: schedule-free -> train mode (y) after a resume; reference restored from the
+  checkpoint (see docs/verl-integration.md, "Resume"); then verl's rollout weight sync.
+* ``on_validate_begin/end``: schedule-free -> validation generates with the eval (x) weights:
+  sleep replicas, switch, re-sync rollout weights; and back to train (y) afterwards.
+
+Per-step metrics added: ``rpg/ref_reset`` (0/1), ``rpg/ref_resets_total``,
+``rpg/ref_steps_since_reset``, ``rpg/ref_kl``, ``rpg/ref_kl_ema`` and, with
+``rpg.reference.log_weight_diff``, ``rpg/ref_actor_weight_diff_pre``/``_post`` (max |actor-ref|
+before/after the copy).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import ray
+import torch
+import transfer_queue as tq
+
+from verl.trainer.ppo.utils import Role
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.debug import marked_timer
+
+from rpg.verl.settings import parse_rpg_settings
+from rpg.verl.worker import RPGActorRolloutRefWorker
+
+logger = logging.getLogger(__name__)
+
+REFERENCE_STATE_FILE = "rpg_reference.json"
+REFERENCE_WEIGHTS_DIR = "rpg_reference"
+_ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor, Role.RefPolicy)
+
+
+def k3_token_kl(old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.Tensor) -> float:
+    """Token-mean k3 estimate of KL(pi_old || pi_ref) from samples of pi_old (>= 0 per token)."""
+    log_r = (ref_log_prob - old_log_prob).clamp(-20.0, 20.0)
+    k3 = torch.exp(log_r) - log_r - 1.0
+    m = mask.to(k3.dtype)
+    return float((k3 * m).sum() / m.sum().clamp_min(1.0))
+
+
+class ReferenceSchedule:
+    """Pure bookkeeping of the reference resets (unit-testable without Ray)."""
+
+    def __init__(self, mode: str, update_every: int = 0, kl_threshold: float | None = None, kl_ema_decay: float = 0.9):
+        self.mode, self.update_every = mode, update_every
+        self.kl_threshold, self.kl_ema_decay = kl_threshold, kl_ema_decay
+        self.last_reset_step, self.kl_ema, self.resets = 0, 0.0, 0
+
+    def should_reset(self, step: int, ref_kl: float | None) -> bool:
+        if self.mode == "periodic":
+            return step % self.update_every == 0
+        if self.mode == "kl_threshold":
+            if ref_kl is None:
+                raise ValueError("kl_threshold schedule needs the step's reference KL (no ref_log_prob computed)")
+            self.kl_ema = self.kl_ema_decay * self.kl_ema + (1.0 - self.kl_ema_decay) * float(ref_kl)
+            return self.kl_ema > self.kl_threshold
+        return False
+
+    def record_reset(self, step: int) -> None:
+        self.last_reset_step, self.kl_ema, self.resets = step, 0.0, self.resets + 1
+
+    def state_dict(self) -> dict:
+        return {"mode": self.mode, "last_reset_step": self.last_reset_step, "kl_ema": self.kl_ema,
+                "resets": self.resets}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("mode") != self.mode:
+            raise ValueError(f"checkpoint reference state has mode {state.get('mode')!r}, config has {self.mode!r}")
+        self.last_reset_step = int(state["last_reset_step"])
+        self.kl_ema = float(state["kl_ema"])
+        self.resets = int(state["resets"])
+
+
+class RPGTrainer(PPOTrainerSync):
+    """See module docstring."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.rpg = parse_rpg_settings(config.rpg)
+        self.schedule_free = self.rpg.optimizer == "schedulefree"
+        ref = self.rpg.reference
+        self.ref_schedule = ReferenceSchedule(ref.mode, ref.update_every, ref.kl_threshold, ref.kl_ema_decay)
+        self._last_ref_kl: float | None = None
+
+    # ------------------------------------------------------------------ workers
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        for role in list(self.role_worker_mapping):
+            if role in _ACTOR_ROLES:
+                self.role_worker_mapping[role] = ray.remote(RPGActorRolloutRefWorker)
+
+    # ------------------------------------------------------------------ init / resume
+    def _resumed_folder(self) -> str | None:
+        if self.global_steps == 0:
+            return None
+        trainer = self.config.trainer
+        if trainer.resume_mode == "resume_path":
+            folder = trainer.resume_from_path
+        else:
+            folder = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
+        return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
+
+    def on_init_end(self):
+        if self.schedule_free:
+            # a resumed checkpoint holds eval (x) weights and eval-mode param groups; back to y
+            self.actor_rollout_wg.sf_set_mode("train")
+        if self.rpg.reference.resets:
+            self._restore_reference()
+        super().on_init_end()
+
+    def _restore_reference(self) -> None:
+        folder = self._resumed_folder()
+        if folder is None:
+            return  # fresh start: verl built the reference from the initial model = actor
+        path = os.path.join(folder, REFERENCE_STATE_FILE)
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"resuming rpg.reference.mode={self.rpg.reference.mode} from {folder}, which has no {REFERENCE_STATE_FILE}; "
+                "the reference cannot be restored consistently (checkpoint from another mode or an older run)"
+            )
+        with open(path) as f:
+            state = json.load(f)
+        self.ref_schedule.load_state_dict(state)
+        if state.get("weights_saved"):
+            self.actor_rollout_wg.load_reference(os.path.join(folder, REFERENCE_WEIGHTS_DIR))
+        else:  # the reference was reset at the checkpoint step: it equals the (train-mode) actor
+            self.actor_rollout_wg.sync_ref_from_actor()
+        logger.info(f"restored reference state {state} from {folder}")
+
+    # ------------------------------------------------------------------ step
+    def _compute_ref_log_prob(self, batch, metrics: dict):
+        batch = super()._compute_ref_log_prob(batch, metrics)
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["old_log_probs", "ref_log_prob", "response_mask"]).to_padded_tensor()
+        self._last_ref_kl = k3_token_kl(data["old_log_probs"].float(), data["ref_log_prob"].float(),
+                                        data["response_mask"])
+        metrics["rpg/ref_kl"] = self._last_ref_kl
+        return batch
+
+    def step(self, metrics: dict, timing_raw: dict):
+        batch = super().step(metrics, timing_raw)
+        if self.rpg.reference.resets:
+            with marked_timer("rpg_reference", timing_raw, color="purple"):
+                metrics.update(self._reference_step())
+        return batch
+
+    def _reference_step(self) -> dict:
+        wg, sched, step = self.actor_rollout_wg, self.ref_schedule, self.global_steps
+        out = {}
+        if self.rpg.reference.log_weight_diff:
+            out["rpg/ref_actor_weight_diff_pre"] = max(wg.ref_actor_weight_diff())
+        reset = sched.should_reset(step, self._last_ref_kl)
+        if self.rpg.reference.mode == "kl_threshold":
+            out["rpg/ref_kl_ema"] = sched.kl_ema
+        if reset:
+            wg.sync_ref_from_actor()
+            sched.record_reset(step)
+            logger.info(f"rpg: reference reset at step {step} (mode={sched.mode})")
+            if self.rpg.reference.log_weight_diff:
+                out["rpg/ref_actor_weight_diff_post"] = max(wg.ref_actor_weight_diff())
+        out.update({"rpg/ref_reset": float(reset), "rpg/ref_resets_total": float(sched.resets),
+                    "rpg/ref_steps_since_reset": float(step - sched.last_reset_step)})
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self):
+        if self.rpg.reference.resets:
+            self._save_reference_state()
+        if not self.schedule_free:
+            return super()._save_checkpoint()
+        self.actor_rollout_wg.sf_set_mode("eval")  # checkpoints hold the averaged (x) weights
+        try:
+            return super()._save_checkpoint()
+        finally:
+            self.actor_rollout_wg.sf_set_mode("train")
+
+    def _save_reference_state(self) -> None:
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        os.makedirs(folder, exist_ok=True)
+        state = self.ref_schedule.state_dict()
+        state["weights_saved"] = self.ref_schedule.last_reset_step != self.global_steps
+        if state["weights_saved"]:
+            self.actor_rollout_wg.save_reference(os.path.join(folder, REFERENCE_WEIGHTS_DIR))
+        with open(os.path.join(folder, REFERENCE_STATE_FILE), "w") as f:
+            json.dump(state, f)
+
+    # ------------------------------------------------------------------ schedule-free around validation
+    def _sf_switch(self, mode: str) -> None:
+        self.checkpoint_manager.sleep_replicas()
+        self.actor_rollout_wg.sf_set_mode(mode)
+        self.checkpoint_manager.update_weights(self.global_steps)
+
+    def on_validate_begin(self):
+        super().on_validate_begin()
+        if self.schedule_free:
+            self._sf_switch("eval")
+
+    def on_validate_end(self):
+        if self.schedule_free:
+            self._sf_switch("train")
+        super().on_validate_end()

@@ -1,0 +1,144 @@
+"""``RPGActorRolloutRefWorker``: verl's fused actor/rollout/ref worker plus what RPG needs.
+
+Swapped in by ``RPGTrainer._init_resource_pool_mgr`` (the pattern verl's own separate-async
+trainer uses with ``DetachActorWorker``). Additions:
+
+* loss install (``init_model``): for ``policy_loss.loss_mode`` in {rpg, grpo_corrected} the actor
+  loss becomes ``rpg.verl.actor_loss.rpg_actor_loss`` (sees ``ref_log_prob``); for
+  ``rpg.loss.name=verl`` with a KL loss anchored on pi_old it becomes
+  ``verl_loss_with_sampler_kl``. Otherwise verl's ``ppo_loss`` stays.
+* reference weight copy (``sync_ref_from_actor``, ONE_TO_ALL): each rank copies its local shards
+  of the actor parameters into the reference model's shards (FSDP1 flat params or FSDP2 DTensor
+  local tensors; actor and reference are built by verl from the same model with the same
+  strategy and world size, so names and shard shapes match -- checked, never assumed).
+  ``ref_actor_weight_diff`` measures max |actor - ref| (diagnostics/tests);
+  ``save_reference``/``load_reference`` persist the reference shards in a checkpoint.
+* schedule-free modes (``sf_set_mode``, ONE_TO_ALL): ``AdamWScheduleFree`` is switched to train
+  mode once the model is built (its ``step()`` refuses to run otherwise) and stays there; the
+  trainer switches to eval (averaged x weights) only around validation and checkpoint saving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.workers.engine_workers import ActorRolloutRefWorker
+
+logger = logging.getLogger(__name__)
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """The rank-local storage of a parameter: the DTensor shard (FSDP2) or the tensor itself."""
+    return p._local_tensor if hasattr(p, "_local_tensor") else p.data
+
+
+def is_schedule_free(optimizer) -> bool:
+    return optimizer is not None and callable(getattr(optimizer, "train", None)) and callable(
+        getattr(optimizer, "eval", None)) and "ScheduleFree" in type(optimizer).__name__
+
+
+class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
+    """See module docstring."""
+
+    # ------------------------------------------------------------------ model / loss
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        super().init_model()
+        if "actor" not in self.role:
+            return
+        pl = self.config.actor.policy_loss
+        actor_config = self.loss_fn.keywords["config"]
+        if pl.get("loss_mode") in ("rpg", "grpo_corrected"):
+            from rpg.verl.actor_loss import rpg_actor_loss
+
+            self.loss_fn = partial(rpg_actor_loss, config=actor_config)
+            self.actor.set_loss_fn(self.loss_fn)
+        elif pl.get("rpg_sampler_kl", False):
+            from rpg.verl.actor_loss import verl_loss_with_sampler_kl, with_kl_loss_enabled
+
+            self.loss_fn = partial(verl_loss_with_sampler_kl, config=with_kl_loss_enabled(actor_config))
+            self.actor.set_loss_fn(self.loss_fn)
+        if is_schedule_free(self._optimizer()):
+            self._optimizer().train()
+
+    def _optimizer(self):
+        return getattr(self.actor.engine, "optimizer", None)
+
+    # ------------------------------------------------------------------ schedule-free
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sf_set_mode(self, mode: str) -> str:
+        """Put the schedule-free optimizer (and thus the module's weights) in ``train`` (y) or ``eval`` (x)."""
+        if mode not in ("train", "eval"):
+            raise ValueError(f"sf_set_mode(mode={mode!r}); allowed: train, eval")
+        opt = self._optimizer()
+        if not is_schedule_free(opt):
+            raise ValueError(f"sf_set_mode needs a schedule-free optimizer, found {type(opt).__name__}")
+        getattr(opt, mode)()
+        return "train" if opt.param_groups[0]["train_mode"] else "eval"
+
+    # ------------------------------------------------------------------ reference weights
+    def _paired_params(self):
+        if getattr(self, "ref", None) is None:
+            raise ValueError("this worker has no reference model (rpg.reference.mode must be periodic or kl_threshold)")
+        actor_params = dict(self.actor.engine.module.named_parameters())
+        ref_params = dict(self.ref.engine.module.named_parameters())
+        if actor_params.keys() != ref_params.keys():
+            only = sorted(set(actor_params) ^ set(ref_params))[:3]
+            raise ValueError(f"actor and reference parameters differ in names (e.g. {only}); same strategy needed")
+        pairs = []
+        for name, p_act in actor_params.items():
+            a, r = _local(p_act), _local(ref_params[name])
+            if a.shape != r.shape:
+                raise ValueError(f"actor/reference shard shapes differ for {name}: {tuple(a.shape)} vs {tuple(r.shape)}")
+            pairs.append((name, a, r))
+        return pairs
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @torch.no_grad()
+    def sync_ref_from_actor(self) -> int:
+        """reference <- actor (current module weights), shard by shard. Returns #tensors copied."""
+        pairs = self._paired_params()
+        for _, a, r in pairs:
+            r.copy_(a.to(device=r.device, dtype=r.dtype))
+        if dist.is_initialized():
+            dist.barrier()
+        return len(pairs)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @torch.no_grad()
+    def ref_actor_weight_diff(self) -> float:
+        """max over local shards of |actor - reference| (compared in the reference's dtype)."""
+        diff = 0.0
+        for _, a, r in self._paired_params():
+            if a.numel():
+                diff = max(diff, float((a.to(device=r.device, dtype=r.dtype) - r).abs().max()))
+        return diff
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @torch.no_grad()
+    def save_reference(self, directory: str) -> None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        os.makedirs(directory, exist_ok=True)
+        state = {name: r.detach().to("cpu", copy=True) for name, _, r in self._paired_params()}
+        torch.save(state, os.path.join(directory, f"reference_rank_{rank}.pt"))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @torch.no_grad()
+    def load_reference(self, directory: str) -> None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        path = os.path.join(directory, f"reference_rank_{rank}.pt")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"reference shard {path} is missing (same world size as when saved needed)")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        for name, _, r in self._paired_params():
+            if name not in state or state[name].shape != r.shape:
+                raise ValueError(f"reference shard {path} does not match parameter {name}")
+            r.copy_(state[name].to(device=r.device, dtype=r.dtype))
+        if dist.is_initialized():
+            dist.barrier()
