@@ -176,7 +176,7 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, loss_s
 
 
 def _reinforce(l, w, log_w, adv, r_ref, log_r_ref, cfg: RPGLossConfig):
-    """REINFORCE-style loss (everything but l is a constant). Returns (loss, A', regions)."""
+    """REINFORCE-style loss (everything but l is a constant). Returns (loss, W, regions)."""
     with torch.no_grad():
         if cfg.clip:
             w_kl = w.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
@@ -184,12 +184,12 @@ def _reinforce(l, w, log_w, adv, r_ref, log_r_ref, cfg: RPGLossConfig):
         else:
             w_kl, log_w_kl = w, log_w
         c_kl = kl_weight(cfg.divergence, cfg.beta, w_kl, log_w_kl, r_ref, log_r_ref)
-        weight = w * adv + c_kl  # W = w * A'
-        reg_adv = adv + c_kl / w  # A' (division by the unclipped w, Algorithm 2)
+        weight = w * adv + c_kl  # W = w * A', with A' = A + C/w (division by the unclipped w, Algorithm 2)
     if not cfg.clip:
-        return -weight * l, reg_adv, None
+        return -weight * l, weight, None
     with torch.no_grad():
-        positive = reg_adv >= 0 if cfg.branch_on == "regularized" else adv > 0
+        # sign(A') = sign(w*A' ) = sign(W) as w > 0; W stays finite where C/w could overflow.
+        positive = weight >= 0 if cfg.branch_on == "regularized" else adv > 0
         upper, lower, dual = _clip_regions(positive, w, cfg)
         active = ~(upper | lower | dual)
         # Algorithm 2's constant values in the clipped regions (value only, never a gradient).
@@ -198,27 +198,27 @@ def _reinforce(l, w, log_w, adv, r_ref, log_r_ref, cfg: RPGLossConfig):
         w_active = torch.where(active, weight, torch.zeros_like(weight))
         w_const = torch.where(active, torch.zeros_like(weight), const)
     loss = -(w_active * l) - w_const * l.detach()
-    return loss, reg_adv, (upper, lower, dual)
+    return loss, weight, (upper, lower, dual)
 
 
 def _differentiable(l, w, log_rho, adv, r_ref, log_r_ref, cfg: RPGLossConfig):
-    """Fully differentiable loss. Returns (loss, A_reg, regions)."""
+    """Fully differentiable loss. Returns (loss, W = w*A + C(w) of its unclipped gradient, regions)."""
     kappa = kl_surrogate(cfg.divergence, w, log_rho, r_ref)
     if cfg.kl_clamp is not None:
         kappa = kappa + (kappa.clamp(-cfg.kl_clamp, cfg.kl_clamp) - kappa).detach()
     with torch.no_grad():
-        reg_adv = adv + kl_weight(cfg.divergence, cfg.beta, w, log_rho + log_r_ref, r_ref, log_r_ref) / w
+        weight = w * adv + kl_weight(cfg.divergence, cfg.beta, w, log_rho + log_r_ref, r_ref, log_r_ref)
     if cfg.fd_clip == "algorithm1":
         a_hat = adv - cfg.beta * kl_phi(cfg.divergence, log_rho)
         if not cfg.clip:
-            return -w * a_hat, reg_adv, None
+            return -w * a_hat, weight, None
         loss = dual_clip(w, a_hat, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c)
-        return loss, reg_adv, _clip_regions(a_hat.detach() >= 0, w.detach(), cfg)
+        return loss, weight, _clip_regions(a_hat.detach() >= 0, w.detach(), cfg)
     kl_part = cfg.beta * kappa
     if not cfg.clip:
-        return -w * adv + kl_part, reg_adv, None
+        return -w * adv + kl_part, weight, None
     loss = dual_clip(w, adv, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c) + kl_part
-    return loss, reg_adv, _clip_regions(adv >= 0, w.detach(), cfg)
+    return loss, weight, _clip_regions(adv >= 0, w.detach(), cfg)
 
 
 # --------------------------------------------------------------------------- public API
@@ -258,11 +258,11 @@ def rpg_token_loss(
         log_rho = log_w - log_r_ref
 
     if cfg.form == "reinforce":
-        loss, reg_adv, regions = _reinforce(l, w, log_w, adv, r_ref, log_r_ref, cfg)
+        loss, weight, regions = _reinforce(l, w, log_w, adv, r_ref, log_r_ref, cfg)
     else:
-        loss, reg_adv, regions = _differentiable(l, w, log_rho, adv, r_ref, log_r_ref, cfg)
+        loss, weight, regions = _differentiable(l, w, log_rho, adv, r_ref, log_r_ref, cfg)
     loss = torch.where(mask != 0, loss, torch.zeros_like(loss))
-    metrics = _metrics(cfg, mask, w.detach(), log_w_raw.detach(), log_rho.detach(), r_ref, reg_adv, regions)
+    metrics = _metrics(cfg, mask, w.detach(), log_w_raw.detach(), log_rho.detach(), r_ref, weight, regions)
     return loss, metrics
 
 
@@ -303,7 +303,7 @@ def grpo_corrected_kl(
 # --------------------------------------------------------------------------- metrics
 
 
-def _metrics(cfg, mask, w, log_w_raw, log_rho, r_ref, reg_adv, regions) -> dict[str, float]:
+def _metrics(cfg, mask, w, log_w_raw, log_rho, r_ref, weight, regions) -> dict[str, float]:
     """Masked statistics, gathered into one tensor and read back with a single host sync."""
     with torch.no_grad():
         valid = mask != 0
@@ -323,11 +323,13 @@ def _metrics(cfg, mask, w, log_w_raw, log_rho, r_ref, reg_adv, regions) -> dict[
         else:
             upper, lower, dual = (mean(r.to(mask.dtype)) for r in regions)
         abs_log = log_w_raw.abs()
-        stats = torch.stack([
+        # A' = W / w in float64: W is finite, but C/w can overflow float32 for w -> 0 under a large C.
+        reg_adv = weight.double() / w.double()
+        stats = torch.stack([s.double() for s in (
             mean(w), vmax(w), -vmax(-w), vmax(abs_log), mean(kappa), mean(reg_adv), vmax(reg_adv.abs()),
             upper + lower + dual, upper, lower, dual, 1.0 - (upper + lower + dual),
             mean((abs_log > cfg.log_ratio_guard).to(mask.dtype)),
-        ])
+        )])
         stats = torch.where(torch.isfinite(stats) | (n > 0), stats, torch.zeros_like(stats))
         stats = torch.where(n > 0, stats, torch.zeros_like(stats))
         values = stats.tolist()
