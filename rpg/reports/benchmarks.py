@@ -1,0 +1,68 @@
+"""Map verl validation metric keys to the paper's benchmarks.
+
+verl 0.9.1 logs validation as ``val-core/{data_source}/acc/mean@N`` (and ``val-aux/...``), one key
+per data source. The benchmark of a data source is found by name (case and punctuation ignored):
+
+* ``math_dapo`` (the authors' AIME24 file), anything containing ``aime24``/``aime2024`` -> AIME24
+* containing ``aime25``/``aime2025`` -> AIME25
+* containing ``amc`` -> AMC23;  ``minerva`` -> Minerva;  ``olympiad`` -> OlympiadBench
+
+``source_map`` ({data_source: benchmark}) overrides or extends this; the value ``ignore`` (or ``-``)
+drops a data source.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rpg.reports.logs import Metrics
+
+BENCHMARKS = ("AIME24", "AIME25", "AMC23", "Minerva", "OlympiadBench")
+IGNORE = ("-", "ignore")  # source_map value that drops a data source
+
+
+def benchmark_of(data_source: str, source_map: dict[str, str] | None = None) -> str | None:
+    if source_map and data_source in source_map:
+        bench = source_map[data_source]
+        if bench in IGNORE:
+            return None
+        if bench not in BENCHMARKS:
+            raise ValueError(f"source map {data_source}={bench}: benchmark must be one of {BENCHMARKS} or {IGNORE}")
+        return bench
+    s = re.sub(r"[^a-z0-9]", "", data_source.lower())
+    if s == "mathdapo" or "aime24" in s or "aime2024" in s:
+        return "AIME24"
+    if "aime25" in s or "aime2025" in s:
+        return "AIME25"
+    if "amc" in s:
+        return "AMC23"
+    if "minerva" in s:
+        return "Minerva"
+    if "olympiad" in s:
+        return "OlympiadBench"
+    return None
+
+
+def benchmark_series(
+    metrics: Metrics, metric: str = "acc/mean@32", source_map: dict[str, str] | None = None, section: str = "val-core"
+) -> dict[str, tuple[str, dict[int, float]]]:
+    """{benchmark: (data_source, {step: value})} for keys ``{section}/{data_source}/{metric}``.
+
+    Two data sources mapping to one benchmark is an error (pass a source_map to disambiguate).
+    """
+    prefix, suffix = section + "/", "/" + metric
+    out: dict[str, tuple[str, dict[int, float]]] = {}
+    for key, series in metrics.items():
+        if not (key.startswith(prefix) and key.endswith(suffix)) or len(key) <= len(prefix) + len(suffix):
+            continue
+        ds = key[len(prefix) : -len(suffix)]
+        bench = benchmark_of(ds, source_map)
+        if bench is None:
+            continue
+        if bench in out and out[bench][0] != ds:
+            raise ValueError(
+                f"data sources {out[bench][0]!r} and {ds!r} both map to {bench}; "
+                "pass --source-map DATA_SOURCE=BENCHMARK to choose"
+            )
+        out[bench] = (ds, series)
+    return out

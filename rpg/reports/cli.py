@@ -1,0 +1,110 @@
+"""Command-line entry points behind scripts/report_tables.py and scripts/plot_curves.py.
+
+A RUN argument is ``PATH`` or ``LABEL=PATH``; the label (default: the file stem or directory
+name) is the table row and legend name, and matches a published method case-insensitively.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from rpg.reports.figures import ENTROPY_KEY, LENGTH_KEY, REWARD_KEY, default_panels, plot_curves
+from rpg.reports.logs import Metrics, read_run
+from rpg.reports.published import TABLES
+from rpg.reports.tables import build_table, render_latex, render_markdown
+
+
+def parse_run(arg: str) -> tuple[str, Path]:
+    if "=" in arg and not Path(arg).exists():
+        label, path = arg.split("=", 1)
+        if not label:
+            raise ValueError(f"empty label in run argument {arg!r}")
+        return label, Path(path)
+    path = Path(arg)
+    return (path.name if path.is_dir() else path.stem), path
+
+
+def parse_source_map(items: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--source-map expects DATA_SOURCE=BENCHMARK, got {item!r}")
+        ds, bench = item.rsplit("=", 1)
+        out[ds] = bench
+    return out
+
+
+def parse_last_step(text: str) -> int | None:
+    if text == "final":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--last-step must be an integer or 'final', got {text!r}") from None
+
+
+def load_runs(args: list[str]) -> list[tuple[str, Metrics]]:
+    runs = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for arg in args:
+            label, path = parse_run(arg)
+            runs.append((label, read_run(path)))
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    return runs
+
+
+def _common(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("runs", nargs="+", metavar="RUN", help="[LABEL=]PATH: .jsonl (verl file logger), .csv (W&B), TensorBoard dir/file")
+    ap.add_argument("--metric", default="acc/mean@32", help="validation metric after val-core/<data_source>/ (authors' 32-copies layout: acc/mean@1)")
+    ap.add_argument("--source-map", action="append", metavar="DS=BENCH", help="map a data_source to AIME24|AIME25|AMC23|Minerva|OlympiadBench|ignore")
+
+
+def main_tables(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="report_tables.py", description="Print a paper table (ours vs published).")
+    _common(ap)
+    ap.add_argument("--table", required=True, choices=sorted(TABLES))
+    ap.add_argument("--format", default="markdown", choices=["markdown", "latex"])
+    ap.add_argument("--last-step", default="400", help="step of 'Last' (default 400) or 'final'")
+    ap.add_argument("--out", help="write the table here instead of stdout")
+    args = ap.parse_args(argv)
+    try:
+        runs = load_runs(args.runs)
+        td = build_table(runs, args.table, args.metric, parse_last_step(args.last_step), parse_source_map(args.source_map))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for w in td.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    text = render_markdown(td) if args.format == "markdown" else render_latex(td)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def main_plot(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="plot_curves.py", description="Draw the training-dynamics figure (PNG + SVG).")
+    _common(ap)
+    ap.add_argument("--out", default="training_curves", help="output path without suffix; writes OUT.png and OUT.svg")
+    ap.add_argument("--reward-key", default=REWARD_KEY)
+    ap.add_argument("--entropy-key", default=ENTROPY_KEY)
+    ap.add_argument("--length-key", default=LENGTH_KEY)
+    args = ap.parse_args(argv)
+    try:
+        runs = load_runs(args.runs)
+        panels = default_panels(args.metric, args.reward_key, args.entropy_key, args.length_key)
+        paths, warns = plot_curves(runs, args.out, args.metric, parse_source_map(args.source_map), panels)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for w in warns:
+        print(f"warning: {w}", file=sys.stderr)
+    for p in paths:
+        print(p)
+    return 0

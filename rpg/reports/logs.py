@@ -1,0 +1,154 @@
+"""Read a run's scalar metrics from verl's file logger (JSONL), a W&B CSV export or TensorBoard.
+
+All readers return ``{metric_name: {step: value}}`` with int steps and finite float values.
+
+* verl file logger (``trainer.logger=[...,'file']``, verl/utils/tracking.py ``FileLogger``): one
+  line per step, ``{"step": s, "data": {"val-core/aime2024/acc/mean@32": ..., ...}}``. A flat
+  ``{"step": s, key: value, ...}`` line is accepted too. A truncated *last* line (run killed while
+  writing) is skipped with a warning; any other unparsable line is an error.
+* W&B CSV export: a step column (``_step``, ``Step``, ``step``, ``global_step`` or
+  ``trainer/global_step``) plus one column per metric. Panel exports prefix columns with
+  ``"<run name> - "``; the prefix is removed and ``__MIN``/``__MAX`` columns are ignored. One run per
+  file: several run prefixes are an error.
+* TensorBoard: an event file or a directory of event files (verl's ``tensorboard`` logger writes
+  scalars with ``add_scalar(key, value, step)``).
+
+When a step is logged twice, the later value wins.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import warnings
+from pathlib import Path
+
+Metrics = dict[str, dict[int, float]]
+
+_STEP_COLUMNS = ("_step", "Step", "step", "global_step", "trainer/global_step")
+_WANDB_SKIP = {"_runtime", "_timestamp", "_wall_time", "Wall time"}
+
+
+def _num(value) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        v = float(value)
+    elif isinstance(value, str) and value.strip():
+        try:
+            v = float(value)
+        except ValueError:
+            return None
+    else:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _put(metrics: Metrics, key: str, step: int, value) -> None:
+    v = _num(value)
+    if v is not None:
+        metrics.setdefault(key, {})[step] = v
+
+
+def _step(value, where: str) -> int:
+    v = _num(value)
+    if v is None or v != int(v):
+        raise ValueError(f"{where}: step must be an integer, got {value!r}")
+    return int(v)
+
+
+def read_file_logger(path: str | Path) -> Metrics:
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    metrics: Metrics = {}
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            if i == last:
+                warnings.warn(f"{path}:{i + 1}: skipping truncated last line ({err.msg})", stacklevel=2)
+                continue
+            raise ValueError(f"{path}:{i + 1}: not a JSON line ({err.msg})") from None
+        if not isinstance(obj, dict) or "step" not in obj:
+            raise ValueError(f"{path}:{i + 1}: expected an object with a 'step' key")
+        step = _step(obj["step"], f"{path}:{i + 1}")
+        data = obj["data"] if isinstance(obj.get("data"), dict) else {k: v for k, v in obj.items() if k != "step"}
+        for key, value in data.items():
+            _put(metrics, key, step, value)
+    return metrics
+
+
+def read_wandb_csv(path: str | Path) -> Metrics:
+    path = Path(path)
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        reader = csv.DictReader(fh)
+        header = reader.fieldnames or []
+        step_col = next((c for c in _STEP_COLUMNS if c in header), None)
+        if step_col is None:
+            raise ValueError(f"{path}: no step column; expected one of {list(_STEP_COLUMNS)}, got {header}")
+        columns: dict[str, str] = {}
+        prefixes = set()
+        for col in header:
+            if col == step_col or col in _WANDB_SKIP or col.endswith(("__MIN", "__MAX")):
+                continue
+            name = col
+            if " - " in col:
+                prefix, name = col.split(" - ", 1)
+                prefixes.add(prefix)
+            columns[col] = name
+        if len(prefixes) > 1:
+            raise ValueError(f"{path}: several runs in one export {sorted(prefixes)}; export one run per file")
+        if len(set(columns.values())) != len(columns):
+            dup = sorted({n for n in columns.values() if list(columns.values()).count(n) > 1})
+            raise ValueError(f"{path}: metrics {dup} appear in several columns")
+        metrics: Metrics = {}
+        for n, row in enumerate(reader, start=2):
+            if _num(row.get(step_col)) is None:
+                continue
+            step = _step(row[step_col], f"{path}:{n}")
+            for col, name in columns.items():
+                _put(metrics, name, step, row.get(col))
+    return metrics
+
+
+def read_tensorboard(path: str | Path) -> Metrics:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    metrics: Metrics = {}
+    for tag in tags.get("scalars", []):
+        for ev in acc.Scalars(tag):
+            _put(metrics, tag, int(ev.step), ev.value)
+    for tag in tags.get("tensors", []):
+        for ev in acc.Tensors(tag):
+            arr = tensor_util.make_ndarray(ev.tensor_proto)
+            if arr.size == 1 and arr.dtype.kind in "fiu":
+                _put(metrics, tag, int(ev.step), float(arr.reshape(())))
+    return metrics
+
+
+def read_run(path: str | Path) -> Metrics:
+    """Dispatch on the path: ``*.jsonl`` file logger, ``*.csv`` W&B export, event file or directory -> TensorBoard."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"run log not found: {path}")
+    if path.is_dir() or "tfevents" in path.name:
+        if path.is_dir() and not any(path.glob("*tfevents*")):
+            raise ValueError(f"{path}: directory holds no TensorBoard event files")
+        metrics = read_tensorboard(path)
+    elif path.suffix == ".jsonl":
+        metrics = read_file_logger(path)
+    elif path.suffix == ".csv":
+        metrics = read_wandb_csv(path)
+    else:
+        raise ValueError(f"{path}: unknown log format; expected .jsonl (verl file logger), .csv (W&B) or TensorBoard events")
+    if not metrics:
+        raise ValueError(f"{path}: no numeric metrics found")
+    return metrics

@@ -1,0 +1,271 @@
+"""Reports: reading verl file-logger JSONL, W&B CSV and TensorBoard logs; paper tables vs published numbers."""
+
+from __future__ import annotations
+
+import csv
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+
+from rpg.reports.benchmarks import benchmark_of, benchmark_series
+from rpg.reports.cli import main_tables
+from rpg.reports.logs import read_run
+from rpg.reports.published import TABLES, load_published, methods_of
+from rpg.reports.tables import build_table, last_and_best, render_latex, render_markdown
+
+SPEC = Path(__file__).resolve().parents[1].parent / "shared" / "spec" / "RPG_SPEC.md"
+EVAL_STEPS = list(range(0, 401, 10))
+
+
+def synthetic(aime24_source="math_dapo", last=400):
+    """{step: {key: value}} with known Last/Best: AIME24 0.5/0.62, AIME25 0.3/0.3, AMC23 0.9/0.95."""
+    logs: dict[int, dict[str, float]] = {}
+    for s in range(1, last + 1):
+        logs[s] = {"critic/score/mean": -1 + s / 400, "actor/entropy": 1 - s / 800, "response_length/mean": 500.0 + s}
+    for s in [x for x in EVAL_STEPS if x <= last]:
+        logs.setdefault(s, {}).update({
+            f"val-core/{aime24_source}/acc/mean@32": 0.62 if s == 350 else 0.3 + s / 2000,
+            "val-core/aime2025/acc/mean@32": 0.2 + s / 4000,
+            "val-core/amc_23/acc/mean@32": 0.95 if s == 200 else 0.9,
+            "val-aux/aime2025/acc/std@32": 0.01,
+        })
+    return logs
+
+
+def write_file_logger(path: Path, logs, monkeypatch) -> Path:
+    """Through verl's own FileLogger (verl/utils/tracking.py)."""
+    from verl.utils.tracking import FileLogger
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    fl = FileLogger("proj", "exp")
+    for step in sorted(logs):
+        fl.log(logs[step], step)
+    fl.finish()
+    return path
+
+
+def write_tensorboard(path: Path, logs, monkeypatch) -> Path:
+    """Through verl's own TensorBoard adapter (torch SummaryWriter.add_scalar)."""
+    from verl.utils.tracking import _TensorboardAdapter
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(path))
+    tb = _TensorboardAdapter("proj", "exp")
+    for step in sorted(logs):
+        tb.log(logs[step], step)
+    tb.finish()
+    return path
+
+
+def write_wandb_csv(path: Path, logs, panel_prefix: str | None = None) -> Path:
+    """W&B export: history layout (_step) or panel layout ('Step', '<run> - key', __MIN/__MAX)."""
+    keys = sorted({k for d in logs.values() for k in d})
+    if panel_prefix:
+        header = ["Step"] + [c for k in keys for c in (f"{panel_prefix} - {k}", f"{panel_prefix} - {k}__MIN", f"{panel_prefix} - {k}__MAX")]
+    else:
+        header = ["_step", "_runtime"] + keys
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        for step in sorted(logs):
+            d = logs[step]
+            if panel_prefix:
+                w.writerow([step] + [c for k in keys for c in ([d[k]] * 3 if k in d else ["", "", ""])])
+            else:
+                w.writerow([step, 12.5] + [d.get(k, "") for k in keys])
+    return path
+
+
+def _md_rows(text: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("| ") and not line.startswith("| Method"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+@pytest.fixture
+def three_runs(tmp_path, monkeypatch):
+    jsonl = write_file_logger(tmp_path / "ufkl.jsonl", synthetic("math_dapo"), monkeypatch)
+    wandb = write_wandb_csv(tmp_path / "dapo.csv", synthetic("aime2024"), panel_prefix="dapo-run-7")
+    tb = write_tensorboard(tmp_path / "tb" / "urkl", synthetic("aime_2024"), monkeypatch)
+    return jsonl, wandb, tb
+
+
+def test_readers_agree_across_formats(tmp_path, three_runs):
+    jsonl, wandb, tb = three_runs
+    hist = write_wandb_csv(tmp_path / "hist.csv", synthetic("math_dapo"))
+    ref = read_run(jsonl)
+    ref_val = benchmark_series(ref)
+    assert set(ref_val) == {"AIME24", "AIME25", "AMC23"}
+    for other in (read_run(hist), read_run(tb)):
+        assert len(other) == len(ref)
+        for key in ("critic/score/mean", "actor/entropy", "response_length/mean", "val-aux/aime2025/acc/std@32"):
+            assert other[key] == pytest.approx(ref[key], rel=1e-6), key  # TensorBoard stores float32
+        for bench, (_, series) in benchmark_series(other).items():
+            assert series == pytest.approx(ref_val[bench][1], rel=1e-6), bench
+    panel = read_run(wandb)
+    assert "val-core/aime2024/acc/mean@32" in panel and not any(k.endswith(("__MIN", "__MAX")) for k in panel)
+    assert panel["actor/entropy"][400] == 0.5 and len(panel["critic/score/mean"]) == 400
+
+
+def test_table3_markdown_numbers(three_runs):
+    jsonl, wandb, tb = three_runs
+    runs = [("RPG-UFKL", read_run(jsonl)), ("dapo", read_run(wandb)), ("mine", read_run(tb))]
+    td = build_table(runs, "3")
+    rows = _md_rows(render_markdown(td))
+    # column order: per benchmark (AIME24, AIME25, AMC23) x (Last, Best) x (ours, paper, delta)
+    assert rows["RPG-UFKL"] == [
+        "0.5000", "0.5938", "-0.0938", "0.6200", "0.6177", "+0.0023",
+        "0.3000", "0.4698", "-0.1698", "0.3000", "0.4865", "-0.1865",
+        "0.9000", "0.9492", "-0.0492", "0.9500", "0.9517 ⚠", "-0.0017",
+    ]
+    assert rows["dapo"][:6] == ["0.5000", "0.5438", "-0.0438", "0.6200", "0.5740", "+0.0460"]
+    assert rows["mine"][:3] == ["0.5000", "—", "—"]
+    assert any("'mine' is not a method of Table 3" in w for w in td.warnings)
+    assert any("RPG-UFKL AMC23 Best = 0.9517 [off_grid]" in n for n in td.notes)
+
+
+def test_typo_flag_shown_for_rpg_urkl_aime25_last(three_runs):
+    runs = [("RPG-URKL", read_run(three_runs[0]))]
+    md = render_markdown(build_table(runs, "3"))
+    assert _md_rows(md)["RPG-URKL"][6:9] == ["0.3000", "0.5261 ⚠", "-0.2261"]
+    assert "RPG-URKL AIME25 Last = 0.5261 [typo_suspected]" in md
+    tex = render_latex(build_table(runs, "3"))
+    assert r"0.3000 & 0.5261$^\dagger$ & -0.2261" in tex and "typo\\_suspected" in tex
+
+
+def test_latex_layout(three_runs):
+    td = build_table([("RPG_REINFORCE & co", read_run(three_runs[0])), ("RPG-REINFORCE-URKL", read_run(three_runs[0]))], "6")
+    tex = render_latex(td)
+    assert tex.startswith("\\begin{table}") and tex.rstrip().endswith("\\end{table}")
+    assert r"\multicolumn{3}{c}{AIME24 Last}" in tex and r"\multicolumn{3}{c}{AIME25 Best}" in tex
+    assert "AMC23" not in tex  # Table 6 is AIME only
+    assert r"RPG\_REINFORCE \& co & 0.5000 & -- & --" in tex
+    assert "RPG-REINFORCE-URKL & 0.5000 & 0.3188 & +0.1812 & 0.6200 & 0.3417 & +0.2783 & 0.3000 & 0.2792 & +0.0208" in tex
+    assert tex.count(r"\\") == 4  # two header lines + two rows
+
+
+def test_table8_column_order_and_table7_benchmarks(tmp_path, monkeypatch):
+    logs = synthetic("aime2024")
+    for s in EVAL_STEPS:
+        logs[s]["val-core/minerva_math/acc/mean@32"] = 0.125
+        logs[s]["val-core/olympiadbench/acc/mean@32"] = 0.5
+    run = [("GRPO", read_run(write_file_logger(tmp_path / "g.jsonl", logs, monkeypatch)))]
+    row8 = _md_rows(render_markdown(build_table(run, "8")))["GRPO"]
+    assert row8[:3] == ["0.9000", "0.6266", "+0.2734"]  # AMC23 first in Table 8
+    md7 = render_markdown(build_table(run, "7"))
+    assert "| Method | Minerva Last |" in md7
+    assert _md_rows(md7)["GRPO"] == ["0.1250", "0.1029", "+0.0221", "0.1250", "0.1177", "+0.0073",
+                                     "0.5000", "0.4926", "+0.0074", "0.5000", "0.5594", "-0.0594"]
+
+
+def test_last_missing_warns_and_best_stops_at_last_step(tmp_path, monkeypatch):
+    logs = synthetic("aime2024", last=390)
+    run = [("DAPO", read_run(write_file_logger(tmp_path / "d.jsonl", logs, monkeypatch)))]
+    td = build_table(run, "5")
+    assert _md_rows(render_markdown(td))["DAPO"][:3] == ["—", "0.4063", "—"]
+    assert any("no value at step 400; last evaluated step is 390" in w for w in td.warnings)
+    final = build_table(run, "5", last_step=None)
+    assert _md_rows(render_markdown(final))["DAPO"][0] == "0.4950"
+    series = {0: 0.1, 200: 0.3, 400: 0.2, 410: 0.9}
+    assert last_and_best(series, 400) == (0.2, 0.3)
+    assert last_and_best(series, None) == (0.9, 0.9)
+    assert last_and_best({}, 400) == (None, None)
+
+
+def test_benchmark_mapping_and_collisions():
+    assert [benchmark_of(s) for s in ["math_dapo", "aime2024", "AIME-24", "aime25", "aime2025", "amc_23", "amc2023",
+                                      "minerva_math", "olympiadbench", "gsm8k"]] == [
+        "AIME24", "AIME24", "AIME24", "AIME25", "AIME25", "AMC23", "AMC23", "Minerva", "OlympiadBench", None]
+    metrics = {"val-core/math_dapo/acc/mean@32": {0: 0.1}, "val-core/aime2024/acc/mean@32": {0: 0.2}}
+    with pytest.raises(ValueError, match="both map to AIME24"):
+        benchmark_series(metrics)
+    got = benchmark_series(metrics, source_map={"math_dapo": "ignore"})
+    assert got == {"AIME24": ("aime2024", {0: 0.2})}
+    with pytest.raises(ValueError, match="benchmark must be one of"):
+        benchmark_series(metrics, source_map={"math_dapo": "AIME2024"})
+
+
+def test_log_reader_errors(tmp_path):
+    p = tmp_path / "run.jsonl"
+    p.write_text('{"step": 0, "data": {"a": 1}}\n{"step": 10, "data": {"a": 2')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert read_run(p) == {"a": {0: 1.0}}
+    assert "truncated last line" in str(caught[0].message)
+    p.write_text('{"step": 0, "data": {"a": 1}}\nnot json\n{"step": 10, "data": {"a": 2}}\n')
+    with pytest.raises(ValueError, match="run.jsonl:2: not a JSON line"):
+        read_run(p)
+    c = tmp_path / "two.csv"
+    c.write_text("Step,r1 - a,r2 - a\n0,1,2\n")
+    with pytest.raises(ValueError, match="several runs"):
+        read_run(c)
+    (tmp_path / "nostep.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="no step column"):
+        read_run(tmp_path / "nostep.csv")
+    with pytest.raises(ValueError, match="unknown log format"):
+        read_run(_touch(tmp_path / "x.txt"))
+    with pytest.raises(FileNotFoundError):
+        read_run(tmp_path / "missing.jsonl")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no TensorBoard event files"):
+        read_run(tmp_path / "empty")
+
+
+def _touch(p: Path) -> Path:
+    p.write_text("x")
+    return p
+
+
+def test_cli_tables(three_runs, tmp_path, capsys):
+    jsonl, wandb, _ = three_runs
+    out = tmp_path / "t3.tex"
+    rc = main_tables([f"RPG-UFKL={jsonl}", f"DAPO={wandb}", "--table", "3", "--format", "latex", "--out", str(out)])
+    assert rc == 0 and "RPG-UFKL & 0.5000 & 0.5938 & -0.0938" in out.read_text()
+    rc = main_tables([str(jsonl), "--table", "5", "--last-step", "final"])
+    cap = capsys.readouterr()
+    assert rc == 0 and "| ufkl | 0.5000 | — | — |" in cap.out and "not a method of Table 5" in cap.err
+    assert main_tables([str(tmp_path / "nope.jsonl"), "--table", "3"]) == 2
+    assert main_tables([str(jsonl), "--table", "3", "--last-step", "end"]) == 2
+
+
+# ---- the published-numbers data file ----
+
+def test_published_file_spot_values_and_flags():
+    pub = load_published()
+    assert len(pub) == 212  # 6x6 + 8x6 + 6x4 + 8x4 + 12x6
+    assert pub[("3", "RPG-REINFORCE-URKL", "AIME25", "best")].value == 0.5208
+    assert pub[("5", "RPG-REINFORCE-URKL", "AIME24", "last")].mark == "bold"
+    assert pub[("6", "RPG-REINFORCE-UFKL", "AIME24", "best")].value == 0.3625
+    assert pub[("7", "REINFORCE++", "OlympiadBench", "best")].value == 0.6202
+    assert pub[("8", "RPG-REINFORCE-FKL", "AIME24", "best")].value == 0.1667
+    typo = pub[("3", "RPG-URKL", "AIME25", "last")]
+    assert (typo.value, typo.flag) == (0.5261, "typo_suspected") and "typo" in typo.note
+    flagged = {k for k, v in pub.items() if v.flag}
+    assert flagged == {("3", "RPG-URKL", "AIME25", "last"), ("5", "REINFORCE++", "AIME25", "last"),
+                       ("3", "RPG-UFKL", "AMC23", "best")}
+    assert methods_of("8", pub)[:3] == ["GRPO", "REINFORCE++", "REINFORCE++-Baseline"]
+    assert all(0 < v.value < 1 for v in pub.values())
+
+
+@pytest.mark.skipif(not SPEC.is_file(), reason=f"spec not found at {SPEC}")
+def test_published_file_matches_spec_section_7():
+    """Independent parse of the spec's Markdown tables; every cell must match the CSV."""
+    pub = load_published()
+    text = SPEC.read_text(encoding="utf-8")
+    seen = 0
+    for number in TABLES:
+        block = re.search(rf"### Table {number}:.*?\n\n((?:\|.*\n)+)", text).group(1).strip().splitlines()
+        header = [h.strip() for h in block[0].strip("|").split("|")][1:]
+        for line in block[2:]:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            for h, cell in zip(header, cells[1:]):
+                bench, stat = h.rsplit(" ", 1)
+                p = pub[(number, cells[0], bench, stat.lower())]
+                assert p.value == float(re.search(r"\d\.\d+", cell).group(0)), (number, cells[0], h)
+                assert p.mark == ("bold" if cell.startswith("**") else "italic" if cell.startswith("*") else "")
+                seen += 1
+    assert seen == len(pub)
