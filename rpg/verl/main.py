@@ -26,7 +26,7 @@ from verl.utils.device import auto_set_device
 from verl.utils.logging_utils import configure_verl_logging
 
 import rpg.verl.register  # noqa: F401  (registrations in the driver even without the entry point)
-from rpg.verl.settings import RPGConfigError, RPGSettings, validate_and_apply
+from rpg.verl.settings import RPGConfigError, RPGSettings, describe, validate_and_apply
 
 
 class RPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
@@ -64,6 +64,7 @@ def prepare_config(config: DictConfig) -> RPGSettings:
     """Everything the driver does before Ray: RPG validation/translation, then verl's checks."""
     auto_set_device(config)
     settings = validate_and_apply(config)
+    print(describe(config, settings), flush=True)
     validate_config(
         config=config,
         use_reference_policy=need_reference_policy(config),

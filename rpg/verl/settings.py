@@ -362,6 +362,32 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
             cfg.reward.custom_reward_function.name = name
 
 
+def describe(cfg, settings: RPGSettings) -> str:
+    """One line saying what will run (printed by the driver)."""
+    from omegaconf import OmegaConf
+
+    pl = OmegaConf.select(cfg, "actor_rollout_ref.actor.policy_loss")
+    loss = settings.loss
+    if settings.uses_rpg_actor_loss:
+        what = (f"loss={loss.name} divergence={loss.divergence} form={loss.form} beta={loss.beta} clip={loss.clip}"
+                if loss.name == "rpg" else f"loss=grpo_corrected beta={loss.beta}")
+    else:
+        what = f"loss=verl:{pl.get('loss_mode', 'vanilla')}"
+    ref = settings.reference
+    if ref.mode == "sampler":
+        anchor = "anchor=sampler (pi_old; no reference model)"
+        if not settings.uses_rpg_actor_loss and not pl.get("rpg_sampler_kl", False):
+            anchor = "no KL anchor (no reference model)"
+    else:
+        anchor = f"anchor=reference mode={ref.mode}"
+        if ref.mode == "periodic":
+            anchor += f" K={ref.update_every}"
+        if ref.mode == "kl_threshold":
+            anchor += f" kappa={ref.kl_threshold} decay={ref.kl_ema_decay}"
+    adv = OmegaConf.select(cfg, "algorithm.adv_estimator")
+    return f"rpg: {what}; {anchor}; adv_estimator={adv}; optimizer={settings.optimizer}"
+
+
 def validate_and_apply(cfg) -> RPGSettings:
     """Driver entry: parse ``cfg.rpg`` strictly, then apply it to the verl keys of ``cfg``."""
     from omegaconf import OmegaConf
