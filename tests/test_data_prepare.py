@@ -222,15 +222,21 @@ def test_importing_rpg_data_does_not_import_datasets():
     assert out.stdout.strip() == "False"
 
 
-def test_output_loads_with_hf_datasets_as_verl_does(tmp_path):
-    datasets = pytest.importorskip("datasets")
+def test_output_loads_in_verl_rlhf_dataset(tmp_path):
+    """verl's own RLHFDataset reads the file (tokenizer unused without prompt-length filtering)."""
+    from omegaconf import OmegaConf
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
     src = _write_jsonl(tmp_path / "in.jsonl", [MIXED[0], MIXED[8]])
     out = tmp_path / "v.parquet"
     prepare("aime2024", out, input_path=src)
-    ds = datasets.load_dataset("parquet", data_files=str(out), cache_dir=str(tmp_path / "cache"))["train"]
+    cfg = OmegaConf.create({"filter_overlong_prompts": False, "cache_dir": str(tmp_path / "cache")})
+    ds = RLHFDataset(data_files=[str(out)], tokenizer=None, config=cfg)
+    assert len(ds) == 2
     row = ds[1]
-    assert row["prompt"][0]["role"] == "user" and row["reward_model"]["ground_truth"] == "3"
-    assert row["extra_info"]["index"] == 1
+    assert row["raw_prompt"] == [{"role": "user", "content": SPEC_PROMPT.format(question="Find x if x^2=9, x>0.")}]
+    assert row["reward_model"]["ground_truth"] == "3" and row["data_source"] == "aime2024"
+    assert row["index"] == 1 and row["extra_info"]["raw_problem"] == "Find x if x^2=9, x>0."
 
 
 def test_cli_prepare_and_prepare_all(tmp_path, capsys):
@@ -278,3 +284,25 @@ def test_shared_real_eval_files(tmp_path, fname, key, n_problems, ds_name):
     # authors' 32-copies layout: same row count as the shipped file
     s32 = prepare(key, tmp_path / "k.parquet", input_path=src, copies=32)
     assert s32.rows_written == len(orig)
+
+
+def test_templated_inputs_are_never_wrapped_twice(tmp_path):
+    content = SPEC_PROMPT.format(question="What is 9-4?")
+    recs = [
+        {"prompt": content, "reward_model": {"ground_truth": "5"}, "data_source": "math_dapo"},   # str prompt
+        {"prompt": [{"role": "user", "content": "free text"}], "reward_model": {"ground_truth": "1"}},
+        {"prompt": [], "reward_model": {"ground_truth": "1"}},
+        {"prompt": [{"role": "user", "content": content}], "reward_model": "5"},
+    ]
+    s = prepare("dapo-math-17k-en", tmp_path / "t.parquet", input_path=_write_jsonl(tmp_path / "t.jsonl", recs))
+    assert {r.index: r.reason for r in s.rejects} == {
+        1: "prompt is not in the spec §6.2 template and extra_info.raw_problem is missing",
+        2: "prompt is neither a string nor a non-empty chat list",
+        3: "reward_model is not a mapping (str)",
+    }
+    rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert rows[0]["prompt"][0]["content"] == content
+    # plain layout whose problem column already holds the templated text (e.g. processed copies)
+    s = prepare("aime2025", tmp_path / "p.parquet", problem_key="prompt", answer_key="solution",
+                input_path=_write_jsonl(tmp_path / "p.jsonl", [{"prompt": content, "solution": "5"}]))
+    assert pq.read_table(tmp_path / "p.parquet").to_pylist()[0]["prompt"][0]["content"] == content

@@ -101,12 +101,16 @@ def _verl_problem(record: dict) -> tuple[object, object]:
     if isinstance(extra, dict) and extra.get("raw_problem") is not None:
         return extra["raw_problem"], answer
     prompt = record.get("prompt")
-    if not isinstance(prompt, list) or not prompt:
-        raise ValueError("prompt is not a non-empty chat list")
-    users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-    if not users or not isinstance(users[-1].get("content"), str):
-        raise ValueError("prompt has no user message with string content")
-    problem = unwrap_prompt(users[-1]["content"])
+    if isinstance(prompt, str):  # some processed copies store the templated text, not a chat list
+        content = prompt
+    else:
+        if not isinstance(prompt, list) or not prompt:
+            raise ValueError("prompt is neither a string nor a non-empty chat list")
+        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        if not users or not isinstance(users[-1].get("content"), str):
+            raise ValueError("prompt has no user message with string content")
+        content = users[-1]["content"]
+    problem = unwrap_prompt(content)
     if problem is None:
         raise ValueError("prompt is not in the spec §6.2 template and extra_info.raw_problem is missing")
     return problem, answer
@@ -126,6 +130,7 @@ def check_record(index: int, record: object, layout: Layout, english_only: bool)
         problem, answer = record.get(layout.problem_key), record.get(layout.answer_key)
     if not isinstance(problem, str):
         raise ValueError(f"non-string problem ({type(problem).__name__})")
+    problem = unwrap_prompt(problem) or problem  # never wrap the template twice
     if not problem.strip():
         raise ValueError("empty problem")
     answer_text = _answer_text(answer)

@@ -44,7 +44,10 @@ SOURCES: dict[str, SourceSpec] = {
             english_only=True,
             description="training set from the original DAPO-Math-17k (rows repeated; CJK filtered, deduplicated)",
         ),
-        SourceSpec("aime2024", "aime2024", "test", "HuggingFaceH4/aime_2024", description="AIME 2024, 30 problems"),
+        SourceSpec(
+            "aime2024", "aime2024", "test", "BytedTsinghua-SIA/AIME-2024",
+            description="AIME 2024, 30 problems (DAPO's copy, as the authors' prepare script; rows repeated)",
+        ),
         SourceSpec("aime2025", "aime2025", "test", "math-ai/aime25", description="AIME 2025, 30 problems"),
         SourceSpec("amc2023", "amc2023", "test", "math-ai/amc23", description="AMC 2023, 40 problems"),
         SourceSpec("minerva", "minerva_math", "test", "math-ai/minervamath", description="MinervaMath, 272 problems (Table 7)"),
