@@ -177,3 +177,5 @@ def test_math_verify_route():
     assert wrong["score"] == -1.0 and set(wrong) == KEYS
     junk = timed("minerva_math", "\ud800 junk \x00", "2", limit=35.0)
     assert junk["score"] == -1.0
+    big = "We get $x^2 + \\frac{a}{b} = 3$. " * 30_000 + "\nAnswer: 42"  # ~1 MB
+    assert timed("minerva_math", big, "42", limit=35.0)["acc"] is True
