@@ -96,9 +96,12 @@ def test_local_jsonl_rejects_by_index_with_reason(tmp_path):
 
 
 def test_train_preset_rejects_non_english(tmp_path):
-    src = _write_jsonl(tmp_path / "train.jsonl", MIXED[:1] + MIXED[13:14])
+    extra = [{"problem": "Kana ひらがな?", "answer": "1"}, {"problem": "Full-width punctuation（x）？", "answer": "1"}]
+    src = _write_jsonl(tmp_path / "train.jsonl", MIXED[:1] + MIXED[13:14] + extra)
     s = prepare("dapo-math-17k-en", tmp_path / "train.parquet", input_path=src)
-    assert [(r.index, r.reason) for r in s.rejects] == [(1, "non-English problem (CJK characters)")]
+    assert [(r.index, r.reason) for r in s.rejects] == [(1, "non-English problem (CJK characters)"),
+                                                        (2, "non-English problem (CJK characters)")]
+    assert s.problems == 2
     row = pq.read_table(tmp_path / "train.parquet").to_pylist()[0]
     assert row["data_source"] == "math_dapo" and row["extra_info"]["split"] == "train"
 

@@ -113,9 +113,11 @@ def test_readers_agree_across_formats(tmp_path, three_runs):
 
 def test_table3_markdown_numbers(three_runs):
     jsonl, wandb, tb = three_runs
-    runs = [("RPG-UFKL", read_run(jsonl)), ("dapo", read_run(wandb)), ("mine", read_run(tb))]
+    runs = [("RPG-UFKL", read_run(jsonl)), ("dapo", read_run(wandb)), ("mine", read_run(tb)), ("a|b", read_run(tb))]
     td = build_table(runs, "3")
-    rows = _md_rows(render_markdown(td))
+    md = render_markdown(td)
+    assert "| a\\|b | 0.5000 |" in md
+    rows = _md_rows(md.replace("| a\\|b |", "| ab |"))
     # column order: per benchmark (AIME24, AIME25, AMC23) x (Last, Best) x (ours, paper, delta)
     assert rows["RPG-UFKL"] == [
         "0.5000", "0.5938", "-0.0938", "0.6200", "0.6177", "+0.0023",

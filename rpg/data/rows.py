@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from rpg.data.template import format_prompt, unwrap_prompt
 
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]")
+# CJK ideographs, kana and hangul (not full-width punctuation, which can appear in English text).
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ def render_markdown(td: TableData) -> str:
             head += [f"{bench} {stat.capitalize()}", "paper", "Δ"]
     lines = [f"**{_caption(td)}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, cells in td.rows:
-        out = [label]
+        out = [label.replace("|", "\\|")]
         for bench in td.benchmarks:
             for stat in STATS:
                 c = cells[(bench, stat)]
