@@ -1,0 +1,315 @@
+"""``rollout.name=hf``: a HuggingFace-generate rollout server for verl's async rollout interface.
+
+verl 0.9.1 reaches rollout only through server backends (vLLM/SGLang/TRT-LLM), all GPU-only.
+This module provides the three pieces verl's server mode expects, for tiny models on CPU:
+
+* ``HFRolloutServer`` (a Ray actor, ``num_cpus=0``): keeps a float32 copy of the policy and
+  serves ``generate(prompt_ids, sampling_params) -> TokenOutput`` (token ids + log-probs).
+  Requests that arrive together are decoded as one left-padded batch with ``model.generate``.
+* ``HFReplica`` (a ``RolloutReplica``): launches one named server per replica.
+* ``HFServerAdapter`` (a ``BaseRollout``, lives in the FSDP actor worker): receives the actor's
+  weights from verl's weight-sync path (``ActorRolloutRefWorker.update_weights`` ->
+  ``rollout.update_weights(per-tensor generator)``) and ships them to the server, so training
+  and validation always sample from the current actor weights.
+
+Sampling semantics (vLLM's, as verl sends them): ``temperature`` (0 = greedy), ``top_p`` (1 =
+off), ``top_k`` (-1 or 0 = off), ``max_tokens``/``max_new_tokens`` (default: the rollout's
+response_length), bounded by ``prompt_length + response_length``; generation stops after the
+first EOS token, which is returned. ``log_probs`` are log pi(token) under the temperature-scaled
+distribution *before* top-k/top-p filtering, i.e. what verl's actor recomputes (it divides the
+logits by the same temperature), so ``training/rollout_probs_diff_*`` measures real mismatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import ray
+import torch
+
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config import HFModelConfig, RolloutConfig
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+logger = logging.getLogger(__name__)
+
+_BATCH_WINDOW_S = 0.005  # wait this long for concurrent requests before decoding a batch
+
+
+def server_name(replica_rank: int, suffix: str = "") -> str:
+    """Ray actor name of the HF rollout server of one replica."""
+    return f"rpg_hf_rollout_server_{replica_rank}{suffix}"
+
+
+def _limit(sampling_params: dict[str, Any], default: int) -> int:
+    for key in ("max_tokens", "max_new_tokens"):
+        if sampling_params.get(key) is not None:
+            return int(sampling_params[key])
+    return int(default)
+
+
+class HFRolloutServer:
+    """Token-in/token-out generation with a HuggingFace causal LM (see module docstring)."""
+
+    def __init__(self, config: RolloutConfig, model_config: Any, replica_rank: int = 0):
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        self.config: RolloutConfig = omega_conf_to_dataclass(config)
+        self.model_config: HFModelConfig = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        self.replica_rank = replica_rank
+        torch.manual_seed(int(getattr(self.config, "seed", 0) or 0) + replica_rank)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_config.local_path, torch_dtype=torch.float32, attn_implementation="sdpa"
+        ).eval()
+        gen_cfg = self.model.generation_config or GenerationConfig()
+        tok = self.model_config.tokenizer
+        eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else tok.eos_token_id
+        self.eos_ids = {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None}
+        if not self.eos_ids:
+            raise ValueError(f"model at {self.model_config.local_path} defines no eos_token_id")
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else min(self.eos_ids)
+        self.response_length = int(self.config.response_length)
+        self.max_model_len = int(self.config.max_model_len or (self.config.prompt_length + self.config.response_length))
+        self.global_steps: int | None = None
+        self.weight_version = 0
+        self._queue: list[tuple[list[int], dict, asyncio.Future]] = []
+        self._drainer: asyncio.Task | None = None
+        self._lock: asyncio.Lock | None = None  # created lazily inside the actor's event loop
+
+    # ---------------------------------------------------------------- verl server interface
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Any = None,
+        video_data: Any = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        if image_data is not None or video_data is not None or kwargs.get("audio_data") is not None:
+            raise ValueError("rollout.name=hf serves text-only models; got image/video/audio data")
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append((list(map(int, prompt_ids)), dict(sampling_params), fut))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())
+        return await fut
+
+    async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
+        """Replace the policy weights (names as in the HF checkpoint); returns the new version."""
+        async with self._get_lock():
+            own = self.model.state_dict()
+            unexpected = sorted(set(state_dict) - set(own))
+            if unexpected:
+                raise ValueError(f"weight sync: unexpected parameter names {unexpected[:5]}")
+            missing = set(own) - set(state_dict)
+            if self.model.config.tie_word_embeddings:
+                missing.discard("lm_head.weight")
+            if missing:
+                raise ValueError(f"weight sync: missing parameter names {sorted(missing)[:5]}")
+            for name, t in state_dict.items():
+                if tuple(t.shape) != tuple(own[name].shape):
+                    raise ValueError(f"weight sync: {name} has shape {tuple(t.shape)}, expected {tuple(own[name].shape)}")
+            self.model.load_state_dict(state_dict, strict=False)
+            if self.model.config.tie_word_embeddings:
+                self.model.tie_weights()
+            self.global_steps = global_steps
+            self.weight_version += 1
+            return self.weight_version
+
+    async def get_weights_checksum(self) -> float:
+        """Sum of all parameters (a cheap fingerprint used by tests)."""
+        return float(sum(p.double().sum().item() for p in self.model.parameters()))
+
+    async def ready(self) -> bool:
+        return True
+
+    # control methods of verl's server interface: nothing to release on the CPU
+    async def wake_up(self, *args, **kwargs):
+        return None
+
+    async def sleep(self, *args, **kwargs):
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False, **kwargs) -> dict:
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def resume_generation(self, *args, **kwargs):
+        return None
+
+    async def clear_kv_cache(self, *args, **kwargs):
+        return None
+
+    async def release_kv_cache(self, *args, **kwargs):
+        return None
+
+    async def resume_kv_cache(self, *args, **kwargs):
+        return None
+
+    async def start_profile(self, *args, **kwargs):
+        return None
+
+    async def stop_profile(self, *args, **kwargs):
+        return None
+
+    async def wait_for_requests_to_drain(self, *args, **kwargs):
+        while self._queue or (self._drainer is not None and not self._drainer.done()):
+            await asyncio.sleep(0.01)
+
+    # ---------------------------------------------------------------- batching
+    def _get_lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def _drain(self) -> None:
+        while self._queue:
+            await asyncio.sleep(_BATCH_WINDOW_S)
+            batch, self._queue = self._queue, []
+            groups: dict[tuple, list] = {}
+            for item in batch:
+                p = item[1]
+                key = (
+                    float(p.get("temperature", 1.0)),
+                    float(p.get("top_p", 1.0)),
+                    int(p.get("top_k", -1) if p.get("top_k") is not None else -1),
+                    _limit(p, self.response_length),
+                )
+                groups.setdefault(key, []).append(item)
+            for key, items in groups.items():
+                try:
+                    async with self._get_lock():
+                        outs = await asyncio.to_thread(self._generate_batch, [it[0] for it in items], *key)
+                    for (_, _, fut), out in zip(items, outs):
+                        if not fut.done():
+                            fut.set_result(out)
+                except Exception as e:  # surface the error in every waiting request
+                    logger.exception("HF rollout generation failed")
+                    for _, _, fut in items:
+                        if not fut.done():
+                            fut.set_exception(e)
+
+    @torch.no_grad()
+    def _generate_batch(
+        self, prompts: list[list[int]], temperature: float, top_p: float, top_k: int, max_tokens: int
+    ) -> list[TokenOutput]:
+        from transformers import GenerationConfig
+
+        limits = [max(0, min(max_tokens, self.max_model_len - len(p))) for p in prompts]
+        if max(limits) == 0:
+            return [TokenOutput(token_ids=[], log_probs=[], stop_reason="length") for _ in prompts]
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = 1
+        greedy = temperature <= 0.0
+        gen_cfg = GenerationConfig(
+            max_new_tokens=max(limits),
+            do_sample=not greedy,
+            temperature=None if greedy else temperature,
+            top_p=None if (greedy or top_p >= 1.0) else top_p,
+            top_k=None if (greedy or top_k <= 0) else top_k,
+            eos_token_id=sorted(self.eos_ids),
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
+        new = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float()  # raw (unprocessed) logits [B, T, V]
+        if not greedy:
+            logits = logits / temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, new[:, : logits.shape[1]].unsqueeze(-1)).squeeze(-1)
+        results = []
+        for i in range(len(prompts)):
+            toks = new[i].tolist()[: limits[i]]
+            stop = "length"
+            for j, t in enumerate(toks):
+                if t in self.eos_ids:
+                    toks, stop = toks[: j + 1], "completed"
+                    break
+            results.append(
+                TokenOutput(
+                    token_ids=toks,
+                    log_probs=logp[i, : len(toks)].tolist(),
+                    stop_reason=stop,
+                    extra_fields={"global_steps": self.global_steps},
+                )
+            )
+        return results
+
+
+class HFReplica(RolloutReplica):
+    """One HF rollout server per replica, colocated with the hybrid actor worker (CPU only)."""
+
+    def rollout_worker_use_gpu(self) -> bool:
+        return False
+
+    async def launch_servers(self):
+        if self.rollout_mode is None:
+            raise ValueError("HFReplica: launch_servers called before init_hybrid/init_colocated")
+        kind = "_reward" if self.is_reward_model else ("_teacher" if self.is_teacher_model else "")
+        name = server_name(self.replica_rank, kind + self.name_suffix)
+        server = (
+            ray.remote(HFRolloutServer)
+            .options(name=name, num_cpus=0, max_concurrency=self.max_concurrency)
+            .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        )
+        await server.ready.remote()
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = f"hf://{name}"
+
+    async def init_standalone(self):
+        raise NotImplementedError("rollout.name=hf supports the hybrid (colocated) mode only")
+
+
+class HFServerAdapter(BaseRollout):
+    """Worker-side adapter: forwards the actor's weights to this replica's HF server."""
+
+    def __init__(self, config: RolloutConfig, model_config: HFModelConfig, device_mesh, replica_rank: int = -1):
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", "0"))
+        world = (
+            self.config.tensor_model_parallel_size
+            * self.config.data_parallel_size
+            * self.config.pipeline_model_parallel_size
+        )
+        self.replica_rank = rank // world if replica_rank == -1 else replica_rank
+        self.is_sender = rank % world == 0
+        self._server = None
+
+    def _server_handle(self):
+        if self._server is None:
+            self._server = ray.get_actor(server_name(self.replica_rank))
+        return self._server
+
+    async def resume(self, tags: list[str]):
+        return None
+
+    async def release(self):
+        return None
+
+    async def update_weights(self, weights, wire_format: str = "named_tensors", **kwargs):
+        if wire_format != "named_tensors":
+            raise ValueError(f"rollout.name=hf supports wire_format='named_tensors' only, got {wire_format!r}")
+        state: dict[str, torch.Tensor] = {}
+        if hasattr(weights, "__aiter__"):
+            async for name, t in weights:
+                state[name] = _to_host(t)
+        else:
+            for name, t in weights:
+                state[name] = _to_host(t)
+        if self.is_sender:
+            await self._server_handle().load_weights.remote(state, global_steps=kwargs.get("global_steps"))
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    if hasattr(t, "full_tensor"):  # DTensor shard -> full tensor (collective across the FSDP group)
+        t = t.full_tensor()
+    return t.detach().to("cpu", torch.float32).clone()

@@ -1,0 +1,57 @@
+"""The only runtime monkeypatches of verl internals in this project (CPU backend only).
+
+Each exists because verl 0.9.1 offers no hook for the behaviour; all are applied only when
+``VERL_PLATFORM=cpu`` (by rpg.backends.cpu.register), never on a GPU run. verl is pinned to
+0.9.1 and the CPU e2e tests guard these.
+
+1. Process-group backend string. ``verl.utils.distributed.initialize_global_process_group_ray``
+   builds ``f"cpu:gloo,{device}:{backend}"``, which on the CPU platform is
+   ``"cpu:gloo,cpu:gloo"`` and torch rejects it ("Duplicate device type cpu"). The platform API
+   has no way to express "CPU only", so we default the backend to plain ``"gloo"``. Must run
+   before ``verl.workers.engine_workers`` is imported (it binds the function by name); the
+   register module runs inside ``import verl``, which guarantees that.
+2. FSDP2 reference model pinning. ``FSDPEngine._build_fsdp_module`` hard-codes
+   ``CPUOffloadPolicy(pin_memory=True)`` for forward-only (reference) models
+   (``workers/engine/fsdp/transformer_impl.py``); pinning needs an accelerator and raises on a
+   CPU-only torch. We rebind that module's ``CPUOffloadPolicy`` name to a subclass that forces
+   ``pin_memory=False`` (semantics otherwise unchanged). Nothing else in torch or verl is touched.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+_APPLIED: set[str] = set()
+
+
+def patch_process_group_backend() -> None:
+    import verl.utils.distributed as dist_utils
+
+    if "pg_backend" in _APPLIED:
+        return
+    original = dist_utils.initialize_global_process_group_ray
+
+    @functools.wraps(original)
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        return original(timeout_second=timeout_second, backend=backend or "gloo")
+
+    dist_utils.initialize_global_process_group_ray = initialize_global_process_group_ray
+    _APPLIED.add("pg_backend")
+
+
+def patch_fsdp2_unpinned_offload(transformer_impl: types.ModuleType) -> None:
+    """Rebind ``transformer_impl.CPUOffloadPolicy`` to an unpinned variant (see item 2)."""
+    if "fsdp2_unpinned" in _APPLIED:
+        return
+    base = transformer_impl.CPUOffloadPolicy
+    if base is None:  # torch without FSDP2: verl itself will raise with a clear message
+        return
+
+    class UnpinnedCPUOffloadPolicy(base):
+        def __init__(self, pin_memory: bool = False, **kwargs):
+            super().__init__(pin_memory=False, **kwargs)
+
+    UnpinnedCPUOffloadPolicy.__name__ = UnpinnedCPUOffloadPolicy.__qualname__ = "CPUOffloadPolicy"
+    transformer_impl.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+    _APPLIED.add("fsdp2_unpinned")

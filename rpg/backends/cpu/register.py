@@ -1,0 +1,103 @@
+"""Register the CPU backend with verl's own registries. Import-time side effects, opt-in only.
+
+Loaded in every process that imports verl (driver, TaskRunner, Ray workers) because the CPU
+settings put this module in ``VERL_USE_EXTERNAL_MODULES`` (verl/__init__.py imports the listed
+modules, loudly: an import error fails the process) and forward that variable to Ray workers.
+It does nothing at all unless ``VERL_PLATFORM=cpu``: importing rpg on a GPU machine changes nothing.
+
+Registers, when active:
+* platform ``cpu`` (``PlatformRegistry.register``), see platform.py;
+* rollout ``hf``: ``RolloutReplicaRegistry.register("hf", ...)`` and the worker-side adapter in
+  ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` (verl's registry for adapters is this dict; it
+  has no register function);
+* the FSDP/FSDP2 engines for device ``cpu`` (``EngineRegistry.register``; verl registers them for
+  cuda/npu only). Importing ``verl.workers.engine`` costs ~2 s, so this registration runs right
+  after that package is first imported (a standard ``sys.meta_path`` post-import hook), and
+  processes that never build an engine do not pay for it;
+* the two monkeypatches in patches.py.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+from typing import Callable
+
+ACTIVE = os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu"
+ROLLOUT_NAME = "hf"
+ADAPTER_FQN = "rpg.backends.cpu.hf_rollout.HFServerAdapter"
+
+
+def _load_hf_replica():
+    from rpg.backends.cpu.hf_rollout import HFReplica
+
+    return HFReplica
+
+
+def register_engines(engine_pkg=None) -> None:
+    """Register verl's FSDP engine classes for device ``cpu`` (idempotent)."""
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp import transformer_impl
+
+    from rpg.backends.cpu.patches import patch_fsdp2_unpinned_offload
+
+    patch_fsdp2_unpinned_offload(transformer_impl)
+    for model_type, cls in (
+        ("language_model", transformer_impl.FSDPEngineWithLMHead),
+        ("value_model", transformer_impl.FSDPEngineWithValueHead),
+    ):
+        for backend in ("fsdp", "fsdp2"):
+            if "cpu" not in EngineRegistry._engines.get(model_type, {}).get(backend, {}):
+                EngineRegistry.register(model_type=model_type, backend=backend, device="cpu")(cls)
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Run ``callback(module)`` right after ``fullname`` has been imported for the first time."""
+
+    def __init__(self, fullname: str, callback: Callable):
+        self.fullname, self.callback = fullname, callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.fullname:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, callback = spec.loader.exec_module, self.callback
+
+        def exec_then_register(module):
+            exec_module(module)
+            callback(module)
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+def when_imported(fullname: str, callback: Callable) -> None:
+    if fullname in sys.modules:
+        callback(sys.modules[fullname])
+    else:
+        sys.meta_path.insert(0, _PostImportHook(fullname, callback))
+
+
+def register() -> None:
+    from verl.plugin.platform.platform_manager import PlatformRegistry
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    from rpg.backends.cpu.patches import patch_process_group_backend
+    from rpg.backends.cpu.platform import PlatformCPU
+
+    if PlatformRegistry.get("cpu") is None:
+        PlatformRegistry.register("cpu")(PlatformCPU)
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
+    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_FQN
+    patch_process_group_backend()
+    when_imported("verl.workers.engine", register_engines)
+
+
+if ACTIVE:
+    register()

@@ -1,0 +1,139 @@
+"""Single source of truth: the environment variables and Hydra overrides that put verl on CPU.
+
+Everything that runs verl on the CPU backend (recipe/rpg/tiny/run_tiny_cpu.sh, the tests, the
+RPG recipe's e2e tests and the variant launcher) takes these from here; never copy them.
+
+    from rpg.backends.cpu.settings import cpu_env, cpu_overrides
+    env = {**os.environ, **cpu_env()}
+    argv = [sys.executable, "-m", "verl.trainer.main_ppo", *cpu_overrides(), *your_overrides]
+
+Why each item is needed is written next to it (details: docs/cpu-backend.md and
+shared/spec/CPU_BACKEND_NOTES.md). Model/data/batch-size choices are *not* here: they belong to
+the run (see rpg.tiny.overrides for the tiny demo).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+REGISTER_MODULE = "rpg.backends.cpu.register"
+ROLLOUT_NAME = "hf"
+
+# Forwarded to every Ray process through ray_kwargs.ray_init.runtime_env.env_vars as well
+# (Ray workers on this node also inherit the driver's environment; the explicit forward keeps it
+# correct when they do not, e.g. on a pre-started cluster).
+_FORWARDED = ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "TORCH_COMPILE_DISABLE", "OMP_NUM_THREADS")
+
+
+def external_modules(extra: Iterable[str] = (), base: str | None = None) -> str:
+    """Comma list for VERL_USE_EXTERNAL_MODULES: the CPU registration first, then ``base`` and ``extra``."""
+    mods = [REGISTER_MODULE]
+    for m in [*(base or "").split(","), *extra]:
+        m = m.strip()
+        if m and m not in mods:
+            mods.append(m)
+    return ",".join(mods)
+
+
+def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment variables for a CPU run (merge into os.environ of the launching process).
+
+    ``extra_modules`` are appended to VERL_USE_EXTERNAL_MODULES (e.g. a recipe's registration
+    module); modules already listed in ``base`` (default: os.environ) are kept.
+    """
+    base = os.environ if base is None else base
+    return {
+        "VERL_PLATFORM": "cpu",  # selects rpg.backends.cpu.platform.PlatformCPU (else verl falls back to cuda)
+        "VERL_USE_EXTERNAL_MODULES": external_modules(extra_modules, base.get("VERL_USE_EXTERNAL_MODULES")),
+        "TORCH_COMPILE_DISABLE": "1",  # no inductor/triton on CPU for these tiny runs
+        "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", "1"),  # several Ray processes share 2 cores
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAY_AUTH_MODE": "disabled",  # ray 2.60 would otherwise write ~/.ray/auth_token
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "WANDB_MODE": "disabled",
+        "HYDRA_FULL_ERROR": "1",
+    }
+
+
+def _quote(value: str) -> str:
+    """Hydra string literal (env var values must stay strings: '1', not the int 1)."""
+    if "'" in value:
+        raise ValueError(f"cannot forward an environment value containing a single quote: {value!r}")
+    return f"'{value}'"
+
+
+def cpu_overrides(env: Mapping[str, str] | None = None, num_cpus: int = 8) -> list[str]:
+    """Hydra overrides that make verl's trainer run on the CPU backend (any model size).
+
+    ``env`` (default: ``cpu_env()``) supplies the values forwarded to Ray workers.
+    ``num_cpus`` is Ray's *logical* CPU count: placement groups reserve CPU bundles per worker
+    and the reward/agent-loop/TransferQueue actors need some; oversubscribing 2 real cores is fine.
+    """
+    env = cpu_env() if env is None else env
+    ov = [
+        # device and Ray resources: one logical "GPU" per worker (never touched, see platform.py)
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        f"ray_kwargs.ray_init.num_cpus={num_cpus}",
+        "+ray_kwargs.ray_init.num_gpus=1",
+        "+ray_kwargs.ray_init.include_dashboard=False",
+        # FSDP2 (fully_shard) works on CPU with gloo; FSDP1 needs CUDA (sync_module_states, device_id)
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.actor.fsdp_config.strategy=fsdp2",
+        "actor_rollout_ref.ref.fsdp_config.strategy=fsdp2",
+        # float32 compute (FSDP mixed precision defaults to bf16 params): the HF rollout server
+        # samples in float32, so actor and rollout log-probs agree (training/rollout_probs_diff_*)
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+        "+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+        "actor_rollout_ref.actor.use_torch_compile=False",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
+        "actor_rollout_ref.ref.fsdp_config.use_torch_compile=False",
+        # no flash-attention on CPU
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        # rollout: the HF-generate server of rpg.backends.cpu.hf_rollout, one process
+        f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}",
+        "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+        # one reward worker (each is a ~300 MB Ray process) and one TransferQueue storage unit
+        # (the default 8 units each hold a CPU and the v1 trainer hangs waiting for them)
+        "reward.num_workers=1",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    ]
+    for key in _FORWARDED:
+        if key in env:
+            ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={_quote(env[key])}")
+    return ov
+
+
+def override_key(override: str) -> str:
+    """``'+a.b=1'`` -> ``'a.b'`` (the dotted key an override sets)."""
+    key = override.split("=", 1)[0]
+    return key.lstrip("+~")
+
+
+def merge_overrides(*groups: Iterable[str]) -> list[str]:
+    """Concatenate override lists; a later value for the same key replaces the earlier one.
+
+    The first occurrence keeps its position and its ``+``/``++`` prefix (so a base that adds a
+    new key with ``+k=v`` can be overridden by a caller writing ``k=v2``). ``~k`` deletions are
+    kept as given.
+    """
+    order: list[str] = []
+    prefix: dict[str, str] = {}
+    value: dict[str, str] = {}
+    for group in groups:
+        for ov in group:
+            if "=" not in ov:
+                raise ValueError(f"Hydra override must be key=value, got {ov!r}")
+            raw_key, val = ov.split("=", 1)
+            key = override_key(ov)
+            if key not in value:
+                order.append(key)
+                prefix[key] = raw_key[: len(raw_key) - len(raw_key.lstrip("+~"))]
+            value[key] = val
+    return [f"{prefix[k]}{k}={value[k]}" for k in order]
