@@ -309,3 +309,12 @@ def test_templated_inputs_are_never_wrapped_twice(tmp_path):
     s = prepare("aime2025", tmp_path / "p.parquet", problem_key="prompt", answer_key="solution",
                 input_path=_write_jsonl(tmp_path / "p.jsonl", [{"prompt": content, "solution": "5"}]))
     assert pq.read_table(tmp_path / "p.parquet").to_pylist()[0]["prompt"][0]["content"] == content
+
+
+def test_hub_failure_is_a_clear_error(tmp_path, capsys):
+    def offline(name, config):
+        raise ConnectionError(f"Couldn't reach '{name}' on the Hub")
+
+    with pytest.raises(ValueError, match=r"could not load Hugging Face dataset 'math-ai/amc23'.*--input"):
+        prepare("amc2023", tmp_path / "a.parquet", hub_loader=offline)
+    assert not (tmp_path / "a.parquet").exists()

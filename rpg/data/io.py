@@ -109,7 +109,13 @@ def read_hub(
     ``loader(name, config)`` must return a mapping split -> dataset (a ``DatasetDict``); tests inject
     a fake. split=None takes the only split and is an error when there are several.
     """
-    dsd = (loader or _default_hub_loader)(name, config)
+    try:
+        dsd = (loader or _default_hub_loader)(name, config)
+    except (OSError, ValueError) as err:  # ConnectionError, DatasetNotFoundError, bad config name, ...
+        raise ValueError(
+            f"could not load Hugging Face dataset {name!r} (config {config!r}): {err}; "
+            "offline or a renamed dataset? pass a local file with --input"
+        ) from err
     splits = list(dsd.keys())
     if split is None:
         if len(splits) != 1:
