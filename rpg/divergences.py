@@ -47,10 +47,11 @@ def kl_surrogate(divergence: str, w: torch.Tensor, log_rho: torch.Tensor, r_ref:
     E_mu[kappa] = KL(a||pi) (fkl), UKL(a||pi) (ufkl), KL(pi||a) (rkl), UKL(pi||a) (urkl).
     The urkl form is w * k3(a / pi_theta) >= 0: exactly GRPO's corrected KL (spec §3).
     """
+    sampler = isinstance(r_ref, float) and r_ref == 1.0  # anchor = sampler: skip the r_ref products
     if divergence == "fkl":
-        return -r_ref * log_rho
+        return -log_rho if sampler else -r_ref * log_rho
     if divergence == "ufkl":
-        return w - r_ref - r_ref * log_rho
+        return (w - 1.0) - log_rho if sampler else w - r_ref - r_ref * log_rho
     if divergence == "rkl":
         return w * log_rho
     if divergence == "urkl":
