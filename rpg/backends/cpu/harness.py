@@ -162,6 +162,7 @@ def run_trainer(
 
     run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv)
     t0 = time.time()
+    restore = _raise_on_sigterm()  # so that `finally` below also cleans up when we are terminated
     with open(log_file, "wb") as log:
         proc = subprocess.Popen(
             argv, cwd=str(cwd or out), env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -184,6 +185,7 @@ def run_trainer(
             monitor.sample()
             run.leftover_pids = _cleanup(monitor.seen, ray_tmp)
             shutil.rmtree(ray_tmp, ignore_errors=True)
+            restore()
     run.returncode = proc.returncode
     run.wall_time_s = time.time() - t0
     run.metrics = read_metrics(metrics_file)
@@ -193,6 +195,18 @@ def run_trainer(
         why = f"timed out after {timeout_s:.0f} s" if run.timed_out else f"exited with code {run.returncode}"
         raise TrainerRunError(f"trainer {why}; log: {log_file}\n--- last lines ---\n{run.tail()}", run)
     return run
+
+
+def _raise_on_sigterm() -> Callable[[], None]:
+    """In the main thread, turn SIGTERM into SystemExit for the duration of a run."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def _pump(stream, log, echo: bool) -> None:

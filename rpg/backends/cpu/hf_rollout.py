@@ -37,7 +37,8 @@ from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 logger = logging.getLogger(__name__)
 
-_BATCH_WINDOW_S = 0.005  # wait this long for concurrent requests before decoding a batch
+_BATCH_QUIET_S = 0.01  # collect requests until none arrived for this long ...
+_BATCH_MAX_WAIT_S = 0.1  # ... or this long has passed since the first one
 
 
 def server_name(replica_rank: int, suffix: str = "") -> str:
@@ -63,7 +64,7 @@ class HFRolloutServer:
         self.replica_rank = replica_rank
         torch.manual_seed(int(getattr(self.config, "seed", 0) or 0) + replica_rank)
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_config.local_path, torch_dtype=torch.float32, attn_implementation="sdpa"
+            self.model_config.local_path, dtype=torch.float32, attn_implementation="sdpa"
         ).eval()
         gen_cfg = self.model.generation_config or GenerationConfig()
         tok = self.model_config.tokenizer
@@ -77,6 +78,7 @@ class HFRolloutServer:
         self.global_steps: int | None = None
         self.weight_version = 0
         self._queue: list[tuple[list[int], dict, asyncio.Future]] = []
+        self.batch_sizes: list[int] = []  # requests per decoded batch (diagnostics)
         self._drainer: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None  # created lazily inside the actor's event loop
 
@@ -118,11 +120,20 @@ class HFRolloutServer:
                 self.model.tie_weights()
             self.global_steps = global_steps
             self.weight_version += 1
+            print(
+                f"[hf-rollout] weights v{self.weight_version} loaded (global_steps={global_steps}, "
+                f"checksum={self._checksum():.6f}, batches since last: {self.batch_sizes[-50:]})",
+                flush=True,
+            )
+            self.batch_sizes = []
             return self.weight_version
 
-    async def get_weights_checksum(self) -> float:
-        """Sum of all parameters (a cheap fingerprint used by tests)."""
+    def _checksum(self) -> float:
         return float(sum(p.double().sum().item() for p in self.model.parameters()))
+
+    async def get_weights_checksum(self) -> float:
+        """Sum of all parameters (a cheap fingerprint; also printed on every weight load)."""
+        return self._checksum()
 
     async def ready(self) -> bool:
         return True
@@ -166,9 +177,14 @@ class HFRolloutServer:
         return self._lock
 
     async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._queue:
-            await asyncio.sleep(_BATCH_WINDOW_S)
+            start, size = loop.time(), -1
+            while len(self._queue) != size and loop.time() - start < _BATCH_MAX_WAIT_S:
+                size = len(self._queue)
+                await asyncio.sleep(_BATCH_QUIET_S)
             batch, self._queue = self._queue, []
+            self.batch_sizes.append(len(batch))
             groups: dict[tuple, list] = {}
             for item in batch:
                 p = item[1]

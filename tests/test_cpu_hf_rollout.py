@@ -1,0 +1,134 @@
+"""The HF rollout server and its worker-side adapter, without Ray (direct calls on the classes).
+
+Checks against the tiny model's own forward pass: greedy decoding, EOS stop, length limits,
+top-k/top-p/temperature semantics, the returned log-probs, request batching and weight sync.
+"""
+
+import asyncio
+
+import pytest
+import torch
+
+from rpg.backends.cpu.hf_rollout import HFRolloutServer, HFServerAdapter
+from rpg.tiny import task
+from rpg.tiny.build import _prompt_ids
+
+
+@pytest.fixture(scope="module")
+def server(tiny_assets):
+    from verl.workers.config import HFModelConfig, RolloutConfig
+
+    rc = RolloutConfig(name="hf", prompt_length=64, response_length=8, tensor_model_parallel_size=1)
+    return HFRolloutServer(rc, HFModelConfig(path=str(tiny_assets.model_dir)))
+
+
+@pytest.fixture(scope="module")
+def prompts(server):
+    tok = server.model_config.tokenizer
+    return [_prompt_ids(tok, a, b) for a, b in [(1, 2), (7, 8), (0, 0), (9, 4)]]
+
+
+def _gen(server, prompts, **params):
+    async def go():
+        return await asyncio.gather(*[server.generate(f"r{i}", p, dict(params)) for i, p in enumerate(prompts)])
+
+    return asyncio.run(go())
+
+
+def _teacher_forced_logp(model, prompt, tokens, temperature=1.0):
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+
+
+def test_greedy_batch_matches_unbatched_hf_generate_and_logprobs(server, prompts):
+    outs = _gen(server, prompts, temperature=0.0, top_p=1.0, top_k=-1)
+    for p, o in zip(prompts, outs):
+        ref = server.model.generate(
+            torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long), do_sample=False,
+            max_new_tokens=8, eos_token_id=sorted(server.eos_ids), pad_token_id=server.pad_id,
+        )[0, len(p) :].tolist()
+        stop = next((i for i, t in enumerate(ref) if t in server.eos_ids), None)
+        ref = ref if stop is None else ref[: stop + 1]
+        assert o.token_ids == ref
+        assert o.stop_reason == ("completed" if o.token_ids[-1] in server.eos_ids else "length")
+        lp = _teacher_forced_logp(server.model, p, o.token_ids)
+        torch.testing.assert_close(torch.tensor(o.log_probs), lp, atol=1e-4, rtol=0)
+    text = server.model_config.tokenizer.decode(outs[0].token_ids, skip_special_tokens=True)
+    assert text.startswith("Answer:")  # the warmed-up model answers in the paper's format
+
+
+def test_sampled_logprobs_are_temperature_scaled_and_unfiltered(server, prompts):
+    torch.manual_seed(0)
+    outs = _gen(server, prompts, temperature=0.7, top_p=1.0, top_k=-1)
+    for p, o in zip(prompts, outs):
+        torch.testing.assert_close(
+            torch.tensor(o.log_probs), _teacher_forced_logp(server.model, p, o.token_ids, 0.7), atol=1e-4, rtol=0
+        )
+
+
+def test_top_k_1_and_tiny_top_p_reduce_to_greedy(server, prompts):
+    greedy = [o.token_ids for o in _gen(server, prompts, temperature=0.0)]
+    assert [o.token_ids for o in _gen(server, prompts, temperature=1.5, top_k=1)] == greedy
+    assert [o.token_ids for o in _gen(server, prompts, temperature=1.5, top_p=1e-6)] == greedy
+
+
+def test_max_tokens_and_model_length_bound_the_response(server, prompts):
+    for o in _gen(server, prompts, temperature=1.0, max_tokens=2):
+        assert len(o.token_ids) <= 2 and len(o.log_probs) == len(o.token_ids)
+    long_prompt = prompts[0] * 3  # 123 tokens > prompt_length + response_length = 72
+    (o,) = _gen(server, [long_prompt], temperature=1.0)
+    assert o.token_ids == [] and o.stop_reason == "length"
+
+
+def test_concurrent_requests_are_batched(server, prompts):
+    server.batch_sizes = []
+    _gen(server, prompts * 4, temperature=1.0)
+    assert sum(server.batch_sizes) == 16 and len(server.batch_sizes) < 16
+
+
+def test_rejects_multimodal_input(server, prompts):
+    with pytest.raises(ValueError, match="text-only"):
+        asyncio.run(server.generate("r", prompts[0], {}, image_data=[object()]))
+
+
+def test_weight_sync_through_the_adapter_changes_generation(server, prompts):
+    class _Remote:
+        def __init__(self, fn):
+            self.remote = fn
+
+    class _Handle:  # stands in for the Ray actor handle of the server
+        load_weights = _Remote(server.load_weights)
+
+    from verl.workers.config import HFModelConfig, RolloutConfig
+
+    adapter = HFServerAdapter(
+        RolloutConfig(name="hf", prompt_length=64, response_length=8, tensor_model_parallel_size=1),
+        HFModelConfig(path=str(server.model_config.local_path)),
+        device_mesh=None,
+    )
+    adapter._server = _Handle()
+    original = {k: v.clone() for k, v in server.model.state_dict().items()}
+    before = asyncio.run(server.get_weights_checksum())
+    greedy_before = [o.token_ids for o in _gen(server, prompts, temperature=0.0)]
+    try:
+        # zero the answer-digit logits' source: a different model must answer differently
+        new = {k: (torch.zeros_like(v) if "layers.1.mlp.down_proj" in k else v) for k, v in original.items()}
+        new = {k: v for k, v in new.items() if k != "lm_head.weight"}  # tied to the embedding
+        asyncio.run(adapter.update_weights(iter(new.items()), global_steps=3))
+        assert server.global_steps == 3
+        assert asyncio.run(server.get_weights_checksum()) != before
+        assert torch.equal(server.model.model.layers[1].mlp.down_proj.weight, torch.zeros_like(new["model.layers.1.mlp.down_proj.weight"]))
+        with pytest.raises(ValueError, match="unexpected"):
+            asyncio.run(server.load_weights({**new, "bogus.weight": torch.zeros(1)}))
+        with pytest.raises(ValueError, match="shape"):
+            asyncio.run(server.load_weights({**new, "model.norm.weight": torch.zeros(3)}))
+        with pytest.raises(ValueError, match="missing"):
+            asyncio.run(server.load_weights({k: v for k, v in new.items() if k != "model.norm.weight"}))
+        with pytest.raises(ValueError, match="named_tensors"):
+            asyncio.run(adapter.update_weights(iter(()), wire_format="delta_flush"))
+    finally:
+        asyncio.run(server.load_weights({k: v for k, v in original.items() if k != "lm_head.weight"}))
+    assert asyncio.run(server.get_weights_checksum()) == pytest.approx(before)
+    assert [o.token_ids for o in _gen(server, prompts, temperature=0.0)] == greedy_before

@@ -1,0 +1,68 @@
+"""Unit tests of the CPU switch (settings.py) and the harness's command assembly (no processes)."""
+
+import pytest
+
+from rpg.backends.cpu import settings
+from rpg.backends.cpu.harness import build_command, read_metrics
+
+
+def test_cpu_env_selects_platform_and_registration_module():
+    env = settings.cpu_env(base={})
+    assert env["VERL_PLATFORM"] == "cpu"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == settings.REGISTER_MODULE
+    assert env["OMP_NUM_THREADS"] == "1"
+
+
+def test_external_modules_keeps_existing_and_extra_without_duplicates():
+    env = settings.cpu_env(["rpg.verl.register", settings.REGISTER_MODULE], base={"VERL_USE_EXTERNAL_MODULES": "a,b"})
+    assert env["VERL_USE_EXTERNAL_MODULES"] == f"{settings.REGISTER_MODULE},a,b,rpg.verl.register"
+
+
+def test_cpu_overrides_cover_the_required_switches():
+    ov = settings.cpu_overrides(settings.cpu_env(base={}))
+    keys = {settings.override_key(o): o.split("=", 1)[1] for o in ov}
+    assert keys["trainer.device"] == "cpu"
+    assert keys["actor_rollout_ref.rollout.name"] == settings.ROLLOUT_NAME
+    assert keys["actor_rollout_ref.actor.strategy"] == "fsdp2"
+    assert keys["actor_rollout_ref.ref.fsdp_config.strategy"] == "fsdp2"
+    assert keys["ray_kwargs.ray_init.num_gpus"] == "1"
+    assert keys["transfer_queue.backend.SimpleStorage.num_data_storage_units"] == "1"
+    # env values forwarded to Ray workers as Hydra *strings* (runtime_env rejects ints)
+    assert keys["ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM"] == "'cpu'"
+    assert keys["ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS"] == "'1'"
+
+
+def test_merge_overrides_later_wins_and_keeps_first_prefix():
+    merged = settings.merge_overrides(["a=1", "+b.c=2", "d=3"], ["b.c=5", "a=7", "+e=1"])
+    assert merged == ["a=7", "+b.c=5", "d=3", "+e=1"]
+
+
+def test_merge_overrides_rejects_non_assignments():
+    with pytest.raises(ValueError, match="key=value"):
+        settings.merge_overrides(["trainer.device"])
+
+
+def test_forwarding_refuses_values_hydra_cannot_quote():
+    with pytest.raises(ValueError, match="single quote"):
+        settings.cpu_overrides({"VERL_PLATFORM": "c'pu"})
+
+
+def test_build_command_adds_file_logger_and_user_overrides_last():
+    argv, env = build_command(["trainer.device=cuda", "x.y=1"], base_env={})
+    assert argv[1:3] == ["-m", "verl.trainer.main_ppo"]
+    assert "trainer.device=cuda" in argv and "trainer.device=cpu" not in argv
+    assert "trainer.logger=['console','file']" in argv
+    assert env["VERL_PLATFORM"] == "cpu"
+    argv, _ = build_command([], entry="recipe/rpg/main_rpg.py", base_env={})
+    assert argv[1] == "recipe/rpg/main_rpg.py"
+
+
+def test_build_command_requires_file_logger_in_custom_logger():
+    with pytest.raises(ValueError, match="file"):
+        build_command(["trainer.logger=['console']"], base_env={})
+
+
+def test_read_metrics_merges_records_of_a_step(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text('{"step": 0, "data": {"v": 1}}\n{"step": 1, "data": {"a": 2}}\n{"step": 1, "data": {"b": 3}}\n{"st')
+    assert read_metrics(p) == {0: {"v": 1}, 1: {"a": 2, "b": 3}}
