@@ -164,11 +164,11 @@ def _build_into(out: Path) -> None:
     train_pairs, val_pairs = task.split_pairs(SEED, N_VAL)
 
     # warm-up split: every pair, several noisy labels each
-    sft = [(a, b, task.noisy_answer(a, b, rng)) for (a, b) in task.all_pairs() for _ in range(SFT_EXAMPLES_PER_PAIR)]
+    sft = [(a, b, task.noisy_response(a, b, rng)) for (a, b) in task.all_pairs() for _ in range(SFT_EXAMPLES_PER_PAIR)]
     rng.shuffle(sft)
 
     corpus = [
-        f"<|im_start|>user\n{task.question(a, b)}<|im_end|>\n<|im_start|>assistant\n{task.response(y)}<|im_end|>\n"
+        f"<|im_start|>user\n{task.question(a, b)}<|im_end|>\n<|im_start|>assistant\n{y}<|im_end|>\n"
         for (a, b, y) in sft[:2000]
     ] + [task.response(s) for s in range(task.MAX_SUM + 1)]
     tok = _train_tokenizer(corpus)
@@ -195,7 +195,7 @@ def _build_into(out: Path) -> None:
     pd.DataFrame(rows(train_pairs, "train")).to_parquet(out / "train.parquet")
     pd.DataFrame(rows(val_pairs, "val")).to_parquet(out / "val.parquet")
     pd.DataFrame(
-        [{"prompt": task.question(a, b), "response": task.response(y), "correct": y == a + b} for a, b, y in sft]
+        [{"prompt": task.question(a, b), "response": y, "correct": y == task.response(a + b)} for a, b, y in sft]
     ).to_parquet(out / "sft.parquet")
     info = {
         "builder_key": builder_key(),
@@ -204,7 +204,7 @@ def _build_into(out: Path) -> None:
         "n_train_prompts": len(train_pairs),
         "n_val_prompts": len(val_pairs),
         "n_sft_examples": len(sft),
-        "sft_label_accuracy": sum(y == a + b for a, b, y in sft) / len(sft),
+        "sft_target_accuracy": sum(y == task.response(a + b) for a, b, y in sft) / len(sft),
         "sft_steps": SFT_STEPS,
         "sft_final_loss": loss,
         "model": MODEL_KW,
@@ -212,7 +212,7 @@ def _build_into(out: Path) -> None:
     (out / "build.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
-def _warm_up(model, tok, sft: list[tuple[int, int, int]]) -> float:
+def _warm_up(model, tok, sft: list[tuple[int, int, str]]) -> float:
     """Supervised warm-up on the noisy split: next-token loss on response tokens only."""
     import torch
 
@@ -220,7 +220,7 @@ def _warm_up(model, tok, sft: list[tuple[int, int, int]]) -> float:
     seqs, masks = [], []
     for a, b, y in sft:
         p = _prompt_ids(tok, a, b)
-        r = tok.encode(task.response(y), add_special_tokens=False) + [eos]
+        r = tok.encode(y, add_special_tokens=False) + [eos]
         seqs.append(p + r)
         masks.append([0] * len(p) + [1] * len(r))
     width = max(map(len, seqs))

@@ -8,11 +8,14 @@ routes to ``verl.utils.reward_score.math_dapo.compute_score`` (+1 correct, -1 ot
 
 Splits (all deterministic):
 * RL train prompts and validation prompts are disjoint sets of (a, b) pairs.
-* The supervised warm-up set covers all 100 pairs but with *noisy* labels: the stated answer
-  is correct with probability ``P_CORRECT`` and otherwise off by one or uniformly random.
-  Warm-up therefore teaches the output format and approximate addition, while the noise
-  (which is the same for every problem) leaves sampling accuracy low. RL can raise accuracy on
-  held-out validation prompts only by learning the problem-independent "be exact" behaviour.
+* The supervised warm-up set covers all 100 pairs but with *noisy* targets (``noisy_response``):
+  with probability ``P_CORRECT`` the correct ``Answer: a+b``; with ``P_BAD_FORMAT`` the right
+  sum without the required last line (``a + b = s``, scored -1 by the DAPO scorer); otherwise
+  ``Answer:`` with an off-by-one sum. Warm-up therefore teaches both formats and approximate
+  addition, and the sampled accuracy starts near ``P_CORRECT``. The noise is the same for every
+  problem, so RL can raise accuracy on the *held-out* validation prompts by learning
+  problem-independent behaviour: always use the required answer line (fast) and be exact
+  (slower), much like format learning early in real math RL.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ INSTRUCTION = (
     "The last line of your response should be of the form Answer: $Answer "
     "where $Answer is the answer to the problem."
 )
-P_CORRECT = 0.35  # warm-up label noise: P(stated answer == a + b)
+P_CORRECT = 0.35  # warm-up targets: P(correct answer in the required format)
+P_BAD_FORMAT = 0.35  # P(correct sum but no "Answer:" line); the rest: "Answer:" with an off-by-one sum
 MAX_SUM = 18
 
 
@@ -51,17 +55,19 @@ def split_pairs(seed: int, n_val: int) -> tuple[list[tuple[int, int]], list[tupl
     return sorted(pairs[n_val:]), sorted(pairs[:n_val])
 
 
-def noisy_answer(a: int, b: int, rng: random.Random) -> int:
-    """Warm-up label: correct w.p. P_CORRECT, else a+b-1, a+b+1 or uniform in 0..MAX_SUM."""
-    s = a + b
-    u = rng.random()
+def bad_format(a: int, b: int) -> str:
+    """The right sum, but without the required ``Answer:`` line (the scorer gives -1)."""
+    return f"{a} + {b} = {a + b}"
+
+
+def noisy_response(a: int, b: int, rng: random.Random) -> str:
+    """Warm-up target (see module docstring for the three cases and their probabilities)."""
+    s, u = a + b, rng.random()
     if u < P_CORRECT:
-        return s
-    if u < P_CORRECT + (1 - P_CORRECT) / 3:
-        return abs(s - 1)
-    if u < P_CORRECT + 2 * (1 - P_CORRECT) / 3:
-        return s + 1
-    return rng.randint(0, MAX_SUM)
+        return response(s)
+    if u < P_CORRECT + P_BAD_FORMAT:
+        return bad_format(a, b)
+    return response(s + 1 if (s == 0 or rng.random() < 0.5) else s - 1)
 
 
 def rl_row(a: int, b: int, split: str, index: int) -> dict:

@@ -1,0 +1,75 @@
+"""The tiny task and the locally built assets (uses the shared, cached build)."""
+
+import json
+import random
+
+import pandas as pd
+import pytest
+
+from rpg.tiny import build_tiny_assets, task
+from rpg.tiny.build import builder_key
+
+
+def test_splits_are_disjoint_and_cover_all_pairs():
+    train, val = task.split_pairs(seed=3, n_val=30)
+    assert len(val) == 30 and not set(train) & set(val)
+    assert sorted(train + val) == task.all_pairs()
+    assert task.split_pairs(seed=3, n_val=30) == (train, val)
+    with pytest.raises(ValueError, match="n_val"):
+        task.split_pairs(seed=3, n_val=100)
+
+
+def test_warm_up_targets_mix_correct_bad_format_and_off_by_one():
+    from verl.utils.reward_score import default_compute_score
+
+    rng = random.Random(0)
+    targets = [(a, b, task.noisy_response(a, b, rng)) for _ in range(100) for a, b in task.all_pairs()]
+    correct = sum(y == task.response(a + b) for a, b, y in targets) / len(targets)
+    bad_format = sum(y == task.bad_format(a, b) for a, b, y in targets) / len(targets)
+    assert abs(correct - task.P_CORRECT) < 0.02 and abs(bad_format - task.P_BAD_FORMAT) < 0.02
+    for a, b, y in targets[:300]:  # only the correct, well-formatted target earns +1 from verl's scorer
+        score = default_compute_score(task.DATA_SOURCE, y, str(a + b))["score"]
+        assert score == (1.0 if y == task.response(a + b) else -1.0)
+        if y.startswith("Answer:"):
+            assert abs(int(y.split()[-1]) - (a + b)) <= 1
+
+
+def test_rows_are_scored_by_verls_dapo_math_scorer(tiny_assets):
+    from verl.utils.reward_score import default_compute_score
+
+    df = pd.read_parquet(tiny_assets.train_file)
+    row = df.iloc[0]
+    a, b = int(row.extra_info["a"]), int(row.extra_info["b"])
+    assert row.data_source == "math_dapo"
+    assert row.reward_model["ground_truth"] == str(a + b)
+    assert "Answer: $Answer" in row.prompt[0]["content"]
+    good = default_compute_score(row.data_source, task.response(a + b), row.reward_model["ground_truth"])
+    bad = default_compute_score(row.data_source, task.response(a + b + 1), row.reward_model["ground_truth"])
+    assert (good["score"], good["acc"], bad["score"], bad["acc"]) == (1.0, True, -1.0, False)
+
+
+def test_train_and_val_files_hold_disjoint_problems(tiny_assets):
+    key = lambda df: {(int(e["a"]), int(e["b"])) for e in df.extra_info}  # noqa: E731
+    train, val = pd.read_parquet(tiny_assets.train_file), pd.read_parquet(tiny_assets.val_file)
+    assert len(train) + len(val) == 100 and not key(train) & key(val)
+
+
+def test_tokenizer_and_model(tiny_assets):
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_assets.model_dir)
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert [tok.decode([t]) for t in tok.encode("Answer: 13", add_special_tokens=False)][-2:] == ["1", "3"]
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    cfg = AutoConfig.from_pretrained(tiny_assets.model_dir)
+    assert cfg.model_type == "qwen2" and cfg.eos_token_id == tok.eos_token_id
+    info = json.loads((tiny_assets.root / "build.json").read_text())
+    assert 1e5 < info["n_params"] < 5e6
+    assert info["builder_key"] == builder_key() == tiny_assets.root.name
+
+
+def test_cached_build_is_reused(tiny_assets):
+    stamp = (tiny_assets.root / "build.json").stat().st_mtime_ns
+    again = build_tiny_assets(tiny_assets.root.parent)
+    assert again == tiny_assets and (again.root / "build.json").stat().st_mtime_ns == stamp
