@@ -47,14 +47,18 @@ def test_forwarding_refuses_values_hydra_cannot_quote():
         settings.cpu_overrides({"VERL_PLATFORM": "c'pu"})
 
 
-def test_build_command_adds_file_logger_and_user_overrides_last():
+def test_build_command_adds_file_logger_and_user_overrides_last(tmp_path):
     argv, env = build_command(["trainer.device=cuda", "x.y=1"], base_env={})
     assert argv[1:3] == ["-m", "verl.trainer.main_ppo"]
     assert "trainer.device=cuda" in argv and "trainer.device=cpu" not in argv
     assert "trainer.logger=['console','file']" in argv
     assert env["VERL_PLATFORM"] == "cpu"
-    argv, _ = build_command([], entry="recipe/rpg/main_rpg.py", base_env={})
-    assert argv[1] == "recipe/rpg/main_rpg.py"
+    script = tmp_path / "main_x.py"
+    script.write_text("")
+    argv, _ = build_command([], entry=str(script), base_env={})
+    assert argv[1] == str(script.resolve())
+    with pytest.raises(ValueError, match="entry script not found"):
+        build_command([], entry=str(tmp_path / "missing.py"), base_env={})
 
 
 def test_build_command_requires_file_logger_in_custom_logger():

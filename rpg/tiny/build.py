@@ -86,10 +86,13 @@ def default_cache_root() -> Path:
     return (root / ".cache" / "rpg-tiny") if root else Path.home() / ".cache" / "rpg-tiny"
 
 
+BUILDER_SOURCES = ("build.py", "task.py")  # what determines the assets (not overrides.py etc.)
+
+
 def builder_key() -> str:
-    """Content hash of the builder sources (this package) -> cache sub-directory name."""
+    """Content hash of the builder sources -> cache sub-directory name."""
     h = hashlib.sha256()
-    for f in sorted(Path(__file__).parent.glob("*.py")):
+    for f in sorted(Path(__file__).parent / name for name in BUILDER_SOURCES):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:12]

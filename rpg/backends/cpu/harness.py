@@ -97,7 +97,13 @@ def read_metrics(path: Path) -> dict[int, dict]:
 
 
 def _entry_argv(entry: str) -> list[str]:
-    return [entry] if entry.endswith(".py") else ["-m", entry]
+    """``-m module`` or an absolute script path (the run's cwd is its output directory)."""
+    if not entry.endswith(".py"):
+        return ["-m", entry]
+    script = Path(entry).expanduser().resolve()
+    if not script.is_file():
+        raise ValueError(f"entry script not found: {entry!r} (resolved to {script})")
+    return [str(script)]
 
 
 def _with_file_logger(overrides: list[str]) -> list[str]:
