@@ -1,0 +1,414 @@
+"""Launcher behind every paper script: ``python -m rpg.launch <run name> [hydra overrides ...]``.
+
+``recipe/rpg/{7b,4b}/<name>.sh`` only call ``recipe/rpg/launch.sh <their own name> "$@"``, which
+calls this module. The name is parsed by ``rpg.variants`` (the single source of truth), the
+environment adds paths, cluster size and loggers, and the user's overrides come last (they win).
+
+Modes (environment variables; defaults in brackets):
+
+* ``DRY_RUN=1``: compose the full config with Hydra's compose API against recipe/rpg/config,
+  run the driver-side checks (``rpg.verl.main.prepare_config``: the ``rpg:`` validation and
+  translation, then verl 0.9.1's ``validate_config``), print it and the command, exit. No Ray,
+  no GPU.
+* ``RPG_BACKEND=cpu``: the same overrides on the CPU backend (``rpg.backends.cpu``) with the tiny
+  model/task of ``rpg.tiny`` replacing model, data and sizes; the variant's algorithm settings stay.
+  Runs through ``rpg.backends.cpu.harness`` (output in ``OUT_DIR``).
+* ``RAY_ADDRESS`` set (e.g. ``http://127.0.0.1:8265``): ``ray job submit`` to that cluster.
+  The runtime env only carries environment variables (no working-dir upload): every node needs
+  this project installed (``pip install -e .``) at ``RPG_CLUSTER_ROOT`` (default: this checkout).
+* otherwise: ``python recipe/rpg/main_rpg.py <overrides>`` on this machine (exec).
+
+Other variables: MODEL_PATH [variant's HF id], DATA_DIR [<root>/data], TRAIN_FILE
+[$DATA_DIR/dapo-math-17k-en.parquet], VAL_FILES [variant's sets in $DATA_DIR, comma or space
+separated], CKPTS_DIR [<root>/ckpts/$PROJECT_NAME/$EXP_NAME], NNODES [1], N_GPUS_PER_NODE [8],
+LOGGER [console,file], PROJECT_NAME [rpg], EXP_NAME [run name], RAY_JOB_WAIT [0: --no-wait],
+OUT_DIR (cpu) [<root>/outputs/cpu/<name>/<time>]. Relative paths given by the user are taken
+relative to the current directory; defaults are relative to the project root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rpg.variants import GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
+
+ENTRY = Path("recipe") / "rpg" / "main_rpg.py"
+CONFIG_DIR = Path("recipe") / "rpg" / "config"
+CONFIG_NAME = "rpg_trainer"
+# Forwarded to the Ray job when set (never secrets: log in to W&B / HF on the nodes instead).
+FORWARD_ENV = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE",
+               "WANDB_ENTITY", "WANDB_DIR", "VERL_FILE_LOGGER_ROOT", "TENSORBOARD_DIR", "VLLM_USE_V1", "NCCL_DEBUG")
+# Keys of rpg.tiny.overrides that the CPU switch takes (model, data, sizes, schedule); the
+# algorithm keys of the tiny demo (GRPO, lr, reward manager, ...) are NOT taken: the variant's stay.
+TINY_KEEP_PREFIXES = ("data.", "actor_rollout_ref.model.path", "actor_rollout_ref.model.use_remove_padding")
+TINY_KEEP_KEYS = (
+    "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.val_kwargs.n", "trainer.total_training_steps", "trainer.total_epochs",
+    "trainer.val_before_train", "trainer.test_freq", "trainer.save_freq", "trainer.resume_mode",
+    "trainer.log_val_generations",
+)
+OVERLONG_LEN = "reward.reward_kwargs.overlong_buffer_cfg.len"
+
+
+class LaunchError(ValueError):
+    """A bad environment value or launch request (one clear line)."""
+
+
+# ----------------------------------------------------------------------------- small helpers
+
+
+def project_root() -> Path:
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ENTRY).is_file():
+        raise LaunchError(f"cannot find {ENTRY} next to the rpg package ({root}); run from a checkout of the "
+                          "project installed with `pip install -e .`")
+    return root
+
+
+def _truthy(env: Mapping[str, str], key: str) -> bool:
+    value = env.get(key, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise LaunchError(f"{key}={env[key]!r} is invalid; allowed values: 1, 0, true, false")
+
+
+def _int_env(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise LaunchError(f"{key}={raw!r} is invalid; expected a positive integer")
+    return int(raw)
+
+
+def _abs(raw: str, cwd: Path) -> str:
+    """A user path: relative -> to the current directory; URLs (hdfs://, s3://, ...) unchanged."""
+    if "://" in raw:
+        return raw
+    p = Path(raw).expanduser()
+    return str(p if p.is_absolute() else (cwd / p).resolve())
+
+
+def _path(env: Mapping[str, str], key: str, default: Path, cwd: Path) -> str:
+    """The user's value of ``key`` (see ``_abs``) or the default (already absolute)."""
+    raw = env.get(key, "").strip()
+    return _abs(raw, cwd) if raw else str(default)
+
+
+_SAFE = re.compile(r"^[A-Za-z0-9_./:+@%~-]+$")
+
+
+def hq(value: str) -> str:
+    """A Hydra override value: bare if safe, else single-quoted (no single quotes allowed)."""
+    if _SAFE.match(value):
+        return value
+    if "'" in value or "\\" in value:
+        raise LaunchError(f"cannot pass {value!r} to Hydra (contains a quote or backslash)")
+    return f"'{value}'"
+
+
+def _list(values: Sequence[str]) -> str:
+    return "[" + ",".join(f"'{v}'" if "'" not in v else hq(v) for v in values) + "]"
+
+
+def split_list(raw: str) -> list[str]:
+    return [p for p in re.split(r"[,\s]+", raw.strip()) if p]
+
+
+# ----------------------------------------------------------------------------- overrides
+
+
+def env_overrides(v: Variant, env: Mapping[str, str], root: Path, cwd: Path) -> tuple[list[str], dict[str, str]]:
+    """Overrides and job environment derived from the environment (paths, cluster, loggers, names)."""
+    project = env.get("PROJECT_NAME", "").strip() or "rpg"
+    exp = env.get("EXP_NAME", "").strip() or v.name
+    data_dir = Path(_path(env, "DATA_DIR", root / "data", cwd))
+    train = _path(env, "TRAIN_FILE", data_dir / f"{TRAIN_SET}.parquet", cwd)
+    if env.get("VAL_FILES", "").strip():
+        val = [_abs(p, cwd) for p in split_list(env["VAL_FILES"])]
+    else:
+        val = [str(data_dir / f"{s}.parquet") for s in v.val_sets]
+    ckpts = _path(env, "CKPTS_DIR", root / "ckpts" / project / exp, cwd)
+    loggers = split_list(env.get("LOGGER", "") or "console,file")
+    job_env = {k: env[k] for k in FORWARD_ENV if env.get(k)}
+    job_env.setdefault("VERL_FILE_LOGGER_ROOT", str(root / "logs"))  # -> logs/<project>/<exp>.jsonl
+    job_env.setdefault("TENSORBOARD_DIR", str(root / "tensorboard_log" / project / exp))
+    ov = [
+        f"data.train_files={hq(train)}",
+        f"data.val_files={_list(val)}",
+        f"actor_rollout_ref.model.path={hq(env.get('MODEL_PATH', '').strip() or v.model)}",
+        f"trainer.nnodes={_int_env(env, 'NNODES', 1)}",
+        f"trainer.n_gpus_per_node={_int_env(env, 'N_GPUS_PER_NODE', 8)}",
+        f"trainer.logger={_list(loggers)}",
+        f"trainer.project_name={hq(project)}",
+        f"trainer.experiment_name={hq(exp)}",
+        f"trainer.default_local_dir={hq(ckpts)}",
+    ]
+    ov += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}='{job_env[k]}'" for k in ("VERL_FILE_LOGGER_ROOT", "TENSORBOARD_DIR")]
+    return ov, job_env
+
+
+def _key(override: str) -> str:
+    from rpg.backends.cpu.settings import override_key  # pure helper (no verl import)
+
+    return override_key(override)
+
+
+def _merge(*groups: Sequence[str]) -> list[str]:
+    from rpg.backends.cpu.settings import merge_overrides
+
+    return merge_overrides(*groups)
+
+
+def _check_user(user: Sequence[str]) -> None:
+    bad = [o for o in user if "=" not in o or o.startswith("-")]
+    if bad:
+        raise LaunchError(f"extra arguments must be Hydra overrides key=value; got {bad}")
+
+
+def finalize(overrides: list[str], user: Sequence[str]) -> list[str]:
+    """Keep the overlong buffer at max_response_length/4 unless the user set it explicitly."""
+    if any(_key(o) == OVERLONG_LEN for o in user):
+        return overrides
+    resp = [o.split("=", 1)[1] for o in overrides if _key(o) == "data.max_response_length"]
+    if not resp:
+        return overrides
+    return _merge(overrides, [f"{OVERLONG_LEN}={int(resp[-1]) // 4}"])
+
+
+def tiny_overrides_for_cpu(steps: int = 2) -> list[str]:
+    """The tiny task's model/data/size/schedule overrides (rpg.tiny), without its algorithm keys."""
+    from rpg.tiny import build_tiny_assets
+    from rpg.tiny.overrides import tiny_overrides
+
+    keep = []
+    for o in tiny_overrides(build_tiny_assets(), steps=steps):
+        k = _key(o)
+        if k.startswith(TINY_KEEP_PREFIXES) or k in TINY_KEEP_KEYS:
+            keep.append(o)
+    return keep
+
+
+def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, root: Path, cwd: Path,
+                   cpu: bool = False) -> tuple[list[str], dict[str, str]]:
+    """All overrides of a run (variant, environment, [tiny], user: later wins) and the job env.
+
+    With ``cpu=True`` the keys that ``rpg.backends.cpu.settings.cpu_overrides`` sets are removed
+    from the variant/environment groups, so that the harness's CPU values win over them (the
+    user's overrides still win over everything).
+    """
+    _check_user(user)
+    env_ov, job_env = env_overrides(v, env, root, cwd)
+    groups = [to_overrides(v), env_ov]
+    if cpu:
+        from rpg.backends.cpu.settings import cpu_overrides
+
+        cpu_keys = {_key(o) for o in cpu_overrides()}
+        groups = [[o for o in g if _key(o) not in cpu_keys] for g in groups] + [tiny_overrides_for_cpu()]
+        if "file" not in " ".join(o for o in groups[1] if _key(o) == "trainer.logger"):
+            groups.append(["trainer.logger=['console','file']"])  # the harness reads verl's file logger
+    return finalize(_merge(*groups, list(user)), user), job_env
+
+
+# ----------------------------------------------------------------------------- compose (dry run)
+
+
+def compose(overrides: Sequence[str], root: Path | None = None):
+    """Compose recipe/rpg/config/rpg_trainer.yaml with ``overrides`` (Hydra compose API) and run the
+    driver-side checks (``rpg.verl.main.prepare_config``: rpg validation + verl's validate_config).
+
+    Returns ``(cfg, settings)``; raises the checks' errors (``RPGConfigError`` for the rpg block).
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rpg.verl.main import prepare_config
+
+    root = root or project_root()
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(root / CONFIG_DIR), version_base=None):
+        cfg = hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
+    settings = prepare_config(cfg)
+    return cfg, settings
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def local_command(overrides: Sequence[str], root: Path, python: str | None = None) -> list[str]:
+    return [python or sys.executable, str(root / ENTRY), *overrides]
+
+
+def ray_command(overrides: Sequence[str], env: Mapping[str, str], job_env: Mapping[str, str], root: Path) -> list[str]:
+    cluster_root = Path(env.get("RPG_CLUSTER_ROOT", "").strip() or root)
+    runtime_env = {"env_vars": {"PYTHONUNBUFFERED": "1", **job_env}}
+    ray = shutil.which("ray", path=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")) or "ray"
+    cmd = [ray, "job", "submit", "--address", env["RAY_ADDRESS"], "--runtime-env-json", json.dumps(runtime_env)]
+    if not _truthy(env, "RAY_JOB_WAIT"):
+        cmd.append("--no-wait")
+    python = env.get("RAY_PYTHON", "").strip() or "python3"
+    return [*cmd, "--", python, str(cluster_root / ENTRY), *overrides]
+
+
+def describe_variant(v: Variant) -> str:
+    refs = ", ".join(paper_refs(v)) or "not in the paper"
+    eps = f"({v.eps_low:g}, {v.eps_high:g})" + ("" if v.clip else " unused: unclipped")
+    lines = [
+        f"run {v.name}: {paper_row(v)} [{refs}]",
+        f"  model {v.model} ({v.context} context: prompt {v.max_prompt_length} + response {v.max_response_length})",
+        f"  loss {v.loss}:{v.form} divergence={v.divergence} beta={v.beta:g} kl_type={v.kl_type} clip={v.clip} "
+        f"eps={eps} c={v.clip_c:g}",
+        f"  adv={v.adv_estimator} lr={v.lr:g} optimizer={v.optimizer} reference={v.reference} "
+        f"filtering={v.filtering} overlong={v.overlong} (buffer {v.overlong_buffer})",
+    ]
+    if v.irregular:
+        lines.append(f"  irregular name: {v.irregular}")
+    return "\n".join(lines)
+
+
+def list_table() -> str:
+    """Markdown table of the shipped scripts (docs/launch-scripts.md is written from it)."""
+    rows = ["| script | paper row | reported in | divergence / form | clip (eps) | beta | lr | optimizer | model | reference |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in known_names():
+        v = parse(name)
+        form = v.form if v.divergence is None else f"{v.divergence} / {v.form}"
+        clip = f"{v.eps_low:g}/{v.eps_high:g}" if v.clip else "none"
+        rows.append(f"| `{name}` | {paper_row(v)} | {', '.join(paper_refs(v)) or '-'} | {form} | {clip} | {v.beta:g} | "
+                    f"{v.lr:g} | {v.optimizer} | {v.model.split('/')[-1]} | {v.reference} |")
+    return "\n".join(rows)
+
+
+def _missing_files(overrides: Sequence[str]) -> list[str]:
+    from ast import literal_eval
+
+    missing = []
+    for o in overrides:
+        k, val = _key(o), o.split("=", 1)[1]
+        if k == "data.train_files":
+            paths = [val.strip("'")]
+        elif k == "data.val_files":
+            paths = list(literal_eval(val)) if val.startswith("[") else [val.strip("'")]
+        else:
+            continue
+        missing += [p for p in paths if "://" not in p and not Path(p).exists()]
+    return missing
+
+
+USAGE = f"""usage: python -m rpg.launch RUN_NAME [hydra overrides ...]   (or recipe/rpg/{{7b,4b}}/RUN_NAME.sh [overrides])
+       python -m rpg.launch --describe RUN_NAME | --list
+environment: DRY_RUN=1, RPG_BACKEND=cpu, RAY_ADDRESS, MODEL_PATH, DATA_DIR, TRAIN_FILE, VAL_FILES, CKPTS_DIR,
+             NNODES, N_GPUS_PER_NODE, LOGGER, PROJECT_NAME, EXP_NAME (docs/launch-scripts.md)
+run names:
+{GRAMMAR}"""
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ if env is None else env)
+    try:
+        return _main(argv, env)
+    except (LaunchError, VariantNameError) as e:
+        print(f"rpg.launch: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str], env: dict[str, str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    if argv[0] == "--list":
+        print(list_table())
+        return 0
+    if argv[0] == "--describe":
+        if len(argv) != 2:
+            raise LaunchError("--describe takes one run name")
+        print(describe_variant(parse(argv[1])))
+        return 0
+    v = parse(argv[0])
+    user = argv[1:]
+    root, cwd = project_root(), Path.cwd()
+    backend = env.get("RPG_BACKEND", "").strip().lower() or "gpu"
+    if backend not in ("gpu", "cpu"):
+        raise LaunchError(f"RPG_BACKEND={env['RPG_BACKEND']!r} is invalid; allowed values: gpu, cpu")
+    cpu = backend == "cpu"
+    dry = _truthy(env, "DRY_RUN")
+    if cpu and env.get("RAY_ADDRESS", "").strip():
+        raise LaunchError("RPG_BACKEND=cpu runs locally through the CPU harness; unset RAY_ADDRESS")
+    overrides, job_env = plan_overrides(v, env, user, root=root, cwd=cwd, cpu=cpu)
+
+    if cpu:
+        from rpg.backends.cpu.harness import build_command
+
+        argv_cpu, cpu_env = build_command(overrides, entry=str(root / ENTRY), base_env=env)
+        if dry:
+            os.environ.update({k: cpu_env[k] for k in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")})
+            return _dry_run(v, argv_cpu[2:], argv_cpu, root)
+        return _run_cpu(v, overrides, env, root)
+    if env.get("RAY_ADDRESS", "").strip():
+        cmd = ray_command(overrides, env, job_env, root)
+    else:
+        cmd = local_command(overrides, root)
+    if dry:
+        return _dry_run(v, overrides, cmd, root)
+    missing = [] if env.get("RAY_ADDRESS", "").strip() else _missing_files(overrides)
+    if missing:
+        raise LaunchError(f"data file(s) not found: {', '.join(missing)}; prepare them with "
+                          "`python -m rpg.data prepare-all --out-dir data/` (docs/data-and-reports.md) "
+                          "or set DATA_DIR / TRAIN_FILE / VAL_FILES")
+    print(describe_variant(v), flush=True)
+    if env.get("RAY_ADDRESS", "").strip():
+        compose(overrides, root)  # fail before queueing the job
+        print("+ " + " ".join(cmd[:6]) + " ... -- " + " ".join(cmd[cmd.index("--") + 1:cmd.index("--") + 3]) + " ...",
+              flush=True)
+    run_env = {**env, **{k: val for k, val in job_env.items() if k not in env}}
+    os.execvpe(cmd[0], cmd, run_env)
+    return 0  # pragma: no cover
+
+
+def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Path) -> int:
+    from omegaconf import OmegaConf
+
+    print(f"# {describe_variant(v)}".replace("\n", "\n# "))
+    cfg, _ = compose(overrides, root)
+    print("# command: " + " ".join(cmd[:2]) + " \\\n#   " + " \\\n#   ".join(cmd[2:]))
+    missing = _missing_files(overrides)
+    if missing:
+        print(f"# note: data file(s) not present here: {', '.join(missing)}")
+    print("# ---- composed and validated config (DRY_RUN=1: nothing was started) ----")
+    print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+    return 0
+
+
+def _run_cpu(v: Variant, overrides: Sequence[str], env: Mapping[str, str], root: Path) -> int:
+    from rpg.backends.cpu.harness import TrainerRunError, run_trainer
+
+    out = Path(_path(env, "OUT_DIR", root / "outputs" / "cpu" / v.name / time.strftime("%Y%m%d-%H%M%S"), Path.cwd()))
+    timeout = float(env.get("CPU_TIMEOUT", "") or 1800)
+    print(describe_variant(v) + f"\n[cpu] backend=cpu, tiny model/task; output {out}", flush=True)
+    try:
+        run = run_trainer(overrides, output_dir=out, entry=str(root / ENTRY), timeout_s=timeout,
+                          echo=_truthy(env, "CPU_ECHO"))
+    except TrainerRunError as e:
+        print(f"[cpu] FAILED: {e}", file=sys.stderr)
+        return 1
+    print(f"[cpu] done: {run.last_step()} steps in {run.wall_time_s:.0f}s; metrics {run.metrics_file}; "
+          f"log {run.log_file}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
