@@ -108,9 +108,12 @@ def build_tiny_assets(cache_root: Path | str | None = None, force: bool = False)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache_root))
     try:
         _build_into(tmp)
-        if assets.root.exists():
+        if assets.complete() and not force:  # another process published while we built: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+            return assets
+        if assets.root.exists():  # an incomplete or forced-out build
             shutil.rmtree(assets.root)
-        os.replace(tmp, assets.root)  # atomic publish; concurrent builders produce the same bytes
+        os.replace(tmp, assets.root)  # atomic publish
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if assets.complete():  # another process published first

@@ -16,7 +16,7 @@ def tiny_overrides(
     test_freq: int = 1,
     train_batch_size: int = 8,
     n: int = 8,
-    lr: float = 2e-3,
+    lr: float = 5e-4,
     val_n: int = 4,
 ) -> list[str]:
     """Overrides that train the tiny model on the tiny task for ``steps`` steps with verl's GRPO."""

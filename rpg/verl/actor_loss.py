@@ -43,6 +43,14 @@ def _metric_aggregation(config, data) -> AggregationType:
     return AggregationType.MEAN
 
 
+def _stat_aggregation(key: str) -> AggregationType:
+    if key.endswith("_max") or key.endswith("/max"):
+        return AggregationType.MAX
+    if key.endswith("_min") or key.endswith("/min"):
+        return AggregationType.MIN
+    return AggregationType.MEAN
+
+
 def rpg_actor_loss(config, model_output, data: TensorDict, dp_group=None):
     """Actor loss for ``policy_loss.loss_mode`` in {rpg, grpo_corrected}; returns (loss, metrics)."""
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
@@ -88,8 +96,9 @@ def rpg_actor_loss(config, model_output, data: TensorDict, dp_group=None):
         diff = (ref_log_prob - old_log_prob).abs()[response_mask]
         pg_metrics["rpg/ref_old_logp_absdiff_max"] = float(diff.max()) if diff.numel() else 0.0
 
-    # pg metrics are per-micro-batch means (MEAN), like verl's ppo_loss
-    metrics = dict(Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN))
+    # per-micro-batch statistics: means are averaged like verl's ppo_loss (MEAN); extremes keep
+    # their meaning across micro/mini-batches (the "max"/"min" naming rule of verl's reduce_metrics)
+    metrics = {k: Metric(value=v, aggregation=_stat_aggregation(k)) for k, v in pg_metrics.items()}
     metrics["actor/pg_loss"] = Metric(value=pg_loss, aggregation=metric_aggregation)
     policy_loss = pg_loss
 

@@ -101,6 +101,7 @@ class RPGTrainer(PPOTrainerSync):
         ref = self.rpg.reference
         self.ref_schedule = ReferenceSchedule(ref.mode, ref.update_every, ref.kl_threshold, ref.kl_ema_decay)
         self._last_ref_kl: float | None = None
+        self._rpg_pending_metrics: dict = {}  # logged with the next step's metrics
 
     # ------------------------------------------------------------------ workers
     def _init_resource_pool_mgr(self):
@@ -207,8 +208,17 @@ class RPGTrainer(PPOTrainerSync):
     # ------------------------------------------------------------------ schedule-free around validation
     def _sf_switch(self, mode: str) -> None:
         self.checkpoint_manager.sleep_replicas()
-        self.actor_rollout_wg.sf_set_mode(mode)
+        results = self.actor_rollout_wg.sf_set_mode(mode)
         self.checkpoint_manager.update_weights(self.global_steps)
+        if any(r["mode"] != mode for r in results):
+            raise RuntimeError(f"schedule-free switch to {mode} failed: {results}")
+        # max |x - y| moved by the switch (0 before the first optimizer step)
+        self._rpg_pending_metrics[f"rpg/sf_to_{mode}_max_abs_change"] = max(r["max_abs_change"] for r in results)
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        metrics.update(self._rpg_pending_metrics)
+        self._rpg_pending_metrics = {}
+        return super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
 
     def on_validate_begin(self):
         super().on_validate_begin()

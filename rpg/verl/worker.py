@@ -72,15 +72,31 @@ class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
 
     # ------------------------------------------------------------------ schedule-free
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def sf_set_mode(self, mode: str) -> str:
-        """Put the schedule-free optimizer (and thus the module's weights) in ``train`` (y) or ``eval`` (x)."""
+    @torch.no_grad()
+    def sf_set_mode(self, mode: str) -> dict:
+        """Put the schedule-free optimizer (and thus the module's weights) in ``train`` (y) or ``eval`` (x).
+
+        Returns ``{"mode": <mode now>, "max_abs_change": max |p_new - p_old| over local shards}``:
+        the switch moves p by ``c*(z - p)`` (c = 1 - 1/beta1 to eval, 1 - beta1 to train), so the
+        change is measured from the optimizer state without copying the weights.
+        """
         if mode not in ("train", "eval"):
             raise ValueError(f"sf_set_mode(mode={mode!r}); allowed: train, eval")
         opt = self._optimizer()
         if not is_schedule_free(opt):
             raise ValueError(f"sf_set_mode needs a schedule-free optimizer, found {type(opt).__name__}")
+        change = 0.0
+        for group in opt.param_groups:
+            if group["train_mode"] == (mode == "train"):
+                continue
+            beta1 = group["betas"][0]
+            c = (1.0 - 1.0 / beta1) if mode == "eval" else (1.0 - beta1)
+            for p in group["params"]:
+                z = opt.state[p].get("z") if p in opt.state else None
+                if z is not None and _local(p).numel():
+                    change = max(change, abs(c) * float((_local(z).to(_local(p).device) - _local(p)).abs().max()))
         getattr(opt, mode)()
-        return "train" if opt.param_groups[0]["train_mode"] else "eval"
+        return {"mode": "train" if opt.param_groups[0]["train_mode"] else "eval", "max_abs_change": change}
 
     # ------------------------------------------------------------------ reference weights
     def _paired_params(self):

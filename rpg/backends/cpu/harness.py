@@ -56,7 +56,8 @@ class TrainerRun:
     metrics_file: Path
     command: list[str]
     metrics: dict[int, dict] = field(default_factory=dict)  # step -> merged metrics of that step
-    peak_rss_bytes: int = 0  # max over time of the summed RSS of all processes of the run
+    peak_rss_bytes: int = 0  # max over time of the summed RSS of all processes of the run (counts shared pages repeatedly)
+    peak_pss_bytes: int = 0  # max over time of the summed PSS (shared pages split between processes): the run's RAM
     peak_system_used_bytes: int = 0  # max over time of (MemTotal - MemAvailable) minus the value at start
     leftover_pids: list[int] = field(default_factory=list)  # run processes alive 15 s after the driver exited (then killed)
     timed_out: bool = False
@@ -196,6 +197,7 @@ def run_trainer(
     run.wall_time_s = time.time() - t0
     run.metrics = read_metrics(metrics_file)
     run.peak_rss_bytes = monitor.peak_rss
+    run.peak_pss_bytes = monitor.peak_pss
     run.peak_system_used_bytes = monitor.peak_sys
     if check and (run.timed_out or run.returncode != 0):
         why = f"timed out after {timeout_s:.0f} s" if run.timed_out else f"exited with code {run.returncode}"
@@ -235,6 +237,8 @@ class _Monitor:
         self.metrics_file, self.on_metrics = metrics_file, on_metrics
         self.seen: set[int] = {root_pid}
         self.peak_rss = 0
+        self.peak_pss = 0
+        self._last_pss = 0.0
         self.sys0 = self._sys_used()
         self.peak_sys = 0
         self._offset = 0
@@ -257,13 +261,21 @@ class _Monitor:
         return ps
 
     def sample(self) -> None:
-        rss = 0
+        rss = pss = 0
+        with_pss = time.time() - self._last_pss > 2.0  # PSS reads smaps: sample it less often
         for p in {p.pid: p for p in self.procs()}.values():
             self.seen.add(p.pid)
             try:
-                rss += p.memory_info().rss
+                if with_pss:
+                    info = p.memory_full_info()
+                    rss, pss = rss + info.rss, pss + getattr(info, "pss", info.rss)
+                else:
+                    rss += p.memory_info().rss
             except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
                 pass
+        if with_pss:
+            self._last_pss = time.time()
+            self.peak_pss = max(self.peak_pss, pss)
         self.peak_rss = max(self.peak_rss, rss)
         self.peak_sys = max(self.peak_sys, self._sys_used() - self.sys0)
         if self.on_metrics is not None and self.metrics_file.exists():

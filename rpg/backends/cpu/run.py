@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     assets = build_tiny_assets()
     print(f"[tiny] assets: {assets.root} (ready in {time.time() - t0:.1f}s)", flush=True)
-    overrides = [*tiny_overrides(assets, steps=args.steps, test_freq=args.test_freq), *rest]
+    overrides = [*tiny_overrides(assets, steps=args.steps, test_freq=args.test_freq, val_n=8), *rest]
     print(f"[tiny] running {args.entry} on CPU for {args.steps} steps; full log: {out / 'trainer.log'}", flush=True)
     try:
         run = run_trainer(
@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         "val_acc_after": vals[-1][1] if vals and vals[-1][0] > 0 else None,
         "val_curve": vals,
         "wall_time_s": round(run.wall_time_s, 1),
-        "peak_rss_gb": round(run.peak_rss_bytes / 2**30, 2),
+        "peak_pss_gb": round(run.peak_pss_bytes / 2**30, 2),
+        "peak_rss_sum_gb": round(run.peak_rss_bytes / 2**30, 2),
         "peak_system_used_gb": round(run.peak_system_used_bytes / 2**30, 2),
         "leftover_pids": run.leftover_pids,
         "output_dir": str(out),
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     print(
         f"[tiny] done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s, "
-        f"peak RAM {summary['peak_system_used_gb']:.1f} GiB (summed RSS {summary['peak_rss_gb']:.1f} GiB)\n"
+        f"peak RAM of the run's processes {summary['peak_pss_gb']:.1f} GiB (PSS; machine-wide increase "
+        f"{summary['peak_system_used_gb']:.1f} GiB)\n"
         f"[tiny] validation accuracy: before {fmt(summary['val_acc_before'])} -> after {fmt(summary['val_acc_after'])}\n"
         f"[tiny] wrote {out / 'metrics.jsonl'}, {out / 'training_curve.png'}, {out / 'summary.json'}",
         flush=True,
