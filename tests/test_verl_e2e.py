@@ -1,0 +1,183 @@
+"""End to end: the RPG recipe (recipe/rpg/main_rpg.py) trains through verl 0.9.1's real v1
+trainer on the CPU backend with the tiny local model. One run per variant; each run checks
+everything it can (metrics come from verl's FileLogger through the CPU harness).
+
+Runs (2 training steps unless noted):
+  1. RPG-UFKL, fully differentiable, sampler anchor      -> no reference worker, RPG loss metrics
+  2. RPG-REINFORCE-URKL + RPG-Style Clip, schedule-free   -> old_log_prob weights == training
+     weights (ratio exactly 1 with one mini-batch), eval weights for validation and checkpoint
+  3. RPG-REINFORCE-UFKL, periodic reference K=2, 3 steps -> reference == actor right after the
+     reset, differs after the next update; reference log-probs == old log-probs after a reset
+  4. GRPO with the corrected KL, fixed reference          -> vanilla PPO part + corrected KL
+  5. GRPO (stock verl loss), fixed reference, k3 KL loss
+  6. REINFORCE++ (k1 KL against pi_old, no reference model) with DAPO dynamic sampling and
+     overlong reward shaping (the paper's REINFORCE++ setup)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from rpg.backends.cpu.harness import run_trainer
+from rpg.tiny import build_tiny_assets
+from rpg.tiny.overrides import tiny_overrides
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRY = str(ROOT / "recipe" / "rpg" / "main_rpg.py")
+
+
+@pytest.fixture(scope="module")
+def assets():
+    return build_tiny_assets()
+
+
+def rpg_run(assets, tmp_path, overrides, steps=2, mini=4, n=8, validate=False):
+    """Run the recipe with the tiny task: RPG defaults (rpg advantage, no verl KL)."""
+    ov = tiny_overrides(assets, steps=steps, n=n) + [
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "algorithm.adv_estimator=rpg",
+        "algorithm.norm_adv_by_std_in_grpo=False",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={max(1, mini * n // 2)}",  # 2 micro-batches
+        f"trainer.val_before_train={validate}",
+        f"trainer.test_freq={1 if validate else -1}",
+        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+        *overrides,
+    ]
+    run = run_trainer(ov, output_dir=tmp_path, entry=ENTRY, cwd=ROOT, timeout_s=600)
+    assert run.last_step() == steps, run.tail()
+    assert not run.leftover_pids
+    return run
+
+
+def at(run, step, key):
+    value = run.metrics[step][key]
+    assert math.isfinite(value), (key, value)
+    return value
+
+
+def keys(run):
+    return {k for d in run.metrics.values() for k in d}
+
+
+RPG_LOSS_KEYS = ["actor/rpg/kl_estimate", "actor/rpg/ratio_max", "actor/rpg/ratio_min", "actor/rpg/clipfrac",
+                 "actor/rpg/clipfrac_high", "actor/rpg/clipfrac_low", "actor/rpg/clipfrac_dual",
+                 "actor/rpg/reg_adv_mean", "actor/pg_loss"]
+
+
+def test_rpg_fd_ufkl_sampler_anchor_has_no_reference_worker(assets, tmp_path):
+    run = rpg_run(assets, tmp_path, ["rpg.loss.form=differentiable", "rpg.loss.divergence=ufkl"])
+    assert "anchor=sampler (pi_old; no reference model)" in run.log
+    all_keys = keys(run)
+    assert "timing_s/ref" not in all_keys and "rpg/ref_kl" not in all_keys  # no reference forward ever
+    assert "actor/kl_loss" not in all_keys  # verl's KL term is not used
+    assert "actor/pg_clipfrac_lower" not in all_keys  # verl's vanilla loss did not run
+    for step in (1, 2):
+        for key in RPG_LOSS_KEYS:
+            at(run, step, key)
+    # 2 mini-batches per step: the second one is off-policy, so the ratio left 1 somewhere
+    assert any(at(run, s, "actor/rpg/ratio_max") > 1 + 1e-6 or at(run, s, "actor/rpg/ratio_min") < 1 - 1e-6
+               for s in (1, 2))
+
+
+def test_rpg_reinforce_urkl_clip_schedulefree(assets, tmp_path):
+    run = rpg_run(
+        assets, tmp_path,
+        ["rpg.loss.form=reinforce", "rpg.loss.divergence=urkl", "rpg.loss.clip=true", "rpg.optimizer=schedulefree",
+         "trainer.save_freq=2",
+         # no lr warm-up: with lr 0 at the first step schedule-free's x, y and z coincide after 2 steps
+         "actor_rollout_ref.actor.optim.lr_warmup_steps=0"],
+        mini=8, validate=True,  # one mini-batch: gradient taken at the weights that computed old_log_prob
+    )
+    assert "optimizer=schedulefree" in run.log
+    for step in (1, 2):
+        for key in RPG_LOSS_KEYS:
+            at(run, step, key)
+        # rollout/old_log_prob at y and the update at y: the importance ratio is exactly 1
+        assert at(run, step, "actor/rpg/ratio_max") == pytest.approx(1.0, abs=1e-5)
+        assert at(run, step, "actor/rpg/ratio_min") == pytest.approx(1.0, abs=1e-5)
+    # validation switched to the averaged x weights and back (x != y after the second SF step)
+    assert at(run, 2, "rpg/sf_to_eval_max_abs_change") > 0
+    assert at(run, 2, "rpg/sf_to_train_max_abs_change") > 0
+    assert "val-core/math_dapo/acc/mean@4" in run.metrics[2]
+    # the checkpoint holds eval-mode (x) optimizer state
+    optim_files = sorted((tmp_path / "ckpt" / "global_step_2" / "actor").glob("optim*.pt"))
+    assert optim_files, list((tmp_path / "ckpt").rglob("*"))
+    state = torch.load(optim_files[0], map_location="cpu", weights_only=False)
+    groups = state["param_groups"] if "param_groups" in state else state["optimizer"]["param_groups"]
+    assert all(g["train_mode"] is False for g in groups)
+
+
+def test_rpg_reinforce_periodic_reference(assets, tmp_path):
+    run = rpg_run(assets, tmp_path, ["rpg.loss.form=reinforce", "rpg.loss.divergence=ufkl",
+                                     "rpg.reference.mode=periodic", "rpg.reference.update_every=2",
+                                     "rpg.reference.log_weight_diff=true"], steps=3)
+    assert "timing_s/ref" in run.metrics[1]
+    for step in (1, 2, 3):
+        for key in RPG_LOSS_KEYS:
+            at(run, step, key)
+    # step 1: reference = initial model = the policy that sampled; no reset (1 % 2 != 0)
+    assert at(run, 1, "rpg/ref_reset") == 0 and "rpg/ref_actor_weight_diff_post" not in run.metrics[1]
+    assert at(run, 1, "actor/rpg/ref_old_logp_absdiff_max") < 1e-4
+    assert at(run, 1, "rpg/ref_actor_weight_diff_pre") > 0  # the update moved the actor
+    # step 2: the reference (initial model) is behind pi_old; reset at the end of the step
+    assert at(run, 2, "actor/rpg/ref_old_logp_absdiff_max") > 1e-4
+    assert at(run, 2, "rpg/ref_kl") > 0
+    assert at(run, 2, "rpg/ref_reset") == 1 and at(run, 2, "rpg/ref_resets_total") == 1
+    assert at(run, 2, "rpg/ref_actor_weight_diff_pre") > 0
+    assert at(run, 2, "rpg/ref_actor_weight_diff_post") == 0.0  # reference == actor right after the reset
+    # step 3: reference log-probs == old log-probs (both from the reset weights); differs after the update
+    assert at(run, 3, "actor/rpg/ref_old_logp_absdiff_max") < 1e-4
+    assert at(run, 3, "rpg/ref_reset") == 0 and at(run, 3, "rpg/ref_steps_since_reset") == 1
+    assert at(run, 3, "rpg/ref_actor_weight_diff_pre") > 0
+
+
+def test_grpo_corrected_kl_fixed_reference(assets, tmp_path):
+    run = rpg_run(assets, tmp_path, ["rpg.loss.name=grpo_corrected", "rpg.loss.beta=0.01",
+                                     "rpg.reference.mode=fixed", "algorithm.adv_estimator=grpo",
+                                     "algorithm.norm_adv_by_std_in_grpo=True"])
+    all_keys = keys(run)
+    assert "timing_s/ref" in all_keys and "rpg/ref_reset" not in all_keys
+    assert "actor/kl_loss" not in all_keys  # verl's unweighted KL is not added
+    for step in (1, 2):
+        at(run, step, "actor/rpg/kl_estimate")
+        at(run, step, "actor/pg_clipfrac_lower")  # the vanilla dual-clip PPO part ran
+    assert at(run, 1, "rpg/ref_kl") < 1e-6 < at(run, 2, "rpg/ref_kl")  # fixed reference: pi_old drifts away
+
+
+def test_grpo_stock_verl_loss_fixed_reference(assets, tmp_path):
+    run = rpg_run(assets, tmp_path, ["rpg.loss.name=verl", "rpg.reference.mode=fixed", "algorithm.adv_estimator=grpo",
+                                     "algorithm.norm_adv_by_std_in_grpo=True", "actor_rollout_ref.actor.use_kl_loss=True",
+                                     "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+                                     "actor_rollout_ref.actor.kl_loss_coef=0.01"])
+    all_keys = keys(run)
+    assert "timing_s/ref" in all_keys and not any(k.startswith("actor/rpg/") for k in all_keys)
+    assert "actor/pg_clipfrac_lower" in all_keys and "actor/kl_loss" in all_keys
+    assert at(run, 2, "rpg/ref_kl") > at(run, 1, "rpg/ref_kl")
+
+
+def test_reinforce_pp_sampler_kl_with_dapo_filtering_and_overlong(assets, tmp_path):
+    run = rpg_run(
+        assets, tmp_path,
+        ["rpg.loss.name=verl", "algorithm.adv_estimator=reinforce_plus_plus",
+         "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=kl",
+         "actor_rollout_ref.actor.kl_loss_coef=0.001",
+         "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
+         "reward.reward_manager.name=dapo", "reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+         "reward.reward_kwargs.overlong_buffer_cfg.len=14", "reward.reward_kwargs.overlong_buffer_cfg.log=True",
+         "trainer.val_before_train=False", "trainer.test_freq=2"],
+        n=2,
+    )
+    all_keys = keys(run)
+    assert "timing_s/ref" not in all_keys  # KL against pi_old: no reference model
+    assert "actor/kl_loss" in all_keys and not any(k.startswith("actor/rpg/") for k in all_keys)
+    evicted = [k for k in all_keys if k.endswith("filter_groups/evicted_samples")]
+    assert evicted and sum(d.get(evicted[0], 0) for d in run.metrics.values()) > 0  # groups were dropped
+    overlong = [k for k in run.metrics[2] if "overlong_reward/mean@" in k]
+    assert overlong and run.metrics[2][overlong[0]] < 0  # responses past L_max - buffer were penalised
