@@ -255,7 +255,8 @@ def local_command(overrides: Sequence[str], root: Path, python: str | None = Non
 def ray_command(overrides: Sequence[str], env: Mapping[str, str], job_env: Mapping[str, str], root: Path) -> list[str]:
     cluster_root = Path(env.get("RPG_CLUSTER_ROOT", "").strip() or root)
     runtime_env = {"env_vars": {"PYTHONUNBUFFERED": "1", **job_env}}
-    ray = shutil.which("ray", path=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")) or "ray"
+    # the `ray` on PATH, else the one installed next to this Python
+    ray = shutil.which("ray", path=env.get("PATH", "") + os.pathsep + str(Path(sys.executable).parent)) or "ray"
     cmd = [ray, "job", "submit", "--address", env["RAY_ADDRESS"], "--runtime-env-json", json.dumps(runtime_env)]
     if not _truthy(env, "RAY_JOB_WAIT"):
         cmd.append("--no-wait")

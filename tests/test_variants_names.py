@@ -1,0 +1,168 @@
+"""Run-name grammar: every shipped script parses to the hand-written expected table (launch_expected),
+irregular authors' names keep working, bad names fail with the grammar, scripts stay thin wrappers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from launch_expected import ALL_ROWS, CONTEXT_TABLES, ROWS_4B, ROWS_7B
+
+from rpg.variants import GRAMMAR, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipe" / "rpg"
+
+
+def _ov(v) -> dict[str, str]:
+    return {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in to_overrides(v)}
+
+
+def test_script_sets_match_the_expected_tables():
+    assert len(ROWS_7B) == 60 and len({r["name"] for r in ROWS_7B}) == 60
+    assert sorted(p.stem for p in (RECIPE / "7b").glob("*.sh")) == sorted(r["name"] for r in ROWS_7B)
+    assert sorted(p.stem for p in (RECIPE / "4b").glob("*.sh")) == sorted(r["name"] for r in ROWS_4B)
+    assert known_names() == sorted(r["name"] for r in ALL_ROWS)
+
+
+@pytest.mark.parametrize("row", ALL_ROWS, ids=lambda r: r["name"])
+def test_variant_matches_expected_row(row):
+    v = parse(row["name"])
+    got = {
+        "algo": v.algo, "divergence": v.divergence, "form": v.form, "clip": v.clip, "eps_low": v.eps_low,
+        "eps_high": v.eps_high, "c": v.clip_c, "beta": v.beta, "lr": v.lr, "optimizer": v.optimizer,
+        "model": v.model, "reference": v.reference, "filtering": v.filtering, "overlong": v.overlong,
+    }
+    want = {k: row[k] for k in got}
+    assert got == want
+    assert v.name == row["name"]
+
+
+def test_contexts_lengths_and_eval_sets():
+    for r in ROWS_7B:
+        v = parse(r["name"])
+        assert (v.context, v.max_prompt_length, v.max_response_length, v.overlong_buffer) == ("2k", 2048, 2048, 512)
+        assert v.val_sets == ("aime2024", "aime2025", "amc2023") and v.thinking is None
+        # the authors' packing limits (reference notes §2.3 "max tok/GPU")
+        assert v.max_tokens_per_gpu == (16384 if "clip_ppo" in r["name"] else 4096)
+    for r in ROWS_4B:
+        v = parse(r["name"])
+        k = {"2k": 2048, "4k": 4096, "8k": 8192}[v.context]
+        assert f"_ctx{v.context}" in r["name"]
+        assert (v.max_prompt_length, v.max_response_length, v.overlong_buffer) == (k, k, k // 4)
+        assert v.thinking is False and v.model == "Qwen/Qwen3-4B"
+        assert ("minerva" in v.val_sets and "olympiadbench" in v.val_sets) == (v.context == "4k")
+
+
+def test_4b_paper_map():
+    for r in ROWS_4B:
+        v = parse(r["name"])
+        refs = set(paper_refs(v))
+        ablation = "noiterref" in r["name"] or "0.1_0.1" in r["name"] or "1e-3_rf" in r["name"]
+        tables = {x for x in refs if x.startswith("Table")}
+        assert tables == (set() if ablation else CONTEXT_TABLES[v.context]), r["name"]
+    assert paper_refs(parse("run_rpg_4b_ctx4k_ufkl1e-4_rf_clip_ppo_0.2_0.28_noiterref")) == ("Fig. 9 (noiterref)",)
+    assert paper_refs(parse("run_rpg_4b_ctx4k_ufkl1e-3_rf_clip_ppo_0.2_0.28")) == ("Fig. 9 (beta 0.001)",)
+    assert "Fig. 8 (clip (0.1, 0.1))" in paper_refs(parse("run_rpg_4b_ctx2k_urkl1e-4_rf_clip_ppo_0.1_0.1"))
+    assert paper_row(parse("run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28")) == "RPG-REINFORCE-URKL"
+
+
+def test_table8_rows_are_the_adamw_instruct_scripts():
+    t8 = sorted(r["name"] for r in ROWS_7B if "Table 8" in paper_refs(parse(r["name"])))
+    assert t8 == sorted([
+        "run_dapo_7binstruct", "run_grpo_7b_7binstruct", "run_rfpp_7b_1e-4_7binstruct", "run_rfppb_7b_1e-4_7binstruct",
+        *[f"run_rpg_7b_{d}1e-4_7binstruct" for d in ("fkl", "rkl", "ufkl", "urkl")],
+        *[f"run_rpg_7b_{d}1e-4_rf_clip_ppo_0.2_0.28_7binstruct" for d in ("fkl", "rkl", "ufkl", "urkl")],
+    ])
+    labels = {paper_row(parse(n)) for n in t8}
+    assert len(labels) == 12  # the 12 rows of Table 8
+
+
+def test_irregular_authors_names():
+    v = parse("run_dapo_7binstruct")
+    assert v.model == "Qwen/Qwen2.5-7B-Instruct" and v.irregular and "run_dapo_7b_7binstruct" in v.irregular
+    assert parse("run_dapo_7b_7binstruct").model == v.model
+    v = parse("run_rpg_7b_rkl1e-4_rf_clip_ppo")
+    assert (v.eps_low, v.eps_high, v.model, v.form, v.clip) == (0.1, 0.1, "Qwen/Qwen2.5-Math-7B", "reinforce", True)
+    v = parse("run_rpg_7b_rkl1e-4_rf")
+    assert (v.form, v.clip, v.beta, v.lr) == ("reinforce", False, 1e-4, 5e-7)
+    v = parse("run_rpg_7b_schedulefree")
+    assert (v.beta, v.reference, v.form, v.optimizer, v.divergence) == (0.0, "none", "differentiable", "schedulefree", None)
+    # paths and .sh are accepted (what users type)
+    assert parse("recipe/rpg/7b/run_grpo_7b.sh").name == "run_grpo_7b"
+
+
+def test_rf_clip_ppo_overrides_are_correctly_wired():
+    ov = _ov(parse("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"))
+    assert ov["rpg.loss.name"] == "rpg" and ov["rpg.loss.form"] == "reinforce" and ov["rpg.loss.clip"] == "True"
+    assert float(ov["rpg.loss.beta"]) == 1e-4 and ov["rpg.loss.divergence"] == "ufkl"
+    assert ov["algorithm.use_kl_in_reward"] == "False" and ov["actor_rollout_ref.actor.use_kl_loss"] == "False"
+    assert float(ov["actor_rollout_ref.actor.optim.lr"]) == 5e-7 and ov["rpg.reference.mode"] == "sampler"
+    assert ov["trainer.total_training_steps"] == "400"
+    assert ov["actor_rollout_ref.rollout.val_kwargs.n"] == "32"
+
+
+def test_baseline_overrides():
+    g = _ov(parse("run_grpo_7b"))
+    assert (g["rpg.loss.name"], g["algorithm.adv_estimator"], g["algorithm.norm_adv_by_std_in_grpo"]) == ("verl", "grpo", "True")
+    assert (g["actor_rollout_ref.actor.use_kl_loss"], g["actor_rollout_ref.actor.kl_loss_type"]) == ("True", "low_var_kl")
+    assert float(g["actor_rollout_ref.actor.kl_loss_coef"]) == 1e-3 and g["rpg.reference.mode"] == "fixed"
+    assert g["algorithm.filter_groups.enable"] == "False" and g["reward.reward_kwargs.overlong_buffer_cfg.enable"] == "False"
+    r = _ov(parse("run_rfppb_7b_1e-4"))
+    assert (r["algorithm.adv_estimator"], r["actor_rollout_ref.actor.kl_loss_type"], r["rpg.reference.mode"]) == (
+        "reinforce_plus_plus_baseline", "kl", "sampler")
+    assert _ov(parse("run_rfpp_4b_ctx4k_1e-4_noiterref"))["rpg.reference.mode"] == "fixed"
+    d = _ov(parse("run_dapo_7b"))
+    assert d["actor_rollout_ref.actor.use_kl_loss"] == "False" and d["algorithm.filter_groups.enable"] == "True"
+    assert d["algorithm.filter_groups.metric"] == "acc"
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("run_foo_7b", "unknown algorithm"),
+    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2", "does not match"),
+    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28_7binstruct_schedulefree", "does not match"),  # suffix order
+    ("run_grpo_7b_1e-4", "takes no KL token"),
+    ("run_rfpp_7b", "k1 KL-loss coefficient"),
+    ("run_rfpp_7b_ufkl1e-4", "k1 KL-loss coefficient"),
+    ("run_rpg_7b_1e-4", "needs a divergence"),
+    ("run_rpg_7b_js1e-4", "does not match"),
+    ("run_rpg_4b_ufkl1e-4", "needs _ctx2k"),
+    ("run_rpg_4b_ctx16k_ufkl1e-4", "needs _ctx2k"),
+    ("run_rpg_7b_ctx4k_ufkl1e-4", "2K-context only"),
+    ("run_rpg_4b_ctx2k_ufkl1e-4_7binstruct", "only valid with model 7b"),
+    ("run_dapo_7binstruct_schedulefree", "takes no further tokens"),
+    ("run_dapo_7b_noiterref", "_noiterref needs"),
+    ("run_rpg_7b_ufkl0e-4", "must be > 0"),
+    ("run_rpg_7b_ufkl1e-4_rf_clip_ppo_1.5_0.28", "0 < eps_low < 1"),
+    ("", "non-empty"),
+])
+def test_bad_names_fail_with_the_grammar(bad, why):
+    with pytest.raises(VariantNameError) as e:
+        parse(bad)
+    msg = str(e.value)
+    assert why in msg
+    assert GRAMMAR.splitlines()[0] in msg  # the grammar is shown
+
+
+def test_typo_gets_a_suggestion():
+    with pytest.raises(VariantNameError, match="closest script names: run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"):
+        parse("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.29x")
+
+
+def test_scripts_are_identical_thin_wrappers():
+    scripts = sorted((RECIPE / "7b").glob("*.sh")) + sorted((RECIPE / "4b").glob("*.sh"))
+    bodies = {p.read_text() for p in scripts}
+    assert len(bodies) == 1, "every run script must be the same thin wrapper (settings live in rpg/variants.py)"
+    body = bodies.pop()
+    code = [ln for ln in body.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert code == ['exec bash "$(dirname "$0")/../launch.sh" "$(basename "$0" .sh)" "$@"']
+    assert all(p.stat().st_mode & 0o111 for p in scripts), "scripts must be executable"
+
+
+def test_variants_module_imports_no_heavy_packages():
+    import subprocess
+    import sys
+
+    code = "import sys, rpg.variants; bad = [m for m in ('verl', 'torch', 'hydra', 'ray') if m in sys.modules]; print(bad)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
