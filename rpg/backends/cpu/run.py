@@ -1,6 +1,6 @@
 """CLI: the tiny end-to-end demo on CPU (what recipe/rpg/tiny/run_tiny_cpu.sh calls).
 
-    python -m rpg.backends.cpu.run [--steps 40] [--out DIR] [--entry MODULE_OR_PY] [key=value ...]
+    python -m rpg.backends.cpu.run [--steps 30] [--out DIR] [--entry MODULE_OR_PY] [key=value ...]
 
 Builds (or reuses) the tiny assets, runs verl's real trainer on the CPU backend, prints one
 progress line per step, the validation accuracy before and after training, and writes to the
@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     from rpg.tiny.overrides import tiny_overrides
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
-    ap.add_argument("--test-freq", type=int, default=10, help="validate every K steps (default 10)")
+    ap.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
+    ap.add_argument("--test-freq", type=int, default=5, help="validate every K steps (default 5)")
     ap.add_argument("--out", type=Path, default=None, help="output dir (default outputs/tiny_cpu/<time>)")
     ap.add_argument("--entry", default=DEFAULT_ENTRY, help=f"trainer module or .py script (default {DEFAULT_ENTRY})")
     ap.add_argument("--extra-module", action="append", default=[], help="also load this module in every process")
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     assets = build_tiny_assets()
     print(f"[tiny] assets: {assets.root} (ready in {time.time() - t0:.1f}s)", flush=True)
-    overrides = [*tiny_overrides(assets, steps=args.steps, test_freq=args.test_freq, val_n=8), *rest]
+    overrides = [*tiny_overrides(assets, steps=args.steps, test_freq=args.test_freq), *rest]
     print(f"[tiny] running {args.entry} on CPU for {args.steps} steps; full log: {out / 'trainer.log'}", flush=True)
     try:
         run = run_trainer(
