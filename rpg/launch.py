@@ -44,7 +44,11 @@ CONFIG_DIR = Path("recipe") / "rpg" / "config"
 CONFIG_NAME = "rpg_trainer"
 # Forwarded to the Ray job when set (never secrets: log in to W&B / HF on the nodes instead).
 FORWARD_ENV = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE",
-               "WANDB_ENTITY", "WANDB_DIR", "VERL_FILE_LOGGER_ROOT", "TENSORBOARD_DIR", "VLLM_USE_V1", "NCCL_DEBUG")
+               "WANDB_ENTITY", "WANDB_DIR", "VLLM_USE_V1", "NCCL_DEBUG")
+# Log locations reach every Ray process through ray_kwargs.ray_init.runtime_env.env_vars (Hydra
+# overrides). They must NOT also be in the job's runtime env: Ray refuses a job whose runtime env
+# and the driver's ray.init runtime env set the same variable.
+LOG_ENV = ("VERL_FILE_LOGGER_ROOT", "TENSORBOARD_DIR")
 # Keys of rpg.tiny.overrides that the CPU switch takes (model, data, sizes, schedule); the
 # algorithm keys of the tiny demo (GRPO, lr, reward manager, ...) are NOT taken: the variant's stay.
 TINY_KEEP_PREFIXES = ("data.", "actor_rollout_ref.model.path", "actor_rollout_ref.model.use_remove_padding")
@@ -142,8 +146,10 @@ def env_overrides(v: Variant, env: Mapping[str, str], root: Path, cwd: Path) -> 
     ckpts = _path(env, "CKPTS_DIR", root / "ckpts" / project / exp, cwd)
     loggers = split_list(env.get("LOGGER", "") or "console,file")
     job_env = {k: env[k] for k in FORWARD_ENV if env.get(k)}
-    job_env.setdefault("VERL_FILE_LOGGER_ROOT", str(root / "logs"))  # -> logs/<project>/<exp>.jsonl
-    job_env.setdefault("TENSORBOARD_DIR", str(root / "tensorboard_log" / project / exp))
+    log_env = {  # verl's file logger -> logs/<project>/<exp>.jsonl; TensorBoard event files
+        "VERL_FILE_LOGGER_ROOT": _path(env, "VERL_FILE_LOGGER_ROOT", root / "logs", cwd),
+        "TENSORBOARD_DIR": _path(env, "TENSORBOARD_DIR", root / "tensorboard_log" / project / exp, cwd),
+    }
     ov = [
         f"data.train_files={hq(train)}",
         f"data.val_files={_list(val)}",
@@ -155,7 +161,10 @@ def env_overrides(v: Variant, env: Mapping[str, str], root: Path, cwd: Path) -> 
         f"trainer.experiment_name={hq(exp)}",
         f"trainer.default_local_dir={hq(ckpts)}",
     ]
-    ov += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}='{job_env[k]}'" for k in ("VERL_FILE_LOGGER_ROOT", "TENSORBOARD_DIR")]
+    for k in LOG_ENV:
+        if "'" in log_env[k]:
+            raise LaunchError(f"{k}={log_env[k]!r}: a single quote cannot be passed to Hydra")
+        ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}='{log_env[k]}'")  # quoted: always a string
     return ov, job_env
 
 
@@ -375,8 +384,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         compose(overrides, root)  # fail before queueing the job
         print("+ " + " ".join(cmd[:6]) + " ... -- " + " ".join(cmd[cmd.index("--") + 1:cmd.index("--") + 3]) + " ...",
               flush=True)
-    run_env = {**env, **{k: val for k, val in job_env.items() if k not in env}}
-    os.execvpe(cmd[0], cmd, run_env)
+    os.execvpe(cmd[0], cmd, env)
     return 0  # pragma: no cover
 
 

@@ -153,6 +153,9 @@ def test_ray_submission_shell_path(tmp_path):
     entry = args[args.index("--") + 1:]
     assert entry[0] == "python3" and entry[1] == str(ROOT / "recipe/rpg/main_rpg.py")
     assert "data.train_batch_size=256" in entry and "rpg.loss.name=verl" in entry
+    # Ray refuses a job whose runtime env and the driver's ray.init runtime env share a variable
+    init_vars = {o.split("=", 1)[0].rsplit(".", 1)[1] for o in entry if o.startswith("+ray_kwargs.ray_init.runtime_env.env_vars.")}
+    assert init_vars and not init_vars & set(runtime_env["env_vars"])
 
 
 def test_ray_command_cluster_root_and_wait():
@@ -173,7 +176,8 @@ def test_environment_defaults_and_overlong_rule(tmp_path):
     assert d["trainer.default_local_dir"] == str(ROOT / "ckpts" / "rpg" / v.name)
     assert d["reward.reward_kwargs.overlong_buffer_cfg.len"] == "1024"  # L/4 of the user's 4096
     assert d["trainer.logger"] == "['console','file']" and d["trainer.nnodes"] == "1"
-    assert job_env["VERL_FILE_LOGGER_ROOT"] == str(ROOT / "logs")
+    assert d["+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_ROOT"] == f"'{ROOT / 'logs'}'"
+    assert "VERL_FILE_LOGGER_ROOT" not in job_env  # Ray refuses the same variable in job and ray.init envs
     ov2, _ = plan_overrides(v, _env(), ["reward.reward_kwargs.overlong_buffer_cfg.len=100"], root=ROOT, cwd=ROOT)
     assert "reward.reward_kwargs.overlong_buffer_cfg.len=100" in ov2
 

@@ -61,7 +61,8 @@ case "$cmd" in
         shift
         export RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:$DASHBOARD_PORT}"
         if [[ -z "${NNODES:-}" && "${PRINT_ONLY:-0}" != "1" ]]; then
-            NNODES="$("${PYTHON:-python3}" -c 'import ray; ray.init(address="auto", logging_level="ERROR"); print(sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) > 0) or 1)')"
+            NNODES="$("$RAY" list nodes --address "$RAY_ADDRESS" --format json | "${PYTHON:-python3}" -c \
+                'import json, sys; print(sum(1 for n in json.load(sys.stdin) if n["state"] == "ALIVE" and float(n["resources_total"].get("GPU", 0)) > 0) or 1)')"
             export NNODES
             echo "[ray_cluster] NNODES=$NNODES (alive nodes with GPUs)"
         fi
