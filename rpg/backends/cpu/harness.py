@@ -13,7 +13,8 @@ validation before training is logged at step 0).
 
 Clean-up: the trainer runs in its own session with a private Ray temp dir, so every process of
 the run (driver, GCS, raylet, workers) is identifiable. After the run, whatever its outcome, any
-of them still alive is terminated, and ``TrainerRun.leftover_pids`` lists what survived (empty
+of them still alive 30 s after the driver exited is terminated, and ``TrainerRun.leftover_pids``
+lists them (empty
 in a clean run). A failed or timed-out run raises ``TrainerRunError`` with the log's tail.
 """
 
@@ -59,7 +60,7 @@ class TrainerRun:
     peak_rss_bytes: int = 0  # max over time of the summed RSS of all processes of the run (counts shared pages repeatedly)
     peak_pss_bytes: int = 0  # max over time of the summed PSS (shared pages split between processes): the run's RAM
     peak_system_used_bytes: int = 0  # max over time of (MemTotal - MemAvailable) minus the value at start
-    leftover_pids: list[int] = field(default_factory=list)  # run processes alive 15 s after the driver exited (then killed)
+    leftover_pids: list[int] = field(default_factory=list)  # run processes alive 30 s after the driver exited (then killed)
     timed_out: bool = False
 
     @property
@@ -175,7 +176,7 @@ def run_trainer(
             argv, cwd=str(cwd or out), env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo), daemon=True)
+        pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0), daemon=True)
         pump.start()
         monitor = _Monitor(proc.pid, ray_tmp, metrics_file, on_metrics)
         try:
@@ -217,9 +218,10 @@ def _raise_on_sigterm() -> Callable[[], None]:
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
-def _pump(stream, log, echo: bool) -> None:
+def _pump(stream, log, echo: bool, t0: float) -> None:
+    """Copy the trainer's output to the log file, each line prefixed with the seconds since start."""
     for line in iter(stream.readline, b""):
-        log.write(line)
+        log.write(f"[{time.time() - t0:7.1f}s] ".encode() + line)
         log.flush()
         if echo:
             sys.stdout.write(line.decode(errors="replace"))
@@ -316,7 +318,7 @@ def _terminate_group(proc: subprocess.Popen) -> None:
         proc.wait(timeout=15)
 
 
-def _cleanup(seen: set[int], ray_tmp: str, grace_s: float = 15.0) -> list[int]:
+def _cleanup(seen: set[int], ray_tmp: str, grace_s: float = 30.0) -> list[int]:
     """Terminate processes of this run that outlived the driver by ``grace_s``; return their pids."""
     import psutil
 

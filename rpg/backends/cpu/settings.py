@@ -103,6 +103,8 @@ def cpu_overrides(env: Mapping[str, str] | None = None, num_cpus: int = 8) -> li
         # (the default 8 units each hold a CPU and the v1 trainer hangs waiting for them)
         "reward.num_workers=1",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        # no DataLoader worker processes (each is a fork of the TaskRunner; 8 by default)
+        "data.dataloader_num_workers=0",
     ]
     for key in _FORWARDED:
         if key in env:
