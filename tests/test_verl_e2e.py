@@ -22,9 +22,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from rpg.backends.cpu.harness import run_trainer
-from rpg.tiny import build_tiny_assets
-from rpg.tiny.overrides import tiny_overrides
 
 pytestmark = pytest.mark.e2e
 
@@ -32,25 +29,26 @@ ROOT = Path(__file__).resolve().parents[1]
 ENTRY = str(ROOT / "recipe" / "rpg" / "main_rpg.py")
 
 
-@pytest.fixture(scope="module")
-def assets():
-    return build_tiny_assets()
-
-
-def rpg_run(assets, tmp_path, overrides, steps=2, mini=4, n=8, validate=False):
-    """Run the recipe with the tiny task: RPG defaults (rpg advantage, no verl KL)."""
-    ov = tiny_overrides(assets, steps=steps, n=n) + [
+def rpg_run(cpu_trainer, tmp_path, overrides, steps=2, mini=4, n=8, validate=False):
+    """Run the recipe on the tiny task (conftest's ``cpu_trainer``) with RPG defaults: rpg advantage,
+    no verl KL, ``mini`` prompts per mini-batch (8 per step) and 2 micro-batches per mini-batch."""
+    ov = [
         "actor_rollout_ref.actor.use_kl_loss=False",
         "algorithm.adv_estimator=rpg",
         "algorithm.norm_adv_by_std_in_grpo=False",
+        # the recipe's 10 warm-up steps start at lr 0 (verl's schedule): step 1 would not move the actor
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        f"actor_rollout_ref.rollout.n={n}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={max(1, mini * n // 2)}",  # 2 micro-batches
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={max(1, mini * n // 2)}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={8 * n}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={8 * n}",
         f"trainer.val_before_train={validate}",
         f"trainer.test_freq={1 if validate else -1}",
         f"trainer.default_local_dir={tmp_path / 'ckpt'}",
         *overrides,
     ]
-    run = run_trainer(ov, output_dir=tmp_path, entry=ENTRY, cwd=ROOT, timeout_s=600)
+    run = cpu_trainer(ov, steps=steps, entry=ENTRY)
     assert run.last_step() == steps, run.tail()
     assert not run.leftover_pids
     return run
@@ -71,8 +69,8 @@ RPG_LOSS_KEYS = ["actor/rpg/kl_estimate", "actor/rpg/ratio_max", "actor/rpg/rati
                  "actor/rpg/reg_adv_mean", "actor/pg_loss"]
 
 
-def test_rpg_fd_ufkl_sampler_anchor_has_no_reference_worker(assets, tmp_path):
-    run = rpg_run(assets, tmp_path, ["rpg.loss.form=differentiable", "rpg.loss.divergence=ufkl"])
+def test_rpg_fd_ufkl_sampler_anchor_has_no_reference_worker(cpu_trainer, tmp_path):
+    run = rpg_run(cpu_trainer, tmp_path, ["rpg.loss.form=differentiable", "rpg.loss.divergence=ufkl"])
     assert "anchor=sampler (pi_old; no reference model)" in run.log
     all_keys = keys(run)
     assert "timing_s/ref" not in all_keys and "rpg/ref_kl" not in all_keys  # no reference forward ever
@@ -86,13 +84,11 @@ def test_rpg_fd_ufkl_sampler_anchor_has_no_reference_worker(assets, tmp_path):
                for s in (1, 2))
 
 
-def test_rpg_reinforce_urkl_clip_schedulefree(assets, tmp_path):
+def test_rpg_reinforce_urkl_clip_schedulefree(cpu_trainer, tmp_path):
     run = rpg_run(
-        assets, tmp_path,
+        cpu_trainer, tmp_path,
         ["rpg.loss.form=reinforce", "rpg.loss.divergence=urkl", "rpg.loss.clip=true", "rpg.optimizer=schedulefree",
-         "trainer.save_freq=2",
-         # no lr warm-up: with lr 0 at the first step schedule-free's x, y and z coincide after 2 steps
-         "actor_rollout_ref.actor.optim.lr_warmup_steps=0"],
+         "trainer.save_freq=2"],
         mini=8, validate=True,  # one mini-batch: gradient taken at the weights that computed old_log_prob
     )
     assert "optimizer=schedulefree" in run.log
@@ -114,8 +110,8 @@ def test_rpg_reinforce_urkl_clip_schedulefree(assets, tmp_path):
     assert all(g["train_mode"] is False for g in groups)
 
 
-def test_rpg_reinforce_periodic_reference(assets, tmp_path):
-    run = rpg_run(assets, tmp_path, ["rpg.loss.form=reinforce", "rpg.loss.divergence=ufkl",
+def test_rpg_reinforce_periodic_reference(cpu_trainer, tmp_path):
+    run = rpg_run(cpu_trainer, tmp_path, ["rpg.loss.form=reinforce", "rpg.loss.divergence=ufkl",
                                      "rpg.reference.mode=periodic", "rpg.reference.update_every=2",
                                      "rpg.reference.log_weight_diff=true"], steps=3)
     assert "timing_s/ref" in run.metrics[1]
@@ -138,8 +134,8 @@ def test_rpg_reinforce_periodic_reference(assets, tmp_path):
     assert at(run, 3, "rpg/ref_actor_weight_diff_pre") > 0
 
 
-def test_grpo_corrected_kl_fixed_reference(assets, tmp_path):
-    run = rpg_run(assets, tmp_path, ["rpg.loss.name=grpo_corrected", "rpg.loss.beta=0.01",
+def test_grpo_corrected_kl_fixed_reference(cpu_trainer, tmp_path):
+    run = rpg_run(cpu_trainer, tmp_path, ["rpg.loss.name=grpo_corrected", "rpg.loss.beta=0.01",
                                      "rpg.reference.mode=fixed", "algorithm.adv_estimator=grpo",
                                      "algorithm.norm_adv_by_std_in_grpo=True"])
     all_keys = keys(run)
@@ -151,8 +147,8 @@ def test_grpo_corrected_kl_fixed_reference(assets, tmp_path):
     assert at(run, 1, "rpg/ref_kl") < 1e-6 < at(run, 2, "rpg/ref_kl")  # fixed reference: pi_old drifts away
 
 
-def test_grpo_stock_verl_loss_fixed_reference(assets, tmp_path):
-    run = rpg_run(assets, tmp_path, ["rpg.loss.name=verl", "rpg.reference.mode=fixed", "algorithm.adv_estimator=grpo",
+def test_grpo_stock_verl_loss_fixed_reference(cpu_trainer, tmp_path):
+    run = rpg_run(cpu_trainer, tmp_path, ["rpg.loss.name=verl", "rpg.reference.mode=fixed", "algorithm.adv_estimator=grpo",
                                      "algorithm.norm_adv_by_std_in_grpo=True", "actor_rollout_ref.actor.use_kl_loss=True",
                                      "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
                                      "actor_rollout_ref.actor.kl_loss_coef=0.01"])
@@ -162,9 +158,9 @@ def test_grpo_stock_verl_loss_fixed_reference(assets, tmp_path):
     assert at(run, 2, "rpg/ref_kl") > at(run, 1, "rpg/ref_kl")
 
 
-def test_reinforce_pp_sampler_kl_with_dapo_filtering_and_overlong(assets, tmp_path):
+def test_reinforce_pp_sampler_kl_with_dapo_filtering_and_overlong(cpu_trainer, tmp_path):
     run = rpg_run(
-        assets, tmp_path,
+        cpu_trainer, tmp_path,
         ["rpg.loss.name=verl", "algorithm.adv_estimator=reinforce_plus_plus",
          "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_type=kl",
          "actor_rollout_ref.actor.kl_loss_coef=0.001",
