@@ -193,6 +193,8 @@ def finalize(overrides: list[str], user: Sequence[str]) -> list[str]:
     resp = [o.split("=", 1)[1] for o in overrides if _key(o) == "data.max_response_length"]
     if not resp:
         return overrides
+    if not resp[-1].isdigit():
+        raise LaunchError(f"data.max_response_length={resp[-1]!r} is not an integer; set {OVERLONG_LEN} explicitly")
     return _merge(overrides, [f"{OVERLONG_LEN}={int(resp[-1]) // 4}"])
 
 

@@ -159,6 +159,12 @@ def test_scripts_are_identical_thin_wrappers():
     assert all(p.stat().st_mode & 0o111 for p in scripts), "scripts must be executable"
 
 
+def test_docs_list_every_script():
+    doc = (ROOT / "docs" / "launch-scripts.md").read_text()
+    missing = [r["name"] for r in ALL_ROWS if f"`{r['name']}`" not in doc]
+    assert not missing, f"docs/launch-scripts.md lacks {missing}; paste `python -m rpg.launch --list` into §8"
+
+
 def test_variants_module_imports_no_heavy_packages():
     import subprocess
     import sys
