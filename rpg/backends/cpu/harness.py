@@ -142,6 +142,7 @@ def run_trainer(
     on_metrics: Callable[[int, dict], None] | None = None,
     check: bool = True,
     cwd: Path | str | None = None,
+    reap_after_s: float = 30.0,
 ) -> TrainerRun:
     """Run the trainer on CPU to completion and collect its metrics.
 
@@ -155,6 +156,8 @@ def run_trainer(
         echo: copy the trainer's output to this process's stdout.
         on_metrics: called as ``on_metrics(step, data)`` for every new FileLogger record.
         check: raise TrainerRunError on a non-zero exit or timeout.
+        reap_after_s: processes of the run still alive this long after the driver exited are
+            reported in ``leftover_pids`` and terminated.
     """
     out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -191,7 +194,7 @@ def run_trainer(
                 _terminate_group(proc)
             pump.join(timeout=10)
             monitor.sample()
-            run.leftover_pids = _cleanup(monitor.seen, ray_tmp)
+            run.leftover_pids = _cleanup(monitor.seen, ray_tmp, reap_after_s)
             shutil.rmtree(ray_tmp, ignore_errors=True)
             restore()
     run.returncode = proc.returncode

@@ -1,0 +1,67 @@
+"""The harness's failure and clean-up paths, with stand-in entry scripts (no verl, no Ray)."""
+
+import os
+import textwrap
+
+import psutil
+import pytest
+
+from rpg.backends.cpu.harness import TrainerRunError, run_trainer
+
+
+def _script(tmp_path, body: str):
+    path = tmp_path / "entry.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_failed_run_raises_with_the_log_tail(tmp_path):
+    entry = _script(tmp_path, """
+        import sys
+        for i in range(100):
+            print(f"line {i}")
+        print("boom: the trainer failed", file=sys.stderr)
+        sys.exit(3)
+    """)
+    with pytest.raises(TrainerRunError) as err:
+        run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=60)
+    msg = str(err.value)
+    assert "exited with code 3" in msg and "boom: the trainer failed" in msg and "line 99" in msg
+    assert "line 0\n" not in msg  # only the tail
+    assert err.value.run.returncode == 3
+
+
+def test_metrics_are_read_from_the_file_logger_path(tmp_path):
+    entry = _script(tmp_path, """
+        import json, os, sys
+        assert os.environ["VERL_PLATFORM"] == "cpu"
+        assert "trainer.device=cpu" in sys.argv and "trainer.logger=['console','file']" in sys.argv
+        with open(os.environ["VERL_FILE_LOGGER_PATH"], "w") as f:
+            f.write(json.dumps({"step": 0, "data": {"val": 0.5}}) + "\\n")
+            f.write(json.dumps({"step": 1, "data": {"loss": 1.0}}) + "\\n")
+    """)
+    seen = []
+    run = run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=60, on_metrics=lambda s, d: seen.append(s))
+    assert run.metrics == {0: {"val": 0.5}, 1: {"loss": 1.0}} and seen == [0, 1]
+    assert run.leftover_pids == []
+
+
+def test_timeout_kills_the_run(tmp_path):
+    entry = _script(tmp_path, "import time\ntime.sleep(600)\n")
+    with pytest.raises(TrainerRunError, match="timed out"):
+        run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=3)
+
+
+def test_processes_left_behind_are_reported_and_terminated(tmp_path):
+    # a child in its own session (out of reach of the process-group kill) that carries the run's
+    # Ray temp dir on its command line, like a Ray daemon does
+    entry = _script(tmp_path, """
+        import subprocess, sys
+        marker = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("+ray_kwargs.ray_init._temp_dir="))
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker], start_new_session=True)
+    """)
+    run = run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=60, reap_after_s=2)
+    assert len(run.leftover_pids) == 1
+    pid = run.leftover_pids[0]
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert pid != os.getpid()
