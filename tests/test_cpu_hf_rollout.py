@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from rpg.backends.cpu.hf_rollout import HFRolloutServer, HFServerAdapter
-from rpg.tiny import task
 from rpg.tiny.build import _prompt_ids
 
 
