@@ -49,17 +49,6 @@ FORWARD_ENV = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRAN
 # overrides). They must NOT also be in the job's runtime env: Ray refuses a job whose runtime env
 # and the driver's ray.init runtime env set the same variable.
 LOG_ENV = ("VERL_FILE_LOGGER_ROOT", "TENSORBOARD_DIR")
-# Keys of rpg.tiny.overrides that the CPU switch takes (model, data, sizes, schedule); the
-# algorithm keys of the tiny demo (GRPO, lr, reward manager, ...) are NOT taken: the variant's stay.
-TINY_KEEP_PREFIXES = ("data.", "actor_rollout_ref.model.path", "actor_rollout_ref.model.use_remove_padding")
-TINY_KEEP_KEYS = (
-    "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.rollout.n",
-    "actor_rollout_ref.rollout.val_kwargs.n", "trainer.total_training_steps", "trainer.total_epochs",
-    "trainer.val_before_train", "trainer.test_freq", "trainer.save_freq", "trainer.resume_mode",
-    "trainer.log_val_generations",
-)
 OVERLONG_LEN = "reward.reward_kwargs.overlong_buffer_cfg.len"
 
 
@@ -199,16 +188,11 @@ def finalize(overrides: list[str], user: Sequence[str]) -> list[str]:
 
 
 def tiny_overrides_for_cpu(steps: int = 2) -> list[str]:
-    """The tiny task's model/data/size/schedule overrides (rpg.tiny), without its algorithm keys."""
+    """The tiny task's model/data/size/schedule overrides (rpg.tiny), without any algorithm keys."""
     from rpg.tiny import build_tiny_assets
-    from rpg.tiny.overrides import tiny_overrides
+    from rpg.tiny.overrides import tiny_task_overrides
 
-    keep = []
-    for o in tiny_overrides(build_tiny_assets(), steps=steps):
-        k = _key(o)
-        if k.startswith(TINY_KEEP_PREFIXES) or k in TINY_KEEP_KEYS:
-            keep.append(o)
-    return keep
+    return tiny_task_overrides(build_tiny_assets(), steps=steps)
 
 
 def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, root: Path, cwd: Path,

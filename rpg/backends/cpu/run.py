@@ -1,6 +1,9 @@
 """CLI: the tiny end-to-end demo on CPU (what recipe/rpg/tiny/run_tiny_cpu.sh calls).
 
-    python -m rpg.backends.cpu.run [--steps 30] [--out DIR] [--entry MODULE_OR_PY] [key=value ...]
+    python -m rpg.backends.cpu.run [--algo rpg|grpo] [--steps 30] [--out DIR] [--entry MODULE_OR_PY] [key=value ...]
+
+``--algo rpg`` (default): RPG-REINFORCE-UFKL with RPG-Style Clip through recipe/rpg/main_rpg.py;
+``--algo grpo``: verl's stock GRPO (fixed reference, k3 KL loss) through verl's main_ppo.
 
 Builds (or reuses) the tiny assets, runs verl's real trainer on the CPU backend, prints one
 progress line per step, the validation accuracy before and after training, and writes to the
@@ -20,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from rpg.backends.cpu.harness import DEFAULT_ENTRY, TrainerRun, TrainerRunError, run_trainer
+from rpg.backends.cpu.harness import TrainerRun, TrainerRunError, run_trainer
 
 VAL_PREFIX = "val-core/math_dapo/acc/mean@"
 
@@ -40,9 +43,9 @@ def _progress(total: int):
             return
         if "critic/score/mean" in data:
             acc = (float(data["critic/score/mean"]) + 1) / 2
-            kl = data.get("actor/kl_loss", float("nan"))
+            kl = data.get("actor/rpg/kl_estimate", data.get("actor/kl_loss", float("nan")))
             print(
-                f"[tiny] step {step:3d}/{total}  train acc {acc:.3f}  kl_loss {kl:.5f}"
+                f"[tiny] step {step:3d}/{total}  train acc {acc:.3f}  kl {kl:.2e}"
                 f"  step {data.get('timing_s/step', float('nan')):.1f}s  elapsed {time.time() - t0:.0f}s",
                 flush=True,
             )
@@ -78,13 +81,15 @@ def plot_curve(run: TrainerRun, path: Path, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from rpg.tiny import build_tiny_assets
-    from rpg.tiny.overrides import tiny_overrides
+    from rpg.tiny.overrides import TINY_ALGORITHMS, tiny_algorithm, tiny_task_overrides
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
     ap.add_argument("--test-freq", type=int, default=5, help="validate every K steps (default 5)")
     ap.add_argument("--out", type=Path, default=None, help="output dir (default outputs/tiny_cpu/<time>)")
-    ap.add_argument("--entry", default=DEFAULT_ENTRY, help=f"trainer module or .py script (default {DEFAULT_ENTRY})")
+    ap.add_argument("--algo", default="rpg", choices=tuple(TINY_ALGORITHMS), help="demo algorithm (default rpg)")
+    ap.add_argument("--lr", type=float, default=5e-4, help="learning rate (default 5e-4, for a model this small)")
+    ap.add_argument("--entry", default=None, help="trainer module or .py script (default: the algorithm's)")
     ap.add_argument("--extra-module", action="append", default=[], help="also load this module in every process")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is killed")
     ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
@@ -97,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     assets = build_tiny_assets()
     print(f"[tiny] assets: {assets.root} (ready in {time.time() - t0:.1f}s)", flush=True)
-    overrides = [*tiny_overrides(assets, steps=args.steps, test_freq=args.test_freq), *rest]
+    algo_entry, algo_overrides = tiny_algorithm(args.algo, lr=args.lr)
+    args.entry = args.entry or algo_entry
+    overrides = [*tiny_task_overrides(assets, steps=args.steps, test_freq=args.test_freq), *algo_overrides, *rest]
     print(f"[tiny] running {args.entry} on CPU for {args.steps} steps; full log: {out / 'trainer.log'}", flush=True)
     try:
         run = run_trainer(
@@ -115,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
     vals = [(s, _val_acc(d)) for s, d in sorted(run.metrics.items()) if _val_acc(d) is not None]
     summary = {
+        "algo": args.algo,
         "entry": args.entry,
         "steps": run.last_step(),
         "val_acc_before": vals[0][1] if vals and vals[0][0] == 0 else None,
@@ -129,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": overrides,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_curve(run, out / "training_curve.png", f"tiny task on CPU: {args.entry.rsplit('.', 1)[-1]}")
+    plot_curve(run, out / "training_curve.png", f"tiny task on CPU: {args.algo} ({args.entry})")
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     print(
         f"[tiny] done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s, "
