@@ -135,6 +135,8 @@ BAD = [
     (["trainer.use_v1=false"], "trainer.use_v1=False is not supported"),
     (["rpg.reference.mode=periodic", "rpg.reference.update_every=2", "actor_rollout_ref.actor.strategy=megatron"],
      "supports actor_rollout_ref.actor.strategy fsdp or fsdp2 only"),
+    (["rpg.reference.mode=periodic", "rpg.reference.update_every=2", "actor_rollout_ref.ref.fsdp_config.strategy=fsdp"],
+     "must be equal"),
     (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "clip_ratio_c=1.0 is invalid; expected a value > 1"),
     (["rpg.reward_function=nonexistent_pkg_xyz:score"], "module 'nonexistent_pkg_xyz' is not importable"),
     (["rpg.reference.log_weight_diff=true"], "log_weight_diff=true needs rpg.reference.mode=periodic or kl_threshold"),

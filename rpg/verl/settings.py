@@ -268,6 +268,12 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
         if strategy not in ("fsdp", "fsdp2"):
             _fail(f"rpg.reference.mode={ref.mode} copies actor weights into the reference and supports "
                   f"{actor}.strategy fsdp or fsdp2 only (got {strategy!r})")
+        a_eng = _select(cfg, f"{actor}.fsdp_config.strategy", strategy)
+        r_eng = _select(cfg, "actor_rollout_ref.ref.fsdp_config.strategy", a_eng)
+        if a_eng != r_eng:
+            _fail(f"rpg.reference.mode={ref.mode} copies actor shards into the reference: "
+                  f"{actor}.fsdp_config.strategy={a_eng!r} and actor_rollout_ref.ref.fsdp_config.strategy={r_eng!r} "
+                  "must be equal")
         if ref_in_actor:
             _fail(f"rpg.reference.mode={ref.mode} needs a separate reference model; LoRA (reference = actor "
                   "without adapter) is not supported; allowed modes with LoRA: sampler, fixed")
