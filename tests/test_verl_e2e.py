@@ -8,6 +8,8 @@ Runs (2 training steps unless noted):
      weights (ratio exactly 1 with one mini-batch), eval weights for validation and checkpoint
   3. RPG-REINFORCE-UFKL, periodic reference K=2, 3 steps -> reference == actor right after the
      reset, differs after the next update; reference log-probs == old log-probs after a reset
+  3b. RPG-REINFORCE-RKL + RPG-Style Clip, fixed reference (no iterative reference ablation)
+                                                       -> reference stays the initial model, never reset
   4. GRPO with the corrected KL, fixed reference          -> vanilla PPO part + corrected KL
   5. GRPO (stock verl loss), fixed reference, k3 KL loss
   6. REINFORCE++ (k1 KL against pi_old, no reference model) with DAPO dynamic sampling and
@@ -132,6 +134,20 @@ def test_rpg_reinforce_periodic_reference(cpu_trainer, tmp_path):
     assert at(run, 3, "actor/rpg/ref_old_logp_absdiff_max") < 1e-4
     assert at(run, 3, "rpg/ref_reset") == 0 and at(run, 3, "rpg/ref_steps_since_reset") == 1
     assert at(run, 3, "rpg/ref_actor_weight_diff_pre") > 0
+
+
+def test_rpg_reinforce_fixed_reference(cpu_trainer, tmp_path):
+    run = rpg_run(cpu_trainer, tmp_path, ["rpg.loss.form=reinforce", "rpg.loss.divergence=rkl", "rpg.loss.clip=true",
+                                     "rpg.reference.mode=fixed"])
+    all_keys = keys(run)
+    assert "timing_s/ref" in all_keys and "rpg/ref_reset" not in all_keys  # a reference model, never reset
+    assert "actor/kl_loss" not in all_keys  # the RPG loss carries the KL, not verl's term
+    for step in (1, 2):
+        for key in RPG_LOSS_KEYS:
+            at(run, step, key)
+    # step 1: reference = initial model = sampler; step 2: pi_old moved on, the reference did not
+    assert at(run, 1, "actor/rpg/ref_old_logp_absdiff_max") < 1e-4 < at(run, 2, "actor/rpg/ref_old_logp_absdiff_max")
+    assert at(run, 1, "rpg/ref_kl") < 1e-6 < at(run, 2, "rpg/ref_kl")
 
 
 def test_grpo_corrected_kl_fixed_reference(cpu_trainer, tmp_path):
