@@ -175,6 +175,11 @@ class _StraightThroughClamp(torch.autograd.Function):
         return grad, None
 
 
+def value_clamp(x: torch.Tensor, bound: float) -> torch.Tensor:
+    """Value-only guard: x clamped to [-bound, bound] in value, gradient of the identity."""
+    return _StraightThroughClamp.apply(x, bound)
+
+
 # torch.where / masked_fill on random masks are ~15x slower than a multiply on CPU (measured with
 # benchmarks/bench_losses.py), so gates are applied arithmetically: lerp(a, b, g) = a + g*(b - a)
 # with a 0/1 float gate g, whose gradient w.r.t. b is g (exactly "where", without NaN pitfalls).

@@ -114,7 +114,7 @@ def rpg_pg_loss(
 def _grpo_corrected(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
                     rollout_is_weights, ref_log_prob, gbi):
     """GRPO with the importance-weighted KL (spec §3): vanilla dual-clip PPO + beta * agg(w * k3)."""
-    from rpg.losses import grpo_corrected_kl
+    from rpg.losses import grpo_corrected_kl, value_clamp
 
     pl = _policy_settings(config)
     pg_loss, pg_metrics = compute_policy_loss_vanilla(
@@ -130,8 +130,7 @@ def _grpo_corrected(old_log_prob, log_prob, advantages, response_mask, loss_agg_
     mask = response_mask.to(log_prob.dtype)
     kl_mat = grpo_corrected_kl(log_prob, old_log_prob, anchor)
     if pl.rpg_kl_clamp is not None:  # value-only guard: clamp the value, keep the gradient
-        clamped = kl_mat.clamp(-float(pl.rpg_kl_clamp), float(pl.rpg_kl_clamp))
-        kl_mat = kl_mat + (clamped - kl_mat).detach()
+        kl_mat = value_clamp(kl_mat, float(pl.rpg_kl_clamp))
     if rollout_is_weights is not None:
         kl_mat = kl_mat * rollout_is_weights
     kl_loss = agg_loss(loss_mat=kl_mat, loss_mask=mask, loss_agg_mode=loss_agg_mode, **gbi)
