@@ -218,6 +218,18 @@ def test_grpo_corrected_is_vanilla_ppo_plus_weighted_k3():
     assert "rpg/kl_estimate" in metrics[0] and "actor/pg_clipfrac" in metrics[0]
 
 
+def test_grpo_corrected_kl_clamp_is_value_only():
+    """rpg.loss.kl_clamp caps the KL term's value and leaves its gradient untouched."""
+    batch = Batch(seed=6)
+    free = _actor_config("token-mean", anchor="reference", loss_mode="grpo_corrected", rpg_beta=0.1)
+    capped = _actor_config("token-mean", anchor="reference", loss_mode="grpo_corrected", rpg_beta=0.1,
+                           rpg_kl_clamp=1e-6)
+    loss_free, grad_free, _ = _run_adapter(batch, free, SPLITS["two"])
+    loss_capped, grad_capped, _ = _run_adapter(batch, capped, SPLITS["two"])
+    torch.testing.assert_close(grad_capped, grad_free)
+    assert loss_capped < loss_free
+
+
 def test_reference_anchor_without_ref_log_prob_is_a_clear_error():
     batch = Batch()
     config = _actor_config("token-mean", anchor="reference")
