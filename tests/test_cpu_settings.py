@@ -70,3 +70,17 @@ def test_read_metrics_merges_records_of_a_step(tmp_path):
     p = tmp_path / "m.jsonl"
     p.write_text('{"step": 0, "data": {"v": 1}}\n{"step": 1, "data": {"a": 2}}\n{"step": 1, "data": {"b": 3}}\n{"st')
     assert read_metrics(p) == {0: {"v": 1}, 1: {"a": 2, "b": 3}}
+
+
+def test_tiny_task_is_off_policy_by_default(tmp_path):
+    """Several optimizer steps per rollout batch (mini-batch < batch), one micro-batch per mini-batch."""
+    from rpg.tiny.build import TinyAssets
+    from rpg.tiny.overrides import tiny_task_overrides
+
+    ov = dict(o.split("=", 1) for o in tiny_task_overrides(TinyAssets.at(tmp_path), n=8))
+    batch, mini = int(ov["data.train_batch_size"]), int(ov["actor_rollout_ref.actor.ppo_mini_batch_size"])
+    assert batch // mini >= 4 and batch % mini == 0
+    assert int(ov["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"]) == mini * 8
+    assert int(ov["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"]) == batch * 8
+    with pytest.raises(ValueError, match="mini_batch_size=3"):
+        tiny_task_overrides(TinyAssets.at(tmp_path), mini_batch_size=3)

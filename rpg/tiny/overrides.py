@@ -10,6 +10,18 @@
 
 Validation samples at temperature 1 (``val_kwargs``), so the logged
 ``val-core/math_dapo/acc/mean@N`` is the policy's expected accuracy, not greedy accuracy.
+
+Off-policy by default: each rollout batch of ``train_batch_size`` prompts is split into
+mini-batches of ``MINI_BATCH_SIZE`` prompts (``train_batch_size / MINI_BATCH_SIZE`` optimizer
+steps per batch, one pass), as in the paper (512 prompts, mini-batches of 32: 16 steps). Only the
+first mini-batch is on-policy; from the second on the importance ratio pi_theta / pi_old leaves 1,
+the KL against the sampling policy and its gradient are non-zero and RPG-Style Clip can bind. With
+one mini-batch per step (the earlier default) all of that was identically 1 / 0 and RPG reduced to
+REINFORCE with a group-mean baseline. Why 4 mini-batches of 2 prompts (16 sequences): measured on
+the demo (RPG-REINFORCE-UFKL + clip, lr 5e-4, 8 steps), the per-token ratio spans about [0.1, 4.7],
+the KL estimate is 3e-3..4e-2 and 1-7 % of tokens are clipped, so all three are clearly visible,
+while each mini-batch still holds two whole groups (a mini-batch of 1 prompt would be one group of
+8, a noisier update) and validation accuracy still climbs.
 """
 
 from __future__ import annotations
@@ -18,6 +30,8 @@ from rpg.tiny.build import TinyAssets
 
 RECIPE_ENTRY = "recipe/rpg/main_rpg.py"  # relative to the project root (the harness resolves it)
 VERL_ENTRY = "verl.trainer.main_ppo"
+TRAIN_BATCH_SIZE = 8  # prompts per rollout batch
+MINI_BATCH_SIZE = 2  # prompts per optimizer step: 4 off-policy-weighted updates per rollout batch
 
 _DEMO = [  # both demo algorithms: no warm-up, no weight decay, plain reward manager, names
     "actor_rollout_ref.actor.entropy_coeff=0",
@@ -49,16 +63,30 @@ TINY_ALGORITHMS: dict[str, tuple[str, list[str]]] = {
 
 
 def tiny_task_overrides(
-    assets: TinyAssets, steps: int = 2, test_freq: int = 1, train_batch_size: int = 8, n: int = 8, val_n: int = 4
+    assets: TinyAssets,
+    steps: int = 2,
+    test_freq: int = 1,
+    train_batch_size: int = TRAIN_BATCH_SIZE,
+    n: int = 8,
+    val_n: int = 4,
+    mini_batch_size: int = MINI_BATCH_SIZE,
 ) -> list[str]:
-    """Model, data, sizes, sampling and schedule of the tiny task (no algorithm settings)."""
+    """Model, data, sizes, sampling and schedule of the tiny task (no algorithm settings).
+
+    One micro-batch per mini-batch (``mini_batch_size * n`` sequences); the old-policy and
+    reference log-probs of the whole batch in one forward (``train_batch_size * n``).
+    """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    mini = train_batch_size
+    if not 1 <= mini_batch_size <= train_batch_size or train_batch_size % mini_batch_size:
+        raise ValueError(
+            f"mini_batch_size={mini_batch_size} is invalid: expected a divisor of train_batch_size={train_batch_size}"
+        )
+    mini, batch = mini_batch_size, train_batch_size
     return [
         f"data.train_files={assets.train_file}",
         f"data.val_files={assets.val_file}",
-        f"data.train_batch_size={train_batch_size}",
+        f"data.train_batch_size={batch}",
         "data.max_prompt_length=64",
         "data.max_response_length=16",
         "data.filter_overlong_prompts=False",
@@ -68,8 +96,8 @@ def tiny_task_overrides(
         "actor_rollout_ref.model.use_remove_padding=True",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mini * n}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={mini * n}",
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={mini * n}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * n}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={batch * n}",
         f"actor_rollout_ref.rollout.n={n}",
         "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.top_p=1.0",
@@ -99,11 +127,13 @@ def tiny_overrides(
     assets: TinyAssets,
     steps: int = 2,
     test_freq: int = 1,
-    train_batch_size: int = 8,
+    train_batch_size: int = TRAIN_BATCH_SIZE,
     n: int = 8,
     lr: float = 5e-4,
     val_n: int = 4,
     algo: str = "grpo",
+    mini_batch_size: int = MINI_BATCH_SIZE,
 ) -> list[str]:
     """Task + algorithm overrides (``algo`` of TINY_ALGORITHMS; pair them with its entry)."""
-    return [*tiny_task_overrides(assets, steps, test_freq, train_batch_size, n, val_n), *tiny_algorithm(algo, lr)[1]]
+    task = tiny_task_overrides(assets, steps, test_freq, train_batch_size, n, val_n, mini_batch_size)
+    return [*task, *tiny_algorithm(algo, lr)[1]]
