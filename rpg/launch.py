@@ -9,7 +9,8 @@ Modes (environment variables; defaults in brackets):
 * ``DRY_RUN=1``: compose the full config with Hydra's compose API against recipe/rpg/config,
   run the driver-side checks (``rpg.verl.main.prepare_config``: the ``rpg:`` validation and
   translation, then verl 0.9.1's ``validate_config``), print it and the command, exit. No Ray,
-  no GPU.
+  no GPU. It also prints the per-GPU memory estimate and the checkpoint disk of the run
+  (``rpg.memory``; GPU size ``RPG_GPU_MEM_GIB``, default 79.6 GiB = an 80 GB card; docs/memory.md).
 * ``RPG_BACKEND=cpu``: the same overrides on the CPU backend (``rpg.backends.cpu``) with the tiny
   model/task of ``rpg.tiny`` replacing model, data and sizes; the variant's algorithm settings stay.
   Runs through ``rpg.backends.cpu.harness`` (output in ``OUT_DIR``).
@@ -28,6 +29,8 @@ relative to the current directory; defaults are relative to the project root.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -37,6 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from rpg.memory import GPU_MEM_ENV, MemoryEstimateError
 from rpg.variants import GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
 
 ENTRY = Path("recipe") / "rpg" / "main_rpg.py"
@@ -305,8 +309,8 @@ def _missing_files(overrides: Sequence[str]) -> list[str]:
 
 
 USAGE = f"""usage: python -m rpg.launch RUN_NAME [hydra overrides ...]   (or recipe/rpg/{{7b,4b}}/RUN_NAME.sh [overrides])
-       python -m rpg.launch --describe RUN_NAME | --list
-environment: DRY_RUN=1, RPG_BACKEND=cpu, RAY_ADDRESS, MODEL_PATH, DATA_DIR, TRAIN_FILE, VAL_FILES, CKPTS_DIR,
+       python -m rpg.launch --describe RUN_NAME [--gpu-mem-gib G] [hydra overrides ...] | --list
+environment: DRY_RUN=1, RPG_GPU_MEM_GIB, RPG_BACKEND=cpu, RAY_ADDRESS, MODEL_PATH, DATA_DIR, TRAIN_FILE, VAL_FILES, CKPTS_DIR,
              NNODES, N_GPUS_PER_NODE, LOGGER, PROJECT_NAME, EXP_NAME (docs/launch-scripts.md)
 run names:
 {GRAMMAR}"""
@@ -330,10 +334,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         print(list_table())
         return 0
     if argv[0] == "--describe":
-        if len(argv) != 2:
-            raise LaunchError("--describe takes one run name")
-        print(describe_variant(parse(argv[1])))
-        return 0
+        return _describe(argv[1:], env)
     v = parse(argv[0])
     user = argv[1:]
     root, cwd = project_root(), Path.cwd()
@@ -352,14 +353,14 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         argv_cpu, cpu_env = build_command(overrides, entry=str(root / ENTRY), base_env=env)
         if dry:
             os.environ.update({k: cpu_env[k] for k in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")})
-            return _dry_run(v, argv_cpu[2:], argv_cpu, root)
+            return _dry_run(v, argv_cpu[2:], argv_cpu, root, gpu_gib=None)
         return _run_cpu(v, overrides, env, root)
     if env.get("RAY_ADDRESS", "").strip():
         cmd = ray_command(overrides, env, job_env, root)
     else:
         cmd = local_command(overrides, root)
     if dry:
-        return _dry_run(v, overrides, cmd, root)
+        return _dry_run(v, overrides, cmd, root, gpu_gib=_gpu_gib(env.get(GPU_MEM_ENV), GPU_MEM_ENV))
     missing = [] if env.get("RAY_ADDRESS", "").strip() else _missing_files(overrides)
     if missing:
         raise LaunchError(f"data file(s) not found: {', '.join(missing)}; prepare them with "
@@ -374,7 +375,8 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     return 0  # pragma: no cover
 
 
-def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Path) -> int:
+def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Path, gpu_gib: float | None) -> int:
+    """gpu_gib: GPU size for the memory estimate (None: no estimate, e.g. the CPU backend)."""
     from omegaconf import OmegaConf
 
     print(f"# {describe_variant(v)}".replace("\n", "\n# "))
@@ -383,8 +385,60 @@ def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Pat
     missing = _missing_files(overrides)
     if missing:
         print(f"# note: data file(s) not present here: {', '.join(missing)}")
+    if gpu_gib is not None:
+        try:
+            print("# " + memory_report(cfg, gpu_gib).replace("\n", "\n# "))
+        except MemoryEstimateError as e:  # the config is valid; only the estimate is unavailable
+            print(f"# memory estimate unavailable: {e}")
     print("# ---- composed and validated config (DRY_RUN=1: nothing was started) ----")
     print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+    return 0
+
+
+# ----------------------------------------------------------------------------- memory estimate (rpg.memory)
+
+
+def memory_report(cfg, gpu_gib: float) -> str:
+    """rpg.memory's per-GPU memory table and checkpoint-disk lines for a composed config."""
+    from omegaconf import OmegaConf
+
+    from rpg.memory import report
+
+    return report(OmegaConf.to_container(cfg, resolve=True), gpu_gib)
+
+
+def _gpu_gib(raw: str | None, source: str) -> float:
+    from rpg.memory import gpu_mem_gib
+
+    try:
+        return gpu_mem_gib(raw, source)
+    except MemoryEstimateError as e:
+        raise LaunchError(str(e)) from None
+
+
+def _describe(args: list[str], env: dict[str, str]) -> int:
+    """``--describe NAME [--gpu-mem-gib G] [overrides]``: the variant, then the memory and disk estimate
+    of the config the launcher would compose (environment and overrides included)."""
+    gpu_raw, rest = env.get(GPU_MEM_ENV), []
+    it = iter(args)
+    for a in it:
+        if a == "--gpu-mem-gib" or a.startswith("--gpu-mem-gib="):
+            gpu_raw = a.split("=", 1)[1] if "=" in a else next(it, "")
+        else:
+            rest.append(a)
+    if not rest or rest[0].startswith("-"):
+        raise LaunchError("--describe takes one run name (then optionally --gpu-mem-gib G and Hydra overrides)")
+    gpu_gib = _gpu_gib(gpu_raw, "--gpu-mem-gib" if gpu_raw is not env.get(GPU_MEM_ENV) else GPU_MEM_ENV)
+    v = parse(rest[0])
+    print(describe_variant(v), flush=True)
+    root = project_root()
+    overrides, _ = plan_overrides(v, env, rest[1:], root=root, cwd=Path.cwd())
+    with contextlib.redirect_stdout(io.StringIO()):  # the driver checks' own report
+        cfg, _ = compose(overrides, root)
+    try:
+        print(memory_report(cfg, gpu_gib))
+    except MemoryEstimateError as e:
+        raise LaunchError(str(e)) from None
     return 0
 
 

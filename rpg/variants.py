@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
-__all__ = ["Variant", "VariantNameError", "parse", "to_overrides", "GRAMMAR", "paper_refs", "paper_row", "known_names"]
+__all__ = ["Variant", "VariantNameError", "parse", "to_overrides", "memory_overrides", "GRAMMAR", "paper_refs", "paper_row", "known_names"]
 
 GRAMMAR = """\
 run_<algo>_<model>[_ctx<2k|4k|8k>][_<kl><beta> | _<beta>][_rf[_clip_ppo[_<eps_low>_<eps_high>]]][_noiterref][_schedulefree][_7binstruct]
@@ -279,7 +279,7 @@ def to_overrides(v: Variant) -> list[str]:
         f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={T}",
         # rollout: vLLM, n = 16 at temperature 1; evaluation mean@32 at temperature 1 (spec §6.2)
         f"{r}.name=vllm", f"{r}.n=16", f"{r}.temperature=1.0", f"{r}.top_p=1.0", f"{r}.top_k=-1",
-        f"{r}.tensor_model_parallel_size=1", f"{r}.gpu_memory_utilization=0.85", f"{r}.enforce_eager=False",
+        f"{r}.tensor_model_parallel_size=1", f"{r}.enforce_eager=False",
         f"{r}.enable_chunked_prefill=True", f"{r}.max_num_batched_tokens={P + L}",
         f"{r}.log_prob_max_token_len_per_gpu={T}",
         f"{r}.val_kwargs.n=32", f"{r}.val_kwargs.do_sample=True", f"{r}.val_kwargs.temperature=1.0",
@@ -311,7 +311,22 @@ def to_overrides(v: Variant) -> list[str]:
         ov.append(f"{a}.use_kl_loss=False")
     else:
         ov += [f"{a}.use_kl_loss=True", f"{a}.kl_loss_type={v.kl_type}", f"{a}.kl_loss_coef={v.beta}"]
-    return ov
+    return ov + memory_overrides(v)
+
+
+# ----------------------------------------------------------------------------- memory (launch settings only)
+
+# vLLM's share of each GPU while it generates (verl: rollout.gpu_memory_utilization, a fraction of the
+# GPU's total memory for vLLM's weights + KV cache). Memory only, never the math. verl 0.9.1 keeps the
+# actor's fp32 parameter shard and AdamW states on the GPU while vLLM is awake, so the authors' 0.85
+# leaves no room on 8 x 80 GB (Qwen2.5-7B: ~80 GiB of 79.6). These leave >= 10% of an 80 GB GPU free
+# in every phase (`python -m rpg.launch --describe NAME`; rpg.memory; docs/memory.md).
+GPU_MEMORY_UTILIZATION = {"7b": 0.6, "7binstruct": 0.6, "4b": 0.7}
+
+
+def memory_overrides(v: Variant) -> list[str]:
+    """Memory-only Hydra overrides of the variant's model family (a user override still wins)."""
+    return [f"actor_rollout_ref.rollout.gpu_memory_utilization={GPU_MEMORY_UTILIZATION[v.model_tag]}"]
 
 
 # ----------------------------------------------------------------------------- paper map
