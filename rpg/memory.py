@@ -28,6 +28,9 @@ V = vocabulary, H = hidden size, I = MLP width, L = layers)::
                      activation peak and KV cache (vllm/v1/worker/gpu_worker.py: requested_memory =
                      total * gpu_memory_utilization; KV = requested - weights - profiled peak).
                      Weights P*2/TP (bf16). Asleep (free_cache_engine) weights and KV cache are freed.
+  phase order        the sync trainer sleeps vLLM after sampling and wakes it after the update and the
+                     checkpoint (trainer/ppo/v1/trainer_sync.py:35-42): log-probs and the update run with
+                     vLLM asleep; generation and validation with the actor's resident state beside it.
   weight sync order  update_weights resumes vLLM weights, streams the actor's parameters, offloads
                      the actor if param_offload, then resumes the KV cache (workers/engine_workers.py:
                      769-824): params + optimizer states + vLLM weights coexist before the KV cache.
@@ -49,6 +52,8 @@ V = vocabulary, H = hidden size, I = MLP width, L = layers)::
                      being recomputed holds its saved tensors, ~T*(18H + 6*kv + 8I) bytes (bf16 q, k, v,
                      rotated q/k, attention output, gate/up/act/product, fp32 RMSNorm inputs), plus the
                      backward's gradients of its widest tensors, ~T*(4I + 4H). Activation offload: 0.
+  optimizer step     after the backward (activations freed): torch AdamW's foreach step holds one
+                     temporary the size of the state shard (sqrt of exp_avg_sq), P*bytes/F.
 
 Left out (covered by the required headroom, HEADROOM_FRACTION of the GPU): allocator fragmentation,
 CUDA contexts / NCCL and cuBLAS workspaces / vLLM's CUDA graphs and sleeping residue (a fixed
@@ -69,7 +74,7 @@ GIB = 2**30
 GB = 10**9
 DEFAULT_GPU_MEM_GIB = 79.6        # what an 80 GB H100 reports as total memory (torch / nvidia-smi, GiB)
 HEADROOM_FRACTION = 0.10          # a run "fits" when its peak leaves >= 10% of the GPU free
-RUNTIME_OVERHEAD_GIB = 2.0        # CUDA contexts of the trainer and vLLM processes, NCCL/cuBLAS, CUDA graphs
+RUNTIME_OVERHEAD_GIB = 3.0        # assumed: 2 CUDA contexts (trainer, vLLM) ~1, NCCL/cuBLAS ~0.5, vLLM CUDA graphs ~1.5
 GPU_MEM_ENV = "RPG_GPU_MEM_GIB"   # DRY_RUN's GPU-size override (--describe: --gpu-mem-gib)
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "float": 4}
@@ -364,7 +369,7 @@ def estimate(s: RunSettings, arch: Architecture, gpu_gib: float = DEFAULT_GPU_ME
     o_rest = 0.0 if (s.optimizer_offload or s.offload_policy) else states
     vllm_share = s.rollout_util * gpu_gib
     vllm_weights = _g(P * 2 / s.rollout_tp)
-    rollout = Phase("rollout (vLLM awake)", (
+    rollout = Phase("generation / validation (vLLM awake)", (
         Term(f"actor parameters ({b * 8}-bit shard 1/{F})", p_rest),
         Term(f"optimizer states ({s.optimizer_states} x shard)", o_rest),
         Term(f"vLLM: gpu_memory_utilization {s.rollout_util:g} x {gpu_gib:g} GiB (weights + KV cache)", vllm_share),
@@ -378,13 +383,15 @@ def estimate(s: RunSettings, arch: Architecture, gpu_gib: float = DEFAULT_GPU_ME
     # forward-only log-probs (old: actor with entropy; reference: CPU-offloaded weights, gathered per unit)
     t_lp = max(s.logprob_tokens, s.ref_tokens if s.reference else 0)
     gathered = _g(2 * max(lm_unit, layer_unit) * 2)  # current + prefetched unit, bf16
-    logprob = Phase("log-prob forward (vLLM asleep)", (
+    # free_cache_engine=False: vLLM never sleeps, its share stays beside the log-probs and the update
+    awake = () if s.free_cache_engine else (Term("vLLM kept awake (free_cache_engine=False)", vllm_share),)
+    logprob = Phase("log-prob forward", (
         Term("actor parameters", 0.0 if s.offload_policy else params), Term("optimizer states", o_rest),
         Term("gathered FSDP units (bf16, 2)", gathered),
         Term(f"logits {t_lp} tok x {arch.vocab} (bf16)", _g(t_lp * arch.vocab * 2)),
         Term("entropy temporaries (<= 2 bf16 copies)", _g(s.logprob_tokens * arch.vocab * 4)),
         Term("one layer forward", _g(s.logprob_tokens * (3 * arch.intermediate + 4 * arch.hidden) * 2)),
-        overhead))
+        *awake, overhead))
 
     # update: forward + backward of one micro-batch at the token budget
     t = s.train_tokens
@@ -398,18 +405,19 @@ def estimate(s: RunSettings, arch: Architecture, gpu_gib: float = DEFAULT_GPU_ME
     head = _g(t * arch.vocab * 2 * (1 + extra_logit_copies) + lm_unit * (2 + 4))  # logits + gathered + fp32 grad
     layer = _g(layer_recompute_bytes(arch, t) + layer_unit * (2 * 2 + 4))
     on_gpu = 0.0 if s.offload_policy else 1.0
-    update = Phase("update (forward + backward, vLLM asleep)", (
+    step = params * on_gpu  # optimizer step temporaries (activations are freed by then); CPU with offload_policy
+    transient = max((head, "logits + lm_head unit (bf16 + fp32 grad)"), (layer, "layer recompute + FSDP units"),
+                    (step, "optimizer step temporaries"))
+    update = Phase("update (forward + backward)", (
         Term("actor parameters", params * on_gpu), Term("gradients (shard)", params * on_gpu),
         Term("optimizer states", states * on_gpu),
         Term(f"checkpointed activations ({arch.layers} layers x {t} tok)", kept),
-        Term("peak transient: " + ("logits + lm_head unit" if head >= layer else "layer recompute + units"),
-             max(head, layer)),
-        overhead))
+        Term(f"peak transient: {transient[1]}", transient[0]),
+        *awake, overhead))
 
     kv = vllm_share - vllm_weights - _g(vllm_activation_bytes(arch, s.max_num_batched_tokens, s.max_num_seqs))
     kv_tokens = max(0, int(kv * GIB // (arch.kv_cache_bytes_per_token() / s.rollout_tp)))
-    phases = (rollout, sync, logprob, update) if s.free_cache_engine else (
-        Phase("update with vLLM awake (free_cache_engine=False)", update.terms + (rollout.terms[2],)), rollout, logprob)
+    phases = (rollout, sync, logprob, update) if s.free_cache_engine else (rollout, logprob, update)
     return MemoryEstimate(arch=arch, settings=s, gpu_gib=gpu_gib, phases=phases, kv_cache_gib=kv,
                           kv_cache_tokens=kv_tokens,
                           host_ref_gib=_g(P * s.ref_param_bytes / F) if s.reference else 0.0, notes=s.notes)

@@ -19,7 +19,7 @@ from rpg.launch import compose, main, plan_overrides, project_root, ray_command
 from rpg.variants import parse
 
 ROOT = Path(__file__).resolve().parents[1]
-CLEAN_ENV_KEYS = ("MODEL_PATH", "DATA_DIR", "TRAIN_FILE", "VAL_FILES", "CKPTS_DIR", "NNODES", "N_GPUS_PER_NODE",
+CLEAN_ENV_KEYS = ("MODEL_PATH", "RPG_GPU_MEM_GIB", "DATA_DIR", "TRAIN_FILE", "VAL_FILES", "CKPTS_DIR", "NNODES", "N_GPUS_PER_NODE",
                   "RAY_ADDRESS", "LOGGER", "PROJECT_NAME", "EXP_NAME", "DRY_RUN", "RPG_BACKEND", "OUT_DIR",
                   "RPG_CLUSTER_ROOT", "RAY_JOB_WAIT", "VERL_FILE_LOGGER_ROOT", "TENSORBOARD_DIR")
 
@@ -84,8 +84,20 @@ def _check_composed(cfg, row) -> None:
             assert pl.rpg_sampler_kl is True and a.use_kl_loss is False
 
 
+def _memory_fits(cfg) -> str | None:
+    """rpg.memory's estimate on an 80 GB GPU (79.6 GiB) with the documented 10% headroom (docs/memory.md)."""
+    from omegaconf import OmegaConf
+
+    from rpg.memory import DEFAULT_GPU_MEM_GIB, architecture_for, estimate, settings_from_config
+
+    s = settings_from_config(OmegaConf.to_container(cfg, resolve=True))
+    e = estimate(s, architecture_for(s.model_path), DEFAULT_GPU_MEM_GIB)
+    return None if e.fits else f"does not fit 80 GB: peak {e.peak.gib:.1f} GiB ({e.peak.name}), headroom {e.headroom_gib:.1f}"
+
+
 def test_every_script_composes_and_validates():
-    """All 84 scripts in one process: Hydra compose + rpg validation + verl's validate_config."""
+    """All 84 scripts in one process: Hydra compose + rpg validation + verl's validate_config, and
+    the per-GPU memory estimate fits an 80 GB GPU with the documented headroom."""
     root = project_root()
     failures = []
     for row in ALL_ROWS:
@@ -96,6 +108,8 @@ def test_every_script_composes_and_validates():
             _check_composed(cfg, row)
         except AssertionError as e:  # collect, so one run shows every mismatch
             failures.append(f"{row['name']}: {e}")
+        if (problem := _memory_fits(cfg)) is not None:
+            failures.append(f"{row['name']}: {problem}")
     assert not failures, "\n".join(failures)
 
 

@@ -1,0 +1,268 @@
+"""rpg.memory: each term of the per-GPU memory estimate and of the checkpoint-disk estimate against
+numbers computed by hand from the public model configs, the offload switches, the verdict, and the
+launcher's --describe / DRY_RUN output. (Every shipped script fitting an 80 GB GPU is checked in
+tests/test_launch_dryrun.py, which composes all 84 scripts once.)"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from rpg.memory import (
+    DEFAULT_GPU_MEM_GIB,
+    GIB,
+    HEADROOM_FRACTION,
+    KNOWN_ARCHITECTURES,
+    RUNTIME_OVERHEAD_GIB,
+    MemoryEstimateError,
+    architecture_for,
+    count_saves,
+    estimate,
+    estimate_disk,
+    gpu_mem_gib,
+    settings_from_config,
+)
+
+QWEN25_7B = KNOWN_ARCHITECTURES["Qwen/Qwen2.5-Math-7B"]
+QWEN3_4B = KNOWN_ARCHITECTURES["Qwen/Qwen3-4B"]
+P7 = 7_615_616_512  # Qwen2.5-7B parameters (model card: 7.61B)
+
+
+def _cfg(**over) -> dict:
+    """A composed config reduced to the keys the estimate reads (values of run_grpo_7b)."""
+    cfg = {
+        "data": {"max_prompt_length": 2048, "max_response_length": 2048},
+        "trainer": {"nnodes": 1, "n_gpus_per_node": 8, "save_freq": 20, "total_training_steps": 400,
+                    "max_actor_ckpt_to_keep": 1},
+        "algorithm": {"use_kl_in_reward": False},
+        "rpg": {"reference": {"mode": "fixed"}},
+        "actor_rollout_ref": {
+            "model": {"path": "Qwen/Qwen2.5-Math-7B", "enable_gradient_checkpointing": True},
+            "actor": {"strategy": "fsdp2", "use_kl_loss": True, "use_dynamic_bsz": True,
+                      "ppo_max_token_len_per_gpu": 4096, "entropy_coeff": 0.0, "optim": {"optimizer": "AdamW"},
+                      "fsdp_config": {"model_dtype": "fp32", "param_offload": False, "optimizer_offload": False,
+                                      "offload_policy": False, "fsdp_size": -1},
+                      "checkpoint": {"save_contents": ["model", "optimizer", "extra"]}},
+            "ref": {"log_prob_use_dynamic_bsz": True, "log_prob_max_token_len_per_gpu": 4096,
+                    "fsdp_config": {"model_dtype": "fp32"}},
+            "rollout": {"gpu_memory_utilization": 0.6, "tensor_model_parallel_size": 1, "free_cache_engine": True,
+                        "log_prob_use_dynamic_bsz": True, "log_prob_max_token_len_per_gpu": 4096,
+                        "max_num_batched_tokens": 4096, "max_num_seqs": 256},
+        },
+    }
+    for dotted, value in over.items():
+        node = cfg
+        *path, leaf = dotted.split("__")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return cfg
+
+
+def _est(gpu=79.6, **over):
+    s = settings_from_config(_cfg(**over))
+    return estimate(s, architecture_for(s.model_path), gpu)
+
+
+def _phase(e, prefix):
+    return next(p for p in e.phases if p.name.startswith(prefix))
+
+
+def _term(phase, prefix):
+    return next(t.gib for t in phase.terms if t.name.startswith(prefix))
+
+
+# ----------------------------------------------------------------------------- architectures
+
+
+def test_parameter_counts_match_the_published_models():
+    # Qwen2.5-7B layer: q 3584^2 + k,v 2*3584*512 + o 3584^2 + MLP 3*3584*18944 + 2 norms + qkv bias 3584+2*512
+    assert QWEN25_7B.layer_params == 2 * 3584**2 + 2 * 3584 * 512 + 3 * 3584 * 18944 + 2 * 3584 + 3584 + 1024 == 233_057_792
+    assert QWEN25_7B.params == 28 * 233_057_792 + 2 * 152064 * 3584 + 3584 == P7
+    assert QWEN3_4B.params == 4_022_468_096  # tied embeddings, q/k norms, no biases
+    assert QWEN25_7B.kv_cache_bytes_per_token() == 2 * 28 * 4 * 128 * 2 == 57_344
+    assert QWEN3_4B.kv_cache_bytes_per_token() == 2 * 36 * 8 * 128 * 2 == 147_456
+
+
+def test_local_config_json_is_read_and_unknown_models_fail_with_one_line(tmp_path):
+    cfg = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+           "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert architecture_for(str(tmp_path)).params == P7
+    assert architecture_for("qwen/qwen3-4b").params == QWEN3_4B.params  # hub ids: case-insensitive
+    with pytest.raises(MemoryEstimateError, match="no architecture for model 'someone/Model-9B'") as e:
+        architecture_for("someone/Model-9B")
+    assert "\n" not in str(e.value)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "mixtral"}))
+    with pytest.raises(MemoryEstimateError, match="model_type='mixtral' is not modelled"):
+        architecture_for(str(tmp_path))
+
+
+# ----------------------------------------------------------------------------- GPU terms
+
+
+def test_terms_of_grpo_7b_by_hand():
+    e = _est()
+    shard = P7 * 4 / 8 / GIB                   # fp32 parameter shard, 3.546 GiB
+    assert shard == pytest.approx(3.5463, abs=1e-4)
+    gen = _phase(e, "generation")
+    assert _term(gen, "actor parameters") == pytest.approx(shard)
+    assert _term(gen, "optimizer states") == pytest.approx(2 * shard)
+    assert _term(gen, "vLLM") == pytest.approx(0.6 * 79.6)
+    assert gen.gib == pytest.approx(3 * shard + 0.6 * 79.6 + RUNTIME_OVERHEAD_GIB)
+    upd = _phase(e, "update")
+    assert _term(upd, "gradients") == pytest.approx(shard)
+    assert _term(upd, "checkpointed activations") == pytest.approx(28 * 4096 * 3584 * 2 / GIB)
+    # logits 4096 x 152064 bf16 + lm_head unit gathered in bf16 + its fp32 gradient
+    assert _term(upd, "peak transient: logits") == pytest.approx((4096 * 152064 * 2 + 152064 * 3584 * 6) / GIB)
+    sync = _phase(e, "weight sync")
+    assert _term(sync, "vLLM weights") == pytest.approx(P7 * 2 / GIB)
+    lp = _phase(e, "log-prob")
+    assert _term(lp, "logits") == pytest.approx(4096 * 152064 * 2 / GIB)
+    assert _term(lp, "entropy") == pytest.approx(4096 * 152064 * 4 / GIB)
+    assert e.peak is gen and e.headroom_gib == pytest.approx(79.6 - gen.gib)
+
+
+def test_layer_recompute_dominates_for_long_budgets_without_logits():
+    # a 16K budget: logits 4.6 GiB + lm_head 3.0 GiB vs layer: 16384*(18H+6kv+8I + 4I+4H) + unit*8
+    e = _est(actor_rollout_ref__actor__ppo_max_token_len_per_gpu=16384)
+    layer = (16384 * (18 * 3584 + 6 * 512 + 8 * 18944) + 16384 * (4 * 18944 + 4 * 3584) + 233_057_792 * 8) / GIB
+    head = (16384 * 152064 * 2 + 152064 * 3584 * 6) / GIB
+    assert _term(_phase(e, "update"), "peak transient") == pytest.approx(max(layer, head))
+
+
+def test_reference_costs_host_memory_not_gpu_memory():
+    with_ref, without = _est(), _est(actor_rollout_ref__actor__use_kl_loss=False)
+    assert [p.gib for p in with_ref.phases] == [p.gib for p in without.phases]
+    assert with_ref.host_ref_gib == pytest.approx(P7 * 4 / 8 / GIB) and without.host_ref_gib == 0
+
+
+def test_offload_switches_move_state_off_the_gpu_where_verl_does():
+    base, shard = _est(), P7 * 4 / 8 / GIB
+    p_off = _est(actor_rollout_ref__actor__fsdp_config__param_offload=True)
+    assert _phase(base, "generation").gib - _phase(p_off, "generation").gib == pytest.approx(shard)
+    assert _phase(p_off, "update").gib == pytest.approx(_phase(base, "update").gib)  # loaded for the update
+    o_off = _est(actor_rollout_ref__actor__fsdp_config__optimizer_offload=True)
+    assert _phase(base, "generation").gib - _phase(o_off, "generation").gib == pytest.approx(2 * shard)
+    assert _phase(o_off, "update").gib == pytest.approx(_phase(base, "update").gib)
+    pol = _est(actor_rollout_ref__actor__fsdp_config__offload_policy=True)
+    upd = _phase(pol, "update")
+    assert _term(upd, "actor parameters") == _term(upd, "gradients") == _term(upd, "optimizer states") == 0
+
+
+def test_entropy_in_the_update_and_no_free_cache_engine_add_their_terms():
+    base = _phase(_est(), "update")
+    ent = _phase(_est(actor_rollout_ref__actor__entropy_coeff=0.001), "update")
+    assert _term(ent, "peak transient") - _term(base, "peak transient") == pytest.approx(2 * 4096 * 152064 * 2 / GIB)
+    awake = _est(actor_rollout_ref__rollout__free_cache_engine=False)
+    assert _phase(awake, "update").gib - base.gib == pytest.approx(0.6 * 79.6)
+    assert not any(p.name.startswith("weight sync") for p in awake.phases)
+
+
+def test_fsdp_size_budget_without_dynamic_batching_and_bad_dtype():
+    s = settings_from_config(_cfg(actor_rollout_ref__actor__fsdp_config__fsdp_size=4))
+    assert s.fsdp_size == 4 and s.n_gpus == 8
+    s = settings_from_config(_cfg(actor_rollout_ref__actor__use_dynamic_bsz=False,
+                                  actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=2))
+    assert s.train_tokens == 2 * 4096
+    with pytest.raises(MemoryEstimateError, match="ppo_micro_batch_size_per_gpu is unset"):
+        settings_from_config(_cfg(actor_rollout_ref__actor__use_dynamic_bsz=False))
+    with pytest.raises(MemoryEstimateError, match="model_dtype='int3'"):
+        settings_from_config(_cfg(actor_rollout_ref__actor__fsdp_config__model_dtype="int3"))
+
+
+def test_kv_cache_capacity_and_verdict():
+    e = _est()
+    act = 4096 * (4 * 3584 + 3 * 18944) * 2 + 256 * 152064 * 4 * 2  # chunked prefill + sampler logits
+    kv = 0.6 * 79.6 * GIB - P7 * 2 - act
+    assert e.kv_cache_tokens == int(kv // 57_344)
+    assert e.fits and e.required_headroom_gib == pytest.approx(HEADROOM_FRACTION * 79.6)
+    # the authors' 0.85: ~81 GiB of 79.6 (issue 9) -> does not fit
+    assert not _est(actor_rollout_ref__rollout__gpu_memory_utilization=0.85).fits
+    # too little for vLLM: the KV cache cannot hold one 4096-token sequence
+    small = _est(actor_rollout_ref__rollout__gpu_memory_utilization=0.18)
+    assert small.kv_cache_tokens < 4096 and not small.fits
+    # the share is a fraction of the whole GPU: a bigger GPU leaves more room only for the actor's part
+    h200 = _est(gpu=139.8)
+    assert h200.fits and _term(_phase(h200, "generation"), "vLLM") == pytest.approx(0.6 * 139.8)
+
+
+def test_gpu_size_override_parsing():
+    assert gpu_mem_gib("", "X") == DEFAULT_GPU_MEM_GIB and gpu_mem_gib(None, "X") == DEFAULT_GPU_MEM_GIB
+    assert gpu_mem_gib(" 80 ", "X") == 80.0
+    for bad in ("x", "-1", "0", "nan", "inf"):
+        with pytest.raises(MemoryEstimateError, match="X="):
+            gpu_mem_gib(bad, "X")
+
+
+# ----------------------------------------------------------------------------- checkpoint disk
+
+
+def test_checkpoint_disk_by_hand():
+    s = settings_from_config(_cfg())
+    d = estimate_disk(s, QWEN25_7B)
+    assert dict(d.items)["actor model shards (32-bit)"] == pytest.approx(P7 * 4 / 1e9)       # 30.46 GB
+    assert dict(d.items)["optimizer states (2 x 32-bit)"] == pytest.approx(2 * P7 * 4 / 1e9)  # 60.92 GB
+    assert (d.saves, d.kept, d.peak_kept) == (20, 1, 2)  # keep=1: the old one goes after the new is written
+    assert d.peak_gb == pytest.approx(2 * d.per_checkpoint_gb)
+    ref = estimate_disk(settings_from_config(_cfg(rpg__reference__mode="periodic")), QWEN25_7B)
+    assert ref.per_checkpoint_gb - d.per_checkpoint_gb == pytest.approx(P7 * 4 / 1e9)  # rpg_reference/ fp32
+    hf = estimate_disk(settings_from_config(_cfg(
+        actor_rollout_ref__actor__checkpoint__save_contents=["model", "optimizer", "extra", "hf_model"])), QWEN25_7B)
+    assert hf.per_checkpoint_gb - d.per_checkpoint_gb == pytest.approx(P7 * 4 / 1e9)
+    keep_all = estimate_disk(settings_from_config(_cfg(trainer__max_actor_ckpt_to_keep=None)), QWEN25_7B)
+    assert (keep_all.kept, keep_all.peak_kept) == (20, 20)
+    keep3 = estimate_disk(settings_from_config(_cfg(trainer__max_actor_ckpt_to_keep=3)), QWEN25_7B)
+    assert (keep3.kept, keep3.peak_kept) == (3, 3)
+
+
+def test_count_saves_follows_verl():
+    # saves at every multiple of save_freq and at the last step
+    assert count_saves(20, 400) == 20 and count_saves(20, 410) == 21 and count_saves(20, 5) == 1
+    assert count_saves(0, 400) == 0 and count_saves(-1, 400) == 0 and count_saves(20, None) is None
+
+
+# ----------------------------------------------------------------------------- launcher
+
+
+def _clean_env(**kw):
+    env = {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "NNODES", "N_GPUS_PER_NODE", "DRY_RUN",
+                                                             "RPG_BACKEND", "RAY_ADDRESS", "RPG_GPU_MEM_GIB")}
+    env.update(kw)
+    return env
+
+
+def test_describe_prints_estimate_and_disk(capsys):
+    from rpg.launch import main
+
+    assert main(["--describe", "run_grpo_7b", "--gpu-mem-gib", "80"], _clean_env()) == 0
+    out = capsys.readouterr().out
+    assert "GRPO" in out and "GPU 80 GiB" in out and "FITS: peak" in out
+    assert "gpu_memory_utilization 0.6 x 80 GiB" in out
+    assert "reference model: CPU-offloaded" in out and "checkpoint disk (estimate): 91.4 GB per checkpoint" in out
+    # the authors' 0.85 as an override: the verdict flips
+    assert main(["--describe", "run_grpo_7b", "actor_rollout_ref.rollout.gpu_memory_utilization=0.85"],
+                _clean_env()) == 0
+    assert "DOES NOT FIT" in capsys.readouterr().out
+
+
+def test_describe_errors_are_one_line(capsys):
+    from rpg.launch import main
+
+    assert main(["--describe", "run_grpo_7b", "--gpu-mem-gib", "lots"], _clean_env()) == 2
+    assert "--gpu-mem-gib='lots' is invalid" in capsys.readouterr().err
+    assert main(["--describe", "run_grpo_7b"], _clean_env(MODEL_PATH="someone/Model-9B")) == 2
+    err = capsys.readouterr().err
+    assert "no architecture for model 'someone/Model-9B'" in err and err.count("\n") == 1
+
+
+def test_dry_run_prints_estimate_for_the_gpu_size(capsys):
+    from rpg.launch import main
+
+    assert main(["run_rpg_4b_ctx8k_ufkl1e-4"], _clean_env(DRY_RUN="1", RPG_GPU_MEM_GIB="139.8")) == 0
+    out = capsys.readouterr().out
+    assert "# memory per GPU (estimate, docs/memory.md): Qwen/Qwen3-4B" in out and "GPU 139.8 GiB" in out
+    assert "#   FITS: peak" in out and "# checkpoint disk (estimate)" in out
+    assert out.index("# memory per GPU") < out.index("---- composed and validated config")
