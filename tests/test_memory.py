@@ -28,6 +28,9 @@ from rpg.memory import (
 QWEN25_7B = KNOWN_ARCHITECTURES["Qwen/Qwen2.5-Math-7B"]
 QWEN3_4B = KNOWN_ARCHITECTURES["Qwen/Qwen3-4B"]
 P7 = 7_615_616_512  # Qwen2.5-7B parameters (model card: 7.61B)
+QWEN25_7B_CONFIG = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                    "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+                    "tie_word_embeddings": False}  # the public config.json's size fields
 
 
 def _cfg(**over) -> dict:
@@ -87,8 +90,7 @@ def test_parameter_counts_match_the_published_models():
 
 
 def test_local_config_json_is_read_and_unknown_models_fail_with_one_line(tmp_path):
-    cfg = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
-           "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False}
+    cfg = QWEN25_7B_CONFIG
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert architecture_for(str(tmp_path)).params == P7
     assert architecture_for("qwen/qwen3-4b").params == QWEN3_4B.params  # hub ids: case-insensitive
@@ -125,12 +127,31 @@ def test_terms_of_grpo_7b_by_hand():
     assert e.peak is gen and e.headroom_gib == pytest.approx(79.6 - gen.gib)
 
 
-def test_layer_recompute_dominates_for_long_budgets_without_logits():
-    # a 16K budget: logits 4.6 GiB + lm_head 3.0 GiB vs layer: 16384*(18H+6kv+8I + 4I+4H) + unit*8
+def test_update_transient_is_the_largest_of_logits_layer_recompute_and_optimizer_step(tmp_path):
+    # a 16K budget: logits + lm_head unit (bf16 gathered + fp32 grad) 7.7 GiB vs one layer's
+    # recompute + backward 16384*(18H+6kv+8I + 4I+4H) + unit*(2*2+4) = 6.5 GiB
     e = _est(actor_rollout_ref__actor__ppo_max_token_len_per_gpu=16384)
     layer = (16384 * (18 * 3584 + 6 * 512 + 8 * 18944) + 16384 * (4 * 18944 + 4 * 3584) + 233_057_792 * 8) / GIB
     head = (16384 * 152064 * 2 + 152064 * 3584 * 6) / GIB
-    assert _term(_phase(e, "update"), "peak transient") == pytest.approx(max(layer, head))
+    assert head == pytest.approx(7.686, abs=1e-3) and layer == pytest.approx(6.455, abs=1e-3)
+    assert _term(_phase(e, "update"), "peak transient: logits") == pytest.approx(head)
+    # a vocabulary of 1000 (local config.json): the layer recompute is the largest transient
+    small_vocab = _est_arch(tmp_path, vocab_size=1000, budget=16384)
+    assert _term(_phase(small_vocab, "update"), "peak transient: layer") == pytest.approx(
+        (16384 * (22 * 3584 + 6 * 512 + 12 * 18944) + 233_057_792 * 8) / GIB)
+    # a tiny budget: the optimizer step's temporary (one fp32 state shard) is the largest
+    tiny = _est(actor_rollout_ref__actor__ppo_max_token_len_per_gpu=64)
+    assert _term(_phase(tiny, "update"), "peak transient: optimizer step") == pytest.approx(P7 * 4 / 8 / GIB)
+    # without gradient checkpointing every layer keeps its activations
+    no_ckpt = _est(actor_rollout_ref__model__enable_gradient_checkpointing=False)
+    assert _term(_phase(no_ckpt, "update"), "checkpointed activations") == pytest.approx(
+        28 * 4096 * (22 * 3584 + 6 * 512 + 12 * 18944) / GIB)
+
+
+def _est_arch(model_dir, vocab_size: int, budget: int):
+    """The Qwen2.5-7B shape with another vocabulary, read from a local config.json."""
+    (model_dir / "config.json").write_text(json.dumps({**QWEN25_7B_CONFIG, "vocab_size": vocab_size}))
+    return _est(actor_rollout_ref__model__path=str(model_dir), actor_rollout_ref__actor__ppo_max_token_len_per_gpu=budget)
 
 
 def test_reference_costs_host_memory_not_gpu_memory():
