@@ -251,6 +251,11 @@ def settings_from_config(cfg: Mapping[str, Any]) -> RunSettings:
         notes.append(f"optimizer {optimizer}: assumed 2 fp32 states per parameter like AdamW")
     if int(_get(cfg, f"{a}.ulysses_sequence_parallel_size", 1)) > 1:
         notes.append("ulysses sequence parallelism is not modelled (activation terms are per full token budget)")
+    if int(_get(cfg, "actor_rollout_ref.model.lora_rank", 0)) > 0 or int(_get(cfg, "actor_rollout_ref.model.lora.rank", 0)) > 0:
+        notes.append("LoRA is not modelled: the terms are those of full fine-tuning (an over-estimate)")
+    if not _get(cfg, f"{a}.fsdp_config.reshard_after_forward", True):
+        notes.append("reshard_after_forward=False keeps gathered bf16 parameters between forward and backward: "
+                      "not modelled (add up to P*2 bytes to the update)")
     strategy = str(_get(cfg, f"{a}.strategy", "fsdp"))
     if strategy not in ("fsdp", "fsdp2"):
         raise MemoryEstimateError(f"{a}.strategy={strategy!r}: only fsdp / fsdp2 are modelled")

@@ -190,6 +190,9 @@ def test_fsdp_size_budget_without_dynamic_batching_and_bad_dtype():
     assert s.train_tokens == 2 * 4096
     with pytest.raises(MemoryEstimateError, match="ppo_micro_batch_size_per_gpu is unset"):
         settings_from_config(_cfg(actor_rollout_ref__actor__use_dynamic_bsz=False))
+    notes = settings_from_config(_cfg(actor_rollout_ref__model__lora_rank=8,
+                                      actor_rollout_ref__actor__fsdp_config__reshard_after_forward=False)).notes
+    assert any("LoRA is not modelled" in n for n in notes) and any("reshard_after_forward=False" in n for n in notes)
     with pytest.raises(MemoryEstimateError, match="model_dtype='int3'"):
         settings_from_config(_cfg(actor_rollout_ref__actor__fsdp_config__model_dtype="int3"))
 
