@@ -40,7 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rpg.memory import GPU_MEM_ENV, MemoryEstimateError
+from rpg.memory import GPU_MEM_ENV, MemoryEstimateError, gpu_mem_gib, report
 from rpg.variants import GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
 
 ENTRY = Path("recipe") / "rpg" / "main_rpg.py"
@@ -353,7 +353,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         argv_cpu, cpu_env = build_command(overrides, entry=str(root / ENTRY), base_env=env)
         if dry:
             os.environ.update({k: cpu_env[k] for k in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")})
-            return _dry_run(v, argv_cpu[2:], argv_cpu, root, gpu_gib=None)
+            return _dry_run(v, argv_cpu[2:], argv_cpu, root)
         return _run_cpu(v, overrides, env, root)
     if env.get("RAY_ADDRESS", "").strip():
         cmd = ray_command(overrides, env, job_env, root)
@@ -375,7 +375,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     return 0  # pragma: no cover
 
 
-def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Path, gpu_gib: float | None) -> int:
+def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Path, *, gpu_gib: float | None = None) -> int:
     """gpu_gib: GPU size for the memory estimate (None: no estimate, e.g. the CPU backend)."""
     from omegaconf import OmegaConf
 
@@ -402,14 +402,10 @@ def memory_report(cfg, gpu_gib: float) -> str:
     """rpg.memory's per-GPU memory table and checkpoint-disk lines for a composed config."""
     from omegaconf import OmegaConf
 
-    from rpg.memory import report
-
     return report(OmegaConf.to_container(cfg, resolve=True), gpu_gib)
 
 
 def _gpu_gib(raw: str | None, source: str) -> float:
-    from rpg.memory import gpu_mem_gib
-
     try:
         return gpu_mem_gib(raw, source)
     except MemoryEstimateError as e:
@@ -419,16 +415,18 @@ def _gpu_gib(raw: str | None, source: str) -> float:
 def _describe(args: list[str], env: dict[str, str]) -> int:
     """``--describe NAME [--gpu-mem-gib G] [overrides]``: the variant, then the memory and disk estimate
     of the config the launcher would compose (environment and overrides included)."""
-    gpu_raw, rest = env.get(GPU_MEM_ENV), []
+    gpu_raw, source, rest = env.get(GPU_MEM_ENV), GPU_MEM_ENV, []
     it = iter(args)
     for a in it:
         if a == "--gpu-mem-gib" or a.startswith("--gpu-mem-gib="):
-            gpu_raw = a.split("=", 1)[1] if "=" in a else next(it, "")
+            gpu_raw, source = (a.split("=", 1)[1] if "=" in a else next(it, None)), "--gpu-mem-gib"
+            if gpu_raw is None:
+                raise LaunchError("--gpu-mem-gib needs a value, the GPU's memory in GiB (e.g. --gpu-mem-gib 80)")
         else:
             rest.append(a)
     if not rest or rest[0].startswith("-"):
         raise LaunchError("--describe takes one run name (then optionally --gpu-mem-gib G and Hydra overrides)")
-    gpu_gib = _gpu_gib(gpu_raw, "--gpu-mem-gib" if gpu_raw is not env.get(GPU_MEM_ENV) else GPU_MEM_ENV)
+    gpu_gib = _gpu_gib(gpu_raw, source)
     v = parse(rest[0])
     print(describe_variant(v), flush=True)
     root = project_root()

@@ -277,6 +277,10 @@ def test_describe_errors_are_one_line(capsys):
 
     assert main(["--describe", "run_grpo_7b", "--gpu-mem-gib", "lots"], _clean_env()) == 2
     assert "--gpu-mem-gib='lots' is invalid" in capsys.readouterr().err
+    assert main(["--describe", "run_grpo_7b", "--gpu-mem-gib"], _clean_env()) == 2
+    assert "--gpu-mem-gib needs a value" in capsys.readouterr().err
+    assert main(["run_grpo_7b"], _clean_env(DRY_RUN="1", RPG_GPU_MEM_GIB="0")) == 2
+    assert "RPG_GPU_MEM_GIB='0' is invalid" in capsys.readouterr().err
     assert main(["--describe", "run_grpo_7b"], _clean_env(MODEL_PATH="someone/Model-9B")) == 2
     err = capsys.readouterr().err
     assert "no architecture for model 'someone/Model-9B'" in err and err.count("\n") == 1
