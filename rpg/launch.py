@@ -9,8 +9,7 @@ Modes (environment variables; defaults in brackets):
 * ``DRY_RUN=1``: compose the full config with Hydra's compose API against recipe/rpg/config,
   run the driver-side checks (``rpg.verl.main.prepare_config``: the ``rpg:`` validation and
   translation, then verl 0.9.1's ``validate_config``), print it and the command, exit. No Ray,
-  no GPU. It also prints the per-GPU memory estimate and the checkpoint disk of the run
-  (``rpg.memory``; GPU size ``RPG_GPU_MEM_GIB``, default 79.6 GiB = an 80 GB card; docs/memory.md).
+  no GPU.
 * ``RPG_BACKEND=cpu``: the same overrides on the CPU backend (``rpg.backends.cpu``) with the tiny
   model/task of ``rpg.tiny`` replacing model, data and sizes; the variant's algorithm settings stay.
   Runs through ``rpg.backends.cpu.harness`` (output in ``OUT_DIR``).
@@ -18,6 +17,10 @@ Modes (environment variables; defaults in brackets):
   The runtime env only carries environment variables (no working-dir upload): every node needs
   this project installed (``pip install -e .``) at ``RPG_CLUSTER_ROOT`` (default: this checkout).
 * otherwise: ``python recipe/rpg/main_rpg.py <overrides>`` on this machine (exec).
+
+Memory: ``--describe NAME [--gpu-mem-gib G] [overrides]`` and ``DRY_RUN=1`` (GPU size
+``RPG_GPU_MEM_GIB``, default 79.6 GiB = an 80 GB card) print ``rpg.memory``'s per-GPU memory
+estimate with a FITS / DOES NOT FIT verdict and the checkpoint disk of the run (docs/memory.md).
 
 Other variables: MODEL_PATH [variant's HF id], DATA_DIR [<root>/data], TRAIN_FILE
 [$DATA_DIR/dapo-math-17k-en.parquet], VAL_FILES [variant's sets in $DATA_DIR, comma or space
@@ -40,7 +43,6 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rpg.memory import GPU_MEM_ENV, MemoryEstimateError, gpu_mem_gib, report
 from rpg.variants import GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
 
 ENTRY = Path("recipe") / "rpg" / "main_rpg.py"
@@ -360,7 +362,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     else:
         cmd = local_command(overrides, root)
     if dry:
-        return _dry_run(v, overrides, cmd, root, gpu_gib=_gpu_gib(env.get(GPU_MEM_ENV), GPU_MEM_ENV))
+        return _dry_run(v, overrides, cmd, root, gpu_gib=_gpu_gib(env))
     missing = [] if env.get("RAY_ADDRESS", "").strip() else _missing_files(overrides)
     if missing:
         raise LaunchError(f"data file(s) not found: {', '.join(missing)}; prepare them with "
@@ -385,29 +387,40 @@ def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Pat
     missing = _missing_files(overrides)
     if missing:
         print(f"# note: data file(s) not present here: {', '.join(missing)}")
-    if gpu_gib is not None:
-        try:
-            print("# " + memory_report(cfg, gpu_gib).replace("\n", "\n# "))
-        except MemoryEstimateError as e:  # the config is valid; only the estimate is unavailable
-            print(f"# memory estimate unavailable: {e}")
     print("# ---- composed and validated config (DRY_RUN=1: nothing was started) ----")
     print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+    if gpu_gib is not None:  # last, where a terminal shows it; '# ' keeps the output valid YAML
+        print("# ---- " + memory_report(cfg, gpu_gib, unavailable_ok=True).replace("\n", "\n# "))
     return 0
 
 
 # ----------------------------------------------------------------------------- memory estimate (rpg.memory)
 
 
-def memory_report(cfg, gpu_gib: float) -> str:
-    """rpg.memory's per-GPU memory table and checkpoint-disk lines for a composed config."""
+def memory_report(cfg, gpu_gib: float, *, unavailable_ok: bool = False) -> str:
+    """rpg.memory's per-GPU memory table and checkpoint-disk lines for a composed config.
+
+    An estimate that cannot be made (unknown model, ...) raises ``LaunchError`` (one line), or with
+    ``unavailable_ok`` (DRY_RUN: the config itself is valid) returns that line as a note.
+    """
     from omegaconf import OmegaConf
 
-    return report(OmegaConf.to_container(cfg, resolve=True), gpu_gib)
+    from rpg.memory import MemoryEstimateError, report
 
-
-def _gpu_gib(raw: str | None, source: str) -> float:
     try:
-        return gpu_mem_gib(raw, source)
+        return report(OmegaConf.to_container(cfg, resolve=True), gpu_gib)
+    except MemoryEstimateError as e:
+        if unavailable_ok:
+            return f"memory estimate unavailable: {e}"
+        raise LaunchError(str(e)) from None
+
+
+def _gpu_gib(env: Mapping[str, str], cli: str | None = None) -> float:
+    """GPU size of the estimate: ``--gpu-mem-gib`` (cli) if given, else ``RPG_GPU_MEM_GIB``, else the default."""
+    from rpg.memory import GPU_MEM_ENV, MemoryEstimateError, gpu_mem_gib
+
+    try:
+        return gpu_mem_gib(cli, "--gpu-mem-gib") if cli is not None else gpu_mem_gib(env.get(GPU_MEM_ENV), GPU_MEM_ENV)
     except MemoryEstimateError as e:
         raise LaunchError(str(e)) from None
 
@@ -415,28 +428,25 @@ def _gpu_gib(raw: str | None, source: str) -> float:
 def _describe(args: list[str], env: dict[str, str]) -> int:
     """``--describe NAME [--gpu-mem-gib G] [overrides]``: the variant, then the memory and disk estimate
     of the config the launcher would compose (environment and overrides included)."""
-    gpu_raw, source, rest = env.get(GPU_MEM_ENV), GPU_MEM_ENV, []
+    cli, rest = None, []
     it = iter(args)
     for a in it:
         if a == "--gpu-mem-gib" or a.startswith("--gpu-mem-gib="):
-            gpu_raw, source = (a.split("=", 1)[1] if "=" in a else next(it, None)), "--gpu-mem-gib"
-            if gpu_raw is None:
+            cli = a.split("=", 1)[1] if "=" in a else next(it, None)
+            if cli is None:
                 raise LaunchError("--gpu-mem-gib needs a value, the GPU's memory in GiB (e.g. --gpu-mem-gib 80)")
         else:
             rest.append(a)
     if not rest or rest[0].startswith("-"):
         raise LaunchError("--describe takes one run name (then optionally --gpu-mem-gib G and Hydra overrides)")
-    gpu_gib = _gpu_gib(gpu_raw, source)
+    gpu_gib = _gpu_gib(env, cli)
     v = parse(rest[0])
     print(describe_variant(v), flush=True)
     root = project_root()
     overrides, _ = plan_overrides(v, env, rest[1:], root=root, cwd=Path.cwd())
     with contextlib.redirect_stdout(io.StringIO()):  # the driver checks' own report
         cfg, _ = compose(overrides, root)
-    try:
-        print(memory_report(cfg, gpu_gib))
-    except MemoryEstimateError as e:
-        raise LaunchError(str(e)) from None
+    print(memory_report(cfg, gpu_gib))
     return 0
 
 

@@ -291,6 +291,9 @@ def test_dry_run_prints_estimate_for_the_gpu_size(capsys):
 
     assert main(["run_rpg_4b_ctx8k_ufkl1e-4"], _clean_env(DRY_RUN="1", RPG_GPU_MEM_GIB="139.8")) == 0
     out = capsys.readouterr().out
-    assert "# memory per GPU (estimate, docs/memory.md): Qwen/Qwen3-4B" in out and "GPU 139.8 GiB" in out
+    assert "# ---- memory per GPU (estimate, docs/memory.md): Qwen/Qwen3-4B" in out and "GPU 139.8 GiB" in out
     assert "#   FITS: peak" in out and "# checkpoint disk (estimate)" in out
-    assert out.index("# memory per GPU") < out.index("---- composed and validated config")
+    assert out.index("---- composed and validated config") < out.index("# ---- memory per GPU")  # printed last
+    # an unknown model: the dry run still succeeds and says why there is no estimate
+    assert main(["run_grpo_7b"], _clean_env(DRY_RUN="1", MODEL_PATH="someone/Model-9B")) == 0
+    assert "# ---- memory estimate unavailable: no architecture for model 'someone/Model-9B'" in capsys.readouterr().out
