@@ -10,8 +10,11 @@ trainer uses with ``DetachActorWorker``). Additions:
 * reference weight copy (``sync_ref_from_actor``, ONE_TO_ALL): each rank copies its local shards
   of the actor parameters into the reference model's shards (FSDP1 flat params or FSDP2 DTensor
   local tensors; actor and reference are built by verl from the same model with the same
-  strategy and world size, so names and shard shapes match -- checked, never assumed).
-  ``ref_actor_weight_diff`` measures max |actor - ref| (diagnostics/tests);
+  strategy, world size and FSDP layout -- validated by the driver, checked again here), after
+  releasing the gathered parameters a forward left behind (``rpg.verl.reference_copy``).
+  Diagnostics: ``ref_actor_weight_diff`` = max |actor - ref| over local shards,
+  ``ref_actor_probe`` = max |logit_actor - logit_ref| and the reference's NLL on a fixed probe
+  sequence (what the reference computes);
   ``save_reference``/``load_reference`` persist the reference shards in a checkpoint.
 * schedule-free modes (``sf_set_mode``, ONE_TO_ALL): ``AdamWScheduleFree`` is switched to train
   mode once the model is built (its ``step()`` refuses to run otherwise) and stays there; the
@@ -30,12 +33,10 @@ import torch.distributed as dist
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
+from rpg.verl.reference_copy import (copy_actor_to_reference, local_shard, max_shard_diff, next_token_nll,
+                                     paired_local_shards, probe_logits, probe_token_ids)
+
 logger = logging.getLogger(__name__)
-
-
-def _local(p: torch.Tensor) -> torch.Tensor:
-    """The rank-local storage of a parameter: the DTensor shard (FSDP2) or the tensor itself."""
-    return p._local_tensor if hasattr(p, "_local_tensor") else p.data
 
 
 def is_schedule_free(optimizer) -> bool:
@@ -93,48 +94,49 @@ class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
             c = (1.0 - 1.0 / beta1) if mode == "eval" else (1.0 - beta1)
             for p in group["params"]:
                 z = opt.state[p].get("z") if p in opt.state else None
-                if z is not None and _local(p).numel():
-                    change = max(change, abs(c) * float((_local(z).to(_local(p).device) - _local(p)).abs().max()))
+                p_local = local_shard(p)
+                if z is not None and p_local.numel():
+                    change = max(change, abs(c) * float((local_shard(z).to(p_local.device) - p_local).abs().max()))
         getattr(opt, mode)()
         return {"mode": "train" if opt.param_groups[0]["train_mode"] else "eval", "max_abs_change": change}
 
     # ------------------------------------------------------------------ reference weights
-    def _paired_params(self):
+    def _modules(self):
         if getattr(self, "ref", None) is None:
             raise ValueError("this worker has no reference model (rpg.reference.mode must be periodic or kl_threshold)")
-        actor_params = dict(self.actor.engine.module.named_parameters())
-        ref_params = dict(self.ref.engine.module.named_parameters())
-        if actor_params.keys() != ref_params.keys():
-            only = sorted(set(actor_params) ^ set(ref_params))[:3]
-            raise ValueError(f"actor and reference parameters differ in names (e.g. {only}); same strategy needed")
-        pairs = []
-        for name, p_act in actor_params.items():
-            a, r = _local(p_act), _local(ref_params[name])
-            if a.shape != r.shape:
-                raise ValueError(f"actor/reference shard shapes differ for {name}: {tuple(a.shape)} vs {tuple(r.shape)}")
-            pairs.append((name, a, r))
-        return pairs
+        return self.actor.engine.module, self.ref.engine.module
+
+    def _paired_params(self):
+        return paired_local_shards(*self._modules())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    @torch.no_grad()
     def sync_ref_from_actor(self) -> int:
         """reference <- actor (current module weights), shard by shard. Returns #tensors copied."""
-        pairs = self._paired_params()
-        for _, a, r in pairs:
-            r.copy_(a.to(device=r.device, dtype=r.dtype))
-        if dist.is_initialized():
-            dist.barrier()
-        return len(pairs)
+        return copy_actor_to_reference(*self._modules())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    @torch.no_grad()
     def ref_actor_weight_diff(self) -> float:
         """max over local shards of |actor - reference| (compared in the reference's dtype)."""
-        diff = 0.0
-        for _, a, r in self._paired_params():
-            if a.numel():
-                diff = max(diff, float((a.to(device=r.device, dtype=r.dtype) - r).abs().max()))
-        return diff
+        return max_shard_diff(*self._modules())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def ref_actor_probe(self) -> dict:
+        """What the reference computes, on a fixed probe sequence (every rank runs the full forward).
+
+        ``logit_diff``: max |logit_actor - logit_ref|; ``ref_nll``: mean next-token NLL of the probe
+        under the reference. Both forwards run inside verl's eval contexts (param offload, autocast).
+        """
+        from verl.utils.device import get_device_name
+
+        actor, ref = self.actor.engine, self.ref.engine
+        ids = probe_token_ids(int(actor.model_config.hf_config.vocab_size))
+        logits = {}
+        for name, engine in (("actor", actor), ("ref", ref)):
+            with engine.eval_mode():
+                logits[name] = probe_logits(engine.module, ids, get_device_name(),
+                                            getattr(engine, "_autocast_dtype", None))
+        return {"logit_diff": float((logits["actor"] - logits["ref"]).abs().max()),
+                "ref_nll": next_token_nll(logits["ref"], ids)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     @torch.no_grad()
