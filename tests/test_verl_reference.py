@@ -1,5 +1,9 @@
 """Reference schedule bookkeeping (periodic, kl_threshold) and the KL trigger statistic."""
 
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -63,6 +67,8 @@ class FakeWorkerGroup:
 
     def save_reference(self, directory):
         self.calls.append(("save_reference", directory))
+        os.makedirs(directory, exist_ok=True)
+        (Path(directory) / "reference_rank_0.pt").write_bytes(b"shard")
 
     def load_reference(self, directory):
         self.calls.append(("load_reference", directory))
@@ -119,3 +125,83 @@ def test_resume_without_reference_state_is_a_clear_error(tmp_path):
     fresh = _trainer(tmp_path, update_every=2, global_steps=0)
     fresh._restore_reference()  # fresh start: the reference is the initial model
     assert fresh.actor_rollout_wg.calls == []
+
+
+# ----------------------------------------------------------------------------- checkpoint retention
+
+
+class RetainingWorkerGroup(FakeWorkerGroup):
+    """Saves actor checkpoints with verl's own retention (``BaseCheckpointManager``, as the FSDP
+    checkpoint manager does on rank 0: make room before the save, register and trim after it)."""
+
+    def __init__(self):
+        super().__init__()
+        from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
+
+        self.manager = BaseCheckpointManager.__new__(BaseCheckpointManager)  # only the retention state
+        self.manager.previous_saved_paths = []
+
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        self.manager.ensure_checkpoint_capacity(max_ckpt_to_keep)
+        os.makedirs(local_path, exist_ok=True)
+        (Path(local_path) / "model_world_size_1_rank_0.pt").write_bytes(b"actor")
+        self.manager.register_checkpoint(local_path, max_ckpt_to_keep)
+
+
+def _saving_trainer(tmp_path, keep):
+    """A bare RPGTrainer whose ``_save_checkpoint`` runs verl's real one (trainer_base) end to end."""
+    from omegaconf import OmegaConf
+
+    t = _trainer(tmp_path, update_every=3)
+    t.config = OmegaConf.create({
+        "trainer": {"default_local_dir": str(tmp_path), "resume_mode": "auto", "default_hdfs_dir": None,
+                    "max_actor_ckpt_to_keep": keep},
+        "actor_rollout_ref": {"actor": {"checkpoint": {}}},
+    })
+    t.actor_rollout_wg = RetainingWorkerGroup()
+    t.use_critic, t.trainer_mode, t.schedule_free = False, "sync", False
+    t.train_dataloader = SimpleNamespace(state_dict=lambda: {})
+    t.checkpoint_callback = SimpleNamespace(on_save=lambda **kwargs: None)
+    return t
+
+
+def _save_steps(t, steps):
+    for step in steps:
+        t.global_steps = step
+        if t.ref_schedule.should_reset(step, None):
+            t.ref_schedule.record_reset(step)
+        t._save_checkpoint()
+
+
+def _listing(root):
+    return {p.relative_to(root).as_posix() for p in Path(root).rglob("*") if p.is_file()
+            and p.name != "latest_checkpointed_iteration.txt"}
+
+
+def test_reference_checkpoints_follow_verls_retention(tmp_path):
+    """periodic K=3, a save every step, trainer.max_actor_ckpt_to_keep=2: verl deletes the actor of
+    steps 1-4; their reference shards (written at 1, 2, 4) and state files must go with them."""
+    t = _saving_trainer(tmp_path, keep=2)
+    _save_steps(t, range(1, 7))
+    kept = {f"global_step_{s}/{f}" for s in (5, 6) for f in ("actor/model_world_size_1_rank_0.pt", "rpg_reference.json")}
+    kept.add("global_step_5/rpg_reference/reference_rank_0.pt")  # reset at 6 (and 3): no shards there
+    kept |= {f"global_step_{s}/data.pt" for s in range(1, 7)}  # verl's own leftovers, not ours to delete
+    assert _listing(tmp_path) == kept
+
+
+def test_reference_checkpoints_of_an_earlier_run_stay_as_long_as_verl_keeps_their_actor(tmp_path):
+    """After a resume verl's checkpoint manager starts empty and never deletes older checkpoints;
+    their reference state must stay (a resume from them needs it)."""
+    first = _saving_trainer(tmp_path, keep=2)
+    _save_steps(first, range(1, 5))
+    resumed = _saving_trainer(tmp_path, keep=2)
+    resumed.ref_schedule.load_state_dict(first.ref_schedule.state_dict())
+    _save_steps(resumed, range(5, 8))
+    files = _listing(tmp_path)
+    for step in (3, 4, 6, 7):  # actors verl kept: 3, 4 (earlier run) and 6, 7
+        assert f"global_step_{step}/actor/model_world_size_1_rank_0.pt" in files
+        assert f"global_step_{step}/rpg_reference.json" in files
+    assert "global_step_4/rpg_reference/reference_rank_0.pt" in files
+    for step in (1, 2, 5):
+        assert not any(f.startswith(f"global_step_{step}/actor") or f.startswith(f"global_step_{step}/rpg_")
+                       for f in files), files

@@ -14,7 +14,9 @@ Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is 
   reference state match the saved actor.
 * ``_save_checkpoint``: schedule-free -> eval (averaged x) weights are saved; then back to train.
   Reference modes that reset also write ``rpg_reference.json`` (last reset step, EMA, count) and,
-  unless the reference equals the saved actor (last reset == this step), the reference shards.
+  unless the reference equals the saved actor (last reset == this step), the reference shards;
+  after verl's save, the reference state of every checkpoint whose actor verl's retention
+  (``trainer.max_actor_ckpt_to_keep``) deleted is deleted too.
 * ``on_init_end``: schedule-free -> train mode (y) after a resume; reference restored from the
   checkpoint (see docs/verl-integration.md, "Resume"); then verl's rollout weight sync.
 * ``on_validate_begin/end``: schedule-free -> validation generates with the eval (x) weights:
@@ -22,8 +24,10 @@ Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is 
 
 Per-step metrics added: ``rpg/ref_reset`` (0/1), ``rpg/ref_resets_total``,
 ``rpg/ref_steps_since_reset``, ``rpg/ref_kl``, ``rpg/ref_kl_ema`` and, with
-``rpg.reference.log_weight_diff``, ``rpg/ref_actor_weight_diff_pre``/``_post`` (max |actor-ref|
-before/after the copy).
+``rpg.reference.log_weight_diff``, before/after the copy: ``rpg/ref_actor_weight_diff_pre``/``_post``
+(max |actor-ref| over the shards) and ``rpg/ref_actor_logit_diff_pre``/``_post`` (max |logit
+difference| on a fixed probe sequence: what the reference computes), plus ``rpg/ref_probe_nll``
+(the step's reference's mean NLL of the probe: a fingerprint of its outputs, e.g. across a resume).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import shutil
 
 import ray
 import torch
@@ -165,11 +171,22 @@ class RPGTrainer(PPOTrainerSync):
                 metrics.update(self._reference_step())
         return batch
 
+    def _reference_diffs(self, suffix: str) -> dict:
+        """max |actor - ref| over the shards, and over the logits of a fixed probe sequence (what the
+        reference computes); ``_pre`` also logs the reference's probe NLL (the reference of this step)."""
+        wg = self.actor_rollout_wg
+        probes = wg.ref_actor_probe()
+        out = {f"rpg/ref_actor_weight_diff_{suffix}": max(wg.ref_actor_weight_diff()),
+               f"rpg/ref_actor_logit_diff_{suffix}": max(p["logit_diff"] for p in probes)}
+        if suffix == "pre":
+            out["rpg/ref_probe_nll"] = probes[0]["ref_nll"]
+        return out
+
     def _reference_step(self) -> dict:
         wg, sched, step = self.actor_rollout_wg, self.ref_schedule, self.global_steps
         out = {}
         if self.rpg.reference.log_weight_diff:
-            out["rpg/ref_actor_weight_diff_pre"] = max(wg.ref_actor_weight_diff())
+            out.update(self._reference_diffs("pre"))
         reset = sched.should_reset(step, self._last_ref_kl)
         if self.rpg.reference.mode == "kl_threshold":
             out["rpg/ref_kl_ema"] = sched.kl_ema
@@ -178,7 +195,7 @@ class RPGTrainer(PPOTrainerSync):
             sched.record_reset(step)
             logger.info(f"rpg: reference reset at step {step} (mode={sched.mode})")
             if self.rpg.reference.log_weight_diff:
-                out["rpg/ref_actor_weight_diff_post"] = max(wg.ref_actor_weight_diff())
+                out.update(self._reference_diffs("post"))
         out.update({"rpg/ref_reset": float(reset), "rpg/ref_resets_total": float(sched.resets),
                     "rpg/ref_steps_since_reset": float(step - sched.last_reset_step)})
         return out
@@ -188,12 +205,16 @@ class RPGTrainer(PPOTrainerSync):
         if self.rpg.reference.resets:
             self._save_reference_state()
         if not self.schedule_free:
-            return super()._save_checkpoint()
-        self.actor_rollout_wg.sf_set_mode("eval")  # checkpoints hold the averaged (x) weights
-        try:
-            return super()._save_checkpoint()
-        finally:
-            self.actor_rollout_wg.sf_set_mode("train")
+            result = super()._save_checkpoint()
+        else:
+            self.actor_rollout_wg.sf_set_mode("eval")  # checkpoints hold the averaged (x) weights
+            try:
+                result = super()._save_checkpoint()
+            finally:
+                self.actor_rollout_wg.sf_set_mode("train")
+        if self.rpg.reference.resets:
+            self._prune_reference_state()
+        return result
 
     def _save_reference_state(self) -> None:
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
@@ -204,6 +225,33 @@ class RPGTrainer(PPOTrainerSync):
             self.actor_rollout_wg.save_reference(os.path.join(folder, REFERENCE_WEIGHTS_DIR))
         with open(os.path.join(folder, REFERENCE_STATE_FILE), "w") as f:
             json.dump(state, f)
+
+    def _prune_reference_state(self) -> list[str]:
+        """Follow verl's checkpoint retention: a ``global_step_N`` whose ``actor`` directory verl
+        deleted (``trainer.max_actor_ckpt_to_keep``) loses its reference state too.
+
+        verl keeps ``global_step_N/`` itself (``data.pt``) and removes only ``actor/``; without this,
+        every save of a resetting run would keep its fp32 reference shards forever. Decided from what
+        is on disk, so verl's own policy (including checkpoints from before a resume, which verl
+        keeps) is followed, never re-implemented. Returns the folders pruned.
+        """
+        root = self.config.trainer.default_local_dir
+        pruned = []
+        if not os.path.isdir(root):
+            return pruned
+        for entry in sorted(os.listdir(root)):
+            folder = os.path.join(root, entry)
+            if (not re.fullmatch(r"global_step_\d+", entry) or int(entry.split("_")[-1]) == self.global_steps
+                    or os.path.isdir(os.path.join(folder, "actor"))):
+                continue
+            weights, state = os.path.join(folder, REFERENCE_WEIGHTS_DIR), os.path.join(folder, REFERENCE_STATE_FILE)
+            if os.path.isdir(weights) or os.path.exists(state):
+                shutil.rmtree(weights, ignore_errors=True)
+                if os.path.exists(state):
+                    os.remove(state)
+                pruned.append(folder)
+                logger.info(f"rpg: removed the reference state of {folder} (verl removed its actor checkpoint)")
+        return pruned
 
     # ------------------------------------------------------------------ schedule-free around validation
     def _sf_switch(self, mode: str) -> None:
