@@ -205,3 +205,56 @@ def test_reference_checkpoints_of_an_earlier_run_stay_as_long_as_verl_keeps_thei
     for step in (1, 2, 5):
         assert not any(f.startswith(f"global_step_{step}/actor") or f.startswith(f"global_step_{step}/rpg_")
                        for f in files), files
+
+
+# ----------------------------------------------------------------------------- driver validation of the copy's layout
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipe" / "rpg" / "config"
+PERIODIC = ["rpg.reference.mode=periodic", "rpg.reference.update_every=2"]
+A, R = "actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config"
+FSDP1 = ["actor_rollout_ref.actor.strategy=fsdp", f"{A}.strategy=fsdp", f"{R}.strategy=fsdp"]
+
+
+def _validate(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from rpg.verl.settings import validate_and_apply
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name="rpg_trainer", overrides=["actor_rollout_ref.model.path=dummy", *overrides])
+    return validate_and_apply(cfg)
+
+
+LAYOUT_MISMATCHES = [
+    ([*PERIODIC, "trainer.n_gpus_per_node=8", f"{R}.fsdp_size=4"],
+     f"{A}.fsdp_size=-1 and {R}.fsdp_size=4 shard over 8 and 4 of 8 ranks; set them equal"),
+    ([*PERIODIC, *FSDP1, "trainer.n_gpus_per_node=8", f"{A}.fsdp_size=2"],
+     f"{A}.fsdp_size=2 and {R}.fsdp_size=-1 shard over 2 and 8 of 8 ranks"),
+    ([*PERIODIC, *FSDP1, f"{R}.use_orig_params=true"], f"{A}.use_orig_params=False and {R}.use_orig_params=True"),
+    ([*PERIODIC, *FSDP1, f"+{R}.wrap_policy.transformer_layer_cls_to_wrap=[Qwen2DecoderLayer]"],
+     f"{R}.wrap_policy={{'min_num_params': 0, 'transformer_layer_cls_to_wrap': ['Qwen2DecoderLayer']}} must be equal"),
+    (["rpg.reference.mode=kl_threshold", "rpg.reference.kl_threshold=0.1", "trainer.nnodes=2", f"{A}.fsdp_size=8"],
+     f"{A}.fsdp_size=8 and {R}.fsdp_size=-1 shard over 8 and 16 of 16 ranks"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", LAYOUT_MISMATCHES, ids=[o[-1] for o, _ in LAYOUT_MISMATCHES])
+def test_reference_shard_layout_mismatch_fails_before_ray_with_one_line(overrides, message):
+    from rpg.verl.settings import RPGConfigError
+
+    with pytest.raises(RPGConfigError) as err:
+        _validate(*overrides)
+    text = str(err.value)
+    assert message in text and "\n" not in text and text.startswith("rpg.reference.mode=")
+
+
+@pytest.mark.parametrize("overrides", [
+    [*PERIODIC, "trainer.n_gpus_per_node=8", f"{R}.fsdp_size=8"],  # 8 of 8 ranks == -1: same shard group
+    [*PERIODIC, "trainer.n_gpus_per_node=8", f"{A}.fsdp_size=4", f"{R}.fsdp_size=4"],
+    [*PERIODIC, f"{R}.reshard_after_forward=false"],  # the copy releases gathered parameters first
+    [*PERIODIC, *FSDP1, f"{R}.reshard_after_forward=false", f"{R}.model_dtype=bf16", f"{R}.param_offload=true"],
+    [*PERIODIC, f"{R}.use_orig_params=true"],  # FSDP2: no flat parameters
+    ["rpg.reference.mode=fixed", "trainer.n_gpus_per_node=8", f"{R}.fsdp_size=4"],  # no copy, no constraint
+])
+def test_reference_layouts_the_copy_handles_are_accepted(overrides):
+    _validate(*overrides)

@@ -237,6 +237,38 @@ def resolve_reward_function(spec: str) -> tuple[str, str]:
     return found.origin, fn_name
 
 
+def _check_reference_shard_layout(cfg, mode: str, engine_strategy: str) -> None:
+    """Everything that decides the reference's local shard shapes must equal the actor's (the reset
+    copies rank-local shards). Checked here so a mismatch fails before Ray, not at the first reset.
+
+    * ``fsdp_size``: the shard group (``verl.workers.engine.fsdp.utils.create_device_mesh``: a size
+      < 0 or >= the world size shards over all ranks, otherwise over groups of that size);
+    * FSDP1 only: ``wrap_policy`` (which modules form a flat parameter) and ``use_orig_params``
+      (flat parameters or per-parameter views). FSDP2 shards each parameter on its own, so these do
+      not change its shards.
+
+    Not needed: ``reshard_after_forward`` (the copy releases gathered parameters first,
+    ``rpg.verl.reference_copy``), ``model_dtype`` (the copy casts), offload settings (placement only).
+    """
+    from omegaconf import OmegaConf
+
+    a, r = "actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config"
+    world = int(_select(cfg, "trainer.n_gpus_per_node", 1)) * int(_select(cfg, "trainer.nnodes", 1))
+    a_size, r_size = int(_select(cfg, f"{a}.fsdp_size", -1)), int(_select(cfg, f"{r}.fsdp_size", -1))
+    a_group, r_group = (world if n < 0 or n >= world else n for n in (a_size, r_size))
+    if a_group != r_group:
+        _fail(f"rpg.reference.mode={mode} copies actor shards into the reference: {a}.fsdp_size={a_size} and "
+              f"{r}.fsdp_size={r_size} shard over {a_group} and {r_group} of {world} ranks; set them equal")
+    if engine_strategy != "fsdp":
+        return
+    for key, default in (("wrap_policy", None), ("use_orig_params", False)):
+        a_val, r_val = (OmegaConf.select(cfg, f"{side}.{key}", default=default) for side in (a, r))
+        a_val, r_val = (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (a_val, r_val))
+        if a_val != r_val:
+            _fail(f"rpg.reference.mode={mode} copies FSDP1 flat-parameter shards into the reference: "
+                  f"{a}.{key}={a_val!r} and {r}.{key}={r_val!r} must be equal")
+
+
 def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
     """Check ``settings`` against verl's keys in ``cfg`` and write the verl keys they imply.
 
@@ -274,6 +306,7 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
             _fail(f"rpg.reference.mode={ref.mode} copies actor shards into the reference: "
                   f"{actor}.fsdp_config.strategy={a_eng!r} and actor_rollout_ref.ref.fsdp_config.strategy={r_eng!r} "
                   "must be equal")
+        _check_reference_shard_layout(cfg, ref.mode, a_eng)
         if ref_in_actor:
             _fail(f"rpg.reference.mode={ref.mode} needs a separate reference model; LoRA (reference = actor "
                   "without adapter) is not supported; allowed modes with LoRA: sampler, fixed")
