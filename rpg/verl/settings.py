@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -237,6 +238,26 @@ def resolve_reward_function(spec: str) -> tuple[str, str]:
     return found.origin, fn_name
 
 
+def _check_rpg_reward_kwargs(cfg) -> None:
+    """When the reward function is ``rpg.reward.compute_score``: its options (reward_kwargs) are valid."""
+    from omegaconf import OmegaConf
+
+    import rpg.reward
+
+    fn = cfg.reward.get("custom_reward_function") or {}
+    path, name = fn.get("path"), fn.get("name")
+    if not path or name != "compute_score":
+        return
+    is_rpg = path == "pkg://rpg.reward" or (
+        not path.startswith("pkg://") and os.path.realpath(path) == os.path.realpath(rpg.reward.__file__))
+    if is_rpg:
+        kwargs = OmegaConf.to_container(fn.get("reward_kwargs") or OmegaConf.create({}), resolve=True)
+        try:
+            rpg.reward.check_reward_kwargs(kwargs, where="reward.custom_reward_function.reward_kwargs")
+        except ValueError as e:
+            raise RPGConfigError(str(e)) from None
+
+
 def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
     """Check ``settings`` against verl's keys in ``cfg`` and write the verl keys they imply.
 
@@ -366,6 +387,7 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
             path, name = resolve_reward_function(settings.reward_function)
             cfg.reward.custom_reward_function.path = path
             cfg.reward.custom_reward_function.name = name
+        _check_rpg_reward_kwargs(cfg)
 
 
 def describe(cfg, settings: RPGSettings) -> str:
