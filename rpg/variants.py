@@ -58,7 +58,8 @@ MODELS = {"7b": "Qwen/Qwen2.5-Math-7B", "7binstruct": "Qwen/Qwen2.5-7B-Instruct"
 
 # Evaluation sets (file stems written by `python -m rpg.data prepare-all`, one row per problem;
 # mean@32 = val_kwargs.n=32). READING: Table 7 (Minerva, OlympiadBench at 4K) evaluates the same
-# 4K runs as Table 5, so the 4K runs validate on all five sets.
+# 4K runs as Table 5, so the 4K runs validate on all five sets; Minerva / OlympiadBench with one
+# sample per problem (Table 7's k/272, k/674 grids), set by the recipe's rpg.validation.samples_per_problem.
 VAL_SETS_MAIN = ("aime2024", "aime2025", "amc2023")
 VAL_SETS_4K = VAL_SETS_MAIN + ("minerva", "olympiadbench")
 TRAIN_SET = "dapo-math-17k-en"
