@@ -58,7 +58,8 @@ MODELS = {"7b": "Qwen/Qwen2.5-Math-7B", "7binstruct": "Qwen/Qwen2.5-7B-Instruct"
 
 # Evaluation sets (file stems written by `python -m rpg.data prepare-all`, one row per problem;
 # mean@32 = val_kwargs.n=32). READING: Table 7 (Minerva, OlympiadBench at 4K) evaluates the same
-# 4K runs as Table 5, so the 4K runs validate on all five sets.
+# 4K runs as Table 5, so the 4K runs validate on all five sets; Minerva / OlympiadBench with one
+# sample per problem (Table 7's k/272, k/674 grids), set by the recipe's rpg.validation.samples_per_problem.
 VAL_SETS_MAIN = ("aime2024", "aime2025", "amc2023")
 VAL_SETS_4K = VAL_SETS_MAIN + ("minerva", "olympiadbench")
 TRAIN_SET = "dapo-math-17k-en"
@@ -221,7 +222,11 @@ def parse(name: str) -> Variant:
         loss, adv, norm_std, divergence = "rpg", "rpg", False, kl
         reference = "fixed" if g["noiterref"] else "sampler"
         if g["rf"]:
-            form, lr = "reinforce", 5e-7  # lr 5e-7 for every RPG-REINFORCE script (spec §6.3)
+            # READING (spec §6.3 / §10): 5e-7 is the authors' 7B RPG-REINFORCE scripts' value and appears
+            # nowhere in the paper; the Qwen3-4B runs (no released scripts) follow App. H: "unless otherwise
+            # specified ... a learning rate of 1e-6".
+            form = "reinforce"
+            lr = 5e-7 if model_tag in ("7b", "7binstruct") else 1e-6
             if g["clip"]:
                 tok = 16384  # the authors' rf_clip_ppo packing limit
                 if g["lo"] is None:
@@ -376,7 +381,7 @@ def paper_refs(v: Variant) -> tuple[str, ...]:
             and eps in ((0.1, 0.1), (0.2, 0.28)):
         refs.append(f"Fig. 8 (clip ({v.eps_low:g}, {v.eps_high:g}))")
     if rf and v.context == "4k" and v.divergence == "ufkl" and eps == (0.2, 0.28):
-        if v.reference == "fixed" and v.beta == 1e-4:
+        if v.reference == "fixed" and v.beta == 1e-3:  # legend (page 30): RPG-REINFORCE-UFKL-1e-3-noiterref
             refs.append("Fig. 9 (noiterref)")
         elif v.reference == "sampler" and v.beta in (1e-3, 1e-4):
             refs.append(f"Fig. 9 (beta {v.beta:g})")

@@ -77,32 +77,33 @@ run_rpg_7b_urkl1e-4_schedulefree                                     rpg    urkl
 run_rpg_7b_urkl1e-4_schedulefree_7binstruct                          rpg    urkl  differentiable  True  0.2  0.28 10 1e-4  1e-6  schedulefree Qwen/Qwen2.5-7B-Instruct  sampler  True  True 
 """
 
-# 4B: context is in the name; lr 5e-7 for RPG-REINFORCE (scripts' value), 1e-6 otherwise.
+# 4B: context is in the name; lr 1e-6 everywhere (App. H "unless otherwise specified"; the 7B scripts' 5e-7 for
+# RPG-REINFORCE appears nowhere in the paper). Fig. 9 noiterref: beta 1e-3 (legend RPG-REINFORCE-UFKL-1e-3-noiterref).
 EXPECTED_4B = """
 run_grpo_4b_ctx2k                                   grpo  -    ppo            True  0.2 0.2  10 1e-3 1e-6 adamw Qwen/Qwen3-4B fixed   False False
 run_dapo_4b_ctx2k                                   dapo  -    ppo            True  0.2 0.28 10 0    1e-6 adamw Qwen/Qwen3-4B none    True  True
 run_rpg_4b_ctx2k_ufkl1e-4                           rpg   ufkl differentiable True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
 run_rpg_4b_ctx2k_urkl1e-4                           rpg   urkl differentiable True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
-run_rpg_4b_ctx2k_ufkl1e-4_rf_clip_ppo_0.2_0.28      rpg   ufkl reinforce      True  0.2 0.28 10 1e-4 5e-7 adamw Qwen/Qwen3-4B sampler True  True
-run_rpg_4b_ctx2k_urkl1e-4_rf_clip_ppo_0.2_0.28      rpg   urkl reinforce      True  0.2 0.28 10 1e-4 5e-7 adamw Qwen/Qwen3-4B sampler True  True
-run_rpg_4b_ctx2k_ufkl1e-4_rf_clip_ppo_0.1_0.1       rpg   ufkl reinforce      True  0.1 0.1  10 1e-4 5e-7 adamw Qwen/Qwen3-4B sampler True  True
-run_rpg_4b_ctx2k_urkl1e-4_rf_clip_ppo_0.1_0.1       rpg   urkl reinforce      True  0.1 0.1  10 1e-4 5e-7 adamw Qwen/Qwen3-4B sampler True  True
+run_rpg_4b_ctx2k_ufkl1e-4_rf_clip_ppo_0.2_0.28      rpg   ufkl reinforce      True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
+run_rpg_4b_ctx2k_urkl1e-4_rf_clip_ppo_0.2_0.28      rpg   urkl reinforce      True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
+run_rpg_4b_ctx2k_ufkl1e-4_rf_clip_ppo_0.1_0.1       rpg   ufkl reinforce      True  0.1 0.1  10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
+run_rpg_4b_ctx2k_urkl1e-4_rf_clip_ppo_0.1_0.1       rpg   urkl reinforce      True  0.1 0.1  10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
 run_grpo_4b_ctx4k                                   grpo  -    ppo            True  0.2 0.2  10 1e-3 1e-6 adamw Qwen/Qwen3-4B fixed   False False
 run_dapo_4b_ctx4k                                   dapo  -    ppo            True  0.2 0.28 10 0    1e-6 adamw Qwen/Qwen3-4B none    True  True
 run_rfpp_4b_ctx4k_1e-4                              rfpp  -    ppo            True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
 run_rfppb_4b_ctx4k_1e-4                             rfppb -    ppo            True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
 run_rpg_4b_ctx4k_ufkl1e-4                           rpg   ufkl differentiable True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
 run_rpg_4b_ctx4k_urkl1e-4                           rpg   urkl differentiable True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
-run_rpg_4b_ctx4k_ufkl1e-4_rf_clip_ppo_0.2_0.28      rpg   ufkl reinforce      True  0.2 0.28 10 1e-4 5e-7 adamw Qwen/Qwen3-4B sampler True  True
-run_rpg_4b_ctx4k_urkl1e-4_rf_clip_ppo_0.2_0.28      rpg   urkl reinforce      True  0.2 0.28 10 1e-4 5e-7 adamw Qwen/Qwen3-4B sampler True  True
-run_rpg_4b_ctx4k_ufkl1e-3_rf_clip_ppo_0.2_0.28      rpg   ufkl reinforce      True  0.2 0.28 10 1e-3 5e-7 adamw Qwen/Qwen3-4B sampler True  True
-run_rpg_4b_ctx4k_ufkl1e-4_rf_clip_ppo_0.2_0.28_noiterref rpg ufkl reinforce   True  0.2 0.28 10 1e-4 5e-7 adamw Qwen/Qwen3-4B fixed   True  True
+run_rpg_4b_ctx4k_ufkl1e-4_rf_clip_ppo_0.2_0.28      rpg   ufkl reinforce      True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
+run_rpg_4b_ctx4k_urkl1e-4_rf_clip_ppo_0.2_0.28      rpg   urkl reinforce      True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
+run_rpg_4b_ctx4k_ufkl1e-3_rf_clip_ppo_0.2_0.28      rpg   ufkl reinforce      True  0.2 0.28 10 1e-3 1e-6 adamw Qwen/Qwen3-4B sampler True  True
+run_rpg_4b_ctx4k_ufkl1e-3_rf_clip_ppo_0.2_0.28_noiterref rpg ufkl reinforce   True  0.2 0.28 10 1e-3 1e-6 adamw Qwen/Qwen3-4B fixed   True  True
 run_grpo_4b_ctx8k                                   grpo  -    ppo            True  0.2 0.2  10 1e-3 1e-6 adamw Qwen/Qwen3-4B fixed   False False
 run_dapo_4b_ctx8k                                   dapo  -    ppo            True  0.2 0.28 10 0    1e-6 adamw Qwen/Qwen3-4B none    True  True
 run_rpg_4b_ctx8k_ufkl1e-4                           rpg   ufkl differentiable True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
 run_rpg_4b_ctx8k_urkl1e-4                           rpg   urkl differentiable True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
-run_rpg_4b_ctx8k_ufkl1e-4_rf_clip_ppo_0.2_0.28      rpg   ufkl reinforce      True  0.2 0.28 10 1e-4 5e-7 adamw Qwen/Qwen3-4B sampler True  True
-run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28      rpg   urkl reinforce      True  0.2 0.28 10 1e-4 5e-7 adamw Qwen/Qwen3-4B sampler True  True
+run_rpg_4b_ctx8k_ufkl1e-4_rf_clip_ppo_0.2_0.28      rpg   ufkl reinforce      True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
+run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28      rpg   urkl reinforce      True  0.2 0.28 10 1e-4 1e-6 adamw Qwen/Qwen3-4B sampler True  True
 """
 
 # Paper table / figure of each 4B script (the brief: Tables 3 (8K), 5 + 7 (4K), 6 (2K); Fig. 8, Fig. 9).

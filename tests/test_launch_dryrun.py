@@ -136,13 +136,14 @@ def test_dry_run_through_the_shell_script(tmp_path):
 
 
 def test_cpu_dry_run_uses_cpu_backend_and_tiny_task(tiny_assets):
-    p = _run_script("recipe/rpg/4b/run_rpg_4b_ctx4k_ufkl1e-4_rf_clip_ppo_0.2_0.28_noiterref.sh",
+    p = _run_script("recipe/rpg/4b/run_rpg_4b_ctx4k_ufkl1e-3_rf_clip_ppo_0.2_0.28_noiterref.sh",
                     DRY_RUN="1", RPG_BACKEND="cpu")
     assert p.returncode == 0, p.stderr[-3000:]
     out = p.stdout
     assert "device: cpu" in out and "name: hf" in out and "n_gpus_per_node: 1" in out
     assert f"path: {tiny_assets.model_dir}" in out and str(tiny_assets.train_file) in out
-    assert "mode: fixed" in out and "rpg_anchor: reference" in out and "lr: 5.0e-07" in out
+    assert "mode: fixed" in out and "rpg_anchor: reference" in out and "lr: 1.0e-06" in out  # Qwen3-4B: App. H
+    assert "rpg_beta: 0.001" in out  # Fig. 9 noiterref: beta 1e-3
     assert "len: 4" in out  # overlong buffer follows the tiny response length (16 / 4)
 
 

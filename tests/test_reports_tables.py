@@ -153,15 +153,20 @@ def test_latex_layout(three_runs):
 def test_table8_column_order_and_table7_benchmarks(tmp_path, monkeypatch):
     logs = synthetic("aime2024")
     for s in EVAL_STEPS:
-        logs[s]["val-core/minerva_math/acc/mean@32"] = 0.125
-        logs[s]["val-core/olympiadbench/acc/mean@32"] = 0.5
+        # Table 7 is one sample per problem (values on k/272, k/674): the recipe logs acc/mean@1 there
+        logs[s]["val-core/minerva_math/acc/mean@1"] = 0.125
+        logs[s]["val-core/olympiadbench/acc/mean@1"] = 0.5
+        logs[s]["val-core/minerva_math/acc/mean@32"] = 0.75  # a mean@32 series must not be read for Table 7
     run = [("GRPO", read_run(write_file_logger(tmp_path / "g.jsonl", logs, monkeypatch)))]
     row8 = _md_rows(render_markdown(build_table(run, "8")))["GRPO"]
     assert row8[:3] == ["0.9000", "0.6266", "+0.2734"]  # AMC23 first in Table 8
-    md7 = render_markdown(build_table(run, "7"))
-    assert "| Method | Minerva Last |" in md7
+    td7 = build_table(run, "7")
+    md7 = render_markdown(td7)
+    assert "| Method | Minerva Last |" in md7 and td7.metric == "acc/mean@1" and "acc/mean@1" in md7
     assert _md_rows(md7)["GRPO"] == ["0.1250", "0.1029", "+0.0221", "0.1250", "0.1177", "+0.0073",
                                      "0.5000", "0.4926", "+0.0074", "0.5000", "0.5594", "-0.0594"]
+    assert _md_rows(render_markdown(build_table(run, "7", "acc/mean@32")))["GRPO"][0] == "0.7500"  # --metric wins
+    assert build_table(run, "5").metric == "acc/mean@32"
 
 
 def test_last_missing_warns_and_best_stops_at_last_step(tmp_path, monkeypatch):

@@ -61,10 +61,25 @@ def test_4b_paper_map():
         ablation = "noiterref" in r["name"] or "0.1_0.1" in r["name"] or "1e-3_rf" in r["name"]
         tables = {x for x in refs if x.startswith("Table")}
         assert tables == (set() if ablation else CONTEXT_TABLES[v.context]), r["name"]
-    assert paper_refs(parse("run_rpg_4b_ctx4k_ufkl1e-4_rf_clip_ppo_0.2_0.28_noiterref")) == ("Fig. 9 (noiterref)",)
+    # Fig. 9's legend (page 30): RPG-REINFORCE-UFKL-1e-3-noiterref, i.e. beta 1e-3 with the fixed reference
+    assert paper_refs(parse("run_rpg_4b_ctx4k_ufkl1e-3_rf_clip_ppo_0.2_0.28_noiterref")) == ("Fig. 9 (noiterref)",)
+    assert paper_refs(parse("run_rpg_4b_ctx4k_ufkl1e-4_rf_clip_ppo_0.2_0.28_noiterref")) == ()  # not the paper's run
+    assert "run_rpg_4b_ctx4k_ufkl1e-3_rf_clip_ppo_0.2_0.28_noiterref" in known_names()
+    assert "run_rpg_4b_ctx4k_ufkl1e-4_rf_clip_ppo_0.2_0.28_noiterref" not in known_names()
     assert paper_refs(parse("run_rpg_4b_ctx4k_ufkl1e-3_rf_clip_ppo_0.2_0.28")) == ("Fig. 9 (beta 0.001)",)
     assert "Fig. 8 (clip (0.1, 0.1))" in paper_refs(parse("run_rpg_4b_ctx2k_urkl1e-4_rf_clip_ppo_0.1_0.1"))
     assert paper_row(parse("run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28")) == "RPG-REINFORCE-URKL"
+
+
+def test_learning_rates_follow_appendix_h_for_4b_and_the_release_for_7b():
+    """App. H: lr 1e-6 "unless otherwise specified" -> every Qwen3-4B run; the 7B RPG-REINFORCE scripts keep
+    the authors' released 5e-7 (a value the paper never states)."""
+    for r in ROWS_4B:
+        v = parse(r["name"])
+        assert v.lr == 1e-6 and float(_ov(v)["actor_rollout_ref.actor.optim.lr"]) == 1e-6, r["name"]
+    rf_7b = [r["name"] for r in ROWS_7B if parse(r["name"]).form == "reinforce"]
+    assert len(rf_7b) == 27 and all(parse(n).lr == 5e-7 for n in rf_7b)
+    assert {parse(r["name"]).lr for r in ROWS_7B if r["name"] not in rf_7b} == {1e-6}
 
 
 def test_table8_rows_are_the_adamw_instruct_scripts():

@@ -18,6 +18,11 @@ import re
 from rpg.reports.logs import Metrics
 
 BENCHMARKS = ("AIME24", "AIME25", "AMC23", "Minerva", "OlympiadBench")
+# The statistic the paper reports per benchmark: mean@32 on AIME/AMC (every value k/960 or k/1280);
+# one sample per problem on Minerva / OlympiadBench (Table 7: every value k/272 or k/674), which the
+# recipe logs as acc/mean@1 (rpg.validation.samples_per_problem).
+PAPER_METRIC = {"AIME24": "acc/mean@32", "AIME25": "acc/mean@32", "AMC23": "acc/mean@32",
+                "Minerva": "acc/mean@1", "OlympiadBench": "acc/mean@1"}
 IGNORE = ("-", "ignore")  # source_map value that drops a data source
 
 

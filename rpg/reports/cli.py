@@ -11,6 +11,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from rpg.reports.benchmarks import PAPER_METRIC
 from rpg.reports.figures import ENTROPY_KEY, LENGTH_KEY, REWARD_KEY, default_panels, plot_curves
 from rpg.reports.logs import Metrics, read_run
 from rpg.reports.published import TABLES
@@ -60,7 +61,9 @@ def load_runs(args: list[str]) -> list[tuple[str, Metrics]]:
 
 def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("runs", nargs="+", metavar="RUN", help="[LABEL=]PATH: .jsonl (verl file logger), .csv (W&B), TensorBoard dir/file")
-    ap.add_argument("--metric", default="acc/mean@32", help="validation metric after val-core/<data_source>/ (authors' 32-copies layout: acc/mean@1)")
+    ap.add_argument("--metric", default=None, help="validation metric after val-core/<data_source>/ for every benchmark "
+                    "(default: the paper's per benchmark: acc/mean@32 on AIME/AMC, acc/mean@1 on Minerva/OlympiadBench; "
+                    "authors' 32-copies layout: acc/mean@1)")
     ap.add_argument("--source-map", action="append", metavar="DS=BENCH", help="map a data_source to AIME24|AIME25|AMC23|Minerva|OlympiadBench|ignore")
 
 
@@ -98,8 +101,9 @@ def main_plot(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         runs = load_runs(args.runs)
-        panels = default_panels(args.metric, args.reward_key, args.entropy_key, args.length_key)
-        paths, warns = plot_curves(runs, args.out, args.metric, parse_source_map(args.source_map), panels)
+        metric = args.metric or PAPER_METRIC["AIME24"]  # the curves show AIME24 / AIME25
+        panels = default_panels(metric, args.reward_key, args.entropy_key, args.length_key)
+        paths, warns = plot_curves(runs, args.out, metric, parse_source_map(args.source_map), panels)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

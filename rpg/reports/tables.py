@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rpg.reports.benchmarks import benchmark_series
+from rpg.reports.benchmarks import PAPER_METRIC, benchmark_series
 from rpg.reports.logs import Metrics
 from rpg.reports.published import PublishedValue, get_layout, load_published, methods_of
 
@@ -55,15 +55,18 @@ def last_and_best(series: dict[int, float], last_step: int | None) -> tuple[floa
 def build_table(
     runs: list[tuple[str, Metrics]],
     table: str,
-    metric: str = "acc/mean@32",
+    metric: str | None = None,
     last_step: int | None = 400,
     source_map: dict[str, str] | None = None,
     published: dict | None = None,
 ) -> TableData:
+    """``metric`` None = the paper's statistic per benchmark (``PAPER_METRIC``: acc/mean@32 on AIME/AMC,
+    acc/mean@1 on Minerva/OlympiadBench); a string = that metric for every benchmark."""
     layout = get_layout(table)
     published = load_published() if published is None else published
     methods = {m.lower(): m for m in methods_of(layout.number, published)}
-    td = TableData(layout.number, layout.title, layout.benchmarks, metric, last_step)
+    metric_of = {bench: metric or PAPER_METRIC[bench] for bench in layout.benchmarks}
+    td = TableData(layout.number, layout.title, layout.benchmarks, _metric_label(metric_of), last_step)
     flagged = {}
     for label, metrics in runs:
         method = methods.get(label.lower())
@@ -72,12 +75,12 @@ def build_table(
                 f"run {label!r} is not a method of Table {layout.number}; no published numbers "
                 f"(label runs as METHOD=PATH, methods: {', '.join(methods.values())})"
             )
-        series = benchmark_series(metrics, metric, source_map)
+        series = {m: benchmark_series(metrics, m, source_map) for m in sorted(set(metric_of.values()))}
         cells: dict[tuple[str, str], Cell] = {}
         for bench in layout.benchmarks:
-            ds, s = series.get(bench, (None, {}))
+            ds, s = series[metric_of[bench]].get(bench, (None, {}))
             if ds is None:
-                td.warnings.append(f"run {label!r}: no val-core/<data_source>/{metric} for {bench}")
+                td.warnings.append(f"run {label!r}: no val-core/<data_source>/{metric_of[bench]} for {bench}")
             last, best = last_and_best(s, last_step)
             if s and last is None:
                 td.warnings.append(
@@ -93,6 +96,16 @@ def build_table(
     for (method, bench, stat), p in flagged.items():
         td.notes.append(f"{method} {bench} {stat.capitalize()} = {p.value:.4f} [{p.flag}]: {p.note}")
     return td
+
+
+def _metric_label(metric_of: dict[str, str]) -> str:
+    """"acc/mean@32" when one metric serves every benchmark, else "acc/mean@32 (AIME24, ...); acc/mean@1 (...)"."""
+    by_metric: dict[str, list[str]] = {}
+    for bench, m in metric_of.items():
+        by_metric.setdefault(m, []).append(bench)
+    if len(by_metric) == 1:
+        return next(iter(by_metric))
+    return "; ".join(f"{m} ({', '.join(b)})" for m, b in by_metric.items())
 
 
 def _fmt(v: float | None) -> str:

@@ -11,6 +11,7 @@ Block (key names fixed by SCHEMA.md; keys marked [added] are this module's addit
                   log_weight_diff [added]}
       optimizer: adamw | schedulefree
       reward_function: "rpg.reward:compute_score" | null        [added]
+      validation: {samples_per_problem: {data_source prefix: n}}  [added]
 
 How each setting reaches verl (``apply_to_verl_config``):
 
@@ -25,12 +26,15 @@ How each setting reaches verl (``apply_to_verl_config``):
   (verl's own KL term is not used: the RPG actor loss replaces ``ppo_loss``).
 * ``rpg.optimizer=schedulefree`` -> ``actor.optim.optimizer_impl=schedulefree``,
   ``actor.optim.optimizer=AdamWScheduleFree`` (verl's ``build_optimizer``); constant lr schedule.
+* ``rpg.validation.samples_per_problem`` -> read by ``RPGTrainer`` (``rpg.verl.validation``): validation
+  rows whose data source starts with a key get that many samples, the others ``val_kwargs.n``.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -48,7 +52,10 @@ SCHEDULEFREE_IMPL, SCHEDULEFREE_CLASS = "schedulefree", "AdamWScheduleFree"
 
 _LOSS_KEYS = ("name", "divergence", "form", "beta", "clip", "branch_on", "fd_clip", "kl_clamp")
 _REF_KEYS = ("mode", "update_every", "kl_threshold", "kl_ema_decay", "log_weight_diff")
-_TOP_KEYS = ("loss", "reference", "optimizer", "reward_function")
+_TOP_KEYS = ("loss", "reference", "optimizer", "reward_function", "validation")
+_VALIDATION_KEYS = ("samples_per_problem",)
+# the paper's Table 7 protocol: one sample per MinervaMath / OlympiadBench problem (rpg.verl.validation)
+PAPER_SAMPLES_PER_PROBLEM = (("minerva", 1), ("olympiad", 1))
 
 
 class RPGConfigError(ValueError):
@@ -87,6 +94,7 @@ class RPGSettings:
     reference: ReferenceSettings = ReferenceSettings()
     optimizer: str = "adamw"
     reward_function: str | None = None
+    samples_per_problem: tuple[tuple[str, int], ...] = PAPER_SAMPLES_PER_PROBLEM  # (data_source prefix, n)
 
     @property
     def uses_rpg_actor_loss(self) -> bool:
@@ -208,7 +216,28 @@ def parse_rpg_settings(block: Any) -> RPGSettings:
               f"(mode is {ref_s.mode}); set it to null")
     if ref_s.log_weight_diff and not ref_s.resets:
         _fail("rpg.reference.log_weight_diff=true needs rpg.reference.mode=periodic or kl_threshold")
-    return RPGSettings(loss=loss_s, reference=ref_s, optimizer=optimizer, reward_function=reward_function)
+    return RPGSettings(loss=loss_s, reference=ref_s, optimizer=optimizer, reward_function=reward_function,
+                       samples_per_problem=_samples_per_problem(top.get("validation")))
+
+
+def _samples_per_problem(block: Any) -> tuple[tuple[str, int], ...]:
+    """``rpg.validation.samples_per_problem``: {data_source prefix (any case): samples >= 1}."""
+    validation = _mapping("rpg.validation", block, _VALIDATION_KEYS)
+    if "samples_per_problem" not in validation:
+        return PAPER_SAMPLES_PER_PROBLEM
+    key = "rpg.validation.samples_per_problem"
+    rule = validation["samples_per_problem"]
+    if rule is None:
+        return ()
+    if not isinstance(rule, Mapping):
+        _fail(f"{key}={rule!r} is invalid; expected a mapping {{data_source prefix: samples per problem}}, "
+              "e.g. {minerva: 1}")
+    out = []
+    for prefix, n in rule.items():
+        if not isinstance(prefix, str) or not prefix.strip():
+            _fail(f"{key} has an empty or non-string data_source prefix {prefix!r}")
+        out.append((prefix.strip().lower(), _int(f"{key}.{prefix}", n, minimum=1)))
+    return tuple(out)
 
 
 # ----------------------------------------------------------------------------- verl translation
@@ -267,6 +296,26 @@ def _check_reference_shard_layout(cfg, mode: str, engine_strategy: str) -> None:
         if a_val != r_val:
             _fail(f"rpg.reference.mode={mode} copies FSDP1 flat-parameter shards into the reference: "
                   f"{a}.{key}={a_val!r} and {r}.{key}={r_val!r} must be equal")
+
+
+def _check_rpg_reward_kwargs(cfg) -> None:
+    """When the reward function is ``rpg.reward.compute_score``: its options (reward_kwargs) are valid."""
+    from omegaconf import OmegaConf
+
+    import rpg.reward
+
+    fn = cfg.reward.get("custom_reward_function") or {}
+    path, name = fn.get("path"), fn.get("name")
+    if not path or name != "compute_score":
+        return
+    is_rpg = path == "pkg://rpg.reward" or (
+        not path.startswith("pkg://") and os.path.realpath(path) == os.path.realpath(rpg.reward.__file__))
+    if is_rpg:
+        kwargs = OmegaConf.to_container(fn.get("reward_kwargs") or OmegaConf.create({}), resolve=True)
+        try:
+            rpg.reward.check_reward_kwargs(kwargs, where="reward.custom_reward_function.reward_kwargs")
+        except ValueError as e:
+            raise RPGConfigError(str(e)) from None
 
 
 def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
@@ -399,6 +448,7 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
             path, name = resolve_reward_function(settings.reward_function)
             cfg.reward.custom_reward_function.path = path
             cfg.reward.custom_reward_function.name = name
+        _check_rpg_reward_kwargs(cfg)
 
 
 def describe(cfg, settings: RPGSettings) -> str:

@@ -21,6 +21,9 @@ Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is 
   checkpoint (see docs/verl-integration.md, "Resume"); then verl's rollout weight sync.
 * ``on_validate_begin/end``: schedule-free -> validation generates with the eval (x) weights:
   sleep replicas, switch, re-sync rollout weights; and back to train (y) afterwards.
+* ``_init_dataloader``: the validation loader sets verl's per-row ``__rollout_n__`` from
+  ``rpg.validation.samples_per_problem`` (paper Table 7: one sample per Minerva/OlympiadBench problem
+  next to mean@32 on AIME/AMC; ``rpg.verl.validation``).
 
 Per-step metrics added: ``rpg/ref_reset`` (0/1), ``rpg/ref_resets_total``,
 ``rpg/ref_steps_since_reset``, ``rpg/ref_kl``, ``rpg/ref_kl_ema`` and, with
@@ -47,6 +50,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
 from rpg.verl.settings import parse_rpg_settings
+from rpg.verl.validation import SamplesPerSource
 from rpg.verl.worker import RPGActorRolloutRefWorker
 
 logger = logging.getLogger(__name__)
@@ -115,6 +119,15 @@ class RPGTrainer(PPOTrainerSync):
         for role in list(self.role_worker_mapping):
             if role in _ACTOR_ROLES:
                 self.role_worker_mapping[role] = ray.remote(RPGActorRolloutRefWorker)
+
+    # ------------------------------------------------------------------ data
+    def _init_dataloader(self):
+        """verl's dataloaders; validation rows get ``__rollout_n__`` from rpg.validation.samples_per_problem."""
+        super()._init_dataloader()  # runs inside verl's __init__, before self.rpg exists
+        rule = dict(parse_rpg_settings(self.config.rpg).samples_per_problem)
+        if rule:
+            self.val_dataloader = SamplesPerSource(self.val_dataloader, rule,
+                                                   self.config.actor_rollout_ref.rollout.val_kwargs.n)
 
     # ------------------------------------------------------------------ init / resume
     def _resumed_folder(self) -> str | None:

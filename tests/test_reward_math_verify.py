@@ -1,0 +1,97 @@
+"""The Math-Verify route (MinervaMath / OlympiadBench, Table 7): right answers, and a failing scorer
+never passing for a wrong answer.
+
+The plain-script test is the issue's case: verl 0.9.1's ``math_verify.compute_score`` runs its check
+in a ``spawn`` process pool, which re-runs an unguarded main script in every worker; the pool breaks
+and verl returns 0.0 (-> -1) for every answer after printing "Error in math_verify compute_score".
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import rpg.reward as reward
+from rpg import math_verify_pool
+from rpg.reward import compute_score
+
+pytestmark = pytest.mark.skipif(not reward._math_verify_available(), reason="math-verify not installed")
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = {"score", "acc", "pred", "scorer_failed"}
+
+
+def _timed(*args, limit: float = 180.0, **kw):
+    with ThreadPoolExecutor(max_workers=1) as pool:  # a hang fails the test instead of blocking the suite
+        return pool.submit(compute_score, *args, **kw).result(timeout=limit)
+
+
+def test_math_verify_route():
+    first = _timed("minerva_math", "Answer: $\\frac{1}{2}$", "\\frac{1}{2}")  # starts a helper
+    assert first == {"score": 1.0, "acc": True, "pred": "\\frac{1}{2}", "scorer_failed": False}
+    assert _timed("olympiadbench", "Thus \\boxed{0.5}", "\\frac{1}{2}", limit=35.0)["acc"] is True
+    assert _timed("OlympiadBench", "Thus \\boxed{0.5}", "\\frac{1}{2}", limit=35.0)["acc"] is True  # any case
+    wrong = _timed("olympiadbench", "Answer: 3", "\\frac{1}{2}", limit=35.0)
+    assert wrong == {"score": -1.0, "acc": False, "pred": "3", "scorer_failed": False}
+    junk = _timed("minerva_math", "\ud800 junk \x00 \u202e", "2", limit=35.0)
+    assert junk["score"] == -1.0 and junk["scorer_failed"] is False and set(junk) == KEYS
+    big = "We get $x^2 + \\frac{a}{b} = 3$. " * 30_000 + "\nAnswer: 42"  # ~1 MB through the pipe
+    assert _timed("minerva_math", big, "42", limit=35.0)["acc"] is True
+
+
+def test_unguarded_plain_script(tmp_path):
+    """A script with no `if __name__ == "__main__":` guard scores Math-Verify answers correctly."""
+    script = tmp_path / "score_without_main_guard.py"
+    script.write_text(textwrap.dedent("""\
+        import json
+        from rpg.reward import compute_score
+        cases = [("minerva_math", "Answer: 7", "7"), ("olympiadbench", "so \\\\boxed{\\\\frac{1}{2}}", "0.5"),
+                 ("MINERVA_MATH", "Answer: $2\\\\sqrt{2}$", "\\\\sqrt{8}"), ("olympiadbench", "Answer: 8", "7")]
+        print("RESULT " + json.dumps([compute_score(*c) for c in cases]), flush=True)
+        raise SystemExit(3)  # what an unguarded script does after its work (kills verl's spawn workers)
+        """))
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert len(lines) == 1, proc.stdout  # the script ran once: no worker re-ran it
+    got = json.loads(lines[0][len("RESULT "):])
+    assert [r["score"] for r in got] == [1.0, 1.0, 1.0, -1.0], (got, proc.stderr[-3000:])
+    assert not any(r["scorer_failed"] for r in got)
+    assert "Error in math_verify" not in proc.stdout + proc.stderr
+
+
+def test_timeout_is_counted_not_passed_off_as_a_wrong_answer(monkeypatch, capsys):
+    res = math_verify_pool.verify("Answer: 7", "7", timeout=1e-6)  # a real helper, no time to answer
+    assert res == math_verify_pool.TIMEOUT
+    assert math_verify_pool.verify("Answer: 7", "7") == 1.0  # a fresh helper replaced the killed one
+    for outcome in (math_verify_pool.TIMEOUT, math_verify_pool.ERROR):
+        monkeypatch.setattr(math_verify_pool, "verify", lambda *a, o=outcome, **k: o)
+        res = compute_score("minerva_math", "Answer: 7", "7")
+        assert res == {"score": -1.0, "acc": False, "pred": "7", "scorer_failed": True}
+        assert f"Math-Verify {outcome}" in capsys.readouterr().err
+
+
+def test_a_dead_helper_is_replaced_and_a_broken_one_raises(monkeypatch):
+    assert math_verify_pool.verify("Answer: 3", "3") == 1.0
+    with math_verify_pool._lock:
+        idle = list(math_verify_pool._idle)
+    assert idle
+    for h in idle:
+        h.proc.kill()
+        h.proc.wait()
+    assert math_verify_pool.verify("Answer: 3", "3") == 1.0  # replaced once, transparently
+
+    def broken(self):
+        raise math_verify_pool.MathVerifyError("the Math-Verify helper did not start")
+
+    math_verify_pool.shutdown()
+    monkeypatch.setattr(math_verify_pool._Helper, "__init__", broken)
+    with pytest.raises(math_verify_pool.MathVerifyError, match="did not start"):
+        compute_score("olympiadbench", "Answer: 3", "3")
