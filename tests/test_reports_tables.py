@@ -265,7 +265,8 @@ def test_published_file_matches_spec_section_7():
     text = SPEC.read_text(encoding="utf-8")
     seen = 0
     for number in TABLES:
-        block = re.search(rf"### Table {number}:.*?\n\n((?:\|.*\n)+)", text).group(1).strip().splitlines()
+        # the first Markdown table under the heading (prose may stand between them)
+        block = re.search(rf"### Table {number}:[^\n]*\n(?:(?!###|\|)[^\n]*\n)*((?:\|.*\n)+)", text).group(1).strip().splitlines()
         header = [h.strip() for h in block[0].strip("|").split("|")][1:]
         for line in block[2:]:
             cells = [c.strip() for c in line.strip("|").split("|")]
