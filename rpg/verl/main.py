@@ -4,8 +4,9 @@
 validate_config -> run_ppo) with two differences:
 
 1. ``rpg.verl.settings.validate_and_apply`` checks the ``rpg:`` block and writes the verl keys it
-   implies BEFORE verl's ``validate_config`` and before Ray starts (bad value -> one-line
-   ``RPGConfigError`` naming the key);
+   implies, and ``rpg.verl.preflight.check_input_paths`` checks every local input path (data
+   files, model/tokenizer directories, resume checkpoint), BEFORE verl's ``validate_config`` and
+   before Ray starts (bad value -> one-line ``RPGConfigError`` naming the key, exit code 2);
 2. ``run_ppo`` gets ``RPGTaskRunner``, whose ``run`` is verl's ``TaskRunnerV1.run`` with the
    trainer class fixed to ``RPGTrainer`` (``trainer.v1.trainer_mode`` stays ``sync``: verl
    compares that string to pick the replay buffer, so no new trainer name is registered).
@@ -14,6 +15,7 @@ validate_config -> run_ppo) with two differences:
 from __future__ import annotations
 
 import sys
+import warnings
 from pprint import pprint
 
 import ray
@@ -26,6 +28,7 @@ from verl.utils.device import auto_set_device
 from verl.utils.logging_utils import configure_verl_logging
 
 import rpg.verl.register  # noqa: F401  (registrations in the driver even without the entry point)
+from rpg.verl.preflight import check_input_paths, error_line
 from rpg.verl.settings import RPGConfigError, RPGSettings, describe, validate_and_apply
 
 
@@ -60,10 +63,19 @@ class RPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
                 tq.close()
 
 
-def prepare_config(config: DictConfig) -> RPGSettings:
-    """Everything the driver does before Ray: RPG validation/translation, then verl's checks."""
+def prepare_config(config: DictConfig, *, check_paths: bool = True) -> RPGSettings:
+    """Everything the driver does before Ray: RPG validation/translation, input paths, verl's checks.
+
+    ``check_paths=False``: the caller reports missing paths itself (``rpg.launch`` under DRY_RUN=1
+    or before a Ray submission, where the files live on the cluster).
+    """
     auto_set_device(config)
     settings = validate_and_apply(config)
+    if check_paths:
+        with warnings.catch_warnings():  # need_critic warns about the critic; validate_config says it again
+            warnings.simplefilter("ignore")
+            use_critic = need_critic(config)
+        check_input_paths(config, use_critic=use_critic)
     print(describe(config, settings), flush=True)
     validate_config(
         config=config,
@@ -79,10 +91,10 @@ def run(config: DictConfig) -> None:
 
 
 def main_from_hydra(config: DictConfig) -> None:
-    """Body of the Hydra main: one clear line on a bad ``rpg:`` value, then exit code 2."""
+    """Body of the Hydra main: one clear line on a bad ``rpg:`` value or input path, then exit code 2."""
     try:
         prepare_config(config)
     except RPGConfigError as e:
-        print(f"rpg config error: {e}", file=sys.stderr)
+        print(error_line(e), file=sys.stderr)
         sys.exit(2)
     run_ppo(config, task_runner_class=ray.remote(RPGTaskRunner))
