@@ -15,7 +15,6 @@ validate_config -> run_ppo) with two differences:
 from __future__ import annotations
 
 import sys
-import warnings
 from pprint import pprint
 
 import ray
@@ -72,10 +71,7 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True) -> RPGSettin
     auto_set_device(config)
     settings = validate_and_apply(config)
     if check_paths:
-        with warnings.catch_warnings():  # need_critic warns about the critic; validate_config says it again
-            warnings.simplefilter("ignore")
-            use_critic = need_critic(config)
-        check_input_paths(config, use_critic=use_critic)
+        check_input_paths(config)
     print(describe(config, settings), flush=True)
     validate_config(
         config=config,

@@ -103,8 +103,23 @@ def _get(cfg, key: str) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
-def input_path_problems(cfg, *, use_critic: bool = False) -> list[str]:
-    """One line per missing local input path of the composed config ``cfg`` (empty: all present)."""
+def _needs_critic(cfg) -> bool:
+    import warnings
+
+    from verl.trainer.ppo.utils import need_critic
+
+    with warnings.catch_warnings():  # it warns that the critic is off; verl's validate_config says so again
+        warnings.simplefilter("ignore")
+        return need_critic(cfg)
+
+
+def input_path_problems(cfg, *, use_critic: bool | None = None) -> list[str]:
+    """One line per missing local input path of the composed config ``cfg`` (empty: all present).
+
+    ``use_critic=None``: ask verl (``need_critic``) whether ``critic.model.path`` is used.
+    """
+    if use_critic is None:
+        use_critic = _needs_critic(cfg)
     problems = []
     for key in DATA_KEYS:
         value = _get(cfg, key)
@@ -122,7 +137,7 @@ def input_path_problems(cfg, *, use_critic: bool = False) -> list[str]:
     return [p for p in problems if p]
 
 
-def check_input_paths(cfg, *, use_critic: bool = False) -> None:
+def check_input_paths(cfg, *, use_critic: bool | None = None) -> None:
     """Raise ``InputPathError`` (one line: every problem, ``; ``-joined) if any path is missing."""
     problems = input_path_problems(cfg, use_critic=use_critic)
     if problems:
