@@ -9,11 +9,15 @@ validate_config -> run_ppo) with two differences:
    before Ray starts (bad value -> one-line ``RPGConfigError`` naming the key, exit code 2);
 2. ``run_ppo`` gets ``RPGTaskRunner``, whose ``run`` is verl's ``TaskRunnerV1.run`` with the
    trainer class fixed to ``RPGTrainer`` (``trainer.v1.trainer_mode`` stays ``sync``: verl
-   compares that string to pick the replay buffer, so no new trainer name is registered).
+   compares that string to pick the replay buffer, so no new trainer name is registered), and
+   verl's file logger pointed at a new segment of the run's metrics history for the duration of
+   ``fit`` (``log_segment``: a resume never truncates the history; ``rpg.reports.history``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from pprint import pprint
 
@@ -27,6 +31,7 @@ from verl.utils.device import auto_set_device
 from verl.utils.logging_utils import configure_verl_logging
 
 import rpg.verl.register  # noqa: F401  (registrations in the driver even without the entry point)
+from rpg.reports.history import PATH_ENV, base_path, claim_segment
 from rpg.verl.preflight import check_input_paths, error_line
 from rpg.verl.settings import RPGConfigError, RPGSettings, describe, validate_and_apply
 
@@ -51,7 +56,8 @@ class RPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
             self.trainer = RPGTrainer(config=config)
             self.trainer.init()
             self.init_agent_loop_manager()
-            self.trainer.fit(self.agent_loop_manager)
+            with log_segment(config):
+                self.trainer.fit(self.agent_loop_manager)
             succeeded = True
         finally:
             try:
@@ -60,6 +66,26 @@ class RPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
                     tracking.finish(exit_code=0 if succeeded else 1)
             finally:
                 tq.close()
+
+
+@contextlib.contextmanager
+def log_segment(config: DictConfig):
+    """With verl's ``file`` logger on: ``VERL_FILE_LOGGER_PATH`` = the next free segment of the run's
+    history (read by verl's ``FileLogger``, which opens it with "wb", when ``fit`` starts)."""
+    loggers = config.trainer.logger
+    if "file" not in ([loggers] if isinstance(loggers, str) else list(loggers)):
+        yield None
+        return
+    before = os.environ.get(PATH_ENV)
+    path = claim_segment(base_path(config.trainer.project_name, config.trainer.experiment_name))
+    os.environ[PATH_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        if before is None:
+            os.environ.pop(PATH_ENV, None)
+        else:
+            os.environ[PATH_ENV] = before
 
 
 def prepare_config(config: DictConfig, *, check_paths: bool = True) -> RPGSettings:
