@@ -9,13 +9,17 @@ Modes (environment variables; defaults in brackets):
 * ``DRY_RUN=1``: compose the full config with Hydra's compose API against recipe/rpg/config,
   run the driver-side checks (``rpg.verl.main.prepare_config``: the ``rpg:`` validation and
   translation, then verl 0.9.1's ``validate_config``), print it and the command, exit. No Ray,
-  no GPU.
+  no GPU. A bad value is the driver's one line (exit 2); a missing input path (data file, local
+  model, ...: ``rpg.verl.preflight``) is a warning, since a dry run may be made away from the data.
 * ``RPG_BACKEND=cpu``: the same overrides on the CPU backend (``rpg.backends.cpu``) with the tiny
   model/task of ``rpg.tiny`` replacing model, data and sizes; the variant's algorithm settings stay.
   Runs through ``rpg.backends.cpu.harness`` (output in ``OUT_DIR``).
 * ``RAY_ADDRESS`` set (e.g. ``http://127.0.0.1:8265``): ``ray job submit`` to that cluster.
   The runtime env only carries environment variables (no working-dir upload): every node needs
-  this project installed (``pip install -e .``) at ``RPG_CLUSTER_ROOT`` (default: this checkout).
+  this project installed (``pip install -e .``) at ``RPG_CLUSTER_ROOT`` (absolute; default: this
+  checkout). Every default path (entry script, data, checkpoints, logs) is then under
+  ``RPG_CLUSTER_ROOT``; input paths missing on this machine are a one-line note, the driver checks
+  them on the cluster before Ray starts.
 * otherwise: ``python recipe/rpg/main_rpg.py <overrides>`` on this machine (exec).
 
 Memory: ``--describe NAME [--gpu-mem-gib G] [overrides]`` and ``DRY_RUN=1`` (GPU size
@@ -27,7 +31,8 @@ Other variables: MODEL_PATH [variant's HF id], DATA_DIR [<root>/data], TRAIN_FIL
 separated], CKPTS_DIR [<root>/ckpts/$PROJECT_NAME/$EXP_NAME], NNODES [1], N_GPUS_PER_NODE [8],
 LOGGER [console,file], PROJECT_NAME [rpg], EXP_NAME [run name], RAY_JOB_WAIT [0: --no-wait],
 OUT_DIR (cpu) [<root>/outputs/cpu/<name>/<time>]. Relative paths given by the user are taken
-relative to the current directory; defaults are relative to the project root.
+relative to the current directory; defaults are relative to the project root (``RPG_CLUSTER_ROOT``
+for a Ray submission).
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from rpg.verl.preflight import error_line, input_path_problems
+from rpg.verl.settings import RPGConfigError
 from rpg.variants import GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
 
 ENTRY = Path("recipe") / "rpg" / "main_rpg.py"
@@ -56,6 +63,7 @@ FORWARD_ENV = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRAN
 # and the driver's ray.init runtime env set the same variable.
 LOG_ENV = ("VERL_FILE_LOGGER_ROOT", "TENSORBOARD_DIR")
 OVERLONG_LEN = "reward.reward_kwargs.overlong_buffer_cfg.len"
+REWARD_PATH = "reward.custom_reward_function.path"
 
 
 class LaunchError(ValueError):
@@ -99,6 +107,16 @@ def _abs(raw: str, cwd: Path) -> str:
     return str(p if p.is_absolute() else (cwd / p).resolve())
 
 
+def cluster_root(env: Mapping[str, str], root: Path) -> Path:
+    """Root of every default path: ``RPG_CLUSTER_ROOT`` for a Ray submission, else this checkout."""
+    raw = env.get("RPG_CLUSTER_ROOT", "").strip()
+    if not raw or not env.get("RAY_ADDRESS", "").strip():
+        return root
+    if not raw.startswith("/"):
+        raise LaunchError(f"RPG_CLUSTER_ROOT={raw!r} must be an absolute path (the project's checkout on the cluster nodes)")
+    return Path(raw)
+
+
 def _path(env: Mapping[str, str], key: str, default: Path, cwd: Path) -> str:
     """The user's value of ``key`` (see ``_abs``) or the default (already absolute)."""
     raw = env.get(key, "").strip()
@@ -129,7 +147,11 @@ def split_list(raw: str) -> list[str]:
 
 
 def env_overrides(v: Variant, env: Mapping[str, str], root: Path, cwd: Path) -> tuple[list[str], dict[str, str]]:
-    """Overrides and job environment derived from the environment (paths, cluster, loggers, names)."""
+    """Overrides and job environment derived from the environment (paths, cluster, loggers, names).
+
+    Default paths are under ``cluster_root(env, root)``: the checkout the driver runs from.
+    """
+    root = cluster_root(env, root)
     project = env.get("PROJECT_NAME", "").strip() or "rpg"
     exp = env.get("EXP_NAME", "").strip() or v.name
     data_dir = Path(_path(env, "DATA_DIR", root / "data", cwd))
@@ -230,6 +252,7 @@ def compose(overrides: Sequence[str], root: Path | None = None):
     driver-side checks (``rpg.verl.main.prepare_config``: rpg validation + verl's validate_config).
 
     Returns ``(cfg, settings)``; raises the checks' errors (``RPGConfigError`` for the rpg block).
+    Input paths are not checked here (see ``rpg.verl.preflight.input_path_problems``).
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -242,7 +265,7 @@ def compose(overrides: Sequence[str], root: Path | None = None):
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(root / CONFIG_DIR), version_base=None):
         cfg = hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
-    settings = prepare_config(cfg)
+    settings = prepare_config(cfg, check_paths=False)  # missing paths: the caller's warning or note
     return cfg, settings
 
 
@@ -254,7 +277,6 @@ def local_command(overrides: Sequence[str], root: Path, python: str | None = Non
 
 
 def ray_command(overrides: Sequence[str], env: Mapping[str, str], job_env: Mapping[str, str], root: Path) -> list[str]:
-    cluster_root = Path(env.get("RPG_CLUSTER_ROOT", "").strip() or root)
     runtime_env = {"env_vars": {"PYTHONUNBUFFERED": "1", **job_env}}
     # the `ray` on PATH, else the one installed next to this Python
     ray = shutil.which("ray", path=env.get("PATH", "") + os.pathsep + str(Path(sys.executable).parent)) or "ray"
@@ -262,7 +284,7 @@ def ray_command(overrides: Sequence[str], env: Mapping[str, str], job_env: Mappi
     if not _truthy(env, "RAY_JOB_WAIT"):
         cmd.append("--no-wait")
     python = env.get("RAY_PYTHON", "").strip() or "python3"
-    return [*cmd, "--", python, str(cluster_root / ENTRY), *overrides]
+    return [*cmd, "--", python, str(cluster_root(env, root) / ENTRY), *overrides]
 
 
 def describe_variant(v: Variant) -> str:
@@ -326,6 +348,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except (LaunchError, VariantNameError) as e:
         print(f"rpg.launch: {e}", file=sys.stderr)
         return 2
+    except RPGConfigError as e:  # from the driver-side checks (compose): the driver's own line
+        print(error_line(e), file=sys.stderr)
+        return 2
 
 
 def _main(argv: list[str], env: dict[str, str]) -> int:
@@ -347,6 +372,9 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     dry = _truthy(env, "DRY_RUN")
     if cpu and env.get("RAY_ADDRESS", "").strip():
         raise LaunchError("RPG_BACKEND=cpu runs locally through the CPU harness; unset RAY_ADDRESS")
+    if env.get("RPG_CLUSTER_ROOT", "").strip() and not env.get("RAY_ADDRESS", "").strip():
+        print("rpg.launch: warning: RPG_CLUSTER_ROOT is ignored without RAY_ADDRESS (local run from this checkout)",
+              file=sys.stderr)
     overrides, job_env = plan_overrides(v, env, user, root=root, cwd=cwd, cpu=cpu)
 
     if cpu:
@@ -362,7 +390,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     else:
         cmd = local_command(overrides, root)
     if dry:
-        return _dry_run(v, overrides, cmd, root, gpu_gib=_gpu_gib(env))
+        return _dry_run(v, overrides, cmd, root, gpu_gib=_gpu_gib(env), run_root=cluster_root(env, root))
     missing = [] if env.get("RAY_ADDRESS", "").strip() else _missing_files(overrides)
     if missing:
         raise LaunchError(f"data file(s) not found: {', '.join(missing)}; prepare them with "
@@ -370,23 +398,30 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
                           "or set DATA_DIR / TRAIN_FILE / VAL_FILES")
     print(describe_variant(v), flush=True)
     if env.get("RAY_ADDRESS", "").strip():
-        compose(overrides, root)  # fail before queueing the job
+        cfg, _ = compose(overrides, root)  # fail before queueing the job
+        problems = input_path_problems(cfg)
+        if problems:
+            print(f"rpg.launch: note: not found on this machine (the driver checks them on the cluster before Ray "
+                  f"starts): {'; '.join(problems)}", file=sys.stderr)
         print("+ " + " ".join(cmd[:6]) + " ... -- " + " ".join(cmd[cmd.index("--") + 1:cmd.index("--") + 3]) + " ...",
               flush=True)
     os.execvpe(cmd[0], cmd, env)
     return 0  # pragma: no cover
 
 
-def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Path, *, gpu_gib: float | None = None) -> int:
-    """gpu_gib: GPU size for the memory estimate (None: no estimate, e.g. the CPU backend)."""
+def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Path, *, gpu_gib: float | None = None,
+            run_root: Path | None = None) -> int:
+    """gpu_gib: GPU size for the memory estimate (None: no estimate, e.g. the CPU backend); run_root:
+    the root the driver runs from (RPG_CLUSTER_ROOT for a Ray submission; default: root)."""
     from omegaconf import OmegaConf
 
     print(f"# {describe_variant(v)}".replace("\n", "\n# "))
     cfg, _ = compose(overrides, root)
+    if not any(_key(o) == REWARD_PATH for o in overrides):
+        _show_cluster_reward_path(cfg, root, run_root or root)
     print("# command: " + " ".join(cmd[:2]) + " \\\n#   " + " \\\n#   ".join(cmd[2:]))
-    missing = _missing_files(overrides)
-    if missing:
-        print(f"# note: data file(s) not present here: {', '.join(missing)}")
+    for problem in input_path_problems(cfg):
+        print(f"rpg.launch: warning: {problem}", file=sys.stderr, flush=True)
     print("# ---- composed and validated config (DRY_RUN=1: nothing was started) ----")
     print(OmegaConf.to_yaml(cfg, resolve=True), end="")
     if gpu_gib is not None:  # last, where a terminal shows it; '# ' keeps the output valid YAML
@@ -448,6 +483,16 @@ def _describe(args: list[str], env: dict[str, str]) -> int:
         cfg, _ = compose(overrides, root)
     print(memory_report(cfg, gpu_gib))
     return 0
+
+
+def _show_cluster_reward_path(cfg, root: Path, run_root: Path) -> None:
+    from omegaconf import OmegaConf
+
+    """The recipe's default reward file is found by import where the driver runs, i.e. under
+    ``RPG_CLUSTER_ROOT`` on the cluster: show that path rather than this checkout's."""
+    path = OmegaConf.select(cfg, REWARD_PATH)
+    if run_root != root and isinstance(path, str) and Path(path).is_relative_to(root):
+        OmegaConf.update(cfg, REWARD_PATH, str(run_root / Path(path).relative_to(root)))
 
 
 def _run_cpu(v: Variant, overrides: Sequence[str], env: Mapping[str, str], root: Path) -> int:

@@ -56,8 +56,8 @@ EXPECTED_REJECTS = {
     2: "no answer (missing or null)",
     3: "non-string problem (int)",
     4: "non-string answer (float)",
-    5: "duplicate of row 0",
-    6: "duplicate of row 0 with a different answer ('3' vs '2')",
+    5: "duplicate of line 1",  # JSONL rejects name file lines (row 0 is line 1)
+    6: "duplicate of line 1 with a different answer ('3' vs '2')",
     7: "invalid JSON line",
     10: "non-string answer (list of 2 items)",
     11: "empty problem",
@@ -85,7 +85,8 @@ def test_local_jsonl_rejects_by_index_with_reason(tmp_path):
     assert s.problems == s.rows_written == 4  # rows 0, 8, 9, 13
     line = s.line()
     assert "read 16 rows" in line and "wrote 4 rows" in line and "rejected 12" in line
-    assert "duplicate: 2" in line and "empty problem: 2" in line and "invalid JSON: 1" in line
+    assert "duplicate: 1" in line and "duplicate with a different answer: 1" in line
+    assert "empty problem: 2" in line and "invalid JSON: 1" in line
     rows = pq.read_table(out).to_pylist()
     assert [r["extra_info"]["source_index"] for r in rows] == [0, 8, 9, 13]
     assert [r["reward_model"]["ground_truth"] for r in rows] == ["2", "3", "7", "2"]
@@ -93,6 +94,7 @@ def test_local_jsonl_rejects_by_index_with_reason(tmp_path):
     assert rows[0]["data_source"] == "aime2024" and rows[0]["extra_info"]["split"] == "test"
     side = [json.loads(x) for x in rejects_path(out).read_text().splitlines()]
     assert [d["index"] for d in side] == sorted(EXPECTED_REJECTS)
+    assert [d["line"] for d in side] == [i + 1 for i in sorted(EXPECTED_REJECTS)]
 
 
 def test_train_preset_rejects_non_english(tmp_path):
@@ -246,8 +248,8 @@ def test_cli_prepare_and_prepare_all(tmp_path, capsys):
     src = _write_jsonl(tmp_path / "in.jsonl", MIXED)
     rc = cli_main(["prepare", "amc2023", "--input", str(src), "--out", str(tmp_path / "amc.parquet"), "--show-rejects", "1"])
     cap = capsys.readouterr()
-    assert rc == 0 and "rejected 12" in cap.out and "rejected row 1: empty problem" in cap.err
-    assert "11 more in" in cap.err
+    assert rc == 0 and "rejected 12" in cap.out and "rejected line 2: empty problem" in cap.err
+    assert "10 more" in cap.err  # 11 listed rejects (the plain duplicate is only counted), 1 shown
     rc = cli_main(["prepare", "amc2023", "--input", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "x.parquet")])
     assert rc == 2 and "input file not found" in capsys.readouterr().err
 
@@ -261,7 +263,7 @@ def test_cli_prepare_and_prepare_all(tmp_path, capsys):
     assert pq.read_metadata(tmp_path / "all" / "dapo-math-17k-en.parquet").num_rows == 1
     assert pq.read_metadata(tmp_path / "all" / "aime2024.parquet").num_rows == 8
     rc = cli_main(["prepare-all", "--out-dir", str(tmp_path / "all"), "--input-dir", str(indir), "--datasets", "amc2023"])
-    assert rc == 2 and "no amc2023" in capsys.readouterr().err
+    assert rc == 2 and "no file for amc2023" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared eval files not found at {SHARED}")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from rpg.data.io import LOCAL_SUFFIXES
-from rpg.data.prepare import Summary, prepare, rejects_path
+from rpg.data.prepare import Summary, prepare, reason_class
 from rpg.data.sources import SOURCES
 
 EVAL_DEFAULT = ["aime2024", "aime2025", "amc2023", "minerva", "olympiadbench"]
@@ -15,19 +15,28 @@ TRAIN_DEFAULT = "dapo-math-17k-en"
 
 
 def _report(summary: Summary, show: int) -> None:
-    for r in summary.rejects[:show]:
-        print(f"  rejected row {r.index}: {r.reason}", file=sys.stderr)
-    if len(summary.rejects) > show:
-        print(f"  ... {len(summary.rejects) - show} more in {rejects_path(Path(summary.out))}", file=sys.stderr)
+    """Up to ``show`` rejected rows, plain duplicates left out (counted in the summary line; every
+    rejected row is in the rejects file), then the summary line."""
+    listed = [r for r in summary.rejects if reason_class(r.reason) != "duplicate"]
+    for r in listed[:show]:
+        print(f"  rejected {r.where}: {r.reason}", file=sys.stderr)
+    if len(listed) > show:
+        print(f"  ... {len(listed) - show} more", file=sys.stderr)
     print(summary.line())
 
 
 def _find_local(input_dir: Path, key: str) -> Path:
-    for suffix in LOCAL_SUFFIXES:
-        cand = input_dir / f"{key}{suffix}"
-        if cand.is_file():
-            return cand
-    raise ValueError(f"--input-dir {input_dir}: no {key}{{{','.join(LOCAL_SUFFIXES)}}} file")
+    """``<name><suffix>`` in ``input_dir`` for the preset's names (its key, then the authors' file names)."""
+    if not input_dir.is_dir():
+        raise ValueError(f"--input-dir {input_dir}: not a directory")
+    names = [f"{stem}{suffix}" for stem in SOURCES[key].local_stems for suffix in LOCAL_SUFFIXES]
+    found = [input_dir / n for n in names if (input_dir / n).is_file()]
+    if len(found) > 1:
+        raise ValueError(f"--input-dir {input_dir}: several files for {key}: {', '.join(p.name for p in found)}; "
+                         "keep one, or use `prepare --input FILE`")
+    if not found:
+        raise ValueError(f"--input-dir {input_dir}: no file for {key}; looked for {', '.join(names)}")
+    return found[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("prepare", help="build one parquet file")
     p.add_argument("dataset", choices=sorted(SOURCES))
-    p.add_argument("--out", required=True, help="output .parquet path")
+    p.add_argument("--out", required=True, help="output .parquet path (a directory: DIR/<dataset>.parquet)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--input", help="local .parquet/.json/.jsonl file (default: the preset's hub dataset)")
     src.add_argument("--hf", help="Hugging Face dataset name overriding the preset's")
@@ -47,11 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--answer-key", help="column holding the ground-truth answer")
     p.add_argument("--data-source", help="data_source value to write (default: the preset's)")
     p.add_argument("--copies", type=int, help="rows per problem; 1 (default) for val_kwargs.n=32, 32 = authors' layout")
-    p.add_argument("--show-rejects", type=int, default=20, help="rejected rows to print (all go to *.rejects.jsonl)")
+    p.add_argument("--show-rejects", type=int, default=20,
+                   help="rejected rows to print, plain duplicates counted only (all go to *.rejects.jsonl)")
 
     a = sub.add_parser("prepare-all", help="build the training file and all evaluation files")
     a.add_argument("--out-dir", required=True)
-    a.add_argument("--input-dir", help="read <dataset>.parquet|.json|.jsonl from here instead of the hub")
+    a.add_argument("--input-dir", help="read <dataset>.parquet|.json|.jsonl (or the authors' names: aime-2024, "
+                   "aime25, amc-23, dapo-math-17k-eng) from here instead of the hub")
     a.add_argument("--datasets", default=",".join([TRAIN_DEFAULT, *EVAL_DEFAULT]), help="comma-separated presets")
     a.add_argument("--eval-copies", type=int, default=1, help="rows per eval problem (32 = authors' layout)")
     a.add_argument("--show-rejects", type=int, default=5)
@@ -78,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                 inp = _find_local(Path(args.input_dir), key) if args.input_dir else None
                 copies = args.eval_copies if SOURCES[key].split == "test" else 1
                 _report(prepare(key, out_dir / f"{key}.parquet", input_path=inp, copies=copies), args.show_rejects)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # OSError: an unwritable --out (the message names the path)
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

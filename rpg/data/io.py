@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from rpg.data.rows import BadRecord
 
 LOCAL_SUFFIXES = (".parquet", ".json", ".jsonl")
+_BOM = b"\xef\xbb\xbf"  # UTF-8 byte-order mark some editors and exporters write
 
 ROW_SCHEMA = pa.schema(
     [
@@ -53,35 +54,59 @@ _WRITE_OPTIONS = dict(
 )
 
 
-def read_local(path: str | Path) -> tuple[list[object], list[str]]:
-    """Records and column names of a local .parquet / .json (list of objects) / .jsonl file."""
+def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | None]:
+    """Records, column names and (JSONL only, else None) the 1-based line of each record of a
+    local .parquet / .json (list of objects) / .jsonl file.
+
+    Text inputs are UTF-8 with or without a byte-order mark. A JSONL line that is not valid
+    UTF-8 or not valid JSON becomes a ``BadRecord`` (rejected with its line; the other lines are
+    kept); a .json document that is not valid UTF-8 or JSON is an error naming file, line, column.
+    """
     path = Path(path)
     suffix = path.suffix.lower()
+    if path.is_dir():
+        raise ValueError(f"input {str(path)!r} is a directory; pass one {'/'.join(LOCAL_SUFFIXES)} file "
+                         "(prepare-all --input-dir reads a directory)")
     if suffix not in LOCAL_SUFFIXES:
         raise ValueError(f"unsupported input file {str(path)!r}: suffix must be one of {LOCAL_SUFFIXES}")
     if not path.is_file():
         raise FileNotFoundError(f"input file not found: {path}")
     if suffix == ".parquet":
         table = pq.read_table(path)
-        return table.to_pylist(), list(table.column_names)
-    text = path.read_text(encoding="utf-8")
+        return table.to_pylist(), list(table.column_names), None
+    raw = path.read_bytes().removeprefix(_BOM)
     if suffix == ".json":
-        data = json.loads(text)
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            line, col = _position(raw, err.start)
+            raise ValueError(f"{path}:{line}:{col}: invalid UTF-8 byte 0x{raw[err.start]:02x}") from None
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
         if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
             raise ValueError(f"{path}: column-oriented JSON is not supported; use a list of objects or JSONL")
         if not isinstance(data, list):
             raise ValueError(f"{path}: a .json input must hold a list of objects")
-        records = data
-    else:
-        records = []
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                records.append(BadRecord(f"invalid JSON line ({err.msg})"))
-    return records, _columns(records)
+        return data, _columns(data), None
+    records, lines = [], []
+    for number, line in enumerate(raw.splitlines(), start=1):  # bytes: splits on \n, \r\n, \r only
+        if not line.strip():
+            continue
+        lines.append(number)
+        try:
+            records.append(json.loads(line.decode("utf-8")))
+        except UnicodeDecodeError as err:
+            records.append(BadRecord(f"invalid UTF-8 byte 0x{line[err.start]:02x} at column {err.start + 1}"))
+        except json.JSONDecodeError as err:
+            records.append(BadRecord(f"invalid JSON line ({err.msg})"))
+    return records, _columns(records), lines
+
+
+
+def _position(raw: bytes, offset: int) -> tuple[int, int]:
+    """1-based (line, column in bytes) of ``offset`` in ``raw``."""
+    line_start = raw.rfind(b"\n", 0, offset) + 1
+    return raw.count(b"\n", 0, offset) + 1, offset - line_start + 1
 
 
 def _columns(records: list[object]) -> list[str]:

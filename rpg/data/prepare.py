@@ -1,12 +1,16 @@
 """Build one verl parquet file from a preset (rpg.data.sources) and a local file or the hub.
 
-Output: ``out`` (parquet, atomic) and, when rows were rejected, ``<out stem>.rejects.jsonl`` with
-one ``{"index": i, "reason": ...}`` per rejected input row (a stale one is removed otherwise).
+Output: ``out`` (parquet, atomic; an existing directory or a path ending in ``/`` receives
+``<dataset>.parquet``) and, when rows were rejected, ``<out stem>.rejects.jsonl`` with one
+``{"index": i, ["line": l,] "reason": ...}`` per rejected input row (``line``: JSONL inputs); a stale
+one is removed otherwise. The rejects file is written even when every row is rejected (then no
+parquet is written and the error gives the counts per reason).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,21 +31,27 @@ class Summary:
     rejects: list[Reject] = field(default_factory=list)
 
     def line(self) -> str:
-        """One summary line: rows read, written, rejected with reasons."""
-        counts = Counter(_reason_class(r.reason) for r in self.rejects)
-        why = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
+        """One summary line: rows read, written, rejected with reasons (and where they all are)."""
+        where = f"; every rejected row in {rejects_path(Path(self.out))}" if self.rejects else ""
         return (
             f"{self.dataset}: read {self.rows_read} rows from {self.source}, wrote {self.rows_written} rows "
-            f"({self.problems} problems) to {self.out}, rejected {len(self.rejects)} ({why})"
+            f"({self.problems} problems) to {self.out}, rejected {len(self.rejects)} ({reason_counts(self.rejects)}){where}"
         )
 
 
-def _reason_class(reason: str) -> str:
-    """Reason without row-specific detail, for the counts in the summary line."""
-    for prefix in ("duplicate of row", "invalid JSON line"):
+def reason_class(reason: str) -> str:
+    """Reason without row-specific detail, for the counts per reason."""
+    if reason.startswith("duplicate of "):
+        return "duplicate with a different answer" if "different answer" in reason else "duplicate"
+    for prefix in ("invalid JSON", "invalid UTF-8"):
         if reason.startswith(prefix):
-            return prefix.replace(" of row", "").replace(" line", "")
+            return prefix
     return reason.split(" (")[0]
+
+
+def reason_counts(rejects: list[Reject]) -> str:
+    counts = Counter(reason_class(r.reason) for r in rejects)
+    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
 
 
 def rejects_path(out: Path) -> Path:
@@ -63,27 +73,37 @@ def prepare(
 ) -> Summary:
     """Read, check, deduplicate and write one dataset. Local ``input_path`` wins over the hub."""
     spec = get_source(dataset)
+    if Path(out).is_dir() or str(out).endswith(("/", os.sep)):
+        out = Path(out) / f"{dataset}.parquet"
     out = Path(out)
     if out.suffix != ".parquet":
         raise ValueError(f"--out must end in .parquet, got {str(out)!r}")
     if input_path is not None:
-        records, columns = read_local(input_path)
+        records, columns, lines = read_local(input_path)
         source = str(input_path)
     else:
         name = hf_name or spec.hf_name
         records, columns = read_hub(name, hf_config or spec.hf_config, hf_split or spec.hf_split, hub_loader)
-        source = f"hf:{name}"
+        source, lines = f"hf:{name}", None
     layout = resolve_layout(columns, spec.problem_keys, spec.answer_keys, problem_key, answer_key)
-    problems, rejects, n_read = select_problems(records, layout, spec.english_only)
+    problems, rejects, n_read = select_problems(records, layout, spec.english_only, lines)
+    rp = rejects_path(out)
     if not problems:
-        raise ValueError(f"{dataset}: no valid rows in {source} ({len(rejects)} rejected); nothing written")
+        if rejects:
+            _write_rejects(rejects, rp)
+        raise ValueError(f"{dataset}: no valid rows in {source} ({len(rejects)} rejected: {reason_counts(rejects)}); "
+                         f"nothing written" + (f"; every rejected row in {rp}" if rejects else ""))
     rows = build_rows(problems, data_source or spec.data_source, spec.split, spec.default_copies if copies is None else copies)
     write_parquet_atomic(rows, out)
-    rp = rejects_path(out)
     if rejects:
-        write_text_atomic(
-            "".join(json.dumps({"index": r.index, "reason": r.reason}, ensure_ascii=False) + "\n" for r in rejects), rp
-        )
+        _write_rejects(rejects, rp)
     elif rp.exists():
         rp.unlink()
     return Summary(dataset, source, str(out), n_read, len(problems), len(rows), rejects)
+
+
+def _write_rejects(rejects: list[Reject], path: Path) -> None:
+    def record(r: Reject) -> dict:
+        return {"index": r.index, **({"line": r.line} if r.line is not None else {}), "reason": r.reason}
+
+    write_text_atomic("".join(json.dumps(record(r), ensure_ascii=False) + "\n" for r in rejects), path)

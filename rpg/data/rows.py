@@ -40,8 +40,13 @@ class BadRecord:
 
 @dataclass(frozen=True)
 class Reject:
-    index: int
+    index: int               # 0-based row of the input (as extra_info.source_index)
     reason: str
+    line: int | None = None  # 1-based line of a JSONL input
+
+    @property
+    def where(self) -> str:
+        return f"line {self.line}" if self.line is not None else f"row {self.index}"
 
 
 @dataclass(frozen=True)
@@ -145,31 +150,36 @@ def _dedup_key(problem: str) -> str:
 
 
 def select_problems(
-    records: Iterable[object], layout: Layout, english_only: bool = False
+    records: Iterable[object], layout: Layout, english_only: bool = False, lines: Sequence[int] | None = None
 ) -> tuple[list[Problem], list[Reject], int]:
-    """Check every record, drop (and report) duplicates. Returns (problems, rejects, rows_read)."""
+    """Check every record, drop (and report) duplicates. Returns (problems, rejects, rows_read).
+
+    ``lines``: the 1-based file line of each record (JSONL), so that rejects name lines, not rows.
+    """
     problems: list[Problem] = []
     rejects: list[Reject] = []
     first_seen: dict[str, Problem] = {}
     n = 0
+
+    def reject(index: int, reason: str) -> Reject:
+        return Reject(index, reason, None if lines is None else lines[index])
+
     for index, record in enumerate(records):
         n += 1
         try:
             p = check_record(index, record, layout, english_only)
         except ValueError as err:
-            rejects.append(Reject(index, str(err)))
+            rejects.append(reject(index, str(err)))
             continue
         key = _dedup_key(p.problem)
         first = first_seen.get(key)
         if first is not None:
+            of = reject(first.source_index, "").where
             if first.answer == p.answer:
-                reason = f"duplicate of row {first.source_index}"
+                reason = f"duplicate of {of}"
             else:
-                reason = (
-                    f"duplicate of row {first.source_index} with a different answer "
-                    f"({p.answer!r:.40} vs {first.answer!r:.40})"
-                )
-            rejects.append(Reject(index, reason))
+                reason = f"duplicate of {of} with a different answer ({p.answer!r:.40} vs {first.answer!r:.40})"
+            rejects.append(reject(index, reason))
             continue
         first_seen[key] = p
         problems.append(p)

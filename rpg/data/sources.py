@@ -29,6 +29,11 @@ class SourceSpec:
     english_only: bool = False    # reject problems containing CJK characters
     default_copies: int = 1       # rows per problem (eval: 1 + val_kwargs.n=32)
     description: str = ""
+    file_names: tuple[str, ...] = ()  # other local file stems (the authors' names) for prepare-all --input-dir
+
+    @property
+    def local_stems(self) -> tuple[str, ...]:
+        return (self.key, *self.file_names)
 
 
 SOURCES: dict[str, SourceSpec] = {
@@ -36,7 +41,7 @@ SOURCES: dict[str, SourceSpec] = {
     for s in (
         SourceSpec(
             "dapo-math-17k-en", "math_dapo", "train", "math-dataset/DAPO-17k-Eng", hf_split="train",
-            english_only=True,
+            english_only=True, file_names=("dapo-math-17k-eng",),
             description="training set: DAPO-Math-17k, English problems (~13.9k), deduplicated",
         ),
         SourceSpec(
@@ -47,9 +52,12 @@ SOURCES: dict[str, SourceSpec] = {
         SourceSpec(
             "aime2024", "aime2024", "test", "BytedTsinghua-SIA/AIME-2024",
             description="AIME 2024, 30 problems (DAPO's copy, as the authors' prepare script; rows repeated)",
+            file_names=("aime-2024",),
         ),
-        SourceSpec("aime2025", "aime2025", "test", "math-ai/aime25", description="AIME 2025, 30 problems"),
-        SourceSpec("amc2023", "amc2023", "test", "math-ai/amc23", description="AMC 2023, 40 problems"),
+        SourceSpec("aime2025", "aime2025", "test", "math-ai/aime25", description="AIME 2025, 30 problems",
+                   file_names=("aime25",)),
+        SourceSpec("amc2023", "amc2023", "test", "math-ai/amc23", description="AMC 2023, 40 problems",
+                   file_names=("amc-23",)),
         SourceSpec("minerva", "minerva_math", "test", "math-ai/minervamath", description="MinervaMath, 272 problems (Table 7)"),
         SourceSpec(
             "olympiadbench", "olympiadbench", "test", "math-ai/olympiadbench",

@@ -85,7 +85,12 @@ def main_tables(argv: list[str] | None = None) -> int:
         print(f"warning: {w}", file=sys.stderr)
     text = render_markdown(td) if args.format == "markdown" else render_latex(td)
     if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text, encoding="utf-8")
+        except OSError as err:
+            print(f"error: cannot write --out {args.out}: {err.strerror or err}", file=sys.stderr)
+            return 2
     else:
         sys.stdout.write(text)
     return 0

@@ -13,7 +13,9 @@ All readers return ``{metric_name: {step: value}}`` with int steps and finite fl
 * TensorBoard: an event file or a directory of event files (verl's ``tensorboard`` logger writes
   scalars with ``add_scalar(key, value, step)``).
 
-When a step is logged twice, the later value wins.
+When a step is logged twice, the later value wins. A ``.jsonl`` path also reads the segments that
+resumed runs wrote next to it and joins them; every run's history is checked for a missing start
+and gaps in the validation steps (warnings; ``rpg.reports.history``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import json
 import math
 import warnings
 from pathlib import Path
+
+from rpg.reports.history import history_warnings, read_segments
 
 Metrics = dict[str, dict[int, float]]
 
@@ -139,16 +143,19 @@ def read_run(path: str | Path) -> Metrics:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"run log not found: {path}")
+    notes: list[str] = []
     if path.is_dir() or "tfevents" in path.name:
         if path.is_dir() and not any(path.glob("*tfevents*")):
             raise ValueError(f"{path}: directory holds no TensorBoard event files")
         metrics = read_tensorboard(path)
-    elif path.suffix == ".jsonl":
-        metrics = read_file_logger(path)
+    elif path.suffix == ".jsonl":  # + the segments written after resumes (rpg.reports.history)
+        metrics, notes = read_segments(path, read_file_logger)
     elif path.suffix == ".csv":
         metrics = read_wandb_csv(path)
     else:
         raise ValueError(f"{path}: unknown log format; expected .jsonl (verl file logger), .csv (W&B) or TensorBoard events")
     if not metrics:
         raise ValueError(f"{path}: no numeric metrics found")
+    for line in notes + history_warnings(path, metrics):
+        warnings.warn(line, stacklevel=2)
     return metrics

@@ -1,0 +1,128 @@
+"""A run's metrics history across resumes: one file-logger segment per trainer start, joined on read.
+
+verl 0.9.1's ``FileLogger`` opens its JSONL with ``"wb"``: a run restarted with
+``trainer.resume_mode=auto`` (every launch script) would truncate the history and a report would
+take Best over the resumed part only. verl is not patched; its public ``VERL_FILE_LOGGER_PATH``
+variable (read when verl's ``Tracking`` is built, at the start of ``fit``) is set per segment:
+
+* writer (``rpg.verl.main.RPGTaskRunner`` before ``fit``, via ``claim_segment``): the base path —
+  ``VERL_FILE_LOGGER_PATH`` if the user set it, else verl's ``<VERL_FILE_LOGGER_ROOT or .>/
+  <project>/<experiment>.jsonl`` — when it is absent or empty, else the first absent or empty
+  ``<experiment>.part2.jsonl``, ``.part3.jsonl``, ...;
+* reader (``rpg.reports.logs.read_run`` on the base path, via ``read_segments``): segments in
+  order; a segment whose first step is ``s`` replaces what earlier segments logged after ``s``
+  (the steps redone after the last checkpoint, or a restarted run) and is merged key by key at
+  ``s`` (a resume's validation at the checkpoint step joins the training metrics logged there).
+
+``history_warnings`` checks any run (JSONL, W&B, TensorBoard): one line when the history does not
+start at step 0 (Best would cover a part of the run only) and one line listing the gaps in the
+validation steps (``val-*`` / ``val/*`` keys).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+
+Metrics = dict[str, dict[int, float]]
+
+PATH_ENV, ROOT_ENV = "VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT"
+VALIDATION_PREFIXES = ("val-", "val/")
+
+
+def base_path(project: str, experiment: str, environ: Mapping[str, str] = os.environ) -> Path:
+    """Where verl's FileLogger writes (verl/utils/tracking.py ``FileLogger.__init__``)."""
+    if environ.get(PATH_ENV):
+        return Path(environ[PATH_ENV])
+    return Path(os.path.expanduser(environ.get(ROOT_ENV, "."))) / project / f"{experiment}.jsonl"
+
+
+def segment_path(base: Path, n: int) -> Path:
+    """Segment ``n`` (1-based) of the history whose first segment is ``base``."""
+    return base if n == 1 else base.with_name(f"{base.stem}.part{n}{base.suffix}")
+
+
+def _segment_number(base: Path, path: Path) -> int | None:
+    if path == base:
+        return 1
+    m = re.fullmatch(re.escape(base.stem) + r"\.part(\d+)" + re.escape(base.suffix), path.name)
+    return int(m.group(1)) if m and int(m.group(1)) >= 2 else None
+
+
+def segments(base: Path) -> list[Path]:
+    """Existing segments of ``base``, in order."""
+    base = Path(base)
+    if not base.parent.is_dir():
+        return []
+    found = [(n, p) for p in base.parent.iterdir() if p.is_file() and (n := _segment_number(base, p))]
+    return [p for _, p in sorted(found)]
+
+
+def claim_segment(base: Path) -> Path:
+    """The path the next trainer start logs to: the first segment that is absent or empty."""
+    n = 1
+    while (p := segment_path(Path(base), n)).exists() and p.stat().st_size > 0:
+        n += 1
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def join(parts: list[Metrics]) -> Metrics:
+    """Join segments in order (see the module docstring)."""
+    joined: Metrics = {}
+    for part in parts:
+        steps = [s for series in part.values() for s in series]
+        if not steps:
+            continue
+        start = min(steps)
+        for series in joined.values():
+            for s in [s for s in series if s > start]:
+                del series[s]
+        for key, series in part.items():
+            joined.setdefault(key, {}).update(series)
+    return {k: dict(sorted(v.items())) for k, v in joined.items() if v}
+
+
+def read_segments(base: Path, read_one) -> tuple[Metrics, list[str]]:
+    """``read_one`` on every segment of ``base``, joined; plus a note when there were several."""
+    paths = segments(base) or [Path(base)]
+    parts = [read_one(p) for p in paths]
+    notes = []
+    if len(paths) > 1:
+        starts = [min(s for series in m.values() for s in series) for m in parts[1:] if m]
+        notes.append(f"{base}: joined {len(paths)} log segments (restarted at steps {', '.join(map(str, starts))})")
+    return join(parts), notes
+
+
+def validation_steps(metrics: Metrics) -> list[int]:
+    return sorted({s for k, series in metrics.items() if k.startswith(VALIDATION_PREFIXES) for s in series})
+
+
+def history_warnings(name: str | Path, metrics: Metrics) -> list[str]:
+    """One line if the history does not start at step 0; one line listing gaps in the validation steps.
+
+    The validation interval is the most common spacing of consecutive validation steps (ties: the
+    smaller; the last spacing is left out of the vote, verl also validates at the final step); a
+    gap is a spacing larger than that interval.
+    """
+    out = []
+    steps = [s for series in metrics.values() for s in series]
+    if steps and min(steps) != 0:
+        first = min(steps)
+        out.append(f"{name}: the log starts at step {first}, not 0: steps before {first} are missing (a resumed "
+                   f"run whose earlier history was overwritten?); Best and curves cover steps >= {first} only")
+    val = validation_steps(metrics)
+    diffs = [b - a for a, b in zip(val, val[1:])]
+    vote = diffs[:-1] if len(diffs) > 1 else diffs
+    if vote:
+        counts = Counter(vote)
+        interval = min(d for d in counts if counts[d] == max(counts.values()))
+        gaps = [(a, b) for a, b in zip(val, val[1:]) if b - a > interval]
+        if gaps:
+            listed = ", ".join(f"{a} -> {b}" for a, b in gaps)
+            out.append(f"{name}: gaps in the validation steps (every {interval} steps elsewhere): {listed}; "
+                       "a lost log segment? Best covers the logged steps only")
+    return out

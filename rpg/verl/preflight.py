@@ -1,0 +1,145 @@
+"""Local input paths of a run, checked in the driver before Ray starts (``rpg.verl.main``).
+
+A missing data file or model directory otherwise surfaces only after Ray and the workers have
+started (about a minute and a thousand log lines later; a missing model directory even as a
+misleading Hugging Face repo-id error). ``check_input_paths`` turns every such problem into ONE
+line naming the key and the path (``rpg.verl.main`` exits 2 with it); ``rpg.launch`` prints the
+same problems as warnings under ``DRY_RUN=1``.
+
+Keys and rules (a value containing ``://`` — hdfs://, s3://, ... — is remote and never checked):
+
+* data files, always local: ``data.train_files``, ``data.val_files`` (a path or a list) must be
+  existing files;
+* model-like keys: ``actor_rollout_ref.model.path``, ``.tokenizer_path``, ``.hf_config_path``,
+  ``data.tokenizer`` (and ``critic.model.path`` when a critic is used) are either a local path or
+  a Hugging Face repo id. An existing path is fine. A value that does not exist is accepted only
+  when it is shaped like a repo id: ``name`` or ``org/name`` (one slash at most), each part made
+  of letters, digits, ``_ . -``, starting and ending with a letter or digit, no ``..``. A value
+  that *looks local* — starts with ``/``, ``~``, ``./`` or ``../``, contains ``\\``, has two or
+  more slashes, or is otherwise not repo-id shaped — must exist. Consequence: a relative path
+  ``models/qwen`` that does not exist is taken for the repo id ``models/qwen`` (write
+  ``./models/qwen`` to have it checked as a path);
+* ``reward.custom_reward_function.path``: an existing file when set;
+* ``trainer.resume_from_path`` when ``trainer.resume_mode=resume_path``: an existing directory whose
+  name is ``global_step_<N>`` (verl reads the step from it); relative to the current directory
+  and ``~`` is not expanded, as verl does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from rpg.verl.settings import RPGConfigError
+
+ERROR_PREFIX = "rpg config error"
+DATA_HINT = "Prepare data files with `python -m rpg.data prepare-all --out-dir data/` (docs/data-and-reports.md)"
+_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
+_HUB_ID = re.compile(rf"^{_PART}(?:/{_PART})?$")
+MODEL_KEYS = ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path",
+              "actor_rollout_ref.model.hf_config_path", "data.tokenizer")
+DATA_KEYS = ("data.train_files", "data.val_files")
+
+
+class InputPathError(RPGConfigError):
+    """A local input path that does not exist (message: one line naming the key(s) and path(s))."""
+
+
+def error_line(err: Exception) -> str:
+    """The one line the driver and the launcher print for a bad config value (then exit code 2)."""
+    return f"{ERROR_PREFIX}: {err}"
+
+
+def is_remote(value: str) -> bool:
+    return "://" in value
+
+
+def looks_like_hub_id(value: str) -> bool:
+    """``name`` or ``org/name`` as the Hugging Face hub accepts it (see the module docstring)."""
+    return bool(_HUB_ID.match(value)) and ".." not in value
+
+
+def _exists(value: str) -> bool:
+    return Path(value).expanduser().exists()
+
+
+def model_path_problem(key: str, value: Any) -> str | None:
+    """None if ``value`` is remote, an existing path or a repo id; else the one-line reason."""
+    if value is None or (isinstance(value, str) and (is_remote(value) or _exists(value) or looks_like_hub_id(value))):
+        return None
+    if not isinstance(value, str):
+        return f"{key}={value!r} is not a path"
+    return f"{key}={value}: no such file or directory (and not a Hugging Face repo id 'org/name')"
+
+
+def data_file_problem(key: str, value: Any) -> str | None:
+    if not isinstance(value, str) or not value:
+        return f"{key}={value!r} is not a file path"
+    if is_remote(value):
+        return None
+    p = Path(value).expanduser()
+    if p.is_file():
+        return None
+    return f"{key}={value}: " + ("is a directory, expected a parquet file" if p.is_dir() else "no such file")
+
+
+def resume_path_problem(value: Any) -> str | None:
+    key = "trainer.resume_from_path"
+    if not isinstance(value, str) or not value:
+        return f"{key}={value!r}: trainer.resume_mode=resume_path needs a checkpoint directory .../global_step_<N>"
+    if not re.fullmatch(r"global_step_\d+", Path(value).name):
+        return f"{key}={value}: expected a checkpoint directory named global_step_<N>"
+    if not os.path.isdir(value):
+        return f"{key}={value}: no such directory"
+    return None
+
+
+def _get(cfg, key: str) -> Any:
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(cfg, key, default=None)
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def _needs_critic(cfg) -> bool:
+    import warnings
+
+    from verl.trainer.ppo.utils import need_critic
+
+    with warnings.catch_warnings():  # it warns that the critic is off; verl's validate_config says so again
+        warnings.simplefilter("ignore")
+        return need_critic(cfg)
+
+
+def input_path_problems(cfg, *, use_critic: bool | None = None) -> list[str]:
+    """One line per missing local input path of the composed config ``cfg`` (empty: all present).
+
+    ``use_critic=None``: ask verl (``need_critic``) whether ``critic.model.path`` is used.
+    """
+    if use_critic is None:
+        use_critic = _needs_critic(cfg)
+    problems = []
+    for key in DATA_KEYS:
+        value = _get(cfg, key)
+        values = value if isinstance(value, list) else [value]
+        for i, v in enumerate(values):
+            name = f"{key}[{i}]" if isinstance(value, list) and len(values) > 1 else key
+            problems.append(data_file_problem(name, v))
+    for key in MODEL_KEYS + (("critic.model.path",) if use_critic else ()):
+        problems.append(model_path_problem(key, _get(cfg, key)))
+    reward = _get(cfg, "reward.custom_reward_function.path")
+    if reward is not None and not is_remote(str(reward)) and not Path(str(reward)).expanduser().is_file():
+        problems.append(f"reward.custom_reward_function.path={reward}: no such file")
+    if _get(cfg, "trainer.resume_mode") == "resume_path":
+        problems.append(resume_path_problem(_get(cfg, "trainer.resume_from_path")))
+    return [p for p in problems if p]
+
+
+def check_input_paths(cfg, *, use_critic: bool | None = None) -> None:
+    """Raise ``InputPathError`` (one line: every problem, ``; ``-joined) if any path is missing."""
+    problems = input_path_problems(cfg, use_critic=use_critic)
+    if problems:
+        hint = f". {DATA_HINT}" if any(p.startswith(DATA_KEYS) for p in problems) else ""
+        raise InputPathError("; ".join(problems) + hint)

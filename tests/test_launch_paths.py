@@ -1,0 +1,68 @@
+"""Issue 11.7-8: the launcher's DRY_RUN errors are the driver's one line (exit 2), missing input
+paths are warned about, and a Ray submission resolves every default path against RPG_CLUSTER_ROOT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from test_launch_dryrun import _env
+
+from rpg.launch import main, plan_overrides, ray_command
+from rpg.variants import parse
+
+ROOT = Path(__file__).resolve().parents[1]
+RAY = "http://127.0.0.1:8265"
+DIVERGENCE_LINE = "rpg config error: rpg.loss.divergence='js' is invalid; allowed values: fkl, rkl, ufkl, urkl"
+
+
+def test_dry_run_bad_rpg_value_is_the_drivers_one_line(capsys):
+    """Same line and exit code as `python recipe/rpg/main_rpg.py rpg.loss.divergence=js` (test_verl_config)."""
+    assert main(["run_rpg_7b_ufkl1e-4", "rpg.loss.divergence=js"], _env(DRY_RUN="1")) == 2
+    assert capsys.readouterr().err.strip() == DIVERGENCE_LINE
+    # the same before a Ray submission (validated locally before queueing)
+    assert main(["run_rpg_7b_ufkl1e-4", "rpg.loss.divergence=js"], _env(RAY_ADDRESS=RAY)) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == DIVERGENCE_LINE
+
+
+def test_dry_run_warns_about_a_missing_local_model(tmp_path, capsys):
+    assert main(["run_grpo_7b"], _env(DRY_RUN="1", MODEL_PATH="/nonexistent", DATA_DIR=str(tmp_path))) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rpg.launch: warning:")]
+    assert "rpg.launch: warning: actor_rollout_ref.model.path=/nonexistent: no such file or directory " \
+           "(and not a Hugging Face repo id 'org/name')" in warnings
+    assert f"rpg.launch: warning: data.train_files={tmp_path / 'dapo-math-17k-en.parquet'}: no such file" in warnings
+    # a hub id is not warned about
+    assert main(["run_grpo_7b"], _env(DRY_RUN="1", DATA_DIR=str(tmp_path))) == 0
+    assert "model.path" not in capsys.readouterr().err
+
+
+def test_every_default_path_follows_the_cluster_root():
+    v = parse("run_rpg_7b_ufkl1e-4")
+    env = _env(RAY_ADDRESS=RAY, RPG_CLUSTER_ROOT="/srv/rpg")
+    ov, job_env = plan_overrides(v, env, [], root=ROOT, cwd=ROOT)
+    d = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in ov}
+    assert d["data.train_files"] == "/srv/rpg/data/dapo-math-17k-en.parquet"
+    assert d["data.val_files"].startswith("['/srv/rpg/data/aime2024.parquet',")
+    assert d["trainer.default_local_dir"] == f"/srv/rpg/ckpts/rpg/{v.name}"
+    assert d["+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_ROOT"] == "'/srv/rpg/logs'"
+    assert d["+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR"] == f"'/srv/rpg/tensorboard_log/rpg/{v.name}'"
+    assert str(ROOT) not in " ".join(ray_command(ov, env, job_env, ROOT))
+    # without RAY_ADDRESS the cluster root plays no part
+    ov_local, _ = plan_overrides(v, _env(RPG_CLUSTER_ROOT="/srv/rpg"), [], root=ROOT, cwd=ROOT)
+    assert "/srv/rpg" not in " ".join(ov_local)
+
+
+def test_dry_run_shows_the_cluster_root_everywhere(capsys):
+    assert main(["run_rpg_7b_ufkl1e-4"], _env(DRY_RUN="1", RAY_ADDRESS=RAY, RPG_CLUSTER_ROOT="/srv/rpg")) == 0
+    cap = capsys.readouterr()
+    assert "train_files: /srv/rpg/data/dapo-math-17k-en.parquet" in cap.out
+    assert "default_local_dir: /srv/rpg/ckpts/rpg/run_rpg_7b_ufkl1e-4" in cap.out
+    assert "VERL_FILE_LOGGER_ROOT: /srv/rpg/logs" in cap.out and "path: /srv/rpg/rpg/reward.py" in cap.out
+    assert "/srv/rpg/recipe/rpg/main_rpg.py" in cap.out
+    assert str(ROOT) not in cap.out  # nothing from this checkout leaks into the cluster's config
+    assert "rpg.launch: warning: data.train_files=/srv/rpg/data/dapo-math-17k-en.parquet: no such file" in cap.err
+
+
+def test_relative_cluster_root_is_one_line(capsys):
+    assert main(["run_grpo_7b"], _env(DRY_RUN="1", RAY_ADDRESS=RAY, RPG_CLUSTER_ROOT="srv/rpg")) == 2
+    assert capsys.readouterr().err.strip() == (
+        "rpg.launch: RPG_CLUSTER_ROOT='srv/rpg' must be an absolute path (the project's checkout on the cluster nodes)")
