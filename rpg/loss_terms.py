@@ -33,23 +33,25 @@ import torch
 
 from rpg.divergences import kl_phi, kl_surrogate, kl_weight
 
-# order of the statistics vector returned by ``loss_terms`` (read back by ``rpg.losses``)
+# order of the statistics vector returned by ``loss_terms`` (read back by ``rpg.losses``): weighted
+# sums, then extremes (the last one only with a reference anchor), then counts (the last three only with clip)
 WEIGHTED_SUMS = ("n", "ratio", "kl", "neg_reg_adv", "log_ratio")  # sum_t m_t * quantity_t
-VALID_COUNTS = ("valid", "guarded", "active", "clip_high", "clip_low")  # tokens with m_t != 0
 EXTREMES = ("log_ratio", "neg_log_ratio", "reg_adv_abs", "ref_log_ratio_abs")  # max over valid tokens
+VALID_COUNTS = ("valid", "guarded", "active", "clip_high", "clip_low")  # tokens with m_t != 0
 
 
-def agg_weights(mask: torch.Tensor, mode: str, loss_scale_factor: float | None = None) -> torch.Tensor:
+def agg_weights(mask: torch.Tensor, mode: str, loss_scale_factor: float | None = None, n=None) -> torch.Tensor:
     """Per-token weights a_t of verl's aggregation modes: every mode is linear, loss = sum_t a_t*loss_t.
 
     token-sum: a = m; token-mean: m / sum(m); seq-mean-token-mean: m / (sum_row(m) * S);
     seq-mean-token-sum: m / S; seq-mean-token-sum-norm: m / (S * loss_scale_factor, default T);
-    S = number of non-empty rows. An empty batch or row gets weight 0 (never 0/0).
+    S = number of non-empty rows. An empty batch or row gets weight 0 (never 0/0). ``n``: sum(m) if
+    the caller has it already.
     """
     if mode == "token-sum":
         return mask
     if mode == "token-mean":
-        n = mask.sum()
+        n = mask.sum() if n is None else n
         return mask / torch.where(n > 0, n, 1.0)
     tokens = mask.sum(dim=-1, keepdim=True)
     n_seq = (tokens > 0).sum().clamp(min=1)
@@ -81,7 +83,9 @@ def _reinforce(l, w, log_w, adv, r_ref, log_r_ref, cfg):
     """REINFORCE-style loss, Algorithm 2 with Remark F.2: the KL weight at w_bar = clip(w)."""
     if cfg.clip:
         lo, hi = 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high
-        x_kl, log_x_kl = w.clamp(lo, hi), log_w.clamp(math.log(lo), math.log(hi))  # log w_bar without a log pass
+        x_kl = w.clamp(lo, hi)
+        # log w_bar without a log pass; fkl and ufkl never read it
+        log_x_kl = log_w.clamp(math.log(lo), math.log(hi)) if cfg.divergence in ("rkl", "urkl") else None
     else:
         x_kl, log_x_kl = w, log_w
     k_kl = kl_weight(cfg.divergence, -cfg.beta, x_kl, log_x_kl, r_ref, log_r_ref)  # K = -C
@@ -119,7 +123,7 @@ def loss_terms(cfg, agg: str | None, log_prob, old_log_prob, advantages, mask, r
 
     agg=None: out = per-token loss [B, T] (0 where mask == 0) and slope its derivative in l.
     agg=<verl mode>: out = the aggregated scalar sum_t a_t*value_t and slope = a_t*slope_t.
-    stats: float64 vector, WEIGHTED_SUMS then VALID_COUNTS then EXTREMES (one host read-back).
+    stats: float64 vector, WEIGHTED_SUMS then EXTREMES then VALID_COUNTS (one host read-back).
     Inputs are float32 or wider (``rpg.losses`` upcasts), all [B, T].
     """
     guard = cfg.log_ratio_guard
@@ -143,16 +147,30 @@ def loss_terms(cfg, agg: str | None, log_prob, old_log_prob, advantages, mask, r
         value, slope, neg_weight, regions = _differentiable(w, log_w, log_rho, kappa, adv, r_ref, log_r_ref, cfg)
 
     valid = mask != 0
-    weights = valid if agg is None else agg_weights(mask, agg)
+    n = mask.sum()
+    weights = valid if agg is None else agg_weights(mask, agg, n=n)
     out = value * weights if agg is None else (value * weights).sum()
+    del value
     slope = slope * weights
+    del weights
+    return out, slope, _stats(mask, n, valid, w, log_w_raw, log_w, kappa, neg_weight, regions, log_r_ref_raw)
 
-    # metrics: three stacked reductions, no per-statistic pass
+
+def _stats(mask, n, valid, w, log_w_raw, log_w, kappa, neg_weight, regions, log_r_ref_raw):
+    """Metric statistics in float64: WEIGHTED_SUMS, VALID_COUNTS, EXTREMES (see ``rpg.losses._metrics``).
+
+    Weighted sums are dot products with the mask, counts and extremes masked reductions, one tensor
+    at a time: no stacked copy of the per-token quantities is ever materialised (peak memory).
+    """
     neg_reg_adv = (neg_weight / w).clamp(-1e30, 1e30)  # -A' = -W/w, saturated so that w -> 0 stays finite
-    sums = (torch.stack((valid, w, kappa, neg_reg_adv, log_w_raw)) * mask).sum(dim=(1, 2))
-    flags = (valid, log_w != log_w_raw) + (regions if regions is not None else ())
-    counts = (torch.stack(flags) & valid).sum(dim=(1, 2))
-    extremes = (log_w_raw, -log_w_raw, neg_reg_adv.abs()) + (() if log_r_ref_raw is None else (log_r_ref_raw.abs(),))
-    maxima = torch.where(valid, torch.stack(extremes), -math.inf).amax(dim=(1, 2))
-    stats = torch.cat((sums.double(), counts, maxima.double()))
-    return out, slope, stats
+    m = mask.reshape(-1)
+    sums = [n] + [torch.dot(t.reshape(-1), m) for t in (w, kappa, neg_reg_adv, log_w_raw)]
+    # one flag at a time: count_nonzero of a whole tensor allocates nothing (a stacked or per-row
+    # count would first copy the flags to int64)
+    flags = (log_w != log_w_raw,) + (regions if regions is not None else ())  # guard acted iff the clamp moved it
+    counts = torch.stack([torch.count_nonzero(valid)] + [torch.count_nonzero(f & valid) for f in flags])
+    maxima = [torch.where(valid, log_w_raw, -math.inf).amax(), -torch.where(valid, log_w_raw, math.inf).amin(),
+              torch.where(valid, neg_reg_adv, 0.0).abs().amax()]
+    if log_r_ref_raw is not None:
+        maxima.append(torch.where(valid, log_r_ref_raw, 0.0).abs().amax())
+    return torch.cat((torch.stack(sums + maxima).double(), counts))

@@ -178,14 +178,17 @@ class _ClosedFormLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, log_prob, terms, *data):
         out, slope, stats = terms(log_prob, *data)
+        ctx.n_data = len(data)
         ctx.save_for_backward(slope)
         ctx.mark_non_differentiable(stats)
+        ctx.set_materialize_grads(False)  # no zero gradient is built for the statistics
         return out, stats
 
     @staticmethod
     def backward(ctx, grad_out, grad_stats):
         (slope,) = ctx.saved_tensors
-        return (grad_out * slope, None) + (None,) * 5
+        grad = None if grad_out is None else grad_out * slope
+        return (grad, None) + (None,) * ctx.n_data
 
 
 # torch.compile's backend for cfg.compile=True; the tests switch it to "aot_eager" (the same traced
@@ -229,14 +232,15 @@ def _token_terms(cfg: RPGLossConfig, aggregate: bool, log_prob, old_log_prob, ad
         raise ValueError(f"cfg must be an RPGLossConfig, got {type(cfg).__name__}")
     agg = cfg.loss_agg_mode if aggregate else None
     _check_inputs(log_prob, old_log_prob, advantages, response_mask, ref_log_prob)
-    dtype = torch.promote_types(log_prob.dtype, torch.float32)
+    dtype = torch.float64 if log_prob.dtype == torch.float64 else torch.float32
 
     def up(t):  # computation in float32 or wider; no op when the dtype already fits
         return t if t is None or t.dtype == dtype else t.to(dtype)
 
     terms = _compiled_terms(cfg, agg, COMPILE_BACKEND) if cfg.compile else functools.partial(loss_terms, cfg, agg)
-    out, stats = _ClosedFormLoss.apply(up(log_prob), terms, up(old_log_prob.detach()), up(advantages.detach()),
-                                       up(response_mask.detach()), up(None if ref_log_prob is None else ref_log_prob.detach()))
+    # only log_prob receives a gradient (the other inputs get None in backward: no detach needed)
+    out, stats = _ClosedFormLoss.apply(up(log_prob), terms, up(old_log_prob), up(advantages), up(response_mask),
+                                       up(ref_log_prob))
     return out, _metrics(cfg, ref_log_prob is not None, stats.tolist())
 
 
@@ -312,10 +316,10 @@ def _metrics(cfg: RPGLossConfig, with_ref: bool, stats: list[float]) -> dict[str
     +-1e30 so that its statistics stay finite for w -> 0. With a reference anchor,
     ``rpg/ref_old_logp_absdiff_max`` = max |l_ref - l_old| (0 right after a reference reset).
     """
-    n_sums, n_counts = len(WEIGHTED_SUMS), 5 if cfg.clip else 2
+    n_sums, n_extremes = len(WEIGHTED_SUMS), 4 if with_ref else 3
     s = dict(zip(WEIGHTED_SUMS, stats[:n_sums]))
-    c = dict(zip(VALID_COUNTS, stats[n_sums : n_sums + n_counts]))
-    e = dict(zip(EXTREMES, stats[n_sums + n_counts :]))
+    e = dict(zip(EXTREMES, stats[n_sums : n_sums + n_extremes]))
+    c = dict(zip(VALID_COUNTS, stats[n_sums + n_extremes :]))
     names = METRIC_NAMES + (("ref_old_logp_absdiff_max",) if with_ref else ())
     n_valid = c["valid"]
     if n_valid == 0:  # nothing valid: every statistic is 0
