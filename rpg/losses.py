@@ -38,11 +38,11 @@ default) is a value-only guard on kappa for the differentiable form; it never ze
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
 import types
-from dataclasses import dataclass
 
 import torch
 
@@ -64,7 +64,7 @@ def _is_real(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RPGLossConfig:
     """Settings of one RPG loss. Validated on construction (ValueError names the field)."""
 
@@ -102,6 +102,15 @@ class RPGLossConfig:
                      "None with form='reinforce' (the KL enters through the weight; a clamp would change the gradient)")
         _require(_is_real(self.log_ratio_guard) and self.log_ratio_guard > 0, "log_ratio_guard", self.log_ratio_guard, "a number > 0")
         _require(isinstance(self.compile, bool), "compile", self.compile, "True or False")
+
+
+def loss_defaults() -> dict:
+    """Field name -> default of ``RPGLossConfig``: the one source of the loss defaults.
+
+    The recipe's ``rpg.loss`` settings (``rpg.verl.settings.LossSettings``) and verl's policy-loss
+    config (``rpg.verl.policy_config.RPGPolicyLossConfig``) take their defaults from here.
+    """
+    return {f.name: f.default for f in dataclasses.fields(RPGLossConfig)}
 
 
 # --------------------------------------------------------------------------- helpers
