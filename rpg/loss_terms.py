@@ -89,6 +89,7 @@ def _reinforce(l, w, log_w, adv, r_ref, log_r_ref, cfg):
     else:
         x_kl, log_x_kl = w, log_w
     k_kl = kl_weight(cfg.divergence, -cfg.beta, x_kl, log_x_kl, r_ref, log_r_ref)  # K = -C
+    del x_kl, log_x_kl
     neg_weight = torch.addcmul(k_kl, w, adv, value=-1.0)  # -W = -(w*A + C)
     if not cfg.clip:
         return neg_weight * l, neg_weight, neg_weight, None
@@ -125,52 +126,59 @@ def loss_terms(cfg, agg: str | None, log_prob, old_log_prob, advantages, mask, r
     agg=<verl mode>: out = the aggregated scalar sum_t a_t*value_t and slope = a_t*slope_t.
     stats: float64 vector, WEIGHTED_SUMS then EXTREMES then VALID_COUNTS (one host read-back).
     Inputs are float32 or wider (``rpg.losses`` upcasts), all [B, T].
+
+    Statistics are taken as soon as their tensor exists, and a tensor is dropped (or overwritten in
+    place) once nothing needs it: the eager peak memory stays at verl's vanilla loss's level.
+    Weighted sums are dot products with the mask, counts ``count_nonzero`` of whole tensors (a
+    stacked or per-row count would first copy the flags to int64), extremes masked reductions.
     """
     guard = cfg.log_ratio_guard
     l, l_old, adv = log_prob, old_log_prob, advantages
-    log_w_raw = l - l_old
-    log_w = log_w_raw.clamp(-guard, guard)
+    valid = mask != 0
+    n = mask.sum()
+    m = mask.reshape(-1)
+
+    def dot(t):
+        return torch.dot(t.reshape(-1), m)
+
+    log_w = l - l_old  # raw log-ratio: its statistics, then the guard in place
+    lw_sum, lw_max = dot(log_w), torch.where(valid, log_w, -math.inf).amax()
+    neg_lw_max = -torch.where(valid, log_w, math.inf).amin()
+    guarded = torch.count_nonzero((log_w.abs() > guard) & valid)
+    log_w = log_w.clamp_(-guard, guard)
     w = log_w.exp()
+    extremes = []
     if ref_log_prob is None:  # anchor = sampler (iterative reference): rho = w, r_ref = 1
-        log_r_ref_raw, r_ref, log_r_ref, log_rho = None, 1.0, 0.0, log_w
+        r_ref, log_r_ref, log_rho = 1.0, 0.0, log_w
     else:  # three-policy weights (spec §2.7); r_ref = a / mu is data
-        log_r_ref_raw = ref_log_prob - l_old
-        log_r_ref = log_r_ref_raw.clamp(-guard, guard)
+        log_r_ref = ref_log_prob - l_old
+        extremes.append(torch.where(valid, log_r_ref, 0.0).abs().amax())  # max |l_ref - l_old|, unclamped
+        log_r_ref = log_r_ref.clamp_(-guard, guard)
         r_ref = log_r_ref.exp()
         log_rho = log_w - log_r_ref
     kappa = kl_surrogate(cfg.divergence, w, log_rho, r_ref)
-    if cfg.form == "reinforce":
+    if cfg.form == "reinforce":  # kappa only for the KL estimate
+        kl_sum = dot(kappa)
+        del kappa
         value, slope, neg_weight, regions = _reinforce(l, w, log_w, adv, r_ref, log_r_ref, cfg)
     else:
         if cfg.kl_clamp is not None:  # value-only guard: the slope keeps d(beta*kappa)/dl
             kappa = kappa.clamp(-cfg.kl_clamp, cfg.kl_clamp)
+        kl_sum = dot(kappa)
         value, slope, neg_weight, regions = _differentiable(w, log_w, log_rho, kappa, adv, r_ref, log_r_ref, cfg)
+        del kappa
+    del log_w, log_rho, r_ref, log_r_ref
 
-    valid = mask != 0
-    n = mask.sum()
     weights = valid if agg is None else agg_weights(mask, agg, n=n)
     out = value * weights if agg is None else (value * weights).sum()
     del value
     slope = slope * weights
     del weights
-    return out, slope, _stats(mask, n, valid, w, log_w_raw, log_w, kappa, neg_weight, regions, log_r_ref_raw)
 
-
-def _stats(mask, n, valid, w, log_w_raw, log_w, kappa, neg_weight, regions, log_r_ref_raw):
-    """Metric statistics in float64: WEIGHTED_SUMS, VALID_COUNTS, EXTREMES (see ``rpg.losses._metrics``).
-
-    Weighted sums are dot products with the mask, counts and extremes masked reductions, one tensor
-    at a time: no stacked copy of the per-token quantities is ever materialised (peak memory).
-    """
     neg_reg_adv = (neg_weight / w).clamp(-1e30, 1e30)  # -A' = -W/w, saturated so that w -> 0 stays finite
-    m = mask.reshape(-1)
-    sums = [n] + [torch.dot(t.reshape(-1), m) for t in (w, kappa, neg_reg_adv, log_w_raw)]
-    # one flag at a time: count_nonzero of a whole tensor allocates nothing (a stacked or per-row
-    # count would first copy the flags to int64)
-    flags = (log_w != log_w_raw,) + (regions if regions is not None else ())  # guard acted iff the clamp moved it
-    counts = torch.stack([torch.count_nonzero(valid)] + [torch.count_nonzero(f & valid) for f in flags])
-    maxima = [torch.where(valid, log_w_raw, -math.inf).amax(), -torch.where(valid, log_w_raw, math.inf).amin(),
-              torch.where(valid, neg_reg_adv, 0.0).abs().amax()]
-    if log_r_ref_raw is not None:
-        maxima.append(torch.where(valid, log_r_ref_raw, 0.0).abs().amax())
-    return torch.cat((torch.stack(sums + maxima).double(), counts))
+    del neg_weight
+    sums = [n, dot(w), kl_sum, dot(neg_reg_adv), lw_sum]
+    extremes = [lw_max, neg_lw_max, torch.where(valid, neg_reg_adv, 0.0).abs().amax()] + extremes
+    counts = [torch.count_nonzero(valid), guarded] + [torch.count_nonzero(f & valid) for f in regions or ()]
+    stats = torch.cat((torch.stack(sums + extremes).double(), torch.stack(counts)))
+    return out, slope, stats

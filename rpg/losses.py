@@ -34,6 +34,11 @@ so values stay finite in float32/bf16 while the gradient keeps its direction. It
 sane training; ``rpg/log_ratio_guard_frac`` reports how often it did. ``kl_clamp`` (off by
 default) is a value-only guard on kappa for the differentiable form; it never zeroes gradients
 (unlike the authors' clamp, spec D6).
+
+Execution: each loss is one autograd node over ``rpg.loss_terms.loss_terms`` (value, closed-form
+slope d loss_t / d l_t and metric statistics in one pass; backward = grad * slope), with one host
+sync for the metrics. ``compile=True`` runs that pass as one torch.compile graph (inductor,
+fullgraph, dynamic shapes: one compilation per configuration for all micro-batch shapes).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Operator budget: forward+backward of every RPG loss (with its metrics) launches at most as many
+"""Operator and memory budget: forward+backward of every RPG loss (with its metrics) launches at most as many
 top-level aten operators as verl's vanilla dual-clip PPO loss with its metrics, counted the same way
 (``benchmarks/bench_losses.count_ops``, torch.profiler, 4 x 1024 tokens). Operator counts are
-deterministic, so this is a test; times and memory are measured by the benchmark, not here."""
+deterministic, so this is a test, and so are peak tensor bytes from the profiler's allocation events (at most
+1.10x vanilla's); times are measured by the benchmark, not here."""
 
 import importlib.util
 from pathlib import Path
@@ -54,3 +55,18 @@ def test_count_ops_counts_what_runs():
 
     assert bench.count_ops(once_of(step_more)) > bench.count_ops(once_of(step)) > 0
     assert torch.is_tensor(lp0)
+
+
+MEMORY_INPUTS = bench.make_inputs(16, 1024)
+
+
+@pytest.fixture(scope="module")
+def vanilla_peak():
+    return bench.peak_bytes(bench.make_step(None, MEMORY_INPUTS), "cpu")
+
+
+@pytest.mark.parametrize("variant", bench.VARIANTS, ids=bench.label)
+def test_rpg_loss_peak_memory_at_most_vanilla(variant, vanilla_peak):
+    """Peak live tensor bytes (profiler allocation events: deterministic) <= 1.10x verl vanilla's."""
+    peak = bench.peak_bytes(bench.make_step(variant, MEMORY_INPUTS), "cpu")
+    assert peak <= 1.10 * vanilla_peak, f"{bench.label(variant)}: {peak} bytes > 1.10 x vanilla's {vanilla_peak}"
