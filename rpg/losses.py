@@ -251,6 +251,9 @@ def _token_terms(cfg: RPGLossConfig, aggregate: bool, log_prob, old_log_prob, ad
     def up(t):  # computation in float32 or wider; no op when the dtype already fits
         return t if t is None or t.dtype == dtype else t.to(dtype)
 
+    if cfg.compile and torch._dynamo.config.disable:
+        raise ValueError("RPGLossConfig.compile=True needs torch.compile, which is disabled in this process "
+                         "(TORCH_COMPILE_DISABLE=1); set compile=False or enable torch.compile")
     terms = _compiled_terms(cfg, agg, COMPILE_BACKEND) if cfg.compile else functools.partial(loss_terms, cfg, agg)
     # only log_prob receives a gradient (the other inputs get None in backward: no detach needed)
     out, stats = _ClosedFormLoss.apply(up(log_prob), terms, up(old_log_prob), up(advantages), up(response_mask),

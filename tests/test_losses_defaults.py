@@ -70,3 +70,19 @@ def test_compile_key_reaches_the_library_config():
         RPGPolicyLossConfig(loss_mode="rpg", rpg_compile=1)
     with pytest.raises(ValueError, match=r"RPGLossConfig.compile='no' is invalid: expected True or False"):
         RPGLossConfig(compile="no")
+
+
+def test_compile_with_torch_compile_disabled_fails_before_ray_and_in_the_library(monkeypatch):
+    import torch
+    from test_verl_config import apply
+
+    with pytest.raises(RPGConfigError, match="rpg.loss.compile=true needs torch.compile in the actor workers"):
+        apply("rpg.loss.compile=true", "+ray_kwargs.ray_init.runtime_env.env_vars.TORCH_COMPILE_DISABLE='1'")
+    _, settings = apply("rpg.loss.compile=true")
+    assert settings.loss.compile is True
+    monkeypatch.setattr(torch._dynamo.config, "disable", True)
+    x = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="RPGLossConfig.compile=True needs torch.compile, which is disabled"):
+        from rpg.losses import rpg_policy_loss
+
+        rpg_policy_loss(x, x, x, torch.ones(1, 2), RPGLossConfig(compile=True))

@@ -404,6 +404,10 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
             pl.rpg_fd_clip = loss.fd_clip
             pl.rpg_kl_clamp = loss.kl_clamp
             pl.rpg_compile = loss.compile
+            if loss.compile and str(_select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars.TORCH_COMPILE_DISABLE", "0")) == "1":
+                _fail("rpg.loss.compile=true needs torch.compile in the actor workers, but "
+                      "ray_kwargs.ray_init.runtime_env.env_vars.TORCH_COMPILE_DISABLE=1 disables it there (the CPU "
+                      "backend sets it); set rpg.loss.compile=false or TORCH_COMPILE_DISABLE=0")
             pl.rpg_anchor = "sampler" if ref.mode == "sampler" else "reference"
             pl.rpg_sampler_kl = False
         else:  # loss.name == "verl": verl's own ppo_loss; the reference settings govern its KL reference
