@@ -34,16 +34,25 @@ so values stay finite in float32/bf16 while the gradient keeps its direction. It
 sane training; ``rpg/log_ratio_guard_frac`` reports how often it did. ``kl_clamp`` (off by
 default) is a value-only guard on kappa for the differentiable form; it never zeroes gradients
 (unlike the authors' clamp, spec D6).
+
+Execution: each loss is one autograd node over ``rpg.loss_terms.loss_terms`` (value, closed-form
+slope d loss_t / d l_t and metric statistics in one pass; backward = grad * slope), with one host
+sync for the metrics. ``compile=True`` runs that pass as one torch.compile graph (inductor,
+fullgraph, dynamic shapes: one compilation per configuration for all micro-batch shapes).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import itertools
 import math
-from dataclasses import dataclass
+import types
 
 import torch
 
-from rpg.divergences import DIVERGENCES, kl_phi, kl_surrogate, kl_weight
+from rpg.divergences import DIVERGENCES, kl_surrogate
+from rpg.loss_terms import EXTREMES, VALID_COUNTS, WEIGHTED_SUMS, agg_weights, loss_terms
 
 FORMS = ("reinforce", "differentiable")
 BRANCH_RULES = ("regularized", "raw")
@@ -60,7 +69,7 @@ def _is_real(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RPGLossConfig:
     """Settings of one RPG loss. Validated on construction (ValueError names the field)."""
 
@@ -76,6 +85,7 @@ class RPGLossConfig:
     fd_clip: str = "reward"
     kl_clamp: float | None = None
     log_ratio_guard: float = 60.0
+    compile: bool = False
 
     def __post_init__(self) -> None:
         _require(self.divergence in DIVERGENCES, "divergence", self.divergence, f"one of {DIVERGENCES}")
@@ -96,6 +106,16 @@ class RPGLossConfig:
             _require(self.form == "differentiable", "kl_clamp", self.kl_clamp,
                      "None with form='reinforce' (the KL enters through the weight; a clamp would change the gradient)")
         _require(_is_real(self.log_ratio_guard) and self.log_ratio_guard > 0, "log_ratio_guard", self.log_ratio_guard, "a number > 0")
+        _require(isinstance(self.compile, bool), "compile", self.compile, "True or False")
+
+
+def loss_defaults() -> dict:
+    """Field name -> default of ``RPGLossConfig``: the one source of the loss defaults.
+
+    The recipe's ``rpg.loss`` settings (``rpg.verl.settings.LossSettings``) and verl's policy-loss
+    config (``rpg.verl.policy_config.RPGPolicyLossConfig``) take their defaults from here.
+    """
+    return {f.name: f.default for f in dataclasses.fields(RPGLossConfig)}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -135,32 +155,15 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, loss_s
     token-mean: sum(loss*m)/sum(m); token-sum: sum(loss*m); seq-mean-token-mean: mean over
     non-empty sequences of the per-sequence token mean; seq-mean-token-sum(-norm): mean over
     non-empty sequences of the per-sequence token sum (divided by loss_scale_factor, default T).
-    Differences from verl, on purpose: an all-masked batch gives 0 (verl: 0/0 = NaN), and float
-    masks are weights (used by the exact-enumeration tests). Inside verl, the glue calls verl's own
-    ``agg_loss`` with ``global_batch_info`` instead.
+    Differences from verl, on purpose: an all-masked batch gives 0 (verl: 0/0 = NaN), a NaN where
+    masked never propagates, and float masks are weights (used by the exact-enumeration tests).
+    Inside verl, the glue calls verl's own ``agg_loss`` with ``global_batch_info`` instead.
     """
     if mode not in AGG_MODES:
         raise ValueError(f"loss_agg_mode={mode!r} is invalid: expected one of {AGG_MODES}")
     mask = mask.to(loss_mat.dtype)
-    masked = torch.where(mask != 0, loss_mat * mask, torch.zeros_like(loss_mat))
-    if mode == "token-sum":
-        return masked.sum()
-    if mode == "token-mean":
-        denom = mask.sum()
-        return masked.sum() / torch.where(denom > 0, denom, torch.ones_like(denom))
-    tokens = mask.sum(dim=-1)
-    seq_ok = (tokens > 0).to(loss_mat.dtype)
-    n_seq = seq_ok.sum().clamp(min=1.0)
-    if mode == "seq-mean-token-mean":
-        per_seq = masked.sum(dim=-1) / torch.where(tokens > 0, tokens, torch.ones_like(tokens))
-        return (per_seq * seq_ok).sum() / n_seq
-    loss = (masked.sum(dim=-1) * seq_ok).sum() / n_seq
-    if mode == "seq-mean-token-sum-norm":
-        loss = loss / (loss_scale_factor if loss_scale_factor is not None else loss_mat.shape[-1])
-    return loss
-
-
-# --------------------------------------------------------------------------- the two forms
+    masked = torch.where(mask != 0, loss_mat, 0.0)
+    return (masked * agg_weights(mask, mode, loss_scale_factor)).sum()
 
 
 class _StraightThroughClamp(torch.autograd.Function):
@@ -180,76 +183,82 @@ def value_clamp(x: torch.Tensor, bound: float) -> torch.Tensor:
     return _StraightThroughClamp.apply(x, bound)
 
 
-# torch.where / masked_fill on random masks are ~15x slower than a multiply on CPU (measured with
-# benchmarks/bench_losses.py), so gates are applied arithmetically: lerp(a, b, g) = a + g*(b - a)
-# with a 0/1 float gate g, whose gradient w.r.t. b is g (exactly "where", without NaN pitfalls).
+# --------------------------------------------------------------------------- the loss as one autograd node
 
 
-def _clip_gate(positive: torch.Tensor, w: torch.Tensor, cfg: RPGLossConfig):
-    """Dual-clip gate for a fixed branch (spec §4.1, boundaries of Algorithm 2).
+class _ClosedFormLoss(torch.autograd.Function):
+    """out = ``loss_terms``' value, d out / d log_prob = its closed-form slope (backward: one multiply)."""
 
-    Returns (active, dual, x_clipped): the gradient flows through the ratio iff
-    (positive and w < 1+eps_high) or (not positive and 1-eps_low < w < c); ``dual`` marks the
-    negative-branch tokens capped at c; x_clipped is the ratio's constant value where it is
-    clipped (clip(w, 1-eps_low, 1+eps_high), or c under the dual clip). Dual-clip PPO is then
-    exactly -A * lerp(x_clipped, w, active).
+    @staticmethod
+    def forward(ctx, log_prob, terms, *data):
+        out, slope, stats = terms(log_prob, *data)
+        ctx.n_data = len(data)
+        ctx.save_for_backward(slope)
+        ctx.mark_non_differentiable(stats)
+        ctx.set_materialize_grads(False)  # no zero gradient is built for the statistics
+        return out, stats
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_stats):
+        (slope,) = ctx.saved_tensors
+        grad = None if grad_out is None else grad_out * slope
+        return (grad, None) + (None,) * ctx.n_data
+
+
+# torch.compile's backend for cfg.compile=True; the tests switch it to "aot_eager" (the same traced
+# graph, no C++ compiler) for the many-variant equality checks, inductor checks the fused kernels.
+COMPILE_BACKEND = "inductor"
+_COMPILED_COUNT = itertools.count()
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_terms(cfg: RPGLossConfig, agg: str | None, backend: str):
+    """``loss_terms`` for one configuration as a compiled graph (fullgraph: a graph break is an error).
+
+    Dynamo caches graphs per code object and allows 8 per object; a fresh code object per
+    configuration gives each its own cache, so a process running several configurations (tests,
+    benchmarks) never hits that limit, and one configuration compiles once for all shapes (below).
     """
-    lo, hi, c = 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high, cfg.clip_ratio_c
-    below_c = w < c
-    active = (positive & (w < hi)) | (~positive & (w > lo) & below_c)
-    dual = ~(positive | below_c)
-    w_bar = w.clamp(lo, hi)
-    x_clipped = w_bar + dual.to(w.dtype) * (c - w_bar)
-    return active, dual, x_clipped
+    def terms(log_prob, old_log_prob, advantages, mask, ref_log_prob):
+        return loss_terms(cfg, agg, log_prob, old_log_prob, advantages, mask, ref_log_prob)
+
+    name = f"rpg_loss_terms_{next(_COMPILED_COUNT)}"
+    fresh = types.FunctionType(terms.__code__.replace(co_name=name), terms.__globals__, name, None, terms.__closure__)
+    compiled = torch.compile(fresh, backend=backend, fullgraph=True, dynamic=True)
+
+    def run(*tensors):
+        # unbacked sizes: no specialisation on sizes 0/1 either, so verl's dynamic micro-batches
+        # (any number of rows, any length) reuse one graph
+        tensors = [t if t is None else t.detach() for t in tensors]
+        for t in tensors:
+            if t is not None:
+                torch._dynamo.decorators.mark_unbacked(t, 0)
+                torch._dynamo.decorators.mark_unbacked(t, 1)
+        return compiled(*tensors)
+
+    return run
 
 
-def _reinforce(l, w, log_w, adv, r_ref, log_r_ref, cfg: RPGLossConfig):
-    """REINFORCE-style loss: everything but l is a constant. Returns (loss, W, regions, None).
 
-    With clipping, the value follows Algorithm 2 literally: -(A*x + C) * l with x = w where the
-    token is active, x = w_bar = clip(w) where the ratio clip binds, x = c where the dual clip
-    binds; the gradient flows through l only on active tokens.
-    """
-    with torch.no_grad():
-        if cfg.clip:
-            lo, hi = 1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high
-            w_kl = w.clamp(lo, hi)
-            log_w_kl = log_w.clamp(math.log(lo), math.log(hi))  # = log(w_bar), without a log pass
-        else:
-            w_kl, log_w_kl = w, log_w
-        c_kl = kl_weight(cfg.divergence, cfg.beta, w_kl, log_w_kl, r_ref, log_r_ref)
-        weight = torch.addcmul(c_kl, w, adv)  # W = w*A + C = w*A', A' = A + C/w (unclipped w, Algorithm 2)
-    if not cfg.clip:
-        return l * -weight, weight, None, None
-    with torch.no_grad():
-        # sign(A') = sign(W) as w > 0; W stays finite where C/w could overflow.
-        positive = weight >= 0 if cfg.branch_on == "regularized" else adv > 0
-        active, dual, x_clipped = _clip_gate(positive, w, cfg)
-        gate = active.to(w.dtype)
-        neg_weight = -torch.addcmul(c_kl, torch.lerp(x_clipped, w, gate), adv)
-    loss = neg_weight * torch.lerp(l.detach(), l, gate)
-    return loss, weight, (positive, active, dual), None
+def _token_terms(cfg: RPGLossConfig, aggregate: bool, log_prob, old_log_prob, advantages, response_mask, ref_log_prob):
+    """Validated, upcast inputs -> (out, metrics): the shared body of the two public losses."""
+    if not isinstance(cfg, RPGLossConfig):
+        raise ValueError(f"cfg must be an RPGLossConfig, got {type(cfg).__name__}")
+    agg = cfg.loss_agg_mode if aggregate else None
+    _check_inputs(log_prob, old_log_prob, advantages, response_mask, ref_log_prob)
+    dtype = torch.float64 if log_prob.dtype == torch.float64 else torch.float32
 
+    def up(t):  # computation in float32 or wider; no op when the dtype already fits
+        return t if t is None or t.dtype == dtype else t.to(dtype)
 
-def _differentiable(l, w, log_rho, adv, r_ref, log_r_ref, cfg: RPGLossConfig):
-    """Fully differentiable loss. Returns (loss, W = w*A + C(w) of its unclipped gradient, regions, kappa)."""
-    kappa = kl_surrogate(cfg.divergence, w, log_rho, r_ref)
-    if cfg.kl_clamp is not None:
-        kappa = _StraightThroughClamp.apply(kappa, cfg.kl_clamp)
-    with torch.no_grad():
-        w_const = w.detach()
-        weight = torch.addcmul(kl_weight(cfg.divergence, cfg.beta, w_const, log_rho + log_r_ref, r_ref, log_r_ref), w_const, adv)
-    a_hat = adv - cfg.beta * kl_phi(cfg.divergence, log_rho) if cfg.fd_clip == "algorithm1" else adv
-    regions = None
-    ratio = w
-    if cfg.clip:  # DualClip(w, A_hat) = -A_hat * lerp(x_clipped, w, active); A_hat may carry a gradient
-        positive = a_hat.detach() >= 0
-        active, dual, x_clipped = _clip_gate(positive, w_const, cfg)
-        ratio = torch.lerp(x_clipped, w, active.to(w.dtype))
-        regions = (positive, active, dual)
-    if cfg.fd_clip == "algorithm1":
-        return -a_hat * ratio, weight, regions, kappa.detach()
-    return torch.addcmul(cfg.beta * kappa, adv, ratio, value=-1.0), weight, regions, kappa.detach()
+    if cfg.compile and torch._dynamo.config.disable:
+        raise ValueError("RPGLossConfig.compile=True needs torch.compile, which is disabled in this process "
+                         "(TORCH_COMPILE_DISABLE=1); set compile=False or enable torch.compile")
+    terms = _compiled_terms(cfg, agg, COMPILE_BACKEND) if cfg.compile else functools.partial(loss_terms, cfg, agg)
+    # only log_prob receives a gradient (the other inputs get None in backward: no detach needed)
+    out, stats = _ClosedFormLoss.apply(up(log_prob), terms, up(old_log_prob), up(advantages), up(response_mask),
+                                       up(ref_log_prob))
+    return out, _metrics(cfg, ref_log_prob is not None, stats.tolist())
 
 
 # --------------------------------------------------------------------------- public API
@@ -268,42 +277,7 @@ def rpg_token_loss(
     Aggregate it with ``aggregate_loss`` (or verl's ``agg_loss`` inside verl). Computation runs
     in float32 or wider (bf16 inputs are upcast); the gradient flows back to ``log_prob`` only.
     """
-    if not isinstance(cfg, RPGLossConfig):
-        raise ValueError(f"cfg must be an RPGLossConfig, got {type(cfg).__name__}")
-    _check_inputs(log_prob, old_log_prob, advantages, response_mask, ref_log_prob)
-    dtype = torch.promote_types(log_prob.dtype, torch.float32)
-    l = log_prob.to(dtype)
-    l_old = old_log_prob.detach().to(dtype)
-    adv = advantages.detach().to(dtype)
-    mask = response_mask.detach().to(dtype)
-    valid = mask != 0
-    valid_f = valid.to(dtype)
-    guard = cfg.log_ratio_guard
-
-    if cfg.form == "reinforce":  # the ratio is a constant: plain clamp
-        with torch.no_grad():
-            log_w_raw = l - l_old
-            log_w = log_w_raw.clamp(-guard, guard)
-    else:  # the ratio carries the gradient: straight-through clamp
-        log_w_raw = l - l_old
-        log_w = _StraightThroughClamp.apply(log_w_raw, guard)
-    w = torch.exp(log_w)
-    if ref_log_prob is None:  # anchor = sampler (iterative reference): rho = w, r_ref = 1
-        r_ref, log_r_ref, log_rho = 1.0, 0.0, log_w
-    else:  # three-policy weights (spec §2.7); r_ref = a / mu is data
-        log_r_ref = (ref_log_prob.detach().to(dtype) - l_old).clamp(-guard, guard)
-        r_ref = torch.exp(log_r_ref)
-        log_rho = log_w - log_r_ref
-
-    if cfg.form == "reinforce":
-        loss, weight, regions, kappa = _reinforce(l, w, log_w, adv, r_ref, log_r_ref, cfg)
-    else:
-        loss, weight, regions, kappa = _differentiable(l, w, log_rho, adv, r_ref, log_r_ref, cfg)
-    loss = loss * valid_f  # masked positions are 0 (like verl's agg_loss, a NaN there would propagate)
-    if kappa is None:  # the REINFORCE form never needs kappa itself: compute it for the KL metric
-        kappa = kl_surrogate(cfg.divergence, w.detach(), log_rho.detach(), r_ref)
-    metrics = _metrics(cfg, mask, valid, valid_f, w.detach(), log_w_raw.detach(), kappa, weight, regions)
-    return loss, metrics
+    return _token_terms(cfg, False, log_prob, old_log_prob, advantages, response_mask, ref_log_prob)
 
 
 def rpg_policy_loss(
@@ -314,9 +288,12 @@ def rpg_policy_loss(
     cfg: RPGLossConfig,
     ref_log_prob: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar RPG loss (keeps its graph) aggregated with ``cfg.loss_agg_mode``, and metrics."""
-    loss_mat, metrics = rpg_token_loss(log_prob, old_log_prob, advantages, response_mask, cfg, ref_log_prob)
-    return aggregate_loss(loss_mat, response_mask, cfg.loss_agg_mode), metrics
+    """Scalar RPG loss (keeps its graph) aggregated with ``cfg.loss_agg_mode``, and metrics.
+
+    Equal to ``aggregate_loss(rpg_token_loss(...)[0], response_mask, cfg.loss_agg_mode)``, with the
+    aggregation fused into the same pass.
+    """
+    return _token_terms(cfg, True, log_prob, old_log_prob, advantages, response_mask, ref_log_prob)
 
 
 def grpo_corrected_kl(
@@ -343,55 +320,40 @@ def grpo_corrected_kl(
 # --------------------------------------------------------------------------- metrics
 
 
-METRIC_NAMES = ("ratio_mean", "ratio_max", "ratio_min", "log_ratio_abs_max", "kl_estimate", "reg_adv_mean",
-                "reg_adv_abs_max", "clipfrac", "clipfrac_high", "clipfrac_low", "clipfrac_dual", "active_frac",
-                "log_ratio_guard_frac")
+METRIC_NAMES = ("ratio_mean", "ratio_max", "ratio_min", "log_ratio_mean", "log_ratio_abs_max", "kl_estimate",
+                "reg_adv_mean", "reg_adv_abs_max", "clipfrac", "clipfrac_high", "clipfrac_low", "clipfrac_dual",
+                "active_frac", "log_ratio_guard_frac")
 
 
-def _metrics(cfg, mask, valid, valid_f, w, log_w_raw, kappa, weight, regions) -> dict[str, float]:
-    """Mask-weighted means and extremes over valid tokens, read back with one host sync.
+def _metrics(cfg: RPGLossConfig, with_ref: bool, stats: list[float]) -> dict[str, float]:
+    """The statistics vector of ``loss_terms`` (already on the host) as ``rpg/*`` metrics.
 
-    Clip fractions count tokens with a non-zero mask (equal to the weighted ones for 0/1 masks).
-    A' = W / w is saturated at +-1e30 so that its statistics stay finite for w -> 0.
+    Means are mask-weighted over valid tokens; fractions count tokens with a non-zero mask (equal
+    to the weighted ones for 0/1 masks); extremes are over valid tokens. A' = W/w is saturated at
+    +-1e30 so that its statistics stay finite for w -> 0. With a reference anchor,
+    ``rpg/ref_old_logp_absdiff_max`` = max |l_ref - l_old| (0 right after a reference reset).
     """
-    with torch.no_grad():
-        n_valid = valid.sum()
-        n = mask.sum()
-        n_safe = torch.where(n > 0, n, torch.ones_like(n))
-        count_safe = n_valid.clamp(min=1)
-        invalid = 1.0 - valid_f
-        a_reg = (weight / w).clamp(-1e30, 1e30)
-        stats = [
-            n_valid,
-            torch.dot(w.flatten(), mask.flatten()) / n_safe,
-            torch.dot(kappa.flatten(), mask.flatten()) / n_safe,
-            torch.dot(a_reg.flatten(), mask.flatten()) / n_safe,
-            torch.add(log_w_raw, invalid, alpha=-1e30).amax(),
-            torch.add(log_w_raw, invalid, alpha=1e30).amin(),
-            torch.add(a_reg.abs(), invalid, alpha=-1e30).amax(),
-        ]
-        if regions is not None:
-            positive, active, dual = regions
-            inactive = ~active & valid
-            stats += [(inactive & positive).sum() / count_safe, (inactive & ~positive & ~dual).sum() / count_safe,
-                      (inactive & dual).sum() / count_safe]
-        values = torch.stack([s.to(torch.float64) for s in stats]).tolist()
-    names = ["ratio_mean", "kl_estimate", "reg_adv_mean", "lw_max", "lw_min", "reg_adv_abs_max", "clipfrac_high",
-             "clipfrac_low", "clipfrac_dual"]
-    v = dict(zip(names, values[1:] + [0.0] * (len(names) + 1 - len(values))))
-    if values[0] == 0:  # nothing valid: every statistic is 0
-        return {f"rpg/{k}": 0.0 for k in METRIC_NAMES}
+    n_sums, n_extremes = len(WEIGHTED_SUMS), 4 if with_ref else 3
+    s = dict(zip(WEIGHTED_SUMS, stats[:n_sums]))
+    e = dict(zip(EXTREMES, stats[n_sums : n_sums + n_extremes]))
+    c = dict(zip(VALID_COUNTS, stats[n_sums + n_extremes :]))
+    names = METRIC_NAMES + (("ref_old_logp_absdiff_max",) if with_ref else ())
+    n_valid = c["valid"]
+    if n_valid == 0:  # nothing valid: every statistic is 0
+        return {f"rpg/{k}": 0.0 for k in names}
+    n = s["n"] if s["n"] != 0 else 1.0
     guard = cfg.log_ratio_guard
-    lw_absmax = max(abs(v["lw_max"]), abs(v["lw_min"]))
-    guard_frac = 0.0
-    if lw_absmax > guard:  # rare: only then pay for the count
-        guard_frac = float(((log_w_raw.abs() > guard) & valid).sum() / values[0])
-    clipped = v["clipfrac_high"] + v["clipfrac_low"] + v["clipfrac_dual"]
+    lw_max, lw_min = e["log_ratio"], -e["neg_log_ratio"]
+    active = c.get("active", n_valid)
+    high, low = c.get("clip_high", 0.0), c.get("clip_low", 0.0)
     out = {
-        "ratio_mean": v["ratio_mean"], "ratio_max": math.exp(min(v["lw_max"], guard)),
-        "ratio_min": math.exp(max(v["lw_min"], -guard)), "log_ratio_abs_max": lw_absmax,
-        "kl_estimate": v["kl_estimate"], "reg_adv_mean": v["reg_adv_mean"], "reg_adv_abs_max": v["reg_adv_abs_max"],
-        "clipfrac": clipped, "clipfrac_high": v["clipfrac_high"], "clipfrac_low": v["clipfrac_low"],
-        "clipfrac_dual": v["clipfrac_dual"], "active_frac": 1.0 - clipped, "log_ratio_guard_frac": guard_frac,
+        "ratio_mean": s["ratio"] / n, "ratio_max": math.exp(min(lw_max, guard)), "ratio_min": math.exp(max(lw_min, -guard)),
+        "log_ratio_mean": s["log_ratio"] / n, "log_ratio_abs_max": max(abs(lw_max), abs(lw_min)),
+        "kl_estimate": s["kl"] / n, "reg_adv_mean": -s["neg_reg_adv"] / n, "reg_adv_abs_max": e["reg_adv_abs"],
+        "clipfrac": (n_valid - active) / n_valid, "clipfrac_high": high / n_valid, "clipfrac_low": low / n_valid,
+        "clipfrac_dual": (n_valid - active - high - low) / n_valid, "active_frac": active / n_valid,
+        "log_ratio_guard_frac": c["guarded"] / n_valid,
     }
+    if with_ref:
+        out["ref_old_logp_absdiff_max"] = e["ref_log_ratio_abs"]
     return {f"rpg/{k}": float(v) for k, v in out.items()}

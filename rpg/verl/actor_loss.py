@@ -91,8 +91,9 @@ def rpg_actor_loss(config, model_output, data: TensorDict, dp_group=None):
         rollout_is_weights=data.get("rollout_is_weights", None),
         ref_log_prob=ref_log_prob,
     )
-    if ref_log_prob is not None:
-        # how far the reference is from the sampling policy (0 right after a reference reset)
+    if ref_log_prob is not None and "rpg/ref_old_logp_absdiff_max" not in pg_metrics:
+        # how far the reference is from the sampling policy (0 right after a reference reset); the RPG
+        # loss library reports it itself within its single host sync, grpo_corrected does not
         diff = (ref_log_prob - old_log_prob).abs()[response_mask]
         pg_metrics["rpg/ref_old_logp_absdiff_max"] = float(diff.max()) if diff.numel() else 0.0
 

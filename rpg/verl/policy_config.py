@@ -14,7 +14,10 @@ from typing import Optional
 
 from verl.workers.config.actor import PolicyLossConfig
 
+from rpg.losses import loss_defaults
 from rpg.verl.settings import BRANCH_ON, DIVERGENCES, FD_CLIP, FORMS
+
+_LOSS_DEFAULTS = loss_defaults()  # the library's RPGLossConfig is the one source of these defaults
 
 
 @dataclass
@@ -28,17 +31,19 @@ class RPGPolicyLossConfig(PolicyLossConfig):
     rpg_branch_on:  regularized | raw               (rpg.loss.branch_on)
     rpg_fd_clip:    reward | algorithm1             (rpg.loss.fd_clip)
     rpg_kl_clamp:   None or > 0, value-only guard    (rpg.loss.kl_clamp)
+    rpg_compile:    torch.compile the loss and its metrics (rpg.loss.compile)
     rpg_anchor:     sampler (anchor = pi_old, no reference model) | reference (ref_log_prob)
     rpg_sampler_kl: rpg.loss.name=verl only: verl's KL loss against pi_old (ref_log_prob := old_log_probs)
     """
 
-    rpg_divergence: str = "ufkl"
-    rpg_form: str = "reinforce"
-    rpg_beta: float = 1e-4
-    rpg_clip: bool = True
-    rpg_branch_on: str = "regularized"
-    rpg_fd_clip: str = "reward"
-    rpg_kl_clamp: Optional[float] = None
+    rpg_divergence: str = _LOSS_DEFAULTS["divergence"]
+    rpg_form: str = _LOSS_DEFAULTS["form"]
+    rpg_beta: float = _LOSS_DEFAULTS["beta"]
+    rpg_clip: bool = _LOSS_DEFAULTS["clip"]
+    rpg_branch_on: str = _LOSS_DEFAULTS["branch_on"]
+    rpg_fd_clip: str = _LOSS_DEFAULTS["fd_clip"]
+    rpg_kl_clamp: Optional[float] = _LOSS_DEFAULTS["kl_clamp"]
+    rpg_compile: bool = _LOSS_DEFAULTS["compile"]
     rpg_anchor: str = "sampler"
     rpg_sampler_kl: bool = False
 
@@ -56,3 +61,5 @@ class RPGPolicyLossConfig(PolicyLossConfig):
                 raise ValueError(f"policy_loss.{name}={value!r} is invalid; allowed values: {', '.join(allowed)}")
         if self.rpg_beta < 0:
             raise ValueError(f"policy_loss.rpg_beta={self.rpg_beta} is invalid; expected a value >= 0")
+        if not isinstance(self.rpg_compile, bool):
+            raise ValueError(f"policy_loss.rpg_compile={self.rpg_compile!r} is invalid; allowed values: True, False")

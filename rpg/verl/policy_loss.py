@@ -29,7 +29,8 @@ import torch
 
 from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla
 
-_RPG_FIELDS = ("rpg_divergence", "rpg_form", "rpg_beta", "rpg_clip", "rpg_branch_on", "rpg_fd_clip", "rpg_kl_clamp")
+_RPG_FIELDS = ("rpg_divergence", "rpg_form", "rpg_beta", "rpg_clip", "rpg_branch_on", "rpg_fd_clip", "rpg_kl_clamp",
+               "rpg_compile")
 
 
 def _policy_settings(config) -> Any:
@@ -63,6 +64,7 @@ def make_rpg_loss_config(config, loss_agg_mode: str):
         branch_on=pl.rpg_branch_on,
         fd_clip=pl.rpg_fd_clip,
         kl_clamp=None if pl.rpg_kl_clamp is None else float(pl.rpg_kl_clamp),
+        compile=bool(pl.rpg_compile),
     )
 
 
@@ -105,9 +107,9 @@ def rpg_pg_loss(
     if rollout_is_weights is not None:
         loss_mat = loss_mat * rollout_is_weights
     loss = agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=loss_agg_mode, **gbi)
-    metrics = dict(metrics)
-    metrics["actor/pg_clipfrac"] = float(metrics.get("rpg/clipfrac", 0.0))
-    metrics["actor/ppo_kl"] = _masked_mean((old_log_prob - log_prob).detach(), mask)
+    metrics = dict(metrics)  # read back with the library's single host sync
+    metrics["actor/pg_clipfrac"] = metrics["rpg/clipfrac"]
+    metrics["actor/ppo_kl"] = -metrics["rpg/log_ratio_mean"]  # verl's ppo_kl: masked mean of l_old - l
     return loss, metrics
 
 

@@ -6,7 +6,8 @@ line naming the key and the allowed values. Unknown keys anywhere under ``rpg.``
 Block (key names fixed by SCHEMA.md; keys marked [added] are this module's additions)::
 
     rpg:
-      loss:      {name, divergence, form, beta, clip, branch_on, fd_clip, kl_clamp}
+      loss:      {name, divergence, form, beta, clip, branch_on, fd_clip, kl_clamp,
+                  compile [added]}
       reference: {mode, update_every, kl_threshold, kl_ema_decay,
                   log_weight_diff [added]}
       optimizer: adamw | schedulefree
@@ -38,19 +39,19 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from rpg.losses import AGG_MODES, BRANCH_RULES, DIVERGENCES, FD_CLIP_MODES, FORMS, loss_defaults
+
 LOSS_NAMES = ("rpg", "grpo_corrected", "verl")
-DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
-FORMS = ("reinforce", "differentiable")
-BRANCH_ON = ("regularized", "raw")
-FD_CLIP = ("reward", "algorithm1")
+BRANCH_ON = BRANCH_RULES
+FD_CLIP = FD_CLIP_MODES
 REFERENCE_MODES = ("sampler", "fixed", "periodic", "kl_threshold")
 OPTIMIZERS = ("adamw", "schedulefree")
 # aggregation modes the RPG loss library supports (verl semantics)
-RPG_LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+RPG_LOSS_AGG_MODES = AGG_MODES
 POLICY_LOSS_TARGET = "rpg.verl.policy_config.RPGPolicyLossConfig"
 SCHEDULEFREE_IMPL, SCHEDULEFREE_CLASS = "schedulefree", "AdamWScheduleFree"
 
-_LOSS_KEYS = ("name", "divergence", "form", "beta", "clip", "branch_on", "fd_clip", "kl_clamp")
+_LOSS_KEYS = ("name", "divergence", "form", "beta", "clip", "branch_on", "fd_clip", "kl_clamp", "compile")
 _REF_KEYS = ("mode", "update_every", "kl_threshold", "kl_ema_decay", "log_weight_diff")
 _TOP_KEYS = ("loss", "reference", "optimizer", "reward_function", "validation")
 _VALIDATION_KEYS = ("samples_per_problem",)
@@ -62,16 +63,20 @@ class RPGConfigError(ValueError):
     """A bad value in the ``rpg:`` block or a conflicting verl key (message: one line)."""
 
 
+_LOSS_DEFAULTS = loss_defaults()  # the library's RPGLossConfig is the one source of these defaults
+
+
 @dataclass(frozen=True)
 class LossSettings:
     name: str = "rpg"
-    divergence: str = "ufkl"
-    form: str = "reinforce"
-    beta: float = 1e-4
-    clip: bool = True
-    branch_on: str = "regularized"
-    fd_clip: str = "reward"
-    kl_clamp: float | None = None
+    divergence: str = _LOSS_DEFAULTS["divergence"]
+    form: str = _LOSS_DEFAULTS["form"]
+    beta: float = _LOSS_DEFAULTS["beta"]
+    clip: bool = _LOSS_DEFAULTS["clip"]
+    branch_on: str = _LOSS_DEFAULTS["branch_on"]
+    fd_clip: str = _LOSS_DEFAULTS["fd_clip"]
+    kl_clamp: float | None = _LOSS_DEFAULTS["kl_clamp"]
+    compile: bool = _LOSS_DEFAULTS["compile"]  # [added] torch.compile the loss (rpg.loss.name=rpg)
 
 
 @dataclass(frozen=True)
@@ -185,7 +190,10 @@ def parse_rpg_settings(block: Any) -> RPGSettings:
         fd_clip=_choice("rpg.loss.fd_clip", loss.get("fd_clip", d_loss.fd_clip), FD_CLIP),
         kl_clamp=_number("rpg.loss.kl_clamp", loss.get("kl_clamp", d_loss.kl_clamp), minimum=0.0,
                          strict_min=True, allow_none=True),
+        compile=_bool("rpg.loss.compile", loss.get("compile", d_loss.compile)),
     )
+    if loss_s.compile and loss_s.name != "rpg":
+        _fail(f"rpg.loss.compile=true applies to rpg.loss.name=rpg only (got {loss_s.name}); set rpg.loss.compile=false")
     ref_s = ReferenceSettings(
         mode=_choice("rpg.reference.mode", ref.get("mode", d_ref.mode), REFERENCE_MODES),
         update_every=_int("rpg.reference.update_every", ref.get("update_every", d_ref.update_every)),
@@ -395,6 +403,11 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
             pl.rpg_branch_on = loss.branch_on
             pl.rpg_fd_clip = loss.fd_clip
             pl.rpg_kl_clamp = loss.kl_clamp
+            pl.rpg_compile = loss.compile
+            if loss.compile and str(_select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars.TORCH_COMPILE_DISABLE", "0")) == "1":
+                _fail("rpg.loss.compile=true needs torch.compile in the actor workers, but "
+                      "ray_kwargs.ray_init.runtime_env.env_vars.TORCH_COMPILE_DISABLE=1 disables it there (the CPU "
+                      "backend sets it); set rpg.loss.compile=false or TORCH_COMPILE_DISABLE=0")
             pl.rpg_anchor = "sampler" if ref.mode == "sampler" else "reference"
             pl.rpg_sampler_kl = False
         else:  # loss.name == "verl": verl's own ppo_loss; the reference settings govern its KL reference
@@ -459,7 +472,7 @@ def describe(cfg, settings: RPGSettings) -> str:
     loss = settings.loss
     if settings.uses_rpg_actor_loss:
         what = (f"loss={loss.name} divergence={loss.divergence} form={loss.form} beta={loss.beta} clip={loss.clip}"
-                if loss.name == "rpg" else f"loss=grpo_corrected beta={loss.beta}")
+                + (" compiled" if loss.compile else "") if loss.name == "rpg" else f"loss=grpo_corrected beta={loss.beta}")
     else:
         what = f"loss=verl:{pl.get('loss_mode', 'vanilla')}"
     ref = settings.reference
