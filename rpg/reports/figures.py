@@ -85,6 +85,7 @@ def plot_curves(
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     panels = panels or default_panels(metric)
     warnings: list[str] = []
@@ -133,6 +134,7 @@ def plot_curves(
         ax.set_xlabel("Step")
         ax.set_ylabel(panel.ylabel or panel.title, fontsize=8)
         ax.grid(alpha=0.3, linestyle="--")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if last_step is not None:
             first = min((min(s) for sl in data.values() for s in sl), default=0)
             ax.set_xlim(min(0, first), last_step + 0.02 * max(1, last_step - min(0, first)))  # room for the marker

@@ -193,8 +193,9 @@ def _caption(td: TableData) -> str:
     runs = [c.n for _, cells in td.rows for c in cells.values()]
     seeds = "; mean ± std over seeds" if any(n > 1 for n in runs) else ""
     cols = "; ours | paper | Δ = ours − paper" if td.has_paper else ""
+    head = f"Table {td.number} ({td.title})" if td.has_paper else td.title
     return (
-        f"Table {td.number} ({td.title}): {td.metric}; Last = {last}, Best = max over evaluated steps{upto}"
+        f"{head}: {td.metric}; Last = {last}, Best = max over evaluated steps{upto}"
         f"{seeds}{cols}; best of each column in bold, second best underlined"
     )
 
