@@ -52,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from rpg.study.runner import read_record, run_grid
+    from rpg.study.runner import all_records, read_record, run_grid
     from rpg.variants import VariantNameError
 
     try:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     records = [read_record(args.out, s) or {} for s in specs]
     finished = {s.run_id for s, r in zip(specs, records) if r.get("status") == "done"}
-    costs = calibrate([r for r in records if r])
+    costs = calibrate(all_records(args.out))
     if args.dry_run:
         print(describe(specs, costs, finished))
         return 0

@@ -98,12 +98,9 @@ class RunSpec:
         from rpg.tiny.overrides import tiny_task_overrides
 
         v, s = parse(self.variant), self.sizes
-        mini = s.prompts // self.updates
         return [
             *tiny_task_overrides(assets, steps=s.steps, test_freq=s.test_freq, train_batch_size=s.prompts,
-                                 n=s.n, val_n=s.val_n),
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
-            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mini * s.n}",
+                                 n=s.n, val_n=s.val_n, mini_batch_size=s.prompts // self.updates),
             f"actor_rollout_ref.actor.optim.lr={v.lr * LR_SCALE:g}",
             "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
             f"data.seed={self.seed}",
@@ -154,11 +151,13 @@ class Costs:
         return self.startup_s + s.steps * (self.step_s + (spec.updates - 1) * self.update_s) + s.validations * self.val_s
 
 
-# Measured on the development machine (2 cores, other jobs running): a 4-step run of
-# RPG-REINFORCE-UFKL with 8 prompts x 8 responses, 4 updates per batch: 151 s wall, of it ~112 s
-# start-up + shutdown, steps 3.9-6.6 s (generation 2-4 s, update ~1 s for 4 mini-batches),
-# validation (30 problems x 4 samples) ~6.7 s. Replaced by figures from finished runs when there are any.
-BUILTIN_COSTS = Costs(startup_s=112.0, step_s=4.5, update_s=0.2, val_s=6.7, source="built-in (measured on a loaded 2-core machine)")
+# Measured on the development machine (2 cores, load average ~9 from other jobs): a 3-step run of
+# unclipped RPG-REINFORCE-UFKL, 16 prompts x 4 responses, 16 updates per batch: 215 s wall, of it
+# ~179 s start-up + shutdown, steps ~6.3 s (generation ~4 s; the actor update 1.3-1.7 s at 16
+# mini-batches vs 0.9-1.3 s at 4), validation (30 problems x 4 samples) ~5.8 s. Replaced by the
+# figures of finished runs in the output directory when there are any.
+BUILTIN_COSTS = Costs(startup_s=179.0, step_s=6.3, update_s=0.05, val_s=5.8,
+                      source="built-in (measured on a loaded 2-core machine)")
 
 
 def calibrate(records: list[dict]) -> Costs:

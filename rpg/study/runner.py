@@ -34,6 +34,17 @@ def read_record(out: Path, spec: RunSpec) -> dict | None:
         return None
 
 
+def all_records(out: Path) -> list[dict]:
+    """Records of every run under ``out`` (any grid): the measured costs for the time estimate."""
+    recs = []
+    for path in sorted((Path(out) / "runs").glob(f"*/{RUN_RECORD}")):
+        try:
+            recs.append(json.loads(path.read_text()))
+        except json.JSONDecodeError:
+            continue
+    return recs
+
+
 def plan_overrides(spec: RunSpec, out: Path) -> list[str]:
     """All overrides of one run: what ``RPG_BACKEND=cpu`` launches for the method, then the study's."""
     from rpg.launch import plan_overrides as launch_overrides
