@@ -64,10 +64,11 @@ def test_time_estimate_and_calibration_from_finished_runs():
     spec = G.RunSpec("run_dapo_7b", 4, 1, SMALL)
     c = G.Costs(startup_s=10, step_s=2, update_s=0.5, val_s=3, source="test")
     assert c.run_s(spec) == 10 + 4 * (2 + 3 * 0.5) + 3 * 3
-    rec = {"status": "done", "steps": 4, "updates": 1, "validations": 3, "wall_time_s": 50.0, "step_time_s": 8.0,
-           "val_time_s": 6.0}
+    rec = {"status": "done", "steps": 4, "updates": 1, "validations": 3, "wall_time_s": 50.0, "train_wall_s": 16.0,
+           "step_time_s": 8.0, "val_time_s": 6.0}
     got = G.calibrate([rec, {"status": "failed"}])
-    assert (got.startup_s, got.step_s, got.val_s) == (36.0, 2.0, 2.0) and "1 finished run" in got.source
+    # start-up = 50 - 16; validation 6 / 3; step = (16 - 2 validations x 2) / 4
+    assert (got.startup_s, got.step_s, got.val_s) == (34.0, 3.0, 2.0) and "1 finished run" in got.source
     assert G.calibrate([]) is G.BUILTIN_COSTS
     text = G.describe([spec], c, finished={spec.run_id})
     assert "done" in text and "1 runs (0 to run)" in text and "estimated time to run: 0s" in text
@@ -176,6 +177,7 @@ def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_pa
     assert "step 2/4  reward -0.500  kl(old,new) 1.0e-03  val acc 0.220" in out and "failed 2/8" in out
     done = records[0]
     assert (done["step_time_s"], done["val_time_s"], done["wall_time_s"]) == (8.0, 3.0, 30.0)
+    assert 0 <= done["train_wall_s"] < 5  # the fake writes its records at once
 
     fake.calls.clear()
     R.run_grid(specs, tmp_path, costs)  # nothing to do: done runs kept, the failed one not retried
@@ -214,7 +216,7 @@ def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
     runs_md = (tmp_path / "report" / "runs.md").read_text()
     assert "python -m rpg.study --x" in runs_md
     assert "RPG-REINFORCE-UFKL (no clip) k=4 seed 2: failed at step 4: ValueError: loss is nan" in runs_md
-    assert "| 4 | RPG-REINFORCE-UFKL (no clip) | 4 | 2 | failed |" in runs_md
+    assert "| 4 | RPG-REINFORCE-UFKL (no clip) | 4 | 2 | failed | 0s |" in runs_md
     assert "7 of 8 runs finished" in runs_md
     assert (tmp_path / "report" / "table.tex").read_text().count(r"\begin{table}") == 2
 

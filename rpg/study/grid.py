@@ -153,23 +153,31 @@ class Costs:
 
 # Measured on the development machine (2 cores, load average ~9 from other jobs): a 3-step run of
 # unclipped RPG-REINFORCE-UFKL, 16 prompts x 4 responses, 16 updates per batch: 215 s wall, of it
-# ~179 s start-up + shutdown, steps ~6.3 s (generation ~4 s; the actor update 1.3-1.7 s at 16
-# mini-batches vs 0.9-1.3 s at 4), validation (30 problems x 4 samples) ~5.8 s. Replaced by the
-# figures of finished runs in the output directory when there are any.
-BUILTIN_COSTS = Costs(startup_s=179.0, step_s=6.3, update_s=0.05, val_s=5.8,
+# ~180 s start-up + shutdown; from the first metrics record to the last 35 s for 3 steps and 2
+# validations: ~7.8 s per step (generation ~4 s; the actor update 1.3-1.7 s at 16 mini-batches vs
+# 0.9-1.3 s at 4), validation (30 problems x 4 samples) ~5.8 s. Replaced by the figures of
+# finished runs in the output directory when there are any.
+BUILTIN_COSTS = Costs(startup_s=180.0, step_s=7.0, update_s=0.05, val_s=5.8,
                       source="built-in (measured on a loaded 2-core machine)")
 
 
 def calibrate(records: list[dict]) -> Costs:
-    """Costs from finished runs' records (``wall_time_s``, summed ``timing_s/step`` and ``timing_s/testing``,
-    steps, validations, updates); the built-in figures when there are none."""
-    done = [r for r in records if r.get("status") == "done" and r.get("steps")]
+    """Costs from finished runs' records; the built-in figures when there are none.
+
+    A record has the run's ``wall_time_s``, ``train_wall_s`` (wall time from the first metrics
+    record, the validation before training, to the last), summed ``val_time_s``, ``steps``,
+    ``validations`` and ``updates``. Start-up + shutdown = wall - train; one step = (train - the
+    validations after step 0) / steps, which includes the trainer's overhead between steps.
+    Medians over the runs.
+    """
+    done = [r for r in records if r.get("status") == "done" and r.get("steps") and "train_wall_s" in r]
     if not done:
         return BUILTIN_COSTS
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    startup = med([r["wall_time_s"] - r["step_time_s"] - r["val_time_s"] for r in done])
-    step = med([r["step_time_s"] / r["steps"] - (r["updates"] - 1) * BUILTIN_COSTS.update_s for r in done])
     val = med([r["val_time_s"] / max(1, r["validations"]) for r in done])
+    startup = med([r["wall_time_s"] - r["train_wall_s"] for r in done])
+    step = med([(r["train_wall_s"] - (r["validations"] - 1) * val) / r["steps"]
+                - (r["updates"] - 1) * BUILTIN_COSTS.update_s for r in done])
     return Costs(max(0.0, startup), max(0.0, step), BUILTIN_COSTS.update_s, val,
                  source=f"measured from {len(done)} finished run(s) in this output directory")
 

@@ -115,11 +115,12 @@ def _runs_md(path: Path, out: Path, specs: list[RunSpec], records: list[dict], n
     s = specs[0].sizes
     lines += [f"Each run: {s.steps} steps of {s.prompts} prompts x {s.n} responses; validation every {s.test_freq} "
               f"steps and at the last ({s.val_n} samples per held-out problem, temperature 1).", "",
-              "| # | method | steps/batch | seed | status | wall time | run directory |", "|---|---|---|---|---|---|---|"]
+              "| # | method | steps/batch | seed | status | wall time | started | code | run directory |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for i, (spec, rec) in enumerate(zip(specs, records), 1):
         wall = fmt_duration(rec["wall_time_s"]) if rec.get("wall_time_s") is not None else "—"
         lines.append(f"| {i} | {spec.label} | {spec.updates} | {spec.seed} | {rec.get('status', 'todo')} | {wall} | "
-                     f"`runs/{spec.run_id}` |")
+                     f"{rec.get('started', '—')} | {rec.get('code', '—')} | `runs/{spec.run_id}` |")
     done = [r for r in records if r.get("status") == "done"]
     if done:
         total = sum(r["wall_time_s"] for r in done)

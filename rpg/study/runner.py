@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -87,6 +88,18 @@ def _timing(metrics_file: Path) -> tuple[float, float, int]:
     return step, val, vals
 
 
+def _code_version() -> str:
+    """``git describe`` of the checkout the run used (``+dirty`` with uncommitted changes), or ``unknown``."""
+    from rpg.launch import project_root
+
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty=+dirty"], cwd=project_root(),
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
 class Progress:
     """One line per training step and validation, with the run's and the grid's elapsed time and ETA."""
 
@@ -104,7 +117,10 @@ class Progress:
         tag = f"{index}/{self.total} {spec.label} k={spec.updates} seed {spec.seed}"
         steps = spec.sizes.steps
 
+        self.arrivals: dict[int, float] = {}  # step -> seconds since the run started, when its record appeared
+
         def on_metrics(step: int, data: dict) -> None:
+            self.arrivals.setdefault(step, time.time() - t_run)
             val = next((v for k, v in data.items() if k.startswith("val-core/") and "/acc/mean@" in k), None)
             parts = []
             if "critic/score/mean" in data:
@@ -155,14 +171,18 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
         progress.say(f"start {index}/{len(specs)} {spec.label} k={spec.updates} seed {spec.seed} -> {d}")
         record = {"run_id": spec.run_id, "variant": spec.variant, "label": spec.label, "updates": spec.updates,
                   "seed": spec.seed, "steps": spec.sizes.steps, "validations": spec.sizes.validations,
-                  "overrides": overrides}
+                  "started": time.strftime("%Y-%m-%d %H:%M:%S"), "code": _code_version(), "overrides": overrides}
         t0 = time.time()
         try:
             run = run_trainer(overrides, output_dir=d, entry=str(project_root() / ENTRY), timeout_s=timeout_s,
                               on_metrics=progress.callback(index, spec))
             step_s, val_s, _ = _timing(run.metrics_file)
+            arrivals = progress.arrivals
+            # wall time from the first record (validation before training) to the last: steps + validations + overhead
+            train_s = max(arrivals.values()) - min(arrivals.values()) if len(arrivals) > 1 else step_s + val_s
             record.update(status="done", wall_time_s=round(run.wall_time_s, 1), step_time_s=round(step_s, 1),
-                          val_time_s=round(val_s, 1), last_step=run.last_step(), leftover_pids=run.leftover_pids)
+                          val_time_s=round(val_s, 1), train_wall_s=round(train_s, 1), last_step=run.last_step(),
+                          leftover_pids=run.leftover_pids)
         except TrainerRunError as err:
             last = [ln for ln in str(err).splitlines() if ln.strip()]
             record.update(status="failed", wall_time_s=round(time.time() - t0, 1),
