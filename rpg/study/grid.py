@@ -203,7 +203,7 @@ def describe(specs: list[RunSpec], costs: Costs, finished: set[str] = frozenset(
         f"{s.prompts} prompts x {s.n} responses, validation every {s.test_freq} steps ({s.val_n} samples per problem)"
     )
     lines.append(f"estimated time to run: {fmt_duration(todo)} (costs {costs.source}: start-up {costs.startup_s:.0f}s, "
-                 f"step {costs.step_s:.1f}s + {costs.update_s:.1f}s per extra update, validation {costs.val_s:.1f}s)")
+                 f"step {costs.step_s:.1f}s + {costs.update_s:.2f}s per extra update, validation {costs.val_s:.1f}s)")
     return "\n".join(lines)
 
 
