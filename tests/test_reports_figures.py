@@ -115,7 +115,7 @@ def test_fig4_layout_labels_xlim_last_marker_and_seed_band(tmp_path, monkeypatch
         assert lo == 0 and 60 <= hi < 62  # clipped at the Last step (small margin for the marker)
         assert any(list(line.get_xdata()) == [60, 60] for line in ax.get_lines())  # the Last line
     val = axes[0]
-    rpg_line = next(line for line in val.get_lines() if line.get_label().startswith("RPG (mean ± std, 2 seeds)"))
+    rpg_line = next(line for line in val.get_lines() if line.get_label() == "RPG (mean ± std, 2 seeds)")
     # mean of the two seeds; nothing drawn after the Last step
     assert list(rpg_line.get_xdata()) == [0, 10, 20, 30, 40, 50, 60]
     assert rpg_line.get_ydata()[-1] == pytest.approx(0.2 + 60 / 1000 + 0.05)

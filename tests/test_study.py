@@ -212,7 +212,7 @@ def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
     clipped = rows["RPG-REINFORCE-UFKL"]
     assert clipped == ["**0.3900 ± 0.0707**", "**0.3900 ± 0.0707**"]
     assert rows["RPG-REINFORCE-UFKL (no clip)"] == ["0.1400", "0.1400"]  # seed 1 only (seed 2 failed)
-    assert rows["RPG-REINFORCE-UFKL, 1 steps/batch"][0] == "**0.3900 ± 0.0707**"
+    assert rows["RPG-REINFORCE-UFKL, 1 step/batch"][0] == "**0.3900 ± 0.0707**"
     runs_md = (tmp_path / "report" / "runs.md").read_text()
     assert "python -m rpg.study --x" in runs_md
     assert "RPG-REINFORCE-UFKL (no clip) k=4 seed 2: failed at step 4: ValueError: loss is nan" in runs_md

@@ -79,8 +79,13 @@ def plot_curves(
     panels: tuple[Panel, ...] | None = None,
     last_step: int | None = None,
     title: str | None = None,
+    styles: dict[str, dict] | None = None,
 ) -> tuple[list[Path], list[str]]:
-    """Draw the figure; returns ([png, svg] paths, warnings about missing series)."""
+    """Draw the figure; returns ([png, svg] paths, warnings about missing series).
+
+    ``styles`` ({label: matplotlib line keywords, e.g. color, linestyle}) overrides a label's
+    default style (a tab10 colour by label order, solid line).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,6 +110,8 @@ def plot_curves(
     fig = Figure(figsize=(4.2 * ncols, 3.3 * nrows + 0.6), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     colors = matplotlib.colormaps["tab10"].colors
+    seeds = {len(ms) for ms in labels.values()}
+    same_seeds = len(seeds) == 1 and seeds != {1}  # say "mean ± std over N seeds" once, in the legend title
     handles: dict[str, object] = {}
     for ax, panel in zip(axes, panels):
         drawn = 0
@@ -116,10 +123,11 @@ def plot_curves(
             if not series_list:
                 continue
             steps, mean, std = seed_band(series_list)
-            color = colors[i % len(colors)]
-            name = label if len(ms) == 1 else f"{label} (mean ± std, {len(ms)} seeds)"
-            (line,) = ax.plot(steps, mean, color=color, linewidth=1.4, label=name,
-                              marker="o" if panel.validation else None, markersize=2.5)
+            style = {"color": colors[i % len(colors)], **(styles or {}).get(label, {})}
+            color = style["color"]
+            name = label if len(ms) == 1 or same_seeds else f"{label} (mean ± std, {len(ms)} seeds)"
+            (line,) = ax.plot(steps, mean, linewidth=1.4, label=name,
+                              marker="o" if panel.validation else None, markersize=2.5, **style)
             handles.setdefault(name, line)
             band = [(s, m, d) for s, m, d in zip(steps, mean, std) if d is not None]
             if band:
@@ -149,8 +157,9 @@ def plot_curves(
         handles[f"Last (step {last_step})"] = Line2D([], [], color="0.35", linestyle=":", marker="D",
                                                      markerfacecolor="white", markeredgecolor="black")
     if handles:
-        fig.legend(list(handles.values()), list(handles), loc="outside lower center",
-                   ncol=min(len(handles), 4), fontsize=8)
+        ncol = min(len(handles), 4 if max(map(len, handles)) <= 28 else 3 if max(map(len, handles)) <= 45 else 2)
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=ncol, fontsize=8,
+                   title=f"mean ± std over {seeds.pop()} seeds" if same_seeds else None, title_fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     out = Path(out)

@@ -45,6 +45,20 @@ def panels(metric: str) -> tuple[Panel, ...]:
     )
 
 
+def stress_label(spec: RunSpec) -> str:
+    return f"{spec.label}, {spec.updates} step{'s' if spec.updates > 1 else ''}/batch"
+
+
+def stress_styles(specs: list[RunSpec]) -> dict[str, dict]:
+    """One colour per steps-per-batch value; solid = clipped, dashed = unclipped (the method compared)."""
+    from rpg.variants import parse
+
+    ks = sorted({s.updates for s in specs})
+    palette = ("tab:blue", "tab:orange", "tab:red", "tab:green", "tab:purple", "tab:brown")
+    return {stress_label(s): {"color": palette[ks.index(s.updates) % len(palette)],
+                              "linestyle": "-" if parse(s.variant).clip else "--"} for s in specs}
+
+
 def _layout(title: str) -> TableLayout:
     return TableLayout("tiny", title, (VAL_COLUMN,), sources={VAL_COLUMN: DATA_SOURCE})
 
@@ -75,8 +89,8 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
     sizes = specs[0].sizes
     main = [(s.label, runs[s.run_id]) for s in specs if s.updates == main_updates and s.run_id in runs]
     stress_specs = [s for s in specs if any(o.variant == s.variant and o.updates != s.updates for o in specs)]
-    stress = [(f"{s.label}, {s.updates} steps/batch", runs[s.run_id])
-              for s in sorted(stress_specs, key=lambda s: (s.updates, s.variant)) if s.run_id in runs]
+    stress = [(stress_label(s), runs[s.run_id])
+              for s in sorted(stress_specs, key=lambda s: (s.updates, "(no clip)" in s.label)) if s.run_id in runs]
     check_metric(main + stress, metric)
     written: list[Path] = []
     partial = len(runs) < len(specs)
@@ -100,8 +114,9 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
         ("stress", stress, f"RPG-REINFORCE-UFKL, clipped vs unclipped, by optimizer steps per rollout batch{flag}"),
     ):
         if rows:
+            styles = stress_styles(stress_specs) if name == "stress" else None
             paths, fig_warns = plot_curves(rows, report / name, metric, panels=panels(metric), last_step=sizes.steps,
-                                           title=title)
+                                           title=title, styles=styles)
             written += paths
             warns += fig_warns
     written.append(_runs_md(report / "runs.md", out, specs, records, notes + warns, command))
