@@ -80,6 +80,7 @@ def plot_curves(
     last_step: int | None = None,
     title: str | None = None,
     styles: dict[str, dict] | None = None,
+    dpi: int = 150,
 ) -> tuple[list[Path], list[str]]:
     """Draw the figure; returns ([png, svg] paths, warnings about missing series).
 
@@ -167,6 +168,6 @@ def plot_curves(
     stem = out.with_suffix("") if out.suffix in (".png", ".svg") else out
     paths = [stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".svg")]
     with matplotlib.rc_context({"svg.hashsalt": "rpg-figure"}):
-        fig.savefig(paths[0], dpi=150, metadata={"Software": None})
+        fig.savefig(paths[0], dpi=dpi, metadata={"Software": None})
         fig.savefig(paths[1], metadata={"Date": None, "Creator": None})
     return paths, warnings

@@ -116,7 +116,7 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
         if rows:
             styles = stress_styles(stress_specs) if name == "stress" else None
             paths, fig_warns = plot_curves(rows, report / name, metric, panels=panels(metric), last_step=sizes.steps,
-                                           title=title, styles=styles)
+                                           title=title, styles=styles, dpi=100)  # small files for docs/
             written += paths
             warns += fig_warns
     written.append(_runs_md(report / "runs.md", out, specs, records, notes + warns, command))
