@@ -34,8 +34,10 @@ def test_default_grid_methods_stress_axis_and_order():
     labels = [s.label for s in specs[:6]]
     assert labels == ["GRPO", "DAPO", "REINFORCE++", "RPG-UFKL", "RPG-REINFORCE-UFKL", "RPG-REINFORCE-UFKL (no clip)"]
     assert all(s.updates == 4 and s.seed == 1 for s in specs[:6])
-    assert [(s.seed, s.updates) for s in specs[6:12]] == [(2, 4)] * 6  # every method at seed 1 before any seed 2
-    stress = specs[12:]
+    assert [s.seed for s in specs] == [1] * 10 + [2] * 10  # every run of seed 1 before any of seed 2
+    assert [s.updates for s in specs[6:10]] == [1, 1, 16, 16] and specs[10:16] == [
+        G.RunSpec(s.variant, 4, 2, s.sizes) for s in specs[:6]]
+    stress = specs[6:10] + specs[16:]
     # the stress methods at k=4 are already in the main grid: only k = 1 and 16 are added, per seed
     assert sorted((s.label, s.updates, s.seed) for s in stress) == sorted(
         (lab, k, seed) for lab in ("RPG-REINFORCE-UFKL", "RPG-REINFORCE-UFKL (no clip)") for k in (1, 16) for seed in (1, 2))
@@ -199,7 +201,8 @@ def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_pa
 
 def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
     specs = G.grid(seeds=2, updates=4, stress=(1, 4), sizes=SMALL, methods=G.METHODS[4:])
-    fake.fail = {specs[3].run_id}  # unclipped, k=4, seed 2
+    unclipped_k4_seed2 = next(s for s in specs if "(no clip)" in s.label and s.updates == 4 and s.seed == 2)
+    fake.fail = {unclipped_k4_seed2.run_id}
     records = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)
     paths = render(tmp_path, tmp_path / "report", specs, records, main_updates=4, command="python -m rpg.study --x")
     names = sorted(p.name for p in paths)
@@ -216,7 +219,7 @@ def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
     runs_md = (tmp_path / "report" / "runs.md").read_text()
     assert "python -m rpg.study --x" in runs_md
     assert "RPG-REINFORCE-UFKL (no clip) k=4 seed 2: failed at step 4: ValueError: loss is nan" in runs_md
-    assert "| 4 | RPG-REINFORCE-UFKL (no clip) | 4 | 2 | failed | 0s |" in runs_md
+    assert f"| {specs.index(unclipped_k4_seed2) + 1} | RPG-REINFORCE-UFKL (no clip) | 4 | 2 | failed | 0s |" in runs_md
     assert "7 of 8 runs finished" in runs_md
     assert (tmp_path / "report" / "table.tex").read_text().count(r"\begin{table}") == 2
 

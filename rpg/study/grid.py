@@ -114,8 +114,9 @@ def grid(seeds: int = 2, updates: int = 4, stress: tuple[int, ...] = (1, 4, 16),
          methods: tuple[str, ...] = METHODS, stress_methods: tuple[str, ...] = STRESS_METHODS) -> list[RunSpec]:
     """Every method at ``updates`` steps per batch, and the stress methods at each of ``stress``; seeds 1..seeds.
 
-    A run shared by both parts (a stress method at ``updates``) appears once. Main-grid runs come
-    first (seed-major, so that a partial grid has every method at seed 1 before any seed 2).
+    A run shared by both parts (a stress method at ``updates``) appears once. The order is
+    seed-major: every run of seed 1 (main grid, then stress axis) before any of seed 2, so that an
+    interrupted grid has complete seeds.
     """
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
@@ -126,7 +127,6 @@ def grid(seeds: int = 2, updates: int = 4, stress: tuple[int, ...] = (1, 4, 16),
     for seed in range(1, seeds + 1):
         for m in methods:
             specs.setdefault((m, updates, seed), RunSpec(m, updates, seed, sizes))
-    for seed in range(1, seeds + 1):
         for k in stress:
             for m in stress_methods:
                 specs.setdefault((m, k, seed), RunSpec(m, k, seed, sizes))
