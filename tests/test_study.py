@@ -212,10 +212,10 @@ def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")[1:]]
             for line in md.splitlines() if line.startswith("| RPG")}
     # clipped, k=4: Last = mean over seeds 1, 2 of 0.1 s + 0.04 + 0.2 -> 0.39, std 0.0707; Best = Last (rising)
-    clipped = rows["RPG-REINFORCE-UFKL"]
+    clipped = rows["RPG-REINFORCE-UFKL [2 seeds]"]  # a partial grid names each row's number of seeds
     assert clipped == ["**0.3900 ± 0.0707**", "**0.3900 ± 0.0707**"]
-    assert rows["RPG-REINFORCE-UFKL (no clip)"] == ["0.1400", "0.1400"]  # seed 1 only (seed 2 failed)
-    assert rows["RPG-REINFORCE-UFKL, 1 step/batch"][0] == "**0.3900 ± 0.0707**"
+    assert rows["RPG-REINFORCE-UFKL (no clip) [1 seed]"] == ["0.1400", "0.1400"]  # seed 2 failed
+    assert rows["RPG-REINFORCE-UFKL, 1 step/batch [2 seeds]"][0] == "**0.3900 ± 0.0707**"
     runs_md = (tmp_path / "report" / "runs.md").read_text()
     assert "python -m rpg.study --x" in runs_md
     assert "RPG-REINFORCE-UFKL (no clip) k=4 seed 2: failed at step 4: ValueError: loss is nan" in runs_md

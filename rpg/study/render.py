@@ -94,6 +94,7 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
     check_metric(main + stress, metric)
     written: list[Path] = []
     partial = len(runs) < len(specs)
+
     flag = f" (PARTIAL: {len(runs)} of {len(specs)} runs finished)" if partial else ""
     md, tex, warns = [], [], []
     for title, rows in (
@@ -102,6 +103,8 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
     ):
         if not rows:
             continue
+        if partial:  # rows may rest on different numbers of seeds: say so in each row's name
+            rows = _with_seed_counts(rows)
         td = build_table(rows, _layout(title), metric=metric, last_step=sizes.steps)
         md.append(render_markdown(td))
         tex.append(render_latex(td))
@@ -121,6 +124,11 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
             warns += fig_warns
     written.append(_runs_md(report / "runs.md", out, specs, records, notes + warns, command))
     return written
+
+
+def _with_seed_counts(rows: list[tuple[str, Metrics]]) -> list[tuple[str, Metrics]]:
+    counts = {label: sum(1 for lab, _ in rows if lab == label) for label, _ in rows}
+    return [(f"{label} [{counts[label]} seed{'s' if counts[label] > 1 else ''}]", m) for label, m in rows]
 
 
 def _runs_md(path: Path, out: Path, specs: list[RunSpec], records: list[dict], notes: list[str], command: str) -> Path:
