@@ -221,6 +221,12 @@ def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
     assert "RPG-REINFORCE-UFKL (no clip) k=4 seed 2: failed at step 4: ValueError: loss is nan" in runs_md
     assert f"| {specs.index(unclipped_k4_seed2) + 1} | RPG-REINFORCE-UFKL (no clip) | 4 | 2 | failed | 0s |" in runs_md
     assert "7 of 8 runs finished" in runs_md
+    # the fake's step-0 values: clipped 0.3 (seed 1) / 0.4 (seed 2), unclipped 0.1 / 0.2; seed 2 of unclipped k=4 failed
+    import statistics
+
+    before = [0.3, 0.1, 0.3, 0.1, 0.4, 0.4, 0.2]
+    assert (f"validation before training (the same initial model in every run) gives {statistics.fmean(before):.3f} ± "
+            f"{statistics.stdev(before):.3f} (mean ± std over 7 runs; range 0.100-0.400)") in runs_md
     assert (tmp_path / "report" / "table.tex").read_text().count(r"\begin{table}") == 2
 
 

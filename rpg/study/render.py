@@ -122,8 +122,21 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
                                            title=title, styles=styles, dpi=100)  # small files for docs/
             written += paths
             warns += fig_warns
-    written.append(_runs_md(report / "runs.md", out, specs, records, notes + warns, command))
+    written.append(_runs_md(report / "runs.md", out, specs, records, notes + warns + [eval_noise(runs, metric)], command))
     return written
+
+
+def eval_noise(runs: dict[str, Metrics], metric: str) -> str:
+    """The spread of the validation before training over the runs: every run starts from the same model,
+    so it measures the evaluation's own noise (sampling at temperature 1), not a method's effect."""
+    import statistics
+
+    before = [m[f"val-core/{DATA_SOURCE}/{metric}"][0] for m in runs.values() if 0 in m.get(f"val-core/{DATA_SOURCE}/{metric}", {})]
+    if len(before) < 2:
+        return "evaluation noise: fewer than two runs validated before training"
+    return (f"evaluation noise: the validation before training (the same initial model in every run) gives "
+            f"{statistics.fmean(before):.3f} ± {statistics.stdev(before):.3f} (mean ± std over {len(before)} runs; "
+            f"range {min(before):.3f}-{max(before):.3f}); differences of this size between methods are not evidence")
 
 
 def _with_seed_counts(rows: list[tuple[str, Metrics]]) -> list[tuple[str, Metrics]]:
