@@ -202,6 +202,11 @@ def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_pa
     rec["overrides"] = rec["overrides"][:-1]
     G.save_json(R.run_dir(tmp_path, specs[3]) / R.RUN_RECORD, rec)
     assert R.status(tmp_path, specs[3], R.plan_overrides(specs[3], tmp_path)) == "stale"
+    capsys.readouterr()
+    assert main(["--dry-run", "--out", str(tmp_path), "--seeds", "2", "--stress", "1,4", "--steps", "4",
+                 "--test-freq", "2", "--methods", ",".join(G.METHODS[4:])]) == 0
+    out = capsys.readouterr().out
+    assert "8 runs (2 to run)" in out and "1 finished run(s) are stale" in out  # the dry run sees it too
     fake.calls.clear()
     R.run_grid(specs, tmp_path, costs)
     assert fake.calls == [specs[2].run_id, specs[3].run_id]

@@ -52,7 +52,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from rpg.study.runner import all_records, read_record, run_grid
+    from rpg.study.runner import all_records, plan_overrides, read_record, run_grid, status
     from rpg.variants import VariantNameError
 
     try:
@@ -65,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     finished = {s.run_id for s, r in zip(specs, records) if r.get("status") == "done"}
     costs = calibrate(all_records(args.out))
     if args.dry_run:
-        print(describe(specs, costs, finished))
+        # a finished run whose overrides changed since (stale) would run again: count it as to run
+        stale = {s.run_id for s in specs if s.run_id in finished and status(args.out, s, plan_overrides(s, args.out)) == "stale"}
+        print(describe(specs, costs, finished - stale))
+        if stale:
+            print(f"{len(stale)} finished run(s) are stale (their overrides changed since they ran) and would run again; "
+                  "--render-only renders them as they are")
         return 0
     command = "python -m rpg.study " + shlex.join(argv if argv is not None else sys.argv[1:])
     if not args.render_only:
