@@ -1,4 +1,4 @@
-"""Training-dynamics figure from synthetic logs in each input format: PNG and SVG are produced."""
+"""Training-dynamics figure (the paper's Fig. 4 layout) from synthetic logs in each input format."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def _logs():
     for s in range(0, 101):
         d = {"critic/score/mean": -1 + s / 100, "actor/entropy": 1 - s / 200, "response_length/mean": 400.0 + 2 * s}
         if s % 10 == 0:
-            d.update({"val-core/math_dapo/acc/mean@32": 0.2 + s / 1000, "val-core/aime2025/acc/mean@32": 0.1 + s / 2000})
+            d.update({"val-core/math_dapo/acc/mean@32": 0.2 + s / 1000, "val-core/aime2025/acc/mean@32": 0.1 + s / 2000,
+                      "val-core/amc2023/acc/mean@32": 0.8 + s / 1000})
         logs[s] = d
     return logs
 
@@ -59,11 +60,11 @@ def test_figure_png_and_svg_from_all_formats(tmp_path):
     import matplotlib.image
 
     h, w = matplotlib.image.imread(str(png)).shape[:2]
-    assert w > 3 * h  # five panels side by side
+    assert 1.2 * h < w < 2.2 * h  # 2 rows x 3 columns, as the paper's Fig. 4
     text = svg.read_text()
     assert text.lstrip().startswith("<?xml") and "<svg" in text
-    # three runs x five panels of lines (plus nothing else drawn as a Line2D group)
-    assert text.count('id="line2d_') >= 15
+    # three runs x six panels of lines
+    assert text.count('id="line2d_') >= 18
     # deterministic SVG (no date, fixed hash salt)
     plot_curves(runs, tmp_path / "fig" / "curves.svg")
     assert svg.read_text() == text
@@ -73,8 +74,8 @@ def test_missing_series_warn_and_draw_no_data(tmp_path):
     only_train = {"actor/entropy": {1: 1.0, 2: 0.9}}
     paths, warns = plot_curves([("x", only_train)], tmp_path / "f")
     assert all(p.exists() for p in paths)
-    assert "run 'x': no data for panel 'AIME24 mean@32'" in warns
-    assert len(warns) == 4
+    assert "run 'x': no data for panel '(a) AIME24 mean@32'" in warns
+    assert len(warns) == 5
 
 
 def test_cli_plot(tmp_path, capsys):
@@ -83,3 +84,43 @@ def test_cli_plot(tmp_path, capsys):
     assert rc == 0 and out == [str(tmp_path / "o" / "fig.png"), str(tmp_path / "o" / "fig.svg")]
     assert Path(out[0]).stat().st_size > 0
     assert main_plot([str(tmp_path / "missing.csv"), "--out", str(tmp_path / "z")]) == 2
+
+
+def test_fig4_layout_labels_xlim_last_marker_and_seed_band(tmp_path, monkeypatch):
+    """2 x 3 panels with y labels, x-axis ending at the Last step, Last marked, seeds as mean ± std."""
+    from matplotlib.figure import Figure
+
+    figs = []
+    orig = Figure.savefig
+
+    def keep(self, *a, **k):
+        figs.append(self)
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    logs = read_run(_jsonl(tmp_path / "a.jsonl"))
+    shifted = {k: {s: v + 0.1 for s, v in series.items()} for k, series in logs.items()}
+    runs = [("RPG", logs), ("RPG", shifted), ("GRPO", logs)]
+    paths, warns = plot_curves(runs, tmp_path / "f", last_step=60)
+    assert warns == []
+    axes = [ax for ax in figs[0].axes if ax.get_visible()]
+    assert len(axes) == 6
+    rows = sorted({round(ax.get_position().y0, 3) for ax in axes})
+    assert len(rows) == 2  # two rows of three
+    assert [ax.get_ylabel() for ax in axes] == [
+        "AIME24 mean@32", "AIME25 mean@32", "AMC23 mean@32", "reward (critic/score/mean)",
+        "entropy (actor/entropy)", "tokens (response_length/mean)"]
+    for ax in axes:
+        lo, hi = ax.get_xlim()
+        assert lo == 0 and 60 <= hi < 62  # clipped at the Last step (small margin for the marker)
+        assert any(list(line.get_xdata()) == [60, 60] for line in ax.get_lines())  # the Last line
+    val = axes[0]
+    rpg_line = next(line for line in val.get_lines() if line.get_label() == "RPG (mean ± std, 2 seeds)")
+    # mean of the two seeds; nothing drawn after the Last step
+    assert list(rpg_line.get_xdata()) == [0, 10, 20, 30, 40, 50, 60]
+    assert rpg_line.get_ydata()[-1] == pytest.approx(0.2 + 60 / 1000 + 0.05)
+    diamonds = [line for line in val.get_lines() if line.get_marker() == "D"]
+    assert sorted(round(line.get_ydata()[0], 4) for line in diamonds) == [0.26, 0.31]  # Last of GRPO, RPG
+    assert len(val.collections) == 1  # one std band (RPG has two seeds, GRPO one)
+    band = val.collections[0].get_paths()[0].vertices
+    assert band[:, 1].max() == pytest.approx(0.31 + 0.1 / 2 ** 0.5, abs=1e-6)  # mean + sample std (ddof 1)

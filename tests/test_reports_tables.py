@@ -77,12 +77,21 @@ def write_wandb_csv(path: Path, logs, panel_prefix: str | None = None) -> Path:
     return path
 
 
-def _md_rows(text: str) -> dict[str, list[str]]:
+def _unmark(cell: str) -> str:
+    """A value cell without its best (**x**) / second-best (_x_) mark."""
+    if cell.startswith("**") and cell.endswith("**"):
+        return cell[2:-2]
+    if cell.startswith("_") and cell.endswith("_"):
+        return cell[1:-1]
+    return cell
+
+
+def _md_rows(text: str, marks: bool = False) -> dict[str, list[str]]:
     rows = {}
     for line in text.splitlines():
         if line.startswith("| ") and not line.startswith("| Method"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            rows[cells[0]] = cells[1:]
+            rows[cells[0]] = cells[1:] if marks else [_unmark(c) for c in cells[1:]]
     return rows
 
 
@@ -116,7 +125,7 @@ def test_table3_markdown_numbers(three_runs):
     runs = [("RPG-UFKL", read_run(jsonl)), ("dapo", read_run(wandb)), ("mine", read_run(tb)), ("a|b", read_run(tb))]
     td = build_table(runs, "3")
     md = render_markdown(td)
-    assert "| a\\|b | 0.5000 |" in md
+    assert "| a\\|b | **0.5000** |" in md  # all four rows tie: all are marked best
     rows = _md_rows(md.replace("| a\\|b |", "| ab |"))
     # column order: per benchmark (AIME24, AIME25, AMC23) x (Last, Best) x (ours, paper, delta)
     assert rows["RPG-UFKL"] == [
@@ -145,9 +154,11 @@ def test_latex_layout(three_runs):
     assert tex.startswith("\\begin{table}") and tex.rstrip().endswith("\\end{table}")
     assert r"\multicolumn{3}{c}{AIME24 Last}" in tex and r"\multicolumn{3}{c}{AIME25 Best}" in tex
     assert "AMC23" not in tex  # Table 6 is AIME only
-    assert r"RPG\_REINFORCE \& co & 0.5000 & -- & --" in tex
-    assert "RPG-REINFORCE-URKL & 0.5000 & 0.3188 & +0.1812 & 0.6200 & 0.3417 & +0.2783 & 0.3000 & 0.2792 & +0.0208" in tex
+    assert r"RPG\_REINFORCE \& co & \textbf{0.5000} & -- & --" in tex
+    assert (r"RPG-REINFORCE-URKL & \textbf{0.5000} & 0.3188 & +0.1812 & \textbf{0.6200} & 0.3417 & +0.2783 & "
+            r"\textbf{0.3000} & 0.2792 & +0.0208") in tex
     assert tex.count(r"\\") == 4  # two header lines + two rows
+    assert r"\resizebox{\linewidth}{!}{%" in tex and r"\end{tabular}}" in tex  # fits the page width
 
 
 def test_table8_column_order_and_table7_benchmarks(tmp_path, monkeypatch):
@@ -231,7 +242,7 @@ def test_cli_tables(three_runs, tmp_path, capsys):
     jsonl, wandb, _ = three_runs
     out = tmp_path / "t3.tex"
     rc = main_tables([f"RPG-UFKL={jsonl}", f"DAPO={wandb}", "--table", "3", "--format", "latex", "--out", str(out)])
-    assert rc == 0 and "RPG-UFKL & 0.5000 & 0.5938 & -0.0938" in out.read_text()
+    assert rc == 0 and r"RPG-UFKL & \textbf{0.5000} & 0.5938 & -0.0938" in out.read_text()
     rc = main_tables([str(jsonl), "--table", "5", "--last-step", "final"])
     cap = capsys.readouterr()
     assert rc == 0 and "| ufkl | 0.5000 | — | — |" in cap.out and "not a method of Table 5" in cap.err
@@ -277,3 +288,75 @@ def test_published_file_matches_spec_section_7():
                 assert p.mark == ("bold" if cell.startswith("**") else "italic" if cell.startswith("*") else "")
                 seen += 1
     assert seen == len(pub)
+
+
+# ---- paper-standard formatting: best / second best, seeds, custom layouts, the metric check ----
+
+def _runs_with_last(values: dict[str, list[float]]) -> list[tuple[str, dict]]:
+    """One run per value: AIME24 Last = Best = value at steps 0 and 400 (other benchmarks absent)."""
+    return [(label, {"val-core/aime2024/acc/mean@32": {0: 0.0, 400: v}}) for label, vs in values.items() for v in vs]
+
+
+def test_best_bold_second_underlined_and_ties():
+    td = build_table(_runs_with_last({"A": [0.5], "B": [0.7], "C": [0.6], "D": [0.7], "E": [0.1]}), "6")
+    rows = _md_rows(render_markdown(td), marks=True)
+    # AIME24 Last: B and D tie for best (bold), C is second (italic in Markdown), A and E unmarked
+    assert [rows[k][0] for k in "ABCDE"] == ["0.5000", "**0.7000**", "_0.6000_", "**0.7000**", "0.1000"]
+    tex = render_latex(td)
+    assert r"C & \underline{0.6000}" in tex and r"B & \textbf{0.7000}" in tex and "E & 0.1000 &" in tex
+    assert "best of each column in bold, second best underlined" in tex
+    assert "second best in italics" in render_markdown(td)
+    two = _md_rows(render_markdown(build_table(_runs_with_last({"A": [0.5], "B": [0.7]}), "6")), marks=True)
+    assert (two["A"][0], two["B"][0]) == ("0.5000", "**0.7000**")  # two rows: a best, no second
+    one = _md_rows(render_markdown(build_table(_runs_with_last({"A": [0.5]}), "6")), marks=True)
+    assert one["A"][0] == "0.5000"  # a single row is not ranked
+
+
+def test_seeds_sharing_a_label_give_mean_and_sample_std():
+    td = build_table(_runs_with_last({"GRPO": [0.2, 0.4, 0.6], "DAPO": [0.5]}), "6")
+    grpo = dict(td.rows)["GRPO"][("AIME24", "last")]
+    assert (grpo.ours, grpo.n) == (pytest.approx(0.4), 3) and grpo.std == pytest.approx(0.2)  # ddof 1
+    assert grpo.delta == pytest.approx(0.4 - grpo.paper.value)
+    md = render_markdown(td)
+    assert "mean ± std over seeds" in md
+    rows = _md_rows(md, marks=True)
+    assert rows["GRPO"][0] == "0.4000 ± 0.2000" and rows["DAPO"][0] == "**0.5000**"
+    assert r"0.4000 $\pm$ 0.2000" in render_latex(td)
+    # a seed without the step: the mean is over the runs that have it, with a warning
+    partial = _runs_with_last({"GRPO": [0.2, 0.4]}) + [("GRPO", {"val-core/aime2024/acc/mean@32": {0: 0.0, 390: 0.9}})]
+    td = build_table(partial, "6")
+    assert dict(td.rows)["GRPO"][("AIME24", "last")].n == 2
+    assert any("GRPO #3" in w and "no value at step 400" in w for w in td.warnings)
+    assert any("'GRPO' AIME24 Last: mean over 2 of 3 runs" in w for w in td.warnings)
+
+
+def test_custom_layout_reads_exact_sources_without_paper_columns():
+    from rpg.reports.published import TableLayout
+
+    layout = TableLayout("tiny", "tiny task", ("val acc",), sources={"val acc": "math_dapo"})
+    runs = [("X", {"val-core/math_dapo/acc/mean@4": {0: 0.3, 5: 0.6, 10: 0.5}}), ("Y", {"other": {1: 0.0}})]
+    td = build_table(runs, layout, metric="acc/mean@4", last_step=None)
+    assert not td.has_paper and not any("not a method" in w for w in td.warnings)
+    assert any("'Y': no val-core/math_dapo/acc/mean@4 for val acc" in w for w in td.warnings)
+    md = render_markdown(td)
+    assert "| Method | val acc Last | val acc Best |" in md and "paper" not in md.split("\n")[2]
+    assert _md_rows(md)["X"] == ["0.5000", "0.6000"] and _md_rows(md)["Y"] == ["—", "—"]
+    tex = render_latex(td)
+    assert "Method & val acc Last & val acc Best" in tex and r"\cmidrule" not in tex
+
+
+def test_authors_mean_at_1_layout_is_named_in_the_error(tmp_path, capsys):
+    from rpg.reports.logs import check_metric
+
+    authors = {"val-core/aime2024/acc/mean@1": {0: 0.3}, "critic/score/mean": {1: 0.0}}
+    with pytest.raises(ValueError, match=r"run 'a' has no val-core/<data_source>/acc/mean@32; .*use --metric acc/mean@1"):
+        check_metric([("a", authors)], "acc/mean@32")
+    with pytest.raises(ValueError, match=r"use --metric acc/mean@16 \(validation metrics logged: acc/mean@4, acc/mean@16\)"):
+        check_metric([("b", {"val-core/x/acc/mean@4": {0: 1.0}, "val-core/x/acc/mean@16": {0: 1.0}})], "acc/mean@32")
+    check_metric([("c", {"critic/score/mean": {1: 0.0}})], "acc/mean@32")  # no validation at all: fine
+    check_metric([("a", authors)], "acc/mean@1")
+    log = tmp_path / "authors.jsonl"
+    log.write_text('{"step": 0, "data": {"val-core/aime2024/acc/mean@1": 0.3}}\n')
+    assert main_tables([str(log), "--table", "3"]) == 2
+    assert "use --metric acc/mean@1" in capsys.readouterr().err
+    assert main_tables([str(log), "--table", "3", "--metric", "acc/mean@1"]) == 0

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from rpg.reports.benchmarks import PAPER_METRIC
 from rpg.reports.figures import ENTROPY_KEY, LENGTH_KEY, REWARD_KEY, default_panels, plot_curves
-from rpg.reports.logs import Metrics, read_run
-from rpg.reports.published import TABLES
+from rpg.reports.logs import Metrics, check_metric, read_run
+from rpg.reports.published import TABLES, get_layout
 from rpg.reports.tables import build_table, render_latex, render_markdown
 
 
@@ -77,6 +77,7 @@ def main_tables(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         runs = load_runs(args.runs)
+        check_metric(runs, args.metric or {PAPER_METRIC[b] for b in get_layout(args.table).benchmarks})
         td = build_table(runs, args.table, args.metric, parse_last_step(args.last_step), parse_source_map(args.source_map))
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -103,12 +104,15 @@ def main_plot(argv: list[str] | None = None) -> int:
     ap.add_argument("--reward-key", default=REWARD_KEY)
     ap.add_argument("--entropy-key", default=ENTROPY_KEY)
     ap.add_argument("--length-key", default=LENGTH_KEY)
+    ap.add_argument("--last-step", default="final", help="x-axis end and marked Last step (default: final logged step)")
     args = ap.parse_args(argv)
     try:
         runs = load_runs(args.runs)
         metric = args.metric or PAPER_METRIC["AIME24"]  # the curves show AIME24 / AIME25
+        check_metric(runs, metric)
         panels = default_panels(metric, args.reward_key, args.entropy_key, args.length_key)
-        paths, warns = plot_curves(runs, args.out, metric, parse_source_map(args.source_map), panels)
+        paths, warns = plot_curves(runs, args.out, metric, parse_source_map(args.source_map), panels,
+                                   last_step=parse_last_step(args.last_step))
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -159,3 +160,38 @@ def read_run(path: str | Path) -> Metrics:
     for line in notes + history_warnings(path, metrics):
         warnings.warn(line, stacklevel=2)
     return metrics
+
+
+def val_metrics(metrics: Metrics, section: str = "val-core") -> set[str]:
+    """Metric names logged as ``{section}/<data_source>/<metric>`` (e.g. ``acc/mean@32``)."""
+    out = set()
+    for key in metrics:
+        parts = key.split("/", 2)
+        if len(parts) == 3 and parts[0] == section and parts[1]:
+            out.add(parts[2])
+    return out
+
+
+def check_metric(runs: list[tuple[str, Metrics]], metric: str | set[str]) -> None:
+    """ValueError naming the ``--metric`` to use when a run logs validation but not ``metric`` (or
+    none of a set of metrics, e.g. a table's per-benchmark defaults).
+
+    The authors' evaluation layout (32 copies of each problem, ``val_kwargs.n=1``) makes verl log
+    ``acc/mean@1`` (whose value is mean@32); our layout (one row per problem, ``n=32``) logs
+    ``acc/mean@32``. A run with no validation keys at all passes (its panels/cells stay empty).
+    """
+    wanted = {metric} if isinstance(metric, str) else set(metric)
+    metric = " or ".join(sorted(wanted))
+    for label, metrics in runs:
+        have = val_metrics(metrics)
+        if not have or wanted & have:
+            continue
+        means = sorted((m for m in have if re.fullmatch(r"acc/mean@\d+", m)), key=lambda m: int(m.rsplit("@", 1)[1]))
+        if "acc/mean@1" in have and metric.endswith("mean@32"):
+            hint = ("it holds acc/mean@1: the authors' layout (32 copies per problem, val_kwargs.n=1, "
+                    "whose mean@1 is mean@32); use --metric acc/mean@1")
+        elif means:
+            hint = f"use --metric {means[-1]} (validation metrics logged: {', '.join(means)})"
+        else:
+            hint = f"validation metrics logged: {', '.join(sorted(have)[:8])}"
+        raise ValueError(f"run {label!r} has no val-core/<data_source>/{metric}; {hint}")

@@ -20,6 +20,7 @@ class TableLayout:
     number: str
     title: str
     benchmarks: tuple[str, ...]  # column order as in the PDF
+    sources: dict[str, str] | None = None  # {column: exact data_source}; None = paper benchmarks by name
 
 
 TABLES: dict[str, TableLayout] = {

@@ -7,23 +7,34 @@
   step 0 (``val_before_train``). The paper does not define Best; this is the spec's reading (§6.2).
 * Δ = ours − paper. A run is matched to a published row by its label (case-insensitive method
   name, e.g. ``RPG-REINFORCE-URKL``); unmatched runs get empty paper cells and a warning.
+* Runs sharing a label are seeds of one method: the row shows mean ± std (sample std, ddof 1)
+  of the per-run Last / Best, and Δ is taken from the mean.
+* As in the paper, the best value of each of our columns is bold and the second best underlined
+  (italic in Markdown, which has no underline); ties share the mark. A column needs two rows for
+  a best mark and three for a second-best mark.
+* ``table`` is a paper table number or a ``TableLayout``; a layout with ``sources`` reads its
+  columns from exact data sources (``val-core/<source>/<metric>``), e.g. the tiny task's
+  ``math_dapo`` in ``rpg.study``; a table without published numbers has no paper / Δ columns.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from rpg.reports.benchmarks import PAPER_METRIC, benchmark_series
 from rpg.reports.logs import Metrics
-from rpg.reports.published import PublishedValue, get_layout, load_published, methods_of
+from rpg.reports.published import PublishedValue, TableLayout, get_layout, load_published, methods_of
 
 STATS = ("last", "best")
 
 
 @dataclass
 class Cell:
-    ours: float | None
+    ours: float | None  # one run's value, or the mean over the runs of one label (seeds)
     paper: PublishedValue | None
+    std: float | None = None  # sample std over the runs (None: a single run)
+    n: int = 1  # runs with a value behind ``ours``
 
     @property
     def delta(self) -> float | None:
@@ -40,6 +51,22 @@ class TableData:
     rows: list[tuple[str, dict[tuple[str, str], Cell]]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    has_paper: bool = True  # the table has published numbers (paper and Δ columns are shown)
+
+    def marks(self) -> dict[tuple[int, str, str], str]:
+        """{(row index, bench, stat): "best" | "second"} over our values, per column (ties share)."""
+        out = {}
+        for bench in self.benchmarks:
+            for stat in STATS:
+                vals = [(i, cells[(bench, stat)].ours) for i, (_, cells) in enumerate(self.rows)]
+                vals = [(i, v) for i, v in vals if v is not None]
+                ranked = sorted({v for _, v in vals}, reverse=True)
+                for i, v in vals:
+                    if len(vals) >= 2 and v == ranked[0]:
+                        out[(i, bench, stat)] = "best"
+                    elif len(vals) >= 3 and len(ranked) > 1 and v == ranked[1]:
+                        out[(i, bench, stat)] = "second"
+        return out
 
 
 def last_and_best(series: dict[int, float], last_step: int | None) -> tuple[float | None, float | None]:
@@ -52,46 +79,79 @@ def last_and_best(series: dict[int, float], last_step: int | None) -> tuple[floa
     return series.get(last_step), (max(eligible) if eligible else None)
 
 
+def _columns(metrics: Metrics, layout: TableLayout, metric: str, source_map) -> dict[str, tuple[str, dict[int, float]]]:
+    """{column: (data_source, series)}: exact data sources of ``layout.sources``, else benchmarks by name."""
+    if layout.sources is None:
+        return benchmark_series(metrics, metric, source_map)
+    out = {}
+    for column, ds in layout.sources.items():
+        if f"val-core/{ds}/{metric}" in metrics:
+            out[column] = (ds, metrics[f"val-core/{ds}/{metric}"])
+    return out
+
+
+def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
 def build_table(
     runs: list[tuple[str, Metrics]],
-    table: str,
+    table: str | TableLayout,
     metric: str | None = None,
     last_step: int | None = 400,
     source_map: dict[str, str] | None = None,
     published: dict | None = None,
 ) -> TableData:
     """``metric`` None = the paper's statistic per benchmark (``PAPER_METRIC``: acc/mean@32 on AIME/AMC,
-    acc/mean@1 on Minerva/OlympiadBench); a string = that metric for every benchmark."""
-    layout = get_layout(table)
+    acc/mean@1 on Minerva/OlympiadBench; acc/mean@32 for a column that is not a paper benchmark);
+    a string = that metric for every column."""
+    layout = table if isinstance(table, TableLayout) else get_layout(table)
     published = load_published() if published is None else published
     methods = {m.lower(): m for m in methods_of(layout.number, published)}
-    metric_of = {bench: metric or PAPER_METRIC[bench] for bench in layout.benchmarks}
-    td = TableData(layout.number, layout.title, layout.benchmarks, _metric_label(metric_of), last_step)
+    metric_of = {bench: metric or PAPER_METRIC.get(bench, "acc/mean@32") for bench in layout.benchmarks}
+    td = TableData(layout.number, layout.title, layout.benchmarks, _metric_label(metric_of), last_step,
+                   has_paper=bool(methods))
     flagged = {}
-    for label, metrics in runs:
+    by_label: dict[str, list[Metrics]] = {}
+    for label, metrics in runs:  # runs sharing a label are seeds of one method (first-seen order)
+        by_label.setdefault(label, []).append(metrics)
+    for label, seed_runs in by_label.items():
         method = methods.get(label.lower())
-        if method is None:
+        if method is None and methods:
             td.warnings.append(
                 f"run {label!r} is not a method of Table {layout.number}; no published numbers "
                 f"(label runs as METHOD=PATH, methods: {', '.join(methods.values())})"
             )
-        series = {m: benchmark_series(metrics, m, source_map) for m in sorted(set(metric_of.values()))}
+        values: dict[tuple[str, str], list[float]] = {(b, st): [] for b in layout.benchmarks for st in STATS}
+        for k, metrics in enumerate(seed_runs):
+            name = label if len(seed_runs) == 1 else f"{label} #{k + 1}"
+            series = {m: _columns(metrics, layout, m, source_map) for m in sorted(set(metric_of.values()))}
+            for bench in layout.benchmarks:
+                m = metric_of[bench]
+                ds, s = series[m].get(bench, (None, {}))
+                if ds is None:
+                    where = f"val-core/{layout.sources[bench]}/{m}" if layout.sources else f"val-core/<data_source>/{m}"
+                    td.warnings.append(f"run {name!r}: no {where} for {bench}")
+                last, best = last_and_best(s, last_step)
+                if s and last is None:
+                    td.warnings.append(
+                        f"run {name!r}: {bench} ({ds}) has no value at step {last_step}; "
+                        f"last evaluated step is {max(s)}"
+                    )
+                for stat, v in zip(STATS, (last, best)):
+                    if v is not None:
+                        values[(bench, stat)].append(v)
         cells: dict[tuple[str, str], Cell] = {}
-        for bench in layout.benchmarks:
-            ds, s = series[metric_of[bench]].get(bench, (None, {}))
-            if ds is None:
-                td.warnings.append(f"run {label!r}: no val-core/<data_source>/{metric_of[bench]} for {bench}")
-            last, best = last_and_best(s, last_step)
-            if s and last is None:
-                td.warnings.append(
-                    f"run {label!r}: {bench} ({ds}) has no value at step {last_step}; "
-                    f"last evaluated step is {max(s)}"
-                )
-            for stat, ours in zip(STATS, (last, best)):
-                paper = published.get((layout.number, method, bench, stat)) if method else None
-                cells[(bench, stat)] = Cell(ours, paper)
-                if paper is not None and paper.flag:
-                    flagged[(method, bench, stat)] = paper
+        for (bench, stat), vals in values.items():
+            paper = published.get((layout.number, method, bench, stat)) if method else None
+            mean, std = _mean_std(vals)
+            cells[(bench, stat)] = Cell(mean, paper, std, len(vals))
+            if 0 < len(vals) < len(seed_runs):
+                td.warnings.append(f"{label!r} {bench} {stat.capitalize()}: mean over {len(vals)} of {len(seed_runs)} runs")
+            if paper is not None and paper.flag:
+                flagged[(method, bench, stat)] = paper
         td.rows.append((label, cells))
     for (method, bench, stat), p in flagged.items():
         td.notes.append(f"{method} {bench} {stat.capitalize()} = {p.value:.4f} [{p.flag}]: {p.note}")
@@ -122,27 +182,44 @@ def _fmt_paper(p: PublishedValue | None, flag_mark: str) -> str:
     return f"{p.value:.4f}" + (flag_mark if p.flag else "")
 
 
+def _fmt_ours(c: Cell, pm: str = " ± ") -> str:
+    """The value, with ± std when it is a mean over several runs."""
+    return _fmt(c.ours) + (f"{pm}{c.std:.4f}" if c.ours is not None and c.std is not None else "")
+
+
 def _caption(td: TableData) -> str:
     last = f"step {td.last_step}" if td.last_step is not None else "the final evaluated step"
     upto = f" <= {td.last_step}" if td.last_step is not None else ""
+    runs = [c.n for _, cells in td.rows for c in cells.values()]
+    seeds = "; mean ± std over seeds" if any(n > 1 for n in runs) else ""
+    cols = "; ours | paper | Δ = ours − paper" if td.has_paper else ""
+    head = f"Table {td.number} ({td.title})" if td.has_paper else td.title
     return (
-        f"Table {td.number} ({td.title}): {td.metric}; Last = {last}, Best = max over evaluated steps{upto}; "
-        "ours | paper | Δ = ours − paper"
+        f"{head}: {td.metric}; Last = {last}, Best = max over evaluated steps{upto}"
+        f"{seeds}{cols}; best of each column in bold, second best underlined"
     )
 
 
 def render_markdown(td: TableData) -> str:
+    """Markdown has no underline: the second best is in italics (the caption says underlined for LaTeX)."""
     head = ["Method"]
     for bench in td.benchmarks:
         for stat in STATS:
-            head += [f"{bench} {stat.capitalize()}", "paper", "Δ"]
-    lines = [f"**{_caption(td)}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, cells in td.rows:
+            name = f"{bench} {stat.capitalize()}"
+            head += [name, "paper", "Δ"] if td.has_paper else [name]
+    caption = _caption(td).replace("second best underlined", "second best in italics")
+    lines = [f"**{caption}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    marks = td.marks()
+    wrap = {"best": "**{}**", "second": "_{}_"}
+    for i, (label, cells) in enumerate(td.rows):
         out = [label.replace("|", "\\|")]
         for bench in td.benchmarks:
             for stat in STATS:
                 c = cells[(bench, stat)]
-                out += [_fmt(c.ours), _fmt_paper(c.paper, " ⚠"), _fmt_delta(c.delta)]
+                ours = _fmt_ours(c)
+                if (i, bench, stat) in marks:
+                    ours = wrap[marks[(i, bench, stat)]].format(ours)
+                out += [ours, _fmt_paper(c.paper, " ⚠"), _fmt_delta(c.delta)] if td.has_paper else [ours]
         lines.append("| " + " | ".join(out) + " |")
     if td.notes:
         lines.append("")
@@ -161,41 +238,50 @@ def latex_escape(text: str) -> str:
 
 
 def render_latex(td: TableData) -> str:
-    """A booktabs table (needs ``\\usepackage{booktabs}``)."""
-    ncols = 1 + 3 * len(STATS) * len(td.benchmarks)
+    """A booktabs table scaled to the text width (needs ``\\usepackage{booktabs,graphicx}``)."""
+    per = 3 if td.has_paper else 1
+    ncols = 1 + per * len(STATS) * len(td.benchmarks)
     groups, rules, sub = [], [], []
     col = 2
     for bench in td.benchmarks:
         for stat in STATS:
-            groups.append(rf"\multicolumn{{3}}{{c}}{{{latex_escape(bench)} {stat.capitalize()}}}")
-            rules.append(rf"\cmidrule(lr){{{col}-{col + 2}}}")
+            name = f"{latex_escape(bench)} {stat.capitalize()}"
+            groups.append(rf"\multicolumn{{{per}}}{{c}}{{{name}}}" if per > 1 else name)
+            rules.append(rf"\cmidrule(lr){{{col}-{col + per - 1}}}")
             sub += ["ours", "paper", r"$\Delta$"]
-            col += 3
-    caption = latex_escape(_caption(td)).replace("Δ", r"$\Delta$").replace("−", "-").replace("<=", r"$\le$")
+            col += per
+    caption = (latex_escape(_caption(td)).replace("Δ", r"$\Delta$").replace("−", "-").replace("<=", r"$\le$")
+               .replace("±", r"$\pm$"))
     lines = [
         r"\begin{table}[t]",
         r"\centering",
         r"\scriptsize",
         rf"\caption{{{caption}}}",
+        r"\resizebox{\linewidth}{!}{%",
         r"\begin{tabular}{l" + "r" * (ncols - 1) + "}",
         r"\toprule",
         "Method & " + " & ".join(groups) + r" \\",
-        " ".join(rules),
-        " & " + " & ".join(sub) + r" \\",
-        r"\midrule",
     ]
-    for label, cells in td.rows:
+    if td.has_paper:
+        lines += [" ".join(rules), " & " + " & ".join(sub) + r" \\"]
+    lines.append(r"\midrule")
+    marks = td.marks()
+    wrap = {"best": r"\textbf{{{}}}", "second": r"\underline{{{}}}"}
+    for i, (label, cells) in enumerate(td.rows):
         out = [latex_escape(label)]
         for bench in td.benchmarks:
             for stat in STATS:
                 c = cells[(bench, stat)]
-                out += [
-                    _fmt(c.ours).replace("—", "--"),
-                    _fmt_paper(c.paper, r"$^\dagger$").replace("—", "--"),
-                    _fmt_delta(c.delta).replace("—", "--"),
-                ]
+                ours = _fmt_ours(c, r" $\pm$ ").replace("—", "--")
+                if (i, bench, stat) in marks:
+                    ours = wrap[marks[(i, bench, stat)]].format(ours)
+                if td.has_paper:
+                    out += [ours, _fmt_paper(c.paper, r"$^\dagger$").replace("—", "--"),
+                            _fmt_delta(c.delta).replace("—", "--")]
+                else:
+                    out.append(ours)
         lines.append(" & ".join(out) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
+    lines += [r"\bottomrule", r"\end{tabular}}"]
     if td.notes:
         lines.append(r"\par\smallskip\footnotesize")
         lines += [r"$^\dagger$ " + latex_escape(n) + r"\par" for n in td.notes]

@@ -1,0 +1,95 @@
+"""CLI: ``python -m rpg.study [--dry-run] [--seeds 2] [--steps 16] ...`` (see ``--help`` and docs/study.md).
+
+Runs the grid (resumable: finished runs are kept in ``--out`` and not repeated), then renders the
+table and figures into ``--report-dir`` (default ``<out>/report``). ``--dry-run`` prints the grid
+and its time estimate and starts nothing; ``--render-only`` renders what has finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from rpg.study.grid import METHODS, STRESS_METHODS, Sizes, calibrate, describe, grid
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def parser() -> argparse.ArgumentParser:
+    d = Sizes()
+    ap = argparse.ArgumentParser(prog="python -m rpg.study", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("outputs") / "study", help="run directory (default outputs/study)")
+    ap.add_argument("--report-dir", type=Path, default=None, help="where the table/figures go (default OUT/report)")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per method (1..SEEDS; default 2)")
+    ap.add_argument("--steps", type=int, default=d.steps, help=f"training steps per run (default {d.steps})")
+    ap.add_argument("--test-freq", type=int, default=d.test_freq, help=f"validate every K steps (default {d.test_freq})")
+    ap.add_argument("--prompts", type=int, default=d.prompts, help=f"prompts per rollout batch (default {d.prompts})")
+    ap.add_argument("--n", type=int, default=d.n, help=f"responses per prompt (default {d.n})")
+    ap.add_argument("--val-n", type=int, default=d.val_n, help=f"validation samples per problem (default {d.val_n})")
+    ap.add_argument("--updates", type=int, default=4, help="optimizer steps per rollout batch of the main grid (default 4)")
+    ap.add_argument("--stress", type=_ints, default=(1, 4, 16),
+                    help="optimizer steps per rollout batch of the clip stress axis (default 1,4,16; '' = none)")
+    ap.add_argument("--methods", type=_names, default=METHODS, help="comma-separated paper run names (default: the six methods)")
+    ap.add_argument("--stress-methods", type=_names, default=STRESS_METHODS, help="run names of the stress axis")
+    ap.add_argument("--dry-run", action="store_true", help="print the grid and its time estimate; run nothing")
+    ap.add_argument("--render-only", action="store_true", help="render the finished runs; run nothing")
+    ap.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before one run is killed (default 1800)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from rpg.study.runner import all_records, plan_overrides, read_record, run_grid, status
+    from rpg.variants import VariantNameError
+
+    try:
+        sizes = Sizes(args.steps, args.test_freq, args.prompts, args.n, args.val_n)
+        specs = grid(args.seeds, args.updates, args.stress, sizes, args.methods, args.stress_methods)
+    except (ValueError, VariantNameError) as err:
+        print(f"rpg.study: {err}", file=sys.stderr)
+        return 2
+    records = [read_record(args.out, s) or {} for s in specs]
+    finished = {s.run_id for s, r in zip(specs, records) if r.get("status") == "done"}
+    costs = calibrate(all_records(args.out))
+    if args.dry_run:
+        # a finished run whose overrides changed since (stale) would run again: count it as to run
+        stale = {s.run_id for s in specs if s.run_id in finished and status(args.out, s, plan_overrides(s, args.out)) == "stale"}
+        print(describe(specs, costs, finished - stale))
+        if stale:
+            print(f"{len(stale)} finished run(s) are stale (their overrides changed since they ran) and would run again; "
+                  "--render-only renders them as they are")
+        return 0
+    command = "python -m rpg.study " + shlex.join(argv if argv is not None else sys.argv[1:])
+    if not args.render_only:
+        records = run_grid(specs, args.out, costs, retry_failed=args.retry_failed, timeout_s=args.timeout)
+    from rpg.study.render import render
+
+    try:
+        paths = render(args.out, args.report_dir or args.out / "report", specs, records, args.updates, command.strip())
+    except ValueError as err:
+        print(f"rpg.study: {err}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(p)
+    failed = [r for r in records if r.get("status") != "done"]
+    if failed:
+        print(f"rpg.study: {len(failed)} of {len(specs)} runs did not finish (see runs.md)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

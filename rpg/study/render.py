@@ -1,0 +1,167 @@
+"""Tables and figures of the study, drawn by ``rpg.reports`` (the code that renders the paper's tables).
+
+Written to the report directory:
+
+* ``table.md`` / ``table.tex``: Last / Best validation accuracy (mean ± std over seeds) of every
+  method at the main grid's steps per batch, and of the stress methods (those run at more than one
+  steps-per-batch value) at each value.
+* ``curves.png`` / ``.svg``: the methods' training dynamics (Fig. 4 layout, 2 x 3 panels).
+* ``stress.png`` / ``.svg``: clipped vs unclipped RPG-REINFORCE at each steps-per-batch value.
+* ``runs.md``: every run of the grid with its status, wall time and directory; failed and missing
+  runs are listed, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from rpg.reports.figures import ENTROPY_KEY, LENGTH_KEY, REWARD_KEY, Panel, plot_curves
+from rpg.reports.logs import Metrics, check_metric, read_run
+from rpg.reports.published import TableLayout
+from rpg.reports.tables import build_table, render_latex, render_markdown
+from rpg.study.grid import RunSpec, fmt_duration
+from rpg.study.runner import run_dir
+from rpg.tiny.task import DATA_SOURCE
+
+VAL_COLUMN = "tiny val acc"
+KL_KEY = "actor/ppo_kl"          # mean of log pi_old - log pi over the update's tokens (how far off-policy)
+CLIPFRAC_KEY = "actor/pg_clipfrac"  # fraction of tokens where the clip binds (0 for unclipped losses)
+
+
+def metric_of(spec: RunSpec) -> str:
+    return f"acc/mean@{spec.sizes.val_n}"
+
+
+def panels(metric: str) -> tuple[Panel, ...]:
+    k = metric.rsplit("/", 1)[-1]
+    return (
+        Panel(f"(a) Validation accuracy {k}", key=f"val-core/{DATA_SOURCE}/{metric}", ylabel=f"held-out accuracy {k}"),
+        Panel("(b) Reward (critic score)", key=REWARD_KEY, ylabel=f"reward ({REWARD_KEY})"),
+        Panel("(c) Entropy", key=ENTROPY_KEY, ylabel=f"entropy ({ENTROPY_KEY})"),
+        Panel("(d) Response length", key=LENGTH_KEY, ylabel=f"tokens ({LENGTH_KEY})"),
+        Panel("(e) Off-policy distance", key=KL_KEY, ylabel=f"KL(old || new) k1 ({KL_KEY})"),
+        Panel("(f) Clipped fraction", key=CLIPFRAC_KEY, ylabel=f"fraction of tokens ({CLIPFRAC_KEY})"),
+    )
+
+
+def stress_label(spec: RunSpec) -> str:
+    return f"{spec.label}, {spec.updates} step{'s' if spec.updates > 1 else ''}/batch"
+
+
+def stress_styles(specs: list[RunSpec]) -> dict[str, dict]:
+    """One colour per steps-per-batch value; solid = clipped, dashed = unclipped (the method compared)."""
+    from rpg.variants import parse
+
+    ks = sorted({s.updates for s in specs})
+    palette = ("tab:blue", "tab:orange", "tab:red", "tab:green", "tab:purple", "tab:brown")
+    return {stress_label(s): {"color": palette[ks.index(s.updates) % len(palette)],
+                              "linestyle": "-" if parse(s.variant).clip else "--"} for s in specs}
+
+
+def _layout(title: str) -> TableLayout:
+    return TableLayout("tiny", title, (VAL_COLUMN,), sources={VAL_COLUMN: DATA_SOURCE})
+
+
+def load(out: Path, specs: list[RunSpec], records: list[dict]) -> tuple[dict[str, Metrics], list[str]]:
+    """{run_id: metrics} of the finished runs, and notes on the runs that are not (failed, missing)."""
+    runs, notes = {}, []
+    for spec, rec in zip(specs, records):
+        if rec.get("status") != "done":
+            what = rec.get("status", "todo")
+            extra = f" at step {rec.get('last_step')}: {rec.get('error', '')}" if what == "failed" else ""
+            notes.append(f"{spec.label} k={spec.updates} seed {spec.seed}: {what}{extra}")
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            runs[spec.run_id] = read_run(run_dir(out, spec) / "metrics.jsonl")
+        notes += [f"{spec.run_id}: {w.message}" for w in caught]
+    return runs, notes
+
+
+def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], main_updates: int,
+           command: str = "") -> list[Path]:
+    """Write the table, figures and run list for the finished runs; returns the written paths."""
+    report = Path(report)
+    report.mkdir(parents=True, exist_ok=True)
+    runs, notes = load(out, specs, records)
+    metric = metric_of(specs[0])
+    sizes = specs[0].sizes
+    main = [(s.label, runs[s.run_id]) for s in specs if s.updates == main_updates and s.run_id in runs]
+    stress_specs = [s for s in specs if any(o.variant == s.variant and o.updates != s.updates for o in specs)]
+    stress = [(stress_label(s), runs[s.run_id])
+              for s in sorted(stress_specs, key=lambda s: (s.updates, "(no clip)" in s.label)) if s.run_id in runs]
+    check_metric(main + stress, metric)
+    written: list[Path] = []
+    partial = len(runs) < len(specs)
+
+    flag = f" (PARTIAL: {len(runs)} of {len(specs)} runs finished)" if partial else ""
+    md, tex, warns = [], [], []
+    for title, rows in (
+        (f"tiny task on CPU, {main_updates} optimizer steps per rollout batch{flag}", main),
+        (f"off-policy stress: RPG-REINFORCE-UFKL with and without RPG-Style Clip{flag}", stress),
+    ):
+        if not rows:
+            continue
+        if partial:  # rows may rest on different numbers of seeds: say so in each row's name
+            rows = _with_seed_counts(rows)
+        td = build_table(rows, _layout(title), metric=metric, last_step=sizes.steps)
+        md.append(render_markdown(td))
+        tex.append(render_latex(td))
+        warns += td.warnings
+    for name, text in (("table.md", "\n".join(md)), ("table.tex", "\n".join(tex))):
+        (report / name).write_text(text, encoding="utf-8")
+        written.append(report / name)
+    for name, rows, title in (
+        ("curves", main, f"Tiny task, {main_updates} optimizer steps per rollout batch{flag}"),
+        ("stress", stress, f"RPG-REINFORCE-UFKL, clipped vs unclipped, by optimizer steps per rollout batch{flag}"),
+    ):
+        if rows:
+            styles = stress_styles(stress_specs) if name == "stress" else None
+            paths, fig_warns = plot_curves(rows, report / name, metric, panels=panels(metric), last_step=sizes.steps,
+                                           title=title, styles=styles, dpi=100)  # small files for docs/
+            written += paths
+            warns += fig_warns
+    written.append(_runs_md(report / "runs.md", out, specs, records, notes + warns + [eval_noise(runs, metric)], command))
+    return written
+
+
+def eval_noise(runs: dict[str, Metrics], metric: str) -> str:
+    """The spread of the validation before training over the runs: every run starts from the same model,
+    so it measures the evaluation's own noise (sampling at temperature 1), not a method's effect."""
+    import statistics
+
+    before = [m[f"val-core/{DATA_SOURCE}/{metric}"][0] for m in runs.values() if 0 in m.get(f"val-core/{DATA_SOURCE}/{metric}", {})]
+    if len(before) < 2:
+        return "evaluation noise: fewer than two runs validated before training"
+    return (f"evaluation noise: the validation before training (the same initial model in every run) gives "
+            f"{statistics.fmean(before):.3f} ± {statistics.stdev(before):.3f} (mean ± std over {len(before)} runs; "
+            f"range {min(before):.3f}-{max(before):.3f}); differences of this size between methods are not evidence")
+
+
+def _with_seed_counts(rows: list[tuple[str, Metrics]]) -> list[tuple[str, Metrics]]:
+    counts = {label: sum(1 for lab, _ in rows if lab == label) for label, _ in rows}
+    return [(f"{label} [{counts[label]} seed{'s' if counts[label] > 1 else ''}]", m) for label, m in rows]
+
+
+def _runs_md(path: Path, out: Path, specs: list[RunSpec], records: list[dict], notes: list[str], command: str) -> Path:
+    lines = ["# Runs of the study", ""]
+    if command:
+        lines += ["Command:", "", "```bash", command, "```", ""]
+    s = specs[0].sizes
+    lines += [f"Each run: {s.steps} steps of {s.prompts} prompts x {s.n} responses; validation every {s.test_freq} "
+              f"steps and at the last ({s.val_n} samples per held-out problem, temperature 1).", "",
+              "| # | method | steps/batch | seed | status | wall time | started | code | run directory |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for i, (spec, rec) in enumerate(zip(specs, records), 1):
+        wall = fmt_duration(rec["wall_time_s"]) if rec.get("wall_time_s") is not None else "—"
+        lines.append(f"| {i} | {spec.label} | {spec.updates} | {spec.seed} | {rec.get('status', 'todo')} | {wall} | "
+                     f"{rec.get('started', '—')} | {rec.get('code', '—')} | `runs/{spec.run_id}` |")
+    done = [r for r in records if r.get("status") == "done"]
+    if done:
+        total = sum(r["wall_time_s"] for r in done)
+        lines += ["", f"{len(done)} of {len(specs)} runs finished; their summed wall time: {fmt_duration(total)}."]
+    if notes:
+        lines += ["", "Notes:", ""] + [f"* {n}" for n in notes]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,256 @@
+"""rpg.study without Ray: the grid, the overrides it launches, resuming, rendering and the CLI.
+
+The trainer is replaced by a fake that writes verl-style file-logger records, so the resume and
+render logic are tested on logs whose Last/Best values are known.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rpg.study import grid as G
+from rpg.study import runner as R
+from rpg.study.__main__ import main
+from rpg.study.render import render
+
+SMALL = G.Sizes(steps=4, test_freq=2, prompts=16, n=4, val_n=4)
+
+
+def _kv(overrides: list[str]) -> dict[str, str]:
+    out = {}
+    for o in overrides:
+        k, v = o.split("=", 1)
+        out[k.lstrip("+")] = v
+    return out
+
+
+# ---- the grid ----
+
+def test_default_grid_methods_stress_axis_and_order():
+    specs = G.grid()
+    labels = [s.label for s in specs[:6]]
+    assert labels == ["GRPO", "DAPO", "REINFORCE++", "RPG-UFKL", "RPG-REINFORCE-UFKL", "RPG-REINFORCE-UFKL (no clip)"]
+    assert all(s.updates == 4 and s.seed == 1 for s in specs[:6])
+    assert [s.seed for s in specs] == [1] * 10 + [2] * 10  # every run of seed 1 before any of seed 2
+    assert [s.updates for s in specs[6:10]] == [1, 1, 16, 16] and specs[10:16] == [
+        G.RunSpec(s.variant, 4, 2, s.sizes) for s in specs[:6]]
+    stress = specs[6:10] + specs[16:]
+    # the stress methods at k=4 are already in the main grid: only k = 1 and 16 are added, per seed
+    assert sorted((s.label, s.updates, s.seed) for s in stress) == sorted(
+        (lab, k, seed) for lab in ("RPG-REINFORCE-UFKL", "RPG-REINFORCE-UFKL (no clip)") for k in (1, 16) for seed in (1, 2))
+    assert len({s.run_id for s in specs}) == len(specs) == 20
+
+
+def test_grid_rejects_bad_input():
+    with pytest.raises(ValueError, match=r"\[3\] must divide --prompts 16"):
+        G.grid(updates=3)
+    with pytest.raises(ValueError, match="--seeds must be >= 1"):
+        G.grid(seeds=0)
+    with pytest.raises(ValueError, match="bad run name 'run_ppo_7b'"):
+        G.grid(methods=("run_ppo_7b",))
+    with pytest.raises(ValueError, match="--steps must be >= 1"):
+        G.grid(sizes=G.Sizes(steps=0))
+
+
+def test_run_id_changes_with_the_sizes_and_validations_count():
+    a, b = G.RunSpec("run_dapo_7b", 4, 1, SMALL), G.RunSpec("run_dapo_7b", 4, 1, G.Sizes())
+    assert a.run_id != b.run_id and a.run_id.startswith("run_dapo_7b-k4-seed1-")
+    assert G.Sizes(steps=16, test_freq=4).validations == 5  # 0, 4, 8, 12, 16
+    assert G.Sizes(steps=10, test_freq=4).validations == 4  # 0, 4, 8 and the last step 10
+
+
+def test_time_estimate_and_calibration_from_finished_runs():
+    spec = G.RunSpec("run_dapo_7b", 4, 1, SMALL)
+    c = G.Costs(startup_s=10, step_s=2, update_s=0.5, val_s=3, source="test")
+    assert c.run_s(spec) == 10 + 4 * (2 + 3 * 0.5) + 3 * 3
+    rec = {"status": "done", "steps": 4, "updates": 1, "validations": 3, "wall_time_s": 50.0, "train_wall_s": 16.0,
+           "step_time_s": 8.0, "val_time_s": 6.0}
+    got = G.calibrate([rec, {"status": "failed"}])
+    # start-up = 50 - 16; validation 6 / 3; step = (16 - 2 validations x 2) / 4
+    assert (got.startup_s, got.step_s, got.val_s) == (34.0, 3.0, 2.0) and "1 finished run" in got.source
+    assert G.calibrate([]) is G.BUILTIN_COSTS
+    text = G.describe([spec], c, finished={spec.run_id})
+    assert "done" in text and "1 runs (0 to run)" in text and "estimated time to run: 0s" in text
+
+
+# ---- the overrides: the launcher's CPU path for the method + the study's sizes ----
+
+def test_overrides_keep_the_variants_algorithm_and_set_the_off_policy_regime(tiny_assets, tmp_path):
+    from rpg.variants import parse
+
+    spec = G.RunSpec("run_rpg_7b_ufkl1e-4_rf", 16, 3, SMALL)
+    kv = _kv(R.plan_overrides(spec, tmp_path))
+    assert kv["actor_rollout_ref.actor.ppo_mini_batch_size"] == "1"  # 16 prompts / 16 optimizer steps
+    assert kv["data.train_batch_size"] == "16" and kv["actor_rollout_ref.rollout.n"] == "4"
+    assert kv["actor_rollout_ref.rollout.val_kwargs.n"] == "4" and kv["trainer.total_training_steps"] == "4"
+    assert float(kv["actor_rollout_ref.actor.optim.lr"]) == pytest.approx(parse(spec.variant).lr * G.LR_SCALE) == 2.5e-4
+    assert kv["actor_rollout_ref.actor.optim.lr_warmup_steps"] == "0"
+    assert kv["data.seed"] == "3" and kv["actor_rollout_ref.rollout.seed"] == "3"
+    # the variant's algorithm settings are untouched
+    assert (kv["rpg.loss.form"], kv["rpg.loss.clip"], kv["rpg.loss.divergence"], kv["rpg.loss.beta"]) == (
+        "reinforce", "False", "ufkl", "0.0001")
+    assert kv["actor_rollout_ref.model.path"] == str(tiny_assets.model_dir)
+    assert kv["trainer.default_local_dir"].startswith(str(tmp_path.resolve()))
+    grpo = _kv(R.plan_overrides(G.RunSpec("run_grpo_7b", 4, 1, SMALL), tmp_path))
+    assert (grpo["actor_rollout_ref.actor.kl_loss_type"], grpo["rpg.reference.mode"], grpo["actor_rollout_ref.actor.optim.lr"]) == (
+        "low_var_kl", "fixed", "0.0005")
+    assert grpo["actor_rollout_ref.actor.ppo_mini_batch_size"] == "4"
+
+
+def test_runs_compose_and_pass_verls_checks(tiny_assets, tmp_path):
+    """The Hydra config of the fixed-reference method and of the smallest mini-batch composes and passes
+    verl's validate_config on the CPU backend (no Ray). In a subprocess: the CPU platform registers at
+    ``import verl`` time, which must not leak into this test process."""
+    import subprocess
+    import sys
+
+    from rpg.backends.cpu.harness import build_command
+    from rpg.launch import ENTRY, project_root
+
+    specs = [s for s in G.grid(seeds=1) if (s.variant, s.updates) in (("run_grpo_7b", 4), ("run_rpg_7b_ufkl1e-4_rf", 16))]
+    plans, env = [], None
+    for spec in specs:
+        argv, env = build_command(R.plan_overrides(spec, tmp_path), entry=str(project_root() / ENTRY))
+        plans.append(argv[2:])
+    (tmp_path / "plans.json").write_text(json.dumps(plans))
+    code = ("import json, sys\nfrom rpg.launch import compose\nfor ov in json.load(open(sys.argv[1])):\n"
+            "    cfg, _ = compose(ov)\n    print('SIZES', cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.data.train_batch_size)")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plans.json")], env=env, capture_output=True,
+                       text=True, timeout=300, cwd=project_root())
+    assert p.returncode == 0, p.stderr[-3000:]
+    sizes = [line.split()[1:] for line in p.stdout.splitlines() if line.startswith("SIZES ")]
+    assert sizes == [["4", "16"], ["1", "16"]]  # 16 prompts per batch in mini-batches of 4 and 1
+
+
+# ---- resuming with a fake trainer ----
+
+def _val(step: int, seed: int, label: str) -> float:
+    return round(0.1 * seed + 0.01 * step + (0.2 if "clip" in label else 0.0), 6)
+
+
+class FakeTrainer:
+    """Stands in for rpg.backends.cpu.harness.run_trainer: writes file-logger records, can fail."""
+
+    def __init__(self, fail: set[str] = frozenset()):
+        self.calls: list[str] = []
+        self.fail = fail
+
+    def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics):
+        from rpg.backends.cpu.harness import TrainerRun, TrainerRunError
+
+        kv = _kv(overrides)
+        exp, steps = kv["trainer.experiment_name"], int(kv["trainer.total_training_steps"])
+        self.calls.append(exp)
+        out = Path(output_dir)
+        lines = []
+        for s in range(steps + 1):
+            data = {"timing_s/step": 2.0} if s else {}
+            if s:
+                data.update({"critic/score/mean": -1 + s / steps, "actor/entropy": 0.3, "response_length/mean": 6.0,
+                             "actor/ppo_kl": 1e-3, "actor/pg_clipfrac": 0.01})
+            if s % int(kv["trainer.test_freq"]) == 0 or s == steps:
+                data["val-core/math_dapo/acc/mean@4"] = _val(s, int(kv["data.seed"]), exp)
+                data["timing_s/testing"] = 1.0
+            lines.append(json.dumps({"step": s, "data": data}))
+            on_metrics(s, data)
+        (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        run = TrainerRun(0, 30.0, out, out / "trainer.log", out / "metrics.jsonl", [])
+        run.metrics = {s: {} for s in range(steps + 1)}
+        if exp in self.fail:
+            run.returncode = 1
+            raise TrainerRunError("trainer exited with code 1; log: x\n--- last lines ---\nValueError: loss is nan", run)
+        return run
+
+
+@pytest.fixture
+def fake(monkeypatch, tiny_assets):
+    from rpg.backends.cpu import harness
+
+    trainer = FakeTrainer()
+    monkeypatch.setattr(harness, "run_trainer", trainer)
+    return trainer
+
+
+def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_path, capsys):
+    specs = G.grid(seeds=2, updates=4, stress=(1, 4), sizes=SMALL, methods=G.METHODS[4:])
+    costs = G.BUILTIN_COSTS
+    fake.fail = {specs[1].run_id}
+    records = R.run_grid(specs, tmp_path, costs)
+    assert len(fake.calls) == len(specs) == 8
+    assert [r["status"] for r in records].count("failed") == 1
+    failed = records[1]
+    assert failed["error"] == "ValueError: loss is nan" and failed["last_step"] == 4
+    out = capsys.readouterr().out
+    assert "step 2/4  reward -0.500  kl(old,new) 1.0e-03  val acc 0.220" in out and "failed 2/8" in out
+    done = records[0]
+    assert (done["step_time_s"], done["val_time_s"], done["wall_time_s"]) == (8.0, 3.0, 30.0)
+    assert 0 <= done["train_wall_s"] < 5  # the fake writes its records at once
+
+    fake.calls.clear()
+    R.run_grid(specs, tmp_path, costs)  # nothing to do: done runs kept, the failed one not retried
+    assert fake.calls == []
+    assert "8 runs: 7 finished, 1 failed (not retried without --retry-failed), 0 to run" in capsys.readouterr().out
+    fake.fail = set()
+    R.run_grid(specs, tmp_path, costs, retry_failed=True)
+    assert fake.calls == [specs[1].run_id]
+    # an interrupted run (no run.json) runs again from scratch; a changed override makes a run stale
+    (R.run_dir(tmp_path, specs[2]) / R.RUN_RECORD).unlink()
+    rec = json.loads((R.run_dir(tmp_path, specs[3]) / R.RUN_RECORD).read_text())
+    rec["overrides"] = rec["overrides"][:-1]
+    G.save_json(R.run_dir(tmp_path, specs[3]) / R.RUN_RECORD, rec)
+    assert R.status(tmp_path, specs[3], R.plan_overrides(specs[3], tmp_path)) == "stale"
+    capsys.readouterr()
+    assert main(["--dry-run", "--out", str(tmp_path), "--seeds", "2", "--stress", "1,4", "--steps", "4",
+                 "--test-freq", "2", "--methods", ",".join(G.METHODS[4:])]) == 0
+    out = capsys.readouterr().out
+    assert "8 runs (2 to run)" in out and "1 finished run(s) are stale" in out  # the dry run sees it too
+    fake.calls.clear()
+    R.run_grid(specs, tmp_path, costs)
+    assert fake.calls == [specs[2].run_id, specs[3].run_id]
+
+
+def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
+    specs = G.grid(seeds=2, updates=4, stress=(1, 4), sizes=SMALL, methods=G.METHODS[4:])
+    unclipped_k4_seed2 = next(s for s in specs if "(no clip)" in s.label and s.updates == 4 and s.seed == 2)
+    fake.fail = {unclipped_k4_seed2.run_id}
+    records = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)
+    paths = render(tmp_path, tmp_path / "report", specs, records, main_updates=4, command="python -m rpg.study --x")
+    names = sorted(p.name for p in paths)
+    assert names == ["curves.png", "curves.svg", "runs.md", "stress.png", "stress.svg", "table.md", "table.tex"]
+    md = (tmp_path / "report" / "table.md").read_text()
+    assert "PARTIAL: 7 of 8 runs finished" in md and "mean ± std over seeds" in md
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")[1:]]
+            for line in md.splitlines() if line.startswith("| RPG")}
+    # clipped, k=4: Last = mean over seeds 1, 2 of 0.1 s + 0.04 + 0.2 -> 0.39, std 0.0707; Best = Last (rising)
+    clipped = rows["RPG-REINFORCE-UFKL [2 seeds]"]  # a partial grid names each row's number of seeds
+    assert clipped == ["**0.3900 ± 0.0707**", "**0.3900 ± 0.0707**"]
+    assert rows["RPG-REINFORCE-UFKL (no clip) [1 seed]"] == ["0.1400", "0.1400"]  # seed 2 failed
+    assert rows["RPG-REINFORCE-UFKL, 1 step/batch [2 seeds]"][0] == "**0.3900 ± 0.0707**"
+    runs_md = (tmp_path / "report" / "runs.md").read_text()
+    assert "python -m rpg.study --x" in runs_md
+    assert "RPG-REINFORCE-UFKL (no clip) k=4 seed 2: failed at step 4: ValueError: loss is nan" in runs_md
+    assert f"| {specs.index(unclipped_k4_seed2) + 1} | RPG-REINFORCE-UFKL (no clip) | 4 | 2 | failed | 0s |" in runs_md
+    assert "7 of 8 runs finished" in runs_md
+    # the fake's step-0 values: clipped 0.3 (seed 1) / 0.4 (seed 2), unclipped 0.1 / 0.2; seed 2 of unclipped k=4 failed
+    import statistics
+
+    before = [0.3, 0.1, 0.3, 0.1, 0.4, 0.4, 0.2]
+    assert (f"validation before training (the same initial model in every run) gives {statistics.fmean(before):.3f} ± "
+            f"{statistics.stdev(before):.3f} (mean ± std over 7 runs; range 0.100-0.400)") in runs_md
+    assert (tmp_path / "report" / "table.tex").read_text().count(r"\begin{table}") == 2
+
+
+# ---- the CLI ----
+
+def test_cli_dry_run_prints_grid_and_estimate_and_rejects_bad_flags(tmp_path, capsys):
+    assert main(["--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "20 runs (20 to run)" in out and "estimated time to run:" in out and "built-in" in out
+    assert not (tmp_path / "runs").exists()
+    assert main(["--dry-run", "--out", str(tmp_path), "--updates", "5"]) == 2
+    assert "must divide --prompts 16" in capsys.readouterr().err
+    assert main(["--dry-run", "--methods", "run_xyz", "--out", str(tmp_path)]) == 2
+    assert "bad run name 'run_xyz'" in capsys.readouterr().err
