@@ -24,7 +24,8 @@ Reproducible sampling: every sequence draws from its own random generator, seede
 drawn since those weights were loaded). A response therefore does not depend on which other
 requests happened to share its decode batch (request timing varies from run to run); two runs
 with the same seed and weights sample the same responses (up to the order of identical prompts),
-and so does a run resumed from a checkpoint at the steps after the checkpoint.
+and so does a run resumed from a checkpoint at the steps after the checkpoint. (verl still orders
+a training batch by completion, so mini-batch membership, and hence later updates, can differ.)
 """
 
 from __future__ import annotations
