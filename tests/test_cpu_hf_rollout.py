@@ -131,3 +131,36 @@ def test_weight_sync_through_the_adapter_changes_generation(server, prompts):
         asyncio.run(server.load_weights({k: v for k, v in original.items() if k != "lm_head.weight"}))
     assert asyncio.run(server.get_weights_checksum()) == pytest.approx(before)
     assert [o.token_ids for o in _gen(server, prompts, temperature=0.0)] == greedy_before
+
+
+def test_sampling_does_not_depend_on_the_batch_a_request_lands_in(server, prompts):
+    """Each sequence has its own generator: one batch of 8 == 8 batches of 1 (same weights, same draws)."""
+    requests = prompts * 2  # two samples of each prompt: draws 0 and 1
+    server._draws = {}
+    together = [o.token_ids for o in _gen(server, requests, temperature=1.0)]
+    server._draws = {}
+    alone = [_gen(server, [p], temperature=1.0)[0].token_ids for p in requests]
+    assert together == alone
+    assert together[:4] != together[4:]  # the second draw of a prompt is a fresh sample
+    # greedy is untouched by the seeds, a different seed samples differently
+    server._draws, seed = {}, server.seed
+    try:
+        server.seed = seed + 1
+        assert [o.token_ids for o in _gen(server, requests, temperature=1.0)] != together
+    finally:
+        server.seed = seed
+
+
+def test_seeded_sampler_follows_the_warped_distribution():
+    """Inverse-CDF draws with per-row generators reproduce the softmax frequencies (and top-k)."""
+    from rpg.backends.cpu.hf_rollout import SeededRowSampler
+
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]])
+    gens = [torch.Generator().manual_seed(7)]
+    sampler = SeededRowSampler(gens, temperature=2.0, top_k=-1, top_p=1.0)
+    counts = torch.zeros(4)
+    for _ in range(4000):
+        counts[sampler(None, logits).argmax()] += 1
+    torch.testing.assert_close(counts / 4000, torch.softmax(logits[0] / 2.0, -1), atol=0.03, rtol=0)
+    top2 = SeededRowSampler(gens, temperature=1.0, top_k=2, top_p=1.0)
+    assert {int(top2(None, logits).argmax()) for _ in range(200)} == {1, 2}

@@ -39,13 +39,14 @@ def test_without_the_switch_nothing_is_registered():
             "hf_adapter": ("hf", "async") in base._ROLLOUT_REGISTRY,
             "hf_replica": "hf" in RolloutReplicaRegistry._registry,
             "pg_patched": hasattr(d.initialize_global_process_group_ray, "__wrapped__"),
+            "replay_poll_patched": hasattr(__import__("verl.trainer.ppo.v1.replay_buffer", fromlist=["x"]).ReplayBuffer.__init__, "__wrapped__"),
             "hooks": [type(f).__name__ for f in sys.meta_path if "PostImport" in type(f).__name__],
         }))
         """,
         {"VERL_USE_EXTERNAL_MODULES": "rpg.backends.cpu.register"},
     )
     assert res == {"active": False, "cpu_platform": False, "hf_adapter": False, "hf_replica": False,
-                   "pg_patched": False, "hooks": []}
+                   "pg_patched": False, "replay_poll_patched": False, "hooks": []}
 
 
 def test_with_the_switch_platform_engine_rollout_and_gloo_work():
@@ -62,6 +63,9 @@ def test_with_the_switch_platform_engine_rollout_and_gloo_work():
         from verl.workers import engine_workers
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517", RANK="0", WORLD_SIZE="1")
         engine_workers.initialize_global_process_group_ray(timeout_second=None)
+        from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+        kw = dict(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
+                  max_off_policy_strategy="drop", sampler_kwargs={})
         t = torch.ones(3)
         torch.distributed.all_reduce(t)
         print(json.dumps({
@@ -72,6 +76,7 @@ def test_with_the_switch_platform_engine_rollout_and_gloo_work():
             "pin_memory": ti.CPUOffloadPolicy(pin_memory=True).pin_memory,
             "adapter": get_rollout_class("hf").__name__, "replica": get_rollout_replica_class("hf").__name__,
             "pg_backend": torch.distributed.get_backend(), "all_reduce": t.tolist(),
+            "replay_poll_s": [ReplayBuffer(**kw).poll_interval, ReplayBuffer(**kw, poll_interval=3.0).poll_interval],
         }))
         """,
         cpu_env(base={}),
@@ -81,4 +86,5 @@ def test_with_the_switch_platform_engine_rollout_and_gloo_work():
         "engine_imported_by_verl_import": False,  # the engine registration is deferred (post-import hook)
         "engine": "FSDPEngineWithLMHead", "pin_memory": False,
         "adapter": "HFServerAdapter", "replica": "HFReplica", "pg_backend": "gloo", "all_reduce": [1.0, 1.0, 1.0],
+        "replay_poll_s": [0.05, 3.0],  # the CPU default replaces verl's 2 s; an explicit value is kept
     }

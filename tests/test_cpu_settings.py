@@ -84,3 +84,30 @@ def test_tiny_task_is_off_policy_by_default(tmp_path):
     assert int(ov["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"]) == batch * 8
     with pytest.raises(ValueError, match="mini_batch_size=3"):
         tiny_task_overrides(TinyAssets.at(tmp_path), mini_batch_size=3)
+
+
+def test_demo_progress_shows_ratio_range_kl_and_clip_fraction():
+    from rpg.backends.cpu.run import policy_stats
+
+    rpg = {"actor/rpg/ratio_min": 0.52, "actor/rpg/ratio_max": 1.31, "actor/rpg/kl_estimate": 3.0e-3,
+           "actor/rpg/clipfrac": 0.037, "actor/ppo_kl": 9.0, "actor/pg_clipfrac": 9.0}
+    assert policy_stats(rpg) == "ratio [0.52, 1.31]  kl 3.0e-03  clipped 3.7%"
+    verl = {"actor/ppo_kl": 2.0e-3, "actor/pg_clipfrac": 0.01, "actor/kl_loss": 4.0e-4}
+    assert policy_stats(verl) == "kl 2.0e-03  clipped 1.0%  kl_loss(ref) 4.0e-04"
+
+
+def test_startup_progress_names_stages_and_heartbeats(capsys):
+    import time
+
+    from rpg.backends.cpu.run import STARTUP_STAGES, StartupProgress
+
+    progress = StartupProgress(heartbeat_s=0.2)
+    progress.on_line("(RPGTaskRunner pid=1) something")  # the Ray stage line was skipped: still reported
+    progress.on_line("unrelated output")
+    time.sleep(1.5)
+    progress.finish()
+    progress.on_line(STARTUP_STAGES[-1][0])  # after the first metrics: silent
+    out = capsys.readouterr().out.splitlines()
+    assert STARTUP_STAGES[1][1] in out[0]
+    assert any("waiting (" + STARTUP_STAGES[1][1] in line for line in out[1:])
+    assert not any(STARTUP_STAGES[-1][1] in line for line in out)

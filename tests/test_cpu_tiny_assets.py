@@ -73,3 +73,27 @@ def test_cached_build_is_reused(tiny_assets):
     stamp = (tiny_assets.root / "build.json").stat().st_mtime_ns
     again = build_tiny_assets(tiny_assets.root.parent)
     assert again == tiny_assets and (again.root / "build.json").stat().st_mtime_ns == stamp
+
+
+def test_warm_up_loss_equals_the_masked_model_loss():
+    """The build's cheaper loss (no attention mask, LM head on labelled positions only) is the same
+    loss, and has the same gradient, as transformers' masked causal-LM loss on right-padded rows."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rpg.tiny.build import MODEL_KW, response_nll
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=300, pad_token_id=0, **{**MODEL_KW, "hidden_size": 64}))
+    lengths = torch.tensor([12, 9, 7, 12])
+    mask = (torch.arange(12)[None] < lengths[:, None]).long()
+    ids = torch.randint(1, 300, (4, 12)).masked_fill(mask == 0, 0)
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :5] = -100  # the prompt
+    ours = response_nll(model, ids, labels)
+    reference = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    torch.testing.assert_close(ours, reference, rtol=1e-6, atol=1e-6)
+    g_ours = torch.autograd.grad(ours, list(model.parameters()))
+    g_ref = torch.autograd.grad(reference, list(model.parameters()), allow_unused=True)
+    for a, b in zip(g_ours, g_ref):
+        torch.testing.assert_close(a, torch.zeros_like(a) if b is None else b, rtol=1e-5, atol=1e-7)

@@ -2,10 +2,18 @@
 trainer on the CPU backend with the tiny local model. One run per variant; each run checks
 everything it can (metrics come from verl's FileLogger through the CPU harness).
 
+Every run is off-policy, as in the paper: the rollout batch of 8 prompts is trained in
+mini-batches of 2 (rpg.tiny.overrides.MINI_BATCH_SIZE), so from the second mini-batch of a step on
+the importance ratio leaves 1, the KL against pi_old is non-zero and clipping can bind; the runs
+assert it (``assert_off_policy``).
+
 Runs (2 training steps unless noted):
   1. RPG-UFKL, fully differentiable, sampler anchor      -> no reference worker, RPG loss metrics
-  2. RPG-REINFORCE-URKL + RPG-Style Clip, schedule-free   -> old_log_prob weights == training
-     weights (ratio exactly 1 with one mini-batch), eval weights for validation and checkpoint
+  1b. RPG-REINFORCE-UFKL, sampler anchor                -> the same updates as run 1 (the two forms
+     have identical gradients at every theta when nothing is clipped); runs 1 and 1b take 1 step
+     in 2 epochs over one mini-batch (see the test for why)
+  2. RPG-REINFORCE-URKL + RPG-Style Clip, schedule-free   -> old_log_prob weights == sampling
+     weights (y), clipping binds, eval weights for validation and checkpoint
   3. RPG-REINFORCE-UFKL, periodic reference K=2, 3 steps -> reference == actor right after the
      reset, differs after the next update; reference log-probs == old log-probs after a reset
   3b. RPG-REINFORCE-RKL + RPG-Style Clip, fixed reference (no iterative reference ablation)
@@ -19,6 +27,7 @@ Runs (2 training steps unless noted):
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -27,11 +36,14 @@ import torch
 
 pytestmark = pytest.mark.e2e
 
+from rpg.tiny.overrides import MINI_BATCH_SIZE
+
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = str(ROOT / "recipe" / "rpg" / "main_rpg.py")
+_WEIGHTS_LINE = re.compile(r"\[hf-rollout\] weights v\d+ loaded \(global_steps=(\w+), checksum=([-0-9.e]+)")
 
 
-def rpg_run(cpu_trainer, tmp_path, overrides, steps=2, mini=4, n=8, validate=False):
+def rpg_run(cpu_trainer, tmp_path, overrides, steps=2, mini=MINI_BATCH_SIZE, n=8, validate=False, name="run"):
     """Run the recipe on the tiny task (conftest's ``cpu_trainer``) with RPG defaults: rpg advantage,
     no verl KL, ``mini`` prompts per mini-batch (8 per step) and 2 micro-batches per mini-batch."""
     ov = [
@@ -50,10 +62,26 @@ def rpg_run(cpu_trainer, tmp_path, overrides, steps=2, mini=4, n=8, validate=Fal
         f"trainer.default_local_dir={tmp_path / 'ckpt'}",
         *overrides,
     ]
-    run = cpu_trainer(ov, steps=steps, entry=ENTRY)
+    run = cpu_trainer(ov, steps=steps, entry=ENTRY, name=name)
     assert run.last_step() == steps, run.tail()
     assert not run.leftover_pids
     return run
+
+
+def assert_off_policy(run, steps, clip=False):
+    """Several mini-batches per step: the first is on-policy (ratio 1), the later ones are not, so
+    the step's ratio range leaves 1 and the KL estimate against the anchor is > 0; with RPG-Style
+    Clip some tokens are clipped at some step."""
+    for s in steps:
+        assert at(run, s, "actor/rpg/kl_estimate") > 0, s
+        assert at(run, s, "actor/rpg/ratio_max") > 1 + 1e-3 or at(run, s, "actor/rpg/ratio_min") < 1 - 1e-3, s
+    if clip:
+        assert any(at(run, s, "actor/rpg/clipfrac") > 0 for s in steps)
+
+
+def synced_weights(run) -> dict[str, float]:
+    """global_steps -> checksum of the weights the actor sent to the rollout server."""
+    return {g: float(c) for g, c in _WEIGHTS_LINE.findall(run.log)}
 
 
 def at(run, step, key):
@@ -71,19 +99,43 @@ RPG_LOSS_KEYS = ["actor/rpg/kl_estimate", "actor/rpg/ratio_max", "actor/rpg/rati
                  "actor/rpg/reg_adv_mean", "actor/pg_loss"]
 
 
-def test_rpg_fd_ufkl_sampler_anchor_has_no_reference_worker(cpu_trainer, tmp_path):
-    run = rpg_run(cpu_trainer, tmp_path, ["rpg.loss.form=differentiable", "rpg.loss.divergence=ufkl"])
-    assert "anchor=sampler (pi_old; no reference model)" in run.log
-    all_keys = keys(run)
+def test_rpg_fd_and_reinforce_ufkl_sampler_anchor_same_first_update(cpu_trainer, tmp_path):
+    """Fully differentiable and REINFORCE-style UFKL without clipping, same seed, one step: the
+    gradient of L_RF = -E[SG(Weight) log pi] equals that of L_FD at every theta (RPG_SPEC 2.1), not
+    only at theta = pi_old, so both runs apply the same updates and end with the same weights.
+
+    The step is trained in 2 epochs over one mini-batch: the first update is on-policy (ratio 1,
+    where the KL gradient vanishes), the second off-policy (ratio != 1, KL gradient != 0), so the
+    comparison covers the KL term. Not 4 mini-batches: verl's v1 replay buffer orders a batch by
+    rollout completion, which varies between runs, so mini-batch membership would differ; with one
+    mini-batch only the summation order does. The rollouts agree because the CPU rollout samples
+    each sequence from its own seeded generator and verl's data order is seeded."""
+    same = ["rpg.loss.divergence=ufkl", "rpg.loss.clip=false", "actor_rollout_ref.actor.ppo_epochs=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"]
+    fd = rpg_run(cpu_trainer, tmp_path, ["rpg.loss.form=differentiable", *same], steps=1, mini=8, name="fd")
+    assert "anchor=sampler (pi_old; no reference model)" in fd.log
+    all_keys = keys(fd)
     assert "timing_s/ref" not in all_keys and "rpg/ref_kl" not in all_keys  # no reference forward ever
     assert "actor/kl_loss" not in all_keys  # verl's KL term is not used
     assert "actor/pg_clipfrac_lower" not in all_keys  # verl's vanilla loss did not run
-    for step in (1, 2):
-        for key in RPG_LOSS_KEYS:
-            at(run, step, key)
-    # 2 mini-batches per step: the second one is off-policy, so the ratio left 1 somewhere
-    assert any(at(run, s, "actor/rpg/ratio_max") > 1 + 1e-6 or at(run, s, "actor/rpg/ratio_min") < 1 - 1e-6
-               for s in (1, 2))
+    for key in RPG_LOSS_KEYS:
+        at(fd, 1, key)
+    assert_off_policy(fd, (1,))
+
+    rf = rpg_run(cpu_trainer, tmp_path, ["rpg.loss.form=reinforce", *same], steps=1, mini=8, name="rf")
+    assert "form=reinforce" in rf.log and "form=differentiable" in fd.log
+    assert_off_policy(rf, (1,))
+    # the same rollout ...
+    for key in ("critic/score/mean", "response_length/mean", "actor/entropy"):
+        assert at(rf, 1, key) == pytest.approx(at(fd, 1, key), rel=1e-5), key
+    # ... different surrogate losses (values) ...
+    assert at(rf, 1, "actor/pg_loss") != pytest.approx(at(fd, 1, "actor/pg_loss"), rel=1e-3)
+    # ... the same gradients, the same ratios and KL after the first update, the same weights after both
+    for key in ("actor/grad_norm", "actor/rpg/ratio_max", "actor/rpg/ratio_min", "actor/rpg/kl_estimate"):
+        assert at(rf, 1, key) == pytest.approx(at(fd, 1, key), rel=1e-4), key
+    rf_w, fd_w = synced_weights(rf), synced_weights(fd)
+    assert rf_w["0"] == fd_w["0"] and abs(rf_w["1"] - rf_w["0"]) > 0.1  # same start; the updates moved the weights
+    assert rf_w["1"] == pytest.approx(fd_w["1"], rel=0, abs=5e-3)  # sum of 340k parameters
 
 
 def test_rpg_reinforce_urkl_clip_schedulefree(cpu_trainer, tmp_path):
@@ -91,15 +143,16 @@ def test_rpg_reinforce_urkl_clip_schedulefree(cpu_trainer, tmp_path):
         cpu_trainer, tmp_path,
         ["rpg.loss.form=reinforce", "rpg.loss.divergence=urkl", "rpg.loss.clip=true", "rpg.optimizer=schedulefree",
          "trainer.save_freq=2"],
-        mini=8, validate=True,  # one mini-batch: gradient taken at the weights that computed old_log_prob
+        validate=True,
     )
     assert "optimizer=schedulefree" in run.log
     for step in (1, 2):
         for key in RPG_LOSS_KEYS:
             at(run, step, key)
-        # rollout/old_log_prob at y and the update at y: the importance ratio is exactly 1
-        assert at(run, step, "actor/rpg/ratio_max") == pytest.approx(1.0, abs=1e-5)
-        assert at(run, step, "actor/rpg/ratio_min") == pytest.approx(1.0, abs=1e-5)
+        # old_log_prob is computed with the weights the rollout sampled with (y, not the eval x of the
+        # validation before): verl's comparison of the two log-probs of the same tokens agrees
+        assert at(run, step, "training/rollout_probs_diff_max") < 1e-3
+    assert_off_policy(run, (1, 2), clip=True)
     # validation switched to the averaged x weights and back (x != y after the second SF step)
     assert at(run, 2, "rpg/sf_to_eval_max_abs_change") > 0
     assert at(run, 2, "rpg/sf_to_train_max_abs_change") > 0
@@ -120,6 +173,7 @@ def test_rpg_reinforce_periodic_reference(cpu_trainer, tmp_path):
     for step in (1, 2, 3):
         for key in RPG_LOSS_KEYS:
             at(run, step, key)
+    assert_off_policy(run, (1, 2, 3))
     # step 1: reference = initial model = the policy that sampled; no reset (1 % 2 != 0)
     assert at(run, 1, "rpg/ref_reset") == 0 and "rpg/ref_actor_weight_diff_post" not in run.metrics[1]
     assert at(run, 1, "actor/rpg/ref_old_logp_absdiff_max") < 1e-4
@@ -145,6 +199,7 @@ def test_rpg_reinforce_fixed_reference(cpu_trainer, tmp_path):
     for step in (1, 2):
         for key in RPG_LOSS_KEYS:
             at(run, step, key)
+    assert_off_policy(run, (1, 2), clip=True)
     # step 1: reference = initial model = sampler; step 2: pi_old moved on, the reference did not
     assert at(run, 1, "actor/rpg/ref_old_logp_absdiff_max") < 1e-4 < at(run, 2, "actor/rpg/ref_old_logp_absdiff_max")
     assert at(run, 1, "rpg/ref_kl") < 1e-6 < at(run, 2, "rpg/ref_kl")
@@ -189,6 +244,8 @@ def test_reinforce_pp_sampler_kl_with_dapo_filtering_and_overlong(cpu_trainer, t
     all_keys = keys(run)
     assert "timing_s/ref" not in all_keys  # KL against pi_old: no reference model
     assert "actor/kl_loss" in all_keys and not any(k.startswith("actor/rpg/") for k in all_keys)
+    # k1 KL against pi_old: 0 on the first mini-batch of a step, not on the later (off-policy) ones
+    assert all(at(run, s, "actor/kl_loss") != 0 for s in (1, 2))
     evicted = [k for k in all_keys if k.endswith("filter_groups/evicted_samples")]
     assert evicted and sum(d.get(evicted[0], 0) for d in run.metrics.values()) > 0  # groups were dropped
     overlong = [k for k in run.metrics[2] if "overlong_reward/mean@" in k]

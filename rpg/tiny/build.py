@@ -22,7 +22,9 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,16 +100,26 @@ def builder_key() -> str:
     return h.hexdigest()[:12]
 
 
-def build_tiny_assets(cache_root: Path | str | None = None, force: bool = False) -> TinyAssets:
-    """Return the tiny assets, building them first if this builder version has not built them yet."""
+def _say(message: str) -> None:
+    print(f"[tiny] {message}", file=sys.stderr, flush=True)
+
+
+def build_tiny_assets(cache_root: Path | str | None = None, force: bool = False, quiet: bool = False) -> TinyAssets:
+    """Return the tiny assets, building them first if this builder version has not built them yet.
+
+    A build prints progress lines on stderr (unless ``quiet``): each stage and the warm-up's loss
+    about every 10 % of its steps.
+    """
     cache_root = Path(cache_root) if cache_root is not None else default_cache_root()
     assets = TinyAssets.at(cache_root / builder_key())
     if assets.complete() and not force:
         return assets
     cache_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache_root))
+    log = (lambda message: None) if quiet else _say
+    log(f"building the tiny model and task once (cached in {assets.root})")
     try:
-        _build_into(tmp)
+        _build_into(tmp, log)
         if assets.complete() and not force:  # another process published while we built: keep theirs
             shutil.rmtree(tmp, ignore_errors=True)
             return assets
@@ -161,7 +173,7 @@ def _prompt_ids(tok, a: int, b: int) -> list[int]:
     return list(ids)
 
 
-def _build_into(out: Path) -> None:
+def _build_into(out: Path, log=lambda message: None) -> None:
     import pandas as pd
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -177,9 +189,11 @@ def _build_into(out: Path) -> None:
         f"<|im_start|>user\n{task.question(a, b)}<|im_end|>\n<|im_start|>assistant\n{y}<|im_end|>\n"
         for (a, b, y) in sft[:2000]
     ] + [task.response(s) for s in range(task.MAX_SUM + 1)]
+    t0 = time.time()
     tok = _train_tokenizer(corpus)
     model_dir = out / "model"
     tok.save_pretrained(model_dir)
+    log(f"tokenizer trained ({len(tok)} tokens, {time.time() - t0:.1f}s)")
 
     torch.manual_seed(SEED)
     config = Qwen2Config(
@@ -191,7 +205,7 @@ def _build_into(out: Path) -> None:
         **MODEL_KW,
     )
     model = Qwen2ForCausalLM(config)
-    loss = _warm_up(model, tok, sft)
+    loss = _warm_up(model, tok, sft, log)
     model.generation_config = GenerationConfig(
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None
     )
@@ -216,9 +230,26 @@ def _build_into(out: Path) -> None:
         "model": MODEL_KW,
     }
     (out / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+    log(f"built in {time.time() - t0:.0f}s: {info['n_params'] / 1e6:.2f} M parameters, warm-up loss {loss:.3f}")
 
 
-def _warm_up(model, tok, sft: list[tuple[int, int, str]]) -> float:
+def response_nll(model, ids, labels):
+    """Mean next-token NLL over the labelled tokens (label -100 = ignored) of right-padded ``ids``.
+
+    Equal to ``model(input_ids=ids, attention_mask=mask, labels=labels).loss`` but cheaper: with right
+    padding and causal attention a real token never attends to padding, so no attention mask is
+    needed (sdpa takes its fast causal path), and the vocabulary projection is applied only at the
+    labelled positions (not at the ~41 prompt positions). Equality is tested.
+    """
+    import torch
+
+    hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
+    target = labels[:, 1:]
+    keep = target != -100
+    return torch.nn.functional.cross_entropy(model.lm_head(hidden[keep]).float(), target[keep])
+
+
+def _warm_up(model, tok, sft: list[tuple[int, int, str]], log=lambda message: None) -> float:
     """Supervised warm-up on the noisy split: next-token loss on response tokens only."""
     import torch
 
@@ -230,12 +261,10 @@ def _warm_up(model, tok, sft: list[tuple[int, int, str]]) -> float:
         seqs.append(p + r)
         masks.append([0] * len(p) + [1] * len(r))
     width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.long)
+    ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.long)  # right padding
     labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-    attn = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, (s, m) in enumerate(zip(seqs, masks)):
         ids[i, : len(s)] = torch.tensor(s)
-        attn[i, : len(s)] = 1
         labels[i, : len(s)] = torch.where(torch.tensor(m) == 1, torch.tensor(s), torch.tensor(-100))
 
     gen = torch.Generator().manual_seed(SEED)
@@ -243,14 +272,19 @@ def _warm_up(model, tok, sft: list[tuple[int, int, str]]) -> float:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / SFT_STEPS))
     model.train()
     last = []
+    t0, every = time.time(), max(1, SFT_STEPS // 10)
     for step in range(SFT_STEPS):
         idx = torch.randint(0, len(seqs), (SFT_BATCH,), generator=gen)
-        out = model(input_ids=ids[idx], attention_mask=attn[idx], labels=labels[idx])
+        loss = response_nll(model, ids[idx], labels[idx])
         opt.zero_grad(set_to_none=True)
-        out.loss.backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        last.append(out.loss.item())
+        last.append(loss.item())
+        if (step + 1) % every == 0:
+            recent = last[-every:]
+            log(f"supervised warm-up step {step + 1}/{SFT_STEPS}: loss {sum(recent) / len(recent):.3f} "
+                f"({time.time() - t0:.0f}s)")
     model.eval()
     return float(sum(last[-20:]) / 20)

@@ -140,6 +140,7 @@ def run_trainer(
     timeout_s: float = 900.0,
     echo: bool = False,
     on_metrics: Callable[[int, dict], None] | None = None,
+    on_line: Callable[[str], None] | None = None,
     check: bool = True,
     cwd: Path | str | None = None,
     reap_after_s: float = 30.0,
@@ -155,6 +156,7 @@ def run_trainer(
         env: extra environment variables for the run.
         echo: copy the trainer's output to this process's stdout.
         on_metrics: called as ``on_metrics(step, data)`` for every new FileLogger record.
+        on_line: called with every line of the trainer's output (from a reader thread).
         check: raise TrainerRunError on a non-zero exit or timeout.
         reap_after_s: processes of the run still alive this long after the driver exited are
             reported in ``leftover_pids`` and terminated.
@@ -179,7 +181,7 @@ def run_trainer(
             argv, cwd=str(cwd or out), env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0), daemon=True)
+        pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0, on_line), daemon=True)
         pump.start()
         monitor = _Monitor(proc.pid, ray_tmp, metrics_file, on_metrics)
         try:
@@ -221,7 +223,7 @@ def _raise_on_sigterm() -> Callable[[], None]:
     return lambda: signal.signal(signal.SIGTERM, previous)
 
 
-def _pump(stream, log, echo: bool, t0: float) -> None:
+def _pump(stream, log, echo: bool, t0: float, on_line: Callable[[str], None] | None = None) -> None:
     """Copy the trainer's output to the log file, each line prefixed with the seconds since start."""
     for line in iter(stream.readline, b""):
         log.write(f"[{time.time() - t0:7.1f}s] ".encode() + line)
@@ -229,6 +231,8 @@ def _pump(stream, log, echo: bool, t0: float) -> None:
         if echo:
             sys.stdout.write(line.decode(errors="replace"))
             sys.stdout.flush()
+        if on_line is not None:
+            on_line(line.decode(errors="replace"))
 
 
 class _Monitor:

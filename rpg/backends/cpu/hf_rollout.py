@@ -18,11 +18,20 @@ response_length), bounded by ``prompt_length + response_length``; generation sto
 first EOS token, which is returned. ``log_probs`` are log pi(token) under the temperature-scaled
 distribution *before* top-k/top-p filtering, i.e. what verl's actor recomputes (it divides the
 logits by the same temperature), so ``training/rollout_probs_diff_*`` measures real mismatch.
+
+Reproducible sampling: every sequence draws from its own random generator, seeded by
+(rollout seed, training step of the loaded weights, prompt, how many samples of that prompt were
+drawn since those weights were loaded). A response therefore does not depend on which other
+requests happened to share its decode batch (request timing varies from run to run); two runs
+with the same seed and weights sample the same responses (up to the order of identical prompts),
+and so does a run resumed from a checkpoint at the steps after the checkpoint. (verl still orders
+a training batch by completion, so mini-batch membership, and hence later updates, can differ.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 from typing import Any
@@ -34,16 +43,53 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 logger = logging.getLogger(__name__)
 
-_BATCH_QUIET_S = 0.01  # collect requests until none arrived for this long ...
-_BATCH_MAX_WAIT_S = 0.1  # ... or this long has passed since the first one
+# Collect requests until none arrived for _BATCH_QUIET_S, or _BATCH_MAX_WAIT_S after the first one.
+# The agent loop sends a step's requests one by one over a few hundred ms on a busy machine; with
+# 10 ms / 100 ms a step's 64 requests were often decoded in 5-7 separate batches (one generate loop
+# each), so a little more patience makes a step's generation cheaper.
+_BATCH_QUIET_S = 0.05
+_BATCH_MAX_WAIT_S = 0.3
 
 
 def server_name(replica_rank: int, suffix: str = "") -> str:
     """Ray actor name of the HF rollout server of one replica."""
     return f"rpg_hf_rollout_server_{replica_rank}{suffix}"
+
+
+def row_seed(*parts) -> int:
+    """A 63-bit seed derived from ``parts`` (stable across processes, unlike ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") >> 1
+
+
+class SeededRowSampler(LogitsProcessor):
+    """Sampling with one generator per row, as the last logits processor of a *greedy* generate.
+
+    Applies temperature, top-k and top-p with transformers' own warpers, draws u ~ U(0, 1) from
+    the row's generator and takes the inverse CDF of the warped distribution; it returns scores
+    that are 0 at the drawn token and -inf elsewhere, so greedy selection picks exactly that token.
+    """
+
+    def __init__(self, generators: list[torch.Generator], temperature: float, top_k: int, top_p: float):
+        self.generators = generators
+        self.warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
+        if top_k > 0:
+            self.warpers.append(TopKLogitsWarper(top_k=top_k))
+        if top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p=top_p))
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        probs = torch.softmax(self.warpers(input_ids, scores).float(), dim=-1)
+        cdf = probs.cumsum(dim=-1)
+        u = torch.cat([torch.rand(1, generator=g, dtype=cdf.dtype) for g in self.generators])
+        # u * total < total = cdf[-1], so the index is valid and its probability is > 0
+        token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, token.unsqueeze(-1), 0.0)
 
 
 def _limit(sampling_params: dict[str, Any], default: int) -> int:
@@ -62,7 +108,7 @@ class HFRolloutServer:
         self.config: RolloutConfig = omega_conf_to_dataclass(config)
         self.model_config: HFModelConfig = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.replica_rank = replica_rank
-        torch.manual_seed(int(getattr(self.config, "seed", 0) or 0) + replica_rank)
+        self.seed = int(getattr(self.config, "seed", 0) or 0) + replica_rank
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_config.local_path, dtype=torch.float32, attn_implementation="sdpa"
         ).eval()
@@ -77,7 +123,8 @@ class HFRolloutServer:
         self.max_model_len = int(self.config.max_model_len or (self.config.prompt_length + self.config.response_length))
         self.global_steps: int | None = None
         self.weight_version = 0
-        self._queue: list[tuple[list[int], dict, asyncio.Future]] = []
+        self._queue: list[tuple[list[int], dict, asyncio.Future, int]] = []
+        self._draws: dict[tuple[int, ...], int] = {}  # samples drawn per prompt since the last weight load
         self.batch_sizes: list[int] = []  # requests per decoded batch (diagnostics)
         self._drainer: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None  # created lazily inside the actor's event loop
@@ -95,7 +142,11 @@ class HFRolloutServer:
         if image_data is not None or video_data is not None or kwargs.get("audio_data") is not None:
             raise ValueError("rollout.name=hf serves text-only models; got image/video/audio data")
         fut = asyncio.get_running_loop().create_future()
-        self._queue.append((list(map(int, prompt_ids)), dict(sampling_params), fut))
+        prompt = tuple(map(int, prompt_ids))
+        draw = self._draws.get(prompt, 0)
+        self._draws[prompt] = draw + 1
+        seed = row_seed(self.seed, self._weights_key(), prompt, draw)
+        self._queue.append((list(prompt), dict(sampling_params), fut, seed))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
         return await fut
@@ -120,6 +171,7 @@ class HFRolloutServer:
                 self.model.tie_weights()
             self.global_steps = global_steps
             self.weight_version += 1
+            self._draws = {}
             print(
                 f"[hf-rollout] weights v{self.weight_version} loaded (global_steps={global_steps}, "
                 f"checksum={self._checksum():.6f}, batches since last: {self.batch_sizes[-50:]})",
@@ -127,6 +179,10 @@ class HFRolloutServer:
             )
             self.batch_sizes = []
             return self.weight_version
+
+    def _weights_key(self) -> tuple:
+        """Which weights are loaded: the trainer's global step when known (stable across resume)."""
+        return ("step", self.global_steps) if self.global_steps is not None else ("version", self.weight_version)
 
     def _checksum(self) -> float:
         return float(sum(p.double().sum().item() for p in self.model.parameters()))
@@ -198,19 +254,27 @@ class HFRolloutServer:
             for key, items in groups.items():
                 try:
                     async with self._get_lock():
-                        outs = await asyncio.to_thread(self._generate_batch, [it[0] for it in items], *key)
-                    for (_, _, fut), out in zip(items, outs):
+                        outs = await asyncio.to_thread(
+                            self._generate_batch, [it[0] for it in items], *key, seeds=[it[3] for it in items]
+                        )
+                    for (_, _, fut, _), out in zip(items, outs):
                         if not fut.done():
                             fut.set_result(out)
                 except Exception as e:  # surface the error in every waiting request
                     logger.exception("HF rollout generation failed")
-                    for _, _, fut in items:
+                    for _, _, fut, _ in items:
                         if not fut.done():
                             fut.set_exception(e)
 
     @torch.no_grad()
     def _generate_batch(
-        self, prompts: list[list[int]], temperature: float, top_p: float, top_k: int, max_tokens: int
+        self,
+        prompts: list[list[int]],
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        max_tokens: int,
+        seeds: list[int] | None = None,
     ) -> list[TokenOutput]:
         from transformers import GenerationConfig
 
@@ -224,18 +288,22 @@ class HFRolloutServer:
             ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[i, width - len(p) :] = 1
         greedy = temperature <= 0.0
-        gen_cfg = GenerationConfig(
+        gen_cfg = GenerationConfig(  # greedy selection; sampling (if any) is done by SeededRowSampler
             max_new_tokens=max(limits),
-            do_sample=not greedy,
-            temperature=None if greedy else temperature,
-            top_p=None if (greedy or top_p >= 1.0) else top_p,
-            top_k=None if (greedy or top_k <= 0) else top_k,
+            do_sample=False,
             eos_token_id=sorted(self.eos_ids),
             pad_token_id=self.pad_id,
             output_logits=True,
             return_dict_in_generate=True,
         )
-        out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
+        processors = LogitsProcessorList()
+        if not greedy:
+            seeds = seeds if seeds is not None else [row_seed(self.seed, self._weights_key(), tuple(p)) for p in prompts]
+            generators = [torch.Generator().manual_seed(s) for s in seeds]
+            processors.append(SeededRowSampler(generators, temperature, top_k, top_p))
+        out = self.model.generate(
+            input_ids=ids, attention_mask=mask, generation_config=gen_cfg, logits_processor=processors
+        )
         new = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1).float()  # raw (unprocessed) logits [B, T, V]
         if not greedy:

@@ -14,7 +14,17 @@ Each exists because verl 0.9.1 offers no hook for the behaviour; all are applied
    ``CPUOffloadPolicy(pin_memory=True)`` for forward-only (reference) models
    (``workers/engine/fsdp/transformer_impl.py``); pinning needs an accelerator and raises on a
    CPU-only torch. We rebind that module's ``CPUOffloadPolicy`` name to a subclass that forces
-   ``pin_memory=False`` (semantics otherwise unchanged). Nothing else in torch or verl is touched.
+   ``pin_memory=False`` (semantics otherwise unchanged).
+3. v1 replay-buffer polling interval. ``verl.trainer.ppo.v1.replay_buffer.ReplayBuffer`` waits
+   for finished rollouts by polling TransferQueue every ``poll_interval`` seconds, a constructor
+   default of 2.0 that no config key reaches (``trainer_base._build_replay_buffer`` does not pass
+   it; a ``custom_sampler`` would receive it but loses the built-in DAPO filter arguments). A
+   tiny rollout takes well under a second, so every training step and validation waited for the
+   next 2 s tick (``timing_s/gen`` was exactly 2.02 s at every step). On CPU the default becomes
+   ``REPLAY_POLL_INTERVAL_S``; an explicit ``poll_interval`` argument is kept. Sampling logic is
+   unchanged.
+
+Nothing else in torch or verl is touched.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import functools
 import types
 
 _APPLIED: set[str] = set()
+REPLAY_POLL_INTERVAL_S = 0.05
 
 
 def patch_process_group_backend() -> None:
@@ -55,3 +66,21 @@ def patch_fsdp2_unpinned_offload(transformer_impl: types.ModuleType) -> None:
     UnpinnedCPUOffloadPolicy.__name__ = UnpinnedCPUOffloadPolicy.__qualname__ = "CPUOffloadPolicy"
     transformer_impl.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
     _APPLIED.add("fsdp2_unpinned")
+
+
+def patch_replay_buffer_poll_interval(replay_buffer: types.ModuleType) -> None:
+    """Default ``ReplayBuffer(poll_interval=...)`` to REPLAY_POLL_INTERVAL_S (see item 3)."""
+    if "replay_poll" in _APPLIED:
+        return
+    cls = replay_buffer.ReplayBuffer  # ReplayBufferAsync inherits this __init__
+    original = cls.__init__
+    n_positional = original.__code__.co_varnames.index("poll_interval")  # self counts as one
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        if len(args) + 1 <= n_positional:
+            kwargs.setdefault("poll_interval", REPLAY_POLL_INTERVAL_S)
+        original(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    _APPLIED.add("replay_poll")

@@ -14,7 +14,8 @@ Registers, when active:
   cuda/npu only). Importing ``verl.workers.engine`` costs ~2 s, so this registration runs right
   after that package is first imported (a standard ``sys.meta_path`` post-import hook), and
   processes that never build an engine do not pay for it;
-* the two monkeypatches in patches.py.
+* the three monkeypatches in patches.py (the replay-buffer one when ``verl.trainer.ppo.v1.replay_buffer``
+  is first imported).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def register() -> None:
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    from rpg.backends.cpu.patches import patch_process_group_backend
+    from rpg.backends.cpu.patches import patch_process_group_backend, patch_replay_buffer_poll_interval
     from rpg.backends.cpu.platform import PlatformCPU
 
     if PlatformRegistry.get("cpu") is None:
@@ -97,6 +98,7 @@ def register() -> None:
     rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_FQN
     patch_process_group_backend()
     when_imported("verl.workers.engine", register_engines)
+    when_imported("verl.trainer.ppo.v1.replay_buffer", patch_replay_buffer_poll_interval)
 
 
 if ACTIVE:

@@ -12,7 +12,13 @@ output directory: ``metrics.jsonl`` (verl's FileLogger records), ``trainer.log``
 after the demo's defaults (so any verl override can be appended).
 
 Train accuracy in the progress lines and the plot is ``(critic/score/mean + 1) / 2``: the DAPO
-math scorer gives exactly +1 / -1 per response.
+math scorer gives exactly +1 / -1 per response. Each step's line also shows what makes the
+update off-policy (several mini-batches per rollout batch): the range of the per-token importance
+ratio pi_theta / pi_old over the step's mini-batches, the KL estimate of the loss (RPG:
+``actor/rpg/kl_estimate``, the configured divergence against its anchor; verl's losses:
+``actor/ppo_kl``, k1 against pi_old) and the share of clipped tokens. During start-up (about a
+minute and a half, mostly Ray processes importing torch/verl) a line names each stage reached, and
+at least every ``HEARTBEAT_S`` seconds a line says what it is waiting for.
 """
 
 from __future__ import annotations
@@ -20,12 +26,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
 from rpg.backends.cpu.harness import TrainerRun, TrainerRunError, run_trainer
 
 VAL_PREFIX = "val-core/math_dapo/acc/mean@"
+HEARTBEAT_S = 10.0
+# (text in the trainer's output, start-up stage reached), in the order they appear
+STARTUP_STAGES = (
+    ("Started a local Ray instance", "Ray started; starting the trainer process"),
+    ("TaskRunner pid=", "trainer process up; building datasets, TransferQueue and the trainer"),
+    ("create worker group", "starting the actor worker (FSDP2 on CPU)"),
+    ("actor and ref model engine initialized", "actor ready; starting the reward loop and the HF rollout server"),
+    ("LLMServerManager:", "rollout server ready; syncing weights"),
+    ("all initialize finished", "all workers ready; starting the agent loop and validating before training"),
+)
 
 
 def _val_acc(data: dict) -> float | None:
@@ -33,20 +50,75 @@ def _val_acc(data: dict) -> float | None:
     return float(data[keys[0]]) if keys else None
 
 
-def _progress(total: int):
+def policy_stats(data: dict) -> str:
+    """Off-policy diagnostics of one step: importance-ratio range, KL estimate, clipped share."""
+    parts = []
+    if "actor/rpg/ratio_min" in data and "actor/rpg/ratio_max" in data:
+        parts.append(f"ratio [{float(data['actor/rpg/ratio_min']):.2f}, {float(data['actor/rpg/ratio_max']):.2f}]")
+    kl = data.get("actor/rpg/kl_estimate", data.get("actor/ppo_kl"))
+    if kl is not None:
+        parts.append(f"kl {float(kl):.1e}")
+    clip = data.get("actor/rpg/clipfrac", data.get("actor/pg_clipfrac"))
+    if clip is not None:
+        parts.append(f"clipped {100 * float(clip):.1f}%")
+    if "actor/kl_loss" in data:
+        parts.append(f"kl_loss(ref) {float(data['actor/kl_loss']):.1e}")
+    return "  ".join(parts)
+
+
+class StartupProgress:
+    """Prints a line per start-up stage reached, and one at least every HEARTBEAT_S seconds until
+    the first metrics arrive (``on_line`` is called from the harness's reader thread)."""
+
+    def __init__(self, heartbeat_s: float = HEARTBEAT_S):
+        self.t0 = time.time()
+        self.stage = "importing verl and composing the config"
+        self.next_stage = 0
+        self.last_print = self.t0
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.heartbeat_s = heartbeat_s
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+
+    def _say(self, text: str) -> None:
+        with self.lock:
+            self.last_print = time.time()
+            print(f"[tiny] start-up {time.time() - self.t0:4.0f}s: {text}", flush=True)
+
+    def on_line(self, line: str) -> None:
+        if self.done.is_set():
+            return
+        for i in range(self.next_stage, len(STARTUP_STAGES)):  # a stage may be skipped (other trainers)
+            marker, stage = STARTUP_STAGES[i]
+            if marker in line:
+                self.next_stage, self.stage = i + 1, stage
+                self._say(stage)
+                return
+
+    def _heartbeat(self) -> None:
+        while not self.done.wait(1.0):
+            if time.time() - self.last_print >= self.heartbeat_s:
+                self._say(f"waiting ({self.stage})")
+
+    def finish(self) -> None:
+        self.done.set()
+
+
+def _progress(total: int, startup: StartupProgress | None = None):
     t0 = time.time()
 
     def show(step: int, data: dict) -> None:
+        if startup is not None:
+            startup.finish()
         val = _val_acc(data)
         if step == 0 and val is not None:
             print(f"[tiny] validation before training: acc {val:.3f}", flush=True)
             return
         if "critic/score/mean" in data:
             acc = (float(data["critic/score/mean"]) + 1) / 2
-            kl = data.get("actor/rpg/kl_estimate", data.get("actor/kl_loss", float("nan")))
             print(
-                f"[tiny] step {step:3d}/{total}  train acc {acc:.3f}  kl {kl:.2e}"
-                f"  step {data.get('timing_s/step', float('nan')):.1f}s  elapsed {time.time() - t0:.0f}s",
+                f"[tiny] step {step:3d}/{total}  train acc {acc:.3f}  {policy_stats(data)}"
+                f"  {data.get('timing_s/step', float('nan')):.1f}s/step  elapsed {time.time() - t0:.0f}s",
                 flush=True,
             )
         if val is not None:
@@ -106,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     args.entry = args.entry or algo_entry
     overrides = [*tiny_task_overrides(assets, steps=args.steps, test_freq=args.test_freq), *algo_overrides, *rest]
     print(f"[tiny] running {args.entry} on CPU for {args.steps} steps; full log: {out / 'trainer.log'}", flush=True)
+    startup = None if args.echo else StartupProgress()
     try:
         run = run_trainer(
             overrides,
@@ -114,11 +187,15 @@ def main(argv: list[str] | None = None) -> int:
             extra_modules=args.extra_module,
             timeout_s=args.timeout,
             echo=args.echo,
-            on_metrics=None if args.echo else _progress(args.steps),
+            on_metrics=None if args.echo else _progress(args.steps, startup),
+            on_line=None if startup is None else startup.on_line,
         )
     except TrainerRunError as e:
         print(f"[tiny] FAILED: {e}", file=sys.stderr)
         return 1
+    finally:
+        if startup is not None:
+            startup.finish()
 
     vals = [(s, _val_acc(d)) for s, d in sorted(run.metrics.items()) if _val_acc(d) is not None]
     summary = {
