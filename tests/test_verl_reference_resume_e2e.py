@@ -12,8 +12,9 @@ The reference of step 4 is the step-2 copy in both runs (the step-4 reset happen
 step), so its outputs must be identical: compared through ``rpg/ref_probe_nll`` (mean NLL of a
 fixed probe sequence under the reference, float64 from float32 logits). Exact equality is
 expected: the resumed reference holds bit-identical float32 shards and runs the same forward on the
-same machine with the same thread count. (Rollouts after the resume differ: the HF rollout server
-is seeded at start-up, so only quantities of the restored state are compared.)
+same machine with the same thread count. (Only quantities of the restored state are compared: the
+HF rollout samples reproducibly per sequence, but verl's replay buffer orders a batch by completion,
+so the weights after a resumed update need not match bit for bit.)
 """
 
 from __future__ import annotations
