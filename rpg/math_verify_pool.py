@@ -9,13 +9,15 @@ to start a new process before ...") and, when the rest of the script fails or ex
 the pool breaks for good ("A child process terminated abruptly, the process pool is not usable
 anymore"). verl catches every exception and returns 0.0, so each answer then scores as wrong.
 
-Here each helper is ``python -m rpg.math_verify_pool``: a fresh interpreter that imports only verl's
-check (``_verify_in_subprocess``: Math-Verify's parse + verify with verl's extraction settings, run
-in the helper's main thread so its ``signal.alarm`` timeouts work) and answers one JSON line per
-request on a pipe. Nothing depends on how the caller was started. Outcomes:
+Here each helper is ``python -m rpg.math_verify_pool``: a fresh interpreter that runs verl 0.9.1's
+check (``check_answer``: ``_verify_in_subprocess``'s Math-Verify parse + verify with verl's extraction
+settings, in the helper's main thread so its ``signal.alarm`` timeouts work) and answers one JSON line
+per request on a pipe. Nothing depends on how the caller was started. Outcomes:
 
-* a score (1.0 / 0.0) from verl's check;
-* ``TIMEOUT``: no answer within ``timeout`` seconds (verl's 30 s): the helper is killed and replaced;
+* a score (1.0 / 0.0) from that check;
+* ``TIMEOUT``: Math-Verify's own 5 s parse/compare timeout fired (verl's check swallows it and scores
+  0, i.e. a wrong answer: here it is a scorer failure), or no answer within ``timeout`` seconds
+  (verl's 30 s): the helper is killed and replaced;
 * ``ERROR``: the check raised for this input (message logged);
 * a helper that cannot start, or dies twice in a row, raises :class:`MathVerifyError`.
 
@@ -152,19 +154,34 @@ def shutdown() -> None:
         h.kill()
 
 
-def _load_verl_check():
-    """verl's ``verl/utils/reward_score/math_verify.py``, executed from its file.
-
-    The module needs only the standard library and math_verify; importing it the usual way would
-    first run ``verl/__init__`` (torch, transformers, ...: ~7 s of CPU per helper) for nothing.
+def check_answer(gold_boxed: str, output: str) -> float:
+    """verl 0.9.1's Math-Verify check (``verl.utils.reward_score.math_verify._verify_in_subprocess``:
+    gold parsed as LaTeX, prediction as expression or LaTeX, 1.0 iff any gold verifies against the best
+    prediction), with one difference: Math-Verify's own timeouts raise ``TimeoutException`` instead of
+    scoring 0. Its parse/compare *errors* still score 0 as in verl (an unparseable answer is wrong);
+    ``raise_on_error=True`` only lets us tell the two apart (``TimeoutException`` is a BaseException,
+    so ``except Exception`` never catches it).
     """
-    import importlib.util
+    from math_verify.grader import verify
+    from math_verify.parser import ExprExtractionConfig, LatexExtractionConfig, parse
 
-    verl_dir = Path(importlib.util.find_spec("verl").origin).parent  # locates verl without importing it
-    spec = importlib.util.spec_from_file_location("_verl_math_verify", verl_dir / "utils" / "reward_score" / "math_verify.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    def parsed(text, targets):
+        try:
+            return parse(text, targets, raise_on_error=True)
+        except Exception:  # noqa: BLE001 - verl: a parse error is an empty extraction
+            return []
+
+    def matches(g, p):
+        try:
+            return verify(g, p, raise_on_error=True)
+        except Exception:  # noqa: BLE001 - verl: a comparison error is "not equal"
+            return False
+
+    gold = parsed(gold_boxed, (LatexExtractionConfig(),))
+    pred = parsed(output, (ExprExtractionConfig(), LatexExtractionConfig()))
+    if gold and pred:
+        return max(1.0 if any(matches(g, p) for g in gold) else 0.0 for p in pred)
+    return 0.0
 
 
 def _serve() -> None:
@@ -172,15 +189,15 @@ def _serve() -> None:
     proto = os.fdopen(os.dup(1), "w", encoding="ascii")
     os.dup2(2, 1)  # anything a library prints goes to stderr, never into the reply pipe
     sys.stdout = sys.stderr
-    check = _load_verl_check()
+    from math_verify.errors import TimeoutException
 
     proto.write(_READY + "\n")
     proto.flush()
     for line in sys.stdin:
         gold, output = json.loads(line)
         try:
-            reply = {"score": float(check._verify_in_subprocess(gold, output))}
-        except check.TimeoutException:  # Math-Verify's own alarm (verl: the timeout score)
+            reply = {"score": float(check_answer(gold, output))}
+        except TimeoutException:  # Math-Verify's own alarm: a scorer failure, never a wrong answer
             reply = {"timeout": True}
         except Exception as e:  # noqa: BLE001 - reported to the caller, which counts it
             reply = {"error": f"{type(e).__name__}: {e}"[:500]}

@@ -95,3 +95,44 @@ def test_a_dead_helper_is_replaced_and_a_broken_one_raises(monkeypatch):
     monkeypatch.setattr(math_verify_pool._Helper, "__init__", broken)
     with pytest.raises(math_verify_pool.MathVerifyError, match="did not start"):
         compute_score("olympiadbench", "Answer: 3", "3")
+
+
+# --- check_answer: verl's check, except that Math-Verify's own timeouts are failures, not wrong answers
+
+_CASES = [  # (gold, model output): right, wrong, unparseable, equivalent forms
+    ("\\boxed{540}", "so the answer is 540"), ("\\boxed{540}", "the answer is 54"), ("\\boxed{\\frac{1}{2}}", "0.5"),
+    ("\\boxed{\\frac{1}{2}}", "$\\frac{2}{4}$"), ("\\boxed{2\\sqrt{3}}", "$\\sqrt{12}$"), ("\\boxed{7}", "}}}{{{"),
+    ("\\boxed{x^2}", "no answer here"),
+]
+
+
+def test_check_answer_scores_like_verls_check():
+    from verl.utils.reward_score.math_verify import _verify_in_subprocess
+
+    got = [math_verify_pool.check_answer(g, o) for g, o in _CASES]
+    assert got == [_verify_in_subprocess(g, o) for g, o in _CASES]
+    assert 1.0 in got and 0.0 in got  # both outcomes exercised
+
+
+def test_a_math_verify_timeout_raises_where_verl_scores_a_wrong_answer(monkeypatch):
+    import math_verify.parser
+    from math_verify.errors import TimeoutException
+    from verl.utils.reward_score.math_verify import _verify_in_subprocess
+
+    def alarm_fired(*args, **kwargs):  # what Math-Verify's signal.alarm timeout raises inside parse
+        raise TimeoutException("parsing took too long")
+
+    monkeypatch.setattr(math_verify.parser, "extract_target_from_pred", alarm_fired)
+    assert _verify_in_subprocess("\\boxed{540}", "540") == 0.0  # verl: the timeout is a wrong answer
+    with pytest.raises(TimeoutException):
+        math_verify_pool.check_answer("\\boxed{540}", "540")
+
+
+def test_a_parse_error_is_still_a_wrong_answer(monkeypatch):
+    import math_verify.parser
+
+    def broken(*args, **kwargs):
+        raise ValueError("unparseable")
+
+    monkeypatch.setattr(math_verify.parser, "extract_target_from_pred", broken)
+    assert math_verify_pool.check_answer("\\boxed{540}", "540") == 0.0
