@@ -141,7 +141,9 @@ def loss_terms(cfg, agg: str | None, log_prob, old_log_prob, advantages, mask, r
     def dot(t):
         return torch.dot(t.reshape(-1), m)
 
-    log_w = l - l_old  # raw log-ratio: its statistics, then the guard in place
+    # raw log-ratio (0 where masked: a non-finite log-prob in padding, e.g. -inf - -inf, must reach
+    # neither the loss, nor the gradient, nor a metric: 0 * NaN = NaN): its statistics, then the guard
+    log_w = torch.where(valid, l - l_old, 0.0)
     lw_sum, lw_max = dot(log_w), torch.where(valid, log_w, -math.inf).amax()
     neg_lw_max = -torch.where(valid, log_w, math.inf).amin()
     guarded = torch.count_nonzero((log_w.abs() > guard) & valid)
@@ -151,7 +153,7 @@ def loss_terms(cfg, agg: str | None, log_prob, old_log_prob, advantages, mask, r
     if ref_log_prob is None:  # anchor = sampler (iterative reference): rho = w, r_ref = 1
         r_ref, log_r_ref, log_rho = 1.0, 0.0, log_w
     else:  # three-policy weights (spec §2.7); r_ref = a / mu is data
-        log_r_ref = ref_log_prob - l_old
+        log_r_ref = torch.where(valid, ref_log_prob - l_old, 0.0)
         extremes.append(torch.where(valid, log_r_ref, 0.0).abs().amax())  # max |l_ref - l_old|, unclamped
         log_r_ref = log_r_ref.clamp_(-guard, guard)
         r_ref = log_r_ref.exp()
@@ -169,11 +171,16 @@ def loss_terms(cfg, agg: str | None, log_prob, old_log_prob, advantages, mask, r
         del kappa
     del log_w, log_rho, r_ref, log_r_ref
 
-    weights = valid if agg is None else agg_weights(mask, agg, n=n)
-    out = value * weights if agg is None else (value * weights).sum()
+    # where, not a multiply by the mask: the REINFORCE value -W*l is non-finite where l is (padding)
+    value, slope = torch.where(valid, value, 0.0), torch.where(valid, slope, 0.0)
+    if agg is None:
+        out = value
+    else:
+        weights = agg_weights(mask, agg, n=n)
+        out = (value * weights).sum()
+        slope = slope * weights
+        del weights
     del value
-    slope = slope * weights
-    del weights
 
     neg_reg_adv = (neg_weight / w).clamp(-1e30, 1e30)  # -A' = -W/w, saturated so that w -> 0 stays finite
     del neg_weight

@@ -116,3 +116,22 @@ def test_shape_and_type_errors_name_the_argument():
         rpg_policy_loss(l, torch.zeros(2, 3, dtype=torch.long), l, torch.ones(2, 3), cfg)
     with pytest.raises(ValueError, match="cfg must be an RPGLossConfig"):
         rpg_policy_loss(l, l, l, torch.ones(2, 3), {"divergence": "ufkl"})
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_non_finite_log_probs_in_padding_change_nothing(variant):
+    """-inf / NaN log-probs at masked positions (padding) leave loss, gradient and metrics as with finite ones."""
+    l, old, adv, mask = extreme_inputs()
+    mask[1, 2:] = 0.0
+    cfg = RPGLossConfig(**variant)
+    for ref in (None, old + 1.0):
+        clean = run(cfg, l, old, adv, mask, ref=ref)
+        bad_l, bad_old = l.clone(), old.clone()
+        bad_l[1, 2], bad_old[1, 2] = -math.inf, -math.inf  # -inf - -inf = NaN
+        bad_l[1, 3], bad_old[1, 3] = math.nan, 0.0
+        bad_ref = None if ref is None else torch.where(mask != 0, ref, -math.inf)
+        dirty = run(cfg, bad_l, bad_old, adv, mask, ref=bad_ref)
+        assert torch.equal(clean[0], dirty[0]) and torch.equal(clean[1][mask != 0], dirty[1][mask != 0])
+        assert (dirty[1][mask == 0] == 0).all()
+        assert clean[2].keys() == dirty[2].keys()
+        assert all(clean[2][k] == dirty[2][k] for k in clean[2] if not k.endswith("absdiff_max")), (clean[2], dirty[2])
