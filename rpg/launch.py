@@ -486,10 +486,10 @@ def _describe(args: list[str], env: dict[str, str]) -> int:
 
 
 def _show_cluster_reward_path(cfg, root: Path, run_root: Path) -> None:
-    from omegaconf import OmegaConf
-
     """The recipe's default reward file is found by import where the driver runs, i.e. under
     ``RPG_CLUSTER_ROOT`` on the cluster: show that path rather than this checkout's."""
+    from omegaconf import OmegaConf
+
     path = OmegaConf.select(cfg, REWARD_PATH)
     if run_root != root and isinstance(path, str) and Path(path).is_relative_to(root):
         OmegaConf.update(cfg, REWARD_PATH, str(run_root / Path(path).relative_to(root)))

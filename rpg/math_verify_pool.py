@@ -62,7 +62,11 @@ class _Helper:
             env=env, close_fds=True,
         )
         self._buf = b""
-        line = self._read_line(time.monotonic() + STARTUP_TIMEOUT_S)
+        try:
+            line = self._read_line(time.monotonic() + STARTUP_TIMEOUT_S)
+        except MathVerifyError:
+            self.kill()  # reap it and close its pipes (the caller never gets this object)
+            raise
         if line != _READY:
             self.kill()
             raise MathVerifyError(f"the Math-Verify helper did not start (got {line!r}); see its stderr above")
@@ -136,6 +140,10 @@ def verify(output: str, ground_truth: str, timeout: float = 30.0) -> float | str
                 if attempt == 2:
                     raise
                 continue
+            except BaseException:  # e.g. a garbled reply: never leave a helper neither idle nor killed
+                if helper is not None:
+                    helper.kill()
+                raise
             if result == TIMEOUT:
                 helper.kill()  # it may still be computing; a fresh one serves the next request
             else:

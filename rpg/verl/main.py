@@ -73,7 +73,7 @@ def log_segment(config: DictConfig):
     """With verl's ``file`` logger on: ``VERL_FILE_LOGGER_PATH`` = the next free segment of the run's
     history (read by verl's ``FileLogger``, which opens it with "wb", when ``fit`` starts)."""
     loggers = config.trainer.logger
-    if "file" not in ([loggers] if isinstance(loggers, str) else list(loggers)):
+    if "file" not in ([loggers] if isinstance(loggers, str) else list(loggers or ())):
         yield None
         return
     before = os.environ.get(PATH_ENV)
