@@ -17,11 +17,9 @@ from pathlib import Path
 
 import pytest
 
-import rpg.reward as reward
 from rpg import math_verify_pool
 from rpg.reward import compute_score
 
-pytestmark = pytest.mark.skipif(not reward._math_verify_available(), reason="math-verify not installed")
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"score", "acc", "pred", "scorer_failed"}
 
