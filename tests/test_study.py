@@ -138,7 +138,7 @@ class FakeTrainer:
         self.calls: list[str] = []
         self.fail = fail
 
-    def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics):
+    def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None):
         from rpg.backends.cpu.harness import TrainerRun, TrainerRunError
 
         kv = _kv(overrides)

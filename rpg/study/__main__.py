@@ -46,6 +46,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dry-run", action="store_true", help="print the grid and its time estimate; run nothing")
     ap.add_argument("--render-only", action="store_true", help="render the finished runs; run nothing")
     ap.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    ap.add_argument("--jobs", type=int, default=2,
+                    help="runs at a time (default 2: on 2 cores a run alone leaves them ~40%% idle during its start-up)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before one run is killed (default 1800)")
     return ap
 
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sizes = Sizes(args.steps, args.test_freq, args.prompts, args.n, args.val_n)
         specs = grid(args.seeds, args.updates, args.stress, sizes, args.methods, args.stress_methods)
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     except (ValueError, VariantNameError) as err:
         print(f"rpg.study: {err}", file=sys.stderr)
         return 2
@@ -67,14 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         # a finished run whose overrides changed since (stale) would run again: count it as to run
         stale = {s.run_id for s in specs if s.run_id in finished and status(args.out, s, plan_overrides(s, args.out)) == "stale"}
-        print(describe(specs, costs, finished - stale))
+        print(describe(specs, costs, finished - stale, args.jobs))
         if stale:
             print(f"{len(stale)} finished run(s) are stale (their overrides changed since they ran) and would run again; "
                   "--render-only renders them as they are")
         return 0
     command = "python -m rpg.study " + shlex.join(argv if argv is not None else sys.argv[1:])
     if not args.render_only:
-        records = run_grid(specs, args.out, costs, retry_failed=args.retry_failed, timeout_s=args.timeout)
+        records = run_grid(specs, args.out, costs, retry_failed=args.retry_failed, timeout_s=args.timeout,
+                           jobs=args.jobs)
     from rpg.study.render import render
 
     try:

@@ -136,29 +136,52 @@ def grid(seeds: int = 2, updates: int = 4, stress: tuple[int, ...] = (1, 4, 16),
 # ----------------------------------------------------------------------------- cost
 
 
+# Grid throughput with J runs at a time relative to one at a time (2 cores; a run alone leaves ~40 % of
+# them idle while its Ray processes start one after another). Measured: see PARALLEL_SPEEDUP_SOURCE.
+PARALLEL_SPEEDUP = {1: 1.0, 2: 1.25}
+PARALLEL_SPEEDUP_SOURCE = "two runs started 20 s apart: 3m07s together vs ~3m54s one after the other (idle 2-core machine)"
+
+
+def speedup(jobs: int) -> float:
+    """Throughput factor of ``jobs`` concurrent runs (beyond 2 jobs no more is assumed on 2 cores)."""
+    return PARALLEL_SPEEDUP.get(jobs, PARALLEL_SPEEDUP[max(PARALLEL_SPEEDUP)])
+
+
 @dataclass(frozen=True)
 class Costs:
-    """Seconds per run: start-up + shutdown, one training step with one update, each extra update, one validation."""
+    """Seconds per run: start-up + shutdown, one training step with one update, each extra update, one validation.
+
+    The figures are walls measured with ``jobs`` runs at a time (each run slower, the grid faster).
+    """
 
     startup_s: float
     step_s: float
     update_s: float
     val_s: float
     source: str
+    jobs: int = 1
 
     def run_s(self, spec: RunSpec) -> float:
+        """One run's wall time with ``self.jobs`` runs at a time."""
         s = spec.sizes
         return self.startup_s + s.steps * (self.step_s + (spec.updates - 1) * self.update_s) + s.validations * self.val_s
 
+    def grid_s(self, specs: list[RunSpec], jobs: int) -> float:
+        """Wall time of ``specs`` run ``jobs`` at a time: the one-at-a-time total / speedup(jobs).
 
-# Measured on the development machine (2 cores, load average ~9 from other jobs): a 3-step run of
-# unclipped RPG-REINFORCE-UFKL, 16 prompts x 4 responses, 16 updates per batch: 215 s wall, of it
-# ~180 s start-up + shutdown; from the first metrics record to the last 35 s for 3 steps and 2
-# validations: ~7.8 s per step (generation ~4 s; the actor update 1.3-1.7 s at 16 mini-batches vs
-# 0.9-1.3 s at 4), validation (30 problems x 4 samples) ~5.8 s. Replaced by the figures of
-# finished runs in the output directory when there are any.
-BUILTIN_COSTS = Costs(startup_s=180.0, step_s=7.0, update_s=0.05, val_s=5.8,
-                      source="built-in (measured on a loaded 2-core machine)")
+        The measured walls are converted to one-at-a-time walls first (x speedup(self.jobs) / self.jobs).
+        """
+        alone = sum(self.run_s(s) for s in specs) * speedup(self.jobs) / self.jobs
+        return alone / speedup(jobs)
+
+
+# Measured on the development machine, idle, one run at a time: a 16-step run of clipped
+# RPG-REINFORCE-UFKL, 16 prompts x 4 responses, 16 updates per batch, 5 validations: 117 s wall, of
+# it 55 s start-up + shutdown (Ray and seven processes that each import verl, ~5 s apiece), steps
+# 2.5-3.5 s (generation ~1.5 s), a validation (30 problems x 4 samples) ~3 s. Replaced by the
+# figures of finished runs in the output directory when there are any.
+BUILTIN_COSTS = Costs(startup_s=55.0, step_s=2.6, update_s=0.03, val_s=3.0,
+                      source="built-in (measured on an idle 2-core machine, one run at a time)", jobs=1)
 
 
 def calibrate(records: list[dict]) -> Costs:
@@ -166,20 +189,26 @@ def calibrate(records: list[dict]) -> Costs:
 
     A record has the run's ``wall_time_s``, ``train_wall_s`` (wall time from the first metrics
     record, the validation before training, to the last), summed ``val_time_s``, ``steps``,
-    ``validations`` and ``updates``. Start-up + shutdown = wall - train; one step = (train - the
-    validations after step 0) / steps, which includes the trainer's overhead between steps.
-    Medians over the runs.
+    ``validations``, ``updates`` and ``jobs`` (runs at a time; 1 when absent). Start-up +
+    shutdown = wall - train; one step = (train - the validations after step 0) / steps, which
+    includes the trainer's overhead between steps. Medians over the runs made at the most common
+    ``jobs`` (walls at different concurrency do not mix).
     """
     done = [r for r in records if r.get("status") == "done" and r.get("steps") and "train_wall_s" in r]
     if not done:
         return BUILTIN_COSTS
+    counts: dict[int, int] = {}
+    for r in done:
+        counts[int(r.get("jobs", 1))] = counts.get(int(r.get("jobs", 1)), 0) + 1
+    jobs = max(counts, key=lambda j: (counts[j], -j))
+    done = [r for r in done if int(r.get("jobs", 1)) == jobs]
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     val = med([r["val_time_s"] / max(1, r["validations"]) for r in done])
     startup = med([r["wall_time_s"] - r["train_wall_s"] for r in done])
     step = med([(r["train_wall_s"] - (r["validations"] - 1) * val) / r["steps"]
                 - (r["updates"] - 1) * BUILTIN_COSTS.update_s for r in done])
-    return Costs(max(0.0, startup), max(0.0, step), BUILTIN_COSTS.update_s, val,
-                 source=f"measured from {len(done)} finished run(s) in this output directory")
+    return Costs(max(0.0, startup), max(0.0, step), BUILTIN_COSTS.update_s, val, jobs=jobs,
+                 source=f"measured from {len(done)} finished run(s) in this output directory, {jobs} at a time")
 
 
 def fmt_duration(seconds: float) -> str:
@@ -187,23 +216,23 @@ def fmt_duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def describe(specs: list[RunSpec], costs: Costs, finished: set[str] = frozenset()) -> str:
+def describe(specs: list[RunSpec], costs: Costs, finished: set[str] = frozenset(), jobs: int = 1) -> str:
     """The grid as a table with the time estimate (what ``--dry-run`` prints)."""
     lines = [f"{'#':>3}  {'method':<32} {'steps/batch':>11} {'seed':>4}  {'estimate':>8}  status   run id"]
-    todo = 0.0
+    todo = [spec for spec in specs if spec.run_id not in finished]
     for i, spec in enumerate(specs, 1):
-        est = costs.run_s(spec)
         status = "done" if spec.run_id in finished else "to run"
-        todo += 0 if spec.run_id in finished else est
-        lines.append(f"{i:>3}  {spec.label:<32} {spec.updates:>11} {spec.seed:>4}  {fmt_duration(est):>8}  "
+        lines.append(f"{i:>3}  {spec.label:<32} {spec.updates:>11} {spec.seed:>4}  {fmt_duration(costs.run_s(spec)):>8}  "
                      f"{status:<7}  {spec.run_id}")
     s = specs[0].sizes if specs else Sizes()
     lines.append(
-        f"{len(specs)} runs ({len(specs) - len(finished & {x.run_id for x in specs})} to run); each: {s.steps} steps of "
+        f"{len(specs)} runs ({len(todo)} to run); each: {s.steps} steps of "
         f"{s.prompts} prompts x {s.n} responses, validation every {s.test_freq} steps ({s.val_n} samples per problem)"
     )
-    lines.append(f"estimated time to run: {fmt_duration(todo)} (costs {costs.source}: start-up {costs.startup_s:.0f}s, "
-                 f"step {costs.step_s:.1f}s + {costs.update_s:.2f}s per extra update, validation {costs.val_s:.1f}s)")
+    lines.append(f"estimated time to run: {fmt_duration(costs.grid_s(todo, jobs))} with {jobs} run(s) at a time "
+                 f"(costs {costs.source}: start-up {costs.startup_s:.0f}s, step {costs.step_s:.1f}s + "
+                 f"{costs.update_s:.2f}s per extra update, validation {costs.val_s:.1f}s per run; "
+                 f"{jobs} at a time x{speedup(jobs):.2f} the throughput of one)")
     return "\n".join(lines)
 
 

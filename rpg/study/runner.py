@@ -13,10 +13,12 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
-from rpg.study.grid import Costs, RunSpec, fmt_duration, save_json
+from rpg.study.grid import Costs, RunSpec, fmt_duration, save_json, speedup
 
 RUN_RECORD = "run.json"
 
@@ -101,93 +103,168 @@ def _code_version() -> str:
 
 
 class Progress:
-    """One line per training step and validation, with the run's and the grid's elapsed time and ETA."""
+    """One line per training step and validation of every running run, with elapsed time and the grid's ETA.
 
-    def __init__(self, total_runs: int, costs: Costs, remaining_s: float, stream=None):
-        self.total, self.costs, self.remaining_s, self.stream = total_runs, costs, remaining_s, stream
-        self.after_s = remaining_s  # estimated cost of the runs after the current one
+    Thread-safe: with ``jobs`` > 1 several runs report at once. The ETA is the estimated cost of the
+    runs not started plus what is left of the running ones, converted to ``jobs`` at a time.
+    """
+
+    def __init__(self, total_runs: int, costs: Costs, todo: list[RunSpec], jobs: int = 1, stream=None):
+        self.total, self.costs, self.jobs, self.stream = total_runs, costs, jobs, stream
+        self.queued: list[RunSpec] = list(todo)
+        self.running: dict[str, tuple[RunSpec, int]] = {}  # run id -> (spec, last step reported)
+        self.lock = threading.Lock()
         self.t0 = time.time()
 
+    @property
+    def remaining_s(self) -> float:
+        return self.costs.grid_s(self.queued, self.jobs)
+
     def say(self, text: str) -> None:
-        print(f"[study {time.strftime('%H:%M:%S')}] {text}", file=self.stream or sys.stdout, flush=True)
+        with self.lock:
+            print(f"[study {time.strftime('%H:%M:%S')}] {text}", file=self.stream or sys.stdout, flush=True)
 
-    def callback(self, index: int, spec: RunSpec):
-        t_run = time.time()
-        self.after_s = max(0.0, self.after_s - self.costs.run_s(spec))
-        tag = f"{index}/{self.total} {spec.label} k={spec.updates} seed {spec.seed}"
-        steps = spec.sizes.steps
+    def start(self, index: int, spec: RunSpec) -> "RunWatch":
+        with self.lock:
+            if spec in self.queued:
+                self.queued.remove(spec)
+            self.running[spec.run_id] = (spec, -1)
+        return RunWatch(self, f"{index}/{self.total} {spec.label} k={spec.updates} seed {spec.seed}", spec)
 
+    def finish(self, spec: RunSpec) -> None:
+        with self.lock:
+            self.running.pop(spec.run_id, None)
+
+    def eta_s(self) -> float:
+        """Estimated seconds left in the grid (queued runs + the rest of the running ones, ``jobs`` at a time)."""
+        c = self.costs
+        with self.lock:
+            left = sum(c.run_s(s) for s in self.queued)
+            for spec, step in self.running.values():
+                sz = spec.sizes
+                per_step = c.step_s + (spec.updates - 1) * c.update_s
+                if step < 0:  # still starting: the whole run
+                    left += c.run_s(spec)
+                    continue
+                vals_left = sum(1 for t in range(step + 1, sz.steps + 1) if t % sz.test_freq == 0 or t == sz.steps)
+                left += (sz.steps - step) * per_step + vals_left * c.val_s
+        return left * speedup(c.jobs) / c.jobs / speedup(self.jobs)
+
+
+class RunWatch:
+    """One running run: forwards its metric records to the progress line and keeps their arrival times."""
+
+    def __init__(self, progress: Progress, tag: str, spec: RunSpec):
+        self.progress, self.tag, self.spec = progress, tag, spec
+        self.t_run = time.time()
         self.arrivals: dict[int, float] = {}  # step -> seconds since the run started, when its record appeared
 
-        def on_metrics(step: int, data: dict) -> None:
-            self.arrivals.setdefault(step, time.time() - t_run)
-            val = next((v for k, v in data.items() if k.startswith("val-core/") and "/acc/mean@" in k), None)
-            parts = []
-            if "critic/score/mean" in data:
-                parts.append(f"reward {float(data['critic/score/mean']):+.3f}")
-            if "actor/ppo_kl" in data:
-                parts.append(f"kl(old,new) {float(data['actor/ppo_kl']):.1e}")
-            if val is not None:
-                parts.append(f"val acc {float(val):.3f}")
-            if parts:
-                elapsed = time.time() - self.t0
-                self.say(f"{tag}: step {step}/{steps}  {'  '.join(parts)}  (run {fmt_duration(time.time() - t_run)}, "
-                         f"grid {fmt_duration(elapsed)} of ~{fmt_duration(elapsed + self.eta_after(spec, step))})")
+    def on_metrics(self, step: int, data: dict) -> None:
+        p = self.progress
+        self.arrivals.setdefault(step, time.time() - self.t_run)
+        with p.lock:
+            p.running[self.spec.run_id] = (self.spec, step)
+        val = next((v for k, v in data.items() if k.startswith("val-core/") and "/acc/mean@" in k), None)
+        parts = []
+        if "critic/score/mean" in data:
+            parts.append(f"reward {float(data['critic/score/mean']):+.3f}")
+        if "actor/ppo_kl" in data:
+            parts.append(f"kl(old,new) {float(data['actor/ppo_kl']):.1e}")
+        if val is not None:
+            parts.append(f"val acc {float(val):.3f}")
+        if parts:
+            elapsed = time.time() - p.t0
+            p.say(f"{self.tag}: step {step}/{self.spec.sizes.steps}  {'  '.join(parts)}  "
+                  f"(run {fmt_duration(time.time() - self.t_run)}, grid {fmt_duration(elapsed)} of "
+                  f"~{fmt_duration(elapsed + p.eta_s())})")
 
-        return on_metrics
-
-    def eta_after(self, spec: RunSpec, step: int) -> float:
-        """Estimated seconds left in the grid after ``step`` of the current run."""
-        s, c = spec.sizes, self.costs
-        per_step = c.step_s + (spec.updates - 1) * c.update_s
-        vals_left = sum(1 for t in range(step + 1, s.steps + 1) if t % s.test_freq == 0 or t == s.steps)
-        return self.after_s + (s.steps - step) * per_step + vals_left * c.val_s  # (this run's shutdown not counted)
+    def train_wall_s(self, fallback: float) -> float:
+        """Wall time from the first record (validation before training) to the last: steps + validations + overhead."""
+        a = self.arrivals
+        return max(a.values()) - min(a.values()) if len(a) > 1 else fallback
 
 
 def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: bool = False, timeout_s: float = 1800.0,
-             stream=None) -> list[dict]:
-    """Run every spec that is not finished; returns the records of all specs (done, failed or skipped)."""
-    from rpg.backends.cpu.harness import TrainerRunError, run_trainer
-    from rpg.launch import ENTRY, project_root
+             jobs: int = 1, stream=None) -> list[dict]:
+    """Run every spec that is not finished, ``jobs`` at a time; returns the records of all specs.
 
+    Runs start in grid order. An interrupt (Ctrl-C, SIGTERM) or an unexpected error stops every
+    running trainer (its processes are cleaned up by the harness) and leaves no record for it, so
+    that the next call runs it again; finished runs keep their records.
+    """
+    from rpg.backends.cpu.harness import _raise_on_sigterm
+
+    if jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {jobs}")
     out = Path(out)
     plans = [(spec, plan_overrides(spec, out)) for spec in specs]
-    todo = [(s, ov) for s, ov in plans if status(out, s, ov) not in ("done",) + (() if retry_failed else ("failed",))]
-    progress = Progress(len(specs), costs, sum(costs.run_s(s) for s, _ in todo), stream)
     states = [status(out, s, ov) for s, ov in plans]
+    keep = ("done",) + (() if retry_failed else ("failed",))
+    todo = [(s, ov) for (s, ov), st in zip(plans, states) if st not in keep]
+    progress = Progress(len(specs), costs, [s for s, _ in todo], jobs, stream)
     kept_failed = 0 if retry_failed else states.count("failed")
     progress.say(f"{len(specs)} runs: {states.count('done')} finished, {kept_failed} failed (not retried without "
-                 f"--retry-failed), {len(todo)} to run (estimate {fmt_duration(progress.remaining_s)}); output {out}")
-    for spec, overrides in plans:
-        if (spec, overrides) not in todo:
-            st = status(out, spec, overrides)
+                 f"--retry-failed), {len(todo)} to run, {jobs} at a time (estimate {fmt_duration(progress.remaining_s)}); "
+                 f"output {out}")
+    for (spec, _), st in zip(plans, states):
+        if st in keep:
             progress.say(f"skip {spec.label} k={spec.updates} seed {spec.seed}: {st} ({run_dir(out, spec)})")
-    for spec, overrides in todo:
-        index = specs.index(spec) + 1
-        d = run_dir(out, spec)
-        if d.exists():
-            shutil.rmtree(d)  # interrupted, stale or retried: start afresh
-        d.mkdir(parents=True)
-        progress.say(f"start {index}/{len(specs)} {spec.label} k={spec.updates} seed {spec.seed} -> {d}")
-        record = {"run_id": spec.run_id, "variant": spec.variant, "label": spec.label, "updates": spec.updates,
-                  "seed": spec.seed, "steps": spec.sizes.steps, "validations": spec.sizes.validations,
-                  "started": time.strftime("%Y-%m-%d %H:%M:%S"), "code": _code_version(), "overrides": overrides}
-        t0 = time.time()
-        try:
-            run = run_trainer(overrides, output_dir=d, entry=str(project_root() / ENTRY), timeout_s=timeout_s,
-                              on_metrics=progress.callback(index, spec))
-            step_s, val_s, _ = _timing(run.metrics_file)
-            arrivals = progress.arrivals
-            # wall time from the first record (validation before training) to the last: steps + validations + overhead
-            train_s = max(arrivals.values()) - min(arrivals.values()) if len(arrivals) > 1 else step_s + val_s
-            record.update(status="done", wall_time_s=round(run.wall_time_s, 1), step_time_s=round(step_s, 1),
-                          val_time_s=round(val_s, 1), train_wall_s=round(train_s, 1), last_step=run.last_step(),
-                          leftover_pids=run.leftover_pids)
-        except TrainerRunError as err:
-            last = [ln for ln in str(err).splitlines() if ln.strip()]
-            record.update(status="failed", wall_time_s=round(time.time() - t0, 1),
-                          last_step=err.run.last_step(), error=(last[-1] if last else str(err))[-400:])
-        save_json(d / RUN_RECORD, record)
-        progress.say(f"{record['status']} {index}/{len(specs)} {spec.label} k={spec.updates} seed {spec.seed} "
-                     f"in {fmt_duration(record['wall_time_s'])}" + (f": {record['error']}" if "error" in record else ""))
+    stop = threading.Event()
+    restore = _raise_on_sigterm()
+    try:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="study-run") as pool:
+            futures = [pool.submit(_run_one, spec, overrides, specs.index(spec) + 1, out, progress, timeout_s, stop, jobs)
+                       for spec, overrides in todo]
+            try:
+                for f in futures:
+                    f.result()
+            except BaseException:
+                stop.set()  # every running trainer is terminated; queued runs do not start
+                for f in futures:
+                    f.cancel()
+                wait(futures)
+                raise
+    finally:
+        restore()
     return [read_record(out, s) or {"run_id": s.run_id, "status": "todo"} for s in specs]
+
+
+def _run_one(spec: RunSpec, overrides: list[str], index: int, out: Path, progress: Progress, timeout_s: float,
+             stop: threading.Event, jobs: int) -> None:
+    """Run one spec through the CPU harness and write its ``run.json`` (not when it was stopped)."""
+    from rpg.backends.cpu import harness
+    from rpg.launch import ENTRY, project_root
+
+    if stop.is_set():
+        return
+    total = progress.total
+    d = run_dir(out, spec)
+    if d.exists():
+        shutil.rmtree(d)  # interrupted, stale or retried: start afresh
+    d.mkdir(parents=True)
+    progress.say(f"start {index}/{total} {spec.label} k={spec.updates} seed {spec.seed} -> {d}")
+    record = {"run_id": spec.run_id, "variant": spec.variant, "label": spec.label, "updates": spec.updates,
+              "seed": spec.seed, "steps": spec.sizes.steps, "validations": spec.sizes.validations, "jobs": jobs,
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "code": _code_version(), "overrides": overrides}
+    watch = progress.start(index, spec)
+    t0 = time.time()
+    try:
+        run = harness.run_trainer(overrides, output_dir=d, entry=str(project_root() / ENTRY), timeout_s=timeout_s,
+                                  on_metrics=watch.on_metrics, stop=stop)
+        step_s, val_s, _ = _timing(run.metrics_file)
+        record.update(status="done", wall_time_s=round(run.wall_time_s, 1), step_time_s=round(step_s, 1),
+                      val_time_s=round(val_s, 1), train_wall_s=round(watch.train_wall_s(step_s + val_s), 1),
+                      last_step=run.last_step(), leftover_pids=run.leftover_pids)
+    except harness.TrainerRunError as err:
+        if err.run.stopped:
+            progress.say(f"stopped {index}/{total} {spec.label} k={spec.updates} seed {spec.seed} (no record: it runs "
+                         "again next time)")
+            return
+        last = [ln for ln in str(err).splitlines() if ln.strip()]
+        record.update(status="failed", wall_time_s=round(time.time() - t0, 1),
+                      last_step=err.run.last_step(), error=(last[-1] if last else str(err))[-400:])
+    finally:
+        progress.finish(spec)
+    save_json(d / RUN_RECORD, record)
+    progress.say(f"{record['status']} {index}/{total} {spec.label} k={spec.updates} seed {spec.seed} "
+                 f"in {fmt_duration(record['wall_time_s'])}" + (f": {record['error']}" if "error" in record else ""))

@@ -62,6 +62,7 @@ class TrainerRun:
     peak_system_used_bytes: int = 0  # max over time of (MemTotal - MemAvailable) minus the value at start
     leftover_pids: list[int] = field(default_factory=list)  # run processes alive 30 s after the driver exited (then killed)
     timed_out: bool = False
+    stopped: bool = False  # terminated because the caller's ``stop`` event was set
 
     @property
     def log(self) -> str:
@@ -144,6 +145,7 @@ def run_trainer(
     check: bool = True,
     cwd: Path | str | None = None,
     reap_after_s: float = 30.0,
+    stop: threading.Event | None = None,
 ) -> TrainerRun:
     """Run the trainer on CPU to completion and collect its metrics.
 
@@ -160,6 +162,8 @@ def run_trainer(
         check: raise TrainerRunError on a non-zero exit or timeout.
         reap_after_s: processes of the run still alive this long after the driver exited are
             reported in ``leftover_pids`` and terminated.
+        stop: when set (from another thread), the run is terminated and cleaned up like a timeout
+            and raises TrainerRunError saying it was stopped (``TrainerRun.stopped``).
     """
     out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -190,6 +194,9 @@ def run_trainer(
                 if time.time() - t0 > timeout_s:
                     run.timed_out = True
                     break
+                if stop is not None and stop.is_set():
+                    run.stopped = True
+                    break
                 time.sleep(0.5)
         finally:
             if proc.poll() is None:
@@ -205,8 +212,9 @@ def run_trainer(
     run.peak_rss_bytes = monitor.peak_rss
     run.peak_pss_bytes = monitor.peak_pss
     run.peak_system_used_bytes = monitor.peak_sys
-    if check and (run.timed_out or run.returncode != 0):
-        why = f"timed out after {timeout_s:.0f} s" if run.timed_out else f"exited with code {run.returncode}"
+    if check and (run.timed_out or run.stopped or run.returncode != 0):
+        why = (f"timed out after {timeout_s:.0f} s" if run.timed_out else "stopped by the caller" if run.stopped
+               else f"exited with code {run.returncode}")
         raise TrainerRunError(f"trainer {why}; log: {log_file}\n--- last lines ---\n{run.tail()}", run)
     return run
 
