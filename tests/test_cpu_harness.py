@@ -65,3 +65,30 @@ def test_processes_left_behind_are_reported_and_terminated(tmp_path):
     pid = run.leftover_pids[0]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert pid != os.getpid()
+
+
+def test_stop_event_ends_the_run_from_another_thread(tmp_path):
+    import threading
+    import time
+
+    entry = _script(tmp_path, """
+        import os, time
+        open(os.path.join(os.environ["VERL_FILE_LOGGER_PATH"] + ".started"), "w").close()
+        time.sleep(600)
+    """)
+    stop = threading.Event()
+    started = tmp_path / "out" / "metrics.jsonl.started"
+    threading.Thread(target=lambda: (_wait_for(started), stop.set()), daemon=True).start()
+    t0 = time.time()
+    with pytest.raises(TrainerRunError, match="stopped by the caller") as err:
+        run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=120, stop=stop)
+    assert err.value.run.stopped and not err.value.run.timed_out and time.time() - t0 < 60
+    assert err.value.run.leftover_pids == []  # the process group was terminated, nothing outlived it
+
+
+def _wait_for(path, timeout_s: float = 60.0) -> None:
+    import time
+
+    deadline = time.time() + timeout_s
+    while not path.exists() and time.time() < deadline:
+        time.sleep(0.05)

@@ -72,8 +72,18 @@ def test_time_estimate_and_calibration_from_finished_runs():
     # start-up = 50 - 16; validation 6 / 3; step = (16 - 2 validations x 2) / 4
     assert (got.startup_s, got.step_s, got.val_s) == (34.0, 3.0, 2.0) and "1 finished run" in got.source
     assert G.calibrate([]) is G.BUILTIN_COSTS
+    # walls measured 2 at a time: the grid takes their sum / 2; one at a time, sum x speedup(2) / 2
+    c2 = G.Costs(startup_s=10, step_s=2, update_s=0.5, val_s=3, source="test", jobs=2)
+    one = c2.run_s(spec)
+    assert c2.grid_s([spec, spec], 2) == pytest.approx(one)
+    assert c2.grid_s([spec, spec], 1) == pytest.approx(2 * one * G.speedup(2) / 2)
+    assert G.speedup(8) == G.speedup(2) > G.speedup(1) == 1.0
+    # calibration uses the runs of the most common concurrency only (walls at different jobs do not mix)
+    slow = {**rec, "wall_time_s": 90.0, "jobs": 2}
+    got = G.calibrate([rec, slow, dict(slow)])
+    assert got.jobs == 2 and got.startup_s == 74.0 and "2 at a time" in got.source
     text = G.describe([spec], c, finished={spec.run_id})
-    assert "done" in text and "1 runs (0 to run)" in text and "estimated time to run: 0s" in text
+    assert "done" in text and "1 runs (0 to run)" in text and "estimated time to run: 0s with 1 run(s)" in text
 
 
 # ---- the overrides: the launcher's CPU path for the method + the study's sizes ----
@@ -212,6 +222,61 @@ def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_pa
     assert fake.calls == [specs[2].run_id, specs[3].run_id]
 
 
+def test_runs_go_jobs_at_a_time_in_grid_order(fake, tmp_path, monkeypatch):
+    import threading
+
+    from rpg.backends.cpu import harness
+
+    specs = G.grid(seeds=2, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:])
+    active, peak, lock = [0], [0], threading.Lock()
+    both_running = threading.Barrier(2, timeout=20)  # broken (and the test failed) unless two runs overlap
+
+    def two_at_once(*args, **kwargs):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            both_running.wait()
+            return fake(*args, **kwargs)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(harness, "run_trainer", two_at_once)
+    records = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS, jobs=2)
+    assert [r["status"] for r in records] == ["done"] * 4 and peak[0] == 2
+    assert all(r["jobs"] == 2 for r in records)
+    assert set(fake.calls[:2]) == {s.run_id for s in specs[:2]}  # started in grid order, two at a time
+
+
+def test_an_error_stops_the_running_runs_and_leaves_no_record_for_them(tmp_path, monkeypatch, tiny_assets):
+    import threading
+
+    from rpg.backends.cpu import harness
+    from rpg.backends.cpu.harness import TrainerRun, TrainerRunError
+
+    specs = G.grid(seeds=2, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:])
+    calls, stopped = [], threading.Event()
+
+    def trainer(overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None):
+        exp = _kv(overrides)["trainer.experiment_name"]
+        calls.append(exp)
+        if exp == specs[0].run_id:  # runs until stopped, like a trainer
+            assert stop is not None and stop.wait(30)
+            stopped.set()
+            out = Path(output_dir)
+            run = TrainerRun(None, 1.0, out, out / "trainer.log", out / "metrics.jsonl", [], stopped=True)
+            raise TrainerRunError("trainer stopped by the caller", run)
+        raise RuntimeError("unexpected failure in the study's own code")
+
+    monkeypatch.setattr(harness, "run_trainer", trainer)
+    with pytest.raises(RuntimeError, match="unexpected failure"):
+        R.run_grid(specs, tmp_path, G.BUILTIN_COSTS, jobs=2)
+    assert stopped.is_set()  # the other running run was stopped, not left behind
+    assert sorted(calls) == sorted(s.run_id for s in specs[:2])  # the queued runs never started
+    assert [R.status(tmp_path, s) for s in specs] == ["todo"] * 4  # no record: each runs again next time
+
+
 def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
     specs = G.grid(seeds=2, updates=4, stress=(1, 4), sizes=SMALL, methods=G.METHODS[4:])
     unclipped_k4_seed2 = next(s for s in specs if "(no clip)" in s.label and s.updates == 4 and s.seed == 2)
@@ -254,3 +319,5 @@ def test_cli_dry_run_prints_grid_and_estimate_and_rejects_bad_flags(tmp_path, ca
     assert "must divide --prompts 16" in capsys.readouterr().err
     assert main(["--dry-run", "--methods", "run_xyz", "--out", str(tmp_path)]) == 2
     assert "bad run name 'run_xyz'" in capsys.readouterr().err
+    assert main(["--dry-run", "--jobs", "0", "--out", str(tmp_path)]) == 2
+    assert "--jobs must be >= 1, got 0" in capsys.readouterr().err

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from rpg.study.grid import Costs, RunSpec, fmt_duration, save_json, speedup
@@ -216,8 +216,9 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
             futures = [pool.submit(_run_one, spec, overrides, specs.index(spec) + 1, out, progress, timeout_s, stop, jobs)
                        for spec, overrides in todo]
             try:
-                for f in futures:
-                    f.result()
+                finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+                for f in finished:
+                    f.result()  # the first unexpected error (a failed trainer is a record, not an error)
             except BaseException:
                 stop.set()  # every running trainer is terminated; queued runs do not start
                 for f in futures:
@@ -231,7 +232,19 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
 
 def _run_one(spec: RunSpec, overrides: list[str], index: int, out: Path, progress: Progress, timeout_s: float,
              stop: threading.Event, jobs: int) -> None:
-    """Run one spec through the CPU harness and write its ``run.json`` (not when it was stopped)."""
+    """Run one spec through the CPU harness and write its ``run.json`` (not when it was stopped).
+
+    An unexpected error sets ``stop`` before it propagates, so that no queued run starts after it.
+    """
+    try:
+        _run_one_unguarded(spec, overrides, index, out, progress, timeout_s, stop, jobs)
+    except BaseException:
+        stop.set()
+        raise
+
+
+def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Path, progress: Progress,
+                       timeout_s: float, stop: threading.Event, jobs: int) -> None:
     from rpg.backends.cpu import harness
     from rpg.launch import ENTRY, project_root
 
