@@ -42,7 +42,8 @@ def test_settings_default_is_the_paper_protocol_and_bad_values_are_one_line():
     assert s.samples_per_problem == (("minerva", 4),)
     assert parse_rpg_settings({"validation": {"samples_per_problem": {}}}).samples_per_problem == ()
     for bad, msg in [({"minerva": 0}, "rpg.validation.samples_per_problem.minerva=0 is invalid"),
-                     ({"minerva": 1.5}, "expected an integer >= 1"), ([1], "expected a mapping")]:
+                     ({"minerva": 1.5}, "expected an integer >= 1"), ([1], "expected a mapping"),
+                     ({"Minerva": 1, "minerva ": 4}, "names the data_source prefix 'minerva' twice")]:
         with pytest.raises(RPGConfigError, match=msg):
             parse_rpg_settings({"validation": {"samples_per_problem": bad}})
     with pytest.raises(RPGConfigError, match="rpg.validation.n is not a known key"):

@@ -244,6 +244,10 @@ def _samples_per_problem(block: Any) -> tuple[tuple[str, int], ...]:
     for prefix, n in rule.items():
         if not isinstance(prefix, str) or not prefix.strip():
             _fail(f"{key} has an empty or non-string data_source prefix {prefix!r}")
+        clash = next((k for k, _ in out if k == prefix.strip().lower()), None)
+        if clash is not None:  # keys are matched case-insensitively: one would silently replace the other
+            _fail(f"{key} names the data_source prefix {prefix.strip().lower()!r} twice (keys differ only in case "
+                  "or spaces); give it once")
         out.append((prefix.strip().lower(), _int(f"{key}.{prefix}", n, minimum=1)))
     return tuple(out)
 
