@@ -299,13 +299,32 @@ def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
     assert "RPG-REINFORCE-UFKL (no clip) k=4 seed 2: failed at step 4: ValueError: loss is nan" in runs_md
     assert f"| {specs.index(unclipped_k4_seed2) + 1} | RPG-REINFORCE-UFKL (no clip) | 4 | 2 | failed | 0s |" in runs_md
     assert "7 of 8 runs finished" in runs_md
-    # the fake's step-0 values: clipped 0.3 (seed 1) / 0.4 (seed 2), unclipped 0.1 / 0.2; seed 2 of unclipped k=4 failed
-    import statistics
+    # the fake's step-0 values: clipped 0.3 (seed 1) / 0.4 (seed 2), unclipped 0.1 / 0.2 (it is not deterministic)
+    assert ("determinism: the validation before training is NOT identical across the runs of each seed (largest "
+            "spread within a seed 0.200; 7 runs, 2 seed(s))") in runs_md
+    n_val = R.read_record(tmp_path, specs[0])["overrides"]  # the tiny task's held-out file: its row count
+    import pyarrow.parquet as pq
 
-    before = [0.3, 0.1, 0.3, 0.1, 0.4, 0.4, 0.2]
-    assert (f"validation before training (the same initial model in every run) gives {statistics.fmean(before):.3f} ± "
-            f"{statistics.stdev(before):.3f} (mean ± std over 7 runs; range 0.100-0.400)") in runs_md
+    rows_val = pq.ParquetFile(next(o.split("=", 1)[1] for o in n_val if o.startswith("data.val_files="))).metadata.num_rows
+    se = (0.35 * 0.65 / (rows_val * 4)) ** 0.5
+    assert (f"gives 0.300, 0.400 for seeds 1, 2 (std 0.071); the binomial standard error at accuracy 0.350 over "
+            f"{rows_val} problems x 4 samples is {se:.3f}") in runs_md
     assert (tmp_path / "report" / "table.tex").read_text().count(r"\begin{table}") == 2
+
+
+def test_eval_noise_checks_determinism_within_a_seed_and_measures_the_spread_between_seeds():
+    from rpg.study.render import eval_noise
+
+    specs = G.grid(seeds=3, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:])
+    key = "val-core/math_dapo/acc/mean@4"
+    start = {1: 0.5, 2: 0.6, 3: 0.7}
+    runs = {s.run_id: {key: {0: start[s.seed], 4: 0.9}} for s in specs}
+    det, noise = eval_noise(runs, specs, "acc/mean@4", val_problems=25)
+    assert det.startswith("determinism: the validation before training is identical across the runs of each seed")
+    assert "(largest spread within a seed 0.000; 6 runs, 3 seed(s))" in det
+    assert "gives 0.500, 0.600, 0.700 for seeds 1, 2, 3 (std 0.100)" in noise
+    assert f"is {(0.6 * 0.4 / 100) ** 0.5:.3f} (a lower bound" in noise
+    assert eval_noise({}, specs, "acc/mean@4", None) == ["evaluation noise: no run validated before training"]
 
 
 # ---- the CLI ----

@@ -122,21 +122,64 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
                                            title=title, styles=styles, dpi=100)  # small files for docs/
             written += paths
             warns += fig_warns
-    written.append(_runs_md(report / "runs.md", out, specs, records, notes + warns + [eval_noise(runs, metric)], command))
+    written.append(_runs_md(report / "runs.md", out, specs, records, notes + warns + eval_noise(runs, specs, metric, val_problem_count(out, specs, records)),
+                            command))
     return written
 
 
-def eval_noise(runs: dict[str, Metrics], metric: str) -> str:
-    """The spread of the validation before training over the runs: every run starts from the same model,
-    so it measures the evaluation's own noise (sampling at temperature 1), not a method's effect."""
+def eval_noise(runs: dict[str, Metrics], specs: list[RunSpec], metric: str, val_problems: int | None) -> list[str]:
+    """What one evaluation's noise is, measured on the validation before training (step 0).
+
+    Every run validates the same initial model at step 0 with the rollout's sampling seed = the
+    run's seed, and the CPU rollout draws each sample from its own seeded generator. So (a) runs of
+    the same seed must log the same step-0 value (a determinism check: the spread within a seed is
+    reported), and (b) the spread of the step-0 values *between* seeds (one value per seed) is the
+    sampling noise of one evaluation of a fixed model. (c) The binomial standard error
+    sqrt(p (1 - p) / (problems x samples)) at the step-0 accuracy is a lower bound on it (samples of
+    one problem are correlated).
+    """
     import statistics
 
-    before = [m[f"val-core/{DATA_SOURCE}/{metric}"][0] for m in runs.values() if 0 in m.get(f"val-core/{DATA_SOURCE}/{metric}", {})]
-    if len(before) < 2:
-        return "evaluation noise: fewer than two runs validated before training"
-    return (f"evaluation noise: the validation before training (the same initial model in every run) gives "
-            f"{statistics.fmean(before):.3f} ± {statistics.stdev(before):.3f} (mean ± std over {len(before)} runs; "
-            f"range {min(before):.3f}-{max(before):.3f}); differences of this size between methods are not evidence")
+    key = f"val-core/{DATA_SOURCE}/{metric}"
+    by_seed: dict[int, list[float]] = {}
+    for spec in specs:
+        m = runs.get(spec.run_id)
+        if m is not None and 0 in m.get(key, {}):
+            by_seed.setdefault(spec.seed, []).append(float(m[key][0]))
+    if not by_seed:
+        return ["evaluation noise: no run validated before training"]
+    spread = max(max(v) - min(v) for v in by_seed.values())
+    n_runs = sum(len(v) for v in by_seed.values())
+    notes = [f"determinism: the validation before training is {'identical' if spread == 0 else 'NOT identical'} "
+             f"across the runs of each seed (largest spread within a seed {spread:.3f}; {n_runs} runs, "
+             f"{len(by_seed)} seed(s))"]
+    firsts = [v[0] for _, v in sorted(by_seed.items())]
+    text = ("evaluation noise: the validation before training (the same initial model; only the sampling seed "
+            f"differs) gives {', '.join(f'{x:.3f}' for x in firsts)} for seeds {', '.join(map(str, sorted(by_seed)))}")
+    if len(firsts) > 1:
+        text += f" (std {statistics.stdev(firsts):.3f})"
+    if val_problems:
+        p, k = statistics.fmean(firsts), val_problems * specs[0].sizes.val_n
+        text += (f"; the binomial standard error at accuracy {p:.3f} over {val_problems} problems x "
+                 f"{specs[0].sizes.val_n} samples is {(p * (1 - p) / k) ** 0.5:.3f} (a lower bound: samples of one "
+                 "problem are correlated)")
+    notes.append(text + "; differences between methods of this size are not evidence")
+    return notes
+
+
+def val_problem_count(out: Path, specs: list[RunSpec], records: list[dict]) -> int | None:
+    """Rows of the held-out file the runs validated on (``data.val_files`` of the first finished run)."""
+    for spec, rec in zip(specs, records):
+        for ov in rec.get("overrides") or []:
+            if ov.lstrip("+").startswith("data.val_files="):
+                path = Path(ov.split("=", 1)[1].strip("'\"[]"))
+                try:
+                    import pyarrow.parquet as pq
+
+                    return pq.ParquetFile(path).metadata.num_rows
+                except (OSError, ImportError, ValueError):
+                    return None
+    return None
 
 
 def _with_seed_counts(rows: list[tuple[str, Metrics]]) -> list[tuple[str, Metrics]]:
