@@ -140,6 +140,10 @@ BAD = [
     (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "clip_ratio_c=1.0 is invalid; expected a value > 1"),
     (["rpg.reward_function=nonexistent_pkg_xyz:score"], "module 'nonexistent_pkg_xyz' is not importable"),
     (["rpg.reference.log_weight_diff=true"], "log_weight_diff=true needs rpg.reference.mode=periodic or kl_threshold"),
+    (["rpg.reference.mode=periodic", "rpg.reference.update_every=2", "rpg.reference.log_weight_diff=true",
+      "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
+     "log_weight_diff=true is not supported with Ulysses sequence parallelism "
+     "(actor_rollout_ref.actor.ulysses_sequence_parallel_size=2)"),
 ]
 
 

@@ -310,6 +310,19 @@ def _check_reference_shard_layout(cfg, mode: str, engine_strategy: str) -> None:
                   f"{a}.{key}={a_val!r} and {r}.{key}={r_val!r} must be equal")
 
 
+def _check_probe_without_sequence_parallelism(cfg) -> None:
+    """``rpg.reference.log_weight_diff`` runs one whole probe sequence through actor and reference on
+    every rank (``rpg.verl.reference_copy.probe_logits``). Under Ulysses sequence parallelism verl
+    patches attention to exchange sequence *slices* between the ranks of a group, so a whole sequence
+    per rank would give wrong logits (or a shape error); reject it before Ray starts."""
+    keys = [f"actor_rollout_ref.{side}.{sub}ulysses_sequence_parallel_size"
+            for side in ("actor", "ref") for sub in ("", "fsdp_config.")]
+    big = [f"{k}={_select(cfg, k, 1)}" for k in keys if int(_select(cfg, k, 1)) > 1]
+    if big:
+        _fail(f"rpg.reference.log_weight_diff=true is not supported with Ulysses sequence parallelism ({big[0]}): "
+              "its probe runs one unsplit sequence per rank; set rpg.reference.log_weight_diff=false")
+
+
 def _check_rpg_reward_kwargs(cfg) -> None:
     """When the reward function is ``rpg.reward.compute_score``: its options (reward_kwargs) are valid."""
     from omegaconf import OmegaConf
@@ -368,6 +381,8 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
                   f"{actor}.fsdp_config.strategy={a_eng!r} and actor_rollout_ref.ref.fsdp_config.strategy={r_eng!r} "
                   "must be equal")
         _check_reference_shard_layout(cfg, ref.mode, a_eng)
+        if ref.log_weight_diff:
+            _check_probe_without_sequence_parallelism(cfg)
         if ref_in_actor:
             _fail(f"rpg.reference.mode={ref.mode} needs a separate reference model; LoRA (reference = actor "
                   "without adapter) is not supported; allowed modes with LoRA: sampler, fixed")
