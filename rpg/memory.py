@@ -164,7 +164,14 @@ def architecture_for(model_path: str) -> Architecture:
     """A local model directory's ``config.json``, else a known Hugging Face id; anything else fails."""
     local = Path(model_path).expanduser()
     if (local / "config.json").is_file():
-        return architecture_from_hf_config(json.loads((local / "config.json").read_text()), str(local))
+        path = local / "config.json"
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise MemoryEstimateError(f"{path}: not a readable JSON file ({e})") from None
+        if not isinstance(config, dict):
+            raise MemoryEstimateError(f"{path}: expected a JSON object, got {type(config).__name__}")
+        return architecture_from_hf_config(config, str(local))
     for known, arch in KNOWN_ARCHITECTURES.items():
         if known.lower() == model_path.strip().rstrip("/").lower():
             return arch
@@ -238,7 +245,10 @@ def settings_from_config(cfg: Mapping[str, Any]) -> RunSettings:
 
     def budget(dyn_key: str, tok_key: str, micro_key: str) -> int:
         if _get(cfg, dyn_key, False):
-            return int(_get(cfg, tok_key))
+            tokens = _get(cfg, tok_key)
+            if tokens is None or int(tokens) < 1:
+                raise MemoryEstimateError(f"{dyn_key}=true needs {tok_key} >= 1 (the per-GPU token budget), got {tokens!r}")
+            return int(tokens)
         micro = _get(cfg, micro_key)
         if micro is None:
             raise MemoryEstimateError(f"{micro_key} is unset and dynamic batching is off: no token budget to estimate")

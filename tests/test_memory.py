@@ -100,6 +100,12 @@ def test_local_config_json_is_read_and_unknown_models_fail_with_one_line(tmp_pat
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "mixtral"}))
     with pytest.raises(MemoryEstimateError, match="model_type='mixtral' is not modelled"):
         architecture_for(str(tmp_path))
+    for text, msg in (('{"model_type": "qwen2",', "config.json: not a readable JSON file"),
+                      ("[1, 2]", "config.json: expected a JSON object, got list")):
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(MemoryEstimateError, match=msg) as e:
+            architecture_for(str(tmp_path))
+        assert "\n" not in str(e.value)
 
 
 # ----------------------------------------------------------------------------- GPU terms
@@ -190,6 +196,9 @@ def test_fsdp_size_budget_without_dynamic_batching_and_bad_dtype():
     assert s.train_tokens == 2 * 4096
     with pytest.raises(MemoryEstimateError, match="ppo_micro_batch_size_per_gpu is unset"):
         settings_from_config(_cfg(actor_rollout_ref__actor__use_dynamic_bsz=False))
+    with pytest.raises(MemoryEstimateError, match="use_dynamic_bsz=true needs actor_rollout_ref.actor.ppo_max_token_len_per_gpu >= 1"):
+        settings_from_config(_cfg(actor_rollout_ref__actor__use_dynamic_bsz=True,
+                                  actor_rollout_ref__actor__ppo_max_token_len_per_gpu=None))
     notes = settings_from_config(_cfg(actor_rollout_ref__model__lora_rank=8,
                                       actor_rollout_ref__actor__fsdp_config__reshard_after_forward=False)).notes
     assert any("LoRA is not modelled" in n for n in notes) and any("reshard_after_forward=False" in n for n in notes)
