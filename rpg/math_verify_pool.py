@@ -153,6 +153,29 @@ def verify(output: str, ground_truth: str, timeout: float = 30.0) -> float | str
     raise AssertionError("unreachable")
 
 
+def _forget_helpers_after_fork() -> None:
+    """In a forked child (e.g. a DataLoader worker): the inherited helpers belong to the parent.
+
+    Sharing their pipes would interleave two processes' requests and replies, and a lock held by
+    another parent thread at fork time would never be released in the child. The child gets fresh
+    locks, closes its copies of the pipes (so a helper still sees EOF when the parent exits) without
+    touching the helper processes, and starts its own helpers on demand.
+    """
+    global _lock, _slots
+    _lock, _slots = threading.Lock(), threading.BoundedSemaphore(MAX_WORKERS)
+    for h in _idle:
+        for f in (h.proc.stdin, h.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+    _idle.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_helpers_after_fork)
+
+
 @atexit.register
 def shutdown() -> None:
     """Stop the idle helpers (they also exit on their own when this process's pipes close)."""

@@ -95,6 +95,39 @@ def test_a_dead_helper_is_replaced_and_a_broken_one_raises(monkeypatch):
         compute_score("olympiadbench", "Answer: 3", "3")
 
 
+def test_a_forked_child_does_not_share_the_parents_helpers():
+    """A fork (e.g. a DataLoader worker) inherits the idle helpers' pipes: the child must start its own."""
+    import os
+
+    assert math_verify_pool.verify("Answer: 3", "3") == 1.0
+    with math_verify_pool._lock:
+        parents = [h.proc.pid for h in math_verify_pool._idle]
+    assert parents
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report what it sees, then leave without running the parent's atexit handlers
+        code = 1
+        try:
+            os.close(read)
+            inherited = list(math_verify_pool._idle)
+            score = math_verify_pool.verify("Answer: 4", "4")
+            own = [h.proc.pid for h in math_verify_pool._idle]
+            os.write(write, json.dumps({"inherited": len(inherited), "score": score, "own": own}).encode())
+            math_verify_pool.shutdown()
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        child = json.loads(f.read() or "{}")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert child["inherited"] == 0 and child["score"] == 1.0 and not set(child["own"]) & set(parents)
+    assert math_verify_pool.verify("Answer: 5", "5") == 1.0  # the parent's helper still answers the parent
+    with math_verify_pool._lock:
+        assert {h.proc.pid for h in math_verify_pool._idle} & set(parents)
+
+
 # --- check_answer: verl's check, except that Math-Verify's own timeouts are failures, not wrong answers
 
 _CASES = [  # (gold, model output): right, wrong, unparseable, equivalent forms
