@@ -175,13 +175,14 @@ class Costs:
         return alone / speedup(jobs)
 
 
-# Measured on the development machine, idle, one run at a time: a 16-step run of clipped
-# RPG-REINFORCE-UFKL, 16 prompts x 4 responses, 16 updates per batch, 5 validations: 117 s wall, of
-# it 55 s start-up + shutdown (Ray and seven processes that each import verl, ~5 s apiece), steps
-# 2.5-3.5 s (generation ~1.5 s), a validation (30 problems x 4 samples) ~3 s. Replaced by the
-# figures of finished runs in the output directory when there are any.
-BUILTIN_COSTS = Costs(startup_s=55.0, step_s=2.6, update_s=0.03, val_s=3.0,
-                      source="built-in (measured on an idle 2-core machine, one run at a time)", jobs=1)
+# Measured on the development machine (2 cores, idle but for a few short tests), with the default
+# --jobs 2: the 20 runs of seeds 3-4 of the default sizes took 27 min 43 s; medians over them:
+# start-up + shutdown 76 s (Ray and seven processes that each import verl, ~5 s apiece), a
+# training step 4.0 s, a validation (30 problems x 4 samples) 3.65 s, each slower than a run alone
+# (a 16-step run alone: 117 s, of it 55 s start-up). Replaced by the figures of finished runs in
+# the output directory when there are any.
+BUILTIN_COSTS = Costs(startup_s=76.0, step_s=4.0, update_s=0.03, val_s=3.65,
+                      source="built-in (measured on an idle 2-core machine, 2 runs at a time)", jobs=2)
 
 
 def calibrate(records: list[dict]) -> Costs:
