@@ -84,6 +84,11 @@ def test_stop_event_ends_the_run_from_another_thread(tmp_path):
         run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=120, stop=stop)
     assert err.value.run.stopped and not err.value.run.timed_out and time.time() - t0 < 60
     assert err.value.run.leftover_pids == []  # the process group was terminated, nothing outlived it
+    stop_now = threading.Event()
+    stop_now.set()  # already stopped (an interrupt between a run's scheduling and its start): nothing starts
+    with pytest.raises(TrainerRunError, match="stopped by the caller before it started") as err:
+        run_trainer([], output_dir=tmp_path / "out2", entry=entry, timeout_s=120, stop=stop_now)
+    assert err.value.run.stopped and not (tmp_path / "out2" / "trainer.log").exists()
 
 
 def _wait_for(path, timeout_s: float = 60.0) -> None:

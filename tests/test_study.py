@@ -76,6 +76,7 @@ def test_time_estimate_and_calibration_from_finished_runs():
     c2 = G.Costs(startup_s=10, step_s=2, update_s=0.5, val_s=3, source="test", jobs=2)
     one = c2.run_s(spec)
     assert c2.grid_s([spec, spec], 2) == pytest.approx(one)
+    assert c2.grid_s([spec], 2) == pytest.approx(one * G.speedup(2) / 2)  # one run left: it goes alone
     assert c2.grid_s([spec, spec], 1) == pytest.approx(2 * one * G.speedup(2) / 2)
     assert G.speedup(8) == G.speedup(2) > G.speedup(1) == 1.0
     # calibration uses the runs of the most common concurrency only (walls at different jobs do not mix)
@@ -224,6 +225,7 @@ def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_pa
 
 def test_runs_go_jobs_at_a_time_in_grid_order(fake, tmp_path, monkeypatch):
     import threading
+    import time
 
     from rpg.backends.cpu import harness
 
@@ -237,6 +239,7 @@ def test_runs_go_jobs_at_a_time_in_grid_order(fake, tmp_path, monkeypatch):
             peak[0] = max(peak[0], active[0])
         try:
             both_running.wait()
+            time.sleep(0.5)  # both running: what each run's recorded concurrency measures
             return fake(*args, **kwargs)
         finally:
             with lock:
@@ -245,8 +248,13 @@ def test_runs_go_jobs_at_a_time_in_grid_order(fake, tmp_path, monkeypatch):
     monkeypatch.setattr(harness, "run_trainer", two_at_once)
     records = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS, jobs=2)
     assert [r["status"] for r in records] == ["done"] * 4 and peak[0] == 2
-    assert all(r["jobs"] == 2 for r in records)
+    assert all(r["jobs"] == 2 and 1.5 < r["concurrency"] <= 2.0 for r in records)
     assert set(fake.calls[:2]) == {s.run_id for s in specs[:2]}  # started in grid order, two at a time
+    # a run that goes alone is recorded as one at a time, whatever --jobs says (its wall is a lone run's)
+    lone = G.grid(seeds=3, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[5:])[2:]
+    monkeypatch.setattr(harness, "run_trainer", fake)
+    (rec,) = [r for r in R.run_grid(lone, tmp_path, G.BUILTIN_COSTS, jobs=2) if r["run_id"] == lone[0].run_id]
+    assert rec["jobs"] == 1 and rec["concurrency"] <= 1.0
 
 
 def test_an_error_stops_the_running_runs_and_leaves_no_record_for_them(tmp_path, monkeypatch, tiny_assets):
@@ -308,7 +316,7 @@ def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
     rows_val = pq.ParquetFile(next(o.split("=", 1)[1] for o in n_val if o.startswith("data.val_files="))).metadata.num_rows
     se = (0.35 * 0.65 / (rows_val * 4)) ** 0.5
     assert (f"gives 0.300, 0.400 for seeds 1, 2 (std 0.071); the binomial standard error at accuracy 0.350 over "
-            f"{rows_val} problems x 4 samples is {se:.3f}") in runs_md
+            f"{rows_val} problems x 4 samples is {se:.3f}") in runs_md  # noqa
     assert (tmp_path / "report" / "table.tex").read_text().count(r"\begin{table}") == 2
 
 
@@ -323,7 +331,7 @@ def test_eval_noise_checks_determinism_within_a_seed_and_measures_the_spread_bet
     assert det.startswith("determinism: the validation before training is identical across the runs of each seed")
     assert "(largest spread within a seed 0.000; 6 runs, 3 seed(s))" in det
     assert "gives 0.500, 0.600, 0.700 for seeds 1, 2, 3 (std 0.100)" in noise
-    assert f"is {(0.6 * 0.4 / 100) ** 0.5:.3f} (a lower bound" in noise
+    assert f"is {(0.6 * 0.4 / 100) ** 0.5:.3f} (an upper bound" in noise
     assert eval_noise({}, specs, "acc/mean@4", None) == ["evaluation noise: no run validated before training"]
 
 

@@ -172,7 +172,7 @@ class Costs:
         The measured walls are converted to one-at-a-time walls first (x speedup(self.jobs) / self.jobs).
         """
         alone = sum(self.run_s(s) for s in specs) * speedup(self.jobs) / self.jobs
-        return alone / speedup(jobs)
+        return alone / speedup(max(1, min(jobs, len(specs))))  # fewer runs than jobs: only they overlap
 
 
 # Measured on the development machine (2 cores, idle but for a few short tests), with the default

@@ -135,8 +135,9 @@ def eval_noise(runs: dict[str, Metrics], specs: list[RunSpec], metric: str, val_
     the same seed must log the same step-0 value (a determinism check: the spread within a seed is
     reported), and (b) the spread of the step-0 values *between* seeds (one value per seed) is the
     sampling noise of one evaluation of a fixed model. (c) The binomial standard error
-    sqrt(p (1 - p) / (problems x samples)) at the step-0 accuracy is a lower bound on it (samples of
-    one problem are correlated).
+    sqrt(p (1 - p) / (problems x samples)) at the step-0 accuracy bounds that noise from above for
+    this fixed problem set (its variance is mean_i p_i (1 - p_i) / (problems x samples) <= p (1 - p) /
+    (problems x samples), p (1 - p) being concave); the noise over a new draw of problems is larger.
     """
     import statistics
 
@@ -161,8 +162,8 @@ def eval_noise(runs: dict[str, Metrics], specs: list[RunSpec], metric: str, val_
     if val_problems:
         p, k = statistics.fmean(firsts), val_problems * specs[0].sizes.val_n
         text += (f"; the binomial standard error at accuracy {p:.3f} over {val_problems} problems x "
-                 f"{specs[0].sizes.val_n} samples is {(p * (1 - p) / k) ** 0.5:.3f} (a lower bound: samples of one "
-                 "problem are correlated)")
+                 f"{specs[0].sizes.val_n} samples is {(p * (1 - p) / k) ** 0.5:.3f} (an upper bound on the sampling noise "
+                 "over these problems; a new draw of problems would add more)")
     notes.append(text + "; differences between methods of this size are not evidence")
     return notes
 

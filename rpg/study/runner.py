@@ -113,6 +113,7 @@ class Progress:
         self.total, self.costs, self.jobs, self.stream = total_runs, costs, jobs, stream
         self.queued: list[RunSpec] = list(todo)
         self.running: dict[str, tuple[RunSpec, int]] = {}  # run id -> (spec, last step reported)
+        self.watches: dict[str, RunWatch] = {}  # running runs, for the concurrency each one experiences
         self.lock = threading.Lock()
         self.t0 = time.time()
 
@@ -124,16 +125,28 @@ class Progress:
         with self.lock:
             print(f"[study {time.strftime('%H:%M:%S')}] {text}", file=self.stream or sys.stdout, flush=True)
 
+    def _tick(self) -> None:
+        """(Under the lock) add (runs running) x (time since the last change) to every running run's area."""
+        now = time.time()
+        for w in self.watches.values():
+            w.run_area += len(self.watches) * (now - w.last_change)
+            w.last_change = now
+
     def start(self, index: int, spec: RunSpec) -> "RunWatch":
+        watch = RunWatch(self, f"{index}/{self.total} {spec.label} k={spec.updates} seed {spec.seed}", spec)
         with self.lock:
             if spec in self.queued:
                 self.queued.remove(spec)
             self.running[spec.run_id] = (spec, -1)
-        return RunWatch(self, f"{index}/{self.total} {spec.label} k={spec.updates} seed {spec.seed}", spec)
+            self._tick()
+            self.watches[spec.run_id] = watch
+        return watch
 
     def finish(self, spec: RunSpec) -> None:
         with self.lock:
+            self._tick()
             self.running.pop(spec.run_id, None)
+            self.watches.pop(spec.run_id, None)
 
     def eta_s(self) -> float:
         """Estimated seconds left in the grid (queued runs + the rest of the running ones, ``jobs`` at a time)."""
@@ -148,7 +161,8 @@ class Progress:
                     continue
                 vals_left = sum(1 for t in range(step + 1, sz.steps + 1) if t % sz.test_freq == 0 or t == sz.steps)
                 left += (sz.steps - step) * per_step + vals_left * c.val_s
-        return left * speedup(c.jobs) / c.jobs / speedup(self.jobs)
+            n_left = len(self.queued) + len(self.running)
+        return left * speedup(c.jobs) / c.jobs / speedup(max(1, min(self.jobs, n_left)))
 
 
 class RunWatch:
@@ -156,7 +170,8 @@ class RunWatch:
 
     def __init__(self, progress: Progress, tag: str, spec: RunSpec):
         self.progress, self.tag, self.spec = progress, tag, spec
-        self.t_run = time.time()
+        self.t_run = self.last_change = time.time()
+        self.run_area = 0.0  # integral over the run's life of the number of runs running (itself included)
         self.arrivals: dict[int, float] = {}  # step -> seconds since the run started, when its record appeared
 
     def on_metrics(self, step: int, data: dict) -> None:
@@ -177,6 +192,12 @@ class RunWatch:
             p.say(f"{self.tag}: step {step}/{self.spec.sizes.steps}  {'  '.join(parts)}  "
                   f"(run {fmt_duration(time.time() - self.t_run)}, grid {fmt_duration(elapsed)} of "
                   f"~{fmt_duration(elapsed + p.eta_s())})")
+
+    def concurrency(self) -> float:
+        """Mean number of runs running (itself included) over this run's life so far."""
+        with self.progress.lock:
+            self.progress._tick()
+            return self.run_area / max(1e-9, time.time() - self.t_run)
 
     def train_wall_s(self, fallback: float) -> float:
         """Wall time from the first record (validation before training) to the last: steps + validations + overhead."""
@@ -213,9 +234,11 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
     restore = _raise_on_sigterm()
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="study-run") as pool:
-            futures = [pool.submit(_run_one, spec, overrides, specs.index(spec) + 1, out, progress, timeout_s, stop, jobs)
-                       for spec, overrides in todo]
+            futures = []
             try:
+                for spec, overrides in todo:
+                    futures.append(pool.submit(_run_one, spec, overrides, specs.index(spec) + 1, out, progress,
+                                               timeout_s, stop))
                 finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
                 for f in finished:
                     f.result()  # the first unexpected error (a failed trainer is a record, not an error)
@@ -231,20 +254,20 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
 
 
 def _run_one(spec: RunSpec, overrides: list[str], index: int, out: Path, progress: Progress, timeout_s: float,
-             stop: threading.Event, jobs: int) -> None:
+             stop: threading.Event) -> None:
     """Run one spec through the CPU harness and write its ``run.json`` (not when it was stopped).
 
     An unexpected error sets ``stop`` before it propagates, so that no queued run starts after it.
     """
     try:
-        _run_one_unguarded(spec, overrides, index, out, progress, timeout_s, stop, jobs)
+        _run_one_unguarded(spec, overrides, index, out, progress, timeout_s, stop)
     except BaseException:
         stop.set()
         raise
 
 
 def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Path, progress: Progress,
-                       timeout_s: float, stop: threading.Event, jobs: int) -> None:
+                       timeout_s: float, stop: threading.Event) -> None:
     from rpg.backends.cpu import harness
     from rpg.launch import ENTRY, project_root
 
@@ -257,7 +280,7 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Pat
     d.mkdir(parents=True)
     progress.say(f"start {index}/{total} {spec.label} k={spec.updates} seed {spec.seed} -> {d}")
     record = {"run_id": spec.run_id, "variant": spec.variant, "label": spec.label, "updates": spec.updates,
-              "seed": spec.seed, "steps": spec.sizes.steps, "validations": spec.sizes.validations, "jobs": jobs,
+              "seed": spec.seed, "steps": spec.sizes.steps, "validations": spec.sizes.validations,
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "code": _code_version(), "overrides": overrides}
     watch = progress.start(index, spec)
     t0 = time.time()
@@ -265,6 +288,9 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Pat
         run = harness.run_trainer(overrides, output_dir=d, entry=str(project_root() / ENTRY), timeout_s=timeout_s,
                                   on_metrics=watch.on_metrics, stop=stop)
         step_s, val_s, _ = _timing(run.metrics_file)
+        # runs at a time as this run experienced it (a lone last run of a --jobs 2 grid is 1, not 2)
+        overlap = watch.concurrency()
+        record.update(jobs=max(1, round(overlap)), concurrency=round(overlap, 2))
         record.update(status="done", wall_time_s=round(run.wall_time_s, 1), step_time_s=round(step_s, 1),
                       val_time_s=round(val_s, 1), train_wall_s=round(watch.train_wall_s(step_s + val_s), 1),
                       last_step=run.last_step(), leftover_pids=run.leftover_pids)

@@ -179,6 +179,10 @@ def run_trainer(
     run_env["PYTHONUNBUFFERED"] = "1"
 
     run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv)
+    if stop is not None and stop.is_set():  # stopped before it started: start nothing
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+        run.stopped = True
+        raise TrainerRunError("trainer stopped by the caller before it started", run)
     t0 = time.time()
     restore = _raise_on_sigterm()  # so that `finally` below also cleans up when we are terminated
     with open(log_file, "wb") as log:
