@@ -66,6 +66,8 @@ def test_time_estimate_and_calibration_from_finished_runs():
     spec = G.RunSpec("run_dapo_7b", 4, 1, SMALL)
     c = G.Costs(startup_s=10, step_s=2, update_s=0.5, val_s=3, source="test")
     assert c.run_s(spec) == 10 + 4 * (2 + 3 * 0.5) + 3 * 3
+    assert c.remaining_s(spec, -1) == c.run_s(spec) and c.remaining_s(spec, 4) == 0
+    assert c.remaining_s(spec, 1) == 3 * (2 + 3 * 0.5) + 2 * 3  # steps 2-4, validations at 2 and 4
     rec = {"status": "done", "steps": 4, "updates": 1, "validations": 3, "wall_time_s": 50.0, "train_wall_s": 16.0,
            "step_time_s": 8.0, "val_time_s": 6.0}
     got = G.calibrate([rec, {"status": "failed"}])

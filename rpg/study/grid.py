@@ -166,6 +166,14 @@ class Costs:
         s = spec.sizes
         return self.startup_s + s.steps * (self.step_s + (spec.updates - 1) * self.update_s) + s.validations * self.val_s
 
+    def remaining_s(self, spec: RunSpec, step: int) -> float:
+        """What is left of one run after its record for ``step`` (-1: not started yet: the whole run)."""
+        if step < 0:
+            return self.run_s(spec)
+        s = spec.sizes
+        vals_left = sum(1 for t in range(step + 1, s.steps + 1) if t % s.test_freq == 0 or t == s.steps)
+        return (s.steps - step) * (self.step_s + (spec.updates - 1) * self.update_s) + vals_left * self.val_s
+
     def grid_s(self, specs: list[RunSpec], jobs: int) -> float:
         """Wall time of ``specs`` run ``jobs`` at a time: the one-at-a-time total / speedup(jobs).
 

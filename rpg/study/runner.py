@@ -152,15 +152,7 @@ class Progress:
         """Estimated seconds left in the grid (queued runs + the rest of the running ones, ``jobs`` at a time)."""
         c = self.costs
         with self.lock:
-            left = sum(c.run_s(s) for s in self.queued)
-            for spec, step in self.running.values():
-                sz = spec.sizes
-                per_step = c.step_s + (spec.updates - 1) * c.update_s
-                if step < 0:  # still starting: the whole run
-                    left += c.run_s(spec)
-                    continue
-                vals_left = sum(1 for t in range(step + 1, sz.steps + 1) if t % sz.test_freq == 0 or t == sz.steps)
-                left += (sz.steps - step) * per_step + vals_left * c.val_s
+            left = sum(c.run_s(s) for s in self.queued) + sum(c.remaining_s(sp, st) for sp, st in self.running.values())
             n_left = len(self.queued) + len(self.running)
         return left * speedup(c.jobs) / c.jobs / speedup(max(1, min(self.jobs, n_left)))
 
@@ -213,7 +205,7 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
     running trainer (its processes are cleaned up by the harness) and leaves no record for it, so
     that the next call runs it again; finished runs keep their records.
     """
-    from rpg.backends.cpu.harness import _raise_on_sigterm
+    from rpg.backends.cpu.harness import raise_on_sigterm
 
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
@@ -231,7 +223,7 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
         if st in keep:
             progress.say(f"skip {spec.label} k={spec.updates} seed {spec.seed}: {st} ({run_dir(out, spec)})")
     stop = threading.Event()
-    restore = _raise_on_sigterm()
+    restore = raise_on_sigterm()
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="study-run") as pool:
             futures = []
@@ -290,8 +282,7 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Pat
         step_s, val_s, _ = _timing(run.metrics_file)
         # runs at a time as this run experienced it (a lone last run of a --jobs 2 grid is 1, not 2)
         overlap = watch.concurrency()
-        record.update(jobs=max(1, round(overlap)), concurrency=round(overlap, 2))
-        record.update(status="done", wall_time_s=round(run.wall_time_s, 1), step_time_s=round(step_s, 1),
+        record.update(jobs=max(1, round(overlap)), concurrency=round(overlap, 2), status="done", wall_time_s=round(run.wall_time_s, 1), step_time_s=round(step_s, 1),
                       val_time_s=round(val_s, 1), train_wall_s=round(watch.train_wall_s(step_s + val_s), 1),
                       last_step=run.last_step(), leftover_pids=run.leftover_pids)
     except harness.TrainerRunError as err:

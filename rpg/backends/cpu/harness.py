@@ -184,7 +184,7 @@ def run_trainer(
         run.stopped = True
         raise TrainerRunError("trainer stopped by the caller before it started", run)
     t0 = time.time()
-    restore = _raise_on_sigterm()  # so that `finally` below also cleans up when we are terminated
+    restore = raise_on_sigterm()  # so that `finally` below also cleans up when we are terminated
     with open(log_file, "wb") as log:
         proc = subprocess.Popen(
             argv, cwd=str(cwd or out), env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -224,7 +224,7 @@ def run_trainer(
     return run
 
 
-def _raise_on_sigterm() -> Callable[[], None]:
+def raise_on_sigterm() -> Callable[[], None]:
     """In the main thread, turn SIGTERM into SystemExit for the duration of a run."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
