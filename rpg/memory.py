@@ -25,15 +25,27 @@ V = vocabulary, H = hidden size, I = MLP width, L = layers)::
                      (transformer_impl.py:431-435, 459-463); its pinned host copy is P*bytes/F per GPU.
                      A reference exists when use_kl_loss or use_kl_in_reward (trainer/ppo/utils.py:75-79).
   vLLM               util * GPU memory while awake: vLLM's per-process budget for its weights,
-                     activation peak and KV cache (vllm/v1/worker/gpu_worker.py: requested_memory =
-                     total * gpu_memory_utilization; KV = requested - weights - profiled peak).
-                     Weights P*2/TP (bf16). Asleep (free_cache_engine) weights and KV cache are freed.
+                     activation peak, CUDA graphs and KV cache (vllm/v1/worker/gpu_worker.py
+                     Worker.determine_available_memory: requested = total * gpu_memory_utilization;
+                     KV = requested - weights - profiled peak - CUDA graphs, the last because
+                     VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 since vLLM 0.21, vllm/envs.py;
+                     graphs measured by gpu_model_runner.py profile_cudagraph_memory, assumed CUDAGRAPH_GIB
+                     here, 0 with rollout.enforce_eager). Weights P*2/TP (bf16). Asleep
+                     (free_cache_engine) weights and KV cache are freed.
+  KV check           vLLM refuses to start unless its KV cache holds one max_model_len sequence in whole
+                     16-token blocks (vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory);
+                     verl's max_model_len is rollout.max_model_len, else the model's max_position_embeddings
+                     (workers/rollout/vllm_rollout/vllm_async_server.py _validate_configs).
   phase order        the sync trainer sleeps vLLM after sampling and wakes it after the update and the
                      checkpoint (trainer/ppo/v1/trainer_sync.py:35-42): log-probs and the update run with
                      vLLM asleep; generation and validation with the actor's resident state beside it.
   weight sync order  update_weights resumes vLLM weights, streams the actor's parameters, offloads
                      the actor if param_offload, then resumes the KV cache (workers/engine_workers.py:
-                     769-824): params + optimizer states + vLLM weights coexist before the KV cache.
+                     769-824): params + optimizer states + vLLM weights coexist before the KV cache,
+                     with one bucket of rollout.checkpoint_engine.update_weights_bucket_megabytes on the
+                     trainer's GPU (workers/rollout/vllm_rollout/bucketed_weight_transfer.py
+                     BucketedWeightSender._init_buffer, CUDA IPC) and the tensor being sent, gathered in
+                     the actor's dtype (transformer_impl.py get_per_tensor_param: DTensor.full_tensor()).
   gathered units     FSDP2 all-gathers one unit at a time in bf16 (mixed precision param_dtype,
                      transformer_impl.py:391-401, 455-457): a decoder layer, or embed_tokens/lm_head
                      (V*H; utils/fsdp_utils.py:558-569); its unsharded gradient is fp32 (reduce_dtype).
@@ -41,10 +53,17 @@ V = vocabulary, H = hidden size, I = MLP width, L = layers)::
                      (transformers models/qwen2/modeling_qwen2.py `logits = self.lm_head(...)`);
                      temperature 1 does not copy (transformer_impl.py:98-103). flash-attn's
                      cross-entropy computes the log-probs and writes the logits' gradient in place
-                     (utils/torch_functional.py:95-101, transformer_impl.py:1424-1431); its fallback
-                     (no flash-attn) and an entropy in the update keep up to 2 more bf16 copies.
+                     (utils/torch_functional.py:95-101, transformer_impl.py:1424-1431). Without
+                     flash-attn (model.override_config.attn_implementation other than flash_attention_2,
+                     workers/config/model.py) logprobs_from_logits_v2 runs log_softmax row by row under
+                     forward_step's torch.autocast(bf16), which computes it in fp32, and autograd keeps
+                     every row: + T*V*4 in the update (forward-only passes free each row). An entropy in
+                     the update keeps up to 2 more bf16 copies.
   old log-prob       forward only, entropy computed (trainer/ppo/v1/trainer_base.py:1653): logits +
-                     up to 2 bf16 copies for softmax(logits)*logits (utils/torch_functional.py:243-244).
+                     entropy_from_logits (utils/torch_functional.py:243-244) under autocast, i.e. in fp32.
+                     Compiled (fsdp_config.use_torch_compile, the default; transformer_impl.py:183-187)
+                     inductor keeps one fp32 T*V buffer: T*V*4. Eager: softmax's fp32 output + logsumexp's
+                     fp32 input copy and its (x - max) temporary: T*V*12.
   token budgets      update: actor.ppo_max_token_len_per_gpu (engine_workers.py:626); old log-prob:
                      rollout.log_prob_max_token_len_per_gpu (:620); reference: ref.log_prob_max_token_len_per_gpu
                      (:552, 581). Without dynamic batching: micro-batch size * (prompt + response).
@@ -56,9 +75,9 @@ V = vocabulary, H = hidden size, I = MLP width, L = layers)::
                      temporary the size of the state shard (sqrt of exp_avg_sq), P*bytes/F.
 
 Left out (covered by the required headroom, HEADROOM_FRACTION of the GPU): allocator fragmentation,
-CUDA contexts / NCCL and cuBLAS workspaces / vLLM's CUDA graphs and sleeping residue (a fixed
-RUNTIME_OVERHEAD_GIB is added instead of measured), the RPG loss's own temporaries (~0.1 GiB at 2M
-tokens, ../shared/spec/GPU_MEASUREMENTS.md), sequence parallelism, LoRA, Megatron.
+CUDA contexts / NCCL and cuBLAS workspaces / vLLM's sleeping residue (a fixed RUNTIME_OVERHEAD_GIB is
+added instead of measured), the RPG loss's own temporaries (~0.1 GiB at 2M tokens, measured on an
+H100), sequence parallelism, LoRA, Megatron. Host RAM per node: rpg.memory_host.
 """
 
 from __future__ import annotations
@@ -76,6 +95,9 @@ DEFAULT_GPU_MEM_GIB = 79.6        # what an 80 GB H100 reports as total memory (
 HEADROOM_FRACTION = 0.10          # a run "fits" when its peak leaves >= 10% of the GPU free
 RUNTIME_OVERHEAD_GIB = 3.0        # assumed: 2 CUDA contexts (trainer, vLLM) ~1, NCCL/cuBLAS ~0.5, vLLM CUDA graphs ~1.5
 GPU_MEM_ENV = "RPG_GPU_MEM_GIB"   # DRY_RUN's GPU-size override (--describe: --gpu-mem-gib)
+CUDAGRAPH_GIB = 1.0               # assumed: vLLM's CUDA graphs (FULL_AND_PIECEWISE, up to 51 sizes), measured by vLLM at start
+FLASH_ATTN = "flash_attention_2"  # verl's default attn_implementation (workers/config/model.py HFModelConfig.__post_init__)
+KV_BLOCK_TOKENS = 16              # vLLM's default KV block: a sequence's KV is rounded up to whole blocks
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "float": 4}
 _OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "adamwschedulefree": 2, "_adamw": 2}
@@ -103,6 +125,7 @@ class Architecture:
     tie_embeddings: bool
     qkv_bias: bool      # Qwen2: q/k/v projections have biases
     qk_norm: bool       # Qwen3: RMSNorm on q and k per head
+    max_position_embeddings: int | None = None  # verl's vLLM max_model_len when rollout.max_model_len is unset
 
     @property
     def layer_params(self) -> int:
@@ -123,19 +146,25 @@ class Architecture:
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 
 
-def _qwen2(name: str) -> Architecture:   # config.json of Qwen/Qwen2.5-7B, -Instruct and -Math-7B
+def _qwen2(name: str, max_pos: int) -> Architecture:   # config.json of Qwen/Qwen2.5-7B, -Instruct and -Math-7B
     return Architecture(name, layers=28, hidden=3584, intermediate=18944, heads=28, kv_heads=4, head_dim=128,
-                        vocab=152064, tie_embeddings=False, qkv_bias=True, qk_norm=False)
+                        vocab=152064, tie_embeddings=False, qkv_bias=True, qk_norm=False,
+                        max_position_embeddings=max_pos)
 
 
-def _qwen3_4b(name: str) -> Architecture:  # config.json of Qwen/Qwen3-4B and Qwen3-4B-Base
+def _qwen3_4b(name: str, max_pos: int) -> Architecture:  # config.json of Qwen/Qwen3-4B and Qwen3-4B-Base
     return Architecture(name, layers=36, hidden=2560, intermediate=9728, heads=32, kv_heads=8, head_dim=128,
-                        vocab=151936, tie_embeddings=True, qkv_bias=False, qk_norm=True)
+                        vocab=151936, tie_embeddings=True, qkv_bias=False, qk_norm=True,
+                        max_position_embeddings=max_pos)
 
 
-KNOWN_ARCHITECTURES: dict[str, Architecture] = {
-    n: _qwen2(n) for n in ("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B")
-} | {n: _qwen3_4b(n) for n in ("Qwen/Qwen3-4B", "Qwen/Qwen3-4B-Base")}
+KNOWN_ARCHITECTURES: dict[str, Architecture] = {  # max_position_embeddings from each public config.json
+    "Qwen/Qwen2.5-Math-7B": _qwen2("Qwen/Qwen2.5-Math-7B", 4096),
+    "Qwen/Qwen2.5-7B-Instruct": _qwen2("Qwen/Qwen2.5-7B-Instruct", 32768),
+    "Qwen/Qwen2.5-7B": _qwen2("Qwen/Qwen2.5-7B", 131072),
+    "Qwen/Qwen3-4B": _qwen3_4b("Qwen/Qwen3-4B", 40960),
+    "Qwen/Qwen3-4B-Base": _qwen3_4b("Qwen/Qwen3-4B-Base", 32768),
+}
 
 _LAYOUTS = {"qwen2": (True, False), "qwen3": (False, True), "llama": (False, False), "mistral": (False, False)}
 
@@ -155,7 +184,8 @@ def architecture_from_hf_config(config: Mapping[str, Any], name: str) -> Archite
             kv_heads=int(config.get("num_key_value_heads") or heads),
             head_dim=int(config.get("head_dim") or hidden // heads), vocab=int(config["vocab_size"]),
             tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=bias or bool(config.get("attention_bias", False)), qk_norm=qk_norm)
+            qkv_bias=bias or bool(config.get("attention_bias", False)), qk_norm=qk_norm,
+            max_position_embeddings=int(config["max_position_embeddings"]) if config.get("max_position_embeddings") else None)
     except (KeyError, TypeError, ValueError) as e:
         raise MemoryEstimateError(f"{name}: config.json lacks or mangles a size field ({e})") from None
 
@@ -224,7 +254,7 @@ class RunSettings:
     rollout_util: float
     rollout_tp: int
     free_cache_engine: bool
-    max_model_len: int           # prompt + response
+    max_model_len: int           # prompt + response (the longest sequence the run generates)
     max_num_batched_tokens: int  # vLLM chunked-prefill budget (its profiled activation peak)
     max_num_seqs: int
     save_freq: int
@@ -232,7 +262,19 @@ class RunSettings:
     keep: int | None             # trainer.max_actor_ckpt_to_keep (None = all)
     save_contents: tuple[str, ...]
     reference_resets: bool       # rpg.reference.mode periodic | kl_threshold: rpg_reference/ in checkpoints
+    attn_implementation: str = FLASH_ATTN  # model.override_config.attn_implementation
+    bucket_mb: int = 2048        # rollout.checkpoint_engine.update_weights_bucket_megabytes
+    enforce_eager: bool = False  # rollout.enforce_eager: no CUDA graphs
+    entropy_compiled: bool = True  # actor.fsdp_config.use_torch_compile: torch.compile'd entropy_from_logits
+    vllm_max_model_len: int | None = None  # rollout.max_model_len (None: verl uses max_position_embeddings)
     notes: tuple[str, ...] = ()
+
+    @property
+    def flash_cross_entropy(self) -> bool:
+        """verl computes log-probs with flash-attn's cross-entropy when flash-attn imports
+        (utils/torch_functional.py logprobs_from_logits); flash_attention_2 needs it installed, any
+        other attention is taken to mean it is absent (the fallback logprobs_from_logits_v2)."""
+        return self.attn_implementation == FLASH_ATTN
 
 
 def settings_from_config(cfg: Mapping[str, Any]) -> RunSettings:
@@ -270,6 +312,11 @@ def settings_from_config(cfg: Mapping[str, Any]) -> RunSettings:
     if strategy not in ("fsdp", "fsdp2"):
         raise MemoryEstimateError(f"{a}.strategy={strategy!r}: only fsdp / fsdp2 are modelled")
     model_dtype = _get(cfg, f"{a}.fsdp_config.model_dtype", "fp32")
+    attn = str(_get(cfg, "actor_rollout_ref.model.override_config.attn_implementation", FLASH_ATTN))
+    if attn != FLASH_ATTN and _get(cfg, "actor_rollout_ref.model.use_remove_padding", True):
+        notes.append(f"attn_implementation={attn} over packed sequences (use_remove_padding) may build a T x T "
+                     "attention mask or score matrix per forward: not modelled")
+    vllm_len = _get(cfg, f"{ro}.max_model_len")
     mode = str(_get(cfg, "rpg.reference.mode", "sampler"))
     steps = _get(cfg, "trainer.total_training_steps")
     keep = _get(cfg, "trainer.max_actor_ckpt_to_keep")
@@ -303,6 +350,11 @@ def settings_from_config(cfg: Mapping[str, Any]) -> RunSettings:
         keep=None if keep is None or int(keep) <= 0 else int(keep),
         save_contents=tuple(_get(cfg, f"{a}.checkpoint.save_contents", ("model", "optimizer", "extra"))),
         reference_resets=mode in ("periodic", "kl_threshold"),
+        attn_implementation=attn,
+        bucket_mb=int(_get(cfg, f"{ro}.checkpoint_engine.update_weights_bucket_megabytes", 2048)),
+        enforce_eager=bool(_get(cfg, f"{ro}.enforce_eager", False)),
+        entropy_compiled=bool(_get(cfg, f"{a}.fsdp_config.use_torch_compile", True)),
+        vllm_max_model_len=None if vllm_len is None else int(vllm_len),
         notes=tuple(notes),
     )
 
@@ -332,8 +384,10 @@ class MemoryEstimate:
     settings: RunSettings
     gpu_gib: float
     phases: tuple[Phase, ...]
-    kv_cache_gib: float          # vLLM's KV cache while awake (its budget minus weights minus activations)
+    kv_cache_gib: float          # vLLM's KV cache while awake (its budget minus weights, activations, CUDA graphs)
     kv_cache_tokens: int
+    vllm_max_model_len: int      # what vLLM checks one sequence of against the KV cache at start
+    vllm_max_model_len_source: str
     host_ref_gib: float          # pinned host memory of the reference shard, per GPU process
     notes: tuple[str, ...] = field(default=())
 
@@ -350,8 +404,18 @@ class MemoryEstimate:
         return HEADROOM_FRACTION * self.gpu_gib
 
     @property
+    def kv_needed_tokens(self) -> int:
+        """vLLM refuses to start unless its KV cache holds one max_model_len sequence, in whole blocks
+        (vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory; FullAttentionSpec.max_memory_usage_bytes)."""
+        return -(-self.vllm_max_model_len // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
+
+    @property
+    def kv_fits(self) -> bool:
+        return self.kv_cache_tokens >= self.kv_needed_tokens
+
+    @property
     def fits(self) -> bool:
-        return self.headroom_gib >= self.required_headroom_gib and self.kv_cache_tokens >= self.settings.max_model_len
+        return self.headroom_gib >= self.required_headroom_gib and self.kv_fits
 
 
 def _g(n_bytes: float) -> float:
@@ -369,6 +433,45 @@ def vllm_activation_bytes(arch: Architecture, batched_tokens: int, max_num_seqs:
     return batched_tokens * (4 * arch.hidden + 3 * arch.intermediate) * 2 + max_num_seqs * arch.vocab * 4 * 2
 
 
+def fallback_logprob_bytes(arch: Architecture, tokens: int) -> int:
+    """Without flash-attn, logprobs_from_logits_v2 (utils/torch_functional.py) runs log_softmax row by
+    row over the bf16 logits, inside verl's torch.autocast(bf16) (transformer_impl.py forward_step);
+    autocast computes log_softmax in fp32 and autograd keeps each row's fp32 output for the backward:
+    the update holds the full fp32 log-softmax, T * V * 4 bytes. Forward-only passes free each row."""
+    return tokens * arch.vocab * 4
+
+
+def cudagraph_gib(s: RunSettings) -> float:
+    """vLLM 0.24 profiles its CUDA-graph memory and takes it out of the KV cache, inside the
+    gpu_memory_utilization share (vllm/v1/worker/gpu_worker.py Worker.determine_available_memory,
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default since v0.21; gpu_model_runner.py
+    profile_cudagraph_memory). Its size is measured at start: CUDAGRAPH_GIB is assumed. enforce_eager: none."""
+    return 0.0 if s.enforce_eager else CUDAGRAPH_GIB
+
+
+def vllm_max_model_len(s: RunSettings, arch: Architecture) -> tuple[int, str]:
+    """verl passes rollout.max_model_len to vLLM, or, unset, the model's max_position_embeddings
+    (workers/rollout/vllm_rollout/vllm_async_server.py _validate_configs)."""
+    if s.vllm_max_model_len is not None:
+        return s.vllm_max_model_len, "actor_rollout_ref.rollout.max_model_len"
+    if arch.max_position_embeddings is not None:
+        return arch.max_position_embeddings, "rollout.max_model_len unset: the model's max_position_embeddings"
+    return s.max_model_len, "max_position_embeddings unknown: prompt + response assumed"
+
+
+def max_model_len_notes(s: RunSettings, arch: Architecture, max_len: int) -> tuple[str, ...]:
+    """A rollout.max_model_len verl rejects, or one that cuts the responses (vllm_async_server.py:
+    _validate_configs; generate caps max_tokens at max_model_len - prompt length)."""
+    notes = []
+    if arch.max_position_embeddings is not None and max_len > arch.max_position_embeddings:
+        notes.append(f"rollout.max_model_len {max_len} > max_position_embeddings {arch.max_position_embeddings}: "
+                     "verl refuses to start vLLM")
+    if max_len < s.max_model_len:
+        notes.append(f"rollout.max_model_len {max_len} < prompt + response {s.max_model_len}: long prompts get "
+                     "shorter responses")
+    return tuple(notes)
+
+
 def estimate(s: RunSettings, arch: Architecture, gpu_gib: float = DEFAULT_GPU_MEM_GIB) -> MemoryEstimate:
     """Per-GPU peak of each phase of a step (see the module docstring for each term's source)."""
     if not gpu_gib > 0:
@@ -376,7 +479,7 @@ def estimate(s: RunSettings, arch: Architecture, gpu_gib: float = DEFAULT_GPU_ME
     P, F, b = arch.params, s.fsdp_size, s.param_bytes
     params = _g(P * b / F)
     states = _g(s.optimizer_states * P * b / F)
-    overhead = Term("runtime overhead (CUDA contexts, NCCL, CUDA graphs; assumed)", RUNTIME_OVERHEAD_GIB)
+    overhead = Term("runtime overhead (CUDA contexts, NCCL, cuBLAS; assumed)", RUNTIME_OVERHEAD_GIB)
     lm_unit, layer_unit = arch.vocab * arch.hidden, arch.layer_params
 
     # resident actor state outside the update (offloaded state is on CPU there)
@@ -391,9 +494,14 @@ def estimate(s: RunSettings, arch: Architecture, gpu_gib: float = DEFAULT_GPU_ME
         overhead))
     # FSDP2 streams shards from where they are; FSDP1 loads an offloaded model first (transformer_impl.py:988-991)
     p_sync = 0.0 if (s.offload_policy or (s.param_offload and s.fsdp2)) else params
+    # the sender gathers one full tensor at a time in the actor's dtype and copies it into (or, when
+    # larger, sends it beside) one CUDA-IPC bucket on the trainer's GPU (bucketed_weight_transfer.py)
     sync = Phase("weight sync (vLLM weights back, KV cache not yet)", (
         Term("actor parameters", p_sync), Term("optimizer states", o_rest),
-        Term("vLLM weights (bf16)", vllm_weights), Term("largest gathered tensor (bf16)", _g(lm_unit * 2)), overhead))
+        Term("vLLM weights (bf16)", vllm_weights),
+        Term(f"weight-sync bucket (update_weights_bucket_megabytes {s.bucket_mb})", _g(s.bucket_mb * 2**20)),
+        Term(f"largest gathered tensor ({b * 8}-bit full_tensor)", _g(max(arch.vocab, arch.intermediate) * arch.hidden * b)),
+        overhead))
 
     # forward-only log-probs (old: actor with entropy; reference: CPU-offloaded weights, gathered per unit)
     t_lp = max(s.logprob_tokens, s.ref_tokens if s.reference else 0)
@@ -404,7 +512,8 @@ def estimate(s: RunSettings, arch: Architecture, gpu_gib: float = DEFAULT_GPU_ME
         Term("actor parameters", 0.0 if s.offload_policy else params), Term("optimizer states", o_rest),
         Term("gathered FSDP units (bf16, 2)", gathered),
         Term(f"logits {t_lp} tok x {arch.vocab} (bf16)", _g(t_lp * arch.vocab * 2)),
-        Term("entropy temporaries (<= 2 bf16 copies)", _g(s.logprob_tokens * arch.vocab * 4)),
+        Term(f"entropy temporaries ({'compiled' if s.entropy_compiled else 'eager'}, fp32)",
+             _g(s.logprob_tokens * arch.vocab * (4 if s.entropy_compiled else 12))),
         Term("one layer forward", _g(s.logprob_tokens * (3 * arch.intermediate + 4 * arch.hidden) * 2)),
         *awake, overhead))
 
@@ -417,11 +526,14 @@ def estimate(s: RunSettings, arch: Architecture, gpu_gib: float = DEFAULT_GPU_ME
     else:
         kept = _g(arch.layers * layer_recompute_bytes(arch, t))
     extra_logit_copies = 2 if s.entropy_in_update else 0
-    head = _g(t * arch.vocab * 2 * (1 + extra_logit_copies) + lm_unit * (2 + 4))  # logits + gathered + fp32 grad
+    head_bytes = t * arch.vocab * 2 * (1 + extra_logit_copies) + lm_unit * (2 + 4)  # logits + gathered + fp32 grad
+    head_bytes += 0 if s.flash_cross_entropy else fallback_logprob_bytes(arch, t)
+    head = _g(head_bytes)
     layer = _g(layer_recompute_bytes(arch, t) + layer_unit * (2 * 2 + 4))
     on_gpu = 0.0 if s.offload_policy else 1.0
     step = params * on_gpu  # optimizer step temporaries (activations are freed by then); CPU with offload_policy
-    transient = max((head, "logits + lm_head unit (bf16 + fp32 grad)"), (layer, "layer recompute + FSDP units"),
+    head_name = "logits + lm_head unit (bf16 + fp32 grad)" + ("" if s.flash_cross_entropy else " + fp32 log-softmax rows")
+    transient = max((head, head_name), (layer, "layer recompute + FSDP units"),
                     (step, "optimizer step temporaries"))
     update = Phase("update (forward + backward)", (
         Term("actor parameters", params * on_gpu), Term("gradients (shard)", params * on_gpu),
@@ -430,12 +542,15 @@ def estimate(s: RunSettings, arch: Architecture, gpu_gib: float = DEFAULT_GPU_ME
         Term(f"peak transient: {transient[1]}", transient[0]),
         *awake, overhead))
 
-    kv = vllm_share - vllm_weights - _g(vllm_activation_bytes(arch, s.max_num_batched_tokens, s.max_num_seqs))
+    kv = (vllm_share - vllm_weights - _g(vllm_activation_bytes(arch, s.max_num_batched_tokens, s.max_num_seqs))
+          - cudagraph_gib(s))
     kv_tokens = max(0, int(kv * GIB // (arch.kv_cache_bytes_per_token() / s.rollout_tp)))
     phases = (rollout, sync, logprob, update) if s.free_cache_engine else (rollout, logprob, update)
+    max_len, len_source = vllm_max_model_len(s, arch)
     return MemoryEstimate(arch=arch, settings=s, gpu_gib=gpu_gib, phases=phases, kv_cache_gib=kv,
-                          kv_cache_tokens=kv_tokens,
-                          host_ref_gib=_g(P * s.ref_param_bytes / F) if s.reference else 0.0, notes=s.notes)
+                          kv_cache_tokens=kv_tokens, vllm_max_model_len=max_len, vllm_max_model_len_source=len_source,
+                          host_ref_gib=_g(P * s.ref_param_bytes / F) if s.reference else 0.0,
+                          notes=s.notes + max_model_len_notes(s, arch, max_len))
 
 
 def format_estimate(e: MemoryEstimate) -> str:
@@ -446,20 +561,31 @@ def format_estimate(e: MemoryEstimate) -> str:
         lines.append(f"  {ph.name:<52} {ph.gib:6.1f} GiB" + ("   <- peak" if ph is peak else ""))
     lines.append(f"  peak phase, by term ({peak.name}):")
     lines += [f"    {t.name:<70} {t.gib:6.1f}" for t in peak.terms if t.gib > 0]
-    kv_seqs = e.kv_cache_tokens // max(1, s.max_model_len)
     lines.append(f"  vLLM KV cache ~{max(e.kv_cache_gib, 0):.1f} GiB = ~{e.kv_cache_tokens} tokens "
-                 f"(~{kv_seqs} full {s.max_model_len}-token sequences at once)")
+                 f"(~{e.kv_cache_tokens // max(1, s.max_model_len)} full {s.max_model_len}-token sequences at once; "
+                 f"CUDA graphs {cudagraph_gib(s):g} GiB taken out)")
+    lines.append(format_kv_check(e))
     if s.reference:
         lines.append(f"  reference model: CPU-offloaded by verl (0 GiB on GPU at rest), pinned host memory "
                      f"~{e.host_ref_gib:.1f} GiB per GPU process")
     lines += [f"  note: {n}" for n in e.notes]
     verdict = "FITS" if e.fits else "DOES NOT FIT"
-    why = ""
-    if e.kv_cache_tokens < s.max_model_len:
-        why = f"; vLLM's KV cache cannot hold one {s.max_model_len}-token sequence (raise gpu_memory_utilization)"
+    why = "" if e.kv_fits else f"; vLLM's KV cache cannot hold one {e.vllm_max_model_len}-token sequence"
     lines.append(f"  {verdict}: peak {peak.gib:.1f} of {e.gpu_gib:g} GiB, headroom {e.headroom_gib:.1f} GiB "
                  f"(required >= {e.required_headroom_gib:.1f} GiB = {HEADROOM_FRACTION:.0%}){why}")
     return "\n".join(lines)
+
+
+def format_kv_check(e: MemoryEstimate) -> str:
+    """vLLM's start-up check: one max_model_len sequence must fit its KV cache (else it refuses to start)."""
+    need_gib = _g(e.kv_needed_tokens * e.arch.kv_cache_bytes_per_token() / e.settings.rollout_tp)
+    head = (f"  KV cache check: max_model_len {e.vllm_max_model_len} ({e.vllm_max_model_len_source}) "
+            f"needs {need_gib:.1f} GiB")
+    if e.kv_fits:
+        return head + f"; the KV cache holds {e.kv_cache_tokens // e.kv_needed_tokens} sequences of that length: OK"
+    return (head + f"; NO FIT: the KV cache (~{max(e.kv_cache_gib, 0):.1f} GiB) cannot hold one and vLLM refuses "
+            "to start: raise actor_rollout_ref.rollout.gpu_memory_utilization or set actor_rollout_ref.rollout."
+            "max_model_len (>= data.max_prompt_length + data.max_response_length)")
 
 
 # ----------------------------------------------------------------------------- checkpoint disk
@@ -536,21 +662,31 @@ def format_disk(d: DiskEstimate, s: RunSettings) -> str:
     return "\n".join(lines)
 
 
-def gpu_mem_gib(raw: str | None, source: str) -> float:
-    """Parse a GPU-size override (``--gpu-mem-gib`` / ``RPG_GPU_MEM_GIB``); empty = the default."""
+def parse_gib(raw: str | None, source: str, default: float, expected: str) -> float:
+    """Parse a memory-size override in GiB (empty = ``default``); anything but a finite number > 0 fails."""
     if raw is None or not str(raw).strip():
-        return DEFAULT_GPU_MEM_GIB
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = float("nan")
     if not (math.isfinite(value) and value > 0):
-        raise MemoryEstimateError(f"{source}={raw!r} is invalid; expected the GPU's memory in GiB, e.g. 80 or 139.8")
+        raise MemoryEstimateError(f"{source}={raw!r} is invalid; expected {expected}")
     return value
 
 
-def report(cfg: Mapping[str, Any], gpu_gib: float = DEFAULT_GPU_MEM_GIB) -> str:
-    """The memory table and the checkpoint-disk lines for a composed config (a plain nested mapping)."""
+def gpu_mem_gib(raw: str | None, source: str) -> float:
+    """Parse a GPU-size override (``--gpu-mem-gib`` / ``RPG_GPU_MEM_GIB``); empty = the default."""
+    return parse_gib(raw, source, DEFAULT_GPU_MEM_GIB, "the GPU's memory in GiB, e.g. 80 or 139.8")
+
+
+def report(cfg: Mapping[str, Any], gpu_gib: float = DEFAULT_GPU_MEM_GIB, host_gib: float | None = None) -> str:
+    """The per-GPU memory table, the host RAM per node (``rpg.memory_host``) and the checkpoint-disk
+    lines for a composed config (a plain nested mapping); host_gib None: the default node size."""
+    from rpg.memory_host import DEFAULT_HOST_MEM_GIB, estimate_host, format_host, host_settings_from_config
+
     s = settings_from_config(cfg)
     arch = architecture_for(s.model_path)
-    return format_estimate(estimate(s, arch, gpu_gib)) + "\n" + format_disk(estimate_disk(s, arch), s)
+    host = estimate_host(host_settings_from_config(cfg, s), arch, DEFAULT_HOST_MEM_GIB if host_gib is None else host_gib)
+    return "\n".join((format_estimate(estimate(s, arch, gpu_gib)), format_host(host),
+                      format_disk(estimate_disk(s, arch), s)))

@@ -37,6 +37,25 @@ CASES = [
 ]
 
 
+DEVICE = "cpu"  # tests/gpu/reference_offload_ranks.py runs the same cases with "cuda" (one GPU per rank)
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if DEVICE == "cuda" else torch.device("cpu")
+
+
+def init_rank(rank: int, world: int, init_file: str, device: str = "cpu") -> None:
+    """Join the group and set ``DEVICE``: gloo on the CPU, nccl with one GPU per rank on CUDA."""
+    global DEVICE
+    DEVICE = device
+    if device == "cpu":
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        return
+    torch.cuda.set_device(rank)  # verl's get_device_id() is the current device
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+
+
 def _tiny_model(seed: int):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -51,7 +70,7 @@ def _wrap(model, strategy: str, reshard_after_forward: bool, param_dtype, forwar
     from torch.distributed.device_mesh import init_device_mesh
     from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("fsdp",))
+    mesh = init_device_mesh(DEVICE, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
     if strategy == "fsdp":  # as verl's FSDPEngine._build_fsdp_module (strategy=fsdp)
         from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -64,7 +83,7 @@ def _wrap(model, strategy: str, reshard_after_forward: bool, param_dtype, forwar
             mixed_precision=MixedPrecision(param_dtype=param_dtype, reduce_dtype=torch.float32,
                                            buffer_dtype=torch.float32),
             device_mesh=mesh,
-            device_id=torch.device("cpu"),  # verl passes its device; FSDP1 needs it explicit on CPU
+            device_id=_device(),  # verl passes its device; FSDP1 needs it explicit on CPU
             use_orig_params=False,
             # verl offloads the forward-only reference (CPUOffload(offload_params=True)); pinning the
             # host shard needs an accelerator, so on CPU the reference keeps its shard in place (the
@@ -73,6 +92,7 @@ def _wrap(model, strategy: str, reshard_after_forward: bool, param_dtype, forwar
         )
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    model.to(_device())  # FSDP1 moves the module to device_id itself (and keeps an offloaded one on the CPU)
     kw = {"mesh": mesh, "reshard_after_forward": reshard_after_forward,
           "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)}
     for layer in model.model.layers:  # as verl's apply_fsdp2: the layers, then the root
@@ -99,13 +119,13 @@ def _case(name, strategy, ref_reshard, param_dtype, rank):
     ref.eval()
     opt = torch.optim.SGD(actor.parameters(), lr=0.5)
     gen = torch.Generator().manual_seed(1 + rank)
-    batch = lambda: torch.randint(0, 96, (2, 12), generator=gen)  # noqa: E731  (per-rank data, like DP)
+    batch = lambda: torch.randint(0, 96, (2, 12), generator=gen).to(_device())  # noqa: E731  (per-rank data, like DP)
     probe = probe_token_ids(96)
 
     def logit_diff():
         actor.eval()
-        a = probe_logits(actor, probe, autocast_dtype=param_dtype)
-        r = probe_logits(ref, probe, autocast_dtype=param_dtype)
+        a = probe_logits(actor, probe, DEVICE, autocast_dtype=param_dtype)
+        r = probe_logits(ref, probe, DEVICE, autocast_dtype=param_dtype)
         return float((a - r).abs().max())
 
     rec = {"case": name}

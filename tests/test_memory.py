@@ -11,6 +11,7 @@ import os
 import pytest
 
 from rpg.memory import (
+    CUDAGRAPH_GIB,
     DEFAULT_GPU_MEM_GIB,
     GIB,
     HEADROOM_FRACTION,
@@ -21,8 +22,21 @@ from rpg.memory import (
     count_saves,
     estimate,
     estimate_disk,
+    format_kv_check,
     gpu_mem_gib,
     settings_from_config,
+)
+from rpg.memory_host import (
+    DEFAULT_HOST_MEM_GIB,
+    DRIVER_GIB,
+    RAY_DAEMONS_GIB,
+    SMALL_WORKER_GIB,
+    TRAINER_PROCESS_GIB,
+    VLLM_PROCESS_GIB,
+    estimate_host,
+    format_host,
+    host_mem_gib,
+    host_settings_from_config,
 )
 
 QWEN25_7B = KNOWN_ARCHITECTURES["Qwen/Qwen2.5-Math-7B"]
@@ -129,7 +143,7 @@ def test_terms_of_grpo_7b_by_hand():
     assert _term(sync, "vLLM weights") == pytest.approx(P7 * 2 / GIB)
     lp = _phase(e, "log-prob")
     assert _term(lp, "logits") == pytest.approx(4096 * 152064 * 2 / GIB)
-    assert _term(lp, "entropy") == pytest.approx(4096 * 152064 * 4 / GIB)
+    assert _term(lp, "entropy") == pytest.approx(4096 * 152064 * 4 / GIB)  # torch.compile'd: one fp32 T x V
     assert e.peak is gen and e.headroom_gib == pytest.approx(79.6 - gen.gib)
 
 
@@ -209,10 +223,10 @@ def test_fsdp_size_budget_without_dynamic_batching_and_bad_dtype():
 def test_kv_cache_capacity_and_verdict():
     e = _est()
     act = 4096 * (4 * 3584 + 3 * 18944) * 2 + 256 * 152064 * 4 * 2  # chunked prefill + sampler logits
-    kv = 0.6 * 79.6 * GIB - P7 * 2 - act
+    kv = 0.6 * 79.6 * GIB - P7 * 2 - act - CUDAGRAPH_GIB * GIB  # vLLM 0.24 takes its CUDA graphs out of the KV cache
     assert e.kv_cache_tokens == int(kv // 57_344)
     assert e.fits and e.required_headroom_gib == pytest.approx(HEADROOM_FRACTION * 79.6)
-    # the authors' 0.85: ~81 GiB of 79.6 (issue 9) -> does not fit
+    # the authors' 0.85 (their 7B scripts): ~81 GiB of 79.6 -> does not fit
     assert not _est(actor_rollout_ref__rollout__gpu_memory_utilization=0.85).fits
     # too little for vLLM: the KV cache cannot hold one 4096-token sequence
     small = _est(actor_rollout_ref__rollout__gpu_memory_utilization=0.18)
@@ -228,6 +242,143 @@ def test_gpu_size_override_parsing():
     for bad in ("x", "-1", "0", "nan", "inf"):
         with pytest.raises(MemoryEstimateError, match="X="):
             gpu_mem_gib(bad, "X")
+
+
+# ----------------------------------------------------------------------------- made-up architecture: each new term by hand
+
+TOY_CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 50000,
+              "tie_word_embeddings": False, "max_position_embeddings": 8192}
+# layer: q 64*64 + k,v 2*64*32 + o 64*64 + MLP 3*64*128 + 2 norms*64; + embed and lm_head 2*50000*64 + final norm
+TOY_P = 2 * (3 * 4096 + 24576 + 128) + 2 * 50000 * 64 + 64
+TOY_KV_PER_TOKEN = 2 * 2 * 2 * 16 * 2      # K and V x layers x kv_heads x head_dim x bf16 = 256 bytes
+
+
+def _toy(model_dir, gpu=79.6, **over):
+    (model_dir / "config.json").write_text(json.dumps(TOY_CONFIG))
+    s = settings_from_config(_cfg(actor_rollout_ref__model__path=str(model_dir), **over))
+    arch = architecture_for(s.model_path)
+    assert arch.params == TOY_P == 6_474_048 and arch.kv_cache_bytes_per_token() == TOY_KV_PER_TOKEN
+    return estimate(s, arch, gpu)
+
+
+def test_without_flash_attn_the_update_adds_exactly_the_fp32_log_softmax(tmp_path):
+    flash = _toy(tmp_path)
+    assert _toy(tmp_path, actor_rollout_ref__model__override_config={"attn_implementation": "flash_attention_2"}
+                ).phases == flash.phases  # asking for verl's default keeps today's terms
+    sdpa = _toy(tmp_path, actor_rollout_ref__model__override_config={"attn_implementation": "sdpa"})
+    # logprobs_from_logits_v2 under autocast: every row's fp32 log_softmax kept for the backward, T x V x 4
+    assert _phase(sdpa, "update").gib - _phase(flash, "update").gib == pytest.approx(4096 * 50000 * 4 / GIB)
+    assert _term(_phase(sdpa, "update"), "peak transient: logits") == pytest.approx(
+        (4096 * 50000 * 2 + 50000 * 64 * 6 + 4096 * 50000 * 4) / GIB)
+    # forward-only passes free each row: the log-prob phase is unchanged
+    assert _phase(sdpa, "log-prob").gib == pytest.approx(_phase(flash, "log-prob").gib)
+    assert any("attn_implementation=sdpa" in n for n in sdpa.notes)
+
+
+def test_eager_entropy_of_the_old_log_prob_holds_three_fp32_copies(tmp_path):
+    compiled = _phase(_toy(tmp_path), "log-prob")
+    eager = _phase(_toy(tmp_path, actor_rollout_ref__actor__fsdp_config__use_torch_compile=False), "log-prob")
+    assert _term(compiled, "entropy temporaries (compiled") == pytest.approx(4096 * 50000 * 4 / GIB)
+    assert _term(eager, "entropy temporaries (eager") == pytest.approx(4096 * 50000 * 12 / GIB)
+
+
+def test_weight_sync_holds_the_bucket_and_one_full_fp32_tensor(tmp_path):
+    e = _toy(tmp_path)
+    sync = _phase(e, "weight sync")
+    assert _term(sync, "weight-sync bucket") == pytest.approx(2048 * 2**20 / GIB)  # verl's default 2048 MB
+    assert _term(sync, "largest gathered tensor (32-bit") == pytest.approx(50000 * 64 * 4 / GIB)  # lm_head, fp32
+    shard = TOY_P * 4 / 8 / GIB
+    assert sync.gib == pytest.approx(3 * shard + TOY_P * 2 / GIB + 2.0 + 50000 * 64 * 4 / GIB + RUNTIME_OVERHEAD_GIB)
+    small = _toy(tmp_path, actor_rollout_ref__rollout__checkpoint_engine={"update_weights_bucket_megabytes": 512})
+    assert sync.gib - _phase(small, "weight sync").gib == pytest.approx(1.5)
+
+
+def test_cuda_graphs_come_out_of_the_kv_cache_unless_enforce_eager(tmp_path):
+    act = 4096 * (4 * 64 + 3 * 128) * 2 + 256 * 50000 * 4 * 2      # chunked prefill + sampler logits
+    kv_eager = 0.6 * 79.6 * GIB - TOY_P * 2 - act
+    graphs, eager = _toy(tmp_path), _toy(tmp_path, actor_rollout_ref__rollout__enforce_eager=True)
+    assert eager.kv_cache_tokens == int(kv_eager // TOY_KV_PER_TOKEN)
+    assert graphs.kv_cache_tokens == int((kv_eager - CUDAGRAPH_GIB * GIB) // TOY_KV_PER_TOKEN)
+    assert _phase(graphs, "generation").gib == _phase(eager, "generation").gib  # inside vLLM's share
+
+
+def test_kv_check_against_vllm_max_model_len(tmp_path):
+    e = _toy(tmp_path)
+    # unset rollout.max_model_len: verl passes the model's max_position_embeddings (config.json: 8192)
+    assert (e.vllm_max_model_len, e.kv_needed_tokens) == (8192, 8192) and e.kv_fits and e.fits
+    assert f"holds {e.kv_cache_tokens // 8192} sequences of that length: OK" in format_kv_check(e)
+    room = e.kv_cache_tokens // 16 * 16           # the longest whole-block sequence the cache holds
+    ok = _toy(tmp_path, actor_rollout_ref__rollout__max_model_len=room)
+    assert ok.kv_fits and ok.fits and "holds 1 sequences of that length: OK" in format_kv_check(ok)
+    bad = _toy(tmp_path, actor_rollout_ref__rollout__max_model_len=room + 1)  # needs one more 16-token block
+    assert bad.kv_needed_tokens == room + 16 and not bad.kv_fits
+    assert not bad.fits and bad.headroom_gib == ok.headroom_gib  # the KV check alone flips the verdict
+    line = format_kv_check(bad)
+    assert "NO FIT" in line and "actor_rollout_ref.rollout.gpu_memory_utilization" in line
+    assert f"max_model_len {room + 1} (actor_rollout_ref.rollout.max_model_len)" in line
+    assert _est().vllm_max_model_len == 4096 and architecture_for("Qwen/Qwen3-4B").max_position_embeddings == 40960
+    assert not e.notes and any("> max_position_embeddings 8192: verl refuses" in n for n in ok.notes)
+    short = _toy(tmp_path, actor_rollout_ref__rollout__max_model_len=1024)   # < prompt + response 4096
+    assert any("rollout.max_model_len 1024 < prompt + response 4096" in n for n in short.notes)
+
+
+# ----------------------------------------------------------------------------- host RAM per node
+
+
+def _host(model_dir, host_gib, **over):
+    (model_dir / "config.json").write_text(json.dumps(TOY_CONFIG))
+    cfg = _cfg(actor_rollout_ref__model__path=str(model_dir), data__train_batch_size=4, data__dataloader_num_workers=2,
+               actor_rollout_ref__rollout__n=2, actor_rollout_ref__rollout__agent={"num_workers": 3},
+               reward__num_workers=1, **over)
+    s = settings_from_config(cfg)
+    return estimate_host(host_settings_from_config(cfg, s), architecture_for(s.model_path), host_gib)
+
+
+def test_host_terms_by_hand(tmp_path):
+    shard = TOY_P * 4 / 8 / GIB
+    # reference (use_kl_loss) pinned + offloaded parameters + 2 offloaded states; object store set to 10 GiB
+    e = _host(tmp_path, 100.0, actor_rollout_ref__actor__fsdp_config__param_offload=True,
+              actor_rollout_ref__actor__fsdp_config__optimizer_offload=True,
+              ray_kwargs={"ray_init": {"object_store_memory": 10 * GIB}})
+    per_gpu = TRAINER_PROCESS_GIB + shard + shard + 2 * shard + VLLM_PROCESS_GIB
+    batch = 4 * 2 * (2048 + 2048) * 64 / GIB
+    assert e.total_gib == pytest.approx(8 * per_gpu + 10 + batch + DRIVER_GIB + RAY_DAEMONS_GIB + 6 * SMALL_WORKER_GIB)
+    terms = dict(e.terms)
+    assert terms["8 x reference shard, pinned"] == pytest.approx(8 * shard)
+    # FSDP2 offload_policy: parameters, gradients and states pinned on the CPU
+    pol = dict(_host(tmp_path, 100.0, actor_rollout_ref__actor__fsdp_config__offload_policy=True).terms)
+    assert pol["8 x FSDP2 offload_policy: parameters + gradients + 2 states, pinned"] == pytest.approx(8 * 4 * shard)
+    # FSDP1 saves each rank's model + optimizer shard through CPU memory
+    fsdp1 = dict(_host(tmp_path, 100.0, actor_rollout_ref__actor__strategy="fsdp").terms)
+    assert fsdp1["8 x FSDP1 checkpoint save: model + optimizer shard on CPU"] == pytest.approx(8 * 3 * shard)
+    # LoRA adapters: verl sleeps vLLM at level 1, which backs its bf16 weights up on the CPU
+    lora = dict(_host(tmp_path, 100.0, actor_rollout_ref__model__lora_rank=8).terms)
+    assert lora["8 x vLLM sleep level 1: bf16 weights backed up, pinned"] == pytest.approx(8 * TOY_P * 2 / GIB)
+    assert not any("sleep level 1" in k for k in terms)
+
+
+def test_host_verdict_flips_at_the_right_size(tmp_path):
+    fixed = _host(tmp_path, 100.0, ray_kwargs={"ray_init": {"object_store_memory": 10 * GIB}})
+    flip = fixed.total_gib / (1 - HEADROOM_FRACTION)  # fits when total <= 90% of the node
+    set_store = {"ray_kwargs": {"ray_init": {"object_store_memory": 10 * GIB}}}
+    assert _host(tmp_path, flip + 0.01, **set_store).fits and not _host(tmp_path, flip - 0.01, **set_store).fits
+    # Ray's default store is 30% of the node: total = rest + 0.3 h, fits when rest + 0.3 h <= 0.9 h
+    rest = fixed.total_gib - 10
+    flip = rest / (1 - HEADROOM_FRACTION - 0.3)
+    assert _host(tmp_path, flip + 0.01).fits and not _host(tmp_path, flip - 0.01).fits
+    assert dict(_host(tmp_path, 4000.0).terms)["Ray object store (30% of RAM, cap 200 GB; counted at its cap)"] == \
+        pytest.approx(200e9 / GIB)
+    assert "host RAM DOES NOT FIT" in format_host(_host(tmp_path, flip - 0.01))
+    with pytest.raises(MemoryEstimateError, match="object_store_memory='lots'"):
+        _host(tmp_path, 100.0, ray_kwargs={"ray_init": {"object_store_memory": "lots"}})
+
+
+def test_host_size_override_parsing():
+    assert host_mem_gib("", "X") == DEFAULT_HOST_MEM_GIB and host_mem_gib(" 1024 ", "X") == 1024.0
+    for bad in ("x", "-1", "0", "nan"):
+        with pytest.raises(MemoryEstimateError, match="X=.*the node's RAM in GiB"):
+            host_mem_gib(bad, "X")
 
 
 # ----------------------------------------------------------------------------- checkpoint disk
@@ -262,7 +413,8 @@ def test_count_saves_follows_verl():
 
 def _clean_env(**kw):
     env = {k: v for k, v in os.environ.items() if k not in ("MODEL_PATH", "NNODES", "N_GPUS_PER_NODE", "DRY_RUN",
-                                                             "RPG_BACKEND", "RAY_ADDRESS", "RPG_GPU_MEM_GIB")}
+                                                             "RPG_BACKEND", "RAY_ADDRESS", "RPG_GPU_MEM_GIB",
+                                                             "RPG_HOST_MEM_GIB")}
     env.update(kw)
     return env
 
@@ -295,6 +447,23 @@ def test_describe_errors_are_one_line(capsys):
     assert "no architecture for model 'someone/Model-9B'" in err and err.count("\n") == 1
 
 
+def test_describe_4b_8k_shows_host_verdict_and_kv_check(capsys):
+    from rpg.launch import main
+
+    name = "run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28"
+    assert main(["--describe", name], _clean_env()) == 0
+    out = capsys.readouterr().out
+    assert "KV cache check: max_model_len 40960 (rollout.max_model_len unset: the model's max_position_embeddings)" in out
+    assert "sequences of that length: OK" in out and "host RAM per node (estimate" in out
+    assert f"host RAM FITS: " in out and f"of {DEFAULT_HOST_MEM_GIB:g} GiB" in out
+    assert main(["--describe", name, "--host-mem-gib=64"], _clean_env()) == 0
+    assert "host RAM DOES NOT FIT: " in capsys.readouterr().out
+    assert main(["--describe", name, "--host-mem-gib", "x"], _clean_env()) == 2
+    assert "--host-mem-gib='x' is invalid" in capsys.readouterr().err
+    assert main([name], _clean_env(DRY_RUN="1", RPG_HOST_MEM_GIB="-5")) == 2
+    assert "RPG_HOST_MEM_GIB='-5' is invalid" in capsys.readouterr().err
+
+
 def test_dry_run_prints_estimate_for_the_gpu_size(capsys):
     from rpg.launch import main
 
@@ -302,6 +471,7 @@ def test_dry_run_prints_estimate_for_the_gpu_size(capsys):
     out = capsys.readouterr().out
     assert "# ---- memory per GPU (estimate, docs/memory.md): Qwen/Qwen3-4B" in out and "GPU 139.8 GiB" in out
     assert "#   FITS: peak" in out and "# checkpoint disk (estimate)" in out
+    assert "#   KV cache check: max_model_len 40960" in out and "#   host RAM FITS: " in out
     assert out.index("---- composed and validated config") < out.index("# ---- memory per GPU")  # printed last
     # an unknown model: the dry run still succeeds and says why there is no estimate
     assert main(["run_grpo_7b"], _clean_env(DRY_RUN="1", MODEL_PATH="someone/Model-9B")) == 0

@@ -58,11 +58,27 @@ def release_gathered_params(module: torch.nn.Module) -> int:
     return units
 
 
+def wait_for_offload_copies() -> None:
+    """Block until the accelerator has finished its queued work (no-op without an accelerator).
+
+    verl offloads parameters and optimizer states to the CPU with *non-blocking* device-to-host
+    copies (``verl.utils.fsdp_utils.offload_fsdp2_model_to_cpu``, ``offload_fsdp_optimizer``): the
+    host tensors are not safe to read or write on the host until those copies have landed. Every
+    host access to shards that may be offloaded (the reference copy, its diagnostics, save and
+    load; the schedule-free train/eval switch) calls this first; otherwise a copy into an offloaded
+    reference could be overwritten by an in-flight offload, or read a half-written actor shard.
+    """
+    if torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+
+
 def paired_local_shards(actor: torch.nn.Module, ref: torch.nn.Module) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """(name, actor local shard, reference local shard) for every parameter, both modules resharded.
+    """(name, actor local shard, reference local shard) for every parameter, both modules resharded,
+    every pending offload copy landed (``wait_for_offload_copies``).
 
     Names and shard shapes are checked (never assumed) so that a mismatch is one clear error.
     """
+    wait_for_offload_copies()
     release_gathered_params(actor)
     release_gathered_params(ref)
     actor_params = dict(actor.named_parameters())

@@ -5,6 +5,9 @@ This module provides the three pieces verl's server mode expects, for tiny model
 
 * ``HFRolloutServer`` (a Ray actor, ``num_cpus=0``): keeps a float32 copy of the policy and
   serves ``generate(prompt_ids, sampling_params) -> TokenOutput`` (token ids + log-probs).
+  On the CPU backend the copy lives on the CPU; elsewhere, when CUDA is visible, on the GPU of
+  its replica (``rollout_device``, ``HFReplica._gpu_placement``; registered for CUDA by
+  ``rpg.backends.gpu.register``). Every weight load prints the device.
   Requests that arrive together are decoded as one left-padded batch with ``model.generate``.
 * ``HFReplica`` (a ``RolloutReplica``): launches one named server per replica.
 * ``HFServerAdapter`` (a ``BaseRollout``, lives in the FSDP actor worker): receives the actor's
@@ -85,11 +88,27 @@ class SeededRowSampler(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         probs = torch.softmax(self.warpers(input_ids, scores).float(), dim=-1)
         cdf = probs.cumsum(dim=-1)
-        u = torch.cat([torch.rand(1, generator=g, dtype=cdf.dtype) for g in self.generators])
+        # the generators are CPU ones (seeded per row, see module docstring); the draws follow the scores
+        u = torch.cat([torch.rand(1, generator=g, dtype=cdf.dtype) for g in self.generators]).to(cdf.device)
         # u * total < total = cdf[-1], so the index is valid and its probability is > 0
         token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, token.unsqueeze(-1), 0.0)
+
+
+def rollout_device(platform: str | None = None, cuda_available: bool | None = None) -> torch.device:
+    """Where the HF rollout server keeps its model: the CPU on the CPU backend (``VERL_PLATFORM=cpu``,
+    even on a machine with a GPU), else ``cuda:0`` when CUDA is visible, else the CPU.
+
+    Off the CPU backend ``HFReplica`` starts the server with ``CUDA_VISIBLE_DEVICES`` set to its
+    replica's GPU, so ``cuda:0`` is that GPU. Without CUDA (e.g. a server built directly in a test)
+    the CPU; every weight load prints the device, and the GPU smoke run fails on a CPU one.
+    """
+    platform = os.environ.get("VERL_PLATFORM", "") if platform is None else platform
+    if platform.strip().lower() == "cpu":
+        return torch.device("cpu")
+    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    return torch.device("cuda", 0) if cuda else torch.device("cpu")
 
 
 def _limit(sampling_params: dict[str, Any], default: int) -> int:
@@ -109,9 +128,10 @@ class HFRolloutServer:
         self.model_config: HFModelConfig = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.replica_rank = replica_rank
         self.seed = int(getattr(self.config, "seed", 0) or 0) + replica_rank
+        self.device = rollout_device()
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_config.local_path, dtype=torch.float32, attn_implementation="sdpa"
-        ).eval()
+        ).to(self.device).eval()
         gen_cfg = self.model.generation_config or GenerationConfig()
         tok = self.model_config.tokenizer
         eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else tok.eos_token_id
@@ -174,7 +194,7 @@ class HFRolloutServer:
             self._draws = {}
             print(
                 f"[hf-rollout] weights v{self.weight_version} loaded (global_steps={global_steps}, "
-                f"checksum={self._checksum():.6f}, batches since last: {self.batch_sizes[-50:]})",
+                f"checksum={self._checksum():.6f}, batches since last: {self.batch_sizes[-50:]}, device={self.device})",
                 flush=True,
             )
             self.batch_sizes = []
@@ -302,7 +322,8 @@ class HFRolloutServer:
             generators = [torch.Generator().manual_seed(s) for s in seeds]
             processors.append(SeededRowSampler(generators, temperature, top_k, top_p))
         out = self.model.generate(
-            input_ids=ids, attention_mask=mask, generation_config=gen_cfg, logits_processor=processors
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=gen_cfg,
+            logits_processor=processors,
         )
         new = out.sequences[:, width:]
         logits = torch.stack(out.logits, dim=1).float()  # raw (unprocessed) logits [B, T, V]
@@ -339,9 +360,10 @@ class HFReplica(RolloutReplica):
             raise ValueError("HFReplica: launch_servers called before init_hybrid/init_colocated")
         kind = "_reward" if self.is_reward_model else ("_teacher" if self.is_teacher_model else "")
         name = server_name(self.replica_rank, kind + self.name_suffix)
+        placement = await self._gpu_placement()
         server = (
             ray.remote(HFRolloutServer)
-            .options(name=name, num_cpus=0, max_concurrency=self.max_concurrency)
+            .options(name=name, num_cpus=0, max_concurrency=self.max_concurrency, **placement)
             .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
         )
         await server.ready.remote()
@@ -349,8 +371,30 @@ class HFReplica(RolloutReplica):
         self._server_handle = server
         self._server_address = f"hf://{name}"
 
+    async def _gpu_placement(self) -> dict:
+        """Off the CPU backend: the node and GPU of this replica's first worker, as verl places its vLLM
+        servers (node affinity; Ray told not to touch ``CUDA_VISIBLE_DEVICES``, which is set to that
+        GPU, so the server's ``cuda:0`` is its replica's GPU). On the CPU backend: nothing."""
+        if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu" or not self.workers:
+            return {}
+        node_id, gpu = await self.workers[0].__ray_call__.remote(_node_and_gpu)
+        if gpu is None:
+            return {}
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": str(gpu)}
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+                "runtime_env": {"env_vars": env}}
+
     async def init_standalone(self):
         raise NotImplementedError("rollout.name=hf supports the hybrid (colocated) mode only")
+
+
+def _node_and_gpu(actor) -> tuple[str, str | None]:
+    """(node id, first GPU id Ray assigned) of the actor it runs in (``__ray_call__`` target)."""
+    ctx = ray.get_runtime_context()
+    gpus = ctx.get_accelerator_ids().get("GPU") or [None]
+    return ctx.get_node_id(), gpus[0]
 
 
 class HFServerAdapter(BaseRollout):

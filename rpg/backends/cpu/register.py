@@ -84,18 +84,25 @@ def when_imported(fullname: str, callback: Callable) -> None:
         sys.meta_path.insert(0, _PostImportHook(fullname, callback))
 
 
-def register() -> None:
-    from verl.plugin.platform.platform_manager import PlatformRegistry
+def register_hf_rollout() -> None:
+    """``rollout.name=hf``: the replica (server launcher) and the worker-side adapter (idempotent).
+    Also used on CUDA by ``rpg.backends.gpu.register`` (the server then keeps its model on the GPU)."""
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
+    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_FQN
+
+
+def register() -> None:
+    from verl.plugin.platform.platform_manager import PlatformRegistry
 
     from rpg.backends.cpu.patches import patch_process_group_backend, patch_replay_buffer_poll_interval
     from rpg.backends.cpu.platform import PlatformCPU
 
     if PlatformRegistry.get("cpu") is None:
         PlatformRegistry.register("cpu")(PlatformCPU)
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
-    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_FQN
+    register_hf_rollout()
     patch_process_group_backend()
     when_imported("verl.workers.engine", register_engines)
     when_imported("verl.trainer.ppo.v1.replay_buffer", patch_replay_buffer_poll_interval)

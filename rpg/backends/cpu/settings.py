@@ -26,14 +26,24 @@ ROLLOUT_NAME = "hf"
 _FORWARDED = ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "TORCH_COMPILE_DISABLE", "OMP_NUM_THREADS")
 
 
-def external_modules(extra: Iterable[str] = (), base: str | None = None) -> str:
-    """Comma list for VERL_USE_EXTERNAL_MODULES: the CPU registration first, then ``base`` and ``extra``."""
-    mods = [REGISTER_MODULE]
+def external_modules(extra: Iterable[str] = (), base: str | None = None, first: Iterable[str] = (REGISTER_MODULE,)) -> str:
+    """Comma list for VERL_USE_EXTERNAL_MODULES: ``first`` (the CPU registration), then ``base`` and ``extra``."""
+    mods = list(first)
     for m in [*(base or "").split(","), *extra]:
         m = m.strip()
         if m and m not in mods:
             mods.append(m)
     return ",".join(mods)
+
+
+# Every local run of the trainer (CPU backend, and the GPU smoke run of rpg.backends.gpu).
+RUN_ENV = {
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_AUTH_MODE": "disabled",  # ray 2.60 would otherwise write ~/.ray/auth_token
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "WANDB_MODE": "disabled",
+    "HYDRA_FULL_ERROR": "1",
+}
 
 
 def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -48,11 +58,7 @@ def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
         "VERL_USE_EXTERNAL_MODULES": external_modules(extra_modules, base.get("VERL_USE_EXTERNAL_MODULES")),
         "TORCH_COMPILE_DISABLE": "1",  # no inductor/triton on CPU for these tiny runs
         "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", "1"),  # several Ray processes share 2 cores
-        "TOKENIZERS_PARALLELISM": "false",
-        "RAY_AUTH_MODE": "disabled",  # ray 2.60 would otherwise write ~/.ray/auth_token
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "WANDB_MODE": "disabled",
-        "HYDRA_FULL_ERROR": "1",
+        **RUN_ENV,
     }
 
 
@@ -106,10 +112,12 @@ def cpu_overrides(env: Mapping[str, str] | None = None, num_cpus: int = 8) -> li
         # no DataLoader worker processes (each is a fork of the TaskRunner; 8 by default)
         "data.dataloader_num_workers=0",
     ]
-    for key in _FORWARDED:
-        if key in env:
-            ov.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={_quote(env[key])}")
-    return ov
+    return ov + forwarded_env_overrides(env, _FORWARDED)
+
+
+def forwarded_env_overrides(env: Mapping[str, str], keys: Iterable[str]) -> list[str]:
+    """Overrides that hand ``env[key]`` (for each of ``keys`` present) to every Ray process."""
+    return [f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={_quote(env[key])}" for key in keys if key in env]
 
 
 def override_key(override: str) -> str:

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run this first on a new GPU node: the tiny task through verl's real GPU path (vLLM rollouts with
+# sleep/wake and a weight sync every step, FSDP2 actor in bf16 with parameter/optimizer offload,
+# 4 mini-batches per rollout batch, a periodic reference reset, schedule-free AdamW), a checkpoint
+# and a resume. Prints the time per phase and the peak GPU memory, and fails with one line per
+# problem (non-finite metric, ratio stuck at 1, KL stuck at 0, an update or a reference reset that
+# changed nothing, a resume that did not continue from its checkpoint). docs/gpu-smoke.md.
+#
+#   bash recipe/rpg/tiny/run_tiny_gpu.sh                 # vLLM, 1 GPU, 4 steps + resume for 2
+#   ROLLOUT=hf bash recipe/rpg/tiny/run_tiny_gpu.sh      # without vLLM (HF generate on the GPU)
+#   GPUS=2 bash recipe/rpg/tiny/run_tiny_gpu.sh          # data parallel over 2 GPUs
+#   OFFLOAD=0 STEPS=6 RESUME_STEPS=2 bash recipe/rpg/tiny/run_tiny_gpu.sh rpg.loss.divergence=urkl
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+
+PYTHON="${PYTHON:-python}"
+ARGS=(--rollout "${ROLLOUT:-vllm}" --gpus "${GPUS:-1}" --steps "${STEPS:-4}" --resume-steps "${RESUME_STEPS:-2}")
+if [[ "${OFFLOAD:-1}" == "0" ]]; then ARGS+=(--no-offload); fi
+if [[ -n "${OUT:-}" ]]; then ARGS+=(--out "$OUT"); fi
+
+exec "$PYTHON" -m rpg.backends.gpu.smoke "${ARGS[@]}" "$@"

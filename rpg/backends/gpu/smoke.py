@@ -1,0 +1,229 @@
+"""CLI: the tiny task through verl's real GPU path, "run this first on a new node"
+(what recipe/rpg/tiny/run_tiny_gpu.sh calls; docs/gpu-smoke.md).
+
+    python -m rpg.backends.gpu.smoke [--rollout vllm|hf] [--gpus 1] [--steps 4] [--resume-steps 2]
+                                     [--no-offload] [--out DIR] [key=value ...]
+
+Two runs of the RPG recipe (RPG-REINFORCE-UFKL with RPG-Style Clip, 4 mini-batches per rollout
+batch) with the settings of rpg.backends.gpu.settings (vLLM or HF rollout, FSDP2 actor in bf16,
+offload, periodic reference reset, schedule-free AdamW):
+
+1. ``--steps`` steps from the tiny model, validating before and after, saving a checkpoint at
+   the last step;
+2. a resume from that checkpoint for ``--resume-steps`` more steps.
+
+It prints a progress line per step, then the time per phase (verl's ``timing_s/*``), the actor's
+peak GPU memory (verl's ``actor/perf/max_memory_*_gb``) and the node's peak GPU memory in use
+(nvidia-smi, vLLM's memory included), and checks (rpg.backends.gpu.checks): no non-finite metric,
+the importance ratio leaves 1 and the KL estimate leaves 0, each update changes the actor, each
+reference reset makes the reference compute what the actor computes, and the resumed run goes on
+from the checkpoint's step. Each failure is one line; exit 1 if any, 2 for a bad setting (before
+anything starts), 0 otherwise. Every ``key=value`` argument is passed to Hydra last (both runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rpg.backends.cpu.harness import TrainerRun, TrainerRunError, run_trainer
+from rpg.backends.cpu.run import StartupProgress, progress
+from rpg.backends.gpu import checks
+from rpg.backends.gpu.settings import (ALGORITHM, REGISTER_MODULE, ROLLOUTS, SmokeSettingsError, check_settings,
+                                       gpu_overrides, head_dim, head_dim_problem)
+
+PREFIX = "[gpu-smoke]"
+STARTUP_STAGES = (
+    ("Started a local Ray instance", "Ray started; starting the trainer process"),
+    ("TaskRunner pid=", "trainer process up; building datasets, TransferQueue and the trainer"),
+    ("create worker group", "starting the FSDP2 actor worker(s) on the GPU(s)"),
+    ("actor and ref model engine initialized", "actor and reference ready; starting the rollout server(s)"),
+    ("LLMServerManager:", "rollout server(s) ready; syncing weights"),
+    ("all initialize finished", "all workers ready; validating before training"),
+)
+ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
+NVIDIA_SMI_EVERY_S = 2.0
+
+
+def say(text: str) -> None:
+    print(f"{PREFIX} {text}", flush=True)
+
+
+def parse_nvidia_smi(text: str) -> dict[int, float]:
+    """``index, memory.used`` CSV lines (``--format=csv,noheader,nounits``) -> {gpu index: MiB}."""
+    out = {}
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            try:
+                out[int(parts[0])] = float(parts[1])
+            except ValueError:
+                continue
+    return out
+
+
+class GpuMemoryPeak:
+    """Samples nvidia-smi every few seconds in a thread: the peak memory in use per GPU, all
+    processes included (vLLM's weights and KV cache, the actor, the reference). No CUDA context
+    is created in this process. Inactive when nvidia-smi is absent."""
+
+    def __init__(self, every_s: float = NVIDIA_SMI_EVERY_S):
+        self.exe = shutil.which("nvidia-smi")
+        self.peak_mib: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._every = every_s
+        if self.exe:
+            threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                text = subprocess.run([self.exe, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                                      capture_output=True, text=True, timeout=10).stdout
+            except (OSError, subprocess.SubprocessError):
+                text = ""
+            for gpu, mib in parse_nvidia_smi(text).items():
+                self.peak_mib[gpu] = max(self.peak_mib.get(gpu, 0.0), mib)
+            self._stop.wait(self._every)
+
+    def stop(self) -> dict[int, float]:
+        self._stop.set()
+        return dict(self.peak_mib)
+
+
+def preflight(rollout: str, gpus: int, user: list[str]) -> None:
+    """What must hold before Ray starts; SmokeSettingsError (one line) otherwise."""
+    import torch
+
+    found = torch.cuda.device_count()
+    if found < gpus:
+        raise SmokeSettingsError(f"GPUS={gpus} needs {gpus} CUDA GPU(s); torch {torch.__version__} "
+                                 f"(CUDA {torch.version.cuda}) sees {found}")
+    if rollout == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise SmokeSettingsError("ROLLOUT=vllm needs vLLM (pip install -e '.[gpu]'); ROLLOUT=hf runs without it")
+    if importlib.util.find_spec("flash_attn") is None and not any(ATTN_KEY in o for o in user):
+        raise SmokeSettingsError(f"flash-attn is not installed (the actor's attention, verl's default "
+                                 f"flash_attention_2): install the gpu extra, or pass +{ATTN_KEY}=sdpa")
+
+
+def run_overrides(assets, args, *, first: bool, ckpt: Path) -> list[str]:
+    """All overrides of run 1 (``first``) or of the resumed run 2, before the user's."""
+    from rpg.tiny.overrides import MINI_BATCH_SIZE, TRAIN_BATCH_SIZE, tiny_algorithm, tiny_task_overrides
+
+    total = args.steps if first else args.steps + args.resume_steps
+    task = tiny_task_overrides(assets, steps=total, test_freq=total)
+    _, algo = tiny_algorithm("rpg", lr=args.lr)
+    gpu = gpu_overrides(args.rollout, args.gpus, offload=not args.no_offload, mini_batch_size=MINI_BATCH_SIZE,
+                        n=8, train_batch_size=TRAIN_BATCH_SIZE)
+    run = [f"trainer.default_local_dir={ckpt}", f"trainer.save_freq={total}", "trainer.max_actor_ckpt_to_keep=2"]
+    if first:
+        run += ["trainer.resume_mode=disable", "trainer.val_before_train=True"]
+    else:
+        run += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt / f'global_step_{args.steps}'}",
+                "trainer.val_before_train=False"]
+    return [*task, *algo, *ALGORITHM, *gpu, *run]
+
+
+def _one_run(name: str, overrides: list[str], out: Path, args, total: int) -> TrainerRun:
+    startup = None if args.echo else StartupProgress(stages=STARTUP_STAGES)
+    say(f"{name}: full log {out / 'trainer.log'}")
+    try:
+        return run_trainer(
+            overrides, output_dir=out, entry=args.entry, timeout_s=args.timeout, echo=args.echo, backend="gpu",
+            extra_modules=[REGISTER_MODULE] if args.rollout == "hf" else [],
+            on_metrics=None if args.echo else progress(total, startup),
+            on_line=None if startup is None else startup.on_line,
+        )
+    finally:
+        if startup is not None:
+            startup.finish()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rpg.tiny.overrides import MINI_BATCH_SIZE, RECIPE_ENTRY
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rollout", default="vllm", help=f"rollout engine, one of {ROLLOUTS} (default vllm)")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs of this node to train on (data parallel; default 1)")
+    ap.add_argument("--steps", type=int, default=4, help="steps of the first run, checkpointed at its end (default 4)")
+    ap.add_argument("--resume-steps", type=int, default=2, help="steps of the resumed run (default 2)")
+    ap.add_argument("--no-offload", action="store_true", help="keep actor/optimizer/reference on the GPU")
+    ap.add_argument("--lr", type=float, default=5e-4, help="learning rate (default 5e-4, the tiny demo's)")
+    ap.add_argument("--out", type=Path, default=None, help="output dir (default outputs/tiny_gpu/<time>)")
+    ap.add_argument("--entry", default=RECIPE_ENTRY, help="trainer script (default the RPG recipe)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed (each run)")
+    ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
+    args, user = ap.parse_known_args(argv)
+    bad = [a for a in user if "=" not in a or a.startswith("-")]
+    try:
+        if bad:
+            raise SmokeSettingsError(f"unrecognised arguments (Hydra overrides must be key=value): {bad}")
+        check_settings(args.rollout, args.gpus, args.steps, args.resume_steps, MINI_BATCH_SIZE, 8)
+        preflight(args.rollout, args.gpus, user)
+    except SmokeSettingsError as e:
+        print(f"{PREFIX} {e}", file=sys.stderr)
+        return 2
+
+    from rpg.tiny import build_tiny_assets
+
+    out = (args.out or Path("outputs") / "tiny_gpu" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    assets = build_tiny_assets()
+    problem = head_dim_problem(head_dim(json.loads((assets.model_dir / "config.json").read_text())))
+    if problem:
+        print(f"{PREFIX} {assets.model_dir}: {problem}", file=sys.stderr)
+        return 2
+    ckpt = out / "ckpt"
+    say(f"assets {assets.root}; rollout={args.rollout}, {args.gpus} GPU(s), offload={not args.no_offload}; "
+        f"{args.steps} steps + a resume for {args.resume_steps}; output {out}")
+    memory = GpuMemoryPeak()
+    runs: dict[str, TrainerRun] = {}
+    failures: list[str] = []
+    try:
+        for name, first, total in (("run 1", True, args.steps), ("run 2 (resumed)", False, args.steps + args.resume_steps)):
+            ov = [*run_overrides(assets, args, first=first, ckpt=ckpt), *user]
+            runs[name] = _one_run(name, ov, out / ("first" if first else "resumed"), args, total)
+    except TrainerRunError as e:
+        failures.append(f"{name} failed: {str(e).splitlines()[0]} (log tail above)")
+        print(e, file=sys.stderr)
+    finally:
+        device_peak = memory.stop()
+
+    report: dict = {"rollout": args.rollout, "gpus": args.gpus, "offload": not args.no_offload,
+                    "output_dir": str(out), "device_peak_mib": device_peak}
+    if len(runs) == 2:
+        (first_run, resumed) = runs.values()
+        s1, s2 = checks.training_steps(first_run.metrics), checks.training_steps(resumed.metrics)
+        if s1 != list(range(1, args.steps + 1)):
+            failures.append(f"run 1 trained steps {s1}, expected 1..{args.steps}")
+        failures += checks.check_training(first_run.metrics, s1)
+        failures += checks.resumed_from(resumed.metrics, args.steps)
+        failures += checks.check_training(resumed.metrics, s2)
+        if args.rollout == "hf":
+            failures += checks.hf_rollout_on_gpu(first_run.log) + checks.hf_rollout_on_gpu(resumed.log)
+        for name, run, steps in (("run 1", first_run, s1), ("run 2 (resumed)", resumed, s2)):
+            say(f"{name}: {len(steps)} steps in {run.wall_time_s:.0f} s")
+            for line in checks.summary_lines(run.metrics, steps):
+                say(f"  {line}")
+            report[name] = {"steps": steps, "wall_time_s": round(run.wall_time_s, 1),
+                            "phases_s": checks.phase_times(run.metrics, steps),
+                            **{key: checks.peak(run.metrics, key) for _, key in checks.MEMORY}}
+    for gpu, mib in sorted(device_peak.items()):
+        say(f"GPU {gpu}: peak memory in use {mib / 1024:.2f} GiB (nvidia-smi, every process)")
+    report["failures"] = failures
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    for line in failures:
+        print(f"{PREFIX} FAILED: {line}", file=sys.stderr)
+    say(("FAILED" if failures else "passed") + f"; wrote {out / 'summary.json'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
