@@ -22,17 +22,19 @@ Modes (environment variables; defaults in brackets):
   them on the cluster before Ray starts.
 * otherwise: ``python recipe/rpg/main_rpg.py <overrides>`` on this machine (exec).
 
-Memory: ``--describe NAME [--gpu-mem-gib G] [overrides]`` and ``DRY_RUN=1`` (GPU size
-``RPG_GPU_MEM_GIB``, default 79.6 GiB = an 80 GB card) print ``rpg.memory``'s per-GPU memory
-estimate with a FITS / DOES NOT FIT verdict and the checkpoint disk of the run (docs/memory.md).
+Memory: ``--describe NAME [--gpu-mem-gib G] [--host-mem-gib H] [overrides]`` and ``DRY_RUN=1`` (GPU
+size ``RPG_GPU_MEM_GIB``, default 79.6 GiB = an 80 GB card; node RAM ``RPG_HOST_MEM_GIB``, default
+2000 GiB) print ``rpg.memory``'s per-GPU memory estimate and ``rpg.memory_host``'s host RAM per node,
+each with a FITS / DOES NOT FIT verdict, and the checkpoint disk of the run (docs/memory.md).
 
 Other variables: MODEL_PATH [variant's HF id], DATA_DIR [<root>/data], TRAIN_FILE
 [$DATA_DIR/dapo-math-17k-en.parquet], VAL_FILES [variant's sets in $DATA_DIR, comma or space
 separated], CKPTS_DIR [<root>/ckpts/$PROJECT_NAME/$EXP_NAME], NNODES [1], N_GPUS_PER_NODE [8],
 LOGGER [console,file], PROJECT_NAME [rpg], EXP_NAME [run name], RAY_JOB_WAIT [0: --no-wait],
-OUT_DIR (cpu) [<root>/outputs/cpu/<name>/<time>]. Relative paths given by the user are taken
-relative to the current directory; defaults are relative to the project root (``RPG_CLUSTER_ROOT``
-for a Ray submission).
+OUT_DIR (cpu) [a new <root>/outputs/cpu/<name>/<time>[-N]; an existing one is resumed into].
+PROJECT_NAME and EXP_NAME name directories: '/', '\\', '.', '..' are refused (one line, exit 2).
+Relative paths given by the user are taken relative to the current directory; defaults are
+relative to the project root (``RPG_CLUSTER_ROOT`` for a Ray submission).
 """
 
 from __future__ import annotations
@@ -42,13 +44,13 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rpg.verl.preflight import error_line, input_path_problems
+from rpg.verl.preflight import error_line, input_path_problems, name_problem
 from rpg.verl.settings import RPGConfigError
 from rpg.variants import GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
 
@@ -117,6 +119,17 @@ def cluster_root(env: Mapping[str, str], root: Path) -> Path:
     return Path(raw)
 
 
+def _run_name(env: Mapping[str, str], key: str, default: str) -> str:
+    """PROJECT_NAME / EXP_NAME: unset -> default; a name that could leave its directory (checkpoints,
+    logs) is refused (``rpg.verl.preflight.name_problem``)."""
+    if key not in env:
+        return default
+    value = env[key].strip()
+    if (why := name_problem(key, value)) is not None:
+        raise LaunchError(why)
+    return value
+
+
 def _path(env: Mapping[str, str], key: str, default: Path, cwd: Path) -> str:
     """The user's value of ``key`` (see ``_abs``) or the default (already absolute)."""
     raw = env.get(key, "").strip()
@@ -152,8 +165,8 @@ def env_overrides(v: Variant, env: Mapping[str, str], root: Path, cwd: Path) -> 
     Default paths are under ``cluster_root(env, root)``: the checkout the driver runs from.
     """
     root = cluster_root(env, root)
-    project = env.get("PROJECT_NAME", "").strip() or "rpg"
-    exp = env.get("EXP_NAME", "").strip() or v.name
+    project = _run_name(env, "PROJECT_NAME", "rpg")
+    exp = _run_name(env, "EXP_NAME", v.name)
     data_dir = Path(_path(env, "DATA_DIR", root / "data", cwd))
     train = _path(env, "TRAIN_FILE", data_dir / f"{TRAIN_SET}.parquet", cwd)
     if env.get("VAL_FILES", "").strip():
@@ -333,8 +346,8 @@ def _missing_files(overrides: Sequence[str]) -> list[str]:
 
 
 USAGE = f"""usage: python -m rpg.launch RUN_NAME [hydra overrides ...]   (or recipe/rpg/{{7b,4b}}/RUN_NAME.sh [overrides])
-       python -m rpg.launch --describe RUN_NAME [--gpu-mem-gib G] [hydra overrides ...] | --list
-environment: DRY_RUN=1, RPG_GPU_MEM_GIB, RPG_BACKEND=cpu, RAY_ADDRESS, MODEL_PATH, DATA_DIR, TRAIN_FILE, VAL_FILES, CKPTS_DIR,
+       python -m rpg.launch --describe RUN_NAME [--gpu-mem-gib G] [--host-mem-gib H] [hydra overrides ...] | --list
+environment: DRY_RUN=1, RPG_GPU_MEM_GIB, RPG_HOST_MEM_GIB, RPG_BACKEND=cpu, RAY_ADDRESS, MODEL_PATH, DATA_DIR, TRAIN_FILE, VAL_FILES, CKPTS_DIR,
              NNODES, N_GPUS_PER_NODE, LOGGER, PROJECT_NAME, EXP_NAME (docs/launch-scripts.md)
 run names:
 {GRAMMAR}"""
@@ -384,13 +397,13 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         if dry:
             os.environ.update({k: cpu_env[k] for k in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")})
             return _dry_run(v, argv_cpu[2:], argv_cpu, root)
-        return _run_cpu(v, overrides, env, root)
+        return _run_cpu(v, overrides, env, root, user)
     if env.get("RAY_ADDRESS", "").strip():
         cmd = ray_command(overrides, env, job_env, root)
     else:
         cmd = local_command(overrides, root)
     if dry:
-        return _dry_run(v, overrides, cmd, root, gpu_gib=_gpu_gib(env), run_root=cluster_root(env, root))
+        return _dry_run(v, overrides, cmd, root, sizes=_mem_sizes(env), run_root=cluster_root(env, root))
     missing = [] if env.get("RAY_ADDRESS", "").strip() else _missing_files(overrides)
     if missing:
         raise LaunchError(f"data file(s) not found: {', '.join(missing)}; prepare them with "
@@ -409,9 +422,9 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     return 0  # pragma: no cover
 
 
-def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Path, *, gpu_gib: float | None = None,
-            run_root: Path | None = None) -> int:
-    """gpu_gib: GPU size for the memory estimate (None: no estimate, e.g. the CPU backend); run_root:
+def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Path, *,
+            sizes: tuple[float, float] | None = None, run_root: Path | None = None) -> int:
+    """sizes: (GPU, node RAM) in GiB for the memory estimate (None: no estimate, e.g. the CPU backend); run_root:
     the root the driver runs from (RPG_CLUSTER_ROOT for a Ray submission; default: root)."""
     from omegaconf import OmegaConf
 
@@ -424,16 +437,17 @@ def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Pat
         print(f"rpg.launch: warning: {problem}", file=sys.stderr, flush=True)
     print("# ---- composed and validated config (DRY_RUN=1: nothing was started) ----")
     print(OmegaConf.to_yaml(cfg, resolve=True), end="")
-    if gpu_gib is not None:  # last, where a terminal shows it; '# ' keeps the output valid YAML
-        print("# ---- " + memory_report(cfg, gpu_gib, unavailable_ok=True).replace("\n", "\n# "))
+    if sizes is not None:  # last, where a terminal shows it; '# ' keeps the output valid YAML
+        print("# ---- " + memory_report(cfg, sizes, unavailable_ok=True).replace("\n", "\n# "))
     return 0
 
 
 # ----------------------------------------------------------------------------- memory estimate (rpg.memory)
 
 
-def memory_report(cfg, gpu_gib: float, *, unavailable_ok: bool = False) -> str:
-    """rpg.memory's per-GPU memory table and checkpoint-disk lines for a composed config.
+def memory_report(cfg, sizes: tuple[float, float], *, unavailable_ok: bool = False) -> str:
+    """rpg.memory's per-GPU memory table, host RAM per node and checkpoint-disk lines for a composed
+    config; sizes = (GPU, node RAM) in GiB.
 
     An estimate that cannot be made (unknown model, ...) raises ``LaunchError`` (one line), or with
     ``unavailable_ok`` (DRY_RUN: the config itself is valid) returns that line as a note.
@@ -443,45 +457,55 @@ def memory_report(cfg, gpu_gib: float, *, unavailable_ok: bool = False) -> str:
     from rpg.memory import MemoryEstimateError, report
 
     try:
-        return report(OmegaConf.to_container(cfg, resolve=True), gpu_gib)
+        return report(OmegaConf.to_container(cfg, resolve=True), *sizes)
     except MemoryEstimateError as e:
         if unavailable_ok:
             return f"memory estimate unavailable: {e}"
         raise LaunchError(str(e)) from None
 
 
-def _gpu_gib(env: Mapping[str, str], cli: str | None = None) -> float:
-    """GPU size of the estimate: ``--gpu-mem-gib`` (cli) if given, else ``RPG_GPU_MEM_GIB``, else the default."""
+def _mem_sizes(env: Mapping[str, str], gpu_cli: str | None = None, host_cli: str | None = None) -> tuple[float, float]:
+    """(GPU, node RAM) of the estimate in GiB: ``--gpu-mem-gib`` / ``--host-mem-gib`` if given, else
+    ``RPG_GPU_MEM_GIB`` / ``RPG_HOST_MEM_GIB``, else the defaults."""
     from rpg.memory import GPU_MEM_ENV, MemoryEstimateError, gpu_mem_gib
+    from rpg.memory_host import HOST_MEM_ENV, host_mem_gib
 
     try:
-        return gpu_mem_gib(cli, "--gpu-mem-gib") if cli is not None else gpu_mem_gib(env.get(GPU_MEM_ENV), GPU_MEM_ENV)
+        gpu = gpu_mem_gib(gpu_cli, "--gpu-mem-gib") if gpu_cli is not None else gpu_mem_gib(env.get(GPU_MEM_ENV), GPU_MEM_ENV)
+        host = (host_mem_gib(host_cli, "--host-mem-gib") if host_cli is not None
+                else host_mem_gib(env.get(HOST_MEM_ENV), HOST_MEM_ENV))
     except MemoryEstimateError as e:
         raise LaunchError(str(e)) from None
+    return gpu, host
 
 
 def _describe(args: list[str], env: dict[str, str]) -> int:
-    """``--describe NAME [--gpu-mem-gib G] [overrides]``: the variant, then the memory and disk estimate
-    of the config the launcher would compose (environment and overrides included)."""
-    cli, rest = None, []
+    """``--describe NAME [--gpu-mem-gib G] [--host-mem-gib H] [overrides]``: the variant, then the memory
+    and disk estimate of the config the launcher would compose (environment and overrides included)."""
+    cli: dict[str, str | None] = {"--gpu-mem-gib": None, "--host-mem-gib": None}
+    examples = {"--gpu-mem-gib": "the GPU's memory in GiB (e.g. --gpu-mem-gib 80)",
+                "--host-mem-gib": "the node's RAM in GiB (e.g. --host-mem-gib 1024)"}
+    rest = []
     it = iter(args)
     for a in it:
-        if a == "--gpu-mem-gib" or a.startswith("--gpu-mem-gib="):
-            cli = a.split("=", 1)[1] if "=" in a else next(it, None)
-            if cli is None:
-                raise LaunchError("--gpu-mem-gib needs a value, the GPU's memory in GiB (e.g. --gpu-mem-gib 80)")
+        flag = a.split("=", 1)[0]
+        if flag in cli:
+            cli[flag] = a.split("=", 1)[1] if "=" in a else next(it, None)
+            if cli[flag] is None:
+                raise LaunchError(f"{flag} needs a value, {examples[flag]}")
         else:
             rest.append(a)
     if not rest or rest[0].startswith("-"):
-        raise LaunchError("--describe takes one run name (then optionally --gpu-mem-gib G and Hydra overrides)")
-    gpu_gib = _gpu_gib(env, cli)
+        raise LaunchError("--describe takes one run name (then optionally --gpu-mem-gib G, --host-mem-gib H "
+                          "and Hydra overrides)")
+    sizes = _mem_sizes(env, cli["--gpu-mem-gib"], cli["--host-mem-gib"])
     v = parse(rest[0])
     print(describe_variant(v), flush=True)
     root = project_root()
     overrides, _ = plan_overrides(v, env, rest[1:], root=root, cwd=Path.cwd())
     with contextlib.redirect_stdout(io.StringIO()):  # the driver checks' own report
         cfg, _ = compose(overrides, root)
-    print(memory_report(cfg, gpu_gib))
+    print(memory_report(cfg, sizes))
     return 0
 
 
@@ -495,18 +519,29 @@ def _show_cluster_reward_path(cfg, root: Path, run_root: Path) -> None:
         OmegaConf.update(cfg, REWARD_PATH, str(run_root / Path(path).relative_to(root)))
 
 
-def _run_cpu(v: Variant, overrides: Sequence[str], env: Mapping[str, str], root: Path) -> int:
-    from rpg.backends.cpu.harness import TrainerRunError, run_trainer
+def _run_cpu(v: Variant, overrides: Sequence[str], env: Mapping[str, str], root: Path, user: Sequence[str] = ()) -> int:
+    """The run through the CPU harness; exit code: 0, the trainer's own (2: bad config), 128 + signum
+    when a stop signal ended it (one line: log, last complete checkpoint, resume command), else 1."""
+    from rpg.backends.cpu.harness import TrainerRunError, report_stop, run_trainer, unique_run_dir
 
-    out = Path(_path(env, "OUT_DIR", root / "outputs" / "cpu" / v.name / time.strftime("%Y%m%d-%H%M%S"), Path.cwd()))
+    raw = env.get("OUT_DIR", "").strip()
+    out = Path(_abs(raw, Path.cwd())) if raw else unique_run_dir(root / "outputs" / "cpu" / v.name)
     timeout = float(env.get("CPU_TIMEOUT", "") or 1800)
     print(describe_variant(v) + f"\n[cpu] backend=cpu, tiny model/task; output {out}", flush=True)
     try:
         run = run_trainer(overrides, output_dir=out, entry=str(root / ENTRY), timeout_s=timeout,
                           echo=_truthy(env, "CPU_ECHO"))
     except TrainerRunError as e:
-        print(f"[cpu] FAILED: {e}", file=sys.stderr)
-        return 1
+        if e.run.stop_signal is not None:
+            resume = f"OUT_DIR={shlex.quote(str(out))} " + shlex.join(
+                [sys.executable, "-m", "rpg.launch", v.name, *_merge(user, ["trainer.resume_mode=auto"])])
+            report_stop(e.run, "[cpu]", resume)
+            return 128 + e.run.stop_signal
+        with contextlib.suppress(OSError):
+            print(f"[cpu] FAILED: {e}", file=sys.stderr)
+        return e.run.returncode if (e.run.returncode or 0) > 0 else 1
+    for note in run.notes:
+        print(f"[cpu] note: {note}", flush=True)
     print(f"[cpu] done: {run.last_step()} steps in {run.wall_time_s:.0f}s; metrics {run.metrics_file}; "
           f"log {run.log_file}", flush=True)
     return 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Draw the training-dynamics figure (mean@32 AIME24/AIME25, reward, entropy, response length).
+"""Same as ``python -m rpg.reports curves``: draw the training-dynamics figure (Fig. 4 layout).
 
-    python scripts/plot_curves.py RPG-UFKL=logs/ufkl.jsonl DAPO=tensorboard_log/rpg/dapo --out fig/curves
+    python -m rpg.reports curves RPG-UFKL=logs/ufkl.jsonl DAPO=tensorboard_log/rpg/dapo --out fig/curves
 """
 
 import sys

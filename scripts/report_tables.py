@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Print a paper table (3, 5, 6, 7, 8) from run logs next to the published numbers.
+"""Same as ``python -m rpg.reports tables``: print a paper table (3, 5, 6, 7, 8) from run logs.
 
-    python scripts/report_tables.py RPG-UFKL=logs/ufkl.jsonl DAPO=logs/dapo.csv --table 3 --format markdown
+    python -m rpg.reports tables RPG-UFKL=logs/ufkl.jsonl DAPO=logs/dapo.csv --table 3 --format markdown
 """
 
 import sys

@@ -1,4 +1,4 @@
-"""Issue 11.9: ``python -m rpg.data prepare``/``prepare-all`` lose no good row to the input encoding,
+"""``python -m rpg.data prepare``/``prepare-all`` lose no good row to the input encoding,
 name files and lines in their messages, keep every reject in a rejects file, and find the authors'
 file names."""
 
@@ -88,7 +88,7 @@ def test_duplicates_are_summarised_not_listed(tmp_path, capsys):
     src.write_bytes(_jsonl_bytes([ROWS[i % 3] for i in range(300)] + [{"problem": "What is 0+1?", "answer": "9"}]))
     assert cli_main(["prepare", "aime2025", "--input", str(src), "--out", str(tmp_path / "o.parquet")]) == 0
     cap = capsys.readouterr()
-    assert cap.err.splitlines() == ["  rejected line 301: duplicate of line 1 with a different answer ('9' vs '1')"]
+    assert cap.err.splitlines() == [f"  {src}: rejected line 301: duplicate of line 1 with a different answer ('9' vs '1')"]
     assert cap.out.strip().endswith(f"rejected 298 (duplicate: 297, duplicate with a different answer: 1); "
                                     f"every rejected row in {tmp_path / 'o.rejects.jsonl'}")
     assert len((tmp_path / "o.rejects.jsonl").read_text().splitlines()) == 298
@@ -126,3 +126,105 @@ def test_prepare_all_reads_the_shipped_eval_files(tmp_path, capsys):
     assert rc == 0, cap.err
     assert cap.err == ""  # 930 + 930 + 1240 duplicate rows: counted, not listed
     assert [pq.read_metadata(tmp_path / f"{k}.parquet").num_rows for k in ("aime2024", "aime2025", "amc2023")] == [30, 30, 40]
+
+
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    rc = cli_main(["prepare", "aime2025", *args])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_lone_surrogate_rejects_its_line_keeps_the_others(tmp_path, capsys):
+    src = tmp_path / "sur.jsonl"  # "\ud800" is valid JSON but not valid Unicode: parquet cannot hold it
+    src.write_text('{"problem": "a?", "answer": "1"}\n{"problem": "b\\ud800?", "answer": "2"}\n'
+                   '{"problem": "c?", "answer": "3\\udfff"}\n{"problem": "d?", "answer": "4"}\n', encoding="ascii")
+    out = tmp_path / "o.parquet"
+    rc, stdout, err = _cli(capsys, "--input", str(src), "--out", str(out))
+    assert rc == 0, err
+    assert err.splitlines() == [
+        f"  {src}: rejected line 2: lone surrogate U+D800 in the problem (not valid Unicode)",
+        f"  {src}: rejected line 3: lone surrogate U+DFFF in the answer (not valid Unicode)",
+    ]
+    assert "read 4 rows" in stdout and "wrote 2 rows" in stdout and "rejected 2 (lone surrogate: 2)" in stdout
+    assert pq.read_table(out).column("extra_info").to_pylist()[1]["raw_problem"] == "d?"
+    side = [json.loads(x) for x in rejects_path(out).read_text(encoding="utf-8").splitlines()]
+    assert [(r["line"], r["reason"].split(" (")[0]) for r in side] == [
+        (2, "lone surrogate U+D800 in the problem"), (3, "lone surrogate U+DFFF in the answer")]
+    doc = tmp_path / "sur.json"  # a .json list: the row is named by its index
+    doc.write_text('[{"problem": "a?", "answer": "1"}, {"problem": "\\udc80", "answer": "2"}]', encoding="ascii")
+    s = prepare("aime2025", tmp_path / "p.parquet", input_path=doc)
+    assert (s.rows_written, [(r.where, r.reason) for r in s.rejects]) == (
+        1, [("row 1", "lone surrogate U+DC80 in the problem (not valid Unicode)")])
+
+
+@pytest.mark.parametrize("name, body, what", [
+    ("empty.jsonl", b"", "empty file: no rows (expected one JSON object per line, UTF-8)"),
+    ("blank.jsonl", b"\n  \n\r\n", "empty file: no rows (expected one JSON object per line, UTF-8)"),
+    ("empty.json", b"", "empty file: no rows (expected a JSON list of objects, UTF-8)"),
+    ("list.json", b" [ ]\n", "the JSON list is empty: no rows"),
+    ("nobom16.jsonl", '{"problem": "a", "answer": "1"}\n'.encode("utf-16-le"),
+     "looks like UTF-16 or UTF-32 without a byte-order mark; save it as UTF-8"),
+])
+def test_empty_and_misencoded_inputs_get_one_line(tmp_path, capsys, name, body, what):
+    src = tmp_path / name
+    src.write_bytes(body)
+    rc, _, err = _cli(capsys, "--input", str(src), "--out", str(tmp_path / "o.parquet"))
+    assert (rc, err) == (2, f"error: {src}: {what}\n")
+
+
+def test_empty_parquet_input_is_named(tmp_path, capsys):
+    import pyarrow as pa
+
+    src = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"problem": pa.array([], pa.string()), "answer": pa.array([], pa.string())}), src)
+    rc, _, err = _cli(capsys, "--input", str(src), "--out", str(tmp_path / "o.parquet"))
+    assert (rc, err) == (2, f"error: {src}: no rows\n")
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-be", "utf-32"])
+def test_utf16_and_utf32_with_a_byte_order_mark_are_decoded(tmp_path, codec):
+    rows = [*ROWS, {"problem": "Résumé: 2·3 = ?", "answer": "6"}]
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows)
+    bom = {"utf-16": b"", "utf-16-be": b"\xfe\xff", "utf-32": b""}[codec]
+    for suffix, body in ((".jsonl", text), (".json", json.dumps(rows, ensure_ascii=False))):
+        src = tmp_path / f"in{suffix}"
+        src.write_bytes(bom + body.encode(codec))  # Python's utf-16/utf-32 write a BOM; utf-16-be does not
+        s = prepare("aime2025", tmp_path / "o.parquet", input_path=src)
+        assert (s.rows_written, s.rejects) == (4, []), (codec, suffix)
+        assert pq.read_table(tmp_path / "o.parquet").column("extra_info").to_pylist()[3]["raw_problem"] == rows[3]["problem"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\xff\xfe" + '{"problem": "a"}'.encode("utf-16-le") + b"\x00\xd8")  # unpaired surrogate
+    with pytest.raises(ValueError, match=rf"^{bad}: not valid UTF-16 \(byte-order mark FF FE\) at byte 34"):
+        prepare("aime2025", tmp_path / "o.parquet", input_path=bad)
+
+
+def test_invisible_problems_and_answers_are_empty(tmp_path, capsys):
+    junk = ["\u0000", "\u200b", "\u200c\u200d", "\ufeff", " \u2060 \t", "\u00ad\u200e"]
+    records = [ROWS[0], *({"problem": p, "answer": "1"} for p in junk), {"problem": "What is 9+1?", "answer": "\u200b"}]
+    src = tmp_path / "inv.jsonl"
+    src.write_bytes(_jsonl_bytes(records))
+    out = tmp_path / "o.parquet"
+    rc, stdout, err = _cli(capsys, "--input", str(src), "--out", str(out))
+    assert rc == 0, err
+    assert err.splitlines()[0] == f"  {src}: rejected line 2: empty problem (only invisible characters: U+0000)"
+    assert err.splitlines()[5] == f"  {src}: rejected line 7: empty problem (only invisible characters: U+00AD, U+200E)"
+    assert err.splitlines()[6] == f"  {src}: rejected line 8: no answer (only invisible characters: U+200B)"
+    assert "wrote 1 rows" in stdout and "rejected 7 (empty problem: 6, no answer: 1)" in stdout
+    assert [json.loads(x)["line"] for x in rejects_path(out).read_text().splitlines()] == [2, 3, 4, 5, 6, 7, 8]
+
+
+def test_unwritable_out_is_reported_under_the_given_path(tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    import rpg.data.io as dio
+
+    def denied(prefix="", suffix="", dir=None):  # what mkstemp raises in a directory the user cannot write
+        raise PermissionError(13, "Permission denied", f"{dir}/{prefix}abc123{suffix}")
+
+    monkeypatch.setattr(dio.tempfile, "mkstemp", denied)
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(_jsonl_bytes(ROWS))
+    out = tmp_path / "ro" / "o.parquet"
+    rc, _, err = _cli(capsys, "--input", str(src), "--out", str(out))
+    assert (rc, err) == (2, f"error: cannot write {out}: Permission denied\n")
+    assert tempfile.mkstemp is denied

@@ -18,7 +18,7 @@ from rpg.reward import MATH_DAPO, MATH_VERIFY, scorer_for
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
-# Spec §6.2, typed out independently of rpg.data.template.
+# The authors' prompt template (their README and evaluation files), typed out independently of rpg.data.template.
 SPEC_PROMPT = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{question}\n\n"
@@ -301,7 +301,7 @@ def test_templated_inputs_are_never_wrapped_twice(tmp_path):
     ]
     s = prepare("dapo-math-17k-en", tmp_path / "t.parquet", input_path=_write_jsonl(tmp_path / "t.jsonl", recs))
     assert {r.index: r.reason for r in s.rejects} == {
-        1: "prompt is not in the spec §6.2 template and extra_info.raw_problem is missing",
+        1: "prompt is not in the authors' prompt template and extra_info.raw_problem is missing",
         2: "prompt is neither a string nor a non-empty chat list",
         3: "reward_model is not a mapping (str)",
     }

@@ -19,7 +19,8 @@ from rpg.launch import compose, main, plan_overrides, project_root, ray_command
 from rpg.variants import parse
 
 ROOT = Path(__file__).resolve().parents[1]
-CLEAN_ENV_KEYS = ("MODEL_PATH", "RPG_GPU_MEM_GIB", "DATA_DIR", "TRAIN_FILE", "VAL_FILES", "CKPTS_DIR", "NNODES", "N_GPUS_PER_NODE",
+CLEAN_ENV_KEYS = ("MODEL_PATH", "RPG_GPU_MEM_GIB", "RPG_HOST_MEM_GIB", "DATA_DIR", "TRAIN_FILE", "VAL_FILES", "CKPTS_DIR",
+                  "NNODES", "N_GPUS_PER_NODE",
                   "RAY_ADDRESS", "LOGGER", "PROJECT_NAME", "EXP_NAME", "DRY_RUN", "RPG_BACKEND", "OUT_DIR",
                   "RPG_CLUSTER_ROOT", "RAY_JOB_WAIT", "VERL_FILE_LOGGER_ROOT", "TENSORBOARD_DIR")
 
@@ -85,19 +86,27 @@ def _check_composed(cfg, row) -> None:
 
 
 def _memory_fits(cfg) -> str | None:
-    """rpg.memory's estimate on an 80 GB GPU (79.6 GiB) with the documented 10% headroom (docs/memory.md)."""
+    """rpg.memory's estimate on an 80 GB GPU (79.6 GiB) with the documented 10% headroom, vLLM's KV
+    cache holding one max_model_len sequence, and the host RAM of a default node (docs/memory.md)."""
     from omegaconf import OmegaConf
 
     from rpg.memory import DEFAULT_GPU_MEM_GIB, architecture_for, estimate, settings_from_config
+    from rpg.memory_host import DEFAULT_HOST_MEM_GIB, estimate_host, host_settings_from_config
 
-    s = settings_from_config(OmegaConf.to_container(cfg, resolve=True))
-    e = estimate(s, architecture_for(s.model_path), DEFAULT_GPU_MEM_GIB)
-    return None if e.fits else f"does not fit 80 GB: peak {e.peak.gib:.1f} GiB ({e.peak.name}), headroom {e.headroom_gib:.1f}"
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    s = settings_from_config(plain)
+    arch = architecture_for(s.model_path)
+    e = estimate(s, arch, DEFAULT_GPU_MEM_GIB)
+    if not e.fits:
+        return f"does not fit 80 GB: peak {e.peak.gib:.1f} GiB ({e.peak.name}), headroom {e.headroom_gib:.1f}, KV ok {e.kv_fits}"
+    host = estimate_host(host_settings_from_config(plain, s), arch, DEFAULT_HOST_MEM_GIB)
+    return None if host.fits else f"host RAM does not fit {DEFAULT_HOST_MEM_GIB:g} GiB: {host.total_gib:.1f} GiB per node"
 
 
 def test_every_script_composes_and_validates():
     """All 84 scripts in one process: Hydra compose + rpg validation + verl's validate_config, and
-    the per-GPU memory estimate fits an 80 GB GPU with the documented headroom."""
+    the memory estimate fits an 80 GB GPU with the documented headroom (KV check included) and the
+    host RAM of a default node."""
     root = project_root()
     failures = []
     for row in ALL_ROWS:

@@ -1,4 +1,4 @@
-"""Issue 11.7-8: the launcher's DRY_RUN errors are the driver's one line (exit 2), missing input
+"""The launcher's DRY_RUN errors are the driver's one line (exit 2), missing input
 paths are warned about, and a Ray submission resolves every default path against RPG_CLUSTER_ROOT."""
 
 from __future__ import annotations

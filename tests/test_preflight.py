@@ -1,4 +1,4 @@
-"""Issue 11.6: every local input path is checked in the driver before Ray starts (one line, exit 2);
+"""Every local input path is checked in the driver before Ray starts (one line, exit 2);
 Hugging Face repo ids stay allowed (rule: rpg/verl/preflight.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 11.4 and 11.10: a resumed run keeps its whole metrics history (one file-logger segment per
+"""A resumed run keeps its whole metrics history (one file-logger segment per
 trainer start, joined by the report tools), the report tools warn on a history that does not start
 at step 0 or has gaps in its validation steps, and ``--out`` into a missing directory works."""
 

@@ -19,7 +19,7 @@ def _report(summary: Summary, show: int) -> None:
     rejected row is in the rejects file), then the summary line."""
     listed = [r for r in summary.rejects if reason_class(r.reason) != "duplicate"]
     for r in listed[:show]:
-        print(f"  rejected {r.where}: {r.reason}", file=sys.stderr)
+        print(f"  {summary.source}: rejected {r.where}: {r.reason}", file=sys.stderr)
     if len(listed) > show:
         print(f"  ... {len(listed) - show} more", file=sys.stderr)
     print(summary.line())

@@ -7,6 +7,7 @@ same input and the same pyarrow version give byte-identical files.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import tempfile
@@ -19,7 +20,15 @@ import pyarrow.parquet as pq
 from rpg.data.rows import BadRecord
 
 LOCAL_SUFFIXES = (".parquet", ".json", ".jsonl")
-_BOM = b"\xef\xbb\xbf"  # UTF-8 byte-order mark some editors and exporters write
+# Byte-order marks some editors and exporters write (Windows PowerShell 5's Out-File: UTF-16 LE);
+# the UTF-32 LE mark starts with the UTF-16 LE one, so it is tested first.
+_BOMS = (
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
 
 ROW_SCHEMA = pa.schema(
     [
@@ -58,9 +67,10 @@ def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | N
     """Records, column names and (JSONL only, else None) the 1-based line of each record of a
     local .parquet / .json (list of objects) / .jsonl file.
 
-    Text inputs are UTF-8 with or without a byte-order mark. A JSONL line that is not valid
-    UTF-8 or not valid JSON becomes a ``BadRecord`` (rejected with its line; the other lines are
-    kept); a .json document that is not valid UTF-8 or JSON is an error naming file, line, column.
+    Text inputs are UTF-8, with or without a byte-order mark, or UTF-16 / UTF-32 with one
+    (``_utf8``). A JSONL line that is not valid UTF-8 or not valid JSON becomes a ``BadRecord``
+    (rejected with its line; the other lines are kept); a .json document that is not valid UTF-8
+    or JSON is an error naming file, line, column. A file without rows is an error naming it.
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -73,8 +83,13 @@ def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | N
         raise FileNotFoundError(f"input file not found: {path}")
     if suffix == ".parquet":
         table = pq.read_table(path)
+        if table.num_rows == 0:
+            raise ValueError(f"{path}: no rows")
         return table.to_pylist(), list(table.column_names), None
-    raw = path.read_bytes().removeprefix(_BOM)
+    raw = _utf8(path.read_bytes(), path)
+    if not raw.strip():
+        expected = "a JSON list of objects" if suffix == ".json" else "one JSON object per line"
+        raise ValueError(f"{path}: empty file: no rows (expected {expected}, UTF-8)")
     if suffix == ".json":
         try:
             data = json.loads(raw.decode("utf-8"))
@@ -87,6 +102,8 @@ def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | N
             raise ValueError(f"{path}: column-oriented JSON is not supported; use a list of objects or JSONL")
         if not isinstance(data, list):
             raise ValueError(f"{path}: a .json input must hold a list of objects")
+        if not data:
+            raise ValueError(f"{path}: the JSON list is empty: no rows")
         return data, _columns(data), None
     records, lines = [], []
     for number, line in enumerate(raw.splitlines(), start=1):  # bytes: splits on \n, \r\n, \r only
@@ -101,6 +118,27 @@ def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | N
             records.append(BadRecord(f"invalid JSON line ({err.msg})"))
     return records, _columns(records), lines
 
+
+def _utf8(raw: bytes, path: Path) -> bytes:
+    """The file's text as UTF-8 bytes, without a byte-order mark.
+
+    A UTF-16 / UTF-32 file with its byte-order mark is decoded (the mark says the encoding
+    exactly); one without (a NUL in the first two bytes: JSON text starts with ASCII) is refused,
+    as guessing its byte order could garble it. UTF-8 is returned as is (the JSONL reader
+    rejects only the lines that are not valid UTF-8).
+    """
+    for bom, codec in _BOMS:
+        if raw.startswith(bom):
+            if codec == "utf-8":
+                return raw[len(bom):]
+            try:
+                return raw.decode(codec).encode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}: not valid {codec.upper()} (byte-order mark {bom.hex(' ').upper()}) "
+                                 f"at byte {err.start}: {err.reason}") from None
+    if b"\x00" in raw[:2]:
+        raise ValueError(f"{path}: looks like UTF-16 or UTF-32 without a byte-order mark; save it as UTF-8")
+    return raw
 
 
 def _position(raw: bytes, offset: int) -> tuple[int, int]:
@@ -167,7 +205,23 @@ def write_text_atomic(text: str, path: str | Path) -> None:
     _atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
+class WriteError(OSError):
+    """A file could not be written; the message names the file asked for, not the temporary file."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+
 def _atomic(path: Path, write: Callable[[str], None]) -> None:
+    try:
+        _replace_atomically(path, write)
+    except OSError as err:  # mkstemp/replace name the temporary file: report the path the user gave
+        if isinstance(err, WriteError):
+            raise
+        raise WriteError(err.errno, err.strerror or str(err), str(path)) from err
+
+
+def _replace_atomically(path: Path, write: Callable[[str], None]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:

@@ -43,7 +43,7 @@ def reason_class(reason: str) -> str:
     """Reason without row-specific detail, for the counts per reason."""
     if reason.startswith("duplicate of "):
         return "duplicate with a different answer" if "different answer" in reason else "duplicate"
-    for prefix in ("invalid JSON", "invalid UTF-8"):
+    for prefix in ("invalid JSON", "invalid UTF-8", "lone surrogate"):
         if reason.startswith(prefix):
             return prefix
     return reason.split(" (")[0]

@@ -4,8 +4,8 @@ Input records are plain dicts from a parquet/JSON/JSONL file or a Hugging Face d
 two layouts:
 
 * ``verl``  -- already a verl row: ``prompt`` (chat list) + ``reward_model.ground_truth``; the
-  problem is ``extra_info.raw_problem`` if present, else the user message with the §6.2 template
-  removed (this is how DAPO-Math-17k and the authors' eval parquets are stored);
+  problem is ``extra_info.raw_problem`` if present, else the user message with the prompt template
+  (``rpg.data.template``) removed (this is how DAPO-Math-17k and the authors' eval parquets are stored);
 * ``plain`` -- a problem column and an answer column (names from the preset or the CLI).
 
 Every input row either becomes one problem or is rejected with ``(index, reason)``; nothing is
@@ -15,6 +15,7 @@ dropped silently. Duplicates (same problem text up to whitespace) keep the first
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,34 @@ from rpg.data.template import format_prompt, unwrap_prompt
 
 # CJK ideographs, kana and hangul (not full-width punctuation, which can appear in English text).
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _unicode_problem(text: str, what: str) -> str | None:
+    """The rejection reason when ``text`` holds a lone surrogate (JSON's ``"\\ud800"`` escape decodes to
+    one; it is not a Unicode character and cannot be written as UTF-8 to the parquet file)."""
+    m = _SURROGATE.search(text)
+    return None if m is None else f"lone surrogate U+{ord(m.group()):04X} in the {what} (not valid Unicode)"
+
+
+def _invisible(text: str) -> list[str] | None:
+    """The code points of a text that shows nothing: only whitespace, control (Cc: NUL, ...) and
+    format (Cf: zero-width space/joiners U+200B-U+200D, word joiner U+2060, BOM U+FEFF, soft hyphen,
+    direction marks) characters; None when something visible is left."""
+    if any(not ch.isspace() and unicodedata.category(ch) not in ("Cc", "Cf") for ch in text):
+        return None
+    return sorted({f"U+{ord(ch):04X}" for ch in text if not ch.isspace()})
+
+
+def _empty_reason(text: str, reason: str, blank: str = "") -> str | None:
+    """``reason + blank`` for an empty or blank text, ``reason (only invisible characters: U+...)``
+    for one that only looks empty, None for a text with something visible."""
+    codes = _invisible(text)
+    if codes is None:
+        return None
+    return f"{reason} (only invisible characters: {', '.join(codes)})" if codes else reason + blank
 
 
 @dataclass(frozen=True)
@@ -92,10 +121,11 @@ def _answer_text(value) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         kind = f"list of {len(value)} items" if isinstance(value, list) else type(value).__name__
         raise ValueError(f"non-string answer ({kind})")
-    text = str(value).strip()
-    if not text:
-        raise ValueError("no answer (empty string)")
-    return text
+    text = str(value)
+    for reason in (_unicode_problem(text, "answer"), _empty_reason(text, "no answer", " (empty string)")):
+        if reason:
+            raise ValueError(reason)
+    return text.strip()
 
 
 def _verl_problem(record: dict) -> tuple[object, object]:
@@ -118,7 +148,7 @@ def _verl_problem(record: dict) -> tuple[object, object]:
         content = users[-1]["content"]
     problem = unwrap_prompt(content)
     if problem is None:
-        raise ValueError("prompt is not in the spec §6.2 template and extra_info.raw_problem is missing")
+        raise ValueError("prompt is not in the authors' prompt template and extra_info.raw_problem is missing")
     return problem, answer
 
 
@@ -137,8 +167,9 @@ def check_record(index: int, record: object, layout: Layout, english_only: bool)
     if not isinstance(problem, str):
         raise ValueError(f"non-string problem ({type(problem).__name__})")
     problem = unwrap_prompt(problem) or problem  # never wrap the template twice
-    if not problem.strip():
-        raise ValueError("empty problem")
+    for reason in (_unicode_problem(problem, "problem"), _empty_reason(problem, "empty problem")):
+        if reason:
+            raise ValueError(reason)
     answer_text = _answer_text(answer)
     if english_only and _CJK.search(problem):
         raise ValueError("non-English problem (CJK characters)")

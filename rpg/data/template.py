@@ -1,4 +1,4 @@
-"""The paper's prompt template (spec §6.2), shared by DAPO-Math-17k and the authors' eval files.
+"""The authors' prompt template (their README and evaluation files; DAPO-Math-17k's), shared by training and eval.
 
 The user turn is ``PROMPT_PREFIX + problem + PROMPT_SUFFIX``; verl applies the model's chat template
 later (RLHFDataset -> AgentLoop), so the parquet stores only this user message.
@@ -14,7 +14,7 @@ PROMPT_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:"
 
 
 def format_prompt(problem: str) -> str:
-    """Wrap a raw problem statement in the §6.2 template (no stripping: byte-exact with the authors' files)."""
+    """Wrap a raw problem statement in the template (no stripping: byte-exact with the authors' files)."""
     return PROMPT_PREFIX + problem + PROMPT_SUFFIX
 
 

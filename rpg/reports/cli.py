@@ -1,6 +1,7 @@
-"""Command-line entry points behind scripts/report_tables.py and scripts/plot_curves.py.
+"""``python -m rpg.reports {tables,curves} ...``: the command line of the reports.
 
-A RUN argument is ``PATH`` or ``LABEL=PATH``; the label (default: the file stem or directory
+``scripts/report_tables.py`` and ``scripts/plot_curves.py`` are the same two commands (thin
+wrappers, kept for old command lines). A RUN argument is ``PATH`` or ``LABEL=PATH``; the label (default: the file stem or directory
 name) is the table row and legend name, and matches a published method case-insensitively.
 """
 
@@ -67,14 +68,28 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--source-map", action="append", metavar="DS=BENCH", help="map a data_source to AIME24|AIME25|AMC23|Minerva|OlympiadBench|ignore")
 
 
-def main_tables(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="report_tables.py", description="Print a paper table (ours vs published).")
+TABLES_HELP = "print a paper table (3, 5, 6, 7, 8) from run logs, ours vs published"
+CURVES_HELP = "draw the training-dynamics figure in the layout of Fig. 4 (PNG + SVG)"
+
+
+def add_tables_args(ap: argparse.ArgumentParser) -> None:
     _common(ap)
     ap.add_argument("--table", required=True, choices=sorted(TABLES))
     ap.add_argument("--format", default="markdown", choices=["markdown", "latex"])
     ap.add_argument("--last-step", default="400", help="step of 'Last' (default 400) or 'final'")
     ap.add_argument("--out", help="write the table here instead of stdout")
-    args = ap.parse_args(argv)
+
+
+def add_curves_args(ap: argparse.ArgumentParser) -> None:
+    _common(ap)
+    ap.add_argument("--out", default="training_curves", help="output path without suffix; writes OUT.png and OUT.svg")
+    ap.add_argument("--reward-key", default=REWARD_KEY)
+    ap.add_argument("--entropy-key", default=ENTROPY_KEY)
+    ap.add_argument("--length-key", default=LENGTH_KEY)
+    ap.add_argument("--last-step", default="final", help="x-axis end and marked Last step (default: final logged step)")
+
+
+def run_tables(args: argparse.Namespace) -> int:
     try:
         runs = load_runs(args.runs)
         check_metric(runs, args.metric or {PAPER_METRIC[b] for b in get_layout(args.table).benchmarks})
@@ -97,15 +112,7 @@ def main_tables(argv: list[str] | None = None) -> int:
     return 0
 
 
-def main_plot(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="plot_curves.py", description="Draw the training-dynamics figure (PNG + SVG).")
-    _common(ap)
-    ap.add_argument("--out", default="training_curves", help="output path without suffix; writes OUT.png and OUT.svg")
-    ap.add_argument("--reward-key", default=REWARD_KEY)
-    ap.add_argument("--entropy-key", default=ENTROPY_KEY)
-    ap.add_argument("--length-key", default=LENGTH_KEY)
-    ap.add_argument("--last-step", default="final", help="x-axis end and marked Last step (default: final logged step)")
-    args = ap.parse_args(argv)
+def run_curves(args: argparse.Namespace) -> int:
     try:
         runs = load_runs(args.runs)
         metric = args.metric or PAPER_METRIC["AIME24"]  # the curves show AIME24 / AIME25
@@ -121,3 +128,27 @@ def main_plot(argv: list[str] | None = None) -> int:
     for p in paths:
         print(p)
     return 0
+
+
+COMMANDS = {"tables": (TABLES_HELP, add_tables_args, run_tables), "curves": (CURVES_HELP, add_curves_args, run_curves)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rpg.reports COMMAND ...`` with COMMAND in ``COMMANDS``."""
+    ap = argparse.ArgumentParser(prog="python -m rpg.reports", description="Paper tables and figures from run logs "
+                                 "(docs/data-and-reports.md).")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    for name, (text, add_args, _) in COMMANDS.items():
+        add_args(sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + "."))
+    args = ap.parse_args(argv)
+    return COMMANDS[args.command][2](args)
+
+
+def main_tables(argv: list[str] | None = None) -> int:
+    """``python -m rpg.reports tables ...`` (``argv`` without the command name)."""
+    return main(["tables", *(sys.argv[1:] if argv is None else argv)])
+
+
+def main_plot(argv: list[str] | None = None) -> int:
+    """``python -m rpg.reports curves ...`` (``argv`` without the command name)."""
+    return main(["curves", *(sys.argv[1:] if argv is None else argv)])

@@ -10,7 +10,8 @@ points are not drawn) and that step is marked with a dotted vertical line; on th
 that step (the table's "Last") is marked with a diamond. Written as ``<out>.png`` and
 ``<out>.svg`` with matplotlib's Agg backend (no display; no pyplot global state). The training
 keys are verl 0.9.1's: ``critic/score/mean`` (sequence score = ±1 + overlong penalty, the paper's
-"critic score"), ``actor/entropy`` and ``response_length/mean``.
+"critic score"), ``actor/entropy`` and ``response_length/mean``. NaN and ±inf values cannot be
+drawn: they are left out with a warning naming the run, panel and steps.
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ def seed_band(series_list: list[dict[int, float]]) -> tuple[list[int], list[floa
     return steps, means, stds
 
 
+def drop_nonfinite(series: dict[int, float]) -> tuple[dict[int, float], list[str]]:
+    """(the finite points, ``"step S (nan|inf|-inf)"`` for each point left out): a line cannot show
+    NaN or ±inf, and matplotlib would leave them out without a word."""
+    kept = {s: v for s, v in series.items() if math.isfinite(v)}
+    return kept, [f"step {s} ({'nan' if math.isnan(v) else f'{v:g}'})" for s, v in sorted(series.items()) if s not in kept]
+
+
 def _series(metrics: Metrics, panel: Panel, metric: str, source_map) -> dict[int, float]:
     if panel.benchmark is not None:
         return benchmark_series(metrics, metric, source_map).get(panel.benchmark, (None, {}))[1]
@@ -98,8 +106,17 @@ def plot_curves(
     labels: dict[str, list[Metrics]] = {}
     for label, metrics in runs:
         labels.setdefault(label, []).append(metrics)
-    data = {(p, lab): [s for s in (_series(m, p, metric, source_map) for m in ms) if s]
-            for p in panels for lab, ms in labels.items()}
+    data = {}
+    for p in panels:
+        for lab, ms in labels.items():
+            kept = []
+            for series in (_series(m, p, metric, source_map) for m in ms):
+                finite, dropped = drop_nonfinite(series)
+                if dropped:
+                    warnings.append(f"run {lab!r}: panel {p.title!r}: non-finite values not drawn: {', '.join(dropped)}")
+                if finite:
+                    kept.append(finite)
+            data[(p, lab)] = kept
     if last_step is None:
         last_step = max((max(s) for sl in data.values() for s in sl), default=None)
     else:  # the axis ends at the Last step: later points are not drawn

@@ -15,8 +15,11 @@ variable (read when verl's ``Tracking`` is built, at the start of ``fit``) is se
   ``s`` (a resume's validation at the checkpoint step joins the training metrics logged there).
 
 ``history_warnings`` checks any run (JSONL, W&B, TensorBoard): one line when the history does not
-start at step 0 (Best would cover a part of the run only) and one line listing the gaps in the
-validation steps (``val-*`` / ``val/*`` keys).
+start at step 0 (Best would cover a part of the run only), one line listing training steps without
+metrics (verl saves a step's checkpoint before it logs the step: a run stopped in between and
+resumed never logs that step) and one line listing the gaps in the validation steps (``val-*`` /
+``val/*`` keys). ``replaced_line`` says which steps a restart replaced (the CPU harness folds the
+segments of its output directory into one file with it, ``rpg.backends.cpu.harness``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ Metrics = dict[str, dict[int, float]]
 
 PATH_ENV, ROOT_ENV = "VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT"
 VALIDATION_PREFIXES = ("val-", "val/")
+TRAINING_STEP_KEY = "training/global_step"  # verl logs it with every training step's metrics
 
 
 def base_path(project: str, experiment: str, environ: Mapping[str, str] = os.environ) -> Path:
@@ -86,6 +90,48 @@ def join(parts: list[Metrics]) -> Metrics:
     return {k: dict(sorted(v.items())) for k, v in joined.items() if v}
 
 
+def replaced_steps(parts: list[Metrics]) -> list[tuple[int, list[int]]]:
+    """For each segment after the first that logged anything: (its first step, the steps of the
+    segments before it that ``join`` drops, i.e. logged after that step before the restart)."""
+    out, seen = [], set()
+    for i, part in enumerate(parts):
+        steps = {s for series in part.values() for s in series}
+        if not steps:
+            continue
+        start = min(steps)
+        if i and seen:
+            out.append((start, sorted(s for s in seen if s > start)))
+        seen = {s for s in seen if s <= start} | steps
+    return out
+
+
+def replaced_line(name: str | Path, parts: list[Metrics]) -> str | None:
+    """One line naming the steps whose earlier records a restart replaced (re-run) or dropped (not re-run
+    yet); None when no record was replaced."""
+    redone = [(start, steps) for start, steps in replaced_steps(parts) if steps]
+    if not redone:
+        return None
+    latest = {s for series in join(parts).values() for s in series}
+    said = []
+    for start, steps in redone:
+        rerun, dropped = [s for s in steps if s in latest], [s for s in steps if s not in latest]
+        said.append(f"restart at step {start}: " + ", ".join(
+            f"{what} {_ranges(xs)}" for what, xs in (("re-ran", rerun), ("dropped (not re-run yet)", dropped)) if xs))
+    return (f"{name}: earlier records replaced by the resumed run ({'; '.join(said)}): those steps were trained "
+            "after the checkpoint the run resumed from")
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1, 2, 3, 7] -> 'steps 1-3, 7'."""
+    runs: list[list[int]] = []
+    for s in sorted(steps):
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return "steps " + ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
 def read_segments(base: Path, read_one) -> tuple[Metrics, list[str]]:
     """``read_one`` on every segment of ``base``, joined; plus a note when there were several."""
     paths = segments(base) or [Path(base)]
@@ -102,7 +148,9 @@ def validation_steps(metrics: Metrics) -> list[int]:
 
 
 def history_warnings(name: str | Path, metrics: Metrics) -> list[str]:
-    """One line if the history does not start at step 0; one line listing gaps in the validation steps.
+    """One line if the history does not start at step 0; one line listing the training steps without
+    metrics (``TRAINING_STEP_KEY`` missing between the first step, at least 1, and the last training
+    step); one line listing gaps in the validation steps.
 
     The validation interval is the most common spacing of consecutive validation steps (ties: the
     smaller; the last spacing is left out of the vote, verl also validates at the final step); a
@@ -114,6 +162,12 @@ def history_warnings(name: str | Path, metrics: Metrics) -> list[str]:
         first = min(steps)
         out.append(f"{name}: the log starts at step {first}, not 0: steps before {first} are missing (a resumed "
                    f"run whose earlier history was overwritten?); Best and curves cover steps >= {first} only")
+    trained = sorted(metrics.get(TRAINING_STEP_KEY, {}))
+    if trained:
+        lost = sorted(set(range(max(1, min(steps)), trained[-1] + 1)) - set(trained))
+        if lost:
+            out.append(f"{name}: no training metrics for {_ranges(lost)} (a run stopped after a checkpoint was "
+                       "saved and before that step's metrics were logged, then resumed after it?)")
     val = validation_steps(metrics)
     diffs = [b - a for a, b in zip(val, val[1:])]
     vote = diffs[:-1] if len(diffs) > 1 else diffs

@@ -1,26 +1,35 @@
 """Read a run's scalar metrics from verl's file logger (JSONL), a W&B CSV export or TensorBoard.
 
-All readers return ``{metric_name: {step: value}}`` with int steps and finite float values.
+All readers return ``{metric_name: {step: value}}`` with int steps and float values *as logged*:
+NaN and ±inf are kept (tables show ``nan`` / ``inf`` / ``-inf``, figures leave those points out
+and say so) and ``read_run`` names every such value in one warning line. Nothing is rewritten.
 
 * verl file logger (``trainer.logger=[...,'file']``, verl/utils/tracking.py ``FileLogger``): one
   line per step, ``{"step": s, "data": {"val-core/aime2024/acc/mean@32": ..., ...}}``. A flat
-  ``{"step": s, key: value, ...}`` line is accepted too. A truncated *last* line (run killed while
-  writing) is skipped with a warning; any other unparsable line is an error.
+  ``{"step": s, key: value, ...}`` line is accepted too. verl writes with orjson, which turns NaN
+  and ±inf into ``null``: a ``null`` value is read as NaN (and named so in the warning). A
+  truncated *last* line (run killed while writing) is skipped with a warning; any other
+  unparsable line is an error.
 * W&B CSV export: a step column (``_step``, ``Step``, ``step``, ``global_step`` or
-  ``trainer/global_step``) plus one column per metric. Panel exports prefix columns with
-  ``"<run name> - "``; the prefix is removed and ``__MIN``/``__MAX`` columns are ignored. One run per
-  file: several run prefixes are an error.
+  ``trainer/global_step``) plus one column per metric; an empty cell is "not logged at this step".
+  Panel exports prefix columns with ``"<run name> - "``; the prefix is removed and
+  ``__MIN``/``__MAX`` columns are ignored. One run per file: several run prefixes are an error.
 * TensorBoard: an event file or a directory of event files (verl's ``tensorboard`` logger writes
-  scalars with ``add_scalar(key, value, step)``).
+  scalars with ``add_scalar(key, value, step)``; TensorBoard's own reader drops the events a
+  restarted writer logged again).
 
-When a step is logged twice, the later value wins. A ``.jsonl`` path also reads the segments that
-resumed runs wrote next to it and joins them; every run's history is checked for a missing start
-and gaps in the validation steps (warnings; ``rpg.reports.history``).
+A step logged twice *within one file* (JSONL line or CSV row) is reported in one warning line; the
+later record's values are kept. A ``.jsonl`` path also reads the segments that resumed runs wrote
+next to it and joins them (a later segment legitimately replaces the steps redone after a resume);
+every run's history is checked for a missing start and gaps in the validation steps (warnings;
+``rpg.reports.history``). A file that is not UTF-8 is an error naming it.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import json
 import math
 import re
@@ -35,38 +44,94 @@ _STEP_COLUMNS = ("_step", "Step", "step", "global_step", "trainer/global_step")
 _WANDB_SKIP = {"_runtime", "_timestamp", "_wall_time", "Wall time"}
 
 
+_NULL = object()  # a JSON null value in the file logger (orjson's NaN / ±inf)
+
+
 def _num(value) -> float | None:
+    """A logged value as a float (NaN and ±inf kept), or None for a non-numeric one."""
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, (int, float)):
-        v = float(value)
-    elif isinstance(value, str) and value.strip():
+        return float(value)
+    if isinstance(value, str) and value.strip():
         try:
-            v = float(value)
+            return float(value)
         except ValueError:
             return None
-    else:
-        return None
-    return v if math.isfinite(v) else None
-
-
-def _put(metrics: Metrics, key: str, step: int, value) -> None:
-    v = _num(value)
-    if v is not None:
-        metrics.setdefault(key, {})[step] = v
+    return None
 
 
 def _step(value, where: str) -> int:
     v = _num(value)
-    if v is None or v != int(v):
+    if v is None or not math.isfinite(v) or v != int(v):
         raise ValueError(f"{where}: step must be an integer, got {value!r}")
     return int(v)
 
 
+class _Reader:
+    """Collects one file's metrics, the steps recorded twice and the JSON nulls read as NaN."""
+
+    def __init__(self, path: Path):
+        self.path, self.metrics, self.repeated, self.nulls = path, {}, set(), set()
+        self._seen: set[int] = set()
+
+    def record(self, step: int, items) -> None:
+        """One record (JSONL line, CSV row) of ``(key, value)`` pairs at ``step``."""
+        if step in self._seen:
+            self.repeated.add(step)
+        self._seen.add(step)
+        for key, value in items:
+            if value is _NULL:
+                v = math.nan
+                self.nulls.add((key, step))
+            else:
+                v = _num(value)
+            if v is not None:
+                self.metrics.setdefault(key, {})[step] = v
+
+    def done(self) -> Metrics:
+        if self.repeated:
+            warnings.warn(f"{self.path}: steps logged more than once in this file: "
+                          f"{', '.join(map(str, sorted(self.repeated)))} (the later record's values are kept)",
+                          stacklevel=3)
+        line = nonfinite_warning(self.path, self.metrics, self.nulls)
+        if line:
+            warnings.warn(line, stacklevel=3)
+        return self.metrics
+
+
+def nonfinite_warning(path, metrics: Metrics, nulls=frozenset(), show: int = 8) -> str | None:
+    """One line naming the NaN / ±inf values of a file (key, step, value), in step order."""
+    bad = sorted(((s, k, v) for k, series in metrics.items() for s, v in series.items() if not math.isfinite(v)),
+                 key=lambda t: (t[0], t[1]))
+    if not bad:
+        return None
+
+    def one(s, k, v):
+        what = ("null: verl's file logger writes NaN and ±inf as null; read as nan" if (k, s) in nulls
+                else "nan" if math.isnan(v) else f"{v:g}")
+        return f"{k} at step {s} ({what})"
+
+    listed = ", ".join(one(*t) for t in bad[:show]) + (f", ... {len(bad) - show} more" if len(bad) > show else "")
+    return (f"{path}: {len(bad)} non-finite values kept as logged (tables show nan/inf/-inf, figures leave them "
+            f"out): {listed}")
+
+
+def _text(path: Path) -> str:
+    """The file as UTF-8 text (a BOM is dropped); ValueError naming the file and the first bad byte."""
+    raw = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, column = raw.count(b"\n", 0, err.start) + 1, err.start - raw.rfind(b"\n", 0, err.start)
+        raise ValueError(f"{path}: not UTF-8 text (line {line}, byte {column}: 0x{raw[err.start]:02x}); "
+                         "export the log as UTF-8") from None
+
+
 def read_file_logger(path: str | Path) -> Metrics:
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    metrics: Metrics = {}
+    lines = _text(path).splitlines()
+    reader = _Reader(path)
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     for i, line in enumerate(lines):
         if not line.strip():
@@ -82,14 +147,13 @@ def read_file_logger(path: str | Path) -> Metrics:
             raise ValueError(f"{path}:{i + 1}: expected an object with a 'step' key")
         step = _step(obj["step"], f"{path}:{i + 1}")
         data = obj["data"] if isinstance(obj.get("data"), dict) else {k: v for k, v in obj.items() if k != "step"}
-        for key, value in data.items():
-            _put(metrics, key, step, value)
-    return metrics
+        reader.record(step, ((k, _NULL if v is None else v) for k, v in data.items()))
+    return reader.done()
 
 
 def read_wandb_csv(path: str | Path) -> Metrics:
     path = Path(path)
-    with open(path, newline="", encoding="utf-8-sig") as fh:
+    with io.StringIO(_text(path), newline="") as fh:
         reader = csv.DictReader(fh)
         header = reader.fieldnames or []
         step_col = next((c for c in _STEP_COLUMNS if c in header), None)
@@ -110,14 +174,13 @@ def read_wandb_csv(path: str | Path) -> Metrics:
         if len(set(columns.values())) != len(columns):
             dup = sorted({n for n in columns.values() if list(columns.values()).count(n) > 1})
             raise ValueError(f"{path}: metrics {dup} appear in several columns")
-        metrics: Metrics = {}
+        out = _Reader(path)
         for n, row in enumerate(reader, start=2):
             if _num(row.get(step_col)) is None:
                 continue
             step = _step(row[step_col], f"{path}:{n}")
-            for col, name in columns.items():
-                _put(metrics, name, step, row.get(col))
-    return metrics
+            out.record(step, ((name, row.get(col)) for col, name in columns.items()))
+    return out.done()
 
 
 def read_tensorboard(path: str | Path) -> Metrics:
@@ -130,12 +193,12 @@ def read_tensorboard(path: str | Path) -> Metrics:
     metrics: Metrics = {}
     for tag in tags.get("scalars", []):
         for ev in acc.Scalars(tag):
-            _put(metrics, tag, int(ev.step), ev.value)
+            metrics.setdefault(tag, {})[int(ev.step)] = float(ev.value)
     for tag in tags.get("tensors", []):
         for ev in acc.Tensors(tag):
             arr = tensor_util.make_ndarray(ev.tensor_proto)
             if arr.size == 1 and arr.dtype.kind in "fiu":
-                _put(metrics, tag, int(ev.step), float(arr.reshape(())))
+                metrics.setdefault(tag, {})[int(ev.step)] = float(arr.reshape(()))
     return metrics
 
 
@@ -149,6 +212,9 @@ def read_run(path: str | Path) -> Metrics:
         if path.is_dir() and not any(path.glob("*tfevents*")):
             raise ValueError(f"{path}: directory holds no TensorBoard event files")
         metrics = read_tensorboard(path)
+        line = nonfinite_warning(path, metrics)
+        if line:
+            notes.append(line)
     elif path.suffix == ".jsonl":  # + the segments written after resumes (rpg.reports.history)
         metrics, notes = read_segments(path, read_file_logger)
     elif path.suffix == ".csv":

@@ -1,4 +1,4 @@
-"""The paper's published mean@32 numbers (spec §7), read from ``published.csv`` in this package.
+"""The paper's published mean@32 numbers (Tables 3, 5-8), read from ``published.csv`` in this package.
 
 The CSV is long-format, one value per row: table, model, context, method, benchmark, stat
 (``last``/``best``), value, mark (``bold``/``italic`` as marked in the PDF), flag and note.

@@ -4,7 +4,10 @@
   the cell is empty and a warning names the last evaluated step: no silent substitution.
   ``last_step=None`` means "the final evaluated step of each run".
 * Best = max over evaluated steps <= last_step (all steps when last_step is None), including
-  step 0 (``val_before_train``). The paper does not define Best; this is the spec's reading (§6.2).
+  step 0 (``val_before_train``). The paper does not define Best; this is the recipe's reading (docs/data-and-reports.md).
+* Values are shown as logged: NaN and ±inf print as ``nan`` / ``inf`` / ``-inf`` (Best leaves NaN
+  steps out, with a warning; a mean over seeds with a non-finite value is ±inf or nan, its std nan;
+  NaN is never marked best).
 * Δ = ours − paper. A run is matched to a published row by its label (case-insensitive method
   name, e.g. ``RPG-REINFORCE-URKL``); unmatched runs get empty paper cells and a warning.
 * Runs sharing a label are seeds of one method: the row shows mean ± std (sample std, ddof 1)
@@ -19,6 +22,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -59,7 +63,7 @@ class TableData:
         for bench in self.benchmarks:
             for stat in STATS:
                 vals = [(i, cells[(bench, stat)].ours) for i, (_, cells) in enumerate(self.rows)]
-                vals = [(i, v) for i, v in vals if v is not None]
+                vals = [(i, v) for i, v in vals if v is not None and not math.isnan(v)]  # NaN is unranked
                 ranked = sorted({v for _, v in vals}, reverse=True)
                 for i, v in vals:
                     if len(vals) >= 2 and v == ranked[0]:
@@ -70,13 +74,25 @@ class TableData:
 
 
 def last_and_best(series: dict[int, float], last_step: int | None) -> tuple[float | None, float | None]:
-    """(value at last_step or None, max over steps <= last_step or None); last_step None = final step."""
+    """(value at last_step or None, max over steps <= last_step or None); last_step None = final step.
+
+    Values are as logged: Last may be NaN or ±inf; Best is the max over the non-NaN values (NaN is
+    unordered; +inf is the max when logged), NaN when every eligible value is NaN. ``nan_steps``
+    names the NaN steps Best leaves out (the table warns).
+    """
     if not series:
         return None, None
     if last_step is None:
         last_step = max(series)
     eligible = [v for s, v in series.items() if s <= last_step]
-    return series.get(last_step), (max(eligible) if eligible else None)
+    ordered = [v for v in eligible if not math.isnan(v)]
+    best = max(ordered) if ordered else (math.nan if eligible else None)
+    return series.get(last_step), best
+
+
+def nan_steps(series: dict[int, float], last_step: int | None) -> list[int]:
+    """Steps <= last_step (all when None) whose value is NaN: left out of Best."""
+    return sorted(s for s, v in series.items() if math.isnan(v) and (last_step is None or s <= last_step))
 
 
 def _columns(metrics: Metrics, layout: TableLayout, metric: str, source_map) -> dict[str, tuple[str, dict[int, float]]]:
@@ -91,9 +107,13 @@ def _columns(metrics: Metrics, layout: TableLayout, metric: str, source_map) -> 
 
 
 def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample std; with a NaN or ±inf among the values, IEEE arithmetic (the mean is ±inf or
+    NaN) and a NaN std: nothing non-finite is dropped or replaced."""
     if not values:
         return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+    if all(math.isfinite(v) for v in values):
+        return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+    return sum(values) / len(values), (math.nan if len(values) > 1 else None)
 
 
 def build_table(
@@ -135,6 +155,10 @@ def build_table(
                     where = f"val-core/{layout.sources[bench]}/{m}" if layout.sources else f"val-core/<data_source>/{m}"
                     td.warnings.append(f"run {name!r}: no {where} for {bench}")
                 last, best = last_and_best(s, last_step)
+                skipped = nan_steps(s, last_step)
+                if skipped and best is not None and not math.isnan(best):
+                    td.warnings.append(f"run {name!r}: {bench} ({ds}) is nan at step{'s' * (len(skipped) > 1)} "
+                                       f"{', '.join(map(str, skipped))}: Best is over the other steps")
                 if s and last is None:
                     td.warnings.append(
                         f"run {name!r}: {bench} ({ds}) has no value at step {last_step}; "
@@ -168,12 +192,17 @@ def _metric_label(metric_of: dict[str, str]) -> str:
     return "; ".join(f"{m} ({', '.join(b)})" for m, b in by_metric.items())
 
 
+def _nonfinite(v: float) -> str | None:
+    """``nan``, ``inf``, ``-inf`` for a non-finite value (shown as logged), None otherwise."""
+    return None if math.isfinite(v) else "nan" if math.isnan(v) else "inf" if v > 0 else "-inf"
+
+
 def _fmt(v: float | None) -> str:
-    return "—" if v is None else f"{v:.4f}"
+    return "—" if v is None else _nonfinite(v) or f"{v:.4f}"
 
 
 def _fmt_delta(v: float | None) -> str:
-    return "—" if v is None else f"{v:+.4f}"
+    return "—" if v is None else _nonfinite(v) or f"{v:+.4f}"
 
 
 def _fmt_paper(p: PublishedValue | None, flag_mark: str) -> str:
@@ -184,7 +213,7 @@ def _fmt_paper(p: PublishedValue | None, flag_mark: str) -> str:
 
 def _fmt_ours(c: Cell, pm: str = " ± ") -> str:
     """The value, with ± std when it is a mean over several runs."""
-    return _fmt(c.ours) + (f"{pm}{c.std:.4f}" if c.ours is not None and c.std is not None else "")
+    return _fmt(c.ours) + (f"{pm}{_fmt(c.std)}" if c.ours is not None and c.std is not None else "")
 
 
 def _caption(td: TableData) -> str:

@@ -32,7 +32,7 @@ from rpg.variants import Variant, paper_row, parse
 
 LR_SCALE = 500.0  # tiny lr = paper lr x 500 (1e-6 -> 5e-4, the tiny demo's learning rate)
 
-# The methods of the study (issue 10): paper run names; the model part (7b) is replaced by the tiny model.
+# The methods of the study (docs/study.md): paper run names; the model part (7b) is replaced by the tiny model.
 METHODS: tuple[str, ...] = (
     "run_grpo_7b",                                # GRPO: k3 KL 1e-3 vs the fixed initial model, clip (0.2, 0.2)
     "run_dapo_7b",                                # DAPO: no KL, clip (0.2, 0.28), dynamic sampling

@@ -201,11 +201,11 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
              jobs: int = 1, stream=None) -> list[dict]:
     """Run every spec that is not finished, ``jobs`` at a time; returns the records of all specs.
 
-    Runs start in grid order. An interrupt (Ctrl-C, SIGTERM) or an unexpected error stops every
+    Runs start in grid order. An interrupt (Ctrl-C, SIGTERM, SIGHUP) or an unexpected error stops every
     running trainer (its processes are cleaned up by the harness) and leaves no record for it, so
     that the next call runs it again; finished runs keep their records.
     """
-    from rpg.backends.cpu.harness import raise_on_sigterm
+    from rpg.signals import raise_on_stop_signals
 
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
@@ -223,7 +223,7 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
         if st in keep:
             progress.say(f"skip {spec.label} k={spec.updates} seed {spec.seed}: {st} ({run_dir(out, spec)})")
     stop = threading.Event()
-    restore = raise_on_sigterm()
+    restore = raise_on_stop_signals()
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="study-run") as pool:
             futures = []

@@ -13,4 +13,6 @@ stays free of verl's heavy trainer/worker stack):
 * ``worker``         ``RPGActorRolloutRefWorker``: loss install, reference sync, schedule-free modes.
 * ``trainer``        ``RPGTrainer``: reference schedule, schedule-free switches, metrics.
 * ``main``           ``RPGTaskRunner`` and the Hydra driver used by ``recipe/rpg/main_rpg.py``.
+* ``preflight``      input paths and run names checked in the driver before Ray.
+* ``checkpoints``    which checkpoint a resume loads (complete and intact), decided before Ray.
 """

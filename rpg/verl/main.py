@@ -12,12 +12,18 @@ validate_config -> run_ppo) with two differences:
    compares that string to pick the replay buffer, so no new trainer name is registered), and
    verl's file logger pointed at a new segment of the run's metrics history for the duration of
    ``fit`` (``log_segment``: a resume never truncates the history; ``rpg.reports.history``).
+
+Before Ray, ``prepare_config`` also pins the checkpoint a resume loads (``rpg.verl.checkpoints``:
+the newest complete one, or one line refusing). SIGHUP, SIGINT and SIGTERM stop the run: Ray is
+shut down and one line says where the metrics and the last complete checkpoint are and how to
+resume (``stop_on_signals``; exit code 128 + signum).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
 from pprint import pprint
 
@@ -32,7 +38,8 @@ from verl.utils.logging_utils import configure_verl_logging
 
 import rpg.verl.register  # noqa: F401  (registrations in the driver even without the entry point)
 from rpg.reports.history import PATH_ENV, base_path, claim_segment
-from rpg.verl.preflight import check_input_paths, error_line
+from rpg.signals import StopSignal, raise_on_stop_signals
+from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
 from rpg.verl.settings import RPGConfigError, RPGSettings, describe, validate_and_apply
 
 
@@ -92,12 +99,17 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True) -> RPGSettin
     """Everything the driver does before Ray: RPG validation/translation, input paths, verl's checks.
 
     ``check_paths=False``: the caller reports missing paths itself (``rpg.launch`` under DRY_RUN=1
-    or before a Ray submission, where the files live on the cluster).
+    or before a Ray submission, where the files live on the cluster); the resume checkpoint is
+    then not resolved either (``rpg.verl.preflight.resolve_resume``).
     """
     auto_set_device(config)
     settings = validate_and_apply(config)
+    check_run_names(config)
     if check_paths:
         check_input_paths(config)
+        note = resolve_resume(config)  # pins the checkpoint verl loads, or refuses (one line)
+        if note:
+            print(f"rpg: {note}", flush=True)
     print(describe(config, settings), flush=True)
     validate_config(
         config=config,
@@ -107,16 +119,73 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True) -> RPGSettin
     return settings
 
 
+def resume_command(argv: list[str]) -> str:
+    """The command that resumes this run: the same one, with ``trainer.resume_mode=auto`` last."""
+    from rpg.backends.cpu.settings import merge_overrides  # pure helper (no verl import)
+
+    script, args = argv[0], argv[1:]
+    flags = [a for a in args if "=" not in a]
+    return shlex.join([sys.executable, script, *flags,
+                       *merge_overrides([a for a in args if "=" in a], ["trainer.resume_mode=auto"])])
+
+
+def stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
+    """The one line printed when a stop signal ends the run: log, last complete checkpoint, resume command."""
+    from rpg.verl.checkpoints import last_complete
+
+    trainer = config.trainer
+    ckpt = last_complete(os.path.abspath(trainer.default_local_dir))  # relative: to the cwd, as verl does
+    logged = "file" in ([trainer.logger] if isinstance(trainer.logger, str) else list(trainer.logger or ()))
+    # the workers' environment: the launcher passes VERL_FILE_LOGGER_ROOT through Ray's runtime env
+    worker_env = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
+    environ = {**os.environ, **{k: str(v) for k, v in dict(worker_env).items()}}
+    log = base_path(trainer.project_name, trainer.experiment_name, environ) if logged else "this process's output"
+    return (f"rpg: stopped by {signal_name}; Ray shut down; metrics log {log}; last complete checkpoint "
+            f"{ckpt or 'none (nothing saved yet: the resume starts at step 0)'}; resume: {resume_command(argv)}")
+
+
+@contextlib.contextmanager
+def stop_on_signals(config: DictConfig, argv: list[str] | None = None):
+    """SIGHUP, SIGINT, SIGTERM (``rpg.signals``): shut down the Ray cluster this driver started (or
+    leave the cluster it joined: Ray ends a departed driver's actors), print ``stop_line``, exit
+    128 + signum. ``ray.init`` installs its own SIGTERM handler; Ray's post-init hook puts ours back."""
+    from ray._private import worker as ray_worker
+
+    handlers = raise_on_stop_signals()
+    ray_worker._post_init_hooks.append(handlers.reassert)
+    try:
+        yield
+    except BaseException:
+        if not handlers.received:  # not a stop signal: not ours to handle
+            raise
+        # the handler's StopSignal, or what Ray made of it inside ray.get (its core worker turns an
+        # exception raised by a signal handler during a blocking get into SystemExit(1))
+        handlers.hold()
+        stop = StopSignal(handlers.received[0])
+        if ray.is_initialized():
+            ray.shutdown()
+        with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+            print(stop_line(config, stop.name, list(sys.argv if argv is None else argv)), file=sys.stderr, flush=True)
+        sys.exit(stop.code)
+    finally:
+        with contextlib.suppress(ValueError):
+            ray_worker._post_init_hooks.remove(handlers.reassert)
+        handlers()
+
+
 def run(config: DictConfig) -> None:
-    prepare_config(config)
-    run_ppo(config, task_runner_class=ray.remote(RPGTaskRunner))
+    with stop_on_signals(config):
+        prepare_config(config)
+        run_ppo(config, task_runner_class=ray.remote(RPGTaskRunner))
 
 
 def main_from_hydra(config: DictConfig) -> None:
-    """Body of the Hydra main: one clear line on a bad ``rpg:`` value or input path, then exit code 2."""
-    try:
-        prepare_config(config)
-    except RPGConfigError as e:
-        print(error_line(e), file=sys.stderr)
-        sys.exit(2)
-    run_ppo(config, task_runner_class=ray.remote(RPGTaskRunner))
+    """Body of the Hydra main: one clear line on a bad ``rpg:`` value, input path or resume
+    checkpoint, then exit code 2; a stop signal ends the run as ``stop_on_signals`` says."""
+    with stop_on_signals(config):
+        try:
+            prepare_config(config)
+        except RPGConfigError as e:
+            print(error_line(e), file=sys.stderr)
+            sys.exit(2)
+        run_ppo(config, task_runner_class=ray.remote(RPGTaskRunner))

@@ -23,6 +23,12 @@ Keys and rules (a value containing ``://`` — hdfs://, s3://, ... — is remote
 * ``trainer.resume_from_path`` when ``trainer.resume_mode=resume_path``: an existing directory whose
   name is ``global_step_<N>`` (verl reads the step from it); relative to the current directory
   and ``~`` is not expanded, as verl does.
+
+``resolve_resume`` (driver only, after the paths) decides what the run resumes from
+(``rpg.verl.checkpoints``: the newest complete, intact checkpoint, or one line refusing) and pins
+it: ``resume_mode=auto`` becomes ``resume_path`` with that folder, so verl loads exactly it.
+``check_run_names``: ``trainer.project_name`` and ``trainer.experiment_name`` name directories
+(checkpoints, logs) and must stay inside them: no path separator, not ``.``/``..``, not empty.
 """
 
 from __future__ import annotations
@@ -94,6 +100,37 @@ def resume_path_problem(value: Any) -> str | None:
     if not os.path.isdir(value):
         return f"{key}={value}: no such directory"
     return None
+
+
+def name_problem(key: str, value: Any) -> str | None:
+    """None if ``value`` can name one directory level (no separator, not '.'/'..', not empty)."""
+    if not isinstance(value, str) or not value.strip() or value in (".", "..") or any(c in value for c in "/\\\0"):
+        return (f"{key}={value!r}: a run name becomes a directory (checkpoints, logs) and must stay inside it: "
+                "no '/' or '\\', not '.' or '..', not empty")
+    return None
+
+
+def check_run_names(cfg) -> None:
+    """``RPGConfigError`` (one line) if the project or experiment name could leave its directory."""
+    problems = [name_problem(k, _get(cfg, k)) for k in ("trainer.project_name", "trainer.experiment_name")]
+    if any(problems):
+        raise RPGConfigError("; ".join(p for p in problems if p))
+
+
+def resolve_resume(cfg) -> str | None:
+    """Decide the checkpoint the run resumes from (``rpg.verl.checkpoints.plan_resume``) and pin it in
+    ``cfg`` (``resume_mode=resume_path``); returns the line to print (None: no resume).
+    Raises ``ResumeError`` (one line) when the run cannot continue where it stopped."""
+    from omegaconf import OmegaConf
+
+    from rpg.verl.checkpoints import plan_resume
+
+    mode = _get(cfg, "trainer.resume_mode")
+    plan = plan_resume(mode, _get(cfg, "trainer.default_local_dir"), _get(cfg, "trainer.resume_from_path"))
+    if plan.folder is not None:
+        OmegaConf.update(cfg, "trainer.resume_mode", "resume_path")
+        OmegaConf.update(cfg, "trainer.resume_from_path", plan.folder)
+    return plan.note
 
 
 def _get(cfg, key: str) -> Any:

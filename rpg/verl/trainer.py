@@ -16,7 +16,8 @@ Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is 
   Reference modes that reset also write ``rpg_reference.json`` (last reset step, EMA, count) and,
   unless the reference equals the saved actor (last reset == this step), the reference shards;
   after verl's save, the reference state of every checkpoint whose actor verl's retention
-  (``trainer.max_actor_ckpt_to_keep``) deleted is deleted too.
+  (``trainer.max_actor_ckpt_to_keep``) deleted is deleted too; last, the completion marker
+  (``rpg.verl.checkpoints.MARKER``: the files and their sizes) that a resume requires.
 * ``on_init_end``: schedule-free -> train mode (y) after a resume; reference restored from the
   checkpoint (see docs/verl-integration.md, "Resume"); then verl's rollout weight sync.
 * ``on_validate_begin/end``: schedule-free -> validation generates with the eval (x) weights:
@@ -49,6 +50,7 @@ from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
+from rpg.verl.checkpoints import write_marker
 from rpg.verl.settings import parse_rpg_settings
 from rpg.verl.validation import SamplesPerSource
 from rpg.verl.worker import RPGActorRolloutRefWorker
@@ -227,7 +229,17 @@ class RPGTrainer(PPOTrainerSync):
                 self.actor_rollout_wg.sf_set_mode("train")
         if self.rpg.reference.resets:
             self._prune_reference_state()
+        self._mark_complete()
         return result
+
+    def _mark_complete(self) -> None:
+        """Written last, after verl's save returned: the checkpoint is whole (``rpg.verl.checkpoints``).
+        Not with ``actor.checkpoint.async_save``: verl returns before the files are written (and
+        writes no tracker either), so such a checkpoint never counts as complete."""
+        if self.config.actor_rollout_ref.actor.get("checkpoint", {}).get("async_save", False):
+            return
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        write_marker(folder, self.global_steps)
 
     def _save_reference_state(self) -> None:
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")

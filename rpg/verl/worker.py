@@ -34,7 +34,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from rpg.verl.reference_copy import (copy_actor_to_reference, local_shard, max_shard_diff, next_token_nll,
-                                     paired_local_shards, probe_logits, probe_token_ids)
+                                     paired_local_shards, probe_logits, probe_token_ids, wait_for_offload_copies)
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
         opt = self._optimizer()
         if not is_schedule_free(opt):
             raise ValueError(f"sf_set_mode needs a schedule-free optimizer, found {type(opt).__name__}")
+        wait_for_offload_copies()  # parameters and z may be offloaded: the switch works on them in place
         change = 0.0
         for group in opt.param_groups:
             if group["train_mode"] == (mode == "train"):

@@ -1,4 +1,5 @@
-"""Run verl's real trainer on the CPU backend in a subprocess and return its per-step metrics.
+"""Run verl's real trainer on the CPU backend (or, with ``backend="gpu"``, on CUDA: the GPU smoke run
+of rpg.backends.gpu.smoke) in a subprocess and return its per-step metrics.
 
     from rpg.backends.cpu.harness import run_trainer
     run = run_trainer(overrides, output_dir=tmp_path)           # raises TrainerRunError on failure
@@ -14,12 +15,22 @@ validation before training is logged at step 0).
 Clean-up: the trainer runs in its own session with a private Ray temp dir, so every process of
 the run (driver, GCS, raylet, workers) is identifiable. After the run, whatever its outcome, any
 of them still alive 30 s after the driver exited is terminated, and ``TrainerRun.leftover_pids``
-lists them (empty
-in a clean run). A failed or timed-out run raises ``TrainerRunError`` with the log's tail.
+lists them (empty in a clean run). A failed or timed-out run raises ``TrainerRunError`` with the
+log's tail. SIGHUP, SIGINT and SIGTERM to this process (main thread, ``rpg.signals``) end the run
+the same way within a minute and raise ``TrainerRunError`` with ``TrainerRun.stop_signal`` set
+(``report_stop`` prints the one line; the caller exits 128 + signum).
+
+Resume: an output directory is never wiped. ``trainer.log`` is appended to; each start logs to
+the next free segment of ``metrics.jsonl`` (``rpg.reports.history.claim_segment``), folded into
+``metrics.jsonl`` when the run ends (``fold_segments``: one record per step, in order; a restart
+at step s replaces what was logged after s). ``TrainerRun.notes``: which steps a restart
+replaced, training steps without metrics, ... (``rpg.reports.history``). One run per directory
+at a time (a lock).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -34,10 +45,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpg.backends.cpu.settings import cpu_env, cpu_overrides, merge_overrides, override_key
+from rpg.reports import history
+from rpg.signals import StopSignal, raise_on_stop_signals
 
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
 METRICS_FILE = "metrics.jsonl"
 LOG_FILE = "trainer.log"
+LOCK_FILE = ".run.lock"
+# after a stop signal: SIGTERM to the trainer's group, SIGKILL after STOP_WAIT_S, then STOP_GRACE_S for the
+# output's last lines and for stragglers, then terminate/kill them (5 s): under 40 s in all
+STOP_WAIT_S, STOP_GRACE_S = 10.0, 5.0
 PSS_EVERY_S = 10.0  # seconds between PSS samples (peak_pss_bytes); memory plateaus last far longer
 
 
@@ -64,6 +81,9 @@ class TrainerRun:
     leftover_pids: list[int] = field(default_factory=list)  # run processes alive 30 s after the driver exited (then killed)
     timed_out: bool = False
     stopped: bool = False  # terminated because the caller's ``stop`` event was set
+    stop_signal: int | None = None  # terminated because this process got SIGHUP, SIGINT or SIGTERM
+    cwd: Path | None = None  # the trainer's working directory (relative checkpoint paths)
+    notes: list[str] = field(default_factory=list)  # history lines: steps a resume replaced, lost steps, ...
 
     @property
     def log(self) -> str:
@@ -83,9 +103,9 @@ class TrainerRun:
         return "\n".join(self.log.splitlines()[-n:])
 
 
-def read_metrics(path: Path) -> dict[int, dict]:
-    """Parse verl's FileLogger JSONL into {step: merged data}."""
-    out: dict[int, dict] = {}
+def _read_one(path: Path) -> dict[str, dict[int, object]]:
+    """One FileLogger file as {key: {step: value}} (``rpg.reports.history``'s shape; values kept as logged)."""
+    out: dict[str, dict[int, object]] = {}
     if not Path(path).exists():
         return out
     for line in Path(path).read_text().splitlines():
@@ -95,9 +115,45 @@ def read_metrics(path: Path) -> dict[int, dict]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            continue  # a line being written
-        out.setdefault(int(rec["step"]), {}).update(rec["data"])
+            continue  # a line being written, or cut by a kill
+        for key, value in rec["data"].items():
+            out.setdefault(key, {})[int(rec["step"])] = value
     return out
+
+
+def _by_step(metrics: dict[str, dict[int, object]]) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    for key, series in metrics.items():
+        for step, value in series.items():
+            out.setdefault(step, {})[key] = value
+    return dict(sorted(out.items()))
+
+
+def read_metrics(path: Path) -> dict[int, dict]:
+    """verl's FileLogger JSONL at ``path`` and the segments later starts wrote next to it, joined
+    (``rpg.reports.history.join``: a restart at step s replaces what was logged after s), as
+    {step: merged data}."""
+    return _by_step(history.join([_read_one(p) for p in history.segments(Path(path)) or [Path(path)]]))
+
+
+def fold_segments(path: Path) -> str | None:
+    """Rewrite ``path`` as the joined history of its segments (one record per step, in order; written
+    to a temporary file and renamed, then the later segments are removed: a fold interrupted
+    anywhere folds again to the same result). Returns ``rpg.reports.history.replaced_line``: which
+    steps a restart replaced (None if none)."""
+    path = Path(path)
+    paths = history.segments(path)
+    if len(paths) < 2:
+        return None
+    parts = [_read_one(p) for p in paths]
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        for step, data in _by_step(history.join(parts)).items():
+            f.write(json.dumps({"step": step, "data": data}) + "\n")
+    os.replace(tmp, path)
+    for p in paths[1:]:
+        p.unlink(missing_ok=True)
+    return history.replaced_line(path, parts)
 
 
 def _entry_argv(entry: str) -> list[str]:
@@ -119,16 +175,33 @@ def _with_file_logger(overrides: list[str]) -> list[str]:
     return overrides + ["trainer.logger=['console','file']"]
 
 
+BACKENDS = ("cpu", "gpu")
+
+
 def build_command(
     overrides: Iterable[str] = (),
     entry: str = DEFAULT_ENTRY,
     extra_modules: Iterable[str] = (),
     base_env: Mapping[str, str] | None = None,
+    backend: str = "cpu",
 ) -> tuple[list[str], dict[str, str]]:
-    """(argv, env) for a CPU run of ``entry`` with ``overrides`` (no process started)."""
+    """(argv, env) for a run of ``entry`` with ``overrides`` (no process started).
+
+    ``backend="cpu"``: the CPU settings (settings.py) first, then ``overrides``. ``backend="gpu"``:
+    verl's own CUDA path; only the run environment and ``extra_modules`` are added (see
+    rpg.backends.gpu.settings; the caller's overrides carry the GPU settings).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is invalid: expected one of {BACKENDS}")
     base_env = dict(os.environ if base_env is None else base_env)
-    env = {**base_env, **cpu_env(extra_modules, base=base_env)}
-    ov = _with_file_logger(merge_overrides(cpu_overrides(env), list(overrides)))
+    if backend == "gpu":
+        from rpg.backends.gpu.settings import gpu_env, gpu_forwarded_overrides
+
+        env = {**base_env, **gpu_env(extra_modules, base=base_env)}
+        ov = _with_file_logger(merge_overrides(gpu_forwarded_overrides(env), list(overrides)))
+    else:
+        env = {**base_env, **cpu_env(extra_modules, base=base_env)}
+        ov = _with_file_logger(merge_overrides(cpu_overrides(env), list(overrides)))
     return [sys.executable, *_entry_argv(entry), *ov], env
 
 
@@ -147,13 +220,15 @@ def run_trainer(
     cwd: Path | str | None = None,
     reap_after_s: float = 30.0,
     stop: threading.Event | None = None,
+    backend: str = "cpu",
 ) -> TrainerRun:
-    """Run the trainer on CPU to completion and collect its metrics.
+    """Run the trainer to completion (on the CPU backend unless ``backend="gpu"``) and collect its metrics.
 
     Args:
         overrides: Hydra overrides appended after the CPU ones (later values win).
         output_dir: receives ``trainer.log``, ``metrics.jsonl`` and is the default cwd
-            (so relative paths such as ``trainer.default_local_dir`` land there).
+            (so relative paths such as ``trainer.default_local_dir`` land there); an existing one
+            is resumed into (appended to, never wiped).
         entry: module name (``verl.trainer.main_ppo``) or script path (``recipe/rpg/main_rpg.py``).
         extra_modules: appended to VERL_USE_EXTERNAL_MODULES (loaded in every process).
         env: extra environment variables for the run.
@@ -165,58 +240,41 @@ def run_trainer(
             reported in ``leftover_pids`` and terminated.
         stop: when set (from another thread), the run is terminated and cleaned up like a timeout
             and raises TrainerRunError saying it was stopped (``TrainerRun.stopped``).
+        backend: ``cpu`` (default) or ``gpu`` (see ``build_command``).
     """
     out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     metrics_file, log_file = out / METRICS_FILE, out / LOG_FILE
-    metrics_file.unlink(missing_ok=True)
     base = {**os.environ, **(env or {})}
     ray_tmp = tempfile.mkdtemp(prefix="rpgray")  # short: Ray's socket paths are length-limited
     argv, run_env = build_command(
-        [*overrides, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"], entry, extra_modules, base
+        [*overrides, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"], entry, extra_modules, base, backend
     )
-    run_env["VERL_FILE_LOGGER_PATH"] = str(metrics_file)
     run_env["PYTHONUNBUFFERED"] = "1"
-
-    run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv)
+    run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv, cwd=Path(cwd or out).resolve())
     if stop is not None and stop.is_set():  # stopped before it started: start nothing
         shutil.rmtree(ray_tmp, ignore_errors=True)
         run.stopped = True
         raise TrainerRunError("trainer stopped by the caller before it started", run)
-    t0 = time.time()
-    restore = raise_on_sigterm()  # so that `finally` below also cleans up when we are terminated
-    with open(log_file, "wb") as log:
-        proc = subprocess.Popen(
-            argv, cwd=str(cwd or out), env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0, on_line), daemon=True)
-        pump.start()
-        monitor = _Monitor(proc.pid, ray_tmp, metrics_file, on_metrics)
-        try:
-            while proc.poll() is None:
-                monitor.sample()
-                if time.time() - t0 > timeout_s:
-                    run.timed_out = True
-                    break
-                if stop is not None and stop.is_set():
-                    run.stopped = True
-                    break
-                time.sleep(0.5)
-        finally:
-            if proc.poll() is None:
-                _terminate_group(proc)
-            pump.join(timeout=10)
-            monitor.sample()
-            run.leftover_pids = _cleanup(monitor.seen, ray_tmp, reap_after_s)
-            shutil.rmtree(ray_tmp, ignore_errors=True)
-            restore()
-    run.returncode = proc.returncode
-    run.wall_time_s = time.time() - t0
+    lock = _lock_output_dir(out, run, ray_tmp)
+    try:
+        if (line := fold_segments(metrics_file)) is not None:  # left by a launcher killed before its fold
+            run.notes.append(line)
+        segment = history.claim_segment(metrics_file)  # metrics.jsonl, or metrics.part2.jsonl when resuming
+        run_env["VERL_FILE_LOGGER_PATH"] = str(segment)
+        monitor = _launch(run, argv, run_env, segment, ray_tmp, timeout_s, echo, on_metrics, on_line,
+                          reap_after_s, stop)
+        if (line := fold_segments(metrics_file)) is not None:
+            run.notes.append(line)
+        run.notes += history_notes(metrics_file)
+    finally:
+        lock.close()
     run.metrics = read_metrics(metrics_file)
     run.peak_rss_bytes = monitor.peak_rss
     run.peak_pss_bytes = monitor.peak_pss
     run.peak_system_used_bytes = monitor.peak_sys
+    if run.stop_signal is not None:
+        raise TrainerRunError(f"trainer stopped by {signal.Signals(run.stop_signal).name}; log: {log_file}", run)
     if check and (run.timed_out or run.stopped or run.returncode != 0):
         why = (f"timed out after {timeout_s:.0f} s" if run.timed_out else "stopped by the caller" if run.stopped
                else f"exited with code {run.returncode}")
@@ -224,16 +282,140 @@ def run_trainer(
     return run
 
 
-def raise_on_sigterm() -> Callable[[], None]:
-    """In the main thread, turn SIGTERM into SystemExit for the duration of a run."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
+def unique_run_dir(parent: Path | str, stamp: str | None = None) -> Path:
+    """A new directory ``parent/<time>`` (``<time>-2``, ``-3``, ... when taken), created here: ``mkdir``
+    fails when the name exists, so two launches in the same second never share one."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    n = 1
+    while True:
+        d = parent / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            n += 1
 
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+def _lock_output_dir(out: Path, run: TrainerRun, ray_tmp: str):
+    """An exclusive lock on ``out`` for the run's duration: two runs in one directory would write the
+    same files (the second is refused with one line)."""
+    import fcntl
+
+    fh = open(out / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+        raise TrainerRunError(f"output directory {out} is in use by another run; choose another one", run) from None
+    return fh
+
+
+def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout_s: float, echo: bool, on_metrics,
+            on_line, reap_after_s: float, stop: threading.Event | None) -> "_Monitor":
+    """Start the trainer, wait for its end (or timeout, ``stop``, a stop signal), then clean up every
+    process of the run. Fills ``run``'s outcome fields; returns the monitor (memory peaks)."""
+    appended = run.log_file.exists() and run.log_file.stat().st_size > 0
+    t0 = time.time()
+    handlers = raise_on_stop_signals()  # SIGHUP/SIGINT/SIGTERM: `finally` below still cleans up
+    proc = monitor = None
+    try:
+        with open(run.log_file, "ab") as log:  # a resumed run appends
+            if appended:
+                log.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')}: trainer started again in this "
+                          f"directory (earlier output above) =====\n".encode())
+            try:
+                proc = subprocess.Popen(
+                    argv, cwd=str(run.cwd), env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0, on_line), daemon=True)
+                pump.start()
+                monitor = _Monitor(proc.pid, ray_tmp, segment, on_metrics)
+                while proc.poll() is None:
+                    monitor.sample()
+                    if time.time() - t0 > timeout_s:
+                        run.timed_out = True
+                        break
+                    if stop is not None and stop.is_set():
+                        run.stopped = True
+                        break
+                    time.sleep(0.5)
+            except StopSignal:
+                pass  # recorded in handlers.received
+            finally:
+                handlers.hold()  # a signal from here on is recorded, never interrupts the clean-up
+                signalled = bool(handlers.received)
+                if proc is not None:
+                    if proc.poll() is None:
+                        _terminate_group(proc, wait_s=STOP_WAIT_S if signalled else 15.0)
+                    pump.join(timeout=STOP_GRACE_S if signalled else 10)  # the output's last lines
+                    with contextlib.suppress(Exception):  # progress output to a closed terminal (SIGHUP)
+                        monitor.sample()
+                    seen = monitor.seen
+                else:
+                    seen = set()
+                run.leftover_pids = _cleanup(seen, ray_tmp, min(reap_after_s, STOP_GRACE_S) if signalled
+                                             else reap_after_s)
+                shutil.rmtree(ray_tmp, ignore_errors=True)
+    finally:
+        handlers()
+    run.stop_signal = handlers.received[0] if handlers.received else None
+    run.returncode = None if proc is None else proc.returncode
+    run.wall_time_s = time.time() - t0
+    return monitor or _Monitor(-1, ray_tmp, segment, None)
+
+
+def history_notes(metrics_file: Path) -> list[str]:
+    """``rpg.reports.history.history_warnings`` on the run's metrics: lost training steps, a history
+    that does not start at step 0, gaps in the validation steps."""
+    joined = {}
+    for step, data in read_metrics(metrics_file).items():
+        for key, value in data.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                joined.setdefault(key, {})[step] = value
+    return history.history_warnings(metrics_file, joined)
+
+
+def checkpoint_dir(run: TrainerRun) -> Path | None:
+    """``trainer.default_local_dir`` of the run (the last override wins; verl's default
+    ``checkpoints/<project>/<experiment>``), relative to the run's cwd; None if not determinable."""
+    values = {}
+    for ov in run.command:
+        if "=" in ov and not ov.startswith("-"):
+            values[override_key(ov)] = ov.split("=", 1)[1].strip("'\"")
+    path = values.get("trainer.default_local_dir")
+    if path is None and "trainer.project_name" in values and "trainer.experiment_name" in values:
+        path = f"checkpoints/{values['trainer.project_name']}/{values['trainer.experiment_name']}"
+    if path is None:
+        return None
+    p = Path(path)
+    return p if p.is_absolute() else (run.cwd or run.output_dir) / p
+
+
+def report_stop(run: TrainerRun, prefix: str, resume: str) -> str:
+    """Print ``stop_line`` (to stderr; the terminal may be gone after SIGHUP) and append it to the log."""
+    line = stop_line(run, resume)
+    with contextlib.suppress(OSError):
+        with open(run.log_file, "a") as log:
+            log.write(line + "\n")
+    with contextlib.suppress(OSError):
+        print(f"{prefix} {line}", file=sys.stderr, flush=True)
+    return line
+
+
+def stop_line(run: TrainerRun, resume: str) -> str:
+    """The one line for a run ended by a stop signal: log, last complete checkpoint, resume command."""
+    from rpg.verl.checkpoints import last_complete  # torch-free, but imports the rpg settings
+
+    root = checkpoint_dir(run)
+    ckpt = last_complete(root) if root is not None else None
+    where = ckpt or f"none in {root} (the resume starts at step 0; trainer.save_freq saves them)"
+    left = f"; {len(run.leftover_pids)} leftover processes terminated" if run.leftover_pids else ""
+    return (f"stopped by {signal.Signals(run.stop_signal).name}: every process of the run ended{left}; log "
+            f"{run.log_file}; last complete checkpoint {where}; resume: {resume}")
 
 
 def _pump(stream, log, echo: bool, t0: float, on_line: Callable[[str], None] | None = None) -> None:
@@ -310,8 +492,11 @@ class _Monitor:
             end = chunk.rfind(b"\n") + 1
             self._offset += end
             for line in chunk[:end].splitlines():
-                if line.strip():
-                    rec = json.loads(line)
+                try:
+                    rec = json.loads(line) if line.strip() else None
+                except json.JSONDecodeError:
+                    rec = None  # never fatal: the history is read again from the files at the end
+                if rec is not None:
                     self.on_metrics(int(rec["step"]), rec["data"])
 
 
@@ -326,19 +511,19 @@ def _procs_using(psutil, marker: str) -> list:
     return found
 
 
-def _terminate_group(proc: subprocess.Popen) -> None:
+def _terminate_group(proc: subprocess.Popen, wait_s: float = 15.0) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
         return
     try:
-        proc.wait(timeout=15)
+        proc.wait(timeout=wait_s)
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        proc.wait(timeout=15)
+        proc.wait(timeout=wait_s)
 
 
 def _cleanup(seen: set[int], ray_tmp: str, grace_s: float = 30.0) -> list[int]:

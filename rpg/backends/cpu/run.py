@@ -5,6 +5,11 @@
 ``--algo rpg`` (default): RPG-REINFORCE-UFKL with RPG-Style Clip through recipe/rpg/main_rpg.py;
 ``--algo grpo``: verl's stock GRPO (fixed reference, k3 KL loss) through verl's main_ppo.
 
+SIGHUP, SIGINT or SIGTERM stop every process of the run and print one line: the log, the last
+complete checkpoint and the command that resumes (``--out`` the same directory,
+``trainer.resume_mode=auto``); exit code 128 + signum. A failed run exits with the trainer's code
+(2: a config the driver refused).
+
 Builds (or reuses) the tiny assets, runs verl's real trainer on the CPU backend, prints one
 progress line per step, the validation accuracy before and after training, and writes to the
 output directory: ``metrics.jsonl`` (verl's FileLogger records), ``trainer.log`` (full output),
@@ -24,13 +29,15 @@ at least every ``HEARTBEAT_S`` seconds a line says what it is waiting for.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shlex
 import sys
 import threading
 import time
 from pathlib import Path
 
-from rpg.backends.cpu.harness import TrainerRun, TrainerRunError, run_trainer
+from rpg.backends.cpu.harness import TrainerRun, TrainerRunError, report_stop, run_trainer, unique_run_dir
 
 VAL_PREFIX = "val-core/math_dapo/acc/mean@"
 HEARTBEAT_S = 10.0
@@ -70,7 +77,8 @@ class StartupProgress:
     """Prints a line per start-up stage reached, and one at least every HEARTBEAT_S seconds until
     the first metrics arrive (``on_line`` is called from the harness's reader thread)."""
 
-    def __init__(self, heartbeat_s: float = HEARTBEAT_S):
+    def __init__(self, heartbeat_s: float = HEARTBEAT_S, stages: tuple[tuple[str, str], ...] = STARTUP_STAGES):
+        self.stages = stages
         self.t0 = time.time()
         self.stage = "importing verl and composing the config"
         self.next_stage = 0
@@ -88,8 +96,8 @@ class StartupProgress:
     def on_line(self, line: str) -> None:
         if self.done.is_set():
             return
-        for i in range(self.next_stage, len(STARTUP_STAGES)):  # a stage may be skipped (other trainers)
-            marker, stage = STARTUP_STAGES[i]
+        for i in range(self.next_stage, len(self.stages)):  # a stage may be skipped (other trainers)
+            marker, stage = self.stages[i]
             if marker in line:
                 self.next_stage, self.stage = i + 1, stage
                 self._say(stage)
@@ -104,7 +112,7 @@ class StartupProgress:
         self.done.set()
 
 
-def _progress(total: int, startup: StartupProgress | None = None):
+def progress(total: int, startup: StartupProgress | None = None):
     t0 = time.time()
 
     def show(step: int, data: dict) -> None:
@@ -151,6 +159,32 @@ def plot_curve(run: TrainerRun, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def resume_command(argv: list[str], out: Path) -> str:
+    """This demo's command again, into ``out``, with ``trainer.resume_mode=auto`` (the demo's default
+    is disable) so that it continues from the last complete checkpoint."""
+    args, skip = [], False
+    for a in argv:
+        if skip or a == "--out":
+            skip = not skip and a == "--out"
+            continue
+        if not a.startswith("--out="):
+            args.append(a)
+    return shlex.join([sys.executable, "-m", "rpg.backends.cpu.run", "--out", str(out), *args,
+                       "trainer.resume_mode=auto"])
+
+
+def _failed(err: TrainerRunError, out: Path, argv: list[str]) -> int:
+    """Report a failed run; the exit code: 128 + signum when a signal stopped it, else the trainer's own
+    (2: a bad config refused by the driver), 1 when it has none (timeout)."""
+    run = err.run
+    if run.stop_signal is not None:
+        report_stop(run, "[tiny]", resume_command(argv, out))
+        return 128 + run.stop_signal
+    with contextlib.suppress(OSError):
+        print(f"[tiny] FAILED: {err}", file=sys.stderr, flush=True)
+    return run.returncode if (run.returncode or 0) > 0 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     from rpg.tiny import build_tiny_assets
     from rpg.tiny.overrides import TINY_ALGORITHMS, tiny_algorithm, tiny_task_overrides
@@ -158,19 +192,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
     ap.add_argument("--test-freq", type=int, default=5, help="validate every K steps (default 5)")
-    ap.add_argument("--out", type=Path, default=None, help="output dir (default outputs/tiny_cpu/<time>)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output dir (default: a new outputs/tiny_cpu/<time>[-N]); an existing one is resumed into")
     ap.add_argument("--algo", default="rpg", choices=tuple(TINY_ALGORITHMS), help="demo algorithm (default rpg)")
     ap.add_argument("--lr", type=float, default=5e-4, help="learning rate (default 5e-4, for a model this small)")
     ap.add_argument("--entry", default=None, help="trainer module or .py script (default: the algorithm's)")
     ap.add_argument("--extra-module", action="append", default=[], help="also load this module in every process")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is killed")
     ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, rest = ap.parse_known_args(argv)
     bad = [a for a in rest if "=" not in a or a.startswith("-")]
     if bad:
         ap.error(f"unrecognised arguments (Hydra overrides must be key=value): {bad}")
 
-    out = args.out or Path("outputs") / "tiny_cpu" / time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or unique_run_dir(Path("outputs") / "tiny_cpu")
     t0 = time.time()
     assets = build_tiny_assets()
     print(f"[tiny] assets: {assets.root} (ready in {time.time() - t0:.1f}s)", flush=True)
@@ -187,15 +223,18 @@ def main(argv: list[str] | None = None) -> int:
             extra_modules=args.extra_module,
             timeout_s=args.timeout,
             echo=args.echo,
-            on_metrics=None if args.echo else _progress(args.steps, startup),
+            on_metrics=None if args.echo else progress(args.steps, startup),
             on_line=None if startup is None else startup.on_line,
         )
     except TrainerRunError as e:
-        print(f"[tiny] FAILED: {e}", file=sys.stderr)
-        return 1
+        if startup is not None:
+            startup.finish()
+        return _failed(e, out, argv)
     finally:
         if startup is not None:
             startup.finish()
+    for note in run.notes:
+        print(f"[tiny] note: {note}", flush=True)
 
     vals = [(s, _val_acc(d)) for s, d in sorted(run.metrics.items()) if _val_acc(d) is not None]
     summary = {

@@ -1,0 +1,121 @@
+"""Report inputs are never rewritten silently: ±inf and NaN are shown as such (tables) or named
+(figures), a step logged twice in one file is reported (resume segments are still joined), and a
+file that is not UTF-8 is named."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+from test_reports_tables import _md_rows
+
+from rpg.reports.cli import main_plot, main_tables
+from rpg.reports.figures import plot_curves
+from rpg.reports.logs import read_run
+from rpg.reports.tables import build_table, render_latex, render_markdown
+
+AIME24, AIME25, AMC = ("val-core/aime2024/acc/mean@32", "val-core/aime2025/acc/mean@32", "val-core/amc2023/acc/mean@32")
+
+
+def _write(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))  # json writes NaN / Infinity / -Infinity
+    return path
+
+
+def _read(path: Path) -> tuple[dict, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = read_run(path)
+    return metrics, [str(w.message) for w in caught]
+
+
+def _nonfinite_log(tmp_path: Path) -> Path:
+    recs = [{"step": s, "data": {AIME24: 0.25, AIME25: 0.125, AMC: 0.5, "critic/score/mean": 0.1}} for s in range(0, 41, 10)]
+    recs[4]["data"].update({AIME24: math.inf, AIME25: math.nan, AMC: -math.inf})  # step 40: Last
+    recs[2]["data"][AIME24] = math.nan  # step 20: out of Best, with a warning
+    recs[3]["data"]["critic/score/mean"] = None  # verl's FileLogger (orjson) writes NaN and ±inf as null
+    return _write(tmp_path / "run.jsonl", recs)
+
+
+def test_nonfinite_values_are_read_as_logged_with_one_warning(tmp_path):
+    log = _nonfinite_log(tmp_path)
+    metrics, warns = _read(log)
+    assert metrics[AIME24][40] == math.inf and metrics[AMC][40] == -math.inf and math.isnan(metrics[AIME25][40])
+    assert math.isnan(metrics[AIME24][20]) and math.isnan(metrics["critic/score/mean"][30])
+    assert warns == [f"{log}: 5 non-finite values kept as logged (tables show nan/inf/-inf, figures leave them out): "
+                     f"{AIME24} at step 20 (nan), critic/score/mean at step 30 (null: verl's file logger writes "
+                     f"NaN and ±inf as null; read as nan), {AIME24} at step 40 (inf), {AIME25} at step 40 (nan), "
+                     f"{AMC} at step 40 (-inf)"]
+
+
+def test_tables_show_inf_and_nan(tmp_path, capsys):
+    log = _nonfinite_log(tmp_path)
+    assert main_tables([f"GRPO={log}", "--table", "5", "--last-step", "40"]) == 0
+    cap = capsys.readouterr()
+    row = _md_rows(cap.out)["GRPO"]
+    assert row[0::3] == ["inf", "inf", "nan", "0.1250", "-inf", "0.5000"]  # AIME24/25, AMC23: Last, Best
+    assert row[2] == "inf" and row[8] == "nan"  # Δ = ours - paper
+    assert f"run 'GRPO': AIME24 (aime2024) is nan at step 20: Best is over the other steps" in cap.err
+    assert f"run 'GRPO': AIME25 (aime2025) is nan at step 40: Best is over the other steps" in cap.err
+    runs = [("a", _read(log)[0]), ("b", _read(log)[0]), ("c", {AIME24: {40: 0.5}, AIME25: {40: 0.5}, AMC: {40: 0.5}})]
+    td = build_table(runs, "5", last_step=40)
+    md, tex = render_markdown(td), render_latex(td)
+    assert _md_rows(md, marks=True)["a"][0] == "**inf**"  # +inf ranks first (a and b tie); nan is never marked
+    assert _md_rows(md, marks=True)["a"][6] == "nan"
+    assert r"a & \textbf{inf} & -- & -- & \textbf{inf}" in tex and " & nan & " in tex and r"\underline{-inf}" in tex
+
+
+def test_seeds_with_nonfinite_values(tmp_path):
+    log = _nonfinite_log(tmp_path)
+    runs = [("GRPO", _read(log)[0]), ("GRPO", {AIME24: {40: 0.5}, AIME25: {40: 0.5}, AMC: {40: 0.5}})]
+    row = _md_rows(render_markdown(build_table(runs, "5", last_step=40)))["GRPO"]
+    assert row[0] == "inf ± nan" and row[6] == "nan ± nan" and row[12] == "-inf ± nan"
+
+
+def test_figures_name_the_points_they_leave_out(tmp_path):
+    metrics, _ = _read(_nonfinite_log(tmp_path))
+    _, warns = plot_curves([("GRPO", metrics)], tmp_path / "fig")
+    assert "run 'GRPO': panel '(a) AIME24 mean@32': non-finite values not drawn: step 20 (nan), step 40 (inf)" in warns
+    assert "run 'GRPO': panel '(d) Reward (critic score)': non-finite values not drawn: step 30 (nan)" in warns
+    assert (tmp_path / "fig.png").stat().st_size > 0
+
+
+def test_a_step_twice_in_one_file_is_reported(tmp_path):
+    log = _write(tmp_path / "dup.jsonl", [{"step": 0, "data": {AIME24: 0.1}}, {"step": 10, "data": {AIME24: 0.2}},
+                                          {"step": 10, "data": {AIME24: 0.3}}, {"step": 20, "data": {"x": 1}},
+                                          {"step": 20, "data": {"y": 2}}])
+    metrics, warns = _read(log)
+    assert metrics[AIME24] == {0: 0.1, 10: 0.3}  # the later record wins, as before, but not silently
+    assert warns == [f"{log}: steps logged more than once in this file: 10, 20 (the later record's values are kept)"]
+    csv = tmp_path / "dup.csv"
+    csv.write_text(f"_step,{AIME24}\n0,0.1\n10,0.2\n10,0.3\n")
+    metrics, warns = _read(csv)
+    assert metrics[AIME24] == {0: 0.1, 10: 0.3}
+    assert warns == [f"{csv}: steps logged more than once in this file: 10 (the later record's values are kept)"]
+
+
+def test_resume_segments_are_joined_without_a_duplicate_warning(tmp_path):
+    base = _write(tmp_path / "exp.jsonl", [{"step": s, "data": {AIME24: 0.1}} for s in range(0, 31, 10)])
+    _write(tmp_path / "exp.part2.jsonl", [{"step": s, "data": {AIME24: 0.2}} for s in range(20, 41, 10)])
+    metrics, warns = _read(base)
+    assert metrics[AIME24] == {0: 0.1, 10: 0.1, 20: 0.2, 30: 0.2, 40: 0.2}
+    assert warns == [f"{base}: joined 2 log segments (restarted at steps 20)"]
+
+
+@pytest.mark.parametrize("name, body, where", [
+    ("run.jsonl", b'{"step": 0, "data": {"a": 1}}\n{"step": 1, "data": {"caf\xe9": 1}}\n', "line 2, byte 26"),
+    ("run.csv", b"_step,a\n0,1\n1,\xff\n", "line 3, byte 3"),
+])
+def test_non_utf8_log_is_named(tmp_path, capsys, name, body, where):
+    log = tmp_path / name
+    log.write_bytes(body)
+    with pytest.raises(ValueError) as err:
+        _read(log)[0]
+    assert str(err.value).startswith(f"{log}: not UTF-8 text ({where}:")
+    assert main_tables([str(log), "--table", "5"]) == 2
+    assert main_plot([str(log), "--out", str(tmp_path / "f")]) == 2
+    errs = capsys.readouterr().err.splitlines()
+    assert len(errs) == 2 and all(e == f"error: {err.value}" for e in errs)

@@ -1,0 +1,393 @@
+"""Long runs survive interrupts, resumes and bad input (no verl trainer, no Ray: stand-in entry scripts
+and checkpoint folders written here).
+
+* the resume checkpoint is decided before Ray (rpg.verl.checkpoints via the driver's prepare_config):
+  the newest complete one, or one line refusing; never from step 0 over existing checkpoints;
+* the CPU harness keeps a resumed run's history: metrics.jsonl and trainer.log are appended to, a
+  re-run step replaces its earlier record with one line saying so, a lost training step is one line;
+* SIGHUP / SIGINT / SIGTERM stop every process of a harness run, print one line, exit 128 + signum;
+* output directories are unique per launch; run names cannot leave their directory; the driver's exit
+  code survives the tiny launcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from rpg.verl.checkpoints import MARKER, TRACKER, ResumeError, last_complete, plan_resume, write_marker
+from rpg.verl.settings import RPGConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def _ckpt(root: Path, step: int, *, marker: bool = True, data: bool = True, tracker: bool = False) -> Path:
+    """A global_step_<step> as verl + RPGTrainer write it: actor shard, data.pt (torch zips), marker last."""
+    d = root / f"global_step_{step}"
+    (d / "actor").mkdir(parents=True)
+    torch.save({"w": torch.arange(64.0)}, d / "actor" / "model_world_size_1_rank_0.pt")
+    if data:
+        torch.save({"epoch": 0, "index": step}, d / "data.pt")
+    if tracker:
+        (root / TRACKER).write_text(str(step))
+    if marker:
+        write_marker(d, step)
+    return d
+
+
+def _truncate(path: Path) -> None:
+    blob = path.read_bytes()
+    path.write_bytes(blob[: len(blob) // 2])
+
+
+def _cfg(tmp_path: Path, *overrides: str):
+    for name in ("train.parquet", "val.parquet"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "model").mkdir(exist_ok=True)
+    base = [f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files=['{tmp_path / 'val.parquet'}']",
+            f"actor_rollout_ref.model.path={tmp_path / 'model'}", "trainer.device=cpu",
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}", "trainer.resume_mode=auto"]
+    with initialize_config_dir(config_dir=str(ROOT / "recipe" / "rpg" / "config"), version_base=None):
+        return compose(config_name="rpg_trainer", overrides=[*base, *overrides])
+
+
+@pytest.fixture(autouse=True)
+def _no_verl_batch_checks(monkeypatch):
+    """prepare_config ends with verl's validate_config (batch sizes, irrelevant here)."""
+    import rpg.verl.main
+
+    monkeypatch.setattr(rpg.verl.main, "validate_config", lambda **kwargs: None)
+
+
+def _prepare(cfg):
+    from rpg.verl.main import prepare_config
+
+    return prepare_config(cfg)
+
+
+def test_auto_resume_skips_a_missing_newest_checkpoint_before_ray(tmp_path, capsys):
+    """The tracker names step 8 but global_step_8 is gone: verl would train from step 0 over
+    global_step_4; the driver pins global_step_4 instead and says so in one line."""
+    root = tmp_path / "ckpt"
+    _ckpt(root, 4)
+    (root / TRACKER).write_text("8")
+    cfg = _cfg(tmp_path)
+    _prepare(cfg)
+    assert cfg.trainer.resume_mode == "resume_path"
+    assert cfg.trainer.resume_from_path == str(root / "global_step_4")
+    note = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
+    assert len(note) == 1 and "global_step_8" in note[0] and "missing" in note[0], note
+
+
+def test_auto_resume_skips_incomplete_and_truncated_checkpoints(tmp_path):
+    root = tmp_path / "ckpt"
+    _ckpt(root, 4)
+    _ckpt(root, 8, tracker=True)
+    _truncate(root / "global_step_8" / "data.pt")  # the marker's size no longer matches
+    _ckpt(root, 12, marker=False)  # killed during the save: no marker, not in the tracker
+    plan = plan_resume("auto", str(root))
+    assert plan.folder == str(root / "global_step_4")
+    assert "global_step_12: incomplete" in plan.note and "global_step_8: data.pt has" in plan.note
+    assert last_complete(root) == root / "global_step_4"
+
+
+def test_a_truncated_pt_without_marker_is_caught_by_its_zip_directory(tmp_path):
+    root = tmp_path / "ckpt"
+    _ckpt(root, 4, marker=False, tracker=True)  # verl's own trainer: the tracker vouches for it
+    assert plan_resume("auto", str(root)).folder == str(root / "global_step_4")
+    _truncate(root / "global_step_4" / "actor" / "model_world_size_1_rank_0.pt")
+    with pytest.raises(ResumeError, match="model_world_size_1_rank_0.pt: not a whole torch checkpoint"):
+        plan_resume("auto", str(root))
+
+
+def test_missing_data_pt_refuses_instead_of_restarting_the_data_order(tmp_path):
+    root = tmp_path / "ckpt"
+    _ckpt(root, 4, data=False, tracker=True, marker=False)
+    with pytest.raises(RPGConfigError) as err:
+        _prepare(_cfg(tmp_path))
+    msg = str(err.value)
+    assert "\n" not in msg and "no data.pt" in msg and str(root) in msg
+    assert "trainer.resume_mode=disable" in msg and "no complete checkpoint is left" in msg
+
+
+def test_resume_path_to_an_incomplete_checkpoint_names_the_newest_complete_one(tmp_path):
+    root = tmp_path / "ckpt"
+    _ckpt(root, 4)
+    _ckpt(root, 8, marker=False)
+    with pytest.raises(RPGConfigError) as err:
+        _prepare(_cfg(tmp_path, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={root / 'global_step_8'}"))
+    msg = str(err.value)
+    assert "\n" not in msg and "global_step_8: incomplete" in msg
+    assert f"trainer.resume_from_path={root / 'global_step_4'}" in msg
+
+
+def test_auto_never_trains_from_step_0_over_existing_checkpoints(tmp_path):
+    root = tmp_path / "ckpt"
+    _ckpt(root, 4, marker=False)  # no marker, no tracker: nothing complete
+    with pytest.raises(ResumeError, match="no complete checkpoint in .*would overwrite"):
+        plan_resume("auto", str(root))
+    (root / TRACKER).write_text("garbage")
+    with pytest.raises(ResumeError, match="not a step number"):
+        plan_resume("auto", str(root))
+    assert plan_resume("auto", str(tmp_path / "empty")).folder is None  # nothing saved: from scratch
+    assert plan_resume("disable", str(root)).folder is None
+
+
+def test_marker_is_written_last_and_follows_verls_retention(tmp_path):
+    """RPGTrainer._save_checkpoint (verl's real save underneath) marks each checkpoint complete; a
+    checkpoint whose actor verl's retention removed is no longer resumable."""
+    from test_verl_reference import RetainingWorkerGroup, _save_steps, _saving_trainer
+
+    class TorchFiles(RetainingWorkerGroup):  # shards in torch's format (the resume check reads them)
+        def save_checkpoint(self, local_path, *args, **kwargs):
+            super().save_checkpoint(local_path, *args, **kwargs)
+            torch.save({"w": torch.zeros(4)}, Path(local_path) / "model_world_size_1_rank_0.pt")
+
+        def save_reference(self, directory):
+            super().save_reference(directory)
+            torch.save({"w": torch.zeros(4)}, Path(directory) / "reference_rank_0.pt")
+
+    t = _saving_trainer(tmp_path, keep=2)
+    t.actor_rollout_wg = TorchFiles()
+    _save_steps(t, range(1, 5))
+    marker = json.loads((tmp_path / "global_step_4" / MARKER).read_text())
+    assert marker["global_step"] == 4 and "data.pt" in marker["files"] and "rpg_reference.json" in marker["files"]
+    assert plan_resume("auto", str(tmp_path)).folder == str(tmp_path / "global_step_4")
+    from verl.utils.checkpoint.checkpoint_manager import get_checkpoint_tracker_filename
+
+    assert Path(get_checkpoint_tracker_filename(str(tmp_path))) == tmp_path / TRACKER  # verl's own name
+    (tmp_path / TRACKER).unlink()  # even without verl's tracker the marker is enough
+    assert plan_resume("auto", str(tmp_path)).folder == str(tmp_path / "global_step_4")
+    assert "actor" not in {p.name for p in (tmp_path / "global_step_2").iterdir()}
+    assert last_complete(tmp_path) == tmp_path / "global_step_4"
+    with pytest.raises(ResumeError, match="global_step_2: actor/model_world_size_1_rank_0.pt is missing"):
+        plan_resume("resume_path", str(tmp_path), str(tmp_path / "global_step_2"))
+
+
+# ----------------------------------------------------------------------------- names, output dirs
+
+
+@pytest.mark.parametrize("key, value", [("EXP_NAME", "../../x"), ("PROJECT_NAME", "a/b"), ("EXP_NAME", ".."),
+                                        ("EXP_NAME", " "), ("PROJECT_NAME", "a\\b")])
+def test_run_names_that_leave_their_directory_are_refused(key, value, capsys):
+    from rpg.launch import main
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RPG_BACKEND")}
+    rc = main(["run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"], env={**env, "DRY_RUN": "1", key: value})
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and key in err[0] and "must stay inside it" in err[0], err
+
+
+def test_driver_refuses_names_that_leave_their_directory(tmp_path):
+    with pytest.raises(RPGConfigError, match="trainer.experiment_name='../x'"):
+        _prepare(_cfg(tmp_path, "trainer.experiment_name=../x"))
+
+
+def test_output_dirs_are_unique_within_a_second(tmp_path, monkeypatch):
+    from rpg import launch
+    from rpg.backends.cpu import harness
+
+    seen = []
+
+    def fake_run(overrides, *, output_dir, **kwargs):
+        seen.append(Path(output_dir))
+        return harness.TrainerRun(0, 0.0, Path(output_dir), Path(output_dir) / "trainer.log",
+                                  Path(output_dir) / "metrics.jsonl", [])
+
+    monkeypatch.setattr(harness, "run_trainer", fake_run)
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20260101-000000")  # the same second
+    v = launch.parse("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28")
+    for _ in range(3):
+        assert launch._run_cpu(v, [], {}, tmp_path) == 0
+    assert len(set(seen)) == 3 and all(p.is_dir() for p in seen), seen
+
+
+# ----------------------------------------------------------------------------- harness: history across resumes
+
+
+def _entry(tmp_path: Path, name: str, body: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+_LOGGER = """
+    import json, os, sys
+    steps = json.loads(next(a for a in sys.argv if a.startswith("+rpg_test.steps=")).split("=", 1)[1])
+    with open(os.environ["VERL_FILE_LOGGER_PATH"], "wb") as f:   # verl's FileLogger: "wb"
+        for s in steps:
+            data = {"val-core/acc": 0.5} if s == steps[0] and s % 4 == 0 else {}
+            if s > 0 and not (s == steps[0] and s % 4 == 0):
+                data.update({"training/global_step": s, "loss": float(s)})
+            f.write((json.dumps({"step": s, "data": data}) + "\\n").encode())
+            print(f"logged step {s}", flush=True)
+"""
+
+
+def _steps(steps) -> str:
+    return f"+rpg_test.steps={json.dumps(list(steps)).replace(' ', '')}"
+
+
+def test_resumed_run_appends_to_the_history_and_says_which_steps_it_replaced(tmp_path):
+    from rpg.backends.cpu.harness import read_metrics, run_trainer
+
+    entry, out = _entry(tmp_path, "entry.py", _LOGGER), tmp_path / "out"
+    run_trainer([_steps(range(0, 11))], output_dir=out, entry=entry, timeout_s=60)  # killed at 10, checkpoint 8
+    run = run_trainer([_steps(range(8, 13))], output_dir=out, entry=entry, timeout_s=60)  # resumed from 8
+    lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == list(range(13))  # every step once, in order
+    assert lines[8]["data"] == {"training/global_step": 8, "loss": 8.0, "val-core/acc": 0.5}  # merged at 8
+    assert sorted(read_metrics(out / "metrics.jsonl")) == list(range(13))
+    assert not list(out.glob("metrics.part*.jsonl"))
+    replaced = [n for n in run.notes if "replaced" in n]
+    assert len(replaced) == 1 and "restart at step 8: re-ran steps 9-10" in replaced[0], run.notes
+    log = (out / "trainer.log").read_text()
+    assert "logged step 2" in log and "logged step 12" in log and log.index("logged step 2") < log.index("started again")
+
+
+def test_a_training_step_lost_between_checkpoint_and_log_is_one_warning(tmp_path):
+    from rpg.backends.cpu.harness import run_trainer
+
+    entry, out = _entry(tmp_path, "entry.py", _LOGGER), tmp_path / "out"
+    run_trainer([_steps(range(0, 8))], output_dir=out, entry=entry, timeout_s=60)  # saved 8, killed before its log
+    run = run_trainer([_steps(range(9, 11))], output_dir=out, entry=entry, timeout_s=60)  # resumed from 8
+    lost = [n for n in run.notes if "no training metrics" in n]
+    assert len(lost) == 1 and "steps 8 " in lost[0] and "9" not in lost[0].split("steps 8")[1][:3], run.notes
+
+
+def test_leftover_segment_of_a_killed_launcher_is_folded_at_the_next_start(tmp_path):
+    from rpg.backends.cpu.harness import fold_segments, read_metrics
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "data": {"x": s}}) + "\n" for s in range(6)))
+    (out / "metrics.part2.jsonl").write_text("".join(json.dumps({"step": s, "data": {"x": -s}}) + "\n"
+                                                     for s in (4, 5)) + '{"step": 6, "da')  # cut by kill -9
+    assert read_metrics(out / "metrics.jsonl")[5] == {"x": -5}  # joined on read already
+    line = fold_segments(out / "metrics.jsonl")
+    assert "re-ran steps 5" in line
+    assert [json.loads(ln)["data"]["x"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3, -4, -5]
+    assert fold_segments(out / "metrics.jsonl") is None  # idempotent
+
+
+def test_two_runs_in_one_output_directory_are_refused(tmp_path):
+    import threading
+
+    from rpg.backends.cpu.harness import TrainerRunError, run_trainer
+
+    entry = _entry(tmp_path, "slow.py", "import time\ntime.sleep(30)\n")
+    stop = threading.Event()
+    first = threading.Thread(target=lambda: run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=60,
+                                                        stop=stop, check=False), daemon=True)
+    first.start()
+    time.sleep(1.0)
+    with pytest.raises(TrainerRunError, match="in use by another run"):
+        run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=60)
+    stop.set()
+    first.join(60)
+
+
+# ----------------------------------------------------------------------------- signals, exit codes
+
+_STUBBORN = """
+    import os, signal, subprocess, sys, time
+    marker = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("+ray_kwargs.ray_init._temp_dir="))
+    # like Ray's agents: a process in its own session that ignores SIGTERM, and a plain child
+    subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                      "time.sleep(600)", marker], start_new_session=True)
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker])
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+def _run_marker_procs(marker_prefix: str, pid: int) -> list[int]:
+    """Processes of the test's run: the launcher and everything carrying its Ray temp dir."""
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.info["pid"] == pid or any(marker_prefix in a for a in (p.info["cmdline"] or [])):
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p.info["pid"])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+@pytest.mark.parametrize("signum, stubborn", [(signal.SIGHUP, True), (signal.SIGINT, False), (signal.SIGTERM, False)])
+def test_stop_signal_ends_every_process_of_the_run_with_one_line(tmp_path, signum, stubborn):
+    """SIGHUP with a child that ignores SIGTERM in its own session (as Ray's agents: about 25 s, the
+    harness waits for stragglers, then terminates and kills them); SIGINT and SIGTERM with children in
+    the trainer's process group (a few seconds)."""
+    body = _STUBBORN if stubborn else _STUBBORN.replace("signal.signal(signal.SIGTERM, signal.SIG_IGN); ", "").replace(
+        "start_new_session=True", "start_new_session=False")
+    entry = _entry(tmp_path, "stubborn.py", body)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}  # the run's Ray temp dir lands here
+    p = subprocess.Popen([sys.executable, "-m", "rpg.backends.cpu.run", "--out", str(out), "--entry", entry,
+                          "--steps", "2", "--echo"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    log, deadline = out / "trainer.log", time.time() + 120
+    while time.time() < deadline and not (log.exists() and "ready" in log.read_text(errors="replace")):
+        time.sleep(0.2)
+    marker = str(tmp_path / "rpgray")
+    try:
+        assert len(_run_marker_procs(marker, p.pid)) >= 4  # launcher, trainer, two children
+        t0 = time.time()
+        p.send_signal(signum)
+        stdout, stderr = p.communicate(timeout=60)
+        while _run_marker_procs(marker, p.pid) and time.time() - t0 < 60:
+            time.sleep(0.5)
+        assert _run_marker_procs(marker, p.pid) == [] and time.time() - t0 < 60
+    finally:  # never leave the stand-ins behind, whatever failed
+        for pid in _run_marker_procs(marker, p.pid):
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+    assert p.returncode == 128 + signum, stderr[-2000:]
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
+    name = signal.Signals(signum).name
+    assert f"stopped by {name}" in lines[0] and str(out / "trainer.log") in lines[0]
+    assert f"--out {out}" in lines[0] and "trainer.resume_mode=auto" in lines[0]
+    assert f"stopped by {name}" in (out / "trainer.log").read_text()
+
+
+def test_tiny_launcher_keeps_the_drivers_exit_code(tmp_path):
+    from rpg.backends.cpu.run import main
+
+    entry = _entry(tmp_path, "bad_config.py", "import sys\nprint('rpg config error: x', file=sys.stderr)\nsys.exit(2)\n")
+    assert main(["--out", str(tmp_path / "out"), "--entry", entry, "--steps", "1"]) == 2
+
+
+def test_drivers_stop_line_names_the_workers_log_the_checkpoint_and_the_resume_command(tmp_path):
+    """The launcher passes VERL_FILE_LOGGER_ROOT to the workers through Ray's runtime env, not to the
+    driver; the resume command is the same one with trainer.resume_mode=auto replacing the earlier mode."""
+    from omegaconf import OmegaConf
+
+    from rpg.verl.main import stop_line
+
+    ckpt = _ckpt(tmp_path / "ckpt", 6)
+    cfg = OmegaConf.create({
+        "trainer": {"default_local_dir": str(tmp_path / "ckpt"), "logger": ["console", "file"],
+                    "project_name": "rpg", "experiment_name": "run_x"},
+        "ray_kwargs": {"ray_init": {"runtime_env": {"env_vars": {"VERL_FILE_LOGGER_ROOT": str(tmp_path / "logs")}}}}})
+    line = stop_line(cfg, "SIGTERM", ["recipe/rpg/main_rpg.py", "a.b=1", "trainer.resume_mode=disable", "c=2"])
+    assert "\n" not in line and line.startswith("rpg: stopped by SIGTERM; Ray shut down")
+    assert f"metrics log {tmp_path / 'logs' / 'rpg' / 'run_x.jsonl'};" in line
+    assert f"last complete checkpoint {ckpt};" in line
+    assert line.endswith("recipe/rpg/main_rpg.py a.b=1 trainer.resume_mode=auto c=2")
