@@ -1,11 +1,11 @@
-"""RPG's outcome advantages (spec §2.3, §6.3): a baseline-subtracted reward, no std division.
+"""RPG's outcome advantages (docs/math.md#advantages): a baseline-subtracted reward, no std division.
 
 A_i = R_i - b, with b the mean reward of the responses to the same prompt (``group``) or of the
 whole batch (``batch``). Any theta-independent baseline leaves the expected gradient unchanged
-(spec T11), so no normalisation by the group std is applied: the RPG weights w*A + C already
-have the KL term on the reward's scale, and dividing A by the std would rescale the reward
-against beta. A singleton group has mean R, which would zero its advantage; the authors' code
-(and this function) uses b = 0 for it instead, so A = R (spec D9).
+(T11 in docs/math.md#testable-identities), so no normalisation by the group std is applied: the
+RPG weights w*A + C already have the KL term on the reward's scale, and dividing A by the std
+would rescale the reward against beta. A singleton group has mean R, which would zero its
+advantage; the authors' code (and this function) uses b = 0 for it instead, so A = R.
 """
 
 from __future__ import annotations

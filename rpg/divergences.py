@@ -1,4 +1,4 @@
-"""Per-token KL pieces of the RPG objectives (spec §1.4, §2.1, §2.2, §2.7). Pure torch.
+"""Per-token KL pieces of the RPG objectives (docs/math.md, App. D-F). Pure torch.
 
 Notation (per response token t, all tensors [batch, response_len]):
 
@@ -10,8 +10,8 @@ Notation (per response token t, all tensors [batch, response_len]):
     log_rho = l - l_ref          log pi_theta / a
 
 The objective is J = E_{pi_theta}[R] - beta * D(pi_theta, a), estimated from samples of mu.
-Every divergence below is handled in the general three-policy form of spec §2.7
-(sampler mu, anchor a); with a = mu it reduces exactly to the paper's two-policy formulas.
+Every divergence below is handled in the general three-policy form (docs/math.md#three-policies:
+sampler mu, anchor a); with a = mu it reduces exactly to the paper's two-policy formulas.
 
 Two families of per-token quantities are needed:
 
@@ -33,7 +33,9 @@ DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
 
 
 def kl_surrogate(divergence: str, w: torch.Tensor, log_rho: torch.Tensor, r_ref: torch.Tensor | float) -> torch.Tensor:
-    """Differentiable per-token KL surrogate kappa_D (spec §2.2 generalised by §2.7).
+    """Differentiable per-token KL surrogate kappa_D (Tables 1 and 4, three-policy form).
+
+    Derivation: docs/math.md#fully-differentiable-losses.
 
     ==========  ===============================  =======================  ==========================
     divergence  kappa_D                          a = mu (iterative ref)   d kappa / d l
@@ -45,7 +47,8 @@ def kl_surrogate(divergence: str, w: torch.Tensor, log_rho: torch.Tensor, r_ref:
     ==========  ===============================  =======================  ==========================
 
     E_mu[kappa] = KL(a||pi) (fkl), UKL(a||pi) (ufkl), KL(pi||a) (rkl), UKL(pi||a) (urkl).
-    The urkl form is w * k3(a / pi_theta) >= 0: exactly GRPO's corrected KL (spec §3).
+    The urkl form is w * k3(a / pi_theta) >= 0: exactly GRPO's corrected KL (Sec. 2.2;
+    docs/math.md#grpos-kl-and-its-correction).
     """
     sampler = isinstance(r_ref, float) and r_ref == 1.0  # anchor = sampler: skip the r_ref products
     if divergence == "fkl":
@@ -62,7 +65,9 @@ def kl_surrogate(divergence: str, w: torch.Tensor, log_rho: torch.Tensor, r_ref:
 def kl_weight(
     divergence: str, beta: float, x: torch.Tensor, log_x: torch.Tensor, r_ref: torch.Tensor | float, log_r_ref: torch.Tensor | float
 ) -> torch.Tensor:
-    """KL component C_D of the REINFORCE weight, evaluated at ratio x (spec §2.7, §4.2).
+    """KL component C_D of the REINFORCE weight, evaluated at ratio x.
+
+    Derivation: docs/math.md#exact-gradient-and-the-reinforce-weight.
 
     With rho_x = x / r_ref (so log rho_x = log x - log r_ref), C_D(x) = -beta * x * phi_D(rho_x):
 
@@ -75,9 +80,9 @@ def kl_weight(
     urkl        -beta * x * log rho_x          -beta x log x
     ==========  =============================  ============================
 
-    At x = w this is exactly the KL part of the weight of spec §2.1 (Table 2 / App. F):
+    At x = w this is exactly the KL part of the weight of Props. F.1-F.5 (Table 2 / App. F):
     the loss -SG(w*A + C_D(w)) * l has gradient -grad J at every theta. For RPG-Style Clip
-    x is the clipped ratio (Remark F.2), the last column of spec §4.2.
+    x is the clipped ratio w_bar (Remark F.2; docs/math.md#rpg-style-clip).
     """
     if divergence == "fkl":
         return beta * (r_ref * torch.ones_like(x))
@@ -92,7 +97,8 @@ def kl_weight(
 
 
 def kl_phi(divergence: str, log_rho: torch.Tensor) -> torch.Tensor:
-    """phi_D(rho) of spec §2.7, used by the paper-literal Algorithm 1 (regularized A-hat = A - beta*phi).
+    """phi_D(rho) (docs/math.md#exact-gradient-and-the-reinforce-weight), used by the paper-literal
+    Algorithm 1 (regularized A-hat = A - beta*phi).
 
     Only defined here for the reverse directions, the ones Algorithm 1 specifies
     (rkl: log rho + 1, urkl: log rho). For the forward directions a differentiable A-hat
@@ -106,5 +112,5 @@ def kl_phi(divergence: str, log_rho: torch.Tensor) -> torch.Tensor:
 
 
 def k3(y: torch.Tensor, log_y: torch.Tensor) -> torch.Tensor:
-    """Schulman's k3(y) = y - 1 - log y >= 0 (spec §1.4), given y and log y."""
+    """Schulman's k3(y) = y - 1 - log y >= 0 (Eq. (3.2), App. D), given y and log y."""
     return y - 1.0 - log_y

@@ -2,7 +2,7 @@
 
 Pure torch, no autograd and no host sync: ``loss_terms`` is one straight-line graph, run eagerly or
 compiled (``rpg.losses`` wraps it in an autograd function whose backward is ``grad * slope``).
-Every per-token loss of spec §2-§4 depends on l = log pi_theta(o_t|h_t) alone, so its gradient is
+Every per-token loss of docs/math.md depends on l = log pi_theta(o_t|h_t) alone, so its gradient is
 slope_t * grad l_t; the slopes below are the derivatives that autograd would take, written out
 (the exact-gradient tests in tests/test_losses_*.py check them against enumeration).
 
@@ -63,7 +63,7 @@ def agg_weights(mask: torch.Tensor, mode: str, loss_scale_factor: float | None =
 
 
 def dual_clip_ratio(positive: torch.Tensor, w: torch.Tensor, cfg):
-    """Dual-clip PPO on a fixed branch (spec §4.1, boundaries of Algorithm 2), per token.
+    """Dual-clip PPO on a fixed branch (App. G.1, boundaries of Algorithm 2; docs/math.md#dual-clip), per token.
 
     positive: the ratio's value is x = min(w, 1+eps_high), the gradient flows iff w < 1+eps_high;
     negative: x = clip(w, 1-eps_low, c), the gradient flows iff 1-eps_low < w < c.
@@ -152,7 +152,7 @@ def loss_terms(cfg, agg: str | None, log_prob, old_log_prob, advantages, mask, r
     extremes = []
     if ref_log_prob is None:  # anchor = sampler (iterative reference): rho = w, r_ref = 1
         r_ref, log_r_ref, log_rho = 1.0, 0.0, log_w
-    else:  # three-policy weights (spec §2.7); r_ref = a / mu is data
+    else:  # three-policy weights (docs/math.md#three-policies); r_ref = a / mu is data
         log_r_ref = torch.where(valid, ref_log_prob - l_old, 0.0)
         extremes.append(torch.where(valid, log_r_ref, 0.0).abs().amax())  # max |l_ref - l_old|, unclamped
         log_r_ref = log_r_ref.clamp_(-guard, guard)

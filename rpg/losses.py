@@ -9,31 +9,31 @@ Public API (imports only torch):
 
 All tensors are [batch, response_len]. ``ref_log_prob=None`` makes the KL anchor the sampling
 policy (the paper's iterative reference); a given ``ref_log_prob`` uses the exact three-policy
-weights of spec §2.7, so a fixed or periodically reset reference stays gradient-correct.
+weights (docs/math.md#three-policies), so a fixed or periodically reset reference stays gradient-correct.
 
 Per-token losses (w = pi_theta/pi_old, A = advantage, C_D and kappa_D from ``rpg.divergences``):
 
 * form="reinforce", clip=False (Table 2 / App. F):   loss_t = -SG(w*A + C_D(w)) * l_t
   gradient: -(w*A + C_D(w)) * grad l_t, whose expectation under pi_old is exactly -grad J.
-* form="reinforce", clip=True (RPG-Style Clip, spec §4.3, Algorithm 2 with Remark F.2):
+* form="reinforce", clip=True (RPG-Style Clip, Eq. (4.1), Algorithm 2 with Remark F.2):
   w_bar = clip(w, 1-eps1, 1+eps2), C = C_D(w_bar), A' = A + C/w, W = w*A + C.
   Active iff (A' >= 0 and w < 1+eps2) or (A' < 0 and 1-eps1 < w < c):
   loss_t = -W * l_t there; elsewhere Algorithm 2's constant value (no gradient).
-  Gradient-identical to dual-clip PPO with advantage SG(A') (spec §4.3, tested).
+  Gradient-identical to dual-clip PPO with advantage SG(A') (docs/math.md#rpg-style-clip, T20).
 * form="differentiable", clip=False (Tables 1/4):     loss_t = -w*A + beta*kappa_D(w)
   gradient: identical to the unclipped REINFORCE one, token by token.
-* form="differentiable", clip=True, fd_clip="reward" (spec §4.4 default):
+* form="differentiable", clip=True, fd_clip="reward" (default; the authors' released loss):
   loss_t = DualClip(w, A) + beta*kappa_D(w)   (ratio clip on the reward part; KL unclipped)
 * form="differentiable", fd_clip="algorithm1" (paper-literal Algorithm 1, rkl/urkl only):
   loss_t = DualClip(w, A_hat(theta)), A_hat = A - beta*phi_D(rho), gradient through both.
-  Exact only in expectation (per token it adds a zero-mean +beta*w*grad l; spec T25).
+  Exact only in expectation (per token it adds a zero-mean +beta*w*grad l; T25 in docs/math.md).
 
 Numerical guard (explicit, documented, value-only): log-ratios are clamped to
 +-``log_ratio_guard`` (default 60, i.e. w in [1e-26, 1e26]) with a straight-through estimator,
 so values stay finite in float32/bf16 while the gradient keeps its direction. It never acts in
 sane training; ``rpg/log_ratio_guard_frac`` reports how often it did. ``kl_clamp`` (off by
 default) is a value-only guard on kappa for the differentiable form; it never zeroes gradients
-(unlike the authors' clamp, spec D6).
+(unlike verl's and the authors' clamp of the KL term to [-10, 10]).
 
 Execution: each loss is one autograd node over ``rpg.loss_terms.loss_terms`` (value, closed-form
 slope d loss_t / d l_t and metric statistics in one pass; backward = grad * slope), with one host
@@ -138,7 +138,7 @@ def _check_inputs(log_prob, old_log_prob, advantages, response_mask, ref_log_pro
 
 
 def dual_clip(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float, c: float) -> torch.Tensor:
-    """Dual-clip PPO loss (Ye et al.; spec §4.1), verl's ``vanilla`` semantics.
+    """Dual-clip PPO loss (Ye et al.; App. G.1, docs/math.md#dual-clip), verl's ``vanilla`` semantics.
 
     A >= 0: max(-r*A, -clip(r, 1-eps_low, 1+eps_high)*A)   (gradient iff r < 1+eps_high)
     A <  0: min(that, -c*A)                                 (gradient iff 1-eps_low < r < c)
@@ -299,7 +299,9 @@ def rpg_policy_loss(
 def grpo_corrected_kl(
     log_prob: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, log_ratio_guard: float = 60.0
 ) -> torch.Tensor:
-    """GRPO's KL term with the paper's importance-weight correction (spec §3), per token.
+    """GRPO's KL term with the paper's importance-weight correction (Sec. 2.2), per token.
+
+    Derivation and tests: docs/math.md#grpos-kl-and-its-correction.
 
     KL_corr_t = w_t * k3(pi_ref/pi_theta) = exp(l_ref - l_old) + w_t*(l_t - l_ref) - w_t,
     with w_t = exp(l_t - l_old) differentiable (do not detach it). Its gradient

@@ -11,7 +11,7 @@ Routing (``data_source`` compared in lower case, so ``AIME2024`` and ``aime2024`
 ===========================================  ====================================================
 data_source                                  scorer
 ===========================================  ====================================================
-``math_dapo``, ``math``,                     **the paper's rule** (spec §6.2): last 300 characters,
+``math_dapo``, ``math``,                     **the paper's rule** (the authors' scorer):     last 300 characters,
 ``math_dapo_reasoning``, ``aime*``, ``amc*``  last ``Answer:`` match (none -> ``[INVALID]``),
                                              Minerva normalisation, string equality, +1 / -1.
                                              = verl's ``math_dapo.is_correct_minerva`` on the tail.
@@ -54,7 +54,7 @@ MATH_VERIFY = "math_verify"
 VERL_DEFAULT = "verl_default"
 
 OPTIONS = {"boxed_fallback": False, "strict_box_verify": False}  # name -> default (all bool)
-TAIL_CHARS = 300  # the paper's scorer reads only the last 300 characters (spec §6.2 step 1)
+TAIL_CHARS = 300  # the authors' scorer reads only the last 300 characters of the response
 # keyword arguments verl's reward managers add by themselves (reward-model router); not options
 _VERL_CALL_KWARGS = ("reward_router_address", "reward_model_tokenizer")
 

@@ -18,7 +18,7 @@ Grammar (``GRAMMAR`` below is what a bad name prints)::
     _rf    RPG-REINFORCE without clipping; _rf_clip_ppo_<lo>_<hi>: with RPG-Style Clip
     _noiterref  fixed initial-model reference instead of the iterative one (rpg, rfpp, rfppb)
 
-Readings of the authors' names (reference notes §2) and of what the paper leaves open are
+Readings of the authors' run names (their 7B scripts) and of what the paper leaves open are
 marked ``READING`` in the code below and listed in docs/launch-scripts.md.
 """
 
@@ -50,8 +50,8 @@ ALGOS = ("grpo", "dapo", "rfpp", "rfppb", "rpg")
 DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
 CONTEXTS = {"2k": 2048, "4k": 4096, "8k": 8192}
 
-# READING (reference notes §2.1): the authors' `7b` scripts default to Qwen2.5-Math-7B; `_7binstruct`
-# switches to Qwen2.5-7B-Instruct. READING (spec §6.1, open in the paper): "Qwen3-4B" = the
+# READING: the authors' `7b` scripts default to Qwen2.5-Math-7B; `_7binstruct`
+# switches to Qwen2.5-7B-Instruct. READING (open in the paper, Sec. 5): "Qwen3-4B" = the
 # hybrid Qwen/Qwen3-4B with thinking OFF (2K/4K budgets cannot hold thinking traces; the prompt
 # asks for step-by-step reasoning ending in "Answer:"); MODEL_PATH changes it (e.g. Qwen3-4B-Base).
 MODELS = {"7b": "Qwen/Qwen2.5-Math-7B", "7binstruct": "Qwen/Qwen2.5-7B-Instruct", "4b": "Qwen/Qwen3-4B"}
@@ -113,7 +113,7 @@ class Variant:
 
     @property
     def overlong_buffer(self) -> int:
-        """READING (spec §6.3/§10): buffer = L_max / 4 (the scripts' 512 at 2K), factor 1.0."""
+        """READING (not in the paper): buffer = L_max / 4 (the authors' scripts: 512 at 2K), factor 1.0."""
         return self.max_response_length // 4
 
     @property
@@ -188,7 +188,8 @@ def parse(name: str) -> Variant:
     if g["noiterref"] and (algo in ("grpo", "dapo") or beta is None):
         raise _fail(name, "_noiterref needs a KL term against an iterative reference (rpg with a divergence, rfpp, rfppb)")
 
-    # --- family settings (reference notes §2.2-2.4, spec §6.3-6.4)
+    # --- family settings (paper Sec. 5 and App. H; the authors' 7B scripts, recipe/rpg/7b/ in
+    # github.com/complex-reasoning/RPG)
     optimizer = "schedulefree" if g["sf"] else "adamw"
     eps_low, eps_high, clip = 0.2, 0.28, True
     kl_type, divergence = None, None
@@ -197,7 +198,7 @@ def parse(name: str) -> Variant:
     tok = 4096
     if algo == "grpo":
         # READING: stock verl GRPO as in the scripts: k3 (low_var_kl) 1e-3 KL loss vs the frozen initial
-        # model, clip (0.2, 0.2) (Sec. 5 + scripts; App. H's (0.1, 0.1) contradicts both, spec §10.3),
+        # model, clip (0.2, 0.2) (Sec. 5 + scripts; App. H's (0.1, 0.1) contradicts both),
         # no dynamic sampling, no overlong shaping.
         loss, form, adv, norm_std = "verl", "ppo", "grpo", True
         eps_high, beta, kl_type, reference = 0.2, 1e-3, "low_var_kl", "fixed"
@@ -222,7 +223,7 @@ def parse(name: str) -> Variant:
         loss, adv, norm_std, divergence = "rpg", "rpg", False, kl
         reference = "fixed" if g["noiterref"] else "sampler"
         if g["rf"]:
-            # READING (spec §6.3 / §10): 5e-7 is the authors' 7B RPG-REINFORCE scripts' value and appears
+            # READING: 5e-7 is the authors' 7B RPG-REINFORCE scripts' value and appears
             # nowhere in the paper; the Qwen3-4B runs (no released scripts) follow App. H: "unless otherwise
             # specified ... a learning rate of 1e-6".
             form = "reinforce"
@@ -270,7 +271,7 @@ def to_overrides(v: Variant) -> list[str]:
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     P, L, T = v.max_prompt_length, v.max_response_length, v.max_tokens_per_gpu
     ov = [
-        # data (reference notes §2.2): 512 prompts per step, left truncation, seed 1 (old verl default)
+        # data (App. H and the authors' scripts): 512 prompts per step, left truncation, seed 1 (old verl default)
         "data.prompt_key=prompt", "data.truncation=left", f"data.max_prompt_length={P}",
         f"data.max_response_length={L}", "data.train_batch_size=512", "data.shuffle=True", "data.seed=1",
         # model
@@ -282,7 +283,7 @@ def to_overrides(v: Variant) -> list[str]:
         f"{a}.grad_clip=1.0", f"{a}.optim.clip_grad=1.0", f"{a}.optim.lr={v.lr}", f"{a}.optim.lr_warmup_steps=10",
         f"{a}.optim.weight_decay=0.1", f"{a}.optim.lr_scheduler_type=constant",
         f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={T}",
-        # rollout: vLLM, n = 16 at temperature 1; evaluation mean@32 at temperature 1 (spec §6.2)
+        # rollout: vLLM, n = 16 at temperature 1; evaluation mean@32 (Sec. 5), temperature 1 as the authors' scripts
         f"{r}.name=vllm", f"{r}.n=16", f"{r}.temperature=1.0", f"{r}.top_p=1.0", f"{r}.top_k=-1",
         f"{r}.tensor_model_parallel_size=1", f"{r}.enforce_eager=False",
         f"{r}.enable_chunked_prefill=True", f"{r}.max_num_batched_tokens={P + L}",

@@ -1,4 +1,4 @@
-"""Exact enumeration over small categorical distributions (spec §9 set-up), float64.
+"""Exact enumeration over small categorical distributions (the set-up of docs/math.md#testable-identities), float64.
 
 A "bandit" has K outcomes; pi_theta = softmax(z) with z the parameters. The objectives J and
 divergences are written here in closed form, independently of ``rpg``; their gradients are
@@ -30,7 +30,7 @@ def ukl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def divergence(name: str, pi: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
-    """D(theta) of each objective (spec §2.1): forward ones have the anchor first."""
+    """D(theta) of each objective (docs/math.md#objectives-and-divergences): forward ones have the anchor first."""
     return {"fkl": lambda: kl(anchor, pi), "ufkl": lambda: ukl(anchor, pi),
             "rkl": lambda: kl(pi, anchor), "urkl": lambda: ukl(pi, anchor)}[name]()
 

@@ -1,4 +1,4 @@
-"""RPG's baseline-subtracted advantages (spec T28) and agreement with verl's GRPO estimator
+"""RPG's baseline-subtracted advantages (T28 in docs/math.md#testable-identities) and agreement with verl's GRPO estimator
 when its std normalisation is switched off."""
 
 import numpy as np
@@ -33,6 +33,28 @@ def test_matches_verl_grpo_without_std_normalisation():
     torch.testing.assert_close(ours, verl_adv)
     assert torch.equal(ours, returns)
     assert (ours[mask == 0] == 0).all()
+
+
+def test_verl_grpo_divides_by_the_unbiased_group_std_plus_eps():
+    """What GRPO/DAPO runs log (docs/data-and-reports.md#comparing-with-the-authors-logs): verl 0.9.1's
+    ``grpo`` estimator uses the sample std (n - 1), eps on the std, A = 0 for equal rewards, and a
+    singleton keeps mean 0 / std 1. With n = 16 and k correct of +-1 rewards, a correct response gets
+    sqrt((16 - k) / k) * sqrt(15 / 16), sqrt(15/16) times the population-std value."""
+    k = 5
+    scores = torch.tensor([1.0] * k + [-1.0] * (16 - k) + [1.0] * 16 + [-1.0])
+    index = np.array(["g"] * 16 + ["equal"] * 16 + ["single"])
+    rewards, mask = scores[:, None].clone(), torch.ones(33, 1)
+    adv, _ = compute_grpo_outcome_advantage(rewards, mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=True)
+    adv = adv[:, 0].double()
+    group = scores[:16].double()
+    unbiased = ((group - group.mean()) ** 2).sum().div(15).sqrt()
+    torch.testing.assert_close(adv[:16], ((group - group.mean()) / (unbiased + 1e-6)), rtol=1e-6, atol=0)
+    torch.testing.assert_close(adv[0], torch.tensor(((16 - k) / k) ** 0.5 * (15 / 16) ** 0.5, dtype=torch.float64),
+                               rtol=1e-5, atol=0)
+    population = group.std(unbiased=False)
+    assert abs(adv[0] / ((1 - group.mean()) / population) - (15 / 16) ** 0.5) < 1e-5
+    assert (adv[16:32] == 0).all()
+    torch.testing.assert_close(adv[32], torch.tensor(-1 / (1 + 1e-6), dtype=torch.float64), rtol=1e-6, atol=0)
 
 
 def test_batch_mean():

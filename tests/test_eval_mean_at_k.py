@@ -1,4 +1,4 @@
-"""mean@32 as the paper reports it (spec §6.2, T30), through verl 0.9.1's own validation grouping:
+"""mean@32 as the paper reports it (Sec. 5; T30 in docs/math.md#testable-identities), through verl 0.9.1's own validation grouping:
 deduplicated problems (rpg.data) sampled val_kwargs.n = 32 times share one uid per problem."""
 
 from pathlib import Path

@@ -1,7 +1,7 @@
-"""RPG-Style Clip and dual clip (spec §4, T19-T24), token by token in float64.
+"""RPG-Style Clip and dual clip (docs/math.md#rpg-style-clip, T19-T24), token by token in float64.
 
 The regularized advantage and Algorithm 2 are written out here independently of the library
-(formulas of spec §4.2-§4.3) and compared with it.
+(formulas of docs/math.md#rpg-style-clip) and compared with it.
 """
 
 import math
@@ -16,7 +16,7 @@ EPS_LO, EPS_HI, C = 0.2, 0.28, 10.0
 
 
 def c_kl(divergence, beta, w_bar):
-    """KL component at the clipped ratio (spec §4.2, last column), written out."""
+    """KL component at the clipped ratio (C_D at w_bar, Remark F.2), written out."""
     return {"fkl": beta * torch.ones_like(w_bar), "rkl": -beta * w_bar * (w_bar.log() + 1),
             "ufkl": -beta * (w_bar - 1), "urkl": -beta * w_bar * w_bar.log()}[divergence]
 
@@ -76,7 +76,7 @@ def test_t20_rpg_style_clip_equals_dual_clip_with_regularized_advantage(divergen
     _, g_ppo = token_grads(lambda l: dual_clip((l - l_old).exp(), a_reg, EPS_LO, EPS_HI, C), l_old, log_w)
     assert_close(g_lib, g_ppo, what="T20 gradient vs dual-clip PPO with SG(A')")
 
-    def algorithm2(l):  # spec §4.3, literal: branch on psi = A' * (-l)
+    def algorithm2(l):  # Algorithm 2, literal: branch on psi = A' * (-l)
         lt = -l
         psi = a_reg * lt.detach()
         pos = psi >= 0

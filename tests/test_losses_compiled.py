@@ -27,14 +27,14 @@ _spec.loader.exec_module(bench)
 SHAPES = [(3, 17), (1, 9), (6, 1), (5, 40)]  # varying rows and lengths, size-1 dims included
 
 
-def compare(variant, backend, monkeypatch, token_loss=False, shapes=SHAPES, metric_rel=1e-6):
-    """Eager vs compiled on every shape; returns how many graphs were compiled."""
+def compare(variant, backend, monkeypatch, token_loss=False, shapes=SHAPES, metric_rel=1e-6, device="cpu"):
+    """Eager vs compiled on every shape (inputs on ``device``); returns how many graphs were compiled."""
     monkeypatch.setattr(L, "COMPILE_BACKEND", backend)
     kwargs = {k: v for k, v in variant.items() if k != "anchor"}
     eager, compiled = L.RPGLossConfig(beta=0.05, **kwargs), L.RPGLossConfig(beta=0.05, compile=True, **kwargs)
     before = counters["stats"]["unique_graphs"]
     for i, (b, t) in enumerate(shapes):
-        log_prob, old, adv, mask, ref = bench.make_inputs(b, t, seed=i)
+        log_prob, old, adv, mask, ref = bench.make_inputs(b, t, device=device, seed=i)
         log_prob = old + 6.0 * (log_prob - old)  # ratios spread over every clip region
         ref = ref if variant["anchor"] == "reference" else None
         results = []

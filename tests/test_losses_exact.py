@@ -1,4 +1,4 @@
-"""Autograd gradients of every RPG surrogate vs the exact gradient of its objective (spec §9).
+"""Autograd gradients of every RPG surrogate vs the exact gradient of its objective (docs/math.md#testable-identities).
 
 Exact enumeration over categorical distributions in float64 at theta != theta_old
 (see exact_enumeration.py). Covers T1-T12, T5b and T25.
@@ -89,7 +89,7 @@ def test_t7_differentiable_loss_equals_minus_objective(divergence, mass):
 
 @pytest.mark.parametrize("divergence", ["fkl", "rkl", "ufkl", "urkl"])
 def test_t8_proposition_gradient_formula(divergence):
-    """sum_x mu * Weight(x) * grad log pi = grad J, with the weights of spec §2.1 written out."""
+    """sum_x mu * Weight(x) * grad log pi = grad J, with the weights of Props. F.1-F.5 written out."""
     b = Bandit.make(seed=5)
     pi = b.pi
     w = (pi / b.mu).detach()
@@ -132,7 +132,7 @@ def test_t12_zero_mean_control_variate():
         assert_close(g_f, g_u, what=f"T12 {fwd} and {unf} updates agree in expectation")
 
 
-# ----------------------------------------------------------------- three-policy weights (§2.7)
+# ----------------------------------------------------------------- three-policy weights (docs/math.md#three-policies)
 
 
 @pytest.mark.parametrize("form", ["differentiable", "reinforce"])

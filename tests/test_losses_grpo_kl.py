@@ -1,4 +1,4 @@
-"""GRPO's KL term: the importance-weight correction (spec §3, T13-T17) and the estimator-as-loss
+"""GRPO's KL term: the importance-weight correction (Sec. 2.2, T13-T17 in docs/math.md) and the estimator-as-loss
 facts (T18), against verl 0.9.1's own ``kl_penalty`` for the stock estimators."""
 
 import pytest
@@ -56,7 +56,7 @@ def test_t16_detached_weight_gives_forward_gradient():
 
 
 def test_verl_k3_clamp_zeroes_gradients_of_large_terms():
-    """Spec D6: verl clamps k3 to [-10, 10], which silently drops the gradient of large terms.
+    """verl clamps k3 to [-10, 10], which silently drops the gradient of large terms.
     This instance has a token with k3 = 37.8; our corrected KL keeps its gradient."""
     b = Bandit.make(seed=4, drift=0.5)
     l, l_old, l_ref = logs(b)

@@ -71,17 +71,17 @@ def test_verl_default_does_not_route_amc_which_is_why_the_router_exists():
     assert timed("amc_23", "Answer: 1", "1") == {"score": 1.0, "acc": True, "pred": "1", "scorer_failed": False}
 
 
-def test_spec_t29_answer_line():
+def test_t29_answer_line():
     assert timed("math_dapo", "Let me think.\nAnswer: 42", "42")["score"] == 1.0
     res = timed("math_dapo", "Let me think. The result is 42.", "42")
     assert res == {"score": -1.0, "acc": False, "pred": "[INVALID]", "scorer_failed": False}
 
 
-BOXED_ONLY = "...so the answer is \\boxed{540}."  # the issue's example: no Answer: line
+BOXED_ONLY = "...so the answer is \\boxed{540}."  # no Answer: line, only a boxed answer
 
 
 def test_boxed_only_is_invalid_under_the_paper_rule():
-    """Spec §6.2 step 2: no Answer: match -> [INVALID] -> -1 (verl 0.9.1's fallback would give +1)."""
+    """The authors' scorer: no Answer: match -> [INVALID] -> -1 (verl 0.9.1's fallback would give +1)."""
     res = timed("aime2024", BOXED_ONLY, "540")
     assert res == {"score": -1.0, "acc": False, "pred": "[INVALID]", "scorer_failed": False}
     assert math_dapo.compute_score(BOXED_ONLY, "540")["score"] == 1.0

@@ -1,7 +1,7 @@
 """The Math-Verify route (MinervaMath / OlympiadBench, Table 7): right answers, and a failing scorer
 never passing for a wrong answer.
 
-The plain-script test is the issue's case: verl 0.9.1's ``math_verify.compute_score`` runs its check
+The plain-script test covers this failure: verl 0.9.1's ``math_verify.compute_score`` runs its check
 in a ``spawn`` process pool, which re-runs an unguarded main script in every worker; the pool breaks
 and verl returns 0.0 (-> -1) for every answer after printing "Error in math_verify compute_score".
 """

@@ -1,6 +1,6 @@
 """Overlong shaping through verl's own DAPO reward manager (v1 reward loop), on CPU, no Ray.
 
-Spec T29: L_max = 2048, B = 512, factor 1 -> penalty 0 at 1536 tokens, -0.5 at 1792, -1 at 2048,
+T29 (docs/math.md#testable-identities): L_max = 2048, B = 512, factor 1 -> penalty 0 at 1536 tokens, -0.5 at 1792, -1 at 2048,
 added to the +-1 score from rpg.reward.compute_score.
 """
 
@@ -54,7 +54,7 @@ def _run(manager, data):
 
 @pytest.mark.parametrize("length,penalty", [(100, 0.0), (1536, 0.0), (1664, -0.25), (1792, -0.5), (2048, -1.0)])
 @pytest.mark.parametrize("text,score", [("...\nAnswer: 42", 1.0), ("...\nAnswer: 41", -1.0)])
-def test_spec_t29_overlong_penalty(length, penalty, text, score):
+def test_t29_overlong_penalty(length, penalty, text, score):
     total, info = _run(_manager(text), _item(length))
     assert float(info["overlong_reward"]) == pytest.approx(penalty)
     assert total == pytest.approx(score + penalty)

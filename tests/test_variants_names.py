@@ -43,7 +43,7 @@ def test_contexts_lengths_and_eval_sets():
         v = parse(r["name"])
         assert (v.context, v.max_prompt_length, v.max_response_length, v.overlong_buffer) == ("2k", 2048, 2048, 512)
         assert v.val_sets == ("aime2024", "aime2025", "amc2023") and v.thinking is None
-        # the authors' packing limits (reference notes §2.3 "max tok/GPU")
+        # the authors' packing limits (their scripts' ppo_max_token_len_per_gpu)
         assert v.max_tokens_per_gpu == (16384 if "clip_ppo" in r["name"] else 4096)
     for r in ROWS_4B:
         v = parse(r["name"])

@@ -174,8 +174,11 @@ def _save_steps(t, steps):
 
 
 def _listing(root):
+    """Files of the checkpoints, without verl's tracker and the completion markers (tests/test_resume.py)."""
+    from rpg.verl.checkpoints import MARKER
+
     return {p.relative_to(root).as_posix() for p in Path(root).rglob("*") if p.is_file()
-            and p.name != "latest_checkpointed_iteration.txt"}
+            and p.name not in ("latest_checkpointed_iteration.txt", MARKER)}
 
 
 def test_reference_checkpoints_follow_verls_retention(tmp_path):
