@@ -3,6 +3,7 @@
 import pytest
 
 from rpg.backends.cpu import settings
+from rpg.launch.overrides import merge_overrides, override_key
 from rpg.backends.cpu.harness import build_command, read_metrics
 
 
@@ -20,7 +21,7 @@ def test_external_modules_keeps_existing_and_extra_without_duplicates():
 
 def test_cpu_overrides_cover_the_required_switches():
     ov = settings.cpu_overrides(settings.cpu_env(base={}))
-    keys = {settings.override_key(o): o.split("=", 1)[1] for o in ov}
+    keys = {override_key(o): o.split("=", 1)[1] for o in ov}
     assert keys["trainer.device"] == "cpu"
     assert keys["actor_rollout_ref.rollout.name"] == settings.ROLLOUT_NAME
     assert keys["actor_rollout_ref.actor.strategy"] == "fsdp2"
@@ -33,13 +34,13 @@ def test_cpu_overrides_cover_the_required_switches():
 
 
 def test_merge_overrides_later_wins_and_keeps_first_prefix():
-    merged = settings.merge_overrides(["a=1", "+b.c=2", "d=3"], ["b.c=5", "a=7", "+e=1"])
+    merged = merge_overrides(["a=1", "+b.c=2", "d=3"], ["b.c=5", "a=7", "+e=1"])
     assert merged == ["a=7", "+b.c=5", "d=3", "+e=1"]
 
 
 def test_merge_overrides_rejects_non_assignments():
     with pytest.raises(ValueError, match="key=value"):
-        settings.merge_overrides(["trainer.device"])
+        merge_overrides(["trainer.device"])
 
 
 def test_forwarding_refuses_values_hydra_cannot_quote():

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from launch_expected import ALL_ROWS
 
-from rpg.launch import compose, main, plan_overrides, project_root, ray_command
-from rpg.variants import parse
+from rpg.launch.cli import compose, main, plan_overrides, project_root, ray_command
+from rpg.launch.variants import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 CLEAN_ENV_KEYS = ("MODEL_PATH", "RPG_GPU_MEM_GIB", "RPG_HOST_MEM_GIB", "DATA_DIR", "TRAIN_FILE", "VAL_FILES", "CKPTS_DIR",
@@ -50,7 +50,7 @@ def _check_composed(cfg, row) -> None:
     assert ob.enable == row["overlong"] and ob.len == cfg.data.max_response_length // 4 and ob.penalty_factor == 1.0
     assert cfg.reward.reward_kwargs.max_resp_len == cfg.data.max_response_length
     assert cfg.reward.reward_manager.name == "dapo"
-    assert Path(cfg.reward.custom_reward_function.path).as_posix().endswith("rpg/reward.py")  # routing by rpg.reward
+    assert Path(cfg.reward.custom_reward_function.path).as_posix().endswith("rpg/reward/__init__.py")  # routing by rpg.reward
     assert cfg.reward.custom_reward_function.name == "compute_score"
     assert cfg.algorithm.use_kl_in_reward is False
     stems = [Path(p).stem for p in cfg.data.val_files]
@@ -86,12 +86,12 @@ def _check_composed(cfg, row) -> None:
 
 
 def _memory_fits(cfg) -> str | None:
-    """rpg.memory's estimate on an 80 GB GPU (79.6 GiB) with the documented 10% headroom, vLLM's KV
+    """rpg.launch.memory's estimate on an 80 GB GPU (79.6 GiB) with the documented 10% headroom, vLLM's KV
     cache holding one max_model_len sequence, and the host RAM of a default node (docs/memory.md)."""
     from omegaconf import OmegaConf
 
-    from rpg.memory import DEFAULT_GPU_MEM_GIB, architecture_for, estimate, settings_from_config
-    from rpg.memory_host import DEFAULT_HOST_MEM_GIB, estimate_host, host_settings_from_config
+    from rpg.launch.memory import DEFAULT_GPU_MEM_GIB, architecture_for, estimate, settings_from_config
+    from rpg.launch.memory_host import DEFAULT_HOST_MEM_GIB, estimate_host, host_settings_from_config
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     s = settings_from_config(plain)

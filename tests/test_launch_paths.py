@@ -7,8 +7,8 @@ from pathlib import Path
 
 from test_launch_dryrun import _env
 
-from rpg.launch import main, plan_overrides, ray_command
-from rpg.variants import parse
+from rpg.launch.cli import main, plan_overrides, ray_command
+from rpg.launch.variants import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = "http://127.0.0.1:8265"
@@ -57,7 +57,7 @@ def test_dry_run_shows_the_cluster_root_everywhere(capsys):
     cap = capsys.readouterr()
     assert "train_files: /srv/rpg/data/dapo-math-17k-en.parquet" in cap.out
     assert "default_local_dir: /srv/rpg/ckpts/rpg/run_rpg_7b_ufkl1e-4" in cap.out
-    assert "VERL_FILE_LOGGER_ROOT: /srv/rpg/logs" in cap.out and "path: /srv/rpg/rpg/reward.py" in cap.out
+    assert "VERL_FILE_LOGGER_ROOT: /srv/rpg/logs" in cap.out and "path: /srv/rpg/rpg/reward/__init__.py" in cap.out
     assert "/srv/rpg/recipe/rpg/main_rpg.py" in cap.out
     # nothing from this checkout leaks into the cluster's config (the local `ray` CLI on the
     # "# command:" line may live in a venv inside the checkout)

@@ -1,4 +1,4 @@
-"""rpg.memory: each term of the per-GPU memory estimate and of the checkpoint-disk estimate against
+"""rpg.launch.memory: each term of the per-GPU memory estimate and of the checkpoint-disk estimate against
 numbers computed by hand from the public model configs, the offload switches, the verdict, and the
 launcher's --describe / DRY_RUN output. (Every shipped script fitting an 80 GB GPU is checked in
 tests/test_launch_dryrun.py, which composes all 84 scripts once.)"""
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from rpg.memory import (
+from rpg.launch.memory import (
     CUDAGRAPH_GIB,
     DEFAULT_GPU_MEM_GIB,
     GIB,
@@ -26,7 +26,7 @@ from rpg.memory import (
     gpu_mem_gib,
     settings_from_config,
 )
-from rpg.memory_host import (
+from rpg.launch.memory_host import (
     DEFAULT_HOST_MEM_GIB,
     DRIVER_GIB,
     RAY_DAEMONS_GIB,
@@ -420,7 +420,7 @@ def _clean_env(**kw):
 
 
 def test_describe_prints_estimate_and_disk(capsys):
-    from rpg.launch import main
+    from rpg.launch.cli import main
 
     assert main(["--describe", "run_grpo_7b", "--gpu-mem-gib", "80"], _clean_env()) == 0
     out = capsys.readouterr().out
@@ -434,7 +434,7 @@ def test_describe_prints_estimate_and_disk(capsys):
 
 
 def test_describe_errors_are_one_line(capsys):
-    from rpg.launch import main
+    from rpg.launch.cli import main
 
     assert main(["--describe", "run_grpo_7b", "--gpu-mem-gib", "lots"], _clean_env()) == 2
     assert "--gpu-mem-gib='lots' is invalid" in capsys.readouterr().err
@@ -448,7 +448,7 @@ def test_describe_errors_are_one_line(capsys):
 
 
 def test_describe_4b_8k_shows_host_verdict_and_kv_check(capsys):
-    from rpg.launch import main
+    from rpg.launch.cli import main
 
     name = "run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28"
     assert main(["--describe", name], _clean_env()) == 0
@@ -465,7 +465,7 @@ def test_describe_4b_8k_shows_host_verdict_and_kv_check(capsys):
 
 
 def test_dry_run_prints_estimate_for_the_gpu_size(capsys):
-    from rpg.launch import main
+    from rpg.launch.cli import main
 
     assert main(["run_rpg_4b_ctx8k_ufkl1e-4"], _clean_env(DRY_RUN="1", RPG_GPU_MEM_GIB="139.8")) == 0
     out = capsys.readouterr().out

@@ -185,7 +185,7 @@ def test_marker_is_written_last_and_follows_verls_retention(tmp_path):
 @pytest.mark.parametrize("key, value", [("EXP_NAME", "../../x"), ("PROJECT_NAME", "a/b"), ("EXP_NAME", ".."),
                                         ("EXP_NAME", " "), ("PROJECT_NAME", "a\\b")])
 def test_run_names_that_leave_their_directory_are_refused(key, value, capsys):
-    from rpg.launch import main
+    from rpg.launch.cli import main
 
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RPG_BACKEND")}
     rc = main(["run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"], env={**env, "DRY_RUN": "1", key: value})
@@ -199,7 +199,7 @@ def test_driver_refuses_names_that_leave_their_directory(tmp_path):
 
 
 def test_output_dirs_are_unique_within_a_second(tmp_path, monkeypatch):
-    from rpg import launch
+    from rpg.launch import cli as launch
     from rpg.backends.cpu import harness
 
     seen = []

@@ -17,7 +17,7 @@ BOXED_ONLY = {"data_source": "aime2024", "solution_str": "so the answer is \\box
 def test_default_run_scores_with_the_paper_rule():
     cfg, _ = apply()
     assert cfg.reward.custom_reward_function.name == "compute_score"
-    assert cfg.reward.custom_reward_function.path.endswith("rpg/reward.py")
+    assert cfg.reward.custom_reward_function.path.endswith("rpg/reward/__init__.py")
     assert get_custom_reward_fn(cfg)(**BOXED_ONLY)["score"] == -1.0
 
 

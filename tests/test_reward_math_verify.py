@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rpg import math_verify_pool
+from rpg.reward import verify_pool
 from rpg.reward import compute_score
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,32 +66,32 @@ def test_unguarded_plain_script(tmp_path):
 
 
 def test_timeout_is_counted_not_passed_off_as_a_wrong_answer(monkeypatch, capsys):
-    res = math_verify_pool.verify("Answer: 7", "7", timeout=1e-6)  # a real helper, no time to answer
-    assert res == math_verify_pool.TIMEOUT
-    assert math_verify_pool.verify("Answer: 7", "7") == 1.0  # a fresh helper replaced the killed one
-    for outcome in (math_verify_pool.TIMEOUT, math_verify_pool.ERROR):
-        monkeypatch.setattr(math_verify_pool, "verify", lambda *a, o=outcome, **k: o)
+    res = verify_pool.verify("Answer: 7", "7", timeout=1e-6)  # a real helper, no time to answer
+    assert res == verify_pool.TIMEOUT
+    assert verify_pool.verify("Answer: 7", "7") == 1.0  # a fresh helper replaced the killed one
+    for outcome in (verify_pool.TIMEOUT, verify_pool.ERROR):
+        monkeypatch.setattr(verify_pool, "verify", lambda *a, o=outcome, **k: o)
         res = compute_score("minerva_math", "Answer: 7", "7")
         assert res == {"score": -1.0, "acc": False, "pred": "7", "scorer_failed": True}
         assert f"Math-Verify {outcome}" in capsys.readouterr().err
 
 
 def test_a_dead_helper_is_replaced_and_a_broken_one_raises(monkeypatch):
-    assert math_verify_pool.verify("Answer: 3", "3") == 1.0
-    with math_verify_pool._lock:
-        idle = list(math_verify_pool._idle)
+    assert verify_pool.verify("Answer: 3", "3") == 1.0
+    with verify_pool._lock:
+        idle = list(verify_pool._idle)
     assert idle
     for h in idle:
         h.proc.kill()
         h.proc.wait()
-    assert math_verify_pool.verify("Answer: 3", "3") == 1.0  # replaced once, transparently
+    assert verify_pool.verify("Answer: 3", "3") == 1.0  # replaced once, transparently
 
     def broken(self):
-        raise math_verify_pool.MathVerifyError("the Math-Verify helper did not start")
+        raise verify_pool.MathVerifyError("the Math-Verify helper did not start")
 
-    math_verify_pool.shutdown()
-    monkeypatch.setattr(math_verify_pool._Helper, "__init__", broken)
-    with pytest.raises(math_verify_pool.MathVerifyError, match="did not start"):
+    verify_pool.shutdown()
+    monkeypatch.setattr(verify_pool._Helper, "__init__", broken)
+    with pytest.raises(verify_pool.MathVerifyError, match="did not start"):
         compute_score("olympiadbench", "Answer: 3", "3")
 
 
@@ -99,9 +99,9 @@ def test_a_forked_child_does_not_share_the_parents_helpers():
     """A fork (e.g. a DataLoader worker) inherits the idle helpers' pipes: the child must start its own."""
     import os
 
-    assert math_verify_pool.verify("Answer: 3", "3") == 1.0
-    with math_verify_pool._lock:
-        parents = [h.proc.pid for h in math_verify_pool._idle]
+    assert verify_pool.verify("Answer: 3", "3") == 1.0
+    with verify_pool._lock:
+        parents = [h.proc.pid for h in verify_pool._idle]
     assert parents
     read, write = os.pipe()
     pid = os.fork()
@@ -109,11 +109,11 @@ def test_a_forked_child_does_not_share_the_parents_helpers():
         code = 1
         try:
             os.close(read)
-            inherited = list(math_verify_pool._idle)
-            score = math_verify_pool.verify("Answer: 4", "4")
-            own = [h.proc.pid for h in math_verify_pool._idle]
+            inherited = list(verify_pool._idle)
+            score = verify_pool.verify("Answer: 4", "4")
+            own = [h.proc.pid for h in verify_pool._idle]
             os.write(write, json.dumps({"inherited": len(inherited), "score": score, "own": own}).encode())
-            math_verify_pool.shutdown()
+            verify_pool.shutdown()
             code = 0
         finally:
             os._exit(code)
@@ -123,9 +123,9 @@ def test_a_forked_child_does_not_share_the_parents_helpers():
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert child["inherited"] == 0 and child["score"] == 1.0 and not set(child["own"]) & set(parents)
-    assert math_verify_pool.verify("Answer: 5", "5") == 1.0  # the parent's helper still answers the parent
-    with math_verify_pool._lock:
-        assert {h.proc.pid for h in math_verify_pool._idle} & set(parents)
+    assert verify_pool.verify("Answer: 5", "5") == 1.0  # the parent's helper still answers the parent
+    with verify_pool._lock:
+        assert {h.proc.pid for h in verify_pool._idle} & set(parents)
 
 
 # --- check_answer: verl's check, except that Math-Verify's own timeouts are failures, not wrong answers
@@ -140,7 +140,7 @@ _CASES = [  # (gold, model output): right, wrong, unparseable, equivalent forms
 def test_check_answer_scores_like_verls_check():
     from verl.utils.reward_score.math_verify import _verify_in_subprocess
 
-    got = [math_verify_pool.check_answer(g, o) for g, o in _CASES]
+    got = [verify_pool.check_answer(g, o) for g, o in _CASES]
     assert got == [_verify_in_subprocess(g, o) for g, o in _CASES]
     assert 1.0 in got and 0.0 in got  # both outcomes exercised
 
@@ -156,7 +156,7 @@ def test_a_math_verify_timeout_raises_where_verl_scores_a_wrong_answer(monkeypat
     monkeypatch.setattr(math_verify.parser, "extract_target_from_pred", alarm_fired)
     assert _verify_in_subprocess("\\boxed{540}", "540") == 0.0  # verl: the timeout is a wrong answer
     with pytest.raises(TimeoutException):
-        math_verify_pool.check_answer("\\boxed{540}", "540")
+        verify_pool.check_answer("\\boxed{540}", "540")
 
 
 def test_a_parse_error_is_still_a_wrong_answer(monkeypatch):
@@ -166,4 +166,4 @@ def test_a_parse_error_is_still_a_wrong_answer(monkeypatch):
         raise ValueError("unparseable")
 
     monkeypatch.setattr(math_verify.parser, "extract_target_from_pred", broken)
-    assert math_verify_pool.check_answer("\\boxed{540}", "540") == 0.0
+    assert verify_pool.check_answer("\\boxed{540}", "540") == 0.0

@@ -92,7 +92,7 @@ def test_time_estimate_and_calibration_from_finished_runs():
 # ---- the overrides: the launcher's CPU path for the method + the study's sizes ----
 
 def test_overrides_keep_the_variants_algorithm_and_set_the_off_policy_regime(tiny_assets, tmp_path):
-    from rpg.variants import parse
+    from rpg.launch.variants import parse
 
     spec = G.RunSpec("run_rpg_7b_ufkl1e-4_rf", 16, 3, SMALL)
     kv = _kv(R.plan_overrides(spec, tmp_path))
@@ -121,7 +121,7 @@ def test_runs_compose_and_pass_verls_checks(tiny_assets, tmp_path):
     import sys
 
     from rpg.backends.cpu.harness import build_command
-    from rpg.launch import ENTRY, project_root
+    from rpg.launch.cli import ENTRY, project_root
 
     specs = [s for s in G.grid(seeds=1) if (s.variant, s.updates) in (("run_grpo_7b", 4), ("run_rpg_7b_ufkl1e-4_rf", 16))]
     plans, env = [], None
@@ -129,7 +129,7 @@ def test_runs_compose_and_pass_verls_checks(tiny_assets, tmp_path):
         argv, env = build_command(R.plan_overrides(spec, tmp_path), entry=str(project_root() / ENTRY))
         plans.append(argv[2:])
     (tmp_path / "plans.json").write_text(json.dumps(plans))
-    code = ("import json, sys\nfrom rpg.launch import compose\nfor ov in json.load(open(sys.argv[1])):\n"
+    code = ("import json, sys\nfrom rpg.launch.cli import compose\nfor ov in json.load(open(sys.argv[1])):\n"
             "    cfg, _ = compose(ov)\n    print('SIZES', cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.data.train_batch_size)")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plans.json")], env=env, capture_output=True,
                        text=True, timeout=300, cwd=project_root())

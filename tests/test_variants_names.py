@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from launch_expected import ALL_ROWS, CONTEXT_TABLES, ROWS_4B, ROWS_7B
 
-from rpg.variants import GRAMMAR, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
+from rpg.launch.variants import GRAMMAR, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipe" / "rpg"
@@ -167,7 +167,7 @@ def test_typo_gets_a_suggestion():
 def test_scripts_are_identical_thin_wrappers():
     scripts = sorted((RECIPE / "7b").glob("*.sh")) + sorted((RECIPE / "4b").glob("*.sh"))
     bodies = {p.read_text() for p in scripts}
-    assert len(bodies) == 1, "every run script must be the same thin wrapper (settings live in rpg/variants.py)"
+    assert len(bodies) == 1, "every run script must be the same thin wrapper (settings live in rpg/launch/variants.py)"
     body = bodies.pop()
     code = [ln for ln in body.splitlines() if ln.strip() and not ln.startswith("#")]
     assert code == ['exec bash "$(dirname "$0")/../launch.sh" "$(basename "$0" .sh)" "$@"']
@@ -184,6 +184,6 @@ def test_variants_module_imports_no_heavy_packages():
     import subprocess
     import sys
 
-    code = "import sys, rpg.variants; bad = [m for m in ('verl', 'torch', 'hydra', 'ray') if m in sys.modules]; print(bad)"
+    code = "import sys, rpg.launch.variants; bad = [m for m in ('verl', 'torch', 'hydra', 'ray') if m in sys.modules]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

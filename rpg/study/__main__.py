@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from rpg.study.runner import all_records, plan_overrides, read_record, run_grid, status
-    from rpg.variants import VariantNameError
+    from rpg.launch.variants import VariantNameError
 
     try:
         sizes = Sizes(args.steps, args.test_freq, args.prompts, args.n, args.val_n)

@@ -1,8 +1,8 @@
 """The study's grid: methods, the tiny-task adaptation of their paper settings, run identities, cost.
 
-Methods are paper run names, parsed by ``rpg.variants`` (the one source of truth for every
+Methods are paper run names, parsed by ``rpg.launch.variants`` (the one source of truth for every
 algorithm setting); a run's overrides are exactly what ``RPG_BACKEND=cpu`` would launch for that
-name (``rpg.launch.plan_overrides(..., cpu=True)``: the variant's algorithm settings, the CPU
+name (``rpg.launch.cli.plan_overrides(..., cpu=True)``: the variant's algorithm settings, the CPU
 backend, the tiny task) followed by the study's own overrides, which win:
 
 * **Sizes**: ``prompts`` prompts per rollout batch, ``n`` responses each, validation
@@ -28,7 +28,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rpg.variants import Variant, paper_row, parse
+from rpg.launch.variants import Variant, paper_row, parse
 
 LR_SCALE = 500.0  # tiny lr = paper lr x 500 (1e-6 -> 5e-4, the tiny demo's learning rate)
 

@@ -51,7 +51,7 @@ def stress_label(spec: RunSpec) -> str:
 
 def stress_styles(specs: list[RunSpec]) -> dict[str, dict]:
     """One colour per steps-per-batch value; solid = clipped, dashed = unclipped (the method compared)."""
-    from rpg.variants import parse
+    from rpg.launch.variants import parse
 
     ks = sorted({s.updates for s in specs})
     palette = ("tab:blue", "tab:orange", "tab:red", "tab:green", "tab:purple", "tab:brown")

@@ -50,10 +50,10 @@ def all_records(out: Path) -> list[dict]:
 
 def plan_overrides(spec: RunSpec, out: Path) -> list[str]:
     """All overrides of one run: what ``RPG_BACKEND=cpu`` launches for the method, then the study's."""
-    from rpg.launch import plan_overrides as launch_overrides
-    from rpg.launch import project_root
+    from rpg.launch.cli import plan_overrides as launch_overrides
+    from rpg.launch.cli import project_root
     from rpg.tiny import build_tiny_assets
-    from rpg.variants import parse
+    from rpg.launch.variants import parse
 
     d = run_dir(out, spec).resolve()
     env = {"LOGGER": "console,file", "PROJECT_NAME": "rpg_study", "EXP_NAME": spec.run_id,
@@ -92,7 +92,7 @@ def _timing(metrics_file: Path) -> tuple[float, float, int]:
 
 def _code_version() -> str:
     """``git describe`` of the checkout the run used (``+dirty`` with uncommitted changes), or ``unknown``."""
-    from rpg.launch import project_root
+    from rpg.launch.cli import project_root
 
     try:
         out = subprocess.run(["git", "describe", "--always", "--dirty=+dirty"], cwd=project_root(),
@@ -205,7 +205,7 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
     running trainer (its processes are cleaned up by the harness) and leaves no record for it, so
     that the next call runs it again; finished runs keep their records.
     """
-    from rpg.signals import raise_on_stop_signals
+    from rpg.launch.signals import raise_on_stop_signals
 
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
@@ -261,7 +261,7 @@ def _run_one(spec: RunSpec, overrides: list[str], index: int, out: Path, progres
 def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Path, progress: Progress,
                        timeout_s: float, stop: threading.Event) -> None:
     from rpg.backends.cpu import harness
-    from rpg.launch import ENTRY, project_root
+    from rpg.launch.cli import ENTRY, project_root
 
     if stop.is_set():
         return

@@ -38,7 +38,7 @@ from verl.utils.logging_utils import configure_verl_logging
 
 import rpg.verl.register  # noqa: F401  (registrations in the driver even without the entry point)
 from rpg.reports.history import PATH_ENV, base_path, claim_segment
-from rpg.signals import StopSignal, raise_on_stop_signals
+from rpg.launch.signals import StopSignal, raise_on_stop_signals
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
 from rpg.verl.settings import RPGConfigError, RPGSettings, describe, validate_and_apply
 
@@ -121,7 +121,7 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True) -> RPGSettin
 
 def resume_command(argv: list[str]) -> str:
     """The command that resumes this run: the same one, with ``trainer.resume_mode=auto`` last."""
-    from rpg.backends.cpu.settings import merge_overrides  # pure helper (no verl import)
+    from rpg.launch.overrides import merge_overrides
 
     script, args = argv[0], argv[1:]
     flags = [a for a in args if "=" not in a]
@@ -146,7 +146,7 @@ def stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
 
 @contextlib.contextmanager
 def stop_on_signals(config: DictConfig, argv: list[str] | None = None):
-    """SIGHUP, SIGINT, SIGTERM (``rpg.signals``): shut down the Ray cluster this driver started (or
+    """SIGHUP, SIGINT, SIGTERM (``rpg.launch.signals``): shut down the Ray cluster this driver started (or
     leave the cluster it joined: Ray ends a departed driver's actors), print ``stop_line``, exit
     128 + signum. ``ray.init`` installs its own SIGTERM handler; Ray's post-init hook puts ours back."""
     from ray._private import worker as ray_worker

@@ -1,6 +1,6 @@
 """Register RPG with verl's registries. Idempotent and import-light (torch + core_algos only).
 
-Imported by the ``verl.plugins`` entry point (``rpg/verl_plugin.py``) in every process that
+Imported by the ``verl.plugins`` entry point (pyproject.toml) in every process that
 imports verl: the driver, the TaskRunner (advantage estimators run there) and every Ray worker
 (policy losses run there).
 

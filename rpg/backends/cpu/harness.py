@@ -16,7 +16,7 @@ Clean-up: the trainer runs in its own session with a private Ray temp dir, so ev
 the run (driver, GCS, raylet, workers) is identifiable. After the run, whatever its outcome, any
 of them still alive 30 s after the driver exited is terminated, and ``TrainerRun.leftover_pids``
 lists them (empty in a clean run). A failed or timed-out run raises ``TrainerRunError`` with the
-log's tail. SIGHUP, SIGINT and SIGTERM to this process (main thread, ``rpg.signals``) end the run
+log's tail. SIGHUP, SIGINT and SIGTERM to this process (main thread, ``rpg.launch.signals``) end the run
 the same way within a minute and raise ``TrainerRunError`` with ``TrainerRun.stop_signal`` set
 (``report_stop`` prints the one line; the caller exits 128 + signum).
 
@@ -44,9 +44,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rpg.backends.cpu.settings import cpu_env, cpu_overrides, merge_overrides, override_key
+from rpg.backends.cpu.settings import cpu_env, cpu_overrides
+from rpg.launch.overrides import merge_overrides, override_key
 from rpg.reports import history
-from rpg.signals import StopSignal, raise_on_stop_signals
+from rpg.launch.signals import StopSignal, raise_on_stop_signals
 
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
 METRICS_FILE = "metrics.jsonl"

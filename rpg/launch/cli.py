@@ -1,7 +1,7 @@
 """Launcher behind every paper script: ``python -m rpg.launch <run name> [hydra overrides ...]``.
 
 ``recipe/rpg/{7b,4b}/<name>.sh`` only call ``recipe/rpg/launch.sh <their own name> "$@"``, which
-calls this module. The name is parsed by ``rpg.variants`` (the single source of truth), the
+calls this module. The name is parsed by ``rpg.launch.variants`` (the single source of truth), the
 environment adds paths, cluster size and loggers, and the user's overrides come last (they win).
 
 Modes (environment variables; defaults in brackets):
@@ -24,7 +24,7 @@ Modes (environment variables; defaults in brackets):
 
 Memory: ``--describe NAME [--gpu-mem-gib G] [--host-mem-gib H] [overrides]`` and ``DRY_RUN=1`` (GPU
 size ``RPG_GPU_MEM_GIB``, default 79.6 GiB = an 80 GB card; node RAM ``RPG_HOST_MEM_GIB``, default
-2000 GiB) print ``rpg.memory``'s per-GPU memory estimate and ``rpg.memory_host``'s host RAM per node,
+2000 GiB) print ``rpg.launch.memory``'s per-GPU memory estimate and ``rpg.launch.memory_host``'s host RAM per node,
 each with a FITS / DOES NOT FIT verdict, and the checkpoint disk of the run (docs/memory.md).
 
 Other variables: MODEL_PATH [variant's HF id], DATA_DIR [<root>/data], TRAIN_FILE
@@ -50,9 +50,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from rpg.launch.overrides import merge_overrides, override_key
 from rpg.verl.preflight import error_line, input_path_problems, name_problem
 from rpg.verl.settings import RPGConfigError
-from rpg.variants import GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
+from rpg.launch.variants import GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
 
 ENTRY = Path("recipe") / "rpg" / "main_rpg.py"
 CONFIG_DIR = Path("recipe") / "rpg" / "config"
@@ -76,7 +77,7 @@ class LaunchError(ValueError):
 
 
 def project_root() -> Path:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     if not (root / ENTRY).is_file():
         raise LaunchError(f"cannot find {ENTRY} next to the rpg package ({root}); run from a checkout of the "
                           "project installed with `pip install -e .`")
@@ -198,18 +199,6 @@ def env_overrides(v: Variant, env: Mapping[str, str], root: Path, cwd: Path) -> 
     return ov, job_env
 
 
-def _key(override: str) -> str:
-    from rpg.backends.cpu.settings import override_key  # pure helper (no verl import)
-
-    return override_key(override)
-
-
-def _merge(*groups: Sequence[str]) -> list[str]:
-    from rpg.backends.cpu.settings import merge_overrides
-
-    return merge_overrides(*groups)
-
-
 def _check_user(user: Sequence[str]) -> None:
     bad = [o for o in user if "=" not in o or o.startswith("-")]
     if bad:
@@ -218,14 +207,14 @@ def _check_user(user: Sequence[str]) -> None:
 
 def finalize(overrides: list[str], user: Sequence[str]) -> list[str]:
     """Keep the overlong buffer at max_response_length/4 unless the user set it explicitly."""
-    if any(_key(o) == OVERLONG_LEN for o in user):
+    if any(override_key(o) == OVERLONG_LEN for o in user):
         return overrides
-    resp = [o.split("=", 1)[1] for o in overrides if _key(o) == "data.max_response_length"]
+    resp = [o.split("=", 1)[1] for o in overrides if override_key(o) == "data.max_response_length"]
     if not resp:
         return overrides
     if not resp[-1].isdigit():
         raise LaunchError(f"data.max_response_length={resp[-1]!r} is not an integer; set {OVERLONG_LEN} explicitly")
-    return _merge(overrides, [f"{OVERLONG_LEN}={int(resp[-1]) // 4}"])
+    return merge_overrides(overrides, [f"{OVERLONG_LEN}={int(resp[-1]) // 4}"])
 
 
 def tiny_overrides_for_cpu(steps: int = 2) -> list[str]:
@@ -250,11 +239,11 @@ def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, r
     if cpu:
         from rpg.backends.cpu.settings import cpu_overrides
 
-        cpu_keys = {_key(o) for o in cpu_overrides()}
-        groups = [[o for o in g if _key(o) not in cpu_keys] for g in groups] + [tiny_overrides_for_cpu()]
-        if "file" not in " ".join(o for o in groups[1] if _key(o) == "trainer.logger"):
+        cpu_keys = {override_key(o) for o in cpu_overrides()}
+        groups = [[o for o in g if override_key(o) not in cpu_keys] for g in groups] + [tiny_overrides_for_cpu()]
+        if "file" not in " ".join(o for o in groups[1] if override_key(o) == "trainer.logger"):
             groups.append(["trainer.logger=['console','file']"])  # the harness reads verl's file logger
-    return finalize(_merge(*groups, list(user)), user), job_env
+    return finalize(merge_overrides(*groups, list(user)), user), job_env
 
 
 # ----------------------------------------------------------------------------- compose (dry run)
@@ -334,7 +323,7 @@ def _missing_files(overrides: Sequence[str]) -> list[str]:
 
     missing = []
     for o in overrides:
-        k, val = _key(o), o.split("=", 1)[1]
+        k, val = override_key(o), o.split("=", 1)[1]
         if k == "data.train_files":
             paths = [val.strip("'")]
         elif k == "data.val_files":
@@ -430,7 +419,7 @@ def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Pat
 
     print(f"# {describe_variant(v)}".replace("\n", "\n# "))
     cfg, _ = compose(overrides, root)
-    if not any(_key(o) == REWARD_PATH for o in overrides):
+    if not any(override_key(o) == REWARD_PATH for o in overrides):
         _show_cluster_reward_path(cfg, root, run_root or root)
     print("# command: " + " ".join(cmd[:2]) + " \\\n#   " + " \\\n#   ".join(cmd[2:]))
     for problem in input_path_problems(cfg):
@@ -442,11 +431,11 @@ def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Pat
     return 0
 
 
-# ----------------------------------------------------------------------------- memory estimate (rpg.memory)
+# ----------------------------------------------------------------------------- memory estimate (rpg.launch.memory)
 
 
 def memory_report(cfg, sizes: tuple[float, float], *, unavailable_ok: bool = False) -> str:
-    """rpg.memory's per-GPU memory table, host RAM per node and checkpoint-disk lines for a composed
+    """rpg.launch.memory's per-GPU memory table, host RAM per node and checkpoint-disk lines for a composed
     config; sizes = (GPU, node RAM) in GiB.
 
     An estimate that cannot be made (unknown model, ...) raises ``LaunchError`` (one line), or with
@@ -454,7 +443,7 @@ def memory_report(cfg, sizes: tuple[float, float], *, unavailable_ok: bool = Fal
     """
     from omegaconf import OmegaConf
 
-    from rpg.memory import MemoryEstimateError, report
+    from rpg.launch.memory import MemoryEstimateError, report
 
     try:
         return report(OmegaConf.to_container(cfg, resolve=True), *sizes)
@@ -467,8 +456,8 @@ def memory_report(cfg, sizes: tuple[float, float], *, unavailable_ok: bool = Fal
 def _mem_sizes(env: Mapping[str, str], gpu_cli: str | None = None, host_cli: str | None = None) -> tuple[float, float]:
     """(GPU, node RAM) of the estimate in GiB: ``--gpu-mem-gib`` / ``--host-mem-gib`` if given, else
     ``RPG_GPU_MEM_GIB`` / ``RPG_HOST_MEM_GIB``, else the defaults."""
-    from rpg.memory import GPU_MEM_ENV, MemoryEstimateError, gpu_mem_gib
-    from rpg.memory_host import HOST_MEM_ENV, host_mem_gib
+    from rpg.launch.memory import GPU_MEM_ENV, MemoryEstimateError, gpu_mem_gib
+    from rpg.launch.memory_host import HOST_MEM_ENV, host_mem_gib
 
     try:
         gpu = gpu_mem_gib(gpu_cli, "--gpu-mem-gib") if gpu_cli is not None else gpu_mem_gib(env.get(GPU_MEM_ENV), GPU_MEM_ENV)
@@ -534,7 +523,7 @@ def _run_cpu(v: Variant, overrides: Sequence[str], env: Mapping[str, str], root:
     except TrainerRunError as e:
         if e.run.stop_signal is not None:
             resume = f"OUT_DIR={shlex.quote(str(out))} " + shlex.join(
-                [sys.executable, "-m", "rpg.launch", v.name, *_merge(user, ["trainer.resume_mode=auto"])])
+                [sys.executable, "-m", "rpg.launch", v.name, *merge_overrides(user, ["trainer.resume_mode=auto"])])
             report_stop(e.run, "[cpu]", resume)
             return 128 + e.run.stop_signal
         with contextlib.suppress(OSError):

@@ -9,7 +9,7 @@ to start a new process before ...") and, when the rest of the script fails or ex
 the pool breaks for good ("A child process terminated abruptly, the process pool is not usable
 anymore"). verl catches every exception and returns 0.0, so each answer then scores as wrong.
 
-Here each helper is ``python -m rpg.math_verify_pool``: a fresh interpreter that runs verl 0.9.1's
+Here each helper is ``python -m rpg.reward.verify_pool``: a fresh interpreter that runs verl 0.9.1's
 check (``check_answer``: ``_verify_in_subprocess``'s Math-Verify parse + verify with verl's extraction
 settings, in the helper's main thread so its ``signal.alarm`` timeouts work) and answers one JSON line
 per request on a pipe. Nothing depends on how the caller was started. Outcomes:
@@ -51,14 +51,14 @@ class MathVerifyError(RuntimeError):
 
 
 class _Helper:
-    """One ``python -m rpg.math_verify_pool`` process and its pipes."""
+    """One ``python -m rpg.reward.verify_pool`` process and its pipes."""
 
     def __init__(self) -> None:
-        pkg_root = str(Path(__file__).resolve().parents[1])  # so the helper imports this rpg
+        pkg_root = str(Path(__file__).resolve().parents[2])  # so the helper imports this rpg
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rpg.math_verify_pool"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-m", "rpg.reward.verify_pool"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env=env, close_fds=True,
         )
         self._buf = b""

@@ -15,7 +15,7 @@ data_source                                  scorer
 ``math_dapo_reasoning``, ``aime*``, ``amc*``  last ``Answer:`` match (none -> ``[INVALID]``),
                                              Minerva normalisation, string equality, +1 / -1.
                                              = verl's ``math_dapo.is_correct_minerva`` on the tail.
-``minerva*``, ``olympiad*``                  Math-Verify, verl's check (``rpg.math_verify_pool``);
+``minerva*``, ``olympiad*``                  Math-Verify, verl's check (``rpg.reward.verify_pool``);
                                              1/0 mapped to +1/-1 (the authors' Table 7 scorer)
 anything else                                ``verl.utils.reward_score.default_compute_score``
 ===========================================  ====================================================
@@ -129,10 +129,10 @@ def _math_verify(data_source: str, solution_str: str, ground_truth: str) -> dict
         )
     from verl.utils.reward_score import math_dapo
 
-    from rpg import math_verify_pool
+    from rpg.reward import verify_pool
 
-    verified = math_verify_pool.verify(solution_str, ground_truth)  # 1.0 / 0.0 / TIMEOUT / ERROR
-    failed = verified in (math_verify_pool.TIMEOUT, math_verify_pool.ERROR)
+    verified = verify_pool.verify(solution_str, ground_truth)  # 1.0 / 0.0 / TIMEOUT / ERROR
+    failed = verified in (verify_pool.TIMEOUT, verify_pool.ERROR)
     if failed:
         print(f"rpg.reward: Math-Verify {verified} on a {data_source} answer: scored -1, counted in scorer_failed",
               file=sys.stderr, flush=True)
@@ -168,7 +168,7 @@ def compute_score(
 
     Returns ``{"score": +1.0 | -1.0, "acc", "pred", "scorer_failed"}`` on the DAPO and Math-Verify routes.
     Raises TypeError for non-str inputs, ValueError for a bad option, ImportError when Math-Verify is
-    needed but missing, rpg.math_verify_pool.MathVerifyError when its helper process cannot run.
+    needed but missing, rpg.reward.verify_pool.MathVerifyError when its helper process cannot run.
     """
     _check_str("solution_str", solution_str)
     _check_str("ground_truth", ground_truth)

@@ -77,7 +77,7 @@ V = vocabulary, H = hidden size, I = MLP width, L = layers)::
 Left out (covered by the required headroom, HEADROOM_FRACTION of the GPU): allocator fragmentation,
 CUDA contexts / NCCL and cuBLAS workspaces / vLLM's sleeping residue (a fixed RUNTIME_OVERHEAD_GIB is
 added instead of measured), the RPG loss's own temporaries (~0.1 GiB at 2M tokens, measured on an
-H100), sequence parallelism, LoRA, Megatron. Host RAM per node: rpg.memory_host.
+H100), sequence parallelism, LoRA, Megatron. Host RAM per node: rpg.launch.memory_host.
 """
 
 from __future__ import annotations
@@ -681,9 +681,9 @@ def gpu_mem_gib(raw: str | None, source: str) -> float:
 
 
 def report(cfg: Mapping[str, Any], gpu_gib: float = DEFAULT_GPU_MEM_GIB, host_gib: float | None = None) -> str:
-    """The per-GPU memory table, the host RAM per node (``rpg.memory_host``) and the checkpoint-disk
+    """The per-GPU memory table, the host RAM per node (``rpg.launch.memory_host``) and the checkpoint-disk
     lines for a composed config (a plain nested mapping); host_gib None: the default node size."""
-    from rpg.memory_host import DEFAULT_HOST_MEM_GIB, estimate_host, format_host, host_settings_from_config
+    from rpg.launch.memory_host import DEFAULT_HOST_MEM_GIB, estimate_host, format_host, host_settings_from_config
 
     s = settings_from_config(cfg)
     arch = architecture_for(s.model_path)

@@ -1,6 +1,6 @@
 """Host RAM per node of a composed run config (verl 0.9.1, FSDP + vLLM 0.24, Ray 2.x), with its own verdict.
 
-Pure Python like ``rpg.memory`` (which prints it after the per-GPU table): ``estimate_host(
+Pure Python like ``rpg.launch.memory`` (which prints it after the per-GPU table): ``estimate_host(
 host_settings_from_config(cfg), arch, host_gib)``. One node holds G = ``trainer.n_gpus_per_node``
 trainer processes and G vLLM GPU workers, plus the per-node terms; the driver and the rollout batch
 are counted on every node (they live on the head node, the fullest one). P parameters, F the FSDP
@@ -46,7 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rpg.memory import GB, GIB, HEADROOM_FRACTION, Architecture, MemoryEstimateError, RunSettings, _get, parse_gib
+from rpg.launch.memory import GB, GIB, HEADROOM_FRACTION, Architecture, MemoryEstimateError, RunSettings, _get, parse_gib
 
 DEFAULT_HOST_MEM_GIB = 2000.0   # assumed: an 8 x H100 node (2 TiB installed, ~2000 GiB reported by free -g)
 HOST_MEM_ENV = "RPG_HOST_MEM_GIB"

@@ -326,7 +326,7 @@ def to_overrides(v: Variant) -> list[str]:
 # GPU's total memory for vLLM's weights + KV cache). Memory only, never the math. verl 0.9.1 keeps the
 # actor's fp32 parameter shard and AdamW states on the GPU while vLLM is awake, so the authors' 0.85
 # leaves no room on 8 x 80 GB (Qwen2.5-7B: ~80 GiB of 79.6). These leave >= 10% of an 80 GB GPU free
-# in every phase (`python -m rpg.launch --describe NAME`; rpg.memory; docs/memory.md).
+# in every phase (`python -m rpg.launch --describe NAME`; rpg.launch.memory; docs/memory.md).
 GPU_MEMORY_UTILIZATION = {"7b": 0.6, "7binstruct": 0.6, "4b": 0.7}
 
 
@@ -391,5 +391,5 @@ def paper_refs(v: Variant) -> tuple[str, ...]:
 
 def known_names() -> list[str]:
     """Names of the scripts shipped in recipe/rpg/{7b,4b} (empty if the recipe is not next to the package)."""
-    root = Path(__file__).resolve().parents[1] / "recipe" / "rpg"
+    root = Path(__file__).resolve().parents[2] / "recipe" / "rpg"
     return sorted(p.stem for d in ("7b", "4b") if (root / d).is_dir() for p in (root / d).glob("run_*.sh"))

@@ -1,0 +1,12 @@
+"""Starting runs: run names -> Hydra overrides, the launcher, the memory plan, stop signals.
+
+Modules (nothing is imported here, so ``import rpg.launch.<x>`` stays light):
+
+* ``variants``     the run-name grammar: one parser for the 60 paper scripts (``parse``, ``to_overrides``).
+* ``cli``          ``python -m rpg.launch``: the launcher behind ``recipe/rpg/{7b,4b}/*.sh`` (local, Ray
+                   job, ``DRY_RUN=1``, ``RPG_BACKEND=cpu``, ``--describe``, ``--list``).
+* ``overrides``    Hydra override lists: the key an override sets, merging lists (later wins).
+* ``memory``       per-GPU memory and checkpoint-disk estimate of a composed config.
+* ``memory_host``  host RAM per node of the same config.
+* ``signals``      SIGHUP/SIGINT/SIGTERM -> a clean stop of the whole run (exit 128 + signum).
+"""
