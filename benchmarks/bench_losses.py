@@ -7,7 +7,7 @@ PPO, with its metrics) on the same tensors, measured in one run: operator count,
 
 Every candidate returns its loss and its metrics as floats (so each pays its host syncs); RPG rows
 use ``rpg_policy_loss`` (eager) or the same with ``RPGLossConfig(compile=True)`` (torch.compile,
-inductor), plus one row through the verl glue (``rpg_pg_loss`` + verl's ``agg_loss``).
+inductor), plus one row through the verl glue (``rpg.verl.policy_loss.rpg_policy_loss``: verl's ``agg_loss``).
 
 * ops: top-level aten operators of one forward+backward (torch.profiler; an aten op counts when no
   other aten op encloses it, so an op and its internal calls count once), at 4 x 1024 tokens,
@@ -29,7 +29,7 @@ import statistics
 import time
 
 VANILLA = "verl vanilla (dual-clip PPO)"
-CORE = [  # the table: clip on, anchor = sampler
+CORE = [  # the README's table: clip on, anchor = sampler
     dict(form="reinforce", divergence="ufkl"), dict(form="reinforce", divergence="urkl"),
     dict(form="differentiable", divergence="ufkl"), dict(form="differentiable", divergence="urkl"),
 ]
@@ -71,13 +71,7 @@ def _actor_config(variant: dict | None):
 
     cfg = dict(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0, global_batch_info={})
     if variant is not None:
-        from dataclasses import fields
-
-        from rpg.verl.policy_config import RPGPolicyLossConfig
-
-        policy = {f.name: f.default for f in fields(RPGPolicyLossConfig) if f.name.startswith("rpg_")}
-        policy.update({f"rpg_{k}": v for k, v in _lib_kwargs(variant).items()})
-        cfg["policy_loss"] = dict(loss_mode="rpg", **policy)
+        cfg["policy_loss"] = dict(loss_mode="rpg", rpg_anchor="sampler", rpg_loss=_lib_kwargs(variant))
     return OmegaConf.create(cfg)
 
 
@@ -96,12 +90,13 @@ def make_step(variant: dict | None, inputs, compiled: bool = False, glue: bool =
         def loss_fn(lp):
             return compute_policy_loss_vanilla(old, lp, adv, mask, "token-mean", config)
     elif glue:  # the training path: verl's agg_loss on the library's token loss (sampler anchor)
-        from rpg.verl.policy_loss import rpg_pg_loss
+        from rpg.verl.policy_loss import rpg_policy_loss as glue_loss
 
         config = _actor_config(variant)
 
         def loss_fn(lp):
-            return rpg_pg_loss(old, lp, adv, mask, "token-mean", config)
+            return glue_loss(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
+                             loss_agg_mode="token-mean", config=config)
     else:
         from rpg.losses import RPGLossConfig, rpg_policy_loss
 
@@ -109,7 +104,8 @@ def make_step(variant: dict | None, inputs, compiled: bool = False, glue: bool =
         anchor = ref if variant.get("anchor") == "reference" else None
 
         def loss_fn(lp):
-            return rpg_policy_loss(lp, old, adv, mask, cfg, ref_log_prob=anchor)
+            return rpg_policy_loss(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, config=cfg,
+                                   ref_log_prob=anchor)
 
     def step(lp):
         loss, metrics = loss_fn(lp)

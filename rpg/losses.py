@@ -2,12 +2,15 @@
 
 Public API (imports only torch):
 
-    cfg = RPGLossConfig(divergence="ufkl", form="reinforce", beta=1e-4, clip=True)
-    loss_mat, metrics = rpg_token_loss(log_prob, old_log_prob, advantages, response_mask, cfg)
-    loss, metrics = rpg_policy_loss(log_prob, old_log_prob, advantages, response_mask, cfg)
-    kl_tok = grpo_corrected_kl(log_prob, old_log_prob, ref_log_prob)
+    config = RPGLossConfig(divergence="ufkl", form="reinforce", beta=1e-4, clip=True)
+    loss, metrics = rpg_policy_loss(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, config=config)
+    loss_mat, _ = rpg_policy_loss(..., aggregate=False)   # the same loss per token, before aggregation
+    kl_tok = grpo_corrected_kl(log_prob=lp, old_log_prob=old, ref_log_prob=ref)
 
-All tensors are [batch, response_len]. ``ref_log_prob=None`` makes the KL anchor the sampling
+Tensors are keyword-only (the same names as verl's policy losses), all [batch, response_len].
+``RPGLossConfig`` declares every setting of the loss once: type, default, meaning (field
+metadata ``doc``) and its validation rules (``RULES``); the recipe derives its ``rpg.loss`` keys,
+the driver's checks and the settings table of docs/verl-integration.md from it. ``ref_log_prob=None`` makes the KL anchor the sampling
 policy (the paper's iterative reference); a given ``ref_log_prob`` uses the exact three-policy
 weights (docs/math.md#three-policies), so a fixed or periodically reset reference stays gradient-correct.
 
@@ -48,6 +51,7 @@ import functools
 import itertools
 import math
 import types
+from collections.abc import Callable
 
 import torch
 
@@ -60,61 +64,104 @@ FD_CLIP_MODES = ("reward", "algorithm1")
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
-def _require(ok: bool, field: str, value, allowed: str) -> None:
-    if not ok:
-        raise ValueError(f"RPGLossConfig.{field}={value!r} is invalid: expected {allowed}")
-
-
 def _is_real(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
 
 
+def _setting(default, doc: str):
+    """A field of ``RPGLossConfig``: its default and one line saying what it does (docs table)."""
+    return dataclasses.field(default=default, metadata={"doc": doc})
+
+
 @dataclasses.dataclass(frozen=True)
 class RPGLossConfig:
-    """Settings of one RPG loss. Validated on construction (ValueError names the field)."""
+    """Settings of one RPG loss: the one declaration of each (type, default, meaning). Validated on
+    construction against ``RULES`` (``RPGLossConfigError`` names the field and what is allowed)."""
 
-    divergence: str = "ufkl"
-    form: str = "reinforce"
-    beta: float = 1e-4
-    clip: bool = True
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.28
-    clip_ratio_c: float = 10.0
-    loss_agg_mode: str = "token-mean"
-    branch_on: str = "regularized"
-    fd_clip: str = "reward"
-    kl_clamp: float | None = None
-    log_ratio_guard: float = 60.0
-    compile: bool = False
+    divergence: str = _setting("ufkl", "KL regularizer: fkl, rkl (normalized), ufkl, urkl (unnormalized, k3-style)")
+    form: str = _setting("reinforce", "reinforce: RPG-REINFORCE (stop-gradient weight, Algorithm 2); "
+                                      "differentiable: the fully differentiable surrogate (RPG-X)")
+    beta: float = _setting(1e-4, "KL coefficient beta")
+    clip: bool = _setting(True, "reinforce: RPG-Style Clip; differentiable: dual-clip on the reward part")
+    clip_ratio_low: float = _setting(0.2, "epsilon_1: lower ratio clip 1 - eps1")
+    clip_ratio_high: float = _setting(0.28, "epsilon_2: upper ratio clip 1 + eps2")
+    clip_ratio_c: float = _setting(10.0, "dual-clip threshold c (negative advantages, w >= c: no gradient)")
+    loss_agg_mode: str = _setting("token-mean", "aggregation over tokens (verl's semantics)")
+    branch_on: str = _setting("regularized", "reinforce + clip: branch on A' = A + C/w (regularized, the paper) "
+                                              "or on A (raw, the authors' code)")
+    fd_clip: str = _setting("reward", "differentiable + clip: reward (dual-clip on A, KL unclipped; the authors' "
+                                      "loss) or algorithm1 (the paper's Algorithm 1, rkl/urkl only)")
+    kl_clamp: float | None = _setting(None, "differentiable only: value-only guard abs(KL surrogate) <= kl_clamp "
+                                            "(gradient unchanged); None = off")
+    log_ratio_guard: float = _setting(60.0, "value-only guard on log-ratios, abs(log w) <= guard (60: w in [1e-26, 1e26])")
+    compile: bool = _setting(False, "run the loss and its metrics as one torch.compile graph")
 
     def __post_init__(self) -> None:
-        _require(self.divergence in DIVERGENCES, "divergence", self.divergence, f"one of {DIVERGENCES}")
-        _require(self.form in FORMS, "form", self.form, f"one of {FORMS}")
-        _require(_is_real(self.beta) and self.beta >= 0, "beta", self.beta, "a finite number >= 0")
-        _require(isinstance(self.clip, bool), "clip", self.clip, "True or False")
-        _require(_is_real(self.clip_ratio_low) and 0 < self.clip_ratio_low < 1, "clip_ratio_low", self.clip_ratio_low, "a number in (0, 1)")
-        _require(_is_real(self.clip_ratio_high) and self.clip_ratio_high > 0, "clip_ratio_high", self.clip_ratio_high, "a number > 0")
-        _require(_is_real(self.clip_ratio_c) and self.clip_ratio_c > 1, "clip_ratio_c", self.clip_ratio_c, "a number > 1 (dual-clip threshold c)")
-        _require(self.loss_agg_mode in AGG_MODES, "loss_agg_mode", self.loss_agg_mode, f"one of {AGG_MODES}")
-        _require(self.branch_on in BRANCH_RULES, "branch_on", self.branch_on, f"one of {BRANCH_RULES}")
-        _require(self.fd_clip in FD_CLIP_MODES, "fd_clip", self.fd_clip, f"one of {FD_CLIP_MODES}")
-        if self.form == "differentiable" and self.fd_clip == "algorithm1":
-            _require(self.divergence in ("rkl", "urkl"), "divergence", self.divergence,
-                     "'rkl' or 'urkl' with fd_clip='algorithm1' (Algorithm 1 defines A-hat only for reverse KL)")
-        _require(self.kl_clamp is None or (_is_real(self.kl_clamp) and self.kl_clamp > 0), "kl_clamp", self.kl_clamp, "None or a number > 0")
-        if self.kl_clamp is not None:
-            _require(self.form == "differentiable", "kl_clamp", self.kl_clamp,
-                     "None with form='reinforce' (the KL enters through the weight; a clamp would change the gradient)")
-        _require(_is_real(self.log_ratio_guard) and self.log_ratio_guard > 0, "log_ratio_guard", self.log_ratio_guard, "a number > 0")
-        _require(isinstance(self.compile, bool), "compile", self.compile, "True or False")
+        for rule in RULES:
+            if not rule.ok(self):
+                raise RPGLossConfigError(rule.field, getattr(self, rule.field), rule.expected)
+
+
+class RPGLossConfigError(ValueError):
+    """A setting of ``RPGLossConfig`` broke a rule: ``field``, its ``value`` and what is ``expected``."""
+
+    def __init__(self, field: str, value, expected: str):
+        self.field, self.value, self.expected = field, value, expected
+        super().__init__(f"RPGLossConfig.{field}={value!r} is invalid: expected {expected}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One validation rule of ``RPGLossConfig``, checked in order (a rule may assume the earlier ones hold).
+
+    ``ok(config)`` must be true, else ``field`` is named with ``expected``. ``violation``: settings
+    that break this rule and none before it (the tests feed each one to the recipe's driver, so no
+    rule can first fire on a worker).
+    """
+
+    field: str
+    expected: str
+    ok: Callable[["RPGLossConfig"], bool]
+    violation: dict
+
+
+def _one_of(field: str, allowed: tuple, bad) -> Rule:
+    return Rule(field, f"one of {', '.join(allowed)}", lambda c: getattr(c, field) in allowed, {field: bad})
+
+
+def _flag(field: str) -> Rule:
+    return Rule(field, "True or False", lambda c: isinstance(getattr(c, field), bool), {field: "yes"})
+
+
+RULES: tuple[Rule, ...] = (
+    _one_of("divergence", DIVERGENCES, "kl"),
+    _one_of("form", FORMS, "ppo"),
+    Rule("beta", "a finite number >= 0", lambda c: _is_real(c.beta) and c.beta >= 0, {"beta": -1.0}),
+    _flag("clip"),
+    Rule("clip_ratio_low", "a number in (0, 1)", lambda c: _is_real(c.clip_ratio_low) and 0 < c.clip_ratio_low < 1,
+         {"clip_ratio_low": 1.5}),
+    Rule("clip_ratio_high", "a number > 0", lambda c: _is_real(c.clip_ratio_high) and c.clip_ratio_high > 0,
+         {"clip_ratio_high": -0.1}),
+    Rule("clip_ratio_c", "a number > 1 (dual-clip threshold c)", lambda c: _is_real(c.clip_ratio_c) and c.clip_ratio_c > 1,
+         {"clip_ratio_c": 1.0}),
+    _one_of("loss_agg_mode", AGG_MODES, "mean"),
+    _one_of("branch_on", BRANCH_RULES, "ratio"),
+    _one_of("fd_clip", FD_CLIP_MODES, "kl"),
+    Rule("divergence", "'rkl' or 'urkl' with fd_clip='algorithm1' (Algorithm 1 defines A-hat only for reverse KL)",
+         lambda c: not (c.form == "differentiable" and c.fd_clip == "algorithm1") or c.divergence in ("rkl", "urkl"),
+         {"form": "differentiable", "fd_clip": "algorithm1", "divergence": "ufkl"}),
+    Rule("kl_clamp", "None or a number > 0", lambda c: c.kl_clamp is None or (_is_real(c.kl_clamp) and c.kl_clamp > 0),
+         {"kl_clamp": 0.0}),
+    Rule("kl_clamp", "None with form='reinforce' (the KL enters through the weight; a clamp would change the gradient)",
+         lambda c: c.kl_clamp is None or c.form == "differentiable", {"form": "reinforce", "kl_clamp": 1.0}),
+    Rule("log_ratio_guard", "a number > 0", lambda c: _is_real(c.log_ratio_guard) and c.log_ratio_guard > 0,
+         {"log_ratio_guard": 0.0}),
+    _flag("compile"),
+)
 
 
 def loss_defaults() -> dict:
-    """Field name -> default of ``RPGLossConfig``: the one source of the loss defaults.
-
-    The recipe's ``rpg.loss`` settings (``rpg.verl.settings.LossSettings``) and verl's policy-loss
-    config (``rpg.verl.policy_config.RPGPolicyLossConfig``) take their defaults from here.
-    """
+    """Field name -> default of ``RPGLossConfig`` (what the recipe's ``rpg.loss`` block states)."""
     return {f.name: f.default for f in dataclasses.fields(RPGLossConfig)}
 
 
@@ -243,7 +290,7 @@ def _compiled_terms(cfg: RPGLossConfig, agg: str | None, backend: str):
 def _token_terms(cfg: RPGLossConfig, aggregate: bool, log_prob, old_log_prob, advantages, response_mask, ref_log_prob):
     """Validated, upcast inputs -> (out, metrics): the shared body of the two public losses."""
     if not isinstance(cfg, RPGLossConfig):
-        raise ValueError(f"cfg must be an RPGLossConfig, got {type(cfg).__name__}")
+        raise ValueError(f"config must be an RPGLossConfig, got {type(cfg).__name__}")
     agg = cfg.loss_agg_mode if aggregate else None
     _check_inputs(log_prob, old_log_prob, advantages, response_mask, ref_log_prob)
     dtype = torch.float64 if log_prob.dtype == torch.float64 else torch.float32
@@ -264,40 +311,29 @@ def _token_terms(cfg: RPGLossConfig, aggregate: bool, log_prob, old_log_prob, ad
 # --------------------------------------------------------------------------- public API
 
 
-def rpg_token_loss(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    cfg: RPGLossConfig,
-    ref_log_prob: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per-token RPG loss matrix [batch, response_len] (0 where masked) and flat float metrics.
-
-    Aggregate it with ``aggregate_loss`` (or verl's ``agg_loss`` inside verl). Computation runs
-    in float32 or wider (bf16 inputs are upcast); the gradient flows back to ``log_prob`` only.
-    """
-    return _token_terms(cfg, False, log_prob, old_log_prob, advantages, response_mask, ref_log_prob)
-
-
 def rpg_policy_loss(
+    *,
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    cfg: RPGLossConfig,
+    config: RPGLossConfig,
     ref_log_prob: torch.Tensor | None = None,
+    aggregate: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar RPG loss (keeps its graph) aggregated with ``cfg.loss_agg_mode``, and metrics.
+    """The RPG loss of ``config`` and its metrics (flat floats, ``rpg/*``; one host sync).
 
-    Equal to ``aggregate_loss(rpg_token_loss(...)[0], response_mask, cfg.loss_agg_mode)``, with the
-    aggregation fused into the same pass.
+    ``aggregate=True``: a scalar (keeps its graph) aggregated with ``config.loss_agg_mode``, the
+    aggregation fused into the same pass; ``aggregate=False``: the per-token loss matrix
+    [batch, response_len] (0 where masked), to aggregate with ``aggregate_loss`` (verl's ``agg_loss``
+    inside verl). ``ref_log_prob=None``: the KL anchor is the sampling policy. Computation runs in
+    float32 or wider (bf16 inputs are upcast); the gradient flows back to ``log_prob`` only.
     """
-    return _token_terms(cfg, True, log_prob, old_log_prob, advantages, response_mask, ref_log_prob)
+    return _token_terms(config, aggregate, log_prob, old_log_prob, advantages, response_mask, ref_log_prob)
 
 
 def grpo_corrected_kl(
-    log_prob: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, log_ratio_guard: float = 60.0
+    *, log_prob: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, log_ratio_guard: float = 60.0
 ) -> torch.Tensor:
     """GRPO's KL term with the paper's importance-weight correction (Sec. 2.2), per token.
 
@@ -307,7 +343,7 @@ def grpo_corrected_kl(
     with w_t = exp(l_t - l_old) differentiable (do not detach it). Its gradient
     w_t*(l_t - l_ref)*grad l_t has expectation grad KL(pi_theta||pi_ref) under pi_old at every
     theta; GRPO's unweighted k3 gives the forward-KL gradient instead (tested). Unclamped; the
-    log-ratios carry the same straight-through guard as ``rpg_token_loss``.
+    log-ratios carry the same straight-through guard as ``rpg_policy_loss``.
     """
     _check_inputs(log_prob, old_log_prob, log_prob, torch.ones_like(log_prob), ref_log_prob)
     dtype = torch.promote_types(log_prob.dtype, torch.float32)

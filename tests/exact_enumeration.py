@@ -91,7 +91,7 @@ class Bandit:
     def expected_loss(self, cfg: RPGLossConfig, baseline: float = 0.0, three_policy: bool = False) -> torch.Tensor:
         """Z * E_{pi~_old}[loss] computed by the library (token-mean over probability-weighted rows)."""
         log_prob, old, adv, mask, ref = self.rows(baseline, three_policy)
-        loss, _ = rpg_policy_loss(log_prob, old, adv, mask, cfg, ref_log_prob=ref)
+        loss, _ = rpg_policy_loss(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask, config=cfg, ref_log_prob=ref)
         return self.mass * loss
 
 

@@ -38,7 +38,7 @@ def test_script_trains_on_cpu_backend(tiny_assets, tmp_path):
         assert metrics[step]["actor/lr"] > 0
     assert any(k.startswith("val-core/math_dapo/acc/mean@") for k in metrics[0])  # validation before training
     # the variant's wiring reached the workers: RPG-REINFORCE, RPG-Style Clip, beta 1e-4, lr 5e-7, sampler anchor
-    for needle in ("'rpg_form': 'reinforce'", "'rpg_clip': True", "'rpg_beta': 0.0001", "'lr': 5e-07",
-                   "'rpg_anchor': 'sampler'", "'device': 'cpu'"):
+    for needle in ("'rpg_loss': {'divergence': 'ufkl', 'form': 'reinforce', 'beta': 0.0001, 'clip': True,",
+                   "'lr': 5e-07", "'rpg_anchor': 'sampler'", "'device': 'cpu'"):
         assert needle in log, needle
     assert "rpg: loss=rpg divergence=ufkl form=reinforce beta=0.0001 clip=True" in log

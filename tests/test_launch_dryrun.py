@@ -5,6 +5,7 @@ environment handling, Ray submission command and error messages."""
 from __future__ import annotations
 
 import contextlib
+import re
 import io
 import json
 import os
@@ -63,9 +64,10 @@ def _check_composed(cfg, row) -> None:
     algo = row["algo"]
     if algo == "rpg":
         assert cfg.rpg.loss.name == "rpg" and pl.loss_mode == "rpg"
-        assert (pl.rpg_form, pl.rpg_clip, pl.rpg_beta) == (row["form"], row["clip"], row["beta"])
+        loss = pl.rpg_loss
+        assert (loss.form, loss.clip, loss.beta) == (row["form"], row["clip"], row["beta"])
         if row["divergence"]:
-            assert pl.rpg_divergence == row["divergence"]
+            assert loss.divergence == row["divergence"]
         assert pl.rpg_anchor == ("reference" if row["reference"] == "fixed" else "sampler")
         assert cfg.algorithm.adv_estimator == "rpg" and cfg.algorithm.norm_adv_by_std_in_grpo is False
     else:
@@ -152,7 +154,7 @@ def test_cpu_dry_run_uses_cpu_backend_and_tiny_task(tiny_assets):
     assert "device: cpu" in out and "name: hf" in out and "n_gpus_per_node: 1" in out
     assert f"path: {tiny_assets.model_dir}" in out and str(tiny_assets.train_file) in out
     assert "mode: fixed" in out and "rpg_anchor: reference" in out and "lr: 1.0e-06" in out  # Qwen3-4B: App. H
-    assert "rpg_beta: 0.001" in out  # Fig. 9 noiterref: beta 1e-3
+    assert re.search(r"rpg_loss:\n(?:\s+\w+: .*\n)*?\s+beta: 0\.001\n", out)  # Fig. 9 noiterref: beta 1e-3
     assert "len: 4" in out  # overlong buffer follows the tiny response length (16 / 4)
 
 

@@ -64,11 +64,11 @@ def rpg_case(variant: dict, device: str, seed: int):
         for edge in (lo, hi):
             assert float((w - edge).abs().min()) > 2 * eps * edge, f"a ratio is within bf16 rounding of {edge}"
         assert ((w < lo) | (w > hi)).any(), "no ratio outside the clip range: clipping would not be tested"
-        target = b.grad(rpg_policy_loss(log_prob, old, adv, mask, cfg)[0])
+        target = b.grad(rpg_policy_loss(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=mask, config=cfg)[0])
     else:
         target = -b.grad(b.objective(variant["divergence"], BETA))
-    loss, _ = rpg_policy_loss(_rounded(log_prob, device), _rounded(old, device), _rounded(adv, device),
-                              mask.to(device=device, dtype=torch.float32), cfg)
+    loss, _ = rpg_policy_loss(log_prob=_rounded(log_prob, device), old_log_prob=_rounded(old, device), advantages=_rounded(adv, device),
+                              response_mask=mask.to(device=device, dtype=torch.float32), config=cfg)
     assert loss.dtype == torch.float32 and loss.device.type == torch.device(device).type
     terms = adv.squeeze(1).abs() * w + BETA * (1 + w + w * w.log().abs())
     return b.grad(loss), target, tolerance(b, terms, log_prob, old)
@@ -79,7 +79,7 @@ def grpo_corrected_case(device: str, seed: int):
     b = Bandit.make(seed=seed, drift=0.5)
     l = torch.log_softmax(b.z, 0).unsqueeze(1)
     l_old, l_ref = torch.log(b.mu).unsqueeze(1), torch.log(b.pi_ref).unsqueeze(1)
-    per_token = grpo_corrected_kl(_rounded(l, device), _rounded(l_old, device), _rounded(l_ref, device))
+    per_token = grpo_corrected_kl(log_prob=_rounded(l, device), old_log_prob=_rounded(l_old, device), ref_log_prob=_rounded(l_ref, device))
     value = (b.mu.to(device) * per_token.squeeze(1).double()).sum()
     w = (l - l_old).exp().detach().squeeze(1)
     terms = w * (1 + (l - l_ref).detach().abs().squeeze(1))

@@ -10,7 +10,7 @@ import pytest
 import torch
 from exact_enumeration import DT, Bandit, assert_close
 
-from rpg.losses import RPGLossConfig, dual_clip, rpg_token_loss
+from rpg.losses import RPGLossConfig, dual_clip, rpg_policy_loss
 
 EPS_LO, EPS_HI, C = 0.2, 0.28, 10.0
 
@@ -42,7 +42,7 @@ def token_grads(loss_fn, l_old, log_w):
 def library(divergence, beta, l_old, adv, branch_on="regularized"):
     cfg = RPGLossConfig(divergence=divergence, form="reinforce", beta=beta, clip=True, clip_ratio_low=EPS_LO,
                         clip_ratio_high=EPS_HI, clip_ratio_c=C, branch_on=branch_on)
-    return lambda l: rpg_token_loss(l[None], l_old[None], adv[None], torch.ones_like(l)[None], cfg)[0][0]
+    return lambda l: rpg_policy_loss(log_prob=l[None], old_log_prob=l_old[None], advantages=adv[None], response_mask=torch.ones_like(l)[None], config=cfg, aggregate=False)[0][0]
 
 
 # ----------------------------------------------------------------- T19 gate regions of dual clip

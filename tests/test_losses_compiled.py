@@ -41,10 +41,10 @@ def compare(variant, backend, monkeypatch, token_loss=False, shapes=SHAPES, metr
         for cfg in (eager, compiled):
             lp = log_prob.clone().requires_grad_(True)
             if token_loss:
-                out, metrics = L.rpg_token_loss(lp, old, adv, mask, cfg, ref_log_prob=ref)
+                out, metrics = L.rpg_policy_loss(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, config=cfg, ref_log_prob=ref, aggregate=False)
                 loss = L.aggregate_loss(out, mask, cfg.loss_agg_mode)
             else:
-                loss, metrics = L.rpg_policy_loss(lp, old, adv, mask, cfg, ref_log_prob=ref)
+                loss, metrics = L.rpg_policy_loss(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, config=cfg, ref_log_prob=ref)
             (grad,) = torch.autograd.grad(loss, lp)
             results.append((loss.detach(), grad, metrics))
         (loss_e, grad_e, met_e), (loss_c, grad_c, met_c) = results

@@ -1,79 +1,125 @@
-"""One source of truth for the loss defaults: the recipe's ``rpg.loss`` settings and verl's policy-loss
-config take them from ``rpg.losses.RPGLossConfig``, the shipped YAML states the same values, and the
-``rpg.loss.compile`` key is validated like every other key (one line naming it and what is allowed)."""
+"""One declaration per loss setting: ``rpg.losses.RPGLossConfig``. The recipe's ``rpg.loss`` keys,
+their defaults, their validation and what verl's policy-loss config carries to the workers all derive
+from it; the shipped YAML states the same values (checked here), and a field added to the dataclass
+is accepted, validated and delivered to the loss with nothing else edited."""
 
-from dataclasses import fields
+import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
-from rpg.losses import RPGLossConfig, loss_defaults
+import rpg.verl.settings as S
+from rpg.losses import RULES, RPGLossConfig, RPGLossConfigError, Rule, loss_defaults
 from rpg.verl.policy_config import RPGPolicyLossConfig
-from rpg.verl.settings import _LOSS_KEYS, LossSettings, RPGConfigError, parse_rpg_settings
+from rpg.verl.settings import ACTOR_FIELDS, RPGConfigError, loss_config, loss_fields, parse_rpg_settings
 
 YAML = Path(__file__).parents[1] / "recipe" / "rpg" / "config" / "rpg_trainer.yaml"
-GLUE_ONLY = {"name"}  # recipe keys that are not library fields (verl glue choices)
 
 
 def test_loss_defaults_are_the_library_config_defaults():
-    assert loss_defaults() == {f.name: f.default for f in fields(RPGLossConfig())}
+    assert loss_defaults() == {f.name: f.default for f in dataclasses.fields(RPGLossConfig())}
     assert RPGLossConfig(**loss_defaults()) == RPGLossConfig()
 
 
-def test_recipe_settings_take_their_defaults_from_the_library():
-    lib = loss_defaults()
-    settings = {f.name: f.default for f in fields(LossSettings)}
-    assert set(settings) == set(_LOSS_KEYS), "every rpg.loss key has a typed setting"
-    shared = set(settings) - GLUE_ONLY
-    assert shared <= set(lib), f"rpg.loss keys that are not RPGLossConfig fields: {shared - set(lib)}"
-    assert {k: settings[k] for k in shared} == {k: lib[k] for k in shared}
-
-
-def test_policy_loss_config_takes_its_defaults_from_the_library():
-    lib = loss_defaults()
-    policy = {f.name[len("rpg_"):]: f.default for f in fields(RPGPolicyLossConfig) if f.name.startswith("rpg_")}
-    shared = set(policy) - {"anchor", "sampler_kl"}  # derived by the driver from rpg.reference / rpg.loss.name
-    assert shared == set(_LOSS_KEYS) - GLUE_ONLY, "every library setting of rpg.loss reaches the workers"
-    assert {k: policy[k] for k in shared} == {k: lib[k] for k in shared}
+def test_recipe_keys_are_the_library_fields_verl_does_not_hold():
+    assert set(loss_fields()) | set(ACTOR_FIELDS) == set(loss_defaults())
+    assert not set(loss_fields()) & set(ACTOR_FIELDS)
+    assert parse_rpg_settings({}).loss == RPGLossConfig()  # no value given: the library's defaults
 
 
 def test_shipped_yaml_states_the_library_defaults():
-    block = OmegaConf.to_container(OmegaConf.load(YAML).rpg.loss)
-    assert set(block) == set(_LOSS_KEYS)
-    defaults = {f.name: f.default for f in fields(LossSettings)}
-    assert block == defaults
+    """rpg.loss in the YAML = name + the library's defaults; verl's actor keys the loss reads = the same
+    library defaults (the paper's eps1, eps2, c and token-mean)."""
+    cfg = OmegaConf.load(YAML)
+    block = OmegaConf.to_container(cfg.rpg.loss)
+    assert block.pop("name") == "rpg"
+    assert block == {k: loss_defaults()[k] for k in loss_fields()}
+    actor = OmegaConf.to_container(cfg.actor_rollout_ref.actor)
+    assert {k: actor[k] for k in ACTOR_FIELDS} == {k: loss_defaults()[k] for k in ACTOR_FIELDS}
 
 
-@pytest.mark.parametrize("block,message", [
-    ({"loss": {"compile": "yes"}}, "rpg.loss.compile='yes' is invalid; allowed values: true, false"),
-    ({"loss": {"compile": True, "name": "grpo_corrected"}}, "rpg.loss.compile=true applies to rpg.loss.name=rpg only"),
-])
-def test_compile_key_errors_name_the_key(block, message):
+def test_every_rule_has_a_violation_that_breaks_only_it():
+    """The rules are data: each one's ``violation`` trips that rule first (the driver tests feed them)."""
+    for rule in RULES:
+        with pytest.raises(RPGLossConfigError) as err:
+            RPGLossConfig(**rule.violation)
+        assert (err.value.field, err.value.expected) == (rule.field, rule.expected), rule
+        assert "\n" not in str(err.value)
+
+
+def test_recipe_error_names_the_recipe_key():
     with pytest.raises(RPGConfigError) as err:
-        parse_rpg_settings(block)
-    assert message in str(err.value) and "\n" not in str(err.value)
+        parse_rpg_settings({"loss": {"compile": "yes"}})
+    assert str(err.value) == "rpg.loss.compile='yes' is invalid: expected True or False"
+    with pytest.raises(RPGConfigError, match="rpg.loss.compile=true applies to rpg.loss.name=rpg only"):
+        parse_rpg_settings({"loss": {"compile": True, "name": "grpo_corrected"}})
+    with pytest.raises(RPGConfigError, match=r"^rpg.loss.surprise is not a known key; allowed keys under rpg.loss: name, "):
+        parse_rpg_settings({"loss": {"surprise": 1}})
 
 
-def test_compile_key_reaches_the_library_config():
+def test_worker_builds_the_same_config_as_the_driver():
     from verl.workers.config.actor import ActorConfig
 
-    from rpg.verl.policy_loss import make_rpg_loss_config
+    from test_verl_config import apply
 
-    assert parse_rpg_settings({"loss": {"compile": True}}).loss.compile is True
-    pl = RPGPolicyLossConfig(loss_mode="rpg", rpg_compile=True)
-    actor = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, policy_loss=pl)
-    assert make_rpg_loss_config(actor, "token-mean").compile is True
-    assert make_rpg_loss_config(ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
-                                            policy_loss=RPGPolicyLossConfig(loss_mode="rpg")), "token-mean").compile is False
-    with pytest.raises(ValueError, match="policy_loss.rpg_compile=1 is invalid; allowed values: True, False"):
-        RPGPolicyLossConfig(loss_mode="rpg", rpg_compile=1)
-    with pytest.raises(ValueError, match=r"RPGLossConfig.compile='no' is invalid: expected True or False"):
-        RPGLossConfig(compile="no")
+    cfg, settings = apply("rpg.loss.divergence=urkl", "rpg.loss.compile=true",
+                          "actor_rollout_ref.actor.clip_ratio_high=0.3")
+    pl = OmegaConf.to_container(cfg.actor_rollout_ref.actor.policy_loss)
+    pl.pop("_target_")
+    actor = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.3,
+                        clip_ratio_c=10.0, policy_loss=RPGPolicyLossConfig(**pl))
+    assert loss_config(actor) == settings.loss
+    assert (settings.loss.divergence, settings.loss.compile, settings.loss.clip_ratio_high) == ("urkl", True, 0.3)
+
+
+# ----------------------------------------------------------------------------- adding a setting
+
+
+@dataclasses.dataclass(frozen=True)
+class _WithKnob(RPGLossConfig):
+    """A temporary copy of the library config with one more setting and its rule."""
+
+    knob: float = dataclasses.field(default=1.0, metadata={"doc": "a new setting (test only)"})
+
+    def __post_init__(self):
+        super().__post_init__()
+        rule = Rule("knob", "a number > 0", lambda c: c.knob > 0, {"knob": -1.0})
+        if not rule.ok(self):
+            raise RPGLossConfigError(rule.field, self.knob, rule.expected)
+
+
+def test_a_field_added_to_the_dataclass_is_accepted_validated_and_delivered(monkeypatch):
+    from verl.workers.config.actor import ActorConfig
+
+    import rpg.verl.policy_loss as glue
+
+    monkeypatch.setattr(S, "RPGLossConfig", _WithKnob)
+    assert "knob" in loss_fields()
+    assert parse_rpg_settings({"loss": {"knob": 2.5}}).loss.knob == 2.5  # accepted
+    with pytest.raises(RPGConfigError, match=r"^rpg.loss.knob=-1.0 is invalid: expected a number > 0$"):
+        parse_rpg_settings({"loss": {"knob": -1.0}})  # validated, named as the recipe key
+
+    from test_verl_config import apply  # the driver writes it into verl's policy-loss config
+
+    cfg, _ = apply("+rpg.loss.knob=2.5")
+    pl = OmegaConf.to_container(cfg.actor_rollout_ref.actor.policy_loss)
+    assert pl["rpg_loss"]["knob"] == 2.5
+    pl.pop("_target_")
+
+    seen = []  # delivered: the config the library loss receives on the worker
+    real = glue.library_loss
+    monkeypatch.setattr(glue, "library_loss", lambda **kw: (seen.append(kw["config"]), real(**kw))[1])
+    actor = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_c=10.0,
+                        policy_loss=RPGPolicyLossConfig(**pl))
+    object.__setattr__(actor, "global_batch_info", {})
+    x = torch.zeros(2, 3)
+    glue.rpg_policy_loss(old_log_prob=x, log_prob=x, advantages=x, response_mask=torch.ones(2, 3), config=actor)
+    assert isinstance(seen[0], _WithKnob) and seen[0].knob == 2.5
 
 
 def test_compile_with_torch_compile_disabled_fails_before_ray_and_in_the_library(monkeypatch):
-    import torch
     from test_verl_config import apply
 
     with pytest.raises(RPGConfigError, match="rpg.loss.compile=true needs torch.compile in the actor workers"):
@@ -85,4 +131,13 @@ def test_compile_with_torch_compile_disabled_fails_before_ray_and_in_the_library
     with pytest.raises(ValueError, match="RPGLossConfig.compile=True needs torch.compile, which is disabled"):
         from rpg.losses import rpg_policy_loss
 
-        rpg_policy_loss(x, x, x, torch.ones(1, 2), RPGLossConfig(compile=True))
+        rpg_policy_loss(log_prob=x, old_log_prob=x, advantages=x, response_mask=torch.ones(1, 2),
+                        config=RPGLossConfig(compile=True))
+
+
+def test_docs_settings_table_is_generated_from_the_dataclass():
+    doc = (Path(__file__).parents[1] / "docs" / "verl-integration.md").read_text()
+    start = doc.index("<!-- settings table: generated by rpg.verl.settings.settings_table() -->\n")
+    end = doc.index("\n<!-- end of settings table -->")
+    current = doc[start:end].split("\n", 1)[1]
+    assert current == S.settings_table(), "regenerate the table with rpg.verl.settings.settings_table()"

@@ -157,14 +157,14 @@ def test_t25_algorithm1_exact_in_expectation_but_not_per_sample(divergence):
     assert_close(b.grad(b.expected_loss(alg1)), -b.grad(b.objective(divergence, BETA)), what="T25 expectation")
     # Per outcome, the Algorithm-1 gradient exceeds the exact one by +beta * w * grad log pi.
     log_prob, old, adv, mask, _ = b.rows()
-    from rpg.losses import rpg_token_loss
+    from rpg.losses import rpg_policy_loss
 
     exact = cfg(divergence, "differentiable")
     for x in range(b.z.numel()):
         one = torch.zeros_like(mask)
         one[x] = 1.0
-        ga = b.grad(rpg_token_loss(log_prob, old, adv, one, alg1)[0].sum())
-        ge = b.grad(rpg_token_loss(log_prob, old, adv, one, exact)[0].sum())
+        ga = b.grad(rpg_policy_loss(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=one, config=alg1, aggregate=False)[0].sum())
+        ge = b.grad(rpg_policy_loss(log_prob=log_prob, old_log_prob=old, advantages=adv, response_mask=one, config=exact, aggregate=False)[0].sum())
         w = (log_prob[x, 0] - old[x, 0]).exp().detach()
         extra = b.grad(BETA * w * log_prob[x, 0])
         assert_close(ga - ge, extra, what=f"T25 per-sample extra term, outcome {x}")

@@ -23,7 +23,7 @@ def logs(b: Bandit):
 def test_t13_t14_corrected_kl_is_reverse_kl_in_value_and_gradient(seed):
     b = Bandit.make(seed=seed, drift=0.5)
     l, l_old, l_ref = logs(b)
-    value = expected(b, grpo_corrected_kl(l, l_old, l_ref))
+    value = expected(b, grpo_corrected_kl(log_prob=l, old_log_prob=l_old, ref_log_prob=l_ref))
     target = kl(b.pi, b.pi_ref)
     assert_close(value, target, what="T13 value = KL(pi||pi_ref)")
     assert_close(b.grad(value), b.grad(target), what="T13 gradient")
@@ -63,7 +63,7 @@ def test_verl_k3_clamp_zeroes_gradients_of_large_terms():
     stock = kl_penalty(l, l_ref, "low_var_kl")
     assert stock.max() == 10.0
     (g_stock,) = torch.autograd.grad(stock.sum(), l)
-    (g_ours,) = torch.autograd.grad(grpo_corrected_kl(l, l_old, l_ref).sum(), l)
+    (g_ours,) = torch.autograd.grad(grpo_corrected_kl(log_prob=l, old_log_prob=l_old, ref_log_prob=l_ref).sum(), l)
     clamped = stock.squeeze(1) >= 10.0
     assert (g_stock.squeeze(1)[clamped] == 0).all() and (g_ours.squeeze(1)[clamped] != 0).all()
 
@@ -72,7 +72,7 @@ def test_t17_reference_equal_to_sampler_gives_urkl_surrogate():
     b = Bandit.make(seed=5, drift=0.5)
     l, l_old, _ = logs(b)
     w = (l - l_old).exp()
-    assert_close(grpo_corrected_kl(l, l_old, l_old), w * w.log() - w + 1, what="T17")
+    assert_close(grpo_corrected_kl(log_prob=l, old_log_prob=l_old, ref_log_prob=l_old), w * w.log() - w + 1, what="T17")
 
 
 def test_t18_estimators_as_losses_with_on_policy_sampling():
@@ -91,6 +91,6 @@ def test_corrected_kl_is_finite_for_extreme_ratios():
     l = torch.tensor([[-0.1, -60.0, -1e-3]], requires_grad=True)
     l_old = torch.tensor([[-80.0, -0.1, -1e-3]])
     l_ref = torch.tensor([[-0.2, -90.0, -70.0]])
-    out = grpo_corrected_kl(l, l_old, l_ref)
+    out = grpo_corrected_kl(log_prob=l, old_log_prob=l_old, ref_log_prob=l_ref)
     out.sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(l.grad).all()

@@ -17,7 +17,7 @@ VARIANTS = [
 
 def run(cfg, l, old, adv, mask, ref=None):
     l = l.clone().requires_grad_(True)
-    loss, metrics = rpg_policy_loss(l, old, adv, mask, cfg, ref_log_prob=ref)
+    loss, metrics = rpg_policy_loss(log_prob=l, old_log_prob=old, advantages=adv, response_mask=mask, config=cfg, ref_log_prob=ref)
     loss.backward()
     assert torch.isfinite(loss), f"loss {loss}"
     assert torch.isfinite(l.grad).all(), "gradient"
@@ -66,9 +66,9 @@ def test_empty_masks_all_equal_rewards_and_bf16(variant):
 
 def test_corrected_kl_bf16_and_validation():
     l = torch.randn(2, 3, dtype=torch.bfloat16)
-    assert torch.isfinite(grpo_corrected_kl(l, l - 0.1, l + 0.2)).all()
+    assert torch.isfinite(grpo_corrected_kl(log_prob=l, old_log_prob=l - 0.1, ref_log_prob=l + 0.2)).all()
     with pytest.raises(ValueError, match="ref_log_prob"):
-        grpo_corrected_kl(l, l, l[:, :2])
+        grpo_corrected_kl(log_prob=l, old_log_prob=l, ref_log_prob=l[:, :2])
 
 
 # ----------------------------------------------------------------- validation
@@ -105,17 +105,17 @@ def test_shape_and_type_errors_name_the_argument():
     cfg = RPGLossConfig()
     l = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="response_mask has shape"):
-        rpg_policy_loss(l, l, l, torch.ones(2, 4), cfg)
+        rpg_policy_loss(log_prob=l, old_log_prob=l, advantages=l, response_mask=torch.ones(2, 4), config=cfg)
     with pytest.raises(ValueError, match="advantages has shape"):
-        rpg_policy_loss(l, l, torch.zeros(2, 1), torch.ones(2, 3), cfg)
+        rpg_policy_loss(log_prob=l, old_log_prob=l, advantages=torch.zeros(2, 1), response_mask=torch.ones(2, 3), config=cfg)
     with pytest.raises(ValueError, match="ref_log_prob has shape"):
-        rpg_policy_loss(l, l, l, torch.ones(2, 3), cfg, ref_log_prob=torch.zeros(3, 2))
+        rpg_policy_loss(log_prob=l, old_log_prob=l, advantages=l, response_mask=torch.ones(2, 3), config=cfg, ref_log_prob=torch.zeros(3, 2))
     with pytest.raises(ValueError, match="2-D"):
-        rpg_policy_loss(torch.zeros(6), torch.zeros(6), torch.zeros(6), torch.ones(6), cfg)
+        rpg_policy_loss(log_prob=torch.zeros(6), old_log_prob=torch.zeros(6), advantages=torch.zeros(6), response_mask=torch.ones(6), config=cfg)
     with pytest.raises(ValueError, match="old_log_prob must be a floating-point"):
-        rpg_policy_loss(l, torch.zeros(2, 3, dtype=torch.long), l, torch.ones(2, 3), cfg)
-    with pytest.raises(ValueError, match="cfg must be an RPGLossConfig"):
-        rpg_policy_loss(l, l, l, torch.ones(2, 3), {"divergence": "ufkl"})
+        rpg_policy_loss(log_prob=l, old_log_prob=torch.zeros(2, 3, dtype=torch.long), advantages=l, response_mask=torch.ones(2, 3), config=cfg)
+    with pytest.raises(ValueError, match="config must be an RPGLossConfig"):
+        rpg_policy_loss(log_prob=l, old_log_prob=l, advantages=l, response_mask=torch.ones(2, 3), config={"divergence": "ufkl"})
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)

@@ -8,7 +8,7 @@ import torch
 from exact_enumeration import DT, assert_close
 from verl.trainer.ppo.core_algos import agg_loss
 
-from rpg.losses import AGG_MODES, RPGLossConfig, aggregate_loss, rpg_policy_loss, rpg_token_loss
+from rpg.losses import AGG_MODES, RPGLossConfig, aggregate_loss, rpg_policy_loss
 
 V, T = 3, 2  # vocabulary and length of the autoregressive toy
 
@@ -46,7 +46,7 @@ def test_t26_forward_k3_token_sum_is_exact_sequence_kl():
     l, l_old = toy.table(True), toy.table(False)
     mu = l_old.sum(1).exp()  # pi_old(x) per sequence, broadcast to its tokens
     cfg = RPGLossConfig(divergence="ufkl", form="differentiable", beta=1.0, clip=False)
-    loss, _ = rpg_policy_loss(l, l_old, torch.zeros_like(l), mu[:, None].expand(-1, T), cfg)
+    loss, _ = rpg_policy_loss(log_prob=l, old_log_prob=l_old, advantages=torch.zeros_like(l), response_mask=mu[:, None].expand(-1, T), config=cfg)
     token_sum = T * loss  # token-mean over probability-weighted tokens = E[sum_t] / T
     target = seq_kl(l_old, l)
     assert_close(token_sum, target, what="T26 value")
@@ -58,7 +58,7 @@ def test_t27_reverse_token_decomposition_needs_prefix_weights():
     l, l_old = toy.table(True), toy.table(False)
     mu = l_old.sum(1).exp()
     cfg = RPGLossConfig(divergence="urkl", form="differentiable", beta=1.0, clip=False)
-    loss, _ = rpg_policy_loss(l, l_old, torch.zeros_like(l), mu[:, None].expand(-1, T), cfg)
+    loss, _ = rpg_policy_loss(log_prob=l, old_log_prob=l_old, advantages=torch.zeros_like(l), response_mask=mu[:, None].expand(-1, T), config=cfg)
     target = seq_kl(l, l_old)
     assert (T * loss - target).abs() > 1e-3, "T27 plain per-token reverse sum is not the sequence KL"
     w = (l - l_old).exp()
@@ -103,14 +103,14 @@ def test_all_masked_batch_aggregates_to_zero_not_nan():
 def test_masked_positions_neither_count_nor_receive_gradient(form):
     l, old, adv, mask = batch()
     cfg = RPGLossConfig(divergence="urkl", form=form, beta=0.1)
-    loss, metrics = rpg_policy_loss(l, old, adv, mask, cfg)
+    loss, metrics = rpg_policy_loss(log_prob=l, old_log_prob=old, advantages=adv, response_mask=mask, config=cfg)
     (g,) = torch.autograd.grad(loss, l)
     assert (g[mask == 0] == 0).all()
     old2 = old.clone()
     old2[mask == 0] = -30.0  # garbage where masked
     adv2 = adv.clone()
     adv2[mask == 0] = 1e3
-    loss2, metrics2 = rpg_policy_loss(l, old2, adv2, mask, cfg)
+    loss2, metrics2 = rpg_policy_loss(log_prob=l, old_log_prob=old2, advantages=adv2, response_mask=mask, config=cfg)
     assert loss2.item() == pytest.approx(loss.item(), rel=1e-6)
     assert metrics2 == pytest.approx(metrics, rel=1e-6)
 
@@ -119,7 +119,7 @@ def test_token_loss_is_zero_where_masked_and_aggregates_like_policy_loss():
     l, old, adv, mask = batch(seed=2)
     for mode in AGG_MODES:
         cfg = RPGLossConfig(divergence="fkl", form="reinforce", loss_agg_mode=mode)
-        mat, _ = rpg_token_loss(l, old, adv, mask, cfg)
+        mat, _ = rpg_policy_loss(log_prob=l, old_log_prob=old, advantages=adv, response_mask=mask, config=cfg, aggregate=False)
         assert (mat[mask == 0] == 0).all()
-        loss, _ = rpg_policy_loss(l, old, adv, mask, cfg)
+        loss, _ = rpg_policy_loss(log_prob=l, old_log_prob=old, advantages=adv, response_mask=mask, config=cfg)
         assert_close(loss, agg_loss(mat, mask, mode), rtol=1e-6, atol=1e-7, what=mode)

@@ -20,7 +20,7 @@ from verl.workers.config.actor import ActorConfig
 from verl.workers.utils.losses import ppo_loss
 
 import rpg.verl.register  # noqa: F401
-from rpg.losses import RPGLossConfig, aggregate_loss, grpo_corrected_kl, rpg_policy_loss, rpg_token_loss
+from rpg.losses import RPGLossConfig, aggregate_loss, grpo_corrected_kl, rpg_policy_loss
 from rpg.verl.actor_loss import rpg_actor_loss
 from rpg.verl.policy_config import RPGPolicyLossConfig
 
@@ -99,7 +99,7 @@ class Batch:
 
 
 def _actor_config(agg, anchor="sampler", loss_mode="rpg", entropy_coeff=0.0, **rpg):
-    pl = RPGPolicyLossConfig(loss_mode=loss_mode, rpg_anchor=anchor, **rpg)
+    pl = RPGPolicyLossConfig(loss_mode=loss_mode, rpg_anchor=anchor, rpg_loss={k[len("rpg_"):]: v for k, v in rpg.items()})
     return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2,
                        clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0, loss_agg_mode=agg,
                        entropy_coeff=entropy_coeff, policy_loss=pl)
@@ -125,7 +125,7 @@ def _run_adapter(batch, config, splits, loss_fn=rpg_actor_loss, entropy=False):
 
 def _run_library(batch, cfg, ref=False, entropy_coeff=0.0):
     log_prob = batch.padded_log_prob()
-    loss, metrics = rpg_policy_loss(log_prob, batch.old, batch.adv, batch.mask, cfg,
+    loss, metrics = rpg_policy_loss(log_prob=log_prob, old_log_prob=batch.old, advantages=batch.adv, response_mask=batch.mask, config=cfg,
                                     ref_log_prob=batch.ref if ref else None)
     if entropy_coeff:
         loss = loss - entropy_coeff * aggregate_loss(batch.entropy, batch.mask, cfg.loss_agg_mode)
@@ -170,8 +170,8 @@ def test_adapter_metrics_are_the_library_metrics_single_micro_batch():
     batch = Batch(seed=3)
     config = _actor_config("token-mean", anchor="reference", rpg_beta=0.05)
     _, _, (metrics,) = _run_adapter(batch, config, SPLITS["one"])
-    _, lib_metrics = rpg_token_loss(batch.padded_log_prob(), batch.old, batch.adv, batch.mask,
-                                    _lib_cfg("token-mean"), ref_log_prob=batch.ref)
+    _, lib_metrics = rpg_policy_loss(log_prob=batch.padded_log_prob(), old_log_prob=batch.old, advantages=batch.adv, response_mask=batch.mask,
+                                    config=_lib_cfg("token-mean"), ref_log_prob=batch.ref, aggregate=False)
     for key, value in lib_metrics.items():
         assert isinstance(metrics[key], Metric)
         assert metrics[key].aggregate() == pytest.approx(value, rel=1e-6, abs=1e-9), key
@@ -210,7 +210,7 @@ def test_grpo_corrected_is_vanilla_ppo_plus_weighted_k3():
     config.global_batch_info.update(dp_size=1, batch_num_tokens=int(batch.mask.sum()), global_batch_size=B,
                                     loss_scale_factor=None)
     pg, _ = compute_policy_loss_vanilla(batch.old, log_prob, batch.adv, batch.mask, "token-mean", config)
-    kl = agg_loss(grpo_corrected_kl(log_prob, batch.old, batch.ref), batch.mask, "token-mean")
+    kl = agg_loss(grpo_corrected_kl(log_prob=log_prob, old_log_prob=batch.old, ref_log_prob=batch.ref), batch.mask, "token-mean")
     want = pg + 0.1 * kl
     (want_grad,) = torch.autograd.grad(want, batch.flat)
     torch.testing.assert_close(got_loss, want.detach(), rtol=1e-5, atol=1e-7)
@@ -246,4 +246,5 @@ def test_registered_loss_without_rpg_policy_config_is_a_clear_error():
                          policy_loss=PolicyLossConfig(loss_mode="rpg"))
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="RPGPolicyLossConfig"):
-        get_policy_loss_fn("rpg")(x, x, x, torch.ones(2, 3), "token-mean", config)
+        get_policy_loss_fn("rpg")(old_log_prob=x, log_prob=x, advantages=x, response_mask=torch.ones(2, 3),
+                                  loss_agg_mode="token-mean", config=config)

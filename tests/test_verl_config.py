@@ -11,7 +11,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+import rpg.verl.policy_loss
 import rpg.verl.register  # noqa: F401
+from rpg.losses import DIVERGENCES, FORMS
 from rpg.verl import settings as S
 from rpg.verl.settings import RPGConfigError, parse_rpg_settings, validate_and_apply
 
@@ -31,7 +33,7 @@ def apply(*overrides):
 def test_default_recipe_is_rpg_reinforce_ufkl_with_sampler_anchor():
     cfg, s = apply()
     pl = cfg.actor_rollout_ref.actor.policy_loss
-    assert (s.loss.name, s.loss.divergence, s.loss.form, s.reference.mode) == ("rpg", "ufkl", "reinforce", "sampler")
+    assert (s.loss_name, s.loss.divergence, s.loss.form, s.reference.mode) == ("rpg", "ufkl", "reinforce", "sampler")
     assert pl._target_ == S.POLICY_LOSS_TARGET and pl.loss_mode == "rpg" and pl.rpg_anchor == "sampler"
     assert cfg.actor_rollout_ref.actor.use_kl_loss is False and cfg.algorithm.use_kl_in_reward is False
     assert cfg.algorithm.adv_estimator == "rpg"
@@ -47,8 +49,8 @@ def test_policy_loss_config_instantiates_like_verl_does():
 
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     assert type(actor.policy_loss).__name__ == "RPGPolicyLossConfig"
-    assert (actor.policy_loss.rpg_divergence, actor.policy_loss.rpg_form, actor.policy_loss.rpg_anchor) == (
-        "urkl", "differentiable", "reference")
+    pl = actor.policy_loss
+    assert (pl.rpg_loss["divergence"], pl.rpg_loss["form"], pl.rpg_anchor) == ("urkl", "differentiable", "reference")
     assert actor.use_kl_loss is True  # only so that verl builds the reference
 
 
@@ -65,7 +67,7 @@ def test_reference_modes_build_a_reference(mode, extra):
 def test_every_paper_variant_composes():
     variants = [
         [f"rpg.loss.divergence={d}", f"rpg.loss.form={f}", f"rpg.loss.clip={c}"]
-        for d in S.DIVERGENCES for f in S.FORMS for c in ("true", "false")
+        for d in DIVERGENCES for f in FORMS for c in ("true", "false")
     ]
     variants += [
         ["rpg.loss.name=grpo_corrected", "rpg.reference.mode=fixed", "algorithm.adv_estimator=grpo"],
@@ -79,7 +81,7 @@ def test_every_paper_variant_composes():
     ]
     for overrides in variants:
         cfg, s = apply(*overrides)
-        assert s.loss.name in S.LOSS_NAMES
+        assert s.loss_name in S.LOSS_NAMES
 
 
 def test_verl_loss_with_sampler_kl_builds_no_reference():
@@ -110,11 +112,11 @@ def test_schedulefree_missing_package_is_a_clear_error(monkeypatch):
 
 
 BAD = [
-    (["rpg.loss.divergence=kl"], "rpg.loss.divergence='kl' is invalid; allowed values: fkl, rkl, ufkl, urkl"),
+    (["rpg.loss.divergence=kl"], "rpg.loss.divergence='kl' is invalid: expected one of fkl, rkl, ufkl, urkl"),
     (["rpg.loss.name=ppo"], "rpg.loss.name='ppo' is invalid; allowed values: rpg, grpo_corrected, verl"),
     (["rpg.loss.form=hybrid"], "rpg.loss.form"),
     (["rpg.loss.beta=-1"], "rpg.loss.beta=-1 is invalid"),
-    (["rpg.loss.clip=maybe"], "rpg.loss.clip='maybe' is invalid; allowed values: true, false"),
+    (["rpg.loss.clip=maybe"], "rpg.loss.clip='maybe' is invalid: expected True or False"),
     (["rpg.loss.kl_clamp=0"], "rpg.loss.kl_clamp=0 is invalid"),
     (["rpg.reference.mode=ema"], "rpg.reference.mode='ema' is invalid; allowed values: sampler, fixed, periodic, kl_threshold"),
     (["rpg.reference.mode=periodic"], "rpg.reference.update_every must be >= 1 when rpg.reference.mode=periodic"),
@@ -137,7 +139,7 @@ BAD = [
      "supports actor_rollout_ref.actor.strategy fsdp or fsdp2 only"),
     (["rpg.reference.mode=periodic", "rpg.reference.update_every=2", "actor_rollout_ref.ref.fsdp_config.strategy=fsdp"],
      "must be equal"),
-    (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "clip_ratio_c=1.0 is invalid; expected a value > 1"),
+    (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "actor_rollout_ref.actor.clip_ratio_c=1.0 is invalid: expected a number > 1"),
     (["rpg.reward_function=nonexistent_pkg_xyz:score"], "module 'nonexistent_pkg_xyz' is not importable"),
     (["rpg.reference.log_weight_diff=true"], "log_weight_diff=true needs rpg.reference.mode=periodic or kl_threshold"),
     (["rpg.reference.mode=periodic", "rpg.reference.update_every=2", "rpg.reference.log_weight_diff=true",
@@ -177,7 +179,7 @@ def test_main_exits_with_one_line_on_bad_value(capsys):
         main_from_hydra(cfg)
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err == "rpg config error: rpg.loss.divergence='js' is invalid; allowed values: fkl, rkl, ufkl, urkl"
+    assert err == "rpg config error: rpg.loss.divergence='js' is invalid: expected one of fkl, rkl, ufkl, urkl"
 
 
 # ----------------------------------------------------------------------------- advantage estimators
@@ -218,4 +220,4 @@ def test_register_is_idempotent():
     rpg.verl.register.register()
     rpg.verl.register.register()
     assert core_algos.ADV_ESTIMATOR_REGISTRY == before
-    assert core_algos.get_policy_loss_fn("grpo_corrected") is rpg.verl.register.rpg_policy_loss_fn
+    assert core_algos.get_policy_loss_fn("grpo_corrected") is rpg.verl.policy_loss.rpg_policy_loss

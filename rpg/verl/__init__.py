@@ -1,15 +1,17 @@
-"""verl 0.9.1 glue for RPG (issue 4).
+"""verl 0.9.1 glue for RPG (docs/verl-integration.md).
 
 Modules (import only what you need; nothing is imported here so that `import rpg.verl`
 stays free of verl's heavy trainer/worker stack):
 
-* ``settings``       typed, validated ``rpg:`` block and its translation into verl keys (driver).
+* ``settings``       typed, validated ``rpg:`` block and its translation into verl keys (driver);
+                     ``loss_config``: the library's ``RPGLossConfig`` from a verl actor config
+                     (driver and workers alike).
 * ``policy_config``  ``RPGPolicyLossConfig``: verl ``PolicyLossConfig`` subclass carrying the
-                     RPG loss settings to the workers (``actor_rollout_ref.actor.policy_loss``).
+                     ``rpg.loss`` values to the workers (``actor_rollout_ref.actor.policy_loss``).
 * ``register``       registrations with verl's registries (policy losses, advantage estimators);
                      imported by the ``verl.plugins`` entry point in every process.
-* ``policy_loss``    ``rpg_pg_loss``: the registered-signature policy loss (RPG / GRPO-corrected).
-* ``actor_loss``     ``rpg_actor_loss``: full actor loss (ppo_loss twin that sees ``ref_log_prob``).
+* ``policy_loss``    ``rpg_policy_loss``: the registered policy loss (RPG / GRPO-corrected), verl's signature.
+* ``actor_loss``     ``rpg_actor_loss``: verl's ``ppo_loss`` handing ``ref_log_prob`` to it.
 * ``worker``         ``RPGActorRolloutRefWorker``: loss install, reference sync, schedule-free modes.
 * ``trainer``        ``RPGTrainer``: reference schedule, schedule-free switches, metrics.
 * ``main``           ``RPGTaskRunner`` and the Hydra driver used by ``recipe/rpg/main_rpg.py``.

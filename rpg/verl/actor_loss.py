@@ -1,20 +1,17 @@
-"""Full actor loss functions installed with verl's ``set_loss_fn`` (worker side).
+"""Actor losses installed with verl's ``set_loss_fn`` (worker side): verl's own ``ppo_loss``, wrapped.
 
-verl's ``ppo_loss`` (``verl/workers/utils/losses.py``) calls registered policy losses without
-``ref_log_prob``, so the RPG recipe replaces the whole actor loss in every RPG mode (one adapter
-path for sampler and reference anchors alike):
-
-``rpg_actor_loss(config, model_output, data, dp_group=None)`` mirrors ``ppo_loss`` step by step
--- fill ``config.global_batch_info`` from the micro-batch, pad the model's nested log-probs with
-``no_padding_2_padding``, select and pad the batch fields, call the policy loss, subtract
-``entropy_coeff * agg_loss(entropy)``, and report metrics with verl's ``Metric`` aggregation
-conventions -- but hands ``ref_log_prob`` to ``rpg.verl.policy_loss.rpg_pg_loss`` when the anchor
-is a reference model (``policy_loss.rpg_anchor == "reference"``). verl's own KL term
-(``use_kl_loss``) is never added here: ``use_kl_loss=True`` only makes verl build the reference.
+verl's ``ppo_loss`` (``verl/workers/utils/losses.py``) does everything an actor loss does
+(global-batch normalisation, padding, the registered policy loss, entropy, metrics) but calls the
+registered policy loss without ``ref_log_prob``. The RPG losses with a reference anchor need it, so
+``rpg_actor_loss`` wraps ``ppo_loss`` rather than copying it: it pads the micro-batch's
+``ref_log_prob`` as ``ppo_loss`` pads its fields and hands it to ``rpg.verl.policy_loss`` for the
+duration of the call (``reference_log_prob``). The config it gets has ``use_kl_loss=False``
+(``with_kl_loss``): the driver sets ``use_kl_loss=True`` only so that verl builds the reference
+model; the KL is inside the RPG loss and verl's own KL term must not be added.
 
 ``verl_loss_with_sampler_kl`` is for ``rpg.loss.name=verl`` with a KL loss against the sampling
-policy (REINFORCE++ in the paper's scripts): no reference model is built and verl's own
-``ppo_loss`` runs with ``ref_log_prob := old_log_probs``.
+policy (REINFORCE++ in the paper's scripts): no reference model is built and verl's ``ppo_loss``
+runs with ``ref_log_prob := old_log_probs``.
 """
 
 from __future__ import annotations
@@ -23,93 +20,42 @@ import dataclasses
 
 from tensordict import TensorDict
 
-from verl.trainer.ppo.core_algos import agg_loss
-from verl.utils.metric import AggregationType, Metric
+from verl.utils.metric import AggregationType
 from verl.workers.utils.losses import ppo_loss
-from verl.workers.utils.padding import no_padding_2_padding
 
-from rpg.verl.policy_loss import rpg_pg_loss
-
-
-def _metric_aggregation(config, data) -> AggregationType:
-    # same rule as verl's ppo_loss: globally normalised losses are summed over micro-batches
-    if (
-        data["dp_size"] > 1
-        or data["batch_num_tokens"] is not None
-        or data["global_batch_size"] is not None
-        or config.loss_scale_factor is not None
-    ):
-        return AggregationType.SUM
-    return AggregationType.MEAN
+from rpg.verl.policy_loss import reference_log_prob
 
 
-def _stat_aggregation(key: str) -> AggregationType:
+def _stat_aggregation(key: str) -> AggregationType | None:
+    """Extremes keep their meaning across micro/mini-batches and ranks (verl's "max"/"min" naming
+    rule of ``reduce_metrics``); ``ppo_loss`` averages every policy-loss metric otherwise."""
     if key.endswith("_max") or key.endswith("/max"):
         return AggregationType.MAX
     if key.endswith("_min") or key.endswith("/min"):
         return AggregationType.MIN
-    return AggregationType.MEAN
+    return None
 
 
 def rpg_actor_loss(config, model_output, data: TensorDict, dp_group=None):
-    """Actor loss for ``policy_loss.loss_mode`` in {rpg, grpo_corrected}; returns (loss, metrics)."""
-    log_prob = no_padding_2_padding(model_output["log_probs"], data)
-    entropy = model_output.get("entropy", None)
-    if entropy is not None:
-        entropy = no_padding_2_padding(entropy, data)
-
-    config.global_batch_info["dp_size"] = data["dp_size"]
-    config.global_batch_info["batch_num_tokens"] = data["batch_num_tokens"]
-    config.global_batch_info["global_batch_size"] = data["global_batch_size"]
-    config.global_batch_info["loss_scale_factor"] = config.loss_scale_factor
-    metric_aggregation = _metric_aggregation(config, data)
-
-    use_reference = config.policy_loss.get("rpg_anchor", "sampler") == "reference"
-    fields = ["response_mask", "old_log_probs", "advantages"]
-    if "rollout_is_weights" in data:
-        fields.append("rollout_is_weights")
-    if use_reference:
+    """Actor loss for ``policy_loss.loss_mode`` in {rpg, grpo_corrected}: verl's ``ppo_loss`` with the
+    reference log-probs handed to the RPG policy loss; returns (loss, metrics)."""
+    if config.use_kl_loss:
+        raise ValueError("rpg_actor_loss needs a config with use_kl_loss=False (with_kl_loss(config, False)): the KL "
+                         "is inside the RPG loss and verl's own KL term must not be added")
+    ref = None
+    if config.policy_loss.get("rpg_anchor", "sampler") == "reference":
         if "ref_log_prob" not in data:
             raise ValueError(
                 "policy_loss.rpg_anchor=reference but the micro-batch has no ref_log_prob: the reference model "
                 "was not built (actor.use_kl_loss must be True; the RPG driver sets it for reference modes)"
             )
-        fields.append("ref_log_prob")
-    data = data.select(*fields).to_padded_tensor()
-    response_mask = data["response_mask"].to(bool)
-    old_log_prob = data["old_log_probs"]
-    ref_log_prob = data["ref_log_prob"] if use_reference else None
-    loss_agg_mode = config.loss_agg_mode
-
-    pg_loss, pg_metrics = rpg_pg_loss(
-        old_log_prob=old_log_prob,
-        log_prob=log_prob,
-        advantages=data["advantages"],
-        response_mask=response_mask,
-        loss_agg_mode=loss_agg_mode,
-        config=config,
-        rollout_is_weights=data.get("rollout_is_weights", None),
-        ref_log_prob=ref_log_prob,
-    )
-    if ref_log_prob is not None and "rpg/ref_old_logp_absdiff_max" not in pg_metrics:
-        # how far the reference is from the sampling policy (0 right after a reference reset); the RPG
-        # loss library reports it itself within its single host sync, grpo_corrected does not
-        diff = (ref_log_prob - old_log_prob).abs()[response_mask]
-        pg_metrics["rpg/ref_old_logp_absdiff_max"] = float(diff.max()) if diff.numel() else 0.0
-
-    # per-micro-batch statistics: means are averaged like verl's ppo_loss (MEAN); extremes keep
-    # their meaning across micro/mini-batches (the "max"/"min" naming rule of verl's reduce_metrics)
-    metrics = {k: Metric(value=v, aggregation=_stat_aggregation(k)) for k, v in pg_metrics.items()}
-    metrics["actor/pg_loss"] = Metric(value=pg_loss, aggregation=metric_aggregation)
-    policy_loss = pg_loss
-
-    if entropy is not None:
-        entropy_loss = agg_loss(
-            loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info
-        )
-        policy_loss = policy_loss - config.entropy_coeff * entropy_loss
-        metrics["actor/entropy_loss"] = Metric(value=entropy_loss, aggregation=metric_aggregation)
-    return policy_loss, metrics
+        ref = data.select("response_mask", "ref_log_prob").to_padded_tensor()["ref_log_prob"]
+    with reference_log_prob(ref):
+        loss, metrics = ppo_loss(config=config, model_output=model_output, data=data, dp_group=dp_group)
+    for key, metric in metrics.items():
+        if (aggregation := _stat_aggregation(key)) is not None and hasattr(metric, "aggregation"):
+            metric.aggregation = aggregation
+    return loss, metrics
 
 
 def verl_loss_with_sampler_kl(config, model_output, data: TensorDict, dp_group=None):
@@ -122,8 +68,9 @@ def verl_loss_with_sampler_kl(config, model_output, data: TensorDict, dp_group=N
     return ppo_loss(config=config, model_output=model_output, data=data, dp_group=dp_group)
 
 
-def with_kl_loss_enabled(config):
-    """Copy of a (frozen) verl ActorConfig with ``use_kl_loss=True``; shares ``global_batch_info``."""
-    new = dataclasses.replace(config, use_kl_loss=True)
+def with_kl_loss(config, enabled: bool):
+    """Copy of a (frozen) verl ActorConfig with ``use_kl_loss=enabled``; shares ``global_batch_info``
+    (``ppo_loss`` writes the micro-batch's normalisation into it, the policy loss reads it)."""
+    new = dataclasses.replace(config, use_kl_loss=enabled)
     object.__setattr__(new, "global_batch_info", config.global_batch_info)
     return new

@@ -5,13 +5,12 @@ imports verl: the driver, the TaskRunner (advantage estimators run there) and ev
 (policy losses run there).
 
 * policy losses (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``rpg``, ``grpo_corrected``
-  -> ``rpg.verl.policy_loss.rpg_pg_loss`` (settings from ``RPGPolicyLossConfig``; anchor = pi_old
-  when called by verl's own ``ppo_loss``).
+  -> ``rpg.verl.policy_loss.rpg_policy_loss`` (called by verl's ``ppo_loss``; settings from
+  ``RPGPolicyLossConfig``).
 * advantage estimators (``algorithm.adv_estimator``): ``rpg`` (R - group mean, no std; singleton
   group -> R) and ``rpg_batchmean`` (R - batch mean), via ``rpg.advantage.outcome_advantage``.
 
-The loss library is imported lazily inside the functions, so this module imports even before
-``rpg.losses`` exists and never drags verl's trainer/worker stack into a process.
+It imports torch, verl's ``core_algos`` and the loss library only, never verl's trainer/worker stack.
 """
 
 from __future__ import annotations
@@ -20,18 +19,7 @@ import torch
 
 from verl.trainer.ppo import core_algos
 
-POLICY_LOSS_NAMES = ("rpg", "grpo_corrected")
-ADV_ESTIMATOR_NAMES = ("rpg", "rpg_batchmean")
-
-
-def rpg_policy_loss_fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                       config=None, rollout_is_weights=None):
-    """verl ``PolicyLossFn`` entry for loss modes ``rpg`` / ``grpo_corrected`` (sampler anchor)."""
-    from rpg.verl.policy_loss import rpg_pg_loss
-
-    return rpg_pg_loss(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
-                       response_mask=response_mask, loss_agg_mode=loss_agg_mode, config=config,
-                       rollout_is_weights=rollout_is_weights)
+from rpg.verl.policy_loss import LOSS_MODES, rpg_policy_loss
 
 
 def _outcome(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, mode: str):
@@ -57,8 +45,8 @@ _ADV_FNS = {"rpg": rpg_group_mean_advantage, "rpg_batchmean": rpg_batch_mean_adv
 
 def register() -> None:
     """(Re-)register everything. Safe to call any number of times."""
-    for name in POLICY_LOSS_NAMES:
-        core_algos.POLICY_LOSS_REGISTRY[name] = rpg_policy_loss_fn
+    for name in LOSS_MODES:
+        core_algos.POLICY_LOSS_REGISTRY[name] = rpg_policy_loss
     for name, fn in _ADV_FNS.items():
         current = core_algos.ADV_ESTIMATOR_REGISTRY.get(name)
         if current is fn:

@@ -3,23 +3,26 @@
 Runs in the driver before Ray starts (``rpg.verl.main``), so a bad value fails fast with ONE
 line naming the key and the allowed values. Unknown keys anywhere under ``rpg.`` are rejected.
 
-Block (key names fixed by SCHEMA.md; keys marked [added] are this module's additions)::
+Block (``rpg.loss`` keys are derived from ``rpg.losses.RPGLossConfig``: ``name`` plus every field
+that verl's actor config does not already hold, ``loss_fields()``)::
 
     rpg:
-      loss:      {name, divergence, form, beta, clip, branch_on, fd_clip, kl_clamp,
-                  compile [added]}
-      reference: {mode, update_every, kl_threshold, kl_ema_decay,
-                  log_weight_diff [added]}
+      loss:      {name, <loss_fields()>: divergence, form, beta, clip, branch_on, fd_clip, kl_clamp,
+                  log_ratio_guard, compile}
+      reference: {mode, update_every, kl_threshold, kl_ema_decay, log_weight_diff}
       optimizer: adamw | schedulefree
-      reward_function: "rpg.reward:compute_score" | null        [added]
-      validation: {samples_per_problem: {data_source prefix: n}}  [added]
+      reward_function: "rpg.reward:compute_score" | null
+      validation: {samples_per_problem: {data_source prefix: n}}
 
 How each setting reaches verl (``apply_to_verl_config``):
 
 * ``rpg.loss.*`` -> ``actor_rollout_ref.actor.policy_loss`` becomes an ``RPGPolicyLossConfig``
-  (``_target_`` override, verl's own mechanism for typed loss settings) whose ``rpg_*`` fields
-  carry the loss settings to the actor workers (workers only see ``actor_rollout_ref``).
-  ``loss_mode`` = ``rpg`` or ``grpo_corrected``; both are also registered policy losses.
+  (``_target_`` override, verl's own mechanism for typed loss settings) whose ``rpg_loss`` mapping
+  carries the ``loss_fields()`` to the actor workers (workers only see ``actor_rollout_ref``); the
+  clip ratios and the aggregation stay verl's own actor keys (``ACTOR_FIELDS``). ``loss_config``
+  builds the exact ``RPGLossConfig`` from that actor config: the driver calls it before Ray and
+  each worker calls it in the loss, so both reject the same inputs (one validator: the library's
+  ``RULES``). ``loss_mode`` = ``rpg`` or ``grpo_corrected``: registered policy losses.
 * ``rpg.reference.mode`` -> whether verl builds a reference model: ``sampler`` keeps
   ``actor.use_kl_loss=False`` and ``algorithm.use_kl_in_reward=False`` (no reference worker, no
   extra forward pass; the loss anchors on ``old_log_probs``); other modes set
@@ -33,25 +36,24 @@ How each setting reaches verl (``apply_to_verl_config``):
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from rpg.losses import AGG_MODES, BRANCH_RULES, DIVERGENCES, FD_CLIP_MODES, FORMS, loss_defaults
+from rpg.losses import RPGLossConfig, RPGLossConfigError
 
 LOSS_NAMES = ("rpg", "grpo_corrected", "verl")
-BRANCH_ON = BRANCH_RULES
-FD_CLIP = FD_CLIP_MODES
+# RPGLossConfig fields that verl's actor config already holds: the loss reads them from
+# actor_rollout_ref.actor.<field>. Every other field is the recipe key rpg.loss.<field>.
+ACTOR_FIELDS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode")
 REFERENCE_MODES = ("sampler", "fixed", "periodic", "kl_threshold")
 OPTIMIZERS = ("adamw", "schedulefree")
-# aggregation modes the RPG loss library supports (verl semantics)
-RPG_LOSS_AGG_MODES = AGG_MODES
 POLICY_LOSS_TARGET = "rpg.verl.policy_config.RPGPolicyLossConfig"
 SCHEDULEFREE_IMPL, SCHEDULEFREE_CLASS = "schedulefree", "AdamWScheduleFree"
 
-_LOSS_KEYS = ("name", "divergence", "form", "beta", "clip", "branch_on", "fd_clip", "kl_clamp", "compile")
 _REF_KEYS = ("mode", "update_every", "kl_threshold", "kl_ema_decay", "log_weight_diff")
 _TOP_KEYS = ("loss", "reference", "optimizer", "reward_function", "validation")
 _VALIDATION_KEYS = ("samples_per_problem",)
@@ -63,20 +65,56 @@ class RPGConfigError(ValueError):
     """A bad value in the ``rpg:`` block or a conflicting verl key (message: one line)."""
 
 
-_LOSS_DEFAULTS = loss_defaults()  # the library's RPGLossConfig is the one source of these defaults
+def loss_fields() -> tuple[str, ...]:
+    """The ``rpg.loss`` keys besides ``name``: every ``RPGLossConfig`` field not in ``ACTOR_FIELDS``
+    (derived on each call, so a field added to the dataclass is a recipe key at once)."""
+    return tuple(f.name for f in dataclasses.fields(RPGLossConfig) if f.name not in ACTOR_FIELDS)
 
 
-@dataclass(frozen=True)
-class LossSettings:
-    name: str = "rpg"
-    divergence: str = _LOSS_DEFAULTS["divergence"]
-    form: str = _LOSS_DEFAULTS["form"]
-    beta: float = _LOSS_DEFAULTS["beta"]
-    clip: bool = _LOSS_DEFAULTS["clip"]
-    branch_on: str = _LOSS_DEFAULTS["branch_on"]
-    fd_clip: str = _LOSS_DEFAULTS["fd_clip"]
-    kl_clamp: float | None = _LOSS_DEFAULTS["kl_clamp"]
-    compile: bool = _LOSS_DEFAULTS["compile"]  # [added] torch.compile the loss (rpg.loss.name=rpg)
+def loss_key(field: str) -> str:
+    """The config key that sets ``RPGLossConfig.<field>`` in a recipe run."""
+    return f"actor_rollout_ref.actor.{field}" if field in ACTOR_FIELDS else f"rpg.loss.{field}"
+
+
+def _actor_value(actor, field: str):
+    """verl's actor value of an ``ACTOR_FIELDS`` entry (None: unset, the library default applies).
+    verl's rule: clip_ratio_low / clip_ratio_high fall back to clip_ratio."""
+    value = actor.get(field, None)
+    if value is None and field in ("clip_ratio_low", "clip_ratio_high"):
+        value = actor.get("clip_ratio", None)
+    return value
+
+
+def loss_config(actor, loss_agg_mode: str | None = None) -> RPGLossConfig:
+    """The exact ``RPGLossConfig`` the loss runs with, from a verl actor config: the composed
+    DictConfig in the driver (``apply_to_verl_config``), verl's ``ActorConfig`` on a worker
+    (``rpg.verl.policy_loss``). One construction in both places, so the driver rejects before Ray
+    exactly what a worker would; a broken rule raises ``RPGLossConfigError`` (its field, value and
+    what is allowed). ``loss_agg_mode``: the value verl hands the policy loss (default: the actor's).
+
+    ``grpo_corrected`` reads beta, kl_clamp and log_ratio_guard; its KL term w * k3 is fully
+    differentiable (Sec. 2.2), so it is validated as ``form=differentiable`` (a value-only
+    ``kl_clamp`` is allowed there, as for RPG-X).
+    """
+    pl = actor.get("policy_loss", None)
+    values = None if pl is None else pl.get("rpg_loss", None)
+    if values is None:
+        mode = None if pl is None else pl.get("loss_mode", None)
+        raise ValueError(f"actor_rollout_ref.actor.policy_loss.rpg_loss is missing: loss_mode {mode!r} needs "
+                         f"policy_loss._target_={POLICY_LOSS_TARGET} (use recipe/rpg/main_rpg.py, which sets it "
+                         "from the rpg: block)")
+    values = {k: values[k] for k in values}
+    for field in ACTOR_FIELDS:
+        value = loss_agg_mode if field == "loss_agg_mode" and loss_agg_mode is not None else _actor_value(actor, field)
+        if value is not None:
+            values[field] = value
+    if pl.get("loss_mode", None) == "grpo_corrected":
+        values["form"] = "differentiable"
+    return RPGLossConfig(**values)
+
+
+def _loss_error(e: RPGLossConfigError) -> RPGConfigError:
+    return RPGConfigError(f"{loss_key(e.field)}={e.value!r} is invalid: expected {e.expected}")
 
 
 @dataclass(frozen=True)
@@ -95,7 +133,8 @@ class ReferenceSettings:
 
 @dataclass(frozen=True)
 class RPGSettings:
-    loss: LossSettings = LossSettings()
+    loss_name: str = "rpg"  # rpg | grpo_corrected | verl (verl's own actor loss)
+    loss: RPGLossConfig = RPGLossConfig()  # rpg.loss values; after apply_to_verl_config, also verl's clip keys
     reference: ReferenceSettings = ReferenceSettings()
     optimizer: str = "adamw"
     reward_function: str | None = None
@@ -103,7 +142,7 @@ class RPGSettings:
 
     @property
     def uses_rpg_actor_loss(self) -> bool:
-        return self.loss.name in ("rpg", "grpo_corrected")
+        return self.loss_name in ("rpg", "grpo_corrected")
 
 
 # ----------------------------------------------------------------------------- parsing helpers
@@ -176,24 +215,18 @@ def parse_rpg_settings(block: Any) -> RPGSettings:
     ``update_every >= 1``). Raises ``RPGConfigError`` (a ``ValueError``) with one line.
     """
     top = _mapping("rpg", _to_plain(block), _TOP_KEYS)
-    loss = _mapping("rpg.loss", top.get("loss"), _LOSS_KEYS)
+    loss = _mapping("rpg.loss", top.get("loss"), ("name", *loss_fields()))
     ref = _mapping("rpg.reference", top.get("reference"), _REF_KEYS)
-    d_loss, d_ref = LossSettings(), ReferenceSettings()
-
-    loss_s = LossSettings(
-        name=_choice("rpg.loss.name", loss.get("name", d_loss.name), LOSS_NAMES),
-        divergence=_choice("rpg.loss.divergence", loss.get("divergence", d_loss.divergence), DIVERGENCES),
-        form=_choice("rpg.loss.form", loss.get("form", d_loss.form), FORMS),
-        beta=_number("rpg.loss.beta", loss.get("beta", d_loss.beta), minimum=0.0),
-        clip=_bool("rpg.loss.clip", loss.get("clip", d_loss.clip)),
-        branch_on=_choice("rpg.loss.branch_on", loss.get("branch_on", d_loss.branch_on), BRANCH_ON),
-        fd_clip=_choice("rpg.loss.fd_clip", loss.get("fd_clip", d_loss.fd_clip), FD_CLIP),
-        kl_clamp=_number("rpg.loss.kl_clamp", loss.get("kl_clamp", d_loss.kl_clamp), minimum=0.0,
-                         strict_min=True, allow_none=True),
-        compile=_bool("rpg.loss.compile", loss.get("compile", d_loss.compile)),
-    )
-    if loss_s.compile and loss_s.name != "rpg":
-        _fail(f"rpg.loss.compile=true applies to rpg.loss.name=rpg only (got {loss_s.name}); set rpg.loss.compile=false")
+    d_ref = ReferenceSettings()
+    name = _choice("rpg.loss.name", loss.pop("name", "rpg"), LOSS_NAMES)
+    if name == "grpo_corrected":
+        loss["form"] = "differentiable"  # as loss_config validates it
+    try:
+        loss_s = RPGLossConfig(**loss)
+    except RPGLossConfigError as e:
+        raise _loss_error(e) from None
+    if loss_s.compile and name != "rpg":
+        _fail(f"rpg.loss.compile=true applies to rpg.loss.name=rpg only (got {name}); set rpg.loss.compile=false")
     ref_s = ReferenceSettings(
         mode=_choice("rpg.reference.mode", ref.get("mode", d_ref.mode), REFERENCE_MODES),
         update_every=_int("rpg.reference.update_every", ref.get("update_every", d_ref.update_every)),
@@ -224,8 +257,8 @@ def parse_rpg_settings(block: Any) -> RPGSettings:
               f"(mode is {ref_s.mode}); set it to null")
     if ref_s.log_weight_diff and not ref_s.resets:
         _fail("rpg.reference.log_weight_diff=true needs rpg.reference.mode=periodic or kl_threshold")
-    return RPGSettings(loss=loss_s, reference=ref_s, optimizer=optimizer, reward_function=reward_function,
-                       samples_per_problem=_samples_per_problem(top.get("validation")))
+    return RPGSettings(loss_name=name, loss=loss_s, reference=ref_s, optimizer=optimizer,
+                       reward_function=reward_function, samples_per_problem=_samples_per_problem(top.get("validation")))
 
 
 def _samples_per_problem(block: Any) -> tuple[tuple[str, int], ...]:
@@ -343,10 +376,11 @@ def _check_rpg_reward_kwargs(cfg) -> None:
             raise RPGConfigError(str(e)) from None
 
 
-def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
+def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
     """Check ``settings`` against verl's keys in ``cfg`` and write the verl keys they imply.
 
-    Mutates ``cfg`` (a composed Hydra DictConfig). Raises ``RPGConfigError`` on conflicts.
+    Mutates ``cfg`` (a composed Hydra DictConfig). Raises ``RPGConfigError`` on conflicts. Returns
+    ``settings`` whose ``loss`` is, for the RPG losses, the exact config the workers will build.
     """
     from omegaconf import open_dict
 
@@ -389,22 +423,15 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
 
     with open_dict(cfg):
         if settings.uses_rpg_actor_loss:
-            if loss_mode not in ("vanilla", loss.name):
-                _fail(f"rpg.loss.name={loss.name} conflicts with {actor}.policy_loss.loss_mode={loss_mode!r}; "
+            if loss_mode not in ("vanilla", settings.loss_name):
+                _fail(f"rpg.loss.name={settings.loss_name} conflicts with {actor}.policy_loss.loss_mode={loss_mode!r}; "
                       "leave loss_mode unset (the recipe sets it) or use rpg.loss.name=verl")
-            agg = _select(cfg, f"{actor}.loss_agg_mode", "token-mean")
-            if agg not in RPG_LOSS_AGG_MODES:
-                _fail(f"{actor}.loss_agg_mode={agg!r} is not supported by the RPG losses; allowed values: "
-                      f"{', '.join(RPG_LOSS_AGG_MODES)}")
-            c = _select(cfg, f"{actor}.clip_ratio_c", 3.0)
-            if not float(c) > 1.0:
-                _fail(f"{actor}.clip_ratio_c={c} is invalid; expected a value > 1")
             if use_kl_in_reward:
-                _fail(f"algorithm.use_kl_in_reward=True cannot be combined with rpg.loss.name={loss.name} "
+                _fail(f"algorithm.use_kl_in_reward=True cannot be combined with rpg.loss.name={settings.loss_name} "
                       "(the KL term is inside the RPG loss); set algorithm.use_kl_in_reward=False")
             if ref.mode == "sampler":
                 if use_kl_loss:
-                    _fail(f"{actor}.use_kl_loss=True conflicts with rpg.loss.name={loss.name} and "
+                    _fail(f"{actor}.use_kl_loss=True conflicts with rpg.loss.name={settings.loss_name} and "
                           "rpg.reference.mode=sampler (no reference model; the KL is inside the RPG loss); "
                           f"set {actor}.use_kl_loss=False or choose rpg.reference.mode fixed|periodic|kl_threshold")
             else:
@@ -414,22 +441,19 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
                 cfg.actor_rollout_ref.actor.kl_loss_coef = loss.beta
             pl = cfg.actor_rollout_ref.actor.policy_loss
             pl._target_ = POLICY_LOSS_TARGET
-            pl.loss_mode = loss.name
-            pl.rpg_divergence = loss.divergence
-            pl.rpg_form = loss.form
-            pl.rpg_beta = loss.beta
-            pl.rpg_clip = loss.clip
-            pl.rpg_branch_on = loss.branch_on
-            pl.rpg_fd_clip = loss.fd_clip
-            pl.rpg_kl_clamp = loss.kl_clamp
-            pl.rpg_compile = loss.compile
+            pl.loss_mode = settings.loss_name
+            pl.rpg_loss = {field: getattr(loss, field) for field in loss_fields()}
+            try:  # the workers' construction (rpg.verl.policy_loss), on this config: same inputs, same verdict
+                loss = loss_config(cfg.actor_rollout_ref.actor)
+            except RPGLossConfigError as e:
+                raise _loss_error(e) from None
             if loss.compile and str(_select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars.TORCH_COMPILE_DISABLE", "0")) == "1":
                 _fail("rpg.loss.compile=true needs torch.compile in the actor workers, but "
                       "ray_kwargs.ray_init.runtime_env.env_vars.TORCH_COMPILE_DISABLE=1 disables it there (the CPU "
                       "backend sets it); set rpg.loss.compile=false or TORCH_COMPILE_DISABLE=0")
             pl.rpg_anchor = "sampler" if ref.mode == "sampler" else "reference"
             pl.rpg_sampler_kl = False
-        else:  # loss.name == "verl": verl's own ppo_loss; the reference settings govern its KL reference
+        else:  # rpg.loss.name == "verl": verl's own ppo_loss; the reference settings govern its KL reference
             if loss_mode in ("rpg", "grpo_corrected"):
                 _fail(f"{actor}.policy_loss.loss_mode={loss_mode} needs rpg.loss.name={loss_mode} "
                       "(the recipe then wires the loss settings)")
@@ -481,6 +505,7 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> None:
             cfg.reward.custom_reward_function.path = path
             cfg.reward.custom_reward_function.name = name
         _check_rpg_reward_kwargs(cfg)
+    return dataclasses.replace(settings, loss=loss)
 
 
 def describe(cfg, settings: RPGSettings) -> str:
@@ -490,8 +515,9 @@ def describe(cfg, settings: RPGSettings) -> str:
     pl = OmegaConf.select(cfg, "actor_rollout_ref.actor.policy_loss")
     loss = settings.loss
     if settings.uses_rpg_actor_loss:
-        what = (f"loss={loss.name} divergence={loss.divergence} form={loss.form} beta={loss.beta} clip={loss.clip}"
-                + (" compiled" if loss.compile else "") if loss.name == "rpg" else f"loss=grpo_corrected beta={loss.beta}")
+        what = (f"loss=rpg divergence={loss.divergence} form={loss.form} beta={loss.beta} clip={loss.clip}"
+                + (" compiled" if loss.compile else "") if settings.loss_name == "rpg"
+                else f"loss=grpo_corrected beta={loss.beta}")
     else:
         what = f"loss=verl:{pl.get('loss_mode', 'vanilla')}"
     ref = settings.reference
@@ -516,6 +542,16 @@ def validate_and_apply(cfg) -> RPGSettings:
     block = OmegaConf.select(cfg, "rpg")
     if block is None:
         _fail("the config has no rpg: block; use recipe/rpg/config/rpg_trainer.yaml")
-    settings = parse_rpg_settings(block)
-    apply_to_verl_config(cfg, settings)
-    return settings
+    return apply_to_verl_config(cfg, parse_rpg_settings(block))
+
+
+def settings_table() -> str:
+    """The loss settings as a markdown table (docs/verl-integration.md holds it; a test checks it is
+    current): key, default and allowed values from ``RPGLossConfig``'s fields and ``RULES``."""
+    from rpg.losses import RULES
+
+    rows = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(RPGLossConfig):
+        allowed = "; ".join(r.expected for r in RULES if r.field == f.name)
+        rows.append(f"| `{loss_key(f.name)}` | `{f.default!r}` | {allowed} | {f.metadata.get('doc', '')} |")
+    return "\n".join(rows)

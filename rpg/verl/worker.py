@@ -4,7 +4,8 @@ Swapped in by ``RPGTrainer._init_resource_pool_mgr`` (the pattern verl's own sep
 trainer uses with ``DetachActorWorker``). Additions:
 
 * loss install (``init_model``): for ``policy_loss.loss_mode`` in {rpg, grpo_corrected} the actor
-  loss becomes ``rpg.verl.actor_loss.rpg_actor_loss`` (sees ``ref_log_prob``); for
+  loss becomes ``rpg.verl.actor_loss.rpg_actor_loss`` (verl's ``ppo_loss`` handing
+  ``ref_log_prob`` to the registered RPG policy loss, verl's own KL term off); for
   ``rpg.loss.name=verl`` with a KL loss anchored on pi_old it becomes
   ``verl_loss_with_sampler_kl``. Otherwise verl's ``ppo_loss`` stays.
 * reference weight copy (``sync_ref_from_actor``, ONE_TO_ALL): each rank copies its local shards
@@ -56,14 +57,14 @@ class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
         pl = self.config.actor.policy_loss
         actor_config = self.loss_fn.keywords["config"]
         if pl.get("loss_mode") in ("rpg", "grpo_corrected"):
-            from rpg.verl.actor_loss import rpg_actor_loss
+            from rpg.verl.actor_loss import rpg_actor_loss, with_kl_loss
 
-            self.loss_fn = partial(rpg_actor_loss, config=actor_config)
+            self.loss_fn = partial(rpg_actor_loss, config=with_kl_loss(actor_config, False))
             self.actor.set_loss_fn(self.loss_fn)
         elif pl.get("rpg_sampler_kl", False):
-            from rpg.verl.actor_loss import verl_loss_with_sampler_kl, with_kl_loss_enabled
+            from rpg.verl.actor_loss import verl_loss_with_sampler_kl, with_kl_loss
 
-            self.loss_fn = partial(verl_loss_with_sampler_kl, config=with_kl_loss_enabled(actor_config))
+            self.loss_fn = partial(verl_loss_with_sampler_kl, config=with_kl_loss(actor_config, True))
             self.actor.set_loss_fn(self.loss_fn)
         if is_schedule_free(self._optimizer()):
             self._optimizer().train()
