@@ -43,7 +43,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from rpg.losses import RPGLossConfig, RPGLossConfigError
+from rpg.losses import FORMS, RPGLossConfig, RPGLossConfigError
 
 LOSS_NAMES = ("rpg", "grpo_corrected", "verl")
 # RPGLossConfig fields that verl's actor config already holds: the loss reads them from
@@ -92,9 +92,8 @@ def loss_config(actor, loss_agg_mode: str | None = None) -> RPGLossConfig:
     exactly what a worker would; a broken rule raises ``RPGLossConfigError`` (its field, value and
     what is allowed). ``loss_agg_mode``: the value verl hands the policy loss (default: the actor's).
 
-    ``grpo_corrected`` reads beta, kl_clamp and log_ratio_guard; its KL term w * k3 is fully
-    differentiable (Sec. 2.2), so it is validated as ``form=differentiable`` (a value-only
-    ``kl_clamp`` is allowed there, as for RPG-X).
+    ``grpo_corrected`` reads beta, kl_clamp and log_ratio_guard (``_for_loss``: validated as the
+    differentiable form, so a value-only ``kl_clamp`` is allowed there, as for RPG-X).
     """
     pl = actor.get("policy_loss", None)
     values = None if pl is None else pl.get("rpg_loss", None)
@@ -108,9 +107,16 @@ def loss_config(actor, loss_agg_mode: str | None = None) -> RPGLossConfig:
         value = loss_agg_mode if field == "loss_agg_mode" and loss_agg_mode is not None else _actor_value(actor, field)
         if value is not None:
             values[field] = value
-    if pl.get("loss_mode", None) == "grpo_corrected":
-        values["form"] = "differentiable"
-    return RPGLossConfig(**values)
+    return RPGLossConfig(**_for_loss(pl.get("loss_mode", None), values))
+
+
+def _for_loss(name: str | None, values: dict) -> dict:
+    """``values`` as the loss ``name`` reads them: grpo_corrected's KL term w * k3 is fully differentiable
+    (Sec. 2.2), so it is validated as ``form=differentiable`` (a valid form given is not used by it; an
+    invalid one is still refused)."""
+    if name == "grpo_corrected" and values.get("form", "reinforce") in FORMS:
+        return {**values, "form": "differentiable"}
+    return values
 
 
 def _loss_error(e: RPGLossConfigError) -> RPGConfigError:
@@ -219,10 +225,8 @@ def parse_rpg_settings(block: Any) -> RPGSettings:
     ref = _mapping("rpg.reference", top.get("reference"), _REF_KEYS)
     d_ref = ReferenceSettings()
     name = _choice("rpg.loss.name", loss.pop("name", "rpg"), LOSS_NAMES)
-    if name == "grpo_corrected":
-        loss["form"] = "differentiable"  # as loss_config validates it
     try:
-        loss_s = RPGLossConfig(**loss)
+        loss_s = RPGLossConfig(**_for_loss(name, loss))
     except RPGLossConfigError as e:
         raise _loss_error(e) from None
     if loss_s.compile and name != "rpg":
