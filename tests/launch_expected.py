@@ -131,3 +131,22 @@ def rows(text: str) -> list[dict]:
 ROWS_7B = rows(EXPECTED_7B)
 ROWS_4B = rows(EXPECTED_4B)
 ALL_ROWS = ROWS_7B + ROWS_4B
+
+
+def effective(overrides) -> dict[str, str]:
+    """A run's settings as strings: the recipe YAML and the paper setup, then ``overrides`` (later wins).
+    Keys the YAML does not hold come from the overrides alone (verl's defaults are not filled in)."""
+    from omegaconf import OmegaConf
+
+    from rpg.launch.variants import _recipe_yaml
+
+    def flat(d, prefix=""):
+        for k, val in d.items():
+            yield from (flat(val, f"{prefix}{k}.") if isinstance(val, dict) else [(f"{prefix}{k}", str(val))])
+
+    out = dict(flat(OmegaConf.to_container(_recipe_yaml(), resolve=False)))
+    for o in overrides:
+        if "=" in o:
+            k, v = o.split("=", 1)
+            out[k.lstrip("+")] = v
+    return out

@@ -244,3 +244,14 @@ def test_describe_and_list(capsys):
     assert main(["--list"], _env()) == 0
     table = capsys.readouterr().out
     assert table.count("\n| `run_") == len(ALL_ROWS)
+
+
+def test_describe_shows_the_names_overrides_and_full_config_on_request(capsys):
+    name = "run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28"
+    assert main(["--describe", name], _env()) == 0
+    out = capsys.readouterr().out
+    assert "overrides of the name" in out and "+paper=default" in out and "rpg.loss.divergence=urkl" in out
+    assert "data.train_batch_size" not in out  # a paper constant: in the paper setup, not in the overrides
+    assert main(["--describe", name, "--full"], _env()) == 0
+    full = capsys.readouterr().out
+    assert "# ---- the full resolved config" in full and "train_batch_size: 512" in full and "divergence: urkl" in full

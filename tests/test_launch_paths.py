@@ -12,7 +12,7 @@ from rpg.launch.variants import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = "http://127.0.0.1:8265"
-DIVERGENCE_LINE = "rpg config error: rpg.loss.divergence='js' is invalid; allowed values: fkl, rkl, ufkl, urkl"
+DIVERGENCE_LINE = "rpg config error: rpg.loss.divergence='js' is invalid: expected one of fkl, rkl, ufkl, urkl"
 
 
 def test_dry_run_bad_rpg_value_is_the_drivers_one_line(capsys):

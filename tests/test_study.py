@@ -20,11 +20,9 @@ SMALL = G.Sizes(steps=4, test_freq=2, prompts=16, n=4, val_n=4)
 
 
 def _kv(overrides: list[str]) -> dict[str, str]:
-    out = {}
-    for o in overrides:
-        k, v = o.split("=", 1)
-        out[k.lstrip("+")] = v
-    return out
+    from launch_expected import effective
+
+    return effective(overrides)
 
 
 # ---- the grid ----

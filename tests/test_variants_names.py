@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from launch_expected import ALL_ROWS, CONTEXT_TABLES, ROWS_4B, ROWS_7B
+from launch_expected import ALL_ROWS, CONTEXT_TABLES, ROWS_4B, ROWS_7B, effective
 
 from rpg.launch.variants import GRAMMAR, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
 
@@ -15,7 +15,18 @@ RECIPE = ROOT / "recipe" / "rpg"
 
 
 def _ov(v) -> dict[str, str]:
-    return {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in to_overrides(v)}
+    """The run's effective settings: the recipe YAML and the paper setup, then the script's overrides."""
+    return effective(to_overrides(v))
+
+
+def test_script_overrides_say_only_what_the_name_changes():
+    """No override restates a value of the recipe YAML or the paper setup (one place per constant)."""
+    from rpg.launch.variants import PAPER_SETUP, without_defaults
+
+    for name in known_names():
+        ov = to_overrides(parse(name))
+        assert ov[0] == PAPER_SETUP and without_defaults(ov[1:]) == ov[1:], name
+        assert len(ov) <= 20, (name, len(ov))
 
 
 def test_script_sets_match_the_expected_tables():

@@ -335,7 +335,7 @@ def _missing_files(overrides: Sequence[str]) -> list[str]:
 
 
 USAGE = f"""usage: python -m rpg.launch RUN_NAME [hydra overrides ...]   (or recipe/rpg/{{7b,4b}}/RUN_NAME.sh [overrides])
-       python -m rpg.launch --describe RUN_NAME [--gpu-mem-gib G] [--host-mem-gib H] [hydra overrides ...] | --list
+       python -m rpg.launch --describe RUN_NAME [--full] [--gpu-mem-gib G] [--host-mem-gib H] [hydra overrides ...] | --list
 environment: DRY_RUN=1, RPG_GPU_MEM_GIB, RPG_HOST_MEM_GIB, RPG_BACKEND=cpu, RAY_ADDRESS, MODEL_PATH, DATA_DIR, TRAIN_FILE, VAL_FILES, CKPTS_DIR,
              NNODES, N_GPUS_PER_NODE, LOGGER, PROJECT_NAME, EXP_NAME (docs/launch-scripts.md)
 run names:
@@ -469,31 +469,42 @@ def _mem_sizes(env: Mapping[str, str], gpu_cli: str | None = None, host_cli: str
 
 
 def _describe(args: list[str], env: dict[str, str]) -> int:
-    """``--describe NAME [--gpu-mem-gib G] [--host-mem-gib H] [overrides]``: the variant, then the memory
-    and disk estimate of the config the launcher would compose (environment and overrides included)."""
+    """``--describe NAME [--full] [--gpu-mem-gib G] [--host-mem-gib H] [overrides]``: the variant, the
+    overrides its name sets (the rest is the recipe YAML and the paper setup), with ``--full`` the whole
+    resolved config, then the memory and disk estimate of the config the launcher would compose
+    (environment and overrides included)."""
     cli: dict[str, str | None] = {"--gpu-mem-gib": None, "--host-mem-gib": None}
     examples = {"--gpu-mem-gib": "the GPU's memory in GiB (e.g. --gpu-mem-gib 80)",
                 "--host-mem-gib": "the node's RAM in GiB (e.g. --host-mem-gib 1024)"}
-    rest = []
+    rest, full = [], False
     it = iter(args)
     for a in it:
         flag = a.split("=", 1)[0]
-        if flag in cli:
+        if a == "--full":
+            full = True
+        elif flag in cli:
             cli[flag] = a.split("=", 1)[1] if "=" in a else next(it, None)
             if cli[flag] is None:
                 raise LaunchError(f"{flag} needs a value, {examples[flag]}")
         else:
             rest.append(a)
     if not rest or rest[0].startswith("-"):
-        raise LaunchError("--describe takes one run name (then optionally --gpu-mem-gib G, --host-mem-gib H "
+        raise LaunchError("--describe takes one run name (then optionally --full, --gpu-mem-gib G, --host-mem-gib H "
                           "and Hydra overrides)")
     sizes = _mem_sizes(env, cli["--gpu-mem-gib"], cli["--host-mem-gib"])
     v = parse(rest[0])
     print(describe_variant(v), flush=True)
+    print(f"  overrides of the name (on {CONFIG_DIR / CONFIG_NAME}.yaml + {CONFIG_DIR / 'paper' / 'default.yaml'}):\n    "
+          + " ".join(to_overrides(v)), flush=True)
     root = project_root()
     overrides, _ = plan_overrides(v, env, rest[1:], root=root, cwd=Path.cwd())
     with contextlib.redirect_stdout(io.StringIO()):  # the driver checks' own report
         cfg, _ = compose(overrides, root)
+    if full:
+        from omegaconf import OmegaConf
+
+        print("# ---- the full resolved config (as the driver hands it to verl) ----")
+        print(OmegaConf.to_yaml(cfg, resolve=True), end="")
     print(memory_report(cfg, sizes))
     return 0
 

@@ -263,45 +263,31 @@ def _b(x: bool) -> str:
     return "True" if x else "False"
 
 
-def to_overrides(v: Variant) -> list[str]:
-    """Hydra overrides (on top of recipe/rpg/config/rpg_trainer.yaml) for the variant's settings.
+RECIPE_CONFIG = Path(__file__).resolve().parents[2] / "recipe" / "rpg" / "config"
+PAPER_SETUP = "+paper=default"  # recipe/rpg/config/paper/default.yaml: the setup every paper run shares
 
-    Paths, model path, cluster size, loggers and names are added by ``rpg.launch``.
+
+def to_overrides(v: Variant) -> list[str]:
+    """Hydra overrides for the variant: the paper's shared setup (``PAPER_SETUP``), then what the name
+    changes, minus any value the recipe's YAML already states (``without_defaults``).
+
+    Paths, model path, cluster size, loggers and names are added by ``rpg.launch.cli``.
     """
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     P, L, T = v.max_prompt_length, v.max_response_length, v.max_tokens_per_gpu
     ov = [
-        # data (App. H and the authors' scripts): 512 prompts per step, left truncation, seed 1 (old verl default)
-        "data.prompt_key=prompt", "data.truncation=left", f"data.max_prompt_length={P}",
-        f"data.max_response_length={L}", "data.train_batch_size=512", "data.shuffle=True", "data.seed=1",
-        # model
-        "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
-        # actor: 32-prompt global mini-batches (16 updates per step), dynamic batching, c = 10
-        f"{a}.ppo_mini_batch_size=32", f"{a}.ppo_epochs=1", f"{a}.use_dynamic_bsz=True",
-        f"{a}.ppo_max_token_len_per_gpu={T}", f"{a}.clip_ratio_low={v.eps_low}", f"{a}.clip_ratio_high={v.eps_high}",
-        f"{a}.clip_ratio_c={v.clip_c}", f"{a}.loss_agg_mode=token-mean", f"{a}.entropy_coeff=0.0",
-        f"{a}.grad_clip=1.0", f"{a}.optim.clip_grad=1.0", f"{a}.optim.lr={v.lr}", f"{a}.optim.lr_warmup_steps=10",
-        f"{a}.optim.weight_decay=0.1", f"{a}.optim.lr_scheduler_type=constant",
-        f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={T}",
-        # rollout: vLLM, n = 16 at temperature 1; evaluation mean@32 (Sec. 5), temperature 1 as the authors' scripts
-        f"{r}.name=vllm", f"{r}.n=16", f"{r}.temperature=1.0", f"{r}.top_p=1.0", f"{r}.top_k=-1",
-        f"{r}.tensor_model_parallel_size=1", f"{r}.enforce_eager=False",
-        f"{r}.enable_chunked_prefill=True", f"{r}.max_num_batched_tokens={P + L}",
-        f"{r}.log_prob_max_token_len_per_gpu={T}",
-        f"{r}.val_kwargs.n=32", f"{r}.val_kwargs.do_sample=True", f"{r}.val_kwargs.temperature=1.0",
-        f"{r}.val_kwargs.top_p=1.0", f"{r}.val_kwargs.top_k=-1",
-        # reward: verl's DAPO reward manager (overlong shaping) over rpg.reward's router
-        "reward.reward_manager.name=dapo",
+        # context: prompt + response lengths and the token budgets that follow from them
+        f"data.max_prompt_length={P}", f"data.max_response_length={L}", f"{a}.ppo_max_token_len_per_gpu={T}",
+        f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={T}", f"{r}.log_prob_max_token_len_per_gpu={T}",
+        f"{r}.max_num_batched_tokens={P + L}",
+        # clip ratios, c and lr of the method
+        f"{a}.clip_ratio_low={v.eps_low}", f"{a}.clip_ratio_high={v.eps_high}", f"{a}.clip_ratio_c={v.clip_c}",
+        f"{a}.optim.lr={v.lr}",
+        # reward shaping, advantage, dynamic sampling (verl v1 refills dropped groups)
         f"reward.reward_kwargs.overlong_buffer_cfg.enable={_b(v.overlong)}",
         f"reward.reward_kwargs.overlong_buffer_cfg.len={v.overlong_buffer}",
-        "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
-        # advantage, dynamic sampling (verl v1 refills dropped groups; max_num_gen_batches is ignored there)
         f"algorithm.adv_estimator={v.adv_estimator}", f"algorithm.norm_adv_by_std_in_grpo={_b(v.norm_adv_by_std)}",
-        "algorithm.use_kl_in_reward=False",
-        f"algorithm.filter_groups.enable={_b(v.filtering)}", "algorithm.filter_groups.metric=acc",
-        # schedule: exactly 400 steps (the epoch cap never binds), eval every 10 steps incl. step 0
-        "trainer.total_training_steps=400", "trainer.total_epochs=1000", "trainer.val_before_train=True",
-        "trainer.test_freq=10", "trainer.save_freq=20", "trainer.max_actor_ckpt_to_keep=1", "trainer.resume_mode=auto",
+        f"algorithm.filter_groups.enable={_b(v.filtering)}",
         # rpg block
         f"rpg.loss.name={v.loss}", f"rpg.reference.mode={v.reference_mode}", f"rpg.optimizer={v.optimizer}",
     ]
@@ -310,14 +296,41 @@ def to_overrides(v: Variant) -> list[str]:
     if v.loss == "rpg":
         ov += [
             f"rpg.loss.divergence={v.divergence or 'ufkl'}",  # beta = 0: the divergence is unused
-            f"rpg.loss.form={v.form}", f"rpg.loss.beta={v.beta}", f"rpg.loss.clip={_b(v.clip)}",
-            "rpg.loss.branch_on=regularized", "rpg.loss.fd_clip=reward", f"{a}.use_kl_loss=False",
+            f"rpg.loss.form={v.form}", f"rpg.loss.beta={v.beta}", f"rpg.loss.clip={_b(v.clip)}", f"{a}.use_kl_loss=False",
         ]
     elif v.kl_type is None:
         ov.append(f"{a}.use_kl_loss=False")
     else:
         ov += [f"{a}.use_kl_loss=True", f"{a}.kl_loss_type={v.kl_type}", f"{a}.kl_loss_coef={v.beta}"]
-    return ov + memory_overrides(v)
+    return [PAPER_SETUP, *without_defaults(ov + memory_overrides(v))]
+
+
+def without_defaults(overrides: list[str]) -> list[str]:
+    """``overrides`` minus those that restate a value of the recipe's YAML (rpg_trainer.yaml and the paper
+    setup): same key, same value and type (parsed by Hydra's override parser), so a script's overrides
+    say only what its name changes. Keys the YAML does not hold (verl's own defaults) are kept."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    yaml = _recipe_yaml()
+    missing = object()
+    kept = []
+    for o, parsed in zip(overrides, OverridesParser.create().parse_overrides(overrides)):
+        current = OmegaConf.select(yaml, parsed.key_or_group, default=missing)
+        value = parsed.value()
+        if current is missing or parsed.is_add() or type(current) is not type(value) or current != value:
+            kept.append(o)
+    return kept
+
+
+def _recipe_yaml():
+    """rpg_trainer.yaml's own keys merged with the paper setup (verl's defaults are not needed here)."""
+    from omegaconf import OmegaConf
+
+    base = OmegaConf.load(RECIPE_CONFIG / "rpg_trainer.yaml")
+    base.pop("defaults", None)
+    base.pop("hydra", None)
+    return OmegaConf.merge(base, OmegaConf.load(RECIPE_CONFIG / "paper" / "default.yaml"))
 
 
 # ----------------------------------------------------------------------------- memory (launch settings only)

@@ -7,8 +7,7 @@ RPG recipe's e2e tests and the variant launcher) takes these from here; never co
     env = {**os.environ, **cpu_env()}
     argv = [sys.executable, "-m", "verl.trainer.main_ppo", *cpu_overrides(), *your_overrides]
 
-Why each item is needed is written next to it (details: docs/cpu-backend.md and
-shared/spec/CPU_BACKEND_NOTES.md). Model/data/batch-size choices are *not* here: they belong to
+Why each item is needed is written next to it (details: docs/cpu-backend.md). Model/data/batch-size choices are *not* here: they belong to
 the run (see rpg.tiny.overrides for the tiny demo).
 """
 
