@@ -141,3 +141,11 @@ def test_docs_settings_table_is_generated_from_the_dataclass():
     end = doc.index("\n<!-- end of settings table -->")
     current = doc[start:end].split("\n", 1)[1]
     assert current == S.settings_table(), "regenerate the table with rpg.verl.settings.settings_table()"
+
+
+def test_shipped_yaml_states_the_other_rpg_defaults():
+    """rpg.reference / optimizer / validation: the YAML's values are the parser's defaults (an empty block
+    parses to the same settings as the shipped one)."""
+    shipped = parse_rpg_settings(OmegaConf.to_container(OmegaConf.load(YAML).rpg))
+    assert shipped == dataclasses.replace(parse_rpg_settings({}), reward_function=shipped.reward_function)
+    assert shipped.reward_function == "rpg.reward:compute_score"
