@@ -333,7 +333,8 @@ def rpg_policy_loss(
 
 
 def grpo_corrected_kl(
-    *, log_prob: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, log_ratio_guard: float = 60.0
+    *, log_prob: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor,
+    log_ratio_guard: float = RPGLossConfig.log_ratio_guard,
 ) -> torch.Tensor:
     """GRPO's KL term with the paper's importance-weight correction (Sec. 2.2), per token.
 
