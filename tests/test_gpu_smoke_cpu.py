@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg.backends.gpu import checks, smoke
+from rpg.backends.gpu import smoke, smoke_checks as checks
 from rpg.backends.gpu.settings import (ALGORITHM, REGISTER_MODULE, SmokeSettingsError, check_settings, gpu_env,
                                        gpu_overrides)
 

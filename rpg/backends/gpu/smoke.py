@@ -14,7 +14,7 @@ offload, periodic reference reset, schedule-free AdamW):
 
 It prints a progress line per step, then the time per phase (verl's ``timing_s/*``), the actor's
 peak GPU memory (verl's ``actor/perf/max_memory_*_gb``) and the node's peak GPU memory in use
-(nvidia-smi, vLLM's memory included), and checks (rpg.backends.gpu.checks): no non-finite metric,
+(nvidia-smi, vLLM's memory included), and checks (rpg.backends.gpu.smoke_checks): no non-finite metric,
 the importance ratio leaves 1 and the KL estimate leaves 0, each update changes the actor, each
 reference reset makes the reference compute what the actor computes, and the resumed run goes on
 from the checkpoint's step. Each failure is one line; exit 1 if any, 2 for a bad setting (before
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from rpg.backends.cpu.harness import TrainerRun, TrainerRunError, run_trainer
 from rpg.backends.cpu.run import StartupProgress, progress
-from rpg.backends.gpu import checks
+from rpg.backends.gpu import smoke_checks
 from rpg.backends.gpu.settings import (ALGORITHM, REGISTER_MODULE, ROLLOUTS, SmokeSettingsError, check_settings,
                                        gpu_overrides, head_dim, head_dim_problem)
 
@@ -199,21 +199,21 @@ def main(argv: list[str] | None = None) -> int:
                     "output_dir": str(out), "device_peak_mib": device_peak}
     if len(runs) == 2:
         (first_run, resumed) = runs.values()
-        s1, s2 = checks.training_steps(first_run.metrics), checks.training_steps(resumed.metrics)
+        s1, s2 = smoke_checks.training_steps(first_run.metrics), smoke_checks.training_steps(resumed.metrics)
         if s1 != list(range(1, args.steps + 1)):
             failures.append(f"run 1 trained steps {s1}, expected 1..{args.steps}")
-        failures += checks.check_training(first_run.metrics, s1)
-        failures += checks.resumed_from(resumed.metrics, args.steps)
-        failures += checks.check_training(resumed.metrics, s2)
+        failures += smoke_checks.check_training(first_run.metrics, s1)
+        failures += smoke_checks.resumed_from(resumed.metrics, args.steps)
+        failures += smoke_checks.check_training(resumed.metrics, s2)
         if args.rollout == "hf":
-            failures += checks.hf_rollout_on_gpu(first_run.log) + checks.hf_rollout_on_gpu(resumed.log)
+            failures += smoke_checks.hf_rollout_on_gpu(first_run.log) + smoke_checks.hf_rollout_on_gpu(resumed.log)
         for name, run, steps in (("run 1", first_run, s1), ("run 2 (resumed)", resumed, s2)):
             say(f"{name}: {len(steps)} steps in {run.wall_time_s:.0f} s")
-            for line in checks.summary_lines(run.metrics, steps):
+            for line in smoke_checks.summary_lines(run.metrics, steps):
                 say(f"  {line}")
             report[name] = {"steps": steps, "wall_time_s": round(run.wall_time_s, 1),
-                            "phases_s": checks.phase_times(run.metrics, steps),
-                            **{key: checks.peak(run.metrics, key) for _, key in checks.MEMORY}}
+                            "phases_s": smoke_checks.phase_times(run.metrics, steps),
+                            **{key: smoke_checks.peak(run.metrics, key) for _, key in smoke_checks.MEMORY}}
     for gpu, mib in sorted(device_peak.items()):
         say(f"GPU {gpu}: peak memory in use {mib / 1024:.2f} GiB (nvidia-smi, every process)")
     report["failures"] = failures
