@@ -24,7 +24,6 @@ anything starts), 0 otherwise. Every ``key=value`` argument is passed to Hydra l
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -36,6 +35,7 @@ from pathlib import Path
 from rpg.backends.cpu.harness import TrainerRun, TrainerRunError, run_trainer
 from rpg.backends.cpu.run import StartupProgress, progress
 from rpg.backends.gpu import smoke_checks
+from rpg.backends.gpu.preflight import ATTN_KEY, GpuProbe, cuda_problem, driver_problem
 from rpg.backends.gpu.settings import (ALGORITHM, REGISTER_MODULE, ROLLOUTS, SmokeSettingsError, check_settings,
                                        gpu_overrides, head_dim, head_dim_problem)
 
@@ -48,7 +48,6 @@ STARTUP_STAGES = (
     ("LLMServerManager:", "rollout server(s) ready; syncing weights"),
     ("all initialize finished", "all workers ready; validating before training"),
 )
-ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
 NVIDIA_SMI_EVERY_S = 2.0
 
 
@@ -98,19 +97,23 @@ class GpuMemoryPeak:
         return dict(self.peak_mib)
 
 
-def preflight(rollout: str, gpus: int, user: list[str]) -> None:
-    """What must hold before Ray starts; SmokeSettingsError (one line) otherwise."""
-    import torch
-
-    found = torch.cuda.device_count()
-    if found < gpus:
-        raise SmokeSettingsError(f"GPUS={gpus} needs {gpus} CUDA GPU(s); torch {torch.__version__} "
-                                 f"(CUDA {torch.version.cuda}) sees {found}")
-    if rollout == "vllm" and importlib.util.find_spec("vllm") is None:
+def preflight(rollout: str, gpus: int, user: list[str], probe: GpuProbe | None = None) -> None:
+    """What must hold before Ray starts, phrased in the smoke run's settings; SmokeSettingsError (one
+    line) otherwise. ``probe``: this node's facts (``rpg.backends.gpu.preflight``; tests pass their own).
+    The driver then applies the same node rules to the composed config."""
+    probe = probe or GpuProbe.of_this_node()
+    unusable = driver_problem(probe) or cuda_problem(probe)
+    if unusable:
+        raise SmokeSettingsError(unusable)
+    if probe.visible_gpus < gpus:
+        raise SmokeSettingsError(f"GPUS={gpus} needs {gpus} CUDA GPU(s); torch (CUDA {probe.torch_cuda}) "
+                                 f"sees {probe.visible_gpus}")
+    if rollout == "vllm" and "vllm" not in probe.importable:
         raise SmokeSettingsError("ROLLOUT=vllm needs vLLM (pip install -e '.[gpu]'); ROLLOUT=hf runs without it")
-    if importlib.util.find_spec("flash_attn") is None and not any(ATTN_KEY in o for o in user):
+    if "flash_attn" not in probe.importable and not any(ATTN_KEY in o for o in user):
         raise SmokeSettingsError(f"flash-attn is not installed (the actor's attention, verl's default "
-                                 f"flash_attention_2): install the gpu extra, or pass +{ATTN_KEY}=sdpa")
+                                 f"flash_attention_2): install its wheel (README.md#set-up), or pass "
+                                 f"+{ATTN_KEY}=sdpa")
 
 
 def run_overrides(assets, args, *, first: bool, ckpt: Path) -> list[str]:
