@@ -3,5 +3,5 @@
 
 Importing this package does nothing; ``settings`` holds the smoke run's GPU overrides,
 ``smoke_checks`` the pure pass/fail rules on its metrics, ``register`` the CUDA registration of
-``rollout.name=hf``.
+``rollout.name=hf``, ``preflight`` the checks of this node that the driver runs before Ray.
 """
