@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import runpy
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from rpg.backends.gpu import checks, smoke
+from rpg.backends.gpu import smoke, smoke_checks as checks
+from rpg.backends.gpu.preflight import GpuProbe
 from rpg.backends.gpu.settings import (ALGORITHM, REGISTER_MODULE, SmokeSettingsError, check_settings, gpu_env,
                                        gpu_overrides)
 
@@ -204,17 +206,21 @@ def test_cli_refuses_bad_input_with_one_line_and_exit_2(argv, fragment, capsys):
     assert len(err) == 1 and fragment in err[0]
 
 
-def test_preflight_names_what_is_missing(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    with pytest.raises(SmokeSettingsError, match="needs 1 CUDA GPU"):
-        smoke.preflight("hf", 1, [])
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(smoke.importlib.util, "find_spec", lambda name: None)
+def test_preflight_names_what_is_missing():
+    node = GpuProbe(cuda_available=True, visible_gpus=1, torch_cuda="13.0", driver_cuda="13.0")
+    with pytest.raises(SmokeSettingsError, match="needs 2 CUDA GPU"):
+        smoke.preflight("hf", 2, [], node)
+    with pytest.raises(SmokeSettingsError, match="CUDA is not available"):
+        smoke.preflight("hf", 1, [], replace(node, cuda_available=False, visible_gpus=0))
+    with pytest.raises(SmokeSettingsError, match="the NVIDIA driver supports CUDA up to 12.8"):
+        smoke.preflight("hf", 1, [], replace(node, cuda_available=False, visible_gpus=0, driver_cuda="12.8"))
+    bare = replace(node, importable=frozenset())
     with pytest.raises(SmokeSettingsError, match="ROLLOUT=vllm needs vLLM"):
-        smoke.preflight("vllm", 1, [])
+        smoke.preflight("vllm", 1, [], bare)
     with pytest.raises(SmokeSettingsError, match="flash-attn is not installed"):
-        smoke.preflight("hf", 1, [])
-    smoke.preflight("hf", 1, [f"+{smoke.ATTN_KEY}=sdpa"])  # the documented escape
+        smoke.preflight("hf", 1, [], bare)
+    smoke.preflight("hf", 1, [f"+{smoke.ATTN_KEY}=sdpa"], bare)  # the documented escape
+    smoke.preflight("vllm", 1, [], node)
 
 
 class FakeRuns:

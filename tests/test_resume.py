@@ -68,10 +68,12 @@ def _cfg(tmp_path: Path, *overrides: str):
 
 @pytest.fixture(autouse=True)
 def _no_verl_batch_checks(monkeypatch):
-    """prepare_config ends with verl's validate_config (batch sizes, irrelevant here)."""
+    """prepare_config ends with verl's validate_config (batch sizes, irrelevant here) and checks this
+    node's GPUs first (verl runs trainer.device=cpu on CUDA unless VERL_PLATFORM=cpu; irrelevant here)."""
     import rpg.verl.main
 
     monkeypatch.setattr(rpg.verl.main, "validate_config", lambda **kwargs: None)
+    monkeypatch.setattr(rpg.verl.main, "check_gpu_node", lambda *args, **kwargs: None)
 
 
 def _prepare(cfg):

@@ -10,7 +10,9 @@ Modes (environment variables; defaults in brackets):
   run the driver-side checks (``rpg.verl.main.prepare_config``: the ``rpg:`` validation and
   translation, then verl 0.9.1's ``validate_config``), print it and the command, exit. No Ray,
   no GPU. A bad value is the driver's one line (exit 2); a missing input path (data file, local
-  model, ...: ``rpg.verl.preflight``) is a warning, since a dry run may be made away from the data.
+  model, ...: ``rpg.verl.preflight``) is a warning, since a dry run may be made away from the data,
+  and so is each refusal the driver would make on this node (no CUDA, too few GPUs, an old driver,
+  no vLLM or flash-attn: ``rpg.backends.gpu.preflight``), since it may be made on a laptop.
 * ``RPG_BACKEND=cpu``: the same overrides on the CPU backend (``rpg.backends.cpu``) with the tiny
   model/task of ``rpg.tiny`` replacing model, data and sizes; the variant's algorithm settings stay.
   Runs through ``rpg.backends.cpu.harness`` (output in ``OUT_DIR``).
@@ -254,7 +256,8 @@ def compose(overrides: Sequence[str], root: Path | None = None):
     driver-side checks (``rpg.verl.main.prepare_config``: rpg validation + verl's validate_config).
 
     Returns ``(cfg, settings)``; raises the checks' errors (``RPGConfigError`` for the rpg block).
-    Input paths are not checked here (see ``rpg.verl.preflight.input_path_problems``).
+    Input paths and this node's GPUs are not checked here (``rpg.verl.preflight.input_path_problems``,
+    ``gpu_node_warnings``).
     """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -267,7 +270,7 @@ def compose(overrides: Sequence[str], root: Path | None = None):
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(root / CONFIG_DIR), version_base=None):
         cfg = hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
-    settings = prepare_config(cfg, check_paths=False)  # missing paths: the caller's warning or note
+    settings = prepare_config(cfg, check_paths=False, check_node=False)  # the caller's warning or note
     return cfg, settings
 
 
@@ -392,7 +395,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     else:
         cmd = local_command(overrides, root)
     if dry:
-        return _dry_run(v, overrides, cmd, root, sizes=_mem_sizes(env), run_root=cluster_root(env, root))
+        return _dry_run(v, overrides, cmd, root, sizes=_mem_sizes(env), run_root=cluster_root(env, root), gpu_env=env)
     missing = [] if env.get("RAY_ADDRESS", "").strip() else _missing_files(overrides)
     if missing:
         raise LaunchError(f"data file(s) not found: {', '.join(missing)}; prepare them with "
@@ -412,23 +415,35 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
 
 
 def _dry_run(v: Variant, overrides: Sequence[str], cmd: Sequence[str], root: Path, *,
-            sizes: tuple[float, float] | None = None, run_root: Path | None = None) -> int:
+            sizes: tuple[float, float] | None = None, run_root: Path | None = None,
+            gpu_env: Mapping[str, str] | None = None) -> int:
     """sizes: (GPU, node RAM) in GiB for the memory estimate (None: no estimate, e.g. the CPU backend); run_root:
-    the root the driver runs from (RPG_CLUSTER_ROOT for a Ray submission; default: root)."""
+    the root the driver runs from (RPG_CLUSTER_ROOT for a Ray submission; default: root); gpu_env: the launch
+    environment, to warn about what this node lacks for the GPU run (None: the CPU backend, no GPU checks)."""
     from omegaconf import OmegaConf
 
     print(f"# {describe_variant(v)}".replace("\n", "\n# "))
-    cfg, _ = compose(overrides, root)
+    cfg, settings = compose(overrides, root)
     if not any(override_key(o) == REWARD_PATH for o in overrides):
         _show_cluster_reward_path(cfg, root, run_root or root)
     print("# command: " + " ".join(cmd[:2]) + " \\\n#   " + " \\\n#   ".join(cmd[2:]))
-    for problem in input_path_problems(cfg):
+    problems = input_path_problems(cfg) + ([] if gpu_env is None else gpu_node_warnings(cfg, settings, gpu_env))
+    for problem in problems:
         print(f"rpg.launch: warning: {problem}", file=sys.stderr, flush=True)
     print("# ---- composed and validated config (DRY_RUN=1: nothing was started) ----")
     print(OmegaConf.to_yaml(cfg, resolve=True), end="")
     if sizes is not None:  # last, where a terminal shows it; '# ' keeps the output valid YAML
         print("# ---- " + memory_report(cfg, sizes, unavailable_ok=True).replace("\n", "\n# "))
     return 0
+
+
+def gpu_node_warnings(cfg, settings, env: Mapping[str, str]) -> list[str]:
+    """What the driver would refuse on this node for the GPU run, then the version notes
+    (``rpg.backends.gpu.preflight``); DRY_RUN=1 prints them as warnings and still exits 0."""
+    from rpg.backends.gpu.preflight import node_report
+
+    report = node_report(cfg, settings, env)
+    return [] if report is None else [*report.errors, *report.warnings]
 
 
 # ----------------------------------------------------------------------------- memory estimate (rpg.launch.memory)

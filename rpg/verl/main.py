@@ -37,6 +37,7 @@ from verl.utils.device import auto_set_device
 from verl.utils.logging_utils import configure_verl_logging
 
 import rpg.verl.register  # noqa: F401  (registrations in the driver even without the entry point)
+from rpg.backends.gpu.preflight import check_gpu_node
 from rpg.reports.history import PATH_ENV, base_path, claim_segment
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
@@ -95,16 +96,20 @@ def log_segment(config: DictConfig):
             os.environ[PATH_ENV] = before
 
 
-def prepare_config(config: DictConfig, *, check_paths: bool = True) -> RPGSettings:
-    """Everything the driver does before Ray: RPG validation/translation, input paths, verl's checks.
+def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: bool = True) -> RPGSettings:
+    """Everything the driver does before Ray: RPG validation/translation, this node's GPU checks,
+    input paths, verl's checks.
 
     ``check_paths=False``: the caller reports missing paths itself (``rpg.launch`` under DRY_RUN=1
     or before a Ray submission, where the files live on the cluster); the resume checkpoint is
-    then not resolved either (``rpg.verl.preflight.resolve_resume``).
+    then not resolved either (``rpg.verl.preflight.resolve_resume``). ``check_node=False``: the
+    same for this node's GPU checks (``rpg.backends.gpu.preflight``: warnings under DRY_RUN=1).
     """
     auto_set_device(config)
     settings = validate_and_apply(config)
     check_run_names(config)
+    if check_node:
+        check_gpu_node(config, settings)  # GPU backend only: CUDA, GPUs, driver, vLLM, flash-attn; one line each
     if check_paths:
         check_input_paths(config)
         note = resolve_resume(config)  # pins the checkpoint verl loads, or refuses (one line)

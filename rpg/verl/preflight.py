@@ -54,8 +54,11 @@ class InputPathError(RPGConfigError):
 
 
 def error_line(err: Exception) -> str:
-    """The one line the driver and the launcher print for a bad config value (then exit code 2)."""
-    return f"{ERROR_PREFIX}: {err}"
+    """The one line the driver and the launcher print for a bad config value (then exit code 2); an
+    error with ``lines`` (``rpg.backends.gpu.preflight.GpuCheckError``) gives one line per problem,
+    each with the error's own ``prefix``."""
+    prefix = getattr(err, "prefix", ERROR_PREFIX)
+    return "\n".join(f"{prefix}: {line}" for line in (getattr(err, "lines", None) or [str(err)]))
 
 
 def is_remote(value: str) -> bool:

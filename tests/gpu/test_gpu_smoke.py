@@ -1,5 +1,5 @@
 """The GPU smoke run (recipe/rpg/tiny/run_tiny_gpu.sh, rpg.backends.gpu.smoke) end to end: 4 steps
-saved at step 4, resumed for 2, every check of rpg.backends.gpu.checks passing; on one GPU with the
+saved at step 4, resumed for 2, every check of rpg.backends.gpu.smoke_checks passing; on one GPU with the
 HF rollout on CUDA and with vLLM when it imports, and data parallel over 2 GPUs when visible. A few
 minutes each (start-up dominates)."""
 

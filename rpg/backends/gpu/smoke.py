@@ -14,7 +14,7 @@ offload, periodic reference reset, schedule-free AdamW):
 
 It prints a progress line per step, then the time per phase (verl's ``timing_s/*``), the actor's
 peak GPU memory (verl's ``actor/perf/max_memory_*_gb``) and the node's peak GPU memory in use
-(nvidia-smi, vLLM's memory included), and checks (rpg.backends.gpu.checks): no non-finite metric,
+(nvidia-smi, vLLM's memory included), and checks (rpg.backends.gpu.smoke_checks): no non-finite metric,
 the importance ratio leaves 1 and the KL estimate leaves 0, each update changes the actor, each
 reference reset makes the reference compute what the actor computes, and the resumed run goes on
 from the checkpoint's step. Each failure is one line; exit 1 if any, 2 for a bad setting (before
@@ -24,7 +24,6 @@ anything starts), 0 otherwise. Every ``key=value`` argument is passed to Hydra l
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -35,7 +34,8 @@ from pathlib import Path
 
 from rpg.backends.cpu.harness import TrainerRun, TrainerRunError, run_trainer
 from rpg.backends.cpu.run import StartupProgress, progress
-from rpg.backends.gpu import checks
+from rpg.backends.gpu import smoke_checks
+from rpg.backends.gpu.preflight import ATTN_KEY, GpuProbe, cuda_problem, driver_problem
 from rpg.backends.gpu.settings import (ALGORITHM, REGISTER_MODULE, ROLLOUTS, SmokeSettingsError, check_settings,
                                        gpu_overrides, head_dim, head_dim_problem)
 
@@ -48,7 +48,6 @@ STARTUP_STAGES = (
     ("LLMServerManager:", "rollout server(s) ready; syncing weights"),
     ("all initialize finished", "all workers ready; validating before training"),
 )
-ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
 NVIDIA_SMI_EVERY_S = 2.0
 
 
@@ -98,19 +97,23 @@ class GpuMemoryPeak:
         return dict(self.peak_mib)
 
 
-def preflight(rollout: str, gpus: int, user: list[str]) -> None:
-    """What must hold before Ray starts; SmokeSettingsError (one line) otherwise."""
-    import torch
-
-    found = torch.cuda.device_count()
-    if found < gpus:
-        raise SmokeSettingsError(f"GPUS={gpus} needs {gpus} CUDA GPU(s); torch {torch.__version__} "
-                                 f"(CUDA {torch.version.cuda}) sees {found}")
-    if rollout == "vllm" and importlib.util.find_spec("vllm") is None:
+def preflight(rollout: str, gpus: int, user: list[str], probe: GpuProbe | None = None) -> None:
+    """What must hold before Ray starts, phrased in the smoke run's settings; SmokeSettingsError (one
+    line) otherwise. ``probe``: this node's facts (``rpg.backends.gpu.preflight``; tests pass their own).
+    The driver then applies the same node rules to the composed config."""
+    probe = probe or GpuProbe.of_this_node()
+    unusable = driver_problem(probe) or cuda_problem(probe)
+    if unusable:
+        raise SmokeSettingsError(unusable)
+    if probe.visible_gpus < gpus:
+        raise SmokeSettingsError(f"GPUS={gpus} needs {gpus} CUDA GPU(s); torch (CUDA {probe.torch_cuda}) "
+                                 f"sees {probe.visible_gpus}")
+    if rollout == "vllm" and "vllm" not in probe.importable:
         raise SmokeSettingsError("ROLLOUT=vllm needs vLLM (pip install -e '.[gpu]'); ROLLOUT=hf runs without it")
-    if importlib.util.find_spec("flash_attn") is None and not any(ATTN_KEY in o for o in user):
+    if "flash_attn" not in probe.importable and not any(ATTN_KEY in o for o in user):
         raise SmokeSettingsError(f"flash-attn is not installed (the actor's attention, verl's default "
-                                 f"flash_attention_2): install the gpu extra, or pass +{ATTN_KEY}=sdpa")
+                                 f"flash_attention_2): install its wheel (README.md#set-up), or pass "
+                                 f"+{ATTN_KEY}=sdpa")
 
 
 def run_overrides(assets, args, *, first: bool, ckpt: Path) -> list[str]:
@@ -199,21 +202,21 @@ def main(argv: list[str] | None = None) -> int:
                     "output_dir": str(out), "device_peak_mib": device_peak}
     if len(runs) == 2:
         (first_run, resumed) = runs.values()
-        s1, s2 = checks.training_steps(first_run.metrics), checks.training_steps(resumed.metrics)
+        s1, s2 = smoke_checks.training_steps(first_run.metrics), smoke_checks.training_steps(resumed.metrics)
         if s1 != list(range(1, args.steps + 1)):
             failures.append(f"run 1 trained steps {s1}, expected 1..{args.steps}")
-        failures += checks.check_training(first_run.metrics, s1)
-        failures += checks.resumed_from(resumed.metrics, args.steps)
-        failures += checks.check_training(resumed.metrics, s2)
+        failures += smoke_checks.check_training(first_run.metrics, s1)
+        failures += smoke_checks.resumed_from(resumed.metrics, args.steps)
+        failures += smoke_checks.check_training(resumed.metrics, s2)
         if args.rollout == "hf":
-            failures += checks.hf_rollout_on_gpu(first_run.log) + checks.hf_rollout_on_gpu(resumed.log)
+            failures += smoke_checks.hf_rollout_on_gpu(first_run.log) + smoke_checks.hf_rollout_on_gpu(resumed.log)
         for name, run, steps in (("run 1", first_run, s1), ("run 2 (resumed)", resumed, s2)):
             say(f"{name}: {len(steps)} steps in {run.wall_time_s:.0f} s")
-            for line in checks.summary_lines(run.metrics, steps):
+            for line in smoke_checks.summary_lines(run.metrics, steps):
                 say(f"  {line}")
             report[name] = {"steps": steps, "wall_time_s": round(run.wall_time_s, 1),
-                            "phases_s": checks.phase_times(run.metrics, steps),
-                            **{key: checks.peak(run.metrics, key) for _, key in checks.MEMORY}}
+                            "phases_s": smoke_checks.phase_times(run.metrics, steps),
+                            **{key: smoke_checks.peak(run.metrics, key) for _, key in smoke_checks.MEMORY}}
     for gpu, mib in sorted(device_peak.items()):
         say(f"GPU {gpu}: peak memory in use {mib / 1024:.2f} GiB (nvidia-smi, every process)")
     report["failures"] = failures

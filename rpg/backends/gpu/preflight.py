@@ -1,0 +1,306 @@
+"""What a GPU run needs from this node, checked in the driver before Ray starts (``rpg.verl.main``).
+
+Without these checks a GPU launch on a node where CUDA is unusable (a CPU login node, a driver
+too old for the installed torch, no GPU visible) starts Ray and then waits without end for GPU
+resources, and a missing vLLM or flash-attn surfaces only after Ray and the workers are up. Here
+each problem is ONE line naming what is wrong and what is allowed; the driver prints every line
+and exits 2 (``GpuCheckError``), ``DRY_RUN=1`` prints them as warnings (``rpg.launch``).
+
+Two parts, so that every rule is tested on a CPU machine with simulated answers:
+
+* ``GpuProbe``: the facts of this node (CUDA usable, GPUs visible, the CUDA of the driver and of
+  torch's build, which optional modules are installed, installed versions). ``GpuProbe.of_this_node``
+  gathers them without importing vLLM or flash-attn and without creating a CUDA context;
+* ``GpuRequest`` + ``check``: pure rules on what the config asks for and what the probe found.
+
+The rules apply to the GPU backend only: ``trainer.device=cuda`` after verl's own device
+selection (``verl.utils.device.auto_set_device``) and ``VERL_PLATFORM`` not ``cpu``. The CPU
+backend (``RPG_BACKEND=cpu``, ``VERL_PLATFORM=cpu``) is not affected. The node rules (CUDA usable,
+GPU count, driver) describe THIS node, so they apply only when the driver starts its own Ray
+here; a driver that joins a running cluster (``RAY_ADDRESS`` set, as ``ray job submit`` does, or
+``ray_kwargs.ray_init.address``) may run on a node without GPUs and skips them.
+
+The driver's CUDA version comes from ``cuDriverGetVersion`` in ``libcuda.so.1`` (ctypes): the
+newest CUDA the installed driver supports, read without ``cuInit``, a subprocess or a timeout
+(``nvidia-smi`` reports the driver's own version number, which would need NVIDIA's table to
+become a CUDA version). CUDA 11 and later run a build of CUDA X.y on any driver of the same major
+X or newer (NVIDIA's minor-version compatibility), so a driver is too old exactly when its CUDA
+major is below the major torch was built for; ``MIN_DRIVER`` names the driver branch each major
+needs (NVIDIA's CUDA compatibility guide: CUDA 13.x >= 580, 12.x >= 525, 11.x >= 450).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import importlib.util
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rpg.verl.settings import RPGConfigError
+
+PREFIX = "rpg gpu check"
+ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
+FLASH_ATTN = "flash_attention_2"  # verl's default (workers/config/model.py HFModelConfig.__post_init__)
+MIN_DRIVER = {11: "450", 12: "525", 13: "580"}  # CUDA major -> oldest NVIDIA driver branch that runs it
+OPTIONAL_MODULES = ("vllm", "flash_attn")
+ULYSSES_KEYS = tuple(f"actor_rollout_ref.{side}.{sub}ulysses_sequence_parallel_size"
+                     for side in ("actor", "ref") for sub in ("", "fsdp_config."))
+SETUP_HINT = "README.md#set-up"
+SDPA_HINT = f"+{ATTN_KEY}=sdpa (more memory: docs/memory.md#how-the-estimate-is-computed)"
+
+# The versions this project is tested or pinned with, defined once (README and docs/gpu-smoke.md
+# state them; tests/test_gpu_preflight.py keeps those statements and verl's own pins in step):
+# verl is pinned; torch 2.13.0 and transformers 5.10.4 are the CPU CI's; torch 2.11.0, vLLM 0.24.0
+# and transformers 5.9.0 are what the `gpu` extra resolves to (verl 0.9.1's `vllm` extra pins them).
+# The GPU versions resolve and install, but nothing in this project has run on a GPU with them yet.
+TESTED_VERSIONS: Mapping[str, tuple[str, ...]] = {
+    "verl": ("0.9.1",),
+    "torch": ("2.13.0", "2.11.0"),
+    "vllm": ("0.24.0",),
+    "transformers": ("5.10.4", "5.9.0"),
+}
+
+
+class GpuCheckError(RPGConfigError):
+    """This node cannot run the requested GPU run; ``lines``: one line per problem."""
+
+    prefix = PREFIX
+
+    def __init__(self, lines: list[str]):
+        super().__init__("; ".join(lines))
+        self.lines = list(lines)
+
+
+# ----------------------------------------------------------------------------- the probe
+
+
+@dataclass(frozen=True)
+class GpuProbe:
+    """Facts of this node the rules need (tests build one by hand to simulate a node).
+
+    ``torch_cuda``: the CUDA torch was built for (``torch.version.cuda``; None for a CPU build);
+    ``driver_cuda``: the newest CUDA the NVIDIA driver supports (None: no driver library found);
+    ``importable``: the ``OPTIONAL_MODULES`` that are installed; ``versions``: installed
+    distribution versions of ``TESTED_VERSIONS``'s packages (None: not installed);
+    ``cuda_visible_devices``: that environment variable, named when it hides every GPU.
+    """
+
+    cuda_available: bool
+    visible_gpus: int
+    torch_cuda: str | None
+    driver_cuda: str | None
+    importable: frozenset[str] = frozenset(OPTIONAL_MODULES)
+    versions: Mapping[str, str | None] = field(default_factory=dict)
+    cuda_visible_devices: str | None = None  # the environment variable, when set
+
+    @classmethod
+    def of_this_node(cls) -> GpuProbe:
+        """Ask torch, libcuda and the installed packages (no vLLM/flash-attn import, no CUDA context)."""
+        import torch
+
+        available = bool(torch.cuda.is_available())
+        return cls(
+            cuda_available=available,
+            visible_gpus=int(torch.cuda.device_count()) if available else 0,
+            torch_cuda=torch.version.cuda,
+            driver_cuda=driver_cuda_version(),
+            importable=frozenset(m for m in OPTIONAL_MODULES if importlib.util.find_spec(m) is not None),
+            versions={name: installed_version(name) for name in TESTED_VERSIONS},
+            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        )
+
+
+def driver_cuda_version(library: str = "libcuda.so.1") -> str | None:
+    """'13.0' for a driver that supports CUDA up to 13.0; None when no NVIDIA driver library loads.
+
+    ``cuDriverGetVersion`` answers without initialising the driver (no ``cuInit``), so it neither
+    creates a context nor waits on a GPU."""
+    try:
+        lib = ctypes.CDLL(library)
+        version = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(version)) != 0 or version.value <= 0:
+            return None
+    except (OSError, AttributeError):
+        return None
+    return f"{version.value // 1000}.{version.value % 1000 // 10}"
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version without its local part ('2.11.0+cu130' -> '2.11.0'); None if absent."""
+    try:
+        return importlib.metadata.version(distribution).split("+", 1)[0]
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# ----------------------------------------------------------------------------- what the config asks for
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What a run asks of the node, read from the composed config (``request_from_config``)."""
+
+    nnodes: int = 1
+    gpus_per_node: int = 1
+    rollout: str = "vllm"
+    attn_implementation: str = FLASH_ATTN
+    ulysses: tuple[str, ...] = ()  # "key=size" for every Ulysses size > 1
+    rpg_loss: str | None = "rpg"  # rpg.loss.name when an RPG actor loss is used, else None
+    joins_cluster: bool = False  # the driver joins a running Ray cluster instead of starting one here
+
+
+def gpu_backend(cfg, environ: Mapping[str, str] | None = None) -> bool:
+    """True when the run uses verl's CUDA platform (``trainer.device`` after ``auto_set_device``)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":
+        return False
+    return str(_get(cfg, "trainer.device", "cuda")) == "cuda"
+
+
+def request_from_config(cfg, settings, environ: Mapping[str, str] | None = None) -> GpuRequest:
+    """The ``GpuRequest`` of a composed, validated config (``settings``: ``rpg.verl.settings.RPGSettings``)."""
+    environ = os.environ if environ is None else environ
+    ulysses = tuple(f"{k}={_get(cfg, k, 1)}" for k in ULYSSES_KEYS if int(_get(cfg, k, 1) or 1) > 1)
+    return GpuRequest(
+        nnodes=int(_get(cfg, "trainer.nnodes", 1)),
+        gpus_per_node=int(_get(cfg, "trainer.n_gpus_per_node", 1)),
+        rollout=str(_get(cfg, "actor_rollout_ref.rollout.name", "vllm")),
+        attn_implementation=str(_get(cfg, ATTN_KEY, FLASH_ATTN)),
+        ulysses=ulysses,
+        rpg_loss=settings.loss.name if settings.uses_rpg_actor_loss else None,
+        joins_cluster=bool(environ.get("RAY_ADDRESS", "").strip() or _get(cfg, "ray_kwargs.ray_init.address", None)),
+    )
+
+
+def _get(cfg, key: str, default: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(cfg, key, default=default)
+    return default if value is None else value
+
+
+# ----------------------------------------------------------------------------- the rules
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    """``errors``: what the driver refuses (exit 2); ``warnings``: what it only mentions."""
+
+    errors: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+def check(request: GpuRequest, probe: GpuProbe) -> GpuReport:
+    """Every rule: refusals (one line each) and version warnings (one line each)."""
+    node = () if request.joins_cluster else node_problems(request, probe)
+    return GpuReport(errors=(*node, *software_problems(request, probe)), warnings=version_warnings(probe.versions))
+
+
+def _major(version: str | None) -> int | None:
+    try:
+        return int(str(version).split(".", 1)[0])
+    except ValueError:
+        return None
+
+
+def driver_problem(probe: GpuProbe) -> str | None:
+    """The driver's CUDA major is below the one torch was built for (None: fine, or unknown)."""
+    need, have = _major(probe.torch_cuda), _major(probe.driver_cuda)
+    if need is None or have is None or have >= need:
+        return None
+    branch = f" (branch {MIN_DRIVER[need]} or newer)" if need in MIN_DRIVER else ""
+    return (f"CUDA is not usable: the NVIDIA driver supports CUDA up to {probe.driver_cuda}, but {_torch(probe)} is "
+            f"built for CUDA {probe.torch_cuda}, which needs a driver for CUDA {need}.x{branch}: update the driver, "
+            f"or install a torch built for CUDA {have}.x")
+
+
+def _torch(probe: GpuProbe) -> str:
+    version = probe.versions.get("torch")
+    return f"the installed torch {version}" if version else "the installed torch"
+
+
+def cuda_problem(probe: GpuProbe) -> str | None:
+    """CUDA cannot be used at all, or no GPU is visible (the driver's own line takes precedence)."""
+    if probe.cuda_available and probe.visible_gpus > 0:
+        return None
+    if probe.torch_cuda is None:
+        why = f"{_torch(probe)} is a CPU-only build (torch.version.cuda is None): install the gpu extra ({SETUP_HINT})"
+    elif probe.driver_cuda is None:
+        why = "no NVIDIA driver is found on this node (libcuda.so.1 does not load): run on a GPU node"
+    else:
+        shown = "" if probe.cuda_visible_devices is None else f" with CUDA_VISIBLE_DEVICES={probe.cuda_visible_devices!r}"
+        why = (f"{_torch(probe)} (CUDA {probe.torch_cuda}; the driver supports CUDA {probe.driver_cuda}) sees no "
+               f"GPU{shown}: run on a node with a visible GPU")
+    return f"trainer.device=cuda but CUDA is not available: {why}; or use the CPU backend (RPG_BACKEND=cpu)"
+
+
+def node_problems(request: GpuRequest, probe: GpuProbe) -> list[str]:
+    """This node: a usable driver, CUDA, and enough visible GPUs for a single-node run."""
+    driver = driver_problem(probe)
+    if driver:
+        return [driver]
+    cuda = cuda_problem(probe)
+    if cuda:
+        return [cuda]
+    if request.nnodes == 1 and request.gpus_per_node > probe.visible_gpus:
+        return [f"trainer.n_gpus_per_node={request.gpus_per_node} but {probe.visible_gpus} GPU(s) are visible on this "
+                f"node (trainer.nnodes=1): allowed 1..{probe.visible_gpus}; set N_GPUS_PER_NODE (or "
+                f"trainer.n_gpus_per_node), or make more GPUs visible (CUDA_VISIBLE_DEVICES)"]
+    return []
+
+
+def software_problems(request: GpuRequest, probe: GpuProbe) -> list[str]:
+    """Packages the run will import on the workers, and settings not verified with the RPG losses."""
+    out = []
+    if request.rollout == "vllm" and "vllm" not in probe.importable:
+        out.append("actor_rollout_ref.rollout.name=vllm but vllm is not installed: install the gpu extra, "
+                   f"pip install -e \".[gpu]\" ({SETUP_HINT})")
+    if request.attn_implementation == FLASH_ATTN and "flash_attn" not in probe.importable:
+        out.append(f"{ATTN_KEY}={FLASH_ATTN} (verl's default) but flash_attn is not installed: install the prebuilt "
+                   f"flash-attn wheel ({SETUP_HINT}), or pass {SDPA_HINT}")
+    if request.ulysses and request.rpg_loss:
+        out.append(f"{request.ulysses[0]} with rpg.loss.name={request.rpg_loss}: Ulysses sequence parallelism has not "
+                   "been verified with the RPG losses; allowed: 1 (or rpg.loss.name=verl)")
+    return out
+
+
+def version_warnings(versions: Mapping[str, str | None]) -> tuple[str, ...]:
+    """One line per installed package whose version is outside ``TESTED_VERSIONS`` (absent: none)."""
+    return tuple(
+        f"{name} {have} is installed; this project is tested with {name} {' or '.join(TESTED_VERSIONS[name])}"
+        for name in TESTED_VERSIONS
+        if (have := versions.get(name)) is not None and have not in TESTED_VERSIONS[name]
+    )
+
+
+def tested_versions_text() -> str:
+    """The sentence README.md and docs/gpu-smoke.md carry (kept equal by a test)."""
+    return "; ".join(f"{name} {' or '.join(TESTED_VERSIONS[name])}" for name in TESTED_VERSIONS)
+
+
+# ----------------------------------------------------------------------------- entry points
+
+
+def node_report(cfg, settings, environ: Mapping[str, str] | None = None,
+                probe: GpuProbe | None = None) -> GpuReport | None:
+    """The report for a composed config, or None when the run is not on the GPU backend."""
+    if not gpu_backend(cfg, environ):
+        return None
+    return check(request_from_config(cfg, settings, environ), probe or GpuProbe.of_this_node())
+
+
+def check_gpu_node(cfg, settings, environ: Mapping[str, str] | None = None, probe: GpuProbe | None = None) -> None:
+    """The driver's check before Ray: print each warning line to stderr and raise ``GpuCheckError``
+    with every refusal. Nothing on the CPU backend."""
+    import sys
+
+    report = node_report(cfg, settings, environ, probe)
+    if report is None:
+        return
+    for line in report.warnings:
+        print(f"{PREFIX}: warning: {line}", file=sys.stderr, flush=True)
+    if report.errors:
+        raise GpuCheckError(list(report.errors))
