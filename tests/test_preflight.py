@@ -91,8 +91,11 @@ def test_resume_path_checked_only_in_resume_path_mode(files):
 
 
 def test_driver_fails_before_ray_with_one_line(files, tmp_path):
-    """main_rpg.py with a missing train file and a missing local model: rc 2, one line, no Ray, seconds."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    """main_rpg.py with a missing train file and a missing local model: rc 2, one line, no Ray, seconds.
+    On the CPU backend (this machine has no GPU: the GPU checks before Ray are tests/test_gpu_preflight.py)."""
+    from rpg.backends.cpu.settings import cpu_env
+
+    env = {**os.environ, **cpu_env(), "PYTHONPATH": str(ROOT)}
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, str(ROOT / "recipe" / "rpg" / "main_rpg.py"), "data.train_files=/no/such.parquet",
                         f"data.val_files=['{files / 'val.parquet'}']", "actor_rollout_ref.model.path=/nonexistent"],

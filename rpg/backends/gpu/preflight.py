@@ -170,7 +170,7 @@ def request_from_config(cfg, settings, environ: Mapping[str, str] | None = None)
         rollout=str(_get(cfg, "actor_rollout_ref.rollout.name", "vllm")),
         attn_implementation=str(_get(cfg, ATTN_KEY, FLASH_ATTN)),
         ulysses=ulysses,
-        rpg_loss=settings.loss.name if settings.uses_rpg_actor_loss else None,
+        rpg_loss=settings.loss_name if settings.uses_rpg_actor_loss else None,
         joins_cluster=bool(environ.get("RAY_ADDRESS", "").strip() or _get(cfg, "ray_kwargs.ray_init.address", None)),
     )
 
