@@ -120,13 +120,16 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True) -> RPGSettin
 
 
 def resume_command(argv: list[str]) -> str:
-    """The command that resumes this run: the same one, with ``trainer.resume_mode=auto`` last."""
-    from rpg.launch.overrides import merge_overrides
+    """The command that resumes this run: the same one, with ``trainer.resume_mode=auto`` (replacing an
+    earlier mode). Hydra's flags (``--config-name x``, ...) are told from overrides by Hydra's own parser."""
+    from rpg.launch.overrides import merge_overrides, split_hydra_argv
 
     script, args = argv[0], argv[1:]
-    flags = [a for a in args if "=" not in a]
-    return shlex.join([sys.executable, script, *flags,
-                       *merge_overrides([a for a in args if "=" in a], ["trainer.resume_mode=auto"])])
+    _, overrides = split_hydra_argv(args)
+    flags = list(args)
+    for o in overrides:
+        flags.remove(o)
+    return shlex.join([sys.executable, script, *flags, *merge_overrides(overrides, ["trainer.resume_mode=auto"])])
 
 
 def stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:

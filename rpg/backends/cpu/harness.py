@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpg.backends.cpu.settings import cpu_env, cpu_overrides
-from rpg.launch.overrides import merge_overrides, override_key
+from rpg.launch.overrides import merge_overrides, values
 from rpg.reports import history
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
 
@@ -75,6 +75,7 @@ class TrainerRun:
     log_file: Path
     metrics_file: Path
     command: list[str]
+    overrides: list[str] = field(default_factory=list)  # the Hydra overrides at the end of ``command``
     metrics: dict[int, dict] = field(default_factory=dict)  # step -> merged metrics of that step
     peak_rss_bytes: int = 0  # max over time of the summed RSS of all processes of the run (counts shared pages repeatedly)
     peak_pss_bytes: int = 0  # max over time of the summed PSS (shared pages split between processes): the run's RAM
@@ -85,6 +86,12 @@ class TrainerRun:
     stop_signal: int | None = None  # terminated because this process got SIGHUP, SIGINT or SIGTERM
     cwd: Path | None = None  # the trainer's working directory (relative checkpoint paths)
     notes: list[str] = field(default_factory=list)  # history lines: steps a resume replaced, lost steps, ...
+    config_error: str | None = None  # the driver's one line when it refused the config (``rpg config error: ...``)
+
+    def refusal(self) -> str | None:
+        """The driver's one line when it refused the config before Ray (exit code 2), else None: what a
+        launcher prints instead of the log's tail, so that its stderr is the driver's line alone."""
+        return self.config_error if self.returncode == 2 else None
 
     @property
     def log(self) -> str:
@@ -168,12 +175,13 @@ def _entry_argv(entry: str) -> list[str]:
 
 
 def _with_file_logger(overrides: list[str]) -> list[str]:
-    for ov in overrides:
-        if override_key(ov) == "trainer.logger":
-            if "file" not in ov.split("=", 1)[1]:
-                raise ValueError(f"trainer.logger must include 'file' for the harness to read metrics, got {ov!r}")
-            return overrides
-    return overrides + ["trainer.logger=['console','file']"]
+    set_values = values(overrides)
+    if "trainer.logger" not in set_values:
+        return overrides + ["trainer.logger=['console','file']"]
+    loggers = set_values["trainer.logger"]
+    if "file" not in ([loggers] if isinstance(loggers, str) else list(loggers or ())):
+        raise ValueError(f"trainer.logger must include 'file' for the harness to read metrics, got {loggers!r}")
+    return overrides
 
 
 BACKENDS = ("cpu", "gpu")
@@ -251,8 +259,10 @@ def run_trainer(
     argv, run_env = build_command(
         [*overrides, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"], entry, extra_modules, base, backend
     )
+    n_overrides = len(argv) - 1 - len(_entry_argv(entry))
     run_env["PYTHONUNBUFFERED"] = "1"
-    run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv, cwd=Path(cwd or out).resolve())
+    run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv, cwd=Path(cwd or out).resolve(),
+                     overrides=argv[len(argv) - n_overrides:])
     if stop is not None and stop.is_set():  # stopped before it started: start nothing
         shutil.rmtree(ray_tmp, ignore_errors=True)
         run.stopped = True
@@ -318,8 +328,17 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
             on_line, reap_after_s: float, stop: threading.Event | None) -> "_Monitor":
     """Start the trainer, wait for its end (or timeout, ``stop``, a stop signal), then clean up every
     process of the run. Fills ``run``'s outcome fields; returns the monitor (memory peaks)."""
+    from rpg.verl.preflight import ERROR_PREFIX
+
     appended = run.log_file.exists() and run.log_file.stat().st_size > 0
     t0 = time.time()
+
+    def watch(line: str) -> None:
+        if line.startswith(f"{ERROR_PREFIX}: "):  # the driver's refusal (rpg.verl.main: one line, exit 2)
+            run.config_error = line.rstrip("\r\n")
+        if on_line is not None:
+            on_line(line)
+
     handlers = raise_on_stop_signals()  # SIGHUP/SIGINT/SIGTERM: `finally` below still cleans up
     proc = monitor = None
     try:
@@ -332,7 +351,7 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
                     argv, cwd=str(run.cwd), env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-                pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0, on_line), daemon=True)
+                pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0, watch), daemon=True)
                 pump.start()
                 monitor = _Monitor(proc.pid, ray_tmp, segment, on_metrics)
                 while proc.poll() is None:
@@ -383,14 +402,11 @@ def history_notes(metrics_file: Path) -> list[str]:
 def checkpoint_dir(run: TrainerRun) -> Path | None:
     """``trainer.default_local_dir`` of the run (the last override wins; verl's default
     ``checkpoints/<project>/<experiment>``), relative to the run's cwd; None if not determinable."""
-    values = {}
-    for ov in run.command:
-        if "=" in ov and not ov.startswith("-"):
-            values[override_key(ov)] = ov.split("=", 1)[1].strip("'\"")
-    path = values.get("trainer.default_local_dir")
-    if path is None and "trainer.project_name" in values and "trainer.experiment_name" in values:
-        path = f"checkpoints/{values['trainer.project_name']}/{values['trainer.experiment_name']}"
-    if path is None:
+    set_values = values(run.overrides)
+    path = set_values.get("trainer.default_local_dir")
+    if path is None and "trainer.project_name" in set_values and "trainer.experiment_name" in set_values:
+        path = f"checkpoints/{set_values['trainer.project_name']}/{set_values['trainer.experiment_name']}"
+    if not isinstance(path, str) or "${" in path:  # unset, or only known once Hydra resolves it
         return None
     p = Path(path)
     return p if p.is_absolute() else (run.cwd or run.output_dir) / p
