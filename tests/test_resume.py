@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -329,11 +330,37 @@ def _run_marker_procs(marker_prefix: str, pid: int) -> list[int]:
     return out
 
 
+class _Lines:
+    """A pipe read line by line in a thread, so that a test can tell the lines printed before and after
+    an event (the stop signal) without a deadline."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=lambda: self.lines.extend(iter(stream.readline, "")), daemon=True)
+        self.thread.start()
+
+    def after(self, n: int) -> list[str]:
+        return [ln.rstrip("\n") for ln in self.lines[n:] if ln.strip()]
+
+
+def _wait_until(condition, what: str, cap_s: float = 900.0) -> None:
+    """Wait for ``condition()``; ``cap_s`` only keeps a broken run from hanging the suite (the wait ends
+    on the condition, not on a guess of how long a loaded machine needs)."""
+    t0 = time.time()
+    while not condition():
+        assert time.time() - t0 < cap_s, f"gave up waiting for {what} after {cap_s:.0f} s"
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("signum, stubborn", [(signal.SIGHUP, True), (signal.SIGINT, False), (signal.SIGTERM, False)])
-def test_stop_signal_ends_every_process_of_the_run_with_one_line(tmp_path, signum, stubborn):
+def test_stop_signal_ends_every_process_of_the_run_with_one_line(tiny_assets, tmp_path, signum, stubborn):
     """SIGHUP with a child that ignores SIGTERM in its own session (as Ray's agents: about 25 s, the
     harness waits for stragglers, then terminates and kills them); SIGINT and SIGTERM with children in
-    the trainer's process group (a few seconds)."""
+    the trainer's process group (a few seconds).
+
+    The launcher reuses the tiny assets built by the ``tiny_assets`` fixture (building them inside the
+    launcher took up to minutes under load and printed progress on stderr); the test waits for the
+    stand-in's "ready" or the launcher's end, and asserts on what stderr holds after the signal."""
     body = _STUBBORN if stubborn else _STUBBORN.replace("signal.signal(signal.SIGTERM, signal.SIG_IGN); ", "").replace(
         "start_new_session=True", "start_new_session=False")
     entry = _entry(tmp_path, "stubborn.py", body)
@@ -342,15 +369,19 @@ def test_stop_signal_ends_every_process_of_the_run_with_one_line(tmp_path, signu
     p = subprocess.Popen([sys.executable, "-m", "rpg.backends.cpu.run", "--out", str(out), "--entry", entry,
                           "--steps", "2", "--echo"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    log, deadline = out / "trainer.log", time.time() + 120
-    while time.time() < deadline and not (log.exists() and "ready" in log.read_text(errors="replace")):
-        time.sleep(0.2)
-    marker = str(tmp_path / "rpgray")
+    _, stderr = _Lines(p.stdout), _Lines(p.stderr)  # both drained (--echo fills stdout)
+    log, marker = out / "trainer.log", str(tmp_path / "rpgray")
     try:
-        assert len(_run_marker_procs(marker, p.pid)) >= 4  # launcher, trainer, two children
+        _wait_until(lambda: p.poll() is not None or (log.exists() and "ready" in log.read_text(errors="replace")),
+                    "the stand-in trainer's 'ready'")
+        assert p.poll() is None, "".join(stderr.lines)[-3000:]
+        # "ready" is printed after both children started: launcher, trainer, two children
+        assert len(_run_marker_procs(marker, p.pid)) >= 4, _run_marker_procs(marker, p.pid)
+        before = len(stderr.lines)
         t0 = time.time()
         p.send_signal(signum)
-        stdout, stderr = p.communicate(timeout=60)
+        p.wait(timeout=60)
+        stderr.thread.join(10)
         while _run_marker_procs(marker, p.pid) and time.time() - t0 < 60:
             time.sleep(0.5)
         assert _run_marker_procs(marker, p.pid) == [] and time.time() - t0 < 60
@@ -358,16 +389,17 @@ def test_stop_signal_ends_every_process_of_the_run_with_one_line(tmp_path, signu
         for pid in _run_marker_procs(marker, p.pid):
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()
-    assert p.returncode == 128 + signum, stderr[-2000:]
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
+    text = "".join(stderr.lines)
+    assert p.returncode == 128 + signum, text[-2000:]
+    lines = stderr.after(before)
+    assert len(lines) == 1 and "Traceback" not in text, text[-2000:]
     name = signal.Signals(signum).name
     assert f"stopped by {name}" in lines[0] and str(out / "trainer.log") in lines[0]
     assert f"--out {out}" in lines[0] and "trainer.resume_mode=auto" in lines[0]
     assert f"stopped by {name}" in (out / "trainer.log").read_text()
 
 
-def test_tiny_launcher_keeps_the_drivers_exit_code(tmp_path):
+def test_tiny_launcher_keeps_the_drivers_exit_code(tiny_assets, tmp_path):
     from rpg.backends.cpu.run import main
 
     entry = _entry(tmp_path, "bad_config.py", "import sys\nprint('rpg config error: x', file=sys.stderr)\nsys.exit(2)\n")
