@@ -423,3 +423,54 @@ def test_drivers_stop_line_names_the_workers_log_the_checkpoint_and_the_resume_c
     assert f"metrics log {tmp_path / 'logs' / 'rpg' / 'run_x.jsonl'};" in line
     assert f"last complete checkpoint {ckpt};" in line
     assert line.endswith("recipe/rpg/main_rpg.py a.b=1 trainer.resume_mode=auto c=2")
+
+
+_SLOW_TO_STOP = """
+    import pathlib, signal, sys, time
+    flag = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("+rpg_test.flag=")))
+
+    def stop(signum, frame):  # like the RPG driver: SIGTERM -> shut Ray down (a few seconds) -> exit
+        flag.write_text(signal.Signals(signum).name)
+        time.sleep(3)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+_LAUNCHER = """
+import sys
+from rpg.backends.cpu.harness import run_trainer
+run_trainer([sys.argv[3]], output_dir=sys.argv[2], entry=sys.argv[1], timeout_s=600)
+"""
+
+
+def test_a_launcher_killed_with_sigkill_still_stops_its_trainer(tmp_path):
+    """kill -9 of the launcher runs no clean-up at all: the kernel's parent-death signal (rpg.launch.tether)
+    stops the trainer, and the directory stays locked until the trainer has ended (a restart into it is
+    refused meanwhile, then accepted). Before: the trainer trained on unseen into the directory."""
+    from rpg.backends.cpu.harness import TrainerRunError, run_trainer
+
+    entry, out, flag = _entry(tmp_path, "slow_to_stop.py", _SLOW_TO_STOP), tmp_path / "out", tmp_path / "flag"
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, entry, str(out), f"+rpg_test.flag={flag}"],
+                                cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    log = out / "trainer.log"
+    trainer = None
+    try:
+        _wait_until(lambda: launcher.poll() is not None or (log.exists() and "ready" in log.read_text()), "ready", 300)
+        assert launcher.poll() is None
+        (trainer,) = [c for c in psutil.Process(launcher.pid).children() if "python" in c.name()]
+        launcher.kill()
+        launcher.wait(10)
+        _wait_until(lambda: flag.exists(), "the trainer's SIGTERM", 30)
+        assert flag.read_text() == "SIGTERM"
+        with pytest.raises(TrainerRunError, match="in use by another run"):  # the old trainer is still stopping
+            run_trainer([f"+rpg_test.flag={tmp_path / 'unused'}"], output_dir=out, entry=entry, timeout_s=60)
+        _wait_until(lambda: not trainer.is_running() or trainer.status() == psutil.STATUS_ZOMBIE, "its end", 30)
+    finally:
+        for p in [launcher] + ([trainer] if trainer is not None else []):
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                p.kill()
+    quick = _entry(tmp_path, "quick.py", "print('ran')\n")
+    assert "ran" in run_trainer([], output_dir=out, entry=quick, timeout_s=60).log  # the directory is free again

@@ -15,8 +15,11 @@ validation before training is logged at step 0).
 Clean-up: the trainer runs in its own session with a private Ray temp dir, so every process of
 the run (driver, GCS, raylet, workers) is identifiable. After the run, whatever its outcome, any
 of them still alive 30 s after the driver exited is terminated, and ``TrainerRun.leftover_pids``
-lists them (empty in a clean run). A failed or timed-out run raises ``TrainerRunError`` with the
-log's tail. SIGHUP, SIGINT and SIGTERM to this process (main thread, ``rpg.launch.signals``) end the run
+lists them (empty in a clean run). The trainer is tethered to this process (``rpg.launch.tether``):
+if this process is killed with SIGKILL, when none of this clean-up can run, the kernel sends the
+trainer SIGTERM (the RPG driver then shuts its Ray cluster down) instead of letting it train on
+unseen; and it holds the output directory's lock until it has ended. A failed or timed-out run raises
+``TrainerRunError`` with the log's tail. SIGHUP, SIGINT and SIGTERM to this process (main thread, ``rpg.launch.signals``) end the run
 the same way within a minute and raise ``TrainerRunError`` with ``TrainerRun.stop_signal`` set
 (``report_stop`` prints the one line; the caller exits 128 + signum).
 
@@ -274,10 +277,11 @@ def run_trainer(
         segment = history.claim_segment(metrics_file)  # metrics.jsonl, or metrics.part2.jsonl when resuming
         run_env["VERL_FILE_LOGGER_PATH"] = str(segment)
         monitor = _launch(run, argv, run_env, segment, ray_tmp, timeout_s, echo, on_metrics, on_line,
-                          reap_after_s, stop)
+                          reap_after_s, stop, lock.fileno())
         if (line := fold_segments(metrics_file)) is not None:
             run.notes.append(line)
-        run.notes += history_notes(metrics_file)
+        test_freq = values(run.overrides).get("trainer.test_freq")
+        run.notes += history_notes(metrics_file, test_freq if isinstance(test_freq, int) else None)
     finally:
         lock.close()
     run.metrics = read_metrics(metrics_file)
@@ -325,9 +329,14 @@ def _lock_output_dir(out: Path, run: TrainerRun, ray_tmp: str):
 
 
 def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout_s: float, echo: bool, on_metrics,
-            on_line, reap_after_s: float, stop: threading.Event | None) -> "_Monitor":
+            on_line, reap_after_s: float, stop: threading.Event | None, lock_fd: int) -> "_Monitor":
     """Start the trainer, wait for its end (or timeout, ``stop``, a stop signal), then clean up every
-    process of the run. Fills ``run``'s outcome fields; returns the monitor (memory peaks)."""
+    process of the run. Fills ``run``'s outcome fields; returns the monitor (memory peaks).
+
+    The trainer is tethered to this process (``rpg.launch.tether``: SIGTERM when it dies, even by
+    SIGKILL, when no clean-up here can run) and inherits the output directory's lock, so that a
+    restart into the directory is refused until the old trainer has ended."""
+    from rpg.launch.tether import command as tethered
     from rpg.verl.preflight import ERROR_PREFIX
 
     appended = run.log_file.exists() and run.log_file.stat().st_size > 0
@@ -348,8 +357,8 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
                           f"directory (earlier output above) =====\n".encode())
             try:
                 proc = subprocess.Popen(
-                    argv, cwd=str(run.cwd), env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                    tethered(os.getpid(), argv), cwd=str(run.cwd), env=run_env, stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(lock_fd,),
                 )
                 pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0, watch), daemon=True)
                 pump.start()
@@ -388,15 +397,16 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
     return monitor or _Monitor(-1, ray_tmp, segment, None)
 
 
-def history_notes(metrics_file: Path) -> list[str]:
+def history_notes(metrics_file: Path, test_freq: int | None = None) -> list[str]:
     """``rpg.reports.history.history_warnings`` on the run's metrics: lost training steps, a history
-    that does not start at step 0, gaps in the validation steps."""
+    that does not start at step 0, validation steps missing from the ``test_freq`` cadence (inferred
+    when not given; a resume's own validation at its first step is not part of the cadence)."""
     joined = {}
     for step, data in read_metrics(metrics_file).items():
         for key, value in data.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 joined.setdefault(key, {})[step] = value
-    return history.history_warnings(metrics_file, joined)
+    return history.history_warnings(metrics_file, joined, test_freq)
 
 
 def checkpoint_dir(run: TrainerRun) -> Path | None:

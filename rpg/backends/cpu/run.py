@@ -218,9 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     assets = build_tiny_assets()
     print(f"[tiny] assets: {assets.root} (ready in {time.time() - t0:.1f}s)", flush=True)
     algo_entry, algo_overrides = tiny_algorithm(args.algo, lr=args.lr)
-    if algo_entry.endswith(".py"):  # the recipe's script, named relative to the project root: from any directory
-        algo_entry = str(Path(__file__).resolve().parents[3] / algo_entry)
-    args.entry = args.entry or algo_entry
+    args.entry = args.entry or algo_entry  # as shown (progress line, summary, plot title)
+    entry = args.entry
+    if args.entry == algo_entry and algo_entry.endswith(".py"):  # the recipe's script, relative to the project root
+        entry = str(Path(__file__).resolve().parents[3] / algo_entry)  # so that it runs from any directory
     overrides = [*tiny_task_overrides(assets, steps=args.steps, test_freq=args.test_freq), *algo_overrides, *rest]
     print(f"[tiny] running {args.entry} on CPU for {args.steps} steps; full log: {out / 'trainer.log'}", flush=True)
     startup = None if args.echo else StartupProgress()
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         run = run_trainer(
             overrides,
             output_dir=out,
-            entry=args.entry,
+            entry=entry,
             extra_modules=args.extra_module,
             timeout_s=args.timeout,
             echo=args.echo,
