@@ -474,3 +474,17 @@ def test_a_launcher_killed_with_sigkill_still_stops_its_trainer(tmp_path):
                 p.kill()
     quick = _entry(tmp_path, "quick.py", "print('ran')\n")
     assert "ran" in run_trainer([], output_dir=out, entry=quick, timeout_s=60).log  # the directory is free again
+
+
+def test_drivers_resume_command_keeps_flags_and_other_arguments():
+    """Only what Hydra's parser reads as an override is merged (trainer.resume_mode=auto replaces the
+    earlier mode); Hydra's flags and any other argument are kept as given. The stop handler builds this
+    command: it must not fail on a command line that is not only overrides."""
+    from rpg.verl.main import resume_command
+
+    line = resume_command(["recipe/rpg/main_rpg.py", "--config-name", "rpg_trainer",
+                           "data.val_files=[data/a.parquet,data/b.parquet]", "trainer.resume_mode=disable", "~x.y"])
+    assert line.endswith("recipe/rpg/main_rpg.py --config-name rpg_trainer 'data.val_files=[data/a.parquet,"
+                         "data/b.parquet]' trainer.resume_mode=auto '~x.y'"), line
+    assert resume_command(["driver.py", "/tmp/ray", "trainer.resume_mode=disable"]).endswith(
+        "driver.py /tmp/ray trainer.resume_mode=auto")

@@ -114,6 +114,18 @@ def parse_overrides(overrides: Iterable[str], *, multirun: bool = False) -> list
     return [parse_one(o, multirun=multirun) for o in overrides]
 
 
+def is_override(text: str) -> bool:
+    """Whether Hydra reads ``text`` as one override of a single run (a flag, a bare word, a path or a
+    sweep is not)."""
+    if not isinstance(text, str) or text.startswith("-"):
+        return False
+    try:
+        parse_one(text)
+    except OverrideSyntaxError:
+        return False
+    return True
+
+
 def override_key(override: str) -> str:
     """``'+a.b=1'`` -> ``'a.b'`` (the dotted key an override sets, as Hydra reads it)."""
     return parse_one(override).key

@@ -121,14 +121,14 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True) -> RPGSettin
 
 def resume_command(argv: list[str]) -> str:
     """The command that resumes this run: the same one, with ``trainer.resume_mode=auto`` (replacing an
-    earlier mode). Hydra's flags (``--config-name x``, ...) are told from overrides by Hydra's own parser."""
-    from rpg.launch.overrides import merge_overrides, split_hydra_argv
+    earlier mode). What Hydra's override parser reads as an override is merged; anything else (Hydra's
+    flags such as ``--config-name x``, other arguments) is kept as given, before the overrides."""
+    from rpg.launch.overrides import is_override, merge_overrides
 
     script, args = argv[0], argv[1:]
-    _, overrides = split_hydra_argv(args)
-    flags = list(args)
-    for o in overrides:
-        flags.remove(o)
+    kinds = [is_override(a) for a in args]
+    flags = [a for a, ov in zip(args, kinds) if not ov]
+    overrides = [a for a, ov in zip(args, kinds) if ov]
     return shlex.join([sys.executable, script, *flags, *merge_overrides(overrides, ["trainer.resume_mode=auto"])])
 
 
