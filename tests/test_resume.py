@@ -107,6 +107,41 @@ def test_auto_resume_skips_incomplete_and_truncated_checkpoints(tmp_path):
     assert last_complete(root) == root / "global_step_4"
 
 
+def test_auto_resume_skips_an_incomplete_newest_checkpoint_with_one_line(tmp_path, capsys):
+    """Killed during the save of step 8 (no marker): the driver pins global_step_4, says so in one line."""
+    root = tmp_path / "ckpt"
+    _ckpt(root, 4, tracker=True)
+    _ckpt(root, 8, marker=False)
+    cfg = _cfg(tmp_path)
+    _prepare(cfg)
+    assert (cfg.trainer.resume_mode, cfg.trainer.resume_from_path) == ("resume_path", str(root / "global_step_4"))
+    note = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
+    assert note == [f"rpg: resuming from {root / 'global_step_4'}, the newest complete checkpoint; skipped: "
+                    f"{root / 'global_step_8'}: incomplete (no {MARKER}: the save did not finish)"]
+
+
+def test_truncated_checkpoint_is_refused_by_the_driver_before_ray(tmp_path):
+    """recipe/rpg/main_rpg.py itself: exit code 2, one line naming the truncated file and the choices,
+    before Ray starts (verl loaded it inside a Ray worker: a 60-line traceback)."""
+    root = tmp_path / "ckpt"
+    _ckpt(root, 4, marker=False, tracker=True)
+    _truncate(root / "global_step_4" / "actor" / "model_world_size_1_rank_0.pt")
+    for name in ("train.parquet", "val.parquet"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "model").mkdir()
+    p = subprocess.run([sys.executable, str(ROOT / "recipe" / "rpg" / "main_rpg.py"),
+                        f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files=['{tmp_path / 'val.parquet'}']",
+                        f"actor_rollout_ref.model.path={tmp_path / 'model'}", "trainer.device=cpu",
+                        f"trainer.default_local_dir={root}", "trainer.resume_mode=auto"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    ours = [ln for ln in p.stderr.splitlines() if ln.startswith("rpg config error")]
+    assert p.returncode == 2 and len(ours) == 1, p.stderr[-3000:]
+    assert "model_world_size_1_rank_0.pt: not a whole torch checkpoint" in ours[0] and str(root) in ours[0]
+    assert "trainer.resume_mode=disable" in ours[0]
+    assert "Traceback" not in p.stderr and "ray init" not in (p.stdout + p.stderr).lower()
+
+
 def test_a_truncated_pt_without_marker_is_caught_by_its_zip_directory(tmp_path):
     root = tmp_path / "ckpt"
     _ckpt(root, 4, marker=False, tracker=True)  # verl's own trainer: the tracker vouches for it
