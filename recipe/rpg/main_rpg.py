@@ -19,11 +19,15 @@ from rpg.launch.overrides import exit_on_bad_argv
 
 @hydra.main(config_path="config", config_name="rpg_trainer", version_base=None)
 def main(config):
-    from rpg.verl.main import main_from_hydra  # imports verl (seconds): after the command line is checked
+    from rpg.verl.main import main_from_hydra
 
     main_from_hydra(config)
 
 
 if __name__ == "__main__":
     exit_on_bad_argv(sys.argv[1:], "rpg config error")
+    # verl's import (seconds) once the command line is known to be readable, and before Hydra sets up
+    # logging: its warnings of a GPU-less machine go to stderr, not to Hydra's job log on stdout
+    import rpg.verl.main  # noqa: F401
+
     main()
