@@ -262,10 +262,9 @@ def run_trainer(
     argv, run_env = build_command(
         [*overrides, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"], entry, extra_modules, base, backend
     )
-    n_overrides = len(argv) - 1 - len(_entry_argv(entry))
     run_env["PYTHONUNBUFFERED"] = "1"
     run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv, cwd=Path(cwd or out).resolve(),
-                     overrides=argv[len(argv) - n_overrides:])
+                     overrides=argv[1 + len(_entry_argv(entry)):])  # after python and the entry
     if stop is not None and stop.is_set():  # stopped before it started: start nothing
         shutil.rmtree(ray_tmp, ignore_errors=True)
         run.stopped = True
@@ -281,7 +280,7 @@ def run_trainer(
         if (line := fold_segments(metrics_file)) is not None:
             run.notes.append(line)
         test_freq = values(run.overrides).get("trainer.test_freq")
-        run.notes += history_notes(metrics_file, test_freq if isinstance(test_freq, int) else None)
+        run.notes += history_notes(metrics_file, test_freq if type(test_freq) is int else None)
     finally:
         lock.close()
     run.metrics = read_metrics(metrics_file)
