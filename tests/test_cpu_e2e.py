@@ -1,6 +1,9 @@
 """End-to-end: verl's real trainer on the CPU backend with the tiny model (2 GRPO steps, each
 trained in 4 mini-batches, i.e. off-policy after the first).
 
+Assertions state what a quantity guarantees (a k3 KL is >= 0 up to float32 rounding; equal where the
+same weights and seeds make it so), and "moved" needs a non-zero gradient (asserted where used).
+
 One 2-step run of the default v1 trainer (TransferQueue) is shared by the assertions below and
 also writes a checkpoint per step; a second run resumes from the step-1 checkpoint. A third,
 optional run covers the legacy v0 trainer. Each run takes about a minute on 2 cores.
@@ -62,14 +65,20 @@ def test_two_steps_reach_the_end_with_validation(grpo):
     assert 0.0 <= val_acc(run.metrics[0]) <= 1.0
 
 
-def test_updates_are_off_policy_and_move_away_from_the_reference(grpo):
+# float32 rounding of verl's k3 ("low_var_kl": exp(x) - x - 1, exp near 1 rounded by up to 6e-8)
+K3_ROUNDING = 1e-6
+
+
+def test_updates_move_away_from_the_reference(grpo):
+    """verl's k3 KL loss against the fixed reference (= the initial actor) is >= 0 token by token, so
+    at every step up to float32 rounding; at step 2 pi_theta is the actor after step 1's update (a
+    non-zero gradient: test_actor_weights_change_and_reach_the_rollout), so every token's log-ratio to
+    the reference is non-zero and the loss is > 0. (verl's ``ppo_kl`` is k1 against pi_old: no sign,
+    and recomputation noise makes it non-zero even on-policy, so it proves nothing here.)"""
     run, _ = grpo
     for step in (1, 2):
-        m = run.metrics[step]
-        # 4 mini-batches per step: after the first, pi_theta != pi_old (verl's k1 estimate ppo_kl)
-        # and != the fixed reference (= the initial actor), so the step's mean k3 KL loss is > 0
-        assert m["actor/ppo_kl"] != 0.0
-        assert m["actor/kl_loss"] > 0.0
+        assert run.metrics[step]["actor/kl_loss"] >= -K3_ROUNDING, step
+    assert run.metrics[2]["actor/kl_loss"] > K3_ROUNDING
 
 
 def test_rollout_and_actor_agree_after_weight_sync(grpo):
@@ -135,7 +144,7 @@ def test_checkpoint_resume_continues_with_the_same_data(grpo, tiny_assets, tmp_p
     first_loads, resumed_loads = weight_loads(first), weight_loads(resumed)
     after_step_1 = [c for _, g, c in first_loads if g == "1"]  # the sync that follows step 1's update
     assert after_step_1 and resumed_loads[0][2] == pytest.approx(after_step_1[0], rel=0, abs=1e-6)
-    assert resumed.metrics[2]["actor/kl_loss"] > 0.0  # the fixed reference is the initial model again
+    assert resumed.metrics[2]["actor/kl_loss"] > K3_ROUNDING  # the fixed reference is the initial model again
     # same weights, same prompts, and the rollout's per-sequence seeds depend on the step, not on
     # the process: step 2 samples the same responses (same rewards and lengths). The weights after
     # step 2 are not compared: verl's v1 replay buffer orders the batch by rollout completion, so
@@ -148,7 +157,8 @@ def test_checkpoint_resume_continues_with_the_same_data(grpo, tiny_assets, tmp_p
 def test_legacy_v0_trainer_runs_two_steps(cpu_trainer):
     run = cpu_trainer(["trainer.use_v1=False", "trainer.val_before_train=False"], steps=2)
     assert run.metrics[2]["training/global_step"] == 2
-    assert run.metrics[1]["actor/kl_loss"] > 0.0 and run.metrics[2]["actor/kl_loss"] > 0.0  # off-policy mini-batches
+    # k3 against the fixed reference: >= 0 (float32 rounding aside); > 0 once step 1's update moved the actor
+    assert run.metrics[1]["actor/kl_loss"] >= -K3_ROUNDING and run.metrics[2]["actor/kl_loss"] > K3_ROUNDING
     assert run.metrics[2]["training/rollout_probs_diff_max"] < 1e-3
     assert val_acc(run.metrics[2]) is not None
     assert run.leftover_pids == []

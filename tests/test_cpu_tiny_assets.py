@@ -97,3 +97,41 @@ def test_warm_up_loss_equals_the_masked_model_loss():
     g_ref = torch.autograd.grad(reference, list(model.parameters()), allow_unused=True)
     for a, b in zip(g_ours, g_ref):
         torch.testing.assert_close(a, torch.zeros_like(a) if b is None else b, rtol=1e-5, atol=1e-7)
+
+
+def test_concurrent_builds_build_once_and_never_remove_a_published_build(tmp_path, monkeypatch):
+    """Two callers at once (pytest-xdist workers, two launchers): one builds under the cache's lock,
+    the other waits and reuses that build. Without the lock both built (a minute of CPU each on a
+    loaded machine) and the later one could delete the build the first was already using."""
+    import threading
+    import time
+
+    from rpg.tiny import build as tiny_build
+
+    built = []
+
+    def fake_build(out, log=lambda message: None):  # the files `complete()` looks for, slowly
+        built.append(out)
+        time.sleep(1.0)
+        (out / "model").mkdir()
+        for name in ("model/config.json", "train.parquet", "val.parquet", "build.json"):
+            (out / name).write_text("{}")
+
+    monkeypatch.setattr(tiny_build, "_build_into", fake_build)
+    (tmp_path / ".build-killed-builder").mkdir()  # a killed builder's temporary directory
+    results, errors = [], []
+
+    def call():
+        try:
+            results.append(build_tiny_assets(tmp_path, quiet=True))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and len(results) == 3 and len(set(results)) == 1 and results[0].complete()
+    assert len(built) == 1, built
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".build.lock", builder_key()]  # no temporary left

@@ -132,3 +132,20 @@ def test_out_into_a_missing_directory(tmp_path, capsys):
     assert main_tables([str(csv), "--table", "3", "--out", str(tmp_path / "afile" / "t3.md")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"error: cannot write --out {tmp_path / 'afile' / 't3.md'}: ") and "Traceback" not in err
+
+
+def test_a_resumes_own_validation_is_not_read_as_the_interval():
+    """The tiny demo (test_freq 5, 8 steps) killed after step 4 and resumed: validations at 0, 4 (the
+    resume's), 5 and 8 (the last). Inferred from the spacings, the interval came out as 1 and steps
+    0 -> 4, 5 -> 8 were reported as gaps; with the run's trainer.test_freq there is none, and a real
+    one is still named."""
+    def metrics(logs):
+        return {k: {s: d[k] for s, d in logs.items() if k in d} for k in {k for d in logs.values() for k in d}}
+
+    resumed = metrics(_logs([0, 4, 5, 8], last=8))
+    assert any("gaps in the validation steps" in w for w in history_warnings("r", resumed))  # the inference
+    assert history_warnings("r", resumed, interval=5) == []
+    lost = metrics(_logs([0, 5, 15, 20], last=20))
+    assert history_warnings("r", lost, interval=5) == [
+        "r: no validation metrics at step 10 (trainer.test_freq=5); a lost log segment? Best covers the logged "
+        "steps only"]

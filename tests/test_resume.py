@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -106,6 +107,41 @@ def test_auto_resume_skips_incomplete_and_truncated_checkpoints(tmp_path):
     assert plan.folder == str(root / "global_step_4")
     assert "global_step_12: incomplete" in plan.note and "global_step_8: data.pt has" in plan.note
     assert last_complete(root) == root / "global_step_4"
+
+
+def test_auto_resume_skips_an_incomplete_newest_checkpoint_with_one_line(tmp_path, capsys):
+    """Killed during the save of step 8 (no marker): the driver pins global_step_4, says so in one line."""
+    root = tmp_path / "ckpt"
+    _ckpt(root, 4, tracker=True)
+    _ckpt(root, 8, marker=False)
+    cfg = _cfg(tmp_path)
+    _prepare(cfg)
+    assert (cfg.trainer.resume_mode, cfg.trainer.resume_from_path) == ("resume_path", str(root / "global_step_4"))
+    note = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
+    assert note == [f"rpg: resuming from {root / 'global_step_4'}, the newest complete checkpoint; skipped: "
+                    f"{root / 'global_step_8'}: incomplete (no {MARKER}: the save did not finish)"]
+
+
+def test_truncated_checkpoint_is_refused_by_the_driver_before_ray(tmp_path):
+    """recipe/rpg/main_rpg.py itself: exit code 2, one line naming the truncated file and the choices,
+    before Ray starts (verl loaded it inside a Ray worker: a 60-line traceback)."""
+    root = tmp_path / "ckpt"
+    _ckpt(root, 4, marker=False, tracker=True)
+    _truncate(root / "global_step_4" / "actor" / "model_world_size_1_rank_0.pt")
+    for name in ("train.parquet", "val.parquet"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "model").mkdir()
+    p = subprocess.run([sys.executable, str(ROOT / "recipe" / "rpg" / "main_rpg.py"),
+                        f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files=['{tmp_path / 'val.parquet'}']",
+                        f"actor_rollout_ref.model.path={tmp_path / 'model'}", "trainer.device=cpu",
+                        f"trainer.default_local_dir={root}", "trainer.resume_mode=auto"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    ours = [ln for ln in p.stderr.splitlines() if ln.startswith("rpg config error")]
+    assert p.returncode == 2 and len(ours) == 1, p.stderr[-3000:]
+    assert "model_world_size_1_rank_0.pt: not a whole torch checkpoint" in ours[0] and str(root) in ours[0]
+    assert "trainer.resume_mode=disable" in ours[0]
+    assert "Traceback" not in p.stderr and "ray init" not in (p.stdout + p.stderr).lower()
 
 
 def test_a_truncated_pt_without_marker_is_caught_by_its_zip_directory(tmp_path):
@@ -331,11 +367,37 @@ def _run_marker_procs(marker_prefix: str, pid: int) -> list[int]:
     return out
 
 
+class _Lines:
+    """A pipe read line by line in a thread, so that a test can tell the lines printed before and after
+    an event (the stop signal) without a deadline."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self.thread = threading.Thread(target=lambda: self.lines.extend(iter(stream.readline, "")), daemon=True)
+        self.thread.start()
+
+    def after(self, n: int) -> list[str]:
+        return [ln.rstrip("\n") for ln in self.lines[n:] if ln.strip()]
+
+
+def _wait_until(condition, what: str, cap_s: float = 900.0) -> None:
+    """Wait for ``condition()``; ``cap_s`` only keeps a broken run from hanging the suite (the wait ends
+    on the condition, not on a guess of how long a loaded machine needs)."""
+    t0 = time.time()
+    while not condition():
+        assert time.time() - t0 < cap_s, f"gave up waiting for {what} after {cap_s:.0f} s"
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("signum, stubborn", [(signal.SIGHUP, True), (signal.SIGINT, False), (signal.SIGTERM, False)])
-def test_stop_signal_ends_every_process_of_the_run_with_one_line(tmp_path, signum, stubborn):
+def test_stop_signal_ends_every_process_of_the_run_with_one_line(tiny_assets, tmp_path, signum, stubborn):
     """SIGHUP with a child that ignores SIGTERM in its own session (as Ray's agents: about 25 s, the
     harness waits for stragglers, then terminates and kills them); SIGINT and SIGTERM with children in
-    the trainer's process group (a few seconds)."""
+    the trainer's process group (a few seconds).
+
+    The launcher reuses the tiny assets built by the ``tiny_assets`` fixture (building them inside the
+    launcher took up to minutes under load and printed progress on stderr); the test waits for the
+    stand-in's "ready" or the launcher's end, and asserts on what stderr holds after the signal."""
     body = _STUBBORN if stubborn else _STUBBORN.replace("signal.signal(signal.SIGTERM, signal.SIG_IGN); ", "").replace(
         "start_new_session=True", "start_new_session=False")
     entry = _entry(tmp_path, "stubborn.py", body)
@@ -344,15 +406,19 @@ def test_stop_signal_ends_every_process_of_the_run_with_one_line(tmp_path, signu
     p = subprocess.Popen([sys.executable, "-m", "rpg.backends.cpu.run", "--out", str(out), "--entry", entry,
                           "--steps", "2", "--echo"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    log, deadline = out / "trainer.log", time.time() + 120
-    while time.time() < deadline and not (log.exists() and "ready" in log.read_text(errors="replace")):
-        time.sleep(0.2)
-    marker = str(tmp_path / "rpgray")
+    _, stderr = _Lines(p.stdout), _Lines(p.stderr)  # both drained (--echo fills stdout)
+    log, marker = out / "trainer.log", str(tmp_path / "rpgray")
     try:
-        assert len(_run_marker_procs(marker, p.pid)) >= 4  # launcher, trainer, two children
+        _wait_until(lambda: p.poll() is not None or (log.exists() and "ready" in log.read_text(errors="replace")),
+                    "the stand-in trainer's 'ready'")
+        assert p.poll() is None, "".join(stderr.lines)[-3000:]
+        # "ready" is printed after both children started: launcher, trainer, two children
+        assert len(_run_marker_procs(marker, p.pid)) >= 4, _run_marker_procs(marker, p.pid)
+        before = len(stderr.lines)
         t0 = time.time()
         p.send_signal(signum)
-        stdout, stderr = p.communicate(timeout=60)
+        p.wait(timeout=60)
+        stderr.thread.join(10)
         while _run_marker_procs(marker, p.pid) and time.time() - t0 < 60:
             time.sleep(0.5)
         assert _run_marker_procs(marker, p.pid) == [] and time.time() - t0 < 60
@@ -360,16 +426,17 @@ def test_stop_signal_ends_every_process_of_the_run_with_one_line(tmp_path, signu
         for pid in _run_marker_procs(marker, p.pid):
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()
-    assert p.returncode == 128 + signum, stderr[-2000:]
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
+    text = "".join(stderr.lines)
+    assert p.returncode == 128 + signum, text[-2000:]
+    lines = stderr.after(before)
+    assert len(lines) == 1 and "Traceback" not in text, text[-2000:]
     name = signal.Signals(signum).name
     assert f"stopped by {name}" in lines[0] and str(out / "trainer.log") in lines[0]
     assert f"--out {out}" in lines[0] and "trainer.resume_mode=auto" in lines[0]
     assert f"stopped by {name}" in (out / "trainer.log").read_text()
 
 
-def test_tiny_launcher_keeps_the_drivers_exit_code(tmp_path):
+def test_tiny_launcher_keeps_the_drivers_exit_code(tiny_assets, tmp_path):
     from rpg.backends.cpu.run import main
 
     entry = _entry(tmp_path, "bad_config.py", "import sys\nprint('rpg config error: x', file=sys.stderr)\nsys.exit(2)\n")
@@ -393,3 +460,68 @@ def test_drivers_stop_line_names_the_workers_log_the_checkpoint_and_the_resume_c
     assert f"metrics log {tmp_path / 'logs' / 'rpg' / 'run_x.jsonl'};" in line
     assert f"last complete checkpoint {ckpt};" in line
     assert line.endswith("recipe/rpg/main_rpg.py a.b=1 trainer.resume_mode=auto c=2")
+
+
+_SLOW_TO_STOP = """
+    import pathlib, signal, sys, time
+    flag = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("+rpg_test.flag=")))
+
+    def stop(signum, frame):  # like the RPG driver: SIGTERM -> shut Ray down (a few seconds) -> exit
+        flag.write_text(signal.Signals(signum).name)
+        time.sleep(3)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+_LAUNCHER = """
+import sys
+from rpg.backends.cpu.harness import run_trainer
+run_trainer([sys.argv[3]], output_dir=sys.argv[2], entry=sys.argv[1], timeout_s=600)
+"""
+
+
+def test_a_launcher_killed_with_sigkill_still_stops_its_trainer(tmp_path):
+    """kill -9 of the launcher runs no clean-up at all: the kernel's parent-death signal (rpg.launch.tether)
+    stops the trainer, and the directory stays locked until the trainer has ended (a restart into it is
+    refused meanwhile, then accepted). Before: the trainer trained on unseen into the directory."""
+    from rpg.backends.cpu.harness import TrainerRunError, run_trainer
+
+    entry, out, flag = _entry(tmp_path, "slow_to_stop.py", _SLOW_TO_STOP), tmp_path / "out", tmp_path / "flag"
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, entry, str(out), f"+rpg_test.flag={flag}"],
+                                cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    log = out / "trainer.log"
+    trainer = None
+    try:
+        _wait_until(lambda: launcher.poll() is not None or (log.exists() and "ready" in log.read_text()), "ready", 300)
+        assert launcher.poll() is None
+        (trainer,) = [c for c in psutil.Process(launcher.pid).children() if "python" in c.name()]
+        launcher.kill()
+        launcher.wait(10)
+        _wait_until(lambda: flag.exists(), "the trainer's SIGTERM", 30)
+        assert flag.read_text() == "SIGTERM"
+        with pytest.raises(TrainerRunError, match="in use by another run"):  # the old trainer is still stopping
+            run_trainer([f"+rpg_test.flag={tmp_path / 'unused'}"], output_dir=out, entry=entry, timeout_s=60)
+        _wait_until(lambda: not trainer.is_running() or trainer.status() == psutil.STATUS_ZOMBIE, "its end", 30)
+    finally:
+        for p in [launcher] + ([trainer] if trainer is not None else []):
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                p.kill()
+    quick = _entry(tmp_path, "quick.py", "print('ran')\n")
+    assert "ran" in run_trainer([], output_dir=out, entry=quick, timeout_s=60).log  # the directory is free again
+
+
+def test_drivers_resume_command_keeps_flags_and_other_arguments():
+    """Only what Hydra's parser reads as an override is merged (trainer.resume_mode=auto replaces the
+    earlier mode); Hydra's flags and any other argument are kept as given. The stop handler builds this
+    command: it must not fail on a command line that is not only overrides."""
+    from rpg.verl.main import resume_command
+
+    line = resume_command(["recipe/rpg/main_rpg.py", "--config-name", "rpg_trainer",
+                           "data.val_files=[data/a.parquet,data/b.parquet]", "trainer.resume_mode=disable", "~x.y"])
+    assert line.endswith("recipe/rpg/main_rpg.py --config-name rpg_trainer 'data.val_files=[data/a.parquet,"
+                         "data/b.parquet]' trainer.resume_mode=auto '~x.y'"), line
+    assert resume_command(["driver.py", "/tmp/ray", "trainer.resume_mode=disable"]).endswith(
+        "driver.py /tmp/ray trainer.resume_mode=auto")

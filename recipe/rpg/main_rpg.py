@@ -3,17 +3,31 @@
 Composes ``config/rpg_trainer.yaml`` (verl's installed ``ppo_trainer`` + the ``rpg:`` block) and
 hands over to ``rpg.verl.main`` (validation before Ray, RPG TaskRunner/trainer/worker).
 See docs/verl-integration.md.
+
+The command line is read first with Hydra's own parsers (``rpg.launch.overrides.exit_on_bad_argv``):
+an override Hydra cannot read is one line naming it, exit code 2, before verl is imported (Hydra's
+own report is three lines without the override's name, exit code 1). Hydra's flags (``--cfg job``,
+``-m``, ``--config-name``, ``hydra.*`` overrides, ...) pass through unchanged.
 """
+
+import sys
 
 import hydra
 
-from rpg.verl.main import main_from_hydra
+from rpg.launch.overrides import exit_on_bad_argv
 
 
 @hydra.main(config_path="config", config_name="rpg_trainer", version_base=None)
 def main(config):
+    from rpg.verl.main import main_from_hydra
+
     main_from_hydra(config)
 
 
 if __name__ == "__main__":
+    exit_on_bad_argv(sys.argv[1:], "rpg config error")
+    # verl's import (seconds) once the command line is known to be readable, and before Hydra sets up
+    # logging: its warnings of a GPU-less machine go to stderr, not to Hydra's job log on stdout
+    import rpg.verl.main  # noqa: F401
+
     main()

@@ -5,8 +5,10 @@ Modules (nothing is imported here, so ``import rpg.launch.<x>`` stays light):
 * ``variants``     the run-name grammar: one parser for the 60 paper scripts (``parse``, ``to_overrides``).
 * ``cli``          ``python -m rpg.launch``: the launcher behind ``recipe/rpg/{7b,4b}/*.sh`` (local, Ray
                    job, ``DRY_RUN=1``, ``RPG_BACKEND=cpu``, ``--describe``, ``--list``).
-* ``overrides``    Hydra override lists: the key an override sets, merging lists (later wins).
+* ``overrides``    Hydra override lists read with Hydra's own parser: keys, values, merging (later wins),
+                   one-line syntax errors.
 * ``memory``       per-GPU memory and checkpoint-disk estimate of a composed config.
 * ``memory_host``  host RAM per node of the same config.
 * ``signals``      SIGHUP/SIGINT/SIGTERM -> a clean stop of the whole run (exit 128 + signum).
+* ``tether``       a trainer stopped (SIGTERM) when its launcher dies, even by SIGKILL.
 """

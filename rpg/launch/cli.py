@@ -52,7 +52,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rpg.launch.overrides import merge_overrides, override_key
+from rpg.launch.overrides import OverrideSyntaxError, merge_overrides, override_key, parse_overrides, values
 from rpg.verl.preflight import error_line, input_path_problems, name_problem
 from rpg.verl.settings import RPGConfigError
 from rpg.launch.variants import GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
@@ -202,21 +202,25 @@ def env_overrides(v: Variant, env: Mapping[str, str], root: Path, cwd: Path) -> 
 
 
 def _check_user(user: Sequence[str]) -> None:
-    bad = [o for o in user if "=" not in o or o.startswith("-")]
-    if bad:
-        raise LaunchError(f"extra arguments must be Hydra overrides key=value; got {bad}")
+    """The user's extra arguments: Hydra overrides only, each one Hydra can read (``OverrideSyntaxError``:
+    one line naming it), before anything is composed or started."""
+    flags = [o for o in user if o.startswith("-")]
+    if flags:
+        raise LaunchError(f"extra arguments must be Hydra overrides (key=value); got {flags}")
+    parse_overrides(user)
 
 
 def finalize(overrides: list[str], user: Sequence[str]) -> list[str]:
     """Keep the overlong buffer at max_response_length/4 unless the user set it explicitly."""
     if any(override_key(o) == OVERLONG_LEN for o in user):
         return overrides
-    resp = [o.split("=", 1)[1] for o in overrides if override_key(o) == "data.max_response_length"]
-    if not resp:
+    set_values = values(overrides)
+    if "data.max_response_length" not in set_values:
         return overrides
-    if not resp[-1].isdigit():
-        raise LaunchError(f"data.max_response_length={resp[-1]!r} is not an integer; set {OVERLONG_LEN} explicitly")
-    return merge_overrides(overrides, [f"{OVERLONG_LEN}={int(resp[-1]) // 4}"])
+    resp = set_values["data.max_response_length"]
+    if not isinstance(resp, int) or isinstance(resp, bool) or resp < 1:
+        raise LaunchError(f"data.max_response_length={resp!r} is not a positive integer; set {OVERLONG_LEN} explicitly")
+    return merge_overrides(overrides, [f"{OVERLONG_LEN}={resp // 4}"])
 
 
 def tiny_overrides_for_cpu(steps: int = 2) -> list[str]:
@@ -243,7 +247,8 @@ def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, r
 
         cpu_keys = {override_key(o) for o in cpu_overrides()}
         groups = [[o for o in g if override_key(o) not in cpu_keys] for g in groups] + [tiny_overrides_for_cpu()]
-        if "file" not in " ".join(o for o in groups[1] if override_key(o) == "trainer.logger"):
+        loggers = values(groups[1]).get("trainer.logger")
+        if "file" not in ([loggers] if isinstance(loggers, str) else list(loggers or ())):
             groups.append(["trainer.logger=['console','file']"])  # the harness reads verl's file logger
     return finalize(merge_overrides(*groups, list(user)), user), job_env
 
@@ -322,18 +327,15 @@ def list_table() -> str:
 
 
 def _missing_files(overrides: Sequence[str]) -> list[str]:
-    from ast import literal_eval
-
+    """The local data files named by ``data.train_files`` / ``data.val_files`` (the values Hydra will
+    give them: one path or a list) that do not exist. URLs and ``${...}`` interpolations are left to
+    the driver, which checks the resolved paths before Ray starts (``rpg.verl.preflight``)."""
+    set_values = values(overrides)
     missing = []
-    for o in overrides:
-        k, val = override_key(o), o.split("=", 1)[1]
-        if k == "data.train_files":
-            paths = [val.strip("'")]
-        elif k == "data.val_files":
-            paths = list(literal_eval(val)) if val.startswith("[") else [val.strip("'")]
-        else:
-            continue
-        missing += [p for p in paths if "://" not in p and not Path(p).exists()]
+    for key in ("data.train_files", "data.val_files"):
+        value = set_values.get(key)
+        paths = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
+        missing += [p for p in paths if isinstance(p, str) and "://" not in p and "${" not in p and not Path(p).exists()]
     return missing
 
 
@@ -350,7 +352,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = dict(os.environ if env is None else env)
     try:
         return _main(argv, env)
-    except (LaunchError, VariantNameError) as e:
+    except (LaunchError, VariantNameError, OverrideSyntaxError) as e:
         print(f"rpg.launch: {e}", file=sys.stderr)
         return 2
     except RPGConfigError as e:  # from the driver-side checks (compose): the driver's own line
@@ -552,8 +554,8 @@ def _run_cpu(v: Variant, overrides: Sequence[str], env: Mapping[str, str], root:
                 [sys.executable, "-m", "rpg.launch", v.name, *merge_overrides(user, ["trainer.resume_mode=auto"])])
             report_stop(e.run, "[cpu]", resume)
             return 128 + e.run.stop_signal
-        with contextlib.suppress(OSError):
-            print(f"[cpu] FAILED: {e}", file=sys.stderr)
+        with contextlib.suppress(OSError):  # a refused config: the driver's one line (as with DRY_RUN=1)
+            print(e.run.refusal() or f"[cpu] FAILED: {e}", file=sys.stderr)
         return e.run.returncode if (e.run.returncode or 0) > 0 else 1
     for note in run.notes:
         print(f"[cpu] note: {note}", flush=True)

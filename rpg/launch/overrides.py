@@ -1,18 +1,150 @@
-"""Hydra override lists (``key=value`` strings): the key an override sets and merging lists.
+"""Hydra override lists (``key=value`` strings), read with Hydra's own override parser.
 
-Used by every launcher (``rpg.launch.cli``, the CPU harness, the GPU smoke run, the study) to put
-the user's overrides last so that they win.
+Every place in the project that looks inside an override (its key, its value, whether it is valid)
+goes through this module, and this module goes through
+``hydra.core.override_parser.overrides_parser.OverridesParser``: the grammar the trainer applies
+later (quoted strings, ``[a,b]`` lists, ``{k:v}`` dicts, ``${...}`` interpolations, ``+``/``++``/``~``)
+is then the grammar the launchers check, and a value can never be read differently by a launcher
+and by Hydra. Splitting at ``=`` or ``ast.literal_eval`` would disagree with Hydra on valid
+overrides (README's ``data.val_files=[data/aime2024.parquet,data/aime2025.parquet]`` is not a
+Python literal) and let invalid ones through to a traceback after Ray started.
+
+* ``parse_overrides``: the parsed overrides, or ``OverrideSyntaxError``: ONE line naming the override and
+  Hydra's reason (the launchers print it and exit 2). A sweep (``a=1,2``, ``choice(...)``,
+  ``range(...)``, ``glob(...)``) is refused too unless ``multirun``: a single run takes one value.
+* ``override_key`` / ``value_of`` / ``values``: what an override sets, as Hydra reads it.
+* ``merge_overrides``: concatenation where a later value for the same key wins.
+* ``split_hydra_argv`` / ``exit_on_bad_argv``: a Hydra app's command line (flags such as ``--cfg job``,
+  ``-m``, ``--config-name``, then overrides), read with Hydra's own argument parser, checked before
+  ``hydra.main`` runs (``recipe/rpg/main_rpg.py``).
+
+Used by every launcher (``rpg.launch.cli``, the CPU harness and ``rpg.backends.cpu.run``, the GPU
+smoke run, the study) and by the driver's entry script.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+GRAMMAR_HINT = ("Hydra's override grammar: key=value, +key=value (add), ++key=value (add or replace), ~key "
+                "(delete); lists [a,b]; quote a value holding spaces or commas: key='a b'")
+PREFIX = {"ADD": "+", "FORCE_ADD": "++", "DEL": "~", "CHANGE": ""}
+
+
+class OverrideSyntaxError(ValueError):
+    """An override Hydra cannot read (or a sweep where one value is needed): one line."""
+
+
+_PARSER = None
+
+
+def _parser():
+    """Hydra's parser (built once: building it loads the ANTLR grammar)."""
+    global _PARSER
+    if _PARSER is None:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        _PARSER = OverridesParser.create()
+    return _PARSER
+
+
+def _reason(err: Exception) -> str:
+    """Hydra's message on one line: without its documentation link, its caret line and the
+    'Error parsing override' header (the caller names the override itself)."""
+    lines = [ln.strip() for ln in str(err).splitlines()]
+    keep = [ln for ln in lines if ln and not ln.startswith("See https://") and set(ln) != {"^"}
+            and not ln.startswith("Error parsing override")]
+    return "; ".join(keep) or type(err).__name__
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """One override as Hydra reads it."""
+
+    text: str  # as given
+    key: str  # the dotted key (``a.b``), with ``@package`` when one is given
+    kind: str  # CHANGE, ADD (+), FORCE_ADD (++) or DEL (~)
+    value: Any  # Hydra's value: str, int, float, bool, None, list, dict (a sweep object only with multirun)
+    value_text: str | None  # the value exactly as written (None: a deletion without a value)
+
+    @property
+    def prefix(self) -> str:
+        return PREFIX[self.kind]
+
+    @property
+    def is_delete(self) -> bool:
+        return self.kind == "DEL"
+
+    def with_value_text(self, value_text: str) -> str:
+        """This override's prefix and key with another value (as written)."""
+        return f"{self.prefix}{self.key}={value_text}"
+
+
+def parse_one(text: str, *, multirun: bool = False) -> Parsed:
+    """``text`` as Hydra reads it; ``OverrideSyntaxError`` (one line) when Hydra cannot, or when it
+    is a sweep and ``multirun`` is off."""
+    from hydra.errors import HydraException
+
+    if not isinstance(text, str):
+        raise OverrideSyntaxError(f"Hydra override {text!r} is not a string")
+    try:
+        (ov,) = _parser().parse_overrides([text])
+    except HydraException as e:
+        raise OverrideSyntaxError(f"Hydra cannot parse the override {text!r}: {_reason(e)} ({GRAMMAR_HINT})") from None
+    if ov.is_sweep_override() and not multirun:
+        raise OverrideSyntaxError(
+            f"the override {text!r} is a sweep (several values, for Hydra's --multirun) but a run takes one value: "
+            "write a list as key=[a,b], or quote a string holding commas: key='a,b'")
+    key = ov.key_or_group if ov.package is None else f"{ov.key_or_group}@{ov.package}"
+    key_element = ov.get_key_element()  # prefix + key (+ @package), as the parser matched it
+    if text.startswith(key_element + "="):
+        value_text = text[len(key_element) + 1:]
+    elif ov.is_delete():
+        value_text = None  # ``~key``
+    else:  # pragma: no cover - the grammar puts '=' right after the key
+        value_text = ov.get_value_element_as_str()
+    return Parsed(text, key, ov.type.name, ov.value(), value_text)
+
+
+def parse_overrides(overrides: Iterable[str], *, multirun: bool = False) -> list[Parsed]:
+    """Every override parsed (``parse_one``); the first one Hydra cannot read raises."""
+    return [parse_one(o, multirun=multirun) for o in overrides]
+
+
+def is_override(text: str) -> bool:
+    """Whether Hydra reads ``text`` as one override of a single run (a flag, a bare word, a path or a
+    sweep is not)."""
+    if not isinstance(text, str) or text.startswith("-"):
+        return False
+    try:
+        parse_one(text)
+    except OverrideSyntaxError:
+        return False
+    return True
 
 
 def override_key(override: str) -> str:
-    """``'+a.b=1'`` -> ``'a.b'`` (the dotted key an override sets)."""
-    key = override.split("=", 1)[0]
-    return key.lstrip("+~")
+    """``'+a.b=1'`` -> ``'a.b'`` (the dotted key an override sets, as Hydra reads it)."""
+    return parse_one(override).key
+
+
+def value_of(override: str) -> Any:
+    """The value Hydra gives ``override`` (``'k=[a,b]'`` -> ``['a', 'b']``, ``"k='x'"`` -> ``'x'``)."""
+    return parse_one(override).value
+
+
+def values(overrides: Iterable[str]) -> dict[str, Any]:
+    """{key: value} of the assignments in ``overrides`` (the last one wins; a deletion removes the key)."""
+    out: dict[str, Any] = {}
+    for p in parse_overrides(overrides):
+        if p.is_delete:
+            out.pop(p.key, None)
+        else:
+            out[p.key] = p.value
+    return out
 
 
 def merge_overrides(*groups: Iterable[str]) -> list[str]:
@@ -20,19 +152,57 @@ def merge_overrides(*groups: Iterable[str]) -> list[str]:
 
     The first occurrence keeps its position and its ``+``/``++`` prefix (so a base that adds a
     new key with ``+k=v`` can be overridden by a caller writing ``k=v2``). ``~k`` deletions are
-    kept as given.
+    kept as given, in their place; an assignment after a deletion of its key is a new entry after
+    it (merging it into the earlier one would put it before the deletion, which would then delete it).
+    Values are kept exactly as written. An override Hydra cannot read raises ``OverrideSyntaxError``.
     """
-    order: list[str] = []
-    prefix: dict[str, str] = {}
-    value: dict[str, str] = {}
+    slots: list[list] = []  # [Parsed of the first occurrence, value text of the latest]
+    open_slot: dict[str, int] = {}
     for group in groups:
-        for ov in group:
-            if "=" not in ov:
-                raise ValueError(f"Hydra override must be key=value, got {ov!r}")
-            raw_key, val = ov.split("=", 1)
-            key = override_key(ov)
-            if key not in value:
-                order.append(key)
-                prefix[key] = raw_key[: len(raw_key) - len(raw_key.lstrip("+~"))]
-            value[key] = val
-    return [f"{prefix[k]}{k}={value[k]}" for k in order]
+        for p in parse_overrides(group):
+            if p.is_delete:
+                slots.append([p, None])
+                open_slot.pop(p.key, None)
+            elif p.key in open_slot:
+                slots[open_slot[p.key]][1] = p.value_text
+            else:
+                open_slot[p.key] = len(slots)
+                slots.append([p, p.value_text])
+    return [first.text if first.is_delete else first.with_value_text(value) for first, value in slots]
+
+
+# ----------------------------------------------------------------------------- a Hydra app's command line
+
+
+def split_hydra_argv(argv: Sequence[str]):
+    """``argv`` read by the argument parser ``hydra.main`` itself uses: ``(namespace, overrides)``.
+
+    Hydra keeps that parser in ``hydra._internal.utils`` (unchanged from 1.0 to 1.3); reading the
+    command line with it means Hydra's flags (``--cfg job``, ``-m``, ``--config-name x``, ...) are told
+    apart from overrides exactly as ``hydra.main`` will. An unknown flag exits 2 with argparse's usage
+    line, as ``hydra.main`` would.
+    """
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(list(argv))
+    return args, list(args.overrides)
+
+
+def bad_override_line(argv: Sequence[str]) -> str | None:
+    """The one line for the first override of a Hydra app's command line that Hydra cannot read
+    (sweeps only with ``-m``/``--multirun``); None when all are readable."""
+    args, overrides = split_hydra_argv(argv)
+    try:
+        parse_overrides(overrides, multirun=bool(args.multirun))
+    except OverrideSyntaxError as e:
+        return str(e)
+    return None
+
+
+def exit_on_bad_argv(argv: Sequence[str], prefix: str) -> None:
+    """Before ``hydra.main``: an override it cannot read is ``<prefix>: <one line>`` on stderr and exit
+    code 2 (Hydra's own report is three lines, exit code 1, without the override's name)."""
+    line = bad_override_line(argv)
+    if line is not None:
+        print(f"{prefix}: {line}", file=sys.stderr, flush=True)
+        sys.exit(2)

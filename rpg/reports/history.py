@@ -147,14 +147,17 @@ def validation_steps(metrics: Metrics) -> list[int]:
     return sorted({s for k, series in metrics.items() if k.startswith(VALIDATION_PREFIXES) for s in series})
 
 
-def history_warnings(name: str | Path, metrics: Metrics) -> list[str]:
+def history_warnings(name: str | Path, metrics: Metrics, interval: int | None = None) -> list[str]:
     """One line if the history does not start at step 0; one line listing the training steps without
     metrics (``TRAINING_STEP_KEY`` missing between the first step, at least 1, and the last training
     step); one line listing gaps in the validation steps.
 
-    The validation interval is the most common spacing of consecutive validation steps (ties: the
-    smaller; the last spacing is left out of the vote, verl also validates at the final step); a
-    gap is a spacing larger than that interval.
+    ``interval``: the run's ``trainer.test_freq`` when the caller knows it (the CPU harness): a gap is
+    then a multiple of it, up to the last training step, without validation metrics. A resumed run
+    also validates where it resumed and verl at the final step; those extra steps are no evidence of
+    the interval. Otherwise the interval is inferred: the most common spacing of consecutive
+    validation steps (ties: the smaller; the last spacing is left out of the vote, verl also
+    validates at the final step), and a gap is a spacing larger than that.
     """
     out = []
     steps = [s for series in metrics.values() for s in series]
@@ -169,6 +172,14 @@ def history_warnings(name: str | Path, metrics: Metrics) -> list[str]:
             out.append(f"{name}: no training metrics for {_ranges(lost)} (a run stopped after a checkpoint was "
                        "saved and before that step's metrics were logged, then resumed after it?)")
     val = validation_steps(metrics)
+    if interval is not None and interval > 0:
+        last = trained[-1] if trained else max(steps, default=0)
+        missing = [s for s in range(interval, last + 1, interval) if s >= min(steps) and s not in set(val)]
+        if missing:
+            out.append(f"{name}: no validation metrics at step{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+                       f"(trainer.test_freq={interval}); "
+                       "a lost log segment? Best covers the logged steps only")
+        return out
     diffs = [b - a for a, b in zip(val, val[1:])]
     vote = diffs[:-1] if len(diffs) > 1 else diffs
     if vote:

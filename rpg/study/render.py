@@ -169,17 +169,23 @@ def eval_noise(runs: dict[str, Metrics], specs: list[RunSpec], metric: str, val_
 
 
 def val_problem_count(out: Path, specs: list[RunSpec], records: list[dict]) -> int | None:
-    """Rows of the held-out file the runs validated on (``data.val_files`` of the first finished run)."""
-    for spec, rec in zip(specs, records):
-        for ov in rec.get("overrides") or []:
-            if ov.lstrip("+").startswith("data.val_files="):
-                path = Path(ov.split("=", 1)[1].strip("'\"[]"))
-                try:
-                    import pyarrow.parquet as pq
+    """Rows of the held-out file(s) the runs validated on (``data.val_files`` of the first run that sets it,
+    read as Hydra reads it: one path or a list)."""
+    from rpg.launch.overrides import OverrideSyntaxError, values
 
-                    return pq.ParquetFile(path).metadata.num_rows
-                except (OSError, ImportError, ValueError):
-                    return None
+    for spec, rec in zip(specs, records):
+        try:
+            files = values(rec.get("overrides") or []).get("data.val_files")
+        except OverrideSyntaxError:
+            return None
+        if files is None:
+            continue
+        try:
+            import pyarrow.parquet as pq
+
+            return sum(pq.ParquetFile(Path(f)).metadata.num_rows for f in ([files] if isinstance(files, str) else files))
+        except (OSError, ImportError, ValueError, TypeError):
+            return None
     return None
 
 

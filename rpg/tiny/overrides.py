@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from rpg.tiny.build import TinyAssets
 
-RECIPE_ENTRY = "recipe/rpg/main_rpg.py"  # relative to the project root (the harness resolves it)
+RECIPE_ENTRY = "recipe/rpg/main_rpg.py"  # relative to the project root (rpg.backends.cpu.run resolves it)
 VERL_ENTRY = "verl.trainer.main_ppo"
 TRAIN_BATCH_SIZE = 8  # prompts per rollout batch
 MINI_BATCH_SIZE = 2  # prompts per optimizer step: 4 off-policy-weighted updates per rollout batch

@@ -125,13 +125,16 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
 
 
 def resume_command(argv: list[str]) -> str:
-    """The command that resumes this run: the same one, with ``trainer.resume_mode=auto`` last."""
-    from rpg.launch.overrides import merge_overrides
+    """The command that resumes this run: the same one, with ``trainer.resume_mode=auto`` (replacing an
+    earlier mode). What Hydra's override parser reads as an override is merged; anything else (Hydra's
+    flags such as ``--config-name x``, other arguments) is kept as given, before the overrides."""
+    from rpg.launch.overrides import is_override, merge_overrides
 
     script, args = argv[0], argv[1:]
-    flags = [a for a in args if "=" not in a]
-    return shlex.join([sys.executable, script, *flags,
-                       *merge_overrides([a for a in args if "=" in a], ["trainer.resume_mode=auto"])])
+    kinds = [is_override(a) for a in args]
+    flags = [a for a, ov in zip(args, kinds) if not ov]
+    overrides = [a for a, ov in zip(args, kinds) if ov]
+    return shlex.join([sys.executable, script, *flags, *merge_overrides(overrides, ["trainer.resume_mode=auto"])])
 
 
 def stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:

@@ -15,8 +15,11 @@ validation before training is logged at step 0).
 Clean-up: the trainer runs in its own session with a private Ray temp dir, so every process of
 the run (driver, GCS, raylet, workers) is identifiable. After the run, whatever its outcome, any
 of them still alive 30 s after the driver exited is terminated, and ``TrainerRun.leftover_pids``
-lists them (empty in a clean run). A failed or timed-out run raises ``TrainerRunError`` with the
-log's tail. SIGHUP, SIGINT and SIGTERM to this process (main thread, ``rpg.launch.signals``) end the run
+lists them (empty in a clean run). The trainer is tethered to this process (``rpg.launch.tether``):
+if this process is killed with SIGKILL, when none of this clean-up can run, the kernel sends the
+trainer SIGTERM (the RPG driver then shuts its Ray cluster down) instead of letting it train on
+unseen; and it holds the output directory's lock until it has ended. A failed or timed-out run raises
+``TrainerRunError`` with the log's tail. SIGHUP, SIGINT and SIGTERM to this process (main thread, ``rpg.launch.signals``) end the run
 the same way within a minute and raise ``TrainerRunError`` with ``TrainerRun.stop_signal`` set
 (``report_stop`` prints the one line; the caller exits 128 + signum).
 
@@ -45,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpg.backends.cpu.settings import cpu_env, cpu_overrides
-from rpg.launch.overrides import merge_overrides, override_key
+from rpg.launch.overrides import merge_overrides, values
 from rpg.reports import history
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
 
@@ -75,6 +78,7 @@ class TrainerRun:
     log_file: Path
     metrics_file: Path
     command: list[str]
+    overrides: list[str] = field(default_factory=list)  # the Hydra overrides at the end of ``command``
     metrics: dict[int, dict] = field(default_factory=dict)  # step -> merged metrics of that step
     peak_rss_bytes: int = 0  # max over time of the summed RSS of all processes of the run (counts shared pages repeatedly)
     peak_pss_bytes: int = 0  # max over time of the summed PSS (shared pages split between processes): the run's RAM
@@ -85,6 +89,12 @@ class TrainerRun:
     stop_signal: int | None = None  # terminated because this process got SIGHUP, SIGINT or SIGTERM
     cwd: Path | None = None  # the trainer's working directory (relative checkpoint paths)
     notes: list[str] = field(default_factory=list)  # history lines: steps a resume replaced, lost steps, ...
+    config_error: str | None = None  # the driver's one line when it refused the config (``rpg config error: ...``)
+
+    def refusal(self) -> str | None:
+        """The driver's one line when it refused the config before Ray (exit code 2), else None: what a
+        launcher prints instead of the log's tail, so that its stderr is the driver's line alone."""
+        return self.config_error if self.returncode == 2 else None
 
     @property
     def log(self) -> str:
@@ -168,12 +178,13 @@ def _entry_argv(entry: str) -> list[str]:
 
 
 def _with_file_logger(overrides: list[str]) -> list[str]:
-    for ov in overrides:
-        if override_key(ov) == "trainer.logger":
-            if "file" not in ov.split("=", 1)[1]:
-                raise ValueError(f"trainer.logger must include 'file' for the harness to read metrics, got {ov!r}")
-            return overrides
-    return overrides + ["trainer.logger=['console','file']"]
+    set_values = values(overrides)
+    if "trainer.logger" not in set_values:
+        return overrides + ["trainer.logger=['console','file']"]
+    loggers = set_values["trainer.logger"]
+    if "file" not in ([loggers] if isinstance(loggers, str) else list(loggers or ())):
+        raise ValueError(f"trainer.logger must include 'file' for the harness to read metrics, got {loggers!r}")
+    return overrides
 
 
 BACKENDS = ("cpu", "gpu")
@@ -252,7 +263,8 @@ def run_trainer(
         [*overrides, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"], entry, extra_modules, base, backend
     )
     run_env["PYTHONUNBUFFERED"] = "1"
-    run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv, cwd=Path(cwd or out).resolve())
+    run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv, cwd=Path(cwd or out).resolve(),
+                     overrides=argv[1 + len(_entry_argv(entry)):])  # after python and the entry
     if stop is not None and stop.is_set():  # stopped before it started: start nothing
         shutil.rmtree(ray_tmp, ignore_errors=True)
         run.stopped = True
@@ -264,10 +276,11 @@ def run_trainer(
         segment = history.claim_segment(metrics_file)  # metrics.jsonl, or metrics.part2.jsonl when resuming
         run_env["VERL_FILE_LOGGER_PATH"] = str(segment)
         monitor = _launch(run, argv, run_env, segment, ray_tmp, timeout_s, echo, on_metrics, on_line,
-                          reap_after_s, stop)
+                          reap_after_s, stop, lock.fileno())
         if (line := fold_segments(metrics_file)) is not None:
             run.notes.append(line)
-        run.notes += history_notes(metrics_file)
+        test_freq = values(run.overrides).get("trainer.test_freq")
+        run.notes += history_notes(metrics_file, test_freq if type(test_freq) is int else None)
     finally:
         lock.close()
     run.metrics = read_metrics(metrics_file)
@@ -315,11 +328,25 @@ def _lock_output_dir(out: Path, run: TrainerRun, ray_tmp: str):
 
 
 def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout_s: float, echo: bool, on_metrics,
-            on_line, reap_after_s: float, stop: threading.Event | None) -> "_Monitor":
+            on_line, reap_after_s: float, stop: threading.Event | None, lock_fd: int) -> "_Monitor":
     """Start the trainer, wait for its end (or timeout, ``stop``, a stop signal), then clean up every
-    process of the run. Fills ``run``'s outcome fields; returns the monitor (memory peaks)."""
+    process of the run. Fills ``run``'s outcome fields; returns the monitor (memory peaks).
+
+    The trainer is tethered to this process (``rpg.launch.tether``: SIGTERM when it dies, even by
+    SIGKILL, when no clean-up here can run) and inherits the output directory's lock, so that a
+    restart into the directory is refused until the old trainer has ended."""
+    from rpg.launch.tether import command as tethered
+    from rpg.verl.preflight import ERROR_PREFIX
+
     appended = run.log_file.exists() and run.log_file.stat().st_size > 0
     t0 = time.time()
+
+    def watch(line: str) -> None:
+        if line.startswith(f"{ERROR_PREFIX}: "):  # the driver's refusal (rpg.verl.main: one line, exit 2)
+            run.config_error = line.rstrip("\r\n")
+        if on_line is not None:
+            on_line(line)
+
     handlers = raise_on_stop_signals()  # SIGHUP/SIGINT/SIGTERM: `finally` below still cleans up
     proc = monitor = None
     try:
@@ -329,10 +356,10 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
                           f"directory (earlier output above) =====\n".encode())
             try:
                 proc = subprocess.Popen(
-                    argv, cwd=str(run.cwd), env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                    tethered(os.getpid(), argv), cwd=str(run.cwd), env=run_env, stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(lock_fd,),
                 )
-                pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0, on_line), daemon=True)
+                pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0, watch), daemon=True)
                 pump.start()
                 monitor = _Monitor(proc.pid, ray_tmp, segment, on_metrics)
                 while proc.poll() is None:
@@ -369,28 +396,26 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
     return monitor or _Monitor(-1, ray_tmp, segment, None)
 
 
-def history_notes(metrics_file: Path) -> list[str]:
+def history_notes(metrics_file: Path, test_freq: int | None = None) -> list[str]:
     """``rpg.reports.history.history_warnings`` on the run's metrics: lost training steps, a history
-    that does not start at step 0, gaps in the validation steps."""
+    that does not start at step 0, validation steps missing from the ``test_freq`` cadence (inferred
+    when not given; a resume's own validation at its first step is not part of the cadence)."""
     joined = {}
     for step, data in read_metrics(metrics_file).items():
         for key, value in data.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 joined.setdefault(key, {})[step] = value
-    return history.history_warnings(metrics_file, joined)
+    return history.history_warnings(metrics_file, joined, test_freq)
 
 
 def checkpoint_dir(run: TrainerRun) -> Path | None:
     """``trainer.default_local_dir`` of the run (the last override wins; verl's default
     ``checkpoints/<project>/<experiment>``), relative to the run's cwd; None if not determinable."""
-    values = {}
-    for ov in run.command:
-        if "=" in ov and not ov.startswith("-"):
-            values[override_key(ov)] = ov.split("=", 1)[1].strip("'\"")
-    path = values.get("trainer.default_local_dir")
-    if path is None and "trainer.project_name" in values and "trainer.experiment_name" in values:
-        path = f"checkpoints/{values['trainer.project_name']}/{values['trainer.experiment_name']}"
-    if path is None:
+    set_values = values(run.overrides)
+    path = set_values.get("trainer.default_local_dir")
+    if path is None and "trainer.project_name" in set_values and "trainer.experiment_name" in set_values:
+        path = f"checkpoints/{set_values['trainer.project_name']}/{set_values['trainer.experiment_name']}"
+    if not isinstance(path, str) or "${" in path:  # unset, or only known once Hydra resolves it
         return None
     p = Path(path)
     return p if p.is_absolute() else (run.cwd or run.output_dir) / p

@@ -8,7 +8,8 @@
 SIGHUP, SIGINT or SIGTERM stop every process of the run and print one line: the log, the last
 complete checkpoint and the command that resumes (``--out`` the same directory,
 ``trainer.resume_mode=auto``); exit code 128 + signum. A failed run exits with the trainer's code
-(2: a config the driver refused).
+(2: a config the driver refused; stderr is then the driver's one line). An override Hydra cannot
+read is one line naming it, exit code 2, before anything starts (``rpg.launch.overrides``).
 
 Builds (or reuses) the tiny assets, runs verl's real trainer on the CPU backend, prints one
 progress line per step, the validation accuracy before and after training, and writes to the
@@ -38,6 +39,7 @@ import time
 from pathlib import Path
 
 from rpg.backends.cpu.harness import TrainerRun, TrainerRunError, report_stop, run_trainer, unique_run_dir
+from rpg.launch.overrides import OverrideSyntaxError, parse_overrides
 
 VAL_PREFIX = "val-core/math_dapo/acc/mean@"
 HEARTBEAT_S = 10.0
@@ -180,8 +182,8 @@ def _failed(err: TrainerRunError, out: Path, argv: list[str]) -> int:
     if run.stop_signal is not None:
         report_stop(run, "[tiny]", resume_command(argv, out))
         return 128 + run.stop_signal
-    with contextlib.suppress(OSError):
-        print(f"[tiny] FAILED: {err}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):  # a refused config: the driver's one line (the log holds nothing more)
+        print(run.refusal() or f"[tiny] FAILED: {err}", file=sys.stderr, flush=True)
     return run.returncode if (run.returncode or 0) > 0 else 1
 
 
@@ -202,16 +204,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
     argv = list(sys.argv[1:] if argv is None else argv)
     args, rest = ap.parse_known_args(argv)
-    bad = [a for a in rest if "=" not in a or a.startswith("-")]
-    if bad:
-        ap.error(f"unrecognised arguments (Hydra overrides must be key=value): {bad}")
+    flags = [a for a in rest if a.startswith("-")]
+    if flags:
+        ap.error(f"unrecognised arguments (Hydra overrides must be key=value): {flags}")
+    try:  # before the assets and the trainer: a typo is one line, not a traceback minutes later
+        parse_overrides(rest)
+    except OverrideSyntaxError as e:
+        print(f"[tiny] {e}", file=sys.stderr, flush=True)
+        return 2
 
     out = args.out or unique_run_dir(Path("outputs") / "tiny_cpu")
     t0 = time.time()
     assets = build_tiny_assets()
     print(f"[tiny] assets: {assets.root} (ready in {time.time() - t0:.1f}s)", flush=True)
     algo_entry, algo_overrides = tiny_algorithm(args.algo, lr=args.lr)
-    args.entry = args.entry or algo_entry
+    args.entry = args.entry or algo_entry  # as shown (progress line, summary, plot title)
+    entry = args.entry
+    if args.entry == algo_entry and algo_entry.endswith(".py"):  # the recipe's script, relative to the project root
+        entry = str(Path(__file__).resolve().parents[3] / algo_entry)  # so that it runs from any directory
     overrides = [*tiny_task_overrides(assets, steps=args.steps, test_freq=args.test_freq), *algo_overrides, *rest]
     print(f"[tiny] running {args.entry} on CPU for {args.steps} steps; full log: {out / 'trainer.log'}", flush=True)
     startup = None if args.echo else StartupProgress()
@@ -219,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         run = run_trainer(
             overrides,
             output_dir=out,
-            entry=args.entry,
+            entry=entry,
             extra_modules=args.extra_module,
             timeout_s=args.timeout,
             echo=args.echo,
