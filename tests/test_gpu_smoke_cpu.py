@@ -197,7 +197,8 @@ def test_both_runs_compose_and_pass_verls_config_checks(tiny_assets, tmp_path):
 
 @pytest.mark.parametrize("argv,fragment", [
     (["--rollout", "sglang"], "ROLLOUT='sglang' is invalid"),
-    (["foo"], "unrecognised arguments"),
+    (["foo"], "Hydra cannot parse the override 'foo'"),
+    (["--bogus"], "unrecognised arguments"),
     (["--gpus", "64"], "GPUS=64 is invalid"),  # 64 does not divide 16 sequences
 ])
 def test_cli_refuses_bad_input_with_one_line_and_exit_2(argv, fragment, capsys):

@@ -26,7 +26,7 @@ from rpg.launch.overrides import (OverrideSyntaxError, bad_override_line, merge_
 ROOT = Path(__file__).resolve().parents[1]
 README_VAL = "data.val_files=[data/aime2024.parquet,data/aime2025.parquet]"
 BAD = "data.val_files=[a.parquet,b.parquet"  # the closing bracket forgotten
-DIVERGENCE_LINE = "rpg config error: rpg.loss.divergence='js' is invalid; allowed values: fkl, rkl, ufkl, urkl"
+DIVERGENCE_LINE = "rpg config error: rpg.loss.divergence='js' is invalid: expected one of fkl, rkl, ufkl, urkl"
 
 
 def _lines(text: str) -> list[str]:

@@ -309,17 +309,18 @@ def without_defaults(overrides: list[str]) -> list[str]:
     """``overrides`` minus those that restate a value of the recipe's YAML (rpg_trainer.yaml and the paper
     setup): same key, same value and type (parsed by Hydra's override parser), so a script's overrides
     say only what its name changes. Keys the YAML does not hold (verl's own defaults) are kept."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
+
+    from rpg.launch.overrides import parse_overrides
 
     yaml = _recipe_yaml()
     missing = object()
     kept = []
-    for o, parsed in zip(overrides, OverridesParser.create().parse_overrides(overrides)):
-        current = OmegaConf.select(yaml, parsed.key_or_group, default=missing)
-        value = parsed.value()
-        if current is missing or parsed.is_add() or type(current) is not type(value) or current != value:
-            kept.append(o)
+    for parsed in parse_overrides(overrides):
+        current = OmegaConf.select(yaml, parsed.key, default=missing)
+        if current is missing or parsed.kind != "CHANGE" or type(current) is not type(parsed.value) \
+                or current != parsed.value:
+            kept.append(parsed.text)
     return kept
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from rpg.backends.cpu.harness import TrainerRun, TrainerRunError, run_trainer
 from rpg.backends.cpu.run import StartupProgress, progress
+from rpg.launch.overrides import OverrideSyntaxError, parse_overrides
 from rpg.backends.gpu import smoke_checks
 from rpg.backends.gpu.preflight import ATTN_KEY, GpuProbe, cuda_problem, driver_problem
 from rpg.backends.gpu.settings import (ALGORITHM, REGISTER_MODULE, ROLLOUTS, SmokeSettingsError, check_settings,
@@ -164,13 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed (each run)")
     ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
     args, user = ap.parse_known_args(argv)
-    bad = [a for a in user if "=" not in a or a.startswith("-")]
+    flags = [a for a in user if a.startswith("-")]
     try:
-        if bad:
-            raise SmokeSettingsError(f"unrecognised arguments (Hydra overrides must be key=value): {bad}")
+        if flags:
+            raise SmokeSettingsError(f"unrecognised arguments (Hydra overrides must be key=value): {flags}")
+        parse_overrides(user)  # Hydra's grammar: a typo is one line here, not a traceback after Ray started
         check_settings(args.rollout, args.gpus, args.steps, args.resume_steps, MINI_BATCH_SIZE, 8)
         preflight(args.rollout, args.gpus, user)
-    except SmokeSettingsError as e:
+    except (SmokeSettingsError, OverrideSyntaxError) as e:
         print(f"{PREFIX} {e}", file=sys.stderr)
         return 2
 
