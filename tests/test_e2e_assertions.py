@@ -1,7 +1,7 @@
 """The end-to-end tests assert what the loss metrics guarantee, not what they usually show.
 
 ``tests/test_verl_e2e.py::assert_step_guarantees`` checks every step of a real trainer run. Here it is fed
-steps built from the loss library itself (``rpg.losses.rpg_token_loss``) the way verl reduces a
+steps built from the loss library itself (``rpg.losses.rpg_policy_loss(..., aggregate=False)``) the way verl reduces a
 step's micro-batch metrics (means averaged, ``*_max`` / ``*_min`` as max / min): an on-policy first
 mini-batch (float32 recomputation noise only) and off-policy later ones, for every divergence, both
 anchors and random advantages. Whatever was sampled, the assertions must hold. (An assertion of
@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_verl_e2e import NARROW_CLIP, assert_off_policy, assert_step_guarantees
 
-from rpg.losses import RPGLossConfig, rpg_token_loss
+from rpg.losses import RPGLossConfig, rpg_policy_loss
 
 DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
 
@@ -37,7 +37,8 @@ def _step(cfg: RPGLossConfig, gen: torch.Generator, moved: float, with_ref: bool
     for i in range(4):
         noise = 1e-7 if i == 0 else moved
         log_prob = l_old + noise * torch.randn(16, 12, generator=gen)
-        _, m = rpg_token_loss(log_prob, l_old, adv, mask, cfg, ref_log_prob=l_ref)
+        _, m = rpg_policy_loss(log_prob=log_prob, old_log_prob=l_old, advantages=adv, response_mask=mask, config=cfg,
+                               ref_log_prob=l_ref, aggregate=False)
         per_batch.append(m)
     out = {}
     for key in per_batch[0]:

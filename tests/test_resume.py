@@ -125,6 +125,8 @@ def test_auto_resume_skips_an_incomplete_newest_checkpoint_with_one_line(tmp_pat
 def test_truncated_checkpoint_is_refused_by_the_driver_before_ray(tmp_path):
     """recipe/rpg/main_rpg.py itself: exit code 2, one line naming the truncated file and the choices,
     before Ray starts (verl loaded it inside a Ray worker: a 60-line traceback)."""
+    from rpg.backends.cpu.settings import cpu_env
+
     root = tmp_path / "ckpt"
     _ckpt(root, 4, marker=False, tracker=True)
     _truncate(root / "global_step_4" / "actor" / "model_world_size_1_rank_0.pt")
@@ -136,7 +138,7 @@ def test_truncated_checkpoint_is_refused_by_the_driver_before_ray(tmp_path):
                         f"actor_rollout_ref.model.path={tmp_path / 'model'}", "trainer.device=cpu",
                         f"trainer.default_local_dir={root}", "trainer.resume_mode=auto"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env={**os.environ, **cpu_env(), "PYTHONPATH": str(ROOT)})  # CPU backend: no GPU checks here
     ours = [ln for ln in p.stderr.splitlines() if ln.startswith("rpg config error")]
     assert p.returncode == 2 and len(ours) == 1, p.stderr[-3000:]
     assert "model_world_size_1_rank_0.pt: not a whole torch checkpoint" in ours[0] and str(root) in ours[0]
