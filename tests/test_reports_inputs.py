@@ -185,3 +185,17 @@ def test_non_utf8_log_is_named(tmp_path, capsys, name, body, where):
     assert main_plot([str(log), "--out", str(tmp_path / "f")]) == 2
     errs = capsys.readouterr().err.splitlines()
     assert len(errs) == 2 and all(e == f"error: {err.value}" for e in errs)
+
+
+def test_a_run_directory_of_jsonl_segments_points_to_the_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    _write(run / "exp.jsonl", [{"step": 0, "data": {AIME24: 0.1}}])
+    _write(run / "exp.part2.jsonl", [{"step": 0, "data": {AIME24: 0.2}}])
+    assert main_tables([str(run), "--table", "5"]) == 2
+    assert capsys.readouterr().err == (f"error: {run}: directory holds no TensorBoard event files; it holds exp.jsonl: "
+                                       "pass that file (its .partN.jsonl segments are joined)\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main_plot([str(empty), "--out", str(tmp_path / "f")]) == 2
+    assert capsys.readouterr().err == f"error: {empty}: directory holds no TensorBoard event files\n"

@@ -276,7 +276,11 @@ def read_run(path: str | Path) -> Metrics:
     notes: list[str] = []
     if path.is_dir() or "tfevents" in path.name:
         if path.is_dir() and not any(path.glob("*tfevents*")):
-            raise ValueError(f"{path}: directory holds no TensorBoard event files")
+            logs = sorted(p.name for p in path.iterdir() if p.suffix in (".jsonl", ".csv") and p.is_file()
+                          and not re.search(r"\.part\d+\.jsonl$", p.name))
+            hint = (f"; it holds {', '.join(logs)}: pass {'that file' if len(logs) == 1 else 'one of those files'} "
+                    "(its .partN.jsonl segments are joined)") if logs else ""
+            raise ValueError(f"{path}: directory holds no TensorBoard event files{hint}")
         metrics = read_tensorboard(path)
     elif path.suffix == ".jsonl":  # + the segments written after resumes (rpg.reports.history)
         metrics, notes = read_segments(path, read_file_logger)
