@@ -199,3 +199,23 @@ def test_a_run_directory_of_jsonl_segments_points_to_the_file(tmp_path, capsys):
     empty.mkdir()
     assert main_plot([str(empty), "--out", str(tmp_path / "f")]) == 2
     assert capsys.readouterr().err == f"error: {empty}: directory holds no TensorBoard event files\n"
+
+
+def test_an_out_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+    log = _nonfinite_log(tmp_path)
+    (tmp_path / "afile").write_text("")
+    for out in (tmp_path / "afile" / "t", tmp_path / "afile" / "sub" / "t"):
+        assert main_tables([str(log), "--table", "5", "--out", f"{out}.md"]) == 2
+        assert main_plot([str(log), "--out", str(out)]) == 2
+        errs = [e for e in capsys.readouterr().err.splitlines() if not e.startswith("warning: ")]
+        assert errs == [f"error: cannot write --out {out}.md: {tmp_path / 'afile'} is a file, not a directory",
+                        f"error: cannot write --out {out}: {tmp_path / 'afile'} is a file, not a directory"]
+    from matplotlib.figure import Figure
+
+    def denied(self, fname, **kwargs):  # what savefig raises in a directory the user cannot write
+        raise PermissionError(13, "Permission denied", str(fname))
+
+    monkeypatch.setattr(Figure, "savefig", denied)
+    assert main_plot([str(log), "--out", str(tmp_path / "ro" / "fig")]) == 2
+    errs = [e for e in capsys.readouterr().err.splitlines() if not e.startswith("warning: ")]
+    assert errs == [f"error: cannot write --out {tmp_path / 'ro' / 'fig'}: Permission denied ({tmp_path / 'ro' / 'fig.png'})"]

@@ -273,7 +273,7 @@ class WriteError(OSError):
 
 def _atomic(path: Path, write: Callable[[str], None]) -> None:
     try:
-        _make_parent(path)
+        make_parent(path)
         _replace_atomically(path, write)
     except OSError as err:  # mkstemp/replace name the temporary file: report the path the user gave
         if isinstance(err, WriteError):
@@ -281,7 +281,7 @@ def _atomic(path: Path, write: Callable[[str], None]) -> None:
         raise WriteError(err.errno, err.strerror or str(err), str(path)) from err
 
 
-def _make_parent(path: Path) -> None:
+def make_parent(path: Path) -> None:
     """Create ``path``'s directory; a WriteError for ``path`` naming the part of it that is a file or
     the directory that cannot be created."""
     for parent in reversed(path.parents):
