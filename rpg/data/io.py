@@ -13,6 +13,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -175,18 +176,23 @@ def _bom(raw: bytes, path: Path) -> tuple[str, bytes]:
     return "utf-8", b""
 
 
+_MARKED = threading.local()  # the undecodable sequences ``_decode_marked`` met, per thread
+
+
+def _mark(err: UnicodeDecodeError) -> tuple[str, int]:
+    _MARKED.found.append((err.reason, err.start))
+    return _UNDECODABLE, max(err.end, err.start + 1)
+
+
+codecs.register_error("rpg-data-mark-undecodable", _mark)
+
+
 def _decode_marked(raw: bytes, start: int, codec: str) -> tuple[str, list[tuple[str, int]]]:
-    """``raw[start:]`` decoded, each undecodable sequence replaced by ``_UNDECODABLE``; plus (reason,
-    file offset) of each, in order."""
-    parts, bad, pos = [], [], start
-    while True:
-        try:
-            parts.append(raw[pos:].decode(codec))
-            return "".join(parts), bad
-        except UnicodeDecodeError as err:
-            parts += [raw[pos:pos + err.start].decode(codec), _UNDECODABLE]
-            bad.append((err.reason, pos + err.start))
-            pos += max(err.end, err.start + 1)
+    """``raw[start:]`` decoded in one pass, each undecodable sequence replaced by ``_UNDECODABLE``;
+    plus (reason, file offset) of each, in order."""
+    _MARKED.found = []
+    text = raw[start:].decode(codec, errors="rpg-data-mark-undecodable")
+    return text, [(reason, start + offset) for reason, offset in _MARKED.found]
 
 
 def _utf8(raw: bytes, path: Path) -> bytes:
