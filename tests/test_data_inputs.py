@@ -58,9 +58,11 @@ def test_all_rejected_shows_reasons_and_writes_the_rejects_file(tmp_path, capsys
     src.write_bytes(_jsonl_bytes([{"problem": "", "answer": "1"}, {"problem": "x"}, {"problem": "", "answer": "2"}]))
     out = tmp_path / "o.parquet"
     assert cli_main(["prepare", "aime2025", "--input", str(src), "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == (f"error: aime2025: no valid rows in {src} (3 rejected: empty problem: 2, no answer: 1); "
-                   f"nothing written; every rejected row in {rejects_path(out)}")
+    assert capsys.readouterr().err.splitlines() == [
+        f"  {src}: rejected line 1: empty problem", f"  {src}: rejected line 2: no answer (missing or null)",
+        f"  {src}: rejected line 3: empty problem",
+        f"error: aime2025: no valid rows in {src} (3 rejected: empty problem: 2, no answer: 1); "
+        f"nothing written; every rejected row in {rejects_path(out)}"]
     assert not out.exists() and len(rejects_path(out).read_text().splitlines()) == 3
 
 
@@ -192,9 +194,9 @@ def test_utf16_and_utf32_with_a_byte_order_mark_are_decoded(tmp_path, codec):
         s = prepare("aime2025", tmp_path / "o.parquet", input_path=src)
         assert (s.rows_written, s.rejects) == (4, []), (codec, suffix)
         assert pq.read_table(tmp_path / "o.parquet").column("extra_info").to_pylist()[3]["raw_problem"] == rows[3]["problem"]
-    bad = tmp_path / "bad.jsonl"
-    bad.write_bytes(b"\xff\xfe" + '{"problem": "a"}'.encode("utf-16-le") + b"\x00\xd8")  # unpaired surrogate
-    with pytest.raises(ValueError, match=rf"^{bad}: not valid UTF-16 \(byte-order mark FF FE\) at byte 34"):
+    bad = tmp_path / "bad.json"  # a document that does not decode is an error (JSONL: its line is rejected, below)
+    bad.write_bytes(b"\xff\xfe" + '[{"problem": "a"}'.encode("utf-16-le") + b"\x00\xd8")  # unpaired surrogate
+    with pytest.raises(ValueError, match=rf"^{bad}: not valid UTF-16 \(byte-order mark FF FE\) at byte 36"):
         prepare("aime2025", tmp_path / "o.parquet", input_path=bad)
 
 
@@ -228,3 +230,105 @@ def test_unwritable_out_is_reported_under_the_given_path(tmp_path, capsys, monke
     rc, _, err = _cli(capsys, "--input", str(src), "--out", str(out))
     assert (rc, err) == (2, f"error: cannot write {out}: Permission denied\n")
     assert tempfile.mkstemp is denied
+
+
+# --- hostile inputs through the command line: every problem named with its file and line -------------------------
+
+@pytest.mark.parametrize("body, reasons", [
+    (b'"\\ud800"\n', ["line 1: row is not a mapping (str)"]),
+    (b"[]\n", ["line 1: row is not a mapping (list)"]),
+    (b"{bad\n{worse\n", ["line 1: invalid JSON line (Expecting property name enclosed in double quotes)",
+                         "line 2: invalid JSON line (Expecting property name enclosed in double quotes)"]),
+])
+def test_a_jsonl_without_any_object_names_each_line(tmp_path, capsys, body, reasons):
+    """No line is a JSON object: each line is rejected with its reason (not "no problem column ... []")."""
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(body)
+    out = tmp_path / "o.parquet"
+    rc, _, err = _cli(capsys, "--input", str(src), "--out", str(out))
+    lines = err.splitlines()
+    assert rc == 2 and lines[:-1] == [f"  {src}: rejected {r}" for r in reasons]
+    assert lines[-1].startswith(f"error: aime2025: no valid rows in {src} ({len(reasons)} rejected: ")
+    assert lines[-1].endswith(f"nothing written; every rejected row in {rejects_path(out)}")
+    assert [json.loads(x)["line"] for x in rejects_path(out).read_text().splitlines()] == list(range(1, len(reasons) + 1))
+
+
+def test_missing_columns_name_the_input_file(tmp_path, capsys):
+    import pyarrow as pa
+
+    src = tmp_path / "cols.parquet"
+    pq.write_table(pa.table({"question_text": ["a"], "sol": ["1"]}), src)
+    rc, _, err = _cli(capsys, "--input", str(src), "--out", str(tmp_path / "o.parquet"))
+    assert (rc, err) == (2, f"error: {src}: no problem column: wanted one of ['problem', 'question', 'Problem', "
+                            "'Question']; the input has columns ['question_text', 'sol'] (set --problem-key)\n")
+
+
+def test_not_parquet_is_one_line_naming_the_file(tmp_path, capsys):
+    for body in (b"", b"hello, not parquet\n"):
+        src = tmp_path / "fake.parquet"
+        src.write_bytes(body)
+        rc, _, err = _cli(capsys, "--input", str(src), "--out", str(tmp_path / "o.parquet"))
+        assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("error: ") and f"'{src}'" in err, err
+
+
+@pytest.mark.parametrize("parent", ["afile", "afile/sub"])
+def test_out_under_a_file_names_the_out_path(tmp_path, capsys, parent):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(_jsonl_bytes(ROWS))
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / parent / "o.parquet"
+    rc, _, err = _cli(capsys, "--input", str(src), "--out", str(out))
+    assert (rc, err) == (2, f"error: cannot write {out}: {tmp_path / 'afile'} is a file, not a directory\n")
+
+
+def test_out_in_a_directory_that_cannot_be_created_names_the_out_path(tmp_path, capsys, monkeypatch):
+    def denied(self, *args, **kwargs):  # what mkdir raises under a directory the user cannot write
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", denied)
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(_jsonl_bytes(ROWS))
+    out = tmp_path / "ro" / "new" / "o.parquet"
+    rc, _, err = _cli(capsys, "--input", str(src), "--out", str(out))
+    assert (rc, err) == (2, f"error: cannot write {out}: cannot create directory {out.parent}: Permission denied\n")
+
+
+def test_out_equal_to_the_input_is_refused(tmp_path, capsys):
+    src = tmp_path / "in.parquet"
+    assert prepare("aime2025", src, input_path=_eval_file(tmp_path / "in.jsonl", 3)).rows_written == 3
+    before = src.read_bytes()
+    (tmp_path / "alias").symlink_to(tmp_path)
+    for out in (src, tmp_path / "alias" / "in.parquet"):  # the same directory entry, however spelled
+        rc, _, err = _cli(capsys, "--input", str(src), "--out", str(out))
+        assert (rc, err) == (2, f"error: {out} is both the input and the output file; write the output elsewhere\n")
+    assert src.read_bytes() == before
+    rej = tmp_path / "o.rejects.jsonl"  # the rejects file next to --out would overwrite the input
+    rej.write_bytes(_jsonl_bytes(ROWS))
+    rc, _, err = _cli(capsys, "--input", str(rej), "--out", str(tmp_path / "o.parquet"))
+    assert (rc, err) == (2, f"error: {rej} (the rejects file of {tmp_path / 'o.parquet'}) is the input file; "
+                            "write the output elsewhere\n")
+    indir = tmp_path / "raw"  # prepare-all with --out-dir = --input-dir
+    indir.mkdir()
+    prepare("aime2025", indir / "aime2025.parquet", input_path=_eval_file(tmp_path / "e.jsonl", 3))
+    before = (indir / "aime2025.parquet").read_bytes()
+    assert cli_main(["prepare-all", "--input-dir", str(indir), "--out-dir", str(indir), "--datasets", "aime2025"]) == 2
+    assert capsys.readouterr().err == (f"error: {indir / 'aime2025.parquet'} is both the input and the output file; "
+                                       "write the output elsewhere\n")
+    assert (indir / "aime2025.parquet").read_bytes() == before
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-32"])
+def test_utf16_jsonl_with_a_bad_or_truncated_line_keeps_the_other_lines(tmp_path, capsys, codec):
+    le = codec + "-le"
+    text = "".join(json.dumps(r) + "\r\n" for r in ROWS)
+    src = tmp_path / "in.jsonl"
+    bad_unit = {"utf-16": b"\x00\xd8", "utf-32": b"\x00\x00\x11\x00"}[codec]  # lone surrogate / beyond U+10FFFF
+    src.write_bytes("".encode(codec) + text.encode(le) + '{"problem": "x'.encode(le) + bad_unit + '"}\n'.encode(le)
+                    + json.dumps({"problem": "What is 7+1?", "answer": "8"}).encode(le) + b"\n\x00"[:1])  # cut short
+    out = tmp_path / "o.parquet"
+    rc, stdout, err = _cli(capsys, "--input", str(src), "--out", str(out))
+    assert rc == 0, err
+    lines = err.splitlines()
+    assert [x.split(": ", 1)[1].split(" (")[0] for x in lines] == ["rejected line 4: not valid " + codec.upper(),
+                                                                   "rejected line 5: not valid " + codec.upper()]
+    assert "read 5 rows" in stdout and "wrote 3 rows" in stdout

@@ -63,7 +63,7 @@ EXPECTED_REJECTS = {
     11: "empty problem",
     12: "row is not a mapping (list)",
     14: "no answer (missing or null)",
-    15: "no answer (empty string)",
+    15: "no answer (only whitespace)",
 }
 
 

@@ -1,12 +1,17 @@
-"""recipe/rpg/ray_cluster.sh: the Ray token file is private (0600, also when it already existed) and
-PRINT_ONLY=1 prints every step that would run, the token step included, never the token itself."""
+"""recipe/rpg/ray_cluster.sh: the Ray token file is private (0600, also when it already existed, under
+umask 022 and 077) and PRINT_ONLY=1 prints every step that would run, the token step and the variables
+the script sets included, never the token itself: pasted into a shell, the printed lines make exactly
+the calls a run makes (same arguments, same environment, same token file, same refusals)."""
 
 from __future__ import annotations
 
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "recipe" / "rpg" / "ray_cluster.sh"
@@ -72,18 +77,22 @@ def test_print_only_prints_every_step_and_never_the_token(tmp_path):
     r = _run(tmp_path, "head", PRINT_ONLY="1")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[:3] == [
+    assert lines[:4] == [
+        "export RAY_AUTH_MODE=token",
         f"(umask 077 && {fake} get-auth-token --generate >/dev/null)",
         f"chmod 600 {token}",
-        f"{fake} start --head --port=6379 --dashboard-host=127.0.0.1 --dashboard-port=8265 ",
+        f"{fake} start --head --port=6379 --dashboard-host=127.0.0.1 --dashboard-port=8265",
     ]
+    assert all(line.startswith("# ") for line in lines[4:])  # messages are comments: the output runs as is
     assert not token.exists() and _calls(tmp_path) == []  # printed, not run
     token.parent.mkdir(parents=True)
     token.write_text(TOKEN)
     r = _run(tmp_path, "head", PRINT_ONLY="1")
     assert TOKEN not in r.stdout + r.stderr and _calls(tmp_path) == []
     r = _run(tmp_path, "head", PRINT_ONLY="1", RAY_AUTH_MODE="disabled")
-    assert r.stdout.splitlines()[0].startswith(f"{fake} start --head") and "auth_token" not in r.stdout
+    assert r.stdout.splitlines()[:2] == ["export RAY_AUTH_MODE=disabled", f"{fake} start --head --port=6379 "
+                                         "--dashboard-host=127.0.0.1 --dashboard-port=8265"]
+    assert "auth_token" not in r.stdout
 
 
 def test_worker_needs_the_token_and_makes_it_private(tmp_path):
@@ -100,4 +109,98 @@ def test_worker_needs_the_token_and_makes_it_private(tmp_path):
     assert r.returncode == 0, r.stderr
     assert _mode(token) == 0o600 and _calls(tmp_path) == ["start --address=10.0.0.1:6379"]
     r = _run(tmp_path, "worker", "10.0.0.1", PRINT_ONLY="1")
-    assert r.stdout.splitlines() == [f"chmod 600 {token}", f"{tmp_path / 'bin' / 'ray'} start --address=10.0.0.1:6379 "]
+    assert r.stdout.splitlines() == ["export RAY_AUTH_MODE=token", f"chmod 600 {token}",
+                                     f"{tmp_path / 'bin' / 'ray'} start --address=10.0.0.1:6379"]
+
+
+# --- PRINT_ONLY=1 prints exactly what a run does: its lines, pasted into a shell, make the same calls ---------------
+
+# Stands in for `ray` as Ray 2.60 behaves for these commands: logs the environment the script sets and its
+# arguments; `get-auth-token --generate` reads RAY_AUTH_TOKEN, then RAY_AUTH_TOKEN_PATH (an error when that file
+# is missing or empty), then ~/.ray/auth_token, which it creates (with the caller's umask) when there is no token.
+FAKE_RAY_ENV = """#!/usr/bin/env bash
+echo "RAY_AUTH_MODE=${RAY_AUTH_MODE-} RAY_ADDRESS=${RAY_ADDRESS-} NNODES=${NNODES-} ray $*" >> "$FAKE_RAY_LOG"
+case "$1" in
+    get-auth-token)
+        if [[ -n "${RAY_AUTH_TOKEN-}" ]]; then printf '%s' "$RAY_AUTH_TOKEN"; exit 0; fi
+        if [[ -n "${RAY_AUTH_TOKEN_PATH-}" ]]; then
+            [[ -s "$RAY_AUTH_TOKEN_PATH" ]] || { echo "AuthenticationError: RAY_AUTH_TOKEN_PATH is set but file cannot be opened" >&2; exit 1; }
+            cat "$RAY_AUTH_TOKEN_PATH"; exit 0
+        fi
+        f="$HOME/.ray/auth_token"
+        if [[ ! -s "$f" ]]; then mkdir -p "$HOME/.ray"; printf '%s' "$FAKE_NEW_TOKEN" > "$f"; fi
+        cat "$f" ;;
+    list) echo '[{"state": "ALIVE", "resources_total": {"GPU": 8.0}}, {"state": "ALIVE", "resources_total": {"CPU": 8.0}},
+                 {"state": "ALIVE", "resources_total": {"GPU": 8.0}}, {"state": "DEAD", "resources_total": {"GPU": 8.0}}]' ;;
+esac
+"""
+JOB = """echo "RAY_AUTH_MODE=${RAY_AUTH_MODE-} RAY_ADDRESS=${RAY_ADDRESS-} NNODES=${NNODES-} job $*" >> "$FAKE_RAY_LOG"
+"""
+
+
+def _env(tmp_path: Path, **env: str) -> dict[str, str]:
+    fake = tmp_path / "bin" / "ray"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text(FAKE_RAY_ENV)
+    fake.chmod(0o755)
+    return {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "RAY": str(fake), "PYTHON": sys.executable,
+            "FAKE_RAY_LOG": str(tmp_path / "ray.log"), "FAKE_NEW_TOKEN": TOKEN, **env}
+
+
+def _state(tmp_path: Path, token: str | None) -> None:
+    """A fresh node: no log; ~/.ray/auth_token absent, or holding ``token`` with mode 0644."""
+    for p in (tmp_path / "ray.log", tmp_path / "home" / ".ray" / "auth_token"):
+        p.unlink(missing_ok=True)
+    if token is not None:
+        f = tmp_path / "home" / ".ray" / "auth_token"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(token)
+        f.chmod(0o644)
+
+
+def _outcome(tmp_path: Path, r: subprocess.CompletedProcess) -> tuple:
+    token = tmp_path / "home" / ".ray" / "auth_token"
+    return (r.returncode, r.stderr if r.returncode else "", _calls(tmp_path),
+            (token.read_text(), _mode(token)) if token.exists() else None)
+
+
+def _bash(args: list[str], env: dict[str, str], umask: int = 0o022, stdin: str | None = None):
+    return subprocess.run(["bash", *args], env=env, input=stdin, capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: os.umask(umask))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+@pytest.mark.parametrize("args, env, token", [
+    (["head"], {}, None),
+    (["head"], {}, "existing"),
+    (["head"], {"RAY_AUTH_TOKEN": TOKEN}, None),
+    (["head"], {"RAY_AUTH_TOKEN_PATH": "{home}/custom"}, None),
+    (["head", "--num-cpus=4"], {"RAY_AUTH_MODE": "disabled", "NODE_IP": "10.0.0.1", "NUM_GPUS": "8"}, None),
+    (["worker", "10.0.0.1"], {}, TOKEN),
+    (["worker", "10.0.0.1:6380"], {"RAY_AUTH_TOKEN": TOKEN}, None),
+    (["worker", "10.0.0.1"], {}, None),
+    (["worker", "10.0.0.1"], {}, ""),
+    (["submit", "{job}", "a=1", "b=[x,y]", "c=it's"], {}, TOKEN),
+    (["submit", "{job}"], {"NNODES": "3", "RAY_ADDRESS": "http://10.0.0.1:8265"}, TOKEN),
+    (["status"], {}, TOKEN),
+    (["stop"], {}, TOKEN),
+], ids=lambda v: str(v))
+def test_print_only_prints_exactly_what_runs(tmp_path, args, env, token, umask):
+    job = tmp_path / "job.sh"
+    job.write_text(JOB)
+    args = [a.format(job=job) for a in args]
+    full = _env(tmp_path, **{k: v.format(home=tmp_path / "home") for k, v in env.items()})
+    _state(tmp_path, token)
+    printed = _bash([str(SCRIPT), *args], {**full, "PRINT_ONLY": "1"}, umask)
+    assert _calls(tmp_path) == [] and (token is None) == (not (tmp_path / "home" / ".ray" / "auth_token").exists())
+    assert TOKEN not in printed.stdout + printed.stderr
+    _state(tmp_path, token)
+    ran = _bash([str(SCRIPT), *args], full, umask)
+    did = _outcome(tmp_path, ran)
+    _state(tmp_path, token)
+    pasted = _bash(["-euo", "pipefail"], full, umask, stdin=printed.stdout) if printed.returncode == 0 else printed
+    assert _outcome(tmp_path, pasted) == did, printed.stdout
+    assert printed.returncode == ran.returncode and (ran.returncode == 0 or printed.stderr == ran.stderr)
+    if ran.returncode == 0 and "RAY_AUTH_TOKEN" not in env and env.get("RAY_AUTH_MODE") != "disabled" \
+            and args[0] in ("head", "worker"):
+        assert did[3] == (token or TOKEN, 0o600)  # the token file: private

@@ -89,12 +89,59 @@ def test_a_step_twice_in_one_file_is_reported(tmp_path):
                                           {"step": 20, "data": {"y": 2}}])
     metrics, warns = _read(log)
     assert metrics[AIME24] == {0: 0.1, 10: 0.3}  # the later record wins, as before, but not silently
-    assert warns == [f"{log}: steps logged more than once in this file: 10, 20 (the later record's values are kept)"]
-    csv = tmp_path / "dup.csv"
-    csv.write_text(f"_step,{AIME24}\n0,0.1\n10,0.2\n10,0.3\n")
+    assert warns == [f"{log}: steps logged more than once in this file: 10 (lines 2, 3), 20 (lines 4, 5); "
+                     f"values that differ (the later is kept): {AIME24} at step 10: 0.2 (line 2), 0.3 (line 3)"]
+    csv = tmp_path / "dup.csv"  # a blank line: lines are file lines, not row numbers
+    csv.write_text(f"_step,{AIME24}\n0,0.1\n\n10,0.2\n10,0.3\n")
     metrics, warns = _read(csv)
     assert metrics[AIME24] == {0: 0.1, 10: 0.3}
-    assert warns == [f"{csv}: steps logged more than once in this file: 10 (the later record's values are kept)"]
+    assert warns == [f"{csv}: steps logged more than once in this file: 10 (lines 4, 5); "
+                     f"values that differ (the later is kept): {AIME24} at step 10: 0.2 (line 4), 0.3 (line 5)"]
+
+
+def test_the_same_value_twice_is_reported_as_such(tmp_path, capsys):
+    same = _write(tmp_path / "same.jsonl", [{"step": 0, "data": {AIME24: 0.25}}, {"step": 10, "data": {AIME24: 0.25}},
+                                            {"step": 10, "data": {AIME24: 0.25, "x": math.nan}},
+                                            {"step": 20, "data": {"x": math.nan}}, {"step": 20, "data": {"x": math.nan}}])
+    _, warns = _read(same)
+    assert warns[0] == f"{same}: steps logged more than once in this file: 10 (lines 2, 3), 20 (lines 4, 5); no value differs"
+    log = _write(tmp_path / "nan.jsonl", [{"step": 0, "data": {AIME24: 0.25}}, {"step": 20, "data": {AIME24: math.nan}},
+                                          {"step": 20, "data": {AIME24: 0.5}}])
+    assert main_tables([f"GRPO={log}", "--table", "5", "--last-step", "20"]) == 0
+    assert (f"warning: {log}: steps logged more than once in this file: 20 (lines 2, 3); values that differ "
+            f"(the later is kept): {AIME24} at step 20: nan (line 2), 0.5 (line 3)") in capsys.readouterr().err.splitlines()
+
+
+def test_tensorboard_values_logged_twice_are_reported(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(tmp_path / "tb")) as w:
+        for step, value in ((0, 0.5), (10, 0.25), (10, 0.75), (20, 0.5)):
+            w.add_scalar(AIME24, value, step)
+        w.add_scalar("critic/score/mean", 1.0, 10)
+        w.add_scalar("critic/score/mean", 1.0, 10)
+    metrics, warns = _read(tmp_path / "tb")
+    assert metrics[AIME24] == {0: 0.5, 10: 0.75, 20: 0.5}
+    assert warns == [f"{tmp_path / 'tb'}: steps logged more than once: 10; values that differ (the later is kept): "
+                     f"{AIME24} at step 10: 0.25, 0.75"]
+
+
+def test_values_that_cannot_be_read_are_named(tmp_path, capsys):
+    log = _write(tmp_path / "text.jsonl", [{"step": 0, "data": {AIME24: 0.1, "note": "hello"}},
+                                           {"step": 10, "data": {AIME24: "n/a"}}, {"step": 20, "data": {AIME24: True}},
+                                           {"step": 30, "data": {AIME24: [0.5]}}])
+    metrics, warns = _read(log)
+    assert metrics == {AIME24: {0: 0.1}}  # "note" is never a number: not a metric
+    assert warns == [f"{log}: 3 values that are not numbers not read: {AIME24} at step 10 (line 2: 'n/a'), "
+                     f"{AIME24} at step 20 (line 3: True), {AIME24} at step 30 (line 4: [0.5])"]
+    csv = tmp_path / "nostep.csv"
+    csv.write_text(f"_step,{AIME24}\n0,0.1\n,0.9\n10,abc\n20,0.3\n,\n")
+    metrics, warns = _read(csv)
+    assert metrics == {AIME24: {0: 0.1, 20: 0.3}}
+    assert warns == [f"{csv}: rows without a step not read: line 3",
+                     f"{csv}: 1 values that are not numbers not read: {AIME24} at step 10 (line 4: 'abc')"]
+    assert main_tables([str(csv), "--table", "5"]) == 0
+    assert f"warning: {csv}: rows without a step not read: line 3" in capsys.readouterr().err
 
 
 def test_resume_segments_are_joined_without_a_duplicate_warning(tmp_path):
@@ -102,7 +149,26 @@ def test_resume_segments_are_joined_without_a_duplicate_warning(tmp_path):
     _write(tmp_path / "exp.part2.jsonl", [{"step": s, "data": {AIME24: 0.2}} for s in range(20, 41, 10)])
     metrics, warns = _read(base)
     assert metrics[AIME24] == {0: 0.1, 10: 0.1, 20: 0.2, 30: 0.2, 40: 0.2}
-    assert warns == [f"{base}: joined 2 log segments (restarted at steps 20)"]
+    assert warns == [f"{base}: joined 2 log segments (restarted at steps 20)",
+                     f"{base}: earlier records replaced by the resumed run (restart at step 20: re-ran steps 30; "
+                     f"logged again at step 20: {AIME24} 0.1 -> 0.2): those steps were trained after the checkpoint "
+                     "the run resumed from"]
+
+
+def test_several_segments_name_every_replaced_value(tmp_path, capsys):
+    """Three starts after the first (one crashed before logging: an empty segment changes nothing)."""
+    base = _write(tmp_path / "r.jsonl", [{"step": s, "data": {AIME24: 0.1, "x": 1.0}} for s in range(0, 51, 10)])
+    (tmp_path / "r.part2.jsonl").write_text("")
+    _write(tmp_path / "r.part3.jsonl", [{"step": 20, "data": {AIME24: 0.2}}, {"step": 30, "data": {"x": 2.0}},
+                                        {"step": 40, "data": {"x": 2.0}}])
+    _write(tmp_path / "r.part4.jsonl", [{"step": 30, "data": {AIME24: 0.1, "x": 2.5}}, {"step": 40, "data": {"x": 3.0}}])
+    assert main_tables([f"GRPO={base}", "--table", "5", "--last-step", "40", "--metric", "acc/mean@32"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert f"warning: {base}: joined 4 log segments (restarted at steps 20, 30)" in err
+    assert (f"warning: {base}: earlier records replaced by the resumed run (restart at step 20: re-ran steps 30, 40, "
+            f"dropped (not re-run yet) steps 50; logged again at step 20: {AIME24} 0.1 -> 0.2; restart at step 30: "
+            "re-ran steps 40; logged again at step 30: x 2.0 -> 2.5): those steps were trained after the checkpoint "
+            "the run resumed from") in err
 
 
 @pytest.mark.parametrize("name, body, where", [
@@ -119,3 +185,37 @@ def test_non_utf8_log_is_named(tmp_path, capsys, name, body, where):
     assert main_plot([str(log), "--out", str(tmp_path / "f")]) == 2
     errs = capsys.readouterr().err.splitlines()
     assert len(errs) == 2 and all(e == f"error: {err.value}" for e in errs)
+
+
+def test_a_run_directory_of_jsonl_segments_points_to_the_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    _write(run / "exp.jsonl", [{"step": 0, "data": {AIME24: 0.1}}])
+    _write(run / "exp.part2.jsonl", [{"step": 0, "data": {AIME24: 0.2}}])
+    assert main_tables([str(run), "--table", "5"]) == 2
+    assert capsys.readouterr().err == (f"error: {run}: directory holds no TensorBoard event files; it holds exp.jsonl: "
+                                       "pass that file (its .partN.jsonl segments are joined)\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main_plot([str(empty), "--out", str(tmp_path / "f")]) == 2
+    assert capsys.readouterr().err == f"error: {empty}: directory holds no TensorBoard event files\n"
+
+
+def test_an_out_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+    log = _nonfinite_log(tmp_path)
+    (tmp_path / "afile").write_text("")
+    for out in (tmp_path / "afile" / "t", tmp_path / "afile" / "sub" / "t"):
+        assert main_tables([str(log), "--table", "5", "--out", f"{out}.md"]) == 2
+        assert main_plot([str(log), "--out", str(out)]) == 2
+        errs = [e for e in capsys.readouterr().err.splitlines() if not e.startswith("warning: ")]
+        assert errs == [f"error: cannot write --out {out}.md: {tmp_path / 'afile'} is a file, not a directory",
+                        f"error: cannot write --out {out}: {tmp_path / 'afile'} is a file, not a directory"]
+    from matplotlib.figure import Figure
+
+    def denied(self, fname, **kwargs):  # what savefig raises in a directory the user cannot write
+        raise PermissionError(13, "Permission denied", str(fname))
+
+    monkeypatch.setattr(Figure, "savefig", denied)
+    assert main_plot([str(log), "--out", str(tmp_path / "ro" / "fig")]) == 2
+    errs = [e for e in capsys.readouterr().err.splitlines() if not e.startswith("warning: ")]
+    assert errs == [f"error: cannot write --out {tmp_path / 'ro' / 'fig'}: Permission denied ({tmp_path / 'ro' / 'fig.png'})"]

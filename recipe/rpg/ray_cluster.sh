@@ -17,49 +17,80 @@
 #
 # Environment: RAY_PORT [6379], DASHBOARD_HOST [127.0.0.1], DASHBOARD_PORT [8265], NODE_IP [Ray's
 # guess], NUM_GPUS [all visible], RAY_AUTH_MODE [token], RAY_AUTH_TOKEN_PATH [~/.ray/auth_token],
-# NNODES for `submit` [alive nodes with GPUs], PRINT_ONLY=1 prints every command that would run
-# (the token steps too; never the token) instead of running it.
+# NNODES for `submit` [alive nodes with GPUs], PRINT_ONLY=1 prints every step that would run instead
+# of running it: the token steps and the variables this script sets for the commands (`export ...`)
+# too, never the token; the checks run as in a real run, and the printed lines, pasted into a
+# shell, do exactly what the run would.
 set -euo pipefail
 
 RAY="${RAY:-ray}"
 RAY_PORT="${RAY_PORT:-6379}"
 DASHBOARD_HOST="${DASHBOARD_HOST:-127.0.0.1}"
 DASHBOARD_PORT="${DASHBOARD_PORT:-8265}"
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+# A Python one-liner (no single quote in it: it is printed in single quotes): the number of alive
+# nodes with GPUs in `ray list nodes --format json` (at least 1).
+GPU_NODES='import json, sys; print(sum(1 for n in json.load(sys.stdin) if n["state"] == "ALIVE" and float(n["resources_total"].get("GPU", 0)) > 0) or 1)'
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
+print_only() { [[ "${PRINT_ONLY:-0}" == "1" ]]; }
+
+# quote WORD...: the words as one shell-quoted line.
+quote() { local q; q="$(printf '%q ' "$@")"; printf '%s' "${q% }"; }
+
+# Every step goes through run, run_line or set_env, and every decision before a step is the same in
+# both modes (it never depends on a step having run), so PRINT_ONLY=1 prints exactly what would run.
 run() {
-    if [[ "${PRINT_ONLY:-0}" == "1" ]]; then printf '%q ' "$@"; echo; else "$@"; fi
+    if print_only; then printf '%s\n' "$(quote "$@")"; else "$@"; fi
 }
 
 # run_line LINE: like run, for a shell line (a subshell, a redirection); its words are already quoted.
 run_line() {
-    if [[ "${PRINT_ONLY:-0}" == "1" ]]; then printf '%s\n' "$1"; else eval "$1"; fi
+    if print_only; then printf '%s\n' "$1"; else eval "$1"; fi
 }
+
+# set_env NAME VALUE: export a variable for the commands that follow (printed as `export NAME=VALUE`).
+set_env() {
+    export "$1=$2"
+    if print_only; then printf 'export %s=%s\n' "$1" "$(quote "$2")"; fi
+}
+
+# say MESSAGE: a message (a comment in the PRINT_ONLY output).
+say() {
+    if print_only; then printf '# %s\n' "$*"; else printf '%s\n' "$*"; fi
+}
+
+die() { echo "[ray_cluster] error: $*" >&2; exit 2; }
 
 token_file() { printf '%s\n' "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}"; }
 
 # The token file is a credential: 0600. Ray writes a new one with open(), i.e. with the umask
 # (0644 by default), so it is created under umask 077, and an existing one is set to 0600.
+# Ray reads RAY_AUTH_TOKEN, then RAY_AUTH_TOKEN_PATH (an error if that file is missing or empty),
+# then ~/.ray/auth_token; `get-auth-token --generate` writes only ~/.ray/auth_token, and only when
+# it finds no token (with RAY_AUTH_TOKEN set it writes nothing: nothing to chmod unless the file exists).
 head_token() {
     local file
     file="$(token_file)"
-    run_line "(umask 077 && $(printf '%q' "$RAY") get-auth-token --generate >/dev/null)"
-    if [[ -z "${RAY_AUTH_TOKEN:-}" || -e "$file" || "${PRINT_ONLY:-0}" == "1" ]]; then
-        run_line "chmod 600 $(printf '%q' "$file")"
+    if [[ -z "${RAY_AUTH_TOKEN:-}" && -n "${RAY_AUTH_TOKEN_PATH:-}" && ! -s "$file" ]]; then
+        die "RAY_AUTH_TOKEN_PATH=$file holds no token (missing or empty), and Ray generates one only at" \
+            "~/.ray/auth_token: put the token there (chmod 600), or unset RAY_AUTH_TOKEN_PATH"
+    fi
+    run_line "(umask 077 && $(quote "$RAY") get-auth-token --generate >/dev/null)"
+    if [[ -z "${RAY_AUTH_TOKEN:-}" || -e "$file" ]]; then
+        run_line "chmod 600 $(quote "$file")"
     fi
 }
 
 worker_token() {
     local file
     file="$(token_file)"
-    if [[ -e "$file" || "${PRINT_ONLY:-0}" == "1" ]]; then
-        run_line "chmod 600 $(printf '%q' "$file")"
-    elif [[ -z "${RAY_AUTH_TOKEN:-}" ]]; then
-        echo "[ray_cluster] error: no Ray token at $file and RAY_AUTH_TOKEN is not set: copy ~/.ray/auth_token" \
-            "from the head node (chmod 600), or set RAY_AUTH_MODE=disabled" >&2
-        exit 2
+    if [[ -z "${RAY_AUTH_TOKEN:-}" && ! -s "$file" ]]; then
+        die "no Ray token at $file and RAY_AUTH_TOKEN is not set: copy ~/.ray/auth_token" \
+            "from the head node (chmod 600), or set RAY_AUTH_MODE=disabled"
+    fi
+    if [[ -e "$file" ]]; then
+        run_line "chmod 600 $(quote "$file")"
     fi
 }
 
@@ -73,13 +104,16 @@ node_args() {
 cmd="${1:-}"
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
+    head|worker|submit|status|stop) set_env RAY_AUTH_MODE "${RAY_AUTH_MODE:-token}" ;;
+esac
+case "$cmd" in
     head)
         if [[ "$RAY_AUTH_MODE" == "token" ]]; then head_token; fi
         mapfile -t extra < <(node_args)
         run "$RAY" start --head --port="$RAY_PORT" --dashboard-host="$DASHBOARD_HOST" \
             --dashboard-port="$DASHBOARD_PORT" "${extra[@]+"${extra[@]}"}" "$@"
-        echo "[ray_cluster] head started; workers: recipe/rpg/ray_cluster.sh worker <this node's IP>:$RAY_PORT"
-        echo "[ray_cluster] jobs: RAY_ADDRESS=http://127.0.0.1:$DASHBOARD_PORT (on this node, or through ssh -L $DASHBOARD_PORT:localhost:$DASHBOARD_PORT)"
+        say "[ray_cluster] head started; workers: recipe/rpg/ray_cluster.sh worker <this node's IP>:$RAY_PORT"
+        say "[ray_cluster] jobs: RAY_ADDRESS=http://127.0.0.1:$DASHBOARD_PORT (on this node, or through ssh -L $DASHBOARD_PORT:localhost:$DASHBOARD_PORT)"
         ;;
     worker)
         head="${1:?usage: ray_cluster.sh worker HEAD_IP[:PORT]}"
@@ -92,12 +126,11 @@ case "$cmd" in
     submit)
         script="${1:?usage: ray_cluster.sh submit SCRIPT [hydra overrides]}"
         shift
-        export RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:$DASHBOARD_PORT}"
-        if [[ -z "${NNODES:-}" && "${PRINT_ONLY:-0}" != "1" ]]; then
-            NNODES="$("$RAY" list nodes --address "$RAY_ADDRESS" --format json | "${PYTHON:-python3}" -c \
-                'import json, sys; print(sum(1 for n in json.load(sys.stdin) if n["state"] == "ALIVE" and float(n["resources_total"].get("GPU", 0)) > 0) or 1)')"
-            export NNODES
-            echo "[ray_cluster] NNODES=$NNODES (alive nodes with GPUs)"
+        set_env RAY_ADDRESS "${RAY_ADDRESS:-http://127.0.0.1:$DASHBOARD_PORT}"
+        if [[ -z "${NNODES:-}" ]]; then
+            run_line "NNODES=\"\$($(quote "$RAY") list nodes --address \"\$RAY_ADDRESS\" --format json | $(quote "${PYTHON:-python3}") -c '$GPU_NODES')\""
+            run_line "export NNODES"
+            print_only || say "[ray_cluster] NNODES=$NNODES (alive nodes with GPUs)"
         fi
         run bash "$script" "$@"
         ;;

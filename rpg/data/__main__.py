@@ -7,21 +7,26 @@ import sys
 from pathlib import Path
 
 from rpg.data.io import LOCAL_SUFFIXES
-from rpg.data.prepare import Summary, prepare, reason_class
+from rpg.data.prepare import NoValidRows, Summary, prepare, reason_class
 from rpg.data.sources import SOURCES
 
 EVAL_DEFAULT = ["aime2024", "aime2025", "amc2023", "minerva", "olympiadbench"]
 TRAIN_DEFAULT = "dapo-math-17k-en"
 
 
-def _report(summary: Summary, show: int) -> None:
+def _list_rejects(summary: Summary, show: int) -> None:
     """Up to ``show`` rejected rows, plain duplicates left out (counted in the summary line; every
-    rejected row is in the rejects file), then the summary line."""
+    rejected row is in the rejects file)."""
     listed = [r for r in summary.rejects if reason_class(r.reason) != "duplicate"]
     for r in listed[:show]:
         print(f"  {summary.source}: rejected {r.where}: {r.reason}", file=sys.stderr)
     if len(listed) > show:
         print(f"  ... {len(listed) - show} more", file=sys.stderr)
+
+
+def _report(summary: Summary, show: int) -> None:
+    """The rejected rows (``_list_rejects``), then the summary line."""
+    _list_rejects(summary, show)
     print(summary.line())
 
 
@@ -90,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                 copies = args.eval_copies if SOURCES[key].split == "test" else 1
                 _report(prepare(key, out_dir / f"{key}.parquet", input_path=inp, copies=copies), args.show_rejects)
     except (ValueError, OSError) as err:  # OSError: an unwritable --out (the message names the path)
+        if isinstance(err, NoValidRows):
+            _list_rejects(err.summary, args.show_rejects)
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

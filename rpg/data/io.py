@@ -8,9 +8,12 @@ same input and the same pyarrow version give byte-identical files.
 from __future__ import annotations
 
 import codecs
+import errno
 import json
 import os
+import re
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,15 +23,18 @@ import pyarrow.parquet as pq
 from rpg.data.rows import BadRecord
 
 LOCAL_SUFFIXES = (".parquet", ".json", ".jsonl")
-# Byte-order marks some editors and exporters write (Windows PowerShell 5's Out-File: UTF-16 LE);
-# the UTF-32 LE mark starts with the UTF-16 LE one, so it is tested first.
+# Byte-order marks some editors and exporters write (Windows PowerShell 5's Out-File: UTF-16 LE),
+# with the codec of the text after the mark; the UTF-32 LE mark starts with the UTF-16 LE one, so it
+# is tested first.
 _BOMS = (
     (codecs.BOM_UTF8, "utf-8"),
-    (codecs.BOM_UTF32_LE, "utf-32"),
-    (codecs.BOM_UTF32_BE, "utf-32"),
-    (codecs.BOM_UTF16_LE, "utf-16"),
-    (codecs.BOM_UTF16_BE, "utf-16"),
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
 )
+_UNDECODABLE = "\udfff"  # marks undecodable bytes in decoded UTF-16/32 text (a strict decode never yields a lone surrogate)
+_LINE_END = re.compile(r"\r\n|\r|\n")  # what bytes.splitlines splits on (not U+2028 etc., valid inside JSON strings)
 
 ROW_SCHEMA = pa.schema(
     [
@@ -68,9 +74,10 @@ def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | N
     local .parquet / .json (list of objects) / .jsonl file.
 
     Text inputs are UTF-8, with or without a byte-order mark, or UTF-16 / UTF-32 with one
-    (``_utf8``). A JSONL line that is not valid UTF-8 or not valid JSON becomes a ``BadRecord``
-    (rejected with its line; the other lines are kept); a .json document that is not valid UTF-8
-    or JSON is an error naming file, line, column. A file without rows is an error naming it.
+    (``_bom``). A JSONL line that cannot be decoded or is not valid JSON becomes a ``BadRecord``
+    (rejected with its line; the other lines are kept, ``_jsonl_lines``); a .json document that
+    cannot be decoded or is not valid JSON is an error naming file, line, column (UTF-16 / UTF-32:
+    byte). A file without rows is an error naming it.
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -86,11 +93,12 @@ def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | N
         if table.num_rows == 0:
             raise ValueError(f"{path}: no rows")
         return table.to_pylist(), list(table.column_names), None
-    raw = _utf8(path.read_bytes(), path)
-    if not raw.strip():
-        expected = "a JSON list of objects" if suffix == ".json" else "one JSON object per line"
-        raise ValueError(f"{path}: empty file: no rows (expected {expected}, UTF-8)")
+    raw = path.read_bytes()
+    expected = "a JSON list of objects" if suffix == ".json" else "one JSON object per line"
     if suffix == ".json":
+        raw = _utf8(raw, path)
+        if not raw.strip():
+            raise ValueError(f"{path}: empty file: no rows (expected {expected}, UTF-8)")
         try:
             data = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as err:
@@ -105,40 +113,99 @@ def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | N
         if not data:
             raise ValueError(f"{path}: the JSON list is empty: no rows")
         return data, _columns(data), None
+    text_lines = _jsonl_lines(raw, path)
+    if not text_lines:
+        raise ValueError(f"{path}: empty file: no rows (expected {expected}, UTF-8)")
     records, lines = [], []
-    for number, line in enumerate(raw.splitlines(), start=1):  # bytes: splits on \n, \r\n, \r only
-        if not line.strip():
-            continue
+    for number, text in text_lines:
         lines.append(number)
+        if isinstance(text, BadRecord):
+            records.append(text)
+            continue
         try:
-            records.append(json.loads(line.decode("utf-8")))
-        except UnicodeDecodeError as err:
-            records.append(BadRecord(f"invalid UTF-8 byte 0x{line[err.start]:02x} at column {err.start + 1}"))
+            records.append(json.loads(text))
         except json.JSONDecodeError as err:
             records.append(BadRecord(f"invalid JSON line ({err.msg})"))
     return records, _columns(records), lines
 
 
-def _utf8(raw: bytes, path: Path) -> bytes:
-    """The file's text as UTF-8 bytes, without a byte-order mark.
+def _jsonl_lines(raw: bytes, path: Path) -> list[tuple[int, str | BadRecord]]:
+    """(1-based line, text) of each non-blank line of a text file; lines end at \\n, \\r\\n or \\r.
 
-    A UTF-16 / UTF-32 file with its byte-order mark is decoded (the mark says the encoding
-    exactly); one without (a NUL in the first two bytes: JSON text starts with ASCII) is refused,
-    as guessing its byte order could garble it. UTF-8 is returned as is (the JSONL reader
-    rejects only the lines that are not valid UTF-8).
+    A line that cannot be decoded is a ``BadRecord`` naming the byte and the encoding, and the
+    other lines are kept: UTF-8 is decoded line by line, UTF-16 / UTF-32 (with a byte-order mark)
+    as a whole, with the undecodable bytes (a lone surrogate, a last line cut short) marked.
+    """
+    codec, bom = _bom(raw, path)
+    out: list[tuple[int, str | BadRecord]] = []
+    if codec == "utf-8":
+        for number, line in enumerate(raw[len(bom):].splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append((number, line.decode("utf-8")))
+            except UnicodeDecodeError as err:
+                out.append((number, BadRecord(f"invalid UTF-8 byte 0x{line[err.start]:02x} at column {err.start + 1}")))
+        return out
+    text, bad = _decode_marked(raw, len(bom), codec)
+    name = codec[:6].upper()
+    for number, line in enumerate(_LINE_END.split(text), start=1):
+        if not line.strip(" \t\x0b\x0c"):
+            continue
+        marks = line.count(_UNDECODABLE)
+        if marks:
+            reason, offset = bad[0]
+            out.append((number, BadRecord(f"not valid {name} ({reason} at byte {offset})")))
+            del bad[:marks]
+        else:
+            out.append((number, line))
+    return out
+
+
+def _bom(raw: bytes, path: Path) -> tuple[str, bytes]:
+    """(codec, byte-order mark) of a text file: UTF-8 without a mark, else the mark's codec.
+
+    UTF-16 / UTF-32 without a mark (a NUL in the first two bytes: JSON text starts with ASCII) is
+    refused, as guessing its byte order could garble it.
     """
     for bom, codec in _BOMS:
         if raw.startswith(bom):
-            if codec == "utf-8":
-                return raw[len(bom):]
-            try:
-                return raw.decode(codec).encode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(f"{path}: not valid {codec.upper()} (byte-order mark {bom.hex(' ').upper()}) "
-                                 f"at byte {err.start}: {err.reason}") from None
+            return codec, bom
     if b"\x00" in raw[:2]:
         raise ValueError(f"{path}: looks like UTF-16 or UTF-32 without a byte-order mark; save it as UTF-8")
-    return raw
+    return "utf-8", b""
+
+
+_MARKED = threading.local()  # the undecodable sequences ``_decode_marked`` met, per thread
+
+
+def _mark(err: UnicodeDecodeError) -> tuple[str, int]:
+    _MARKED.found.append((err.reason, err.start))
+    return _UNDECODABLE, max(err.end, err.start + 1)
+
+
+codecs.register_error("rpg-data-mark-undecodable", _mark)
+
+
+def _decode_marked(raw: bytes, start: int, codec: str) -> tuple[str, list[tuple[str, int]]]:
+    """``raw[start:]`` decoded in one pass, each undecodable sequence replaced by ``_UNDECODABLE``;
+    plus (reason, file offset) of each, in order."""
+    _MARKED.found = []
+    text = raw[start:].decode(codec, errors="rpg-data-mark-undecodable")
+    return text, [(reason, start + offset) for reason, offset in _MARKED.found]
+
+
+def _utf8(raw: bytes, path: Path) -> bytes:
+    """A whole document's text as UTF-8 bytes, without a byte-order mark (``_bom``); a UTF-16 /
+    UTF-32 document that does not decode is an error naming the byte."""
+    codec, bom = _bom(raw, path)
+    if codec == "utf-8":
+        return raw[len(bom):]
+    try:
+        return raw[len(bom):].decode(codec).encode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not valid {codec[:6].upper()} (byte-order mark {bom.hex(' ').upper()}) "
+                         f"at byte {len(bom) + err.start}: {err.reason}") from None
 
 
 def _position(raw: bytes, offset: int) -> tuple[int, int]:
@@ -194,14 +261,12 @@ def read_hub(
 def write_parquet_atomic(rows: list[dict], path: str | Path) -> None:
     """Write rows with ROW_SCHEMA to ``path`` via a temp file in the same directory + os.replace."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(rows, schema=ROW_SCHEMA)
     _atomic(path, lambda tmp: pq.write_table(table, tmp, **_WRITE_OPTIONS))
 
 
 def write_text_atomic(text: str, path: str | Path) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     _atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
@@ -214,11 +279,25 @@ class WriteError(OSError):
 
 def _atomic(path: Path, write: Callable[[str], None]) -> None:
     try:
+        make_parent(path)
         _replace_atomically(path, write)
     except OSError as err:  # mkstemp/replace name the temporary file: report the path the user gave
         if isinstance(err, WriteError):
             raise
         raise WriteError(err.errno, err.strerror or str(err), str(path)) from err
+
+
+def make_parent(path: Path) -> None:
+    """Create ``path``'s directory; a WriteError for ``path`` naming the part of it that is a file or
+    the directory that cannot be created."""
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.is_dir():
+            raise WriteError(errno.ENOTDIR, f"{parent} is a file, not a directory", str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        where = err.filename or path.parent
+        raise WriteError(err.errno, f"cannot create directory {where}: {err.strerror or err}", str(path)) from err
 
 
 def _replace_atomically(path: Path, write: Callable[[str], None]) -> None:

@@ -4,7 +4,8 @@ Output: ``out`` (parquet, atomic; an existing directory or a path ending in ``/`
 ``<dataset>.parquet``) and, when rows were rejected, ``<out stem>.rejects.jsonl`` with one
 ``{"index": i, ["line": l,] "reason": ...}`` per rejected input row (``line``: JSONL inputs); a stale
 one is removed otherwise. The rejects file is written even when every row is rejected (then no
-parquet is written and the error gives the counts per reason).
+parquet is written and ``NoValidRows`` gives the counts per reason and the rejected rows). Neither
+output may be the input file.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpg.data.io import HubLoader, read_hub, read_local, write_parquet_atomic, write_text_atomic
-from rpg.data.rows import Reject, build_rows, resolve_layout, select_problems
+from rpg.data.rows import Layout, Reject, build_rows, resolve_layout, select_problems
 from rpg.data.sources import get_source
 
 
@@ -37,6 +38,14 @@ class Summary:
             f"{self.dataset}: read {self.rows_read} rows from {self.source}, wrote {self.rows_written} rows "
             f"({self.problems} problems) to {self.out}, rejected {len(self.rejects)} ({reason_counts(self.rejects)}){where}"
         )
+
+
+class NoValidRows(ValueError):
+    """Every input row was rejected: nothing written but the rejects file; ``summary`` holds the rejects."""
+
+    def __init__(self, message: str, summary: Summary):
+        super().__init__(message)
+        self.summary = summary
 
 
 def reason_class(reason: str) -> str:
@@ -78,21 +87,31 @@ def prepare(
     out = Path(out)
     if out.suffix != ".parquet":
         raise ValueError(f"--out must end in .parquet, got {str(out)!r}")
+    rp = rejects_path(out)
     if input_path is not None:
+        _check_not_the_input(out, rp, Path(input_path))
         records, columns, lines = read_local(input_path)
         source = str(input_path)
     else:
         name = hf_name or spec.hf_name
         records, columns = read_hub(name, hf_config or spec.hf_config, hf_split or spec.hf_split, hub_loader)
         source, lines = f"hf:{name}", None
-    layout = resolve_layout(columns, spec.problem_keys, spec.answer_keys, problem_key, answer_key)
+    try:
+        layout = resolve_layout(columns, spec.problem_keys, spec.answer_keys, problem_key, answer_key)
+    except ValueError as err:
+        if columns:
+            raise ValueError(f"{source}: {err}") from None
+        # no row is an object with keys (a JSONL of invalid lines, of lists, of strings): each row is
+        # rejected with its own reason and line below
+        layout = Layout("plain", problem_key or spec.problem_keys[0], answer_key or spec.answer_keys[0])
     problems, rejects, n_read = select_problems(records, layout, spec.english_only, lines)
-    rp = rejects_path(out)
     if not problems:
         if rejects:
             _write_rejects(rejects, rp)
-        raise ValueError(f"{dataset}: no valid rows in {source} ({len(rejects)} rejected: {reason_counts(rejects)}); "
-                         f"nothing written" + (f"; every rejected row in {rp}" if rejects else ""))
+        raise NoValidRows(
+            f"{dataset}: no valid rows in {source} ({len(rejects)} rejected: {reason_counts(rejects)}); "
+            f"nothing written" + (f"; every rejected row in {rp}" if rejects else ""),
+            Summary(dataset, source, str(out), n_read, 0, 0, rejects))
     rows = build_rows(problems, data_source or spec.data_source, spec.split, spec.default_copies if copies is None else copies)
     write_parquet_atomic(rows, out)
     if rejects:
@@ -100,6 +119,21 @@ def prepare(
     elif rp.exists():
         rp.unlink()
     return Summary(dataset, source, str(out), n_read, len(problems), len(rows), rejects)
+
+
+def _check_not_the_input(out: Path, rejects: Path, input_path: Path) -> None:
+    """ValueError when writing ``out`` or its rejects file would replace the input file (the same
+    directory entry, however spelled: ``os.replace`` replaces the entry, not a link's target)."""
+    def same(a: Path, b: Path) -> bool:
+        try:
+            return a.name == b.name and os.path.samefile(a.parent, b.parent)
+        except OSError:  # a directory that does not exist (yet) is not the input's
+            return False
+
+    if same(out, input_path):
+        raise ValueError(f"{out} is both the input and the output file; write the output elsewhere")
+    if same(rejects, input_path):
+        raise ValueError(f"{rejects} (the rejects file of {out}) is the input file; write the output elsewhere")
 
 
 def _write_rejects(rejects: list[Reject], path: Path) -> None:

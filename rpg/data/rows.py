@@ -112,7 +112,8 @@ def _answer_text(value) -> str:
     """Ground truth as a non-empty str; raises ValueError(reason) otherwise.
 
     ints (not bools) are converted with str(); a one-element list of str (OlympiadBench's
-    ``final_answer``) is unwrapped. Floats are rejected: 0.1 vs 0.10000000000000001 is ambiguous.
+    ``final_answer``) is unwrapped; surrounding whitespace is removed (the scorers ignore it).
+    Floats are rejected: 0.1 vs 0.10000000000000001 is ambiguous.
     """
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
@@ -122,7 +123,8 @@ def _answer_text(value) -> str:
         kind = f"list of {len(value)} items" if isinstance(value, list) else type(value).__name__
         raise ValueError(f"non-string answer ({kind})")
     text = str(value)
-    for reason in (_unicode_problem(text, "answer"), _empty_reason(text, "no answer", " (empty string)")):
+    blank = " (empty string)" if text == "" else " (only whitespace)"
+    for reason in (_unicode_problem(text, "answer"), _empty_reason(text, "no answer", blank)):
         if reason:
             raise ValueError(reason)
     return text.strip()

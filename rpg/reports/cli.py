@@ -12,6 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from rpg.data.io import WriteError, write_text_atomic
 from rpg.reports.benchmarks import PAPER_METRIC
 from rpg.reports.figures import ENTROPY_KEY, LENGTH_KEY, REWARD_KEY, default_panels, plot_curves
 from rpg.reports.logs import Metrics, check_metric, read_run
@@ -102,9 +103,8 @@ def run_tables(args: argparse.Namespace) -> int:
     text = render_markdown(td) if args.format == "markdown" else render_latex(td)
     if args.out:
         try:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(text, encoding="utf-8")
-        except OSError as err:
+            write_text_atomic(text, args.out)
+        except OSError as err:  # rpg.data.io.WriteError: names the part of the path that failed
             print(f"error: cannot write --out {args.out}: {err.strerror or err}", file=sys.stderr)
             return 2
     else:
@@ -122,6 +122,10 @@ def run_curves(args: argparse.Namespace) -> int:
                                    last_step=parse_last_step(args.last_step))
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the figure files (the directory: rpg.data.io.WriteError names the failing part)
+        where = f" ({err.filename})" if err.filename and not isinstance(err, WriteError) else ""
+        print(f"error: cannot write --out {args.out}: {err.strerror or err}{where}", file=sys.stderr)
         return 2
     for w in warns:
         print(f"warning: {w}", file=sys.stderr)

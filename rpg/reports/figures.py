@@ -21,6 +21,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from rpg.data.io import make_parent
 from rpg.reports.benchmarks import benchmark_series
 from rpg.reports.logs import Metrics
 
@@ -181,9 +182,9 @@ def plot_curves(
     if title:
         fig.suptitle(title, fontsize=10)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     stem = out.with_suffix("") if out.suffix in (".png", ".svg") else out
     paths = [stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".svg")]
+    make_parent(paths[0])
     with matplotlib.rc_context({"svg.hashsalt": "rpg-figure"}):
         fig.savefig(paths[0], dpi=dpi, metadata={"Software": None})
         fig.savefig(paths[1], metadata={"Date": None, "Creator": None})

@@ -12,13 +12,14 @@ variable (read when verl's ``Tracking`` is built, at the start of ``fit``) is se
 * reader (``rpg.reports.logs.read_run`` on the base path, via ``read_segments``): segments in
   order; a segment whose first step is ``s`` replaces what earlier segments logged after ``s``
   (the steps redone after the last checkpoint, or a restarted run) and is merged key by key at
-  ``s`` (a resume's validation at the checkpoint step joins the training metrics logged there).
+  ``s`` (a resume's validation at the checkpoint step joins the training metrics logged there);
+  ``replaced_line`` names every step and value so replaced.
 
 ``history_warnings`` checks any run (JSONL, W&B, TensorBoard): one line when the history does not
 start at step 0 (Best would cover a part of the run only), one line listing training steps without
 metrics (verl saves a step's checkpoint before it logs the step: a run stopped in between and
 resumed never logs that step) and one line listing the gaps in the validation steps (``val-*`` /
-``val/*`` keys). ``replaced_line`` says which steps a restart replaced (the CPU harness folds the
+``val/*`` keys). ``replaced_line`` says which steps and values a restart replaced (the CPU harness folds the
 segments of its output directory into one file with it, ``rpg.backends.cpu.harness``).
 """
 
@@ -90,33 +91,46 @@ def join(parts: list[Metrics]) -> Metrics:
     return {k: dict(sorted(v.items())) for k, v in joined.items() if v}
 
 
-def replaced_steps(parts: list[Metrics]) -> list[tuple[int, list[int]]]:
+def restarts(parts: list[Metrics]) -> list[tuple[int, list[int], list[tuple[str, float, float]]]]:
     """For each segment after the first that logged anything: (its first step, the steps of the
-    segments before it that ``join`` drops, i.e. logged after that step before the restart)."""
-    out, seen = [], set()
-    for i, part in enumerate(parts):
+    segments before it that ``join`` drops, i.e. logged after that step before the restart, and the
+    ``(key, earlier, new)`` values it logged again at its first step with another value)."""
+    out, joined = [], {}
+    for part in parts:
         steps = {s for series in part.values() for s in series}
         if not steps:
             continue
         start = min(steps)
-        if i and seen:
-            out.append((start, sorted(s for s in seen if s > start)))
-        seen = {s for s in seen if s <= start} | steps
+        if joined:
+            later = sorted({s for series in joined.values() for s in series if s > start})
+            again = [(k, joined[k][start], series[start]) for k, series in sorted(part.items())
+                     if start in series and start in joined.get(k, {})
+                     and not _same(joined[k][start], series[start])]
+            out.append((start, later, again))
+        joined = join([joined, part])
     return out
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (a != a and b != b)  # NaN logged again is not another value
 
 
 def replaced_line(name: str | Path, parts: list[Metrics]) -> str | None:
     """One line naming the steps whose earlier records a restart replaced (re-run) or dropped (not re-run
-    yet); None when no record was replaced."""
-    redone = [(start, steps) for start, steps in replaced_steps(parts) if steps]
-    if not redone:
-        return None
+    yet), and the values logged again at a restart step with another value; None when no record was
+    replaced."""
     latest = {s for series in join(parts).values() for s in series}
     said = []
-    for start, steps in redone:
+    for start, steps, again in restarts(parts):
         rerun, dropped = [s for s in steps if s in latest], [s for s in steps if s not in latest]
-        said.append(f"restart at step {start}: " + ", ".join(
-            f"{what} {_ranges(xs)}" for what, xs in (("re-ran", rerun), ("dropped (not re-run yet)", dropped)) if xs))
+        what = [f"{w} {_ranges(xs)}" for w, xs in (("re-ran", rerun), ("dropped (not re-run yet)", dropped)) if xs]
+        if again:
+            what = [", ".join(what)] if what else []
+            what.append(f"logged again at step {start}: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in again))
+        if what:
+            said.append(f"restart at step {start}: " + "; ".join(what))
+    if not said:
+        return None
     return (f"{name}: earlier records replaced by the resumed run ({'; '.join(said)}): those steps were trained "
             "after the checkpoint the run resumed from")
 
@@ -140,6 +154,8 @@ def read_segments(base: Path, read_one) -> tuple[Metrics, list[str]]:
     if len(paths) > 1:
         starts = [min(s for series in m.values() for s in series) for m in parts[1:] if m]
         notes.append(f"{base}: joined {len(paths)} log segments (restarted at steps {', '.join(map(str, starts))})")
+        if (line := replaced_line(base, parts)) is not None:
+            notes.append(line)
     return join(parts), notes
 
 

@@ -15,14 +15,19 @@ and say so) and ``read_run`` names every such value in one warning line. Nothing
   Panel exports prefix columns with ``"<run name> - "``; the prefix is removed and
   ``__MIN``/``__MAX`` columns are ignored. One run per file: several run prefixes are an error.
 * TensorBoard: an event file or a directory of event files (verl's ``tensorboard`` logger writes
-  scalars with ``add_scalar(key, value, step)``; TensorBoard's own reader drops the events a
-  restarted writer logged again).
+  scalars with ``add_scalar(key, value, step)``), read with TensorBoard's ``EventAccumulator``,
+  which returns every event, also those a restarted writer logged again (torch's writer logs no
+  restart marker for it to purge on).
 
-A step logged twice *within one file* (JSONL line or CSV row) is reported in one warning line; the
-later record's values are kept. A ``.jsonl`` path also reads the segments that resumed runs wrote
-next to it and joins them (a later segment legitimately replaces the steps redone after a resume);
-every run's history is checked for a missing start and gaps in the validation steps (warnings;
-``rpg.reports.history``). A file that is not UTF-8 is an error naming it.
+A step logged twice *within one file* (JSONL lines, CSV rows; TensorBoard: a key with two events at
+a step, e.g. after a restart) is reported in one warning line naming the lines and every value
+that differs; the later value is kept. A value that is not a number, of a key logged as a number
+elsewhere in the file, and a CSV row with values but no step are named in one warning line each
+(not read). A ``.jsonl`` path also reads the segments that resumed runs wrote next to it and joins
+them (a later segment legitimately replaces the steps redone after a resume; one warning line names
+those steps and the values logged again at the restart step); every run's history is checked for
+a missing start and gaps in the validation steps (warnings; ``rpg.reports.history``). A file that
+is not UTF-8 is an error naming it.
 """
 
 from __future__ import annotations
@@ -68,36 +73,94 @@ def _step(value, where: str) -> int:
     return int(v)
 
 
+def same_value(a: float, b: float) -> bool:
+    """Equal, NaN counting as equal to NaN (a value logged twice unchanged)."""
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
 class _Reader:
-    """Collects one file's metrics, the steps recorded twice and the JSON nulls read as NaN."""
+    """Collects one file's metrics and says, one warning line each: the steps recorded twice (with
+    the values that differ), the values that are not numbers, the rows without a step, and the
+    NaN / ±inf values (JSON nulls read as NaN named so).
 
-    def __init__(self, path: Path):
-        self.path, self.metrics, self.repeated, self.nulls = path, {}, set(), set()
-        self._seen: set[int] = set()
+    ``records``: the file is made of records holding several keys (JSONL lines, CSV rows), each
+    named by its ``line``; else (TensorBoard) every value is its own event and a step counts as
+    logged twice only when a key has two values there.
+    """
 
-    def record(self, step: int, items) -> None:
-        """One record (JSONL line, CSV row) of ``(key, value)`` pairs at ``step``."""
-        if step in self._seen:
-            self.repeated.add(step)
-        self._seen.add(step)
+    def __init__(self, path: Path, records: bool = True):
+        self.path, self.records, self.metrics, self.nulls = path, records, {}, set()
+        self._lines: dict[int, list[int | None]] = {}  # step -> lines of its records
+        self._where: dict[tuple[str, int], int | None] = {}  # (key, step) -> line of the value kept
+        self.twice: set[int] = set()  # steps with a key logged twice (TensorBoard)
+        self.differ: list[tuple[str, int, float, int | None, float, int | None]] = []
+        self.unread: list[tuple[str, int, object, int | None]] = []
+        self.stepless: list[int] = []
+
+    def record(self, step: int, items, line: int | None = None) -> None:
+        """One record (JSONL line, CSV row, TensorBoard event) of ``(key, value)`` pairs at ``step``."""
+        self._lines.setdefault(step, []).append(line)
         for key, value in items:
             if value is _NULL:
                 v = math.nan
                 self.nulls.add((key, step))
             else:
                 v = _num(value)
-            if v is not None:
-                self.metrics.setdefault(key, {})[step] = v
+            if v is None:
+                if value is not None and value != "":  # not logged at this step: no value, an empty CSV cell
+                    self.unread.append((key, step, value, line))
+                continue
+            series = self.metrics.setdefault(key, {})
+            if step in series:
+                self.twice.add(step)
+                if not same_value(series[step], v):
+                    self.differ.append((key, step, series[step], self._where[(key, step)], v, line))
+            series[step] = v
+            self._where[(key, step)] = line
 
     def done(self) -> Metrics:
-        if self.repeated:
-            warnings.warn(f"{self.path}: steps logged more than once in this file: "
-                          f"{', '.join(map(str, sorted(self.repeated)))} (the later record's values are kept)",
-                          stacklevel=3)
-        line = nonfinite_warning(self.path, self.metrics, self.nulls)
-        if line:
-            warnings.warn(line, stacklevel=3)
+        for line in (self._twice_line(), self._stepless_line(), self._unread_line(),
+                     nonfinite_warning(self.path, self.metrics, self.nulls)):
+            if line:
+                warnings.warn(line, stacklevel=3)
         return self.metrics
+
+    def _twice_line(self, show: int = 8) -> str | None:
+        if self.records:
+            steps = {s: lines for s, lines in self._lines.items() if len(lines) > 1}
+            listed = ", ".join(f"{s} (lines {', '.join(map(str, lines))})" for s, lines in sorted(steps.items()))
+            head = f"{self.path}: steps logged more than once in this file: {listed}"
+        else:
+            steps = self.twice
+            head = f"{self.path}: steps logged more than once: {', '.join(map(str, sorted(steps)))}"
+        if not steps:
+            return None
+        if not self.differ:
+            return head + "; no value differs"
+
+        def at(line):
+            return "" if line is None else f" (line {line})"
+
+        pairs = [f"{k} at step {s}: {a!r}{at(la)}, {b!r}{at(lb)}" for k, s, a, la, b, lb in self.differ]
+        more = f", ... {len(pairs) - show} more" if len(pairs) > show else ""
+        return f"{head}; values that differ (the later is kept): {', '.join(pairs[:show])}{more}"
+
+    def _stepless_line(self, show: int = 8) -> str | None:
+        if not self.stepless:
+            return None
+        more = f", ... {len(self.stepless) - show} more" if len(self.stepless) > show else ""
+        return f"{self.path}: rows without a step not read: line {', '.join(map(str, self.stepless[:show]))}{more}"
+
+    def _unread_line(self, show: int = 8) -> str | None:
+        """The values that are not numbers, of keys logged as numbers elsewhere in the file (a key that
+        is never a number, e.g. a text column, is not a metric)."""
+        bad = [(k, s, v, line) for k, s, v, line in self.unread if k in self.metrics]
+        if not bad:
+            return None
+        listed = ", ".join(f"{k} at step {s} ({'' if line is None else f'line {line}: '}{v!r:.40})"
+                           for k, s, v, line in bad[:show])
+        more = f", ... {len(bad) - show} more" if len(bad) > show else ""
+        return f"{self.path}: {len(bad)} values that are not numbers not read: {listed}{more}"
 
 
 def nonfinite_warning(path, metrics: Metrics, nulls=frozenset(), show: int = 8) -> str | None:
@@ -147,7 +210,7 @@ def read_file_logger(path: str | Path) -> Metrics:
             raise ValueError(f"{path}:{i + 1}: expected an object with a 'step' key")
         step = _step(obj["step"], f"{path}:{i + 1}")
         data = obj["data"] if isinstance(obj.get("data"), dict) else {k: v for k, v in obj.items() if k != "step"}
-        reader.record(step, ((k, _NULL if v is None else v) for k, v in data.items()))
+        reader.record(step, ((k, _NULL if v is None else v) for k, v in data.items()), i + 1)
     return reader.done()
 
 
@@ -175,11 +238,14 @@ def read_wandb_csv(path: str | Path) -> Metrics:
             dup = sorted({n for n in columns.values() if list(columns.values()).count(n) > 1})
             raise ValueError(f"{path}: metrics {dup} appear in several columns")
         out = _Reader(path)
-        for n, row in enumerate(reader, start=2):
+        for row in reader:
+            n = reader.line_num  # the file line (csv skips blank lines; a quoted cell may span lines)
             if _num(row.get(step_col)) is None:
+                if any(row.get(col) not in (None, "") for col in columns):
+                    out.stepless.append(n)
                 continue
             step = _step(row[step_col], f"{path}:{n}")
-            out.record(step, ((name, row.get(col)) for col, name in columns.items()))
+            out.record(step, ((name, row.get(col)) for col, name in columns.items()), n)
     return out.done()
 
 
@@ -190,16 +256,16 @@ def read_tensorboard(path: str | Path) -> Metrics:
     acc = EventAccumulator(str(path), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     tags = acc.Tags()
-    metrics: Metrics = {}
+    reader = _Reader(Path(path), records=False)
     for tag in tags.get("scalars", []):
         for ev in acc.Scalars(tag):
-            metrics.setdefault(tag, {})[int(ev.step)] = float(ev.value)
+            reader.record(int(ev.step), [(tag, float(ev.value))])
     for tag in tags.get("tensors", []):
         for ev in acc.Tensors(tag):
             arr = tensor_util.make_ndarray(ev.tensor_proto)
             if arr.size == 1 and arr.dtype.kind in "fiu":
-                metrics.setdefault(tag, {})[int(ev.step)] = float(arr.reshape(()))
-    return metrics
+                reader.record(int(ev.step), [(tag, float(arr.reshape(())))])
+    return reader.done()
 
 
 def read_run(path: str | Path) -> Metrics:
@@ -210,11 +276,12 @@ def read_run(path: str | Path) -> Metrics:
     notes: list[str] = []
     if path.is_dir() or "tfevents" in path.name:
         if path.is_dir() and not any(path.glob("*tfevents*")):
-            raise ValueError(f"{path}: directory holds no TensorBoard event files")
+            logs = sorted(p.name for p in path.iterdir() if p.suffix in (".jsonl", ".csv") and p.is_file()
+                          and not re.search(r"\.part\d+\.jsonl$", p.name))
+            hint = (f"; it holds {', '.join(logs)}: pass {'that file' if len(logs) == 1 else 'one of those files'} "
+                    "(its .partN.jsonl segments are joined)") if logs else ""
+            raise ValueError(f"{path}: directory holds no TensorBoard event files{hint}")
         metrics = read_tensorboard(path)
-        line = nonfinite_warning(path, metrics)
-        if line:
-            notes.append(line)
     elif path.suffix == ".jsonl":  # + the segments written after resumes (rpg.reports.history)
         metrics, notes = read_segments(path, read_file_logger)
     elif path.suffix == ".csv":
