@@ -4,7 +4,9 @@ verl's trainer through the same launcher path for 2 steps."""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +14,21 @@ from pathlib import Path
 import pytest
 
 from rpg.backends.cpu.harness import read_metrics
+from rpg.losses import loss_defaults
+from rpg.verl.settings import loss_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "recipe" / "rpg" / "7b" / "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28.sh"
 RPG_KEYS = ("actor/rpg/kl_estimate", "actor/rpg/ratio_mean", "actor/rpg/clipfrac", "actor/rpg/reg_adv_mean",
             "actor/rpg/active_frac")
+
+
+def worker_loss_settings(log: str) -> dict:
+    """The ``rpg_loss`` mapping of the config the TaskRunner printed (pprint: sorted, wrapped over lines)."""
+    body = re.sub(r"^\[[ \d.]+s\] (\x1b\[\d+m)?\(RPGTaskRunner pid=\d+\)(\x1b\[0m)?\s*", "", log, flags=re.M)
+    found = re.search(r"'rpg_loss': (\{.*?\})", body, re.S)
+    assert found, "the TaskRunner's config print lacks policy_loss.rpg_loss"
+    return ast.literal_eval(found.group(1))
 
 
 @pytest.mark.e2e
@@ -38,7 +50,9 @@ def test_script_trains_on_cpu_backend(tiny_assets, tmp_path):
         assert metrics[step]["actor/lr"] > 0
     assert any(k.startswith("val-core/math_dapo/acc/mean@") for k in metrics[0])  # validation before training
     # the variant's wiring reached the workers: RPG-REINFORCE, RPG-Style Clip, beta 1e-4, lr 5e-7, sampler anchor
-    for needle in ("'rpg_loss': {'divergence': 'ufkl', 'form': 'reinforce', 'beta': 0.0001, 'clip': True,",
-                   "'lr': 5e-07", "'rpg_anchor': 'sampler'", "'device': 'cpu'"):
+    expected = {**{k: loss_defaults()[k] for k in loss_fields()}, "divergence": "ufkl", "form": "reinforce",
+                "beta": 1e-4, "clip": True}
+    assert worker_loss_settings(log) == expected
+    for needle in ("'lr': 5e-07", "'rpg_anchor': 'sampler'", "'device': 'cpu'"):
         assert needle in log, needle
     assert "rpg: loss=rpg divergence=ufkl form=reinforce beta=0.0001 clip=True" in log
