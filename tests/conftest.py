@@ -4,20 +4,26 @@
   cache directory (``$RPG_TINY_CACHE`` or ``<project>/.cache/rpg-tiny``), keyed by a hash of the
   builder's sources, so reruns and other test files reuse the same build.
 * ``cpu_trainer``: a callable that runs verl's real trainer on the CPU backend with the tiny
-  model and returns a ``rpg.backends.cpu.harness.TrainerRun``::
+  model and task and the tiny demo's RPG algorithm (``rpg.tiny.overrides.tiny_algorithm("rpg")``:
+  the recipe, RPG-REINFORCE-UFKL, sampler anchor), to which the test's overrides are added, and
+  returns a ``rpg.backends.cpu.harness.TrainerRun``::
 
       def test_x(cpu_trainer):
           run = cpu_trainer(["actor_rollout_ref.actor.optim.lr=1e-4"], steps=2)
           assert run.metrics[2]["training/global_step"] == 2
 
-  Keyword arguments: ``steps`` (default 2), ``entry`` (module or .py path; default
-  ``verl.trainer.main_ppo``), ``name`` (output sub-directory), ``extra_modules``, ``env``,
-  ``timeout_s`` (default 600) and ``check``. Mark such tests ``@pytest.mark.e2e``.
+  Keyword arguments: ``steps`` (default 2), ``entry`` (module or .py path; default the recipe's
+  main_rpg.py), ``name`` (output sub-directory), ``extra_modules``, ``env``, ``timeout_s`` (default
+  600) and ``check``. Mark such tests ``@pytest.mark.e2e``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -29,12 +35,12 @@ def tiny_assets():
 
 @pytest.fixture
 def cpu_trainer(tiny_assets, tmp_path):
-    from rpg.backends.cpu.harness import DEFAULT_ENTRY, run_trainer
-    from rpg.tiny.overrides import tiny_overrides
+    from rpg.backends.cpu.harness import run_trainer
+    from rpg.tiny.overrides import RECIPE_ENTRY, tiny_overrides
 
-    def run(overrides=(), *, steps=2, entry=DEFAULT_ENTRY, name="run", timeout_s=600.0, **kwargs):
+    def run(overrides=(), *, steps=2, entry=str(ROOT / RECIPE_ENTRY), name="run", timeout_s=600.0, **kwargs):
         return run_trainer(
-            [*tiny_overrides(tiny_assets, steps=steps), *overrides],
+            [*tiny_overrides(tiny_assets, steps=steps, algo="rpg"), *overrides],
             output_dir=tmp_path / name,
             entry=entry,
             timeout_s=timeout_s,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_verl_e2e import NARROW_CLIP, assert_off_policy, assert_step_guarantees
+from e2e_recipe import NARROW_CLIP, assert_off_policy, assert_step_guarantees
 
 from rpg.losses import RPGLossConfig, rpg_policy_loss
 

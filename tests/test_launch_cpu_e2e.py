@@ -1,6 +1,18 @@
-"""A paper script really trains: recipe/rpg/7b/run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28.sh with
-RPG_BACKEND=cpu (CPU backend + tiny model/task; the variant's algorithm settings unchanged) runs
-verl's trainer through the same launcher path for 2 steps."""
+"""A paper script really trains: recipe/rpg/4b/run_rpg_4b_ctx4k_ufkl1e-3_rf_clip_ppo_0.2_0.28_noiterref.sh
+(Fig. 9: RPG-REINFORCE-UFKL with RPG-Style Clip, beta 1e-3, the initial model as a fixed reference) with
+RPG_BACKEND=cpu (CPU backend + tiny model/task; the variant's algorithm settings unchanged) runs verl's
+trainer through the same launcher path for 2 steps. The one run also checks:
+
+* the fixed reference: a reference model is built and never reset; at step 1 it is the policy that
+  sampled, at step 2 pi_old has moved on and the reference has not;
+* the paper's evaluation protocol (Table 7): validation rows of MinervaMath get one sample each
+  (``rpg.validation.samples_per_problem``, logged as mean@1, scored by Math-Verify inside the Ray reward
+  worker) while the other rows get ``val_kwargs.n`` samples (mean@4 here), in the same validation.
+
+User overrides (they win over the script's values, as for every launch): the mixed validation file
+(validated once, before training), and lr 5e-4 without warm-up (the paper's 1e-6 would not move the
+tiny model measurably in 2 steps).
+"""
 
 from __future__ import annotations
 
@@ -11,16 +23,26 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from e2e_recipe import RPG_LOSS_KEYS, assert_off_policy, assert_step_guarantees, at
 
 from rpg.backends.cpu.harness import read_metrics
 from rpg.losses import loss_defaults
 from rpg.verl.settings import loss_fields
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "recipe" / "rpg" / "7b" / "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28.sh"
-RPG_KEYS = ("actor/rpg/kl_estimate", "actor/rpg/ratio_mean", "actor/rpg/clipfrac", "actor/rpg/reg_adv_mean",
-            "actor/rpg/active_frac")
+NAME = "run_rpg_4b_ctx4k_ufkl1e-3_rf_clip_ppo_0.2_0.28_noiterref"
+SCRIPT = ROOT / "recipe" / "rpg" / "4b" / f"{NAME}.sh"
+PAPER_CLIP = (0.2, 0.28, 10.0)
+
+
+class _Run:
+    """What the assertion helpers of e2e_recipe read: metrics and the trainer's log."""
+
+    def __init__(self, metrics: dict, log: str):
+        self.metrics, self.log = metrics, log
 
 
 def worker_loss_settings(log: str) -> dict:
@@ -31,28 +53,58 @@ def worker_loss_settings(log: str) -> dict:
     return ast.literal_eval(found.group(1))
 
 
+def mixed_validation_file(tiny_val: Path, out: Path) -> tuple[Path, int, int]:
+    """The tiny task's validation rows, every other one relabelled ``minerva_math``."""
+    table = pq.read_table(tiny_val)
+    sources = ["minerva_math" if i % 2 else s for i, s in enumerate(table.column("data_source").to_pylist())]
+    pq.write_table(table.set_column(table.schema.get_field_index("data_source"), "data_source", pa.array(sources)), out)
+    return out, sources.count("math_dapo"), sources.count("minerva_math")
+
+
 @pytest.mark.e2e
 def test_script_trains_on_cpu_backend(tiny_assets, tmp_path):
     out = tmp_path / "run"
+    val, n_dapo, n_minerva = mixed_validation_file(tiny_assets.val_file, tmp_path / "val_mixed.parquet")
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DRY_RUN", "MODEL_PATH", "LOGGER")}
     env.update(PYTHON=sys.executable, RPG_BACKEND="cpu", OUT_DIR=str(out), CPU_TIMEOUT="600")
-    p = subprocess.run(["bash", str(SCRIPT), "trainer.total_training_steps=2"], env=env, cwd=tmp_path,
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run(["bash", str(SCRIPT), "trainer.total_training_steps=2", "trainer.test_freq=-1", f"data.val_files=[{val}]",
+                        "actor_rollout_ref.actor.optim.lr=5e-4", "actor_rollout_ref.actor.optim.lr_warmup_steps=0"],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     log = (out / "trainer.log").read_text(errors="replace") if (out / "trainer.log").exists() else ""
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:] + log[-3000:]
     assert "[cpu] done: 2 steps" in p.stdout
 
     metrics = read_metrics(out / "metrics.jsonl")
+    run = _Run(metrics, log)
     assert max(metrics) == 2 and metrics[2]["training/global_step"] == 2
     for step in (1, 2):
-        missing = [k for k in RPG_KEYS if k not in metrics[step]]
-        assert not missing, f"step {step} lacks RPG metrics {missing}"
+        for key in RPG_LOSS_KEYS:
+            at(run, step, key)
         assert metrics[step]["actor/lr"] > 0
-    assert any(k.startswith("val-core/math_dapo/acc/mean@") for k in metrics[0])  # validation before training
-    # the variant's wiring reached the workers: RPG-REINFORCE, RPG-Style Clip, beta 1e-4, lr 5e-7, sampler anchor
+        assert_step_guarantees(run, step, "ufkl", PAPER_CLIP)
+    assert_off_policy(run, (1, 2))
+
+    # the variant's wiring reached the workers: RPG-REINFORCE-UFKL, RPG-Style Clip, beta 1e-3, a fixed
+    # reference; and the user's overrides won over the script's values
+    assert "rpg: loss=rpg divergence=ufkl form=reinforce beta=0.001 clip=True; anchor=reference mode=fixed" in log
     expected = {**{k: loss_defaults()[k] for k in loss_fields()}, "divergence": "ufkl", "form": "reinforce",
-                "beta": 1e-4, "clip": True}
+                "beta": 1e-3, "clip": True}
     assert worker_loss_settings(log) == expected
-    for needle in ("'lr': 5e-07", "'rpg_anchor': 'sampler'", "'device': 'cpu'"):
+    for needle in ("'lr': 0.0005", "'rpg_anchor': 'reference'", "'device': 'cpu'"):
         assert needle in log, needle
-    assert "rpg: loss=rpg divergence=ufkl form=reinforce beta=0.0001 clip=True" in log
+
+    # fixed reference: built, never reset; step 1: reference = initial model = sampler; step 2: pi_old
+    # moved on (step 1's update had a non-zero gradient), the reference did not
+    all_keys = {k for d in metrics.values() for k in d}
+    assert "timing_s/ref" in all_keys and "rpg/ref_reset" not in all_keys
+    assert "actor/kl_loss" not in all_keys  # the RPG loss carries the KL, not verl's term
+    assert at(run, 1, "actor/rpg/ref_old_logp_absdiff_max") < 1e-4 < at(run, 2, "actor/rpg/ref_old_logp_absdiff_max")
+    assert at(run, 1, "rpg/ref_kl") < 1e-6 < at(run, 2, "rpg/ref_kl")
+
+    # evaluation protocol, in the validation before training (step 0)
+    val0 = {k: v for k, v in metrics[0].items() if k.startswith("val-")}
+    dapo, minerva = val0["val-core/math_dapo/acc/mean@4"], val0["val-core/minerva_math/acc/mean@1"]
+    assert not any(k.startswith("val-core/minerva_math/acc/mean@4") for k in val0), sorted(val0)
+    assert abs(dapo * 4 * n_dapo - round(dapo * 4 * n_dapo)) < 1e-6  # a mean over 4 samples of each row
+    assert abs(minerva * n_minerva - round(minerva * n_minerva)) < 1e-6  # one sample per row
+    assert val0["val-aux/minerva_math/scorer_failed/mean@1"] == 0.0  # Math-Verify answered every row

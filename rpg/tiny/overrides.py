@@ -6,7 +6,9 @@
 * ``TINY_ALGORITHMS[name]``: the demo's algorithm (trainer entry + overrides), with the demo's
   learning rate for a model this small:
   ``rpg`` (default of run_tiny_cpu.sh): RPG-REINFORCE-UFKL with RPG-Style Clip through the recipe;
-  ``grpo``: verl's stock GRPO (fixed reference, k3 "low_var_kl" KL loss) through verl's main_ppo.
+  ``grpo``: verl's stock GRPO (its own PPO loss and group-normalised advantage, fixed reference,
+  k3 "low_var_kl" KL loss) through the recipe with ``rpg.loss.name=verl``: the path of the paper's
+  GRPO scripts.
 
 Validation samples at temperature 1 (``val_kwargs``), so the logged
 ``val-core/math_dapo/acc/mean@N`` is the policy's expected accuracy, not greedy accuracy.
@@ -29,7 +31,6 @@ from __future__ import annotations
 from rpg.tiny.build import TinyAssets
 
 RECIPE_ENTRY = "recipe/rpg/main_rpg.py"  # relative to the project root (rpg.backends.cpu.run resolves it)
-VERL_ENTRY = "verl.trainer.main_ppo"
 TRAIN_BATCH_SIZE = 8  # prompts per rollout batch
 MINI_BATCH_SIZE = 2  # prompts per optimizer step: 4 off-policy-weighted updates per rollout batch
 
@@ -50,9 +51,10 @@ TINY_ALGORITHMS: dict[str, tuple[str, list[str]]] = {
         "rpg.loss.beta=1e-4", "rpg.reference.mode=sampler",
         "trainer.experiment_name=tiny_rpg_reinforce_ufkl",
     ]),
-    "grpo": (VERL_ENTRY, [
-        # group-normalised advantage, fixed reference, k3 KL *loss* (no KL in reward)
-        "algorithm.adv_estimator=grpo",
+    "grpo": (RECIPE_ENTRY, [
+        # verl's own actor loss; group-normalised advantage, fixed reference, k3 KL *loss* (no KL in reward)
+        "rpg.loss.name=verl", "rpg.reference.mode=fixed",
+        "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=True",
         "algorithm.use_kl_in_reward=False",
         "actor_rollout_ref.actor.use_kl_loss=True",
         "actor_rollout_ref.actor.kl_loss_coef=0.01",

@@ -3,7 +3,7 @@
     python -m rpg.backends.cpu.run [--algo rpg|grpo] [--steps 30] [--out DIR] [--entry MODULE_OR_PY] [key=value ...]
 
 ``--algo rpg`` (default): RPG-REINFORCE-UFKL with RPG-Style Clip through recipe/rpg/main_rpg.py;
-``--algo grpo``: verl's stock GRPO (fixed reference, k3 KL loss) through verl's main_ppo.
+``--algo grpo``: verl's stock GRPO (fixed reference, k3 KL loss) through the recipe (``rpg.loss.name=verl``).
 
 SIGHUP, SIGINT or SIGTERM stop every process of the run and print one line: the log, the last
 complete checkpoint and the command that resumes (``--out`` the same directory,
