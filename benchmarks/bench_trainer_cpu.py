@@ -1,6 +1,6 @@
 """Measure, on the tiny CPU run, the cost of RPG's sampler anchor and of the recipe's glue.
 
-Three runs of verl's real trainer on the CPU backend (rpg.backends.cpu.harness), identical
+Three runs of verl's real trainer on the CPU backend (rpg.launch.harness), identical
 settings (tiny model and task, batch 8 prompts x 8 responses, one mini-batch per step, no
 validation) except for the variant:
 
@@ -61,7 +61,7 @@ VARIANTS = {
 
 def measure(name: str, steps: int, out: Path) -> dict:
     """One run of ``name``; per-step timings of steps 2..N and the run's peak memory."""
-    from rpg.backends.cpu.harness import run_trainer
+    from rpg.launch.harness import run_trainer
     from rpg.tiny import build_tiny_assets
     from rpg.tiny.overrides import tiny_overrides
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rpg.backends.cpu.harness import run_trainer
+from rpg.launch.harness import run_trainer
 from rpg.tiny.overrides import tiny_algorithm, tiny_overrides
 
 pytestmark = pytest.mark.e2e

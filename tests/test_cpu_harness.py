@@ -6,7 +6,7 @@ import textwrap
 import psutil
 import pytest
 
-from rpg.backends.cpu.harness import TrainerRunError, run_trainer
+from rpg.launch.harness import TrainerRunError, run_trainer
 
 
 def _script(tmp_path, body: str):

@@ -4,7 +4,7 @@ import pytest
 
 from rpg.backends.cpu import settings
 from rpg.launch.overrides import merge_overrides, override_key
-from rpg.backends.cpu.harness import build_command, read_metrics
+from rpg.launch.harness import build_command, read_metrics
 
 
 def test_cpu_env_selects_platform_and_registration_module():

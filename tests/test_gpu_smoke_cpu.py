@@ -169,7 +169,7 @@ def test_both_runs_compose_and_pass_verls_config_checks(tiny_assets, tmp_path):
     recipe's config and pass rpg's and verl's driver-side checks, for 1 GPU and data parallel 2."""
     import argparse
 
-    from rpg.backends.cpu.harness import build_command
+    from rpg.launch.harness import build_command
     from rpg.launch.cli import compose
 
     for gpus, first in ((1, True), (2, False)):
@@ -209,17 +209,19 @@ def test_cli_refuses_bad_input_with_one_line_and_exit_2(argv, fragment, capsys):
 
 def test_preflight_names_what_is_missing():
     node = GpuProbe(cuda_available=True, visible_gpus=1, torch_cuda="13.0", driver_cuda="13.0")
-    with pytest.raises(SmokeSettingsError, match="needs 2 CUDA GPU"):
+    with pytest.raises(SmokeSettingsError, match="trainer.n_gpus_per_node=2 but 1 GPU"):
         smoke.preflight("hf", 2, [], node)
     with pytest.raises(SmokeSettingsError, match="CUDA is not available"):
         smoke.preflight("hf", 1, [], replace(node, cuda_available=False, visible_gpus=0))
     with pytest.raises(SmokeSettingsError, match="the NVIDIA driver supports CUDA up to 12.8"):
         smoke.preflight("hf", 1, [], replace(node, cuda_available=False, visible_gpus=0, driver_cuda="12.8"))
     bare = replace(node, importable=frozenset())
-    with pytest.raises(SmokeSettingsError, match="ROLLOUT=vllm needs vLLM"):
+    with pytest.raises(SmokeSettingsError, match="rollout.name=vllm but vllm is not installed"):
         smoke.preflight("vllm", 1, [], bare)
-    with pytest.raises(SmokeSettingsError, match="flash-attn is not installed"):
+    with pytest.raises(SmokeSettingsError, match="flash_attn is not installed"):
         smoke.preflight("hf", 1, [], bare)
+    with pytest.raises(SmokeSettingsError, match="flash_attn is not installed"):  # asked for it by name
+        smoke.preflight("hf", 1, [f"+{smoke.ATTN_KEY}=flash_attention_2"], bare)
     smoke.preflight("hf", 1, [f"+{smoke.ATTN_KEY}=sdpa"], bare)  # the documented escape
     smoke.preflight("vllm", 1, [], node)
 
@@ -232,7 +234,7 @@ class FakeRuns:
         self.metrics, self.calls, self.device = [first, resumed], [], device
 
     def __call__(self, overrides, *, output_dir, **kw):
-        from rpg.backends.cpu.harness import TrainerRun
+        from rpg.launch.harness import TrainerRun
 
         self.calls.append((list(overrides), kw))
         m = self.metrics[len(self.calls) - 1]

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 from e2e_recipe import RPG_LOSS_KEYS, assert_off_policy, assert_step_guarantees, at
 
-from rpg.backends.cpu.harness import read_metrics
+from rpg.launch.harness import read_metrics
 from rpg.losses import loss_defaults
 from rpg.verl.settings import loss_fields
 

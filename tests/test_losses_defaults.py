@@ -60,16 +60,16 @@ def test_recipe_error_names_the_recipe_key():
 
 
 def test_worker_builds_the_same_config_as_the_driver():
-    from verl.workers.config.actor import ActorConfig
+    """The worker's actor config is verl's own conversion of the composed config (omega_conf_to_dataclass,
+    as verl's engine workers do); the loss builds from it the config the driver built and checked."""
+    from verl.utils.config import omega_conf_to_dataclass
 
     from test_verl_config import apply
 
     cfg, settings = apply("rpg.loss.divergence=urkl", "rpg.loss.compile=true",
-                          "actor_rollout_ref.actor.clip_ratio_high=0.3")
-    pl = OmegaConf.to_container(cfg.actor_rollout_ref.actor.policy_loss)
-    pl.pop("_target_")
-    actor = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_high=0.3,
-                        clip_ratio_c=10.0, policy_loss=RPGPolicyLossConfig(**pl))
+                          "actor_rollout_ref.actor.clip_ratio_high=0.3", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert type(actor.policy_loss) is RPGPolicyLossConfig
     assert loss_config(actor) == settings.loss
     assert (settings.loss.divergence, settings.loss.compile, settings.loss.clip_ratio_high) == ("urkl", True, 0.3)
 

@@ -240,7 +240,7 @@ def test_driver_refuses_names_that_leave_their_directory(tmp_path):
 
 def test_output_dirs_are_unique_within_a_second(tmp_path, monkeypatch):
     from rpg.launch import cli as launch
-    from rpg.backends.cpu import harness
+    from rpg.launch import harness
 
     seen = []
 
@@ -284,7 +284,7 @@ def _steps(steps) -> str:
 
 
 def test_resumed_run_appends_to_the_history_and_says_which_steps_it_replaced(tmp_path):
-    from rpg.backends.cpu.harness import read_metrics, run_trainer
+    from rpg.launch.harness import read_metrics, run_trainer
 
     entry, out = _entry(tmp_path, "entry.py", _LOGGER), tmp_path / "out"
     run_trainer([_steps(range(0, 11))], output_dir=out, entry=entry, timeout_s=60)  # killed at 10, checkpoint 8
@@ -301,7 +301,7 @@ def test_resumed_run_appends_to_the_history_and_says_which_steps_it_replaced(tmp
 
 
 def test_a_training_step_lost_between_checkpoint_and_log_is_one_warning(tmp_path):
-    from rpg.backends.cpu.harness import run_trainer
+    from rpg.launch.harness import run_trainer
 
     entry, out = _entry(tmp_path, "entry.py", _LOGGER), tmp_path / "out"
     run_trainer([_steps(range(0, 8))], output_dir=out, entry=entry, timeout_s=60)  # saved 8, killed before its log
@@ -311,7 +311,7 @@ def test_a_training_step_lost_between_checkpoint_and_log_is_one_warning(tmp_path
 
 
 def test_leftover_segment_of_a_killed_launcher_is_folded_at_the_next_start(tmp_path):
-    from rpg.backends.cpu.harness import fold_segments, read_metrics
+    from rpg.launch.harness import fold_segments, read_metrics
 
     out = tmp_path / "out"
     out.mkdir()
@@ -328,7 +328,7 @@ def test_leftover_segment_of_a_killed_launcher_is_folded_at_the_next_start(tmp_p
 def test_two_runs_in_one_output_directory_are_refused(tmp_path):
     import threading
 
-    from rpg.backends.cpu.harness import TrainerRunError, run_trainer
+    from rpg.launch.harness import TrainerRunError, run_trainer
 
     entry = _entry(tmp_path, "slow.py", "import time\ntime.sleep(30)\n")
     stop = threading.Event()
@@ -438,13 +438,6 @@ def test_stop_signal_ends_every_process_of_the_run_with_one_line(tiny_assets, tm
     assert f"stopped by {name}" in (out / "trainer.log").read_text()
 
 
-def test_tiny_launcher_keeps_the_drivers_exit_code(tiny_assets, tmp_path):
-    from rpg.backends.cpu.run import main
-
-    entry = _entry(tmp_path, "bad_config.py", "import sys\nprint('rpg config error: x', file=sys.stderr)\nsys.exit(2)\n")
-    assert main(["--out", str(tmp_path / "out"), "--entry", entry, "--steps", "1"]) == 2
-
-
 def test_drivers_stop_line_names_the_workers_log_the_checkpoint_and_the_resume_command(tmp_path):
     """The launcher passes VERL_FILE_LOGGER_ROOT to the workers through Ray's runtime env, not to the
     driver; the resume command is the same one with trainer.resume_mode=auto replacing the earlier mode."""
@@ -480,7 +473,7 @@ _SLOW_TO_STOP = """
 
 _LAUNCHER = """
 import sys
-from rpg.backends.cpu.harness import run_trainer
+from rpg.launch.harness import run_trainer
 run_trainer([sys.argv[3]], output_dir=sys.argv[2], entry=sys.argv[1], timeout_s=600)
 """
 
@@ -489,7 +482,7 @@ def test_a_launcher_killed_with_sigkill_still_stops_its_trainer(tmp_path):
     """kill -9 of the launcher runs no clean-up at all: the kernel's parent-death signal (rpg.launch.tether)
     stops the trainer, and the directory stays locked until the trainer has ended (a restart into it is
     refused meanwhile, then accepted). Before: the trainer trained on unseen into the directory."""
-    from rpg.backends.cpu.harness import TrainerRunError, run_trainer
+    from rpg.launch.harness import TrainerRunError, run_trainer
 
     entry, out, flag = _entry(tmp_path, "slow_to_stop.py", _SLOW_TO_STOP), tmp_path / "out", tmp_path / "flag"
     launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, entry, str(out), f"+rpg_test.flag={flag}"],
@@ -527,3 +520,41 @@ def test_drivers_resume_command_keeps_flags_and_other_arguments():
                          "data/b.parquet]' trainer.resume_mode=auto '~x.y'"), line
     assert resume_command(["driver.py", "/tmp/ray", "trainer.resume_mode=disable"]).endswith(
         "driver.py /tmp/ray trainer.resume_mode=auto")
+
+
+def test_a_stop_signal_before_the_monitor_exists_still_cleans_up(tmp_path, monkeypatch):
+    """A SIGTERM can land between starting the trainer and creating its monitor: the trainer (and its
+    group) is still terminated, the Ray temp dir removed, and the run reports the signal."""
+    from rpg.launch import harness
+
+    entry = _entry(tmp_path, "slow.py", "import time\ntime.sleep(60)\n")
+    real, calls = harness._Monitor, []
+
+    def signalled_first(*args, **kwargs):  # the first monitor is never made: SIGTERM arrives instead
+        calls.append(args)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # the harness's handler raises StopSignal here
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "_Monitor", signalled_first)
+    t0 = time.time()
+    with pytest.raises(harness.TrainerRunError, match="stopped by SIGTERM") as err:
+        harness.run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=60, reap_after_s=5)
+    run = err.value.run
+    assert run.stop_signal == signal.SIGTERM and run.returncode is not None  # the trainer was ended
+    assert time.time() - t0 < 40
+
+
+@pytest.mark.parametrize("mode", ["disabled", "Auto", None])
+def test_an_unknown_resume_mode_is_refused_not_read_as_auto(tmp_path, mode):
+    """verl knows auto, disable and resume_path; a typo used to resume (plan) or to fail after Ray (verl)."""
+    from omegaconf import OmegaConf
+
+    from rpg.verl.preflight import check_run_names
+
+    _ckpt(tmp_path / "ckpt", 4, marker=True, tracker=True)
+    with pytest.raises(ResumeError, match="trainer.resume_mode=.* is invalid; allowed values: auto, disable, resume_path"):
+        plan_resume(mode, str(tmp_path / "ckpt"))
+    cfg = OmegaConf.create({"trainer": {"project_name": "p", "experiment_name": "e", "resume_mode": mode}})
+    with pytest.raises(RPGConfigError, match="allowed values: auto, disable, resume_path"):
+        check_run_names(cfg)

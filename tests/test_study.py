@@ -119,7 +119,7 @@ def test_runs_compose_and_pass_verls_checks(tiny_assets, tmp_path):
     import subprocess
     import sys
 
-    from rpg.backends.cpu.harness import build_command
+    from rpg.launch.harness import build_command
     from rpg.launch.cli import ENTRY, project_root
 
     specs = [s for s in G.grid(seeds=1) if (s.variant, s.updates) in (("run_grpo_7b", 4), ("run_rpg_7b_ufkl1e-4_rf", 16))]
@@ -144,14 +144,14 @@ def _val(step: int, seed: int, label: str) -> float:
 
 
 class FakeTrainer:
-    """Stands in for rpg.backends.cpu.harness.run_trainer: writes file-logger records, can fail."""
+    """Stands in for rpg.launch.harness.run_trainer: writes file-logger records, can fail."""
 
     def __init__(self, fail: set[str] = frozenset()):
         self.calls: list[str] = []
         self.fail = fail
 
     def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None):
-        from rpg.backends.cpu.harness import TrainerRun, TrainerRunError
+        from rpg.launch.harness import TrainerRun, TrainerRunError
 
         kv = _kv(overrides)
         exp, steps = kv["trainer.experiment_name"], int(kv["trainer.total_training_steps"])
@@ -179,7 +179,7 @@ class FakeTrainer:
 
 @pytest.fixture
 def fake(monkeypatch, tiny_assets):
-    from rpg.backends.cpu import harness
+    from rpg.launch import harness
 
     trainer = FakeTrainer()
     monkeypatch.setattr(harness, "run_trainer", trainer)
@@ -228,7 +228,7 @@ def test_runs_go_jobs_at_a_time_in_grid_order(fake, tmp_path, monkeypatch):
     import threading
     import time
 
-    from rpg.backends.cpu import harness
+    from rpg.launch import harness
 
     specs = G.grid(seeds=2, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:])
     active, peak, lock = [0], [0], threading.Lock()
@@ -261,8 +261,8 @@ def test_runs_go_jobs_at_a_time_in_grid_order(fake, tmp_path, monkeypatch):
 def test_an_error_stops_the_running_runs_and_leaves_no_record_for_them(tmp_path, monkeypatch, tiny_assets):
     import threading
 
-    from rpg.backends.cpu import harness
-    from rpg.backends.cpu.harness import TrainerRun, TrainerRunError
+    from rpg.launch import harness
+    from rpg.launch.harness import TrainerRun, TrainerRunError
 
     specs = G.grid(seeds=2, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:])
     calls, stopped = [], threading.Event()

@@ -248,3 +248,22 @@ def test_registered_loss_without_rpg_policy_config_is_a_clear_error():
     with pytest.raises(ValueError, match="RPGPolicyLossConfig"):
         get_policy_loss_fn("rpg")(old_log_prob=x, log_prob=x, advantages=x, response_mask=torch.ones(2, 3),
                                   loss_agg_mode="token-mean", config=config)
+
+
+def test_extremes_are_aggregated_as_extremes_across_micro_batches():
+    """verl's ppo_loss marks every policy-loss metric MEAN; the RPG actor loss re-marks ``*_max`` / ``*_min``
+    as MAX / MIN, so that verl's reduction over micro-batches (and ranks) keeps an extreme an extreme."""
+    from verl.utils.metric import AggregationType
+
+    batch = Batch(seed=7)
+    config = _actor_config("token-mean", anchor="reference", rpg_beta=0.05)
+    _, _, per_mb = _run_adapter(batch, config, SPLITS["uneven"])
+    for key, kind in (("rpg/ratio_max", AggregationType.MAX), ("rpg/ratio_min", AggregationType.MIN),
+                      ("rpg/ref_old_logp_absdiff_max", AggregationType.MAX), ("rpg/ratio_mean", AggregationType.MEAN)):
+        assert all(m[key].aggregation is kind for m in per_mb), key
+    merged = Metric(aggregation=AggregationType.MAX)
+    for m in per_mb:
+        merged.extend(m["rpg/ratio_max"])
+    assert merged.aggregate() == max(v for m in per_mb for v in m["rpg/ratio_max"].values)
+    _, lib = _run_library(batch, _lib_cfg("token-mean"), ref=True)[1:]
+    assert merged.aggregate() == pytest.approx(lib["rpg/ratio_max"], rel=1e-6)  # the max over the whole batch

@@ -221,3 +221,19 @@ def test_register_is_idempotent():
     rpg.verl.register.register()
     assert core_algos.ADV_ESTIMATOR_REGISTRY == before
     assert core_algos.get_policy_loss_fn("grpo_corrected") is rpg.verl.policy_loss.rpg_policy_loss
+
+
+def test_the_task_runners_copy_of_verls_run_is_of_the_installed_verl():
+    """rpg.verl.main.RPGTaskRunner.run repeats verl's TaskRunnerV1.run with two differences (its docstring
+    says why a call is not possible): the copy must be of the verl that is installed."""
+    import hashlib
+    import inspect
+    import textwrap
+
+    from verl.trainer.main_ppo import TaskRunnerV1
+
+    from rpg.verl.main import VERL_TASK_RUNNER_RUN_SHA256
+
+    source = textwrap.dedent(inspect.getsource(TaskRunnerV1.__ray_actor_class__.run))
+    assert hashlib.sha256(source.encode()).hexdigest()[:16] == VERL_TASK_RUNNER_RUN_SHA256, (
+        "verl's TaskRunnerV1.run changed: bring rpg.verl.main.RPGTaskRunner.run in line, then update the hash")

@@ -15,7 +15,7 @@ Modes (environment variables; defaults in brackets):
   no vLLM or flash-attn: ``rpg.backends.gpu.preflight``), since it may be made on a laptop.
 * ``RPG_BACKEND=cpu``: the same overrides on the CPU backend (``rpg.backends.cpu``) with the tiny
   model/task of ``rpg.tiny`` replacing model, data and sizes; the variant's algorithm settings stay.
-  Runs through ``rpg.backends.cpu.harness`` (output in ``OUT_DIR``).
+  Runs through ``rpg.launch.harness`` (output in ``OUT_DIR``).
 * ``RAY_ADDRESS`` set (e.g. ``http://127.0.0.1:8265``): ``ray job submit`` to that cluster.
   The runtime env only carries environment variables (no working-dir upload): every node needs
   this project installed (``pip install -e .``) at ``RPG_CLUSTER_ROOT`` (absolute; default: this
@@ -52,10 +52,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rpg.launch.overrides import OverrideSyntaxError, merge_overrides, override_key, parse_overrides, values
+from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides, merge_overrides, override_key, values
+from rpg.launch.variants import (GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse,
+                                 to_overrides)
+from rpg.reports.history import logs_to_file
 from rpg.verl.preflight import error_line, input_path_problems, name_problem
 from rpg.verl.settings import RPGConfigError
-from rpg.launch.variants import GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
 
 ENTRY = Path("recipe") / "rpg" / "main_rpg.py"
 CONFIG_DIR = Path("recipe") / "rpg" / "config"
@@ -102,6 +104,19 @@ def _int_env(env: Mapping[str, str], key: str, default: int) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise LaunchError(f"{key}={raw!r} is invalid; expected a positive integer")
     return int(raw)
+
+
+def _seconds_env(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise LaunchError(f"{key}={raw!r} is invalid; expected a number of seconds > 0")
+    return value
 
 
 def _abs(raw: str, cwd: Path) -> str:
@@ -201,15 +216,6 @@ def env_overrides(v: Variant, env: Mapping[str, str], root: Path, cwd: Path) -> 
     return ov, job_env
 
 
-def _check_user(user: Sequence[str]) -> None:
-    """The user's extra arguments: Hydra overrides only, each one Hydra can read (``OverrideSyntaxError``:
-    one line naming it), before anything is composed or started."""
-    flags = [o for o in user if o.startswith("-")]
-    if flags:
-        raise LaunchError(f"extra arguments must be Hydra overrides (key=value); got {flags}")
-    parse_overrides(user)
-
-
 def finalize(overrides: list[str], user: Sequence[str]) -> list[str]:
     """Keep the overlong buffer at max_response_length/4 unless the user set it explicitly."""
     if any(override_key(o) == OVERLONG_LEN for o in user):
@@ -239,7 +245,7 @@ def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, r
     from the variant/environment groups, so that the harness's CPU values win over them (the
     user's overrides still win over everything).
     """
-    _check_user(user)
+    check_user_overrides(user)
     env_ov, job_env = env_overrides(v, env, root, cwd)
     groups = [to_overrides(v), env_ov]
     if cpu:
@@ -248,7 +254,7 @@ def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, r
         cpu_keys = {override_key(o) for o in cpu_overrides()}
         groups = [[o for o in g if override_key(o) not in cpu_keys] for g in groups] + [tiny_overrides_for_cpu()]
         loggers = values(groups[1]).get("trainer.logger")
-        if "file" not in ([loggers] if isinstance(loggers, str) else list(loggers or ())):
+        if not logs_to_file(loggers):
             groups.append(["trainer.logger=['console','file']"])  # the harness reads verl's file logger
     return finalize(merge_overrides(*groups, list(user)), user), job_env
 
@@ -385,7 +391,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     overrides, job_env = plan_overrides(v, env, user, root=root, cwd=cwd, cpu=cpu)
 
     if cpu:
-        from rpg.backends.cpu.harness import build_command
+        from rpg.launch.harness import build_command
 
         argv_cpu, cpu_env = build_command(overrides, entry=str(root / ENTRY), base_env=env)
         if dry:
@@ -539,24 +545,19 @@ def _show_cluster_reward_path(cfg, root: Path, run_root: Path) -> None:
 def _run_cpu(v: Variant, overrides: Sequence[str], env: Mapping[str, str], root: Path, user: Sequence[str] = ()) -> int:
     """The run through the CPU harness; exit code: 0, the trainer's own (2: bad config), 128 + signum
     when a stop signal ended it (one line: log, last complete checkpoint, resume command), else 1."""
-    from rpg.backends.cpu.harness import TrainerRunError, report_stop, run_trainer, unique_run_dir
+    from rpg.launch.harness import TrainerRunError, report_failure, run_trainer, unique_run_dir
 
     raw = env.get("OUT_DIR", "").strip()
     out = Path(_abs(raw, Path.cwd())) if raw else unique_run_dir(root / "outputs" / "cpu" / v.name)
-    timeout = float(env.get("CPU_TIMEOUT", "") or 1800)
+    timeout = _seconds_env(env, "CPU_TIMEOUT", 1800.0)
     print(describe_variant(v) + f"\n[cpu] backend=cpu, tiny model/task; output {out}", flush=True)
     try:
         run = run_trainer(overrides, output_dir=out, entry=str(root / ENTRY), timeout_s=timeout,
                           echo=_truthy(env, "CPU_ECHO"))
     except TrainerRunError as e:
-        if e.run.stop_signal is not None:
-            resume = f"OUT_DIR={shlex.quote(str(out))} " + shlex.join(
-                [sys.executable, "-m", "rpg.launch", v.name, *merge_overrides(user, ["trainer.resume_mode=auto"])])
-            report_stop(e.run, "[cpu]", resume)
-            return 128 + e.run.stop_signal
-        with contextlib.suppress(OSError):  # a refused config: the driver's one line (as with DRY_RUN=1)
-            print(e.run.refusal() or f"[cpu] FAILED: {e}", file=sys.stderr)
-        return e.run.returncode if (e.run.returncode or 0) > 0 else 1
+        resume = f"OUT_DIR={shlex.quote(str(out))} " + shlex.join(
+            [sys.executable, "-m", "rpg.launch", v.name, *merge_overrides(user, ["trainer.resume_mode=auto"])])
+        return report_failure(e, "[cpu]", resume)
     for note in run.notes:
         print(f"[cpu] note: {note}", flush=True)
     print(f"[cpu] done: {run.last_step()} steps in {run.wall_time_s:.0f}s; metrics {run.metrics_file}; "

@@ -9,6 +9,7 @@ and by Hydra. Splitting at ``=`` or ``ast.literal_eval`` would disagree with Hyd
 overrides (README's ``data.val_files=[data/aime2024.parquet,data/aime2025.parquet]`` is not a
 Python literal) and let invalid ones through to a traceback after Ray started.
 
+* ``check_user_overrides``: a launcher's extra arguments (overrides only, each readable), one line if not.
 * ``parse_overrides``: the parsed overrides, or ``OverrideSyntaxError``: ONE line naming the override and
   Hydra's reason (the launchers print it and exit 2). A sweep (``a=1,2``, ``choice(...)``,
   ``range(...)``, ``glob(...)``) is refused too unless ``multirun``: a single run takes one value.
@@ -112,6 +113,16 @@ def parse_one(text: str, *, multirun: bool = False) -> Parsed:
 def parse_overrides(overrides: Iterable[str], *, multirun: bool = False) -> list[Parsed]:
     """Every override parsed (``parse_one``); the first one Hydra cannot read raises."""
     return [parse_one(o, multirun=multirun) for o in overrides]
+
+
+def check_user_overrides(args: Sequence[str]) -> list[Parsed]:
+    """A launcher's extra arguments, read before anything is built or started: Hydra overrides only
+    (``OverrideSyntaxError``, one line, for a flag or for an override Hydra cannot read)."""
+    flags = [a for a in args if a.startswith("-")]
+    if flags:
+        raise OverrideSyntaxError(f"unrecognised arguments {flags}: extra arguments must be Hydra overrides "
+                                  f"(key=value)")
+    return parse_overrides(args)
 
 
 def is_override(text: str) -> bool:

@@ -2,8 +2,10 @@
 
 Every ``recipe/rpg/{7b,4b}/<name>.sh`` is a thin wrapper that hands its own file name to
 ``rpg.launch``; this module turns the name into a frozen :class:`Variant` and the variant into
-Hydra overrides for ``recipe/rpg/config/rpg_trainer.yaml`` (verl keys + the ``rpg:`` block).
-Pure Python: no verl, torch or Hydra import.
+Hydra overrides on ``recipe/rpg/config/rpg_trainer.yaml`` + ``paper/default.yaml`` (verl keys + the
+``rpg:`` block): only what the name changes. The paper's clip ratios, c and lr are read from that
+YAML (``paper_setup``), never restated here. Importing the module imports no verl, torch, Hydra or
+Ray (the YAML is read with OmegaConf, and overrides with Hydra's parser, only when a name is parsed).
 
 Grammar (``GRAMMAR`` below is what a bad name prints)::
 
@@ -25,6 +27,7 @@ marked ``READING`` in the code below and listed in docs/launch-scripts.md.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -190,18 +193,20 @@ def parse(name: str) -> Variant:
 
     # --- family settings (paper Sec. 5 and App. H; the authors' 7B scripts, recipe/rpg/7b/ in
     # github.com/complex-reasoning/RPG)
+    # the recipe's YAML states the paper's clip ratios, c and lr; the name changes them below
+    paper = paper_setup()
     optimizer = "schedulefree" if g["sf"] else "adamw"
-    eps_low, eps_high, clip = 0.2, 0.28, True
+    eps_low, eps_high, clip = paper["clip_ratio_low"], paper["clip_ratio_high"], True
     kl_type, divergence = None, None
     filtering = overlong = True
-    lr = 1e-6
+    lr = paper["lr"]
     tok = 4096
     if algo == "grpo":
         # READING: stock verl GRPO as in the scripts: k3 (low_var_kl) 1e-3 KL loss vs the frozen initial
         # model, clip (0.2, 0.2) (Sec. 5 + scripts; App. H's (0.1, 0.1) contradicts both),
         # no dynamic sampling, no overlong shaping.
         loss, form, adv, norm_std = "verl", "ppo", "grpo", True
-        eps_high, beta, kl_type, reference = 0.2, 1e-3, "low_var_kl", "fixed"
+        eps_high, beta, kl_type, reference = eps_low, 1e-3, "low_var_kl", "fixed"  # symmetric: (0.2, 0.2)
         filtering = overlong = False
     elif algo == "dapo":
         loss, form, adv, norm_std = "verl", "ppo", "grpo", True
@@ -227,7 +232,7 @@ def parse(name: str) -> Variant:
             # nowhere in the paper; the Qwen3-4B runs (no released scripts) follow App. H: "unless otherwise
             # specified ... a learning rate of 1e-6".
             form = "reinforce"
-            lr = 5e-7 if model_tag in ("7b", "7binstruct") else 1e-6
+            lr = 5e-7 if model_tag in ("7b", "7binstruct") else paper["lr"]
             if g["clip"]:
                 tok = 16384  # the authors' rf_clip_ppo packing limit
                 if g["lo"] is None:
@@ -250,7 +255,7 @@ def parse(name: str) -> Variant:
     return Variant(
         name=name, algo=algo, model_tag=model_tag, model=MODELS[model_tag], context=context,
         loss=loss, divergence=divergence, form=form, clip=clip, eps_low=eps_low, eps_high=eps_high,
-        clip_c=10.0, beta=beta, kl_type=kl_type, adv_estimator=adv, norm_adv_by_std=norm_std, lr=lr,
+        clip_c=paper["clip_ratio_c"], beta=beta, kl_type=kl_type, adv_estimator=adv, norm_adv_by_std=norm_std, lr=lr,
         optimizer=optimizer, reference=reference, filtering=filtering, overlong=overlong,
         max_prompt_length=length, max_response_length=length, max_tokens_per_gpu=tok,
         thinking=False if model_tag == "4b" else None,
@@ -324,14 +329,26 @@ def without_defaults(overrides: list[str]) -> list[str]:
     return kept
 
 
+@functools.lru_cache(maxsize=1)
 def _recipe_yaml():
-    """rpg_trainer.yaml's own keys merged with the paper setup (verl's defaults are not needed here)."""
+    """rpg_trainer.yaml's own keys merged with the paper setup (verl's defaults are not needed here);
+    read once (callers only read it)."""
     from omegaconf import OmegaConf
 
     base = OmegaConf.load(RECIPE_CONFIG / "rpg_trainer.yaml")
     base.pop("defaults", None)
     base.pop("hydra", None)
     return OmegaConf.merge(base, OmegaConf.load(RECIPE_CONFIG / "paper" / "default.yaml"))
+
+
+def paper_setup() -> dict:
+    """The paper's values the variant grammar starts from, as the recipe's YAML states them (one place):
+    clip ratios (eps_low, eps_high), the dual-clip c and the learning rate."""
+    from omegaconf import OmegaConf
+
+    actor = _recipe_yaml().actor_rollout_ref.actor
+    return {"clip_ratio_low": actor.clip_ratio_low, "clip_ratio_high": actor.clip_ratio_high,
+            "clip_ratio_c": actor.clip_ratio_c, "lr": OmegaConf.select(actor, "optim.lr")}
 
 
 # ----------------------------------------------------------------------------- memory (launch settings only)

@@ -20,7 +20,7 @@ start at step 0 (Best would cover a part of the run only), one line listing trai
 metrics (verl saves a step's checkpoint before it logs the step: a run stopped in between and
 resumed never logs that step) and one line listing the gaps in the validation steps (``val-*`` /
 ``val/*`` keys). ``replaced_line`` says which steps and values a restart replaced (the CPU harness folds the
-segments of its output directory into one file with it, ``rpg.backends.cpu.harness``).
+segments of its output directory into one file with it, ``rpg.launch.harness``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,11 @@ Metrics = dict[str, dict[int, float]]
 PATH_ENV, ROOT_ENV = "VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT"
 VALIDATION_PREFIXES = ("val-", "val/")
 TRAINING_STEP_KEY = "training/global_step"  # verl logs it with every training step's metrics
+
+
+def logs_to_file(loggers) -> bool:
+    """Whether ``trainer.logger`` (a string or a list, as Hydra gives it) includes verl's file logger."""
+    return "file" in ([loggers] if isinstance(loggers, str) else list(loggers or ()))
 
 
 def base_path(project: str, experiment: str, environ: Mapping[str, str] = os.environ) -> Path:

@@ -260,7 +260,7 @@ def _run_one(spec: RunSpec, overrides: list[str], index: int, out: Path, progres
 
 def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Path, progress: Progress,
                        timeout_s: float, stop: threading.Event) -> None:
-    from rpg.backends.cpu import harness
+    from rpg.launch import harness
     from rpg.launch.cli import ENTRY, project_root
 
     if stop.is_set():

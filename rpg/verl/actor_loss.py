@@ -27,11 +27,12 @@ from rpg.verl.policy_loss import reference_log_prob
 
 
 def _stat_aggregation(key: str) -> AggregationType | None:
-    """Extremes keep their meaning across micro/mini-batches and ranks (verl's "max"/"min" naming
-    rule of ``reduce_metrics``); ``ppo_loss`` averages every policy-loss metric otherwise."""
-    if key.endswith("_max") or key.endswith("/max"):
+    """Extremes (``*_max``, ``*_min``: ``rpg/ratio_max``, ...) keep their meaning across micro/mini-batches
+    and ranks (verl's "max"/"min" naming rule of ``reduce_metrics``); ``ppo_loss`` averages every
+    policy-loss metric otherwise."""
+    if key.endswith("_max"):
         return AggregationType.MAX
-    if key.endswith("_min") or key.endswith("/min"):
+    if key.endswith("_min"):
         return AggregationType.MIN
     return None
 
@@ -69,8 +70,9 @@ def verl_loss_with_sampler_kl(config, model_output, data: TensorDict, dp_group=N
 
 
 def with_kl_loss(config, enabled: bool):
-    """Copy of a (frozen) verl ActorConfig with ``use_kl_loss=enabled``; shares ``global_batch_info``
-    (``ppo_loss`` writes the micro-batch's normalisation into it, the policy loss reads it)."""
+    """Copy of a (frozen) verl ActorConfig with ``use_kl_loss=enabled``. ``dataclasses.replace`` passes
+    the same ``global_batch_info`` dict on (``ppo_loss`` writes the micro-batch's normalisation into it,
+    the policy loss reads it: both must see one dict)."""
     new = dataclasses.replace(config, use_kl_loss=enabled)
-    object.__setattr__(new, "global_batch_info", config.global_batch_info)
+    assert new.global_batch_info is config.global_batch_info
     return new

@@ -39,6 +39,7 @@ MARKER = "rpg_checkpoint_complete.json"
 # after a SIGHUP, when its stderr must hold one line
 TRACKER = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"global_step_(\d+)")
+RESUME_MODES = ("auto", "disable", "resume_path")  # verl 0.9.1 trainer_base: any other value fails after Ray
 
 
 class ResumeError(RPGConfigError):
@@ -166,8 +167,17 @@ def _absolute(path: str) -> Path:
     return Path(path) if os.path.isabs(path) else Path(os.getcwd()) / path
 
 
+def resume_mode_problem(mode) -> str | None:
+    """None if verl knows ``trainer.resume_mode`` (anything else: verl logs it and fails after Ray)."""
+    if mode not in RESUME_MODES:
+        return f"trainer.resume_mode={mode!r} is invalid; allowed values: {', '.join(RESUME_MODES)}"
+    return None
+
+
 def plan_resume(mode: str, default_local_dir: str, resume_from_path: str | None = None) -> ResumePlan:
     """What the run resumes from (module docstring); ``ResumeError`` when it cannot continue."""
+    if (why := resume_mode_problem(mode)) is not None:  # never read a typo as auto
+        raise ResumeError(why)
     if mode == "disable":
         return ResumePlan(None)
     if mode == "resume_path":

@@ -1,6 +1,6 @@
 """Driver and TaskRunner of the RPG recipe (``recipe/rpg/main_rpg.py`` is a thin Hydra shell).
 
-``run(config)`` mirrors verl's ``verl.trainer.main_ppo.main`` (auto_set_device ->
+``main_from_hydra(config)`` mirrors verl's ``verl.trainer.main_ppo.main`` (auto_set_device ->
 validate_config -> run_ppo) with two differences:
 
 1. ``rpg.verl.settings.validate_and_apply`` checks the ``rpg:`` block and writes the verl keys it
@@ -38,14 +38,26 @@ from verl.utils.logging_utils import configure_verl_logging
 
 import rpg.verl.register  # noqa: F401  (registrations in the driver even without the entry point)
 from rpg.backends.gpu.preflight import check_gpu_node
-from rpg.reports.history import PATH_ENV, base_path, claim_segment
+from rpg.reports.history import PATH_ENV, base_path, claim_segment, logs_to_file
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
 from rpg.verl.settings import RPGConfigError, RPGSettings, describe, validate_and_apply
 
 
+# The body of verl 0.9.1's TaskRunnerV1.run that RPGTaskRunner.run repeats (sha256 of its source, first
+# 16 hex digits; tests/test_verl_config.py recomputes it from the installed verl, so a verl whose run()
+# changed fails that test instead of silently diverging from this copy).
+VERL_TASK_RUNNER_RUN_SHA256 = "69dc336177c55680"
+
+
 class RPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
-    """verl's v1 TaskRunner with the RPG trainer."""
+    """verl's v1 TaskRunner with the RPG trainer.
+
+    Why ``run`` repeats verl's body instead of calling it: verl picks the trainer class by the name
+    ``trainer.v1.trainer_mode`` (``get_trainer_cls``), and the same string selects sync behaviour in
+    several places (``trainer_mode == "sync"``: the replay buffer, refills, parameter sync), so the RPG
+    trainer can neither take another name nor replace verl's "sync" entry without patching verl's
+    registry. The two differences: the trainer class, and ``fit`` inside ``log_segment``."""
 
     def run(self, config: DictConfig):
         configure_verl_logging()
@@ -81,7 +93,7 @@ def log_segment(config: DictConfig):
     """With verl's ``file`` logger on: ``VERL_FILE_LOGGER_PATH`` = the next free segment of the run's
     history (read by verl's ``FileLogger``, which opens it with "wb", when ``fit`` starts)."""
     loggers = config.trainer.logger
-    if "file" not in ([loggers] if isinstance(loggers, str) else list(loggers or ())):
+    if not logs_to_file(loggers):
         yield None
         return
     before = os.environ.get(PATH_ENV)
@@ -143,7 +155,7 @@ def stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
 
     trainer = config.trainer
     ckpt = last_complete(os.path.abspath(trainer.default_local_dir))  # relative: to the cwd, as verl does
-    logged = "file" in ([trainer.logger] if isinstance(trainer.logger, str) else list(trainer.logger or ()))
+    logged = logs_to_file(trainer.logger)
     # the workers' environment: the launcher passes VERL_FILE_LOGGER_ROOT through Ray's runtime env
     worker_env = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
     environ = {**os.environ, **{k: str(v) for k, v in dict(worker_env).items()}}
@@ -179,12 +191,6 @@ def stop_on_signals(config: DictConfig, argv: list[str] | None = None):
         with contextlib.suppress(ValueError):
             ray_worker._post_init_hooks.remove(handlers.reassert)
         handlers()
-
-
-def run(config: DictConfig) -> None:
-    with stop_on_signals(config):
-        prepare_config(config)
-        run_ppo(config, task_runner_class=ray.remote(RPGTaskRunner))
 
 
 def main_from_hydra(config: DictConfig) -> None:

@@ -33,12 +33,10 @@ import torch
 
 from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla
 
-from rpg.losses import grpo_corrected_kl
+from rpg.losses import grpo_corrected_kl, value_clamp
 from rpg.losses import rpg_policy_loss as library_loss
-from rpg.losses import value_clamp
-from rpg.verl.settings import loss_config
+from rpg.verl.settings import RPG_LOSSES, loss_config
 
-LOSS_MODES = ("rpg", "grpo_corrected")
 _REFERENCE: ContextVar[Optional[torch.Tensor]] = ContextVar("rpg_ref_log_prob", default=None)
 
 
@@ -87,8 +85,8 @@ def rpg_policy_loss(
     if config is None:
         raise ValueError("rpg_policy_loss needs verl's actor config (config=None)")
     mode = config.policy_loss.get("loss_mode", "rpg")
-    if mode not in LOSS_MODES:
-        raise ValueError(f"rpg_policy_loss called with policy_loss.loss_mode={mode!r}; allowed: {', '.join(LOSS_MODES)}")
+    if mode not in RPG_LOSSES:
+        raise ValueError(f"rpg_policy_loss called with policy_loss.loss_mode={mode!r}; allowed: {', '.join(RPG_LOSSES)}")
     settings = loss_config(config, loss_agg_mode=loss_agg_mode)
     ref_log_prob = _anchor(config)
     mask = response_mask.to(log_prob.dtype)

@@ -38,7 +38,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rpg.verl.settings import RPGConfigError
+from rpg.verl.settings import RPGConfigError, config_value
 
 ERROR_PREFIX = "rpg config error"
 DATA_HINT = "Prepare data files with `python -m rpg.data prepare-all --out-dir data/` (docs/data-and-reports.md)"
@@ -114,8 +114,13 @@ def name_problem(key: str, value: Any) -> str | None:
 
 
 def check_run_names(cfg) -> None:
-    """``RPGConfigError`` (one line) if the project or experiment name could leave its directory."""
+    """``RPGConfigError`` (one line) if the project or experiment name could leave its directory, or
+    ``trainer.resume_mode`` is not a mode verl knows (checked here, not only when the resume is
+    planned, so that DRY_RUN refuses it too)."""
+    from rpg.verl.checkpoints import resume_mode_problem
+
     problems = [name_problem(k, _get(cfg, k)) for k in ("trainer.project_name", "trainer.experiment_name")]
+    problems.append(resume_mode_problem(_get(cfg, "trainer.resume_mode")))
     if any(problems):
         raise RPGConfigError("; ".join(p for p in problems if p))
 
@@ -137,10 +142,7 @@ def resolve_resume(cfg) -> str | None:
 
 
 def _get(cfg, key: str) -> Any:
-    from omegaconf import OmegaConf
-
-    value = OmegaConf.select(cfg, key, default=None)
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    return config_value(cfg, key)
 
 
 def _needs_critic(cfg) -> bool:

@@ -19,7 +19,8 @@ import torch
 
 from verl.trainer.ppo import core_algos
 
-from rpg.verl.policy_loss import LOSS_MODES, rpg_policy_loss
+from rpg.verl.policy_loss import rpg_policy_loss
+from rpg.verl.settings import RPG_LOSSES
 
 
 def _outcome(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, mode: str):
@@ -45,7 +46,7 @@ _ADV_FNS = {"rpg": rpg_group_mean_advantage, "rpg_batchmean": rpg_batch_mean_adv
 
 def register() -> None:
     """(Re-)register everything. Safe to call any number of times."""
-    for name in LOSS_MODES:
+    for name in RPG_LOSSES:
         core_algos.POLICY_LOSS_REGISTRY[name] = rpg_policy_loss
     for name, fn in _ADV_FNS.items():
         current = core_algos.ADV_ESTIMATOR_REGISTRY.get(name)

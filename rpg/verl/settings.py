@@ -45,7 +45,8 @@ from typing import Any, Mapping
 
 from rpg.losses import FORMS, RPGLossConfig, RPGLossConfigError
 
-LOSS_NAMES = ("rpg", "grpo_corrected", "verl")
+RPG_LOSSES = ("rpg", "grpo_corrected")  # rpg.loss.name values that run an RPG actor loss (registered loss modes)
+LOSS_NAMES = (*RPG_LOSSES, "verl")  # "verl": verl's own actor loss
 # RPGLossConfig fields that verl's actor config already holds: the loss reads them from
 # actor_rollout_ref.actor.<field>. Every other field is the recipe key rpg.loss.<field>.
 ACTOR_FIELDS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode")
@@ -148,7 +149,7 @@ class RPGSettings:
 
     @property
     def uses_rpg_actor_loss(self) -> bool:
-        return self.loss_name in ("rpg", "grpo_corrected")
+        return self.loss_name in RPG_LOSSES
 
 
 # ----------------------------------------------------------------------------- parsing helpers
@@ -292,11 +293,25 @@ def _samples_per_problem(block: Any) -> tuple[tuple[str, int], ...]:
 # ----------------------------------------------------------------------------- verl translation
 
 
-def _select(cfg, path: str, default=None):
+def config_value(cfg, path: str, default=None):
+    """The value at dotted ``path`` of a composed config (containers as plain Python, interpolations
+    resolved); ``default`` when absent or null. The one reader of config keys in the driver's checks."""
     from omegaconf import OmegaConf
 
     value = OmegaConf.select(cfg, path, default=default)
-    return default if value is None else value
+    if value is None:
+        return default
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+# Ulysses sequence parallelism sizes of the actor and the reference (verl reads both spellings)
+ULYSSES_KEYS = tuple(f"actor_rollout_ref.{side}.{sub}ulysses_sequence_parallel_size"
+                     for side in ("actor", "ref") for sub in ("", "fsdp_config."))
+
+
+def ulysses_sizes(cfg) -> list[str]:
+    """``key=size`` for every Ulysses sequence-parallel size > 1 in ``cfg``."""
+    return [f"{k}={config_value(cfg, k, 1)}" for k in ULYSSES_KEYS if int(config_value(cfg, k, 1)) > 1]
 
 
 def resolve_reward_function(spec: str) -> tuple[str, str]:
@@ -331,8 +346,8 @@ def _check_reference_shard_layout(cfg, mode: str, engine_strategy: str) -> None:
     from omegaconf import OmegaConf
 
     a, r = "actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config"
-    world = int(_select(cfg, "trainer.n_gpus_per_node", 1)) * int(_select(cfg, "trainer.nnodes", 1))
-    a_size, r_size = int(_select(cfg, f"{a}.fsdp_size", -1)), int(_select(cfg, f"{r}.fsdp_size", -1))
+    world = int(config_value(cfg, "trainer.n_gpus_per_node", 1)) * int(config_value(cfg, "trainer.nnodes", 1))
+    a_size, r_size = int(config_value(cfg, f"{a}.fsdp_size", -1)), int(config_value(cfg, f"{r}.fsdp_size", -1))
     a_group, r_group = (world if n < 0 or n >= world else n for n in (a_size, r_size))
     if a_group != r_group:
         _fail(f"rpg.reference.mode={mode} copies actor shards into the reference: {a}.fsdp_size={a_size} and "
@@ -352,9 +367,7 @@ def _check_probe_without_sequence_parallelism(cfg) -> None:
     every rank (``rpg.verl.reference_copy.probe_logits``). Under Ulysses sequence parallelism verl
     patches attention to exchange sequence *slices* between the ranks of a group, so a whole sequence
     per rank would give wrong logits (or a shape error); reject it before Ray starts."""
-    keys = [f"actor_rollout_ref.{side}.{sub}ulysses_sequence_parallel_size"
-            for side in ("actor", "ref") for sub in ("", "fsdp_config.")]
-    big = [f"{k}={_select(cfg, k, 1)}" for k in keys if int(_select(cfg, k, 1)) > 1]
+    big = ulysses_sizes(cfg)
     if big:
         _fail(f"rpg.reference.log_weight_diff=true is not supported with Ulysses sequence parallelism ({big[0]}): "
               "its probe runs one unsplit sequence per rank; set rpg.reference.log_weight_diff=false")
@@ -392,28 +405,28 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
     loss, ref = settings.loss, settings.reference
 
     # --- trainer: our subclass is the v1 sync trainer (see rpg.verl.main)
-    if not _select(cfg, "trainer.use_v1", True):
+    if not config_value(cfg, "trainer.use_v1", True):
         _fail("trainer.use_v1=False is not supported by the RPG recipe (it extends verl's v1 trainer); "
               "allowed: trainer.use_v1=True")
-    if _select(cfg, "trainer.v1.trainer_mode", "sync") != "sync":
-        _fail(f"trainer.v1.trainer_mode={_select(cfg, 'trainer.v1.trainer_mode')!r} is not supported by the RPG "
+    if config_value(cfg, "trainer.v1.trainer_mode", "sync") != "sync":
+        _fail(f"trainer.v1.trainer_mode={config_value(cfg, 'trainer.v1.trainer_mode')!r} is not supported by the RPG "
               "recipe; allowed: sync")
-    if _select(cfg, "distillation.enabled", False):
+    if config_value(cfg, "distillation.enabled", False):
         _fail("distillation.enabled=True is not supported together with the RPG recipe")
 
-    use_kl_loss = bool(_select(cfg, f"{actor}.use_kl_loss", False))
-    use_kl_in_reward = bool(_select(cfg, "algorithm.use_kl_in_reward", False))
-    loss_mode = _select(cfg, f"{actor}.policy_loss.loss_mode", "vanilla")
-    strategy = _select(cfg, f"{actor}.strategy", "fsdp")
-    lora_rank = _select(cfg, "actor_rollout_ref.model.lora.rank", 0) or _select(cfg, "actor_rollout_ref.model.lora_rank", 0)
-    ref_in_actor = bool(lora_rank and lora_rank > 0) or _select(cfg, "actor_rollout_ref.model.lora_adapter_path") is not None
+    use_kl_loss = bool(config_value(cfg, f"{actor}.use_kl_loss", False))
+    use_kl_in_reward = bool(config_value(cfg, "algorithm.use_kl_in_reward", False))
+    loss_mode = config_value(cfg, f"{actor}.policy_loss.loss_mode", "vanilla")
+    strategy = config_value(cfg, f"{actor}.strategy", "fsdp")
+    lora_rank = config_value(cfg, "actor_rollout_ref.model.lora.rank", 0) or config_value(cfg, "actor_rollout_ref.model.lora_rank", 0)
+    ref_in_actor = bool(lora_rank and lora_rank > 0) or config_value(cfg, "actor_rollout_ref.model.lora_adapter_path") is not None
 
     if ref.resets:
         if strategy not in ("fsdp", "fsdp2"):
             _fail(f"rpg.reference.mode={ref.mode} copies actor weights into the reference and supports "
                   f"{actor}.strategy fsdp or fsdp2 only (got {strategy!r})")
-        a_eng = _select(cfg, f"{actor}.fsdp_config.strategy", strategy)
-        r_eng = _select(cfg, "actor_rollout_ref.ref.fsdp_config.strategy", a_eng)
+        a_eng = config_value(cfg, f"{actor}.fsdp_config.strategy", strategy)
+        r_eng = config_value(cfg, "actor_rollout_ref.ref.fsdp_config.strategy", a_eng)
         if a_eng != r_eng:
             _fail(f"rpg.reference.mode={ref.mode} copies actor shards into the reference: "
                   f"{actor}.fsdp_config.strategy={a_eng!r} and actor_rollout_ref.ref.fsdp_config.strategy={r_eng!r} "
@@ -439,10 +452,11 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
                           "rpg.reference.mode=sampler (no reference model; the KL is inside the RPG loss); "
                           f"set {actor}.use_kl_loss=False or choose rpg.reference.mode fixed|periodic|kl_threshold")
             else:
-                # only to make verl build the reference and fill ref_log_prob: the RPG actor loss
-                # replaces ppo_loss, so verl's own kl term is never added.
+                # only to make verl build the reference and fill ref_log_prob: the RPG actor loss gives
+                # verl's ppo_loss use_kl_loss=False, so verl's own KL term is never added; its coefficient
+                # is 0 so that the printed config says so too (the KL coefficient is rpg.loss.beta)
                 cfg.actor_rollout_ref.actor.use_kl_loss = True
-                cfg.actor_rollout_ref.actor.kl_loss_coef = loss.beta
+                cfg.actor_rollout_ref.actor.kl_loss_coef = 0.0
             pl = cfg.actor_rollout_ref.actor.policy_loss
             pl._target_ = POLICY_LOSS_TARGET
             pl.loss_mode = settings.loss_name
@@ -451,14 +465,14 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
                 loss = loss_config(cfg.actor_rollout_ref.actor)
             except RPGLossConfigError as e:
                 raise _loss_error(e) from None
-            if loss.compile and str(_select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars.TORCH_COMPILE_DISABLE", "0")) == "1":
+            if loss.compile and str(config_value(cfg, "ray_kwargs.ray_init.runtime_env.env_vars.TORCH_COMPILE_DISABLE", "0")) == "1":
                 _fail("rpg.loss.compile=true needs torch.compile in the actor workers, but "
                       "ray_kwargs.ray_init.runtime_env.env_vars.TORCH_COMPILE_DISABLE=1 disables it there (the CPU "
                       "backend sets it); set rpg.loss.compile=false or TORCH_COMPILE_DISABLE=0")
             pl.rpg_anchor = "sampler" if ref.mode == "sampler" else "reference"
             pl.rpg_sampler_kl = False
         else:  # rpg.loss.name == "verl": verl's own ppo_loss; the reference settings govern its KL reference
-            if loss_mode in ("rpg", "grpo_corrected"):
+            if loss_mode in RPG_LOSSES:
                 _fail(f"{actor}.policy_loss.loss_mode={loss_mode} needs rpg.loss.name={loss_mode} "
                       "(the recipe then wires the loss settings)")
             wants_ref = use_kl_loss or use_kl_in_reward
@@ -485,9 +499,9 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
 
         # --- optimizer
         optim = cfg.actor_rollout_ref.actor.optim
-        impl = _select(cfg, f"{actor}.optim.optimizer_impl", "torch.optim")
-        sched = _select(cfg, f"{actor}.optim.lr_scheduler_type", "constant")
-        warmup_style = _select(cfg, f"{actor}.optim.warmup_style", None)
+        impl = config_value(cfg, f"{actor}.optim.optimizer_impl", "torch.optim")
+        sched = config_value(cfg, f"{actor}.optim.lr_scheduler_type", "constant")
+        warmup_style = config_value(cfg, f"{actor}.optim.warmup_style", None)
         if settings.optimizer == "schedulefree":
             if importlib.util.find_spec(SCHEDULEFREE_IMPL) is None:
                 _fail("rpg.optimizer=schedulefree needs the 'schedulefree' package, which is not installed "
@@ -504,7 +518,7 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
                   "(the recipe places the optimizer's train()/eval() switches)")
 
         # --- default reward function (explicit reward.custom_reward_function.path wins)
-        if settings.reward_function and not _select(cfg, "reward.custom_reward_function.path"):
+        if settings.reward_function and not config_value(cfg, "reward.custom_reward_function.path"):
             path, name = resolve_reward_function(settings.reward_function)
             cfg.reward.custom_reward_function.path = path
             cfg.reward.custom_reward_function.name = name

@@ -36,6 +36,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from rpg.verl.reference_copy import (copy_actor_to_reference, local_shard, max_shard_diff, next_token_nll,
                                      paired_local_shards, probe_logits, probe_token_ids, wait_for_offload_copies)
+from rpg.verl.settings import RPG_LOSSES
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
             return
         pl = self.config.actor.policy_loss
         actor_config = self.loss_fn.keywords["config"]
-        if pl.get("loss_mode") in ("rpg", "grpo_corrected"):
+        if pl.get("loss_mode") in RPG_LOSSES:
             from rpg.verl.actor_loss import rpg_actor_loss, with_kl_loss
 
             self.loss_fn = partial(rpg_actor_loss, config=with_kl_loss(actor_config, False))

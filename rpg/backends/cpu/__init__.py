@@ -3,5 +3,5 @@
 Importing this package does nothing. The backend is switched on per process by
 ``VERL_PLATFORM=cpu`` together with ``VERL_USE_EXTERNAL_MODULES=rpg.backends.cpu.register``;
 ``rpg.backends.cpu.settings`` provides both, plus the Hydra overrides, and
-``rpg.backends.cpu.harness.run_trainer`` runs the trainer with them. See docs/cpu-backend.md.
+``rpg.launch.harness.run_trainer`` runs the trainer with them. See docs/cpu-backend.md.
 """

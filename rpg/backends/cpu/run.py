@@ -30,7 +30,6 @@ at least every ``HEARTBEAT_S`` seconds a line says what it is waiting for.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shlex
 import sys
@@ -38,8 +37,8 @@ import threading
 import time
 from pathlib import Path
 
-from rpg.backends.cpu.harness import TrainerRun, TrainerRunError, report_stop, run_trainer, unique_run_dir
-from rpg.launch.overrides import OverrideSyntaxError, parse_overrides
+from rpg.launch.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, unique_run_dir
+from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides
 
 VAL_PREFIX = "val-core/math_dapo/acc/mean@"
 HEARTBEAT_S = 10.0
@@ -175,18 +174,6 @@ def resume_command(argv: list[str], out: Path) -> str:
                        "trainer.resume_mode=auto"])
 
 
-def _failed(err: TrainerRunError, out: Path, argv: list[str]) -> int:
-    """Report a failed run; the exit code: 128 + signum when a signal stopped it, else the trainer's own
-    (2: a bad config refused by the driver), 1 when it has none (timeout)."""
-    run = err.run
-    if run.stop_signal is not None:
-        report_stop(run, "[tiny]", resume_command(argv, out))
-        return 128 + run.stop_signal
-    with contextlib.suppress(OSError):  # a refused config: the driver's one line (the log holds nothing more)
-        print(run.refusal() or f"[tiny] FAILED: {err}", file=sys.stderr, flush=True)
-    return run.returncode if (run.returncode or 0) > 0 else 1
-
-
 def main(argv: list[str] | None = None) -> int:
     from rpg.tiny import build_tiny_assets
     from rpg.tiny.overrides import TINY_ALGORITHMS, tiny_algorithm, tiny_task_overrides
@@ -204,11 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
     argv = list(sys.argv[1:] if argv is None else argv)
     args, rest = ap.parse_known_args(argv)
-    flags = [a for a in rest if a.startswith("-")]
-    if flags:
-        ap.error(f"unrecognised arguments (Hydra overrides must be key=value): {flags}")
     try:  # before the assets and the trainer: a typo is one line, not a traceback minutes later
-        parse_overrides(rest)
+        check_user_overrides(rest)
     except OverrideSyntaxError as e:
         print(f"[tiny] {e}", file=sys.stderr, flush=True)
         return 2
@@ -239,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainerRunError as e:
         if startup is not None:
             startup.finish()
-        return _failed(e, out, argv)
+        return report_failure(e, "[tiny]", resume_command(argv, out))
     finally:
         if startup is not None:
             startup.finish()

@@ -7,14 +7,17 @@ RPG recipe's e2e tests and the variant launcher) takes these from here; never co
     env = {**os.environ, **cpu_env()}
     argv = [sys.executable, "-m", "verl.trainer.main_ppo", *cpu_overrides(), *your_overrides]
 
-Why each item is needed is written next to it (details: docs/cpu-backend.md). Model/data/batch-size choices are *not* here: they belong to
-the run (see rpg.tiny.overrides for the tiny demo).
+Why each item is needed is written next to it (details: docs/cpu-backend.md). Model/data/batch-size
+choices are *not* here: they belong to the run (see rpg.tiny.overrides for the tiny demo). What every
+local run sets, whatever the backend: rpg.launch.run_env.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+
+from rpg.launch.run_env import RUN_ENV, external_modules, forwarded_env_overrides
 
 REGISTER_MODULE = "rpg.backends.cpu.register"
 ROLLOUT_NAME = "hf"
@@ -25,24 +28,6 @@ ROLLOUT_NAME = "hf"
 _FORWARDED = ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "TORCH_COMPILE_DISABLE", "OMP_NUM_THREADS")
 
 
-def external_modules(extra: Iterable[str] = (), base: str | None = None, first: Iterable[str] = (REGISTER_MODULE,)) -> str:
-    """Comma list for VERL_USE_EXTERNAL_MODULES: ``first`` (the CPU registration), then ``base`` and ``extra``."""
-    mods = list(first)
-    for m in [*(base or "").split(","), *extra]:
-        m = m.strip()
-        if m and m not in mods:
-            mods.append(m)
-    return ",".join(mods)
-
-
-# Every local run of the trainer (CPU backend, and the GPU smoke run of rpg.backends.gpu).
-RUN_ENV = {
-    "TOKENIZERS_PARALLELISM": "false",
-    "RAY_AUTH_MODE": "disabled",  # ray 2.60 would otherwise write ~/.ray/auth_token
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "WANDB_MODE": "disabled",
-    "HYDRA_FULL_ERROR": "1",
-}
 
 
 def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -54,18 +39,12 @@ def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
     base = os.environ if base is None else base
     return {
         "VERL_PLATFORM": "cpu",  # selects rpg.backends.cpu.platform.PlatformCPU (else verl falls back to cuda)
-        "VERL_USE_EXTERNAL_MODULES": external_modules(extra_modules, base.get("VERL_USE_EXTERNAL_MODULES")),
+        "VERL_USE_EXTERNAL_MODULES": external_modules(extra_modules, base.get("VERL_USE_EXTERNAL_MODULES"),
+                                                      first=(REGISTER_MODULE,)),
         "TORCH_COMPILE_DISABLE": "1",  # no inductor/triton on CPU for these tiny runs
         "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", "1"),  # several Ray processes share 2 cores
         **RUN_ENV,
     }
-
-
-def _quote(value: str) -> str:
-    """Hydra string literal (env var values must stay strings: '1', not the int 1)."""
-    if "'" in value:
-        raise ValueError(f"cannot forward an environment value containing a single quote: {value!r}")
-    return f"'{value}'"
 
 
 def cpu_overrides(env: Mapping[str, str] | None = None, num_cpus: int = 8) -> list[str]:
@@ -112,8 +91,3 @@ def cpu_overrides(env: Mapping[str, str] | None = None, num_cpus: int = 8) -> li
         "data.dataloader_num_workers=0",
     ]
     return ov + forwarded_env_overrides(env, _FORWARDED)
-
-
-def forwarded_env_overrides(env: Mapping[str, str], keys: Iterable[str]) -> list[str]:
-    """Overrides that hand ``env[key]`` (for each of ``keys`` present) to every Ray process."""
-    return [f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={_quote(env[key])}" for key in keys if key in env]

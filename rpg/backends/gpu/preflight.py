@@ -39,15 +39,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpg.verl.settings import RPGConfigError
+from rpg.verl.settings import RPGConfigError, config_value, ulysses_sizes
 
 PREFIX = "rpg gpu check"
 ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
 FLASH_ATTN = "flash_attention_2"  # verl's default (workers/config/model.py HFModelConfig.__post_init__)
 MIN_DRIVER = {11: "450", 12: "525", 13: "580"}  # CUDA major -> oldest NVIDIA driver branch that runs it
 OPTIONAL_MODULES = ("vllm", "flash_attn")
-ULYSSES_KEYS = tuple(f"actor_rollout_ref.{side}.{sub}ulysses_sequence_parallel_size"
-                     for side in ("actor", "ref") for sub in ("", "fsdp_config."))
 SETUP_HINT = "README.md#set-up"
 SDPA_HINT = f"+{ATTN_KEY}=sdpa (more memory: docs/memory.md#how-the-estimate-is-computed)"
 
@@ -163,7 +161,7 @@ def gpu_backend(cfg, environ: Mapping[str, str] | None = None) -> bool:
 def request_from_config(cfg, settings, environ: Mapping[str, str] | None = None) -> GpuRequest:
     """The ``GpuRequest`` of a composed, validated config (``settings``: ``rpg.verl.settings.RPGSettings``)."""
     environ = os.environ if environ is None else environ
-    ulysses = tuple(f"{k}={_get(cfg, k, 1)}" for k in ULYSSES_KEYS if int(_get(cfg, k, 1) or 1) > 1)
+    ulysses = tuple(ulysses_sizes(cfg))
     return GpuRequest(
         nnodes=int(_get(cfg, "trainer.nnodes", 1)),
         gpus_per_node=int(_get(cfg, "trainer.n_gpus_per_node", 1)),
@@ -176,10 +174,7 @@ def request_from_config(cfg, settings, environ: Mapping[str, str] | None = None)
 
 
 def _get(cfg, key: str, default: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    value = OmegaConf.select(cfg, key, default=default)
-    return default if value is None else value
+    return config_value(cfg, key, default)
 
 
 # ----------------------------------------------------------------------------- the rules

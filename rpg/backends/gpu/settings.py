@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from rpg.backends.cpu.settings import RUN_ENV, external_modules, forwarded_env_overrides
+from rpg.launch.run_env import RUN_ENV, external_modules, forwarded_env_overrides
 
 ROLLOUTS = ("vllm", "hf")
 REGISTER_MODULE = "rpg.backends.gpu.register"  # loaded in every process with --rollout hf
@@ -58,7 +58,7 @@ def gpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
     """
     base = {} if base is None else base
     env = dict(RUN_ENV)
-    mods = external_modules(extra_modules, base.get("VERL_USE_EXTERNAL_MODULES"), first=())
+    mods = external_modules(extra_modules, base.get("VERL_USE_EXTERNAL_MODULES"))
     if mods:
         env["VERL_USE_EXTERNAL_MODULES"] = mods
     return env

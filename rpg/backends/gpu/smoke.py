@@ -32,11 +32,11 @@ import threading
 import time
 from pathlib import Path
 
-from rpg.backends.cpu.harness import TrainerRun, TrainerRunError, run_trainer
+from rpg.launch.harness import TrainerRun, TrainerRunError, run_trainer
 from rpg.backends.cpu.run import StartupProgress, progress
-from rpg.launch.overrides import OverrideSyntaxError, parse_overrides
 from rpg.backends.gpu import smoke_checks
-from rpg.backends.gpu.preflight import ATTN_KEY, GpuProbe, cuda_problem, driver_problem
+from rpg.backends.gpu.preflight import ATTN_KEY, FLASH_ATTN, GpuProbe, GpuRequest, check
+from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides, values
 from rpg.backends.gpu.settings import (ALGORITHM, REGISTER_MODULE, ROLLOUTS, SmokeSettingsError, check_settings,
                                        gpu_overrides, head_dim, head_dim_problem)
 
@@ -99,22 +99,14 @@ class GpuMemoryPeak:
 
 
 def preflight(rollout: str, gpus: int, user: list[str], probe: GpuProbe | None = None) -> None:
-    """What must hold before Ray starts, phrased in the smoke run's settings; SmokeSettingsError (one
-    line) otherwise. ``probe``: this node's facts (``rpg.backends.gpu.preflight``; tests pass their own).
-    The driver then applies the same node rules to the composed config."""
-    probe = probe or GpuProbe.of_this_node()
-    unusable = driver_problem(probe) or cuda_problem(probe)
-    if unusable:
-        raise SmokeSettingsError(unusable)
-    if probe.visible_gpus < gpus:
-        raise SmokeSettingsError(f"GPUS={gpus} needs {gpus} CUDA GPU(s); torch (CUDA {probe.torch_cuda}) "
-                                 f"sees {probe.visible_gpus}")
-    if rollout == "vllm" and "vllm" not in probe.importable:
-        raise SmokeSettingsError("ROLLOUT=vllm needs vLLM (pip install -e '.[gpu]'); ROLLOUT=hf runs without it")
-    if "flash_attn" not in probe.importable and not any(ATTN_KEY in o for o in user):
-        raise SmokeSettingsError(f"flash-attn is not installed (the actor's attention, verl's default "
-                                 f"flash_attention_2): install its wheel (README.md#set-up), or pass "
-                                 f"+{ATTN_KEY}=sdpa")
+    """The driver's GPU rules (``rpg.backends.gpu.preflight.check``) for what the smoke run will ask,
+    before anything starts: SmokeSettingsError (one line: the problems joined) otherwise. ``probe``:
+    this node's facts (tests pass their own). The driver applies the same rules to the composed config."""
+    attn = values(user).get(ATTN_KEY, FLASH_ATTN)  # Hydra's reading of the user's overrides
+    report = check(GpuRequest(gpus_per_node=gpus, rollout=rollout, attn_implementation=attn),
+                   probe or GpuProbe.of_this_node())
+    if report.errors:
+        raise SmokeSettingsError("; ".join(report.errors))
 
 
 def run_overrides(assets, args, *, first: bool, ckpt: Path) -> list[str]:
@@ -165,11 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed (each run)")
     ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
     args, user = ap.parse_known_args(argv)
-    flags = [a for a in user if a.startswith("-")]
     try:
-        if flags:
-            raise SmokeSettingsError(f"unrecognised arguments (Hydra overrides must be key=value): {flags}")
-        parse_overrides(user)  # Hydra's grammar: a typo is one line here, not a traceback after Ray started
+        check_user_overrides(user)  # Hydra's grammar: a typo is one line here, not a traceback after Ray started
         check_settings(args.rollout, args.gpus, args.steps, args.resume_steps, MINI_BATCH_SIZE, 8)
         preflight(args.rollout, args.gpus, user)
     except (SmokeSettingsError, OverrideSyntaxError) as e:

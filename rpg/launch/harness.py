@@ -1,13 +1,16 @@
-"""Run verl's real trainer on the CPU backend (or, with ``backend="gpu"``, on CUDA: the GPU smoke run
-of rpg.backends.gpu.smoke) in a subprocess and return its per-step metrics.
+"""Run verl's real trainer on this machine in a subprocess and return its per-step metrics: on the CPU
+backend (rpg.backends.cpu: the tiny demo, ``RPG_BACKEND=cpu``, the tests, the study) or, with
+``backend="gpu"``, on CUDA (the GPU smoke run of rpg.backends.gpu.smoke). Each backend supplies its
+environment and overrides (``rpg.backends.<name>.settings``); the process tree, output directory,
+metrics history and stop handling are this module's.
 
-    from rpg.backends.cpu.harness import run_trainer
+    from rpg.launch.harness import run_trainer
     run = run_trainer(overrides, output_dir=tmp_path)           # raises TrainerRunError on failure
     run.metrics[2]["training/global_step"]                       # step -> merged metrics dict
 
 The subprocess is ``python -m verl.trainer.main_ppo`` (or any ``entry``: a module name or a
-``.py`` path such as ``recipe/rpg/main_rpg.py``) with ``cpu_env()`` and ``cpu_overrides()`` from
-settings.py, the caller's overrides appended (later values win), ``trainer.logger`` including
+``.py`` path such as ``recipe/rpg/main_rpg.py``) with the backend's environment and overrides
+(``rpg.backends.cpu.settings``: ``cpu_env()``, ``cpu_overrides()``), the caller's overrides appended (later values win), ``trainer.logger`` including
 ``file`` and ``VERL_FILE_LOGGER_PATH`` pointing at ``<output_dir>/metrics.jsonl``: verl's
 FileLogger writes one JSON line ``{"step": s, "data": {...}}`` per ``logger.log`` call (the
 validation before training is logged at step 0).
@@ -182,7 +185,7 @@ def _with_file_logger(overrides: list[str]) -> list[str]:
     if "trainer.logger" not in set_values:
         return overrides + ["trainer.logger=['console','file']"]
     loggers = set_values["trainer.logger"]
-    if "file" not in ([loggers] if isinstance(loggers, str) else list(loggers or ())):
+    if not history.logs_to_file(loggers):
         raise ValueError(f"trainer.logger must include 'file' for the harness to read metrics, got {loggers!r}")
     return overrides
 
@@ -348,7 +351,7 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
             on_line(line)
 
     handlers = raise_on_stop_signals()  # SIGHUP/SIGINT/SIGTERM: `finally` below still cleans up
-    proc = monitor = None
+    proc = pump = monitor = None  # a signal can arrive between any two of the assignments below
     try:
         with open(run.log_file, "ab") as log:  # a resumed run appends
             if appended:
@@ -376,15 +379,18 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
             finally:
                 handlers.hold()  # a signal from here on is recorded, never interrupts the clean-up
                 signalled = bool(handlers.received)
+                seen = set()
                 if proc is not None:
                     if proc.poll() is None:
                         _terminate_group(proc, wait_s=STOP_WAIT_S if signalled else 15.0)
-                    pump.join(timeout=STOP_GRACE_S if signalled else 10)  # the output's last lines
-                    with contextlib.suppress(Exception):  # progress output to a closed terminal (SIGHUP)
-                        monitor.sample()
-                    seen = monitor.seen
-                else:
-                    seen = set()
+                    if pump is not None:
+                        pump.join(timeout=STOP_GRACE_S if signalled else 10)  # the output's last lines
+                    if monitor is None:  # stopped before the monitor existed: the trainer's pid at least
+                        seen = {proc.pid}
+                    else:
+                        with contextlib.suppress(Exception):  # progress output to a closed terminal (SIGHUP)
+                            monitor.sample()
+                        seen = monitor.seen
                 run.leftover_pids = _cleanup(seen, ray_tmp, min(reap_after_s, STOP_GRACE_S) if signalled
                                              else reap_after_s)
                 shutil.rmtree(ray_tmp, ignore_errors=True)
@@ -419,6 +425,19 @@ def checkpoint_dir(run: TrainerRun) -> Path | None:
         return None
     p = Path(path)
     return p if p.is_absolute() else (run.cwd or run.output_dir) / p
+
+
+def report_failure(err: TrainerRunError, prefix: str, resume: str) -> int:
+    """A launcher's report of a run that did not finish, and its exit code: a stop signal's one line
+    (``report_stop``) and 128 + signum; a config the driver refused, the driver's one line and its code
+    (2); otherwise ``prefix FAILED`` with the log's tail and the trainer's code (1 when it has none)."""
+    run = err.run
+    if run.stop_signal is not None:
+        report_stop(run, prefix, resume)
+        return 128 + run.stop_signal
+    with contextlib.suppress(OSError):  # the terminal may be gone
+        print(run.refusal() or f"{prefix} FAILED: {err}", file=sys.stderr, flush=True)
+    return run.returncode if (run.returncode or 0) > 0 else 1
 
 
 def report_stop(run: TrainerRun, prefix: str, resume: str) -> str:
