@@ -198,3 +198,11 @@ def test_variants_module_imports_no_heavy_packages():
     code = "import sys, rpg.launch.variants; bad = [m for m in ('verl', 'torch', 'hydra', 'ray') if m in sys.modules]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_the_grammars_divergences_are_the_loss_librarys():
+    """rpg.launch.variants spells the divergence names without importing torch; they are the library's."""
+    from rpg.divergences import DIVERGENCES
+    from rpg.launch.variants import DIVERGENCES as NAMES
+
+    assert NAMES == DIVERGENCES

@@ -50,7 +50,7 @@ examples: run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree_7binstruct, run_
           run_rfpp_7b_1e-4, run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28, run_dapo_4b_ctx4k"""
 
 ALGOS = ("grpo", "dapo", "rfpp", "rfppb", "rpg")
-DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
+DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")  # = rpg.divergences.DIVERGENCES (torch-free here; a test checks)
 CONTEXTS = {"2k": 2048, "4k": 4096, "8k": 8192}
 
 # READING: the authors' `7b` scripts default to Qwen2.5-Math-7B; `_7binstruct`
@@ -70,7 +70,7 @@ TRAIN_SET = "dapo-math-17k-en"
 _NAME_RE = re.compile(
     r"^run_(?P<algo>[a-z]+)_(?P<model>7binstruct|7b|4b)"
     r"(?:_ctx(?P<ctx>\d+k))?"
-    r"(?:_(?P<kl>fkl|rkl|ufkl|urkl)?(?P<beta>\d+(?:\.\d+)?e-\d+))?"
+    rf"(?:_(?P<kl>{'|'.join(DIVERGENCES)})?(?P<beta>\d+(?:\.\d+)?e-\d+))?"
     r"(?:_(?P<rf>rf)(?:_(?P<clip>clip_ppo)(?:_(?P<lo>\d+(?:\.\d+)?)_(?P<hi>\d+(?:\.\d+)?))?)?)?"
     r"(?:_(?P<noiterref>noiterref))?"
     r"(?:_(?P<sf>schedulefree))?"

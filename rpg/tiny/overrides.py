@@ -33,6 +33,7 @@ from rpg.tiny.build import TinyAssets
 RECIPE_ENTRY = "recipe/rpg/main_rpg.py"  # relative to the project root (rpg.backends.cpu.run resolves it)
 TRAIN_BATCH_SIZE = 8  # prompts per rollout batch
 MINI_BATCH_SIZE = 2  # prompts per optimizer step: 4 off-policy-weighted updates per rollout batch
+ROLLOUT_N = 8  # responses per prompt (a group)
 
 _DEMO = [  # both demo algorithms: no warm-up, no weight decay, plain reward manager, names
     "actor_rollout_ref.actor.entropy_coeff=0",
@@ -69,7 +70,7 @@ def tiny_task_overrides(
     steps: int = 2,
     test_freq: int = 1,
     train_batch_size: int = TRAIN_BATCH_SIZE,
-    n: int = 8,
+    n: int = ROLLOUT_N,
     val_n: int = 4,
     mini_batch_size: int = MINI_BATCH_SIZE,
 ) -> list[str]:
@@ -130,7 +131,7 @@ def tiny_overrides(
     steps: int = 2,
     test_freq: int = 1,
     train_batch_size: int = TRAIN_BATCH_SIZE,
-    n: int = 8,
+    n: int = ROLLOUT_N,
     lr: float = 5e-4,
     val_n: int = 4,
     algo: str = "grpo",

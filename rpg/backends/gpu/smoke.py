@@ -111,13 +111,13 @@ def preflight(rollout: str, gpus: int, user: list[str], probe: GpuProbe | None =
 
 def run_overrides(assets, args, *, first: bool, ckpt: Path) -> list[str]:
     """All overrides of run 1 (``first``) or of the resumed run 2, before the user's."""
-    from rpg.tiny.overrides import MINI_BATCH_SIZE, TRAIN_BATCH_SIZE, tiny_algorithm, tiny_task_overrides
+    from rpg.tiny.overrides import MINI_BATCH_SIZE, ROLLOUT_N, TRAIN_BATCH_SIZE, tiny_algorithm, tiny_task_overrides
 
     total = args.steps if first else args.steps + args.resume_steps
     task = tiny_task_overrides(assets, steps=total, test_freq=total)
     _, algo = tiny_algorithm("rpg", lr=args.lr)
     gpu = gpu_overrides(args.rollout, args.gpus, offload=not args.no_offload, mini_batch_size=MINI_BATCH_SIZE,
-                        n=8, train_batch_size=TRAIN_BATCH_SIZE)
+                        n=ROLLOUT_N, train_batch_size=TRAIN_BATCH_SIZE)
     run = [f"trainer.default_local_dir={ckpt}", f"trainer.save_freq={total}", "trainer.max_actor_ckpt_to_keep=2"]
     if first:
         run += ["trainer.resume_mode=disable", "trainer.val_before_train=True"]
@@ -143,7 +143,7 @@ def _one_run(name: str, overrides: list[str], out: Path, args, total: int) -> Tr
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rpg.tiny.overrides import MINI_BATCH_SIZE, RECIPE_ENTRY
+    from rpg.tiny.overrides import MINI_BATCH_SIZE, RECIPE_ENTRY, ROLLOUT_N
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rollout", default="vllm", help=f"rollout engine, one of {ROLLOUTS} (default vllm)")
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args, user = ap.parse_known_args(argv)
     try:
         check_user_overrides(user)  # Hydra's grammar: a typo is one line here, not a traceback after Ray started
-        check_settings(args.rollout, args.gpus, args.steps, args.resume_steps, MINI_BATCH_SIZE, 8)
+        check_settings(args.rollout, args.gpus, args.steps, args.resume_steps, MINI_BATCH_SIZE, ROLLOUT_N)
         preflight(args.rollout, args.gpus, user)
     except (SmokeSettingsError, OverrideSyntaxError) as e:
         print(f"{PREFIX} {e}", file=sys.stderr)

@@ -12,8 +12,9 @@ What a rule can and cannot show, stated with it (docs/gpu-smoke.md):
   the ratio also moves by rounding noise (the old log-probs and the update's forward batch the
   sequences differently), so leaving 1 is necessary, not sufficient: ``actor_did_not_move``
   (the reference-copy diagnostics) is the direct check that the weights changed.
-* KL stays 0: the KL estimate of the loss is a mean of w - 1 - log w >= 0 (UFKL's, against
-  pi_old), 0 only when every ratio is exactly 1.
+* KL stays 0: the loss's UFKL estimate is a mean of terms >= 0 (r_ref * (rho - 1 - log rho), rho the
+  ratio of pi_theta to the reference; the smoke run's periodic reference is pi_old right after a
+  reset), 0 only when every token's rho is exactly 1.
 * no bound is put on ``training/rollout_probs_diff_*``: vLLM samples in bf16 with its own
   kernels and the actor recomputes in bf16 with others, so the two log-probs of a token differ
   by rounding (the CPU tests' < 1e-3 holds only for the float32 CPU rollout); they are reported.
