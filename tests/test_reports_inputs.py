@@ -171,6 +171,18 @@ def test_several_segments_name_every_replaced_value(tmp_path, capsys):
             "the run resumed from") in err
 
 
+def test_a_restart_step_with_many_values_names_three_and_counts_the_rest(tmp_path):
+    """A resumed validation step logs ~50 keys again: the line names the first three by key and counts
+    the others, so it stays readable (the earlier values stay in the earlier segment)."""
+    keys = [f"val/k{i:02d}" for i in range(7)]
+    base = _write(tmp_path / "v.jsonl", [{"step": 0, "data": {k: 0.1 for k in keys}}, {"step": 5, "data": {"x": 1.0}}])
+    _write(tmp_path / "v.part2.jsonl", [{"step": 0, "data": {k: 0.2 for k in keys}}])
+    _, warns = _read(base)
+    assert warns[1] == (f"{base}: earlier records replaced by the resumed run (restart at step 0: dropped (not re-run "
+                        "yet) steps 5; logged again at step 0: val/k00 0.1 -> 0.2, val/k01 0.1 -> 0.2, val/k02 0.1 "
+                        "-> 0.2 and 4 more values): those steps were trained after the checkpoint the run resumed from")
+
+
 @pytest.mark.parametrize("name, body, where", [
     ("run.jsonl", b'{"step": 0, "data": {"a": 1}}\n{"step": 1, "data": {"caf\xe9": 1}}\n', "line 2, byte 26"),
     ("run.csv", b"_step,a\n0,1\n1,\xff\n", "line 3, byte 3"),

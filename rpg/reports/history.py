@@ -120,10 +120,13 @@ def _same(a: float, b: float) -> bool:
     return a == b or (a != a and b != b)  # NaN logged again is not another value
 
 
+SHOW_AGAIN = 3  # values named per restart step; a validation step re-logs ~50 keys, the rest are counted
+
+
 def replaced_line(name: str | Path, parts: list[Metrics]) -> str | None:
     """One line naming the steps whose earlier records a restart replaced (re-run) or dropped (not re-run
-    yet), and the values logged again at a restart step with another value; None when no record was
-    replaced."""
+    yet), and the values logged again at a restart step with another value (the first ``SHOW_AGAIN`` by
+    name, the others counted); None when no record was replaced."""
     latest = {s for series in join(parts).values() for s in series}
     said = []
     for start, steps, again in restarts(parts):
@@ -131,7 +134,9 @@ def replaced_line(name: str | Path, parts: list[Metrics]) -> str | None:
         what = [f"{w} {_ranges(xs)}" for w, xs in (("re-ran", rerun), ("dropped (not re-run yet)", dropped)) if xs]
         if again:
             what = [", ".join(what)] if what else []
-            what.append(f"logged again at step {start}: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in again))
+            shown = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in again[:SHOW_AGAIN])
+            more = f" and {len(again) - SHOW_AGAIN} more values" if len(again) > SHOW_AGAIN else ""
+            what.append(f"logged again at step {start}: {shown}{more}")
         if what:
             said.append(f"restart at step {start}: " + "; ".join(what))
     if not said:
