@@ -145,16 +145,22 @@ def _case(name, strategy, ref_reshard, param_dtype, rank):
     return rec
 
 
-def _rank(rank: int, world: int, init_file: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    records = [_case(name, s, rr, dt, rank) for name, s, rr, dt in CASES]
+def write_gathered(records, rank: int, world: int, out: str) -> None:
+    """Every rank's records, gathered; rank 0 writes them to ``out`` as JSON (a list, one entry per
+    rank); returns once all ranks are here and the file is written."""
     gathered = [None] * world
     dist.all_gather_object(gathered, records)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(gathered, f)
-    dist.barrier()  # both ranks done, rank 0's file written
+    dist.barrier()
+
+
+def _rank(rank: int, world: int, init_file: str, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    records = [_case(name, s, rr, dt, rank) for name, s, rr, dt in CASES]
+    write_gathered(records, rank, world, out)
     # Leave without tearing gloo down: its threads can abort the interpreter's exit with "terminate
     # called without an active exception" (SIGABRT, seen once in a CI rehearsal after all records were
     # written). Any failure before this line still exits non-zero through the exception.

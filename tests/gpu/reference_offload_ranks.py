@@ -20,7 +20,6 @@ fail) and after it. Rank 0 writes every rank's records as JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -95,12 +94,7 @@ def _rank(rank: int, world: int, init_file: str, out: str, device: str) -> None:
     cpu_scenario.init_rank(rank, world, init_file, device)  # device "cpu": a dry run of the logic, not a test
     records = [cpu_scenario._case(name, s, rr, dt, rank) for name, s, rr, dt in cpu_scenario.CASES]
     records += [_offload_case(name, actor_offloaded, rank) for name, actor_offloaded in OFFLOAD_CASES]
-    gathered = [None] * world
-    dist.all_gather_object(gathered, records)
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(gathered, f)
-    dist.barrier()
+    cpu_scenario.write_gathered(records, rank, world, out)
     dist.destroy_process_group()
 
 

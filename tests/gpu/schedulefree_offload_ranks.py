@@ -24,7 +24,6 @@ and the checkpoint's ``train_mode`` flags.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -140,12 +139,7 @@ def _rank(rank: int, world: int, init_file: str, ckpt_dir: str, out: str, device
     for ids in batches[STEPS_BEFORE:]:
         t.step(ids)
     rec["resumed_train_logits_5"] = t.logits(probe)
-    gathered = [None] * world
-    dist.all_gather_object(gathered, rec)
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(gathered, f)
-    dist.barrier()
+    scenario.write_gathered(rec, rank, world, out)
     dist.destroy_process_group()
 
 
