@@ -7,6 +7,9 @@ model. What needs a GPU is in tests/gpu/ (docs/gpu-smoke.md)."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+from pathlib import Path
 import runpy
 from dataclasses import replace
 from types import SimpleNamespace
@@ -344,3 +347,12 @@ def test_hf_replica_places_its_server_on_its_workers_gpu(monkeypatch, platform, 
                                                   "CUDA_VISIBLE_DEVICES": "3"}
     strategy = options["scheduling_strategy"]
     assert strategy.node_id == NODE and strategy.soft is False
+
+
+def test_a_mistyped_offload_is_refused_by_the_script():
+    """Before: any OFFLOAD but exactly "0" (OFFLOAD=false) kept offload on without a word."""
+    script = Path(__file__).resolve().parents[1] / "recipe" / "rpg" / "tiny" / "run_tiny_gpu.sh"
+    r = subprocess.run(["bash", str(script)], env={**os.environ, "OFFLOAD": "flase", "PYTHON": "false"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "run_tiny_gpu.sh: OFFLOAD='flase' is invalid; allowed values: 1, 0, true, false")

@@ -204,3 +204,18 @@ def test_print_only_prints_exactly_what_runs(tmp_path, args, env, token, umask):
     if ran.returncode == 0 and "RAY_AUTH_TOKEN" not in env and env.get("RAY_AUTH_MODE") != "disabled" \
             and args[0] in ("head", "worker"):
         assert did[3] == (token or TOKEN, 0o600)  # the token file: private
+
+
+@pytest.mark.parametrize("value, runs", [("true", False), ("no", True), ("", True)])
+def test_print_only_reads_the_usual_spellings(tmp_path, value, runs):
+    r = _run(tmp_path, "head", PRINT_ONLY=value)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "ray.log").exists() == runs  # the fake ray ran only when PRINT_ONLY is off
+
+
+def test_a_mistyped_print_only_is_refused_before_anything_runs(tmp_path):
+    """Before: anything but exactly "1" (PRINT_ONLY=true) ran the real commands."""
+    r = _run(tmp_path, "head", PRINT_ONLY="ture")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "ray_cluster.sh: PRINT_ONLY='ture' is invalid; allowed values: 1, 0, true, false")
+    assert not (tmp_path / "ray.log").exists() and not (tmp_path / "home" / ".ray").exists()

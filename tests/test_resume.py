@@ -325,6 +325,27 @@ def test_leftover_segment_of_a_killed_launcher_is_folded_at_the_next_start(tmp_p
     assert fold_segments(out / "metrics.jsonl") is None  # idempotent
 
 
+def test_a_broken_middle_line_is_named_and_never_folded_away(tmp_path):
+    """Only the last line may be cut by a kill; a broken line before it is one error naming the file and
+    line, and no segment is rewritten or removed (before: the line was skipped and the fold deleted it)."""
+    from rpg.launch.harness import MetricsFileError, fold_segments, run_trainer, TrainerRunError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    first = "".join(json.dumps({"step": s, "data": {"x": s}}) + "\n" for s in range(3))
+    first = first.replace('{"step": 1, "data": {"x": 1}}', '{"step": 1, "da\x00ta"')
+    second = json.dumps({"step": 2, "data": {"x": -2}}) + "\n"
+    (out / "metrics.jsonl").write_text(first)
+    (out / "metrics.part2.jsonl").write_text(second)
+    with pytest.raises(MetricsFileError, match=r"metrics\.jsonl, line 2: not a JSON record"):
+        fold_segments(out / "metrics.jsonl")
+    assert (out / "metrics.jsonl").read_text() == first and (out / "metrics.part2.jsonl").read_text() == second
+    quick = _entry(tmp_path, "quick.py", "print('ran')\n")
+    with pytest.raises(TrainerRunError, match=r"line 2: not a JSON record"):  # refused before the trainer starts
+        run_trainer([], output_dir=out, entry=quick, timeout_s=60)
+    assert (out / "metrics.jsonl").read_text() == first and (out / "metrics.part2.jsonl").read_text() == second
+
+
 def test_two_runs_in_one_output_directory_are_refused(tmp_path):
     import threading
 

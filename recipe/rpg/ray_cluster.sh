@@ -33,7 +33,13 @@ GPU_NODES='import json, sys; print(sum(1 for n in json.load(sys.stdin) if n["sta
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
-print_only() { [[ "${PRINT_ONLY:-0}" == "1" ]]; }
+# PRINT_ONLY: 1/true/yes/on or 0/false/no/off (empty: 0); anything else is refused before anything runs.
+case "$(printf '%s' "${PRINT_ONLY:-0}" | tr '[:upper:]' '[:lower:]')" in
+    1|true|yes|on) PRINT_ONLY_ON=1 ;;
+    0|false|no|off) PRINT_ONLY_ON=0 ;;
+    *) echo "ray_cluster.sh: PRINT_ONLY='${PRINT_ONLY}' is invalid; allowed values: 1, 0, true, false" >&2; exit 2 ;;
+esac
+print_only() { [[ "$PRINT_ONLY_ON" == "1" ]]; }
 
 # quote WORD...: the words as one shell-quoted line.
 quote() { local q; q="$(printf '%q ' "$@")"; printf '%s' "${q% }"; }

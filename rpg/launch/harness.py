@@ -117,19 +117,24 @@ class TrainerRun:
         return "\n".join(self.log.splitlines()[-n:])
 
 
+class MetricsFileError(ValueError):
+    """A metrics file with a broken line before its last: never folded or read past silently."""
+
+
 def _read_one(path: Path) -> dict[str, dict[int, object]]:
     """One FileLogger file as {key: {step: value}} (``rpg.reports.history``'s shape; values kept as logged)."""
     out: dict[str, dict[int, object]] = {}
     if not Path(path).exists():
         return out
-    for line in Path(path).read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
+    lines = [(n, ln.strip()) for n, ln in enumerate(Path(path).read_text().splitlines(), 1) if ln.strip()]
+    for i, (n, line) in enumerate(lines):
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            continue  # a line being written, or cut by a kill
+            if i == len(lines) - 1:
+                continue  # the last line: being written, or cut by a kill
+            raise MetricsFileError(f"{path}, line {n}: not a JSON record ({line[:60]!r}); only the last line "
+                                   "may be cut by a kill: repair or remove this line (the file is left as it is)")
         for key, value in rec["data"].items():
             out.setdefault(key, {})[int(rec["step"])] = value
     return out
@@ -274,8 +279,12 @@ def run_trainer(
         raise TrainerRunError("trainer stopped by the caller before it started", run)
     lock = _lock_output_dir(out, run, ray_tmp)
     try:
-        if (line := fold_segments(metrics_file)) is not None:  # left by a launcher killed before its fold
-            run.notes.append(line)
+        try:
+            if (line := fold_segments(metrics_file)) is not None:  # left by a launcher killed before its fold
+                run.notes.append(line)
+        except MetricsFileError as e:  # nothing started: refuse with its one line
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+            raise TrainerRunError(str(e), run) from None
         segment = history.claim_segment(metrics_file)  # metrics.jsonl, or metrics.part2.jsonl when resuming
         run_env["VERL_FILE_LOGGER_PATH"] = str(segment)
         monitor = _launch(run, argv, run_env, segment, ray_tmp, timeout_s, echo, on_metrics, on_line,

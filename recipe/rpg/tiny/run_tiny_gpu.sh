@@ -15,7 +15,11 @@ cd "$(dirname "$0")/../../.."
 
 PYTHON="${PYTHON:-python}"
 ARGS=(--rollout "${ROLLOUT:-vllm}" --gpus "${GPUS:-1}" --steps "${STEPS:-4}" --resume-steps "${RESUME_STEPS:-2}")
-if [[ "${OFFLOAD:-1}" == "0" ]]; then ARGS+=(--no-offload); fi
+case "$(printf '%s' "${OFFLOAD:-1}" | tr '[:upper:]' '[:lower:]')" in  # strict: a typo never flips it silently
+    1|true|yes|on) ;;
+    0|false|no|off) ARGS+=(--no-offload) ;;
+    *) echo "run_tiny_gpu.sh: OFFLOAD='${OFFLOAD}' is invalid; allowed values: 1, 0, true, false" >&2; exit 2 ;;
+esac
 if [[ -n "${OUT:-}" ]]; then ARGS+=(--out "$OUT"); fi
 
 exec "$PYTHON" -m rpg.backends.gpu.smoke "${ARGS[@]}" "$@"
