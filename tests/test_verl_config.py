@@ -124,6 +124,8 @@ BAD = [
     (["rpg.reference.mode=kl_threshold"], "rpg.reference.kl_threshold must be a number > 0"),
     (["rpg.reference.mode=kl_threshold", "rpg.reference.kl_threshold=0.1", "rpg.reference.kl_ema_decay=1.0"],
      "rpg.reference.kl_ema_decay=1.0 is invalid"),
+    (["rpg.reference.mode=periodic", "rpg.reference.update_every=2", "rpg.reference.kl_ema_decay=0.5"],
+     "rpg.reference.kl_ema_decay=0.5 is only used with rpg.reference.mode=kl_threshold (mode is periodic); leave it at 0.9"),
     (["rpg.optimizer=sgd"], "rpg.optimizer='sgd' is invalid; allowed values: adamw, schedulefree"),
     (["+rpg.loss.gamma=1"], "rpg.loss.gamma is not a known key"),
     (["+rpg.foo=1"], "rpg.foo is not a known key"),

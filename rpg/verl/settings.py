@@ -260,6 +260,9 @@ def parse_rpg_settings(block: Any) -> RPGSettings:
     elif ref_s.kl_threshold is not None:
         _fail(f"rpg.reference.kl_threshold={ref_s.kl_threshold} is only used with rpg.reference.mode=kl_threshold "
               f"(mode is {ref_s.mode}); set it to null")
+    elif ref_s.kl_ema_decay != d_ref.kl_ema_decay:
+        _fail(f"rpg.reference.kl_ema_decay={ref_s.kl_ema_decay} is only used with rpg.reference.mode=kl_threshold "
+              f"(mode is {ref_s.mode}); leave it at {d_ref.kl_ema_decay}")
     if ref_s.log_weight_diff and not ref_s.resets:
         _fail("rpg.reference.log_weight_diff=true needs rpg.reference.mode=periodic or kl_threshold")
     return RPGSettings(loss_name=name, loss=loss_s, reference=ref_s, optimizer=optimizer,
