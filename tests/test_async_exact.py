@@ -326,3 +326,17 @@ def test_verls_rollout_is_weights_and_the_behaviour_weights_are_never_both_appli
     model_output, data, _ = _multi_token(with_is_weights=True)
     with pytest.raises(ValueError, match="rollout_is"):
         rpg_actor_loss(config=_config(anchor="sampler", divergence="ufkl"), model_output=model_output, data=data)
+
+
+def test_kl_threshold_reference_kl_is_weighted_to_pi_old():
+    """The kl_threshold schedule's KL(pi_old || pi_ref), from mu's samples: with b = pi_old/mu it is exact
+    (enumeration: rows weighted by mu(x)); without b it estimates E_mu[k3], another number."""
+    from rpg.verl.trainer import k3_token_kl
+
+    b = StaleBandit(0)
+    old, ref = torch.log(b.pi_old)[:, None], torch.log(b.pi_ref)[:, None]
+    mu = b.mu.detach()[:, None]
+    weights = behavior_weights(old, torch.log(b.mu)[:, None], torch.ones_like(old))
+    exact = float(kl(b.pi_old, b.pi_ref))
+    assert k3_token_kl(old, ref, mu, weights) == pytest.approx(exact, rel=1e-12)
+    assert abs(k3_token_kl(old, ref, mu) - exact) > 0.05 * exact

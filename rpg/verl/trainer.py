@@ -184,7 +184,7 @@ class RPGTrainerMixin:
     def _compute_ref_log_prob(self, batch, metrics: dict):
         batch = super()._compute_ref_log_prob(batch, metrics)
         # a stale sampler (colocate_async): the tokens come from mu; weighted by pi_old/mu they estimate KL(pi_old || pi_ref)
-        stale = self.config.actor_rollout_ref.actor.policy_loss.get("rpg_stale_sampler", False)
+        stale = self.trainer_mode != "sync"  # verl's attribute; the driver requires rollout log-probs then
         fields = ["old_log_probs", "ref_log_prob", "response_mask"] + (["rollout_log_probs"] if stale else [])
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields).to_padded_tensor()
         weights = None
