@@ -55,6 +55,7 @@ from collections.abc import Callable
 
 import torch
 
+from rpg.behavior import LEVELS as BEHAVIOR_LEVELS
 from rpg.divergences import DIVERGENCES, kl_surrogate
 from rpg.loss_terms import EXTREMES, VALID_COUNTS, WEIGHTED_SUMS, agg_weights, loss_terms
 
@@ -95,6 +96,10 @@ class RPGLossConfig:
                                             "(gradient unchanged); None = off")
     log_ratio_guard: float = _setting(60.0, "value-only guard on log-ratios, abs(log w) <= guard (60: w in [1e-26, 1e26])")
     compile: bool = _setting(False, "run the loss and its metrics as one torch.compile graph")
+    behavior_weight_level: str = _setting("token", "stale sampler (asynchronous trainer): the weight pi_old/mu of each "
+                                                   "token (token), or of its whole response (sequence)")
+    behavior_weight_cap: float | None = _setting(None, "stale sampler: None = the exact, untruncated pi_old/mu; a "
+                                                       "number c = min(pi_old/mu, c) (truncated: biased)")
 
     def __post_init__(self) -> None:
         for rule in RULES:
@@ -157,6 +162,10 @@ RULES: tuple[Rule, ...] = (
     Rule("log_ratio_guard", "a number > 0", lambda c: _is_real(c.log_ratio_guard) and c.log_ratio_guard > 0,
          {"log_ratio_guard": 0.0}),
     _flag("compile"),
+    _one_of("behavior_weight_level", BEHAVIOR_LEVELS, "seq"),
+    Rule("behavior_weight_cap", "None (exact) or a number > 0 (truncation, biased)",
+         lambda c: c.behavior_weight_cap is None or (_is_real(c.behavior_weight_cap) and c.behavior_weight_cap > 0),
+         {"behavior_weight_cap": 0.0}),
 )
 
 

@@ -11,9 +11,11 @@ stays free of verl's heavy trainer/worker stack):
 * ``register``       registrations with verl's registries (policy losses, advantage estimators);
                      imported by the ``verl.plugins`` entry point in every process.
 * ``policy_loss``    ``rpg_policy_loss``: the registered policy loss (RPG / GRPO-corrected), verl's signature.
-* ``actor_loss``     ``rpg_actor_loss``: verl's ``ppo_loss`` handing ``ref_log_prob`` to it.
+* ``actor_loss``     ``rpg_actor_loss``: verl's ``ppo_loss`` handing ``ref_log_prob`` (and, with a stale
+                     sampler, the behaviour weights pi_old/mu) to it.
 * ``worker``         ``RPGActorRolloutRefWorker``: loss install, reference sync, schedule-free modes.
-* ``trainer``        ``RPGTrainer``: reference schedule, schedule-free switches, metrics.
+* ``trainer``        ``RPGTrainer`` / ``RPGTrainerColocateAsync``: reference schedule, schedule-free switches,
+                     metrics, on verl's sync or colocate-async trainer.
 * ``main``           ``RPGTaskRunner`` and the Hydra driver used by ``recipe/rpg/main_rpg.py``.
 * ``preflight``      input paths and run names checked in the driver before Ray.
 * ``checkpoints``    which checkpoint a resume loads (complete and intact), decided before Ray.

@@ -9,6 +9,14 @@ duration of the call (``reference_log_prob``). The config it gets has ``use_kl_l
 (``with_kl_loss``): the driver sets ``use_kl_loss=True`` only so that verl builds the reference
 model; the KL is inside the RPG loss and verl's own KL term must not be added.
 
+Stale sampler (``policy_loss.rpg_stale_sampler``, set by the driver for ``trainer.v1.trainer_mode=colocate_async``):
+the micro-batch's samples come from the rollout policy mu, whose log-probs it holds as ``rollout_log_probs``.
+``rpg_actor_loss`` computes the behaviour weights b = pi_old/mu per token (``rpg.behavior``; level and
+truncation from ``rpg.loss.behavior_weight_level``/``_cap``) and hands them to the policy loss for the
+call (``behavior_weights``), which multiplies each token's reward and KL terms by them; it adds the
+``rpg/behavior_*`` metrics (behaviour KL, the weights' mean/max/min). In verl's bypass mode
+``old_log_probs`` is ``rollout_log_probs`` and b = 1 exactly.
+
 ``verl_loss_with_sampler_kl`` is for ``rpg.loss.name=verl`` with a KL loss against the sampling
 policy (REINFORCE++ in the paper's scripts): no reference model is built and verl's ``ppo_loss``
 runs with ``ref_log_prob := old_log_probs``.
@@ -20,10 +28,13 @@ import dataclasses
 
 from tensordict import TensorDict
 
-from verl.utils.metric import AggregationType
+from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.losses import ppo_loss
 
-from rpg.verl.policy_loss import reference_log_prob
+from rpg.behavior import behavior_metrics
+from rpg.behavior import behavior_weights as compute_behavior_weights
+from rpg.verl.policy_loss import behavior_weights, reference_log_prob
+from rpg.verl.settings import loss_config
 
 
 def _stat_aggregation(key: str) -> AggregationType | None:
@@ -51,12 +62,34 @@ def rpg_actor_loss(config, model_output, data: TensorDict, dp_group=None):
                 "was not built (actor.use_kl_loss must be True; the RPG driver sets it for reference modes)"
             )
         ref = data.select("response_mask", "ref_log_prob").to_padded_tensor()["ref_log_prob"]
-    with reference_log_prob(ref):
+    weights, extra = _behavior(config, data)
+    with reference_log_prob(ref), behavior_weights(weights):
         loss, metrics = ppo_loss(config=config, model_output=model_output, data=data, dp_group=dp_group)
+    for key, value in extra.items():
+        metrics[key] = Metric(aggregation=_stat_aggregation(key) or AggregationType.MEAN, value=value)
     for key, metric in metrics.items():
         if (aggregation := _stat_aggregation(key)) is not None and hasattr(metric, "aggregation"):
             metric.aggregation = aggregation
     return loss, metrics
+
+
+def _behavior(config, data: TensorDict):
+    """(b = pi_old/mu padded like verl's batch, rpg/behavior_* metrics), or (None, {}) without a stale sampler."""
+    if not config.policy_loss.get("rpg_stale_sampler", False):
+        return None, {}
+    if "rollout_log_probs" not in data:
+        raise ValueError("policy_loss.rpg_stale_sampler=True but the micro-batch has no rollout_log_probs: the "
+                         "behaviour weights pi_old/mu cannot be computed (actor_rollout_ref.rollout.calculate_log_probs "
+                         "must be True; the RPG driver refuses it otherwise)")
+    if "rollout_is_weights" in data:
+        raise ValueError("the micro-batch holds verl's rollout_is_weights and the RPG loss computes its own behaviour "
+                         "weights: set algorithm.rollout_correction.rollout_is=null (truncation: rpg.loss.behavior_weight_cap)")
+    padded = data.select("response_mask", "old_log_probs", "rollout_log_probs").to_padded_tensor()
+    old, mu, mask = padded["old_log_probs"], padded["rollout_log_probs"], padded["response_mask"]
+    s = loss_config(config)
+    raw = compute_behavior_weights(old, mu, mask, s.behavior_weight_level, None, s.log_ratio_guard)
+    weights = raw if s.behavior_weight_cap is None else raw.clamp(max=s.behavior_weight_cap)
+    return weights.to(old.dtype), behavior_metrics(old, mu, mask, weights, raw)
 
 
 def verl_loss_with_sampler_kl(config, model_output, data: TensorDict, dp_group=None):

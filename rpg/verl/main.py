@@ -8,8 +8,9 @@ validate_config -> run_ppo) with two differences:
    files, model/tokenizer directories, resume checkpoint), BEFORE verl's ``validate_config`` and
    before Ray starts (bad value -> one-line ``RPGConfigError`` naming the key, exit code 2);
 2. ``run_ppo`` gets ``RPGTaskRunner``, whose ``run`` is verl's ``TaskRunnerV1.run`` with the
-   trainer class fixed to ``RPGTrainer`` (``trainer.v1.trainer_mode`` stays ``sync``: verl
-   compares that string to pick the replay buffer, so no new trainer name is registered), and
+   trainer class ``RPGTrainer`` (``trainer.v1.trainer_mode=sync``) or ``RPGTrainerColocateAsync``
+   (``colocate_async``): RPG's hooks on verl's own class for that mode (verl compares the mode's name
+   to pick the replay buffer, so no new trainer name is registered), and
    verl's file logger pointed at a new segment of the run's metrics history for the duration of
    ``fit`` (``log_segment``: a resume never truncates the history; ``rpg.reports.history``).
 
@@ -57,14 +58,16 @@ class RPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
     ``trainer.v1.trainer_mode`` (``get_trainer_cls``), and the same string selects sync behaviour in
     several places (``trainer_mode == "sync"``: the replay buffer, refills, parameter sync), so the RPG
     trainer can neither take another name nor replace verl's "sync" entry without patching verl's
-    registry. The two differences: the trainer class, and ``fit`` inside ``log_segment``."""
+    registry. The two differences: the trainer class (``RPG_TRAINERS[trainer.v1.trainer_mode]``: the RPG
+    trainer on verl's own sync or colocate-async trainer class, which keeps verl's behaviour for that
+    name), and ``fit`` inside ``log_segment``."""
 
     def run(self, config: DictConfig):
         configure_verl_logging()
         import transfer_queue as tq
 
         import rpg.verl.register  # noqa: F401  (advantage estimators run in this process)
-        from rpg.verl.trainer import RPGTrainer
+        from rpg.verl.trainer import RPG_TRAINERS
 
         config.transfer_queue.enable = True
         pprint(OmegaConf.to_container(config, resolve=True))
@@ -73,7 +76,7 @@ class RPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
         tq.init(config.transfer_queue)
         succeeded = False
         try:
-            self.trainer = RPGTrainer(config=config)
+            self.trainer = RPG_TRAINERS[config.trainer.v1.trainer_mode](config=config)
             self.trainer.init()
             self.init_agent_loop_manager()
             with log_segment(config):
@@ -125,6 +128,12 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
     if check_paths:
         check_input_paths(config)
         note = resolve_resume(config)  # pins the checkpoint verl loads, or refuses (one line)
+        mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync")
+        if mode != "sync" and OmegaConf.select(config, "trainer.resume_mode") == "resume_path":
+            raise RPGConfigError(f"trainer.resume_mode=auto found a checkpoint to resume, which is not supported with "
+                                 f"trainer.v1.trainer_mode={mode} (an asynchronous run's replay buffer and samples in "
+                                 "flight are not resumed by the recipe); use trainer.resume_mode=disable or a new "
+                                 "trainer.default_local_dir")
         if note:
             print(f"rpg: {note}", flush=True)
     print(describe(config, settings), flush=True)

@@ -19,8 +19,14 @@ Anchor: verl's ``ppo_loss`` passes no ``ref_log_prob``. With ``policy_loss.rpg_a
 anchor is pi_old (the paper's iterative reference). With ``reference`` the RPG actor loss
 (``rpg.verl.actor_loss``) hands the reference's log-probs over through ``reference_log_prob``
 for the duration of verl's call, and the exact three-policy weights are used
-(docs/math.md#three-policies). ``rollout_is_weights`` (verl's rollout correction, pi_old/pi_rollout)
-multiply the per-token loss as in verl's vanilla loss.
+(docs/math.md#three-policies).
+
+Weights: ``rollout_is_weights`` (verl's rollout correction, pi_old/pi_rollout) multiply the per-token
+loss as in verl's vanilla loss. With a stale sampler the RPG actor loss hands over its own behaviour
+weights b = pi_old/mu instead (``behavior_weights``, ``rpg.behavior``), computed from the micro-batch's
+``rollout_log_probs``; both at once is an error (a weight applied twice). Either multiplies the whole
+per-token loss, reward and KL term alike, and the loss's metrics become b-weighted (self-normalised)
+means, i.e. estimates under pi_old, the distribution they describe.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from rpg.losses import rpg_policy_loss as library_loss
 from rpg.verl.settings import RPG_LOSSES, loss_config
 
 _REFERENCE: ContextVar[Optional[torch.Tensor]] = ContextVar("rpg_ref_log_prob", default=None)
+_BEHAVIOR: ContextVar[Optional[torch.Tensor]] = ContextVar("rpg_behavior_weights", default=None)
 
 
 @contextlib.contextmanager
@@ -48,6 +55,26 @@ def reference_log_prob(ref_log_prob: Optional[torch.Tensor]):
         yield
     finally:
         _REFERENCE.reset(token)
+
+
+@contextlib.contextmanager
+def behavior_weights(weights: Optional[torch.Tensor]):
+    """Within the block, ``rpg_policy_loss`` multiplies each token's loss by ``weights`` (padded like verl's batch)."""
+    token = _BEHAVIOR.set(weights)
+    try:
+        yield
+    finally:
+        _BEHAVIOR.reset(token)
+
+
+def _token_weights(rollout_is_weights: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The per-token weights of this call: the RPG actor loss's behaviour weights or verl's, never both."""
+    behavior = _BEHAVIOR.get()
+    if behavior is not None and rollout_is_weights is not None:
+        raise ValueError("the RPG loss got verl's rollout_is_weights and its own behaviour weights pi_old/mu: the "
+                         "weight would be applied twice; set algorithm.rollout_correction.rollout_is=null (truncation: "
+                         "rpg.loss.behavior_weight_cap)")
+    return behavior if behavior is not None else rollout_is_weights
 
 
 def _anchor(config) -> Optional[torch.Tensor]:
@@ -89,16 +116,21 @@ def rpg_policy_loss(
         raise ValueError(f"rpg_policy_loss called with policy_loss.loss_mode={mode!r}; allowed: {', '.join(RPG_LOSSES)}")
     settings = loss_config(config, loss_agg_mode=loss_agg_mode)
     ref_log_prob = _anchor(config)
+    rollout_is_weights = _token_weights(rollout_is_weights)
     mask = response_mask.to(log_prob.dtype)
     gbi = dict(config.global_batch_info)
     if mode == "grpo_corrected":
         return _grpo_corrected(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
                                rollout_is_weights, ref_log_prob, gbi, settings)
 
+    # per-token loss (0 where masked, its values independent of the mask's magnitude); with weights, the
+    # mask handed to the library is mask * b, so its metrics are b-weighted means (under pi_old)
+    stats_mask = mask if rollout_is_weights is None else mask * rollout_is_weights.to(mask.dtype)
     loss_mat, metrics = library_loss(log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
-                                     response_mask=mask, config=settings, ref_log_prob=ref_log_prob, aggregate=False)
+                                     response_mask=stats_mask, config=settings, ref_log_prob=ref_log_prob,
+                                     aggregate=False)
     if rollout_is_weights is not None:
-        loss_mat = loss_mat * rollout_is_weights
+        loss_mat = torch.where(mask != 0, loss_mat, 0.0) * rollout_is_weights
     loss = agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=loss_agg_mode, **gbi)
     metrics = dict(metrics)  # read back with the library's single host sync
     metrics["actor/pg_clipfrac"] = metrics["rpg/clipfrac"]
@@ -124,6 +156,9 @@ def _grpo_corrected(old_log_prob, log_prob, advantages, response_mask, loss_agg_
                                log_ratio_guard=settings.log_ratio_guard)
     if settings.kl_clamp is not None:  # value-only guard: clamp the value, keep the gradient
         kl_mat = value_clamp(kl_mat, settings.kl_clamp)
+    # metrics: weighted to pi_old (self-normalised b-weighted means) when weights are given
+    stats_mask = mask if rollout_is_weights is None else mask * rollout_is_weights.to(mask.dtype)
+    kl_estimate = _masked_mean(kl_mat.detach(), stats_mask)
     if rollout_is_weights is not None:
         kl_mat = kl_mat * rollout_is_weights
     kl_loss = agg_loss(loss_mat=kl_mat, loss_mask=mask, loss_agg_mode=loss_agg_mode, **gbi)
@@ -135,8 +170,8 @@ def _grpo_corrected(old_log_prob, log_prob, advantages, response_mask, loss_agg_
         valid = mask > 0
         metrics.update(
             {
-                "rpg/kl_estimate": _masked_mean(kl_mat.detach(), mask),
-                "rpg/ratio_mean": _masked_mean(w, mask),
+                "rpg/kl_estimate": kl_estimate,
+                "rpg/ratio_mean": _masked_mean(w, stats_mask),
                 "rpg/ratio_max": float(w[valid].max()) if valid.any() else 1.0,
                 "rpg/ratio_min": float(w[valid].min()) if valid.any() else 1.0,
                 "rpg/log_ratio_abs_max": float(log_w.abs()[valid].max()) if valid.any() else 0.0,

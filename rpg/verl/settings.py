@@ -396,6 +396,74 @@ def _check_rpg_reward_kwargs(cfg) -> None:
             raise RPGConfigError(str(e)) from None
 
 
+TRAINER_MODES = ("sync", "colocate_async")  # trainer.v1.trainer_mode values the recipe runs (rpg.verl.main)
+_GPU_ASYNC = ("needs two or more GPUs (a separate rollout pool) and a GPU weight-sync backend, not the CPU "
+              "backend's naive one")
+REFUSED_ASYNC = {
+    "separate_async": f"{_GPU_ASYNC}, and swaps the actor worker for verl's DetachActorWorker, which does not "
+                      "install the RPG loss (plan: docs/verl-integration.md)",
+    "one_step_off_policy": f"is verl's older recipe (python -m verl.experimental.one_step_off_policy.main_ppo): it "
+                           f"{_GPU_ASYNC} and rewrites the actor's loss_mode to bypass_mode, replacing the RPG loss",
+    "fully_async_policy": f"is verl's older recipe (python -m verl.experimental.fully_async_policy.fully_async_main): "
+                          f"it {_GPU_ASYNC} and rewrites the actor's loss_mode to bypass_mode, replacing the RPG loss "
+                          "(verl points its users to separate_async)",
+}
+_DEFAULT_BEHAVIOR = RPGLossConfig()
+
+
+def _check_trainer_mode(cfg, settings: RPGSettings) -> bool:
+    """``trainer.v1.trainer_mode``: sync, or colocate_async with everything that keeps the loss exact under a
+    stale sampler mu (one line each otherwise). Returns True for a stale sampler."""
+    mode = config_value(cfg, "trainer.v1.trainer_mode", "sync")
+    if mode in REFUSED_ASYNC:
+        _fail(f"trainer.v1.trainer_mode={mode} is not supported by the RPG recipe: it {REFUSED_ASYNC[mode]}; "
+              f"allowed: {', '.join(TRAINER_MODES)}")
+    if mode not in TRAINER_MODES:
+        _fail(f"trainer.v1.trainer_mode={mode!r} is not supported by the RPG recipe; allowed: {', '.join(TRAINER_MODES)}")
+    loss, rc = settings.loss, "algorithm.rollout_correction"
+    if mode == "sync":
+        for field in ("behavior_weight_level", "behavior_weight_cap"):
+            if getattr(loss, field) != getattr(_DEFAULT_BEHAVIOR, field):
+                _fail(f"rpg.loss.{field}={getattr(loss, field)!r} is only used with a stale sampler "
+                      f"(trainer.v1.trainer_mode=colocate_async); leave it at {getattr(_DEFAULT_BEHAVIOR, field)!r}")
+        return False
+    # colocate_async: every sample comes from mu, one or more updates behind pi_old
+    why = "the samples come from a stale policy mu"
+    if settings.optimizer == "schedulefree":
+        _fail(f"rpg.optimizer=schedulefree is not supported with trainer.v1.trainer_mode={mode}: its validation "
+              "switch sleeps the replicas and pushes the averaged weights while the asynchronous rollout is still "
+              "generating; use rpg.optimizer=adamw")
+    if config_value(cfg, "trainer.resume_mode", "auto") == "resume_path":
+        _fail(f"trainer.resume_mode=resume_path is not supported with trainer.v1.trainer_mode={mode}: resuming an "
+              "asynchronous run (verl's replay buffer, samples in flight) is not tested by the recipe; use "
+              "trainer.resume_mode=disable or auto with no checkpoint")
+    if not config_value(cfg, "actor_rollout_ref.rollout.calculate_log_probs", False):
+        _fail(f"actor_rollout_ref.rollout.calculate_log_probs=False with trainer.v1.trainer_mode={mode}: {why} and "
+              "its log-probs are needed for the exact weights pi_old/mu; set it to True")
+    bypass = bool(config_value(cfg, f"{rc}.bypass_mode", False))
+    rollout_is = config_value(cfg, f"{rc}.rollout_is", None)
+    if settings.uses_rpg_actor_loss:
+        if rollout_is is not None:
+            _fail(f"{rc}.rollout_is={rollout_is!r} with rpg.loss.name={settings.loss_name}: the RPG loss applies "
+                  "the exact weights pi_old/mu itself (verl's would apply them twice); set it to null "
+                  "(truncation, biased: rpg.loss.behavior_weight_cap)")
+        if config_value(cfg, f"{rc}.rollout_rs", None) is not None:
+            _fail(f"{rc}.rollout_rs={config_value(cfg, f'{rc}.rollout_rs')!r} with rpg.loss.name={settings.loss_name} "
+                  f"and trainer.v1.trainer_mode={mode}: rejecting tokens by their weight changes the distribution "
+                  "the exact weights correct for; set it to null")
+        return True
+    # rpg.loss.name=verl: verl's own loss must see mu
+    if config_value(cfg, "actor_rollout_ref.actor.use_kl_loss", False):
+        _fail(f"actor_rollout_ref.actor.use_kl_loss=True with rpg.loss.name=verl and trainer.v1.trainer_mode={mode}: "
+              f"{why} and verl's KL loss term ignores the importance weights; use rpg.loss.name=rpg or grpo_corrected "
+              "(exact) or set use_kl_loss=False")
+    if not bypass and rollout_is is None:
+        _fail(f"rpg.loss.name=verl with trainer.v1.trainer_mode={mode} and {rc}.rollout_is=null: {why} and verl's "
+              f"loss would ignore it; set {rc}.rollout_is=token|sequence or {rc}.bypass_mode=True, or use "
+              "rpg.loss.name=rpg")
+    return True
+
+
 def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
     """Check ``settings`` against verl's keys in ``cfg`` and write the verl keys they imply.
 
@@ -411,9 +479,7 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
     if not config_value(cfg, "trainer.use_v1", True):
         _fail("trainer.use_v1=False is not supported by the RPG recipe (it extends verl's v1 trainer); "
               "allowed: trainer.use_v1=True")
-    if config_value(cfg, "trainer.v1.trainer_mode", "sync") != "sync":
-        _fail(f"trainer.v1.trainer_mode={config_value(cfg, 'trainer.v1.trainer_mode')!r} is not supported by the RPG "
-              "recipe; allowed: sync")
+    stale = _check_trainer_mode(cfg, settings)
     if config_value(cfg, "distillation.enabled", False):
         _fail("distillation.enabled=True is not supported together with the RPG recipe")
 
@@ -474,6 +540,7 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
                       "backend sets it); set rpg.loss.compile=false or TORCH_COMPILE_DISABLE=0")
             pl.rpg_anchor = "sampler" if ref.mode == "sampler" else "reference"
             pl.rpg_sampler_kl = False
+            pl.rpg_stale_sampler = stale
         else:  # rpg.loss.name == "verl": verl's own ppo_loss; the reference settings govern its KL reference
             if loss_mode in RPG_LOSSES:
                 _fail(f"{actor}.policy_loss.loss_mode={loss_mode} needs rpg.loss.name={loss_mode} "
@@ -553,7 +620,27 @@ def describe(cfg, settings: RPGSettings) -> str:
         if ref.mode == "kl_threshold":
             anchor += f" kappa={ref.kl_threshold} decay={ref.kl_ema_decay}"
     adv = OmegaConf.select(cfg, "algorithm.adv_estimator")
-    return f"rpg: {what}; {anchor}; adv_estimator={adv}; optimizer={settings.optimizer}"
+    return f"rpg: {what}; {anchor}; adv_estimator={adv}; optimizer={settings.optimizer}{_describe_async(cfg, settings)}"
+
+
+def _describe_async(cfg, settings: RPGSettings) -> str:
+    """The asynchronous trainer's settings ('' for sync)."""
+    mode = config_value(cfg, "trainer.v1.trainer_mode", "sync")
+    if mode == "sync":
+        return ""
+    v1 = f"trainer.v1.{mode}"
+    bypass = bool(config_value(cfg, "algorithm.rollout_correction.bypass_mode", False))
+    out = (f"; trainer={mode} warmup_batches={config_value(cfg, f'{v1}.num_warmup_batches', 1)} "
+           f"max_off_policy={config_value(cfg, 'trainer.v1.sampler.max_off_policy_threshold', None)} "
+           f"({config_value(cfg, 'trainer.v1.sampler.max_off_policy_strategy', 'drop')}) "
+           f"old_log_probs={'rollout (bypass: pi_old := mu)' if bypass else 'recomputed (decoupled)'}")
+    if settings.uses_rpg_actor_loss:
+        loss = settings.loss
+        cap = "untruncated (exact)" if loss.behavior_weight_cap is None else f"truncated at {loss.behavior_weight_cap} (biased)"
+        out += f" behavior_weights=pi_old/mu per {loss.behavior_weight_level}, {cap}"
+    else:
+        out += f" rollout_is={config_value(cfg, 'algorithm.rollout_correction.rollout_is', None)}"
+    return out
 
 
 def validate_and_apply(cfg) -> RPGSettings:

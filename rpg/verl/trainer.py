@@ -1,4 +1,5 @@
-"""``RPGTrainer``: verl 0.9.1's v1 synchronous trainer (``PPOTrainerSync``) plus RPG's schedules.
+"""``RPGTrainer``: verl 0.9.1's v1 synchronous trainer (``PPOTrainerSync``) plus RPG's schedules;
+``RPGTrainerColocateAsync``: the same on verl's ``PPOTrainerColocateAsync`` (both ``RPGTrainerMixin``).
 
 Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is patched):
 
@@ -47,9 +48,11 @@ import torch
 import transfer_queue as tq
 
 from verl.trainer.ppo.utils import Role
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
+from rpg.behavior import behavior_weights
 from rpg.verl.checkpoints import write_marker
 from rpg.verl.settings import parse_rpg_settings
 from rpg.verl.validation import SamplesPerSource
@@ -62,11 +65,17 @@ REFERENCE_WEIGHTS_DIR = "rpg_reference"
 _ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor, Role.RefPolicy)
 
 
-def k3_token_kl(old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.Tensor) -> float:
-    """Token-mean k3 estimate of KL(pi_old || pi_ref) from samples of pi_old (>= 0 per token)."""
+def k3_token_kl(old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.Tensor,
+                weights: torch.Tensor | None = None) -> float:
+    """Token-mean k3 estimate of KL(pi_old || pi_ref) (>= 0 per token) from samples of pi_old, or, given
+    ``weights`` b = pi_old/mu, from samples of a stale sampler mu: the b-weighted (self-normalised) mean
+    sum(b*k3)/sum(b), an estimate under pi_old."""
     log_r = (ref_log_prob - old_log_prob).clamp(-20.0, 20.0)
     k3 = torch.exp(log_r) - log_r - 1.0
     m = mask.to(k3.dtype)
+    if weights is not None:
+        m = m * weights.to(k3.dtype)
+        return float((k3 * m).sum() / m.sum()) if float(m.sum()) > 0 else 0.0
     return float((k3 * m).sum() / m.sum().clamp_min(1.0))
 
 
@@ -103,8 +112,10 @@ class ReferenceSchedule:
         self.resets = int(state["resets"])
 
 
-class RPGTrainer(PPOTrainerSync):
-    """See module docstring."""
+class RPGTrainerMixin:
+    """RPG's schedules and hooks (module docstring), on top of one of verl's v1 trainers (``RPGTrainer``:
+    sync, ``RPGTrainerColocateAsync``: colocate_async). Placed first in the bases, so each hook's
+    ``super()`` call reaches that verl trainer's own hook."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -172,10 +183,16 @@ class RPGTrainer(PPOTrainerSync):
     # ------------------------------------------------------------------ step
     def _compute_ref_log_prob(self, batch, metrics: dict):
         batch = super()._compute_ref_log_prob(batch, metrics)
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["old_log_probs", "ref_log_prob", "response_mask"]).to_padded_tensor()
+        # a stale sampler (colocate_async): the tokens come from mu; weighted by pi_old/mu they estimate KL(pi_old || pi_ref)
+        stale = self.trainer_mode != "sync"  # verl's attribute; the driver requires rollout log-probs then
+        fields = ["old_log_probs", "ref_log_prob", "response_mask"] + (["rollout_log_probs"] if stale else [])
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields).to_padded_tensor()
+        weights = None
+        if stale:
+            weights = behavior_weights(data["old_log_probs"].float(), data["rollout_log_probs"].float(),
+                                       data["response_mask"])
         self._last_ref_kl = k3_token_kl(data["old_log_probs"].float(), data["ref_log_prob"].float(),
-                                        data["response_mask"])
+                                        data["response_mask"], weights)
         metrics["rpg/ref_kl"] = self._last_ref_kl
         return batch
 
@@ -302,3 +319,17 @@ class RPGTrainer(PPOTrainerSync):
         if self.schedule_free:
             self._sf_switch("train")
         super().on_validate_end()
+
+
+class RPGTrainer(RPGTrainerMixin, PPOTrainerSync):
+    """verl's synchronous v1 trainer with RPG's schedules (``trainer.v1.trainer_mode=sync``)."""
+
+
+class RPGTrainerColocateAsync(RPGTrainerMixin, PPOTrainerColocateAsync):
+    """verl's colocate-async v1 trainer with RPG's schedules (``trainer.v1.trainer_mode=colocate_async``):
+    verl's loop, replay buffer, warm-up batches and weight updates as they are; the stale sampler's
+    weights pi_old/mu are applied in the actor loss (``rpg.verl.actor_loss``)."""
+
+
+# trainer.v1.trainer_mode -> the RPG trainer class (rpg.verl.main; the modes rpg.verl.settings.TRAINER_MODES allows)
+RPG_TRAINERS = {"sync": RPGTrainer, "colocate_async": RPGTrainerColocateAsync}
