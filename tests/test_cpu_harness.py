@@ -97,3 +97,23 @@ def _wait_for(path, timeout_s: float = 60.0) -> None:
     deadline = time.time() + timeout_s
     while not path.exists() and time.time() < deadline:
         time.sleep(0.05)
+
+
+def test_the_launcher_stays_torch_free_and_still_reads_the_drivers_refusal(tmp_path):
+    """The harness (the tiny demo's and the variant launcher's path to the trainer) starts the trainer
+    without importing torch: it did, through rpg.verl.preflight, only to read the refusal line's prefix,
+    which put 5-12 s of torch import on a 2-core machine before the trainer process started."""
+    import subprocess
+    import sys
+
+    entry = _script(tmp_path, """
+        import sys
+        print("rpg config error: rpg.loss.divergence='js' is invalid", file=sys.stderr)
+        sys.exit(2)
+    """)
+    code = ("import sys; from rpg.launch.harness import run_trainer; "
+            f"r = run_trainer([], output_dir={str(tmp_path / 'out')!r}, entry={entry!r}, check=False, timeout_s=60); "
+            "print(r.returncode, r.refusal(), 'torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "2 rpg config error: rpg.loss.divergence='js' is invalid False"

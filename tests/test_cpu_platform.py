@@ -40,13 +40,14 @@ def test_without_the_switch_nothing_is_registered():
             "hf_replica": "hf" in RolloutReplicaRegistry._registry,
             "pg_patched": hasattr(d.initialize_global_process_group_ray, "__wrapped__"),
             "replay_poll_patched": hasattr(__import__("verl.trainer.ppo.v1.replay_buffer", fromlist=["x"]).ReplayBuffer.__init__, "__wrapped__"),
+            "bootstrap_patched": hasattr(__import__("verl.trainer.ppo.metric_utils", fromlist=["x"]).bootstrap_metric, "__wrapped__"),
             "hooks": [type(f).__name__ for f in sys.meta_path if "PostImport" in type(f).__name__],
         }))
         """,
         {"VERL_USE_EXTERNAL_MODULES": "rpg.backends.cpu.register"},
     )
     assert res == {"active": False, "cpu_platform": False, "hf_adapter": False, "hf_replica": False,
-                   "pg_patched": False, "replay_poll_patched": False, "hooks": []}
+                   "pg_patched": False, "replay_poll_patched": False, "bootstrap_patched": False, "hooks": []}
 
 
 def test_with_the_switch_platform_engine_rollout_and_gloo_work():
@@ -77,6 +78,7 @@ def test_with_the_switch_platform_engine_rollout_and_gloo_work():
             "adapter": get_rollout_class("hf").__name__, "replica": get_rollout_replica_class("hf").__name__,
             "pg_backend": torch.distributed.get_backend(), "all_reduce": t.tolist(),
             "replay_poll_s": [ReplayBuffer(**kw).poll_interval, ReplayBuffer(**kw, poll_interval=3.0).poll_interval],
+            "bootstrap_patched": hasattr(__import__("verl.trainer.ppo.metric_utils", fromlist=["x"]).bootstrap_metric, "__wrapped__"),
         }))
         """,
         cpu_env(base={}),
@@ -87,4 +89,5 @@ def test_with_the_switch_platform_engine_rollout_and_gloo_work():
         "engine": "FSDPEngineWithLMHead", "pin_memory": False,
         "adapter": "HFServerAdapter", "replica": "HFReplica", "pg_backend": "gloo", "all_reduce": [1.0, 1.0, 1.0],
         "replay_poll_s": [0.05, 3.0],  # the CPU default replaces verl's 2 s; an explicit value is kept
+        "bootstrap_patched": True,  # validation's bootstrap reduced along an axis (tests/test_cpu_patches.py)
     }

@@ -12,6 +12,7 @@ def test_cpu_env_selects_platform_and_registration_module():
     assert env["VERL_PLATFORM"] == "cpu"
     assert env["VERL_USE_EXTERNAL_MODULES"] == settings.REGISTER_MODULE
     assert env["OMP_NUM_THREADS"] == "1"
+    assert env["TQ_NUM_THREADS"] == "1"  # TransferQueue's own torch thread count (default 8 -> cores)
 
 
 def test_external_modules_keeps_existing_and_extra_without_duplicates():
@@ -31,6 +32,7 @@ def test_cpu_overrides_cover_the_required_switches():
     # env values forwarded to Ray workers as Hydra *strings* (runtime_env rejects ints)
     assert keys["ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM"] == "'cpu'"
     assert keys["ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS"] == "'1'"
+    assert keys["ray_kwargs.ray_init.runtime_env.env_vars.TQ_NUM_THREADS"] == "'1'"
 
 
 def test_merge_overrides_later_wins_and_keeps_first_prefix():

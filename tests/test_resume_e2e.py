@@ -45,8 +45,11 @@ def _run_processes(launcher: int, trainer: int, ray_tmp: str) -> list[int]:
 
 def test_sighup_to_the_tiny_launcher_stops_every_process_with_one_line(tiny_assets, tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out), "STEPS": "5", "TEST_FREQ": "5"}
-    p = subprocess.Popen(["bash", str(ROOT / "recipe" / "rpg" / "tiny" / "run_tiny_cpu.sh"), "trainer.save_freq=1"],
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out), "STEPS": "5", "TEST_FREQ": "5",
+           "RPG_TINY_CACHE": str(tiny_assets.root.parent)}  # this session's tiny build, wherever rpg comes from
+    # no validation before training: nothing here reads it, and it cost a validation's time before step 1
+    p = subprocess.Popen(["bash", str(ROOT / "recipe" / "rpg" / "tiny" / "run_tiny_cpu.sh"), "trainer.save_freq=1",
+                          "trainer.val_before_train=False"],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out_lines, err_lines = _Lines(p.stdout), _Lines(p.stderr)
     stdout = out_lines.lines

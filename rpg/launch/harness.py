@@ -86,6 +86,7 @@ class TrainerRun:
     peak_rss_bytes: int = 0  # max over time of the summed RSS of all processes of the run (counts shared pages repeatedly)
     peak_pss_bytes: int = 0  # max over time of the summed PSS (shared pages split between processes): the run's RAM
     peak_system_used_bytes: int = 0  # max over time of (MemTotal - MemAvailable) minus the value at start
+    cpu_s: float = 0.0  # user + system CPU seconds of the run's processes, each as last sampled (0.5 s apart)
     leftover_pids: list[int] = field(default_factory=list)  # run processes alive 30 s after the driver exited (then killed)
     timed_out: bool = False
     stopped: bool = False  # terminated because the caller's ``stop`` event was set
@@ -299,6 +300,7 @@ def run_trainer(
     run.peak_rss_bytes = monitor.peak_rss
     run.peak_pss_bytes = monitor.peak_pss
     run.peak_system_used_bytes = monitor.peak_sys
+    run.cpu_s = round(sum(monitor.cpu.values()), 1)
     if run.stop_signal is not None:
         raise TrainerRunError(f"trainer stopped by {signal.Signals(run.stop_signal).name}; log: {log_file}", run)
     if check and (run.timed_out or run.stopped or run.returncode != 0):
@@ -348,7 +350,7 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
     SIGKILL, when no clean-up here can run) and inherits the output directory's lock, so that a
     restart into the directory is refused until the old trainer has ended."""
     from rpg.launch.tether import command as tethered
-    from rpg.verl.preflight import ERROR_PREFIX
+    from rpg.verl.errors import ERROR_PREFIX  # not rpg.verl.preflight: that imports torch (5-12 s here)
 
     appended = run.log_file.exists() and run.log_file.stat().st_size > 0
     t0 = time.time()
@@ -499,6 +501,7 @@ class _Monitor:
         self._last_pss = 0.0
         self.sys0 = self._sys_used()
         self.peak_sys = 0
+        self.cpu: dict[int, float] = {}  # pid -> user + system CPU seconds when last sampled
         self._offset = 0
         self._last_scan = 0.0
 
@@ -527,6 +530,8 @@ class _Monitor:
         for p in {p.pid: p for p in self.procs()}.values():
             self.seen.add(p.pid)
             try:
+                times = p.cpu_times()
+                self.cpu[p.pid] = times.user + times.system
                 if with_pss:
                     info = p.memory_full_info()
                     rss, pss = rss + info.rss, pss + getattr(info, "pss", info.rss)

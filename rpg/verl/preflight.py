@@ -38,9 +38,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rpg.verl.errors import ERROR_PREFIX
 from rpg.verl.settings import RPGConfigError, config_value
 
-ERROR_PREFIX = "rpg config error"
 DATA_HINT = "Prepare data files with `python -m rpg.data prepare-all --out-dir data/` (docs/data-and-reports.md)"
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
 _HUB_ID = re.compile(rf"^{_PART}(?:/{_PART})?$")

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 
 PYTHON="${PYTHON:-python}"
-ARGS=(--algo "${ALGO:-rpg}" --steps "${STEPS:-30}" --test-freq "${TEST_FREQ:-5}")
+ARGS=(--algo "${ALGO:-rpg}" --steps "${STEPS:-30}" --test-freq "${TEST_FREQ:-10}")
 if [[ -n "${ENTRY:-}" ]]; then ARGS+=(--entry "$ENTRY"); fi
 if [[ -n "${OUT:-}" ]]; then ARGS+=(--out "$OUT"); fi
 

@@ -14,8 +14,8 @@ Registers, when active:
   cuda/npu only). Importing ``verl.workers.engine`` costs ~2 s, so this registration runs right
   after that package is first imported (a standard ``sys.meta_path`` post-import hook), and
   processes that never build an engine do not pay for it;
-* the three monkeypatches in patches.py (the replay-buffer one when ``verl.trainer.ppo.v1.replay_buffer``
-  is first imported).
+* the four monkeypatches in patches.py (the replay-buffer one when ``verl.trainer.ppo.v1.replay_buffer``
+  is first imported, the validation bootstrap one when ``verl.trainer.ppo.metric_utils`` is).
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def register_hf_rollout() -> None:
 def register() -> None:
     from verl.plugin.platform.platform_manager import PlatformRegistry
 
-    from rpg.backends.cpu.patches import patch_process_group_backend, patch_replay_buffer_poll_interval
+    from rpg.backends.cpu.patches import (patch_process_group_backend, patch_replay_buffer_poll_interval,
+                                          patch_vectorized_bootstrap)
     from rpg.backends.cpu.platform import PlatformCPU
 
     if PlatformRegistry.get("cpu") is None:
@@ -106,6 +107,7 @@ def register() -> None:
     patch_process_group_backend()
     when_imported("verl.workers.engine", register_engines)
     when_imported("verl.trainer.ppo.v1.replay_buffer", patch_replay_buffer_poll_interval)
+    when_imported("verl.trainer.ppo.metric_utils", patch_vectorized_bootstrap)
 
 
 if ACTIVE:

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
-    ap.add_argument("--test-freq", type=int, default=5, help="validate every K steps (default 5)")
+    ap.add_argument("--test-freq", type=int, default=10, help="validate every K steps (default 10)")
     ap.add_argument("--out", type=Path, default=None,
                     help="output dir (default: a new outputs/tiny_cpu/<time>[-N]); an existing one is resumed into")
     ap.add_argument("--algo", default="rpg", choices=tuple(TINY_ALGORITHMS), help="demo algorithm (default rpg)")
@@ -239,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "val_acc_after": vals[-1][1] if vals and vals[-1][0] > 0 else None,
         "val_curve": vals,
         "wall_time_s": round(run.wall_time_s, 1),
+        "cpu_s": run.cpu_s,  # user + system CPU seconds of the run's processes (sampled every 0.5 s)
         "peak_pss_gb": round(run.peak_pss_bytes / 2**30, 2),
         "peak_rss_sum_gb": round(run.peak_rss_bytes / 2**30, 2),
         "peak_system_used_gb": round(run.peak_system_used_bytes / 2**30, 2),
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     plot_curve(run, out / "training_curve.png", f"tiny task on CPU: {args.algo} ({args.entry})")
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     print(
-        f"[tiny] done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s, "
+        f"[tiny] done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s ({summary['cpu_s']:.0f} CPU-s), "
         f"peak RAM of the run's processes {summary['peak_pss_gb']:.1f} GiB (PSS; machine-wide increase "
         f"{summary['peak_system_used_gb']:.1f} GiB)\n"
         f"[tiny] validation accuracy: before {fmt(summary['val_acc_before'])} -> after {fmt(summary['val_acc_after'])}\n"

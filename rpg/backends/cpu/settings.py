@@ -25,9 +25,7 @@ ROLLOUT_NAME = "hf"
 # Forwarded to every Ray process through ray_kwargs.ray_init.runtime_env.env_vars as well
 # (Ray workers on this node also inherit the driver's environment; the explicit forward keeps it
 # correct when they do not, e.g. on a pre-started cluster).
-_FORWARDED = ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "TORCH_COMPILE_DISABLE", "OMP_NUM_THREADS")
-
-
+_FORWARDED = ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "TORCH_COMPILE_DISABLE", "OMP_NUM_THREADS", "TQ_NUM_THREADS")
 
 
 def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -43,6 +41,11 @@ def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
                                                       first=(REGISTER_MODULE,)),
         "TORCH_COMPILE_DISABLE": "1",  # no inductor/triton on CPU for these tiny runs
         "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", "1"),  # several Ray processes share 2 cores
+        # TransferQueue (verl's v1 data plane) wraps every put/get in torch.set_num_threads(TQ_NUM_THREADS,
+        # default 8, capped at the physical cores) and back: on 2 cores each call grew the intra-op pool to 2
+        # threads beside the other busy processes and logged one warning line (about 100 a step, forwarded
+        # through Ray's log monitor); 1 keeps the OMP_NUM_THREADS=1 rule inside TransferQueue too
+        "TQ_NUM_THREADS": base.get("TQ_NUM_THREADS", "1"),
         **RUN_ENV,
     }
 
