@@ -90,11 +90,16 @@ def _wrap(model, strategy: str, reshard_after_forward: bool, param_dtype, forwar
             # gathered-buffer reuse under test happens with and without offload)
             cpu_offload=CPUOffload(offload_params=True) if forward_only and torch.accelerator.is_available() else None,
         )
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     model.to(_device())  # FSDP1 moves the module to device_id itself (and keeps an offloaded one on the CPU)
     kw = {"mesh": mesh, "reshard_after_forward": reshard_after_forward,
           "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)}
+    if forward_only and torch.accelerator.is_available():
+        # verl 0.9.1's forward-only reference (verl/workers/engine/fsdp/transformer_impl.py:459-463): FSDP2 keeps
+        # its shards in pinned CPU memory and moves them to the device for each forward, whatever
+        # ref.fsdp_config.param_offload says (pinning needs an accelerator: on CPU the shards stay in place)
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     for layer in model.model.layers:  # as verl's apply_fsdp2: the layers, then the root
         fully_shard(layer, **kw)
     fully_shard(model, **kw)

@@ -332,3 +332,21 @@ def test_utf16_jsonl_with_a_bad_or_truncated_line_keeps_the_other_lines(tmp_path
     assert [x.split(": ", 1)[1].split(" (")[0] for x in lines] == ["rejected line 4: not valid " + codec.upper(),
                                                                    "rejected line 5: not valid " + codec.upper()]
     assert "read 5 rows" in stdout and "wrote 3 rows" in stdout
+
+
+def test_a_line_with_an_integer_too_long_for_python_is_rejected_by_line_and_the_others_kept(tmp_path, capsys):
+    """json parses integers with int(), which stops at sys.get_int_max_str_digits() (4300): that line is a
+    reject naming file and line; the valid rows are written."""
+    src = tmp_path / "big.jsonl"
+    src.write_text(json.dumps(ROWS[0]) + "\n" + '{"problem": "How big?", "answer": ' + "7" * 5000 + "}\n"
+                   + json.dumps(ROWS[1]) + "\n", encoding="utf-8")
+    out = tmp_path / "o.parquet"
+    rc, stdout, err = _cli(capsys, "--input", str(src), "--out", str(out))
+    assert rc == 0, err
+    (line,) = err.splitlines()
+    assert line.startswith(f"  {src}: rejected line 2: integer too long (more than 4300 digits;"), line
+    assert "wrote 2 rows" in stdout and pq.read_table(out).num_rows == 2
+    doc = tmp_path / "big.json"  # a .json document is read whole: one line naming the file
+    doc.write_text('[{"problem": "a", "answer": ' + "7" * 5000 + "}]", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^{doc}: integer too long \(more than 4300 digits;"):
+        prepare("aime2025", tmp_path / "p.parquet", input_path=doc)

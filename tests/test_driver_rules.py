@@ -54,3 +54,127 @@ def test_dry_run_of_a_4b_script_rejects_what_a_worker_would(overrides, line, cap
     err = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("rpg.launch: warning:")]
     assert code == 2
     assert len(err) == 1 and err[0].startswith("rpg config error: ") and line in err[0], err
+
+
+# ----------------------------------------------------------------------------- verl's numeric and divisibility rules
+
+PAPER_DRY_RUN_REFUSALS = [  # each passed DRY_RUN ("validated") and could not run: rpg.verl.verl_rules
+    ("actor_rollout_ref.actor.optim.lr=nan", "actor_rollout_ref.actor.optim.lr=nan is invalid: expected a finite number >= 0"),
+    ("actor_rollout_ref.actor.optim.lr=-1", "actor_rollout_ref.actor.optim.lr=-1 is invalid: expected a finite number >= 0"),
+    ("trainer.total_training_steps=0", "trainer.total_training_steps=0 is invalid: expected an integer >= 1 or null"),
+    ("actor_rollout_ref.rollout.n=0", "actor_rollout_ref.rollout.n=0 is invalid: expected an integer >= 1"),
+    ("data.train_batch_size=7", "data.train_batch_size=7 is invalid: expected a multiple of "
+                                "actor_rollout_ref.actor.ppo_mini_batch_size=32"),
+    ("actor_rollout_ref.actor.grad_clip=0.5", "actor_rollout_ref.actor.grad_clip=0.5 is not read by verl 0.9.1: "
+                                              "gradient clipping is actor_rollout_ref.actor.optim.clip_grad (now 1.0)"),
+]
+
+
+@pytest.mark.parametrize("override,line", PAPER_DRY_RUN_REFUSALS, ids=[o for o, _ in PAPER_DRY_RUN_REFUSALS])
+def test_dry_run_of_a_4b_script_applies_verls_numeric_rules(override, line, capsys, tmp_path):
+    """DRY_RUN=1 on a paper script: exit 2 and ONE line naming the key and what is allowed, before Ray."""
+    from rpg.launch.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        code = main([SCRIPT, override], {"DRY_RUN": "1", "DATA_DIR": str(tmp_path)})
+    err = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("rpg.launch: warning:")]
+    assert code == 2 and "validated config" not in out.getvalue()
+    assert len(err) == 1 and err[0].startswith(f"rpg config error: {line}"), err
+
+
+def _rules(*overrides):
+    """The composed recipe config after the rpg: translation, then the numeric rules (rpg.verl.verl_rules)."""
+    from rpg.verl.verl_rules import check_verl_rules
+
+    cfg, _ = apply(*overrides)
+    check_verl_rules(cfg)
+    return cfg
+
+
+TINY = ["trainer.n_gpus_per_node=2", "trainer.nnodes=1", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.use_dynamic_bsz=false",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4"]
+RULE_CASES = [
+    (["actor_rollout_ref.actor.optim.lr=inf"], "actor_rollout_ref.actor.optim.lr=inf is invalid: expected a finite number >= 0"),
+    (["actor_rollout_ref.actor.optim.clip_grad=0"], "actor_rollout_ref.actor.optim.clip_grad=0 is invalid: expected a finite number > 0"),
+    (["trainer.total_training_steps=-5"], "trainer.total_training_steps=-5 is invalid"),
+    (["trainer.total_epochs=0"], "trainer.total_epochs=0 is invalid: expected an integer >= 1"),
+    (["actor_rollout_ref.actor.ppo_epochs=0"], "actor_rollout_ref.actor.ppo_epochs=0 is invalid"),
+    (["data.train_batch_size=6"], "data.train_batch_size=6 is invalid: expected a multiple of "
+                                  "actor_rollout_ref.actor.ppo_mini_batch_size=4"),
+    (["data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4"], "data.train_batch_size=2 is invalid"),
+    (["actor_rollout_ref.rollout.n=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1", "data.train_batch_size=7",
+      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1"],
+     "actor_rollout_ref.actor.ppo_mini_batch_size=1 is invalid: expected a value whose mini-batch of 1 x rollout.n=1 "
+     "responses divides over the 2 data-parallel ranks"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3 is invalid: expected a divisor of the 8 responses"),
+    (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5"],
+     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5 is invalid: expected a divisor of the 16 responses"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"],
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0 is invalid: expected an integer >= 1 or null"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", RULE_CASES, ids=[" ".join(o) for o, _ in RULE_CASES])
+def test_each_numeric_rule_is_one_line_naming_the_key(overrides, message):
+    with pytest.raises(RPGConfigError) as err:
+        _rules(*TINY, *overrides)
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_settings_that_run_pass_the_numeric_rules():
+    """The sizes above are consistent (each rule has a passing neighbour); the paper default passes too."""
+    _rules(*TINY)
+    _rules(*TINY, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "data.train_batch_size=12")
+    _rules()
+
+
+def test_verls_own_validate_config_refusal_is_one_line():
+    """verl's validate_config raises AssertionError/ValueError with multi-line text; the driver prints one line."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    from rpg.verl.verl_rules import check_verl_config
+
+    cfg, _ = apply(*TINY, "actor_rollout_ref.actor.ppo_micro_batch_size=2")  # both spellings set: verl refuses
+    with pytest.raises(RPGConfigError) as err:
+        check_verl_config(cfg, need_reference_policy(cfg), need_critic(cfg))
+    assert str(err.value).startswith("verl's validate_config refused the config: ") and "\n" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------- the keys verl reads (strategy, clipping)
+
+
+def test_the_fsdp1_layout_check_reads_the_strategy_verl_reads():
+    """verl overwrites fsdp_config.strategy with actor.strategy / ref.strategy (FSDPActorConfig.__post_init__):
+    actor.strategy=fsdp (ref follows it) runs FSDP1 on both, so a periodic reset with different
+    use_orig_params (flat parameters vs per-parameter views) must be refused before Ray, although
+    fsdp_config.strategy still says fsdp2."""
+    with pytest.raises(RPGConfigError) as err:
+        apply("rpg.reference.mode=periodic", "rpg.reference.update_every=2", "actor_rollout_ref.actor.strategy=fsdp",
+              "actor_rollout_ref.ref.fsdp_config.use_orig_params=true")
+    assert "actor_rollout_ref.ref.fsdp_config.use_orig_params=True must be equal" in str(err.value)
+    apply("rpg.reference.mode=periodic", "rpg.reference.update_every=2",  # FSDP2: use_orig_params does not matter
+          "actor_rollout_ref.ref.fsdp_config.use_orig_params=true")
+
+
+def test_a_paper_script_clips_with_the_key_verl_reads():
+    """The paper's clip at 1.0 (App. H) is actor.optim.clip_grad, which verl's engine reads; the paper default no
+    longer sets the unread actor.grad_clip (it keeps verl's own default); verl's dataclass carries the 1.0."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from rpg.launch.cli import compose, plan_overrides, project_root
+    from rpg.launch.variants import parse
+
+    root = project_root()
+    overrides, _ = plan_overrides(parse(SCRIPT), {"DATA_DIR": "data"}, [], root=root, cwd=root)
+    with contextlib.redirect_stdout(io.StringIO()):
+        cfg, _ = compose(overrides, root)
+    assert cfg.actor_rollout_ref.actor.optim.clip_grad == 1.0
+    assert omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.optim).clip_grad == 1.0
+    paper = (root / "recipe" / "rpg" / "config" / "paper" / "default.yaml").read_text()
+    assert "grad_clip" not in paper
+    with contextlib.redirect_stdout(io.StringIO()):  # the old key with the same value as clip_grad: nothing to say
+        compose([*overrides, "actor_rollout_ref.actor.grad_clip=1.0"], root)
+        compose([*overrides, "actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.actor.grad_clip=0.5"], root)

@@ -141,6 +141,62 @@ def test_the_probe_of_this_node_imports_neither_vllm_nor_flash_attn():
     assert probe.versions["verl"] == "0.9.1" and probe.importable <= frozenset(P.OPTIONAL_MODULES)
 
 
+# torch's warning on a node whose GPUs are present but whose CUDA cannot initialise (fabric manager down)
+ERROR_802 = ("CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
+             "calling NumCudaDevices() that might have already set an error? Error 802: system not yet initialized "
+             "(Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:109.)")
+
+
+def test_a_failed_cuda_initialisation_is_reported_with_its_error_not_as_no_gpu():
+    (line,) = errors(replace(GOOD, cuda_available=False, visible_gpus=0, cuda_init_error=ERROR_802))
+    assert line.startswith("CUDA initialisation failed on this node (the installed torch 2.11.0, CUDA 13.0; the driver "
+                           "supports CUDA 13.0): CUDA initialization: Unexpected error from cudaGetDeviceCount().")
+    assert "Error 802: system not yet initialized" in line and "fabric manager is not running" in line
+    assert "sees no GPU" not in line
+
+
+def test_the_probe_keeps_torchs_cuda_initialisation_error(monkeypatch):
+    """Simulated: torch.cuda.is_available() warns (as torch does when cuInit fails) and returns False."""
+    import warnings
+
+    import torch
+
+    def failing():
+        warnings.warn(ERROR_802, UserWarning)
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_available", failing)
+    probe = GpuProbe.of_this_node()
+    assert probe.cuda_available is False and probe.cuda_init_error == ERROR_802
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU node: torch says nothing
+    assert GpuProbe.of_this_node().cuda_init_error is None
+
+
+def test_a_node_without_a_c_compiler_or_python_headers_is_one_line_saying_what_to_install():
+    """Triton builds a C launcher at its first kernel launch (verl's log-prob and entropy kernels, vLLM)."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert errors(replace(GOOD, c_compiler=None)) == [
+        "Triton, which the GPU run uses at its first step, needs a C compiler (CC unset, no gcc or clang on PATH): "
+        f"install them, e.g. apt-get install gcc python{version}-dev (or set CC to a C compiler)"]
+    (line,) = errors(replace(GOOD, c_compiler=None, python_headers=False))
+    assert "needs a C compiler (CC unset, no gcc or clang on PATH) and the Python headers (Python.h)" in line
+    (line,) = errors(replace(GOOD, python_headers=False))
+    assert "needs the Python headers (Python.h): install them, e.g. apt-get install gcc" in line
+    # on the node that runs the workers: a driver joining a cluster does not judge its own node
+    assert errors(replace(GOOD, c_compiler=None), joins_cluster=True) == []
+
+
+def test_the_probe_finds_the_compiler_triton_would_use(tmp_path):
+    empty = {"PATH": str(tmp_path)}
+    assert P.triton_c_compiler(empty) is None
+    gcc = tmp_path / "gcc"
+    gcc.write_text("#!/bin/sh\n")
+    gcc.chmod(0o755)
+    assert P.triton_c_compiler(empty) == str(gcc)
+    assert P.triton_c_compiler({**empty, "CC": "no-such-compiler"}) is None  # CC wins, as in Triton
+    assert isinstance(P.python_headers_found(), bool)
+
+
 # ----------------------------------------------------------------------------- the config, the driver, the launcher
 
 

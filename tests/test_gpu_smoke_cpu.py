@@ -159,7 +159,8 @@ def test_gpu_overrides_split_micro_batches_over_the_gpus():
     ov = gpu_overrides("vllm", 2, mini_batch_size=2, n=8, train_batch_size=8)
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8" in ov
     assert "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32" in ov
-    assert "actor_rollout_ref.ref.fsdp_config.param_offload=True" in ov
+    assert "actor_rollout_ref.actor.fsdp_config.param_offload=True" in ov
+    assert not any(o.startswith("actor_rollout_ref.ref.") and "offload" in o for o in ov)  # verl does not read it
     assert not any("offload" in o for o in gpu_overrides("hf", 1, offload=False, mini_batch_size=2, n=8,
                                                          train_batch_size=8))
     env = gpu_env([REGISTER_MODULE], base={"VERL_USE_EXTERNAL_MODULES": "my.mod"})
@@ -184,7 +185,7 @@ def test_both_runs_compose_and_pass_verls_config_checks(tiny_assets, tmp_path):
         a = cfg.actor_rollout_ref
         assert (cfg.trainer.device, cfg.trainer.n_gpus_per_node, a.rollout.name) == ("cuda", gpus, "hf")
         assert a.actor.fsdp_config.param_offload and a.actor.fsdp_config.optimizer_offload
-        assert a.ref.fsdp_config.param_offload
+        assert a.ref.fsdp_config.forward_only and not a.ref.fsdp_config.param_offload  # verl keeps it on the CPU
         assert (settings.reference.mode, settings.optimizer, settings.loss.clip) == ("periodic", "schedulefree", True)
         assert a.actor.ppo_mini_batch_size == 2 and a.actor.ppo_micro_batch_size_per_gpu == 16 // gpus
         if first:
@@ -356,3 +357,24 @@ def test_a_mistyped_offload_is_refused_by_the_script():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.strip() == (
         "run_tiny_gpu.sh: OFFLOAD='flase' is invalid; allowed values: 1, 0, true, false")
+
+
+def test_verl_keeps_the_forward_only_reference_on_the_cpu_whatever_param_offload_says():
+    """What docs/gpu-smoke.md, the smoke settings and tests/gpu/reference_offload_ranks.py state about the
+    reference, read from the installed verl 0.9.1: its reference config is forward-only, and its FSDP engine
+    gives a forward-only module FSDP2's pinned CPUOffloadPolicy (FSDP1: CPUOffload) and turns its own
+    param_offload moves off; its to() leaves a forward-only module alone."""
+    import inspect
+
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+    from test_verl_config import compose_cfg
+
+    build = inspect.getsource(FSDPEngine._build_fsdp_module)
+    fsdp2 = build[build.index("if self.engine_config.offload_policy or self.engine_config.forward_only:"):]
+    assert "self._is_offload_param = False" in fsdp2.split("fsdp_kwargs")[0]
+    assert "CPUOffloadPolicy(pin_memory=True)" in fsdp2.split("fsdp_kwargs")[0]
+    assert "if self.engine_config.forward_only:\n                cpu_offload = CPUOffload(offload_params=True)" in build
+    to = inspect.getsource(FSDPEngine.to)
+    assert to.index("if self.engine_config.forward_only:") < to.index("offload_fsdp_model_to_cpu")
+    assert compose_cfg().actor_rollout_ref.ref.fsdp_config.forward_only is True  # verl's ref/dp_ref.yaml

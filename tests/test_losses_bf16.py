@@ -109,3 +109,95 @@ def test_the_tolerance_catches_a_wrong_kl_term():
     b = Bandit.make(seed=SEEDS[0])
     flipped = -b.grad(b.objective("urkl", -BETA))
     assert float((flipped - target).abs().max()) > atol
+
+
+# ----------------------------------------------------------------------------- the loss called as verl calls it
+#
+# verl's actor computes the logits in bf16, turns them into float32 log-probs (flash-attn's Triton cross-entropy,
+# verl.utils.torch_functional.logprobs_from_logits, upcasts inside the kernel) and calls the registered policy
+# loss (rpg.verl.policy_loss.rpg_policy_loss) inside torch.autocast(device, bf16) with its actor config. Here the
+# bandit's logits z, z_old are rounded to bf16 (the gradient flows back through the rounding to z, float64), the
+# log-probs are float32 log-softmax of them, and the registered loss runs under autocast.
+#
+# Tolerance: a logit moves by at most u max|z| when rounded, so a log-softmax value by at most 2u M and a log-ratio
+# l - l_old by at most eps = 4u M, M = max(|z|, |z_old|); the gradient bound is then 2 eps S as above (advantages
+# stay float32, not rounded), plus u max|grad| for the logits' gradient, which passes the bf16 cast (rounded).
+
+
+def _verl_actor_config(variant: dict):
+    from verl.workers.config.actor import ActorConfig
+
+    from rpg.verl.policy_config import RPGPolicyLossConfig
+
+    pl = RPGPolicyLossConfig(loss_mode="rpg", rpg_anchor="sampler", rpg_loss={"beta": BETA, **variant})
+    return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2,
+                       clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0, loss_agg_mode="token-mean",
+                       policy_loss=pl)
+
+
+def fp32_log_probs(logits_bf16: torch.Tensor, labels: torch.Tensor, use_verl: bool) -> torch.Tensor:
+    """float32 log-probs of ``labels`` from bf16 logits: verl's own function (flash-attn's kernel on a GPU), or
+    what that kernel computes (log-softmax in float32 of the bf16 values) where it is not available."""
+    if use_verl:
+        from verl.utils.torch_functional import logprobs_from_logits
+
+        out = logprobs_from_logits(logits_bf16, labels, inplace_backward=False)
+    else:
+        out = torch.log_softmax(logits_bf16.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    assert out.dtype == torch.float32, out.dtype
+    return out
+
+
+def verl_call_case(variant: dict, device: str, seed: int, use_verl_log_probs: bool = False):
+    """(gradient of the registered loss called as verl calls it, float64 target, tolerance)."""
+    from rpg.verl.policy_loss import rpg_policy_loss as registered_loss
+
+    b = Bandit.make(seed=seed)
+    k = b.z.numel()
+    labels = torch.arange(k, device=device)
+    # one row per outcome x: the model's logits over the K outcomes, rounded to bf16 as the actor outputs them
+    logits = b.z.to(device=device, dtype=torch.bfloat16).expand(k, k)
+    old_logits = b.z_old.to(device=device, dtype=torch.bfloat16).expand(k, k)
+    log_prob = fp32_log_probs(logits, labels, use_verl_log_probs).unsqueeze(1)
+    old = fp32_log_probs(old_logits, labels, use_verl_log_probs).unsqueeze(1).detach()
+    adv = b.reward.to(device=device, dtype=torch.float32).unsqueeze(1)
+    mask = b.mu.to(device=device, dtype=torch.float32).unsqueeze(1)
+    with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
+        loss, metrics = registered_loss(old_log_prob=old, log_prob=log_prob, advantages=adv, response_mask=mask,
+                                        loss_agg_mode="token-mean", config=_verl_actor_config(variant))
+    assert loss.dtype == torch.float32 and loss.device.type == torch.device(device).type
+    assert all(isinstance(v, float) for v in metrics.values())
+
+    M = float(torch.cat([b.z.detach(), b.z_old]).abs().max())
+    eps = 4 * U_BF16 * M
+    l64, old64, adv64, mask64, _ = b.rows()
+    w = (l64 - old64).exp().detach().squeeze(1)
+    if variant["clip"]:  # rounding must not move a ratio across a clip boundary (else no bound holds)
+        lo, hi = 1 - 0.2, 1 + 0.28
+        for edge in (lo, hi):
+            assert float((w - edge).abs().min()) > 2 * eps * edge, f"a ratio is within bf16 rounding of {edge}"
+        assert ((w < lo) | (w > hi)).any(), "no ratio outside the clip range: clipping would not be tested"
+        cfg = RPGLossConfig(beta=BETA, **variant)
+        target = b.grad(rpg_policy_loss(log_prob=l64, old_log_prob=old64, advantages=adv64, response_mask=mask64,
+                                        config=cfg)[0])
+    else:
+        target = -b.grad(b.objective(variant["divergence"], BETA))
+    terms = adv64.squeeze(1).abs() * w + BETA * (1 + w + w * w.log().abs())
+    atol = 2 * eps * float((b.mu * terms).sum()) + U_BF16 * float(target.abs().max())
+    return b.grad(loss), target, atol
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("variant", RPG_VARIANTS, ids=VARIANT_IDS)
+def test_the_registered_loss_under_cpu_autocast_from_bf16_logits_matches_float64(variant, seed):
+    """The code path of verl's call on the CPU: autocast(cpu, bf16), float32 log-probs of bf16 logits
+    (tests/gpu/test_gpu_losses.py runs it under autocast(cuda, bf16) with verl's own log-prob kernel)."""
+    check(*verl_call_case(variant, "cpu", seed), what=f"{variant} seed {seed} under autocast(cpu)")
+
+
+def test_the_verl_call_tolerance_catches_a_wrong_kl_term():
+    variant = dict(form="reinforce", divergence="urkl", clip=False)
+    grad, target, atol = verl_call_case(variant, "cpu", SEEDS[0])
+    b = Bandit.make(seed=SEEDS[0])
+    flipped = -b.grad(b.objective("urkl", -BETA))
+    assert float((flipped - target).abs().max()) > atol and float((grad - target).abs().max()) <= atol

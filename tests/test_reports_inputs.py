@@ -231,3 +231,29 @@ def test_an_out_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch
     assert main_plot([str(log), "--out", str(tmp_path / "ro" / "fig")]) == 2
     errs = [e for e in capsys.readouterr().err.splitlines() if not e.startswith("warning: ")]
     assert errs == [f"error: cannot write --out {tmp_path / 'ro' / 'fig'}: Permission denied ({tmp_path / 'ro' / 'fig.png'})"]
+
+
+def test_an_absurdly_long_step_or_value_is_one_line_naming_file_and_line(tmp_path):
+    """A 400-digit step (float() overflows), a 5,000-digit one (int() refuses it while parsing), a 400-digit
+    value (read as inf, reported as a non-finite value, not a traceback)."""
+    AIME = "val-core/aime2024/acc/mean@32"
+    for digits, what in ((400, "step must be an integer below 2**63 in size, got 11111111111111111111... "
+                               "(400 characters)"),
+                         (5000, "a number too long to read (Exceeds the limit (4300 digits)")):
+        log = tmp_path / f"big{digits}.jsonl"
+        log.write_text(json.dumps({"step": 0, "data": {AIME: 0.5}}) + "\n"
+                       + '{"step": ' + "1" * digits + ', "data": {"x": 1}}\n'
+                       + json.dumps({"step": 2, "data": {AIME: 0.5}}) + "\n")
+        with pytest.raises(ValueError) as err:
+            read_run(log)
+        assert str(err.value).startswith(f"{log}:2: {what}") and "\n" not in str(err.value), str(err.value)
+    csv = tmp_path / "big.csv"
+    csv.write_text(f"_step,{AIME}\n0,0.1\n{'9' * 400},0.2\n")
+    with pytest.raises(ValueError, match=rf"^{csv}:3: step must be an integer below 2\*\*63 in size"):
+        read_run(csv)
+    log = tmp_path / "value.jsonl"
+    log.write_text(json.dumps({"step": 0, "data": {AIME: 0.5}}) + "\n" + '{"step": 1, "data": {"x": ' + "9" * 400 + "}}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        metrics = read_run(log)
+    assert metrics["x"] == {1: math.inf}

@@ -73,7 +73,7 @@ def _no_verl_batch_checks(monkeypatch):
     node's GPUs first (verl runs trainer.device=cpu on CUDA unless VERL_PLATFORM=cpu; irrelevant here)."""
     import rpg.verl.main
 
-    monkeypatch.setattr(rpg.verl.main, "validate_config", lambda **kwargs: None)
+    monkeypatch.setattr(rpg.verl.main, "check_verl_config", lambda *args, **kwargs: None)
     monkeypatch.setattr(rpg.verl.main, "check_gpu_node", lambda *args, **kwargs: None)
 
 

@@ -166,6 +166,24 @@ def test_extremely_long_response_is_fast():
     assert timed("aime2025", "Answer: 204\n" + big[:-12], "204", limit=1.0)["acc"] is False
 
 
+
+@pytest.mark.parametrize("source", ["aime2025", "math_dapo"])
+def test_an_over_long_ground_truth_is_a_bounded_scorer_failure_not_a_wrong_answer(source, capsys):
+    """verl's answer normalisation is quadratic in the ground truth's length (a 20,000-character one took
+    seconds per response): beyond MAX_ANSWER_CHARS the DAPO route does not score it and says so
+    (scorer_failed=True, the -1 failure score), with both options too; at the bound it scores as before."""
+    long_gt = "1" * 20_000
+    for opts in ({}, {"boxed_fallback": True}):
+        res = timed(source, "Answer: " + "1" * 200, long_gt, limit=0.5, **opts)
+        assert res == {"score": -1.0, "acc": False, "pred": "[INVALID]", "scorer_failed": True}
+    assert "ground truth of 20000 characters (more than 1000) is not scored" in capsys.readouterr().err
+    at_bound = "1" * reward.MAX_ANSWER_CHARS
+    res = compute_score(source, "x" * 50 + "\nAnswer: 7", at_bound)
+    assert res["scorer_failed"] is False and res["acc"] is False
+    res = compute_score(source, "Answer: 7", "7")
+    assert res == {"score": 1.0, "acc": True, "pred": "7", "scorer_failed": False}
+
+
 @pytest.mark.parametrize(
     "junk",
     [

@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import re
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -106,6 +107,8 @@ def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | N
             raise ValueError(f"{path}:{line}:{col}: invalid UTF-8 byte 0x{raw[err.start]:02x}") from None
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
+        except ValueError as err:  # a .json document is one value: it is read whole or not at all
+            raise ValueError(f"{path}: {_too_long(err)}") from None
         if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
             raise ValueError(f"{path}: column-oriented JSON is not supported; use a list of objects or JSONL")
         if not isinstance(data, list):
@@ -126,7 +129,15 @@ def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | N
             records.append(json.loads(text))
         except json.JSONDecodeError as err:
             records.append(BadRecord(f"invalid JSON line ({err.msg})"))
+        except ValueError as err:  # an integer longer than Python converts (sys.get_int_max_str_digits)
+            records.append(BadRecord(_too_long(err)))
     return records, _columns(records), lines
+
+
+def _too_long(err: ValueError) -> str:
+    """The reject reason for a JSON number Python refuses to convert: ``json`` parses integers with
+    ``int()``, which stops at ``sys.get_int_max_str_digits()`` digits (4300 by default) with a ValueError."""
+    return f"integer too long (more than {sys.get_int_max_str_digits()} digits; {' '.join(str(err).split())})"
 
 
 def _jsonl_lines(raw: bytes, path: Path) -> list[tuple[int, str | BadRecord]]:

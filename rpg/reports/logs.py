@@ -38,6 +38,7 @@ import io
 import json
 import math
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -50,14 +51,18 @@ _WANDB_SKIP = {"_runtime", "_timestamp", "_wall_time", "Wall time"}
 
 
 _NULL = object()  # a JSON null value in the file logger (orjson's NaN / ±inf)
+_FLOAT_MAX_INT = int(sys.float_info.max)
+MAX_STEP = 2**63 - 1  # verl's step counter and every logger's step column are 64-bit integers
 
 
 def _num(value) -> float | None:
     """A logged value as a float (NaN and ±inf kept), or None for a non-numeric one."""
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
+    if isinstance(value, int):  # a JSON integer beyond a float's range (float() would raise OverflowError)
+        return float(value) if abs(value) <= _FLOAT_MAX_INT else (math.inf if value > 0 else -math.inf)
+    if isinstance(value, float):
+        return value
     if isinstance(value, str) and value.strip():
         try:
             return float(value)
@@ -67,10 +72,23 @@ def _num(value) -> float | None:
 
 
 def _step(value, where: str) -> int:
-    v = _num(value)
-    if v is None or not math.isfinite(v) or v != int(v):
-        raise ValueError(f"{where}: step must be an integer, got {value!r}")
+    exact = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):  # a CSV cell: read exactly
+        if len(value.strip().lstrip("+-")) > 19:  # beyond 2**63 (and int()'s digit limit, 4300)
+            raise ValueError(f"{where}: step must be an integer below 2**63 in size, got {_short(value)}")
+        value, exact = int(value), True
+    v = value if exact else _num(value)
+    if v is None or (not exact and (not math.isfinite(v) or v != int(v))):
+        raise ValueError(f"{where}: step must be an integer, got {_short(value)}")
+    if abs(v) > MAX_STEP:
+        raise ValueError(f"{where}: step must be an integer below 2**63 in size, got {_short(value)}")
     return int(v)
+
+
+def _short(value) -> str:
+    """``repr`` of a logged value, a long one cut to its first digits and its length."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def same_value(a: float, b: float) -> bool:
@@ -206,6 +224,8 @@ def read_file_logger(path: str | Path) -> Metrics:
                 warnings.warn(f"{path}:{i + 1}: skipping truncated last line ({err.msg})", stacklevel=2)
                 continue
             raise ValueError(f"{path}:{i + 1}: not a JSON line ({err.msg})") from None
+        except ValueError as err:  # an integer longer than int() converts (sys.get_int_max_str_digits)
+            raise ValueError(f"{path}:{i + 1}: a number too long to read ({' '.join(str(err).split())})") from None
         if not isinstance(obj, dict) or "step" not in obj:
             raise ValueError(f"{path}:{i + 1}: expected an object with a 'step' key")
         step = _step(obj["step"], f"{path}:{i + 1}")

@@ -32,7 +32,8 @@ checked by the driver before Ray starts):
 Every route returns the same keys ``{"score": float, "acc": bool, "pred": str, "scorer_failed": bool}``
 (verl's reward loop turns each key into a per-sample ``reward_extra_info`` column, so mixed-source
 validation batches need identical keys). ``scorer_failed`` is True only when Math-Verify timed out or
-raised on that answer: the score is then -1 (the authors' timeout score) and the failure shows as
+raised on that answer, or when a ground truth is longer than ``MAX_ANSWER_CHARS`` on the DAPO route (the
+bound on its cost per response): the score is then -1 (the authors' timeout score) and the failure shows as
 ``val-aux/<data_source>/scorer_failed/mean@N`` instead of passing for a wrong answer.
 
 The overlong penalty ``min(-(L - (L_max - B)) / B * factor, 0)`` is *not* added here: verl's
@@ -55,6 +56,13 @@ VERL_DEFAULT = "verl_default"
 
 OPTIONS = {"boxed_fallback": False, "strict_box_verify": False}  # name -> default (all bool)
 TAIL_CHARS = 300  # the authors' scorer reads only the last 300 characters of the response
+# The longest ground truth the DAPO route scores. verl's normalize_final_answer (applied to the prediction
+# and to the ground truth) runs re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", ...), quadratic in the length: a
+# 10,000-character answer cost seconds per response. The prediction is bounded by the 300-character tail;
+# this bounds the other input: 1,000 characters (over three times what the tail can hold; about 15 ms at
+# worst measured; the AIME/AMC answers have at most 9) keeps the cost per response bounded. A longer ground
+# truth is a scorer failure (score -1, scorer_failed=True), never a plain wrong answer.
+MAX_ANSWER_CHARS = 1000
 # keyword arguments verl's reward managers add by themselves (reward-model router); not options
 _VERL_CALL_KWARGS = ("reward_router_address", "reward_model_tokenizer")
 
@@ -112,6 +120,11 @@ def _result(acc: bool, pred: Any, failed: bool = False) -> dict:
 def _math_dapo(solution_str: str, ground_truth: str, opts: dict[str, bool]) -> dict:
     from verl.utils.reward_score import math_dapo
 
+    if len(ground_truth) > MAX_ANSWER_CHARS:  # bounded cost per response (MAX_ANSWER_CHARS)
+        print(f"rpg.reward: a ground truth of {len(ground_truth)} characters (more than {MAX_ANSWER_CHARS}) is not "
+              "scored: scored -1, counted in scorer_failed", file=sys.stderr, flush=True)
+        return _result(False, None, failed=True)
+
     if opts["boxed_fallback"] or opts["strict_box_verify"]:  # verl 0.9.1's scorer as it is
         res = math_dapo.compute_score(solution_str, ground_truth, strict_box_verify=opts["strict_box_verify"])
         return _result(res["acc"], res["pred"])
@@ -138,7 +151,9 @@ def _math_verify(data_source: str, solution_str: str, ground_truth: str) -> dict
               file=sys.stderr, flush=True)
     # `pred` is informational (verl's maj@k); Math-Verify does not expose its parse, so report what
     # verl's DAPO extractor (Answer: line, else \boxed{}) reads from the response tail.
-    _, pred = math_dapo.verify(solution_str[-TAIL_CHARS:], ground_truth)
+    pred = None  # (its normalisation of a long ground truth would be unbounded: MAX_ANSWER_CHARS)
+    if len(ground_truth) <= MAX_ANSWER_CHARS:
+        _, pred = math_dapo.verify(solution_str[-TAIL_CHARS:], ground_truth)
     return _result(not failed and float(verified) >= 1.0, pred, failed)
 
 

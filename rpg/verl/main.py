@@ -33,7 +33,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
-from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 from verl.utils.logging_utils import configure_verl_logging
 
@@ -43,6 +42,7 @@ from rpg.reports.history import PATH_ENV, base_path, claim_segment, logs_to_file
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
 from rpg.verl.settings import RPGConfigError, RPGSettings, describe, validate_and_apply
+from rpg.verl.verl_rules import check_verl_config, check_verl_rules
 
 
 # The body of verl 0.9.1's TaskRunnerV1.run that RPGTaskRunner.run repeats (sha256 of its source, first
@@ -113,7 +113,7 @@ def log_segment(config: DictConfig):
 
 def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: bool = True) -> RPGSettings:
     """Everything the driver does before Ray: RPG validation/translation, this node's GPU checks,
-    input paths, verl's checks.
+    input paths, verl's numeric rules (``rpg.verl.verl_rules``) and verl's own ``validate_config``.
 
     ``check_paths=False``: the caller reports missing paths itself (``rpg.launch`` under DRY_RUN=1
     or before a Ray submission, where the files live on the cluster); the resume checkpoint is
@@ -136,12 +136,9 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
                                  "trainer.default_local_dir")
         if note:
             print(f"rpg: {note}", flush=True)
+    check_verl_rules(config)  # verl's numeric and divisibility rules its workers would hit (one line)
     print(describe(config, settings), flush=True)
-    validate_config(
-        config=config,
-        use_reference_policy=need_reference_policy(config),
-        use_critic=need_critic(config),
-    )
+    check_verl_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     return settings
 
 

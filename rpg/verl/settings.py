@@ -494,12 +494,15 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
         if strategy not in ("fsdp", "fsdp2"):
             _fail(f"rpg.reference.mode={ref.mode} copies actor weights into the reference and supports "
                   f"{actor}.strategy fsdp or fsdp2 only (got {strategy!r})")
-        a_eng = config_value(cfg, f"{actor}.fsdp_config.strategy", strategy)
-        r_eng = config_value(cfg, "actor_rollout_ref.ref.fsdp_config.strategy", a_eng)
+        # the FSDP version each engine runs: verl's FSDPActorConfig.__post_init__ overwrites
+        # fsdp_config.strategy with the role's own strategy (verl/workers/config/actor.py:325), for the
+        # actor and for the reference, whose config is built the same way (verl/workers/engine_workers.py:553;
+        # ref.strategy defaults to the actor's, verl/trainer/config/ref/ref.yaml:5)
+        a_eng = strategy
+        r_eng = config_value(cfg, "actor_rollout_ref.ref.strategy", a_eng)
         if a_eng != r_eng:
             _fail(f"rpg.reference.mode={ref.mode} copies actor shards into the reference: "
-                  f"{actor}.fsdp_config.strategy={a_eng!r} and actor_rollout_ref.ref.fsdp_config.strategy={r_eng!r} "
-                  "must be equal")
+                  f"{actor}.strategy={a_eng!r} and actor_rollout_ref.ref.strategy={r_eng!r} must be equal")
         _check_reference_shard_layout(cfg, ref.mode, a_eng)
         if ref.log_weight_diff:
             _check_probe_without_sequence_parallelism(cfg)

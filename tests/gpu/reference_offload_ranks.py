@@ -4,14 +4,17 @@ Run as ``python tests/gpu/reference_offload_ranks.py WORLD OUT.json [cpu]`` (``c
 logic with gloo and no offload, not a test). Each rank runs:
 
 1. the CPU scenario's cases (tests/fsdp_reference_ranks.py, imported, not copied) on its GPU:
-   there the forward-only FSDP1 reference keeps its parameters on the CPU (``CPUOffload``, as
-   verl's FSDP1 reference does);
-2. FSDP2 (the recipe's strategy) with verl's own offload functions
+   there the forward-only reference keeps its parameters on the CPU as verl 0.9.1's does
+   (FSDP1: ``CPUOffload(offload_params=True)``; FSDP2: ``CPUOffloadPolicy(pin_memory=True)``,
+   verl/workers/engine/fsdp/transformer_impl.py:432-433 and :459-463);
+2. FSDP2 (the recipe's strategy) placed as verl places it: the reference under the pinned
+   ``CPUOffloadPolicy`` (verl builds it forward-only and ignores ``ref.fsdp_config.param_offload``;
+   its engine's ``to()`` is a no-op for it, transformer_impl.py:851-853), and with
+   ``actor_offloaded`` the actor moved by verl's own functions after its update
    (``verl.utils.fsdp_utils.offload_fsdp_model_to_cpu`` / ``load_fsdp_model_to_gpu``, non-blocking
-   copies), in the engine's order: the reference is loaded for each forward and offloaded after
-   it; with ``actor_offloaded`` the actor too after its update (``param_offload=True``). The copy
-   reference <- actor runs right after the last offload, while both live on the CPU, as the
-   worker's ``sync_ref_from_actor`` does between two engine calls.
+   copies: ``param_offload=True``). The copy reference <- actor runs between two engine calls, as the
+   worker's ``sync_ref_from_actor`` does: the reference's shards on the CPU, the actor's on the CPU
+   (offloaded) or the GPU.
 
 Every case checks what the reference *computes*: the logits of a fixed probe sequence, each
 module loaded onto the GPU for the forward and offloaded again, before the copy (> 0: the test can
@@ -44,12 +47,13 @@ def _offload_case(name: str, actor_offloaded: bool, rank: int) -> dict:
 
     dtype = torch.bfloat16  # verl's default FSDP compute dtype
     actor = cpu_scenario._wrap(cpu_scenario._tiny_model(0), "fsdp2", True, dtype, forward_only=False)
+    # forward_only: the pinned CPUOffloadPolicy of verl's reference (fsdp_reference_ranks._wrap), which moves
+    # the shards for each forward itself; verl never moves this module by hand
     ref = cpu_scenario._wrap(cpu_scenario._tiny_model(0), "fsdp2", True, dtype, forward_only=True)
     ref.eval()
-    offload_fsdp_model_to_cpu(ref)
     if actor_offloaded:
         offload_fsdp_model_to_cpu(actor)
-    offloaded = {id(ref): True, id(actor): actor_offloaded}
+    offloaded = {id(ref): False, id(actor): actor_offloaded}  # moved by verl's offload functions
     opt = torch.optim.SGD(actor.parameters(), lr=0.5)
     gen = torch.Generator().manual_seed(1 + rank)
     batch = lambda: torch.randint(0, 96, (2, 12), generator=gen).to(cpu_scenario._device())  # noqa: E731
@@ -79,7 +83,7 @@ def _offload_case(name: str, actor_offloaded: bool, rank: int) -> dict:
                 run(ref, lambda m: m(input_ids=batch(), use_cache=False))  # the step's ref_log_prob pass
             rec[f"logit_diff_before_copy_{round_}"] = logit_diff()
             with torch.no_grad():
-                run(ref, lambda m: m(input_ids=batch(), use_cache=False))  # offloaded just before the copy
+                run(ref, lambda m: m(input_ids=batch(), use_cache=False))  # a forward just before the copy
             rec["ref_on_cpu_at_copy"].append(next(ref.parameters()).device.type == "cpu")
             rec["actor_on_cpu_at_copy"].append(next(actor.parameters()).device.type == "cpu")
             copy_actor_to_reference(actor, ref)

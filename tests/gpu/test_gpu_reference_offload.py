@@ -1,5 +1,6 @@
-"""Reference <- actor copies on CUDA with the reference's parameters offloaded to the CPU between
-its forward passes (and the actor's after its update), checked by what the reference computes:
+"""Reference <- actor copies on CUDA with the reference's parameters kept on the CPU as verl 0.9.1 keeps
+them (FSDP2's pinned CPUOffloadPolicy for the forward-only reference; the actor's offloaded after its update
+by verl's functions in one case), checked by what the reference computes:
 its logits on a probe sequence equal the actor's after each copy (the CPU version:
 tests/test_verl_reference_fsdp.py). One run of tests/gpu/reference_offload_ranks.py per world size
 (1 GPU; 2 GPUs = data parallel, when visible)."""

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run this first on a new GPU node: the tiny task through verl's real GPU path (vLLM rollouts with
-# sleep/wake and a weight sync every step, FSDP2 actor in bf16 with parameter/optimizer offload,
+# sleep/wake and a weight sync every step, FSDP2 actor in bf16 with parameter/optimizer offload
+# (OFFLOAD=0: off; the reference stays on the CPU either way: verl builds it forward-only, offloaded),
 # 4 mini-batches per rollout batch, a periodic reference reset, schedule-free AdamW), a checkpoint
 # and a resume. Prints the time per phase and the peak GPU memory, and fails with one line per
 # problem (non-finite metric, ratio stuck at 1, KL stuck at 0, an update or a reference reset that

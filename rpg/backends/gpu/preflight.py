@@ -13,6 +13,11 @@ Two parts, so that every rule is tested on a CPU machine with simulated answers:
   gathers them without importing vLLM or flash-attn and without creating a CUDA context;
 * ``GpuRequest`` + ``check``: pure rules on what the config asks for and what the probe found.
 
+A failed CUDA initialisation with a driver present (torch warns "CUDA initialization: ... Error 802 ..."
+and ``is_available()`` is False) is reported with torch's text, not as "no GPU". Triton's toolchain (a C
+compiler and ``Python.h``, ``toolchain_problems``) is a node rule as well: the workers build Triton's
+launcher at the first kernel launch.
+
 The rules apply to the GPU backend only: ``trainer.device=cuda`` after verl's own device
 selection (``verl.utils.device.auto_set_device``) and ``VERL_PLATFORM`` not ``cpu``. The CPU
 backend (``RPG_BACKEND=cpu``, ``VERL_PLATFORM=cpu``) is not affected. The node rules (CUDA usable,
@@ -35,6 +40,10 @@ import ctypes
 import importlib.metadata
 import importlib.util
 import os
+import shutil
+import sys
+import sysconfig
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +92,10 @@ class GpuProbe:
     ``driver_cuda``: the newest CUDA the NVIDIA driver supports (None: no driver library found);
     ``importable``: the ``OPTIONAL_MODULES`` that are installed; ``versions``: installed
     distribution versions of ``TESTED_VERSIONS``'s packages (None: not installed);
-    ``cuda_visible_devices``: that environment variable, named when it hides every GPU.
+    ``cuda_visible_devices``: that environment variable, named when it hides every GPU;
+    ``cuda_init_error``: what torch reported when initialising CUDA failed (``cuda_init_error_text``);
+    ``c_compiler``: the C compiler Triton would use (``triton_c_compiler``; None: none found);
+    ``python_headers``: whether ``Python.h`` of this interpreter is installed (``python_headers_found``).
     """
 
     cuda_available: bool
@@ -93,14 +105,22 @@ class GpuProbe:
     importable: frozenset[str] = frozenset(OPTIONAL_MODULES)
     versions: Mapping[str, str | None] = field(default_factory=dict)
     cuda_visible_devices: str | None = None  # the environment variable, when set
+    cuda_init_error: str | None = None
+    c_compiler: str | None = "cc"
+    python_headers: bool = True
 
     @classmethod
     def of_this_node(cls) -> GpuProbe:
         """Ask torch, libcuda and the installed packages (no vLLM/flash-attn import, no CUDA context)."""
         import torch
 
-        available = bool(torch.cuda.is_available())
+        with warnings.catch_warnings(record=True) as caught:  # torch warns (does not raise) when cuInit fails
+            warnings.simplefilter("always")
+            available = bool(torch.cuda.is_available())
         return cls(
+            cuda_init_error=None if available else cuda_init_error_text(str(w.message) for w in caught),
+            c_compiler=triton_c_compiler(),
+            python_headers=python_headers_found(),
             cuda_available=available,
             visible_gpus=int(torch.cuda.device_count()) if available else 0,
             torch_cuda=torch.version.cuda,
@@ -124,6 +144,35 @@ def driver_cuda_version(library: str = "libcuda.so.1") -> str | None:
     except (OSError, AttributeError):
         return None
     return f"{version.value // 1000}.{version.value % 1000 // 10}"
+
+
+def cuda_init_error_text(messages) -> str | None:
+    """torch's warning when CUDA's initialisation fails with a GPU present (``torch.cuda.is_available()``
+    then returns False): "CUDA initialization: ... Error 802: system not yet initialized ..." (802: on an
+    NVSwitch system, the fabric manager is not running). None when torch said nothing of the kind."""
+    for text in messages:
+        if "CUDA initialization" in text or "cudaGetDeviceCount" in text:
+            return " ".join(text.split())
+    return None
+
+
+def triton_c_compiler(environ: Mapping[str, str] | None = None) -> str | None:
+    """The C compiler Triton uses to build its launcher module at its first kernel launch (on Linux: ``CC``,
+    else ``gcc``, else ``clang`` on PATH; triton/runtime/build.py); None when it would find none and stop
+    with "Failed to find C compiler"."""
+    environ = os.environ if environ is None else environ
+    path = environ.get("PATH", os.defpath)
+    cc = environ.get("CC", "").strip()
+    if cc:
+        return shutil.which(cc, path=path)
+    return shutil.which("gcc", path=path) or shutil.which("clang", path=path)
+
+
+def python_headers_found() -> bool:
+    """``Python.h`` of this interpreter, where Triton's build looks for it (sysconfig's include path)."""
+    scheme = sysconfig.get_default_scheme()
+    scheme = "posix_prefix" if scheme == "posix_local" else scheme
+    return os.path.isfile(os.path.join(sysconfig.get_paths(scheme=scheme)["include"], "Python.h"))
 
 
 def installed_version(distribution: str) -> str | None:
@@ -190,7 +239,7 @@ class GpuReport:
 
 def check(request: GpuRequest, probe: GpuProbe) -> GpuReport:
     """Every rule: refusals (one line each) and version warnings (one line each)."""
-    node = () if request.joins_cluster else node_problems(request, probe)
+    node = () if request.joins_cluster else (*node_problems(request, probe), *toolchain_problems(probe))
     return GpuReport(errors=(*node, *software_problems(request, probe)), warnings=version_warnings(probe.versions))
 
 
@@ -225,6 +274,11 @@ def cuda_problem(probe: GpuProbe) -> str | None:
         why = f"{_torch(probe)} is a CPU-only build (torch.version.cuda is None): install the gpu extra ({SETUP_HINT})"
     elif probe.driver_cuda is None:
         why = "no NVIDIA driver is found on this node (libcuda.so.1 does not load): run on a GPU node"
+    elif probe.cuda_init_error:
+        hint = (" (error 802 on an NVSwitch system: the NVIDIA fabric manager is not running; start it, e.g. "
+                "systemctl start nvidia-fabricmanager)") if "802" in probe.cuda_init_error else ""
+        return (f"CUDA initialisation failed on this node ({_torch(probe)}, CUDA {probe.torch_cuda}; the driver "
+                f"supports CUDA {probe.driver_cuda}): {probe.cuda_init_error}{hint}")
     else:
         shown = "" if probe.cuda_visible_devices is None else f" with CUDA_VISIBLE_DEVICES={probe.cuda_visible_devices!r}"
         why = (f"{_torch(probe)} (CUDA {probe.torch_cuda}; the driver supports CUDA {probe.driver_cuda}) sees no "
@@ -245,6 +299,20 @@ def node_problems(request: GpuRequest, probe: GpuProbe) -> list[str]:
                 f"node (trainer.nnodes=1): allowed 1..{probe.visible_gpus}; set N_GPUS_PER_NODE (or "
                 f"trainer.n_gpus_per_node), or make more GPUs visible (CUDA_VISIBLE_DEVICES)"]
     return []
+
+
+def toolchain_problems(probe: GpuProbe) -> list[str]:
+    """Triton compiles a small C launcher with a C compiler and this Python's headers at its first kernel launch,
+    on every GPU node: verl's log-prob cross-entropy and compiled entropy and vLLM's compiled model launch
+    Triton kernels at the first step. Missing either, the run stops there ("Failed to find C compiler",
+    "Python.h: No such file or directory"); refused here in one line saying what to install."""
+    missing = [what for what, ok in (("a C compiler (CC unset, no gcc or clang on PATH)", probe.c_compiler),
+                                     ("the Python headers (Python.h)", probe.python_headers)) if not ok]
+    if not missing:
+        return []
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return [f"Triton, which the GPU run uses at its first step, needs {' and '.join(missing)}: install them, "
+            f"e.g. apt-get install gcc python{version}-dev (or set CC to a C compiler)"]
 
 
 def software_problems(request: GpuRequest, probe: GpuProbe) -> list[str]:

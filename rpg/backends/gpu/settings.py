@@ -3,8 +3,10 @@
 The run is the tiny task (rpg.tiny) through verl's real GPU path, in the regime the paper's runs
 use and nothing on CPU exercises: vLLM rollouts that sleep and wake around every update, with the
 actor's weights synced into them after every step; an FSDP2 actor computing in bf16 (verl's
-default mixed precision, float32 master weights); the actor's parameters and optimizer state and
-the reference's parameters offloaded to the CPU between uses (``offload=True``); several
+default mixed precision, float32 master weights); the actor's parameters and optimizer state
+offloaded to the CPU between uses (``offload=True``); the reference on the CPU whatever ``offload``
+says (verl 0.9.1 builds it forward-only and FSDP2 keeps it there with ``CPUOffloadPolicy(pin_memory=True)``,
+verl/workers/engine/fsdp/transformer_impl.py:459-463; ``ref.fsdp_config.param_offload`` is not read); several
 mini-batches per rollout batch (off-policy after the first); a reference reset every
 ``REFERENCE_EVERY`` steps; schedule-free AdamW; a checkpoint and a resume.
 """
@@ -111,6 +113,5 @@ def gpu_overrides(rollout: str, gpus: int, *, offload: bool = True, mini_batch_s
         ov += [
             f"{a}.fsdp_config.param_offload=True",
             f"{a}.fsdp_config.optimizer_offload=True",
-            "actor_rollout_ref.ref.fsdp_config.param_offload=True",
-        ]
+        ]  # no ref.fsdp_config.param_offload: verl 0.9.1 does not read it (module docstring)
     return ov

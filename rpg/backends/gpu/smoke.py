@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=1, help="GPUs of this node to train on (data parallel; default 1)")
     ap.add_argument("--steps", type=int, default=4, help="steps of the first run, checkpointed at its end (default 4)")
     ap.add_argument("--resume-steps", type=int, default=2, help="steps of the resumed run (default 2)")
-    ap.add_argument("--no-offload", action="store_true", help="keep actor/optimizer/reference on the GPU")
+    ap.add_argument("--no-offload", action="store_true",
+                    help="keep the actor's parameters and optimizer state on the GPU (verl 0.9.1 keeps the "
+                         "forward-only reference on the CPU either way)")
     ap.add_argument("--lr", type=float, default=5e-4, help="learning rate (default 5e-4, the tiny demo's)")
     ap.add_argument("--out", type=Path, default=None, help="output dir (default outputs/tiny_gpu/<time>)")
     ap.add_argument("--entry", default=RECIPE_ENTRY, help="trainer script (default the RPG recipe)")
