@@ -2,7 +2,10 @@
 and checkpoint folders written here).
 
 * the resume checkpoint is decided before Ray (rpg.verl.checkpoints via the driver's prepare_config):
-  the newest complete one, or one line refusing; never from step 0 over existing checkpoints;
+  the one verl's tracker names (a newer folder is named and ignored), complete and verified by the
+  SHA-256 digests of its marker (a flipped byte or a same-size file from another save is named and
+  not loaded), trained with the same RPG settings (else one line naming each key), or one line
+  refusing; never from step 0 over existing checkpoints; a CPU run's checkpoints live under its OUT_DIR;
 * the CPU harness keeps a resumed run's history: metrics.jsonl and trainer.log are appended to, a
   re-run step replaces its earlier record with one line saying so, a lost training step is one line;
 * SIGHUP / SIGINT / SIGTERM stop every process of a harness run, print one line, exit 128 + signum;
@@ -352,6 +355,22 @@ def test_trainer_records_digests_and_settings_and_a_resume_with_another_divergen
     _prepare(same)
     note = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
     assert note == [f"rpg: resuming from {d}: step 2, named by verl's tracker ({TRACKER})"]
+
+
+def test_allow_changed_settings_is_declared_once_and_checked():
+    """rpg.resume.allow_changed_settings: false in the shipped YAML (the parser's default), a bool or one line."""
+    from omegaconf import OmegaConf
+
+    from rpg.verl.settings import parse_rpg_settings
+
+    yaml = OmegaConf.load(ROOT / "recipe" / "rpg" / "config" / "rpg_trainer.yaml")
+    assert OmegaConf.to_container(yaml.rpg.resume) == {"allow_changed_settings": False}
+    assert parse_rpg_settings({}).allow_changed_settings is False
+    assert parse_rpg_settings({"resume": {"allow_changed_settings": True}}).allow_changed_settings is True
+    with pytest.raises(RPGConfigError, match=r"^rpg.resume.allow_changed_settings='yes' is invalid; allowed values: true, false$"):
+        parse_rpg_settings({"resume": {"allow_changed_settings": "yes"}})
+    with pytest.raises(RPGConfigError, match=r"^rpg.resume.force is not a known key"):
+        parse_rpg_settings({"resume": {"force": True}})
 
 
 def test_a_resume_with_another_divergence_is_refused_by_the_driver_before_ray(tmp_path):
