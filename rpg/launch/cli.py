@@ -31,7 +31,8 @@ each with a FITS / DOES NOT FIT verdict, and the checkpoint disk of the run (doc
 
 Other variables: MODEL_PATH [variant's HF id], DATA_DIR [<root>/data], TRAIN_FILE
 [$DATA_DIR/dapo-math-17k-en.parquet], VAL_FILES [variant's sets in $DATA_DIR, comma or space
-separated], CKPTS_DIR [<root>/ckpts/$PROJECT_NAME/$EXP_NAME; cpu: $OUT_DIR/checkpoints/$PROJECT_NAME/$EXP_NAME], NNODES [1], N_GPUS_PER_NODE [8],
+separated], CKPTS_DIR [<root>/ckpts/$PROJECT_NAME/$EXP_NAME; cpu: the run's own
+$OUT_DIR/checkpoints/$PROJECT_NAME/$EXP_NAME], NNODES [1], N_GPUS_PER_NODE [8],
 LOGGER [console,file], PROJECT_NAME [rpg], EXP_NAME [run name], RAY_JOB_WAIT [0: --no-wait],
 OUT_DIR (cpu) [a new <root>/outputs/cpu/<name>/<time>[-N]; an existing one is resumed into].
 PROJECT_NAME and EXP_NAME name directories: '/', '\\', '.', '..' are refused (one line, exit 2).
@@ -263,7 +264,8 @@ def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, r
         groups = [[o for o in g if override_key(o) not in cpu_keys] for g in groups] + [tiny_overrides_for_cpu()]
         if not env.get("CKPTS_DIR", "").strip():  # relative: the harness runs the trainer in OUT_DIR
             names = values(groups[1])
-            groups.append([f"trainer.default_local_dir={hq(cpu_checkpoint_dir(names['trainer.project_name'], names['trainer.experiment_name']))}"])
+            ckpts = cpu_checkpoint_dir(names["trainer.project_name"], names["trainer.experiment_name"])
+            groups.append([f"trainer.default_local_dir={hq(ckpts)}"])
         loggers = values(groups[1]).get("trainer.logger")
         if not logs_to_file(loggers):
             groups.append(["trainer.logger=['console','file']"])  # the harness reads verl's file logger

@@ -34,7 +34,7 @@ How each setting reaches verl (``apply_to_verl_config``):
 * ``rpg.validation.samples_per_problem`` -> read by ``RPGTrainer`` (``rpg.verl.validation``): validation
   rows whose data source starts with a key get that many samples, the others ``val_kwargs.n``.
 * ``rpg.resume.allow_changed_settings`` -> read by the driver's resume check (``rpg.verl.checkpoints``):
-  a checkpoint records the run's RPG settings (``RESUME_KEYS`` there); a resume with other values is
+  a checkpoint records the run's RPG settings (``resume_keys()`` there); a resume with other values is
   refused (one line naming each key, old -> new) unless this is true.
 """
 
