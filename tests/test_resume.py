@@ -2,7 +2,10 @@
 and checkpoint folders written here).
 
 * the resume checkpoint is decided before Ray (rpg.verl.checkpoints via the driver's prepare_config):
-  the newest complete one, or one line refusing; never from step 0 over existing checkpoints;
+  the one verl's tracker names (a newer folder is named and ignored), complete and verified by the
+  SHA-256 digests of its marker (a flipped byte or a same-size file from another save is named and
+  not loaded), trained with the same RPG settings (else one line naming each key), or one line
+  refusing; never from step 0 over existing checkpoints; a CPU run's checkpoints live under its OUT_DIR;
 * the CPU harness keeps a resumed run's history: metrics.jsonl and trainer.log are appended to, a
   re-run step replaces its earlier record with one line saying so, a lost training step is one line;
 * SIGHUP / SIGINT / SIGTERM stop every process of a harness run, print one line, exit 128 + signum;
@@ -16,6 +19,7 @@ import contextlib
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -110,7 +114,8 @@ def test_auto_resume_skips_incomplete_and_truncated_checkpoints(tmp_path):
 
 
 def test_auto_resume_skips_an_incomplete_newest_checkpoint_with_one_line(tmp_path, capsys):
-    """Killed during the save of step 8 (no marker): the driver pins global_step_4, says so in one line."""
+    """Killed during the save of step 8 (no marker, verl's tracker still at 4): the driver pins
+    global_step_4, the tracker's, and says so in one line naming the folder it ignored and why."""
     root = tmp_path / "ckpt"
     _ckpt(root, 4, tracker=True)
     _ckpt(root, 8, marker=False)
@@ -118,8 +123,10 @@ def test_auto_resume_skips_an_incomplete_newest_checkpoint_with_one_line(tmp_pat
     _prepare(cfg)
     assert (cfg.trainer.resume_mode, cfg.trainer.resume_from_path) == ("resume_path", str(root / "global_step_4"))
     note = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
-    assert note == [f"rpg: resuming from {root / 'global_step_4'}, the newest complete checkpoint; skipped: "
-                    f"{root / 'global_step_8'}: incomplete (no {MARKER}: the save did not finish)"]
+    assert note == [f"rpg: resuming from {root / 'global_step_4'}: step 4, named by verl's tracker ({TRACKER}); "
+                    f"ignored (above the tracker's step, never resumed): "
+                    f"{root / 'global_step_8'}: incomplete (no {MARKER}: the save did not finish); "
+                    f"{root / 'global_step_4'} records no RPG settings (written before they were): not compared"]
 
 
 def test_truncated_checkpoint_is_refused_by_the_driver_before_ray(tmp_path):
@@ -217,6 +224,198 @@ def test_marker_is_written_last_and_follows_verls_retention(tmp_path):
     assert last_complete(tmp_path) == tmp_path / "global_step_4"
     with pytest.raises(ResumeError, match="global_step_2: actor/model_world_size_1_rank_0.pt is missing"):
         plan_resume("resume_path", str(tmp_path), str(tmp_path / "global_step_2"))
+
+
+def _flip_byte(path: Path) -> None:
+    """One byte inside the tensor data (the zip directory and the size stay as they were)."""
+    blob = bytearray(path.read_bytes())
+    at = blob.find(struct.pack("<f", 33.0))  # an element of _ckpt's torch.arange(64.0)
+    assert at > 0
+    blob[at + 1] ^= 0xFF
+    path.write_bytes(bytes(blob))
+
+
+def test_a_flipped_byte_in_the_newest_checkpoint_is_named_and_not_loaded(tmp_path, capsys):
+    """The tracker's checkpoint (8) has one byte flipped inside its actor tensor: same size, whole zip
+    directory (accepted before: sizes only). The driver pins the next complete, verified one (4) and its
+    one line names the corrupted file and why the tracker's step was not taken."""
+    root = tmp_path / "ckpt"
+    _ckpt(root, 4, tracker=True)
+    _ckpt(root, 8, tracker=True)
+    shard = root / "global_step_8" / "actor" / "model_world_size_1_rank_0.pt"
+    _flip_byte(shard)
+    assert plan_resume("auto", str(root)).folder == str(root / "global_step_4")
+    cfg = _cfg(tmp_path)
+    _prepare(cfg)
+    assert (cfg.trainer.resume_mode, cfg.trainer.resume_from_path) == ("resume_path", str(root / "global_step_4"))
+    note = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
+    assert len(note) == 1, note
+    assert note[0].startswith(f"rpg: resuming from {root / 'global_step_4'}: the newest complete checkpoint below "
+                              "step 8, which verl's tracker names but cannot be resumed")
+    assert f"skipped: {shard}: corrupted or replaced (its sha256 differs" in note[0]
+
+
+def test_an_explicit_resume_path_with_a_same_size_file_from_another_save_is_refused(tmp_path):
+    """A shard of another save, the same size (and a whole zip): refused with one line naming the file."""
+    root = tmp_path / "ckpt"
+    _ckpt(root, 4, tracker=True)
+    shard = root / "global_step_4" / "actor" / "model_world_size_1_rank_0.pt"
+    other = tmp_path / "other_save" / shard.name  # torch names the archive's folder after the file
+    other.parent.mkdir()
+    torch.save({"w": torch.arange(64.0) * 2}, other)
+    assert other.stat().st_size == shard.stat().st_size and other.read_bytes() != shard.read_bytes()
+    other.replace(shard)
+    with pytest.raises(RPGConfigError) as err:
+        _prepare(_cfg(tmp_path, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={root / 'global_step_4'}"))
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"cannot resume from trainer.resume_from_path: {shard}: corrupted or "
+                                              "replaced"), msg
+    with pytest.raises(ResumeError, match="corrupted or replaced"):  # auto: nothing else to fall back to
+        plan_resume("auto", str(root))
+
+
+def test_a_marker_without_digests_is_accepted_with_a_note(tmp_path):
+    """Checkpoints written before the digests (sizes only) stay resumable: their sizes and zip
+    directories are checked, and the resume line says that their contents were not verified."""
+    root = tmp_path / "ckpt"
+    d = _ckpt(root, 4, tracker=True)
+    record = json.loads((d / MARKER).read_text())
+    (d / MARKER).write_text(json.dumps({"global_step": 4, "files": {k: v["size"] for k, v in record["files"].items()}}))
+    plan = plan_resume("auto", str(root))
+    assert plan.folder == str(d) and f"{d / MARKER} records no sha256 digests" in plan.note
+    _truncate(d / "data.pt")
+    with pytest.raises(ResumeError, match="data.pt has .* bytes"):
+        plan_resume("auto", str(root))
+
+
+def test_auto_follows_the_tracker_and_names_a_newer_folder_it_ignores(tmp_path):
+    """verl's tracker at 4 and a complete global_step_9 of an earlier run (what trainer.resume_mode=disable
+    leaves behind): step 4, the tracker's, with the reason; step 9 is named as ignored (it was resumed
+    without a word before). No tracker at all: the newest complete checkpoint, saying so."""
+    root = tmp_path / "ckpt"
+    _ckpt(root, 9, tracker=True)  # the earlier run
+    _ckpt(root, 4, tracker=True)  # this run (resume_mode=disable): tracker back at 4
+    plan = plan_resume("auto", str(root))
+    assert plan.folder == str(root / "global_step_4")
+    assert plan.note.startswith(f"resuming from {root / 'global_step_4'}: step 4, named by verl's tracker ({TRACKER})")
+    assert (f"ignored (above the tracker's step, never resumed): {root / 'global_step_9'}: complete, but not the run "
+            "the tracker follows") in plan.note and "\n" not in plan.note
+    assert last_complete(root) == root / "global_step_4"  # the stop line names the same one
+    (root / TRACKER).unlink()
+    plan = plan_resume("auto", str(root))
+    assert plan.folder == str(root / "global_step_9")
+    assert plan.note.startswith(f"resuming from {root / 'global_step_9'}: the newest complete checkpoint (no {TRACKER}")
+
+
+def _applied_cfg(tmp_path: Path, *overrides: str):
+    cfg = _cfg(tmp_path, "trainer.resume_mode=disable", *overrides)
+    _prepare(cfg)  # the rpg: block applied, as the trainer sees it
+    return cfg
+
+
+def test_trainer_records_digests_and_settings_and_a_resume_with_another_divergence_is_refused(tmp_path, capsys):
+    """RPGTrainer's save (verl's real _save_checkpoint underneath, the driver-applied config) writes every
+    file's digest and the run's RPG settings; the driver refuses a resume with another rpg.loss.divergence
+    (one line naming each differing key, old -> new), accepts it with rpg.resume.allow_changed_settings=true
+    (saying what changed) and accepts the same settings silently."""
+    from test_verl_reference import _saving_trainer
+
+    from rpg.verl.checkpoints import file_digest, recorded_settings
+    from rpg.verl.settings import parse_rpg_settings
+
+    cfg = _applied_cfg(tmp_path)
+    t = _saving_trainer(tmp_path / "ckpt", keep=None)
+    cfg.trainer.default_local_dir = str(tmp_path / "ckpt")
+    t.config, t.rpg = cfg, parse_rpg_settings(cfg.rpg)
+    t.global_steps = 2
+    t._save_checkpoint()
+    d = tmp_path / "ckpt" / "global_step_2"
+    record = json.loads((d / MARKER).read_text())
+    assert record["settings"] == recorded_settings(cfg) and record["settings"]["rpg.loss.divergence"] == "ufkl"
+    assert record["settings"]["actor_rollout_ref.actor.clip_ratio_high"] == 0.28
+    assert record["files"]["data.pt"] == {"size": (d / "data.pt").stat().st_size, "sha256": file_digest(d / "data.pt")}
+    (d / "actor" / "model_world_size_1_rank_0.pt").unlink()  # the stand-in's shard is not a torch zip
+    torch.save({"w": torch.arange(64.0)}, d / "actor" / "model_world_size_1_rank_0.pt")
+    torch.save({"epoch": 0}, d / "data.pt")
+    write_marker(d, 2, record["settings"])
+    capsys.readouterr()
+
+    with pytest.raises(RPGConfigError) as err:
+        _prepare(_cfg(tmp_path, "rpg.loss.divergence=rkl", "rpg.loss.form=differentiable"))
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{d} was trained with other RPG settings: rpg.loss.divergence: "
+                                              "'ufkl' -> 'rkl', rpg.loss.form: 'reinforce' -> 'differentiable'; "), msg
+    assert "rpg.resume.allow_changed_settings=true" in msg
+    allowed = _cfg(tmp_path, "rpg.loss.divergence=rkl", "rpg.resume.allow_changed_settings=true")
+    _prepare(allowed)
+    assert allowed.trainer.resume_from_path == str(d)
+    note = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
+    assert len(note) == 1 and ("settings changed since" in note[0] and "rpg.loss.divergence: 'ufkl' -> 'rkl'" in note[0])
+    same = _cfg(tmp_path)
+    _prepare(same)
+    note = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
+    assert note == [f"rpg: resuming from {d}: step 2, named by verl's tracker ({TRACKER})"]
+
+
+def test_allow_changed_settings_is_declared_once_and_checked():
+    """rpg.resume.allow_changed_settings: false in the shipped YAML (the parser's default), a bool or one line."""
+    from omegaconf import OmegaConf
+
+    from rpg.verl.settings import parse_rpg_settings
+
+    yaml = OmegaConf.load(ROOT / "recipe" / "rpg" / "config" / "rpg_trainer.yaml")
+    assert OmegaConf.to_container(yaml.rpg.resume) == {"allow_changed_settings": False}
+    assert parse_rpg_settings({}).allow_changed_settings is False
+    assert parse_rpg_settings({"resume": {"allow_changed_settings": True}}).allow_changed_settings is True
+    with pytest.raises(RPGConfigError, match=r"^rpg.resume.allow_changed_settings='yes' is invalid; allowed values: true, false$"):
+        parse_rpg_settings({"resume": {"allow_changed_settings": "yes"}})
+    with pytest.raises(RPGConfigError, match=r"^rpg.resume.force is not a known key"):
+        parse_rpg_settings({"resume": {"force": True}})
+
+
+def test_a_resume_with_another_divergence_is_refused_by_the_driver_before_ray(tmp_path):
+    """recipe/rpg/main_rpg.py itself: exit code 2 and one line naming the key, old -> new, before Ray."""
+    from rpg.backends.cpu.settings import cpu_env
+    from rpg.verl.checkpoints import recorded_settings
+
+    root = tmp_path / "ckpt"
+    d = _ckpt(root, 4, tracker=True)
+    write_marker(d, 4, recorded_settings(_applied_cfg(tmp_path)))
+    p = subprocess.run([sys.executable, str(ROOT / "recipe" / "rpg" / "main_rpg.py"),
+                        f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files=['{tmp_path / 'val.parquet'}']",
+                        f"actor_rollout_ref.model.path={tmp_path / 'model'}", "trainer.device=cpu",
+                        f"trainer.default_local_dir={root}", "trainer.resume_mode=auto", "rpg.loss.divergence=fkl"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={**os.environ, **cpu_env(), "PYTHONPATH": str(ROOT)})
+    ours = [ln for ln in p.stderr.splitlines() if ln.startswith("rpg config error")]
+    assert p.returncode == 2 and len(ours) == 1, p.stderr[-3000:]
+    assert f"{d} was trained with other RPG settings: rpg.loss.divergence: 'ufkl' -> 'fkl';" in ours[0]
+    assert "Traceback" not in p.stderr and "ray init" not in (p.stdout + p.stderr).lower()
+
+
+def test_a_cpu_runs_checkpoints_live_under_its_output_directory(tmp_path, monkeypatch):
+    """RPG_BACKEND=cpu: trainer.default_local_dir was <root>/ckpts/rpg/<name> whatever OUT_DIR was, one
+    folder shared by every CPU run of a variant; now the run's own, under OUT_DIR (CKPTS_DIR still wins)."""
+    from rpg.launch import harness
+    from rpg.launch.cli import main
+
+    seen = []
+
+    def fake_run(overrides, *, output_dir, **kwargs):
+        run = harness.TrainerRun(0, 0.0, Path(output_dir), Path(output_dir) / "trainer.log",
+                                 Path(output_dir) / "metrics.jsonl", [], list(overrides))
+        seen.append(run)
+        return run
+
+    monkeypatch.setattr(harness, "run_trainer", fake_run)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CKPTS_DIR", "OUT_DIR")}
+    name = "run_rpg_7b_ufkl1e-4"
+    for out in ("a", "b"):
+        assert main([name], env={**env, "RPG_BACKEND": "cpu", "OUT_DIR": str(tmp_path / out)}) == 0
+    assert [harness.checkpoint_dir(r) for r in seen] == [tmp_path / o / "checkpoints" / "rpg" / name for o in "ab"]
+    assert main([name], env={**env, "RPG_BACKEND": "cpu", "OUT_DIR": str(tmp_path / "c"),
+                             "CKPTS_DIR": str(tmp_path / "mine")}) == 0
+    assert harness.checkpoint_dir(seen[-1]) == tmp_path / "mine"
 
 
 # ----------------------------------------------------------------------------- names, output dirs

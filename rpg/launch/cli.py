@@ -31,7 +31,8 @@ each with a FITS / DOES NOT FIT verdict, and the checkpoint disk of the run (doc
 
 Other variables: MODEL_PATH [variant's HF id], DATA_DIR [<root>/data], TRAIN_FILE
 [$DATA_DIR/dapo-math-17k-en.parquet], VAL_FILES [variant's sets in $DATA_DIR, comma or space
-separated], CKPTS_DIR [<root>/ckpts/$PROJECT_NAME/$EXP_NAME], NNODES [1], N_GPUS_PER_NODE [8],
+separated], CKPTS_DIR [<root>/ckpts/$PROJECT_NAME/$EXP_NAME; cpu: the run's own
+$OUT_DIR/checkpoints/$PROJECT_NAME/$EXP_NAME], NNODES [1], N_GPUS_PER_NODE [8],
 LOGGER [console,file], PROJECT_NAME [rpg], EXP_NAME [run name], RAY_JOB_WAIT [0: --no-wait],
 OUT_DIR (cpu) [a new <root>/outputs/cpu/<name>/<time>[-N]; an existing one is resumed into].
 PROJECT_NAME and EXP_NAME name directories: '/', '\\', '.', '..' are refused (one line, exit 2).
@@ -237,13 +238,21 @@ def tiny_overrides_for_cpu(steps: int = 2) -> list[str]:
     return tiny_task_overrides(build_tiny_assets(), steps=steps)
 
 
+def cpu_checkpoint_dir(project: str, experiment: str) -> str:
+    """A CPU run's checkpoints, relative to its output directory (the harness's cwd), as verl's default
+    ``checkpoints/<project>/<experiment>`` and the tiny demo: each run's own, never a folder that every
+    CPU run of a variant shares (verl's tracker and retention assume one run per folder)."""
+    return f"checkpoints/{project}/{experiment}"
+
+
 def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, root: Path, cwd: Path,
                    cpu: bool = False) -> tuple[list[str], dict[str, str]]:
     """All overrides of a run (variant, environment, [tiny], user: later wins) and the job env.
 
     With ``cpu=True`` the keys that ``rpg.backends.cpu.settings.cpu_overrides`` sets are removed
     from the variant/environment groups, so that the harness's CPU values win over them (the
-    user's overrides still win over everything).
+    user's overrides still win over everything), and the checkpoints go under the run's output
+    directory (``cpu_checkpoint_dir``) unless ``CKPTS_DIR`` is set.
     """
     check_user_overrides(user)
     env_ov, job_env = env_overrides(v, env, root, cwd)
@@ -253,6 +262,10 @@ def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, r
 
         cpu_keys = {override_key(o) for o in cpu_overrides()}
         groups = [[o for o in g if override_key(o) not in cpu_keys] for g in groups] + [tiny_overrides_for_cpu()]
+        if not env.get("CKPTS_DIR", "").strip():  # relative: the harness runs the trainer in OUT_DIR
+            names = values(groups[1])
+            ckpts = cpu_checkpoint_dir(names["trainer.project_name"], names["trainer.experiment_name"])
+            groups.append([f"trainer.default_local_dir={hq(ckpts)}"])
         loggers = values(groups[1]).get("trainer.logger")
         if not logs_to_file(loggers):
             groups.append(["trainer.logger=['console','file']"])  # the harness reads verl's file logger

@@ -7,31 +7,43 @@ checkpoints — and a missing ``data.pt`` silently restarts the data order. This
 from the disk only (no Ray, no tensor loaded), what the driver resumes from:
 
 * complete checkpoint: ``global_step_N`` holding ``MARKER``, which ``RPGTrainer`` writes (write,
-  then rename) after verl's save returned, listing every file with its size; all listed files
-  must still be there with that size (verl's retention deletes ``actor/`` of old ones: no longer
-  resumable). A folder without the marker (verl's own trainer, or a run from before the marker)
-  counts as complete only when verl's tracker names it and it has ``actor/`` and ``data.pt``;
+  then rename) after verl's save returned, listing every file with its size and SHA-256 digest and
+  the run's RPG settings (``recorded_settings``); all listed files must still be there with that
+  size (verl's retention deletes ``actor/`` of old ones: no longer resumable). A folder without the
+  marker (verl's own trainer, or a run from before the marker) counts as complete only when verl's
+  tracker names it and it has ``actor/`` and ``data.pt``;
+* verified: the checkpoint to be resumed has every listed file's digest equal to the marker's (a
+  flipped byte, or a same-size file from another save, is named and never loaded). A marker from
+  before the digests (sizes only) is accepted with a note saying its contents were not verified;
 * intact: every ``.pt`` file the resume loads (actor, critic, reference shards, ``data.pt``) is a
   whole zip archive (torch's format): its central directory reads and every member lies inside
   the file. Reading the central directory touches a few KB, never the tensors;
-* ``auto``: the newest complete, intact checkpoint (one line when newer folders or the tracker's
-  step are skipped); no checkpoint at all: from scratch; folders or a tracker but none complete:
-  refuse (training from step 0 would overwrite them);
-* ``resume_path``: that folder, complete and intact, or refuse.
+* ``auto`` follows verl's tracker: the checkpoint it names; if that one is missing, incomplete or
+  corrupted, the newest complete, verified checkpoint below the tracker's step (one line says which
+  and why). A ``global_step_N`` above the tracker's step (another run's, e.g. one with
+  ``resume_mode=disable``, or a save that did not finish) is never resumed: the line names it as
+  ignored. No tracker: the newest complete, verified checkpoint, saying so. No checkpoint at all:
+  from scratch; folders or a tracker but none usable: refuse (training from step 0 would overwrite
+  them);
+* ``resume_path``: that folder, complete, verified and intact, or refuse;
+* settings: the resumed checkpoint's recorded RPG settings must equal the run's (refused: one line
+  naming each differing key, old -> new), unless ``rpg.resume.allow_changed_settings=true``.
 
-A refusal is ONE line naming the directory and the choices (``ResumeError``, exit code 2).
+A refusal is ONE line naming the directory or file and the choices (``ResumeError``, exit code 2).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rpg.verl.settings import RPGConfigError
+from rpg.verl.settings import ACTOR_FIELDS, RPGConfigError, config_value, loss_fields, loss_key
 
 MARKER = "rpg_checkpoint_complete.json"
 # verl.utils.checkpoint.checkpoint_manager.get_checkpoint_tracker_filename's name (a test pins it): not
@@ -40,6 +52,18 @@ MARKER = "rpg_checkpoint_complete.json"
 TRACKER = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"global_step_(\d+)")
 RESUME_MODES = ("auto", "disable", "resume_path")  # verl 0.9.1 trainer_base: any other value fails after Ray
+# hashlib's SHA-256: the fastest stdlib digest on CPUs with SHA extensions (docs/verl-integration.md,
+# "Resume", gives the measured cost per GiB); files are read in 4 MiB blocks, several files at once
+# (hashlib releases the GIL while it hashes)
+DIGEST = "sha256"
+_BLOCK = 4 << 20
+ALLOW_CHANGED = "rpg.resume.allow_changed_settings"
+# what a checkpoint records of the run (besides the loss fields below): the reference schedule, the
+# optimizer, the advantage, and verl's loss keys (rpg.loss.name=verl variants)
+_RUN_KEYS = ("rpg.reference.mode", "rpg.reference.update_every", "rpg.reference.kl_threshold",
+             "rpg.reference.kl_ema_decay", "rpg.optimizer", "algorithm.adv_estimator",
+             "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.use_kl_loss",
+             "actor_rollout_ref.actor.kl_loss_type", "actor_rollout_ref.actor.kl_loss_coef")
 
 
 class ResumeError(RPGConfigError):
@@ -52,21 +76,66 @@ class ResumePlan:
     note: str | None = None  # one line to print (checkpoints skipped), or None
 
 
+# ----------------------------------------------------------------------------- settings
+
+
+def resume_keys() -> tuple[str, ...]:
+    """The config keys a checkpoint records: ``rpg.loss.name``, every ``RPGLossConfig`` field at its
+    config key (derived: a new field is recorded at once) but ``compile`` (the same loss, compiled),
+    and ``_RUN_KEYS``. Not recorded: logging and validation settings, paths, sizes, the lr."""
+    fields = [f for f in (*loss_fields(), *ACTOR_FIELDS) if f != "compile"]
+    return ("rpg.loss.name", *(loss_key(f) for f in fields), *_RUN_KEYS)
+
+
+def recorded_settings(cfg) -> dict:
+    """{key: value} of ``resume_keys()`` in the run's config, as the driver applied it (the trainer
+    records it at save; the driver compares it before Ray: the same config both times)."""
+    return {key: config_value(cfg, key) for key in resume_keys()}
+
+
+def settings_changes(saved: dict, current: dict) -> list[str]:
+    """``key: old -> new`` for every recorded key whose value differs (a key the checkpoint did not
+    record, e.g. one added since, is not compared)."""
+    return [f"{k}: {saved[k]!r} -> {current.get(k)!r}" for k in saved if k in current and saved[k] != current[k]]
+
+
 # ----------------------------------------------------------------------------- writing
 
 
-def manifest(folder: str | os.PathLike) -> dict[str, int]:
-    """{relative path: size in bytes} of every file under ``folder`` except the marker."""
+def file_digest(path: str | os.PathLike) -> str:
+    """Hex ``DIGEST`` of the file's bytes."""
+    h = hashlib.new(DIGEST)
+    buf = bytearray(_BLOCK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def _digests(paths: list[Path]) -> list[str]:
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(paths)))) as pool:
+        return list(pool.map(file_digest, paths))
+
+
+def _files(folder: Path) -> list[Path]:
+    return [p for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(MARKER)]
+
+
+def manifest(folder: str | os.PathLike) -> dict[str, dict]:
+    """{relative path: {"size": bytes, DIGEST: hex}} of every file under ``folder`` except the marker."""
     folder = Path(folder)
-    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != MARKER and not p.name.startswith(MARKER)}
+    files = _files(folder)
+    return {str(p.relative_to(folder)): {"size": p.stat().st_size, DIGEST: d} for p, d in zip(files, _digests(files))}
 
 
-def write_marker(folder: str | os.PathLike, step: int) -> Path:
-    """Declare ``folder`` complete: the marker (step + manifest), written to a temporary name and renamed."""
+def write_marker(folder: str | os.PathLike, step: int, settings: dict | None = None) -> Path:
+    """Declare ``folder`` complete: the marker (step, manifest with digests, the run's RPG settings),
+    written to a temporary name and renamed. Call it once the save has returned (the files are whole)."""
     folder = Path(folder)
     tmp, final = folder / f"{MARKER}.tmp", folder / MARKER
-    tmp.write_text(json.dumps({"global_step": step, "files": manifest(folder)}, indent=1) + "\n")
+    record = {"global_step": step, "digest": DIGEST, "files": manifest(folder), "settings": settings}
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(tmp, final)
     return final
 
@@ -114,42 +183,98 @@ def tracker_step(root: str | os.PathLike, strict: bool = True) -> int | None:
     return int(text)
 
 
-def checkpoint_problem(folder: str | os.PathLike, tracked: bool = False) -> str | None:
-    """None if ``folder`` is a complete, intact checkpoint (module docstring); else the reason.
+def read_marker(folder: str | os.PathLike) -> dict | None:
+    """The marker's record; None if there is none; ``ValueError`` if it is unreadable."""
+    marker = Path(folder) / MARKER
+    if not marker.is_file():
+        return None
+    try:
+        record = json.loads(marker.read_text())
+        if not isinstance(record, dict) or not isinstance(record["files"], dict):
+            raise TypeError
+        return record
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{marker}: unreadable") from None
+
+
+@dataclass(frozen=True)
+class Inspection:
+    problem: str | None  # None: complete and intact (and verified when asked)
+    note: str | None = None  # accepted, but not everything could be checked (no digests)
+
+
+def inspect(folder: str | os.PathLike, tracked: bool = False, verify: bool = True) -> Inspection:
+    """Is ``folder`` a complete, intact checkpoint (module docstring)? ``verify``: also compare every
+    file's digest with the marker's (reads every byte: ``file_digest``).
 
     ``tracked``: verl's tracker names this folder (accepted without the marker).
     """
     folder = Path(folder)
     if not folder.is_dir():
-        return f"{folder}: no such directory"
-    marker = folder / MARKER
-    if marker.is_file():
-        try:
-            files = json.loads(marker.read_text())["files"]
-        except (ValueError, KeyError, TypeError):
-            return f"{marker}: unreadable"
-        for rel, size in files.items():
-            p = folder / rel
+        return Inspection(f"{folder}: no such directory")
+    try:
+        record = read_marker(folder)
+    except ValueError as e:
+        return Inspection(str(e))
+    note = None
+    if record is not None:
+        files = record["files"]
+        for rel, entry in files.items():
+            p, size = folder / rel, entry.get("size") if isinstance(entry, dict) else entry
             if not p.is_file():
-                return f"{folder}: {rel} is missing (listed in {MARKER})"
+                return Inspection(f"{folder}: {rel} is missing (listed in {MARKER})")
             if p.stat().st_size != size:
-                return f"{folder}: {rel} has {p.stat().st_size} bytes, {size} when it was saved"
+                return Inspection(f"{folder}: {rel} has {p.stat().st_size} bytes, {size} when it was saved")
+        unhashed = [rel for rel, entry in files.items() if not (isinstance(entry, dict) and DIGEST in entry)]
+        if unhashed:
+            note = f"{folder / MARKER} records no {DIGEST} digests (written before they were): sizes checked only"
     elif not tracked:
-        return f"{folder}: incomplete (no {MARKER}: the save did not finish)"
+        return Inspection(f"{folder}: incomplete (no {MARKER}: the save did not finish)")
+    else:
+        note = f"{folder} has no {MARKER} (verl's own trainer, or an older run): its contents are not verified"
     if not (folder / "actor").is_dir():
-        return f"{folder}: no actor/ (deleted by trainer.max_actor_ckpt_to_keep, or the save did not finish)"
+        return Inspection(f"{folder}: no actor/ (deleted by trainer.max_actor_ckpt_to_keep, or the save did not finish)")
     if not (folder / "data.pt").is_file():
-        return f"{folder}: no data.pt (the data order could not be restored)"
+        return Inspection(f"{folder}: no data.pt (the data order could not be restored)")
     for p in sorted(folder.rglob("*.pt")):
         if (why := pt_problem(p)) is not None:
-            return why
-    return None
+            return Inspection(why)
+    if verify and record is not None:
+        hashed = [(rel, e[DIGEST]) for rel, e in record["files"].items() if isinstance(e, dict) and DIGEST in e]
+        actual = _digests([folder / rel for rel, _ in hashed])
+        for (rel, want), got in zip(hashed, actual):
+            if got != want:
+                return Inspection(f"{folder / rel}: corrupted or replaced (its {DIGEST} differs from the one "
+                                  f"recorded at the save in {MARKER})")
+    return Inspection(None, note)
 
 
-def last_complete(root: str | os.PathLike) -> Path | None:
-    """The newest complete, intact checkpoint under ``root`` (None if there is none)."""
+def checkpoint_problem(folder: str | os.PathLike, tracked: bool = False, verify: bool = True) -> str | None:
+    """None if ``folder`` is a complete, intact (and, with ``verify``, verified) checkpoint; else the reason."""
+    return inspect(folder, tracked, verify).problem
+
+
+def _auto_order(root: Path, tracked: int | None) -> tuple[list[tuple[int, Path]], list[str]]:
+    """The checkpoints ``auto`` may resume, in the order it tries them, and what it ignores (folders
+    above the tracker's step: one reason each, without reading their contents)."""
+    dirs = step_dirs(root)
+    if tracked is None:
+        return dirs, []
+    ignored = []
+    for n, p in dirs:
+        if n > tracked:
+            why = inspect(p, verify=False).problem
+            ignored.append(why or f"{p}: complete, but not the run the tracker follows")
+    return [(n, p) for n, p in dirs if n <= tracked], ignored
+
+
+def last_complete(root: str | os.PathLike, verify: bool = False) -> Path | None:
+    """The checkpoint ``auto`` would resume under ``root`` (None if there is none). Without ``verify``
+    the digests are not compared (the stop line and the refusals' suggestions: no file is read whole)."""
+    root = Path(root)
     tracked = tracker_step(root, strict=False)
-    return next((p for n, p in step_dirs(root) if checkpoint_problem(p, tracked=n == tracked) is None), None)
+    order, _ = _auto_order(root, tracked)
+    return next((p for n, p in order if checkpoint_problem(p, tracked=n == tracked, verify=verify) is None), None)
 
 
 def _choices(root: Path) -> str:
@@ -174,34 +299,69 @@ def resume_mode_problem(mode) -> str | None:
     return None
 
 
-def plan_resume(mode: str, default_local_dir: str, resume_from_path: str | None = None) -> ResumePlan:
-    """What the run resumes from (module docstring); ``ResumeError`` when it cannot continue."""
+def _settings_note(folder: Path, settings: dict | None, allow_changed: bool) -> str | None:
+    """None if the checkpoint's recorded settings equal ``settings``; a note when they cannot be compared
+    or differ with ``allow_changed``; ``ResumeError`` (one line naming each key) when they differ."""
+    if settings is None:
+        return None
+    record = read_marker(folder)
+    saved = None if record is None else record.get("settings")
+    if not isinstance(saved, dict):
+        return f"{folder} records no RPG settings (written before they were): not compared"
+    changes = settings_changes(saved, settings)
+    if not changes:
+        return None
+    if allow_changed:
+        return f"settings changed since {folder} ({ALLOW_CHANGED}=true): {', '.join(changes)}"
+    raise ResumeError(f"{folder} was trained with other RPG settings: {', '.join(changes)}; resume with the "
+                      f"checkpoint's values, or set {ALLOW_CHANGED}=true to continue it with the new ones, or "
+                      f"trainer.resume_mode=disable (another trainer.default_local_dir) to train from step 0")
+
+
+def _join(*parts: str | None) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def plan_resume(mode: str, default_local_dir: str, resume_from_path: str | None = None,
+                settings: dict | None = None, allow_changed: bool = False) -> ResumePlan:
+    """What the run resumes from (module docstring); ``ResumeError`` when it cannot continue.
+    ``settings``: the run's ``recorded_settings`` (None: not compared)."""
     if (why := resume_mode_problem(mode)) is not None:  # never read a typo as auto
         raise ResumeError(why)
     if mode == "disable":
         return ResumePlan(None)
     if mode == "resume_path":
         folder = _absolute(str(resume_from_path))
-        if (why := checkpoint_problem(folder, tracked=_tracked_by_parent(folder))) is not None:
-            raise ResumeError(f"cannot resume from trainer.resume_from_path: {why}; {_choices(folder.parent)}")
-        return ResumePlan(str(folder), f"resuming from {folder}")
+        found = inspect(folder, tracked=_tracked_by_parent(folder))
+        if found.problem is not None:
+            raise ResumeError(f"cannot resume from trainer.resume_from_path: {found.problem}; {_choices(folder.parent)}")
+        return ResumePlan(str(folder), _join(f"resuming from {folder}", found.note,
+                                             _settings_note(folder, settings, allow_changed)))
     root = _absolute(str(default_local_dir))
     tracked = tracker_step(root)
-    dirs = step_dirs(root)
-    if tracked is None and not dirs:
+    order, ignored = _auto_order(root, tracked)
+    if tracked is None and not order:
         return ResumePlan(None)  # nothing saved yet: from scratch
     skipped = []
-    if tracked is not None and tracked not in {n for n, _ in dirs}:
+    if tracked is not None and tracked not in {n for n, _ in order}:
         skipped.append(f"{root / f'global_step_{tracked}'}: missing (named by {TRACKER})")
-    for n, p in dirs:
-        why = checkpoint_problem(p, tracked=n == tracked)
-        if why is None:
-            return ResumePlan(str(p), f"resuming from {p}, the newest complete checkpoint"
-                              + (f"; skipped: {'; '.join(skipped)}" if skipped else ""))
-        skipped.append(why)
+    ignored_line = f"ignored (above the tracker's step, never resumed): {'; '.join(ignored)}" if ignored else None
+    for n, p in order:
+        found = inspect(p, tracked=n == tracked)
+        if found.problem is None:
+            if tracked is None:
+                why = f"the newest complete checkpoint (no {TRACKER} in {root})"
+            elif n == tracked:
+                why = f"step {n}, named by verl's tracker ({TRACKER})"
+            else:
+                why = f"the newest complete checkpoint below step {tracked}, which verl's tracker names but cannot be resumed"
+            return ResumePlan(str(p), _join(f"resuming from {p}: {why}",
+                                            f"skipped: {'; '.join(skipped)}" if skipped else None, ignored_line,
+                                            found.note, _settings_note(p, settings, allow_changed)))
+        skipped.append(found.problem)
     tracker_note = f" ({TRACKER} names step {tracked})" if tracked is not None else ""
     raise ResumeError(f"trainer.resume_mode=auto: no complete checkpoint in {root}{tracker_note}, but training "
-                      f"from step 0 would overwrite what is there ({'; '.join(skipped) or 'no global_step_N left'}); "
+                      f"from step 0 would overwrite what is there ({_join(*skipped, ignored_line) or 'no global_step_N left'}); "
                       f"{_choices(root)}")
 
 

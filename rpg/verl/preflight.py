@@ -24,9 +24,10 @@ Keys and rules (a value containing ``://`` — hdfs://, s3://, ... — is remote
   name is ``global_step_<N>`` (verl reads the step from it); relative to the current directory
   and ``~`` is not expanded, as verl does.
 
-``resolve_resume`` (driver only, after the paths) decides what the run resumes from
-(``rpg.verl.checkpoints``: the newest complete, intact checkpoint, or one line refusing) and pins
-it: ``resume_mode=auto`` becomes ``resume_path`` with that folder, so verl loads exactly it.
+``resolve_resume`` (driver only, after the paths and the ``rpg:`` block were applied) decides what
+the run resumes from (``rpg.verl.checkpoints``: the checkpoint verl's tracker names, complete, intact
+and verified by its digests, trained with the same RPG settings, or one line refusing) and pins it:
+``resume_mode=auto`` becomes ``resume_path`` with that folder, so verl loads exactly it.
 ``check_run_names``: ``trainer.project_name`` and ``trainer.experiment_name`` name directories
 (checkpoints, logs) and must stay inside them: no path separator, not ``.``/``..``, not empty.
 """
@@ -131,10 +132,11 @@ def resolve_resume(cfg) -> str | None:
     Raises ``ResumeError`` (one line) when the run cannot continue where it stopped."""
     from omegaconf import OmegaConf
 
-    from rpg.verl.checkpoints import plan_resume
+    from rpg.verl.checkpoints import ALLOW_CHANGED, plan_resume, recorded_settings
 
     mode = _get(cfg, "trainer.resume_mode")
-    plan = plan_resume(mode, _get(cfg, "trainer.default_local_dir"), _get(cfg, "trainer.resume_from_path"))
+    plan = plan_resume(mode, _get(cfg, "trainer.default_local_dir"), _get(cfg, "trainer.resume_from_path"),
+                       settings=recorded_settings(cfg), allow_changed=bool(_get(cfg, ALLOW_CHANGED)))
     if plan.folder is not None:
         OmegaConf.update(cfg, "trainer.resume_mode", "resume_path")
         OmegaConf.update(cfg, "trainer.resume_from_path", plan.folder)

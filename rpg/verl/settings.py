@@ -13,6 +13,7 @@ that verl's actor config does not already hold, ``loss_fields()``)::
       optimizer: adamw | schedulefree
       reward_function: "rpg.reward:compute_score" | null
       validation: {samples_per_problem: {data_source prefix: n}}
+      resume:    {allow_changed_settings}
 
 How each setting reaches verl (``apply_to_verl_config``):
 
@@ -32,6 +33,9 @@ How each setting reaches verl (``apply_to_verl_config``):
   ``actor.optim.optimizer=AdamWScheduleFree`` (verl's ``build_optimizer``); constant lr schedule.
 * ``rpg.validation.samples_per_problem`` -> read by ``RPGTrainer`` (``rpg.verl.validation``): validation
   rows whose data source starts with a key get that many samples, the others ``val_kwargs.n``.
+* ``rpg.resume.allow_changed_settings`` -> read by the driver's resume check (``rpg.verl.checkpoints``):
+  a checkpoint records the run's RPG settings (``resume_keys()`` there); a resume with other values is
+  refused (one line naming each key, old -> new) unless this is true.
 """
 
 from __future__ import annotations
@@ -56,8 +60,9 @@ POLICY_LOSS_TARGET = "rpg.verl.policy_config.RPGPolicyLossConfig"
 SCHEDULEFREE_IMPL, SCHEDULEFREE_CLASS = "schedulefree", "AdamWScheduleFree"
 
 _REF_KEYS = ("mode", "update_every", "kl_threshold", "kl_ema_decay", "log_weight_diff")
-_TOP_KEYS = ("loss", "reference", "optimizer", "reward_function", "validation")
+_TOP_KEYS = ("loss", "reference", "optimizer", "reward_function", "validation", "resume")
 _VALIDATION_KEYS = ("samples_per_problem",)
+_RESUME_KEYS = ("allow_changed_settings",)
 # the paper's Table 7 protocol: one sample per MinervaMath / OlympiadBench problem (rpg.verl.validation)
 PAPER_SAMPLES_PER_PROBLEM = (("minerva", 1), ("olympiad", 1))
 
@@ -146,6 +151,7 @@ class RPGSettings:
     optimizer: str = "adamw"
     reward_function: str | None = None
     samples_per_problem: tuple[tuple[str, int], ...] = PAPER_SAMPLES_PER_PROBLEM  # (data_source prefix, n)
+    allow_changed_settings: bool = False  # rpg.resume: resume a checkpoint trained with other RPG settings
 
     @property
     def uses_rpg_actor_loss(self) -> bool:
@@ -265,8 +271,11 @@ def parse_rpg_settings(block: Any) -> RPGSettings:
               f"(mode is {ref_s.mode}); leave it at {d_ref.kl_ema_decay}")
     if ref_s.log_weight_diff and not ref_s.resets:
         _fail("rpg.reference.log_weight_diff=true needs rpg.reference.mode=periodic or kl_threshold")
+    resume = _mapping("rpg.resume", top.get("resume"), _RESUME_KEYS)
+    allow_changed = _bool("rpg.resume.allow_changed_settings", resume.get("allow_changed_settings", False))
     return RPGSettings(loss_name=name, loss=loss_s, reference=ref_s, optimizer=optimizer,
-                       reward_function=reward_function, samples_per_problem=_samples_per_problem(top.get("validation")))
+                       reward_function=reward_function, samples_per_problem=_samples_per_problem(top.get("validation")),
+                       allow_changed_settings=allow_changed)
 
 
 def _samples_per_problem(block: Any) -> tuple[tuple[str, int], ...]:

@@ -18,7 +18,8 @@ Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is 
   unless the reference equals the saved actor (last reset == this step), the reference shards;
   after verl's save, the reference state of every checkpoint whose actor verl's retention
   (``trainer.max_actor_ckpt_to_keep``) deleted is deleted too; last, the completion marker
-  (``rpg.verl.checkpoints.MARKER``: the files and their sizes) that a resume requires.
+  (``rpg.verl.checkpoints.MARKER``: the files, their sizes and digests, the run's RPG settings) that a
+  resume requires.
 * ``on_init_end``: schedule-free -> train mode (y) after a resume; reference restored from the
   checkpoint (see docs/verl-integration.md, "Resume"); then verl's rollout weight sync.
 * ``on_validate_begin/end``: schedule-free -> validation generates with the eval (x) weights:
@@ -53,7 +54,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
 from rpg.behavior import behavior_weights
-from rpg.verl.checkpoints import write_marker
+from rpg.verl.checkpoints import recorded_settings, write_marker
 from rpg.verl.settings import parse_rpg_settings
 from rpg.verl.validation import SamplesPerSource
 from rpg.verl.worker import RPGActorRolloutRefWorker
@@ -256,7 +257,9 @@ class RPGTrainerMixin:
         if self.config.actor_rollout_ref.actor.get("checkpoint", {}).get("async_save", False):
             return
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        write_marker(folder, self.global_steps)
+        # digests of every file (read back here: the TaskRunner's node must see them, shared storage on
+        # several nodes) and the run's RPG settings, both checked by the driver before a resume
+        write_marker(folder, self.global_steps, recorded_settings(self.config))
 
     def _save_reference_state(self) -> None:
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
