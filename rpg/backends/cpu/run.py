@@ -265,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_rss_sum_gb": round(run.peak_rss_bytes / 2**30, 2),
         "peak_system_used_gb": round(run.peak_system_used_bytes / 2**30, 2),
         "leftover_pids": run.leftover_pids,
+        "leftover_shm": run.leftover_shm,
         "output_dir": str(out),
         "overrides": overrides,
     }
