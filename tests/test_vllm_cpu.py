@@ -20,8 +20,8 @@ sampled tokens of a step, where p_vLLM is the probability vLLM gave the token wh
 p_actor the one the actor recomputes as pi_old before its update. Both run the same float32 weights
 with different kernels (vLLM's oneDNN GEMMs and paged attention against torch's), which differ by
 float32 rounding: measured 9e-7 .. 2e-6. ``PROB_TOL`` = 1e-4 lies far above that and far below what a
-missed sync leaves (one update of the tiny model moves token probabilities by 1e-2 and more: the
-negative control measures it).
+missed sync leaves (the negative control measured 0.22 after one step's updates were not synced).
+Measured (2 cores): launch A 127 s, B 95 s, peak PSS 7.9 GiB each; the whole stage 4 min 19 s.
 """
 
 from __future__ import annotations
