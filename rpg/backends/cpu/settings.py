@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
+from rpg.backends.cpu import vllm_cpu
+from rpg.launch.overrides import merge_overrides
 from rpg.launch.run_env import RUN_ENV, external_modules, forwarded_env_overrides
 
 REGISTER_MODULE = "rpg.backends.cpu.register"
@@ -25,16 +27,19 @@ ROLLOUT_NAME = "hf"
 # Forwarded to every Ray process through ray_kwargs.ray_init.runtime_env.env_vars as well
 # (Ray workers on this node also inherit the driver's environment; the explicit forward keeps it
 # correct when they do not, e.g. on a pre-started cluster).
-_FORWARDED = ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "TORCH_COMPILE_DISABLE", "OMP_NUM_THREADS", "TQ_NUM_THREADS")
+_FORWARDED = ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "TORCH_COMPILE_DISABLE", "OMP_NUM_THREADS",
+              "TQ_NUM_THREADS", *vllm_cpu.FORWARDED)
 
 
 def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment variables for a CPU run (merge into os.environ of the launching process).
 
     ``extra_modules`` are appended to VERL_USE_EXTERNAL_MODULES (e.g. a recipe's registration
-    module); modules already listed in ``base`` (default: os.environ) are kept.
+    module); modules already listed in ``base`` (default: os.environ) are kept. ``RPG_CPU_ROLLOUT=vllm``
+    in ``base`` adds the vLLM-CPU variables (``rpg.backends.cpu.vllm_cpu.vllm_env``).
     """
     base = os.environ if base is None else base
+    vllm = vllm_cpu.vllm_env(base) if vllm_cpu.rollout_of(base) == "vllm" else {}
     return {
         "VERL_PLATFORM": "cpu",  # selects rpg.backends.cpu.platform.PlatformCPU (else verl falls back to cuda)
         "VERL_USE_EXTERNAL_MODULES": external_modules(extra_modules, base.get("VERL_USE_EXTERNAL_MODULES"),
@@ -47,13 +52,15 @@ def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
         # through Ray's log monitor); 1 keeps the OMP_NUM_THREADS=1 rule inside TransferQueue too
         "TQ_NUM_THREADS": base.get("TQ_NUM_THREADS", "1"),
         **RUN_ENV,
+        **vllm,
     }
 
 
 def cpu_overrides(env: Mapping[str, str] | None = None, num_cpus: int = 8) -> list[str]:
     """Hydra overrides that make verl's trainer run on the CPU backend (any model size).
 
-    ``env`` (default: ``cpu_env()``) supplies the values forwarded to Ray workers.
+    ``env`` (default: ``cpu_env()``) supplies the values forwarded to Ray workers; with
+    ``RPG_CPU_ROLLOUT=vllm`` in it, verl's vLLM rollout replaces the HF one (``vllm_cpu.vllm_overrides``).
     ``num_cpus`` is Ray's *logical* CPU count: placement groups reserve CPU bundles per worker
     and the reward/agent-loop/TransferQueue actors need some; oversubscribing 2 real cores is fine.
     """
@@ -93,4 +100,6 @@ def cpu_overrides(env: Mapping[str, str] | None = None, num_cpus: int = 8) -> li
         # no DataLoader worker processes (each is a fork of the TaskRunner; 8 by default)
         "data.dataloader_num_workers=0",
     ]
+    if vllm_cpu.rollout_of(env) == "vllm":
+        ov = merge_overrides(ov, vllm_cpu.vllm_overrides())  # rollout.name=vllm in place of hf
     return ov + forwarded_env_overrides(env, _FORWARDED)
