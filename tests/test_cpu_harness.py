@@ -97,3 +97,45 @@ def _wait_for(path, timeout_s: float = 60.0) -> None:
     deadline = time.time() + timeout_s
     while not path.exists() and time.time() < deadline:
         time.sleep(0.05)
+
+
+def test_a_reused_pid_is_never_signalled(tmp_path, monkeypatch):
+    """A process of the run ends and its pid is taken by an unrelated process (PIDs wrap): the clean-up
+    must not signal that process. Before: the harness recorded bare pids and terminated whatever held one
+    of them at the end (victim exit -15, its pid in ``leftover_pids``).
+
+    The reuse is simulated: once the run's child has exited, psutil's view of its pid is an unrelated
+    process that this test started (same pid, another start time), which is what the kernel shows after
+    a reuse."""
+    import subprocess
+    import sys
+
+    entry = _script(tmp_path, """
+        import os, subprocess, sys
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+        with open(os.environ["VERL_FILE_LOGGER_PATH"] + ".child", "w") as f:
+            f.write(str(child.pid))
+        child.wait()  # the child ends (and is reaped) while the trainer is still running
+    """)
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    child_file = tmp_path / "out" / "metrics.jsonl.child"
+    real = psutil.Process
+
+    class Reused(real):
+        """psutil.Process, except that the run's child's pid, once that child is gone, names the victim."""
+
+        def __init__(self, pid=None):
+            if pid is not None and child_file.exists() and pid == int(child_file.read_text() or -1) \
+                    and not os.path.exists(f"/proc/{pid}"):
+                pid = victim.pid
+            super().__init__(pid)
+
+    try:
+        monkeypatch.setattr(psutil, "Process", Reused)
+        run = run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=60, reap_after_s=2)
+        monkeypatch.undo()
+        assert int(child_file.read_text()) not in run.leftover_pids and run.leftover_pids == []
+        assert victim.poll() is None  # the unrelated process was not signalled
+    finally:
+        victim.kill()
+        victim.wait()

@@ -16,7 +16,9 @@ FileLogger writes one JSON line ``{"step": s, "data": {...}}`` per ``logger.log`
 validation before training is logged at step 0).
 
 Clean-up: the trainer runs in its own session with a private Ray temp dir, so every process of
-the run (driver, GCS, raylet, workers) is identifiable. After the run, whatever its outcome, any
+the run (driver, GCS, raylet, workers) is identifiable. Each is recorded by its pid and start time
+(psutil's ``create_time``), and only a process that still has both is ever signalled: a pid reused
+by another process after a run's process ended is left alone. After the run, whatever its outcome, any
 of them still alive 30 s after the driver exited is terminated, and ``TrainerRun.leftover_pids``
 lists them (empty in a clean run). The trainer is tethered to this process (``rpg.launch.tether``):
 if this process is killed with SIGKILL, when none of this clean-up can run, the kernel sends the
@@ -394,8 +396,9 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
                         _terminate_group(proc, wait_s=STOP_WAIT_S if signalled else 15.0)
                     if pump is not None:
                         pump.join(timeout=STOP_GRACE_S if signalled else 10)  # the output's last lines
-                    if monitor is None:  # stopped before the monitor existed: the trainer's pid at least
-                        seen = {proc.pid}
+                    if monitor is None:  # stopped before the monitor existed: the trainer at least, while
+                        # not reaped (a reaped child's pid may be another process's already)
+                        seen = set(_identities([proc.pid])) if proc.returncode is None else set()
                     else:
                         with contextlib.suppress(Exception):  # progress output to a closed terminal (SIGHUP)
                             monitor.sample()
@@ -493,7 +496,7 @@ class _Monitor:
         self.psutil = psutil
         self.root_pid, self.ray_tmp = root_pid, ray_tmp
         self.metrics_file, self.on_metrics = metrics_file, on_metrics
-        self.seen: set[int] = {root_pid}
+        self.seen: set[tuple[int, float]] = set(_identities([root_pid]))  # (pid, start time) of each process
         self.peak_rss = 0
         self.peak_pss = 0
         self._last_pss = 0.0
@@ -525,7 +528,10 @@ class _Monitor:
         # 2-core machine. RSS (cheap) is sampled every 0.5 s, PSS every PSS_EVERY_S.
         with_pss = time.time() - self._last_pss > PSS_EVERY_S
         for p in {p.pid: p for p in self.procs()}.values():
-            self.seen.add(p.pid)
+            try:
+                self.seen.add((p.pid, p.create_time()))
+            except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
+                continue
             try:
                 if with_pss:
                     info = p.memory_full_info()
@@ -580,13 +586,28 @@ def _terminate_group(proc: subprocess.Popen, wait_s: float = 15.0) -> None:
         proc.wait(timeout=wait_s)
 
 
-def _cleanup(seen: set[int], ray_tmp: str, grace_s: float = 30.0) -> list[int]:
-    """Terminate processes of this run that outlived the driver by ``grace_s``; return their pids."""
+def _identities(pids: Iterable[int]) -> list[tuple[int, float]]:
+    """(pid, start time) of each of ``pids`` still running: what identifies a process, a pid alone does not."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            out.append((pid, psutil.Process(pid).create_time()))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+            pass
+    return out
+
+
+def _cleanup(seen: set[tuple[int, float]], ray_tmp: str, grace_s: float = 30.0) -> list[int]:
+    """Terminate processes of this run (``seen``: (pid, start time) of each) that outlived the driver by
+    ``grace_s``; return their pids. A pid now held by a process with another start time is not the run's."""
     import psutil
 
     deadline = time.time() + grace_s  # a clean exit lets Ray stop its own daemons first
     while True:
-        alive = [p for p in _alive(psutil, seen | {p.pid for p in _procs_using(psutil, ray_tmp)}) if p.pid != os.getpid()]
+        found = set(_identities(p.pid for p in _procs_using(psutil, ray_tmp)))
+        alive = [p for p in _alive(psutil, seen | found) if p.pid != os.getpid()]
         if not alive or time.time() > deadline:
             break
         time.sleep(0.5)
@@ -605,13 +626,15 @@ def _cleanup(seen: set[int], ray_tmp: str, grace_s: float = 30.0) -> list[int]:
     return left_behind
 
 
-def _alive(psutil, pids: Iterable[int]) -> list:
+def _alive(psutil, identities: Iterable[tuple[int, float]]) -> list:
+    """The processes of ``identities`` ((pid, start time)) still running as themselves (not zombies). The
+    psutil objects returned check the identity again before each signal (psutil refuses a reused pid)."""
     out = []
-    for pid in pids:
+    for pid, started in identities:
         try:
             p = psutil.Process(pid)
-            if p.status() != psutil.STATUS_ZOMBIE:
+            if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return out
