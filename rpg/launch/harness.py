@@ -54,6 +54,7 @@ from pathlib import Path
 
 from rpg.backends.cpu.settings import cpu_env, cpu_overrides
 from rpg.launch.overrides import merge_overrides, values
+from rpg.launch.run_env import ray_auth_env
 from rpg.reports import history
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
 
@@ -273,6 +274,7 @@ def run_trainer(
         [*overrides, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"], entry, extra_modules, base, backend
     )
     run_env["PYTHONUNBUFFERED"] = "1"
+    run_env.update(ray_auth_env(base))  # the run's Ray cluster: token authentication, a token of its own
     run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv, cwd=Path(cwd or out).resolve(),
                      overrides=argv[1 + len(_entry_argv(entry)):])  # after python and the entry
     if stop is not None and stop.is_set():  # stopped before it started: start nothing
