@@ -96,6 +96,8 @@ class TrainerRun:
     cwd: Path | None = None  # the trainer's working directory (relative checkpoint paths)
     notes: list[str] = field(default_factory=list)  # history lines: steps a resume replaced, lost steps, ...
     config_error: str | None = None  # the driver's one line when it refused the config (``rpg config error: ...``)
+    output_error: str | None = None  # why the trainer's output could not be written (a full disk): the run was stopped
+    discarded_lines: int = 0  # lines of the trainer's output drained but not written (after ``output_error``)
 
     def refusal(self) -> str | None:
         """The driver's one line when it refused the config before Ray (exit code 2), else None: what a
@@ -118,6 +120,10 @@ class TrainerRun:
 
     def tail(self, n: int = 60) -> str:
         return "\n".join(self.log.splitlines()[-n:])
+
+
+class _OutputFailed(Exception):
+    """(Internal) the run was stopped because its output could not be written."""
 
 
 class MetricsFileError(ValueError):
@@ -293,10 +299,14 @@ def run_trainer(
         run_env["VERL_FILE_LOGGER_PATH"] = str(segment)
         monitor = _launch(run, argv, run_env, segment, ray_tmp, timeout_s, echo, on_metrics, on_line,
                           reap_after_s, stop, lock.fileno())
+        if run.output_error is not None:  # a full disk: the segments stay, the next start folds them
+            raise _OutputFailed
         if (line := fold_segments(metrics_file)) is not None:
             run.notes.append(line)
         test_freq = values(run.overrides).get("trainer.test_freq")
         run.notes += history_notes(metrics_file, test_freq if type(test_freq) is int else None)
+    except _OutputFailed:
+        pass
     finally:
         lock.close()
     run.metrics = read_metrics(metrics_file)
@@ -305,6 +315,9 @@ def run_trainer(
     run.peak_system_used_bytes = monitor.peak_sys
     if run.stop_signal is not None:
         raise TrainerRunError(f"trainer stopped by {signal.Signals(run.stop_signal).name}; log: {log_file}", run)
+    if run.output_error is not None:
+        raise TrainerRunError(f"trainer stopped: its output could not be written ({run.output_error}); log: "
+                              f"{log_file}", run)
     if check and (run.timed_out or run.stopped or run.returncode != 0):
         why = (f"timed out after {timeout_s:.0f} s" if run.timed_out else "stopped by the caller" if run.stopped
                else f"exited with code {run.returncode}")
@@ -375,7 +388,7 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
                     tethered(os.getpid(), argv), cwd=str(run.cwd), env=run_env, stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(lock_fd,),
                 )
-                pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0, watch), daemon=True)
+                pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0, watch, run), daemon=True)
                 pump.start()
                 monitor = _Monitor(proc.pid, ray_tmp, segment, on_metrics)
                 while proc.poll() is None:
@@ -386,12 +399,14 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
                     if stop is not None and stop.is_set():
                         run.stopped = True
                         break
+                    if run.output_error is not None:  # a full disk: stop now, the pump drains meanwhile
+                        break
                     time.sleep(0.5)
             except StopSignal:
                 pass  # recorded in handlers.received
             finally:
                 handlers.hold()  # a signal from here on is recorded, never interrupts the clean-up
-                signalled = bool(handlers.received)
+                signalled = bool(handlers.received) or run.output_error is not None  # the short clean-up
                 seen = set()
                 if proc is not None:
                     if proc.poll() is None:
@@ -449,6 +464,9 @@ def report_failure(err: TrainerRunError, prefix: str, resume: str) -> int:
     if run.stop_signal is not None:
         report_stop(run, prefix, resume)
         return 128 + run.stop_signal
+    if run.output_error is not None:  # a full disk: the same one line, exit 1
+        report_stop(run, prefix, resume)
+        return 1
     with contextlib.suppress(OSError):  # the terminal may be gone
         print(run.refusal() or f"{prefix} FAILED: {err}", file=sys.stderr, flush=True)
     return run.returncode if (run.returncode or 0) > 0 else 1
@@ -457,7 +475,7 @@ def report_failure(err: TrainerRunError, prefix: str, resume: str) -> int:
 def report_stop(run: TrainerRun, prefix: str, resume: str) -> str:
     """Print ``stop_line`` (to stderr; the terminal may be gone after SIGHUP) and append it to the log."""
     line = stop_line(run, resume)
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):  # nothing may be writable (a full disk)
         with open(run.log_file, "a") as log:
             log.write(line + "\n")
     with contextlib.suppress(OSError):
@@ -466,22 +484,40 @@ def report_stop(run: TrainerRun, prefix: str, resume: str) -> str:
 
 
 def stop_line(run: TrainerRun, resume: str) -> str:
-    """The one line for a run ended by a stop signal: log, last complete checkpoint, resume command."""
+    """The one line for a run ended by a stop signal or an unwritable output (a full disk): log, last complete
+    checkpoint, resume command."""
     from rpg.verl.checkpoints import last_complete  # torch-free, but imports the rpg settings
 
     root = checkpoint_dir(run)
     ckpt = last_complete(root) if root is not None else None
     where = ckpt or f"none in {root} (the resume starts at step 0; trainer.save_freq saves them)"
     left = f"; {len(run.leftover_pids)} leftover processes terminated" if run.leftover_pids else ""
-    return (f"stopped by {signal.Signals(run.stop_signal).name}: every process of the run ended{left}; log "
+    why = (f"stopped by {signal.Signals(run.stop_signal).name}" if run.stop_signal is not None else
+           f"stopped because the output could not be written ({run.output_error}; {run.discarded_lines} lines of "
+           "output discarded; free space, then resume)")
+    return (f"{why}: every process of the run ended{left}; log "
             f"{run.log_file}; last complete checkpoint {where}; resume: {resume}")
 
 
-def _pump(stream, log, echo: bool, t0: float, on_line: Callable[[str], None] | None = None) -> None:
-    """Copy the trainer's output to the log file, each line prefixed with the seconds since start."""
+def _pump(stream, log, echo: bool, t0: float, on_line: Callable[[str], None] | None = None,
+          run: TrainerRun | None = None) -> None:
+    """Copy the trainer's output to the log file, each line prefixed with the seconds since start.
+
+    It never stops draining the pipe before the trainer's end (a full pipe blocks the trainer, and the
+    launcher then waited its whole timeout): when the log cannot be written (ENOSPC, EIO, ...) the first
+    error is recorded in ``run.output_error`` (the launcher then stops the run) and every later line is
+    read and counted in ``run.discarded_lines``."""
     for line in iter(stream.readline, b""):
-        log.write(f"[{time.time() - t0:7.1f}s] ".encode() + line)
-        log.flush()
+        if run is None or run.output_error is None:
+            try:
+                log.write(f"[{time.time() - t0:7.1f}s] ".encode() + line)
+                log.flush()
+            except OSError as e:
+                if run is None:
+                    raise
+                run.output_error = f"{run.log_file}: {e.strerror or e}"
+        if run is not None and run.output_error is not None:
+            run.discarded_lines += 1
         if echo:
             sys.stdout.write(line.decode(errors="replace"))
             sys.stdout.flush()
