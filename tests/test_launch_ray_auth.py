@@ -61,8 +61,10 @@ def run_exposure(procs: list[psutil.Process]) -> list[str]:
         p = pids[c.pid]
         try:
             env, name = p.environ(), p.name()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except psutil.NoSuchProcess:
             continue
+        except psutil.AccessDenied:  # cannot be verified: counted as exposed
+            env, name = {}, "?"
         if env.get("RAY_AUTH_MODE") != "token" or not (env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH")):
             bad.append(f"{name} {c.pid} {c.laddr.ip}:{c.laddr.port}")
     return bad
