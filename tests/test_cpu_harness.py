@@ -117,3 +117,104 @@ def test_the_launcher_stays_torch_free_and_still_reads_the_drivers_refusal(tmp_p
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip().splitlines()[-1] == "2 rpg config error: rpg.loss.divergence='js' is invalid False"
+
+
+def test_a_reused_pid_is_never_signalled(tmp_path, monkeypatch):
+    """A process of the run ends and its pid is taken by an unrelated process (PIDs wrap): the clean-up
+    must not signal that process. Before: the harness recorded bare pids and terminated whatever held one
+    of them at the end (victim exit -15, its pid in ``leftover_pids``).
+
+    The reuse is simulated: once the run's child has exited, psutil's view of its pid is an unrelated
+    process that this test started (same pid, another start time), which is what the kernel shows after
+    a reuse."""
+    import subprocess
+    import sys
+
+    entry = _script(tmp_path, """
+        import os, subprocess, sys
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+        with open(os.environ["VERL_FILE_LOGGER_PATH"] + ".child", "w") as f:
+            f.write(str(child.pid))
+        child.wait()  # the child ends (and is reaped) while the trainer is still running
+    """)
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    child_file = tmp_path / "out" / "metrics.jsonl.child"
+    real = psutil.Process
+
+    class Reused(real):
+        """psutil.Process, except that the run's child's pid, once that child is gone, names the victim."""
+
+        def __init__(self, pid=None):
+            if pid is not None and child_file.exists() and pid == int(child_file.read_text() or -1) \
+                    and not os.path.exists(f"/proc/{pid}"):
+                pid = victim.pid
+            super().__init__(pid)
+
+    try:
+        monkeypatch.setattr(psutil, "Process", Reused)
+        run = run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=60, reap_after_s=2)
+        monkeypatch.undo()
+        assert int(child_file.read_text()) not in run.leftover_pids and run.leftover_pids == []
+        assert victim.poll() is None  # the unrelated process was not signalled
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_a_full_disk_stops_the_run_with_the_stop_line(tmp_path, monkeypatch, capsys):
+    """The trainer's log cannot be written (ENOSPC after 4 KiB, as on a full disk) while the trainer prints
+    more than a pipe holds. Before: the harness's log pump died with the OSError, nothing drained the pipe,
+    the trainer blocked, and the launcher waited its whole timeout before a raw traceback. Now the pump keeps
+    draining, the run is stopped within the short clean-up time, and the launcher prints the one stop line
+    (log, last complete checkpoint, resume command)."""
+    import errno
+    import io
+    import time
+
+    from rpg.launch import harness
+
+    entry = _script(tmp_path, """
+        import sys, time
+        for i in range(20000):  # ~2 MB: far more than a pipe's 64 KiB
+            print(f"line {i} " + "x" * 90)
+        time.sleep(600)
+    """)
+    real_open = open
+
+    class FullDisk(io.RawIOBase):
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            if self.n + len(b) > 4096:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.n += len(b)
+            return self.f.write(b)
+
+        def close(self):
+            self.f.close()
+            super().close()
+
+    def fake_open(path, mode="r", *a, **kw):
+        f = real_open(path, mode, *a, **kw)
+        return FullDisk(f) if str(path).endswith(harness.LOG_FILE) and "b" in mode else f
+
+    monkeypatch.setattr(harness, "open", fake_open, raising=False)
+    out = tmp_path / "out"
+    t0 = time.time()
+    with pytest.raises(TrainerRunError, match="its output could not be written") as err:
+        run_trainer(["trainer.default_local_dir=ckpts"], output_dir=out, entry=entry, timeout_s=120)
+    run = err.value.run
+    assert time.time() - t0 < 60 and not run.timed_out  # stopped, not waited out
+    assert "No space left on device" in run.output_error and run.discarded_lines > 0
+    assert run.leftover_pids == []
+    code = harness.report_failure(err.value, "[tiny]", "python -m rpg.backends.cpu.run --out OUT")
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 1 and len(lines) == 1
+    assert lines[0].startswith("[tiny] stopped because the output could not be written") and "lines of output " \
+        "discarded" in lines[0] and f"log {out / 'trainer.log'}" in lines[0]
+    assert f"last complete checkpoint none in {out / 'ckpts'}" in lines[0] and lines[0].endswith(
+        "resume: python -m rpg.backends.cpu.run --out OUT")

@@ -219,3 +219,25 @@ def test_a_mistyped_print_only_is_refused_before_anything_runs(tmp_path):
     assert r.returncode == 2 and r.stderr.strip() == (
         "ray_cluster.sh: PRINT_ONLY='ture' is invalid; allowed values: 1, 0, true, false")
     assert not (tmp_path / "ray.log").exists() and not (tmp_path / "home" / ".ray").exists()
+
+
+@pytest.mark.parametrize("mode", ["tokne", " token", "token ", "TOKEN", "Disabled", "off"])
+@pytest.mark.parametrize("cmd", [["head"], ["worker", "10.0.0.1"], ["status"]])
+@pytest.mark.parametrize("print_only", ["1", "0"])
+def test_a_mistyped_auth_mode_is_refused_before_anything_runs(tmp_path, mode, cmd, print_only):
+    """Before: any RAY_AUTH_MODE but exactly "token" skipped the token steps and exited 0 (Ray reads "TOKEN"
+    as token mode, so it then wrote ~/.ray/auth_token with the umask, 0644). Only Ray's two modes, spelled
+    exactly, are accepted."""
+    token = tmp_path / "home" / ".ray" / "auth_token"
+    r = _run(tmp_path, *cmd, PRINT_ONLY=print_only, RAY_AUTH_MODE=mode)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.splitlines() == [
+        f"ray_cluster.sh: RAY_AUTH_MODE='{mode}' is invalid; allowed values: token (the default), disabled"]
+    assert _calls(tmp_path) == [] and not token.parent.exists()
+
+
+@pytest.mark.parametrize("mode", ["token", "disabled", ""])
+def test_the_documented_auth_modes_are_accepted(tmp_path, mode):
+    r = _run(tmp_path, "head", PRINT_ONLY="1", RAY_AUTH_MODE=mode)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == f"export RAY_AUTH_MODE={mode or 'token'}"
+    assert (mode != "disabled") == any("get-auth-token" in ln for ln in r.stdout.splitlines())

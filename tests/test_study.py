@@ -350,3 +350,34 @@ def test_cli_dry_run_prints_grid_and_estimate_and_rejects_bad_flags(tmp_path, ca
     assert "bad run name 'run_xyz'" in capsys.readouterr().err
     assert main(["--dry-run", "--jobs", "0", "--out", str(tmp_path)]) == 2
     assert "--jobs must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_second_study_on_the_same_out_is_refused_and_touches_nothing(fake, tmp_path, capsys):
+    """Before: the second study wiped the first one's running run folder (shutil.rmtree before the
+    harness's lock), ran it again into the same folder, and both recorded it as done."""
+    specs = G.grid(seeds=1, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[:1])
+    seen = {}
+    first = fake.__call__
+
+    def trainer(overrides, *, output_dir, **kw):
+        out = Path(output_dir)
+        if not seen:  # while the first study's run is in progress, a second study starts on the same --out
+            (out / "trainer.log").write_text("the first study's run\n")
+            seen["runs"] = len(fake.calls)
+            try:
+                R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)
+            except R.StudyBusyError as err:
+                seen["error"] = str(err)
+            seen["log"] = (out / "trainer.log").read_text() if (out / "trainer.log").exists() else None
+            seen["runs_after"] = len(fake.calls)
+        return first(overrides, output_dir=output_dir, **kw)
+
+    from rpg.launch import harness
+
+    harness.run_trainer = trainer  # the fixture's monkeypatch restores the original
+    records = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)
+    assert seen["error"] == (f"--out {tmp_path} is in use by another study (python -m rpg.study); wait for it to "
+                             "end or choose another --out")
+    assert seen["log"] == "the first study's run\n" and seen["runs_after"] == seen["runs"]  # nothing wiped or run
+    assert [r["status"] for r in records] == ["done"]
+    R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)  # released when the first study ended

@@ -13,7 +13,8 @@
 # Ray token authentication is on (RAY_AUTH_MODE=token): `head` creates ~/.ray/auth_token if missing,
 # readable by you only (0600; an existing one is set to 0600 too); copy that file to every worker
 # node (chmod 600; `worker` checks it is there and private) or export RAY_AUTH_TOKEN there.
-# RAY_AUTH_MODE=disabled turns it off. The GCS port (RAY_PORT) must be reachable from the workers.
+# RAY_AUTH_MODE=disabled turns it off; any other value (a typo, another case) is refused. The GCS
+# port (RAY_PORT) must be reachable from the workers.
 #
 # Environment: RAY_PORT [6379], DASHBOARD_HOST [127.0.0.1], DASHBOARD_PORT [8265], NODE_IP [Ray's
 # guess], NUM_GPUS [all visible], RAY_AUTH_MODE [token], RAY_AUTH_TOKEN_PATH [~/.ray/auth_token],
@@ -110,7 +111,15 @@ node_args() {
 cmd="${1:-}"
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
-    head|worker|submit|status|stop) set_env RAY_AUTH_MODE "${RAY_AUTH_MODE:-token}" ;;
+    head|worker|submit|status|stop)
+        # Ray's two modes, spelled exactly: a typo must not turn authentication off (the token steps below
+        # run for "token" only) nor skip the 0600 token file (Ray itself reads "TOKEN" as token mode).
+        case "${RAY_AUTH_MODE:-token}" in
+            token|disabled) ;;
+            *) echo "ray_cluster.sh: RAY_AUTH_MODE='${RAY_AUTH_MODE}' is invalid; allowed values: token (the default), disabled" >&2
+               exit 2 ;;
+        esac
+        set_env RAY_AUTH_MODE "${RAY_AUTH_MODE:-token}" ;;
 esac
 case "$cmd" in
     head)

@@ -16,7 +16,9 @@ FileLogger writes one JSON line ``{"step": s, "data": {...}}`` per ``logger.log`
 validation before training is logged at step 0).
 
 Clean-up: the trainer runs in its own session with a private Ray temp dir, so every process of
-the run (driver, GCS, raylet, workers) is identifiable. After the run, whatever its outcome, any
+the run (driver, GCS, raylet, workers) is identifiable. Each is recorded by its pid and start time
+(psutil's ``create_time``), and only a process that still has both is ever signalled: a pid reused
+by another process after a run's process ended is left alone. After the run, whatever its outcome, any
 of them still alive 30 s after the driver exited is terminated, and ``TrainerRun.leftover_pids``
 lists them (empty in a clean run). Shared-memory files in ``/dev/shm`` that a process of the run
 mapped and that outlived it (vLLM's message queues when its processes are killed at shutdown) are removed
@@ -54,6 +56,7 @@ from pathlib import Path
 
 from rpg.backends.cpu.settings import cpu_env, cpu_overrides
 from rpg.launch.overrides import merge_overrides, values
+from rpg.launch.run_env import ray_auth_env
 from rpg.reports import history
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
 
@@ -97,6 +100,8 @@ class TrainerRun:
     cwd: Path | None = None  # the trainer's working directory (relative checkpoint paths)
     notes: list[str] = field(default_factory=list)  # history lines: steps a resume replaced, lost steps, ...
     config_error: str | None = None  # the driver's one line when it refused the config (``rpg config error: ...``)
+    output_error: str | None = None  # why the trainer's output could not be written (a full disk): the run was stopped
+    discarded_lines: int = 0  # lines of the trainer's output drained but not written (after ``output_error``)
 
     def refusal(self) -> str | None:
         """The driver's one line when it refused the config before Ray (exit code 2), else None: what a
@@ -119,6 +124,10 @@ class TrainerRun:
 
     def tail(self, n: int = 60) -> str:
         return "\n".join(self.log.splitlines()[-n:])
+
+
+class _OutputFailed(Exception):
+    """(Internal) the run was stopped because its output could not be written."""
 
 
 class MetricsFileError(ValueError):
@@ -275,6 +284,7 @@ def run_trainer(
         [*overrides, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"], entry, extra_modules, base, backend
     )
     run_env["PYTHONUNBUFFERED"] = "1"
+    run_env.update(ray_auth_env(base))  # the run's Ray cluster: token authentication, a token of its own
     run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv, cwd=Path(cwd or out).resolve(),
                      overrides=argv[1 + len(_entry_argv(entry)):])  # after python and the entry
     if stop is not None and stop.is_set():  # stopped before it started: start nothing
@@ -293,10 +303,14 @@ def run_trainer(
         run_env["VERL_FILE_LOGGER_PATH"] = str(segment)
         monitor = _launch(run, argv, run_env, segment, ray_tmp, timeout_s, echo, on_metrics, on_line,
                           reap_after_s, stop, lock.fileno())
+        if run.output_error is not None:  # a full disk: the segments stay, the next start folds them
+            raise _OutputFailed
         if (line := fold_segments(metrics_file)) is not None:
             run.notes.append(line)
         test_freq = values(run.overrides).get("trainer.test_freq")
         run.notes += history_notes(metrics_file, test_freq if type(test_freq) is int else None)
+    except _OutputFailed:
+        pass
     finally:
         lock.close()
     run.metrics = read_metrics(metrics_file)
@@ -306,6 +320,9 @@ def run_trainer(
     run.cpu_s = round(sum(monitor.cpu.values()), 1)
     if run.stop_signal is not None:
         raise TrainerRunError(f"trainer stopped by {signal.Signals(run.stop_signal).name}; log: {log_file}", run)
+    if run.output_error is not None:
+        raise TrainerRunError(f"trainer stopped: its output could not be written ({run.output_error}); log: "
+                              f"{log_file}", run)
     if check and (run.timed_out or run.stopped or run.returncode != 0):
         why = (f"timed out after {timeout_s:.0f} s" if run.timed_out else "stopped by the caller" if run.stopped
                else f"exited with code {run.returncode}")
@@ -376,7 +393,7 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
                     tethered(os.getpid(), argv), cwd=str(run.cwd), env=run_env, stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(lock_fd,),
                 )
-                pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0, watch), daemon=True)
+                pump = threading.Thread(target=_pump, args=(proc.stdout, log, echo, t0, watch, run), daemon=True)
                 pump.start()
                 monitor = _Monitor(proc.pid, ray_tmp, segment, on_metrics)
                 while proc.poll() is None:
@@ -387,20 +404,23 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
                     if stop is not None and stop.is_set():
                         run.stopped = True
                         break
+                    if run.output_error is not None:  # a full disk: stop now, the pump drains meanwhile
+                        break
                     time.sleep(0.5)
             except StopSignal:
                 pass  # recorded in handlers.received
             finally:
                 handlers.hold()  # a signal from here on is recorded, never interrupts the clean-up
-                signalled = bool(handlers.received)
+                signalled = bool(handlers.received) or run.output_error is not None  # the short clean-up
                 seen = set()
                 if proc is not None:
                     if proc.poll() is None:
                         _terminate_group(proc, wait_s=STOP_WAIT_S if signalled else 15.0)
                     if pump is not None:
                         pump.join(timeout=STOP_GRACE_S if signalled else 10)  # the output's last lines
-                    if monitor is None:  # stopped before the monitor existed: the trainer's pid at least
-                        seen = {proc.pid}
+                    if monitor is None:  # stopped before the monitor existed: the trainer at least, while
+                        # not reaped (a reaped child's pid may be another process's already)
+                        seen = set(_identities([proc.pid])) if proc.returncode is None else set()
                     else:
                         with contextlib.suppress(Exception):  # progress output to a closed terminal (SIGHUP)
                             monitor.sample()
@@ -450,6 +470,9 @@ def report_failure(err: TrainerRunError, prefix: str, resume: str) -> int:
     if run.stop_signal is not None:
         report_stop(run, prefix, resume)
         return 128 + run.stop_signal
+    if run.output_error is not None:  # a full disk: the same one line, exit 1
+        report_stop(run, prefix, resume)
+        return 1
     with contextlib.suppress(OSError):  # the terminal may be gone
         print(run.refusal() or f"{prefix} FAILED: {err}", file=sys.stderr, flush=True)
     return run.returncode if (run.returncode or 0) > 0 else 1
@@ -458,7 +481,7 @@ def report_failure(err: TrainerRunError, prefix: str, resume: str) -> int:
 def report_stop(run: TrainerRun, prefix: str, resume: str) -> str:
     """Print ``stop_line`` (to stderr; the terminal may be gone after SIGHUP) and append it to the log."""
     line = stop_line(run, resume)
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):  # nothing may be writable (a full disk)
         with open(run.log_file, "a") as log:
             log.write(line + "\n")
     with contextlib.suppress(OSError):
@@ -467,22 +490,40 @@ def report_stop(run: TrainerRun, prefix: str, resume: str) -> str:
 
 
 def stop_line(run: TrainerRun, resume: str) -> str:
-    """The one line for a run ended by a stop signal: log, last complete checkpoint, resume command."""
+    """The one line for a run ended by a stop signal or an unwritable output (a full disk): log, last complete
+    checkpoint, resume command."""
     from rpg.verl.checkpoints import last_complete  # torch-free, but imports the rpg settings
 
     root = checkpoint_dir(run)
     ckpt = last_complete(root) if root is not None else None
     where = ckpt or f"none in {root} (the resume starts at step 0; trainer.save_freq saves them)"
     left = f"; {len(run.leftover_pids)} leftover processes terminated" if run.leftover_pids else ""
-    return (f"stopped by {signal.Signals(run.stop_signal).name}: every process of the run ended{left}; log "
+    why = (f"stopped by {signal.Signals(run.stop_signal).name}" if run.stop_signal is not None else
+           f"stopped because the output could not be written ({run.output_error}; {run.discarded_lines} lines of "
+           "output discarded; free space, then resume)")
+    return (f"{why}: every process of the run ended{left}; log "
             f"{run.log_file}; last complete checkpoint {where}; resume: {resume}")
 
 
-def _pump(stream, log, echo: bool, t0: float, on_line: Callable[[str], None] | None = None) -> None:
-    """Copy the trainer's output to the log file, each line prefixed with the seconds since start."""
+def _pump(stream, log, echo: bool, t0: float, on_line: Callable[[str], None] | None = None,
+          run: TrainerRun | None = None) -> None:
+    """Copy the trainer's output to the log file, each line prefixed with the seconds since start.
+
+    It never stops draining the pipe before the trainer's end (a full pipe blocks the trainer, and the
+    launcher then waited its whole timeout): when the log cannot be written (ENOSPC, EIO, ...) the first
+    error is recorded in ``run.output_error`` (the launcher then stops the run) and every later line is
+    read and counted in ``run.discarded_lines``."""
     for line in iter(stream.readline, b""):
-        log.write(f"[{time.time() - t0:7.1f}s] ".encode() + line)
-        log.flush()
+        if run is None or run.output_error is None:
+            try:
+                log.write(f"[{time.time() - t0:7.1f}s] ".encode() + line)
+                log.flush()
+            except OSError as e:
+                if run is None:
+                    raise
+                run.output_error = f"{run.log_file}: {e.strerror or e}"
+        if run is not None and run.output_error is not None:
+            run.discarded_lines += 1
         if echo:
             sys.stdout.write(line.decode(errors="replace"))
             sys.stdout.flush()
@@ -499,7 +540,7 @@ class _Monitor:
         self.psutil = psutil
         self.root_pid, self.ray_tmp = root_pid, ray_tmp
         self.metrics_file, self.on_metrics = metrics_file, on_metrics
-        self.seen: set[int] = {root_pid}
+        self.seen: set[tuple[int, float]] = set(_identities([root_pid]))  # (pid, start time) of each process
         self.peak_rss = 0
         self.peak_pss = 0
         self._last_pss = 0.0
@@ -534,7 +575,10 @@ class _Monitor:
         # 2-core machine. RSS (cheap) is sampled every 0.5 s, PSS every PSS_EVERY_S.
         with_pss = time.time() - self._last_pss > PSS_EVERY_S
         for p in {p.pid: p for p in self.procs()}.values():
-            self.seen.add(p.pid)
+            try:
+                self.seen.add((p.pid, p.create_time()))
+            except (self.psutil.NoSuchProcess, self.psutil.AccessDenied):
+                continue
             try:
                 times = p.cpu_times()
                 self.cpu[p.pid] = times.user + times.system
@@ -626,13 +670,28 @@ def _terminate_group(proc: subprocess.Popen, wait_s: float = 15.0) -> None:
         proc.wait(timeout=wait_s)
 
 
-def _cleanup(seen: set[int], ray_tmp: str, grace_s: float = 30.0) -> list[int]:
-    """Terminate processes of this run that outlived the driver by ``grace_s``; return their pids."""
+def _identities(pids: Iterable[int]) -> list[tuple[int, float]]:
+    """(pid, start time) of each of ``pids`` still running: what identifies a process, a pid alone does not."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        try:
+            out.append((pid, psutil.Process(pid).create_time()))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+            pass
+    return out
+
+
+def _cleanup(seen: set[tuple[int, float]], ray_tmp: str, grace_s: float = 30.0) -> list[int]:
+    """Terminate processes of this run (``seen``: (pid, start time) of each) that outlived the driver by
+    ``grace_s``; return their pids. A pid now held by a process with another start time is not the run's."""
     import psutil
 
     deadline = time.time() + grace_s  # a clean exit lets Ray stop its own daemons first
     while True:
-        alive = [p for p in _alive(psutil, seen | {p.pid for p in _procs_using(psutil, ray_tmp)}) if p.pid != os.getpid()]
+        found = set(_identities(p.pid for p in _procs_using(psutil, ray_tmp)))
+        alive = [p for p in _alive(psutil, seen | found) if p.pid != os.getpid()]
         if not alive or time.time() > deadline:
             break
         time.sleep(0.5)
@@ -651,13 +710,15 @@ def _cleanup(seen: set[int], ray_tmp: str, grace_s: float = 30.0) -> list[int]:
     return left_behind
 
 
-def _alive(psutil, pids: Iterable[int]) -> list:
+def _alive(psutil, identities: Iterable[tuple[int, float]]) -> list:
+    """The processes of ``identities`` ((pid, start time)) still running as themselves (not zombies). The
+    psutil objects returned check the identity again before each signal (psutil refuses a reused pid)."""
     out = []
-    for pid in pids:
+    for pid, started in identities:
         try:
             p = psutil.Process(pid)
-            if p.status() != psutil.STATUS_ZOMBIE:
+            if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
-        except psutil.NoSuchProcess:
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return out

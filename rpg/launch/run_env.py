@@ -1,7 +1,8 @@
 """The environment of a trainer run started on this machine, whatever the backend (rpg.launch.harness).
 
-* ``RUN_ENV``: variables every local run sets (no tokenizer threads, no Ray auth token file, no usage
-  stats, no W&B, Hydra's full errors in the trainer's log);
+* ``RUN_ENV``: variables every local run sets (no tokenizer threads, no usage stats, no W&B, Hydra's
+  full errors in the trainer's log);
+* ``ray_auth_env``: Ray token authentication for the run's own cluster, with a token of its own;
 * ``external_modules``: the ``VERL_USE_EXTERNAL_MODULES`` list (modules ``import verl`` loads in every
   process), a backend's registration first;
 * ``forwarded_env_overrides``: hand environment variables to every Ray process explicitly (Ray workers on
@@ -11,16 +12,36 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable, Mapping
 
 # Every local run of the trainer (the CPU backend, and the GPU smoke run of rpg.backends.gpu).
 RUN_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
-    "RAY_AUTH_MODE": "disabled",  # ray 2.60 would otherwise write ~/.ray/auth_token
     "RAY_USAGE_STATS_ENABLED": "0",
     "WANDB_MODE": "disabled",
     "HYDRA_FULL_ERROR": "1",
 }
+
+
+def ray_auth_env(base: Mapping[str, str]) -> dict[str, str]:
+    """Token authentication for the Ray cluster a run starts (``base``: the launching environment).
+
+    Ray 2.60's GCS, raylet and workers listen on every interface whatever the node address (measured:
+    ``*:<port>`` with ``_node_ip_address=127.0.0.1``), so anyone who reaches the node could connect to
+    a cluster without authentication and run code as its user. Ray's own guard is token mode
+    (``RAY_AUTH_MODE=token``): every connection must carry the cluster's token. A run gets a fresh
+    random token in ``RAY_AUTH_TOKEN`` (every process of the run inherits it; Ray then writes no
+    ``~/.ray/auth_token``), unless the user supplies one (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``).
+    Only an explicit ``RAY_AUTH_MODE=disabled`` (Ray's documented opt-out, exact spelling) turns it off;
+    any other value is token mode, as Ray reads ``token`` in any case.
+    """
+    if base.get("RAY_AUTH_MODE") == "disabled":
+        return {"RAY_AUTH_MODE": "disabled"}
+    env = {"RAY_AUTH_MODE": "token"}
+    if not base.get("RAY_AUTH_TOKEN") and not base.get("RAY_AUTH_TOKEN_PATH"):
+        env["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    return env
 
 
 def external_modules(extra: Iterable[str] = (), base: str | None = None, first: Iterable[str] = ()) -> str:

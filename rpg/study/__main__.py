@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from rpg.study.runner import all_records, plan_overrides, read_record, run_grid, status
+    from rpg.study.runner import StudyBusyError, all_records, plan_overrides, read_record, run_grid, status
     from rpg.launch.variants import VariantNameError
 
     try:
@@ -78,8 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command = "python -m rpg.study " + shlex.join(argv if argv is not None else sys.argv[1:])
     if not args.render_only:
-        records = run_grid(specs, args.out, costs, retry_failed=args.retry_failed, timeout_s=args.timeout,
-                           jobs=args.jobs)
+        try:
+            records = run_grid(specs, args.out, costs, retry_failed=args.retry_failed, timeout_s=args.timeout,
+                               jobs=args.jobs)
+        except StudyBusyError as err:
+            print(f"rpg.study: {err}", file=sys.stderr)
+            return 2
     from rpg.study.render import render
 
     try:

@@ -5,6 +5,12 @@ with ``run.json`` written last: ``status`` ``done`` (with wall time and measured
 time) or ``failed`` (with the error's last line). A run whose ``run.json`` says ``done`` with the
 same overrides is not repeated; a failed run is repeated only with ``retry_failed``; anything else
 (interrupted, never started, overrides changed since) runs from scratch.
+
+One study per ``out`` at a time: ``run_grid`` holds ``<out>/.study.lock`` (an exclusive ``flock``) from
+before it removes anything until it returns; a second study on the same ``out`` is refused with one line
+(``StudyBusyError``) and touches nothing. (A run's own folder is locked by the harness only once its
+trainer starts, after the folder was wiped for it: that lock alone let two studies remove each other's
+runs.)
 """
 
 from __future__ import annotations
@@ -21,6 +27,28 @@ from pathlib import Path
 from rpg.study.grid import Costs, RunSpec, fmt_duration, save_json, speedup
 
 RUN_RECORD = "run.json"
+STUDY_LOCK = ".study.lock"
+
+
+class StudyBusyError(RuntimeError):
+    """Another study holds the output directory (one line)."""
+
+
+def lock_study(out: Path):
+    """The exclusive lock of a study on ``out`` (an open file: close it to release); StudyBusyError when
+    another study holds it. The kernel releases it when the process ends, however it ends."""
+    import fcntl
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fh = open(out / STUDY_LOCK, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise StudyBusyError(f"--out {out} is in use by another study (python -m rpg.study); wait for it to end "
+                             "or choose another --out") from None
+    return fh
 
 
 def run_dir(out: Path, spec: RunSpec) -> Path:
@@ -203,13 +231,23 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
 
     Runs start in grid order. An interrupt (Ctrl-C, SIGTERM, SIGHUP) or an unexpected error stops every
     running trainer (its processes are cleaned up by the harness) and leaves no record for it, so
-    that the next call runs it again; finished runs keep their records.
+    that the next call runs it again; finished runs keep their records. StudyBusyError (nothing touched)
+    when another study runs on ``out``.
     """
-    from rpg.launch.signals import raise_on_stop_signals
-
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
     out = Path(out)
+    study_lock = lock_study(out)  # before anything is read, wiped or run
+    try:
+        return _run_grid_locked(specs, out, costs, retry_failed, timeout_s, jobs, stream)
+    finally:
+        study_lock.close()
+
+
+def _run_grid_locked(specs: list[RunSpec], out: Path, costs: Costs, retry_failed: bool, timeout_s: float, jobs: int,
+                     stream) -> list[dict]:
+    from rpg.launch.signals import raise_on_stop_signals
+
     plans = [(spec, plan_overrides(spec, out)) for spec in specs]
     states = [status(out, s, ov) for s, ov in plans]
     keep = ("done",) + (() if retry_failed else ("failed",))
