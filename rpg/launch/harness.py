@@ -461,7 +461,8 @@ def report_stop(run: TrainerRun, prefix: str, resume: str) -> str:
 
 
 def stop_line(run: TrainerRun, resume: str) -> str:
-    """The one line for a run ended by a stop signal: log, last complete checkpoint, resume command."""
+    """The one line for a run ended by a stop signal: log, last complete checkpoint, and ``resume``: the
+    resume command or why there is none (``rpg.verl.settings.resume_hint``)."""
     from rpg.verl.checkpoints import last_complete  # torch-free, but imports the rpg settings
 
     root = checkpoint_dir(run)
@@ -469,7 +470,7 @@ def stop_line(run: TrainerRun, resume: str) -> str:
     where = ckpt or f"none in {root} (the resume starts at step 0; trainer.save_freq saves them)"
     left = f"; {len(run.leftover_pids)} leftover processes terminated" if run.leftover_pids else ""
     return (f"stopped by {signal.Signals(run.stop_signal).name}: every process of the run ended{left}; log "
-            f"{run.log_file}; last complete checkpoint {where}; resume: {resume}")
+            f"{run.log_file}; last complete checkpoint {where}; {resume}")
 
 
 def _pump(stream, log, echo: bool, t0: float, on_line: Callable[[str], None] | None = None) -> None:

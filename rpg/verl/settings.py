@@ -409,6 +409,18 @@ REFUSED_ASYNC = {
                           "(verl points its users to separate_async)",
 }
 _DEFAULT_BEHAVIOR = RPGLossConfig()
+ASYNC_RESUME_WHY = ("resuming an asynchronous run (verl's replay buffer, samples in flight) is not supported by the "
+                    "recipe yet")
+
+
+def resume_hint(mode: str, command: str) -> str:
+    """The last part of a stop line: ``resume: <command>`` in sync mode; in an asynchronous trainer mode, whose
+    resume the driver refuses before Ray (``trainer.resume_mode=auto`` with a checkpoint, ``resume_path``), that
+    the run cannot be resumed and why, rather than a command that would be refused."""
+    if mode == "sync":
+        return f"resume: {command}"
+    return (f"cannot be resumed: trainer.v1.trainer_mode={mode} ({ASYNC_RESUME_WHY}: the driver refuses "
+            "trainer.resume_mode=auto with a checkpoint); start a new run in a new output directory")
 
 
 def _check_trainer_mode(cfg, settings: RPGSettings) -> bool:
