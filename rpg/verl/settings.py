@@ -649,7 +649,10 @@ def _describe_async(cfg, settings: RPGSettings) -> str:
     if settings.uses_rpg_actor_loss:
         loss = settings.loss
         cap = "untruncated (exact)" if loss.behavior_weight_cap is None else f"truncated at {loss.behavior_weight_cap} (biased)"
-        out += f" behavior_weights=pi_old/mu per {loss.behavior_weight_level}, {cap}"
+        if loss.behavior_weight_level == "none":
+            out += " behavior_weights=none (dropped: uncorrected, biased)"
+        else:
+            out += f" behavior_weights=pi_old/mu per {loss.behavior_weight_level}, {cap}"
     else:
         out += f" rollout_is={config_value(cfg, 'algorithm.rollout_correction.rollout_is', None)}"
     return out
