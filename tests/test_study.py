@@ -166,7 +166,7 @@ class FakeTrainer:
             if s and kv.get("trainer.v1.trainer_mode") == "colocate_async":  # what the RPG loss logs with a stale mu
                 none = kv.get("rpg.loss.behavior_weight_level") == "none"
                 top = 1.0 if none or kv.get("rpg.loss.behavior_weight_cap") == "1.0" else 1.0 + s
-                data.update({"training/off_policy/trajectory_staleness/min": min(s - 1, 1),
+                data.update({"training/off_policy/trajectory_staleness/mean": min(s - 1, 1),
                              "actor/rpg/behavior_kl": 0.01 * s * int(kv["data.seed"]),
                              "actor/rpg/behavior_weight_min": 1.0 if none else 0.5 / s, "actor/rpg/behavior_weight_max": top,
                              "actor/rpg/behavior_weight_capped_frac": 0.1 if top == 1.0 and not none else 0.0})

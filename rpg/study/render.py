@@ -133,8 +133,8 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
 
 # per-step statistics of the behaviour-weight arms: (key as logged, column, how the steps >= 2 reduce)
 BEHAVIOR_STATS = (
-    ("training/off_policy/trajectory_staleness/min", "staleness (min)", min),
-    ("actor/rpg/behavior_kl", "behaviour KL(mu||pi_old), step mean", None),
+    ("training/off_policy/trajectory_staleness/mean", "staleness (updates), step mean", None),
+    ("actor/rpg/behavior_kl", "behaviour KL(mu ‖ pi_old) k1, step mean", None),
     ("actor/rpg/behavior_kl", "behaviour KL, step max", max),
     ("actor/rpg/behavior_weight_min", "applied weight min", min),
     ("actor/rpg/behavior_weight_max", "applied weight max", max),
