@@ -14,7 +14,10 @@ surrogate's gradient the exact gradient of the objective, estimated from mu's sa
 ``RPGLossConfig.behavior_weight_level``:
   token:    b_t = exp(l_old,t - l_mu,t) on token t (the same per-token approximation as w_t itself);
   sequence: b_t = exp(sum_s (l_old,s - l_mu,s)) on every token t of the sequence (the whole response's
-            likelihood ratio; far heavier-tailed).
+            likelihood ratio; far heavier-tailed);
+  none:     b_t = 1, the weights dropped: the loss is then an estimate under mu, not pi_old (biased: the
+            error is measured in docs/math.md, the effect on training in docs/study.md). For comparison
+            studies only; never the default.
 ``RPGLossConfig.behavior_weight_cap``: None (default) keeps b exact; a number c gives min(b, c), the
 truncated weight of TIS / verl's ``rollout_is``: lower variance, biased (measured in docs/math.md).
 
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-LEVELS = ("token", "sequence")
+LEVELS = ("token", "sequence", "none")
 
 
 def behavior_weights(old_log_prob: torch.Tensor, behavior_log_prob: torch.Tensor, response_mask: torch.Tensor,
@@ -35,6 +38,8 @@ def behavior_weights(old_log_prob: torch.Tensor, behavior_log_prob: torch.Tensor
     if level not in LEVELS:
         raise ValueError(f"behavior weight level={level!r} is invalid: expected one of {', '.join(LEVELS)}")
     valid = response_mask != 0
+    if level == "none":  # uncorrected (biased): every token weighted 1, as if mu were pi_old
+        return valid.to(old_log_prob.dtype)
     log_b = torch.where(valid, old_log_prob.detach() - behavior_log_prob.detach(), 0.0)
     if level == "sequence":
         log_b = log_b.sum(dim=-1, keepdim=True).expand_as(log_b)

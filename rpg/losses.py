@@ -97,7 +97,8 @@ class RPGLossConfig:
     log_ratio_guard: float = _setting(60.0, "value-only guard on log-ratios, abs(log w) <= guard (60: w in [1e-26, 1e26])")
     compile: bool = _setting(False, "run the loss and its metrics as one torch.compile graph")
     behavior_weight_level: str = _setting("token", "stale sampler (asynchronous trainer): the weight pi_old/mu of each "
-                                                   "token (token), or of its whole response (sequence)")
+                                                   "token (token), or of its whole response (sequence); none = no weight "
+                                                   "(uncorrected: biased, for comparison studies only)")
     behavior_weight_cap: float | None = _setting(None, "stale sampler: None = the exact, untruncated pi_old/mu; a "
                                                        "number c = min(pi_old/mu, c) (truncated: biased)")
 
@@ -166,6 +167,9 @@ RULES: tuple[Rule, ...] = (
     Rule("behavior_weight_cap", "None (exact) or a number > 0 (truncation, biased)",
          lambda c: c.behavior_weight_cap is None or (_is_real(c.behavior_weight_cap) and c.behavior_weight_cap > 0),
          {"behavior_weight_cap": 0.0}),
+    Rule("behavior_weight_cap", "None with behavior_weight_level='none' (no weight to truncate)",
+         lambda c: c.behavior_weight_cap is None or c.behavior_weight_level != "none",
+         {"behavior_weight_level": "none", "behavior_weight_cap": 1.0}),
 )
 
 

@@ -102,6 +102,18 @@ def test_dry_run_of_a_4b_script_prints_the_async_settings(capsys, tmp_path):
     assert "behavior_weights=pi_old/mu per token, untruncated (exact)" in line
 
 
+def test_the_uncorrected_level_is_described_as_dropped_weights():
+    """behavior_weight_level=none is named for what it is in the driver's line (was: 'per none, untruncated (exact)')."""
+    from test_verl_config import apply
+
+    from rpg.verl.settings import describe
+
+    cfg, s = apply("trainer.v1.trainer_mode=colocate_async", "actor_rollout_ref.rollout.calculate_log_probs=True",
+                   "rpg.loss.behavior_weight_level=none")
+    line = describe(cfg, s)
+    assert "behavior_weights=none (dropped: uncorrected, biased)" in line and "exact" not in line, line
+
+
 @pytest.mark.parametrize("mode", sorted(REFUSED_ASYNC))
 def test_dry_run_of_a_4b_script_refuses_the_gpu_async_modes(mode, capsys, tmp_path):
     code, _, err = _dry_run(capsys, tmp_path, f"trainer.v1.trainer_mode={mode}")

@@ -198,6 +198,33 @@ def test_negative_control_a_binding_truncation_is_biased(div, form, level):
     assert _rel_error(truncated, want) > 0.10, f"a binding truncation went unnoticed ({div} {form} {level})"
 
 
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("div", DIVERGENCES)
+def test_level_none_is_the_weights_dropped_and_is_biased(div, form):
+    """``behavior_weight_level=none`` (the study's uncorrected arm) is exactly the loss without the stale-sampler
+    weights: the same gradient as a micro-batch the loss treats as fresh, off the exact one by > 10 %; the
+    behaviour KL is still measured and the applied weights are all 1."""
+    b = StaleBandit(0)
+    want = -b.objective_grad(div, b.pi_ref)
+    none, metrics = expected_surrogate_grad(b, _config(divergence=div, form=form, behavior_weight_level="none"))
+    dropped, _ = expected_surrogate_grad(b, _config(divergence=div, form=form, stale=False))
+    assert_close(none, dropped, rtol=1e-12, atol=1e-15, what=f"level none = no weights ({div} {form})")
+    assert _rel_error(none, want) > 0.10, f"level none went unnoticed ({div} {form})"
+    assert all(m["rpg/behavior_weight_max"].aggregate() == 1.0 == m["rpg/behavior_weight_min"].aggregate()
+               for m in metrics)
+    assert max(abs(m["rpg/behavior_kl"].aggregate()) for m in metrics) > 0.05  # mu != pi_old, and it is logged
+
+
+def test_level_none_takes_no_cap():
+    from rpg.losses import RPGLossConfigError
+
+    with pytest.raises(RPGLossConfigError, match="behavior_weight_cap"):
+        RPGLossConfig(behavior_weight_level="none", behavior_weight_cap=1.0)
+    _, _, t = _multi_token()
+    w = behavior_weights(t["old"], t["mu"], t["mask"], "none")
+    assert torch.equal(w, t["mask"])
+
+
 # ----------------------------------------------------------------- the weights, metrics and guards on real-shaped batches
 
 

@@ -677,6 +677,40 @@ def test_drivers_stop_line_names_the_workers_log_the_checkpoint_and_the_resume_c
     assert line.endswith("recipe/rpg/main_rpg.py a.b=1 trainer.resume_mode=auto c=2")
 
 
+def test_async_stop_lines_say_the_run_cannot_be_resumed_instead_of_a_refused_command(tmp_path):
+    """The driver refuses to resume an asynchronous run (trainer.resume_mode=auto with a checkpoint), so the
+    stop lines of the driver and of the CPU runner must not print that command: they say why there is none.
+    A sync run keeps its resume command."""
+    from omegaconf import OmegaConf
+
+    from rpg.backends.cpu.run import resume_part
+    from rpg.verl.main import stop_line
+
+    ckpt = _ckpt(tmp_path / "ckpt", 4)
+    cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path / "ckpt"), "logger": ["console"],
+                                        "project_name": "rpg", "experiment_name": "run_x",
+                                        "v1": {"trainer_mode": "colocate_async"}}})
+    line = stop_line(cfg, "SIGINT", ["recipe/rpg/main_rpg.py", "trainer.v1.trainer_mode=colocate_async"])
+    assert "\n" not in line and f"last complete checkpoint {ckpt};" in line
+    assert "resume: " not in line and not line.endswith("trainer.resume_mode=auto"), line
+    assert line.endswith("cannot be resumed: trainer.v1.trainer_mode=colocate_async (resuming an asynchronous run "
+                         "(verl's replay buffer, samples in flight) is not supported by the recipe yet: the driver "
+                         "refuses trainer.resume_mode=auto with a checkpoint); start a new run in a new output "
+                         "directory"), line
+    cfg.trainer.v1.trainer_mode = "sync"
+    assert stop_line(cfg, "SIGINT", ["recipe/rpg/main_rpg.py"]).endswith(
+        "; resume: " + f"{sys.executable} recipe/rpg/main_rpg.py trainer.resume_mode=auto")
+
+    out = tmp_path / "out"
+    argv = ["--steps", "6", "trainer.v1.trainer_mode=colocate_async"]
+    overrides = ["trainer.total_training_steps=6", "trainer.v1.trainer_mode=colocate_async"]
+    part = resume_part(argv, out, overrides)
+    assert part.startswith("cannot be resumed: trainer.v1.trainer_mode=colocate_async (") and "--out" not in part
+    assert resume_part(argv, out, [*overrides, "trainer.v1.trainer_mode=sync"]).startswith(
+        f"resume: {sys.executable} -m rpg.backends.cpu.run --out {out} --steps 6")
+    assert resume_part(["--steps", "6"], out, ["trainer.total_training_steps=6"]).endswith("trainer.resume_mode=auto")
+
+
 _SLOW_TO_STOP = """
     import pathlib, signal, sys, time
     flag = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("+rpg_test.flag=")))

@@ -163,6 +163,13 @@ class FakeTrainer:
             if s:
                 data.update({"critic/score/mean": -1 + s / steps, "actor/entropy": 0.3, "response_length/mean": 6.0,
                              "actor/ppo_kl": 1e-3, "actor/pg_clipfrac": 0.01})
+            if s and kv.get("trainer.v1.trainer_mode") == "colocate_async":  # what the RPG loss logs with a stale mu
+                none = kv.get("rpg.loss.behavior_weight_level") == "none"
+                top = 1.0 if none or kv.get("rpg.loss.behavior_weight_cap") == "1.0" else 1.0 + s
+                data.update({"training/off_policy/trajectory_staleness/mean": min(s - 1, 1),
+                             "actor/rpg/behavior_kl": 0.01 * s * int(kv["data.seed"]),
+                             "actor/rpg/behavior_weight_min": 1.0 if none else 0.5 / s, "actor/rpg/behavior_weight_max": top,
+                             "actor/rpg/behavior_weight_capped_frac": 0.1 if top == 1.0 and not none else 0.0})
             if s % int(kv["trainer.test_freq"]) == 0 or s == steps:
                 data["val-core/math_dapo/acc/mean@4"] = _val(s, int(kv["data.seed"]), exp)
                 data["timing_s/testing"] = 1.0
@@ -381,3 +388,63 @@ def test_a_second_study_on_the_same_out_is_refused_and_touches_nothing(fake, tmp
     assert seen["log"] == "the first study's run\n" and seen["runs_after"] == seen["runs"]  # nothing wiped or run
     assert [r["status"] for r in records] == ["done"]
     R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)  # released when the first study ended
+
+
+# ---- the behaviour-weight grid (--async-weights) ----
+
+def test_weights_grid_runs_each_arm_in_the_async_trainer_with_its_own_setting(tiny_assets, tmp_path):
+    specs = G.weights_grid(seeds=3, updates=4, sizes=SMALL)
+    assert [(s.seed, s.arm) for s in specs] == [(k, a) for k in (1, 2, 3) for a in ("exact", "truncated", "uncorrected")]
+    assert {s.variant for s in specs} == {G.WEIGHTS_METHOD} and {s.updates for s in specs} == {4}
+    assert len({s.run_id for s in specs}) == 9 and all(f"-{s.arm}-seed{s.seed}-" in s.run_id for s in specs)
+    assert specs[1].label == "RPG-REINFORCE-UFKL, truncated weights"
+    # the sync grid's run ids are unchanged (no arm in them): its finished runs stay finished
+    assert G.RunSpec("run_grpo_7b", 4, 1, SMALL).run_id.startswith("run_grpo_7b-k4-seed1-")
+    for spec in specs[:3]:
+        kv = _kv(R.plan_overrides(spec, tmp_path))
+        assert kv["trainer.v1.trainer_mode"] == "colocate_async", spec.arm
+        assert kv.get("rpg.loss.behavior_weight_cap", "None") == ("1.0" if spec.arm == "truncated" else "None")
+        assert kv.get("rpg.loss.behavior_weight_level", "token") == ("none" if spec.arm == "uncorrected" else "token")
+        assert (kv["rpg.loss.form"], kv["rpg.loss.clip"], kv["data.seed"]) == ("reinforce", "True", "1")
+    with pytest.raises(ValueError, match="arms \\['bogus'\\] are unknown"):
+        G.weights_grid(arms=("bogus",))
+    with pytest.raises(ValueError, match="--seeds must be >= 1"):
+        G.weights_grid(seeds=0)
+
+
+def test_weights_render_reports_each_arms_behaviour_statistics_over_steps_from_2(fake, tmp_path):
+    specs = G.weights_grid(seeds=2, updates=4, sizes=SMALL)
+    records = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)
+    paths = render(tmp_path, tmp_path / "report", specs, records, main_updates=4)
+    assert "weights.md" in {p.name for p in paths}
+    rows = {ln.split("|")[1].strip(): [c.strip() for c in ln.strip().strip("|").split("|")[1:]]
+            for ln in (tmp_path / "report" / "weights.md").read_text().splitlines() if ln.startswith("| ") and "---" not in ln}
+    # steps 2..4 of SMALL: staleness 1; KL 0.01 * step * seed -> step mean 0.03 (seed 1), 0.06 (seed 2), max 0.04, 0.08
+    assert rows["exact"] == ["2", "1 [1, 1]", "0.045 [0.03, 0.06]", "0.06 [0.04, 0.08]", "0.125 [0.125, 0.125]",
+                             "5 [5, 5]", "0 [0, 0]"]
+    assert rows["truncated"][5:] == ["1 [1, 1]", "0.1 [0.1, 0.1]"]
+    assert rows["uncorrected"][4:] == ["1 [1, 1]", "1 [1, 1]", "0 [0, 0]"]
+    table = (tmp_path / "report" / "table.md").read_text()
+    assert all(f"RPG-REINFORCE-UFKL, {a} weights" in table for a in G.WEIGHT_ARMS)  # one Last/Best row per arm
+
+
+def test_cli_async_weights_dry_run_and_one_method(tmp_path, capsys):
+    assert main(["--async-weights", "--dry-run", "--out", str(tmp_path), "--steps", "12", "--test-freq", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "9 runs (9 to run); each: 12 steps" in out and out.count("uncorrected weights") == 3
+    assert main(["--async-weights", "--dry-run", "--out", str(tmp_path), "--methods", "run_grpo_7b,run_dapo_7b"]) == 2
+    assert "--async-weights runs one method" in capsys.readouterr().err
+
+
+def test_async_benchmark_ratio_and_ranges_from_stand_in_runs():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_async_cpu.py"
+    spec = importlib.util.spec_from_file_location("bench_async_cpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.ratio({"rpg_sync": {"step_s": 2.0}, "rpg_colocate_async": {"step_s": 2.5}}) == 1.25
+    runs = [{"series": {"actor/rpg/behavior_kl": [0.03, 0.1]}}, {"series": {"actor/rpg/behavior_kl": [0.02]}}]
+    assert bench.series_range(runs, "actor/rpg/behavior_kl") == (0.02, 0.1)
+    assert bench.series_range(runs, "training/off_policy/trajectory_staleness/min") is None
+    assert [n for n, (_, ov) in bench.VARIANTS.items() if "trainer.v1.trainer_mode=colocate_async" in ov] == ["rpg_colocate_async"]

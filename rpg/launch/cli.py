@@ -58,7 +58,7 @@ from rpg.launch.variants import (GRAMMAR, TRAIN_SET, Variant, VariantNameError, 
                                  to_overrides)
 from rpg.reports.history import logs_to_file
 from rpg.verl.preflight import error_line, input_path_problems, name_problem
-from rpg.verl.settings import RPGConfigError
+from rpg.verl.settings import RPGConfigError, resume_hint
 
 ENTRY = Path("recipe") / "rpg" / "main_rpg.py"
 CONFIG_DIR = Path("recipe") / "rpg" / "config"
@@ -590,7 +590,7 @@ def _run_cpu(v: Variant, overrides: Sequence[str], env: Mapping[str, str], root:
     except TrainerRunError as e:
         resume = f"OUT_DIR={shlex.quote(str(out))} " + shlex.join(
             [sys.executable, "-m", "rpg.launch", v.name, *merge_overrides(user, ["trainer.resume_mode=auto"])])
-        return report_failure(e, "[cpu]", resume)
+        return report_failure(e, "[cpu]", resume_hint(values(overrides).get("trainer.v1.trainer_mode", "sync"), resume))
     for note in run.notes:
         print(f"[cpu] note: {note}", flush=True)
     print(f"[cpu] done: {run.last_step()} steps in {run.wall_time_s:.0f}s; metrics {run.metrics_file}; "

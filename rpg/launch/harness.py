@@ -491,7 +491,7 @@ def report_stop(run: TrainerRun, prefix: str, resume: str) -> str:
 
 def stop_line(run: TrainerRun, resume: str) -> str:
     """The one line for a run ended by a stop signal or an unwritable output (a full disk): log, last complete
-    checkpoint, resume command."""
+    checkpoint, and ``resume``: the resume command or why there is none (``rpg.verl.settings.resume_hint``)."""
     from rpg.verl.checkpoints import last_complete  # torch-free, but imports the rpg settings
 
     root = checkpoint_dir(run)
@@ -500,9 +500,9 @@ def stop_line(run: TrainerRun, resume: str) -> str:
     left = f"; {len(run.leftover_pids)} leftover processes terminated" if run.leftover_pids else ""
     why = (f"stopped by {signal.Signals(run.stop_signal).name}" if run.stop_signal is not None else
            f"stopped because the output could not be written ({run.output_error}; {run.discarded_lines} lines of "
-           "output discarded; free space, then resume)")
+           "output discarded; free space first)")
     return (f"{why}: every process of the run ended{left}; log "
-            f"{run.log_file}; last complete checkpoint {where}; resume: {resume}")
+            f"{run.log_file}; last complete checkpoint {where}; {resume}")
 
 
 def _pump(stream, log, echo: bool, t0: float, on_line: Callable[[str], None] | None = None,

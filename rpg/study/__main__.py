@@ -1,7 +1,10 @@
 """CLI: ``python -m rpg.study [--dry-run] [--seeds 2] [--steps 16] ...`` (see ``--help`` and docs/study.md).
 
 Runs the grid (resumable: finished runs are kept in ``--out`` and not repeated), then renders the
-table and figures into ``--report-dir`` (default ``<out>/report``). ``--dry-run`` prints the grid
+table and figures into ``--report-dir`` (default ``<out>/report``). ``--async-weights`` runs the
+behaviour-weight grid instead: one method (``--methods``, default RPG-REINFORCE-UFKL with RPG-Style
+Clip) in verl's colocate-async trainer with exact, truncated (1.0, per token) and dropped (uncorrected)
+weights pi_old/mu, ``--seeds`` (default 3) each, into ``outputs/study_async_weights`` by default. ``--dry-run`` prints the grid
 and its time estimate and starts nothing; ``--render-only`` renders what has finished.
 """
 
@@ -12,7 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from rpg.study.grid import METHODS, STRESS_METHODS, Sizes, calibrate, describe, grid
+from rpg.study.grid import METHODS, STRESS_METHODS, WEIGHT_ARMS, WEIGHTS_METHOD, Sizes, calibrate, describe, grid, weights_grid
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -30,9 +33,10 @@ def parser() -> argparse.ArgumentParser:
     d = Sizes()
     ap = argparse.ArgumentParser(prog="python -m rpg.study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("outputs") / "study", help="run directory (default outputs/study)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="run directory (default outputs/study; outputs/study_async_weights with --async-weights)")
     ap.add_argument("--report-dir", type=Path, default=None, help="where the table/figures go (default OUT/report)")
-    ap.add_argument("--seeds", type=int, default=2, help="seeds per method (1..SEEDS; default 2)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per method (1..SEEDS; default 2, 3 with --async-weights)")
     ap.add_argument("--steps", type=int, default=d.steps, help=f"training steps per run (default {d.steps})")
     ap.add_argument("--test-freq", type=int, default=d.test_freq, help=f"validate every K steps (default {d.test_freq})")
     ap.add_argument("--prompts", type=int, default=d.prompts, help=f"prompts per rollout batch (default {d.prompts})")
@@ -43,6 +47,8 @@ def parser() -> argparse.ArgumentParser:
                     help="optimizer steps per rollout batch of the clip stress axis (default 1,4,16; '' = none)")
     ap.add_argument("--methods", type=_names, default=METHODS, help="comma-separated paper run names (default: the six methods)")
     ap.add_argument("--stress-methods", type=_names, default=STRESS_METHODS, help="run names of the stress axis")
+    ap.add_argument("--async-weights", action="store_true",
+                    help=f"the behaviour-weight grid: arms {', '.join(WEIGHT_ARMS)} in the colocate-async trainer")
     ap.add_argument("--dry-run", action="store_true", help="print the grid and its time estimate; run nothing")
     ap.add_argument("--render-only", action="store_true", help="render the finished runs; run nothing")
     ap.add_argument("--retry-failed", action="store_true", help="run failed runs again")
@@ -57,9 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     from rpg.study.runner import StudyBusyError, all_records, plan_overrides, read_record, run_grid, status
     from rpg.launch.variants import VariantNameError
 
+    args.out = args.out or Path("outputs") / ("study_async_weights" if args.async_weights else "study")
     try:
         sizes = Sizes(args.steps, args.test_freq, args.prompts, args.n, args.val_n)
-        specs = grid(args.seeds, args.updates, args.stress, sizes, args.methods, args.stress_methods)
+        if args.async_weights:
+            if args.methods != METHODS and len(args.methods) != 1:
+                raise ValueError(f"--async-weights runs one method; --methods names {len(args.methods)}")
+            method = args.methods[0] if args.methods != METHODS else WEIGHTS_METHOD
+            specs = weights_grid(args.seeds or 3, args.updates, sizes, method)
+        else:
+            specs = grid(args.seeds or 2, args.updates, args.stress, sizes, args.methods, args.stress_methods)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     except (ValueError, VariantNameError) as err:

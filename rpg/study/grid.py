@@ -43,6 +43,16 @@ METHODS: tuple[str, ...] = (
 )
 STRESS_METHODS: tuple[str, ...] = METHODS[4:]  # clipped vs unclipped RPG-REINFORCE-UFKL
 
+# The behaviour-weight study (``--async-weights``, docs/study.md): one method in verl's colocate-async trainer
+# (samples from a stale sampler mu), the loss's weights pi_old/mu exact, truncated at 1 per token, or dropped.
+ASYNC = "trainer.v1.trainer_mode=colocate_async"
+WEIGHT_ARMS: dict[str, tuple[str, ...]] = {
+    "exact": (ASYNC,),                                                      # untruncated pi_old/mu: the default
+    "truncated": (ASYNC, "rpg.loss.behavior_weight_cap=1.0"),               # min(pi_old/mu, 1) per token: biased
+    "uncorrected": (ASYNC, "rpg.loss.behavior_weight_level=none"),          # no weight: biased
+}
+WEIGHTS_METHOD = METHODS[4]  # RPG-REINFORCE-UFKL with RPG-Style Clip
+
 
 def label_of(v: Variant) -> str:
     """Table row / legend name: the paper's method label, '(no clip)' for unclipped RPG-REINFORCE."""
@@ -82,16 +92,18 @@ class RunSpec:
     updates: int
     seed: int
     sizes: Sizes = field(default_factory=Sizes)
+    arm: str = ""  # a key of WEIGHT_ARMS (colocate-async, behaviour weights), or "" (the sync trainer)
 
     @property
     def label(self) -> str:
-        return label_of(parse(self.variant))
+        return label_of(parse(self.variant)) + (f", {self.arm} weights" if self.arm else "")
 
     @property
     def run_id(self) -> str:
         """Directory name; the sizes enter through a short hash so that a changed grid never reuses a run."""
         digest = hashlib.sha1(json.dumps(asdict(self.sizes), sort_keys=True).encode()).hexdigest()[:6]
-        return f"{self.variant}-k{self.updates}-seed{self.seed}-{digest}"
+        arm = f"-{self.arm}" if self.arm else ""
+        return f"{self.variant}-k{self.updates}{arm}-seed{self.seed}-{digest}"
 
     def study_overrides(self, assets) -> list[str]:
         """The study's overrides (after the variant's and the CPU backend's; these win)."""
@@ -107,6 +119,7 @@ class RunSpec:
             f"actor_rollout_ref.rollout.seed={self.seed}",
             "trainer.project_name=rpg_study",
             f"trainer.experiment_name={self.run_id}",
+            *(WEIGHT_ARMS[self.arm] if self.arm else ()),
         ]
 
 
@@ -131,6 +144,20 @@ def grid(seeds: int = 2, updates: int = 4, stress: tuple[int, ...] = (1, 4, 16),
             for m in stress_methods:
                 specs.setdefault((m, k, seed), RunSpec(m, k, seed, sizes))
     return list(specs.values())
+
+
+def weights_grid(seeds: int = 3, updates: int = 4, sizes: Sizes = Sizes(), method: str = WEIGHTS_METHOD,
+                 arms: tuple[str, ...] = tuple(WEIGHT_ARMS)) -> list[RunSpec]:
+    """``method`` in the colocate-async trainer with each behaviour-weight arm, seeds 1..seeds, seed-major
+    (every arm of seed 1 before any of seed 2), all at ``updates`` optimizer steps per rollout batch."""
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    bad = [a for a in arms if a not in WEIGHT_ARMS]
+    if bad or not arms:
+        raise ValueError(f"behaviour-weight arms {bad or '(none)'} are unknown: expected some of {', '.join(WEIGHT_ARMS)}")
+    parse(method)
+    sizes.check((updates,))
+    return [RunSpec(method, updates, seed, sizes, arm) for seed in range(1, seeds + 1) for arm in arms]
 
 
 # ----------------------------------------------------------------------------- cost

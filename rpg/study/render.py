@@ -7,6 +7,8 @@ Written to the report directory:
   steps-per-batch value) at each value.
 * ``curves.png`` / ``.svg``: the methods' training dynamics (Fig. 4 layout, 2 x 3 panels).
 * ``stress.png`` / ``.svg``: clipped vs unclipped RPG-REINFORCE at each steps-per-batch value.
+* ``weights.md`` (behaviour-weight arms only, ``--async-weights``): per arm, what the stale sampler
+  and the loss's weights were: staleness, behaviour KL, the applied weights' range, the capped share.
 * ``runs.md``: every run of the grid with its status, wall time and directory; failed and missing
   runs are listed, never dropped silently.
 """
@@ -122,9 +124,48 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
                                            title=title, styles=styles, dpi=100)  # small files for docs/
             written += paths
             warns += fig_warns
+    if any(s.arm for s in specs):
+        written.append(weights_md(report / "weights.md", runs, specs))
     written.append(_runs_md(report / "runs.md", out, specs, records, notes + warns + eval_noise(runs, specs, metric, val_problem_count(out, specs, records)),
                             command))
     return written
+
+
+# per-step statistics of the behaviour-weight arms: (key as logged, column, how the steps >= 2 reduce)
+BEHAVIOR_STATS = (
+    ("training/off_policy/trajectory_staleness/mean", "staleness (updates), step mean", None),
+    ("actor/rpg/behavior_kl", "behaviour KL(mu ‖ pi_old) k1, step mean", None),
+    ("actor/rpg/behavior_kl", "behaviour KL, step max", max),
+    ("actor/rpg/behavior_weight_min", "applied weight min", min),
+    ("actor/rpg/behavior_weight_max", "applied weight max", max),
+    ("actor/rpg/behavior_weight_capped_frac", "capped share, step mean", None),
+)
+
+
+def behavior_summary(m: Metrics, key: str, reduce) -> float | None:
+    """One run's ``key`` over steps >= 2 (step 1 trains on samples of the current policy): ``reduce`` of the
+    per-step values, or their mean when ``reduce`` is None; None when the run did not log it."""
+    vals = [float(v) for s, v in sorted(m.get(key, {}).items()) if s >= 2]
+    if not vals:
+        return None
+    return sum(vals) / len(vals) if reduce is None else reduce(vals)
+
+
+def weights_md(path: Path, runs: dict[str, Metrics], specs: list[RunSpec]) -> Path:
+    """``weights.md``: per arm, each statistic of BEHAVIOR_STATS as the mean over seeds and the seeds' range."""
+    arms = list(dict.fromkeys(s.arm for s in specs if s.arm))
+    lines = ["# Behaviour weights per arm (steps >= 2; mean over seeds [min, max over seeds])", "",
+             "| arm | seeds | " + " | ".join(col for _, col, _ in BEHAVIOR_STATS) + " |",
+             "|---|---|" + "---|" * len(BEHAVIOR_STATS)]
+    for arm in arms:
+        done = [runs[s.run_id] for s in specs if s.arm == arm and s.run_id in runs]
+        cells = []
+        for key, _, reduce in BEHAVIOR_STATS:
+            xs = [x for x in (behavior_summary(m, key, reduce) for m in done) if x is not None]
+            cells.append(f"{sum(xs) / len(xs):.3g} [{min(xs):.3g}, {max(xs):.3g}]" if xs else "not logged")
+        lines.append(f"| {arm} | {len(done)} | " + " | ".join(cells) + " |")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 def eval_noise(runs: dict[str, Metrics], specs: list[RunSpec], metric: str, val_problems: int | None) -> list[str]:

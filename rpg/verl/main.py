@@ -42,7 +42,7 @@ from rpg.backends.gpu.preflight import check_gpu_node
 from rpg.reports.history import PATH_ENV, base_path, claim_segment, logs_to_file
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
-from rpg.verl.settings import RPGConfigError, RPGSettings, describe, validate_and_apply
+from rpg.verl.settings import RPGConfigError, RPGSettings, describe, resume_hint, validate_and_apply
 from rpg.verl.verl_rules import check_verl_config, check_verl_rules
 
 
@@ -158,7 +158,8 @@ def resume_command(argv: list[str]) -> str:
 
 
 def stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
-    """The one line printed when a stop signal ends the run: log, last complete checkpoint, resume command."""
+    """The one line printed when a stop signal ends the run: log, last complete checkpoint, resume command
+    (or, in an asynchronous trainer mode, why the run cannot be resumed: ``rpg.verl.settings.resume_hint``)."""
     from rpg.verl.checkpoints import last_complete
 
     trainer = config.trainer
@@ -169,7 +170,8 @@ def stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
     environ = {**os.environ, **{k: str(v) for k, v in dict(worker_env).items()}}
     log = base_path(trainer.project_name, trainer.experiment_name, environ) if logged else "this process's output"
     return (f"rpg: stopped by {signal_name}; Ray shut down; metrics log {log}; last complete checkpoint "
-            f"{ckpt or 'none (nothing saved yet: the resume starts at step 0)'}; resume: {resume_command(argv)}")
+            f"{ckpt or 'none (nothing saved yet: the resume starts at step 0)'}; "
+            f"{resume_hint(OmegaConf.select(config, 'trainer.v1.trainer_mode', default='sync'), resume_command(argv))}")
 
 
 @contextlib.contextmanager

@@ -418,6 +418,18 @@ REFUSED_ASYNC = {
                           "(verl points its users to separate_async)",
 }
 _DEFAULT_BEHAVIOR = RPGLossConfig()
+ASYNC_RESUME_WHY = ("resuming an asynchronous run (verl's replay buffer, samples in flight) is not supported by the "
+                    "recipe yet")
+
+
+def resume_hint(mode: str, command: str) -> str:
+    """The last part of a stop line: ``resume: <command>`` in sync mode; in an asynchronous trainer mode, whose
+    resume the driver refuses before Ray (``trainer.resume_mode=auto`` with a checkpoint, ``resume_path``), that
+    the run cannot be resumed and why, rather than a command that would be refused."""
+    if mode == "sync":
+        return f"resume: {command}"
+    return (f"cannot be resumed: trainer.v1.trainer_mode={mode} ({ASYNC_RESUME_WHY}: the driver refuses "
+            "trainer.resume_mode=auto with a checkpoint); start a new run in a new output directory")
 
 
 def _check_trainer_mode(cfg, settings: RPGSettings) -> bool:
@@ -649,7 +661,10 @@ def _describe_async(cfg, settings: RPGSettings) -> str:
     if settings.uses_rpg_actor_loss:
         loss = settings.loss
         cap = "untruncated (exact)" if loss.behavior_weight_cap is None else f"truncated at {loss.behavior_weight_cap} (biased)"
-        out += f" behavior_weights=pi_old/mu per {loss.behavior_weight_level}, {cap}"
+        if loss.behavior_weight_level == "none":
+            out += " behavior_weights=none (dropped: uncorrected, biased)"
+        else:
+            out += f" behavior_weights=pi_old/mu per {loss.behavior_weight_level}, {cap}"
     else:
         out += f" rollout_is={config_value(cfg, 'algorithm.rollout_correction.rollout_is', None)}"
     return out

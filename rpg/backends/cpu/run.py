@@ -43,7 +43,7 @@ from pathlib import Path
 
 from rpg.backends.cpu import vllm_cpu
 from rpg.launch.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, unique_run_dir
-from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides
+from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides, values
 
 VAL_PREFIX = "val-core/math_dapo/acc/mean@"
 HEARTBEAT_S = 10.0
@@ -183,6 +183,14 @@ def resume_command(argv: list[str], out: Path) -> str:
                        "trainer.resume_mode=auto"])
 
 
+def resume_part(argv: list[str], out: Path, overrides: list[str]) -> str:
+    """The stop line's last part: ``resume_command``, or why an asynchronous run (``trainer.v1.trainer_mode``
+    in ``overrides``, the run's full list) cannot be resumed (``rpg.verl.settings.resume_hint``)."""
+    from rpg.verl.settings import resume_hint
+
+    return resume_hint(values(overrides).get("trainer.v1.trainer_mode", "sync"), resume_command(argv, out))
+
+
 def main(argv: list[str] | None = None) -> int:
     from rpg.tiny import build_tiny_assets
     from rpg.tiny.overrides import TINY_ALGORITHMS, tiny_algorithm, tiny_task_overrides
@@ -244,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainerRunError as e:
         if startup is not None:
             startup.finish()
-        return report_failure(e, "[tiny]", resume_command(argv, out))
+        return report_failure(e, "[tiny]", resume_part(argv, out, overrides))
     finally:
         if startup is not None:
             startup.finish()
