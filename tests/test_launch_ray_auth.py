@@ -1,12 +1,15 @@
-"""The Ray cluster of a run is not open to the network: Ray 2.60's daemons listen on every interface, so
-every run's cluster uses token authentication with a token of its own (rpg.launch.run_env.ray_auth_env).
+"""The Ray cluster of a run is not open to the network: by default Ray 2.60's daemons listen on every
+interface, so every run's cluster runs in Ray's single-machine mode, every listener on loopback
+(rpg.launch.run_env.RUN_ENV), and uses token authentication with a token of its own (``ray_auth_env``),
+which also shuts out the other users of this machine.
 
 ``test_a_runs_ray_cluster_refuses_a_client_without_its_token`` starts Ray through the harness, with the
 environment every run gets, from a stand-in entry script (a bare ``ray.init``, no verl): during the run,
-every process of the run that listens on a non-loopback address is in token mode, and a client on this
-machine that connects to the run's GCS through the machine's network address cannot run a task there
-without the token (before: it ran one, as the run's user), while the same client with the token can.
-``run_exposure`` is the check, for any run in progress (e.g. the tiny main command's e2e run).
+no process of the run listens on a non-loopback address (before: gcs_server, raylet, workers and the
+agents did), the run's GCS port cannot be reached through the machine's network address, a client on
+this machine that connects to it on loopback cannot run a task without the token (before: it ran one, as
+the run's user), and the same client with the token can. ``run_exposure`` is the check, for any run in
+progress (e.g. the tiny main command's e2e run).
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ ATTACK = textwrap.dedent("""
 
 
 def _loopback(ip: str) -> bool:
-    return ipaddress.ip_address(ip.split("%")[0]).is_loopback
+    """Loopback, also as an IPv4-mapped IPv6 address (gRPC's ``::ffff:127.0.0.1``; Python < 3.13's
+    ``IPv6Address.is_loopback`` is true for ``::1`` only)."""
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
 
 
 def network_address() -> str | None:
@@ -52,7 +58,9 @@ def network_address() -> str | None:
 
 def run_exposure(procs: list[psutil.Process]) -> list[str]:
     """Each listener of ``procs`` on a non-loopback address whose process does not require Ray's token
-    (``RAY_AUTH_MODE=token`` and a token in its environment), as ``name pid address:port``; [] when none."""
+    (``RAY_AUTH_MODE=token`` and a token in its environment), as ``name pid address:port``; [] when none.
+    (With the run's loopback mode there is no non-loopback listener at all; this is the weaker rule the
+    token alone guarantees.)"""
     pids = {p.pid: p for p in procs}
     bad = []
     for c in psutil.net_connections("inet"):
@@ -101,7 +109,9 @@ STAND_IN = textwrap.dedent("""
 
 def _client(tmp_path: Path, address: str, target: Path, token: str | None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(HOME=str(tmp_path / "client-home"), RAY_USAGE_STATS_ENABLED="0")  # no token file either
+    # no token file either; a client of a loopback cluster runs in the same single-machine mode (its core
+    # worker must find the raylet on loopback), so only the token tells the two clients apart
+    env.update(HOME=str(tmp_path / "client-home"), RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     if token is not None:
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
     try:
@@ -109,6 +119,17 @@ def _client(tmp_path: Path, address: str, target: Path, token: str | None) -> su
                               text=True, timeout=120)
     except subprocess.TimeoutExpired as e:
         return subprocess.CompletedProcess(e.cmd, -1, "", "timed out")
+
+
+def _reachable(host: str, port: int) -> bool:
+    """Whether a TCP connection to host:port is accepted."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return True
+    except OSError:
+        return False
 
 
 @pytest.mark.e2e
@@ -132,8 +153,10 @@ def test_a_runs_ray_cluster_refuses_a_client_without_its_token(tmp_path):
             found["listeners"] = sum(1 for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN
                                      and c.pid in {p.pid for p in procs} and not _loopback(c.laddr.ip))
             driver = next(p for p in procs if any(str(entry) == a for a in p.cmdline()))
-            found["without"] = _client(tmp_path, f"{ip}:{port}", tmp_path / "without", None)
-            found["with"] = _client(tmp_path, f"{ip}:{port}", tmp_path / "with", driver.environ()["RAY_AUTH_TOKEN"])
+            found["network"] = _reachable(ip, int(port))
+            found["without"] = _client(tmp_path, f"127.0.0.1:{port}", tmp_path / "without", None)
+            found["with"] = _client(tmp_path, f"127.0.0.1:{port}", tmp_path / "with",
+                                    driver.environ()["RAY_AUTH_TOKEN"])
         finally:
             (out / "done").parent.mkdir(parents=True, exist_ok=True)
             (out / "done").touch()
@@ -142,8 +165,9 @@ def test_a_runs_ray_cluster_refuses_a_client_without_its_token(tmp_path):
     t.start()
     run = run_trainer([], output_dir=out, entry=str(entry), timeout_s=300, reap_after_s=10)
     t.join(timeout=10)
-    assert found["listeners"] > 0  # Ray's daemons do listen on the network: only the token protects them
+    assert found["listeners"] == 0  # loopback only (before: gcs_server, raylet, workers, agents on * or the node's address)
     assert found["exposed"] == []
+    assert found["network"] is False  # the GCS port is not reachable through the machine's network address
     assert not (tmp_path / "without").exists(), found["without"].stderr[-2000:]
     assert found["without"].returncode != 0
     assert (tmp_path / "with").read_text() == "ran as the run's user", found["with"].stderr[-2000:]

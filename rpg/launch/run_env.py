@@ -1,7 +1,7 @@
 """The environment of a trainer run started on this machine, whatever the backend (rpg.launch.harness).
 
-* ``RUN_ENV``: variables every local run sets (no tokenizer threads, no usage stats, no W&B, Hydra's
-  full errors in the trainer's log);
+* ``RUN_ENV``: variables every local run sets (Ray on loopback only, no tokenizer threads, no usage stats,
+  no W&B, Hydra's full errors in the trainer's log);
 * ``ray_auth_env``: Ray token authentication for the run's own cluster, with a token of its own;
 * ``external_modules``: the ``VERL_USE_EXTERNAL_MODULES`` list (modules ``import verl`` loads in every
   process), a backend's registration first;
@@ -17,6 +17,14 @@ from collections.abc import Iterable, Mapping
 
 # Every local run of the trainer (the CPU backend, and the GPU smoke run of rpg.backends.gpu).
 RUN_ENV = {
+    # Ray's single-machine mode: with ENABLE_RAY_CLUSTER off, ``ray._private.services.get_node_ip_address``
+    # answers the loopback address, and every process of the run's cluster (GCS, raylet, workers, the
+    # dashboard and runtime-env agents, the autoscaler's and the agents' Prometheus exporters) binds to it
+    # instead of ``*``/the node's address (measured with Ray 2.60: no listener of the run left on a
+    # non-loopback address). Ray reads it only there and in ``ray start`` (which then refuses to join a
+    # multi-node cluster); a local run starts a private cluster of its own (rpg.launch.harness), so nothing
+    # else changes. The token (``ray_auth_env``) stays on as well: other users of this machine reach loopback.
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "TOKENIZERS_PARALLELISM": "false",
     "RAY_USAGE_STATS_ENABLED": "0",
     "WANDB_MODE": "disabled",
