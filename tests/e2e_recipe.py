@@ -12,10 +12,12 @@ log-probs, ~1e-12 on a KL) and far below what one update of the tiny model moves
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from pathlib import Path
 
+import psutil
 import pytest
 
 from rpg.tiny.overrides import MINI_BATCH_SIZE
@@ -144,3 +146,24 @@ def keys(run):
 RPG_LOSS_KEYS = ["actor/rpg/kl_estimate", "actor/rpg/ratio_max", "actor/rpg/ratio_min", "actor/rpg/clipfrac",
                  "actor/rpg/clipfrac_high", "actor/rpg/clipfrac_low", "actor/rpg/clipfrac_dual",
                  "actor/rpg/reg_adv_mean", "actor/pg_loss"]
+
+
+def is_loopback(ip: str) -> bool:
+    """Loopback, also as an IPv4-mapped IPv6 address (gRPC's ``::ffff:127.0.0.1``; Python < 3.13's
+    ``IPv6Address.is_loopback`` is true for ``::1`` only)."""
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
+
+
+def network_listeners(procs: list[psutil.Process]) -> list[str]:
+    """Every listening socket of ``procs`` on a non-loopback address, as ``name pid address:port``."""
+    pids = {p.pid: p for p in procs}
+    found = []
+    for c in psutil.net_connections("inet"):
+        if c.status == psutil.CONN_LISTEN and c.pid in pids and not is_loopback(c.laddr.ip):
+            try:
+                name = pids[c.pid].name()
+            except psutil.Error:
+                name = "?"
+            found.append(f"{name} {c.pid} {c.laddr.ip}:{c.laddr.port}")
+    return found

@@ -11,7 +11,9 @@ import math
 import re
 from pathlib import Path
 
+import psutil
 import pytest
+from e2e_recipe import network_listeners
 
 from rpg.launch.harness import run_trainer
 from rpg.tiny.overrides import tiny_algorithm, tiny_overrides
@@ -39,12 +41,19 @@ def val_acc(data: dict) -> float | None:
 def grpo(tiny_assets, tmp_path_factory):
     out = tmp_path_factory.mktemp("grpo")
     entry, _ = tiny_algorithm("grpo")
+    listeners: dict[int, list[str]] = {}
+
+    def on_metrics(step, _data):  # while the run is up: every process of it (Ray's daemons included)
+        listeners[step] = network_listeners(psutil.Process().children(recursive=True))
+
     run = run_trainer(
         [*tiny_overrides(tiny_assets, steps=2, test_freq=2, algo="grpo"), f"trainer.default_local_dir={out / 'ckpt'}"],
         output_dir=out / "run",
         entry=str(ROOT / entry),
         timeout_s=600,
+        on_metrics=on_metrics,
     )
+    run.network_listeners = listeners
     return run
 
 
@@ -119,3 +128,11 @@ def test_metrics_are_finite(grpo):
 
 def test_no_ray_process_left_behind(grpo):
     assert grpo.leftover_pids == []
+
+
+def test_no_process_of_the_run_listens_beyond_loopback(grpo):
+    """Checked at every logged step, while the trainer, Ray's daemons, the rollout server and the
+    workers are up (rpg.launch.run_env: Ray's single-machine mode; before, gcs_server, raylet, workers
+    and the agents listened on every interface or the node's address)."""
+    assert sorted(grpo.network_listeners) == [0, 1, 2]
+    assert all(found == [] for found in grpo.network_listeners.values()), grpo.network_listeners

@@ -14,7 +14,6 @@ progress (e.g. the tiny main command's e2e run).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from e2e_recipe import is_loopback as _loopback
 from rpg.launch.harness import build_command, run_trainer
 from rpg.launch.run_env import ray_auth_env
 
@@ -38,13 +38,6 @@ ATTACK = textwrap.dedent("""
         open(path, "w").write("ran as the run's user")
     ray.get(write.remote(sys.argv[2]), timeout=60)
 """)
-
-
-def _loopback(ip: str) -> bool:
-    """Loopback, also as an IPv4-mapped IPv6 address (gRPC's ``::ffff:127.0.0.1``; Python < 3.13's
-    ``IPv6Address.is_loopback`` is true for ``::1`` only)."""
-    addr = ipaddress.ip_address(ip.split("%")[0])
-    return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
 
 
 def network_address() -> str | None:
