@@ -48,23 +48,23 @@ _BEHAVIOR: ContextVar[Optional[torch.Tensor]] = ContextVar("rpg_behavior_weights
 
 
 @contextlib.contextmanager
+def _bound(var: ContextVar, value: Optional[torch.Tensor]):
+    """``var`` holds ``value`` for the duration of the block (what verl's ``ppo_loss`` cannot pass on)."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
 def reference_log_prob(ref_log_prob: Optional[torch.Tensor]):
     """Within the block, ``rpg_policy_loss`` anchors on ``ref_log_prob`` (padded like verl's batch)."""
-    token = _REFERENCE.set(ref_log_prob)
-    try:
-        yield
-    finally:
-        _REFERENCE.reset(token)
+    return _bound(_REFERENCE, ref_log_prob)
 
 
-@contextlib.contextmanager
 def behavior_weights(weights: Optional[torch.Tensor]):
     """Within the block, ``rpg_policy_loss`` multiplies each token's loss by ``weights`` (padded like verl's batch)."""
-    token = _BEHAVIOR.set(weights)
-    try:
-        yield
-    finally:
-        _BEHAVIOR.reset(token)
+    return _bound(_BEHAVIOR, weights)
 
 
 def _token_weights(rollout_is_weights: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
