@@ -156,14 +156,18 @@ def is_loopback(ip: str) -> bool:
 
 
 def network_listeners(procs: list[psutil.Process]) -> list[str]:
-    """Every listening socket of ``procs`` on a non-loopback address, as ``name pid address:port``."""
+    """Every listening socket of ``procs`` on a non-loopback address, as ``name pid address:port``; one that
+    is torch.distributed's rendezvous store (the port in its process's ``MASTER_PORT``) is marked
+    ``[torch.distributed store]``: torch's TCPStore server binds every interface whatever ``MASTER_ADDR``
+    says, and verl creates it through ``init_process_group`` (no bind address to give)."""
     pids = {p.pid: p for p in procs}
     found = []
     for c in psutil.net_connections("inet"):
         if c.status == psutil.CONN_LISTEN and c.pid in pids and not is_loopback(c.laddr.ip):
             try:
-                name = pids[c.pid].name()
+                name, env = pids[c.pid].name(), pids[c.pid].environ()
             except psutil.Error:
-                name = "?"
-            found.append(f"{name} {c.pid} {c.laddr.ip}:{c.laddr.port}")
+                name, env = "?", {}
+            store = " [torch.distributed store]" if env.get("MASTER_PORT") == str(c.laddr.port) else ""
+            found.append(f"{name} {c.pid} {c.laddr.ip}:{c.laddr.port}{store}")
     return found
