@@ -285,6 +285,12 @@ def run_trainer(
     )
     run_env["PYTHONUNBUFFERED"] = "1"
     run_env.update(ray_auth_env(base))  # the run's Ray cluster: token authentication, a token of its own
+    if backend == "cpu":
+        # torch.distributed's rendezvous through a file in the run's private directory instead of a TCPStore,
+        # whose server binds every interface whatever MASTER_ADDR says and takes no token. verl's workers
+        # pass DIST_INIT_METHOD to init_process_group (verl/utils/distributed.py,
+        # initialize_global_process_group_ray); one node, so every rank sees the file. A user's value wins.
+        run_env.setdefault("DIST_INIT_METHOD", f"file://{ray_tmp}/torch_dist_store")
     run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv, cwd=Path(cwd or out).resolve(),
                      overrides=argv[1 + len(_entry_argv(entry)):])  # after python and the entry
     if stop is not None and stop.is_set():  # stopped before it started: start nothing
