@@ -772,8 +772,8 @@ def test_drivers_resume_command_keeps_flags_and_other_arguments():
                            "data.val_files=[data/a.parquet,data/b.parquet]", "trainer.resume_mode=disable", "~x.y"])
     assert line.endswith("recipe/rpg/main_rpg.py --config-name rpg_trainer 'data.val_files=[data/a.parquet,"
                          "data/b.parquet]' trainer.resume_mode=auto '~x.y'"), line
-    assert resume_command(["driver.py", "/tmp/ray", "trainer.resume_mode=disable"]).endswith(
-        "driver.py /tmp/ray trainer.resume_mode=auto")
+    assert resume_command(["driver.py", "ray_dir", "trainer.resume_mode=disable"]).endswith(
+        "driver.py ray_dir trainer.resume_mode=auto")
 
 
 def test_a_stop_signal_before_the_monitor_exists_still_cleans_up(tmp_path, monkeypatch):
