@@ -26,21 +26,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pytest_configure(config):
-    # pytest-xdist (README's `-n 2 --dist loadfile`) hands out files by default in order of their test
-    # count, which queued the few-test files of trainer launches (minutes each) last; keep this order
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
-def pytest_collection_modifyitems(config, items):
-    """Files with end-to-end runs first, each file's tests in their own order: with loadfile, xdist
-    gives each worker whole files in this order, so the trainer launches (60-150 s each, a third of
-    the 2 cores idle while a run starts its processes one after another) run beside each other and
-    beside unit tests, and the many short unit-test files even out the end instead of one launch
-    running alone."""
-    e2e_files = {item.path for item in items if item.get_closest_marker("e2e")}
-    items.sort(key=lambda item: item.path not in e2e_files)  # stable: False (e2e files) first
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +65,10 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # pytest-xdist (README's `-n 2 --dist loadfile`) hands out files by default in order of their test
+    # count, which queued the few-test files of trainer launches (minutes each) last; keep our order
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     if config.getoption("--vllm-cpu"):
         from rpg.backends.cpu.vllm_cpu import problems
 
@@ -95,9 +84,15 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--vllm-cpu"):
-        return
-    deselected = [item for item in items if item.get_closest_marker(VLLM_CPU_MARK)]
-    if deselected:
-        config.hook.pytest_deselected(items=deselected)
-        items[:] = [item for item in items if not item.get_closest_marker(VLLM_CPU_MARK)]
+    """The vllm_cpu tests leave unless asked for (visibly); then files with end-to-end runs first, each
+    file's tests in their own order: with loadfile, xdist gives each worker whole files in this order,
+    so the trainer launches (60-150 s each, a third of the 2 cores idle while a run starts its processes
+    one after another) run beside each other and beside unit tests, and the many short unit-test files
+    even out the end instead of one launch running alone."""
+    if not config.getoption("--vllm-cpu"):
+        deselected = [item for item in items if item.get_closest_marker(VLLM_CPU_MARK)]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if not item.get_closest_marker(VLLM_CPU_MARK)]
+    e2e_files = {item.path for item in items if item.get_closest_marker("e2e")}
+    items.sort(key=lambda item: item.path not in e2e_files)  # stable: False (e2e files) first
