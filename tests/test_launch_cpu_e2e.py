@@ -1,17 +1,25 @@
-"""A paper script really trains: recipe/rpg/4b/run_rpg_4b_ctx4k_ufkl1e-3_rf_clip_ppo_0.2_0.28_noiterref.sh
-(Fig. 9: RPG-REINFORCE-UFKL with RPG-Style Clip, beta 1e-3, the initial model as a fixed reference) with
-RPG_BACKEND=cpu (CPU backend + tiny model/task; the variant's algorithm settings unchanged) runs verl's
-trainer through the same launcher path for 2 steps. The one run also checks:
+"""A shipped script really trains: recipe/rpg/7b/run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree.sh
+(RPG-REINFORCE-URKL with RPG-Style Clip, beta 1e-4, schedule-free AdamW) with RPG_BACKEND=cpu (CPU backend
++ tiny model/task; the variant's algorithm settings unchanged but for the user overrides below) runs
+verl's trainer through the same launcher path for 2 steps. The one run also checks:
 
-* the fixed reference: a reference model is built and never reset; at step 1 it is the policy that
-  sampled, at step 2 pi_old has moved on and the reference has not;
+* the variant's wiring in the workers, and user overrides winning over the script's values;
+* a fixed reference (``rpg.reference.mode=fixed``, the ``_noiterref`` setting, given here as an
+  override): a reference model is built and never reset; at step 1 it is the policy that sampled, at
+  step 2 pi_old has moved on and the reference has not;
+* schedule-free AdamW in verl's trainer: old log-probs are computed with the weights the rollout sampled
+  with (y, not the eval x of the validation before), validation switches to the averaged x weights and
+  back, and the checkpoint holds eval-mode (x) optimizer state;
+* RPG-Style Clip binds (a narrower band than the paper's (0.2, 0.28), so that a 5 % ratio move is
+  enough: tests/e2e_recipe.py), split into its three kinds;
 * the paper's evaluation protocol (Table 7): validation rows of MinervaMath get one sample each
   (``rpg.validation.samples_per_problem``, logged as mean@1, scored by Math-Verify inside the Ray reward
   worker) while the other rows get ``val_kwargs.n`` samples (mean@4 here), in the same validation.
 
 User overrides (they win over the script's values, as for every launch): the mixed validation file
-(validated once, before training), and lr 5e-4 without warm-up (the paper's 1e-6 would not move the
-tiny model measurably in 2 steps).
+(validated before training and after step 2), lr 5e-4 without warm-up (the script's 5e-7 would not move
+the tiny model measurably in 2 steps), the clip band, the fixed reference and a checkpoint at step 2.
+(One launch checks all of this: each trainer launch costs the suite a minute or more on 2 cores.)
 """
 
 from __future__ import annotations
@@ -26,16 +34,16 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from e2e_recipe import RPG_LOSS_KEYS, assert_off_policy, assert_step_guarantees, at
+import torch
+from e2e_recipe import NARROW_CLIP, NARROW_CLIP_OVERRIDES, RPG_LOSS_KEYS, assert_off_policy, at
 
 from rpg.launch.harness import read_metrics
 from rpg.losses import loss_defaults
 from rpg.verl.settings import loss_fields
 
 ROOT = Path(__file__).resolve().parents[1]
-NAME = "run_rpg_4b_ctx4k_ufkl1e-3_rf_clip_ppo_0.2_0.28_noiterref"
-SCRIPT = ROOT / "recipe" / "rpg" / "4b" / f"{NAME}.sh"
-PAPER_CLIP = (0.2, 0.28, 10.0)
+NAME = "run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree"
+SCRIPT = ROOT / "recipe" / "rpg" / "7b" / f"{NAME}.sh"
 
 
 class _Run:
@@ -69,8 +77,9 @@ def test_script_trains_on_cpu_backend(tiny_assets, tmp_path):
     # the launcher's rpg may come from another tree (an editable install elsewhere): reuse this session's
     # tiny build whatever its project root (a cold build there cost 12 of 14 minutes on a loaded machine)
     env.update(PYTHON=sys.executable, RPG_BACKEND="cpu", OUT_DIR=str(out), CPU_TIMEOUT="600",
-               RPG_TINY_CACHE=str(tiny_assets.root.parent))
-    p = subprocess.run(["bash", str(SCRIPT), "trainer.total_training_steps=2", "trainer.test_freq=-1", f"data.val_files=[{val}]",
+               RPG_TINY_CACHE=str(tiny_assets.root.parent), CKPTS_DIR=str(tmp_path / "ckpt"))
+    p = subprocess.run(["bash", str(SCRIPT), "trainer.total_training_steps=2", "trainer.test_freq=2", f"data.val_files=[{val}]",
+                        "trainer.save_freq=2", "rpg.reference.mode=fixed", *NARROW_CLIP_OVERRIDES,
                         "actor_rollout_ref.actor.optim.lr=5e-4", "actor_rollout_ref.actor.optim.lr_warmup_steps=0"],
                        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     log = (out / "trainer.log").read_text(errors="replace") if (out / "trainer.log").exists() else ""
@@ -84,16 +93,18 @@ def test_script_trains_on_cpu_backend(tiny_assets, tmp_path):
         for key in RPG_LOSS_KEYS:
             at(run, step, key)
         assert metrics[step]["actor/lr"] > 0
-        assert_step_guarantees(run, step, "ufkl", PAPER_CLIP)
-    assert_off_policy(run, (1, 2))
+    # every step's guarantees with the clip band in force, some ratio off 1, some token clipped
+    assert_off_policy(run, (1, 2), clip=NARROW_CLIP)
 
-    # the variant's wiring reached the workers: RPG-REINFORCE-UFKL, RPG-Style Clip, beta 1e-3, a fixed
-    # reference; and the user's overrides won over the script's values
-    assert "rpg: loss=rpg divergence=ufkl form=reinforce beta=0.001 clip=True; anchor=reference mode=fixed" in log
-    expected = {**{k: loss_defaults()[k] for k in loss_fields()}, "divergence": "ufkl", "form": "reinforce",
-                "beta": 1e-3, "clip": True}
+    # the variant's wiring reached the workers: RPG-REINFORCE-URKL, RPG-Style Clip, beta 1e-4, schedule-free;
+    # and the user's overrides won over the script's values (lr, the fixed reference, the clip band)
+    assert "rpg: loss=rpg divergence=urkl form=reinforce beta=0.0001 clip=True; anchor=reference mode=fixed" in log
+    assert "optimizer=schedulefree" in log
+    expected = {**{k: loss_defaults()[k] for k in loss_fields()}, "divergence": "urkl", "form": "reinforce",
+                "beta": 1e-4, "clip": True}
     assert worker_loss_settings(log) == expected
-    for needle in ("'lr': 0.0005", "'rpg_anchor': 'reference'", "'device': 'cpu'"):
+    for needle in ("'lr': 0.0005", "'rpg_anchor': 'reference'", "'device': 'cpu'",
+                   f"'clip_ratio_low': {NARROW_CLIP[0]}", f"'clip_ratio_high': {NARROW_CLIP[1]}"):
         assert needle in log, needle
 
     # fixed reference: built, never reset; step 1: reference = initial model = sampler; step 2: pi_old
@@ -103,6 +114,21 @@ def test_script_trains_on_cpu_backend(tiny_assets, tmp_path):
     assert "actor/kl_loss" not in all_keys  # the RPG loss carries the KL, not verl's term
     assert at(run, 1, "actor/rpg/ref_old_logp_absdiff_max") < 1e-4 < at(run, 2, "actor/rpg/ref_old_logp_absdiff_max")
     assert at(run, 1, "rpg/ref_kl") < 1e-6 < at(run, 2, "rpg/ref_kl")
+
+    # schedule-free: old_log_prob is computed with the weights the rollout sampled with (y, not the eval x
+    # of the validation before): verl's comparison of the two log-probs of the same tokens agrees
+    for step in (1, 2):
+        assert at(run, step, "training/rollout_probs_diff_max") < 1e-3
+    # validation after step 2 switched to the averaged x weights and back (x != y after the second SF step)
+    assert at(run, 2, "rpg/sf_to_eval_max_abs_change") > 0
+    assert at(run, 2, "rpg/sf_to_train_max_abs_change") > 0
+    assert "val-core/math_dapo/acc/mean@4" in metrics[2]
+    # the checkpoint holds eval-mode (x) optimizer state
+    optim_files = sorted((tmp_path / "ckpt" / "global_step_2" / "actor").glob("optim*.pt"))
+    assert optim_files, list((tmp_path / "ckpt").rglob("*"))
+    state = torch.load(optim_files[0], map_location="cpu", weights_only=False)
+    groups = state["param_groups"] if "param_groups" in state else state["optimizer"]["param_groups"]
+    assert all(g["train_mode"] is False for g in groups)
 
     # evaluation protocol, in the validation before training (step 0)
     val0 = {k: v for k, v in metrics[0].items() if k.startswith("val-")}
