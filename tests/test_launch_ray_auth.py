@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from e2e_recipe import is_loopback as _loopback
+from e2e_recipe import is_loopback as _loopback, network_listeners
 from rpg.launch.harness import build_command, run_trainer
 from rpg.launch.run_env import ray_auth_env
 
@@ -143,8 +143,7 @@ def test_a_runs_ray_cluster_refuses_a_client_without_its_token(tmp_path):
             port = (out / "gcs").read_text().rsplit(":", 1)[1]
             procs = psutil.Process().children(recursive=True)  # the run's process tree (Ray's daemons included)
             found["exposed"] = run_exposure(procs)
-            found["listeners"] = sum(1 for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN
-                                     and c.pid in {p.pid for p in procs} and not _loopback(c.laddr.ip))
+            found["listeners"] = network_listeners(procs)
             driver = next(p for p in procs if any(str(entry) == a for a in p.cmdline()))
             found["network"] = _reachable(ip, int(port))
             found["without"] = _client(tmp_path, f"127.0.0.1:{port}", tmp_path / "without", None)
@@ -158,7 +157,7 @@ def test_a_runs_ray_cluster_refuses_a_client_without_its_token(tmp_path):
     t.start()
     run = run_trainer([], output_dir=out, entry=str(entry), timeout_s=300, reap_after_s=10)
     t.join(timeout=10)
-    assert found["listeners"] == 0  # loopback only (before: gcs_server, raylet, workers, agents on * or the node's address)
+    assert found["listeners"] == []  # loopback only (before: gcs_server, raylet, workers, agents on * or the node's address)
     assert found["exposed"] == []
     assert found["network"] is False  # the GCS port is not reachable through the machine's network address
     assert not (tmp_path / "without").exists(), found["without"].stderr[-2000:]
