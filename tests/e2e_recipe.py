@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
 import re
+import socket
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import psutil
@@ -171,3 +176,71 @@ def network_listeners(procs: list[psutil.Process]) -> list[str]:
             store = " [torch.distributed store]" if env.get("MASTER_PORT") == str(c.laddr.port) else ""
             found.append(f"{name} {c.pid} {c.laddr.ip}:{c.laddr.port}{store}")
     return found
+
+
+# ----------------------------------------------------------------------------- a run's Ray cluster, from outside
+# A client that runs a task in the cluster at ``argv[1]`` writing the file ``argv[2]``: what another user's
+# client would run as the run's user. ``num_cpus=0``: it needs no CPU of the run's, so it can run at any moment.
+RAY_CLIENT = textwrap.dedent("""
+    import sys, ray
+    ray.init(address=sys.argv[1], log_to_driver=False)
+    @ray.remote(num_cpus=0)
+    def write(path):
+        open(path, "w").write("ran as the run's user")
+    ray.get(write.remote(sys.argv[2]), timeout=60)
+""")
+
+
+def network_address() -> str | None:
+    """This machine's first non-loopback IPv4 address (what another node would connect to), or None."""
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family.name == "AF_INET" and not is_loopback(a.address):
+                return a.address
+    return None
+
+
+def run_exposure(procs: list[psutil.Process]) -> list[str]:
+    """Each listener of ``procs`` on a non-loopback address whose process does not require Ray's token
+    (``RAY_AUTH_MODE=token`` and a token in its environment), as ``name pid address:port``; [] when none.
+    (With the run's loopback mode there is no non-loopback listener at all; this is the weaker rule the
+    token alone guarantees.)"""
+    pids = {p.pid: p for p in procs}
+    bad = []
+    for c in psutil.net_connections("inet"):
+        if c.status != psutil.CONN_LISTEN or c.pid not in pids or is_loopback(c.laddr.ip):
+            continue
+        p = pids[c.pid]
+        try:
+            env, name = p.environ(), p.name()
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.AccessDenied:  # cannot be verified: counted as exposed
+            env, name = {}, "?"
+        if env.get("RAY_AUTH_MODE") != "token" or not (env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH")):
+            bad.append(f"{name} {c.pid} {c.laddr.ip}:{c.laddr.port}")
+    return bad
+
+
+def ray_client(home: Path, address: str, target: Path, token: str | None) -> subprocess.CompletedProcess:
+    """Run ``RAY_CLIENT`` against ``address`` with ``token`` (None: none at all, no token file either)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    # a client of a loopback cluster runs in the same single-machine mode (its core worker must find the
+    # raylet on loopback), so only the token tells the two clients apart
+    env.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    if token is not None:
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    try:
+        return subprocess.run([sys.executable, "-c", RAY_CLIENT, address, str(target)], env=env, capture_output=True,
+                              text=True, timeout=120)
+    except subprocess.TimeoutExpired as e:
+        return subprocess.CompletedProcess(e.cmd, -1, "", "timed out")
+
+
+def reachable(host: str, port: int) -> bool:
+    """Whether a TCP connection to host:port is accepted."""
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return True
+    except OSError:
+        return False

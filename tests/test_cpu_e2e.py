@@ -3,17 +3,21 @@ the recipe (``rpg.loss.name=verl``: the path of the paper's GRPO scripts and of 
 ``ALGO=grpo``), 2 steps, each trained in 4 mini-batches (off-policy after the first), a fixed
 reference with verl's k3 KL loss.
 
-One run is shared by the assertions below (about a minute on 2 cores). Resuming from a checkpoint:
-tests/test_verl_reference_resume_e2e.py.
+One run is shared by the assertions below (about a minute on 2 cores), the run's Ray cluster seen from
+outside included: while the run starts up, a client on this machine without the run's token is refused and
+one with it is not (``test_a_runs_ray_cluster_refuses_a_client_without_its_token``). Resuming from a
+checkpoint: tests/test_verl_reference_resume_e2e.py.
 """
 
 import math
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 import pytest
-from e2e_recipe import network_listeners
+from e2e_recipe import network_address, network_listeners, ray_client, reachable, run_exposure
 
 from rpg.launch.harness import run_trainer
 from rpg.tiny.overrides import tiny_algorithm, tiny_overrides
@@ -46,15 +50,58 @@ def grpo(tiny_assets, tmp_path_factory):
     def on_metrics(step, _data):  # while the run is up: every process of it (Ray's daemons included)
         listeners[step] = network_listeners(psutil.Process().children(recursive=True))
 
+    cluster = ClusterProbe(out)
     run = run_trainer(
         [*tiny_overrides(tiny_assets, steps=2, test_freq=2, algo="grpo"), f"trainer.default_local_dir={out / 'ckpt'}"],
         output_dir=out / "run",
         entry=str(ROOT / entry),
         timeout_s=600,
         on_metrics=on_metrics,
+        on_line=cluster.on_line,
     )
+    cluster.join()
     run.network_listeners = listeners
+    run.cluster = cluster.found
     return run
+
+
+class ClusterProbe:
+    """The run's Ray cluster seen from outside, probed once it has started (the driver's "Started a local
+    Ray instance" line) and while the run starts its trainer and workers (30 s or more; the probe takes a
+    few seconds): the run's listeners beyond loopback, whether its GCS port answers on this machine's
+    network address, and two clients on loopback, one without the run's token and one with it (taken from
+    the environment of the run's GCS server), each running a task that writes a file."""
+
+    def __init__(self, out: Path):
+        self.out, self.found, self.started = out, {}, threading.Event()
+        self.thread = threading.Thread(target=self._probe, daemon=True)
+
+    def on_line(self, line: str) -> None:  # the harness's reader thread: never block it
+        if "Started a local Ray instance" in line and not self.started.is_set():
+            self.started.set()
+            self.thread.start()
+
+    def join(self) -> None:
+        if self.started.is_set():
+            self.thread.join(timeout=180)
+
+    def _probe(self) -> None:
+        found = self.found
+        try:
+            procs = psutil.Process().children(recursive=True)  # the run's process tree (Ray's daemons included)
+            gcs = next(p for p in procs if p.name() == "gcs_server")
+            # started with --gcs_server_port=0: the port the OS gave it is the one it listens on
+            (port,) = {c.laddr.port for c in gcs.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+            found["listeners"], found["exposed"] = network_listeners(procs), run_exposure(procs)
+            ip = found["ip"] = network_address()
+            found["network"] = reachable(ip, port) if ip is not None else None
+            address, token = f"127.0.0.1:{port}", gcs.environ().get("RAY_AUTH_TOKEN")
+            with ThreadPoolExecutor(2) as pool:  # both at once: the probe stays short beside the run's start-up
+                without = pool.submit(ray_client, self.out / "client-home", address, self.out / "without", None)
+                with_token = pool.submit(ray_client, self.out / "client-home", address, self.out / "with", token)
+                found["without"], found["with"] = without.result(), with_token.result()
+        except Exception as e:  # reported by the test, with what was found before
+            found["error"] = repr(e)
 
 
 def test_two_steps_reach_the_end_with_validation(grpo):
@@ -137,3 +184,19 @@ def test_no_process_of_the_run_listens_beyond_loopback(grpo):
     TCPStore of the FSDP worker group (fixed by a file rendezvous, rpg.launch.harness)."""
     assert sorted(grpo.network_listeners) == [0, 1, 2]
     assert all(found == [] for found in grpo.network_listeners.values()), grpo.network_listeners
+
+
+def test_a_runs_ray_cluster_refuses_a_client_without_its_token(grpo):
+    """The run's Ray cluster is not open to the network, and on this machine only the run's token opens it
+    (rpg.launch.run_env: Ray's single-machine mode and token authentication with a token per run). Before:
+    gcs_server, raylet, workers and the agents listened on every interface or the node's address, and a
+    client on this machine without any token ran a task as the run's user."""
+    found, out = grpo.cluster, grpo.output_dir.parent
+    assert found and "error" not in found, found
+    assert found["listeners"] == [] and found["exposed"] == []  # loopback only, while the cluster is up
+    if found["ip"] is None:
+        pytest.skip("this machine has no non-loopback address to connect through")
+    assert found["network"] is False  # the GCS port is not reachable through the machine's network address
+    assert not (out / "without").exists(), found["without"].stderr[-2000:]
+    assert found["without"].returncode != 0
+    assert (out / "with").read_text() == "ran as the run's user", found["with"].stderr[-2000:]
