@@ -33,9 +33,18 @@ _WEIGHTS_LINE = re.compile(r"\[hf-rollout\] weights v\d+ loaded \(global_steps=(
 
 
 def rpg_run(cpu_trainer, tmp_path, overrides, steps=2, mini=MINI_BATCH_SIZE, n=8, validate=False, name="run"):
-    """Run the recipe on the tiny task (conftest's ``cpu_trainer``) with RPG defaults: rpg advantage,
-    no verl KL, ``mini`` prompts per mini-batch (8 per step) and 2 micro-batches per mini-batch."""
-    ov = [
+    """Run the recipe on the tiny task (conftest's ``cpu_trainer``) with RPG defaults (``rpg_defaults``)."""
+    ov = [*rpg_defaults(mini, n, validate), f"trainer.default_local_dir={tmp_path / 'ckpt'}", *overrides]
+    run = cpu_trainer(ov, steps=steps, entry=ENTRY, name=name)
+    assert run.last_step() == steps, run.tail()
+    assert not run.leftover_pids
+    return run
+
+
+def rpg_defaults(mini=MINI_BATCH_SIZE, n=8, validate=False) -> list[str]:
+    """The overrides of ``rpg_run`` on top of the tiny task and demo algorithm: rpg advantage, no verl KL,
+    ``mini`` prompts per mini-batch (8 per step) and 2 micro-batches per mini-batch."""
+    return [
         "actor_rollout_ref.actor.use_kl_loss=False",
         "algorithm.adv_estimator=rpg",
         "algorithm.norm_adv_by_std_in_grpo=False",
@@ -48,13 +57,7 @@ def rpg_run(cpu_trainer, tmp_path, overrides, steps=2, mini=MINI_BATCH_SIZE, n=8
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={8 * n}",
         f"trainer.val_before_train={validate}",
         f"trainer.test_freq={1 if validate else -1}",
-        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-        *overrides,
     ]
-    run = cpu_trainer(ov, steps=steps, entry=ENTRY, name=name)
-    assert run.last_step() == steps, run.tail()
-    assert not run.leftover_pids
-    return run
 
 
 # float32 rounding of a k3-type mean: exp(x) near 1 is rounded by up to 6e-8 (half an ulp of 1), so

@@ -12,7 +12,7 @@ Runs here (2 training steps each):
   2. REINFORCE++ (k1 KL against pi_old, no reference model) with DAPO dynamic sampling and
      overlong reward shaping (the paper's REINFORCE++ setup)
 Elsewhere, one trainer run each: fully differentiable vs REINFORCE-style, the same updates
-(test_verl_e2e_same_update.py); periodic reference and its resume (test_verl_reference_resume_e2e.py);
+(test_resume_e2e.py, with the launcher's SIGHUP run); periodic reference and its resume (test_verl_reference_resume_e2e.py);
 RPG-REINFORCE-URKL + RPG-Style Clip (clipping binds) + schedule-free AdamW (old log-probs with the
 sampling weights y, eval weights x for validation and checkpoint) + a fixed reference, through a
 shipped script, with the evaluation protocol (test_launch_cpu_e2e.py); GRPO with verl's stock loss and a
