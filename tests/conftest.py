@@ -65,6 +65,11 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # Hydra compositions in this process parse each YAML text once (tests/yaml_memo.py: about 700
+    # compositions in a suite, each re-reading the same ~33 files)
+    import yaml_memo
+
+    yaml_memo.install()
     # pytest-xdist (README's `-n 2 --dist loadfile`) hands out files by default in order of their test
     # count, which queued the few-test files of trainer launches (minutes each) last; keep our order
     if hasattr(config.option, "loadscopereorder"):
