@@ -91,7 +91,8 @@ class ClusterProbe:
             procs = psutil.Process().children(recursive=True)  # the run's process tree (Ray's daemons included)
             gcs = next(p for p in procs if p.name() == "gcs_server")
             # started with --gcs_server_port=0: the port the OS gave it is the one it listens on
-            (port,) = {c.laddr.port for c in gcs.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+            (port,) = {c.laddr.port for c in psutil.net_connections("inet")
+                       if c.pid == gcs.pid and c.status == psutil.CONN_LISTEN}
             found["listeners"], found["exposed"] = network_listeners(procs), run_exposure(procs)
             ip = found["ip"] = network_address()
             found["network"] = reachable(ip, port) if ip is not None else None
