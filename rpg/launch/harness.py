@@ -422,8 +422,6 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
                 if proc is not None:
                     if proc.poll() is None:
                         _terminate_group(proc, wait_s=STOP_WAIT_S if signalled else 15.0)
-                    if pump is not None:
-                        pump.join(timeout=STOP_GRACE_S if signalled else 10)  # the output's last lines
                     if monitor is None:  # stopped before the monitor existed: the trainer at least, while
                         # not reaped (a reaped child's pid may be another process's already)
                         seen = set(_identities([proc.pid])) if proc.returncode is None else set()
@@ -433,6 +431,9 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
                         seen = monitor.seen
                 run.leftover_pids = _cleanup(seen, ray_tmp, min(reap_after_s, STOP_GRACE_S) if signalled
                                              else reap_after_s)
+                if pump is not None:  # the output's last lines: the pipe ends when its last holder has, and a
+                    # process left behind holds it until the clean-up above ended it (waiting first cost 10 s)
+                    pump.join(timeout=STOP_GRACE_S if signalled else 10)
                 run.leftover_shm = _unlink_left(monitor.shm if monitor is not None else set())
                 shutil.rmtree(ray_tmp, ignore_errors=True)
     finally:
