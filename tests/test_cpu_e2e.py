@@ -67,10 +67,13 @@ def grpo(tiny_assets, tmp_path_factory):
 
 class ClusterProbe:
     """The run's Ray cluster seen from outside, probed once it has started (the driver's "Started a local
-    Ray instance" line) and while the run starts its trainer and workers (30 s or more; the probe takes a
-    few seconds): the run's listeners beyond loopback, whether its GCS port answers on this machine's
+    Ray instance" line) and while the run starts its trainer and workers (30 s or more on an idle machine,
+    longer under load): the run's listeners beyond loopback, whether its GCS port answers on this machine's
     network address, and two clients on loopback, one without the run's token and one with it (taken from
-    the environment of the run's GCS server), each running a task that writes a file."""
+    the environment of the run's GCS server), each running a task that writes a file. The client without
+    the token gives up after about 20 s of Ray's retries (wall-clock, whatever the load); whether the GCS
+    server was still running when both had ended is recorded, so that a refusal by a cluster already gone
+    never passes for the token's."""
 
     def __init__(self, out: Path):
         self.out, self.found, self.started = out, {}, threading.Event()
@@ -89,20 +92,37 @@ class ClusterProbe:
         found = self.found
         try:
             procs = psutil.Process().children(recursive=True)  # the run's process tree (Ray's daemons included)
-            gcs = next(p for p in procs if p.name() == "gcs_server")
+            gcs = next(p for p in procs if _name(p) == "gcs_server")
             # started with --gcs_server_port=0: the port the OS gave it is the one it listens on
             (port,) = {c.laddr.port for c in psutil.net_connections("inet")
                        if c.pid == gcs.pid and c.status == psutil.CONN_LISTEN}
             found["listeners"], found["exposed"] = network_listeners(procs), run_exposure(procs)
             ip = found["ip"] = network_address()
             found["network"] = reachable(ip, port) if ip is not None else None
-            address, token = f"127.0.0.1:{port}", gcs.environ().get("RAY_AUTH_TOKEN")
+            address, token = f"127.0.0.1:{port}", _token(gcs.environ())
             with ThreadPoolExecutor(2) as pool:  # both at once: the probe stays short beside the run's start-up
                 without = pool.submit(ray_client, self.out / "client-home", address, self.out / "without", None)
                 with_token = pool.submit(ray_client, self.out / "client-home", address, self.out / "with", token)
                 found["without"], found["with"] = without.result(), with_token.result()
+            found["gcs_alive_after"] = gcs.is_running()
         except Exception as e:  # reported by the test, with what was found before
             found["error"] = repr(e)
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.Error:  # a short-lived child already gone
+        return ""
+
+
+def _token(env: dict) -> str:
+    """The run's Ray token: its own (``RAY_AUTH_TOKEN``) or the file a user exported (``RAY_AUTH_TOKEN_PATH``)."""
+    if env.get("RAY_AUTH_TOKEN"):
+        return env["RAY_AUTH_TOKEN"]
+    if env.get("RAY_AUTH_TOKEN_PATH"):
+        return Path(env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    raise AssertionError(f"the run's GCS server has no Ray token (RAY_AUTH_MODE={env.get('RAY_AUTH_MODE')!r})")
 
 
 def test_two_steps_reach_the_end_with_validation(grpo):
@@ -195,9 +215,12 @@ def test_a_runs_ray_cluster_refuses_a_client_without_its_token(grpo):
     found, out = grpo.cluster, grpo.output_dir.parent
     assert found and "error" not in found, found
     assert found["listeners"] == [] and found["exposed"] == []  # loopback only, while the cluster is up
-    if found["ip"] is None:
-        pytest.skip("this machine has no non-loopback address to connect through")
-    assert found["network"] is False  # the GCS port is not reachable through the machine's network address
+    assert found["gcs_alive_after"]  # both clients met the running cluster, not one already shut down
+    # refused by the token check itself (Ray's AuthenticationError), not by anything else that fails a client
     assert not (out / "without").exists(), found["without"].stderr[-2000:]
-    assert found["without"].returncode != 0
+    assert found["without"].returncode != 0 and "AuthenticationError" in found["without"].stderr, \
+        found["without"].stderr[-2000:]
     assert (out / "with").read_text() == "ran as the run's user", found["with"].stderr[-2000:]
+    if found["ip"] is None:
+        pytest.skip("this machine has no non-loopback address to connect through (the clients' checks passed)")
+    assert found["network"] is False  # the GCS port is not reachable through the machine's network address

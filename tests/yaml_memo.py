@@ -37,7 +37,9 @@ def _load(file_):
         return _ORIGINAL(file_)  # OmegaConf's own TypeError
     parsed = _PARSED.get(text)
     if parsed is None:
-        parsed = _PARSED[text] = _ORIGINAL(io.StringIO(text))
+        stream = io.StringIO(text)
+        stream.name = getattr(file_, "name", str(file_))  # what PyYAML's error marks name, as for the file
+        parsed = _PARSED[text] = _ORIGINAL(stream)
     return copy.deepcopy(parsed)
 
 

@@ -64,8 +64,8 @@ DEFAULT_ENTRY = "verl.trainer.main_ppo"
 METRICS_FILE = "metrics.jsonl"
 LOG_FILE = "trainer.log"
 LOCK_FILE = ".run.lock"
-# after a stop signal: SIGTERM to the trainer's group, SIGKILL after STOP_WAIT_S, then STOP_GRACE_S for the
-# output's last lines and for stragglers, then terminate/kill them (5 s): under 40 s in all
+# after a stop signal: SIGTERM to the trainer's group, SIGKILL after STOP_WAIT_S, then STOP_GRACE_S for
+# stragglers, then terminate/kill them (5 s), then STOP_GRACE_S for the output's last lines: under 40 s in all
 STOP_WAIT_S, STOP_GRACE_S = 10.0, 5.0
 PSS_EVERY_S = 10.0  # seconds between PSS samples (peak_pss_bytes); memory plateaus last far longer
 
