@@ -739,8 +739,9 @@ def test_a_launcher_killed_with_sigkill_still_stops_its_trainer(tmp_path):
     from rpg.launch.harness import TrainerRunError, run_trainer
 
     entry, out, flag = _entry(tmp_path, "slow_to_stop.py", _SLOW_TO_STOP), tmp_path / "out", tmp_path / "flag"
+    # TMPDIR: the killed launcher cannot remove the run's Ray temp dir; it lands in tmp_path, not in /tmp
     launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, entry, str(out), f"+rpg_test.flag={flag}"],
-                                cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)})
     log = out / "trainer.log"
     trainer = None
     try:
