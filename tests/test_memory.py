@@ -476,3 +476,17 @@ def test_dry_run_prints_estimate_for_the_gpu_size(capsys):
     # an unknown model: the dry run still succeeds and says why there is no estimate
     assert main(["run_grpo_7b"], _clean_env(DRY_RUN="1", MODEL_PATH="someone/Model-9B")) == 0
     assert "# ---- memory estimate unavailable: no architecture for model 'someone/Model-9B'" in capsys.readouterr().out
+
+
+def test_the_memory_modules_import_one_way():
+    """memory_host builds on memory (its settings, architectures and units); memory imports nothing of
+    memory_host, not even inside a function (the launcher's whole report lives in memory_host)."""
+    import ast
+    from pathlib import Path
+
+    import rpg.launch.memory as memory
+
+    tree = ast.parse(Path(memory.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m and m.startswith("rpg.launch.memory_host")}, imported

@@ -11,7 +11,7 @@ Modules (nothing is imported here, so ``import rpg.launch.<x>`` stays light):
                    directory, metrics history, stop handling.
 * ``run_env``      the environment every local run sets.
 * ``memory``       per-GPU memory and checkpoint-disk estimate of a composed config.
-* ``memory_host``  host RAM per node of the same config.
+* ``memory_host``  host RAM per node of the same config; ``report``, the whole plan the launcher prints.
 * ``signals``      SIGHUP/SIGINT/SIGTERM -> a clean stop of the whole run (exit 128 + signum).
 * ``tether``       a trainer stopped (SIGTERM) when its launcher dies, even by SIGKILL.
 """

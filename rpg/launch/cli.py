@@ -481,7 +481,8 @@ def memory_report(cfg, sizes: tuple[float, float], *, unavailable_ok: bool = Fal
     """
     from omegaconf import OmegaConf
 
-    from rpg.launch.memory import MemoryEstimateError, report
+    from rpg.launch.memory import MemoryEstimateError
+    from rpg.launch.memory_host import report
 
     try:
         return report(OmegaConf.to_container(cfg, resolve=True), *sizes)

@@ -678,15 +678,3 @@ def parse_gib(raw: str | None, source: str, default: float, expected: str) -> fl
 def gpu_mem_gib(raw: str | None, source: str) -> float:
     """Parse a GPU-size override (``--gpu-mem-gib`` / ``RPG_GPU_MEM_GIB``); empty = the default."""
     return parse_gib(raw, source, DEFAULT_GPU_MEM_GIB, "the GPU's memory in GiB, e.g. 80 or 139.8")
-
-
-def report(cfg: Mapping[str, Any], gpu_gib: float = DEFAULT_GPU_MEM_GIB, host_gib: float | None = None) -> str:
-    """The per-GPU memory table, the host RAM per node (``rpg.launch.memory_host``) and the checkpoint-disk
-    lines for a composed config (a plain nested mapping); host_gib None: the default node size."""
-    from rpg.launch.memory_host import DEFAULT_HOST_MEM_GIB, estimate_host, format_host, host_settings_from_config
-
-    s = settings_from_config(cfg)
-    arch = architecture_for(s.model_path)
-    host = estimate_host(host_settings_from_config(cfg, s), arch, DEFAULT_HOST_MEM_GIB if host_gib is None else host_gib)
-    return "\n".join((format_estimate(estimate(s, arch, gpu_gib)), format_host(host),
-                      format_disk(estimate_disk(s, arch), s)))

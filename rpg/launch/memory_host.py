@@ -1,7 +1,7 @@
 """Host RAM per node of a composed run config (verl 0.9.1, FSDP + vLLM 0.24, Ray 2.x), with its own verdict.
 
-Pure Python like ``rpg.launch.memory`` (which prints it after the per-GPU table): ``estimate_host(
-host_settings_from_config(cfg), arch, host_gib)``. One node holds G = ``trainer.n_gpus_per_node``
+Pure Python like ``rpg.launch.memory`` (imported from there; ``report`` below prints it between that module's
+per-GPU table and its checkpoint-disk lines): ``estimate_host(host_settings_from_config(cfg), arch, host_gib)``. One node holds G = ``trainer.n_gpus_per_node``
 trainer processes and G vLLM GPU workers, plus the per-node terms; the driver and the rollout batch
 are counted on every node (they live on the head node, the fullest one). P parameters, F the FSDP
 shard group, b bytes per actor parameter (``model_dtype``), k optimizer states, TP vLLM's tensor
@@ -46,7 +46,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rpg.launch.memory import GB, GIB, HEADROOM_FRACTION, Architecture, MemoryEstimateError, RunSettings, _get, parse_gib
+from rpg.launch.memory import (DEFAULT_GPU_MEM_GIB, GB, GIB, HEADROOM_FRACTION, Architecture, MemoryEstimateError, RunSettings, _get,
+                               architecture_for, estimate, estimate_disk, format_disk, format_estimate, parse_gib,
+                               settings_from_config)
 
 DEFAULT_HOST_MEM_GIB = 2000.0   # assumed: an 8 x H100 node (2 TiB installed, ~2000 GiB reported by free -g)
 HOST_MEM_ENV = "RPG_HOST_MEM_GIB"
@@ -168,3 +170,14 @@ def format_host(e: HostEstimate) -> str:
 def host_mem_gib(raw: str | None, source: str) -> float:
     """Parse a host-size override (``--host-mem-gib`` / ``RPG_HOST_MEM_GIB``); empty = the default."""
     return parse_gib(raw, source, DEFAULT_HOST_MEM_GIB, "the node's RAM in GiB, e.g. 2000 or 1024")
+
+
+def report(cfg: Mapping[str, Any], gpu_gib: float = DEFAULT_GPU_MEM_GIB, host_gib: float | None = None) -> str:
+    """The whole plan the launcher prints for a composed config (a plain nested mapping): the per-GPU memory
+    table and the checkpoint-disk lines (``rpg.launch.memory``) around this module's host RAM per node;
+    host_gib None: the default node size. Here, not in ``rpg.launch.memory``, so that the imports go one way."""
+    s = settings_from_config(cfg)
+    arch = architecture_for(s.model_path)
+    host = estimate_host(host_settings_from_config(cfg, s), arch, DEFAULT_HOST_MEM_GIB if host_gib is None else host_gib)
+    return "\n".join((format_estimate(estimate(s, arch, gpu_gib)), format_host(host),
+                      format_disk(estimate_disk(s, arch), s)))
