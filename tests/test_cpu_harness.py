@@ -218,3 +218,43 @@ def test_a_full_disk_stops_the_run_with_the_stop_line(tmp_path, monkeypatch, cap
         "discarded" in lines[0] and f"log {out / 'trainer.log'}" in lines[0]
     assert f"last complete checkpoint none in {out / 'ckpts'}" in lines[0] and lines[0].endswith(
         "resume: python -m rpg.backends.cpu.run --out OUT")
+
+
+def test_the_trainer_is_stopped_before_the_rest_of_its_process_group(tmp_path):
+    """SIGTERM reaches the trainer alone first (the RPG driver then shuts its own Ray cluster down and prints
+    its stop line): a child in its process group, standing in for Ray's raylet, is still running while the
+    trainer's handler runs, and gets SIGTERM once the trainer has exited (nothing is left)."""
+    import threading
+    import time
+
+    entry = _script(tmp_path, """
+        import os, signal, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # same process group
+        def on_term(signum, frame):
+            time.sleep(1.0)  # a SIGTERM to the whole group would have ended the child by now
+            print("child running in the trainer's handler:", child.poll() is None, flush=True)
+            os._exit(0)  # without reaping or stopping the child: the group's SIGTERM must end it
+        signal.signal(signal.SIGTERM, on_term)
+        print("CHILD", child.pid, flush=True)
+        open(os.environ["VERL_FILE_LOGGER_PATH"] + ".started", "w").close()
+        time.sleep(600)
+    """)
+    stop = threading.Event()
+    started = tmp_path / "out" / "metrics.jsonl.started"
+    threading.Thread(target=lambda: (_wait_for(started), stop.set()), daemon=True).start()
+    t0 = time.time()
+    with pytest.raises(TrainerRunError, match="stopped by the caller") as err:
+        run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=120, stop=stop)
+    run = err.value.run
+    assert "child running in the trainer's handler: True" in run.log, run.log[-2000:]
+    child = int(next(line.split()[-1] for line in run.log.splitlines() if "] CHILD " in line))
+    assert run.leftover_pids == [] and _ended(child)  # ended by the group's SIGTERM
+    assert time.time() - t0 < 60
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie that its new parent (init, or a sandbox's pid 1) has not reaped."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -64,8 +64,9 @@ DEFAULT_ENTRY = "verl.trainer.main_ppo"
 METRICS_FILE = "metrics.jsonl"
 LOG_FILE = "trainer.log"
 LOCK_FILE = ".run.lock"
-# after a stop signal: SIGTERM to the trainer's group, SIGKILL after STOP_WAIT_S, then STOP_GRACE_S for
-# stragglers, then terminate/kill them (5 s), then STOP_GRACE_S for the output's last lines: under 40 s in all
+# after a stop signal: SIGTERM to the trainer, then to its group once it has exited (SIGKILL to the group
+# after STOP_WAIT_S), then STOP_GRACE_S for stragglers, then terminate/kill them (5 s), then STOP_GRACE_S
+# for the output's last lines: under 40 s in all
 STOP_WAIT_S, STOP_GRACE_S = 10.0, 5.0
 PSS_EVERY_S = 10.0  # seconds between PSS samples (peak_pss_bytes); memory plateaus last far longer
 
@@ -663,18 +664,36 @@ def _unlink_left(names: Iterable[str]) -> list[str]:
 
 
 def _terminate_group(proc: subprocess.Popen, wait_s: float = 15.0) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
+    """Stop the trainer, then the rest of its process group.
+
+    SIGTERM goes to the trainer alone first: the RPG driver's handler (``rpg.verl.main.stop_on_signals``)
+    shuts its Ray cluster down and prints its stop line. Signalling the whole group at once also ended
+    Ray's raylet and GCS under the driver, whose core worker, blocked in a ``ray.get``, could end the
+    process before the handler ran (seen once in a suite run: no "Ray shut down" line in trainer.log).
+    Once the trainer has exited, or after ``wait_s``, the group gets SIGTERM (stragglers), and SIGKILL if
+    the trainer is still running; the trainer is reaped only after that, so its pid, the group's id, is
+    never another process's when signalled."""
+    os.kill(proc.pid, signal.SIGTERM)  # not Popen.send_signal: its poll() could reap the trainer first
+    exited = _exited_unreaped(proc.pid, wait_s)
+    if exited is not None:  # None: reaped elsewhere, its pid no longer ours to signal
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM if exited else signal.SIGKILL)
+    proc.wait(timeout=wait_s)
+
+
+def _exited_unreaped(pid: int, wait_s: float) -> bool | None:
+    """Whether child ``pid`` exits within ``wait_s``, left unreaped (``waitid`` with ``WNOWAIT``, so its pid
+    stays taken); None if it was reaped already."""
+    deadline = time.time() + wait_s
+    while True:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=wait_s)
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:
+            return None
+        if time.time() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def _identities(pids: Iterable[int]) -> list[tuple[int, float]]:
