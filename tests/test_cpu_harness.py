@@ -220,6 +220,32 @@ def test_a_full_disk_stops_the_run_with_the_stop_line(tmp_path, monkeypatch, cap
         "resume: python -m rpg.backends.cpu.run --out OUT")
 
 
+def test_vllm_socket_files_go_with_the_runs_private_directory(tmp_path):
+    """vLLM names its ZMQ socket files after VLLM_RPC_BASE_PATH (default: the temp dir) and its processes are
+    killed at the run's end: the harness points it at the run's private Ray temp dir, removed after the run,
+    so no socket is left in TMPDIR; a user's own value is kept."""
+    entry = _script(tmp_path, """
+        import os, socket, sys, uuid
+        base = os.environ["VLLM_RPC_BASE_PATH"]
+        print("RAY_TMP", next(a.split("=", 1)[1] for a in sys.argv if a.startswith("+ray_kwargs.ray_init._temp_dir=")))
+        path = os.path.join(base, str(uuid.uuid4()))
+        s = socket.socket(socket.AF_UNIX); s.bind(path)  # as ZMQ's ipc:// bind does
+        print("SOCKET", path, flush=True)
+        os._exit(0)  # killed, as vLLM's processes are: nothing unlinks the file
+    """)
+    run = run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=60)
+    printed = [line.split("] ", 1)[-1] for line in run.log.splitlines()]  # after the "[  t s] " stamp
+    found = dict(line.split(" ", 1) for line in printed if line.startswith(("RAY_TMP ", "SOCKET ")))
+    assert os.path.dirname(found["SOCKET"]) == found["RAY_TMP"]
+    assert not os.path.exists(found["SOCKET"]) and not os.path.exists(found["RAY_TMP"])
+    mine = tmp_path / "rpc"
+    mine.mkdir()
+    run = run_trainer([], output_dir=tmp_path / "out2", entry=entry, timeout_s=60,
+                      env={"VLLM_RPC_BASE_PATH": str(mine)})
+    kept = [p for p in mine.iterdir()]
+    assert len(kept) == 1 and kept[0].is_socket()  # the user's directory is the user's
+
+
 def test_the_trainer_is_stopped_before_the_rest_of_its_process_group(tmp_path):
     """SIGTERM reaches the trainer alone first (the RPG driver then shuts its own Ray cluster down and prints
     its stop line): a child in its process group, standing in for Ray's raylet, is still running while the

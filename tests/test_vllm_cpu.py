@@ -153,11 +153,11 @@ def test_sleep_mode_is_refused_on_cpu_so_it_stays_off():
 # ----------------------------------------------------------------------------- the trainer launches
 
 
-def _launch(tiny_assets, out: Path, ckpt: Path, steps: int, skip: int | None = None):
+def _launch(tiny_assets, out: Path, ckpt: Path, steps: int, tmp: Path, skip: int | None = None):
     from rpg.launch.harness import run_trainer
     from rpg.tiny.overrides import RECIPE_ENTRY, tiny_overrides
 
-    env = {vllm_cpu.ROLLOUT_ENV: "vllm", SYNC_LOG_ENV: str(out / "syncs.jsonl"),
+    env = {vllm_cpu.ROLLOUT_ENV: "vllm", SYNC_LOG_ENV: str(out / "syncs.jsonl"), "TMPDIR": str(tmp),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     if skip is not None:
         env[SKIP_ENV] = str(skip)
@@ -178,13 +178,15 @@ def _launch(tiny_assets, out: Path, ckpt: Path, steps: int, skip: int | None = N
 @pytest.fixture(scope="module")
 def runs(tiny_assets, tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm_cpu")
-    a = _launch(tiny_assets, root / "a", root / "ckpt", steps=3)
-    b = _launch(tiny_assets, root / "b", root / "ckpt", steps=5, skip=4)
+    tmp = root / "tmp"  # the runs' TMPDIR: what they leave there is checked
+    tmp.mkdir()
+    a = _launch(tiny_assets, root / "a", root / "ckpt", steps=3, tmp=tmp)
+    b = _launch(tiny_assets, root / "b", root / "ckpt", steps=5, tmp=tmp, skip=4)
     for name, (run, _) in (("A", a), ("B", b)):  # the figures, in the stage's output (pytest -s)
         print(f"\nlaunch {name}: {run.wall_time_s:.0f} s, peak PSS {run.peak_pss_bytes / 2**30:.1f} GiB, "
               f"{DIFF} by step {[(s, d[DIFF]) for s, d in run.metrics.items() if DIFF in d]}, "
               f"/dev/shm files removed {run.leftover_shm}")
-    return {"a": a, "b": b}
+    return {"a": a, "b": b, "tmp": tmp}
 
 
 def assert_synced_every_step(run, steps):
@@ -275,3 +277,7 @@ def test_nothing_is_left_behind_and_the_kv_cache_is_bounded(runs):
         assert run.peak_pss_bytes < 12 * 2**30, run.peak_pss_bytes / 2**30
     # needed: vLLM's processes are killed when Ray ends the run, so their queues' files outlive them
     assert any(name.startswith("psm_") for run, _ in (runs["a"], runs["b"]) for name in run.leftover_shm)
+    # vLLM's ZMQ socket files (VLLM_RPC_BASE_PATH, by default the temp dir: 7 a run were left there) went
+    # with the runs' private directories
+    sockets = [p for p in runs["tmp"].rglob("*") if p.is_socket()]
+    assert not sockets, sockets

@@ -22,7 +22,8 @@ by another process after a run's process ended is left alone. After the run, wha
 of them still alive 30 s after the driver exited is terminated, and ``TrainerRun.leftover_pids``
 lists them (empty in a clean run). Shared-memory files in ``/dev/shm`` that a process of the run
 mapped and that outlived it (vLLM's message queues when its processes are killed at shutdown) are removed
-then too, and listed in ``TrainerRun.leftover_shm``. The trainer is tethered to this process (``rpg.launch.tether``):
+then too, and listed in ``TrainerRun.leftover_shm``; vLLM's socket files live in the private Ray temp dir
+(``VLLM_RPC_BASE_PATH``), removed with it. The trainer is tethered to this process (``rpg.launch.tether``):
 if this process is killed with SIGKILL, when none of this clean-up can run, the kernel sends the
 trainer SIGTERM (the RPG driver then shuts its Ray cluster down) instead of letting it train on
 unseen; and it holds the output directory's lock until it has ended. A failed or timed-out run raises
@@ -292,6 +293,12 @@ def run_trainer(
         # pass DIST_INIT_METHOD to init_process_group (verl/utils/distributed.py,
         # initialize_global_process_group_ray); one node, so every rank sees the file. A user's value wins.
         run_env.setdefault("DIST_INIT_METHOD", f"file://{ray_tmp}/torch_dist_store")
+    # vLLM's ZMQ sockets between its server, engine core and workers are files named
+    # <VLLM_RPC_BASE_PATH>/<uuid> (vllm/envs.py: default tempfile.gettempdir(); vllm/utils/network_utils.py
+    # get_open_zmq_ipc_path). Its processes are killed when Ray ends the run, so nothing unlinks them:
+    # measured 7 socket files left in /tmp per vLLM-CPU run. In the run's private directory they go
+    # with it. A user's value wins.
+    run_env.setdefault("VLLM_RPC_BASE_PATH", ray_tmp)
     run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv, cwd=Path(cwd or out).resolve(),
                      overrides=argv[1 + len(_entry_argv(entry)):])  # after python and the entry
     if stop is not None and stop.is_set():  # stopped before it started: start nothing
