@@ -238,12 +238,17 @@ def test_vllm_socket_files_go_with_the_runs_private_directory(tmp_path):
     found = dict(line.split(" ", 1) for line in printed if line.startswith(("RAY_TMP ", "SOCKET ")))
     assert os.path.dirname(found["SOCKET"]) == found["RAY_TMP"]
     assert not os.path.exists(found["SOCKET"]) and not os.path.exists(found["RAY_TMP"])
-    mine = tmp_path / "rpc"
-    mine.mkdir()
-    run = run_trainer([], output_dir=tmp_path / "out2", entry=entry, timeout_s=60,
-                      env={"VLLM_RPC_BASE_PATH": str(mine)})
-    kept = [p for p in mine.iterdir()]
-    assert len(kept) == 1 and kept[0].is_socket()  # the user's directory is the user's
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    mine = Path(tempfile.mkdtemp(prefix="rpc"))  # short: a socket's path has at most 107 bytes
+    try:
+        run_trainer([], output_dir=tmp_path / "out2", entry=entry, timeout_s=60, env={"VLLM_RPC_BASE_PATH": str(mine)})
+        kept = list(mine.iterdir())
+        assert len(kept) == 1 and kept[0].is_socket()  # the user's directory is the user's
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
 
 
 def test_the_trainer_is_stopped_before_the_rest_of_its_process_group(tmp_path):
