@@ -76,12 +76,8 @@ def test_stop_event_ends_the_run_from_another_thread(tmp_path):
         open(os.path.join(os.environ["VERL_FILE_LOGGER_PATH"] + ".started"), "w").close()
         time.sleep(600)
     """)
-    stop = threading.Event()
-    started = tmp_path / "out" / "metrics.jsonl.started"
-    threading.Thread(target=lambda: (_wait_for(started), stop.set()), daemon=True).start()
     t0 = time.time()
-    with pytest.raises(TrainerRunError, match="stopped by the caller") as err:
-        run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=120, stop=stop)
+    err = _stopped_once_started(tmp_path, entry)
     assert err.value.run.stopped and not err.value.run.timed_out and time.time() - t0 < 60
     assert err.value.run.leftover_pids == []  # the process group was terminated, nothing outlived it
     stop_now = threading.Event()
@@ -89,6 +85,19 @@ def test_stop_event_ends_the_run_from_another_thread(tmp_path):
     with pytest.raises(TrainerRunError, match="stopped by the caller before it started") as err:
         run_trainer([], output_dir=tmp_path / "out2", entry=entry, timeout_s=120, stop=stop_now)
     assert err.value.run.stopped and not (tmp_path / "out2" / "trainer.log").exists()
+
+
+def _stopped_once_started(tmp_path, entry: str):
+    """Run ``entry`` (which creates ``$VERL_FILE_LOGGER_PATH.started`` once it is running) under a stop event
+    set from another thread as soon as that file exists; the ``TrainerRunError`` it raised (pytest's info)."""
+    import threading
+
+    stop = threading.Event()
+    started = tmp_path / "out" / "metrics.jsonl.started"
+    threading.Thread(target=lambda: (_wait_for(started), stop.set()), daemon=True).start()
+    with pytest.raises(TrainerRunError, match="stopped by the caller") as err:
+        run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=120, stop=stop)
+    return err
 
 
 def _wait_for(path, timeout_s: float = 60.0) -> None:
@@ -255,7 +264,6 @@ def test_the_trainer_is_stopped_before_the_rest_of_its_process_group(tmp_path):
     """SIGTERM reaches the trainer alone first (the RPG driver then shuts its own Ray cluster down and prints
     its stop line): a child in its process group, standing in for Ray's raylet, is still running while the
     trainer's handler runs, and gets SIGTERM once the trainer has exited (nothing is left)."""
-    import threading
     import time
 
     entry = _script(tmp_path, """
@@ -270,13 +278,8 @@ def test_the_trainer_is_stopped_before_the_rest_of_its_process_group(tmp_path):
         open(os.environ["VERL_FILE_LOGGER_PATH"] + ".started", "w").close()
         time.sleep(600)
     """)
-    stop = threading.Event()
-    started = tmp_path / "out" / "metrics.jsonl.started"
-    threading.Thread(target=lambda: (_wait_for(started), stop.set()), daemon=True).start()
     t0 = time.time()
-    with pytest.raises(TrainerRunError, match="stopped by the caller") as err:
-        run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=120, stop=stop)
-    run = err.value.run
+    run = _stopped_once_started(tmp_path, entry).value.run
     assert "child running in the trainer's handler: True" in run.log, run.log[-2000:]
     child = int(next(line.split()[-1] for line in run.log.splitlines() if "] CHILD " in line))
     assert run.leftover_pids == [] and _ended(child)  # ended by the group's SIGTERM
