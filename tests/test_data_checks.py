@@ -1,4 +1,4 @@
-"""Every data file a run reads is checked before Ray (issue 38, items 5-8): it exists, is readable, is in
+"""Every data file a run reads is checked before Ray: it exists, is readable, is in
 verl's layout (``data.prompt_key``, ``reward_model.ground_truth``, ``data_source``), every ``data_source``
 has a reward function (rpg.reward's routes, or verl's ``default_compute_score`` list when the recipe's reward
 is off), and the lists are not empty. One function (``rpg.verl.preflight.input_path_problems`` through

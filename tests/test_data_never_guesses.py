@@ -1,4 +1,4 @@
-"""``python -m rpg.data`` never guesses (issue 38, items 1, 2, 6, 9, 12): a templated problem is recognised
+"""``python -m rpg.data`` never guesses: a templated problem is recognised
 whatever its line endings and surrounding whitespace, several candidate columns stop with one line naming
 them and the option that chooses one, a ``--data-source`` no reward function scores is refused, a corrupt
 input names its file, and the small cases of ``prepare-all --datasets``, duplicated JSON keys, an all-rejected
@@ -37,7 +37,8 @@ def _jsonl(path: Path, records) -> Path:
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared eval files not found at {SHARED}")
 def test_crlf_templated_aime25_problems_are_unwrapped_once_and_deduplicated(tmp_path, capsys):
-    """The issue's reproduction: 30 AIME25 rows, prompt content with CRLF line endings, as a JSONL input."""
+    """30 AIME25 rows, prompt content with CRLF line endings (a file saved on Windows), as a JSONL input: all 21
+    written prompts held the instruction twice."""
     rows = pq.read_table(SHARED / "aime25.parquet").to_pylist()[:30]
     crlf = [{"problem": r["prompt"][0]["content"].replace("\n", "\r\n"), "answer": r["reward_model"]["ground_truth"]}
             for r in rows]
