@@ -8,8 +8,8 @@ anything starts) and the tiny demo (before its assets are built). A user's
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -77,12 +77,16 @@ def test_files_in_verl_layout_with_a_scored_data_source_pass(files):
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared eval files not found at {SHARED}")
-def test_the_real_evaluation_files_pass_and_the_check_reads_no_rows(files):
+def test_the_real_evaluation_files_pass_and_the_check_reads_one_column(files, monkeypatch):
     vals = [str(SHARED / n) for n in ("aime-2024.parquet", "aime25.parquet", "amc-23.parquet")]
     cfg = _applied(files, f"data.val_files=[{','.join(vals)}]")
-    t0 = time.perf_counter()
+    read = []
+    real = pq.read_table
+    monkeypatch.setattr(pq, "read_table", lambda path, **kw: read.append((Path(path).name, kw)) or real(path, **kw))
     assert input_path_problems(cfg) == []
-    print(f"checked 3 real eval files + 1 train file in {1e3 * (time.perf_counter() - t0):.1f} ms")
+    # the footer (read_metadata) and the data_source column of each file, never the rows' other columns
+    assert read == [(n, {"columns": ["data_source"]}) for n in ("train.parquet", *(Path(v).name for v in vals))]
+    monkeypatch.undo()
     # amc-23.parquet's data_source is 'amc_23': rpg.reward routes amc*, verl's default_compute_score does not
     cfg = _applied(files, f"data.val_files=[{','.join(vals)}]", "rpg.reward_function=null")
     assert input_path_problems(cfg) == [
@@ -259,3 +263,14 @@ def test_the_launcher_refuses_a_reward_name_without_a_path(capsys):
     assert err == ["rpg config error: reward.custom_reward_function.name=my_score without "
                    "reward.custom_reward_function.path: set the path of the file that defines my_score (the recipe "
                    "would otherwise score with rpg.reward:compute_score, rpg.reward_function)"]
+
+
+@pytest.mark.bench
+def test_bench_data_checks_one_step(capsys):
+    path = ROOT / "benchmarks" / "bench_data_checks.py"
+    spec = importlib.util.spec_from_file_location("bench_data_checks", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--repeats", "1", "--train-rows", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "train.parquet" in out and "problems:" not in out
