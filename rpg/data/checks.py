@@ -45,6 +45,8 @@ class UnreadableFile(ValueError):
 
 
 Getter = Callable[[str], Any]  # dotted config key -> its value (plain Python; None when absent or null)
+_RPG_HINT = ("score it with your own function (reward.custom_reward_function.path and .name), or write a data_source "
+             "it handles")
 
 
 def scorer_of(get: Getter) -> Scorer:
@@ -59,10 +61,6 @@ def scorer_of(get: Getter) -> Scorer:
         return verl_scorer("(rpg.reward_function=null)", f"use the recipe's rpg.reward (rpg.reward_function={RECIPE_REWARD}) "
                            "or a reward.custom_reward_function that scores it")
     return rpg_scorer(_RPG_HINT) if spec == RECIPE_REWARD else ANY
-
-
-_RPG_HINT = ("score it with your own function (reward.custom_reward_function.path and .name), or write a data_source "
-             "it handles")
 
 
 def data_file_problem(key: str, value: Any) -> str | None:
@@ -191,7 +189,7 @@ def file_problems(key: str, path: str, *, scorer: Scorer, prompt_key: str = "pro
         return [f"{where}: verl reads {', '.join(VERL_SUFFIXES[:-1])} and {VERL_SUFFIXES[-1]} data files, "
                 f"not {suffix or 'a file without a suffix'!r}"]
     try:
-        schema, rows, column = read_layout(path)
+        schema, rows, column = read_layout(Path(path).expanduser())  # as the existence check (data_file_problem)
     except UnreadableFile as err:
         kind = "parquet" if suffix == ".parquet" else "JSON"
         return [f"{where}: not a readable {kind} file ({err})"]
