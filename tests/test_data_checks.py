@@ -255,6 +255,29 @@ def test_a_reward_name_with_its_path_is_honoured(files):
     assert Path(cfg.reward.custom_reward_function.path).as_posix().endswith("rpg/reward/__init__.py")
 
 
+def test_a_reward_name_its_file_does_not_define_is_refused(files):
+    """verl loads the function in a worker, after Ray: the driver reads the file (never runs it) first."""
+    from omegaconf import OmegaConf
+
+    own = files / "my_reward.py"
+    own.write_text("import math\n\ndef score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                   "    return 0.0\n\nif True:\n    def other(*a):\n        return 1.0\n")
+    cfg = _applied(files, f"reward.custom_reward_function.path={own}", "reward.custom_reward_function.name=score")
+
+    def problems(path, name):
+        OmegaConf.update(cfg, "reward.custom_reward_function", {"path": str(path), "name": name}, merge=True)
+        return input_path_problems(cfg, use_critic=False)
+
+    assert problems(own, "score") == [] and problems(own, "other") == []
+    assert problems(own, "my_score") == [
+        f"reward.custom_reward_function.name=my_score: {own} (reward.custom_reward_function.path) defines no my_score; "
+        "it defines math, other, score"]
+    assert problems("pkg://rpg.reward", "compute_score") == []
+    assert problems("pkg://rpg.reward", "my_score")[0].startswith("reward.custom_reward_function.name=my_score: ")
+    own.write_text("from math import *\n")  # a star import could define any name: not refused
+    assert problems(own, "my_score") == []
+
+
 def test_the_launcher_refuses_a_reward_name_without_a_path(capsys):
     from rpg.launch.cli import main
 

@@ -113,3 +113,55 @@ def verl_scorer(why: str, hint: str) -> Scorer:
 
 
 ANY = Scorer("your reward function", None)
+
+
+def _top_level_names(tree: ast.Module) -> set[str] | None:
+    """Names a module defines at its top level (in ``if``/``try``/``with`` blocks too); None when a star import
+    or a module ``__getattr__`` could define any name."""
+    names: set[str] = set()
+    body = list(tree.body)
+    while body:
+        node = body.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in node.names):
+                return None
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            body += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                     *(s for h in getattr(node, "handlers", []) for s in h.body)]
+    return None if "__getattr__" in names else names
+
+
+def reward_name_problem(path: str | None, name: str | None) -> str | None:
+    """One line when the file ``reward.custom_reward_function.path`` names (a file, ``file://`` or ``pkg://``)
+    defines no top-level ``name`` (verl would fail to load it in a worker, after Ray), read with ``ast``, never
+    executed; None when it does, when the file is missing (named elsewhere) or when that cannot be told."""
+    if not path or not name:
+        return None
+    if path.startswith("pkg://"):
+        try:
+            spec = importlib.util.find_spec(path[len("pkg://"):].replace("/", "."))
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            return None if spec is not None else f"reward.custom_reward_function.path={path}: no such module"
+        file = spec.origin
+    else:
+        file = path[len("file://"):] if path.startswith("file://") else path
+    if not os.path.isfile(file):
+        return None
+    try:
+        with open(file, encoding="utf-8") as fh:
+            names = _top_level_names(ast.parse(fh.read(), file))
+    except (SyntaxError, UnicodeDecodeError, ValueError) as err:
+        return f"reward.custom_reward_function.path={path}: not valid Python ({' '.join(str(err).split())})"
+    if names is None or name in names:
+        return None
+    functions = sorted(n for n in names if not n.startswith("_"))
+    return (f"reward.custom_reward_function.name={name}: {file} (reward.custom_reward_function.path) defines no "
+            f"{name}; it defines {', '.join(functions) or 'nothing public'}")

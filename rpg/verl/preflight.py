@@ -21,7 +21,8 @@ Keys and rules (a value containing ``://`` — hdfs://, s3://, ... — is remote
   more slashes, or is otherwise not repo-id shaped — must exist. Consequence: a relative path
   ``models/qwen`` that does not exist is taken for the repo id ``models/qwen`` (write
   ``./models/qwen`` to have it checked as a path);
-* ``reward.custom_reward_function.path``: an existing file when set;
+* ``reward.custom_reward_function.path``: an existing file when set, defining
+  ``reward.custom_reward_function.name`` (``rpg.reward.sources.reward_name_problem``: read, never run);
 * ``trainer.resume_from_path`` when ``trainer.resume_mode=resume_path``: an existing directory whose
   name is ``global_step_<N>`` (verl reads the step from it); relative to the current directory
   and ``~`` is not expanded, as verl does.
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from rpg.data.checks import DATA_KEYS, data_problems
+from rpg.reward.sources import reward_name_problem
 from rpg.verl.errors import ERROR_PREFIX
 from rpg.verl.settings import RPGConfigError, config_value
 
@@ -171,6 +173,7 @@ def input_path_problems(cfg, *, use_critic: bool | None = None) -> list[str]:
     reward = _get(cfg, "reward.custom_reward_function.path")
     if reward is not None and not is_remote(str(reward)) and not Path(str(reward)).expanduser().is_file():
         problems.append(f"reward.custom_reward_function.path={reward}: no such file")
+    problems.append(reward_name_problem(reward, _get(cfg, "reward.custom_reward_function.name")))
     if _get(cfg, "trainer.resume_mode") == "resume_path":
         problems.append(resume_path_problem(_get(cfg, "trainer.resume_from_path")))
     return [p for p in problems if p]
