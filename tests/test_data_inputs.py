@@ -12,7 +12,7 @@ import pytest
 
 from rpg.data import prepare
 from rpg.data.__main__ import main as cli_main
-from rpg.data.prepare import rejects_path
+from rpg.data.prepare import failed_rejects_path, rejects_path
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 ROWS = [{"problem": f"What is {i}+1?", "answer": str(i + 1)} for i in range(3)]
@@ -62,8 +62,9 @@ def test_all_rejected_shows_reasons_and_writes_the_rejects_file(tmp_path, capsys
         f"  {src}: rejected line 1: empty problem", f"  {src}: rejected line 2: no answer (missing or null)",
         f"  {src}: rejected line 3: empty problem",
         f"error: aime2025: no valid rows in {src} (3 rejected: empty problem: 2, no answer: 1); "
-        f"nothing written; every rejected row in {rejects_path(out)}"]
-    assert not out.exists() and len(rejects_path(out).read_text().splitlines()) == 3
+        f"nothing written; every rejected row in {failed_rejects_path(out)}"]
+    assert not out.exists() and len(failed_rejects_path(out).read_text().splitlines()) == 3
+    assert not rejects_path(out).exists()  # that name belongs to a written o.parquet
 
 
 def test_directory_input_and_directory_out(tmp_path, capsys):
@@ -249,8 +250,9 @@ def test_a_jsonl_without_any_object_names_each_line(tmp_path, capsys, body, reas
     lines = err.splitlines()
     assert rc == 2 and lines[:-1] == [f"  {src}: rejected {r}" for r in reasons]
     assert lines[-1].startswith(f"error: aime2025: no valid rows in {src} ({len(reasons)} rejected: ")
-    assert lines[-1].endswith(f"nothing written; every rejected row in {rejects_path(out)}")
-    assert [json.loads(x)["line"] for x in rejects_path(out).read_text().splitlines()] == list(range(1, len(reasons) + 1))
+    assert lines[-1].endswith(f"nothing written; every rejected row in {failed_rejects_path(out)}")
+    assert [json.loads(x)["line"] for x in failed_rejects_path(out).read_text().splitlines()] == list(
+        range(1, len(reasons) + 1))
 
 
 def test_missing_columns_name_the_input_file(tmp_path, capsys):

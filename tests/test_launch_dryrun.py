@@ -224,8 +224,10 @@ def test_errors_are_one_clear_message(argv, env, msg, capsys):
 
 def test_local_run_refuses_missing_data(tmp_path, capsys):
     assert main(["run_grpo_7b"], _env(DATA_DIR=str(tmp_path))) == 2
-    err = capsys.readouterr().err
-    assert "data file(s) not found" in err and "python -m rpg.data prepare-all" in err
+    err = capsys.readouterr().err.splitlines()  # the driver's lines (rpg.data.checks), one per missing file
+    names = ["dapo-math-17k-en", *parse("run_grpo_7b").val_sets]
+    assert [line.split("=", 1)[1].split(":")[0] for line in err] == [str(tmp_path / f"{n}.parquet") for n in names]
+    assert all(line.startswith("rpg config error: data.") for line in err) and "python -m rpg.data prepare-all" in err[-1]
 
 
 def test_rpg_validation_errors_surface_in_dry_run():

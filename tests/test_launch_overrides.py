@@ -2,7 +2,7 @@
 
 * merging keeps its documented semantics and every value exactly as written;
 * README's list form ``data.val_files=[data/aime2024.parquet,data/aime2025.parquet]`` works in the
-  launcher's missing-file check (it used ``ast.literal_eval`` and crashed with a SyntaxError);
+  launcher's data-file check (it used ``ast.literal_eval`` and crashed with a SyntaxError);
 * an override Hydra cannot read is ONE line naming it with Hydra's reason, exit code 2, at every entry
   point (python -m rpg.launch and the paper scripts, python -m rpg.backends.cpu.run and the tiny
   script, recipe/rpg/main_rpg.py), before anything starts; Hydra's own flags still work;
@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from data_files import verl_file
 from test_launch_dryrun import _env
 
 from rpg.launch.overrides import (OverrideSyntaxError, bad_override_line, merge_overrides, override_key, parse_one,
@@ -80,31 +81,36 @@ def test_a_sweep_is_refused_where_a_run_takes_one_value():
 # ----------------------------------------------------------------------------- README's list form in the launcher
 
 
-def test_readme_list_form_in_the_missing_file_check(tmp_path, monkeypatch):
-    from rpg.launch.cli import _missing_files
+def test_readme_list_form_in_the_data_file_check(tmp_path, monkeypatch):
+    from rpg.data.checks import override_problems
+    from rpg.launch.variants import recipe_value
+
+    def problems(overrides):
+        return override_problems(values(overrides), recipe_value)
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "aime2024.parquet").write_bytes(b"")
-    assert _missing_files([README_VAL]) == ["data/aime2025.parquet"]  # the missing one named, the other accepted
-    (tmp_path / "data" / "aime2025.parquet").write_bytes(b"")
-    assert _missing_files(["data.train_files=data/aime2024.parquet", README_VAL]) == []
-    assert _missing_files(["data.train_files='data/none.parquet'", "data.val_files=hdfs://x/y.parquet"]) == ["data/none.parquet"]
+    verl_file(tmp_path / "data" / "aime2024.parquet")
+    assert problems([README_VAL]) == ["data.val_files[1]=data/aime2025.parquet: no such file"]  # the other accepted
+    verl_file(tmp_path / "data" / "aime2025.parquet")
+    assert problems(["data.train_files=data/aime2024.parquet", README_VAL]) == []
+    assert problems(["data.train_files='data/none.parquet'", "data.val_files=hdfs://x/y.parquet"]) == [
+        "data.train_files=data/none.parquet: no such file"]
 
 
 def test_launcher_names_the_missing_files_of_readmes_list_form(tmp_path, monkeypatch, capsys):
     """No DRY_RUN: the launcher checks the data files before exec'ing the driver (it crashed with a raw
-    SyntaxError traceback on this valid Hydra list)."""
+    SyntaxError traceback on this valid Hydra list); the driver's lines (rpg.data.checks), exit 2."""
     from rpg.launch.cli import main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "aime2024.parquet").write_bytes(b"")
-    (tmp_path / "train.parquet").write_bytes(b"")
+    verl_file(tmp_path / "data" / "aime2024.parquet")
+    verl_file(tmp_path / "train.parquet", "math_dapo")
     rc = main(["run_grpo_7b", README_VAL], _env(TRAIN_FILE=str(tmp_path / "train.parquet")))
     err = _lines(capsys.readouterr().err)
-    assert rc == 2 and len(err) == 1 and err[0].startswith("rpg.launch: data file(s) not found: data/aime2025.parquet;")
-    assert "aime2024" not in err[0] and "train.parquet" not in err[0]
+    assert rc == 2 and err == ["rpg config error: data.val_files[1]=data/aime2025.parquet: no such file. Prepare data "
+                               "files with `python -m rpg.data prepare-all --out-dir data/` (docs/data-and-reports.md)"]
 
 
 # ----------------------------------------------------------------------------- every entry point: one line, exit 2

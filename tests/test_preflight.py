@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from data_files import verl_file
 from hydra import compose, initialize_config_dir
 
 from rpg.verl.preflight import InputPathError, check_input_paths, input_path_problems, looks_like_hub_id
@@ -20,8 +21,8 @@ CONFIG_DIR = ROOT / "recipe" / "rpg" / "config"
 
 @pytest.fixture
 def files(tmp_path):
-    (tmp_path / "train.parquet").write_bytes(b"")
-    (tmp_path / "val.parquet").write_bytes(b"")
+    verl_file(tmp_path / "train.parquet", "math_dapo")  # the data files' own checks: tests/test_data_checks.py
+    verl_file(tmp_path / "val.parquet")
     (tmp_path / "model").mkdir()
     return tmp_path
 
@@ -91,7 +92,7 @@ def test_resume_path_checked_only_in_resume_path_mode(files):
 
 
 def test_driver_fails_before_ray_with_one_line(files, tmp_path):
-    """main_rpg.py with a missing train file and a missing local model: rc 2, one line, no Ray, seconds.
+    """main_rpg.py with a missing train file and a missing local model: rc 2, one line each, no Ray, seconds.
     On the CPU backend (this machine has no GPU: the GPU checks before Ray are tests/test_gpu_preflight.py)."""
     from rpg.backends.cpu.settings import cpu_env
 
@@ -103,10 +104,11 @@ def test_driver_fails_before_ray_with_one_line(files, tmp_path):
     elapsed = time.monotonic() - t0
     assert p.returncode == 2, p.stderr[-3000:]
     ours = [line for line in p.stderr.splitlines() if line.startswith("rpg config error")]
-    assert ours == [
-        "rpg config error: data.train_files=/no/such.parquet: no such file; actor_rollout_ref.model.path=/nonexistent: "
-        "no such file or directory (and not a Hugging Face repo id 'org/name'). Prepare data files with "
-        "`python -m rpg.data prepare-all --out-dir data/` (docs/data-and-reports.md)"]
+    assert ours == [  # one line per problem
+        "rpg config error: data.train_files=/no/such.parquet: no such file. Prepare data files with "
+        "`python -m rpg.data prepare-all --out-dir data/` (docs/data-and-reports.md)",
+        "rpg config error: actor_rollout_ref.model.path=/nonexistent: no such file or directory (and not a Hugging "
+        "Face repo id 'org/name')"]
     # the check runs before the config summary is printed and before run_ppo prints "ray init kwargs"
     assert p.stdout == "" and "ray init" not in p.stderr.lower()
     # only the accelerator-detection warnings of a GPU-less machine may precede the line

@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from data_files import verl_file
 from hydra import compose, initialize_config_dir
 
 from rpg.verl.checkpoints import MARKER, TRACKER, ResumeError, last_complete, plan_resume, write_marker
@@ -62,7 +63,7 @@ def _truncate(path: Path) -> None:
 
 def _cfg(tmp_path: Path, *overrides: str):
     for name in ("train.parquet", "val.parquet"):
-        (tmp_path / name).write_bytes(b"")
+        verl_file(tmp_path / name)
     (tmp_path / "model").mkdir(exist_ok=True)
     base = [f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files=['{tmp_path / 'val.parquet'}']",
             f"actor_rollout_ref.model.path={tmp_path / 'model'}", "trainer.device=cpu",
@@ -138,7 +139,7 @@ def test_truncated_checkpoint_is_refused_by_the_driver_before_ray(tmp_path):
     _ckpt(root, 4, marker=False, tracker=True)
     _truncate(root / "global_step_4" / "actor" / "model_world_size_1_rank_0.pt")
     for name in ("train.parquet", "val.parquet"):
-        (tmp_path / name).write_bytes(b"")
+        verl_file(tmp_path / name)
     (tmp_path / "model").mkdir()
     p = subprocess.run([sys.executable, str(ROOT / "recipe" / "rpg" / "main_rpg.py"),
                         f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files=['{tmp_path / 'val.parquet'}']",

@@ -44,6 +44,27 @@ def _find_local(input_dir: Path, key: str) -> Path:
     return found[0]
 
 
+def _path(text: str) -> str:
+    """A path option's value; an empty one (``--out ''``, an unset variable) would mean the current directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give a file or directory (an unset shell variable?)")
+    return text
+
+
+def dataset_keys(raw: str) -> list[str]:
+    """``--datasets``: comma-separated presets, each known and named once; ValueError (one line) otherwise."""
+    keys = [k.strip() for k in raw.split(",") if k.strip()]
+    if not keys:
+        raise ValueError(f"--datasets {raw!r} names no dataset; allowed: {', '.join(SOURCES)}")
+    unknown = [k for k in keys if k not in SOURCES]
+    if unknown:
+        raise ValueError(f"unknown datasets {unknown}; allowed: {', '.join(SOURCES)}")
+    twice = [k for k in dict.fromkeys(keys) if keys.count(k) > 1]
+    if twice:
+        raise ValueError(f"--datasets names {', '.join(twice)} twice; name each dataset once")
+    return keys
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rpg.data", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -51,25 +72,30 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("prepare", help="build one parquet file")
     p.add_argument("dataset", choices=sorted(SOURCES))
-    p.add_argument("--out", required=True, help="output .parquet path (a directory: DIR/<dataset>.parquet)")
+    p.add_argument("--out", required=True, type=_path, help="output .parquet path (a directory: DIR/<dataset>.parquet)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--input", help="local .parquet/.json/.jsonl file (default: the preset's hub dataset)")
+    src.add_argument("--input", type=_path, help="local .parquet/.json/.jsonl file (default: the preset's hub dataset)")
     src.add_argument("--hf", help="Hugging Face dataset name overriding the preset's")
     p.add_argument("--hf-config", help="Hugging Face dataset config")
     p.add_argument("--split", help="Hugging Face split (default: the preset's, or the only one)")
-    p.add_argument("--problem-key", help="column holding the problem text")
-    p.add_argument("--answer-key", help="column holding the ground-truth answer")
-    p.add_argument("--data-source", help="data_source value to write (default: the preset's)")
+    p.add_argument("--problem-key", help="column holding the problem text (required when several candidates exist)")
+    p.add_argument("--answer-key", help="column holding the ground-truth answer (required when several candidates exist)")
+    p.add_argument("--data-source", help="data_source value to write (default: the preset's); one a reward function "
+                   "scores (rpg.reward, verl's default_compute_score)")
+    p.add_argument("--any-data-source", action="store_true",
+                   help="write a --data-source no built-in reward function scores (your own reward.custom_reward_function does)")
     p.add_argument("--copies", type=int, help="rows per problem; 1 (default) for val_kwargs.n=32, 32 = authors' layout")
     p.add_argument("--show-rejects", type=int, default=20,
                    help="rejected rows to print, plain duplicates counted only (all go to *.rejects.jsonl)")
 
     a = sub.add_parser("prepare-all", help="build the training file and all evaluation files")
-    a.add_argument("--out-dir", required=True)
-    a.add_argument("--input-dir", help="read <dataset>.parquet|.json|.jsonl (or the authors' names: aime-2024, "
+    a.add_argument("--out-dir", required=True, type=_path)
+    a.add_argument("--input-dir", type=_path, help="read <dataset>.parquet|.json|.jsonl (or the authors' names: aime-2024, "
                    "aime25, amc-23, dapo-math-17k-eng) from here instead of the hub")
     a.add_argument("--datasets", default=",".join([TRAIN_DEFAULT, *EVAL_DEFAULT]), help="comma-separated presets")
     a.add_argument("--eval-copies", type=int, default=1, help="rows per eval problem (32 = authors' layout)")
+    a.add_argument("--problem-key", help="column holding the problem text, for every dataset prepared")
+    a.add_argument("--answer-key", help="column holding the ground-truth answer, for every dataset prepared")
     a.add_argument("--show-rejects", type=int, default=5)
 
     args = ap.parse_args(argv)
@@ -81,19 +107,17 @@ def main(argv: list[str] | None = None) -> int:
             summary = prepare(
                 args.dataset, args.out, input_path=args.input, hf_name=args.hf, hf_config=args.hf_config,
                 hf_split=args.split, copies=args.copies, data_source=args.data_source,
-                problem_key=args.problem_key, answer_key=args.answer_key,
+                problem_key=args.problem_key, answer_key=args.answer_key, any_data_source=args.any_data_source,
             )
             _report(summary, args.show_rejects)
         else:
-            keys = [k.strip() for k in args.datasets.split(",") if k.strip()]
-            unknown = [k for k in keys if k not in SOURCES]
-            if unknown:
-                raise ValueError(f"unknown datasets {unknown}; allowed: {', '.join(SOURCES)}")
+            keys = dataset_keys(args.datasets)
             out_dir = Path(args.out_dir)
             for key in keys:
                 inp = _find_local(Path(args.input_dir), key) if args.input_dir else None
                 copies = args.eval_copies if SOURCES[key].split == "test" else 1
-                _report(prepare(key, out_dir / f"{key}.parquet", input_path=inp, copies=copies), args.show_rejects)
+                _report(prepare(key, out_dir / f"{key}.parquet", input_path=inp, copies=copies,
+                                problem_key=args.problem_key, answer_key=args.answer_key), args.show_rejects)
     except (ValueError, OSError) as err:  # OSError: an unwritable --out (the message names the path)
         if isinstance(err, NoValidRows):
             _list_rejects(err.summary, args.show_rejects)

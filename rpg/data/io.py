@@ -90,7 +90,10 @@ def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | N
     if not path.is_file():
         raise FileNotFoundError(f"input file not found: {path}")
     if suffix == ".parquet":
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as err:  # a corrupt page says "Corrupt snappy compressed data."
+            raise ValueError(f"{path}: not a readable parquet file ({' '.join(str(err).split())})") from None
         if table.num_rows == 0:
             raise ValueError(f"{path}: no rows")
         return table.to_pylist(), list(table.column_names), None
@@ -101,7 +104,7 @@ def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | N
         if not raw.strip():
             raise ValueError(f"{path}: empty file: no rows (expected {expected}, UTF-8)")
         try:
-            data = json.loads(raw.decode("utf-8"))
+            data = json.loads(raw.decode("utf-8"), object_pairs_hook=_object)
         except UnicodeDecodeError as err:
             line, col = _position(raw, err.start)
             raise ValueError(f"{path}:{line}:{col}: invalid UTF-8 byte 0x{raw[err.start]:02x}") from None
@@ -115,6 +118,7 @@ def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | N
             raise ValueError(f"{path}: a .json input must hold a list of objects")
         if not data:
             raise ValueError(f"{path}: the JSON list is empty: no rows")
+        data = [_checked(r) for r in data]
         return data, _columns(data), None
     text_lines = _jsonl_lines(raw, path)
     if not text_lines:
@@ -126,12 +130,43 @@ def read_local(path: str | Path) -> tuple[list[object], list[str], list[int] | N
             records.append(text)
             continue
         try:
-            records.append(json.loads(text))
+            records.append(_checked(json.loads(text, object_pairs_hook=_object)))
         except json.JSONDecodeError as err:
             records.append(BadRecord(f"invalid JSON line ({err.msg})"))
         except ValueError as err:  # an integer longer than Python converts (sys.get_int_max_str_digits)
             records.append(BadRecord(_too_long(err)))
     return records, _columns(records), lines
+
+
+class _Duplicated(dict):
+    """A JSON object with a key written twice (``json`` would keep the last value without a word): ``key``."""
+
+    key: str
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict:
+    """``json``'s ``object_pairs_hook``: the object, marked when a key occurs twice."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    marked = _Duplicated(obj)
+    marked.key = next(k for k, _ in pairs if k in seen or seen.add(k))
+    return marked
+
+
+def _duplicated_key(value: object) -> str | None:
+    """The first key written twice in a JSON object anywhere in ``value``, else None."""
+    if isinstance(value, _Duplicated):
+        return value.key
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return next((k for k in map(_duplicated_key, children) if k is not None), None)
+
+
+def _checked(record: object) -> object:
+    """A row with a key written twice is rejected (which value was meant cannot be known)."""
+    key = _duplicated_key(record)
+    return record if key is None else BadRecord(f"duplicate key {key!r} in the JSON object")
 
 
 def _too_long(err: ValueError) -> str:

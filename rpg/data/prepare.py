@@ -3,9 +3,11 @@
 Output: ``out`` (parquet, atomic; an existing directory or a path ending in ``/`` receives
 ``<dataset>.parquet``) and, when rows were rejected, ``<out stem>.rejects.jsonl`` with one
 ``{"index": i, ["line": l,] "reason": ...}`` per rejected input row (``line``: JSONL inputs); a stale
-one is removed otherwise. The rejects file is written even when every row is rejected (then no
-parquet is written and ``NoValidRows`` gives the counts per reason and the rejected rows). Neither
-output may be the input file.
+one is removed otherwise. ``<out stem>.rejects.jsonl`` always belongs to the parquet file beside it: when
+every row is rejected nothing is written but ``<out stem>.failed.rejects.jsonl`` (``NoValidRows`` gives the
+counts per reason and the rejected rows; the previous run's output and rejects file are kept, and said so).
+Neither output may be the input file. The ``data_source`` written must be one a reward function scores
+(``rpg.reward.sources``), unless ``any_data_source``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from pathlib import Path
 from rpg.data.io import HubLoader, read_hub, read_local, write_parquet_atomic, write_text_atomic
 from rpg.data.rows import Layout, Reject, build_rows, resolve_layout, select_problems
 from rpg.data.sources import get_source
+from rpg.reward.sources import rpg_scorer
+
+_ANY_HINT = "pass --any-data-source when your own reward.custom_reward_function scores it"
 
 
 @dataclass
@@ -30,12 +35,14 @@ class Summary:
     problems: int
     rows_written: int
     rejects: list[Reject] = field(default_factory=list)
+    columns: str = ""  # the columns read (``Layout.describe``)
 
     def line(self) -> str:
-        """One summary line: rows read, written, rejected with reasons (and where they all are)."""
+        """One summary line: rows read (and the columns used), written, rejected with reasons (and where they all are)."""
         where = f"; every rejected row in {rejects_path(Path(self.out))}" if self.rejects else ""
+        columns = f" ({self.columns})" if self.columns else ""
         return (
-            f"{self.dataset}: read {self.rows_read} rows from {self.source}, wrote {self.rows_written} rows "
+            f"{self.dataset}: read {self.rows_read} rows from {self.source}{columns}, wrote {self.rows_written} rows "
             f"({self.problems} problems) to {self.out}, rejected {len(self.rejects)} ({reason_counts(self.rejects)}){where}"
         )
 
@@ -67,6 +74,20 @@ def rejects_path(out: Path) -> Path:
     return out.with_name(out.stem + ".rejects.jsonl")
 
 
+def failed_rejects_path(out: Path) -> Path:
+    """Where a run that rejected every row puts its rejects (``rejects_path`` belongs to the parquet beside it)."""
+    return out.with_name(out.stem + ".failed.rejects.jsonl")
+
+
+def check_data_source(data_source: str) -> None:
+    """ValueError (one line) when no reward function scores ``data_source`` (``rpg.reward.compute_score``'s routes,
+    then verl's ``default_compute_score``: what the recipe's runs score with)."""
+    scorer = rpg_scorer(_ANY_HINT)
+    if scorer.unscored([data_source]):
+        raise ValueError(f"--data-source {data_source}: no reward function scores it: {scorer.name} handles "
+                         f"{scorer.allowed}; {scorer.hint}")
+
+
 def prepare(
     dataset: str,
     out: str | Path,
@@ -79,15 +100,20 @@ def prepare(
     problem_key: str | None = None,
     answer_key: str | None = None,
     hub_loader: HubLoader | None = None,
+    any_data_source: bool = False,
 ) -> Summary:
     """Read, check, deduplicate and write one dataset. Local ``input_path`` wins over the hub."""
     spec = get_source(dataset)
+    if not str(out).strip():
+        raise ValueError("--out is an empty path; give a .parquet file or a directory")
+    if data_source is not None and not any_data_source:
+        check_data_source(data_source)
     if Path(out).is_dir() or str(out).endswith(("/", os.sep)):
         out = Path(out) / f"{dataset}.parquet"
     out = Path(out)
     if out.suffix != ".parquet":
         raise ValueError(f"--out must end in .parquet, got {str(out)!r}")
-    rp = rejects_path(out)
+    rp, failed = rejects_path(out), failed_rejects_path(out)
     if input_path is not None:
         _check_not_the_input(out, rp, Path(input_path))
         records, columns, lines = read_local(input_path)
@@ -107,18 +133,21 @@ def prepare(
     problems, rejects, n_read = select_problems(records, layout, spec.english_only, lines)
     if not problems:
         if rejects:
-            _write_rejects(rejects, rp)
+            _write_rejects(rejects, failed)
+        kept = [str(p) for p in (out, rp) if p.exists()]
         raise NoValidRows(
             f"{dataset}: no valid rows in {source} ({len(rejects)} rejected: {reason_counts(rejects)}); "
-            f"nothing written" + (f"; every rejected row in {rp}" if rejects else ""),
-            Summary(dataset, source, str(out), n_read, 0, 0, rejects))
+            f"nothing written" + (f" ({' and '.join(kept)} of the previous run kept)" if kept else "")
+            + (f"; every rejected row in {failed}" if rejects else ""),
+            Summary(dataset, source, str(out), n_read, 0, 0, rejects, layout.describe()))
     rows = build_rows(problems, data_source or spec.data_source, spec.split, spec.default_copies if copies is None else copies)
     write_parquet_atomic(rows, out)
     if rejects:
         _write_rejects(rejects, rp)
-    elif rp.exists():
-        rp.unlink()
-    return Summary(dataset, source, str(out), n_read, len(problems), len(rows), rejects)
+    for stale in ([] if rejects else [rp]) + [failed]:
+        if stale.exists():
+            stale.unlink()
+    return Summary(dataset, source, str(out), n_read, len(problems), len(rows), rejects, layout.describe())
 
 
 def _check_not_the_input(out: Path, rejects: Path, input_path: Path) -> None:
@@ -132,8 +161,9 @@ def _check_not_the_input(out: Path, rejects: Path, input_path: Path) -> None:
 
     if same(out, input_path):
         raise ValueError(f"{out} is both the input and the output file; write the output elsewhere")
-    if same(rejects, input_path):
-        raise ValueError(f"{rejects} (the rejects file of {out}) is the input file; write the output elsewhere")
+    for side in (rejects, failed_rejects_path(out)):
+        if same(side, input_path):
+            raise ValueError(f"{side} (the rejects file of {out}) is the input file; write the output elsewhere")
 
 
 def _write_rejects(rejects: list[Reject], path: Path) -> None:

@@ -59,6 +59,12 @@ class Layout:
     problem_key: str | None = None
     answer_key: str | None = None
 
+    def describe(self) -> str:
+        """The columns read, for the summary line."""
+        if self.kind == "verl":
+            return "verl layout: prompt, reward_model.ground_truth"
+        return f"problem column {self.problem_key!r}, answer column {self.answer_key!r}"
+
 
 @dataclass(frozen=True)
 class BadRecord:
@@ -92,12 +98,14 @@ def resolve_layout(
     problem_key: str | None = None,
     answer_key: str | None = None,
 ) -> Layout:
-    """Choose the input layout from the column names; explicit keys win. ValueError if impossible."""
+    """Choose the input layout from the column names; explicit keys win. ValueError if impossible, or when
+    several candidate columns are present (a GSM8K-style file has a worked solution in ``answer`` and the
+    number in ``final_answer``): the caller names one (``--problem-key`` / ``--answer-key``), never a guess."""
     cols = set(columns)
     if problem_key is None and answer_key is None and {"prompt", "reward_model"} <= cols:
         return Layout("verl")
-    pk = problem_key or next((k for k in problem_keys if k in cols), None)
-    ak = answer_key or next((k for k in answer_keys if k in cols), None)
+    pk = problem_key or _the_one(cols, problem_keys, "problem")
+    ak = answer_key or _the_one(cols, answer_keys, "answer")
     for name, key, tried in (("problem", pk, problem_keys), ("answer", ak, answer_keys)):
         if key is None or key not in cols:
             wanted = repr(key) if key else f"one of {list(tried)}"
@@ -106,6 +114,13 @@ def resolve_layout(
                 f"(set --{name}-key)"
             )
     return Layout("plain", pk, ak)
+
+
+def _the_one(cols: set[str], candidates: Sequence[str], name: str) -> str | None:
+    present = [k for k in candidates if k in cols]
+    if len(present) > 1:
+        raise ValueError(f"several {name} columns: {', '.join(map(repr, present))}; choose one with --{name}-key COLUMN")
+    return present[0] if present else None
 
 
 def _answer_text(value) -> str:

@@ -57,7 +57,7 @@ from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides, merg
 from rpg.launch.variants import (GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse,
                                  to_overrides)
 from rpg.reports.history import logs_to_file
-from rpg.verl.preflight import error_line, input_path_problems, name_problem
+from rpg.verl.preflight import InputPathError, error_line, input_path_problems, name_problem
 from rpg.verl.settings import RPGConfigError, resume_hint
 
 ENTRY = Path("recipe") / "rpg" / "main_rpg.py"
@@ -345,17 +345,15 @@ def list_table() -> str:
     return "\n".join(rows)
 
 
-def _missing_files(overrides: Sequence[str]) -> list[str]:
-    """The local data files named by ``data.train_files`` / ``data.val_files`` (the values Hydra will
-    give them: one path or a list) that do not exist. URLs and ``${...}`` interpolations are left to
-    the driver, which checks the resolved paths before Ray starts (``rpg.verl.preflight``)."""
-    set_values = values(overrides)
-    missing = []
-    for key in ("data.train_files", "data.val_files"):
-        value = set_values.get(key)
-        paths = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
-        missing += [p for p in paths if isinstance(p, str) and "://" not in p and "${" not in p and not Path(p).exists()]
-    return missing
+def _check_data_files(overrides: Sequence[str]) -> None:
+    """The driver's data check (``rpg.data.checks``) on the values Hydra will give the data keys, before a
+    local run starts: ``InputPathError``, one line per problem. URLs and ``${...}`` are left to the driver."""
+    from rpg.data.checks import override_problems
+    from rpg.launch.variants import recipe_value
+
+    problems = override_problems(values(overrides), recipe_value)
+    if problems:
+        raise InputPathError(problems)
 
 
 USAGE = f"""usage: python -m rpg.launch RUN_NAME [hydra overrides ...]   (or recipe/rpg/{{7b,4b}}/RUN_NAME.sh [overrides])
@@ -419,17 +417,14 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         cmd = local_command(overrides, root)
     if dry:
         return _dry_run(v, overrides, cmd, root, sizes=_mem_sizes(env), run_root=cluster_root(env, root), gpu_env=env)
-    missing = [] if env.get("RAY_ADDRESS", "").strip() else _missing_files(overrides)
-    if missing:
-        raise LaunchError(f"data file(s) not found: {', '.join(missing)}; prepare them with "
-                          "`python -m rpg.data prepare-all --out-dir data/` (docs/data-and-reports.md) "
-                          "or set DATA_DIR / TRAIN_FILE / VAL_FILES")
+    if not env.get("RAY_ADDRESS", "").strip():  # data files and their reward: the driver's lines, exit 2, nothing started
+        _check_data_files(overrides)
     print(describe_variant(v), flush=True)
     if env.get("RAY_ADDRESS", "").strip():
         cfg, _ = compose(overrides, root)  # fail before queueing the job
         problems = input_path_problems(cfg)
         if problems:
-            print(f"rpg.launch: note: not found on this machine (the driver checks them on the cluster before Ray "
+            print(f"rpg.launch: note: on this machine (the driver checks them on the cluster before Ray "
                   f"starts): {'; '.join(problems)}", file=sys.stderr)
         print("+ " + " ".join(cmd[:6]) + " ... -- " + " ".join(cmd[cmd.index("--") + 1:cmd.index("--") + 3]) + " ...",
               flush=True)

@@ -101,7 +101,7 @@ class TrainerRun:
     stop_signal: int | None = None  # terminated because this process got SIGHUP, SIGINT or SIGTERM
     cwd: Path | None = None  # the trainer's working directory (relative checkpoint paths)
     notes: list[str] = field(default_factory=list)  # history lines: steps a resume replaced, lost steps, ...
-    config_error: str | None = None  # the driver's one line when it refused the config (``rpg config error: ...``)
+    config_error: str | None = None  # the driver's lines when it refused the config (``rpg config error: ...``)
     output_error: str | None = None  # why the trainer's output could not be written (a full disk): the run was stopped
     discarded_lines: int = 0  # lines of the trainer's output drained but not written (after ``output_error``)
 
@@ -390,8 +390,8 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
     t0 = time.time()
 
     def watch(line: str) -> None:
-        if line.startswith(f"{ERROR_PREFIX}: "):  # the driver's refusal (rpg.verl.main: one line, exit 2)
-            run.config_error = line.rstrip("\r\n")
+        if line.startswith(f"{ERROR_PREFIX}: "):  # the driver's refusal (rpg.verl.main: one line per problem, exit 2)
+            run.config_error = "\n".join(filter(None, (run.config_error, line.rstrip("\r\n"))))
         if on_line is not None:
             on_line(line)
 

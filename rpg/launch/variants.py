@@ -31,8 +31,10 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePath
+from typing import Any
 
-__all__ = ["Variant", "VariantNameError", "parse", "to_overrides", "memory_overrides", "GRAMMAR", "paper_refs", "paper_row", "known_names"]
+__all__ = ["Variant", "VariantNameError", "parse", "to_overrides", "memory_overrides", "GRAMMAR", "paper_refs", "paper_row", "known_names",
+           "recipe_value"]
 
 GRAMMAR = """\
 run_<algo>_<model>[_ctx<2k|4k|8k>][_<kl><beta> | _<beta>][_rf[_clip_ppo[_<eps_low>_<eps_high>]]][_noiterref][_schedulefree][_7binstruct]
@@ -339,6 +341,15 @@ def _recipe_yaml():
     base.pop("defaults", None)
     base.pop("hydra", None)
     return OmegaConf.merge(base, OmegaConf.load(RECIPE_CONFIG / "paper" / "default.yaml"))
+
+
+def recipe_value(key: str) -> Any:
+    """``key``'s value in the recipe's YAML (``_recipe_yaml``; plain Python), None when it sets none: what a
+    run's config holds for a key its overrides do not set, unless verl's own defaults set it."""
+    from omegaconf import OmegaConf
+
+    value = OmegaConf.select(_recipe_yaml(), key, default=None)
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def paper_setup() -> dict:

@@ -2,14 +2,16 @@
 
 A missing data file or model directory otherwise surfaces only after Ray and the workers have
 started (about a minute and a thousand log lines later; a missing model directory even as a
-misleading Hugging Face repo-id error). ``check_input_paths`` turns every such problem into ONE
-line naming the key and the path (``rpg.verl.main`` exits 2 with it); ``rpg.launch`` prints the
+misleading Hugging Face repo-id error). ``check_input_paths`` turns every such problem into one
+line naming the key and the path (``rpg.verl.main`` prints them and exits 2); ``rpg.launch`` prints the
 same problems as warnings under ``DRY_RUN=1``.
 
 Keys and rules (a value containing ``://`` — hdfs://, s3://, ... — is remote and never checked):
 
-* data files, always local: ``data.train_files``, ``data.val_files`` (a path or a list) must be
-  existing files;
+* data files: ``data.train_files``, ``data.val_files`` (a path or a non-empty list) must be existing
+  files that verl can read, in its layout, each ``data_source`` scored by the run's reward function
+  (``rpg.data.checks.data_problems``: the footer's schema and the ``data_source`` column; the same
+  function checks the launchers' overrides before anything starts);
 * model-like keys: ``actor_rollout_ref.model.path``, ``.tokenizer_path``, ``.hf_config_path``,
   ``data.tokenizer`` (and ``critic.model.path`` when a critic is used) are either a local path or
   a Hugging Face repo id. An existing path is fine. A value that does not exist is accepted only
@@ -19,7 +21,8 @@ Keys and rules (a value containing ``://`` — hdfs://, s3://, ... — is remote
   more slashes, or is otherwise not repo-id shaped — must exist. Consequence: a relative path
   ``models/qwen`` that does not exist is taken for the repo id ``models/qwen`` (write
   ``./models/qwen`` to have it checked as a path);
-* ``reward.custom_reward_function.path``: an existing file when set;
+* ``reward.custom_reward_function.path``: an existing file when set, defining
+  ``reward.custom_reward_function.name`` (``rpg.reward.sources.reward_name_problem``: read, never run);
 * ``trainer.resume_from_path`` when ``trainer.resume_mode=resume_path``: an existing directory whose
   name is ``global_step_<N>`` (verl reads the step from it); relative to the current directory
   and ``~`` is not expanded, as verl does.
@@ -39,6 +42,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rpg.data.checks import DATA_KEYS, data_problems
+from rpg.reward.sources import reward_name_problem
 from rpg.verl.errors import ERROR_PREFIX
 from rpg.verl.settings import RPGConfigError, config_value
 
@@ -47,11 +52,19 @@ _PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
 _HUB_ID = re.compile(rf"^{_PART}(?:/{_PART})?$")
 MODEL_KEYS = ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path",
               "actor_rollout_ref.model.hf_config_path", "data.tokenizer")
-DATA_KEYS = ("data.train_files", "data.val_files")
 
 
 class InputPathError(RPGConfigError):
-    """A local input path that does not exist (message: one line naming the key(s) and path(s))."""
+    """Local input paths that do not exist or data files verl cannot use: ``lines``, one per problem naming
+    the key and the path (``error_line`` prints each); the message joins them with ``; ``."""
+
+    def __init__(self, problems: list[str]):
+        lines = list(problems)
+        missing = [i for i, p in enumerate(lines) if p.startswith(DATA_KEYS) and p.endswith("no such file")]
+        if missing:
+            lines[missing[-1]] += f". {DATA_HINT}"
+        self.lines = lines
+        super().__init__("; ".join(lines))
 
 
 def error_line(err: Exception) -> str:
@@ -82,17 +95,6 @@ def model_path_problem(key: str, value: Any) -> str | None:
     if not isinstance(value, str):
         return f"{key}={value!r} is not a path"
     return f"{key}={value}: no such file or directory (and not a Hugging Face repo id 'org/name')"
-
-
-def data_file_problem(key: str, value: Any) -> str | None:
-    if not isinstance(value, str) or not value:
-        return f"{key}={value!r} is not a file path"
-    if is_remote(value):
-        return None
-    p = Path(value).expanduser()
-    if p.is_file():
-        return None
-    return f"{key}={value}: " + ("is a directory, expected a parquet file" if p.is_dir() else "no such file")
 
 
 def resume_path_problem(value: Any) -> str | None:
@@ -158,32 +160,27 @@ def _needs_critic(cfg) -> bool:
 
 
 def input_path_problems(cfg, *, use_critic: bool | None = None) -> list[str]:
-    """One line per missing local input path of the composed config ``cfg`` (empty: all present).
+    """One line per missing local input path of the composed config ``cfg``, and per problem of its data
+    files (``rpg.data.checks.data_problems``); empty: all present and usable.
 
     ``use_critic=None``: ask verl (``need_critic``) whether ``critic.model.path`` is used.
     """
     if use_critic is None:
         use_critic = _needs_critic(cfg)
-    problems = []
-    for key in DATA_KEYS:
-        value = _get(cfg, key)
-        values = value if isinstance(value, list) else [value]
-        for i, v in enumerate(values):
-            name = f"{key}[{i}]" if isinstance(value, list) and len(values) > 1 else key
-            problems.append(data_file_problem(name, v))
+    problems: list[str | None] = list(data_problems(lambda key: _get(cfg, key)))
     for key in MODEL_KEYS + (("critic.model.path",) if use_critic else ()):
         problems.append(model_path_problem(key, _get(cfg, key)))
     reward = _get(cfg, "reward.custom_reward_function.path")
     if reward is not None and not is_remote(str(reward)) and not Path(str(reward)).expanduser().is_file():
         problems.append(f"reward.custom_reward_function.path={reward}: no such file")
+    problems.append(reward_name_problem(reward, _get(cfg, "reward.custom_reward_function.name")))
     if _get(cfg, "trainer.resume_mode") == "resume_path":
         problems.append(resume_path_problem(_get(cfg, "trainer.resume_from_path")))
     return [p for p in problems if p]
 
 
 def check_input_paths(cfg, *, use_critic: bool | None = None) -> None:
-    """Raise ``InputPathError`` (one line: every problem, ``; ``-joined) if any path is missing."""
+    """Raise ``InputPathError`` (one line per problem) if any input path is missing or a data file unusable."""
     problems = input_path_problems(cfg, use_critic=use_critic)
     if problems:
-        hint = f". {DATA_HINT}" if any(p.startswith(DATA_KEYS) for p in problems) else ""
-        raise InputPathError("; ".join(problems) + hint)
+        raise InputPathError(problems)

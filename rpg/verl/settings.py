@@ -43,7 +43,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -385,19 +384,31 @@ def _check_probe_without_sequence_parallelism(cfg) -> None:
               "its probe runs one unsplit sequence per rank; set rpg.reference.log_weight_diff=false")
 
 
+VERL_REWARD_NAME = "compute_score"  # verl's default reward.custom_reward_function.name (its ppo_trainer.yaml)
+
+
+def _check_reward_name_has_path(cfg, spec: str | None) -> None:
+    """``reward.custom_reward_function.name`` set without ``.path``: verl ignores a name without a path, and the
+    recipe would replace it with ``rpg.reward_function``'s; the run would be scored by another function than
+    the one asked for. Refused in one line (verl's default name and the recipe function's own name pass)."""
+    name = config_value(cfg, "reward.custom_reward_function.name")
+    if name is None or name == VERL_REWARD_NAME or (spec is not None and name == spec.split(":")[1]):
+        return
+    instead = (f"the recipe would otherwise score with {spec}, rpg.reward_function" if spec else
+               "verl would otherwise score with its default_compute_score, rpg.reward_function=null")
+    _fail(f"reward.custom_reward_function.name={name} without reward.custom_reward_function.path: set the path of "
+          f"the file that defines {name} ({instead})")
+
+
 def _check_rpg_reward_kwargs(cfg) -> None:
     """When the reward function is ``rpg.reward.compute_score``: its options (reward_kwargs) are valid."""
     from omegaconf import OmegaConf
 
     import rpg.reward
+    from rpg.reward.sources import is_rpg_reward
 
     fn = cfg.reward.get("custom_reward_function") or {}
-    path, name = fn.get("path"), fn.get("name")
-    if not path or name != "compute_score":
-        return
-    is_rpg = path == "pkg://rpg.reward" or (
-        not path.startswith("pkg://") and os.path.realpath(path) == os.path.realpath(rpg.reward.__file__))
-    if is_rpg:
+    if is_rpg_reward(fn.get("path"), fn.get("name")):
         kwargs = OmegaConf.to_container(fn.get("reward_kwargs") or OmegaConf.create({}), resolve=True)
         try:
             rpg.reward.check_reward_kwargs(kwargs, where="reward.custom_reward_function.reward_kwargs")
@@ -611,7 +622,9 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
             _fail(f"{actor}.optim.optimizer_impl=schedulefree needs rpg.optimizer=schedulefree "
                   "(the recipe places the optimizer's train()/eval() switches)")
 
-        # --- default reward function (explicit reward.custom_reward_function.path wins)
+        # --- default reward function (explicit reward.custom_reward_function.path wins; a name alone is refused)
+        if not config_value(cfg, "reward.custom_reward_function.path"):
+            _check_reward_name_has_path(cfg, settings.reward_function)
         if settings.reward_function and not config_value(cfg, "reward.custom_reward_function.path"):
             path, name = resolve_reward_function(settings.reward_function)
             cfg.reward.custom_reward_function.path = path

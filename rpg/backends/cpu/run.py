@@ -42,8 +42,10 @@ import time
 from pathlib import Path
 
 from rpg.backends.cpu import vllm_cpu
+from rpg.data.checks import override_problems
 from rpg.launch.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, unique_run_dir
 from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides, values
+from rpg.launch.variants import recipe_value
 
 VAL_PREFIX = "val-core/math_dapo/acc/mean@"
 HEARTBEAT_S = 10.0
@@ -223,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         if errors:
             print("\n".join(f"[tiny] {line}" for line in errors), file=sys.stderr, flush=True)
             return 2
+
+    problems = override_problems(values(rest), recipe_value)  # the user's data files and their reward (rpg.data.checks)
+    if problems:
+        print("\n".join(f"[tiny] {line}" for line in problems), file=sys.stderr, flush=True)
+        return 2
 
     out = args.out or unique_run_dir(Path("outputs") / "tiny_cpu")
     t0 = time.time()
