@@ -13,7 +13,8 @@ and say so) and ``read_run`` names every such value in one warning line. Nothing
 * W&B CSV export: a step column (``_step``, ``Step``, ``step``, ``global_step`` or
   ``trainer/global_step``) plus one column per metric; an empty cell is "not logged at this step".
   Panel exports prefix columns with ``"<run name> - "``; the prefix is removed and
-  ``__MIN``/``__MAX`` columns are ignored. One run per file: several run prefixes are an error.
+  ``__MIN``/``__MAX`` columns are ignored. One run per file: several run prefixes are an error, and so
+  are identical column headers (a panel export of two runs with one display name, e.g. a resumed run).
 * TensorBoard: an event file or a directory of event files (verl's ``tensorboard`` logger writes
   scalars with ``add_scalar(key, value, step)``), read with TensorBoard's ``EventAccumulator``,
   which returns every event, also those a restarted writer logged again (torch's writer logs no
@@ -239,6 +240,7 @@ def read_wandb_csv(path: str | Path) -> Metrics:
     with io.StringIO(_text(path), newline="") as fh:
         reader = csv.DictReader(fh)
         header = reader.fieldnames or []
+        same_header(path, header)
         step_col = next((c for c in _STEP_COLUMNS if c in header), None)
         if step_col is None:
             raise ValueError(f"{path}: no step column; expected one of {list(_STEP_COLUMNS)}, got {header}")
@@ -267,6 +269,19 @@ def read_wandb_csv(path: str | Path) -> Metrics:
             step = _step(row[step_col], f"{path}:{n}")
             out.record(step, ((name, row.get(col)) for col, name in columns.items()), n)
     return out.done()
+
+
+def same_header(path: Path, header: list[str]) -> None:
+    """ValueError naming the identical column headers of a CSV file (``csv.DictReader`` keeps the last
+    of them, so the values of the others would be dropped without a word)."""
+    columns: dict[str, list[int]] = {}
+    for i, col in enumerate(header, 1):
+        columns.setdefault(col, []).append(i)
+    same = [f"{col!r} (columns {', '.join(map(str, at))})" for col, at in columns.items() if len(at) > 1]
+    if same:
+        raise ValueError(f"{path}: identical column headers: {', '.join(same)}: csv keeps one of them; a W&B panel "
+                         "export names its columns by run display name (two runs of one name: a resumed run?): "
+                         "export each run on its own")
 
 
 def read_tensorboard(path: str | Path) -> Metrics:
