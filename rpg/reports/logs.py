@@ -38,12 +38,13 @@ import csv
 import io
 import json
 import math
+import os
 import re
 import sys
 import warnings
 from pathlib import Path
 
-from rpg.reports.history import history_warnings, read_segments
+from rpg.reports.history import history_warnings, read_segments, segments
 
 Metrics = dict[str, dict[int, float]]
 
@@ -303,6 +304,34 @@ def read_tensorboard(path: str | Path) -> Metrics:
     return reader.done()
 
 
+def tensorboard_runs(logdir: str | Path) -> list[Path]:
+    """The folders under ``logdir`` (at any depth, not ``logdir`` itself) that hold TensorBoard event files:
+    the runs of TensorBoard's ``--logdir`` layout ``LOGDIR/RUN/events.*`` (an event file's name holds
+    ``tfevents``, tensorboard's ``io_wrapper.IsTensorFlowEventsFile``), in the order of their names."""
+    logdir = Path(logdir)
+    found = [Path(folder) for folder, _, files in os.walk(logdir)
+             if Path(folder) != logdir and any("tfevents" in f for f in files)]
+    return sorted(found, key=lambda run: run_name(logdir, run))
+
+
+def run_name(logdir: Path, run: Path) -> str:
+    """A run's name in a log folder, as TensorBoard names it: its path under the folder."""
+    return run.relative_to(logdir).as_posix()
+
+
+def log_files(path: str | Path) -> list[Path]:
+    """The files ``read_run(path)`` reads, resolved: a ``.jsonl`` file and its resume segments, a
+    folder's event files, or the file itself."""
+    path = Path(path)
+    if path.is_dir():
+        files = [p for p in path.iterdir() if "tfevents" in p.name and p.is_file()]
+    elif path.suffix == ".jsonl":
+        files = segments(path) or [path]
+    else:
+        files = [path]
+    return sorted(p.resolve() for p in files)
+
+
 def read_run(path: str | Path) -> Metrics:
     """Dispatch on the path: ``*.jsonl`` file logger, ``*.csv`` W&B export, event file or directory -> TensorBoard."""
     path = Path(path)
@@ -311,12 +340,19 @@ def read_run(path: str | Path) -> Metrics:
     notes: list[str] = []
     if path.is_dir() or "tfevents" in path.name:
         if path.is_dir() and not any(path.glob("*tfevents*")):
+            if runs := tensorboard_runs(path):
+                names = ", ".join(run_name(path, r) for r in runs)
+                raise ValueError(f"{path}: a TensorBoard log folder of {len(runs)} runs ({names}), not one run: "
+                                 f"pass one ({runs[0]}); python -m rpg.reports reads each as a run")
             logs = sorted(p.name for p in path.iterdir() if p.suffix in (".jsonl", ".csv") and p.is_file()
                           and not re.search(r"\.part\d+\.jsonl$", p.name))
             hint = (f"; it holds {', '.join(logs)}: pass {'that file' if len(logs) == 1 else 'one of those files'} "
                     "(its .partN.jsonl segments are joined)") if logs else ""
             raise ValueError(f"{path}: directory holds no TensorBoard event files{hint}")
         metrics = read_tensorboard(path)
+        if path.is_dir() and (runs := tensorboard_runs(path)):  # TensorBoard reads them as runs beside this one
+            notes.append(f"{path}: its sub-folders hold TensorBoard runs of their own, not read with it: "
+                         f"{', '.join(run_name(path, r) for r in runs)}; pass each as a run to report it")
     elif path.suffix == ".jsonl":  # + the segments written after resumes (rpg.reports.history)
         metrics, notes = read_segments(path, read_file_logger)
     elif path.suffix == ".csv":
