@@ -488,4 +488,4 @@ def test_async_benchmark_ratio_and_ranges_from_stand_in_runs():
     runs = [{"series": {"actor/rpg/behavior_kl": [0.03, 0.1]}}, {"series": {"actor/rpg/behavior_kl": [0.02]}}]
     assert bench.series_range(runs, "actor/rpg/behavior_kl") == (0.02, 0.1)
     assert bench.series_range(runs, "training/off_policy/trajectory_staleness/min") is None
-    assert [n for n, (_, ov) in bench.VARIANTS.items() if "trainer.v1.trainer_mode=colocate_async" in ov] == ["rpg_colocate_async"]
+    assert [n for n, (_, _, ov) in bench.VARIANTS.items() if "trainer.v1.trainer_mode=colocate_async" in ov] == ["rpg_colocate_async"]
