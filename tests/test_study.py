@@ -390,14 +390,19 @@ def test_cli_refuses_an_out_that_is_a_file_and_a_render_of_no_study(fake, tmp_pa
     assert capsys.readouterr().err == (f"rpg.study: --render-only: no study in --out {typo} (no {typo / 'runs'}): "
                                        "run the study first, or name its folder\n")
     assert not typo.exists()
-    small = ["--seeds", "1", "--stress", "", "--steps", "4", "--test-freq", "2", "--methods", G.METHODS[0]]
-    assert main(["--out", str(tmp_path / "s"), *small]) == 0  # one run
+    (tmp_path / "s" / "runs").mkdir(parents=True)
+    assert main(["--render-only", "--out", str(tmp_path / "s")]) == 2
+    assert capsys.readouterr().err == (f"rpg.study: --render-only: no study in --out {tmp_path / 's'} "
+                                       f"({tmp_path / 's' / 'runs'} holds no finished or failed run): run the study first\n")
+    (spec,) = G.grid(seeds=1, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[:1])
+    R.run_dir(tmp_path / "s", spec).mkdir()
+    G.save_json(R.run_dir(tmp_path / "s", spec) / R.RUN_RECORD, {"status": "failed", "run_id": spec.run_id})
     other = ["--seeds", "2", "--stress", "", "--steps", "4", "--test-freq", "2", "--methods", G.METHODS[1]]
     assert main(["--render-only", "--out", str(tmp_path / "s"), *other]) == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
+    assert capsys.readouterr().err == (
         f"rpg.study: --render-only: none of this grid's 2 runs is in --out {tmp_path / 's'} (it holds 1 run of "
-        "another grid: other --methods, --seeds, sizes or --async-weights?)")
-    assert main(["--render-only", "--out", str(tmp_path / "s"), *small]) == 0
+        "another grid: other --methods, --seeds, sizes or --async-weights?)\n")
+    assert fake.calls == []
 
 
 def test_a_second_study_on_the_same_out_is_refused_and_touches_nothing(fake, tmp_path, capsys):
