@@ -10,14 +10,15 @@ anchor) except ``trainer.v1.trainer_mode``:
                        by the exact pi_old/mu in the loss)
 
 Step time = median of verl's ``timing_s/step`` over steps 2..N (step 1 includes warm-up;
-``bench_trainer_cpu.summarize``). Printed: the medians, the ratio colocate_async / sync, and for the
-async run the staleness and behaviour KL it trained with. verl's colocate-async trainer aborts and
+``bench_trainer_cpu.summarize``; a 1-step run times step 1 and says so). Printed: the medians, the
+ratio colocate_async / sync, and for the async run the staleness and behaviour KL it trained with. verl's colocate-async trainer aborts and
 sleeps the rollout replicas after sampling and resumes them after the weight update
 (``PPOTrainerColocateAsync.on_sample_end``/``on_step_end``), so on one colocated device pool
 generation and training take turns in both modes; what differs is the one-batch lead (generation
 that continues from the previous step's resume) and the replay buffer's bookkeeping.
 
     python benchmarks/bench_async_cpu.py [--steps 8] [--repeats 1] [--out DIR] [--json FILE]
+    python benchmarks/bench_async_cpu.py --steps 1   # smoke: both modes run (tests/test_bench_async.py)
 
 Numbers from a shared 2-core machine are noisy; compare within one invocation only.
 """
@@ -35,10 +36,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_trainer_cpu as base  # noqa: E402
 
-RPG = base.VARIANTS["rpg_sampler"]
+ENTRY, ALGO, RPG = base.VARIANTS["rpg_sampler"]
 VARIANTS = {
-    "rpg_sync": (RPG[0], [*RPG[1], "trainer.v1.trainer_mode=sync"]),
-    "rpg_colocate_async": (RPG[0], [*RPG[1], "trainer.v1.trainer_mode=colocate_async"]),
+    "rpg_sync": (ENTRY, ALGO, [*RPG, "trainer.v1.trainer_mode=sync"]),
+    "rpg_colocate_async": (ENTRY, ALGO, [*RPG, "trainer.v1.trainer_mode=colocate_async"]),
 }
 ASYNC_KEYS = ("training/off_policy/trajectory_staleness/min", "actor/rpg/behavior_kl")
 
@@ -66,22 +67,21 @@ def measure(name: str, steps: int, out: Path) -> dict:
     """``bench_trainer_cpu.measure`` plus the async keys' values at steps 2..N."""
     from rpg.launch.harness import METRICS_FILE, read_metrics
 
-    res = base.measure(name, steps, out)
+    res = base.measure(name, steps, out, VARIANTS)
     recs = read_metrics(out / METRICS_FILE)
-    res["series"] = {k: [float(d[k]) for s, d in recs.items() if s >= 2 and k in d] for k in ASYNC_KEYS}
+    first = base.first_timed(steps)
+    res["series"] = {k: [float(d[k]) for s, d in recs.items() if s >= first and k in d] for k in ASYNC_KEYS}
     return res
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=8, help="training steps per run (1: a smoke run)")
     ap.add_argument("--repeats", type=int, default=1, help="rounds; the order alternates each round")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    if args.steps < 3:
-        ap.error("--steps must be >= 3 (step 1 is excluded from the step time)")
-    base.VARIANTS.update(VARIANTS)  # base.measure reads its variant table
+    base.check_sizes(ap, args)
     out = args.out or Path(tempfile.mkdtemp(prefix="rpg-bench-async-"))
     names = list(VARIANTS)
     raw: dict[str, list[dict]] = {n: [] for n in names}
@@ -90,11 +90,11 @@ def main(argv=None) -> int:
             raw[name].append(measure(name, args.steps, out / f"{name}_{r}"))
     res = {n: base.summarize(raw[n]) for n in names}
     print(environment())
-    print(f"medians over {args.repeats} run(s) x steps 2..{args.steps}")
+    print(f"medians over {args.repeats} run(s) x {base.timed_steps(args.steps)}")
     for n, r in res.items():
         print(f"{n:20s} step {r['step_s']:6.2f} s  update {r['update_actor_s']:6.2f} s  "
               f"old_log_prob {r['old_log_prob_s']:5.2f} s  wall {r['wall_s']:6.1f} s  "
-              f"(steps 2..N: {min(x for q in raw[n] for x in q['step_s']):.2f}-"
+              f"(timed steps: {min(x for q in raw[n] for x in q['step_s']):.2f}-"
               f"{max(x for q in raw[n] for x in q['step_s']):.2f} s)")
     for key in ASYNC_KEYS:
         rng = series_range(raw["rpg_colocate_async"], key)

@@ -4,7 +4,9 @@
 the other, and printed with the ratio this / baseline.
 
     python benchmarks/bench_cpu_speed.py --baseline ../rpg-main [--baseline-python ../rpg-main/.venv/bin/python]
-        [--suite] [--repeats 1] [--json FILE]
+        [--suite] [--repeats 1] [--steps 30] [--json FILE]
+    python benchmarks/bench_cpu_speed.py --steps 2 --suite --suite-args tests/test_docs_references.py   # smoke: this
+        tree alone (no --baseline: no ratios), a 2-step main command, one test file (tests/test_bench_cpu_speed.py)
 
 The baseline is a checkout of the commit to compare with (``git worktree add ../rpg-main main``) with its
 own environment (the editable install of a virtual environment points at one tree: Ray workers import
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -46,9 +49,9 @@ def median(values):
     return statistics.median(values) if values else float("nan")
 
 
-def main_command(tree: Path, python: str) -> dict:
+def main_command(tree: Path, python: str, steps: int | None = None) -> dict:
     out = Path(tempfile.mkdtemp(prefix="bench_tiny_"))
-    env = {**os.environ, "PYTHON": python, "OUT": str(out / "run")}
+    env = {**os.environ, "PYTHON": python, "OUT": str(out / "run"), **({"STEPS": str(steps)} if steps else {})}
     t0, c0 = time.time(), busy_cpu_s()
     p = subprocess.run(MAIN_COMMAND, cwd=tree, env=env, capture_output=True, text=True)
     wall, busy = time.time() - t0, busy_cpu_s() - c0
@@ -65,9 +68,9 @@ def main_command(tree: Path, python: str) -> dict:
             "machine_busy_cpu_s": round(busy, 1), "val_acc": [summary["val_acc_before"], summary["val_acc_after"]]}
 
 
-def suite(tree: Path, python: str) -> dict:
+def suite(tree: Path, python: str, extra: list[str] = ()) -> dict:
     t0, c0 = time.time(), busy_cpu_s()
-    p = subprocess.run([python, *SUITE_COMMAND], cwd=tree, capture_output=True, text=True)
+    p = subprocess.run([python, *SUITE_COMMAND, *extra], cwd=tree, capture_output=True, text=True)
     wall, busy = time.time() - t0, busy_cpu_s() - c0
     counts = re.findall(r"(\d+) (passed|failed|skipped|error)", p.stdout.splitlines()[-1] if p.stdout else "")
     return {"wall_s": round(wall, 1), "machine_busy_cpu_s": round(busy, 1), "returncode": p.returncode,
@@ -78,28 +81,39 @@ def ratio(new, old):
     return round(new / old, 2) if isinstance(new, (int, float)) and isinstance(old, (int, float)) and old else None
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baseline", type=Path, required=True, help="checkout of the commit to compare with")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="checkout of the commit to compare with (without it: this tree alone, no ratios)")
     ap.add_argument("--baseline-python", default=None, help="its Python (default: <baseline>/.venv/bin/python)")
     ap.add_argument("--python", default=sys.executable, help="this tree's Python (default: this one)")
     ap.add_argument("--suite", action="store_true", help="also README's test command (about 2 x 10-15 minutes)")
+    ap.add_argument("--suite-args", default="", help="appended to the test command (e.g. test files: a part of the suite)")
+    ap.add_argument("--steps", type=int, default=None, help="the main command's STEPS (default: its own, 30)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args()
-    trees = {"baseline": (args.baseline.resolve(), args.baseline_python or str(args.baseline / ".venv" / "bin" / "python")),
-             "this": (ROOT, args.python)}
+    args = ap.parse_args(argv)
+    for flag in ("steps", "repeats"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            ap.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    if args.baseline is not None and not args.baseline.is_dir():
+        ap.error(f"--baseline {args.baseline} is not a directory (a checkout of the commit to compare with)")
+    trees = {"this": (ROOT, args.python)}
+    if args.baseline is not None:
+        trees = {"baseline": (args.baseline.resolve(),
+                              args.baseline_python or str(args.baseline / ".venv" / "bin" / "python")), **trees}
+    extra = shlex.split(args.suite_args)
     results: dict = {"main_command": {k: [] for k in trees}, "suite": {k: [] for k in trees}}
     for _ in range(args.repeats):
         for name, (tree, python) in trees.items():  # alternate, so that slow drift of the load hits both
-            results["main_command"][name].append(main_command(tree, python))
+            results["main_command"][name].append(main_command(tree, python, args.steps))
             print(f"main command, {name}: {results['main_command'][name][-1]}", flush=True)
         if args.suite:
             for name, (tree, python) in trees.items():
-                results["suite"][name].append(suite(tree, python))
+                results["suite"][name].append(suite(tree, python, extra))
                 print(f"suite, {name}: {results['suite'][name][-1]}", flush=True)
     for what, runs in results.items():
-        if not runs["this"]:
+        if not runs["this"] or "baseline" not in runs:
             continue
         for key in runs["this"][0]:
             old = median([r[key] for r in runs["baseline"] if isinstance(r[key], (int, float))])

@@ -4,6 +4,7 @@ PPO, with its metrics) on the same tensors, measured in one run: operator count,
     python benchmarks/bench_losses.py                          # 64 x 8192 tokens, float32, CPU
     python benchmarks/bench_losses.py --device cuda --reps 40  # CUDA events, max_memory_allocated
     python benchmarks/bench_losses.py --variants all           # every form/divergence/clip/anchor
+    python benchmarks/bench_losses.py --batch 2 --length 64 --reps 1   # smoke (tests/test_bench_losses.py)
 
 Every candidate returns its loss and its metrics as floats (so each pays its host syncs); RPG rows
 use ``rpg_policy_loss`` (eager) or the same with ``RPGLossConfig(compile=True)`` (torch.compile,
@@ -198,6 +199,9 @@ def main() -> None:
     ap.add_argument("--variants", choices=("core", "all"), default="core", help="core: the 4 clip-on sampler losses")
     ap.add_argument("--no-compiled", action="store_true", help="skip the torch.compile rows")
     args = ap.parse_args()
+    for flag in ("batch", "length", "reps", "threads"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
     import torch
 
     torch.set_num_threads(args.threads)

@@ -164,7 +164,8 @@ def test_several_segments_name_every_replaced_value(tmp_path, capsys):
     _write(tmp_path / "r.part4.jsonl", [{"step": 30, "data": {AIME24: 0.1, "x": 2.5}}, {"step": 40, "data": {"x": 3.0}}])
     assert main_tables([f"GRPO={base}", "--table", "5", "--last-step", "40", "--metric", "acc/mean@32"]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert f"warning: {base}: joined 4 log segments (restarted at steps 20, 30)" in err
+    assert (f"warning: {base}: joined 4 log segments (restarted at steps 20, 30); no readable record in "
+            "r.part2.jsonl (a start that ended before it logged a step)") in err
     assert (f"warning: {base}: earlier records replaced by the resumed run (restart at step 20: re-ran steps 30, 40, "
             f"dropped (not re-run yet) steps 50; logged again at step 20: {AIME24} 0.1 -> 0.2; restart at step 30: "
             "re-ran steps 40; logged again at step 30: x 2.0 -> 2.5): those steps were trained after the checkpoint "
@@ -257,3 +258,39 @@ def test_an_absurdly_long_step_or_value_is_one_line_naming_file_and_line(tmp_pat
         warnings.simplefilter("ignore")
         metrics = read_run(log)
     assert metrics["x"] == {1: math.inf}
+
+
+def test_identical_column_headers_are_refused_naming_them(tmp_path, capsys):
+    """A W&B panel export of two runs with one display name (verl's resumed run keeps its name): before,
+    csv.DictReader kept the last of the identical columns, Best dropped from 0.9 to 0.3 and the only
+    word was "the log starts at step 20"."""
+    col = f"rpg-urkl - {AIME24}"
+    log = tmp_path / "urkl.csv"
+    log.write_text(f"Step,{col},{col}__MIN,{col},{col}__MIN\n0,0.1,0.1,,\n10,0.9,0.9,,\n20,,,0.3,0.3\n30,,,0.3,0.3\n")
+    with pytest.raises(ValueError) as err:
+        read_run(log)
+    assert str(err.value) == (f"{log}: identical column headers: {col!r} (columns 2, 4), {col + '__MIN'!r} "
+                              "(columns 3, 5): csv keeps one of them; a W&B panel export names its columns by run "
+                              "display name (two runs of one name: a resumed run?): export each run on its own")
+    assert main_tables([f"RPG-URKL={log}", "--table", "5", "--metric", "acc/mean@32"]) == 2
+    assert capsys.readouterr().err == f"error: {err.value}\n"
+    hist = tmp_path / "hist.csv"  # a history export: the step column twice
+    hist.write_text(f"_step,{AIME24},_step\n0,0.1,0\n")
+    with pytest.raises(ValueError, match=r"identical column headers: '_step' \(columns 1, 3\)"):
+        read_run(hist)
+
+
+def test_an_empty_resume_segment_is_named(tmp_path):
+    """Before: "joined 2 log segments (restarted at steps )" for a segment without a readable record."""
+    base = _write(tmp_path / "r.jsonl", [{"step": s, "data": {AIME24: 0.1}} for s in range(0, 31, 10)])
+    (tmp_path / "r.part2.jsonl").write_text('{"step": 40, "data": {"x"')  # killed while writing its first line
+    metrics, warns = _read(base)
+    assert metrics[AIME24] == {0: 0.1, 10: 0.1, 20: 0.1, 30: 0.1}
+    assert f"{base}: joined 2 log segments; no readable record in r.part2.jsonl (a start that ended before it " \
+           "logged a step)" in warns
+    (tmp_path / "r.part2.jsonl").write_text("")
+    _write(tmp_path / "r.part3.jsonl", [{"step": 20, "data": {AIME24: 0.2}}])
+    (tmp_path / "r.part4.jsonl").write_text("\n")
+    _, warns = _read(base)
+    assert f"{base}: joined 4 log segments (restarted at steps 20); no readable record in r.part2.jsonl, " \
+           "r.part4.jsonl (a start that ended before it logged a step)" in warns

@@ -359,6 +359,52 @@ def test_cli_dry_run_prints_grid_and_estimate_and_rejects_bad_flags(tmp_path, ca
     assert "--jobs must be >= 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, error", [
+    (["--seeds", "0"], "--seeds must be >= 1, got 0"),  # before: the default grid (2 seeds, 20 runs)
+    (["--async-weights", "--seeds", "0"], "--seeds must be >= 1, got 0"),  # before: 3 seeds
+    (["--timeout", "0"], "--timeout must be a finite number of seconds > 0, got 0"),
+    (["--timeout", "-1"], "--timeout must be a finite number of seconds > 0, got -1"),
+    (["--timeout", "nan"], "--timeout must be a finite number of seconds > 0, got nan"),
+    (["--timeout", "inf"], "--timeout must be a finite number of seconds > 0, got inf"),
+])
+def test_cli_refuses_each_bad_argument_in_one_line_also_under_dry_run(tmp_path, capsys, flags, error):
+    for mode in (["--dry-run"], ["--render-only"]):
+        assert main([*mode, "--out", str(tmp_path / "s"), *flags]) == 2
+        assert capsys.readouterr().err == f"rpg.study: {error}\n"
+    assert not (tmp_path / "s").exists()
+
+
+def test_cli_refuses_an_out_that_is_a_file_and_a_render_of_no_study(fake, tmp_path, capsys):
+    """Before: --out naming a file passed --dry-run, then a FileExistsError traceback; --render-only on a
+    mistyped folder created it and reported "20 of 20 runs did not finish"."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for flag, path in (("--out", afile), ("--out", afile / "sub"), ("--report-dir", afile)):
+        for mode in (["--dry-run"], ["--render-only"], []):
+            args = [*mode, "--out", str(tmp_path / "s"), flag, str(path)]
+            assert main(args) == 2, args
+            assert capsys.readouterr().err == f"rpg.study: {flag} {path}: {afile} is a file, not a directory\n"
+    assert fake.calls == [] and not (tmp_path / "s").exists()
+    typo = tmp_path / "stduy"
+    assert main(["--render-only", "--out", str(typo)]) == 2
+    assert capsys.readouterr().err == (f"rpg.study: --render-only: no study in --out {typo} (no {typo / 'runs'}): "
+                                       "run the study first, or name its folder\n")
+    assert not typo.exists()
+    (tmp_path / "s" / "runs").mkdir(parents=True)
+    assert main(["--render-only", "--out", str(tmp_path / "s")]) == 2
+    assert capsys.readouterr().err == (f"rpg.study: --render-only: no study in --out {tmp_path / 's'} "
+                                       f"({tmp_path / 's' / 'runs'} holds no finished or failed run): run the study first\n")
+    (spec,) = G.grid(seeds=1, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[:1])
+    R.run_dir(tmp_path / "s", spec).mkdir()
+    G.save_json(R.run_dir(tmp_path / "s", spec) / R.RUN_RECORD, {"status": "failed", "run_id": spec.run_id})
+    other = ["--seeds", "2", "--stress", "", "--steps", "4", "--test-freq", "2", "--methods", G.METHODS[1]]
+    assert main(["--render-only", "--out", str(tmp_path / "s"), *other]) == 2
+    assert capsys.readouterr().err == (
+        f"rpg.study: --render-only: none of this grid's 2 runs is in --out {tmp_path / 's'} (it holds 1 run of "
+        "another grid: other --methods, --seeds, sizes or --async-weights?)\n")
+    assert fake.calls == []
+
+
 def test_a_second_study_on_the_same_out_is_refused_and_touches_nothing(fake, tmp_path, capsys):
     """Before: the second study wiped the first one's running run folder (shutil.rmtree before the
     harness's lock), ran it again into the same folder, and both recorded it as done."""
@@ -447,4 +493,4 @@ def test_async_benchmark_ratio_and_ranges_from_stand_in_runs():
     runs = [{"series": {"actor/rpg/behavior_kl": [0.03, 0.1]}}, {"series": {"actor/rpg/behavior_kl": [0.02]}}]
     assert bench.series_range(runs, "actor/rpg/behavior_kl") == (0.02, 0.1)
     assert bench.series_range(runs, "training/off_policy/trajectory_staleness/min") is None
-    assert [n for n, (_, ov) in bench.VARIANTS.items() if "trainer.v1.trainer_mode=colocate_async" in ov] == ["rpg_colocate_async"]
+    assert [n for n, (_, _, ov) in bench.VARIANTS.items() if "trainer.v1.trainer_mode=colocate_async" in ov] == ["rpg_colocate_async"]

@@ -2,32 +2,22 @@
 
 ``scripts/report_tables.py`` and ``scripts/plot_curves.py`` are the same two commands (thin
 wrappers, kept for old command lines). A RUN argument is ``PATH`` or ``LABEL=PATH``; the label (default: the file stem or directory
-name) is the table row and legend name, and matches a published method case-insensitively.
+name) is the table row and legend name, and matches a published method case-insensitively; which logs
+are runs (a TensorBoard log folder of runs, a log given twice): rpg.reports.runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import warnings
-from pathlib import Path
 
 from rpg.data.io import WriteError, write_text_atomic
 from rpg.reports.benchmarks import PAPER_METRIC
 from rpg.reports.figures import ENTROPY_KEY, LENGTH_KEY, REWARD_KEY, default_panels, plot_curves
-from rpg.reports.logs import Metrics, check_metric, read_run
+from rpg.reports.logs import check_metric
 from rpg.reports.published import TABLES, get_layout
+from rpg.reports.runs import load_runs
 from rpg.reports.tables import build_table, render_latex, render_markdown
-
-
-def parse_run(arg: str) -> tuple[str, Path]:
-    if "=" in arg and not Path(arg).exists():
-        label, path = arg.split("=", 1)
-        if not label:
-            raise ValueError(f"empty label in run argument {arg!r}")
-        return label, Path(path)
-    path = Path(arg)
-    return (path.name if path.is_dir() else path.stem), path
 
 
 def parse_source_map(items: list[str] | None) -> dict[str, str]:
@@ -47,18 +37,6 @@ def parse_last_step(text: str) -> int | None:
         return int(text)
     except ValueError:
         raise ValueError(f"--last-step must be an integer or 'final', got {text!r}") from None
-
-
-def load_runs(args: list[str]) -> list[tuple[str, Metrics]]:
-    runs = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for arg in args:
-            label, path = parse_run(arg)
-            runs.append((label, read_run(path)))
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
-    return runs
 
 
 def _common(ap: argparse.ArgumentParser) -> None:

@@ -157,13 +157,19 @@ def _ranges(steps: list[int]) -> str:
 
 
 def read_segments(base: Path, read_one) -> tuple[Metrics, list[str]]:
-    """``read_one`` on every segment of ``base``, joined; plus a note when there were several."""
+    """``read_one`` on every segment of ``base``, joined; plus a note when there were several, naming the
+    restart steps and the segments without a readable record (a start that ended before it logged a step,
+    or whose only line was cut off)."""
     paths = segments(base) or [Path(base)]
     parts = [read_one(p) for p in paths]
     notes = []
     if len(paths) > 1:
-        starts = [min(s for series in m.values() for s in series) for m in parts[1:] if m]
-        notes.append(f"{base}: joined {len(paths)} log segments (restarted at steps {', '.join(map(str, starts))})")
+        starts = [start for start, _, _ in restarts(parts)]
+        said = f" (restarted at steps {', '.join(map(str, starts))})" if starts else ""
+        empty = [p.name for p, m in zip(paths, parts) if not m]
+        if empty:
+            said += f"; no readable record in {', '.join(empty)} (a start that ended before it logged a step)"
+        notes.append(f"{base}: joined {len(paths)} log segments{said}")
         if (line := replaced_line(base, parts)) is not None:
             notes.append(line)
     return join(parts), notes

@@ -13,7 +13,8 @@ and say so) and ``read_run`` names every such value in one warning line. Nothing
 * W&B CSV export: a step column (``_step``, ``Step``, ``step``, ``global_step`` or
   ``trainer/global_step``) plus one column per metric; an empty cell is "not logged at this step".
   Panel exports prefix columns with ``"<run name> - "``; the prefix is removed and
-  ``__MIN``/``__MAX`` columns are ignored. One run per file: several run prefixes are an error.
+  ``__MIN``/``__MAX`` columns are ignored. One run per file: several run prefixes are an error, and so
+  are identical column headers (a panel export of two runs with one display name, e.g. a resumed run).
 * TensorBoard: an event file or a directory of event files (verl's ``tensorboard`` logger writes
   scalars with ``add_scalar(key, value, step)``), read with TensorBoard's ``EventAccumulator``,
   which returns every event, also those a restarted writer logged again (torch's writer logs no
@@ -37,12 +38,13 @@ import csv
 import io
 import json
 import math
+import os
 import re
 import sys
 import warnings
 from pathlib import Path
 
-from rpg.reports.history import history_warnings, read_segments
+from rpg.reports.history import history_warnings, read_segments, segments
 
 Metrics = dict[str, dict[int, float]]
 
@@ -239,6 +241,7 @@ def read_wandb_csv(path: str | Path) -> Metrics:
     with io.StringIO(_text(path), newline="") as fh:
         reader = csv.DictReader(fh)
         header = reader.fieldnames or []
+        same_header(path, header)
         step_col = next((c for c in _STEP_COLUMNS if c in header), None)
         if step_col is None:
             raise ValueError(f"{path}: no step column; expected one of {list(_STEP_COLUMNS)}, got {header}")
@@ -269,6 +272,19 @@ def read_wandb_csv(path: str | Path) -> Metrics:
     return out.done()
 
 
+def same_header(path: Path, header: list[str]) -> None:
+    """ValueError naming the identical column headers of a CSV file (``csv.DictReader`` keeps the last
+    of them, so the values of the others would be dropped without a word)."""
+    columns: dict[str, list[int]] = {}
+    for i, col in enumerate(header, 1):
+        columns.setdefault(col, []).append(i)
+    same = [f"{col!r} (columns {', '.join(map(str, at))})" for col, at in columns.items() if len(at) > 1]
+    if same:
+        raise ValueError(f"{path}: identical column headers: {', '.join(same)}: csv keeps one of them; a W&B panel "
+                         "export names its columns by run display name (two runs of one name: a resumed run?): "
+                         "export each run on its own")
+
+
 def read_tensorboard(path: str | Path) -> Metrics:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.util import tensor_util
@@ -288,6 +304,34 @@ def read_tensorboard(path: str | Path) -> Metrics:
     return reader.done()
 
 
+def tensorboard_runs(logdir: str | Path) -> list[Path]:
+    """The folders under ``logdir`` (at any depth, not ``logdir`` itself) that hold TensorBoard event files:
+    the runs of TensorBoard's ``--logdir`` layout ``LOGDIR/RUN/events.*`` (an event file's name holds
+    ``tfevents``, tensorboard's ``io_wrapper.IsTensorFlowEventsFile``), in the order of their names."""
+    logdir = Path(logdir)
+    found = [Path(folder) for folder, _, files in os.walk(logdir)
+             if Path(folder) != logdir and any("tfevents" in f for f in files)]
+    return sorted(found, key=lambda run: run_name(logdir, run))
+
+
+def run_name(logdir: Path, run: Path) -> str:
+    """A run's name in a log folder, as TensorBoard names it: its path under the folder."""
+    return run.relative_to(logdir).as_posix()
+
+
+def log_files(path: str | Path) -> list[Path]:
+    """The files ``read_run(path)`` reads, resolved: a ``.jsonl`` file and its resume segments, a
+    folder's event files, or the file itself."""
+    path = Path(path)
+    if path.is_dir():
+        files = [p for p in path.iterdir() if "tfevents" in p.name and p.is_file()]
+    elif path.suffix == ".jsonl":
+        files = segments(path) or [path]
+    else:
+        files = [path]
+    return sorted(p.resolve() for p in files)
+
+
 def read_run(path: str | Path) -> Metrics:
     """Dispatch on the path: ``*.jsonl`` file logger, ``*.csv`` W&B export, event file or directory -> TensorBoard."""
     path = Path(path)
@@ -296,12 +340,19 @@ def read_run(path: str | Path) -> Metrics:
     notes: list[str] = []
     if path.is_dir() or "tfevents" in path.name:
         if path.is_dir() and not any(path.glob("*tfevents*")):
+            if runs := tensorboard_runs(path):
+                names = ", ".join(run_name(path, r) for r in runs)
+                raise ValueError(f"{path}: a TensorBoard log folder of {len(runs)} runs ({names}), not one run: "
+                                 f"pass one ({runs[0]}); python -m rpg.reports reads each as a run")
             logs = sorted(p.name for p in path.iterdir() if p.suffix in (".jsonl", ".csv") and p.is_file()
                           and not re.search(r"\.part\d+\.jsonl$", p.name))
             hint = (f"; it holds {', '.join(logs)}: pass {'that file' if len(logs) == 1 else 'one of those files'} "
                     "(its .partN.jsonl segments are joined)") if logs else ""
             raise ValueError(f"{path}: directory holds no TensorBoard event files{hint}")
         metrics = read_tensorboard(path)
+        if path.is_dir() and (runs := tensorboard_runs(path)):  # TensorBoard reads them as runs beside this one
+            notes.append(f"{path}: its sub-folders hold TensorBoard runs of their own, not read with it: "
+                         f"{', '.join(run_name(path, r) for r in runs)}; pass each as a run to report it")
     elif path.suffix == ".jsonl":  # + the segments written after resumes (rpg.reports.history)
         metrics, notes = read_segments(path, read_file_logger)
     elif path.suffix == ".csv":

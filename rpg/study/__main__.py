@@ -6,11 +6,17 @@ behaviour-weight grid instead: one method (``--methods``, default RPG-REINFORCE-
 Clip) in verl's colocate-async trainer with exact, truncated (1.0, per token) and dropped (uncorrected)
 weights pi_old/mu, ``--seeds`` (default 3) each, into ``outputs/study_async_weights`` by default. ``--dry-run`` prints the grid
 and its time estimate and starts nothing; ``--render-only`` renders what has finished.
+
+Every argument is checked before anything is run or written, under ``--dry-run`` too: one line
+(``rpg.study: ...``), exit 2: counts >= 1 (``--seeds 0`` is not the default), ``--timeout`` a finite
+number of seconds > 0, ``--out`` / ``--report-dir`` not a file (nor under one); ``--render-only`` on a
+folder without a study (or with another grid's runs only) says so and creates nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -27,6 +33,27 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _folder(flag: str, path: Path) -> None:
+    """ValueError when ``path`` or a folder above it is a file (the study would stop with a traceback
+    after its dry run; checked without creating anything)."""
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            raise ValueError(f"{flag} {path}: {part} is a file, not a directory")
+
+
+def _no_study(out: Path, records: list[dict], found: list[dict]) -> str | None:
+    """Why ``--render-only`` has nothing to render in ``out`` (no study there, or only another grid's runs)."""
+    if not (out / "runs").is_dir():
+        return f"no study in --out {out} (no {out / 'runs'}): run the study first, or name its folder"
+    if not found:
+        return f"no study in --out {out} ({out / 'runs'} holds no finished or failed run): run the study first"
+    if not any(records):
+        return (f"none of this grid's {len(records)} runs is in --out {out} (it holds {len(found)} "
+                f"run{'' if len(found) == 1 else 's'} of another grid: other --methods, --seeds, sizes or "
+                "--async-weights?)")
+    return None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -70,15 +97,24 @@ def main(argv: list[str] | None = None) -> int:
             if args.methods != METHODS and len(args.methods) != 1:
                 raise ValueError(f"--async-weights runs one method; --methods names {len(args.methods)}")
             method = args.methods[0] if args.methods != METHODS else WEIGHTS_METHOD
-            specs = weights_grid(args.seeds or 3, args.updates, sizes, method)
+            specs = weights_grid(3 if args.seeds is None else args.seeds, args.updates, sizes, method)
         else:
-            specs = grid(args.seeds or 2, args.updates, args.stress, sizes, args.methods, args.stress_methods)
+            specs = grid(2 if args.seeds is None else args.seeds, args.updates, args.stress, sizes, args.methods,
+                         args.stress_methods)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        if not (math.isfinite(args.timeout) and args.timeout > 0):
+            raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout:g}")
+        report_dir = args.report_dir or args.out / "report"
+        for flag, path in (("--out", args.out), ("--report-dir", report_dir)):
+            _folder(flag, path)
     except (ValueError, VariantNameError) as err:
         print(f"rpg.study: {err}", file=sys.stderr)
         return 2
     records = [read_record(args.out, s) or {} for s in specs]
+    if args.render_only and (problem := _no_study(args.out, records, all_records(args.out))):
+        print(f"rpg.study: --render-only: {problem}", file=sys.stderr)
+        return 2
     finished = {s.run_id for s, r in zip(specs, records) if r.get("status") == "done"}
     costs = calibrate(all_records(args.out))
     if args.dry_run:
@@ -100,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     from rpg.study.render import render
 
     try:
-        paths = render(args.out, args.report_dir or args.out / "report", specs, records, args.updates, command.strip())
+        paths = render(args.out, report_dir, specs, records, args.updates, command.strip())
     except ValueError as err:
         print(f"rpg.study: {err}", file=sys.stderr)
         return 2

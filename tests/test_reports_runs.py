@@ -1,0 +1,104 @@
+"""Which logs are runs: a log given twice (one path, or one file read through two arguments) is refused,
+identical logs under one label are refused (they are not seeds), and a TensorBoard log folder in
+TensorBoard's layout (``LOGDIR/RUN/events.*``) is read as the runs it holds, named."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+from test_reports_inputs import AIME24, AIME25, AMC, _write
+from test_reports_tables import _md_rows
+
+from rpg.reports.cli import main_plot, main_tables
+from rpg.reports.logs import read_run
+
+TABLE = ["--table", "5", "--last-step", "20"]
+
+
+def _log(path: Path, value: float) -> Path:
+    return _write(path, [{"step": s, "data": {AIME24: value, AIME25: value / 2, AMC: value + 0.25}}
+                         for s in (0, 10, 20)])
+
+
+def _err(capsys) -> list[str]:
+    return capsys.readouterr().err.splitlines()
+
+
+def test_the_same_log_twice_is_refused(tmp_path, capsys, monkeypatch):
+    """Before: RPG-URKL=good.jsonl RPG-URKL=./good.jsonl counted as two seeds (every cell x ± 0.0000)."""
+    monkeypatch.chdir(tmp_path)
+    good = _log(tmp_path / "good.jsonl", 0.5)
+    assert main_tables(["RPG-URKL=good.jsonl", "RPG-URKL=./good.jsonl", *TABLE]) == 2
+    assert _err(capsys) == [f"error: RPG-URKL=./good.jsonl reads {good}, as RPG-URKL=good.jsonl does: "
+                            "give each log once"]
+    assert main_plot(["good.jsonl", f"other={good}", "--out", "f"]) == 2  # two labels: still one run
+    assert _err(capsys) == [f"error: other={good} reads {good}, as good.jsonl does: give each log once"]
+    # one file read through two arguments: a resumed run's segment is joined into its base log
+    _write(tmp_path / "good.part2.jsonl", [{"step": 20, "data": {AIME24: 0.6}}])
+    assert main_tables(["good.jsonl", "good.part2.jsonl", *TABLE]) == 2
+    assert _err(capsys)[-1] == (f"error: good.part2.jsonl reads {tmp_path / 'good.part2.jsonl'}, as good.jsonl does "
+                                "(its resume segments are joined): give each log once")
+
+
+def test_identical_logs_under_one_label_are_refused_and_warned_under_two(tmp_path, capsys):
+    a = _log(tmp_path / "seed1.jsonl", 0.5)
+    b = Path(shutil.copy(a, tmp_path / "seed2.jsonl"))
+    assert main_tables([f"RPG-URKL={a}", f"RPG-URKL={b}", *TABLE]) == 2
+    assert _err(capsys) == [f"error: RPG-URKL={b} holds the same metrics as RPG-URKL={a} (every value at every "
+                            "step): one run given twice counts as two seeds (std 0); give it once"]
+    assert main_tables([f"RPG-URKL={a}", f"GRPO={b}", *TABLE]) == 0
+    assert f"warning: GRPO={b} holds the same metrics as RPG-URKL={a} (every value at every step): " \
+           "one run under two labels?" in _err(capsys)
+    c = _log(tmp_path / "seed3.jsonl", 0.25)  # real seeds differ: no word
+    assert main_tables([f"RPG-URKL={a}", f"RPG-URKL={c}", *TABLE]) == 0
+    assert not [e for e in _err(capsys) if "same metrics" in e]
+
+
+def _tensorboard_run(folder: Path, value: float) -> Path:
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(folder)) as w:
+        for s in (0, 10, 20):
+            for key, v in ((AIME24, value), (AIME25, value / 2), (AMC, value + 0.25)):
+                w.add_scalar(key, v, s)
+    return folder
+
+
+def test_a_tensorboard_log_folder_of_runs_reads_each_run(tmp_path, capsys):
+    """Before: "directory holds no TensorBoard event files" for LOGDIR/RUN/events.* (TensorBoard's layout)."""
+    logdir = tmp_path / "tensorboard_log"
+    _tensorboard_run(logdir / "seed1", 0.5)
+    _tensorboard_run(logdir / "seed2", 0.25)
+    _tensorboard_run(logdir / "more" / "seed3", 0.75)
+    with pytest.raises(ValueError) as err:
+        read_run(logdir)
+    assert str(err.value) == (f"{logdir}: a TensorBoard log folder of 3 runs (more/seed3, seed1, seed2), not one "
+                              f"run: pass one ({logdir / 'more/seed3'}); python -m rpg.reports reads each as a run")
+    assert main_tables([str(logdir), *TABLE]) == 0  # as TensorBoard does: each folder a run, named by its path
+    out, err = capsys.readouterr()
+    assert set(_md_rows(out)) == {"more/seed3", "seed1", "seed2"}
+    assert (f"warning: {logdir}: a TensorBoard log folder of 3 runs: more/seed3, seed1, seed2; each is a run "
+            f"named by its folder (LABEL={logdir} reads them as seeds of LABEL)") in err.splitlines()
+    assert main_tables([f"GRPO={logdir}", *TABLE]) == 0  # under a label: seeds of one method
+    out, err = capsys.readouterr()
+    assert _md_rows(out)["GRPO"][0] == "0.5000 ± 0.2500"
+    assert (f"warning: GRPO={logdir}: a TensorBoard log folder of 3 runs: more/seed3, seed1, seed2; read as "
+            "3 seeds of GRPO") in err.splitlines()
+    # a run and its own folder's event file: the same log twice
+    event = next((logdir / "seed1").iterdir())
+    assert main_tables([str(logdir), f"x={event}", *TABLE]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"error: x={event} reads {event}, as {logdir} (run seed1) does: give each log once"
+
+
+def test_runs_in_the_sub_folders_of_a_run_are_named(tmp_path):
+    run = _tensorboard_run(tmp_path / "exp", 0.5)
+    _tensorboard_run(run / "other", 0.25)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = read_run(run)
+    assert metrics[AIME24] == {0: 0.5, 10: 0.5, 20: 0.5}
+    assert f"{run}: its sub-folders hold TensorBoard runs of their own, not read with it: other; pass each as a " \
+           "run to report it" in [str(w.message) for w in caught]
