@@ -60,7 +60,7 @@ def cpu_trainer(tiny_assets, tmp_path):
 STAGES = {
     "vllm_cpu": ("--vllm-cpu", "verl's vLLM rollout on CPU, in the environment of scripts/setup_vllm_cpu.sh"),
     "distributed": ("--distributed", "several FSDP ranks and several Ray nodes on this machine (slow trainer launches)"),
-    "bench": ("--bench", "one-step smoke runs of every benchmark under benchmarks/"),
+    "bench": ("--bench", "a minimal smoke run of every benchmark under benchmarks/ (benchmarks/README.md)"),
 }
 VLLM_CPU_MARK = "vllm_cpu"
 
