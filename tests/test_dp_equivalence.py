@@ -20,9 +20,7 @@ Cost: about 25 s inside the ranks plus start-up on 2 cores (marked ``distributed
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +32,7 @@ pytestmark = pytest.mark.distributed
 SCRIPT = Path(__file__).with_name("dp_equivalence_ranks.py")
 sys.path.insert(0, str(SCRIPT.parent))
 from dp_equivalence_ranks import AGGS, configurations  # noqa: E402
+from fsdp_reference_ranks import run_ranks_script  # noqa: E402
 
 CONFIGS = configurations()
 TESTED = [n for n in CONFIGS if not n.startswith("control-")]
@@ -51,10 +50,7 @@ VERL_MEAN_METRICS = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_low
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dp_equivalence") / "records.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(out)], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    per_rank = json.loads(out.read_text())
+    per_rank = run_ranks_script(SCRIPT, tmp_path_factory.mktemp("dp_equivalence") / "records.json")
     merged: dict[str, dict] = {}
     for records in per_rank:
         for name, phases in records.items():
