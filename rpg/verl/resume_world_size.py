@@ -96,7 +96,7 @@ def world_size_change(folder: str | os.PathLike, current: int, strategy: str = "
                     f"reference shards were DTensors); {way_out}"), None
         parts += ", reference"
     return None, (f"{both}: {parts} are resharded as the workers load them (full tensors rebuilt from the "
-                  f"{saved} shards); the per-rank RNG state is not restored (no counterpart at another world size)")
+                  f"shards of {saved} saved rank{'s' if saved > 1 else ''}); the per-rank RNG state is not restored (no counterpart at another world size)")
 
 
 def _fsdp_version(actor: Path) -> int | None:
