@@ -67,20 +67,20 @@ def at_two(tiny_assets, tmp_path_factory):
     return _run(tiny_assets, out, 2, 3, ["trainer.resume_mode=disable"]), out / "ckpt"
 
 
+def _resumed(tiny_assets, tmp_path_factory, name: str, folder: Path, world_size: int, steps: int):
+    out = tmp_path_factory.mktemp(name)
+    return _run(tiny_assets, out, world_size, steps, ["trainer.resume_mode=resume_path",
+                                                      f"trainer.resume_from_path={folder}"]), out / "ckpt"
+
+
 @pytest.fixture(scope="module")
 def at_one(at_two, tiny_assets, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ws1")
-    _, ckpt = at_two
-    return _run(tiny_assets, out, 1, 5, ["trainer.resume_mode=resume_path",
-                                         f"trainer.resume_from_path={ckpt / 'global_step_3'}"]), out / "ckpt"
+    return _resumed(tiny_assets, tmp_path_factory, "ws1", at_two[1] / "global_step_3", 1, 5)
 
 
 @pytest.fixture(scope="module")
 def at_two_again(at_one, tiny_assets, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ws2again")
-    _, ckpt = at_one
-    return _run(tiny_assets, out, 2, 6, ["trainer.resume_mode=resume_path",
-                                         f"trainer.resume_from_path={ckpt / 'global_step_5'}"]), out / "ckpt"
+    return _resumed(tiny_assets, tmp_path_factory, "ws2again", at_one[1] / "global_step_5", 2, 6)
 
 
 def _shards(folder: Path) -> list[str]:
