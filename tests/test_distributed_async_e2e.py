@@ -29,8 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from e2e_recipe import at
-from test_distributed_e2e import world_size_overrides
+from e2e_recipe import at, world_size_overrides
 from test_verl_reference_resume_e2e import ENTRY, PERIODIC_K2
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]

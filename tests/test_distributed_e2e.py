@@ -28,21 +28,12 @@ import json
 from pathlib import Path
 
 import pytest
-from e2e_recipe import RPG_LOSS_KEYS, assert_off_policy, at, weight_syncs
+from e2e_recipe import RPG_LOSS_KEYS, assert_off_policy, at, weight_syncs, world_size_overrides
 from test_verl_reference_resume_e2e import ENTRY, PERIODIC_K2
 
 from rpg.verl.checkpoints import checkpoint_problem
 
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
-
-
-def world_size_overrides(world_size: int) -> list[str]:
-    """PERIODIC_K2's batches served by ``world_size`` ranks: 8 responses per mini-batch, 32 per step, split
-    evenly (the driver refuses micro-batches that do not divide)."""
-    return [f"trainer.n_gpus_per_node={world_size}", f"ray_kwargs.ray_init.num_gpus={world_size}",
-            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={8 // world_size}",
-            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={32 // world_size}",
-            f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={32 // world_size}"]
 
 
 SCHEDULE_FREE = ["rpg.optimizer=schedulefree"]

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_distributed_e2e import world_size_overrides
+from e2e_recipe import world_size_overrides
 from test_vllm_cpu import DIFF, PROB_TOL, _landed, assert_synced_every_step
 from vllm_sync_probe import SYNC_LOG_ENV
 
