@@ -16,11 +16,12 @@ the files of the current world size through verl's own ``load_checkpoint``; for 
 4. hands verl's own load calls (``module.load_state_dict``, ``optimizer.load_state_dict``,
    ``lr_scheduler.load_state_dict``) state dicts of exactly the layout a same-world-size checkpoint has.
 
-No collective runs, so no rank can wait on another, and one parameter's full tensor lives at a time per
-tensor built (peak: the mapped files plus one full tensor). Not torch's ``set_optimizer_state_dict``:
-it initialises an empty optimizer by calling ``step()`` with lr 0 (``_init_optim_state``), which a
-schedule-free optimizer does not leave untouched (its step counter ``k`` moves); the index-keyed
-state dict above is loaded by the same ``Optimizer.load_state_dict`` verl calls.
+No collective runs, so no rank can wait on another, and one full tensor lives at a time (peak: the
+mapped files plus one full tensor). Not torch's ``set_model_state_dict``/``set_optimizer_state_dict``
+with ``full_state_dict=True, broadcast_from_rank0=True``: rank 0 would hold the whole model and optimizer
+state at once and broadcast it, and the optimizer path first runs one ``step()`` with lr 0 on zero
+gradients to create the state (``_init_optim_state``); here no optimizer step runs, and the state dicts
+are loaded by the same calls as a same-world-size checkpoint.
 
 The RNG states are per rank and have no counterpart at another world size: they are not restored (the
 ranks keep the state they started with; the driver says so). Nothing in the recipe's update draws
@@ -38,6 +39,7 @@ from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from rpg.verl.resume_world_size import REFERENCE_FILE, saved_world_sizes, shard_file
 
 logger = logging.getLogger(__name__)
+
 
 def _is_dtensor(t) -> bool:
     from torch.distributed.tensor import DTensor
@@ -84,10 +86,15 @@ def reshard_like(full: torch.Tensor, target) -> torch.Tensor:
         return full
     from torch.distributed.tensor import distribute_tensor
 
+    from torch.distributed.tensor import DTensor
+
     if tuple(full.shape) != tuple(target.shape):
         raise ValueError(f"saved tensor of shape {tuple(full.shape)} for a parameter of shape {tuple(target.shape)}")
-    return distribute_tensor(full.to(target.device_mesh.device_type), target.device_mesh, target.placements,
-                             src_data_rank=None)
+    piece = distribute_tensor(full.to(target.device_mesh.device_type), target.device_mesh, target.placements,
+                              src_data_rank=None)
+    # the piece is a view of ``full`` (torch.chunk): a copy of it alone, so that the full tensor is freed
+    return DTensor.from_local(piece.to_local().clone(), target.device_mesh, target.placements, run_check=False,
+                              shape=piece.shape, stride=piece.stride())
 
 
 def load_all(folder: str, kind: str, world_size: int) -> list:
