@@ -101,8 +101,9 @@ def test_two_ranks_train_rpg_with_a_periodic_reference_and_schedule_free_adamw(a
     assert checkpoint_problem(step3) is None
 
 
-def _resume_line(run) -> str:
-    lines = [ln for ln in run.log.splitlines() if "rpg: resuming from" in ln]
+def _resume_line(run, old: int, new: int) -> str:
+    """The driver's one line of the resume decision that names the world sizes."""
+    lines = [ln for ln in run.log.splitlines() if f"was saved at world size {old}, this run has world size {new}" in ln]
     assert len(lines) == 1, lines
     return lines[0]
 
@@ -112,7 +113,7 @@ def test_a_checkpoint_resumes_at_another_world_size_and_computes_what_it_saved(a
     (saved, saved_ckpt), (resumed, ckpt), step = ((at_two, at_one, 3) if direction == "2 -> 1"
                                                   else (at_one, at_two_again, 5))
     old, new = (int(x) for x in direction.split(" -> "))
-    line = _resume_line(resumed)
+    line = _resume_line(resumed, old, new)
     assert (f"{saved_ckpt / f'global_step_{step}'} was saved at world size {old}, this run has world size {new}: "
             "model, optimizer state, lr schedule, reference are resharded") in line
     assert "the per-rank RNG state is not restored" in line
