@@ -15,7 +15,9 @@ Modes (environment variables; defaults in brackets):
   no vLLM or flash-attn: ``rpg.backends.gpu.preflight``), since it may be made on a laptop.
 * ``RPG_BACKEND=cpu``: the same overrides on the CPU backend (``rpg.backends.cpu``) with the tiny
   model/task of ``rpg.tiny`` replacing model, data and sizes; the variant's algorithm settings stay.
-  Runs through ``rpg.launch.harness`` (output in ``OUT_DIR``).
+  Runs through ``rpg.launch.harness`` (output in ``OUT_DIR``). World size 1 unless ``N_GPUS_PER_NODE``
+  / ``NNODES`` (or ``trainer.n_gpus_per_node`` / ``trainer.nnodes``) are set: that many gloo FSDP ranks
+  on this machine, the tiny task's micro-batches split over them.
 * ``RAY_ADDRESS`` set (e.g. ``http://127.0.0.1:8265``): ``ray job submit`` to that cluster.
   The runtime env only carries environment variables (no working-dir upload): every node needs
   this project installed (``pip install -e .``) at ``RPG_CLUSTER_ROOT`` (absolute; default: this
@@ -32,7 +34,8 @@ each with a FITS / DOES NOT FIT verdict, and the checkpoint disk of the run (doc
 Other variables: MODEL_PATH [variant's HF id], DATA_DIR [<root>/data], TRAIN_FILE
 [$DATA_DIR/dapo-math-17k-en.parquet], VAL_FILES [variant's sets in $DATA_DIR, comma or space
 separated], CKPTS_DIR [<root>/ckpts/$PROJECT_NAME/$EXP_NAME; cpu: the run's own
-$OUT_DIR/checkpoints/$PROJECT_NAME/$EXP_NAME], NNODES [1], N_GPUS_PER_NODE [8],
+$OUT_DIR/checkpoints/$PROJECT_NAME/$EXP_NAME], NNODES [1], N_GPUS_PER_NODE [8; cpu: 1, the
+CPU backend's FSDP ranks],
 LOGGER [console,file], PROJECT_NAME [rpg], EXP_NAME [run name], RAY_JOB_WAIT [0: --no-wait],
 OUT_DIR (cpu) [a new <root>/outputs/cpu/<name>/<time>[-N]; an existing one is resumed into].
 PROJECT_NAME and EXP_NAME name directories: '/', '\\', '.', '..' are refused (one line, exit 2).
@@ -230,12 +233,27 @@ def finalize(overrides: list[str], user: Sequence[str]) -> list[str]:
     return merge_overrides(overrides, [f"{OVERLONG_LEN}={resp // 4}"])
 
 
-def tiny_overrides_for_cpu(steps: int = 2) -> list[str]:
-    """The tiny task's model/data/size/schedule overrides (rpg.tiny), without any algorithm keys."""
+def tiny_overrides_for_cpu(steps: int = 2, world_size: int = 1) -> list[str]:
+    """The tiny task's model/data/size/schedule overrides (rpg.tiny), without any algorithm keys, with
+    micro-batches split over ``world_size`` ranks (``LaunchError`` when they cannot be)."""
     from rpg.tiny import build_tiny_assets
-    from rpg.tiny.overrides import tiny_task_overrides
+    from rpg.tiny.overrides import check_world_size, tiny_task_overrides
 
-    return tiny_task_overrides(build_tiny_assets(), steps=steps)
+    try:
+        check_world_size(world_size)
+    except ValueError as e:
+        raise LaunchError(f"RPG_BACKEND=cpu: {e}") from None
+    return tiny_task_overrides(build_tiny_assets(), steps=steps, world_size=world_size)
+
+
+def cpu_world_overrides(env: Mapping[str, str]) -> list[str]:
+    """The world size of a CPU run: 1 x 1 unless the environment sets ``NNODES`` / ``N_GPUS_PER_NODE``
+    (the GPU default of 8 ranks per node is not the CPU backend's: a CPU run asks for ranks explicitly);
+    the user's ``trainer.nnodes`` / ``trainer.n_gpus_per_node`` overrides win over both."""
+    ov = [f"trainer.nnodes={_int_env(env, 'NNODES', 1)}"] if env.get("NNODES", "").strip() else []
+    if env.get("N_GPUS_PER_NODE", "").strip():
+        ov.append(f"trainer.n_gpus_per_node={_int_env(env, 'N_GPUS_PER_NODE', 1)}")
+    return ov
 
 
 def cpu_checkpoint_dir(project: str, experiment: str) -> str:
@@ -260,8 +278,16 @@ def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, r
     if cpu:
         from rpg.backends.cpu.settings import cpu_overrides
 
+        from rpg.backends.cpu.world import world_size_of
+
         cpu_keys = {override_key(o) for o in cpu_overrides()}
-        groups = [[o for o in g if override_key(o) not in cpu_keys] for g in groups] + [tiny_overrides_for_cpu()]
+        world = cpu_world_overrides(env)
+        try:
+            nnodes, gpus = world_size_of(values([*world, *user]))
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
+        groups = [[o for o in g if override_key(o) not in cpu_keys] for g in groups]
+        groups += [tiny_overrides_for_cpu(world_size=nnodes * gpus), world]
         if not env.get("CKPTS_DIR", "").strip():  # relative: the harness runs the trainer in OUT_DIR
             names = values(groups[1])
             ckpts = cpu_checkpoint_dir(names["trainer.project_name"], names["trainer.experiment_name"])

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpg.backends.cpu.settings import cpu_env, cpu_overrides
+from rpg.backends.cpu.world import world_size_of
 from rpg.launch.overrides import merge_overrides, values
 from rpg.launch.run_env import ray_auth_env
 from rpg.reports import history
@@ -222,7 +223,9 @@ def build_command(
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, env) for a run of ``entry`` with ``overrides`` (no process started).
 
-    ``backend="cpu"``: the CPU settings (settings.py) first, then ``overrides``. ``backend="gpu"``:
+    ``backend="cpu"``: the CPU settings (settings.py) first, then ``overrides``; the world size
+    ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` of ``overrides`` (default 1 x 1) gives the private local
+    Ray its logical GPUs (``rpg.backends.cpu.world.ray_resources``; an explicit ``ray_kwargs.ray_init.*`` wins). ``backend="gpu"``:
     verl's own CUDA path; only the run environment and ``extra_modules`` are added (see
     rpg.backends.gpu.settings; the caller's overrides carry the GPU settings).
     """
@@ -236,7 +239,12 @@ def build_command(
         ov = _with_file_logger(merge_overrides(gpu_forwarded_overrides(env), list(overrides)))
     else:
         env = {**base_env, **cpu_env(extra_modules, base=base_env)}
-        ov = _with_file_logger(merge_overrides(cpu_overrides(env), list(overrides)))
+        overrides = list(overrides)
+        try:  # the world size the caller asked for sizes the private Ray; a bad value: the driver's one line
+            nnodes, gpus = world_size_of(values(overrides))
+        except ValueError:
+            nnodes, gpus = 1, 1
+        ov = _with_file_logger(merge_overrides(cpu_overrides(env, nnodes, gpus), overrides))
     return [sys.executable, *_entry_argv(entry), *ov], env
 
 

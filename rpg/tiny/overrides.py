@@ -65,6 +65,16 @@ TINY_ALGORITHMS: dict[str, tuple[str, list[str]]] = {
 }
 
 
+def check_world_size(world_size: int, mini_batch_size: int = MINI_BATCH_SIZE, n: int = ROLLOUT_N) -> None:
+    """ValueError (one line) unless ``world_size`` ranks split a mini-batch of ``mini_batch_size * n`` evenly."""
+    responses = mini_batch_size * n
+    if world_size < 1 or responses % world_size:
+        sizes = [d for d in range(1, responses + 1) if responses % d == 0]
+        raise ValueError(f"world size {world_size} (trainer.nnodes x trainer.n_gpus_per_node) cannot split the tiny "
+                         f"task's mini-batch of {mini_batch_size} prompts x {n} responses evenly over its ranks: "
+                         f"allowed {', '.join(map(str, sizes))}")
+
+
 def tiny_task_overrides(
     assets: TinyAssets,
     steps: int = 2,
@@ -73,11 +83,15 @@ def tiny_task_overrides(
     n: int = ROLLOUT_N,
     val_n: int = 4,
     mini_batch_size: int = MINI_BATCH_SIZE,
+    world_size: int = 1,
 ) -> list[str]:
     """Model, data, sizes, sampling and schedule of the tiny task (no algorithm settings).
 
-    One micro-batch per mini-batch (``mini_batch_size * n`` sequences); the old-policy and
-    reference log-probs of the whole batch in one forward (``train_batch_size * n``).
+    One micro-batch per mini-batch and rank (``mini_batch_size * n / world_size`` sequences); the
+    old-policy and reference log-probs of each rank's share of the batch in one forward
+    (``train_batch_size * n / world_size``). ``world_size`` (``trainer.nnodes`` x
+    ``trainer.n_gpus_per_node``, set by the caller) must divide ``mini_batch_size * n``: 1, 2, 4, 8
+    or 16 with the defaults.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -85,6 +99,7 @@ def tiny_task_overrides(
         raise ValueError(
             f"mini_batch_size={mini_batch_size} is invalid: expected a divisor of train_batch_size={train_batch_size}"
         )
+    check_world_size(world_size, mini_batch_size, n)
     mini, batch = mini_batch_size, train_batch_size
     return [
         f"data.train_files={assets.train_file}",
@@ -98,9 +113,9 @@ def tiny_task_overrides(
         f"actor_rollout_ref.model.path={assets.model_dir}",
         "actor_rollout_ref.model.use_remove_padding=True",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mini * n}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * n}",
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={batch * n}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mini * n // world_size}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * n // world_size}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={batch * n // world_size}",
         f"actor_rollout_ref.rollout.n={n}",
         "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.top_p=1.0",
@@ -136,7 +151,8 @@ def tiny_overrides(
     val_n: int = 4,
     algo: str = "grpo",
     mini_batch_size: int = MINI_BATCH_SIZE,
+    world_size: int = 1,
 ) -> list[str]:
     """Task + algorithm overrides (``algo`` of TINY_ALGORITHMS; pair them with its entry)."""
-    task = tiny_task_overrides(assets, steps, test_freq, train_batch_size, n, val_n, mini_batch_size)
+    task = tiny_task_overrides(assets, steps, test_freq, train_batch_size, n, val_n, mini_batch_size, world_size)
     return [*task, *tiny_algorithm(algo, lr)[1]]

@@ -38,6 +38,7 @@ from verl.utils.logging_utils import configure_verl_logging
 
 import rpg.verl.register  # noqa: F401  (registrations in the driver even without the entry point)
 from rpg.backends.cpu.vllm_cpu import check_driver as check_vllm_cpu
+from rpg.backends.cpu.world import check_driver as check_cpu_world
 from rpg.backends.gpu.preflight import check_gpu_node
 from rpg.reports.history import PATH_ENV, base_path, claim_segment, logs_to_file
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
@@ -127,6 +128,7 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
     if check_node:
         check_gpu_node(config, settings)  # GPU backend only: CUDA, GPUs, driver, vLLM, flash-attn; one line each
         check_vllm_cpu(config)  # CPU backend with rollout.name=vllm only: vLLM's CPU build and its settings
+        check_cpu_world(config)  # CPU backend only: the world size fits this machine and its local Ray
     if check_paths:
         check_input_paths(config)
         note = resolve_resume(config)  # pins the checkpoint verl loads, or refuses (one line)

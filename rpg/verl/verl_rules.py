@@ -90,7 +90,8 @@ def check_verl_rules(cfg) -> None:
     if batch < mini or batch % mini:
         _fail("data.train_batch_size", batch, f"a multiple of {A}.ppo_mini_batch_size={mini} (each step is split "
               "into whole mini-batches)")
-    n_gpus = int(config_value(cfg, "trainer.n_gpus_per_node", 1)) * int(config_value(cfg, "trainer.nnodes", 1))
+    # verl/trainer/ppo/v1/trainer_base.py:819 builds a resource pool of [n_gpus_per_node] * nnodes ranks
+    n_gpus = _positive_int(cfg, "trainer.n_gpus_per_node") * _positive_int(cfg, "trainer.nnodes")
     sp = int(config_value(cfg, f"{A}.ulysses_sequence_parallel_size", 1))
     sp = max(sp, int(config_value(cfg, f"{A}.fsdp_config.ulysses_sequence_parallel_size", 1)))
     dp = max(n_gpus // max(sp, 1), 1)

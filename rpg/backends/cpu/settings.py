@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from rpg.backends.cpu import vllm_cpu
+from rpg.backends.cpu.world import ray_resource_overrides
 from rpg.launch.overrides import merge_overrides
 from rpg.launch.run_env import RUN_ENV, external_modules, forwarded_env_overrides
 
@@ -56,22 +57,20 @@ def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
     }
 
 
-def cpu_overrides(env: Mapping[str, str] | None = None, num_cpus: int = 8) -> list[str]:
+def cpu_overrides(env: Mapping[str, str] | None = None, nnodes: int = 1, n_gpus_per_node: int = 1) -> list[str]:
     """Hydra overrides that make verl's trainer run on the CPU backend (any model size).
 
     ``env`` (default: ``cpu_env()``) supplies the values forwarded to Ray workers; with
     ``RPG_CPU_ROLLOUT=vllm`` in it, verl's vLLM rollout replaces the HF one (``vllm_cpu.vllm_overrides``).
-    ``num_cpus`` is Ray's *logical* CPU count: placement groups reserve CPU bundles per worker
-    and the reward/agent-loop/TransferQueue actors need some; oversubscribing 2 real cores is fine.
+    ``nnodes`` x ``n_gpus_per_node`` is the world size (FSDP ranks, gloo): the private local Ray gets
+    that many *logical* GPUs and the CPUs their placement needs (``rpg.backends.cpu.world.ray_resources``;
+    the harness reads both from the run's overrides).
     """
     env = cpu_env() if env is None else env
     ov = [
-        # device and Ray resources: one logical "GPU" per worker (never touched, see platform.py)
+        # device and Ray resources: one logical "GPU" per rank (never touched, see platform.py)
         "trainer.device=cpu",
-        "trainer.nnodes=1",
-        "trainer.n_gpus_per_node=1",
-        f"ray_kwargs.ray_init.num_cpus={num_cpus}",
-        "+ray_kwargs.ray_init.num_gpus=1",
+        *ray_resource_overrides(nnodes, n_gpus_per_node),
         "+ray_kwargs.ray_init.include_dashboard=False",
         # FSDP2 (fully_shard) works on CPU with gloo; FSDP1 needs CUDA (sync_module_states, device_id)
         "actor_rollout_ref.actor.strategy=fsdp2",
