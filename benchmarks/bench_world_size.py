@@ -4,7 +4,7 @@ size 1 vs 2 (benchmarks/world_size.md has the figures).
 Two runs of verl's real trainer on the CPU backend (rpg.launch.harness), identical settings (tiny model and
 task, the tiny demo's RPG algorithm, 8 prompts x 8 responses per step, 4 mini-batches, no validation, no
 checkpoint), except ``trainer.n_gpus_per_node`` (and the per-rank micro-batches: the same global
-mini-batch split over the ranks; the same number of micro-batches per rank).
+mini-batch split over the ranks, ``rpg.tiny.overrides.tiny_overrides(world_size=...)``).
 
 * step time: the median of verl's ``timing_s/step`` over steps 2..N (step 1 includes warm-up; with
   ``--steps 1``, step 1's), and likewise the actor update and the old-log-prob forward;
@@ -35,19 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "recipe" / "rpg" / "main_rpg.py")
 WORLD_SIZES = (1, 2)
-PROMPTS, N, MINI = 8, 8, 2  # per step: 8 prompts x 8 responses, mini-batches of 2 prompts (16 responses)
-COMMON = ["trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
-          f"data.train_batch_size={PROMPTS}", f"actor_rollout_ref.rollout.n={N}",
-          f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI}"]
-
-
-def world_size_overrides(world_size: int) -> list[str]:
-    """The same global batches at ``world_size`` ranks: one micro-batch per mini-batch per rank, one
-    log-prob forward per rank for the step's responses."""
-    return [f"trainer.n_gpus_per_node={world_size}", f"ray_kwargs.ray_init.num_gpus={world_size}",
-            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MINI * N // world_size}",
-            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={PROMPTS * N // world_size}",
-            f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={PROMPTS * N // world_size}"]
+COMMON = ["trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1"]
 
 
 class RankPeaks(threading.Thread):
@@ -83,9 +71,11 @@ def measure(world_size: int, steps: int, out: Path) -> dict:
     peaks = RankPeaks()
     peaks.start()
     try:
-        run = run_trainer([*tiny_overrides(build_tiny_assets(), steps=steps, algo="rpg"), *COMMON,
-                           *world_size_overrides(world_size)], output_dir=out, entry=RECIPE, cwd=ROOT,
-                          timeout_s=1200)
+        # the tiny task's batches (8 prompts x 8 responses, mini-batches of 2 prompts), the micro-batches
+        # split over the ranks by tiny_overrides; the harness gives the private Ray one logical GPU per rank
+        run = run_trainer([*tiny_overrides(build_tiny_assets(), steps=steps, algo="rpg", world_size=world_size),
+                           *COMMON, f"trainer.n_gpus_per_node={world_size}"], output_dir=out, entry=RECIPE,
+                          cwd=ROOT, timeout_s=1200)
     finally:
         peaks.stop.set()
         peaks.join()
@@ -116,7 +106,7 @@ def main(argv=None) -> int:
     res = {ws: measure(ws, args.steps, out / f"ws{ws}") for ws in WORLD_SIZES}
     med = statistics.median
     steps = f"steps 2..{args.steps}" if args.steps >= 2 else "step 1 (warm-up included)"
-    print(f"tiny RPG run, {PROMPTS} prompts x {N} responses per step, medians over {steps}")
+    print(f"tiny RPG run (8 prompts x 8 responses per step), medians over {steps}")
     print(f"{'world size':>10s} {'wall s':>7s} {'step s':>7s} {'update s':>8s} {'oldlp s':>7s} "
           f"{'peak RSS per rank GiB':>22s} {'run PSS GiB':>11s}")
     for ws, r in res.items():

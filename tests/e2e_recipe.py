@@ -64,7 +64,7 @@ def world_size_overrides(world_size: int) -> list[str]:
     """The tiny task's batches with 4 responses per prompt (tests/test_verl_reference_resume_e2e.py's PERIODIC_K2:
     8 responses per mini-batch, 32 per step) served by ``world_size`` ranks, split evenly (the driver refuses
     micro-batches that do not divide per rank)."""
-    return [f"trainer.n_gpus_per_node={world_size}", f"ray_kwargs.ray_init.num_gpus={world_size}",
+    return [f"trainer.n_gpus_per_node={world_size}",  # the harness gives the private Ray that many logical GPUs
             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={8 // world_size}",
             f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={32 // world_size}",
             f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={32 // world_size}"]
