@@ -74,23 +74,31 @@ def _checkpoint(root: Path, saved: int, version: int = 2, reference: str | None 
     return folder
 
 
+_DTENSOR_FILE: list[bytes] = []
+
+
 def _save_dtensor(path: Path) -> None:
-    """Save {"w": a one-rank DTensor} (what an FSDP2 reference shard pickles as), on a throwaway gloo group."""
-    import os
-    import tempfile
+    """Save {"w": a one-rank DTensor} (what an FSDP2 shard pickles as); made once, on a throwaway gloo group."""
+    if not _DTENSOR_FILE:
+        import io
+        import os
+        import tempfile
 
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
 
-    fd, rendezvous = tempfile.mkstemp()
-    os.close(fd)
-    os.remove(rendezvous)
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
-    try:
-        torch.save({"w": distribute_tensor(torch.zeros(2), init_device_mesh("cpu", (1,)), [Shard(0)])}, path)
-    finally:
-        dist.destroy_process_group()
+        fd, rendezvous = tempfile.mkstemp()
+        os.close(fd)
+        os.remove(rendezvous)
+        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=0, world_size=1)
+        try:
+            buf = io.BytesIO()
+            torch.save({"w": distribute_tensor(torch.zeros(2), init_device_mesh("cpu", (1,)), [Shard(0)])}, buf)
+            _DTENSOR_FILE.append(buf.getvalue())
+        finally:
+            dist.destroy_process_group()
+    path.write_bytes(_DTENSOR_FILE[0])
 
 
 def test_the_driver_says_what_is_resharded_and_that_the_rng_is_not_restored(tmp_path):
