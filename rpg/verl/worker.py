@@ -16,7 +16,10 @@ trainer uses with ``DetachActorWorker``). Additions:
   Diagnostics: ``ref_actor_weight_diff`` = max |actor - ref| over local shards,
   ``ref_actor_probe`` = max |logit_actor - logit_ref| and the reference's NLL on a fixed probe
   sequence (what the reference computes);
-  ``save_reference``/``load_reference`` persist the reference shards in a checkpoint.
+  ``save_reference``/``load_reference`` persist the reference shards in a checkpoint (as DTensors:
+  loadable at another world size).
+* checkpoints at another world size (``init_model``): the actor engine's checkpoint manager becomes
+  ``rpg.verl.reshard.ReshardingCheckpointManager`` (verl's, plus loading another world size's shards).
 * schedule-free modes (``sf_set_mode``, ONE_TO_ALL): ``AdamWScheduleFree`` is switched to train
   mode once the model is built (its ``step()`` refuses to run otherwise) and stays there; the
   trainer switches to eval (averaged x weights) only around validation and checkpoint saving.
