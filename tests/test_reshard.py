@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from rpg.verl.checkpoints import ResumeError, plan_resume, write_marker
-from rpg.verl.resume_world_size import holds_dtensors, world_size_change
+from rpg.verl.resume_world_size import holds_dtensors, world_size, world_size_change
 
 SCRIPT = Path(__file__).with_name("reshard_ranks.py")
 
@@ -112,6 +112,8 @@ def test_the_driver_says_what_is_resharded_and_that_the_rng_is_not_restored(tmp_
     assert "the per-rank RNG state is not restored" in plan.note
     assert "world size" not in (plan_resume("auto", str(tmp_path), world_size=2).note or "")  # same world size
     assert world_size_change(folder, 2) == (None, None)
+    # a world size the driver's rules refuse in their own line is not compared here
+    assert world_size(2, 1) == 2 and world_size(0, 1) is None and world_size("2", 1) is None
 
 
 @pytest.mark.parametrize("case, expected", [

@@ -51,8 +51,13 @@ def holds_dtensors(path: str | os.PathLike) -> bool:
         return pkl is not None and _DTENSOR_MODULE in zf.read(pkl)
 
 
-def world_size(n_gpus_per_node, nnodes) -> int:
-    return int(n_gpus_per_node) * int(nnodes)
+def world_size(n_gpus_per_node, nnodes) -> int | None:
+    """``n_gpus_per_node * nnodes``; None unless both are integers >= 1 (then not compared here: the driver's
+    rules on those keys refuse them in their own line)."""
+    values = (n_gpus_per_node, nnodes)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        return None
+    return n_gpus_per_node * nnodes
 
 
 def world_size_change(folder: str | os.PathLike, current: int, strategy: str = "fsdp2") -> tuple[str | None, str | None]:
