@@ -91,8 +91,8 @@ def assert_off_policy(run, steps, clip=None):
     earlier updates. Guaranteed at every step, whatever was sampled:
 
     * the ratio range contains 1 (the first mini-batch) and ratio_min > 0;
-    * mean(w) - 1 - mean(log w) = mean(w - 1 - log w) >= 0 (k3 token by token; verl averages the
-      micro-batch means with equal weights, which keeps it);
+    * mean(w) - 1 - mean(log w) = mean(w - 1 - log w) >= 0 (k3 token by token; each logged mean is the
+      mean over the mini-batch's tokens, rpg.verl.actor_loss._global_means, averaged over mini-batches);
     * kl_estimate >= 0 for the unnormalized surrogates (ufkl: w - 1 - log w against the sampler,
       r_ref * k3(rho) against a reference; urkl: r_ref * (rho log rho - rho + 1)), both >= 0 token by
       token; nothing for the normalized ones (fkl: -log rho, rkl: w log rho have a zero-mean part and

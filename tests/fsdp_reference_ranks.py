@@ -161,6 +161,17 @@ def write_gathered(records, rank: int, world: int, out: str) -> None:
     dist.barrier()
 
 
+def run_ranks_script(script, out) -> list:
+    """Run a ranks script (``python SCRIPT OUT.json``, which spawns its ranks and ends with ``write_gathered``) in a
+    subprocess and return the gathered records (one entry per rank); a failure shows the script's output tail."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(out) as f:
+        return json.load(f)
+
+
 def _rank(rank: int, world: int, init_file: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)

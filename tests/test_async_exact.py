@@ -318,7 +318,9 @@ def test_behavior_metrics_agree_with_verls_rollout_correction_metrics():
 
 
 def test_loss_metrics_are_weighted_to_pi_old():
-    """rpg/kl_estimate under a stale sampler is the b-weighted (self-normalised) mean: an estimate under pi_old."""
+    """rpg/kl_estimate under a stale sampler is the b-weighted mean over the global token count, sum b * kl / N
+    (the importance-weighted estimate under pi_old; rpg.verl.actor_loss._global_means); the library's own
+    metric with mask * b is the self-normalised sum b * kl / sum b."""
     model_output, data, t = _multi_token(seed=3)
     _, metrics = rpg_actor_loss(config=_config(anchor="sampler", divergence="ufkl", form="reinforce"),
                                 model_output=model_output, data=data)
@@ -329,7 +331,8 @@ def test_loss_metrics_are_weighted_to_pi_old():
     _, plain = rpg_policy_loss(log_prob=t["new"], old_log_prob=t["old"], advantages=t["adv"],
                                response_mask=t["mask"], config=lib)
     got = metrics["rpg/kl_estimate"].aggregate()
-    assert got == pytest.approx(weighted["rpg/kl_estimate"], rel=1e-5)
+    m = t["mask"]
+    assert got == pytest.approx(weighted["rpg/kl_estimate"] * float((m * w).sum() / m.sum()), rel=1e-5)
     assert not math.isclose(got, plain["rpg/kl_estimate"], rel_tol=1e-3)
 
 

@@ -28,7 +28,7 @@ def test_ray_resources_scale_with_the_world_size():
 
 @pytest.mark.parametrize("user, expected", [
     ([], (1, 1, 1, 8)),
-    (["trainer.n_gpus_per_node=2"], (1, 2, 2, 11)),  # the failure of issue 35: Ray kept 1 GPU
+    (["trainer.n_gpus_per_node=2"], (1, 2, 2, 11)),  # before: Ray kept 1 GPU and verl refused inside Ray
     (["trainer.nnodes=2", "trainer.n_gpus_per_node=2"], (2, 2, 4, 17)),
     (["trainer.n_gpus_per_node=2", "+ray_kwargs.ray_init.num_gpus=3"], (1, 2, 3, 11)),  # an explicit value wins
     (["trainer.n_gpus_per_node=two"], (1, "two", 1, 8)),  # left to the driver's one line

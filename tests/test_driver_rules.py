@@ -178,3 +178,53 @@ def test_a_paper_script_clips_with_the_key_verl_reads():
     with contextlib.redirect_stdout(io.StringIO()):  # the old key with the same value as clip_grad: nothing to say
         compose([*overrides, "actor_rollout_ref.actor.grad_clip=1.0"], root)
         compose([*overrides, "actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.actor.grad_clip=0.5"], root)
+
+
+# ----------------------------------------------------------------------------- seq-mean-token-sum-norm's constant
+
+NORM = "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"
+
+
+def test_the_driver_sets_the_norm_scale_factor_to_the_response_length_and_says_so(capsys, tmp_path):
+    """Unset, verl divides by each micro-batch's longest response (split-dependent: tests/test_dp_equivalence.py's
+    negative control); the driver (prepare_config, DRY_RUN too) writes data.max_response_length into it, one line."""
+    from rpg.launch.cli import main
+
+    code = main([SCRIPT, NORM, "data.max_response_length=1024"], {"DRY_RUN": "1", "DATA_DIR": str(tmp_path)})
+    out = capsys.readouterr().out
+    assert code == 0
+    notes = [ln for ln in out.splitlines() if "loss_scale_factor unset" in ln]
+    assert notes == ["rpg: actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm with "
+                     "actor_rollout_ref.actor.loss_scale_factor unset: set to data.max_response_length=1024 (verl would "
+                     "divide by each micro-batch's longest response, so the update would depend on the micro-batch and "
+                     "data-parallel split; set actor_rollout_ref.actor.loss_scale_factor to choose another constant)"]
+    assert "  loss_scale_factor: 1024\n" in out  # the composed actor config verl's workers get
+
+
+@pytest.mark.parametrize("extra, scale, message", [
+    ([NORM, "actor_rollout_ref.actor.loss_scale_factor=16"], 16, None),  # the user's constant is kept
+    ([], None, None),  # other modes: nothing set, nothing said
+    ([NORM, "actor_rollout_ref.actor.loss_scale_factor=0"], None,
+     "actor_rollout_ref.actor.loss_scale_factor=0 is invalid: expected a finite number > 0"),
+])
+def test_norm_scale_factor_rules(extra, scale, message):
+    from rpg.verl.verl_rules import set_norm_scale_factor
+
+    cfg, _ = apply(*extra)
+    if message:
+        with pytest.raises(RPGConfigError, match=f"^{message}$"):
+            set_norm_scale_factor(cfg, use_critic=False)
+        return
+    assert set_norm_scale_factor(cfg, use_critic=False) == []
+    assert cfg.actor_rollout_ref.actor.loss_scale_factor == scale
+
+
+def test_a_critic_in_norm_mode_gets_the_constant_too():
+    """verl's value loss aggregates with critic.loss_agg_mode / critic.loss_scale_factor (its own keys)."""
+    from rpg.verl.verl_rules import set_norm_scale_factor
+
+    cfg, _ = apply("critic.loss_agg_mode=seq-mean-token-sum-norm", "data.max_response_length=64")
+    assert set_norm_scale_factor(cfg, use_critic=False) == []  # no critic built: nothing to do
+    notes = set_norm_scale_factor(cfg, use_critic=True)
+    assert len(notes) == 1 and notes[0].startswith("critic.loss_agg_mode=seq-mean-token-sum-norm with critic.")
+    assert cfg.critic.loss_scale_factor == 64 and cfg.actor_rollout_ref.actor.loss_scale_factor is None

@@ -252,14 +252,15 @@ def test_registered_loss_without_rpg_policy_config_is_a_clear_error():
 
 def test_extremes_are_aggregated_as_extremes_across_micro_batches():
     """verl's ppo_loss marks every policy-loss metric MEAN; the RPG actor loss re-marks ``*_max`` / ``*_min``
-    as MAX / MIN, so that verl's reduction over micro-batches (and ranks) keeps an extreme an extreme."""
+    as MAX / MIN, so that verl's reduction over micro-batches (and ranks) keeps an extreme an extreme, and a
+    token mean as its SUM-aggregated share of the global mean (tests/test_dp_equivalence.py)."""
     from verl.utils.metric import AggregationType
 
     batch = Batch(seed=7)
     config = _actor_config("token-mean", anchor="reference", rpg_beta=0.05)
     _, _, per_mb = _run_adapter(batch, config, SPLITS["uneven"])
     for key, kind in (("rpg/ratio_max", AggregationType.MAX), ("rpg/ratio_min", AggregationType.MIN),
-                      ("rpg/ref_old_logp_absdiff_max", AggregationType.MAX), ("rpg/ratio_mean", AggregationType.MEAN)):
+                      ("rpg/ref_old_logp_absdiff_max", AggregationType.MAX), ("rpg/ratio_mean", AggregationType.SUM)):
         assert all(m[key].aggregation is kind for m in per_mb), key
     merged = Metric(aggregation=AggregationType.MAX)
     for m in per_mb:

@@ -11,12 +11,10 @@ failed with a shard-shape error at the first copy.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from fsdp_reference_ranks import run_ranks_script
 
 SCRIPT = Path(__file__).with_name("fsdp_reference_ranks.py")
 CASES = ["fsdp1", "fsdp1_bf16", "fsdp1_ref_no_reshard", "fsdp2", "fsdp2_ref_no_reshard"]
@@ -24,10 +22,7 @@ CASES = ["fsdp1", "fsdp1_bf16", "fsdp1_ref_no_reshard", "fsdp2", "fsdp2_ref_no_r
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp_ref") / "records.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(out)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    per_rank = json.loads(out.read_text())
+    per_rank = run_ranks_script(SCRIPT, tmp_path_factory.mktemp("fsdp_ref") / "records.json")
     assert len(per_rank) == 2 and [r["case"] for r in per_rank[0]] == CASES
     return per_rank
 

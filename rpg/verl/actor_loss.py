@@ -25,7 +25,9 @@ runs with ``ref_log_prob := old_log_probs``.
 from __future__ import annotations
 
 import dataclasses
+import math
 
+import torch
 from tensordict import TensorDict
 
 from verl.utils.metric import AggregationType, Metric
@@ -70,7 +72,59 @@ def rpg_actor_loss(config, model_output, data: TensorDict, dp_group=None):
     for key, metric in metrics.items():
         if (aggregation := _stat_aggregation(key)) is not None and hasattr(metric, "aggregation"):
             metric.aggregation = aggregation
+    _global_means(metrics, config, data, weights)
     return loss, metrics
+
+
+# The loss's token means, by the tokens they average over: WEIGHTED ones over mask * w (w: the behaviour weights
+# pi_old/mu, or verl's rollout_is_weights; 1 without), VALID ones over the valid tokens (fractions, the
+# behaviour statistics, and verl's vanilla statistics that grpo_corrected returns).
+WEIGHTED_MEANS = ("rpg/ratio_mean", "rpg/log_ratio_mean", "rpg/kl_estimate", "rpg/reg_adv_mean")
+VALID_MEANS = ("rpg/clipfrac", "rpg/clipfrac_high", "rpg/clipfrac_low", "rpg/clipfrac_dual", "rpg/active_frac",
+               "rpg/log_ratio_guard_frac", "rpg/behavior_kl", "rpg/behavior_kl_k3", "rpg/behavior_weight_mean",
+               "rpg/behavior_weight_capped_frac", "actor/pg_clipfrac", "actor/pg_clipfrac_lower")
+
+
+def _global_means(metrics: dict, config, data: TensorDict, weights) -> None:
+    """Each token mean of one micro-batch (``M = S / n``, n its micro-batch's token count) becomes its share of the
+    mean over the data-parallel *global* mini-batch, ``S / N * dp_size`` (N: verl's all-reduced ``batch_num_tokens``),
+    marked SUM. verl's reduction (``Metric.aggregate_dp``: the mean over ranks of each micro-batch's value, then
+    the aggregation over micro-batches) then logs ``sum S / N``, the token mean of the whole mini-batch, the same
+    for every micro-batch size and world size, as the loss itself (tests/test_dp_equivalence.py). Without this,
+    verl averages the micro-batch means: a mean of means that changes with the split. With weights w the
+    weighted means are ``sum w x / N``: the importance-weighted (unbiased, not self-normalised) estimate under
+    pi_old; a self-normalised global mean needs the global sum of w, which no micro-batch holds. A micro-batch
+    without valid tokens (fully masked responses) reports its ``*_max`` / ``*_min`` as -inf / +inf, which verl's
+    MAX / MIN over micro-batches and ranks then ignore."""
+    fields = ["response_mask"] + (["rollout_is_weights"] if "rollout_is_weights" in data else [])
+    padded = data.select(*fields).to_padded_tensor()
+    mask = padded["response_mask"].to(torch.float64)
+    if weights is None and "rollout_is_weights" in padded.keys():
+        weights = padded["rollout_is_weights"]
+    valid = (mask != 0).to(torch.float64)
+    weighted = mask if weights is None else mask * weights.to(torch.float64)
+    n_valid, n_weighted = torch.stack([valid.sum(), weighted.sum()]).tolist()  # one host read-back
+    if n_valid == 0:  # a micro-batch of fully masked responses has no extremes: neutral for verl's MIN / MAX
+        for key, metric in metrics.items():  # (the library reports 0 for every statistic of such a batch)
+            if isinstance(metric, Metric) and metric.aggregation in (AggregationType.MIN, AggregationType.MAX):
+                sign = 1.0 if metric.aggregation is AggregationType.MIN else -1.0
+                metrics[key] = Metric(metric.aggregation)
+                metrics[key].extend([sign * math.inf] * len(metric.values))
+    gbi = getattr(config, "global_batch_info", None) or {}
+    total, dp = gbi.get("batch_num_tokens"), gbi.get("dp_size") or 1
+    if not total:
+        return  # no global count (a unit call without verl's engine), or nothing valid: the local means stand
+    mode = config.policy_loss.get("loss_mode", "rpg")
+    # actor/ppo_kl: -rpg/log_ratio_mean for rpg (weighted); verl's vanilla masked mean for grpo_corrected
+    ppo_kl = ("actor/ppo_kl",)
+    for keys, n in ((WEIGHTED_MEANS + (ppo_kl if mode == "rpg" else ()), n_weighted),
+                    (VALID_MEANS + (ppo_kl if mode != "rpg" else ()), n_valid)):
+        for key in keys:
+            metric = metrics.get(key)
+            if isinstance(metric, Metric) and metric.aggregation is AggregationType.MEAN:
+                share = Metric(AggregationType.SUM)
+                share.extend([v * n / total * dp for v in metric.values])
+                metrics[key] = share
 
 
 def _behavior(config, data: TensorDict):

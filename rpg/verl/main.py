@@ -44,7 +44,7 @@ from rpg.reports.history import PATH_ENV, base_path, claim_segment, logs_to_file
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
 from rpg.verl.settings import RPGConfigError, RPGSettings, describe, resume_hint, validate_and_apply
-from rpg.verl.verl_rules import check_verl_config, check_verl_rules
+from rpg.verl.verl_rules import check_verl_config, check_verl_rules, set_norm_scale_factor
 
 
 # The body of verl 0.9.1's TaskRunnerV1.run that RPGTaskRunner.run repeats (sha256 of its source, first
@@ -141,8 +141,11 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
         if note:
             print(f"rpg: {note}", flush=True)
     check_verl_rules(config)  # verl's numeric and divisibility rules its workers would hit (one line)
+    use_critic = need_critic(config)
+    for note in set_norm_scale_factor(config, use_critic=use_critic):  # seq-mean-token-sum-norm's constant
+        print(f"rpg: {note}", flush=True)
     print(describe(config, settings), flush=True)
-    check_verl_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    check_verl_config(config, use_reference_policy=need_reference_policy(config), use_critic=use_critic)
     return settings
 
 

@@ -25,8 +25,9 @@ Weights: ``rollout_is_weights`` (verl's rollout correction, pi_old/pi_rollout) m
 loss as in verl's vanilla loss. With a stale sampler the RPG actor loss hands over its own behaviour
 weights b = pi_old/mu instead (``behavior_weights``, ``rpg.behavior``), computed from the micro-batch's
 ``rollout_log_probs``; both at once is an error (a weight applied twice). Either multiplies the whole
-per-token loss, reward and KL term alike, and the loss's metrics become b-weighted (self-normalised)
-means, i.e. estimates under pi_old, the distribution they describe.
+per-token loss, reward and KL term alike, and the loss's metrics become b-weighted means, i.e. estimates under
+pi_old, the distribution they describe (self-normalised over the micro-batch here; the RPG actor loss turns them
+into shares of the mini-batch's mean, ``rpg.verl.actor_loss._global_means``).
 """
 
 from __future__ import annotations
@@ -89,8 +90,10 @@ def _anchor(config) -> Optional[torch.Tensor]:
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """sum(x * m) / sum(m), 0 without weight (a weighted mask may sum to less than 1: no clamp at 1)."""
     m = mask.to(x.dtype)
-    return float((x * m).sum() / m.sum().clamp_min(1.0))
+    total = m.sum()
+    return float((x * m).sum() / total) if total > 0 else 0.0
 
 
 def rpg_policy_loss(
@@ -156,7 +159,7 @@ def _grpo_corrected(old_log_prob, log_prob, advantages, response_mask, loss_agg_
                                log_ratio_guard=settings.log_ratio_guard)
     if settings.kl_clamp is not None:  # value-only guard: clamp the value, keep the gradient
         kl_mat = value_clamp(kl_mat, settings.kl_clamp)
-    # metrics: weighted to pi_old (self-normalised b-weighted means) when weights are given
+    # metrics: weighted to pi_old (b-weighted means over the micro-batch) when weights are given
     stats_mask = mask if rollout_is_weights is None else mask * rollout_is_weights.to(mask.dtype)
     kl_estimate = _masked_mean(kl_mat.detach(), stats_mask)
     if rollout_is_weights is not None:

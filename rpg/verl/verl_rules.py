@@ -117,6 +117,42 @@ def check_verl_rules(cfg) -> None:
                   f"(data.train_batch_size {batch} x rollout.n {n} / {dp} ranks)")
 
 
+NORM_MODE = "seq-mean-token-sum-norm"
+
+
+def set_norm_scale_factor(cfg, use_critic: bool) -> list[str]:
+    """``loss_agg_mode=seq-mean-token-sum-norm`` divides each sequence's token sum by ``loss_scale_factor``; unset,
+    verl's ``agg_loss`` divides by ``loss_mask.shape[-1]`` (verl/trainer/ppo/core_algos.py:1189-1193), which in the
+    v1 trainer is the longest response of each *micro-batch* (samples stay unpadded until a micro-batch is padded
+    to its own longest row: verl/utils/padding.py:113-119), so the update would depend on how rows fall into
+    micro-batches and data-parallel ranks (measured: up to 0.71 relative). verl's docstring says the default is
+    the response length (verl/workers/config/actor.py:124-125): the driver makes that true, writing
+    ``data.max_response_length`` into every unset ``loss_scale_factor`` of a side in this mode (the actor; the
+    critic when one is built: verl/workers/utils/losses.py:196). Returns one line per key it set (the driver
+    prints them); a set value that is not a finite number > 0 raises ``RPGConfigError``."""
+    from omegaconf import OmegaConf, open_dict
+
+    notes = []
+    sides = ["actor_rollout_ref.actor"] + (["critic"] if use_critic else [])
+    for side in sides:
+        mode, key = config_value(cfg, f"{side}.loss_agg_mode", None), f"{side}.loss_scale_factor"
+        value = config_value(cfg, key, None)
+        if value is not None:
+            if mode == NORM_MODE:
+                _finite(cfg, key, strict=True)
+            continue
+        if mode != NORM_MODE:
+            continue
+        length = _positive_int(cfg, "data.max_response_length")
+        node = OmegaConf.select(cfg, side)
+        with open_dict(node):
+            node.loss_scale_factor = length
+        notes.append(f"{side}.loss_agg_mode={NORM_MODE} with {key} unset: set to data.max_response_length={length} "
+                     "(verl would divide by each micro-batch's longest response, so the update would depend on the "
+                     f"micro-batch and data-parallel split; set {key} to choose another constant)")
+    return notes
+
+
 def check_verl_config(cfg, use_reference_policy: bool, use_critic: bool) -> None:
     """verl's own driver check (``verl.utils.config.validate_config``), its refusal as one line: it raises
     ``AssertionError`` or ``ValueError`` with verl's message, or Hydra's ``InstantiationException`` when a
