@@ -60,6 +60,16 @@ def rpg_defaults(mini=MINI_BATCH_SIZE, n=8, validate=False) -> list[str]:
     ]
 
 
+def world_size_overrides(world_size: int) -> list[str]:
+    """The tiny task's batches with 4 responses per prompt (tests/test_verl_reference_resume_e2e.py's PERIODIC_K2:
+    8 responses per mini-batch, 32 per step) served by ``world_size`` ranks, split evenly (the driver refuses
+    micro-batches that do not divide per rank)."""
+    return [f"trainer.n_gpus_per_node={world_size}",  # the harness gives the private Ray that many logical GPUs
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={8 // world_size}",
+            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={32 // world_size}",
+            f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={32 // world_size}"]
+
+
 # float32 rounding of a k3-type mean: exp(x) near 1 is rounded by up to 6e-8 (half an ulp of 1), so
 # w - 1 - log w can come out a few 1e-8 below 0 on a token where w is 1 or nearly
 K3_ROUNDING = 1e-6

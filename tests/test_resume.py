@@ -67,7 +67,8 @@ def _cfg(tmp_path: Path, *overrides: str):
     (tmp_path / "model").mkdir(exist_ok=True)
     base = [f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files=['{tmp_path / 'val.parquet'}']",
             f"actor_rollout_ref.model.path={tmp_path / 'model'}", "trainer.device=cpu",
-            f"trainer.default_local_dir={tmp_path / 'ckpt'}", "trainer.resume_mode=auto"]
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}", "trainer.resume_mode=auto",
+            "trainer.n_gpus_per_node=1"]  # the stand-in checkpoints are world-size-1 saves
     with initialize_config_dir(config_dir=str(ROOT / "recipe" / "rpg" / "config"), version_base=None):
         return compose(config_name="rpg_trainer", overrides=[*base, *overrides])
 

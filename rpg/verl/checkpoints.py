@@ -318,14 +318,29 @@ def _settings_note(folder: Path, settings: dict | None, allow_changed: bool) -> 
                       f"trainer.resume_mode=disable (another trainer.default_local_dir) to train from step 0")
 
 
+def _world_size_note(folder: Path, world_size: int | None, strategy: str) -> str | None:
+    """None if ``folder`` was saved at ``world_size``; what the workers do at another one; ``ResumeError``
+    (one line, both world sizes, the way out) when it cannot be resharded."""
+    if world_size is None:
+        return None
+    from rpg.verl.resume_world_size import world_size_change
+
+    problem, note = world_size_change(folder, world_size, strategy)
+    if problem is not None:
+        raise ResumeError(problem)
+    return note
+
+
 def _join(*parts: str | None) -> str:
     return "; ".join(p for p in parts if p)
 
 
 def plan_resume(mode: str, default_local_dir: str, resume_from_path: str | None = None,
-                settings: dict | None = None, allow_changed: bool = False) -> ResumePlan:
+                settings: dict | None = None, allow_changed: bool = False, world_size: int | None = None,
+                strategy: str = "fsdp2") -> ResumePlan:
     """What the run resumes from (module docstring); ``ResumeError`` when it cannot continue.
-    ``settings``: the run's ``recorded_settings`` (None: not compared)."""
+    ``settings``: the run's ``recorded_settings`` (None: not compared). ``world_size``, ``strategy``: the
+    run's world size and actor strategy (None: not compared; ``rpg.verl.resume_world_size``)."""
     if (why := resume_mode_problem(mode)) is not None:  # never read a typo as auto
         raise ResumeError(why)
     if mode == "disable":
@@ -336,7 +351,8 @@ def plan_resume(mode: str, default_local_dir: str, resume_from_path: str | None 
         if found.problem is not None:
             raise ResumeError(f"cannot resume from trainer.resume_from_path: {found.problem}; {_choices(folder.parent)}")
         return ResumePlan(str(folder), _join(f"resuming from {folder}", found.note,
-                                             _settings_note(folder, settings, allow_changed)))
+                                             _settings_note(folder, settings, allow_changed),
+                                             _world_size_note(folder, world_size, strategy)))
     root = _absolute(str(default_local_dir))
     tracked = tracker_step(root)
     order, ignored = _auto_order(root, tracked)
@@ -357,7 +373,8 @@ def plan_resume(mode: str, default_local_dir: str, resume_from_path: str | None 
                 why = f"the newest complete checkpoint below step {tracked}, which verl's tracker names but cannot be resumed"
             return ResumePlan(str(p), _join(f"resuming from {p}: {why}",
                                             f"skipped: {'; '.join(skipped)}" if skipped else None, ignored_line,
-                                            found.note, _settings_note(p, settings, allow_changed)))
+                                            found.note, _settings_note(p, settings, allow_changed),
+                                            _world_size_note(p, world_size, strategy)))
         skipped.append(found.problem)
     tracker_note = f" ({TRACKER} names step {tracked})" if tracked is not None else ""
     raise ResumeError(f"trainer.resume_mode=auto: no complete checkpoint in {root}{tracker_note}, but training "

@@ -135,10 +135,13 @@ def resolve_resume(cfg) -> str | None:
     from omegaconf import OmegaConf
 
     from rpg.verl.checkpoints import ALLOW_CHANGED, plan_resume, recorded_settings
+    from rpg.verl.resume_world_size import world_size
 
     mode = _get(cfg, "trainer.resume_mode")
     plan = plan_resume(mode, _get(cfg, "trainer.default_local_dir"), _get(cfg, "trainer.resume_from_path"),
-                       settings=recorded_settings(cfg), allow_changed=bool(_get(cfg, ALLOW_CHANGED)))
+                       settings=recorded_settings(cfg), allow_changed=bool(_get(cfg, ALLOW_CHANGED)),
+                       world_size=world_size(_get(cfg, "trainer.n_gpus_per_node"), _get(cfg, "trainer.nnodes")),
+                       strategy=_get(cfg, "actor_rollout_ref.actor.strategy"))
     if plan.folder is not None:
         OmegaConf.update(cfg, "trainer.resume_mode", "resume_path")
         OmegaConf.update(cfg, "trainer.resume_from_path", plan.folder)

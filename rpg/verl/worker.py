@@ -16,7 +16,10 @@ trainer uses with ``DetachActorWorker``). Additions:
   Diagnostics: ``ref_actor_weight_diff`` = max |actor - ref| over local shards,
   ``ref_actor_probe`` = max |logit_actor - logit_ref| and the reference's NLL on a fixed probe
   sequence (what the reference computes);
-  ``save_reference``/``load_reference`` persist the reference shards in a checkpoint.
+  ``save_reference``/``load_reference`` persist the reference shards in a checkpoint (as DTensors:
+  loadable at another world size).
+* checkpoints at another world size (``init_model``): the actor engine's checkpoint manager becomes
+  ``rpg.verl.reshard.ReshardingCheckpointManager`` (verl's, plus loading another world size's shards).
 * schedule-free modes (``sf_set_mode``, ONE_TO_ALL): ``AdamWScheduleFree`` is switched to train
   mode once the model is built (its ``step()`` refuses to run otherwise) and stays there; the
   trainer switches to eval (averaged x weights) only around validation and checkpoint saving.
@@ -36,6 +39,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from rpg.verl.reference_copy import (copy_actor_to_reference, local_shard, max_shard_diff, next_token_nll,
                                      paired_local_shards, probe_logits, probe_token_ids, wait_for_offload_copies)
+from rpg.verl.reshard import ReshardingCheckpointManager, reference_shards, saved_shard
 from rpg.verl.settings import RPG_LOSSES
 
 logger = logging.getLogger(__name__)
@@ -55,6 +59,10 @@ class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
         super().init_model()
         if "actor" not in self.role:
             return
+        # a checkpoint saved at another world size loads resharded (rpg.verl.reshard); verl's own load otherwise
+        engine = self.actor.engine
+        if hasattr(engine, "checkpoint_manager"):
+            engine.checkpoint_manager = ReshardingCheckpointManager.like(engine.checkpoint_manager)
         pl = self.config.actor.policy_loss
         actor_config = self.loss_fn.keywords["config"]
         if pl.get("loss_mode") in RPG_LOSSES:
@@ -144,22 +152,25 @@ class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     @torch.no_grad()
     def save_reference(self, directory: str) -> None:
+        """This rank's reference shards, ``reference_rank_<rank>.pt``: DTensors (FSDP2: the placement is
+        saved with the shard, so another world size can reshard it) or the local tensors (FSDP1)."""
         rank = dist.get_rank() if dist.is_initialized() else 0
         os.makedirs(directory, exist_ok=True)
-        state = {name: r.detach().to("cpu", copy=True) for name, _, r in self._paired_params()}
+        params = dict(self._modules()[1].named_parameters())
+        state = {name: saved_shard(params[name], r) for name, _, r in self._paired_params()}
         torch.save(state, os.path.join(directory, f"reference_rank_{rank}.pt"))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     @torch.no_grad()
     def load_reference(self, directory: str) -> None:
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        path = os.path.join(directory, f"reference_rank_{rank}.pt")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"reference shard {path} is missing (same world size as when saved needed)")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        for name, _, r in self._paired_params():
-            if name not in state or state[name].shape != r.shape:
-                raise ValueError(f"reference shard {path} does not match parameter {name}")
-            r.copy_(state[name].to(device=r.device, dtype=r.dtype))
+        """The reference shards saved by ``save_reference``; saved at another world size (another number of
+        rank files), each rank cuts its shard from the full tensors (``rpg.verl.reshard``)."""
+        shards = {name: r for name, _, r in self._paired_params()}
+        params = dict(self._modules()[1].named_parameters())
+        for name, local in reference_shards(directory, params, list(shards)).items():
+            r = shards[name]
+            if local.shape != r.shape:
+                raise ValueError(f"reference shard in {directory} does not match parameter {name}")
+            r.copy_(local.to(device=r.device, dtype=r.dtype))
         if dist.is_initialized():
             dist.barrier()

@@ -1,0 +1,216 @@
+"""Loading an FSDP2 checkpoint saved at another world size (docs/verl-integration.md, "Resume at another world size").
+
+verl 0.9.1's ``FSDPCheckpointManager`` (the one the v1 engine workers' FSDP engine builds) saves, per rank r
+of a world size S, ``model_world_size_S_rank_r.pt`` (the module's ``state_dict()``: FSDP2 DTensors),
+``optim_world_size_S_rank_r.pt`` (``optimizer.state_dict()``: parameter-index keys, DTensor states) and
+``extra_state_world_size_S_rank_r.pt`` (lr scheduler, the rank's RNG), and loads only the files of its own
+world size. ``ReshardingCheckpointManager`` (installed on the actor's engine by ``rpg.verl.worker``) loads
+the files of the current world size through verl's own ``load_checkpoint``; for another world size it:
+
+1. maps every saved rank's files (``torch.load(mmap=True)``: only the bytes it touches are read);
+2. rebuilds each sharded tensor's full tensor from the saved ranks' local tensors by their DTensor
+   placements (``full_tensor``: Shard(d) mesh dims concatenated in mesh order, Replicate dims read once;
+   FSDP2 shards dim 0 as ``torch.chunk`` does, so the full tensor is the rank-ordered concatenation);
+3. cuts this rank's piece with torch's own ``distribute_tensor(full, mesh, placements, src_data_rank=None)``
+   on the *current* parameter's mesh and placements (no communication: every rank holds the full tensor);
+4. hands verl's own load calls (``module.load_state_dict``, ``optimizer.load_state_dict``,
+   ``lr_scheduler.load_state_dict``) state dicts of exactly the layout a same-world-size checkpoint has.
+
+No collective runs, so no rank can wait on another, and one full tensor lives at a time (peak: the
+mapped files plus one full tensor). Not torch's ``set_model_state_dict``/``set_optimizer_state_dict``
+with ``full_state_dict=True, broadcast_from_rank0=True``: rank 0 would hold the whole model and optimizer
+state at once and broadcast it, and the optimizer path first runs one ``step()`` with lr 0 on zero
+gradients to create the state (``_init_optim_state``); here no optimizer step runs, and the state dicts
+are loaded by the same calls as a same-world-size checkpoint.
+
+The RNG states are per rank and have no counterpart at another world size: they are not restored (the
+ranks keep the state they started with; the driver says so). Nothing in the recipe's update draws
+from them (no dropout in training; rollouts seed their own sampling).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+from rpg.verl.resume_world_size import REFERENCE_FILE, saved_world_sizes, shard_file
+
+logger = logging.getLogger(__name__)
+
+
+def _is_dtensor(t) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def full_tensor(pieces: list) -> torch.Tensor:
+    """The full tensor of one state entry from every saved rank's value (``pieces[r]`` = rank r's).
+
+    DTensors: the saved mesh's rank layout and placements say where each local tensor sits; mesh dims
+    with ``Replicate`` are read at index 0, a ``Shard(d)`` dim is concatenated along ``d`` in mesh order.
+    Plain tensors (buffers, a world-size-1 save, optimizer step counts) are the same on every rank: the
+    first is returned.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+
+    first = pieces[0]
+    if not _is_dtensor(first):
+        return first
+    mesh = first.device_mesh.mesh
+    placements = first.placements
+    shard_dims = [(i, p.dim) for i, p in enumerate(placements) if isinstance(p, Shard)]
+    if len(shard_dims) > 1 or not all(isinstance(p, (Shard, Replicate)) for p in placements):
+        raise ValueError(f"cannot rebuild a tensor with placements {placements} (one Shard(d) mesh dimension supported)")
+    index = [0] * mesh.ndim
+    if not shard_dims:
+        return pieces[int(mesh[tuple(index)])].to_local()
+    mesh_dim, tensor_dim = shard_dims[0]
+    parts = []
+    for i in range(mesh.shape[mesh_dim]):
+        index[mesh_dim] = i
+        parts.append(pieces[int(mesh[tuple(index)])].to_local())
+    full = torch.cat(parts, dim=tensor_dim)
+    if tuple(full.shape) != tuple(first.shape):
+        raise ValueError(f"shards concatenate to {tuple(full.shape)}, the saved global shape is {tuple(first.shape)}")
+    return full
+
+
+def reshard_like(full: torch.Tensor, target) -> torch.Tensor:
+    """``full`` cut like ``target`` (a DTensor of the current world size: its mesh and placements), this
+    rank's piece, by torch's ``distribute_tensor`` without communication; a plain ``target``: ``full``."""
+    if not _is_dtensor(target):
+        return full
+    from torch.distributed.tensor import distribute_tensor
+
+    from torch.distributed.tensor import DTensor
+
+    if tuple(full.shape) != tuple(target.shape):
+        raise ValueError(f"saved tensor of shape {tuple(full.shape)} for a parameter of shape {tuple(target.shape)}")
+    piece = distribute_tensor(full.to(target.device_mesh.device_type), target.device_mesh, target.placements,
+                              src_data_rank=None)
+    # the piece is a view of ``full`` (torch.chunk): a copy of it alone, so that the full tensor is freed
+    return DTensor.from_local(piece.to_local().clone(), target.device_mesh, target.placements, run_check=False,
+                              shape=piece.shape, stride=piece.stride())
+
+
+def load_all(folder: str, kind: str, world_size: int) -> list:
+    """Every saved rank's ``kind`` file of ``world_size``, memory-mapped (rank order)."""
+    return [torch.load(shard_file(folder, kind, world_size, r), map_location="cpu", mmap=True, weights_only=False)
+            for r in range(world_size)]
+
+
+def resharded_state_dict(saved: list[dict], current: dict) -> dict:
+    """A module state dict for this rank from every saved rank's (same keys as ``current``)."""
+    missing, extra = set(current) - set(saved[0]), set(saved[0]) - set(current)
+    if missing or extra:
+        raise ValueError(f"checkpoint keys differ from the module's: missing {sorted(missing)[:3]}, "
+                         f"unexpected {sorted(extra)[:3]}")
+    return {k: reshard_like(full_tensor([s[k] for s in saved]), current[k]) for k in current}
+
+
+def _flat_params(optimizer) -> list:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def resharded_optimizer_state(saved: list[dict], optimizer) -> dict:
+    """An ``optimizer.state_dict()``-layout dict for this rank from every saved rank's: parameter-index
+    keys (the same order at every world size: the module's parameters), each sharded state cut like its
+    parameter; scalars (``step``) and ``param_groups`` from rank 0 (equal on every rank)."""
+    params = _flat_params(optimizer)
+    state = {}
+    for idx, entry in saved[0]["state"].items():
+        if not 0 <= int(idx) < len(params):
+            raise ValueError(f"optimizer state for parameter {idx}, the optimizer has {len(params)}")
+        p = params[int(idx)]
+        state[idx] = {name: (reshard_like(full_tensor([s["state"][idx][name] for s in saved]), p)
+                             if _is_dtensor(value) else value) for name, value in entry.items()}
+    return {"state": state, "param_groups": saved[0]["param_groups"]}
+
+
+def load_resharded(manager, folder: str, saved_world_size: int) -> None:
+    """What ``FSDPCheckpointManager.load_checkpoint`` does, from the files of ``saved_world_size``
+    (module docstring). ``manager``: verl's manager (model, optimizer, lr scheduler, contents to load)."""
+    if manager.should_load_model:
+        saved = load_all(folder, "model", saved_world_size)
+        manager.model.load_state_dict(resharded_state_dict(saved, manager.model.state_dict()))
+        del saved
+    if manager.should_load_optimizer and manager.optimizer is not None:
+        saved = load_all(folder, "optim", saved_world_size)
+        manager.optimizer.load_state_dict(resharded_optimizer_state(saved, manager.optimizer))
+        del saved
+    if manager.should_load_extra:
+        extra = torch.load(shard_file(folder, "extra_state", saved_world_size, 0), map_location="cpu",
+                           weights_only=False)
+        if extra.get("lr_scheduler") is not None and manager.lr_scheduler is not None:
+            manager.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+    logger.warning(f"rank {manager.rank}: loaded {folder} saved at world size {saved_world_size} into world size "
+                   f"{manager.world_size} (resharded); the per-rank RNG state is not restored")
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def saved_shard(param, local: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of ``local`` (this rank's shard of ``param``), as a DTensor with ``param``'s mesh and
+    placements when ``param`` is one (FSDP2), so that another world size can place it; else the copy."""
+    copy = local.detach().to("cpu", copy=True)
+    if not _is_dtensor(param):
+        return copy
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(copy, param.device_mesh, param.placements, run_check=False, shape=param.shape,
+                              stride=param.stride())
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def reference_shards(directory: str, params: dict, names: list[str]) -> dict[str, torch.Tensor]:
+    """{name: this rank's local shard} of the reference saved in ``directory`` (``reference_rank_<r>.pt``,
+    one per saved rank). Saved at this world size: this rank's file; at another: cut from the full
+    tensors like the current parameter ``params[name]`` (``full_tensor``, ``reshard_like``)."""
+    import torch.distributed as dist
+
+    rank, size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    saved = sum(1 for f in os.listdir(directory) if REFERENCE_FILE.fullmatch(f))
+
+    def load(r):
+        path = os.path.join(directory, f"reference_rank_{r}.pt")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"reference shard {path} is missing")
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+
+    if saved == size:
+        state = load(rank)
+        if missing := [n for n in names if n not in state]:
+            raise ValueError(f"reference shard of rank {rank} in {directory} lacks {missing[:3]}")
+        return {n: _local(state[n]) for n in names}
+    states = [load(r) for r in range(saved)]
+    return {n: _local(reshard_like(full_tensor([s[n] for s in states]), params[n])) for n in names}
+
+
+class ReshardingCheckpointManager(FSDPCheckpointManager):
+    """verl's FSDP checkpoint manager; a checkpoint with no file of this world size is loaded resharded
+    (``load_resharded``), one of this world size by verl's own ``load_checkpoint``."""
+
+    @classmethod
+    def like(cls, manager):
+        """``manager`` (verl's ``FSDPCheckpointManager``) rebuilt as this class: the same model, optimizer,
+        scheduler, tokenizer and contents. Any other manager (Megatron, ...) is returned unchanged."""
+        if type(manager) is not FSDPCheckpointManager:
+            return manager
+        return cls(model=manager.model, optimizer=manager.optimizer, lr_scheduler=manager.lr_scheduler,
+                   processing_class=manager.processing_class, checkpoint_config=manager.checkpoint_config,
+                   trust_remote_code=manager.trust_remote_code)
+
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+        if local_path is None or os.path.exists(shard_file(local_path, "model", self.world_size, self.rank)):
+            return super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
+        sizes = saved_world_sizes(local_path)
+        if len(sizes) != 1:  # the driver refuses this before Ray (rpg.verl.resume_world_size)
+            raise FileNotFoundError(f"{local_path}: model files of world sizes {sorted(sizes)}, none of {self.world_size}")
+        load_resharded(self, local_path, sizes.pop())
