@@ -136,8 +136,7 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
                                  f"trainer.v1.trainer_mode={mode} (an asynchronous run's replay buffer and samples in "
                                  "flight are not resumed by the recipe); use trainer.resume_mode=disable or a new "
                                  "trainer.default_local_dir")
-        if note:
-            print(f"rpg: {note}", flush=True)
+        print(f"rpg: {note}", flush=True)  # the resume decision, every run (RESUME_LINE_STARTS)
     check_verl_rules(config)  # verl's numeric and divisibility rules its workers would hit (one line)
     print(describe(config, settings), flush=True)
     check_verl_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
