@@ -302,3 +302,21 @@ def test_ctrl_c_in_the_launcher_before_the_run_is_one_line(capsys, monkeypatch):
     except KeyboardInterrupt:
         pytest.fail("KeyboardInterrupt escaped the launcher: a traceback")
     assert rc == 130 and err == ["rpg.launch: stopped by SIGINT before the run started (nothing was started)"], err
+
+
+# ----------------------------------------------------------------------------- W&B as asked
+
+
+def test_wandb_as_the_user_asked(tmp_path):
+    """Every local run had WANDB_MODE=disabled, whatever the user set or trainer.logger asked: a run with
+    wandb wrote no W&B run, without a word. (A W&B run folder really written: tests/test_launch_cpu_e2e.py.)"""
+    from rpg.launch.harness import build_command
+    from rpg.launch.run_env import wandb_env
+
+    _, env = build_command([], base_env={"WANDB_MODE": "offline"})
+    assert env["WANDB_MODE"] == "offline"  # the user's, not 'disabled'
+    assert wandb_env({"WANDB_MODE": "offline"}, ["console", "wandb"], tmp_path) == {"WANDB_DIR": str(tmp_path)}
+    assert wandb_env({}, ["console", "wandb", "file"], tmp_path) == {"WANDB_DIR": str(tmp_path)}  # W&B's own default mode
+    assert wandb_env({"WANDB_DIR": "/mine"}, "wandb", tmp_path) == {}
+    assert wandb_env({}, ["console", "file"], tmp_path) == {"WANDB_MODE": "disabled"}  # not asked: quiet, as before
+    assert wandb_env({"WANDB_MODE": "offline"}, ["console"], tmp_path) == {}
