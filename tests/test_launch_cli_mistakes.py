@@ -93,7 +93,7 @@ def test_the_tiny_script_refuses_out_as_an_argument(tmp_path):
 
 @pytest.mark.parametrize("extra_env", [{"DRY_RUN": "1"}, {}, {"RPG_BACKEND": "cpu"}])
 def test_an_unknown_key_is_one_line_with_the_closest_key_and_the_plus_hint(extra_env, capsys):
-    """The issue's keys, in the launcher's three local modes (the local GPU run and the CPU backend never
+    """Two mistyped keys, in the launcher's three local modes (the local GPU run and the CPU backend never
     composed before starting)."""
     rc, err, out = _launch([PAPER, "rpg.loss.divergance=fkl", "actor_rollout_ref.actor.optim.lrr=1e-6"], capsys,
                            **extra_env)

@@ -447,12 +447,13 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         from rpg.launch.harness import build_command
 
         argv_cpu, cpu_env = build_command(overrides, entry=str(root / ENTRY), base_env=env)
+        if dry:  # verl's platform is chosen when verl is imported, i.e. by the first composition below
+            os.environ.update({k: cpu_env[k] for k in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")})
         cfg = checked_config(argv_cpu[2:], root / CONFIG_DIR)  # keys and loggers, before anything is built
         if dry:
             from rpg.tiny import build_tiny_assets
 
             build_tiny_assets()  # the input paths are then checked as a run would find them
-            os.environ.update({k: cpu_env[k] for k in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")})
             return _dry_run(v, argv_cpu[2:], argv_cpu, root)
         return _run_cpu(v, overrides, env, root, user, cfg)
     if env.get("RAY_ADDRESS", "").strip():

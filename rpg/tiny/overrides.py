@@ -146,3 +146,19 @@ def with_experiment_name(overrides: list[str], user: list[str] = ()) -> list[str
         return list(overrides)
     rest = [o for o in overrides if override_key(o) != "trainer.experiment_name"]  # the others as written
     return [*rest, f"trainer.experiment_name={experiment_name(overrides)}"]
+
+
+def tiny_overrides(
+    assets: TinyAssets,
+    steps: int = 2,
+    test_freq: int = 1,
+    train_batch_size: int = TRAIN_BATCH_SIZE,
+    n: int = ROLLOUT_N,
+    lr: float = 5e-4,
+    val_n: int = 4,
+    algo: str = "grpo",
+    mini_batch_size: int = MINI_BATCH_SIZE,
+) -> list[str]:
+    """Task + algorithm overrides (``algo`` of TINY_ALGORITHMS; pair them with its entry)."""
+    task = tiny_task_overrides(assets, steps, test_freq, train_batch_size, n, val_n, mini_batch_size)
+    return [*task, *tiny_algorithm(algo, lr)[1]]
