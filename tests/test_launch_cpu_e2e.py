@@ -90,8 +90,8 @@ def test_script_trains_on_cpu_backend(tiny_assets, tmp_path):
     log = (out / "trainer.log").read_text(errors="replace") if (out / "trainer.log").exists() else ""
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:] + log[-3000:]
     assert "[cpu] done: 2 steps" in p.stdout
-    # the driver's resume decision on the terminal (the paper scripts resume by default: nothing saved yet)
-    assert f"[cpu] fresh start (step 0) because {tmp_path / 'ckpt'} holds no checkpoint yet" in p.stdout, p.stdout
+    # the driver's resume decision on the terminal (it was in trainer.log only)
+    assert re.search(rf"^\[cpu\] fresh start \(step 0\) because .*{re.escape(str(tmp_path / 'ckpt'))}", p.stdout, re.M), p.stdout
     # LOGGER=console,wandb on the CPU backend: kept (the harness adds its file logger), and WANDB_MODE=offline
     # honoured: a W&B run folder under the run's output folder (it was WANDB_MODE=disabled: none anywhere)
     wandb_runs = list((out / "wandb").glob("offline-run-*/run-*.wandb"))

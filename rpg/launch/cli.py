@@ -34,8 +34,9 @@ Other variables: MODEL_PATH [variant's HF id], DATA_DIR [<root>/data], TRAIN_FIL
 separated], CKPTS_DIR [<root>/ckpts/$PROJECT_NAME/$EXP_NAME; cpu: the run's own
 $OUT_DIR/checkpoints/$PROJECT_NAME/$EXP_NAME], NNODES [1], N_GPUS_PER_NODE [8],
 LOGGER [console,file], PROJECT_NAME [rpg], EXP_NAME [run name], RAY_JOB_WAIT [0: --no-wait],
-OUT_DIR (cpu) [a new <root>/outputs/cpu/<name>/<time>[-N]; an existing one is resumed into, and a fresh
-start (trainer.resume_mode=disable) in one holding a run is refused: ``rpg.launch.run_dir``].
+OUT_DIR (cpu) [a new <root>/outputs/cpu/<name>/<time>[-N]; the tiny task starts fresh
+(trainer.resume_mode=disable), so one holding a run is refused unless trainer.resume_mode=auto continues it:
+``rpg.launch.run_dir``].
 Before anything starts (every mode): an environment variable given as an argument, a key the composed
 config does not have (the closest key and the ``+`` hint: ``rpg.launch.config_keys``) and a logger verl
 does not know (``LOGGER``, ``trainer.logger``) are one line each, exit 2; Ctrl-C before the run is one line.
