@@ -202,6 +202,9 @@ def test_a_fresh_start_in_a_folder_holding_a_run_is_refused_naming_it_and_the_wa
     # a variant with another name is refused too: its metrics.jsonl would replace this run's
     rc, err, _ = _demo(["--out", out, "rpg.loss.divergence=rkl"], capsys)
     assert rc == 2 and "already holds a run" in err[0], err
+    # ... and continuing "it" under the other variant's name would restart from step 0 over its metrics
+    rc, err, _ = _demo(["--out", out, "rpg.loss.divergence=rkl", "trainer.resume_mode=auto"], capsys)
+    assert rc == 2 and len(err) == 1 and f"holds another run ({ckpt.parent})" in err[0], err
     assert (out / "metrics.jsonl").read_text() == before and ckpt.is_dir()
 
 
@@ -231,7 +234,12 @@ def test_fresh_start_rules(tmp_path):
         check_fresh_start(out, mode, ckpt.parent, "OUT=...")
     with pytest.raises(RunDirError, match=rf"checkpoints {re.escape(str(ckpt))}\)"):
         check_fresh_start(out, "disable", ckpt.parent, "OUT=...")
+    # auto under another variant's name: nothing of its own to resume, it would replace the other's metrics
+    rkl = out / "checkpoints" / "rpg_tiny" / "tiny_rpg_reinforce_rkl"
+    with pytest.raises(RunDirError, match=rf"holds another run \({re.escape(str(ckpt.parent))}\), and "):
+        check_fresh_start(out, "auto", rkl, "OUT=...")
     (out / "metrics.jsonl").unlink()
+    check_fresh_start(out, "auto", rkl, "OUT=...")  # no metrics to replace
     with pytest.raises(RunDirError, match="already holds a run"):  # checkpoints alone are a run too
         check_fresh_start(out, "disable", ckpt.parent, "OUT=...")
 

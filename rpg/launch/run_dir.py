@@ -11,7 +11,9 @@
   starts, in ONE line naming what was found and the two ways on: another output folder, or
   ``trainer.resume_mode=auto`` to continue it (as Hugging Face's Trainer refuses a non-empty
   ``output_dir`` unless told). A resume (``auto``, ``resume_path``) is checked by the driver instead
-  (``rpg.verl.checkpoints``: the checkpoint, its integrity and the settings it was trained with).
+  (``rpg.verl.checkpoints``: the checkpoint, its integrity and the settings it was trained with), but for
+  one case the driver cannot see: ``auto`` with nothing to resume under this run's experiment name while
+  the folder holds another variant's run (its metrics would be replaced from step 0).
 """
 
 from __future__ import annotations
@@ -85,9 +87,24 @@ def run_found(out: Path | str, ckpt_root: Path | str | None) -> str | None:
     return " and ".join(parts) or None
 
 
+def _check_other_run(out: Path, ckpt_root: Path, another: str) -> None:
+    """``trainer.resume_mode=auto`` with nothing to resume in this run's checkpoint folder, in an output folder
+    holding another run (metrics, and checkpoints under another experiment name beside this run's: another
+    variant, ``checkpoints/<project>/<other>``): the run would start at step 0 and replace that run's metrics."""
+    if _checkpoints(ckpt_root) or not ckpt_root.parent.is_dir() or not _metric_steps(out):
+        return
+    others = sorted(d for d in ckpt_root.parent.iterdir() if d.is_dir() and d != ckpt_root and _checkpoints(d))
+    if others:
+        raise RunDirError(f"{out} holds another run ({others[0]}), and {ckpt_root} has no checkpoint to resume: "
+                          f"trainer.resume_mode=auto would start at step 0 and replace that run's {METRICS_FILE}; "
+                          f"choose another output folder ({another}), or resume that run with its own settings")
+
+
 def check_fresh_start(out: Path | str, resume_mode, ckpt_root: Path | str | None, another: str) -> None:
     """``RunDirError`` (one line) when a fresh start (``resume_mode=disable``) would overwrite the run that
     ``out`` holds; ``another``: how the user names another output folder (``OUT=... (--out)``, ``OUT_DIR=...``)."""
+    if resume_mode == "auto" and ckpt_root is not None:
+        _check_other_run(Path(out), Path(ckpt_root), another)
     if resume_mode != "disable":
         return
     found = run_found(out, ckpt_root)
