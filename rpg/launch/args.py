@@ -21,7 +21,7 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 
-from rpg.launch.overrides import OverrideSyntaxError, Parsed, check_user_overrides, parse_one
+from rpg.launch.overrides import OverrideSyntaxError, Parsed, check_user_overrides
 
 
 class EnvVarArgumentError(OverrideSyntaxError):
@@ -54,11 +54,6 @@ def is_env_var_key(key: str) -> bool:
     return "." not in key and key.upper() == key and any(c.isalpha() for c in key)
 
 
-def usage_env_vars(env_vars: Mapping[str, str], width: int = 100, indent: str = "  ") -> str:
-    """The usage's list of environment variables (``NAME: what it sets``), one per line."""
-    return "\n".join(f"{indent}{name}: {what}"[:width * 2] for name, what in env_vars.items())
-
-
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
@@ -84,10 +79,3 @@ class OneLineParser(argparse.ArgumentParser):
         print(f"{self.prefix} {message}; see --help", file=sys.stderr, flush=True)
         sys.exit(2)
 
-
-def parsed_key(arg: str) -> str | None:
-    """The key an override sets, None when Hydra cannot read it."""
-    try:
-        return parse_one(arg).key
-    except OverrideSyntaxError:
-        return None

@@ -58,7 +58,7 @@ from pathlib import Path
 from rpg.backends.cpu.settings import cpu_env, cpu_overrides
 from rpg.launch.overrides import merge_overrides, values
 from rpg.launch.run_env import ray_auth_env, wandb_env
-from rpg.launch.run_dir import new_run_dir as unique_run_dir  # noqa: F401  (the launchers' import; rpg.launch.run_dir)
+from rpg.launch.run_dir import new_run_dir as unique_run_dir  # noqa: F401  (earlier name, kept for importers: rpg.launch.run_dir)
 from rpg.reports import history
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
 
