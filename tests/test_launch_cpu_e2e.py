@@ -16,6 +16,9 @@ verl's trainer through the same launcher path for 2 steps. The one run also chec
   (``rpg.validation.samples_per_problem``, logged as mean@1, scored by Math-Verify inside the Ray reward
   worker) while the other rows get ``val_kwargs.n`` samples (mean@4 here), in the same validation.
 
+* the launcher's terminal: the driver's resume decision; ``LOGGER=console,wandb`` with ``WANDB_MODE=offline``
+  writes a W&B run folder under the run's output folder (wandb as the user asked; no account needed).
+
 User overrides (they win over the script's values, as for every launch): the mixed validation file
 (validated before training and after step 2), lr 5e-4 without warm-up (the script's 5e-7 would not move
 the tiny model measurably in 2 steps), the clip band, the fixed reference and a checkpoint at step 2.
@@ -77,7 +80,9 @@ def test_script_trains_on_cpu_backend(tiny_assets, tmp_path):
     # the launcher's rpg may come from another tree (an editable install elsewhere): reuse this session's
     # tiny build whatever its project root (a cold build there cost 12 of 14 minutes on a loaded machine)
     env.update(PYTHON=sys.executable, RPG_BACKEND="cpu", OUT_DIR=str(out), CPU_TIMEOUT="600",
-               RPG_TINY_CACHE=str(tiny_assets.root.parent), CKPTS_DIR=str(tmp_path / "ckpt"))
+               RPG_TINY_CACHE=str(tiny_assets.root.parent), CKPTS_DIR=str(tmp_path / "ckpt"),
+               LOGGER="console,wandb", WANDB_MODE="offline")  # W&B as asked; offline: no account
+    env.pop("WANDB_DIR", None)
     p = subprocess.run(["bash", str(SCRIPT), "trainer.total_training_steps=2", "trainer.test_freq=2", f"data.val_files=[{val}]",
                         "trainer.save_freq=2", "rpg.reference.mode=fixed", *NARROW_CLIP_OVERRIDES,
                         "actor_rollout_ref.actor.optim.lr=5e-4", "actor_rollout_ref.actor.optim.lr_warmup_steps=0"],
@@ -85,6 +90,12 @@ def test_script_trains_on_cpu_backend(tiny_assets, tmp_path):
     log = (out / "trainer.log").read_text(errors="replace") if (out / "trainer.log").exists() else ""
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:] + log[-3000:]
     assert "[cpu] done: 2 steps" in p.stdout
+    # the driver's resume decision on the terminal (it was in trainer.log only)
+    assert re.search(rf"^\[cpu\] fresh start \(step 0\) because .*{re.escape(str(tmp_path / 'ckpt'))}", p.stdout, re.M), p.stdout
+    # LOGGER=console,wandb on the CPU backend: kept (the harness adds its file logger), and WANDB_MODE=offline
+    # honoured: a W&B run folder under the run's output folder (it was WANDB_MODE=disabled: none anywhere)
+    wandb_runs = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(wandb_runs) == 1 and wandb_runs[0].stat().st_size > 0, sorted(out.rglob("*"))[:50]
 
     metrics = read_metrics(out / "metrics.jsonl")
     run = _Run(metrics, log)

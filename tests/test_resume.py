@@ -815,3 +815,72 @@ def test_an_unknown_resume_mode_is_refused_not_read_as_auto(tmp_path, mode):
     cfg = OmegaConf.create({"trainer": {"project_name": "p", "experiment_name": "e", "resume_mode": mode}})
     with pytest.raises(RPGConfigError, match="allowed values: auto, disable, resume_path"):
         check_run_names(cfg)
+
+
+# ----------------------------------------------------------------------------- the decision on the terminal, the trainer mode
+
+
+def test_every_run_prints_its_resume_decision_and_the_launchers_show_it(tmp_path, capsys):
+    """The driver printed a line only when it resumed; a fresh start said nothing, and the launchers showed
+    none of it (trainer.log only). Now one line per run, which both launchers put on the terminal."""
+    from rpg.backends.cpu.run import StartupProgress
+    from rpg.launch.harness import resume_decision
+
+    _prepare(_cfg(tmp_path, "trainer.resume_mode=disable"))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if resume_decision(ln)]
+    assert lines == [f"rpg: fresh start (step 0) because trainer.resume_mode=disable; checkpoints go to {tmp_path / 'ckpt'}"]
+    _prepare(_cfg(tmp_path))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if resume_decision(ln)]
+    assert lines == [f"rpg: fresh start (step 0) because {tmp_path / 'ckpt'} holds no checkpoint yet "
+                     "(trainer.resume_mode=auto)"]
+    root = tmp_path / "ckpt"
+    _ckpt(root, 2)
+    shard = _ckpt(root, 4, tracker=True) / "actor" / "model_world_size_1_rank_0.pt"
+    _flip_byte(shard)
+    _prepare(_cfg(tmp_path))
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if resume_decision(ln)]
+    assert line.startswith(f"rpg: resuming from {root / 'global_step_2'}: ") and f"skipped: {shard}: corrupted" in line
+
+    progress = StartupProgress(heartbeat_s=60)  # the demo's terminal
+    progress.on_line(line + "\n")
+    progress.finish()
+    progress.on_line("rpg: fresh start (step 0) because x\n")  # before or after the first metrics
+    assert capsys.readouterr().out.splitlines() == [f"[tiny] {resume_decision(line)}", "[tiny] fresh start (step 0) because x"]
+
+
+def test_the_cpu_launcher_shows_the_resume_decision(tmp_path, capsys, monkeypatch):
+    from rpg.launch import harness
+    from rpg.launch.cli import main
+
+    def fake_run(overrides, *, output_dir, on_line=None, **kwargs):
+        on_line("rpg: resuming from /x/global_step_2: step 2, named by verl's tracker\n")
+        on_line("(TaskRunner pid=1) anything else\n")
+        return harness.TrainerRun(0, 0.0, Path(output_dir), Path(output_dir) / "trainer.log",
+                                  Path(output_dir) / "metrics.jsonl", [], list(overrides))
+
+    monkeypatch.setattr(harness, "run_trainer", fake_run)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CKPTS_DIR", "LOGGER", "DRY_RUN")}
+    assert main(["run_rpg_7b_ufkl1e-4"], env={**env, "RPG_BACKEND": "cpu", "OUT_DIR": str(tmp_path / "o")}) == 0
+    out = capsys.readouterr().out
+    assert "[cpu] resuming from /x/global_step_2: step 2, named by verl's tracker\n" in out and "anything" not in out
+
+
+def test_a_sync_resume_of_an_async_runs_checkpoint_is_refused(tmp_path):
+    """trainer.v1.trainer_mode changes the estimator (colocate_async weights each token by pi_old/mu): a
+    checkpoint records it and a resume in another mode is refused as for any recorded setting."""
+    from rpg.verl.checkpoints import recorded_settings, resume_keys
+
+    for key in ("trainer.v1.trainer_mode", "algorithm.norm_adv_by_std_in_grpo", "algorithm.use_kl_in_reward",
+                "algorithm.rollout_correction.rollout_is"):
+        assert key in resume_keys(), key
+    root = tmp_path / "ckpt"
+    d = _ckpt(root, 2, tracker=True)
+    saved = recorded_settings(_applied_cfg(tmp_path))
+    assert saved["trainer.v1.trainer_mode"] == "sync"
+    write_marker(d, 2, {**saved, "trainer.v1.trainer_mode": "colocate_async"})
+    with pytest.raises(ResumeError) as err:
+        _prepare(_cfg(tmp_path))
+    assert "trainer.v1.trainer_mode: 'colocate_async' -> 'sync'" in str(err.value) and "\n" not in str(err.value)
+    allowed = _cfg(tmp_path, "rpg.resume.allow_changed_settings=true")
+    _prepare(allowed)
+    assert allowed.trainer.resume_from_path == str(d)

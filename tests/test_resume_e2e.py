@@ -102,7 +102,7 @@ def stopped(tiny_assets, tmp_path_factory):
                     os.kill(pid, signal.SIGKILL)
         if p.poll() is None:
             p.kill()
-    found.returncode, found.err_lines = p.returncode, err_lines
+    found.returncode, found.err_lines, found.stdout = p.returncode, err_lines, stdout
     found.log = (out / "trainer.log").read_text(errors="replace")
     found.metrics = read_metrics(out / "metrics.jsonl")
     return found
@@ -119,6 +119,10 @@ def test_sighup_to_the_tiny_launcher_stops_every_process_with_one_line(stopped):
     assert 2 <= int(re.search(r"global_step_(\d+)$", ckpt).group(1)) < 5, lines[0]  # step 2 is logged after its save
     assert f"--out {stopped.out}" in lines[0] and lines[0].endswith("trainer.resume_mode=auto")
     assert "rpg: stopped by SIGTERM; Ray shut down" in stopped.log  # the driver's own handler ran
+    # the driver's resume decision reached the demo's terminal (it was in trainer.log only)
+    ckpts = stopped.out / "checkpoints" / "rpg_tiny" / "tiny_rpg_reinforce_ufkl"
+    assert f"[tiny] fresh start (step 0) because trainer.resume_mode=disable; checkpoints go to {ckpts}\n" \
+        in "".join(stopped.stdout), "".join(stopped.stdout)[-3000:]
 
 
 def test_rpg_fd_and_reinforce_ufkl_sampler_anchor_same_first_update(cpu_trainer, tmp_path, stopped):

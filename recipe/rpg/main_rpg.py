@@ -26,8 +26,12 @@ def main(config):
 
 if __name__ == "__main__":
     exit_on_bad_argv(sys.argv[1:], "rpg config error")
-    # verl's import (seconds) once the command line is known to be readable, and before Hydra sets up
-    # logging: its warnings of a GPU-less machine go to stderr, not to Hydra's job log on stdout
-    import rpg.verl.main  # noqa: F401
+    try:  # Ctrl-C while verl is imported or Hydra composes (before rpg.verl.main's own stop handling): one line
+        # verl's import (seconds) once the command line is known to be readable, and before Hydra sets up
+        # logging: its warnings of a GPU-less machine go to stderr, not to Hydra's job log on stdout
+        import rpg.verl.main  # noqa: F401
 
-    main()
+        main()
+    except KeyboardInterrupt:
+        print("rpg: stopped by SIGINT while starting (before Ray: nothing was started)", file=sys.stderr, flush=True)
+        sys.exit(130)

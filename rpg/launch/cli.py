@@ -37,7 +37,12 @@ separated], CKPTS_DIR [<root>/ckpts/$PROJECT_NAME/$EXP_NAME; cpu: the run's own
 $OUT_DIR/checkpoints/$PROJECT_NAME/$EXP_NAME], NNODES [1], N_GPUS_PER_NODE [8; cpu: 1, the
 CPU backend's FSDP ranks],
 LOGGER [console,file], PROJECT_NAME [rpg], EXP_NAME [run name], RAY_JOB_WAIT [0: --no-wait],
-OUT_DIR (cpu) [a new <root>/outputs/cpu/<name>/<time>[-N]; an existing one is resumed into].
+OUT_DIR (cpu) [a new <root>/outputs/cpu/<name>/<time>[-N]; the tiny task starts fresh
+(trainer.resume_mode=disable), so one holding a run is refused unless trainer.resume_mode=auto continues it:
+``rpg.launch.run_dir``].
+Before anything starts (every mode): an environment variable given as an argument, a key the composed
+config does not have (the closest key and the ``+`` hint: ``rpg.launch.config_keys``) and a logger verl
+does not know (``LOGGER``, ``trainer.logger``) are one line each, exit 2; Ctrl-C before the run is one line.
 PROJECT_NAME and EXP_NAME name directories: '/', '\\', '.', '..' are refused (one line, exit 2).
 Relative paths given by the user are taken relative to the current directory; defaults are
 relative to the project root (``RPG_CLUSTER_ROOT`` for a Ray submission).
@@ -56,16 +61,39 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from rpg.launch.args import read_overrides
+from rpg.launch.config_keys import RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME, checked_config, compose_config, logger_problem
 from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides, merge_overrides, override_key, values
+from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root
 from rpg.launch.variants import (GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse,
                                  to_overrides)
-from rpg.reports.history import logs_to_file
 from rpg.verl.preflight import InputPathError, error_line, input_path_problems, name_problem
 from rpg.verl.settings import RPGConfigError, resume_hint
 
 ENTRY = Path("recipe") / "rpg" / "main_rpg.py"
-CONFIG_DIR = Path("recipe") / "rpg" / "config"
-CONFIG_NAME = "rpg_trainer"
+CONFIG_DIR, CONFIG_NAME = RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME
+# The launcher's environment variables, declared once: the usage lists them, and one given as an argument
+# (``OUT_DIR=runs/x`` after the script) is refused in one line saying where it goes (rpg.launch.args).
+ENV_VARS = {
+    "DRY_RUN": "1: compose, check and print the config and the command, start nothing",
+    "RPG_BACKEND": "gpu (default) or cpu (the tiny model/task on the CPU backend)",
+    "RAY_ADDRESS": "submit to this Ray cluster (ray job submit)",
+    "RPG_CLUSTER_ROOT": "the project's checkout on the cluster nodes",
+    "RAY_JOB_WAIT": "1: wait for the submitted job",
+    "RAY_PYTHON": "the cluster's Python",
+    "MODEL_PATH": "the model (default: the variant's)",
+    "DATA_DIR": "the data folder", "TRAIN_FILE": "the training file", "VAL_FILES": "the validation files",
+    "CKPTS_DIR": "the checkpoint folder",
+    "NNODES": "nodes", "N_GPUS_PER_NODE": "GPUs per node",
+    "LOGGER": "trainer.logger, comma separated (verl's loggers)",
+    "PROJECT_NAME": "trainer.project_name", "EXP_NAME": "trainer.experiment_name",
+    "OUT_DIR": "the output folder of a CPU run",
+    "CPU_TIMEOUT": "seconds before a CPU run is killed", "CPU_ECHO": "1: show a CPU run's full output",
+    "RPG_CPU_ROLLOUT": "hf or vllm, a CPU run's rollout",
+    "RPG_GPU_MEM_GIB": "the GPU's memory for the estimate", "RPG_HOST_MEM_GIB": "the node's RAM for the estimate",
+    "VERL_FILE_LOGGER_ROOT": "where verl's file logger writes", "TENSORBOARD_DIR": "TensorBoard's folder",
+    "PYTHON": "the Python of the launch scripts",
+}
 # Forwarded to the Ray job when set (never secrets: log in to W&B / HF on the nodes instead).
 FORWARD_ENV = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE",
                "WANDB_ENTITY", "WANDB_DIR", "VLLM_USE_V1", "NCCL_DEBUG")
@@ -235,15 +263,16 @@ def finalize(overrides: list[str], user: Sequence[str]) -> list[str]:
 
 def tiny_overrides_for_cpu(steps: int = 2, world_size: int = 1) -> list[str]:
     """The tiny task's model/data/size/schedule overrides (rpg.tiny), without any algorithm keys, with
-    micro-batches split over ``world_size`` ranks (``LaunchError`` when they cannot be)."""
-    from rpg.tiny import build_tiny_assets
+    micro-batches split over ``world_size`` ranks (``LaunchError`` when they cannot be); the assets' paths are
+    where ``build_tiny_assets`` puts them (built later: the command line is checked first)."""
+    from rpg.tiny.build import TinyAssets, builder_key, default_cache_root
     from rpg.tiny.overrides import check_world_size, tiny_task_overrides
 
     try:
         check_world_size(world_size)
     except ValueError as e:
         raise LaunchError(f"RPG_BACKEND=cpu: {e}") from None
-    return tiny_task_overrides(build_tiny_assets(), steps=steps, world_size=world_size)
+    return tiny_task_overrides(TinyAssets.at(default_cache_root() / builder_key()), steps=steps, world_size=world_size)
 
 
 def cpu_world_overrides(env: Mapping[str, str]) -> list[str]:
@@ -277,7 +306,6 @@ def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, r
     groups = [to_overrides(v), env_ov]
     if cpu:
         from rpg.backends.cpu.settings import cpu_overrides
-
         from rpg.backends.cpu.world import world_size_of
 
         cpu_keys = {override_key(o) for o in cpu_overrides()}
@@ -292,9 +320,7 @@ def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, r
             names = values(groups[1])
             ckpts = cpu_checkpoint_dir(names["trainer.project_name"], names["trainer.experiment_name"])
             groups.append([f"trainer.default_local_dir={hq(ckpts)}"])
-        loggers = values(groups[1]).get("trainer.logger")
-        if not logs_to_file(loggers):
-            groups.append(["trainer.logger=['console','file']"])  # the harness reads verl's file logger
+        # LOGGER's loggers are kept; the harness adds verl's file logger when missing (it reads its records)
     return finalize(merge_overrides(*groups, list(user)), user), job_env
 
 
@@ -309,17 +335,9 @@ def compose(overrides: Sequence[str], root: Path | None = None):
     Input paths and this node's GPUs are not checked here (``rpg.verl.preflight.input_path_problems``,
     ``gpu_node_warnings``).
     """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from rpg.verl.main import prepare_config
-
     root = root or project_root()
-    if GlobalHydra.instance().is_initialized():
-        GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(root / CONFIG_DIR), version_base=None):
-        cfg = hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides))
+    cfg = compose_config(overrides, root / CONFIG_DIR, CONFIG_NAME)  # an unknown key: one line (rpg.launch.config_keys)
+    from rpg.verl.main import prepare_config  # after: its import warns of a GPU-less machine
     settings = prepare_config(cfg, check_paths=False, check_node=False)  # the caller's warning or note
     return cfg, settings
 
@@ -340,6 +358,13 @@ def ray_command(overrides: Sequence[str], env: Mapping[str, str], job_env: Mappi
         cmd.append("--no-wait")
     python = env.get("RAY_PYTHON", "").strip() or "python3"
     return [*cmd, "--", python, str(cluster_root(env, root) / ENTRY), *overrides]
+
+
+def script_command(name: str, root: Path) -> str:
+    """How a run is launched, for a line that shows where an environment variable goes: its paper script
+    (``bash recipe/rpg/4b/<name>.sh``), else ``python -m rpg.launch <name>``."""
+    scripts = sorted((root / "recipe" / "rpg").glob(f"*/{name}.sh"))
+    return f"bash {scripts[0].relative_to(root)}" if scripts else f"python -m rpg.launch {name}"
 
 
 def describe_variant(v: Variant) -> str:
@@ -384,23 +409,33 @@ def _check_data_files(overrides: Sequence[str]) -> None:
 
 USAGE = f"""usage: python -m rpg.launch RUN_NAME [hydra overrides ...]   (or recipe/rpg/{{7b,4b}}/RUN_NAME.sh [overrides])
        python -m rpg.launch --describe RUN_NAME [--full] [--gpu-mem-gib G] [--host-mem-gib H] [hydra overrides ...] | --list
-environment: DRY_RUN=1, RPG_GPU_MEM_GIB, RPG_HOST_MEM_GIB, RPG_BACKEND=cpu, RAY_ADDRESS, MODEL_PATH, DATA_DIR, TRAIN_FILE, VAL_FILES, CKPTS_DIR,
-             NNODES, N_GPUS_PER_NODE, LOGGER, PROJECT_NAME, EXP_NAME (docs/launch-scripts.md)
+environment (docs/launch-scripts.md):
+{chr(10).join(f"  {name}: {what}" for name, what in ENV_VARS.items())}
 run names:
 {GRAMMAR}"""
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    from rpg.launch.signals import StopSignal, raise_on_stop_signals
+
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if env is None else env)
+    handlers = raise_on_stop_signals()  # Ctrl-C (or SIGHUP/SIGTERM) before or after a run: one line, 128 + signum
     try:
         return _main(argv, env)
-    except (LaunchError, VariantNameError, OverrideSyntaxError) as e:
+    except StopSignal as e:  # during a CPU run the harness handles it (its stop line) and returns
+        handlers.hold()
+        print(f"rpg.launch: stopped by {e.name} before the run started (nothing was started)", file=sys.stderr,
+              flush=True)
+        return e.code
+    except (LaunchError, VariantNameError, OverrideSyntaxError, RunDirError) as e:
         print(f"rpg.launch: {e}", file=sys.stderr)
         return 2
     except RPGConfigError as e:  # from the driver-side checks (compose): the driver's own line
         print(error_line(e), file=sys.stderr)
         return 2
+    finally:
+        handlers()
 
 
 def _main(argv: list[str], env: dict[str, str]) -> int:
@@ -415,6 +450,9 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     v = parse(argv[0])
     user = argv[1:]
     root, cwd = project_root(), Path.cwd()
+    read_overrides(user, ENV_VARS, script_command(v.name, root))
+    if env.get("LOGGER", "").strip() and (why := logger_problem(split_list(env["LOGGER"]), "LOGGER")) is not None:
+        raise LaunchError(why)
     backend = env.get("RPG_BACKEND", "").strip().lower() or "gpu"
     if backend not in ("gpu", "cpu"):
         raise LaunchError(f"RPG_BACKEND={env['RPG_BACKEND']!r} is invalid; allowed values: gpu, cpu")
@@ -433,14 +471,21 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         from rpg.launch.harness import build_command
 
         argv_cpu, cpu_env = build_command(overrides, entry=str(root / ENTRY), base_env=env)
-        if dry:
+        if dry:  # verl's platform is chosen when verl is imported, i.e. by the first composition below
             os.environ.update({k: cpu_env[k] for k in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")})
+        cfg = checked_config(argv_cpu[2:], root / CONFIG_DIR)  # keys and loggers, before anything is built
+        if dry:
+            from rpg.tiny import build_tiny_assets
+
+            build_tiny_assets()  # the input paths are then checked as a run would find them
             return _dry_run(v, argv_cpu[2:], argv_cpu, root)
-        return _run_cpu(v, overrides, env, root, user)
+        return _run_cpu(v, overrides, env, root, user, cfg)
     if env.get("RAY_ADDRESS", "").strip():
         cmd = ray_command(overrides, env, job_env, root)
     else:
         cmd = local_command(overrides, root)
+        if not dry:  # keys and loggers (DRY_RUN and a submission compose with the driver's checks below)
+            checked_config(overrides, root / CONFIG_DIR)
     if dry:
         return _dry_run(v, overrides, cmd, root, sizes=_mem_sizes(env), run_root=cluster_root(env, root), gpu_env=env)
     if not env.get("RAY_ADDRESS", "").strip():  # data files and their reward: the driver's lines, exit 2, nothing started
@@ -597,18 +642,33 @@ def _check_cpu_rollout(env: Mapping[str, str], dry: bool) -> None:
         raise LaunchError("; ".join(errors))
 
 
-def _run_cpu(v: Variant, overrides: Sequence[str], env: Mapping[str, str], root: Path, user: Sequence[str] = ()) -> int:
+def _run_cpu(v: Variant, overrides: Sequence[str], env: Mapping[str, str], root: Path, user: Sequence[str] = (),
+             cfg=None) -> int:
     """The run through the CPU harness; exit code: 0, the trainer's own (2: bad config), 128 + signum
-    when a stop signal ended it (one line: log, last complete checkpoint, resume command), else 1."""
-    from rpg.launch.harness import TrainerRunError, report_failure, run_trainer, unique_run_dir
+    when a stop signal ended it (one line: log, last complete checkpoint, resume command), else 1.
+    ``cfg``: the run's composed config (its resume mode and checkpoint folder: ``rpg.launch.run_dir``)."""
+    from rpg.launch.harness import TrainerRunError, report_failure, resume_decision, run_trainer
+    from rpg.launch.run_dir import new_run_dir
+    from rpg.tiny import build_tiny_assets
 
     raw = env.get("OUT_DIR", "").strip()
-    out = Path(_abs(raw, Path.cwd())) if raw else unique_run_dir(root / "outputs" / "cpu" / v.name)
     timeout = _seconds_env(env, "CPU_TIMEOUT", 1800.0)
+    echo = _truthy(env, "CPU_ECHO")
+    if raw and cfg is not None:  # a fresh start never overwrites the run a named folder holds
+        check_fresh_start(Path(_abs(raw, Path.cwd())), cfg.trainer.resume_mode,
+                          checkpoint_root(Path(_abs(raw, Path.cwd())), str(cfg.trainer.default_local_dir)),
+                          another="OUT_DIR=...; unset, a new folder per run")
+    build_tiny_assets()
+    out = Path(_abs(raw, Path.cwd())) if raw else new_run_dir(root / "outputs" / "cpu" / v.name)
     print(describe_variant(v) + f"\n[cpu] backend=cpu, tiny model/task; output {out}", flush=True)
+
+    def on_line(line: str) -> None:  # the driver's resume decision, on the terminal (--echo shows everything)
+        if not echo and (decision := resume_decision(line)) is not None:
+            print(f"[cpu] {decision}", flush=True)
+
     try:
-        run = run_trainer(overrides, output_dir=out, entry=str(root / ENTRY), timeout_s=timeout,
-                          echo=_truthy(env, "CPU_ECHO"))
+        run = run_trainer(overrides, output_dir=out, entry=str(root / ENTRY), timeout_s=timeout, echo=echo,
+                          on_line=on_line)
     except TrainerRunError as e:
         resume = f"OUT_DIR={shlex.quote(str(out))} " + shlex.join(
             [sys.executable, "-m", "rpg.launch", v.name, *merge_overrides(user, ["trainer.resume_mode=auto"])])

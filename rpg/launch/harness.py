@@ -58,7 +58,8 @@ from pathlib import Path
 from rpg.backends.cpu.settings import cpu_env, cpu_overrides
 from rpg.backends.cpu.world import world_size_of
 from rpg.launch.overrides import merge_overrides, values
-from rpg.launch.run_env import ray_auth_env
+from rpg.launch.run_env import ray_auth_env, wandb_env
+from rpg.launch.run_dir import new_run_dir as unique_run_dir  # noqa: F401  (earlier name, kept for importers: rpg.launch.run_dir)
 from rpg.reports import history
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
 
@@ -202,13 +203,18 @@ def _entry_argv(entry: str) -> list[str]:
 
 
 def _with_file_logger(overrides: list[str]) -> list[str]:
+    """``trainer.logger`` with verl's ``file`` logger added when missing (the harness reads its records:
+    ``metrics.jsonl``); the user's other loggers are kept."""
     set_values = values(overrides)
     if "trainer.logger" not in set_values:
         return overrides + ["trainer.logger=['console','file']"]
     loggers = set_values["trainer.logger"]
-    if not history.logs_to_file(loggers):
-        raise ValueError(f"trainer.logger must include 'file' for the harness to read metrics, got {loggers!r}")
-    return overrides
+    loggers = [loggers] if isinstance(loggers, str) else list(loggers or [])
+    if history.logs_to_file(loggers):
+        return overrides
+    if any("'" in str(n) for n in loggers):
+        raise ValueError(f"trainer.logger={loggers!r}: a logger name cannot hold a quote")
+    return merge_overrides(overrides, ["trainer.logger=[" + ",".join(f"'{n}'" for n in [*loggers, "file"]) + "]"])
 
 
 BACKENDS = ("cpu", "gpu")
@@ -246,6 +252,14 @@ def build_command(
             nnodes, gpus = 1, 1
         ov = _with_file_logger(merge_overrides(cpu_overrides(env, nnodes, gpus), overrides))
     return [sys.executable, *_entry_argv(entry), *ov], env
+
+
+def trainer_overrides(overrides: Iterable[str] = (), entry: str = DEFAULT_ENTRY, base_env: Mapping[str, str] | None = None,
+                      backend: str = "cpu") -> list[str]:
+    """The overrides the trainer of ``run_trainer`` gets (the backend's, then ``overrides``; no process started):
+    what a launcher checks against the composed config before it starts anything."""
+    argv, _ = build_command(overrides, entry, (), base_env, backend)
+    return argv[1 + len(_entry_argv(entry)):]
 
 
 def run_trainer(
@@ -294,6 +308,8 @@ def run_trainer(
         [*overrides, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"], entry, extra_modules, base, backend
     )
     run_env["PYTHONUNBUFFERED"] = "1"
+    run_overrides = argv[1 + len(_entry_argv(entry)):]  # after python and the entry
+    run_env.update(wandb_env(base, values(run_overrides).get("trainer.logger"), out))  # W&B as the user asked, else quiet
     run_env.update(ray_auth_env(base))  # the run's Ray cluster: token authentication, a token of its own
     if backend == "cpu":
         # torch.distributed's rendezvous through a file in the run's private directory instead of a TCPStore,
@@ -308,7 +324,7 @@ def run_trainer(
     # with it. A user's value wins.
     run_env.setdefault("VLLM_RPC_BASE_PATH", ray_tmp)
     run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv, cwd=Path(cwd or out).resolve(),
-                     overrides=argv[1 + len(_entry_argv(entry)):])  # after python and the entry
+                     overrides=run_overrides)
     if stop is not None and stop.is_set():  # stopped before it started: start nothing
         shutil.rmtree(ray_tmp, ignore_errors=True)
         run.stopped = True
@@ -350,22 +366,6 @@ def run_trainer(
                else f"exited with code {run.returncode}")
         raise TrainerRunError(f"trainer {why}; log: {log_file}\n--- last lines ---\n{run.tail()}", run)
     return run
-
-
-def unique_run_dir(parent: Path | str, stamp: str | None = None) -> Path:
-    """A new directory ``parent/<time>`` (``<time>-2``, ``-3``, ... when taken), created here: ``mkdir``
-    fails when the name exists, so two launches in the same second never share one."""
-    parent = Path(parent)
-    parent.mkdir(parents=True, exist_ok=True)
-    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
-    n = 1
-    while True:
-        d = parent / (stamp if n == 1 else f"{stamp}-{n}")
-        try:
-            d.mkdir()
-            return d
-        except FileExistsError:
-            n += 1
 
 
 def _lock_output_dir(out: Path, run: TrainerRun, ray_tmp: str):
@@ -470,6 +470,17 @@ def history_notes(metrics_file: Path, test_freq: int | None = None) -> list[str]
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 joined.setdefault(key, {})[step] = value
     return history.history_warnings(metrics_file, joined, test_freq)
+
+
+def resume_decision(line: str) -> str | None:
+    """The driver's resume decision (one line per run: resuming from which checkpoint and why, what was
+    skipped and why, or a fresh start and why; ``rpg.verl.errors.RESUME_LINE_STARTS``) when ``line`` of the
+    trainer's output is it, without the driver's ``rpg: ``; else None. The launchers print it on the
+    terminal (it is otherwise only in ``trainer.log``)."""
+    from rpg.verl.errors import RESUME_LINE_STARTS
+
+    line = line.rstrip("\r\n")
+    return line.removeprefix("rpg: ") if line.startswith(RESUME_LINE_STARTS) else None
 
 
 def checkpoint_dir(run: TrainerRun) -> Path | None:

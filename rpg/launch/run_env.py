@@ -1,7 +1,8 @@
 """The environment of a trainer run started on this machine, whatever the backend (rpg.launch.harness).
 
 * ``RUN_ENV``: variables every local run sets (Ray on loopback only, no tokenizer threads, no usage stats,
-  no W&B, Hydra's full errors in the trainer's log);
+  Hydra's full errors in the trainer's log);
+* ``wandb_env``: W&B as the user asked (their ``WANDB_MODE``, and ``trainer.logger``), else off;
 * ``ray_auth_env``: Ray token authentication for the run's own cluster, with a token of its own;
 * ``external_modules``: the ``VERL_USE_EXTERNAL_MODULES`` list (modules ``import verl`` loads in every
   process), a backend's registration first;
@@ -27,9 +28,29 @@ RUN_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "TOKENIZERS_PARALLELISM": "false",
     "RAY_USAGE_STATS_ENABLED": "0",
-    "WANDB_MODE": "disabled",
     "HYDRA_FULL_ERROR": "1",
 }
+
+
+WANDB_LOGGERS = ("wandb", "tracking", "vemlp_wandb")  # verl's loggers that start a W&B run (verl/utils/tracking.py)
+
+
+def wandb_env(base: Mapping[str, str], loggers, run_dir) -> dict[str, str]:
+    """W&B's environment for a local run (``base``: the launching environment; ``loggers``: ``trainer.logger``).
+
+    The user's ``WANDB_MODE`` is always honoured (``offline``: a W&B run folder without an account, synced
+    later with ``wandb sync``; ``online`` needs ``wandb login``). A run whose loggers include wandb writes its
+    W&B run folder under the run's output folder (``run_dir/wandb/``) unless ``WANDB_DIR`` is set. A run that
+    does not ask for wandb gets ``WANDB_MODE=disabled`` (nothing it imports reaches W&B: quiet, as before).
+    """
+    names = [loggers] if isinstance(loggers, str) else list(loggers or ())
+    env = {}
+    if any(n in WANDB_LOGGERS for n in names):
+        if not base.get("WANDB_DIR"):
+            env["WANDB_DIR"] = str(run_dir)
+    elif not base.get("WANDB_MODE"):
+        env["WANDB_MODE"] = "disabled"
+    return env
 
 
 def ray_auth_env(base: Mapping[str, str]) -> dict[str, str]:

@@ -28,6 +28,7 @@ while each mini-batch still holds two whole groups (a mini-batch of 1 prompt wou
 
 from __future__ import annotations
 
+from rpg.launch.overrides import override_key, values
 from rpg.tiny.build import TinyAssets
 
 RECIPE_ENTRY = "recipe/rpg/main_rpg.py"  # relative to the project root (rpg.backends.cpu.run resolves it)
@@ -50,7 +51,6 @@ TINY_ALGORITHMS: dict[str, tuple[str, list[str]]] = {
         "actor_rollout_ref.actor.use_kl_loss=False",
         "rpg.loss.name=rpg", "rpg.loss.form=reinforce", "rpg.loss.divergence=ufkl", "rpg.loss.clip=True",
         "rpg.loss.beta=1e-4", "rpg.reference.mode=sampler",
-        "trainer.experiment_name=tiny_rpg_reinforce_ufkl",
     ]),
     "grpo": (RECIPE_ENTRY, [
         # verl's own actor loss; group-normalised advantage, fixed reference, k3 KL *loss* (no KL in reward)
@@ -60,7 +60,6 @@ TINY_ALGORITHMS: dict[str, tuple[str, list[str]]] = {
         "actor_rollout_ref.actor.use_kl_loss=True",
         "actor_rollout_ref.actor.kl_loss_coef=0.01",
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-        "trainer.experiment_name=tiny_grpo",
     ]),
 }
 
@@ -138,7 +137,30 @@ def tiny_algorithm(algo: str, lr: float = 5e-4) -> tuple[str, list[str]]:
     if algo not in TINY_ALGORITHMS:
         raise ValueError(f"tiny demo algo={algo!r} is invalid: expected one of {tuple(TINY_ALGORITHMS)}")
     entry, overrides = TINY_ALGORITHMS[algo]
-    return entry, [*_DEMO, f"actor_rollout_ref.actor.optim.lr={lr}", *overrides]
+    return entry, with_experiment_name([*_DEMO, f"actor_rollout_ref.actor.optim.lr={lr}", *overrides])
+
+
+def experiment_name(overrides: list[str]) -> str:
+    """The run's name, from what it runs (the final overrides): ``tiny_rpg_<form>_<divergence>`` for the RPG
+    loss (``tiny_rpg_reinforce_ufkl``: the demo's default), ``tiny_<adv_estimator>`` for verl's own loss
+    (``tiny_grpo``), else ``tiny_<loss name>``. It names the checkpoint folder
+    ``checkpoints/rpg_tiny/<name>``: a variant never writes into another variant's folder."""
+    v = values(overrides)
+    loss = str(v.get("rpg.loss.name", "rpg"))
+    if loss == "rpg":
+        return "_".join(["tiny_rpg", *(str(v[k]) for k in ("rpg.loss.form", "rpg.loss.divergence") if k in v)])
+    if loss == "verl":
+        return f"tiny_{v.get('algorithm.adv_estimator', 'verl')}"
+    return f"tiny_{loss}"
+
+
+def with_experiment_name(overrides: list[str], user: list[str] = ()) -> list[str]:
+    """``overrides`` with ``trainer.experiment_name`` derived from them (``experiment_name``; replacing an
+    earlier derived one), unless the ``user``'s overrides set it (a name the user chose wins)."""
+    if "trainer.experiment_name" in values(list(user)):
+        return list(overrides)
+    rest = [o for o in overrides if override_key(o) != "trainer.experiment_name"]  # the others as written
+    return [*rest, f"trainer.experiment_name={experiment_name(overrides)}"]
 
 
 def tiny_overrides(

@@ -59,11 +59,17 @@ DIGEST = "sha256"
 _BLOCK = 4 << 20
 ALLOW_CHANGED = "rpg.resume.allow_changed_settings"
 # what a checkpoint records of the run (besides the loss fields below): the reference schedule, the
-# optimizer, the advantage, and verl's loss keys (rpg.loss.name=verl variants)
+# optimizer, the advantage, verl's loss keys (rpg.loss.name=verl variants), and what else changes the
+# estimator: the trainer mode (colocate_async weights each token by pi_old/mu, sync does not: rpg.behavior),
+# the advantage's normalisation, a KL penalty in the reward, verl's rollout correction (its IS/RS weights)
 _RUN_KEYS = ("rpg.reference.mode", "rpg.reference.update_every", "rpg.reference.kl_threshold",
              "rpg.reference.kl_ema_decay", "rpg.optimizer", "algorithm.adv_estimator",
              "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.use_kl_loss",
-             "actor_rollout_ref.actor.kl_loss_type", "actor_rollout_ref.actor.kl_loss_coef")
+             "actor_rollout_ref.actor.kl_loss_type", "actor_rollout_ref.actor.kl_loss_coef",
+             "trainer.v1.trainer_mode", "algorithm.norm_adv_by_std_in_grpo", "algorithm.use_kl_in_reward",
+             "algorithm.kl_penalty", "algorithm.kl_ctrl.type", "algorithm.kl_ctrl.kl_coef",
+             *(f"algorithm.rollout_correction.{k}" for k in ("rollout_is", "rollout_is_threshold", "rollout_rs",
+                                                              "rollout_rs_threshold", "bypass_mode", "loss_type")))
 
 
 class ResumeError(RPGConfigError):

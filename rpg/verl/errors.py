@@ -3,3 +3,6 @@ launchers (``rpg.launch.harness``) match the driver's line by it and must not pa
 ``rpg.verl.settings`` (torch, through ``rpg.losses``) before they start the trainer."""
 
 ERROR_PREFIX = "rpg config error"
+# The driver's resume decision, one line per run (``rpg.verl.preflight.resolve_resume``): the launchers that
+# run the driver under the harness show it on the terminal (``rpg.launch.harness.resume_decision``)
+RESUME_LINE_STARTS = ("rpg: resuming from ", "rpg: fresh start ")

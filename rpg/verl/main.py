@@ -138,8 +138,7 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
                                  f"trainer.v1.trainer_mode={mode} (an asynchronous run's replay buffer and samples in "
                                  "flight are not resumed by the recipe); use trainer.resume_mode=disable or a new "
                                  "trainer.default_local_dir")
-        if note:
-            print(f"rpg: {note}", flush=True)
+        print(f"rpg: {note}", flush=True)  # the resume decision, every run (RESUME_LINE_STARTS)
     check_verl_rules(config)  # verl's numeric and divisibility rules its workers would hit (one line)
     use_critic = need_critic(config)
     for note in set_norm_scale_factor(config, use_critic=use_critic):  # seq-mean-token-sum-norm's constant

@@ -30,7 +30,9 @@ Keys and rules (a value containing ``://`` — hdfs://, s3://, ... — is remote
 ``resolve_resume`` (driver only, after the paths and the ``rpg:`` block were applied) decides what
 the run resumes from (``rpg.verl.checkpoints``: the checkpoint verl's tracker names, complete, intact
 and verified by its digests, trained with the same RPG settings, or one line refusing) and pins it:
-``resume_mode=auto`` becomes ``resume_path`` with that folder, so verl loads exactly it.
+``resume_mode=auto`` becomes ``resume_path`` with that folder, so verl loads exactly it. Its line (resuming
+from which checkpoint and why, what was skipped and why, or a fresh start and why) is printed by the driver
+for every run and shown by the launchers on the terminal (``rpg.verl.errors.RESUME_LINE_STARTS``).
 ``check_run_names``: ``trainer.project_name`` and ``trainer.experiment_name`` name directories
 (checkpoints, logs) and must stay inside them: no path separator, not ``.``/``..``, not empty.
 """
@@ -145,7 +147,15 @@ def resolve_resume(cfg) -> str | None:
     if plan.folder is not None:
         OmegaConf.update(cfg, "trainer.resume_mode", "resume_path")
         OmegaConf.update(cfg, "trainer.resume_from_path", plan.folder)
-    return plan.note
+    return plan.note or fresh_start_line(mode, _get(cfg, "trainer.default_local_dir"))
+
+
+def fresh_start_line(mode, default_local_dir) -> str:
+    """The resume decision of a run that starts at step 0 (``RESUME_LINE_STARTS``: the launchers show it)."""
+    root = os.path.abspath(str(default_local_dir))
+    if mode == "disable":
+        return f"fresh start (step 0) because trainer.resume_mode=disable; checkpoints go to {root}"
+    return f"fresh start (step 0) because {root} holds no checkpoint yet (trainer.resume_mode={mode})"
 
 
 def _get(cfg, key: str) -> Any:

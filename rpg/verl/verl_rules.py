@@ -19,6 +19,7 @@ Sizes (verl 0.9.1, v1 trainer and engine workers):
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -64,9 +65,36 @@ def check_unread_grad_clip(cfg) -> None:
                              f"{A}.optim.clip_grad (now {clip!r}); set {A}.optim.clip_grad={value!r} instead")
 
 
+def verl_loggers() -> tuple[str, ...]:
+    """The tracking backends verl's ``Tracking`` accepts: its own list (``verl/utils/tracking.py``
+    ``Tracking.supported_backend``, asserted in ``Tracking.__init__``) and ``tracking``, its deprecated alias."""
+    from verl.utils.tracking import Tracking
+
+    return (*Tracking.supported_backend, "tracking")
+
+
+def logger_problem(value, source: str = "trainer.logger") -> str | None:
+    """None if every name in ``value`` (a list or one name) is a verl tracking backend; else the one line
+    (``source``: the key or environment variable that set it)."""
+    names = [value] if isinstance(value, str) else list(value or [])
+    allowed = verl_loggers()
+    bad = [n for n in names if n not in allowed]
+    if not bad:
+        return None
+    hints = []
+    for n in bad:
+        close = difflib.get_close_matches(str(n), allowed, n=1, cutoff=0.6)
+        hints.append(f"{n!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return (f"{source}: {', '.join(hints)} {'is not a logger' if len(bad) == 1 else 'are not loggers'} verl knows; "
+            f"allowed: {', '.join(allowed)}")
+
+
 def check_verl_rules(cfg) -> None:
     """Every rule below, in this order; the first broken one raises ``RPGConfigError`` (one line)."""
     check_unread_grad_clip(cfg)
+    # verl/utils/tracking.py Tracking.__init__ asserts each trainer.logger name, in the TaskRunner after Ray
+    if (why := logger_problem(config_value(cfg, "trainer.logger"))) is not None:
+        raise RPGConfigError(why)
     # torch/optim/adam.py:59 (AdamW's constructor, called by verl/workers/config/optimizer.py:298
     # build_optimizer on each actor worker): "Invalid learning rate" unless 0 <= lr, which NaN fails;
     # an infinite lr turns every weight into inf/NaN at the first step.

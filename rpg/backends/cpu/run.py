@@ -15,7 +15,8 @@ responses); a micro-batch size the user sets wins.
 
 SIGHUP, SIGINT or SIGTERM stop every process of the run and print one line: the log, the last
 complete checkpoint and the command that resumes (``--out`` the same directory,
-``trainer.resume_mode=auto``); exit code 128 + signum. A failed run exits with the trainer's code
+``trainer.resume_mode=auto``); exit code 128 + signum. Before the run (the first build of the tiny
+model included) and after it, the same signals are one line saying what was being done, same exit code. A failed run exits with the trainer's code
 (2: a config the driver refused; stderr is then the driver's one line). An override Hydra cannot
 read is one line naming it, exit code 2, before anything starts (``rpg.launch.overrides``).
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import threading
@@ -48,9 +50,26 @@ from pathlib import Path
 from rpg.backends.cpu import vllm_cpu
 from rpg.backends.cpu.world import world_size_of
 from rpg.data.checks import override_problems
-from rpg.launch.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, unique_run_dir
-from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides, values
+from rpg.launch.args import OneLineParser, positive_int, read_overrides
+from rpg.launch.harness import (TrainerRun, TrainerRunError, report_failure, resume_decision, run_trainer,
+                                trainer_overrides)
+from rpg.launch.overrides import OverrideSyntaxError, values
+from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root, new_run_dir
+from rpg.launch.signals import StopSignal, raise_on_stop_signals
 from rpg.launch.variants import recipe_value
+
+COMMAND = "bash recipe/rpg/tiny/run_tiny_cpu.sh"
+# run_tiny_cpu.sh's variables and the flag of this module each one sets (declared once: the usage, and the
+# one-line refusal of ``OUT=runs/x`` given as an argument, read them here; a test checks the script against it)
+SCRIPT_ENV = {"ALGO": "--algo", "STEPS": "--steps", "TEST_FREQ": "--test-freq", "ENTRY": "--entry", "OUT": "--out",
+              "ROLLOUT": "--rollout", "GPUS": "--gpus"}
+ENV_VARS = {
+    **{name: f"{flag} of python -m rpg.backends.cpu.run" for name, flag in SCRIPT_ENV.items()},
+    "PYTHON": "the Python that runs the demo",
+    vllm_cpu.ROLLOUT_ENV: "hf or vllm, the rollout when --rollout is not given",
+    "RPG_TINY_CACHE": "where the tiny model and task are built once",
+    "WANDB_MODE": "W&B's mode when trainer.logger includes wandb (offline: no account needed)",
+}
 
 VAL_PREFIX = "val-core/math_dapo/acc/mean@"
 HEARTBEAT_S = 10.0
@@ -107,6 +126,10 @@ class StartupProgress:
             print(f"[tiny] start-up {time.time() - self.t0:4.0f}s: {text}", flush=True)
 
     def on_line(self, line: str) -> None:
+        if (decision := resume_decision(line)) is not None:  # the driver's, before Ray: where the user looks
+            with self.lock:
+                print(f"[tiny] {decision}", flush=True)
+            return
         if self.done.is_set():
             return
         for i in range(self.next_stage, len(self.stages)):  # a stage may be skipped (other trainers)
@@ -199,14 +222,32 @@ def resume_part(argv: list[str], out: Path, overrides: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rpg.tiny import build_tiny_assets
-    from rpg.tiny.overrides import TINY_ALGORITHMS, check_world_size, tiny_algorithm, tiny_task_overrides
+    """The demo; SIGINT (Ctrl-C), SIGHUP or SIGTERM at any stage is one line and exit code 128 + signum
+    (during the run: the harness's stop line; before or after it: what was being done and what is kept)."""
+    stage = ["reading the command line (nothing was started)"]
+    handlers = raise_on_stop_signals()
+    try:
+        return _main(argv, stage)
+    except StopSignal as e:
+        handlers.hold()
+        print(f"[tiny] stopped by {e.name} while {stage[0]}", file=sys.stderr, flush=True)
+        return e.code
+    finally:
+        handlers()
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
-    ap.add_argument("--test-freq", type=int, default=10, help="validate every K steps (default 10)")
+
+def _parser() -> OneLineParser:
+    from rpg.tiny.overrides import TINY_ALGORITHMS
+
+    env_help = "\n".join(f"  {name}: {what}" for name, what in ENV_VARS.items())
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, prefix="[tiny]",
+                       env_of={flag: name for name, flag in SCRIPT_ENV.items()},
+                       epilog=f"environment ({COMMAND} passes the first ones as flags):\n{env_help}")
+    ap.add_argument("--steps", type=positive_int, default=30, help="training steps (default 30)")
+    ap.add_argument("--test-freq", type=positive_int, default=10, help="validate every K steps (default 10)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="output dir (default: a new outputs/tiny_cpu/<time>[-N]); an existing one is resumed into")
+                    help="output dir (default: a new outputs/tiny_cpu/<time>[-N]); one holding a run is refused "
+                         "unless trainer.resume_mode=auto continues it")
     ap.add_argument("--algo", default="rpg", choices=tuple(TINY_ALGORITHMS), help="demo algorithm (default rpg)")
     ap.add_argument("--rollout", default=None, choices=vllm_cpu.ROLLOUTS,
                     help=f"hf (default) or vllm: verl's vLLM rollout with vLLM's CPU build (default ${vllm_cpu.ROLLOUT_ENV})")
@@ -218,10 +259,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra-module", action="append", default=[], help="also load this module in every process")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is killed")
     ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
+    return ap
+
+
+def _checked(overrides: list[str], entry: str, recipe: bool, root: Path, env: dict) -> tuple[str, str]:
+    """(``trainer.resume_mode``, ``trainer.default_local_dir``) of the run. With the recipe's entry, from its
+    config composed with everything the trainer will get (``rpg.launch.config_keys.checked_config``: a key
+    the config lacks or a logger verl does not know is one line, ``RPGConfigError``); with another entry
+    (its own config and checks), as the overrides set them."""
+    if not recipe:
+        v = values(overrides)
+        ckpts = v.get("trainer.default_local_dir") or f"checkpoints/{v.get('trainer.project_name')}/{v.get('trainer.experiment_name')}"
+        return v.get("trainer.resume_mode", "auto"), str(ckpts)
+    from rpg.launch.config_keys import RECIPE_CONFIG_DIR, checked_config
+
+    cfg = checked_config(trainer_overrides(overrides, entry, {**os.environ, **env}), root / RECIPE_CONFIG_DIR)
+    return cfg.trainer.resume_mode, str(cfg.trainer.default_local_dir)
+
+
+def _main(argv: list[str] | None, stage: list[str]) -> int:
+    from rpg.tiny import build_tiny_assets
+    from rpg.tiny.build import TinyAssets, builder_key, default_cache_root
+    from rpg.tiny.overrides import check_world_size, tiny_algorithm, tiny_task_overrides, with_experiment_name
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    args, rest = ap.parse_known_args(argv)
+    try:
+        args, rest = _parser().parse_known_args(argv)
+    except SystemExit as e:  # --help (0) or a bad flag's one line (2: OneLineParser)
+        if isinstance(e, StopSignal):
+            raise
+        return e.code
     try:  # before the assets and the trainer: a typo is one line, not a traceback minutes later
-        check_user_overrides(rest)
+        read_overrides(rest, ENV_VARS, COMMAND)
         rollout = args.rollout or vllm_cpu.rollout_of()
         gpus = [] if args.gpus is None else [f"trainer.n_gpus_per_node={args.gpus}"]  # a user's override wins
         nnodes, per_node = world_size_of(values([*gpus, *rest]))
@@ -242,19 +311,42 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f"[tiny] {line}" for line in problems), file=sys.stderr, flush=True)
         return 2
 
-    out = args.out or unique_run_dir(Path("outputs") / "tiny_cpu")
-    t0 = time.time()
-    assets = build_tiny_assets()
-    print(f"[tiny] assets: {assets.root} (ready in {time.time() - t0:.1f}s)", flush=True)
     algo_entry, algo_overrides = tiny_algorithm(args.algo, lr=args.lr)
     args.entry = args.entry or algo_entry  # as shown (progress line, summary, plot title)
     entry = args.entry
+    root = Path(__file__).resolve().parents[3]
     if args.entry == algo_entry and algo_entry.endswith(".py"):  # the recipe's script, relative to the project root
-        entry = str(Path(__file__).resolve().parents[3] / algo_entry)  # so that it runs from any directory
-    overrides = [*tiny_task_overrides(assets, steps=args.steps, test_freq=args.test_freq, world_size=nnodes * per_node),
-                 *algo_overrides, *gpus, *rest]
+        entry = str(root / algo_entry)  # so that it runs from any directory
+    # the assets' paths before they are built (the keys are checked first; a first build takes a minute)
+    planned = TinyAssets.at(default_cache_root() / builder_key())
+    overrides = with_experiment_name(
+        [*tiny_task_overrides(planned, steps=args.steps, test_freq=args.test_freq, world_size=nnodes * per_node),
+         *algo_overrides, *gpus, *rest], [*gpus, *rest])
+    stage[0] = "checking the config (nothing was started)"
+    from rpg.verl.preflight import error_line
+    from rpg.verl.settings import RPGConfigError
+
+    run_env = {vllm_cpu.ROLLOUT_ENV: rollout}
+    try:
+        resume_mode, ckpts = _checked(overrides, entry, args.entry == algo_entry, root, run_env)
+        if args.out is not None:
+            check_fresh_start(args.out, resume_mode, checkpoint_root(args.out, ckpts),
+                              another=f"OUT=... {COMMAND}, or --out; unset, a new folder per run")
+    except RunDirError as e:
+        print(f"[tiny] {e}", file=sys.stderr, flush=True)
+        return 2
+    except RPGConfigError as e:  # a key the config lacks, an unknown logger: the driver's kind of line
+        print(error_line(e), file=sys.stderr, flush=True)
+        return 2
+
+    stage[0] = "building the tiny model and task (a build is published only when complete: nothing half-built is kept)"
+    t0 = time.time()
+    assets = build_tiny_assets()
+    print(f"[tiny] assets: {assets.root} (ready in {time.time() - t0:.1f}s)", flush=True)
+    out = args.out or new_run_dir(Path("outputs") / "tiny_cpu")
     print(f"[tiny] running {args.entry} on CPU for {args.steps} steps, {rollout} rollout; full log: "
           f"{out / 'trainer.log'}", flush=True)
+    stage[0] = f"starting the run (its log: {out / 'trainer.log'})"
     startup = None if args.echo else StartupProgress()
     try:
         run = run_trainer(
@@ -262,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             output_dir=out,
             entry=entry,
             extra_modules=args.extra_module,
-            env={vllm_cpu.ROLLOUT_ENV: rollout},
+            env=run_env,
             timeout_s=args.timeout,
             echo=args.echo,
             on_metrics=None if args.echo else progress(args.steps, startup, show_diff=rollout == "vllm"),
@@ -275,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if startup is not None:
             startup.finish()
+    stage[0] = f"writing the summary and plot (the run's metrics and log in {out} are complete)"
     for note in run.notes:
         print(f"[tiny] note: {note}", flush=True)
 

@@ -1,0 +1,115 @@
+"""Where a run of this machine writes, decided in one place: its output folder and checkpoint folder.
+
+* ``new_run_dir(parent)``: a new ``parent/<time>`` folder (``<time>-2``, ... when taken), created
+  atomically (``mkdir``), when the user names none (the tiny demo's ``outputs/tiny_cpu/<time>``, the
+  launcher's ``outputs/cpu/<run name>/<time>`` with ``RPG_BACKEND=cpu``);
+* ``checkpoint_root(out, cfg)``: ``trainer.default_local_dir`` of the composed config, relative to the
+  output folder (the harness runs the trainer there; verl's default is ``checkpoints/<project>/<experiment>``);
+* ``check_fresh_start``: a fresh start (``trainer.resume_mode=disable``, the tiny demo's default) in a folder
+  that already holds a run (records in its ``metrics.jsonl``, or a ``global_step_N`` / verl's tracker in
+  its checkpoint folder) would replace that run's metrics and checkpoints. It is refused before anything
+  starts, in ONE line naming what was found and the two ways on: another output folder, or
+  ``trainer.resume_mode=auto`` to continue it (as Hugging Face's Trainer refuses a non-empty
+  ``output_dir`` unless told). A resume (``auto``, ``resume_path``) is checked by the driver instead
+  (``rpg.verl.checkpoints``: the checkpoint, its integrity and the settings it was trained with), but for
+  one case the driver cannot see: ``auto`` with nothing to resume under this run's experiment name while
+  the folder holds another variant's run (its metrics would be replaced from step 0).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+METRICS_FILE = "metrics.jsonl"
+TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker (rpg.verl.checkpoints.TRACKER; a test pins it)
+
+
+class RunDirError(ValueError):
+    """A run that would overwrite another one (one line: what was found, the ways on; exit code 2)."""
+
+
+def new_run_dir(parent: Path | str, stamp: str | None = None) -> Path:
+    """A new directory ``parent/<time>`` (``<time>-2``, ``-3``, ... when taken), created here: ``mkdir``
+    fails when the name exists, so two launches in the same second never share one."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    n = 1
+    while True:
+        d = parent / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            n += 1
+
+
+def checkpoint_root(out: Path | str, default_local_dir: str) -> Path:
+    """The run's checkpoint folder: ``default_local_dir``, relative to the output folder ``out``."""
+    p = Path(default_local_dir)
+    return p if p.is_absolute() else Path(out) / p
+
+
+def _metric_steps(out: Path) -> list[int]:
+    """The steps recorded in ``out/metrics.jsonl`` and its segments (the last line may be cut by a kill)."""
+    import json
+
+    steps = []
+    for path in sorted(out.glob("metrics*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                steps.append(int(json.loads(line)["step"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return sorted(set(steps))
+
+
+def _checkpoints(root: Path) -> list[str]:
+    if not root.is_dir():
+        return []
+    found = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith("global_step_")),
+                   key=lambda p: int(p.name.rsplit("_", 1)[1]) if p.name.rsplit("_", 1)[1].isdigit() else -1)
+    return [str(p) for p in found] + ([str(root / TRACKER)] if (root / TRACKER).is_file() else [])
+
+
+def run_found(out: Path | str, ckpt_root: Path | str | None) -> str | None:
+    """What ``out`` holds of an earlier run (metrics records, checkpoints in ``ckpt_root``), or None."""
+    out = Path(out)
+    parts = []
+    steps = _metric_steps(out) if out.is_dir() else []
+    if steps:
+        parts.append(f"{out / METRICS_FILE} with steps {steps[0]}..{steps[-1]}")
+    ckpts = _checkpoints(Path(ckpt_root)) if ckpt_root is not None else []
+    if ckpts:
+        parts.append(f"checkpoints {ckpts[-1] if not ckpts[-1].endswith(TRACKER) else ckpts[0]}"
+                     + (f" and {len(ckpts) - 1} more" if len(ckpts) > 1 else ""))
+    return " and ".join(parts) or None
+
+
+def _check_other_run(out: Path, ckpt_root: Path, another: str) -> None:
+    """``trainer.resume_mode=auto`` with nothing to resume in this run's checkpoint folder, in an output folder
+    holding another run (metrics, and checkpoints under another experiment name beside this run's: another
+    variant, ``checkpoints/<project>/<other>``): the run would start at step 0 and replace that run's metrics."""
+    if _checkpoints(ckpt_root) or not ckpt_root.parent.is_dir() or not _metric_steps(out):
+        return
+    others = sorted(d for d in ckpt_root.parent.iterdir() if d.is_dir() and d != ckpt_root and _checkpoints(d))
+    if others:
+        raise RunDirError(f"{out} holds another run ({others[0]}), and {ckpt_root} has no checkpoint to resume: "
+                          f"trainer.resume_mode=auto would start at step 0 and replace that run's {METRICS_FILE}; "
+                          f"choose another output folder ({another}), or resume that run with its own settings")
+
+
+def check_fresh_start(out: Path | str, resume_mode, ckpt_root: Path | str | None, another: str) -> None:
+    """``RunDirError`` (one line) when a fresh start (``resume_mode=disable``) would overwrite the run that
+    ``out`` holds; ``another``: how the user names another output folder (``OUT=... (--out)``, ``OUT_DIR=...``)."""
+    if resume_mode == "auto" and ckpt_root is not None:
+        _check_other_run(Path(out), Path(ckpt_root), another)
+    if resume_mode != "disable":
+        return
+    found = run_found(out, ckpt_root)
+    if found is None:
+        return
+    raise RunDirError(f"{out} already holds a run ({found}); a fresh start (trainer.resume_mode=disable) would "
+                      f"overwrite it: choose another output folder ({another}), or add trainer.resume_mode=auto "
+                      "to continue that run")
