@@ -316,7 +316,8 @@ def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, r
             raise LaunchError(str(e)) from None
         groups = [[o for o in g if override_key(o) not in cpu_keys] for g in groups]
         groups += [tiny_overrides_for_cpu(world_size=nnodes * gpus), world]
-        if not env.get("CKPTS_DIR", "").strip():  # relative: the harness runs the trainer in OUT_DIR
+        if not env.get("CKPTS_DIR", "").strip() and not env.get("RAY_ADDRESS", "").strip():
+            # relative: the harness runs the trainer in OUT_DIR (a cluster job keeps CKPTS_DIR's default)
             names = values(groups[1])
             ckpts = cpu_checkpoint_dir(names["trainer.project_name"], names["trainer.experiment_name"])
             groups.append([f"trainer.default_local_dir={hq(ckpts)}"])
@@ -349,15 +350,36 @@ def local_command(overrides: Sequence[str], root: Path, python: str | None = Non
     return [python or sys.executable, str(root / ENTRY), *overrides]
 
 
-def ray_command(overrides: Sequence[str], env: Mapping[str, str], job_env: Mapping[str, str], root: Path) -> list[str]:
+def ray_command(overrides: Sequence[str], env: Mapping[str, str], job_env: Mapping[str, str], root: Path,
+                submission_id: str | None = None) -> list[str]:
     runtime_env = {"env_vars": {"PYTHONUNBUFFERED": "1", **job_env}}
     # the `ray` on PATH, else the one installed next to this Python
     ray = shutil.which("ray", path=env.get("PATH", "") + os.pathsep + str(Path(sys.executable).parent)) or "ray"
     cmd = [ray, "job", "submit", "--address", env["RAY_ADDRESS"], "--runtime-env-json", json.dumps(runtime_env)]
+    if submission_id is not None:
+        cmd += ["--submission-id", submission_id]
     if not _truthy(env, "RAY_JOB_WAIT"):
         cmd.append("--no-wait")
     python = env.get("RAY_PYTHON", "").strip() or "python3"
     return [*cmd, "--", python, str(cluster_root(env, root) / ENTRY), *overrides]
+
+
+def cpu_cluster_job(cfg, env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """A CPU-backend job on a running Ray cluster (``RPG_BACKEND=cpu`` with ``RAY_ADDRESS``: the rehearsal of a
+    multi-node launch, docs/launch-scripts.md): its submission id and its runtime environment's variables
+    (``rpg.backends.cpu.settings.cluster_job_env``), with torch.distributed's rendezvous file in the run's
+    checkpoint folder, which every node must see (the driver checks it: ``rpg.verl.cluster``)."""
+    import secrets
+    import time
+
+    from rpg.backends.cpu.settings import cluster_job_env
+
+    ckpts = str(cfg.trainer.default_local_dir)
+    if not ckpts.startswith("/"):
+        raise LaunchError(f"trainer.default_local_dir={ckpts!r}: a CPU-backend job on a Ray cluster needs an absolute "
+                          "folder every node sees (CKPTS_DIR), its ranks meet through a file there")
+    submission = f"rpg-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    return submission, cluster_job_env(env, f"file://{ckpts}/.rendezvous/{submission}")
 
 
 def script_command(name: str, root: Path) -> str:
@@ -458,8 +480,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         raise LaunchError(f"RPG_BACKEND={env['RPG_BACKEND']!r} is invalid; allowed values: gpu, cpu")
     cpu = backend == "cpu"
     dry = _truthy(env, "DRY_RUN")
-    if cpu and env.get("RAY_ADDRESS", "").strip():
-        raise LaunchError("RPG_BACKEND=cpu runs locally through the CPU harness; unset RAY_ADDRESS")
+    cluster = bool(env.get("RAY_ADDRESS", "").strip())
     if cpu:
         _check_cpu_rollout(env, dry)
     if env.get("RPG_CLUSTER_ROOT", "").strip() and not env.get("RAY_ADDRESS", "").strip():
@@ -467,27 +488,33 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
               file=sys.stderr)
     overrides, job_env = plan_overrides(v, env, user, root=root, cwd=cwd, cpu=cpu)
 
+    submission = None
     if cpu:
         from rpg.launch.harness import build_command
 
-        argv_cpu, cpu_env = build_command(overrides, entry=str(root / ENTRY), base_env=env)
-        if dry:  # verl's platform is chosen when verl is imported, i.e. by the first composition below
+        argv_cpu, cpu_env = build_command(overrides, entry=str(root / ENTRY), base_env=env, joins_cluster=cluster)
+        if dry or cluster:  # verl's platform is chosen when verl is imported, i.e. by the first composition below
             os.environ.update({k: cpu_env[k] for k in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")})
         cfg = checked_config(argv_cpu[2:], root / CONFIG_DIR)  # keys and loggers, before anything is built
-        if dry:
-            from rpg.tiny import build_tiny_assets
+        if not (dry or cluster):
+            return _run_cpu(v, overrides, env, root, user, cfg)
+        from rpg.tiny import build_tiny_assets
 
-            build_tiny_assets()  # the input paths are then checked as a run would find them
+        build_tiny_assets()  # the input paths are then checked as a run would find them
+        if not cluster:
             return _dry_run(v, argv_cpu[2:], argv_cpu, root)
-        return _run_cpu(v, overrides, env, root, user, cfg)
-    if env.get("RAY_ADDRESS", "").strip():
-        cmd = ray_command(overrides, env, job_env, root)
+        overrides = argv_cpu[2:]  # a CPU-backend job on the cluster (docs/launch-scripts.md, "Rehearsing")
+        submission, cluster_env = cpu_cluster_job(cfg, env)
+        job_env = {**job_env, **cluster_env}
+    if cluster:
+        cmd = ray_command(overrides, env, job_env, root, submission)
     else:
         cmd = local_command(overrides, root)
         if not dry:  # keys and loggers (DRY_RUN and a submission compose with the driver's checks below)
             checked_config(overrides, root / CONFIG_DIR)
     if dry:
-        return _dry_run(v, overrides, cmd, root, sizes=_mem_sizes(env), run_root=cluster_root(env, root), gpu_env=env)
+        return _dry_run(v, overrides, cmd, root, sizes=None if cpu else _mem_sizes(env),
+                        run_root=cluster_root(env, root), gpu_env=None if cpu else env)
     if not env.get("RAY_ADDRESS", "").strip():  # data files and their reward: the driver's lines, exit 2, nothing started
         _check_data_files(overrides)
     print(describe_variant(v), flush=True)

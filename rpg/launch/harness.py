@@ -226,6 +226,7 @@ def build_command(
     extra_modules: Iterable[str] = (),
     base_env: Mapping[str, str] | None = None,
     backend: str = "cpu",
+    joins_cluster: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, env) for a run of ``entry`` with ``overrides`` (no process started).
 
@@ -233,7 +234,9 @@ def build_command(
     ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` of ``overrides`` (default 1 x 1) gives the private local
     Ray its logical GPUs (``rpg.backends.cpu.world.ray_resources``; an explicit ``ray_kwargs.ray_init.*`` wins). ``backend="gpu"``:
     verl's own CUDA path; only the run environment and ``extra_modules`` are added (see
-    rpg.backends.gpu.settings; the caller's overrides carry the GPU settings).
+    rpg.backends.gpu.settings; the caller's overrides carry the GPU settings). ``joins_cluster``: the CPU
+    settings of a job on a running Ray cluster (``cpu_overrides(joins_cluster=True)``: no private Ray's
+    resources; the environment travels in the job's runtime env, ``cluster_job_env``).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r} is invalid: expected one of {BACKENDS}")
@@ -250,7 +253,8 @@ def build_command(
             nnodes, gpus = world_size_of(values(overrides))
         except ValueError:
             nnodes, gpus = 1, 1
-        ov = _with_file_logger(merge_overrides(cpu_overrides(env, nnodes, gpus), overrides))
+        ov = _with_file_logger(merge_overrides(cpu_overrides(env, nnodes, gpus, joins_cluster=joins_cluster),
+                                               overrides))
     return [sys.executable, *_entry_argv(entry), *ov], env
 
 

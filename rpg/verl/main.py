@@ -161,9 +161,20 @@ def resume_command(argv: list[str]) -> str:
     return shlex.join([sys.executable, script, *flags, *merge_overrides(overrides, ["trainer.resume_mode=auto"])])
 
 
+# The command that resumes a run, when a launcher knows it better than the driver's own command line: a job
+# submitted to a Ray cluster is resumed by submitting again (rpg.launch sets it in the job's environment).
+RESUME_COMMAND_ENV = "RPG_RESUME_COMMAND"
+
+
 def stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
     """The one line printed when a stop signal ends the run: log, last complete checkpoint, resume command
     (or, in an asynchronous trainer mode, why the run cannot be resumed: ``rpg.verl.settings.resume_hint``)."""
+    return run_stopped_line(config, f"stopped by {signal_name}", argv)
+
+
+def run_stopped_line(config: DictConfig, stopped: str, argv: list[str]) -> str:
+    """``stop_line``'s body for any reason the run stopped (``stopped``: "stopped by SIGTERM", "stopped: node ...
+    lost"); the resume command is ``RPG_RESUME_COMMAND`` when the launcher set it, else ``resume_command(argv)``."""
     from rpg.verl.checkpoints import last_complete
 
     trainer = config.trainer
@@ -173,9 +184,10 @@ def stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
     worker_env = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
     environ = {**os.environ, **{k: str(v) for k, v in dict(worker_env).items()}}
     log = base_path(trainer.project_name, trainer.experiment_name, environ) if logged else "this process's output"
-    return (f"rpg: stopped by {signal_name}; Ray shut down; metrics log {log}; last complete checkpoint "
+    resume = os.environ.get(RESUME_COMMAND_ENV, "").strip() or resume_command(argv)
+    return (f"rpg: {stopped}; Ray shut down; metrics log {log}; last complete checkpoint "
             f"{ckpt or 'none (nothing saved yet: the resume starts at step 0)'}; "
-            f"{resume_hint(OmegaConf.select(config, 'trainer.v1.trainer_mode', default='sync'), resume_command(argv))}")
+            f"{resume_hint(OmegaConf.select(config, 'trainer.v1.trainer_mode', default='sync'), resume)}")
 
 
 @contextlib.contextmanager
@@ -207,13 +219,47 @@ def stop_on_signals(config: DictConfig, argv: list[str] | None = None):
         handlers()
 
 
+@contextlib.contextmanager
+def after_ray_init(hook):
+    """``hook()`` runs right after ``ray.init`` (Ray's post-init hooks: verl's ``run_ppo`` starts Ray), inside
+    ``ray.init``: an exception it raises comes out of ``run_ppo`` before verl builds anything."""
+    from ray._private import worker as ray_worker
+
+    ray_worker._post_init_hooks.append(hook)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            ray_worker._post_init_hooks.remove(hook)
+
+
 def main_from_hydra(config: DictConfig) -> None:
     """Body of the Hydra main: one clear line on a bad ``rpg:`` value, input path or resume
-    checkpoint, then exit code 2; a stop signal ends the run as ``stop_on_signals`` says."""
+    checkpoint, then exit code 2; a stop signal ends the run as ``stop_on_signals`` says. On a Ray cluster
+    the driver joined, the cluster's checks run once Ray is up (``rpg.verl.cluster``: nodes and GPUs, the
+    checkpoint folder seen from every node; a refusal is the same one line, exit 2), and a node lost mid-run
+    ends the run with the stop line (exit 1) instead of a traceback."""
+    from rpg.verl.cluster import ClusterRun
+
+    cluster = ClusterRun(config)
     with stop_on_signals(config):
         try:
             prepare_config(config)
         except RPGConfigError as e:
             print(error_line(e), file=sys.stderr)
             sys.exit(2)
-        run_ppo(config, task_runner_class=ray.remote(RPGTaskRunner))
+        try:
+            with after_ray_init(cluster.checks_after_ray_init):
+                run_ppo(config, task_runner_class=ray.remote(RPGTaskRunner))
+        except RPGConfigError as e:  # the cluster's checks, right after ray.init
+            ray.shutdown()
+            print(error_line(e), file=sys.stderr, flush=True)
+            sys.exit(2)
+        except ray.exceptions.RayError as e:
+            reason = cluster.lost_reason(e)
+            if reason is None:
+                raise
+            line = run_stopped_line(config, f"stopped: {reason}", list(sys.argv))
+            ray.shutdown()
+            print(line, file=sys.stderr, flush=True)
+            sys.exit(1)

@@ -57,7 +57,8 @@ def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
     }
 
 
-def cpu_overrides(env: Mapping[str, str] | None = None, nnodes: int = 1, n_gpus_per_node: int = 1) -> list[str]:
+def cpu_overrides(env: Mapping[str, str] | None = None, nnodes: int = 1, n_gpus_per_node: int = 1, *,
+                  joins_cluster: bool = False) -> list[str]:
     """Hydra overrides that make verl's trainer run on the CPU backend (any model size).
 
     ``env`` (default: ``cpu_env()``) supplies the values forwarded to Ray workers; with
@@ -65,13 +66,19 @@ def cpu_overrides(env: Mapping[str, str] | None = None, nnodes: int = 1, n_gpus_
     ``nnodes`` x ``n_gpus_per_node`` is the world size (FSDP ranks, gloo): the private local Ray gets
     that many *logical* GPUs and the CPUs their placement needs (``rpg.backends.cpu.world.ray_resources``;
     the harness reads both from the run's overrides).
+
+    ``joins_cluster=True``: a job on a running Ray cluster (``ray job submit``, ``cluster_job_env``): its nodes
+    declared their logical GPUs when they started (``ray start --num-gpus``), ``ray.init`` refuses resource
+    arguments when it connects, and the job's runtime environment carries ``env`` to every process (Ray
+    refuses a variable set both there and in ``ray_init.runtime_env``): only the world size is set.
     """
     env = cpu_env() if env is None else env
+    world = ([f"trainer.nnodes={nnodes}", f"trainer.n_gpus_per_node={n_gpus_per_node}"] if joins_cluster
+             else [*ray_resource_overrides(nnodes, n_gpus_per_node), "+ray_kwargs.ray_init.include_dashboard=False"])
     ov = [
         # device and Ray resources: one logical "GPU" per rank (never touched, see platform.py)
         "trainer.device=cpu",
-        *ray_resource_overrides(nnodes, n_gpus_per_node),
-        "+ray_kwargs.ray_init.include_dashboard=False",
+        *world,
         # FSDP2 (fully_shard) works on CPU with gloo; FSDP1 needs CUDA (sync_module_states, device_id)
         "actor_rollout_ref.actor.strategy=fsdp2",
         "actor_rollout_ref.actor.fsdp_config.strategy=fsdp2",
@@ -101,4 +108,20 @@ def cpu_overrides(env: Mapping[str, str] | None = None, nnodes: int = 1, n_gpus_
     ]
     if vllm_cpu.rollout_of(env) == "vllm":
         ov = merge_overrides(ov, vllm_cpu.vllm_overrides())  # rollout.name=vllm in place of hf
-    return ov + forwarded_env_overrides(env, _FORWARDED)
+    return ov if joins_cluster else ov + forwarded_env_overrides(env, _FORWARDED)
+
+
+# Set for a private local Ray only: on a cluster its nodes' addresses are theirs (``ray start --node-ip-address``);
+# in the job's driver the guard would make Ray take 127.0.0.1 for the head's address.
+_LOCAL_ONLY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",)
+
+
+def cluster_job_env(base: Mapping[str, str], rendezvous: str) -> dict[str, str]:
+    """The runtime environment's variables of a CPU-backend job on a running Ray cluster (``ray job submit
+    --runtime-env-json``): ``cpu_env`` without what only a private local Ray takes, and torch.distributed's
+    rendezvous through ``rendezvous`` (``file://`` on a folder every node sees) instead of a TCPStore, whose
+    server binds every interface with no token (as the harness does for a local run, ``DIST_INIT_METHOD``;
+    a user's value wins). Ray hands the job's variables to the driver and to every worker of the job."""
+    env = {k: v for k, v in cpu_env(base=base).items() if k not in _LOCAL_ONLY}
+    env["DIST_INIT_METHOD"] = base.get("DIST_INIT_METHOD") or rendezvous
+    return env

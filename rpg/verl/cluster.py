@@ -1,0 +1,169 @@
+"""A run on a Ray cluster it joined (``ray job submit``, ``RAY_ADDRESS``): what the driver checks once Ray is up,
+before verl builds anything, and what it says when a node of the run is lost.
+
+verl's trainer assumes its cluster can serve the run and that every node writes checkpoints to one folder; when
+either is false it finds out late: too few logical GPUs is verl's "Total available GPUs ..." traceback, too few
+nodes with ``trainer.n_gpus_per_node`` GPUs each is a placement group that waits forever, a checkpoint folder
+local to each node is a checkpoint that the resume (run anywhere) cannot find. So, after ``ray.init`` (Ray's
+post-init hook, ``checks_after_ray_init``), on a cluster the driver joined:
+
+* ``capacity_problem``: alive nodes that hold ``n_gpus_per_node`` logical GPUs each >= ``trainer.nnodes``, and
+  their GPUs >= ``trainer.nnodes x trainer.n_gpus_per_node`` (verl places one placement group of
+  ``n_gpus_per_node`` bundles per node); one line naming the counts otherwise;
+* ``shared_folder_problem`` (several nodes): a file the driver writes into ``trainer.default_local_dir`` is read
+  back by a task pinned to each alive node (``NodeAffinitySchedulingStrategy``, soft=False); a node that does not
+  find it, or finds other bytes, is named in one line with the key.
+
+A refusal is an ``RPGConfigError``: the driver's one line, exit 2 (``rpg.verl.main``).
+
+A node lost mid-run (its raylet gone: the machine, the network, a preemption) ends the ranks on it; verl's next
+``ray.get`` on them raises one of Ray's lost-process errors (``LOST``) in the driver. ``lost_reason`` recognises
+it and names the nodes that were alive at the start and are not any more; the driver then prints its usual stop
+line (last complete checkpoint, the resume command) instead of a traceback (``rpg.verl.main``).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from rpg.verl.settings import RPGConfigError
+
+PROBE_PREFIX = ".rpg_node_probe_"
+PROBE_TIMEOUT_S = 120.0  # a task per node: a worker process to start on each (seconds on a loaded machine)
+LOST = ("ActorDiedError", "ActorUnavailableError", "NodeDiedError", "ObjectLostError", "OwnerDiedError",
+        "WorkerCrashedError", "ObjectFetchTimedOutError", "ReferenceCountingAssertionError", "RayActorError")
+
+
+def joined_cluster(config: DictConfig, environ=None) -> bool:
+    """Whether this driver connects to a running cluster (``RAY_ADDRESS``, as ``ray job submit`` sets it, or
+    ``ray_kwargs.ray_init.address``) rather than starting a private one (one node, its own resources)."""
+    environ = os.environ if environ is None else environ
+    return bool(environ.get("RAY_ADDRESS", "").strip() or OmegaConf.select(config, "ray_kwargs.ray_init.address"))
+
+
+def alive_nodes() -> list[dict]:
+    """Ray's alive nodes: ``{"id", "ip", "gpus"}`` each (logical GPUs, as ``ray start --num-gpus`` declared)."""
+    import ray
+
+    return [{"id": n["NodeID"], "ip": n["NodeManagerAddress"], "gpus": float(n["Resources"].get("GPU", 0))}
+            for n in ray.nodes() if n.get("Alive")]
+
+
+def capacity_problem(nodes: list[dict], nnodes: int, gpus_per_node: int) -> str | None:
+    """Why ``nodes`` cannot hold ``nnodes`` x ``gpus_per_node`` ranks (one line naming the counts), or None."""
+    fitting = [n for n in nodes if n["gpus"] >= gpus_per_node]
+    total = sum(n["gpus"] for n in nodes)
+    need = nnodes * gpus_per_node
+    if len(fitting) >= nnodes and total >= need:
+        return None
+    per_node = ", ".join(f"{n['ip']}: {n['gpus']:g}" for n in nodes) or "none"
+    return (f"trainer.nnodes={nnodes} x trainer.n_gpus_per_node={gpus_per_node} = {need} ranks need {nnodes} alive "
+            f"Ray node(s) with >= {gpus_per_node} GPU(s) each, but the cluster has {len(nodes)} alive node(s), "
+            f"{len(fitting)} of them with >= {gpus_per_node} GPU(s), {total:g} GPU(s) in all (per node: {per_node}): "
+            "start the missing nodes (recipe/rpg/ray_cluster.sh worker HEAD_IP) or lower trainer.nnodes")
+
+
+def _read_probe(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def shared_folder_problem(folder: str, nodes: list[dict], timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Whether every node in ``nodes`` sees ``folder`` as this driver does (a file written here, read there by a
+    task pinned to the node); one line naming the first node that does not, or None."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(16)
+    probe = Path(folder) / f"{PROBE_PREFIX}{token}"
+    probe.write_text(token)
+    read = ray.remote(num_cpus=0, max_retries=0)(_read_probe)
+    try:
+        refs = [read.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["id"], soft=False)).remote(str(probe))
+                for n in nodes]
+        try:
+            seen = ray.get(refs, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            return (f"trainer.default_local_dir={folder}: no answer within {timeout_s:.0f} s from a task on every node "
+                    f"({len(nodes)} nodes) reading a file written there; the cluster is too busy or a node is unhealthy")
+    finally:
+        probe.unlink(missing_ok=True)
+    for node, content in zip(nodes, seen):
+        if content != token:
+            what = "does not exist" if content is None else "holds other bytes"
+            return (f"trainer.default_local_dir={folder} is not the same folder on node {node['ip']} (id "
+                    f"{node['id'][:12]}): the file the driver wrote there {what} on that node; every node must see "
+                    "the checkpoint folder (shared storage mounted at the same path, e.g. NFS; or "
+                    "trainer.default_hdfs_dir), else a resume cannot find the checkpoints the ranks wrote")
+    return None
+
+
+def rendezvous_file(environ=None) -> Path | None:
+    """The file of a ``file://`` torch.distributed rendezvous (``DIST_INIT_METHOD``, the CPU backend's), or None."""
+    environ = os.environ if environ is None else environ
+    method = environ.get("DIST_INIT_METHOD", "")
+    return Path(method[len("file://"):]) if method.startswith("file://") else None
+
+
+class ClusterRun:
+    """What the driver learns of the cluster after ``ray.init``: the nodes alive at the start (``start_nodes``)."""
+
+    def __init__(self, config: DictConfig):
+        self.config = config
+        self.start_nodes: list[dict] = []
+
+    def checks_after_ray_init(self) -> None:
+        """Ray's post-init hook: on a joined cluster, ``capacity_problem`` and (several nodes)
+        ``shared_folder_problem``; raises ``RPGConfigError``. Records the alive nodes either way, and makes the
+        folder of a ``file://`` rendezvous (``DIST_INIT_METHOD``: torch's FileStore does not)."""
+        self.start_nodes = alive_nodes()
+        if (store := rendezvous_file()) is not None:
+            store.parent.mkdir(parents=True, exist_ok=True)
+        if not joined_cluster(self.config):
+            return
+        trainer = self.config.trainer
+        problem = capacity_problem(self.start_nodes, int(trainer.nnodes), int(trainer.n_gpus_per_node))
+        if problem is None and len(self.start_nodes) > 1:
+            folder = os.path.abspath(str(trainer.default_local_dir))
+            t0 = time.time()
+            problem = shared_folder_problem(folder, self.start_nodes)
+            if problem is None:
+                print(f"rpg: trainer.default_local_dir={folder} is the same folder on all {len(self.start_nodes)} nodes "
+                      f"(checked in {time.time() - t0:.1f} s)", flush=True)
+        if problem is not None:
+            raise RPGConfigError(problem)
+
+    def lost_reason(self, err: BaseException, wait_s: float = 45.0) -> str | None:
+        """If ``err`` (or what it wraps) is one of Ray's lost-process errors, the stop line's reason: the error's
+        kind and the nodes alive at the start that are gone (Ray's health check marks a node dead some seconds
+        after its raylet went: waited for up to ``wait_s``); else None."""
+        kinds = []
+        seen = err
+        while seen is not None and len(kinds) < 10:
+            kinds.append(type(seen).__name__)
+            seen = getattr(seen, "cause", None) or seen.__cause__
+        kind = next((k for k in kinds if k in LOST), None)
+        if kind is None:
+            return None
+        start = {n["id"]: n["ip"] for n in self.start_nodes}
+        deadline = time.time() + wait_s
+        gone: list[str] = []
+        while start:
+            try:
+                alive = {n["id"] for n in alive_nodes()}
+            except Exception:  # noqa: BLE001 - the GCS itself is gone: say what is known
+                break
+            gone = [f"{ip} (id {nid[:12]})" for nid, ip in start.items() if nid not in alive]
+            if gone or time.time() > deadline:
+                break
+            time.sleep(2.0)
+        where = f"node {', '.join(gone)} lost" if gone else "a process of the run lost"
+        return f"{where} ({kind})"
