@@ -214,7 +214,6 @@ def test_environment_defaults_and_overlong_rule(tmp_path):
     (["run_grpo_7b"], {"NNODES": "two"}, "NNODES='two' is invalid"),
     (["run_grpo_7b"], {"RPG_BACKEND": "tpu"}, "allowed values: gpu, cpu"),
     (["run_grpo_7b"], {"DRY_RUN": "maybe"}, "DRY_RUN='maybe' is invalid"),
-    (["run_grpo_7b"], {"RPG_BACKEND": "cpu", "RAY_ADDRESS": "http://127.0.0.1:8265"}, "unset RAY_ADDRESS"),
     (["--describe"], {}, "one run name"),
 ])
 def test_errors_are_one_clear_message(argv, env, msg, capsys):

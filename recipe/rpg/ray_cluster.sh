@@ -56,6 +56,14 @@ run_line() {
     if print_only; then printf '%s\n' "$1"; else eval "$1"; fi
 }
 
+# run_node ARGS...: `ray start ARGS`; with --block (the node runs in the foreground until a signal) this
+# script's process becomes `ray start` itself (exec), so the PID a caller recorded is the node's: SIGTERM to it
+# stops every process of the node.
+run_node() {
+    if ! print_only && [[ " $* " == *" --block "* ]]; then exec "$@"; fi
+    run "$@"
+}
+
 # set_env NAME VALUE: export a variable for the commands that follow (printed as `export NAME=VALUE`).
 set_env() {
     export "$1=$2"
@@ -108,6 +116,11 @@ node_args() {
     if [[ ${#args[@]} -gt 0 ]]; then printf '%s\n' "${args[@]}"; fi
 }
 
+head_messages() {
+    say "[ray_cluster] head started; workers: recipe/rpg/ray_cluster.sh worker <this node's IP>:$RAY_PORT"
+    say "[ray_cluster] jobs: RAY_ADDRESS=http://127.0.0.1:$DASHBOARD_PORT (on this node, or through ssh -L $DASHBOARD_PORT:localhost:$DASHBOARD_PORT)"
+}
+
 cmd="${1:-}"
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
@@ -125,10 +138,11 @@ case "$cmd" in
     head)
         if [[ "$RAY_AUTH_MODE" == "token" ]]; then head_token; fi
         mapfile -t extra < <(node_args)
-        run "$RAY" start --head --port="$RAY_PORT" --dashboard-host="$DASHBOARD_HOST" \
+        blocks=0; [[ " $* " == *" --block "* ]] && blocks=1  # the messages first: a blocking start never returns
+        [[ $blocks == 1 ]] && head_messages
+        run_node "$RAY" start --head --port="$RAY_PORT" --dashboard-host="$DASHBOARD_HOST" \
             --dashboard-port="$DASHBOARD_PORT" "${extra[@]+"${extra[@]}"}" "$@"
-        say "[ray_cluster] head started; workers: recipe/rpg/ray_cluster.sh worker <this node's IP>:$RAY_PORT"
-        say "[ray_cluster] jobs: RAY_ADDRESS=http://127.0.0.1:$DASHBOARD_PORT (on this node, or through ssh -L $DASHBOARD_PORT:localhost:$DASHBOARD_PORT)"
+        [[ $blocks == 1 ]] || head_messages
         ;;
     worker)
         head="${1:?usage: ray_cluster.sh worker HEAD_IP[:PORT]}"
@@ -136,7 +150,7 @@ case "$cmd" in
         [[ "$head" == *:* ]] || head="$head:$RAY_PORT"
         if [[ "$RAY_AUTH_MODE" == "token" ]]; then worker_token; fi
         mapfile -t extra < <(node_args)
-        run "$RAY" start --address="$head" "${extra[@]+"${extra[@]}"}" "$@"
+        run_node "$RAY" start --address="$head" "${extra[@]+"${extra[@]}"}" "$@"
         ;;
     submit)
         script="${1:?usage: ray_cluster.sh submit SCRIPT [hydra overrides]}"

@@ -61,6 +61,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from rpg.launch import job
 from rpg.launch.args import read_overrides
 from rpg.launch.config_keys import RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME, checked_config, compose_config, logger_problem
 from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides, merge_overrides, override_key, values
@@ -364,22 +365,18 @@ def ray_command(overrides: Sequence[str], env: Mapping[str, str], job_env: Mappi
     return [*cmd, "--", python, str(cluster_root(env, root) / ENTRY), *overrides]
 
 
-def cpu_cluster_job(cfg, env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
-    """A CPU-backend job on a running Ray cluster (``RPG_BACKEND=cpu`` with ``RAY_ADDRESS``: the rehearsal of a
-    multi-node launch, docs/launch-scripts.md): its submission id and its runtime environment's variables
-    (``rpg.backends.cpu.settings.cluster_job_env``), with torch.distributed's rendezvous file in the run's
+def cpu_cluster_job_env(cfg, env: Mapping[str, str], submission: str) -> dict[str, str]:
+    """The runtime environment's variables of a CPU-backend job on a running Ray cluster (``RPG_BACKEND=cpu``
+    with ``RAY_ADDRESS``: the rehearsal of a multi-node launch, docs/launch-scripts.md;
+    ``rpg.backends.cpu.settings.cluster_job_env``), with torch.distributed's rendezvous file in the run's
     checkpoint folder, which every node must see (the driver checks it: ``rpg.verl.cluster``)."""
-    import secrets
-    import time
-
     from rpg.backends.cpu.settings import cluster_job_env
 
     ckpts = str(cfg.trainer.default_local_dir)
     if not ckpts.startswith("/"):
         raise LaunchError(f"trainer.default_local_dir={ckpts!r}: a CPU-backend job on a Ray cluster needs an absolute "
                           "folder every node sees (CKPTS_DIR), its ranks meet through a file there")
-    submission = f"rpg-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-    return submission, cluster_job_env(env, f"file://{ckpts}/.rendezvous/{submission}")
+    return cluster_job_env(env, f"file://{ckpts}/.rendezvous/{submission}")
 
 
 def script_command(name: str, root: Path) -> str:
@@ -481,6 +478,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     cpu = backend == "cpu"
     dry = _truthy(env, "DRY_RUN")
     cluster = bool(env.get("RAY_ADDRESS", "").strip())
+    submission = job.submission_id() if cluster else None
     if cpu:
         _check_cpu_rollout(env, dry)
     if env.get("RPG_CLUSTER_ROOT", "").strip() and not env.get("RAY_ADDRESS", "").strip():
@@ -488,7 +486,8 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
               file=sys.stderr)
     overrides, job_env = plan_overrides(v, env, user, root=root, cwd=cwd, cpu=cpu)
 
-    submission = None
+    if cluster:  # the driver's stop line names this command (rpg.verl.main.run_stopped_line)
+        job_env[job.RESUME_COMMAND_ENV] = job.resume_command(env, ENV_VARS, script_command(v.name, root), user)
     if cpu:
         from rpg.launch.harness import build_command
 
@@ -504,8 +503,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         if not cluster:
             return _dry_run(v, argv_cpu[2:], argv_cpu, root)
         overrides = argv_cpu[2:]  # a CPU-backend job on the cluster (docs/launch-scripts.md, "Rehearsing")
-        submission, cluster_env = cpu_cluster_job(cfg, env)
-        job_env = {**job_env, **cluster_env}
+        job_env = {**job_env, **cpu_cluster_job_env(cfg, env, submission)}
     if cluster:
         cmd = ray_command(overrides, env, job_env, root, submission)
     else:
@@ -526,6 +524,8 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
                   f"starts): {'; '.join(problems)}", file=sys.stderr)
         print("+ " + " ".join(cmd[:6]) + " ... -- " + " ".join(cmd[cmd.index("--") + 1:cmd.index("--") + 3]) + " ...",
               flush=True)
+    if cluster and _truthy(env, "RAY_JOB_WAIT"):  # tails the job; Ctrl-C stops the job, not only the client
+        return job.follow(cmd, env, env["RAY_ADDRESS"], submission)
     os.execvpe(cmd[0], cmd, env)
     return 0  # pragma: no cover
 

@@ -223,3 +223,57 @@ def history_warnings(name: str | Path, metrics: Metrics, interval: int | None = 
             out.append(f"{name}: gaps in the validation steps (every {interval} steps elsewhere): {listed}; "
                        "a lost log segment? Best covers the logged steps only")
     return out
+
+
+# ----------------------------------------------------------------------------- a step saved but never logged
+STEP_RECORD = "rpg_step_metrics.json"  # in a checkpoint folder: the step's metrics when it was saved
+
+
+def write_step_record(folder: str | os.PathLike, step: int, metrics: Mapping) -> Path:
+    """Keep step ``step``'s metrics known at its checkpoint (the training metrics: verl saves a step before it
+    validates and logs it) in the checkpoint ``folder``, as one FileLogger record ``{"step", "data"}``; numbers
+    only. ``restore_step_record`` logs it when the run stopped before the step's own record was written."""
+    import json
+    import numbers
+
+    data = {k: float(v) for k, v in metrics.items() if isinstance(v, numbers.Real) and not isinstance(v, bool)}
+    data[TRAINING_STEP_KEY] = float(step)
+    path = Path(folder) / STEP_RECORD
+    path.write_text(json.dumps({"step": step, "data": data}) + "\n")
+    return path
+
+
+def logged_training_steps(base: Path) -> set[int]:
+    """The steps with a training record in any segment of the history at ``base`` (unreadable lines skipped:
+    the readers report them)."""
+    import json
+
+    steps = set()
+    for path in segments(base):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and TRAINING_STEP_KEY in (record.get("data") or {}):
+                steps.add(record.get("step"))
+    return steps
+
+
+def restore_step_record(base: Path, folder: str | os.PathLike | None) -> str | None:
+    """Before a resume from checkpoint ``folder`` logs anything: if its step has no training record in the
+    history at ``base`` (the run stopped after saving the step and before logging it: a lost node, a crash in the
+    validation that follows the save), log the step's saved record (``write_step_record``) as a segment of its
+    own, so that the history has every trained step. Returns the note to print, or None."""
+    record = Path(folder) / STEP_RECORD if folder else None
+    if record is None or not record.is_file():
+        return None
+    import json
+
+    step = json.loads(record.read_text()).get("step")
+    if not isinstance(step, int) or step in logged_training_steps(base):
+        return None
+    target = claim_segment(base)
+    target.write_text(record.read_text())
+    return (f"step {step} was saved but its metrics were never logged (the run stopped between its checkpoint and "
+            f"its log): its training metrics, kept with the checkpoint, are logged to {target}")

@@ -40,7 +40,8 @@ import rpg.verl.register  # noqa: F401  (registrations in the driver even withou
 from rpg.backends.cpu.vllm_cpu import check_driver as check_vllm_cpu
 from rpg.backends.cpu.world import check_driver as check_cpu_world
 from rpg.backends.gpu.preflight import check_gpu_node
-from rpg.reports.history import PATH_ENV, base_path, claim_segment, logs_to_file
+from rpg.reports.history import PATH_ENV, base_path, claim_segment, logs_to_file, restore_step_record
+from rpg.launch.job import RESUME_COMMAND_ENV
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
 from rpg.verl.settings import RPGConfigError, RPGSettings, describe, resume_hint, validate_and_apply
@@ -96,13 +97,20 @@ class RPGTaskRunner(TaskRunnerV1.__ray_actor_class__):
 @contextlib.contextmanager
 def log_segment(config: DictConfig):
     """With verl's ``file`` logger on: ``VERL_FILE_LOGGER_PATH`` = the next free segment of the run's
-    history (read by verl's ``FileLogger``, which opens it with "wb", when ``fit`` starts)."""
+    history (read by verl's ``FileLogger``, which opens it with "wb", when ``fit`` starts); before it, on a
+    resume, the resumed step's saved record when that step was never logged (``restore_step_record``)."""
     loggers = config.trainer.logger
     if not logs_to_file(loggers):
         yield None
         return
     before = os.environ.get(PATH_ENV)
-    path = claim_segment(base_path(config.trainer.project_name, config.trainer.experiment_name))
+    base = base_path(config.trainer.project_name, config.trainer.experiment_name)
+    # a resume (pinned by the driver: resolve_resume) logs first the record of a step saved but never logged;
+    # not when a launcher chose the segment (the CPU harness: its history notes name such a step instead)
+    if before is None and OmegaConf.select(config, "trainer.resume_mode") == "resume_path":
+        if (note := restore_step_record(base, OmegaConf.select(config, "trainer.resume_from_path"))) is not None:
+            print(f"rpg: {note}", flush=True)
+    path = claim_segment(base)
     os.environ[PATH_ENV] = str(path)
     try:
         yield path
@@ -161,9 +169,6 @@ def resume_command(argv: list[str]) -> str:
     return shlex.join([sys.executable, script, *flags, *merge_overrides(overrides, ["trainer.resume_mode=auto"])])
 
 
-# The command that resumes a run, when a launcher knows it better than the driver's own command line: a job
-# submitted to a Ray cluster is resumed by submitting again (rpg.launch sets it in the job's environment).
-RESUME_COMMAND_ENV = "RPG_RESUME_COMMAND"
 
 
 def stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
@@ -184,6 +189,7 @@ def run_stopped_line(config: DictConfig, stopped: str, argv: list[str]) -> str:
     worker_env = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
     environ = {**os.environ, **{k: str(v) for k, v in dict(worker_env).items()}}
     log = base_path(trainer.project_name, trainer.experiment_name, environ) if logged else "this process's output"
+    # a job submitted to a Ray cluster is resumed by submitting it again: the launcher's command (rpg.launch.job)
     resume = os.environ.get(RESUME_COMMAND_ENV, "").strip() or resume_command(argv)
     return (f"rpg: {stopped}; Ray shut down; metrics log {log}; last complete checkpoint "
             f"{ckpt or 'none (nothing saved yet: the resume starts at step 0)'}; "
@@ -220,6 +226,17 @@ def stop_on_signals(config: DictConfig, argv: list[str] | None = None):
 
 
 @contextlib.contextmanager
+def _removed(path):
+    """``path`` (if any) is removed on the way out, whatever the outcome (a rendezvous file: each run its own)."""
+    try:
+        yield
+    finally:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
 def after_ray_init(hook):
     """``hook()`` runs right after ``ray.init`` (Ray's post-init hooks: verl's ``run_ppo`` starts Ray), inside
     ``ray.init``: an exception it raises comes out of ``run_ppo`` before verl builds anything."""
@@ -239,10 +256,10 @@ def main_from_hydra(config: DictConfig) -> None:
     the driver joined, the cluster's checks run once Ray is up (``rpg.verl.cluster``: nodes and GPUs, the
     checkpoint folder seen from every node; a refusal is the same one line, exit 2), and a node lost mid-run
     ends the run with the stop line (exit 1) instead of a traceback."""
-    from rpg.verl.cluster import ClusterRun
+    from rpg.verl.cluster import ClusterRun, rendezvous_file
 
     cluster = ClusterRun(config)
-    with stop_on_signals(config):
+    with stop_on_signals(config), _removed(rendezvous_file()):
         try:
             prepare_config(config)
         except RPGConfigError as e:

@@ -54,6 +54,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
 from rpg.behavior import behavior_weights
+from rpg.reports.history import write_step_record
 from rpg.verl.checkpoints import recorded_settings, write_marker
 from rpg.verl.settings import parse_rpg_settings
 from rpg.verl.validation import SamplesPerSource
@@ -202,6 +203,7 @@ class RPGTrainerMixin:
         if self.rpg.reference.resets:
             with marked_timer("rpg_reference", timing_raw, color="purple"):
                 metrics.update(self._reference_step())
+        self._step_metrics = metrics  # kept with this step's checkpoint (_save_checkpoint)
         return batch
 
     def _reference_diffs(self, suffix: str) -> dict:
@@ -247,6 +249,11 @@ class RPGTrainerMixin:
                 self.actor_rollout_wg.sf_set_mode("train")
         if self.rpg.reference.resets:
             self._prune_reference_state()
+        # verl validates and logs a step after saving it: a run stopped in between would never log it; the
+        # resume logs this copy instead (rpg.reports.history.restore_step_record, before the marker's digests)
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        if os.path.isdir(folder):
+            write_step_record(folder, self.global_steps, getattr(self, "_step_metrics", {}))
         self._mark_complete()
         return result
 

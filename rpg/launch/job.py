@@ -1,0 +1,68 @@
+"""A run submitted to a Ray cluster (``ray job submit``): its submission id, the command that resumes it, and,
+when the launcher waits for it (``RAY_JOB_WAIT=1``), a Ctrl-C that stops the job rather than only the client.
+
+``ray job submit`` without ``--no-wait`` tails the job's logs; Ray's client answers Ctrl-C with a
+``KeyboardInterrupt`` traceback and leaves the job running on the cluster. ``follow`` runs the same ``ray job
+submit`` as a child in its own process group (the terminal's Ctrl-C reaches only the launcher), and on SIGINT,
+SIGTERM or SIGHUP asks Ray to stop the job (``ray job stop <submission id>``: Ray sends the driver SIGTERM, and
+the driver prints its stop line, which the still-running tail shows), waits for the tail to end, then says so in
+one line (exit 128 + signum).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+from rpg.launch.signals import StopSignal, raise_on_stop_signals
+
+RESUME_COMMAND_ENV = "RPG_RESUME_COMMAND"  # read by the driver's stop line (rpg.verl.main)
+STOP_WAIT_S = 120.0  # for the job's own stop (the driver's stop line, Ray shut down) to reach the tail
+# The launcher's variables that do not belong in a resume command (a dry run starts nothing to resume).
+NOT_RESUMED = ("DRY_RUN",)
+
+
+def submission_id() -> str:
+    """A new job's submission id: ``rpg-<UTC time>-<6 hex>`` (names its rendezvous file and its logs)."""
+    return f"rpg-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def resume_command(env: Mapping[str, str], env_vars: Sequence[str], launch: str, user: Sequence[str]) -> str:
+    """The command that resumes a submitted run: the launcher's variables the user set (``env_vars``, minus
+    ``NOT_RESUMED``), the launch command (``bash recipe/rpg/7b/<name>.sh``) and the user's overrides with
+    ``trainer.resume_mode=auto`` (replacing theirs)."""
+    from rpg.launch.overrides import merge_overrides
+
+    assigned = [f"{k}={shlex.quote(env[k])}" for k in env_vars if k not in NOT_RESUMED and env.get(k, "").strip()]
+    return " ".join([*assigned, launch, shlex.join(merge_overrides(list(user), ["trainer.resume_mode=auto"]))]).rstrip()
+
+
+def follow(cmd: Sequence[str], env: Mapping[str, str], address: str, submission: str) -> int:
+    """Run ``cmd`` (``ray job submit`` that tails the job) to its end; a stop signal stops the job (see the
+    module's text). Returns the client's exit code, or 128 + signum after a stop."""
+    handlers = raise_on_stop_signals()
+    proc = None
+    try:
+        proc = subprocess.Popen(list(cmd), env=dict(env), start_new_session=True)
+        return proc.wait()
+    except StopSignal as stop:
+        handlers.hold()
+        print(f"rpg.launch: {stop.name}: stopping job {submission} (ray job stop) ...", file=sys.stderr, flush=True)
+        ray = cmd[0]
+        subprocess.run([ray, "job", "stop", "--address", address, submission], env=dict(env),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=STOP_WAIT_S, check=False)
+        if proc is not None:
+            try:
+                proc.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+        print(f"rpg.launch: stopped by {stop.name}: job {submission} stopped; its logs: ray job logs --address "
+              f"{address} {submission}", file=sys.stderr, flush=True)
+        return stop.code
+    finally:
+        handlers()
