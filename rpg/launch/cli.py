@@ -64,6 +64,7 @@ from pathlib import Path
 from rpg.launch.args import read_overrides
 from rpg.launch.config_keys import RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME, checked_config, compose_config, logger_problem
 from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides, merge_overrides, override_key, values
+from rpg.launch.ray_job_api import address_problem, job_api_problem
 from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root
 from rpg.launch.variants import (GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse,
                                  to_overrides)
@@ -481,7 +482,13 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
             return _dry_run(v, argv_cpu[2:], argv_cpu, root)
         return _run_cpu(v, overrides, env, root, user, cfg)
     if env.get("RAY_ADDRESS", "").strip():
+        if (why := address_problem(env["RAY_ADDRESS"])) is not None:
+            raise LaunchError(why)
         cmd = ray_command(overrides, env, job_env, root)
+        if (why := job_api_problem(cmd[0], env["RAY_ADDRESS"], env)) is not None:  # no cluster there, or no entry
+            if not dry:
+                raise LaunchError(why)
+            print(f"rpg.launch: warning: {why} (DRY_RUN=1: nothing is submitted)", file=sys.stderr, flush=True)
     else:
         cmd = local_command(overrides, root)
         if not dry:  # keys and loggers (DRY_RUN and a submission compose with the driver's checks below)
