@@ -241,3 +241,48 @@ def test_the_documented_auth_modes_are_accepted(tmp_path, mode):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == f"export RAY_AUTH_MODE={mode or 'token'}"
     assert (mode != "disabled") == any("get-auth-token" in ln for ln in r.stdout.splitlines())
+
+
+# --- no cluster where one is expected ------------------------------------------------------------------------
+
+# `ray list nodes --address A --format json` as Ray 2.60 fails (checked by hand: nothing listening at A, exit 2 and
+# a click error; no token on this machine with RAY_AUTH_MODE=token, exit 1 and an AuthenticationError traceback).
+FAKE_RAY_FAILS = """#!/usr/bin/env bash
+echo "ray $*" >> "$FAKE_RAY_LOG"
+[[ "$1" == list ]] || exit 0
+if [[ "$FAKE_CASE" == "no cluster" ]]; then
+    printf 'Usage: ray list [OPTIONS] {actors|jobs|placement-\\nTry %s for help.\\n\\n' "'ray list --help'" >&2
+    echo "Error: Failed to make request to $4/api/v0/nodes. Failed to connect to API server. Please check the API server log for details." >&2
+    exit 2
+fi
+echo "Traceback (most recent call last):" >&2
+echo "ray.exceptions.AuthenticationError: Token authentication is enabled but Ray couldn't find an authentication token." >&2
+exit 1
+"""
+NO_CLUSTER = ("[ray_cluster] error: no Ray cluster answers at RAY_ADDRESS={address}: start one with recipe/rpg/ray_cluster.sh "
+              "head, or reach a running head through an SSH tunnel (ssh -L 8265:localhost:8265 user@HEAD, then "
+              "RAY_ADDRESS=http://127.0.0.1:8265)")
+NO_TOKEN = ("[ray_cluster] error: RAY_AUTH_MODE=token but this machine has no Ray token for RAY_ADDRESS={address}: "
+            "give this machine the cluster's token: the token file ~/.ray/auth_token copied from the head node "
+            "(chmod 600), or RAY_AUTH_TOKEN_PATH, or RAY_AUTH_TOKEN")
+
+
+@pytest.mark.parametrize("case, line", [("no cluster", NO_CLUSTER), ("no token", NO_TOKEN)])
+@pytest.mark.parametrize("address", [None, "http://10.0.0.1:8265"])
+def test_submit_without_a_cluster_is_one_line(tmp_path, case, line, address):
+    """Before: Ray's error, then the NNODES one-liner fed empty input (JSONDecodeError traceback), exit 1."""
+    job = tmp_path / "job.sh"
+    job.write_text(JOB)
+    env = _env(tmp_path, FAKE_CASE=case, **({"RAY_ADDRESS": address} if address else {}))
+    (tmp_path / "bin" / "ray").write_text(FAKE_RAY_FAILS)
+    address = address or "http://127.0.0.1:8265"
+    ran = _bash([str(SCRIPT), "submit", str(job)], env)
+    assert (ran.returncode, ran.stderr.splitlines()) == (2, [line.format(address=address)])
+    assert _calls(tmp_path) == [f"ray list nodes --address {address} --format json"]  # the job never ran
+    # PRINT_ONLY=1: the printed lines, pasted, stop the same way
+    printed = _bash([str(SCRIPT), "submit", str(job)], {**env, "PRINT_ONLY": "1"})
+    assert printed.returncode == 0 and _calls(tmp_path) == [f"ray list nodes --address {address} --format json"]
+    (tmp_path / "ray.log").unlink()
+    pasted = _bash(["-euo", "pipefail"], env, stdin=printed.stdout)
+    assert (pasted.returncode, pasted.stderr, _calls(tmp_path)) == (ran.returncode, ran.stderr, _calls(tmp_path))
+    assert _calls(tmp_path) == [f"ray list nodes --address {address} --format json"]

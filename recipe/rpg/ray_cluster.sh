@@ -14,23 +14,24 @@
 # readable by you only (0600; an existing one is set to 0600 too); copy that file to every worker
 # node (chmod 600; `worker` checks it is there and private) or export RAY_AUTH_TOKEN there.
 # RAY_AUTH_MODE=disabled turns it off; any other value (a typo, another case) is refused. The GCS
-# port (RAY_PORT) must be reachable from the workers.
+# port (RAY_PORT) must be reachable from the workers. `submit` first asks the cluster for its nodes:
+# no cluster there, or one that refuses this client's token, is one line and exit 2.
 #
 # Environment: RAY_PORT [6379], DASHBOARD_HOST [127.0.0.1], DASHBOARD_PORT [8265], NODE_IP [Ray's
 # guess], NUM_GPUS [all visible], RAY_AUTH_MODE [token], RAY_AUTH_TOKEN_PATH [~/.ray/auth_token],
 # NNODES for `submit` [alive nodes with GPUs], PRINT_ONLY=1 prints every step that would run instead
 # of running it: the token steps and the variables this script sets for the commands (`export ...`)
 # too, never the token; the checks run as in a real run, and the printed lines, pasted into a
-# shell, do exactly what the run would.
+# shell (`bash -eu`), do exactly what the run would.
 set -euo pipefail
 
 RAY="${RAY:-ray}"
 RAY_PORT="${RAY_PORT:-6379}"
 DASHBOARD_HOST="${DASHBOARD_HOST:-127.0.0.1}"
 DASHBOARD_PORT="${DASHBOARD_PORT:-8265}"
-# A Python one-liner (no single quote in it: it is printed in single quotes): the number of alive
-# nodes with GPUs in `ray list nodes --format json` (at least 1).
-GPU_NODES='import json, sys; print(sum(1 for n in json.load(sys.stdin) if n["state"] == "ALIVE" and float(n["resources_total"].get("GPU", 0)) > 0) or 1)'
+# `submit` counts the alive nodes with GPUs with it (standard library only, run by path): one line
+# instead of Ray's tracebacks when no cluster answers or it refuses this client.
+NODES_PY="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/rpg/launch/ray_job_api.py"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
@@ -143,7 +144,7 @@ case "$cmd" in
         shift
         set_env RAY_ADDRESS "${RAY_ADDRESS:-http://127.0.0.1:$DASHBOARD_PORT}"
         if [[ -z "${NNODES:-}" ]]; then
-            run_line "NNODES=\"\$($(quote "$RAY") list nodes --address \"\$RAY_ADDRESS\" --format json | $(quote "${PYTHON:-python3}") -c '$GPU_NODES')\""
+            run_line "NNODES=\"\$($(quote "${PYTHON:-python3}") $(quote "$NODES_PY") $(quote "$RAY") \"\$RAY_ADDRESS\")\""
             run_line "export NNODES"
             print_only || say "[ray_cluster] NNODES=$NNODES (alive nodes with GPUs)"
         fi
