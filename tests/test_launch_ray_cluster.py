@@ -6,6 +6,7 @@ the calls a run makes (same arguments, same environment, same token file, same r
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -286,3 +287,54 @@ def test_submit_without_a_cluster_is_one_line(tmp_path, case, line, address):
     pasted = _bash(["-euo", "pipefail"], env, stdin=printed.stdout)
     assert (pasted.returncode, pasted.stderr, _calls(tmp_path)) == (ran.returncode, ran.stderr, _calls(tmp_path))
     assert _calls(tmp_path) == [f"ray list nodes --address {address} --format json"]
+
+
+# --- the dashboard's host: authentication, the job address -------------------------------------------------
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "fe80::1", "head.example.org"])
+@pytest.mark.parametrize("print_only", ["1", "0"])
+def test_an_unauthenticated_dashboard_on_the_network_needs_an_explicit_opt_in(tmp_path, host, print_only):
+    """Before: RAY_AUTH_MODE=disabled with DASHBOARD_HOST=0.0.0.0 started the job API (it runs code) on the network,
+    without authentication and without a word."""
+    r = _run(tmp_path, "head", RAY_AUTH_MODE="disabled", DASHBOARD_HOST=host, PRINT_ONLY=print_only)
+    assert r.returncode == 2 and _calls(tmp_path) == [] and r.stderr.splitlines() == [
+        f"[ray_cluster] error: RAY_AUTH_MODE=disabled with DASHBOARD_HOST={host} would let anyone who reaches port 8265 "
+        "run code on the cluster: keep RAY_AUTH_MODE=token, or DASHBOARD_HOST=127.0.0.1 (ssh -L), or set "
+        "ALLOW_UNAUTHENTICATED_DASHBOARD=1 (trusted, firewalled network only)"]
+    assert "start" not in r.stdout
+    r = _run(tmp_path, "head", RAY_AUTH_MODE="disabled", DASHBOARD_HOST=host, PRINT_ONLY=print_only,
+             ALLOW_UNAUTHENTICATED_DASHBOARD="1")
+    assert r.returncode == 0 and r.stderr.splitlines() == [
+        f"[ray_cluster] warning: the job API on {host}:8265 has no authentication (ALLOW_UNAUTHENTICATED_DASHBOARD=1): "
+        "anyone who reaches it can run code on the cluster"]
+    assert (_calls(tmp_path) == [f"start --head --port=6379 --dashboard-host={host} --dashboard-port=8265"]) == (
+        print_only == "0")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.1.1", "localhost", "::1"])
+def test_an_unauthenticated_dashboard_on_loopback_is_not_warned_about(tmp_path, host):
+    r = _run(tmp_path, "head", RAY_AUTH_MODE="disabled", DASHBOARD_HOST=host)
+    assert r.returncode == 0 and r.stderr == "" and len(_calls(tmp_path)) == 1
+
+
+def test_the_opt_in_is_read_like_print_only(tmp_path):
+    r = _run(tmp_path, "head", ALLOW_UNAUTHENTICATED_DASHBOARD="yes please")
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "ray_cluster.sh: ALLOW_UNAUTHENTICATED_DASHBOARD='yes please' is invalid; allowed values: 1, 0, true, false"]
+    assert _calls(tmp_path) == []
+
+
+@pytest.mark.parametrize("host, address", [
+    ("127.0.0.1", "http://127.0.0.1:8265"), ("0.0.0.0", "http://127.0.0.1:8265"), ("::", "http://127.0.0.1:8265"),
+    ("10.1.2.3", "http://10.1.2.3:8265"), ("fe80::1", "http://[fe80::1]:8265"), ("[fe80::1]", "http://[fe80::1]:8265"),
+    ("head.example.org", "http://head.example.org:8265"),
+])
+def test_the_job_address_follows_the_dashboard_host(tmp_path, host, address):
+    """Before: `head` printed and `submit` used http://127.0.0.1:8265 whatever DASHBOARD_HOST was (with 10.1.2.3
+    nothing listens there)."""
+    r = _run(tmp_path, "head", DASHBOARD_HOST=host, PRINT_ONLY="1")
+    assert r.returncode == 0 and r.stdout.splitlines()[-1].startswith(f"# [ray_cluster] jobs: RAY_ADDRESS={address}")
+    job = tmp_path / "job.sh"
+    job.write_text(JOB)
+    r = _bash([str(SCRIPT), "submit", str(job)], _env(tmp_path, DASHBOARD_HOST=host, PRINT_ONLY="1"))
+    assert r.returncode == 0 and ["export", f"RAY_ADDRESS={address}"] in [shlex.split(ln) for ln in r.stdout.splitlines()]

@@ -13,12 +13,18 @@
 # Ray token authentication is on (RAY_AUTH_MODE=token): `head` creates ~/.ray/auth_token if missing,
 # readable by you only (0600; an existing one is set to 0600 too); copy that file to every worker
 # node (chmod 600; `worker` checks it is there and private) or export RAY_AUTH_TOKEN there.
-# RAY_AUTH_MODE=disabled turns it off; any other value (a typo, another case) is refused. The GCS
-# port (RAY_PORT) must be reachable from the workers. `submit` first asks the cluster for its nodes:
+# RAY_AUTH_MODE=disabled turns it off; any other value (a typo, another case) is refused. With it off,
+# a DASHBOARD_HOST other than loopback (127.x, ::1, localhost) is refused unless
+# ALLOW_UNAUTHENTICATED_DASHBOARD=1 (then a warning): anyone on the network could run code. The GCS
+# port (RAY_PORT) must be reachable from the workers.
+# The job API's address follows DASHBOARD_HOST: http://127.0.0.1:PORT for 127.0.0.1, 0.0.0.0 or ::
+# (every interface: this node's loopback is one), else http://DASHBOARD_HOST:PORT ([...] around an
+# IPv6 address); `head` prints it and `submit` uses it. `submit` first asks the cluster for its nodes:
 # no cluster there, or one that refuses this client's token, is one line and exit 2.
 #
 # Environment: RAY_PORT [6379], DASHBOARD_HOST [127.0.0.1], DASHBOARD_PORT [8265], NODE_IP [Ray's
 # guess], NUM_GPUS [all visible], RAY_AUTH_MODE [token], RAY_AUTH_TOKEN_PATH [~/.ray/auth_token],
+# ALLOW_UNAUTHENTICATED_DASHBOARD [0], RAY_ADDRESS for `submit` [the job API's address above],
 # NNODES for `submit` [alive nodes with GPUs], PRINT_ONLY=1 prints every step that would run instead
 # of running it: the token steps and the variables this script sets for the commands (`export ...`)
 # too, never the token; the checks run as in a real run, and the printed lines, pasted into a
@@ -35,12 +41,16 @@ NODES_PY="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/rpg/launch/ray_job
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
-# PRINT_ONLY: 1/true/yes/on or 0/false/no/off (empty: 0); anything else is refused before anything runs.
-case "$(printf '%s' "${PRINT_ONLY:-0}" | tr '[:upper:]' '[:lower:]')" in
-    1|true|yes|on) PRINT_ONLY_ON=1 ;;
-    0|false|no|off) PRINT_ONLY_ON=0 ;;
-    *) echo "ray_cluster.sh: PRINT_ONLY='${PRINT_ONLY}' is invalid; allowed values: 1, 0, true, false" >&2; exit 2 ;;
-esac
+# flag NAME: 1 for 1/true/yes/on, 0 for 0/false/no/off or empty; anything else is refused before anything runs.
+flag() {
+    case "$(printf '%s' "${!1:-0}" | tr '[:upper:]' '[:lower:]')" in
+        1|true|yes|on) echo 1 ;;
+        0|false|no|off) echo 0 ;;
+        *) echo "ray_cluster.sh: $1='${!1}' is invalid; allowed values: 1, 0, true, false" >&2; exit 2 ;;
+    esac
+}
+PRINT_ONLY_ON="$(flag PRINT_ONLY)"
+ALLOW_UNAUTHENTICATED_ON="$(flag ALLOW_UNAUTHENTICATED_DASHBOARD)"
 print_only() { [[ "$PRINT_ONLY_ON" == "1" ]]; }
 
 # quote WORD...: the words as one shell-quoted line.
@@ -102,6 +112,32 @@ worker_token() {
     fi
 }
 
+# job_host: the host in the job API's address: DASHBOARD_HOST, 127.0.0.1 for every interface (0.0.0.0, ::),
+# an IPv6 address in brackets.
+job_host() {
+    local h="${DASHBOARD_HOST#\[}"
+    h="${h%\]}"
+    case "$h" in
+        0.0.0.0|::) printf '127.0.0.1' ;;
+        *:*) printf '[%s]' "$h" ;;
+        *) printf '%s' "$h" ;;
+    esac
+}
+
+loopback() { case "$1" in 127.*|localhost|::1|"[::1]") return 0 ;; *) return 1 ;; esac; }
+
+# Authentication off with the job API (it runs any code) on the network: only when asked for by name.
+check_open_dashboard() {
+    [[ "$RAY_AUTH_MODE" == "disabled" ]] && ! loopback "$DASHBOARD_HOST" || return 0
+    if [[ "$ALLOW_UNAUTHENTICATED_ON" != "1" ]]; then
+        die "RAY_AUTH_MODE=disabled with DASHBOARD_HOST=$DASHBOARD_HOST would let anyone who reaches port" \
+            "$DASHBOARD_PORT run code on the cluster: keep RAY_AUTH_MODE=token, or DASHBOARD_HOST=127.0.0.1" \
+            "(ssh -L), or set ALLOW_UNAUTHENTICATED_DASHBOARD=1 (trusted, firewalled network only)"
+    fi
+    echo "[ray_cluster] warning: the job API on $DASHBOARD_HOST:$DASHBOARD_PORT has no authentication" \
+         "(ALLOW_UNAUTHENTICATED_DASHBOARD=1): anyone who reaches it can run code on the cluster" >&2
+}
+
 node_args() {
     local args=()
     [[ -n "${NODE_IP:-}" ]] && args+=(--node-ip-address="$NODE_IP")
@@ -124,12 +160,20 @@ case "$cmd" in
 esac
 case "$cmd" in
     head)
+        check_open_dashboard
         if [[ "$RAY_AUTH_MODE" == "token" ]]; then head_token; fi
         mapfile -t extra < <(node_args)
         run "$RAY" start --head --port="$RAY_PORT" --dashboard-host="$DASHBOARD_HOST" \
             --dashboard-port="$DASHBOARD_PORT" "${extra[@]+"${extra[@]}"}" "$@"
         say "[ray_cluster] head started; workers: recipe/rpg/ray_cluster.sh worker <this node's IP>:$RAY_PORT"
-        say "[ray_cluster] jobs: RAY_ADDRESS=http://127.0.0.1:$DASHBOARD_PORT (on this node, or through ssh -L $DASHBOARD_PORT:localhost:$DASHBOARD_PORT)"
+        jobs="RAY_ADDRESS=http://$(job_host):$DASHBOARD_PORT"
+        if loopback "$DASHBOARD_HOST"; then
+            say "[ray_cluster] jobs: $jobs (on this node, or through ssh -L $DASHBOARD_PORT:localhost:$DASHBOARD_PORT)"
+        elif [[ "$(job_host)" == 127.0.0.1 ]]; then
+            say "[ray_cluster] jobs: $jobs on this node, http://<this node's IP>:$DASHBOARD_PORT from the network"
+        else
+            say "[ray_cluster] jobs: $jobs (submit's default with the same DASHBOARD_HOST)"
+        fi
         ;;
     worker)
         head="${1:?usage: ray_cluster.sh worker HEAD_IP[:PORT]}"
@@ -142,7 +186,7 @@ case "$cmd" in
     submit)
         script="${1:?usage: ray_cluster.sh submit SCRIPT [hydra overrides]}"
         shift
-        set_env RAY_ADDRESS "${RAY_ADDRESS:-http://127.0.0.1:$DASHBOARD_PORT}"
+        set_env RAY_ADDRESS "${RAY_ADDRESS:-http://$(job_host):$DASHBOARD_PORT}"
         if [[ -z "${NNODES:-}" ]]; then
             run_line "NNODES=\"\$($(quote "${PYTHON:-python3}") $(quote "$NODES_PY") $(quote "$RAY") \"\$RAY_ADDRESS\")\""
             run_line "export NNODES"
