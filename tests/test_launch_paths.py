@@ -3,6 +3,7 @@ paths are warned about, and a Ray submission resolves every default path against
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from test_launch_dryrun import _env
@@ -15,12 +16,19 @@ RAY = "http://127.0.0.1:8265"
 DIVERGENCE_LINE = "rpg config error: rpg.loss.divergence='js' is invalid: expected one of fkl, rkl, ufkl, urkl"
 
 
-def test_dry_run_bad_rpg_value_is_the_drivers_one_line(capsys):
+def _answering_ray(tmp_path: Path) -> dict[str, str]:
+    """PATH with a `ray` whose job API answers (a submission asks `ray job list` first: rpg.launch.ray_job_api)."""
+    (tmp_path / "ray").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "ray").chmod(0o755)
+    return {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_dry_run_bad_rpg_value_is_the_drivers_one_line(tmp_path, capsys):
     """Same line and exit code as `python recipe/rpg/main_rpg.py rpg.loss.divergence=js` (test_verl_config)."""
     assert main(["run_rpg_7b_ufkl1e-4", "rpg.loss.divergence=js"], _env(DRY_RUN="1")) == 2
     assert capsys.readouterr().err.strip() == DIVERGENCE_LINE
     # the same before a Ray submission (validated locally before queueing)
-    assert main(["run_rpg_7b_ufkl1e-4", "rpg.loss.divergence=js"], _env(RAY_ADDRESS=RAY)) == 2
+    assert main(["run_rpg_7b_ufkl1e-4", "rpg.loss.divergence=js"], _env(RAY_ADDRESS=RAY, **_answering_ray(tmp_path))) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == DIVERGENCE_LINE
 
 

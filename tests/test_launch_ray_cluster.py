@@ -6,6 +6,7 @@ the calls a run makes (same arguments, same environment, same token file, same r
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -241,3 +242,99 @@ def test_the_documented_auth_modes_are_accepted(tmp_path, mode):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == f"export RAY_AUTH_MODE={mode or 'token'}"
     assert (mode != "disabled") == any("get-auth-token" in ln for ln in r.stdout.splitlines())
+
+
+# --- no cluster where one is expected ------------------------------------------------------------------------
+
+# `ray list nodes --address A --format json` as Ray 2.60 fails (checked by hand: nothing listening at A, exit 2 and
+# a click error; no token on this machine with RAY_AUTH_MODE=token, exit 1 and an AuthenticationError traceback).
+FAKE_RAY_FAILS = """#!/usr/bin/env bash
+echo "ray $*" >> "$FAKE_RAY_LOG"
+[[ "$1" == list ]] || exit 0
+if [[ "$FAKE_CASE" == "no cluster" ]]; then
+    printf 'Usage: ray list [OPTIONS] {actors|jobs|placement-\\nTry %s for help.\\n\\n' "'ray list --help'" >&2
+    echo "Error: Failed to make request to $4/api/v0/nodes. Failed to connect to API server. Please check the API server log for details." >&2
+    exit 2
+fi
+echo "Traceback (most recent call last):" >&2
+echo "ray.exceptions.AuthenticationError: Token authentication is enabled but Ray couldn't find an authentication token." >&2
+exit 1
+"""
+NO_CLUSTER = ("[ray_cluster] error: no Ray cluster answers at RAY_ADDRESS={address}: start one with recipe/rpg/ray_cluster.sh "
+              "head, or reach a running head through an SSH tunnel (ssh -L 8265:localhost:8265 user@HEAD, then "
+              "RAY_ADDRESS=http://127.0.0.1:8265)")
+NO_TOKEN = ("[ray_cluster] error: RAY_AUTH_MODE=token but this machine has no Ray token for RAY_ADDRESS={address}: "
+            "give this machine the cluster's token: the token file ~/.ray/auth_token copied from the head node "
+            "(chmod 600), or RAY_AUTH_TOKEN_PATH, or RAY_AUTH_TOKEN")
+
+
+@pytest.mark.parametrize("case, line", [("no cluster", NO_CLUSTER), ("no token", NO_TOKEN)])
+@pytest.mark.parametrize("address", [None, "http://10.0.0.1:8265"])
+def test_submit_without_a_cluster_is_one_line(tmp_path, case, line, address):
+    """Before: Ray's error, then the NNODES one-liner fed empty input (JSONDecodeError traceback), exit 1."""
+    job = tmp_path / "job.sh"
+    job.write_text(JOB)
+    env = _env(tmp_path, FAKE_CASE=case, **({"RAY_ADDRESS": address} if address else {}))
+    (tmp_path / "bin" / "ray").write_text(FAKE_RAY_FAILS)
+    address = address or "http://127.0.0.1:8265"
+    ran = _bash([str(SCRIPT), "submit", str(job)], env)
+    assert (ran.returncode, ran.stderr.splitlines()) == (2, [line.format(address=address)])
+    assert _calls(tmp_path) == [f"ray list nodes --address {address} --format json"]  # the job never ran
+    # PRINT_ONLY=1: the printed lines, pasted, stop the same way
+    printed = _bash([str(SCRIPT), "submit", str(job)], {**env, "PRINT_ONLY": "1"})
+    assert printed.returncode == 0 and _calls(tmp_path) == [f"ray list nodes --address {address} --format json"]
+    (tmp_path / "ray.log").unlink()
+    pasted = _bash(["-euo", "pipefail"], env, stdin=printed.stdout)
+    assert (pasted.returncode, pasted.stderr, _calls(tmp_path)) == (ran.returncode, ran.stderr, _calls(tmp_path))
+    assert _calls(tmp_path) == [f"ray list nodes --address {address} --format json"]
+
+
+# --- the dashboard's host: authentication, the job address -------------------------------------------------
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "fe80::1", "head.example.org"])
+@pytest.mark.parametrize("print_only", ["1", "0"])
+def test_an_unauthenticated_dashboard_on_the_network_needs_an_explicit_opt_in(tmp_path, host, print_only):
+    """Before: RAY_AUTH_MODE=disabled with DASHBOARD_HOST=0.0.0.0 started the job API (it runs code) on the network,
+    without authentication and without a word."""
+    r = _run(tmp_path, "head", RAY_AUTH_MODE="disabled", DASHBOARD_HOST=host, PRINT_ONLY=print_only)
+    assert r.returncode == 2 and _calls(tmp_path) == [] and r.stderr.splitlines() == [
+        f"[ray_cluster] error: RAY_AUTH_MODE=disabled with DASHBOARD_HOST={host} would let anyone who reaches port 8265 "
+        "run code on the cluster: keep RAY_AUTH_MODE=token, or DASHBOARD_HOST=127.0.0.1 (ssh -L), or set "
+        "ALLOW_UNAUTHENTICATED_DASHBOARD=1 (trusted, firewalled network only)"]
+    assert "start" not in r.stdout
+    r = _run(tmp_path, "head", RAY_AUTH_MODE="disabled", DASHBOARD_HOST=host, PRINT_ONLY=print_only,
+             ALLOW_UNAUTHENTICATED_DASHBOARD="1")
+    assert r.returncode == 0 and r.stderr.splitlines() == [
+        f"[ray_cluster] warning: the job API on {host}:8265 has no authentication (ALLOW_UNAUTHENTICATED_DASHBOARD=1): "
+        "anyone who reaches it can run code on the cluster"]
+    assert (_calls(tmp_path) == [f"start --head --port=6379 --dashboard-host={host} --dashboard-port=8265"]) == (
+        print_only == "0")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.1.1", "localhost", "::1"])
+def test_an_unauthenticated_dashboard_on_loopback_is_not_warned_about(tmp_path, host):
+    r = _run(tmp_path, "head", RAY_AUTH_MODE="disabled", DASHBOARD_HOST=host)
+    assert r.returncode == 0 and r.stderr == "" and len(_calls(tmp_path)) == 1
+
+
+def test_the_opt_in_is_read_like_print_only(tmp_path):
+    r = _run(tmp_path, "head", ALLOW_UNAUTHENTICATED_DASHBOARD="yes please")
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "ray_cluster.sh: ALLOW_UNAUTHENTICATED_DASHBOARD='yes please' is invalid; allowed values: 1, 0, true, false"]
+    assert _calls(tmp_path) == []
+
+
+@pytest.mark.parametrize("host, address", [
+    ("127.0.0.1", "http://127.0.0.1:8265"), ("0.0.0.0", "http://127.0.0.1:8265"), ("::", "http://127.0.0.1:8265"),
+    ("10.1.2.3", "http://10.1.2.3:8265"), ("fe80::1", "http://[fe80::1]:8265"), ("[fe80::1]", "http://[fe80::1]:8265"),
+    ("head.example.org", "http://head.example.org:8265"),
+])
+def test_the_job_address_follows_the_dashboard_host(tmp_path, host, address):
+    """Before: `head` printed and `submit` used http://127.0.0.1:8265 whatever DASHBOARD_HOST was (with 10.1.2.3
+    nothing listens there)."""
+    r = _run(tmp_path, "head", DASHBOARD_HOST=host, PRINT_ONLY="1")
+    assert r.returncode == 0 and r.stdout.splitlines()[-1].startswith(f"# [ray_cluster] jobs: RAY_ADDRESS={address}")
+    job = tmp_path / "job.sh"
+    job.write_text(JOB)
+    r = _bash([str(SCRIPT), "submit", str(job)], _env(tmp_path, DASHBOARD_HOST=host, PRINT_ONLY="1"))
+    assert r.returncode == 0 and ["export", f"RAY_ADDRESS={address}"] in [shlex.split(ln) for ln in r.stdout.splitlines()]

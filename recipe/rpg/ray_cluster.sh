@@ -13,33 +13,44 @@
 # Ray token authentication is on (RAY_AUTH_MODE=token): `head` creates ~/.ray/auth_token if missing,
 # readable by you only (0600; an existing one is set to 0600 too); copy that file to every worker
 # node (chmod 600; `worker` checks it is there and private) or export RAY_AUTH_TOKEN there.
-# RAY_AUTH_MODE=disabled turns it off; any other value (a typo, another case) is refused. The GCS
+# RAY_AUTH_MODE=disabled turns it off; any other value (a typo, another case) is refused. With it off,
+# a DASHBOARD_HOST other than loopback (127.x, ::1, localhost) is refused unless
+# ALLOW_UNAUTHENTICATED_DASHBOARD=1 (then a warning): anyone on the network could run code. The GCS
 # port (RAY_PORT) must be reachable from the workers.
+# The job API's address follows DASHBOARD_HOST: http://127.0.0.1:PORT for 127.0.0.1, 0.0.0.0 or ::
+# (every interface: this node's loopback is one), else http://DASHBOARD_HOST:PORT ([...] around an
+# IPv6 address); `head` prints it and `submit` uses it. `submit` first asks the cluster for its nodes:
+# no cluster there, or one that refuses this client's token, is one line and exit 2.
 #
 # Environment: RAY_PORT [6379], DASHBOARD_HOST [127.0.0.1], DASHBOARD_PORT [8265], NODE_IP [Ray's
 # guess], NUM_GPUS [all visible], RAY_AUTH_MODE [token], RAY_AUTH_TOKEN_PATH [~/.ray/auth_token],
+# ALLOW_UNAUTHENTICATED_DASHBOARD [0], RAY_ADDRESS for `submit` [the job API's address above],
 # NNODES for `submit` [alive nodes with GPUs], PRINT_ONLY=1 prints every step that would run instead
 # of running it: the token steps and the variables this script sets for the commands (`export ...`)
 # too, never the token; the checks run as in a real run, and the printed lines, pasted into a
-# shell, do exactly what the run would.
+# shell (`bash -eu`), do exactly what the run would.
 set -euo pipefail
 
 RAY="${RAY:-ray}"
 RAY_PORT="${RAY_PORT:-6379}"
 DASHBOARD_HOST="${DASHBOARD_HOST:-127.0.0.1}"
 DASHBOARD_PORT="${DASHBOARD_PORT:-8265}"
-# A Python one-liner (no single quote in it: it is printed in single quotes): the number of alive
-# nodes with GPUs in `ray list nodes --format json` (at least 1).
-GPU_NODES='import json, sys; print(sum(1 for n in json.load(sys.stdin) if n["state"] == "ALIVE" and float(n["resources_total"].get("GPU", 0)) > 0) or 1)'
+# `submit` counts the alive nodes with GPUs with it (standard library only, run by path): one line
+# instead of Ray's tracebacks when no cluster answers or it refuses this client.
+NODES_PY="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/rpg/launch/ray_job_api.py"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
-# PRINT_ONLY: 1/true/yes/on or 0/false/no/off (empty: 0); anything else is refused before anything runs.
-case "$(printf '%s' "${PRINT_ONLY:-0}" | tr '[:upper:]' '[:lower:]')" in
-    1|true|yes|on) PRINT_ONLY_ON=1 ;;
-    0|false|no|off) PRINT_ONLY_ON=0 ;;
-    *) echo "ray_cluster.sh: PRINT_ONLY='${PRINT_ONLY}' is invalid; allowed values: 1, 0, true, false" >&2; exit 2 ;;
-esac
+# flag NAME: 1 for 1/true/yes/on, 0 for 0/false/no/off or empty; anything else is refused before anything runs.
+flag() {
+    case "$(printf '%s' "${!1:-0}" | tr '[:upper:]' '[:lower:]')" in
+        1|true|yes|on) echo 1 ;;
+        0|false|no|off) echo 0 ;;
+        *) echo "ray_cluster.sh: $1='${!1}' is invalid; allowed values: 1, 0, true, false" >&2; exit 2 ;;
+    esac
+}
+PRINT_ONLY_ON="$(flag PRINT_ONLY)"
+ALLOW_UNAUTHENTICATED_ON="$(flag ALLOW_UNAUTHENTICATED_DASHBOARD)"
 print_only() { [[ "$PRINT_ONLY_ON" == "1" ]]; }
 
 # quote WORD...: the words as one shell-quoted line.
@@ -109,6 +120,32 @@ worker_token() {
     fi
 }
 
+# job_host: the host in the job API's address: DASHBOARD_HOST, 127.0.0.1 for every interface (0.0.0.0, ::),
+# an IPv6 address in brackets.
+job_host() {
+    local h="${DASHBOARD_HOST#\[}"
+    h="${h%\]}"
+    case "$h" in
+        0.0.0.0|::) printf '127.0.0.1' ;;
+        *:*) printf '[%s]' "$h" ;;
+        *) printf '%s' "$h" ;;
+    esac
+}
+
+loopback() { case "$1" in 127.*|localhost|::1|"[::1]") return 0 ;; *) return 1 ;; esac; }
+
+# Authentication off with the job API (it runs any code) on the network: only when asked for by name.
+check_open_dashboard() {
+    [[ "$RAY_AUTH_MODE" == "disabled" ]] && ! loopback "$DASHBOARD_HOST" || return 0
+    if [[ "$ALLOW_UNAUTHENTICATED_ON" != "1" ]]; then
+        die "RAY_AUTH_MODE=disabled with DASHBOARD_HOST=$DASHBOARD_HOST would let anyone who reaches port" \
+            "$DASHBOARD_PORT run code on the cluster: keep RAY_AUTH_MODE=token, or DASHBOARD_HOST=127.0.0.1" \
+            "(ssh -L), or set ALLOW_UNAUTHENTICATED_DASHBOARD=1 (trusted, firewalled network only)"
+    fi
+    echo "[ray_cluster] warning: the job API on $DASHBOARD_HOST:$DASHBOARD_PORT has no authentication" \
+         "(ALLOW_UNAUTHENTICATED_DASHBOARD=1): anyone who reaches it can run code on the cluster" >&2
+}
+
 node_args() {
     local args=()
     [[ -n "${NODE_IP:-}" ]] && args+=(--node-ip-address="$NODE_IP")
@@ -118,7 +155,15 @@ node_args() {
 
 head_messages() {
     say "[ray_cluster] head started; workers: recipe/rpg/ray_cluster.sh worker <this node's IP>:$RAY_PORT"
-    say "[ray_cluster] jobs: RAY_ADDRESS=http://127.0.0.1:$DASHBOARD_PORT (on this node, or through ssh -L $DASHBOARD_PORT:localhost:$DASHBOARD_PORT)"
+    local jobs
+    jobs="RAY_ADDRESS=http://$(job_host):$DASHBOARD_PORT"
+    if loopback "$DASHBOARD_HOST"; then
+        say "[ray_cluster] jobs: $jobs (on this node, or through ssh -L $DASHBOARD_PORT:localhost:$DASHBOARD_PORT)"
+    elif [[ "$(job_host)" == 127.0.0.1 ]]; then
+        say "[ray_cluster] jobs: $jobs on this node, http://<this node's IP>:$DASHBOARD_PORT from the network"
+    else
+        say "[ray_cluster] jobs: $jobs (submit's default with the same DASHBOARD_HOST)"
+    fi
 }
 
 cmd="${1:-}"
@@ -136,6 +181,7 @@ case "$cmd" in
 esac
 case "$cmd" in
     head)
+        check_open_dashboard
         if [[ "$RAY_AUTH_MODE" == "token" ]]; then head_token; fi
         mapfile -t extra < <(node_args)
         blocks=0; [[ " $* " == *" --block "* ]] && blocks=1  # the messages first: a blocking start never returns
@@ -155,9 +201,9 @@ case "$cmd" in
     submit)
         script="${1:?usage: ray_cluster.sh submit SCRIPT [hydra overrides]}"
         shift
-        set_env RAY_ADDRESS "${RAY_ADDRESS:-http://127.0.0.1:$DASHBOARD_PORT}"
+        set_env RAY_ADDRESS "${RAY_ADDRESS:-http://$(job_host):$DASHBOARD_PORT}"
         if [[ -z "${NNODES:-}" ]]; then
-            run_line "NNODES=\"\$($(quote "$RAY") list nodes --address \"\$RAY_ADDRESS\" --format json | $(quote "${PYTHON:-python3}") -c '$GPU_NODES')\""
+            run_line "NNODES=\"\$($(quote "${PYTHON:-python3}") $(quote "$NODES_PY") $(quote "$RAY") \"\$RAY_ADDRESS\")\""
             run_line "export NNODES"
             print_only || say "[ray_cluster] NNODES=$NNODES (alive nodes with GPUs)"
         fi

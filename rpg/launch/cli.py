@@ -65,6 +65,7 @@ from rpg.launch import job
 from rpg.launch.args import read_overrides
 from rpg.launch.config_keys import RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME, checked_config, compose_config, logger_problem
 from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides, merge_overrides, override_key, values
+from rpg.launch.ray_job_api import address_problem, job_api_problem
 from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root
 from rpg.launch.variants import (GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse,
                                  to_overrides)
@@ -351,12 +352,15 @@ def local_command(overrides: Sequence[str], root: Path, python: str | None = Non
     return [python or sys.executable, str(root / ENTRY), *overrides]
 
 
+def ray_executable(env: Mapping[str, str]) -> str:
+    """The `ray` on PATH, else the one installed next to this Python."""
+    return shutil.which("ray", path=env.get("PATH", "") + os.pathsep + str(Path(sys.executable).parent)) or "ray"
+
+
 def ray_command(overrides: Sequence[str], env: Mapping[str, str], job_env: Mapping[str, str], root: Path,
                 submission_id: str | None = None) -> list[str]:
     runtime_env = {"env_vars": {"PYTHONUNBUFFERED": "1", **job_env}}
-    # the `ray` on PATH, else the one installed next to this Python
-    ray = shutil.which("ray", path=env.get("PATH", "") + os.pathsep + str(Path(sys.executable).parent)) or "ray"
-    cmd = [ray, "job", "submit", "--address", env["RAY_ADDRESS"], "--runtime-env-json", json.dumps(runtime_env)]
+    cmd = [ray_executable(env), "job", "submit", "--address", env["RAY_ADDRESS"], "--runtime-env-json", json.dumps(runtime_env)]
     if submission_id is not None:
         cmd += ["--submission-id", submission_id]
     if not _truthy(env, "RAY_JOB_WAIT"):
@@ -486,7 +490,14 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
               file=sys.stderr)
     overrides, job_env = plan_overrides(v, env, user, root=root, cwd=cwd, cpu=cpu)
 
-    if cluster:  # the driver's stop line names this command (rpg.verl.main.run_stopped_line)
+    if cluster:
+        if (why := address_problem(env["RAY_ADDRESS"])) is not None:
+            raise LaunchError(why)
+        if (why := job_api_problem(ray_executable(env), env["RAY_ADDRESS"], env)) is not None:  # no cluster there
+            if not dry:
+                raise LaunchError(why)
+            print(f"rpg.launch: warning: {why} (DRY_RUN=1: nothing is submitted)", file=sys.stderr, flush=True)
+        # the driver's stop line names this command (rpg.verl.main.run_stopped_line)
         job_env[job.RESUME_COMMAND_ENV] = job.resume_command(env, ENV_VARS, script_command(v.name, root), user)
     if cpu:
         from rpg.launch.harness import build_command
