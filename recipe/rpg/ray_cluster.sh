@@ -6,6 +6,10 @@
 #   recipe/rpg/ray_cluster.sh submit recipe/rpg/4b/run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28.sh [overrides]
 #   recipe/rpg/ray_cluster.sh status | stop             # `ray status` / `ray stop` (this node only)
 #
+# Arguments after `head` / `worker HEAD` go to `ray start` (e.g. --num-cpus=8 --temp-dir=DIR); with --block
+# this script becomes `ray start` (exec): the PID that started it is the node's, SIGTERM to it stops the node.
+# Two nodes on one machine (a rehearsal before a cluster): docs/launch-scripts.md, section 6.
+#
 # Safe defaults: the dashboard and its job-submission API listen on 127.0.0.1 only (anyone who can
 # reach that port can run code on the cluster). From your laptop use an SSH tunnel:
 #     ssh -L 8265:localhost:8265 user@HEAD     then open http://localhost:8265

@@ -18,7 +18,12 @@ Modes (environment variables; defaults in brackets):
   Runs through ``rpg.launch.harness`` (output in ``OUT_DIR``). World size 1 unless ``N_GPUS_PER_NODE``
   / ``NNODES`` (or ``trainer.n_gpus_per_node`` / ``trainer.nnodes``) are set: that many gloo FSDP ranks
   on this machine, the tiny task's micro-batches split over them.
-* ``RAY_ADDRESS`` set (e.g. ``http://127.0.0.1:8265``): ``ray job submit`` to that cluster.
+* ``RAY_ADDRESS`` set (e.g. ``http://127.0.0.1:8265``): ``ray job submit`` to that cluster (checked first: an
+  address that is not a job API's, or where no cluster answers or the token is refused, is one line,
+  ``rpg.launch.ray_job_api``), with a submission id ``rpg-<time>-<hex>`` and the command that resumes it
+  (``rpg.launch.job``: the driver's stop line names it); ``RAY_JOB_WAIT=1`` follows the job, and Ctrl-C then
+  stops the job (``ray job stop``). With ``RPG_BACKEND=cpu`` the tiny run goes to the cluster as a CPU-backend
+  job, one rank per logical GPU (the rehearsal of a multi-node launch, docs/launch-scripts.md).
   The runtime env only carries environment variables (no working-dir upload): every node needs
   this project installed (``pip install -e .``) at ``RPG_CLUSTER_ROOT`` (absolute; default: this
   checkout). Every default path (entry script, data, checkpoints, logs) is then under
