@@ -15,6 +15,7 @@ import re
 import signal
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,15 +40,14 @@ def cluster():
     try:
         yield c.start()
     finally:
-        c.close()
-        subprocess.run(["umount", str(c.node_local)], capture_output=True)  # only if it leaked (it should not)
+        c.close()  # the second node's tmpfs goes with its mount namespace
         shutil.rmtree(base, ignore_errors=True)
 
 
 def _submit(cluster: LoopbackCluster, log: Path, *overrides: str, **env: str) -> subprocess.Popen:
     """``ray_cluster.sh submit`` of the tiny run with RPG_BACKEND=cpu, waiting for the job (its logs tailed into
     ``log``), as a user would run it in a terminal (its own process group: a Ctrl-C reaches all of it)."""
-    env = {"RPG_BACKEND": "cpu", "N_GPUS_PER_NODE": "1", "RAY_JOB_WAIT": "1", "RAY_PYTHON": os.sys.executable,
+    env = {"RPG_BACKEND": "cpu", "N_GPUS_PER_NODE": "1", "RAY_JOB_WAIT": "1", "RAY_PYTHON": sys.executable,
            "DASHBOARD_PORT": str(cluster.dashboard_port), "CKPTS_DIR": str(cluster.shared / "ck" / log.stem),
            "VERL_FILE_LOGGER_ROOT": str(cluster.shared / "logs"), "EXP_NAME": log.stem, **env}
     return cluster.popen(["bash", str(CLUSTER_SH), "submit", SCRIPT, *overrides], log, **env)
