@@ -170,3 +170,18 @@ def test_ctrl_c_while_waiting_for_a_job_stops_the_job(tmp_path):
     sid = sid[sid.index("--submission-id") + 1]
     assert ["job", "stop", "--address", "http://127.0.0.1:8265", sid] in _calls(record)
     assert f"rpg.launch: stopped by SIGINT: job {sid} stopped" in err and "Traceback" not in err
+
+
+def test_a_fresh_cpu_job_over_another_runs_checkpoints_is_refused_before_submitting(tmp_path):
+    bin_dir, record = _stub_ray(tmp_path)
+    (tmp_path / "ck" / "global_step_2").mkdir(parents=True)
+    env = _launch_env(bin_dir, RPG_BACKEND="cpu", RAY_ADDRESS="http://127.0.0.1:8265", CKPTS_DIR=str(tmp_path / "ck"))
+    p = subprocess.run([sys.executable, "-m", "rpg.launch", "run_rpg_7b_ufkl1e-4"], env=env, capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 2 and not [c for c in _calls(record) if c[:2] == ["job", "submit"]]
+    line = p.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"rpg.launch: {tmp_path / 'ck'} already holds a run (checkpoints ")
+    assert "CKPTS_DIR=... or EXP_NAME=..." in line and "trainer.resume_mode=auto" in line
+    p = subprocess.run([sys.executable, "-m", "rpg.launch", "run_rpg_7b_ufkl1e-4", "trainer.resume_mode=auto"],
+                       env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]  # continuing it is submitted

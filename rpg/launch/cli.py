@@ -520,6 +520,9 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
             return _dry_run(v, argv_cpu[2:], argv_cpu, root)
         overrides = argv_cpu[2:]  # a CPU-backend job on the cluster (docs/launch-scripts.md, "Rehearsing")
         job_env = {**job_env, **cpu_cluster_job_env(cfg, env, submission)}
+        if not dry:  # the tiny task starts fresh: never over another run's checkpoints (rpg.launch.run_dir)
+            ckpts = Path(str(cfg.trainer.default_local_dir))
+            check_fresh_start(ckpts, cfg.trainer.resume_mode, ckpts, another="CKPTS_DIR=... or EXP_NAME=...")
     if cluster:
         cmd = ray_command(overrides, env, job_env, root, submission)
     else:
