@@ -186,7 +186,8 @@ def test_reference_checkpoints_follow_verls_retention(tmp_path):
     steps 1-4; their reference shards (written at 1, 2, 4) and state files must go with them."""
     t = _saving_trainer(tmp_path, keep=2)
     _save_steps(t, range(1, 7))
-    kept = {f"global_step_{s}/{f}" for s in (5, 6) for f in ("actor/model_world_size_1_rank_0.pt", "rpg_reference.json")}
+    kept = {f"global_step_{s}/{f}" for s in (5, 6) for f in ("actor/model_world_size_1_rank_0.pt", "rpg_reference.json",
+                                                               "rpg_step_metrics.json")}
     kept.add("global_step_5/rpg_reference/reference_rank_0.pt")  # reset at 6 (and 3): no shards there
     kept |= {f"global_step_{s}/data.pt" for s in range(1, 7)}  # verl's own leftovers, not ours to delete
     assert _listing(tmp_path) == kept
@@ -204,6 +205,7 @@ def test_reference_checkpoints_of_an_earlier_run_stay_as_long_as_verl_keeps_thei
     for step in (3, 4, 6, 7):  # actors verl kept: 3, 4 (earlier run) and 6, 7
         assert f"global_step_{step}/actor/model_world_size_1_rank_0.pt" in files
         assert f"global_step_{step}/rpg_reference.json" in files
+        assert f"global_step_{step}/rpg_step_metrics.json" in files
     assert "global_step_4/rpg_reference/reference_rank_0.pt" in files
     for step in (1, 2, 5):
         assert not any(f.startswith(f"global_step_{step}/actor") or f.startswith(f"global_step_{step}/rpg_")

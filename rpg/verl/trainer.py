@@ -38,6 +38,7 @@ difference| on a fixed probe sequence: what the reference computes), plus ``rpg/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -54,7 +55,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
 from rpg.behavior import behavior_weights
-from rpg.reports.history import write_step_record
+from rpg.reports.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoints import recorded_settings, write_marker
 from rpg.verl.settings import parse_rpg_settings
 from rpg.verl.validation import SamplesPerSource
@@ -254,6 +255,7 @@ class RPGTrainerMixin:
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         if os.path.isdir(folder):
             write_step_record(folder, self.global_steps, getattr(self, "_step_metrics", {}))
+        self._prune_step_records()
         self._mark_complete()
         return result
 
@@ -278,6 +280,22 @@ class RPGTrainerMixin:
         with open(os.path.join(folder, REFERENCE_STATE_FILE), "w") as f:
             json.dump(state, f)
 
+    def _folders_without_actor(self) -> list[str]:
+        """The ``global_step_N`` folders (other than this step's) whose ``actor`` directory verl deleted
+        (``trainer.max_actor_ckpt_to_keep``): what the recipe kept beside an actor checkpoint goes with it."""
+        root = self.config.trainer.default_local_dir
+        if not os.path.isdir(root):
+            return []
+        return [os.path.join(root, entry) for entry in sorted(os.listdir(root))
+                if re.fullmatch(r"global_step_\d+", entry) and int(entry.split("_")[-1]) != self.global_steps
+                and not os.path.isdir(os.path.join(root, entry, "actor"))]
+
+    def _prune_step_records(self) -> None:
+        """A step record (``write_step_record``) goes with its actor checkpoint, as the reference state does."""
+        for folder in self._folders_without_actor():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, STEP_RECORD))
+
     def _prune_reference_state(self) -> list[str]:
         """Follow verl's checkpoint retention: a ``global_step_N`` whose ``actor`` directory verl
         deleted (``trainer.max_actor_ckpt_to_keep``) loses its reference state too.
@@ -287,15 +305,8 @@ class RPGTrainerMixin:
         is on disk, so verl's own policy (including checkpoints from before a resume, which verl
         keeps) is followed, never re-implemented. Returns the folders pruned.
         """
-        root = self.config.trainer.default_local_dir
         pruned = []
-        if not os.path.isdir(root):
-            return pruned
-        for entry in sorted(os.listdir(root)):
-            folder = os.path.join(root, entry)
-            if (not re.fullmatch(r"global_step_\d+", entry) or int(entry.split("_")[-1]) == self.global_steps
-                    or os.path.isdir(os.path.join(folder, "actor"))):
-                continue
+        for folder in self._folders_without_actor():
             weights, state = os.path.join(folder, REFERENCE_WEIGHTS_DIR), os.path.join(folder, REFERENCE_STATE_FILE)
             if os.path.isdir(weights) or os.path.exists(state):
                 shutil.rmtree(weights, ignore_errors=True)
