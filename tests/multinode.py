@@ -58,6 +58,7 @@ class LoopbackCluster:
         self.holder: subprocess.Popen | None = None
         self.nodes: dict[str, subprocess.Popen] = {}
         self.join_s: dict[str, float] = {}
+        self.starts = 0
 
     # ------------------------------------------------------------------ environment and commands
     def env(self, **extra: str) -> dict[str, str]:
@@ -101,10 +102,11 @@ class LoopbackCluster:
         return self
 
     def start_node(self, name: str) -> None:
-        temp = self.base / f"ray-{name}-{len(self.join_s)}"
+        self.starts += 1
+        temp = self.base / f"ray-{name}-{self.starts}"  # a node's own temp dir, each start a new one
         temp.mkdir()
         common = [f"--num-cpus={NODE_CPUS}", f"--temp-dir={temp}", "--block"]
-        log = self.base / f"{name}.log"
+        log = self.base / f"{name}-{self.starts}.log"  # each start its own: "Ray runtime started" is this start's
         env = {"NUM_GPUS": "1", "RAY_PORT": str(self.port), "DASHBOARD_PORT": str(self.dashboard_port)}
         if name == "head":
             argv = ["bash", str(CLUSTER_SH), "head", *common]
@@ -120,6 +122,14 @@ class LoopbackCluster:
             time.sleep(0.5)
         self.join_s[name] = round(time.time() - t0, 1)
         self.wait_alive(len(self.nodes))
+
+    def ensure_two_nodes(self) -> None:
+        """Both nodes running (a test that failed midway may have left the second one down)."""
+        if self.nodes.get("worker") is None or self.nodes["worker"].poll() is not None:
+            self.stop_node("worker")
+            self.start_node("worker")
+        if len(self.wait_alive(2)) != 2:
+            raise RuntimeError(f"the cluster did not get back to two alive nodes: {self.alive_nodes()}")
 
     def alive_nodes(self) -> list[dict]:
         r = self.python(f"""

@@ -158,6 +158,7 @@ def test_a_checkpoint_folder_one_node_does_not_see_is_refused(cluster, tmp_path)
 
 
 def test_a_node_lost_mid_run_stops_with_the_stop_line_and_the_resume_loses_no_step(cluster, tmp_path):
+    cluster.ensure_two_nodes()
     log = tmp_path / "lost.log"
     proc = _submit(cluster, log, "trainer.total_training_steps=4", "trainer.save_freq=1")
     text = _wait_for(log, r"step:2 ", proc)
@@ -197,6 +198,7 @@ def test_a_node_lost_mid_run_stops_with_the_stop_line_and_the_resume_loses_no_st
 
 
 def test_ctrl_c_on_submit_stops_the_job_with_the_stop_line(cluster, tmp_path):
+    cluster.ensure_two_nodes()
     log = tmp_path / "ctrlc.log"
     proc = _submit(cluster, log, "trainer.total_training_steps=6", "trainer.save_freq=1")
     text = _wait_for(log, r"step:1 ", proc)

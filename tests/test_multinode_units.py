@@ -60,6 +60,9 @@ def test_lost_reason_names_the_nodes_gone_since_the_start(monkeypatch):
     monkeypatch.setattr(C, "alive_nodes", lambda: [NODE(1)])
     err = _Wrapped(rx.ActorDiedError())
     assert run.lost_reason(err, wait_s=0) == f"node 10.0.0.2 (id {NODE(2)['id'][:12]}) lost (ActorDiedError)"
+    # verl's own error for a replica lost mid-rollout: a node gone is a node loss whatever the error
+    replay = RuntimeError("Sync replay buffer selected terminal groups with no materializable trajectories.")
+    assert run.lost_reason(_Wrapped(replay), wait_s=0) == f"node 10.0.0.2 (id {NODE(2)['id'][:12]}) lost (_Wrapped)"
     monkeypatch.setattr(C, "alive_nodes", lambda: [NODE(1), NODE(2)])  # a worker died, every node alive
     assert run.lost_reason(err, wait_s=0) == "a process of the run lost (ActorDiedError)"
     assert run.lost_reason(_Wrapped(ValueError("a bug")), wait_s=0) is None  # not ours: the traceback stays

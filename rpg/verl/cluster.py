@@ -141,21 +141,22 @@ class ClusterRun:
         if problem is not None:
             raise RPGConfigError(problem)
 
-    def lost_reason(self, err: BaseException, wait_s: float = 45.0) -> str | None:
-        """If ``err`` (or what it wraps) is one of Ray's lost-process errors, the stop line's reason: the error's
-        kind and the nodes alive at the start that are gone (Ray's health check marks a node dead some seconds
-        after its raylet went: waited for up to ``wait_s``); else None."""
+    def lost_reason(self, err: BaseException, wait_s: float = 60.0) -> str | None:
+        """Why the run ended, when a node or a process of it was lost: the stop line's reason, else None (a bug:
+        its traceback stays). A node alive at the start and gone now is a node loss whatever ``err`` is (verl
+        may report it as its own error: a rollout replica lost mid-rollout is a replay buffer's "no
+        materializable trajectories"); Ray's health check marks a node dead some seconds after its raylet went,
+        so with several nodes at the start the driver waits for up to ``wait_s`` for that. Else one of Ray's
+        lost-process errors in ``err``'s chain (``LOST``) is a process of the run lost."""
         kinds = []
         seen = err
         while seen is not None and len(kinds) < 10:
             kinds.append(type(seen).__name__)
             seen = getattr(seen, "cause", None) or seen.__cause__
-        kind = next((k for k in kinds if k in LOST), None)
-        if kind is None:
-            return None
+        kind = next((k for k in kinds if k in LOST), kinds[0] if kinds else "?")
         start = {n["id"]: n["ip"] for n in self.start_nodes}
-        deadline = time.time() + wait_s
         gone: list[str] = []
+        deadline = time.time() + (wait_s if len(start) > 1 else 0.0)
         while start:
             try:
                 alive = {n["id"] for n in alive_nodes()}
@@ -165,5 +166,6 @@ class ClusterRun:
             if gone or time.time() > deadline:
                 break
             time.sleep(2.0)
-        where = f"node {', '.join(gone)} lost" if gone else "a process of the run lost"
-        return f"{where} ({kind})"
+        if gone:
+            return f"node {', '.join(gone)} lost ({kind})"
+        return f"a process of the run lost ({kind})" if kind in LOST else None

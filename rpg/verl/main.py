@@ -272,7 +272,7 @@ def main_from_hydra(config: DictConfig) -> None:
             ray.shutdown()
             print(error_line(e), file=sys.stderr, flush=True)
             sys.exit(2)
-        except ray.exceptions.RayError as e:
+        except Exception as e:  # noqa: BLE001 - re-raised unless a node or a process of the run was lost
             reason = cluster.lost_reason(e)
             if reason is None:
                 raise
