@@ -62,6 +62,15 @@ def _wait_for(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = 
     return text
 
 
+def _training(cluster: LoopbackCluster, log: Path, steps: int, until_step: int) -> tuple[subprocess.Popen, str]:
+    """On two nodes, a run of ``steps`` steps saving each one, submitted and followed until step ``until_step`` is
+    logged: the running submission and its id."""
+    cluster.ensure_two_nodes()
+    proc = _submit(cluster, log, f"trainer.total_training_steps={steps}", "trainer.save_freq=1")
+    text = _wait_for(log, rf"step:{until_step} ", proc)
+    return proc, SUBMISSION.search(text).group(0)
+
+
 def _finish(proc: subprocess.Popen, log: Path, timeout: float = RUN_TIMEOUT_S) -> tuple[int, str]:
     try:
         rc = proc.wait(timeout=timeout)
@@ -158,11 +167,8 @@ def test_a_checkpoint_folder_one_node_does_not_see_is_refused(cluster, tmp_path)
 
 
 def test_a_node_lost_mid_run_stops_with_the_stop_line_and_the_resume_loses_no_step(cluster, tmp_path):
-    cluster.ensure_two_nodes()
     log = tmp_path / "lost.log"
-    proc = _submit(cluster, log, "trainer.total_training_steps=4", "trainer.save_freq=1")
-    text = _wait_for(log, r"step:2 ", proc)
-    submission = SUBMISSION.search(text).group(0)
+    proc, submission = _training(cluster, log, steps=4, until_step=2)
     raylet = cluster.raylet("worker")
     t_kill = time.time()
     raylet.kill()  # the second node's raylet, a child of the `ray start` PID recorded at its start
@@ -198,11 +204,8 @@ def test_a_node_lost_mid_run_stops_with_the_stop_line_and_the_resume_loses_no_st
 
 
 def test_ctrl_c_on_submit_stops_the_job_with_the_stop_line(cluster, tmp_path):
-    cluster.ensure_two_nodes()
     log = tmp_path / "ctrlc.log"
-    proc = _submit(cluster, log, "trainer.total_training_steps=6", "trainer.save_freq=1")
-    text = _wait_for(log, r"step:1 ", proc)
-    submission = SUBMISSION.search(text).group(0)
+    proc, submission = _training(cluster, log, steps=6, until_step=1)
     t0 = time.time()
     os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the launcher's whole process group
     rc, text = _finish(proc, log, timeout=300)
