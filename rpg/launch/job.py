@@ -20,8 +20,8 @@ import time
 from collections.abc import Mapping, Sequence
 
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
+from rpg.verl.errors import RESUME_COMMAND_ENV  # noqa: F401  (the driver's stop line reads it)
 
-RESUME_COMMAND_ENV = "RPG_RESUME_COMMAND"  # read by the driver's stop line (rpg.verl.main)
 STOP_WAIT_S = 120.0  # for the job's own stop (the driver's stop line, Ray shut down) to reach the tail
 # The launcher's variables that do not belong in a resume command (a dry run starts nothing to resume).
 NOT_RESUMED = ("DRY_RUN",)
