@@ -3,7 +3,7 @@
 import pytest
 
 from rpg.backends.cpu import settings
-from rpg.launch.overrides import merge_overrides, override_key
+from rpg.common.overrides import merge_overrides, override_key
 from rpg.launch.harness import build_command, read_metrics
 
 
@@ -92,7 +92,7 @@ def test_tiny_task_is_off_policy_by_default(tmp_path):
 
 
 def test_demo_progress_shows_ratio_range_kl_and_clip_fraction():
-    from rpg.backends.cpu.run import policy_stats
+    from rpg.demo.cpu import policy_stats
 
     rpg = {"actor/rpg/ratio_min": 0.52, "actor/rpg/ratio_max": 1.31, "actor/rpg/kl_estimate": 3.0e-3,
            "actor/rpg/clipfrac": 0.037, "actor/ppo_kl": 9.0, "actor/pg_clipfrac": 9.0}
@@ -104,7 +104,7 @@ def test_demo_progress_shows_ratio_range_kl_and_clip_fraction():
 def test_startup_progress_names_stages_and_heartbeats(capsys):
     import time
 
-    from rpg.backends.cpu.run import STARTUP_STAGES, StartupProgress
+    from rpg.demo.cpu import STARTUP_STAGES, StartupProgress
 
     progress = StartupProgress(heartbeat_s=0.2)
     progress.on_line("(RPGTaskRunner pid=1) something")  # the Ray stage line was skipped: still reported

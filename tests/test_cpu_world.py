@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from rpg.backends.cpu import settings, world
 from rpg.launch.harness import build_command
-from rpg.launch.overrides import values
+from rpg.common.overrides import values
 from rpg.verl.settings import RPGConfigError
 
 
@@ -84,7 +84,7 @@ def test_tiny_demo_refuses_a_world_size_it_cannot_split_in_one_line(argv, capsys
     import rpg.tiny
 
     monkeypatch.setattr(rpg.tiny, "build_tiny_assets", lambda: pytest.fail("assets built before the check"))
-    from rpg.backends.cpu.run import main
+    from rpg.demo.cpu import main
 
     assert main(argv) == 2
     err = capsys.readouterr().err

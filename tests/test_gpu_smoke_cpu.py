@@ -17,9 +17,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg.backends.gpu import smoke, smoke_checks as checks
+from rpg.demo import gpu_smoke as smoke, smoke_checks as checks
 from rpg.backends.gpu.preflight import GpuProbe
-from rpg.backends.gpu.settings import (ALGORITHM, REGISTER_MODULE, SmokeSettingsError, check_settings, gpu_env,
+from rpg.backends.gpu.settings import gpu_env
+from rpg.demo.smoke_settings import (ALGORITHM, REGISTER_MODULE, SmokeSettingsError, check_settings,
                                        gpu_overrides)
 
 
@@ -127,7 +128,7 @@ def test_a_step_without_weight_sync_fails():
 
 def test_the_tiny_models_head_size_suits_the_gpu_kernels():
     """rpg.tiny's model (hidden 128, 4 heads: 32) is used on GPU unchanged; this guards that choice."""
-    from rpg.backends.gpu.settings import head_dim, head_dim_problem
+    from rpg.demo.smoke_settings import head_dim, head_dim_problem
     from rpg.tiny.build import MODEL_KW
 
     assert head_dim(MODEL_KW) == 32 and head_dim_problem(32) is None

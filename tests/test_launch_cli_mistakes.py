@@ -1,5 +1,5 @@
 """A mistyped command line is refused before anything starts, in one line that says what was meant, by the
-launcher (``python -m rpg.launch``, every paper script) and the tiny demo (``python -m rpg.backends.cpu.run``,
+launcher (``python -m rpg.launch``, every paper script) and the tiny demo (``python -m rpg.demo.cpu``,
 recipe/rpg/tiny/run_tiny_cpu.sh) alike, exit code 2; no run overwrites another; Ctrl-C at any stage is one line.
 
 * an environment variable given as an argument (``OUT=runs/x`` after the script: ``rpg.launch.args``);
@@ -39,7 +39,7 @@ def _lines(text: str) -> list[str]:
 
 
 def _demo(argv, capsys):
-    from rpg.backends.cpu.run import main
+    from rpg.demo.cpu import main
 
     rc = main([str(a) for a in argv])
     cap = capsys.readouterr()
@@ -71,7 +71,7 @@ def test_an_environment_variable_given_as_an_argument_is_one_line_naming_where_i
 def test_the_tiny_scripts_variables_are_the_declared_ones():
     """run_tiny_cpu.sh's variables are the demo's declaration (ENV_VARS), so each is refused as an argument
     and listed in the usage; each sets the flag the declaration names."""
-    from rpg.backends.cpu.run import ENV_VARS, SCRIPT_ENV, _parser
+    from rpg.demo.cpu import ENV_VARS, SCRIPT_ENV, _parser
 
     script = TINY.read_text()
     used = set(re.findall(r"\$\{(\w+):-", script))  # the variables it reads (with a default)
@@ -246,7 +246,7 @@ def test_fresh_start_rules(tmp_path):
 
 def test_the_checkpoint_folder_is_named_after_the_variant_run(tmp_path, capsys, monkeypatch):
     """The demo named every RPG run's folder tiny_rpg_reinforce_ufkl, whatever divergence or form it ran."""
-    import rpg.backends.cpu.run as demo
+    import rpg.demo.cpu as demo
     import rpg.tiny
 
     class Started(Exception):
@@ -257,7 +257,7 @@ def test_the_checkpoint_folder_is_named_after_the_variant_run(tmp_path, capsys, 
 
     monkeypatch.setattr(demo, "run_trainer", fake_run)
     monkeypatch.setattr(rpg.tiny, "build_tiny_assets", lambda *a, **k: SimpleNamespace(root=tmp_path))
-    from rpg.launch.overrides import values
+    from rpg.common.overrides import values
 
     for extra, name in ((["rpg.loss.divergence=rkl"], "tiny_rpg_reinforce_rkl"), ([], "tiny_rpg_reinforce_ufkl"),
                         (["rpg.loss.form=differentiable", "rpg.loss.divergence=urkl"], "tiny_rpg_differentiable_urkl"),
@@ -319,7 +319,7 @@ def test_wandb_as_the_user_asked(tmp_path):
     """Every local run had WANDB_MODE=disabled, whatever the user set or trainer.logger asked: a run with
     wandb wrote no W&B run, without a word. (A W&B run folder really written: tests/test_launch_cpu_e2e.py.)"""
     from rpg.launch.harness import build_command
-    from rpg.launch.run_env import wandb_env
+    from rpg.common.run_env import wandb_env
 
     _, env = build_command([], base_env={"WANDB_MODE": "offline"})
     assert env["WANDB_MODE"] == "offline"  # the user's, not 'disabled'

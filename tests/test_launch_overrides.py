@@ -1,10 +1,10 @@
-"""Overrides are read with Hydra's own override parser (rpg.launch.overrides), everywhere:
+"""Overrides are read with Hydra's own override parser (rpg.common.overrides), everywhere:
 
 * merging keeps its documented semantics and every value exactly as written;
 * README's list form ``data.val_files=[data/aime2024.parquet,data/aime2025.parquet]`` works in the
   launcher's data-file check (it used ``ast.literal_eval`` and crashed with a SyntaxError);
 * an override Hydra cannot read is ONE line naming it with Hydra's reason, exit code 2, at every entry
-  point (python -m rpg.launch and the paper scripts, python -m rpg.backends.cpu.run and the tiny
+  point (python -m rpg.launch and the paper scripts, python -m rpg.demo.cpu and the tiny
   script, recipe/rpg/main_rpg.py), before anything starts; Hydra's own flags still work;
 * the launchers keep the driver's exit code when it refuses a config, and their stderr is the
   driver's one line (the real driver process; it refuses before Ray, in seconds).
@@ -21,7 +21,7 @@ import pytest
 from data_files import verl_file
 from test_launch_dryrun import _env
 
-from rpg.launch.overrides import (OverrideSyntaxError, bad_override_line, merge_overrides, override_key, parse_one,
+from rpg.common.overrides import (OverrideSyntaxError, bad_override_line, merge_overrides, override_key, parse_one,
                                   value_of, values)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +135,7 @@ def test_paper_script_syntax_error_is_one_line(tmp_path):
 
 
 def test_tiny_launcher_syntax_error_is_one_line_before_anything_starts(tmp_path, capsys):
-    from rpg.backends.cpu.run import main
+    from rpg.demo.cpu import main
 
     assert main(["--out", str(tmp_path / "out"), "--steps", "1", BAD]) == 2
     cap = capsys.readouterr()
@@ -171,7 +171,7 @@ def test_driver_entry_syntax_error_is_one_line_before_verl_is_imported(tmp_path)
 def test_tiny_launcher_keeps_the_drivers_exit_code_and_line(tiny_assets, tmp_path):
     """The real driver (recipe/rpg/main_rpg.py on the CPU backend) refuses before Ray: exit code 2 and its
     one line is the launcher's whole stderr (the launcher printed 'FAILED' and the log's last 60 lines)."""
-    p = _run([sys.executable, "-m", "rpg.backends.cpu.run", "--out", str(tmp_path / "out"), "--steps", "1",
+    p = _run([sys.executable, "-m", "rpg.demo.cpu", "--out", str(tmp_path / "out"), "--steps", "1",
               "rpg.loss.divergence=js"], tmp_path)
     assert p.returncode == 2 and _lines(p.stderr) == [DIVERGENCE_LINE], p.stderr[-3000:]
     assert DIVERGENCE_LINE in (tmp_path / "out" / "trainer.log").read_text()

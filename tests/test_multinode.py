@@ -83,7 +83,7 @@ def _finish(proc: subprocess.Popen, log: Path, timeout: float = RUN_TIMEOUT_S) -
 
 def _steps(logs: Path, name: str) -> list[list[int]]:
     """The training steps each segment of the run's metrics history holds, in segment order."""
-    from rpg.reports.history import segments
+    from rpg.common.history import segments
 
     out = []
     for seg in segments(logs / "rpg" / f"{name}.jsonl"):

@@ -1,5 +1,5 @@
 """The multi-node pieces without a cluster: the driver's capacity rule and lost-node reason (rpg.verl.cluster), a
-step saved but never logged (rpg.reports.history), the CPU backend's job on a cluster and the submitted job's
+step saved but never logged (rpg.common.history), the CPU backend's job on a cluster and the submitted job's
 resume command and Ctrl-C (rpg.launch.cli, rpg.launch.job). The two-node runs: tests/test_multinode.py."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rpg.reports import history
+from rpg.common import history
 from rpg.verl import cluster as C
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -77,10 +77,11 @@ def _cfg(tmp_path: Path, *overrides: str):
 def _no_verl_batch_checks(monkeypatch):
     """prepare_config ends with verl's validate_config (batch sizes, irrelevant here) and checks this
     node's GPUs first (verl runs trainer.device=cpu on CUDA unless VERL_PLATFORM=cpu; irrelevant here)."""
+    import rpg.backends.gpu.backend
     import rpg.verl.main
 
     monkeypatch.setattr(rpg.verl.main, "check_verl_config", lambda *args, **kwargs: None)
-    monkeypatch.setattr(rpg.verl.main, "check_gpu_node", lambda *args, **kwargs: None)
+    monkeypatch.setattr(rpg.backends.gpu.backend, "check_driver", lambda *args, **kwargs: None)
 
 
 def _prepare(cfg):
@@ -627,7 +628,7 @@ def test_stop_signal_ends_every_process_of_the_run_with_one_line(tiny_assets, tm
     entry = _entry(tmp_path, "stubborn.py", body)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}  # the run's Ray temp dir lands here
-    p = subprocess.Popen([sys.executable, "-m", "rpg.backends.cpu.run", "--out", str(out), "--entry", entry,
+    p = subprocess.Popen([sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), "--entry", entry,
                           "--steps", "2", "--echo"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     _, stderr = _Lines(p.stdout), _Lines(p.stderr)  # both drained (--echo fills stdout)
@@ -685,7 +686,7 @@ def test_async_stop_lines_say_the_run_cannot_be_resumed_instead_of_a_refused_com
     A sync run keeps its resume command."""
     from omegaconf import OmegaConf
 
-    from rpg.backends.cpu.run import resume_part
+    from rpg.demo.cpu import resume_part
     from rpg.verl.main import stop_line
 
     ckpt = _ckpt(tmp_path / "ckpt", 4)
@@ -709,7 +710,7 @@ def test_async_stop_lines_say_the_run_cannot_be_resumed_instead_of_a_refused_com
     part = resume_part(argv, out, overrides)
     assert part.startswith("cannot be resumed: trainer.v1.trainer_mode=colocate_async (") and "--out" not in part
     assert resume_part(argv, out, [*overrides, "trainer.v1.trainer_mode=sync"]).startswith(
-        f"resume: {sys.executable} -m rpg.backends.cpu.run --out {out} --steps 6")
+        f"resume: {sys.executable} -m rpg.demo.cpu --out {out} --steps 6")
     assert resume_part(["--steps", "6"], out, ["trainer.total_training_steps=6"]).endswith("trainer.resume_mode=auto")
 
 
@@ -823,7 +824,7 @@ def test_an_unknown_resume_mode_is_refused_not_read_as_auto(tmp_path, mode):
 def test_every_run_prints_its_resume_decision_and_the_launchers_show_it(tmp_path, capsys):
     """The driver printed a line only when it resumed; a fresh start said nothing, and the launchers showed
     none of it (trainer.log only). Now one line per run, which both launchers put on the terminal."""
-    from rpg.backends.cpu.run import StartupProgress
+    from rpg.demo.cpu import StartupProgress
     from rpg.launch.harness import resume_decision
 
     _prepare(_cfg(tmp_path, "trainer.resume_mode=disable"))

@@ -19,7 +19,7 @@ import pytest
 
 from rpg.backends.cpu import settings, vllm_cpu
 from rpg.backends.gpu import preflight
-from rpg.launch.overrides import override_key, values
+from rpg.common.overrides import override_key, values
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_ENV = {vllm_cpu.ROLLOUT_ENV: "vllm"}
@@ -57,7 +57,7 @@ def test_vllm_overrides_replace_the_hf_rollout_once_and_forward_the_switch():
 
 def test_the_vllm_overrides_compose_with_the_recipe_config(tiny_assets):
     from rpg.launch.cli import compose
-    from rpg.launch.overrides import merge_overrides
+    from rpg.common.overrides import merge_overrides
     from rpg.tiny.overrides import tiny_overrides
 
     ov = merge_overrides(settings.cpu_overrides(settings.cpu_env(base=VLLM_ENV)),
@@ -169,7 +169,7 @@ def test_keep_linear_weights_rebinds_the_method_once():
 
 
 def test_tiny_run_refuses_a_vllm_rollout_without_vllm_cpu_before_anything_starts(monkeypatch, capsys):
-    from rpg.backends.cpu import run
+    from rpg.demo import cpu as run
 
     monkeypatch.setattr(vllm_cpu, "installed_version", lambda name: None)
     monkeypatch.setattr(run, "run_trainer", lambda *a, **k: pytest.fail("the trainer was started"))

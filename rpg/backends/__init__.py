@@ -1,1 +1,51 @@
-"""Execution backends for running verl where it has no built-in support (see rpg.backends.cpu)."""
+"""Where verl runs: the CPU and the GPU backend behind one small interface, selected by name.
+
+Layer: above the math, the leaves, ``rpg.common`` and the typed configuration; below the verl glue, the
+driver and the launcher, which select a backend by name (``backend("cpu")``) and never branch on it. A
+backend imports nothing above it. Each backend is the module ``rpg.backends.<name>.backend`` with:
+
+* ``NAME``; ``TINY_TASK``: whether a launch on it runs the tiny model/task (``rpg.tiny``) in place of the
+  variant's model, data and sizes, through the launcher's harness (``rpg.launch.harness``), the variant's
+  algorithm settings kept (the CPU backend); otherwise the recipe's entry runs the variant itself;
+* ``run_env(extra_modules, base) -> dict``: the environment every process of a run gets;
+* ``run_overrides(env, overrides, *, joins_cluster) -> list``: the Hydra overrides it puts before the
+  caller's ``overrides`` (which win); ``joins_cluster``: a job on a running Ray cluster;
+* ``owned_keys() -> set``: the keys ``run_overrides`` sets, which a launch takes from the backend rather
+  than from the variant (the user's overrides still win);
+* ``launch_problems(env) -> (errors, warnings)``: what a launch refuses or mentions from its environment
+  alone, before anything is composed;
+* ``node_problems(cfg, settings, environ) -> (errors, warnings)``: what this node lacks for a composed run
+  (``DRY_RUN=1`` prints both as warnings);
+* ``check_driver(cfg, settings, environ)``: the driver's checks before Ray, one line each (``RPGConfigError``).
+
+``backend_of_run``: which backend a composed run is on (the one answer the driver and every check use).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Mapping
+from types import ModuleType
+
+BACKENDS = ("gpu", "cpu")  # RPG_BACKEND values; the first is the default
+PLATFORM_ENV = "VERL_PLATFORM"  # "cpu" in every process of a CPU-backend run (rpg.backends.cpu.settings.cpu_env)
+
+
+def backend(name: str) -> ModuleType:
+    """The backend called ``name`` (``ValueError`` naming the allowed values)."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend={name!r} is invalid; allowed values: {', '.join(BACKENDS)}")
+    return importlib.import_module(f"rpg.backends.{name}.backend")
+
+
+def backend_of_run(cfg, environ: Mapping[str, str] | None = None) -> str | None:
+    """``cpu`` when this process runs verl on the CPU backend (``VERL_PLATFORM=cpu``, or ``trainer.device=cpu``),
+    ``gpu`` on verl's CUDA platform (``trainer.device=cuda``, its default), None for any other device."""
+    from omegaconf import OmegaConf
+
+    environ = os.environ if environ is None else environ
+    if environ.get(PLATFORM_ENV, "").strip().lower() == "cpu":
+        return "cpu"
+    device = OmegaConf.select(cfg, "trainer.device", default=None)
+    return {"cuda": "gpu", "cpu": "cpu"}.get(str(device or "cuda"))

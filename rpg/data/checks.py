@@ -97,7 +97,7 @@ def data_problems(get: Getter, keys: Sequence[str] = DATA_KEYS) -> list[str]:
 
 
 def override_problems(set_values: Mapping[str, Any], default: Getter) -> list[str]:
-    """``data_problems`` of a run given as Hydra override values (``rpg.launch.overrides.values``), before its
+    """``data_problems`` of a run given as Hydra override values (``rpg.common.overrides.values``), before its
     config is composed: the data keys the overrides set (a ``${...}`` interpolation is left to the driver, which
     checks the resolved value), every other key read from them or else from ``default`` (the recipe's YAML)."""
     def get(key: str) -> Any:

@@ -1,14 +1,14 @@
 """The launchers' command lines, read in one place: ``python -m rpg.launch`` (every paper script and
-recipe/rpg/launch.sh) and the tiny demo (``python -m rpg.backends.cpu.run``, recipe/rpg/tiny/run_tiny_cpu.sh).
+recipe/rpg/launch.sh) and the tiny demo (``python -m rpg.demo.cpu``, recipe/rpg/tiny/run_tiny_cpu.sh).
 
 A launcher's extra arguments are Hydra overrides and nothing else. ``read_overrides`` refuses, in ONE
 line and before anything is built or started (the launchers print it and exit 2):
 
-* a flag (``--x``), and an override Hydra's parser cannot read (``rpg.launch.overrides``);
+* a flag (``--x``), and an override Hydra's parser cannot read (``rpg.common.overrides``);
 * one of the tool's own environment variables given as an argument (``OUT=runs/x`` after the script):
   Hydra would read it as the key ``OUT`` and the trainer would die on it after Ray started. The line
   says where it goes: ``OUT is an environment variable: OUT=runs/x bash recipe/rpg/tiny/run_tiny_cpu.sh``.
-  Each tool declares its variables once (``rpg.launch.cli.ENV_VARS``, ``rpg.backends.cpu.run.ENV_VARS``)
+  Each tool declares its variables once (``rpg.launch.cli.ENV_VARS``, ``rpg.demo.cpu.ENV_VARS``)
   and prints the same list in its usage.
 
 ``OneLineParser``: argparse with its errors on one line (``prefix: argument --steps: ...``, exit 2)
@@ -21,7 +21,7 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 
-from rpg.launch.overrides import OverrideSyntaxError, Parsed, check_user_overrides
+from rpg.common.overrides import OverrideSyntaxError, Parsed, check_user_overrides
 
 
 class EnvVarArgumentError(OverrideSyntaxError):

@@ -69,7 +69,7 @@ from pathlib import Path
 from rpg.launch import job
 from rpg.launch.args import read_overrides
 from rpg.launch.config_keys import RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME, checked_config, compose_config, logger_problem
-from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides, merge_overrides, override_key, values
+from rpg.common.overrides import OverrideSyntaxError, check_user_overrides, merge_overrides, override_key, values
 from rpg.launch.ray_job_api import address_problem, job_api_problem
 from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root
 from rpg.launch.variants import (GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse,
@@ -444,7 +444,7 @@ run names:
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    from rpg.launch.signals import StopSignal, raise_on_stop_signals
+    from rpg.common.signals import StopSignal, raise_on_stop_signals
 
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if env is None else env)

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from rpg.launch.args import is_env_var_key
-from rpg.launch.overrides import parse_one
+from rpg.common.overrides import parse_one
 from rpg.verl.settings import RPGConfigError
 from rpg.verl.verl_rules import logger_problem
 

@@ -1,6 +1,6 @@
 """Run verl's real trainer on this machine in a subprocess and return its per-step metrics: on the CPU
 backend (rpg.backends.cpu: the tiny demo, ``RPG_BACKEND=cpu``, the tests, the study) or, with
-``backend="gpu"``, on CUDA (the GPU smoke run of rpg.backends.gpu.smoke). Each backend supplies its
+``backend="gpu"``, on CUDA (the GPU smoke run of rpg.demo.gpu_smoke). Each backend supplies its
 environment and overrides (``rpg.backends.<name>.settings``); the process tree, output directory,
 metrics history and stop handling are this module's.
 
@@ -27,15 +27,15 @@ then too, and listed in ``TrainerRun.leftover_shm``; vLLM's socket files live in
 if this process is killed with SIGKILL, when none of this clean-up can run, the kernel sends the
 trainer SIGTERM (the RPG driver then shuts its Ray cluster down) instead of letting it train on
 unseen; and it holds the output directory's lock until it has ended. A failed or timed-out run raises
-``TrainerRunError`` with the log's tail. SIGHUP, SIGINT and SIGTERM to this process (main thread, ``rpg.launch.signals``) end the run
+``TrainerRunError`` with the log's tail. SIGHUP, SIGINT and SIGTERM to this process (main thread, ``rpg.common.signals``) end the run
 the same way within a minute and raise ``TrainerRunError`` with ``TrainerRun.stop_signal`` set
 (``report_stop`` prints the one line; the caller exits 128 + signum).
 
 Resume: an output directory is never wiped. ``trainer.log`` is appended to; each start logs to
-the next free segment of ``metrics.jsonl`` (``rpg.reports.history.claim_segment``), folded into
+the next free segment of ``metrics.jsonl`` (``rpg.common.history.claim_segment``), folded into
 ``metrics.jsonl`` when the run ends (``fold_segments``: one record per step, in order; a restart
 at step s replaces what was logged after s). ``TrainerRun.notes``: which steps a restart
-replaced, training steps without metrics, ... (``rpg.reports.history``). One run per directory
+replaced, training steps without metrics, ... (``rpg.common.history``). One run per directory
 at a time (a lock).
 """
 
@@ -55,13 +55,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rpg.backends.cpu.settings import cpu_env, cpu_overrides
-from rpg.backends.cpu.world import world_size_of
-from rpg.launch.overrides import merge_overrides, values
-from rpg.launch.run_env import ray_auth_env, wandb_env
+from rpg.backends import backend as select_backend
+from rpg.common.overrides import merge_overrides, values
+from rpg.common.run_env import ray_auth_env, wandb_env
 from rpg.launch.run_dir import new_run_dir as unique_run_dir  # noqa: F401  (earlier name, kept for importers: rpg.launch.run_dir)
-from rpg.reports import history
-from rpg.launch.signals import StopSignal, raise_on_stop_signals
+from rpg.common import history
+from rpg.common.signals import StopSignal, raise_on_stop_signals
 
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
 METRICS_FILE = "metrics.jsonl"
@@ -139,7 +138,7 @@ class MetricsFileError(ValueError):
 
 
 def _read_one(path: Path) -> dict[str, dict[int, object]]:
-    """One FileLogger file as {key: {step: value}} (``rpg.reports.history``'s shape; values kept as logged)."""
+    """One FileLogger file as {key: {step: value}} (``rpg.common.history``'s shape; values kept as logged)."""
     out: dict[str, dict[int, object]] = {}
     if not Path(path).exists():
         return out
@@ -167,7 +166,7 @@ def _by_step(metrics: dict[str, dict[int, object]]) -> dict[int, dict]:
 
 def read_metrics(path: Path) -> dict[int, dict]:
     """verl's FileLogger JSONL at ``path`` and the segments later starts wrote next to it, joined
-    (``rpg.reports.history.join``: a restart at step s replaces what was logged after s), as
+    (``rpg.common.history.join``: a restart at step s replaces what was logged after s), as
     {step: merged data}."""
     return _by_step(history.join([_read_one(p) for p in history.segments(Path(path)) or [Path(path)]]))
 
@@ -175,7 +174,7 @@ def read_metrics(path: Path) -> dict[int, dict]:
 def fold_segments(path: Path) -> str | None:
     """Rewrite ``path`` as the joined history of its segments (one record per step, in order; written
     to a temporary file and renamed, then the later segments are removed: a fold interrupted
-    anywhere folds again to the same result). Returns ``rpg.reports.history.replaced_line``: which
+    anywhere folds again to the same result). Returns ``rpg.common.history.replaced_line``: which
     steps a restart replaced (None if none)."""
     path = Path(path)
     paths = history.segments(path)
@@ -217,9 +216,6 @@ def _with_file_logger(overrides: list[str]) -> list[str]:
     return merge_overrides(overrides, ["trainer.logger=[" + ",".join(f"'{n}'" for n in [*loggers, "file"]) + "]"])
 
 
-BACKENDS = ("cpu", "gpu")
-
-
 def build_command(
     overrides: Iterable[str] = (),
     entry: str = DEFAULT_ENTRY,
@@ -228,33 +224,21 @@ def build_command(
     backend: str = "cpu",
     joins_cluster: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
-    """(argv, env) for a run of ``entry`` with ``overrides`` (no process started).
+    """(argv, env) for a run of ``entry`` with ``overrides`` on the backend named ``backend`` (no process started).
 
-    ``backend="cpu"``: the CPU settings (settings.py) first, then ``overrides``; the world size
-    ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` of ``overrides`` (default 1 x 1) gives the private local
-    Ray its logical GPUs (``rpg.backends.cpu.world.ray_resources``; an explicit ``ray_kwargs.ray_init.*`` wins). ``backend="gpu"``:
-    verl's own CUDA path; only the run environment and ``extra_modules`` are added (see
-    rpg.backends.gpu.settings; the caller's overrides carry the GPU settings). ``joins_cluster``: the CPU
-    settings of a job on a running Ray cluster (``cpu_overrides(joins_cluster=True)``: no private Ray's
-    resources; the environment travels in the job's runtime env, ``cluster_job_env``).
+    The backend's environment and its overrides first (``rpg.backends``: ``run_env``, ``run_overrides``), then
+    ``overrides`` (they win), then verl's file logger when missing (the harness reads its records). On the CPU
+    backend the world size ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` of ``overrides`` (default 1 x 1) gives
+    the private local Ray its logical GPUs (``rpg.backends.cpu.world.ray_resources``; an explicit
+    ``ray_kwargs.ray_init.*`` wins); on the GPU backend only the external modules are added (the caller's
+    overrides carry the GPU settings). ``joins_cluster``: a job on a running Ray cluster (no private Ray's
+    resources; the environment travels in the job's runtime env, ``rpg.backends.cpu.settings.cluster_job_env``).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r} is invalid: expected one of {BACKENDS}")
+    chosen = select_backend(backend)
     base_env = dict(os.environ if base_env is None else base_env)
-    if backend == "gpu":
-        from rpg.backends.gpu.settings import gpu_env, gpu_forwarded_overrides
-
-        env = {**base_env, **gpu_env(extra_modules, base=base_env)}
-        ov = _with_file_logger(merge_overrides(gpu_forwarded_overrides(env), list(overrides)))
-    else:
-        env = {**base_env, **cpu_env(extra_modules, base=base_env)}
-        overrides = list(overrides)
-        try:  # the world size the caller asked for sizes the private Ray; a bad value: the driver's one line
-            nnodes, gpus = world_size_of(values(overrides))
-        except ValueError:
-            nnodes, gpus = 1, 1
-        ov = _with_file_logger(merge_overrides(cpu_overrides(env, nnodes, gpus, joins_cluster=joins_cluster),
-                                               overrides))
+    env = {**base_env, **chosen.run_env(extra_modules, base=base_env)}
+    overrides = list(overrides)
+    ov = _with_file_logger(merge_overrides(chosen.run_overrides(env, overrides, joins_cluster=joins_cluster), overrides))
     return [sys.executable, *_entry_argv(entry), *ov], env
 
 
@@ -465,7 +449,7 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
 
 
 def history_notes(metrics_file: Path, test_freq: int | None = None) -> list[str]:
-    """``rpg.reports.history.history_warnings`` on the run's metrics: lost training steps, a history
+    """``rpg.common.history.history_warnings`` on the run's metrics: lost training steps, a history
     that does not start at step 0, validation steps missing from the ``test_freq`` cadence (inferred
     when not given; a resume's own validation at its first step is not part of the cadence)."""
     joined = {}

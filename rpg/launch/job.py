@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from rpg.launch.signals import StopSignal, raise_on_stop_signals
+from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.verl.errors import RESUME_COMMAND_ENV  # noqa: F401  (the driver's stop line reads it)
 
 STOP_WAIT_S = 120.0  # for the job's own stop (the driver's stop line, Ray shut down) to reach the tail
@@ -36,7 +36,7 @@ def resume_command(env: Mapping[str, str], env_vars: Sequence[str], launch: str,
     """The command that resumes a submitted run: the launcher's variables the user set (``env_vars``, minus
     ``NOT_RESUMED``), the launch command (``bash recipe/rpg/7b/<name>.sh``) and the user's overrides with
     ``trainer.resume_mode=auto`` (replacing theirs)."""
-    from rpg.launch.overrides import merge_overrides
+    from rpg.common.overrides import merge_overrides
 
     assigned = [f"{k}={shlex.quote(env[k])}" for k in env_vars if k not in NOT_RESUMED and env.get(k, "").strip()]
     return " ".join([*assigned, launch, shlex.join(merge_overrides(list(user), ["trainer.resume_mode=auto"]))]).rstrip()

@@ -27,7 +27,7 @@ elsewhere in the file, and a CSV row with values but no step are named in one wa
 (not read). A ``.jsonl`` path also reads the segments that resumed runs wrote next to it and joins
 them (a later segment legitimately replaces the steps redone after a resume; one warning line names
 those steps and the values logged again at the restart step); every run's history is checked for
-a missing start and gaps in the validation steps (warnings; ``rpg.reports.history``). A file that
+a missing start and gaps in the validation steps (warnings; ``rpg.common.history``). A file that
 is not UTF-8 is an error naming it.
 """
 
@@ -44,7 +44,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from rpg.reports.history import history_warnings, read_segments, segments
+from rpg.common.history import history_warnings, read_segments, segments
 
 Metrics = dict[str, dict[int, float]]
 
@@ -353,7 +353,7 @@ def read_run(path: str | Path) -> Metrics:
         if path.is_dir() and (runs := tensorboard_runs(path)):  # TensorBoard reads them as runs beside this one
             notes.append(f"{path}: its sub-folders hold TensorBoard runs of their own, not read with it: "
                          f"{', '.join(run_name(path, r) for r in runs)}; pass each as a run to report it")
-    elif path.suffix == ".jsonl":  # + the segments written after resumes (rpg.reports.history)
+    elif path.suffix == ".jsonl":  # + the segments written after resumes (rpg.common.history)
         metrics, notes = read_segments(path, read_file_logger)
     elif path.suffix == ".csv":
         metrics = read_wandb_csv(path)

@@ -246,7 +246,7 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
 
 def _run_grid_locked(specs: list[RunSpec], out: Path, costs: Costs, retry_failed: bool, timeout_s: float, jobs: int,
                      stream) -> list[dict]:
-    from rpg.launch.signals import raise_on_stop_signals
+    from rpg.common.signals import raise_on_stop_signals
 
     plans = [(spec, plan_overrides(spec, out)) for spec in specs]
     states = [status(out, s, ov) for s, ov in plans]

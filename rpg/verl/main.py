@@ -12,7 +12,7 @@ validate_config -> run_ppo) with two differences:
    (``colocate_async``): RPG's hooks on verl's own class for that mode (verl compares the mode's name
    to pick the replay buffer, so no new trainer name is registered), and
    verl's file logger pointed at a new segment of the run's metrics history for the duration of
-   ``fit`` (``log_segment``: a resume never truncates the history; ``rpg.reports.history``).
+   ``fit`` (``log_segment``: a resume never truncates the history; ``rpg.common.history``).
 
 Before Ray, ``prepare_config`` also pins the checkpoint a resume loads (``rpg.verl.checkpoints``:
 the newest complete one, or one line refusing). SIGHUP, SIGINT and SIGTERM stop the run: Ray is
@@ -37,11 +37,9 @@ from verl.utils.device import auto_set_device
 from verl.utils.logging_utils import configure_verl_logging
 
 import rpg.verl.register  # noqa: F401  (registrations in the driver even without the entry point)
-from rpg.backends.cpu.vllm_cpu import check_driver as check_vllm_cpu
-from rpg.backends.cpu.world import check_driver as check_cpu_world
-from rpg.backends.gpu.preflight import check_gpu_node
-from rpg.reports.history import PATH_ENV, base_path, claim_segment, logs_to_file, restore_step_record
-from rpg.launch.signals import StopSignal, raise_on_stop_signals
+from rpg.backends import backend, backend_of_run
+from rpg.common.history import PATH_ENV, base_path, claim_segment, logs_to_file, restore_step_record
+from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.verl.errors import RESUME_COMMAND_ENV
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
 from rpg.verl.settings import RPGConfigError, RPGSettings, describe, resume_hint, validate_and_apply
@@ -128,15 +126,15 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
     ``check_paths=False``: the caller reports missing paths itself (``rpg.launch`` under DRY_RUN=1
     or before a Ray submission, where the files live on the cluster); the resume checkpoint is
     then not resolved either (``rpg.verl.preflight.resolve_resume``). ``check_node=False``: the
-    same for this node's GPU checks (``rpg.backends.gpu.preflight``: warnings under DRY_RUN=1).
+    same for this node's checks (the backend's ``check_driver``, ``rpg.backends``: warnings under DRY_RUN=1).
     """
     auto_set_device(config)
     settings = validate_and_apply(config)
     check_run_names(config)
     if check_node:
-        check_gpu_node(config, settings)  # GPU backend only: CUDA, GPUs, driver, vLLM, flash-attn; one line each
-        check_vllm_cpu(config)  # CPU backend with rollout.name=vllm only: vLLM's CPU build and its settings
-        check_cpu_world(config)  # CPU backend only: the world size fits this machine and its local Ray
+        # this run's backend: CUDA, GPUs, driver, vLLM, flash-attn (gpu); vLLM's CPU build, the world size (cpu)
+        if (name := backend_of_run(config)) is not None:
+            backend(name).check_driver(config, settings)
     if check_paths:
         check_input_paths(config)
         note = resolve_resume(config)  # pins the checkpoint verl loads, or refuses (one line)
@@ -160,7 +158,7 @@ def resume_command(argv: list[str]) -> str:
     """The command that resumes this run: the same one, with ``trainer.resume_mode=auto`` (replacing an
     earlier mode). What Hydra's override parser reads as an override is merged; anything else (Hydra's
     flags such as ``--config-name x``, other arguments) is kept as given, before the overrides."""
-    from rpg.launch.overrides import is_override, merge_overrides
+    from rpg.common.overrides import is_override, merge_overrides
 
     script, args = argv[0], argv[1:]
     kinds = [is_override(a) for a in args]
@@ -198,7 +196,7 @@ def run_stopped_line(config: DictConfig, stopped: str, argv: list[str]) -> str:
 
 @contextlib.contextmanager
 def stop_on_signals(config: DictConfig, argv: list[str] | None = None):
-    """SIGHUP, SIGINT, SIGTERM (``rpg.launch.signals``): shut down the Ray cluster this driver started (or
+    """SIGHUP, SIGINT, SIGTERM (``rpg.common.signals``): shut down the Ray cluster this driver started (or
     leave the cluster it joined: Ray ends a departed driver's actors), print ``stop_line``, exit
     128 + signum. ``ray.init`` installs its own SIGTERM handler; Ray's post-init hook puts ours back."""
     from ray._private import worker as ray_worker

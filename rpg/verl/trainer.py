@@ -55,7 +55,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
 from rpg.behavior import behavior_weights
-from rpg.reports.history import STEP_RECORD, write_step_record
+from rpg.common.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoints import recorded_settings, write_marker
 from rpg.verl.settings import parse_rpg_settings
 from rpg.verl.validation import SamplesPerSource
@@ -251,7 +251,7 @@ class RPGTrainerMixin:
         if self.rpg.reference.resets:
             self._prune_reference_state()
         # verl validates and logs a step after saving it: a run stopped in between would never log it; the
-        # resume logs this copy instead (rpg.reports.history.restore_step_record, before the marker's digests)
+        # resume logs this copy instead (rpg.common.history.restore_step_record, before the marker's digests)
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         if os.path.isdir(folder):
             write_step_record(folder, self.global_steps, getattr(self, "_step_metrics", {}))

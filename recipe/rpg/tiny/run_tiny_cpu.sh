@@ -20,4 +20,4 @@ if [[ -n "${OUT:-}" ]]; then ARGS+=(--out "$OUT"); fi
 if [[ -n "${ROLLOUT:-}" ]]; then ARGS+=(--rollout "$ROLLOUT"); fi
 if [[ -n "${GPUS:-}" ]]; then ARGS+=(--gpus "$GPUS"); fi
 
-exec "$PYTHON" -m rpg.backends.cpu.run "${ARGS[@]}" "$@"
+exec "$PYTHON" -m rpg.demo.cpu "${ARGS[@]}" "$@"

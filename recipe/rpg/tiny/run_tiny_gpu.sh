@@ -23,4 +23,4 @@ case "$(printf '%s' "${OFFLOAD:-1}" | tr '[:upper:]' '[:lower:]')" in  # strict:
 esac
 if [[ -n "${OUT:-}" ]]; then ARGS+=(--out "$OUT"); fi
 
-exec "$PYTHON" -m rpg.backends.gpu.smoke "${ARGS[@]}" "$@"
+exec "$PYTHON" -m rpg.demo.gpu_smoke "${ARGS[@]}" "$@"

@@ -9,7 +9,7 @@ RPG recipe's e2e tests and the variant launcher) takes these from here; never co
 
 Why each item is needed is written next to it (details: docs/cpu-backend.md). Model/data/batch-size
 choices are *not* here: they belong to the run (see rpg.tiny.overrides for the tiny demo). What every
-local run sets, whatever the backend: rpg.launch.run_env.
+local run sets, whatever the backend: rpg.common.run_env.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 
 from rpg.backends.cpu import vllm_cpu
 from rpg.backends.cpu.world import ray_resource_overrides
-from rpg.launch.overrides import merge_overrides
-from rpg.launch.run_env import RUN_ENV, external_modules, forwarded_env_overrides
+from rpg.common.overrides import merge_overrides
+from rpg.common.run_env import RUN_ENV, external_modules, forwarded_env_overrides
 
 REGISTER_MODULE = "rpg.backends.cpu.register"
 ROLLOUT_NAME = "hf"

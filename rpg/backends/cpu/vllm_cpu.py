@@ -139,8 +139,10 @@ def driver_problems(cfg, environ: Mapping[str, str] | None = None,
     ``RPG_CPU_ROLLOUT=vllm`` only, and vLLM's CPU build must be installed. Nothing otherwise."""
     from rpg.verl.settings import config_value
 
+    from rpg.backends import backend_of_run
+
     environ = os.environ if environ is None else environ
-    if environ.get("VERL_PLATFORM", "").strip().lower() != "cpu":
+    if backend_of_run(cfg, environ) != "cpu":
         return [], []
     if config_value(cfg, "actor_rollout_ref.rollout.name", None) != "vllm":
         return [], []

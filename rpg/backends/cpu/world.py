@@ -42,7 +42,7 @@ BASE_GIB = 3.0
 
 
 def world_size_of(values: Mapping[str, Any], default: tuple[int, int] = (1, 1)) -> tuple[int, int]:
-    """``(nnodes, n_gpus_per_node)`` from override values (``rpg.launch.overrides.values``) or a plain
+    """``(nnodes, n_gpus_per_node)`` from override values (``rpg.common.overrides.values``) or a plain
     mapping of dotted keys; a key absent takes ``default``. A value that is not an integer >= 1 raises
     ``ValueError`` naming the key."""
     out = []
@@ -118,11 +118,12 @@ def check_driver(cfg, environ: Mapping[str, str] | None = None) -> None:
 
     from omegaconf import OmegaConf
 
+    from rpg.backends import backend_of_run
     from rpg.verl.settings import RPGConfigError
 
-    if OmegaConf.select(cfg, "trainer.device", default=None) != "cpu":
-        return
     environ = os.environ if environ is None else environ
+    if backend_of_run(cfg, environ) != "cpu":
+        return
     keys = (NNODES, GPUS, RAY_GPUS)
     found = {k: OmegaConf.select(cfg, k, default=None) for k in keys}
     found = {k: v for k, v in found.items() if v is not None}

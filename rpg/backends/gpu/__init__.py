@@ -1,7 +1,6 @@
-"""The tiny task on CUDA through verl's real GPU path: ``python -m rpg.backends.gpu.smoke``
-(recipe/rpg/tiny/run_tiny_gpu.sh), "run this first on a new node" (docs/gpu-smoke.md).
+"""GPU backend: verl's own CUDA path (vLLM rollouts, FSDP actors); its interface is ``backend``.
 
-Importing this package does nothing; ``settings`` holds the smoke run's GPU overrides,
-``smoke_checks`` the pure pass/fail rules on its metrics, ``register`` the CUDA registration of
-``rollout.name=hf``, ``preflight`` the checks of this node that the driver runs before Ray.
+Importing this package does nothing; ``settings`` holds the run environment, ``register`` the CUDA
+registration of ``rollout.name=hf``, ``preflight`` the checks of this node that the driver runs
+before Ray. The tiny GPU smoke run that exercises it is an application: ``rpg.demo.gpu_smoke``.
 """

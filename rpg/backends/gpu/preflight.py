@@ -201,10 +201,9 @@ class GpuRequest:
 
 def gpu_backend(cfg, environ: Mapping[str, str] | None = None) -> bool:
     """True when the run uses verl's CUDA platform (``trainer.device`` after ``auto_set_device``)."""
-    environ = os.environ if environ is None else environ
-    if environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":
-        return False
-    return str(_get(cfg, "trainer.device", "cuda")) == "cuda"
+    from rpg.backends import backend_of_run
+
+    return backend_of_run(cfg, environ) == "gpu"
 
 
 def request_from_config(cfg, settings, environ: Mapping[str, str] | None = None) -> GpuRequest:

@@ -1,11 +1,11 @@
 """CLI: the tiny task through verl's real GPU path, "run this first on a new node"
 (what recipe/rpg/tiny/run_tiny_gpu.sh calls; docs/gpu-smoke.md).
 
-    python -m rpg.backends.gpu.smoke [--rollout vllm|hf] [--gpus 1] [--steps 4] [--resume-steps 2]
+    python -m rpg.demo.gpu_smoke [--rollout vllm|hf] [--gpus 1] [--steps 4] [--resume-steps 2]
                                      [--no-offload] [--out DIR] [key=value ...]
 
 Two runs of the RPG recipe (RPG-REINFORCE-UFKL with RPG-Style Clip, 4 mini-batches per rollout
-batch) with the settings of rpg.backends.gpu.settings (vLLM or HF rollout, FSDP2 actor in bf16,
+batch) with the settings of rpg.demo.smoke_settings (vLLM or HF rollout, FSDP2 actor in bf16,
 offload, periodic reference reset, schedule-free AdamW):
 
 1. ``--steps`` steps from the tiny model, validating before and after, saving a checkpoint at
@@ -14,7 +14,7 @@ offload, periodic reference reset, schedule-free AdamW):
 
 It prints a progress line per step, then the time per phase (verl's ``timing_s/*``), the actor's
 peak GPU memory (verl's ``actor/perf/max_memory_*_gb``) and the node's peak GPU memory in use
-(nvidia-smi, vLLM's memory included), and checks (rpg.backends.gpu.smoke_checks): no non-finite metric,
+(nvidia-smi, vLLM's memory included), and checks (rpg.demo.smoke_checks): no non-finite metric,
 the importance ratio leaves 1 and the KL estimate leaves 0, each update changes the actor, each
 reference reset makes the reference compute what the actor computes, and the resumed run goes on
 from the checkpoint's step. Each failure is one line; exit 1 if any, 2 for a bad setting (before
@@ -33,11 +33,11 @@ import time
 from pathlib import Path
 
 from rpg.launch.harness import TrainerRun, TrainerRunError, run_trainer
-from rpg.backends.cpu.run import StartupProgress, progress
-from rpg.backends.gpu import smoke_checks
+from rpg.demo.cpu import StartupProgress, progress
+from rpg.demo import smoke_checks
 from rpg.backends.gpu.preflight import ATTN_KEY, FLASH_ATTN, GpuProbe, GpuRequest, check
-from rpg.launch.overrides import OverrideSyntaxError, check_user_overrides, values
-from rpg.backends.gpu.settings import (ALGORITHM, REGISTER_MODULE, ROLLOUTS, SmokeSettingsError, check_settings,
+from rpg.common.overrides import OverrideSyntaxError, check_user_overrides, values
+from rpg.demo.smoke_settings import (ALGORITHM, REGISTER_MODULE, ROLLOUTS, SmokeSettingsError, check_settings,
                                        gpu_overrides, head_dim, head_dim_problem)
 
 PREFIX = "[gpu-smoke]"

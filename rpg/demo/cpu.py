@@ -1,6 +1,6 @@
 """CLI: the tiny end-to-end demo on CPU (what recipe/rpg/tiny/run_tiny_cpu.sh calls).
 
-    python -m rpg.backends.cpu.run [--algo rpg|grpo] [--rollout hf|vllm] [--steps 30] [--gpus N] [--out DIR] [--entry MODULE_OR_PY] [key=value ...]
+    python -m rpg.demo.cpu [--algo rpg|grpo] [--rollout hf|vllm] [--steps 30] [--gpus N] [--out DIR] [--entry MODULE_OR_PY] [key=value ...]
 
 ``--algo rpg`` (default): RPG-REINFORCE-UFKL with RPG-Style Clip through recipe/rpg/main_rpg.py;
 ``--algo grpo``: verl's stock GRPO (fixed reference, k3 KL loss) through the recipe (``rpg.loss.name=verl``).
@@ -18,7 +18,7 @@ complete checkpoint and the command that resumes (``--out`` the same directory,
 ``trainer.resume_mode=auto``); exit code 128 + signum. Before the run (the first build of the tiny
 model included) and after it, the same signals are one line saying what was being done, same exit code. A failed run exits with the trainer's code
 (2: a config the driver refused; stderr is then the driver's one line). An override Hydra cannot
-read is one line naming it, exit code 2, before anything starts (``rpg.launch.overrides``).
+read is one line naming it, exit code 2, before anything starts (``rpg.common.overrides``).
 
 Builds (or reuses) the tiny assets, runs verl's real trainer on the CPU backend, prints one
 progress line per step, the validation accuracy before and after training, and writes to the
@@ -53,9 +53,9 @@ from rpg.data.checks import override_problems
 from rpg.launch.args import OneLineParser, positive_int, read_overrides
 from rpg.launch.harness import (TrainerRun, TrainerRunError, report_failure, resume_decision, run_trainer,
                                 trainer_overrides)
-from rpg.launch.overrides import OverrideSyntaxError, values
+from rpg.common.overrides import OverrideSyntaxError, values
 from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root, new_run_dir
-from rpg.launch.signals import StopSignal, raise_on_stop_signals
+from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.launch.variants import recipe_value
 
 COMMAND = "bash recipe/rpg/tiny/run_tiny_cpu.sh"
@@ -64,7 +64,7 @@ COMMAND = "bash recipe/rpg/tiny/run_tiny_cpu.sh"
 SCRIPT_ENV = {"ALGO": "--algo", "STEPS": "--steps", "TEST_FREQ": "--test-freq", "ENTRY": "--entry", "OUT": "--out",
               "ROLLOUT": "--rollout", "GPUS": "--gpus"}
 ENV_VARS = {
-    **{name: f"{flag} of python -m rpg.backends.cpu.run" for name, flag in SCRIPT_ENV.items()},
+    **{name: f"{flag} of python -m rpg.demo.cpu" for name, flag in SCRIPT_ENV.items()},
     "PYTHON": "the Python that runs the demo",
     vllm_cpu.ROLLOUT_ENV: "hf or vllm, the rollout when --rollout is not given",
     "RPG_TINY_CACHE": "where the tiny model and task are built once",
@@ -209,7 +209,7 @@ def resume_command(argv: list[str], out: Path) -> str:
             continue
         if not a.startswith("--out="):
             args.append(a)
-    return shlex.join([sys.executable, "-m", "rpg.backends.cpu.run", "--out", str(out), *args,
+    return shlex.join([sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), *args,
                        "trainer.resume_mode=auto"])
 
 
@@ -314,7 +314,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     algo_entry, algo_overrides = tiny_algorithm(args.algo, lr=args.lr)
     args.entry = args.entry or algo_entry  # as shown (progress line, summary, plot title)
     entry = args.entry
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[2]
     if args.entry == algo_entry and algo_entry.endswith(".py"):  # the recipe's script, relative to the project root
         entry = str(root / algo_entry)  # so that it runs from any directory
     # the assets' paths before they are built (the keys are checked first; a first build takes a minute)

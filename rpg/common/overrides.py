@@ -19,7 +19,7 @@ Python literal) and let invalid ones through to a traceback after Ray started.
   ``-m``, ``--config-name``, then overrides), read with Hydra's own argument parser, checked before
   ``hydra.main`` runs (``recipe/rpg/main_rpg.py``).
 
-Used by every launcher (``rpg.launch.cli``, the CPU harness and ``rpg.backends.cpu.run``, the GPU
+Used by every launcher (``rpg.launch.cli``, the CPU harness and ``rpg.demo.cpu``, the GPU
 smoke run, the study) and by the driver's entry script.
 """
 

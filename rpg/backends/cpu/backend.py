@@ -1,0 +1,53 @@
+"""The CPU backend's interface (``rpg.backends``): verl on CPU, FSDP2 on gloo, the HF or vLLM-CPU rollout.
+
+A launch on it runs the tiny model/task (``TINY_TASK``) with the variant's algorithm settings; its settings
+are ``rpg.backends.cpu.settings``, its checks ``vllm_cpu`` (the vLLM-CPU rollout) and ``world`` (the world size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from rpg.backends.cpu import vllm_cpu, world
+from rpg.backends.cpu.settings import cpu_env, cpu_overrides
+from rpg.common.overrides import override_key, values
+
+NAME = "cpu"
+TINY_TASK = True
+
+
+def run_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
+    return cpu_env(extra_modules, base=base)
+
+
+def run_overrides(env: Mapping[str, str], overrides: Iterable[str] = (), *, joins_cluster: bool = False) -> list[str]:
+    """``cpu_overrides`` for the world size ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` of ``overrides``
+    (default 1 x 1; a bad value is left to the driver's one line), which sizes the private local Ray."""
+    try:
+        nnodes, gpus = world.world_size_of(values(list(overrides)))
+    except ValueError:
+        nnodes, gpus = 1, 1
+    return cpu_overrides(env, nnodes, gpus, joins_cluster=joins_cluster)
+
+
+def owned_keys() -> set[str]:
+    return {override_key(o) for o in cpu_overrides()}
+
+
+def launch_problems(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """``RPG_CPU_ROLLOUT`` (hf | vllm): a bad value, or vllm without vLLM's CPU build, is a refusal; another
+    version of the vLLM-CPU stack, a warning each."""
+    try:
+        rollout = vllm_cpu.rollout_of(env)
+    except ValueError as e:
+        return [str(e)], []
+    return vllm_cpu.problems() if rollout == "vllm" else ([], [])
+
+
+def node_problems(cfg, settings, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    return [], []
+
+
+def check_driver(cfg, settings, environ: Mapping[str, str] | None = None) -> None:
+    vllm_cpu.check_driver(cfg, environ)  # rollout.name=vllm: vLLM's CPU build and its settings
+    world.check_driver(cfg, environ)  # the world size fits this machine and its local Ray

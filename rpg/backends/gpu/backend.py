@@ -1,0 +1,42 @@
+"""The GPU backend's interface (``rpg.backends``): verl's own CUDA path, vLLM rollouts, FSDP actors.
+
+Its settings are ``rpg.backends.gpu.settings`` (the run environment), its checks of this node
+``rpg.backends.gpu.preflight`` (CUDA, the GPUs, the driver, vLLM, flash-attn; one line each).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from rpg.backends.gpu.preflight import check_gpu_node, node_report
+from rpg.backends.gpu.settings import gpu_env, gpu_forwarded_overrides
+
+NAME = "gpu"
+TINY_TASK = False
+
+
+def run_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
+    return gpu_env(extra_modules, base=base)
+
+
+def run_overrides(env: Mapping[str, str], overrides: Iterable[str] = (), *, joins_cluster: bool = False) -> list[str]:
+    """Only the external-module list, handed to every Ray process: the caller's overrides carry the GPU settings."""
+    return gpu_forwarded_overrides(env)
+
+
+def owned_keys() -> set[str]:
+    return set()
+
+
+def launch_problems(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    return [], []
+
+
+def node_problems(cfg, settings, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """What the driver would refuse on this node for the run, then the version notes."""
+    report = node_report(cfg, settings, environ)
+    return ([], []) if report is None else (list(report.errors), list(report.warnings))
+
+
+def check_driver(cfg, settings, environ: Mapping[str, str] | None = None) -> None:
+    check_gpu_node(cfg, settings, environ)

@@ -1,0 +1,7 @@
+"""Small pieces every layer above the math shares, torch-free and verl-free.
+
+* ``overrides``: Hydra override parsing (Hydra's own parser), merging and value quoting;
+* ``run_env``: the environment a run's processes get (W&B, Ray auth, verl's external modules);
+* ``signals``: SIGHUP/SIGINT/SIGTERM as a ``StopSignal`` exception (the driver and the launchers);
+* ``history``: a run's metrics history across resumes (file-logger segments, the step record).
+"""

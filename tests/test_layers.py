@@ -1,0 +1,132 @@
+"""The house's layers: every import inside ``rpg/`` points down, file sizes stay readable.
+
+The nodes are ``rpg``'s packages and top-level modules (``rpg.backends``'s own interface and each backend
+count apart). ``LAYERS`` lists them bottom to top; a node may import a node of a lower layer, or one listed
+before it in its own layer, never one above (every import counts: module level and inside functions). A new
+upward import fails here with the file, the line and the two layers. Read docs/architecture.md for why
+each layer sits where it does.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "rpg"
+
+# bottom to top; inside a layer, a node may import those listed before it
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("typed configuration (torch-free: the rpg: block, RPGLossConfig and its RULES)", ("rpg.config",)),
+    ("math", ("rpg.divergences", "rpg.behavior", "rpg.loss_terms", "rpg.losses", "rpg.advantage")),
+    ("shared pieces (overrides, run environment, signals, metrics history)", ("rpg.common",)),
+    ("leaves: reward, data, the tiny task", ("rpg.reward", "rpg.data", "rpg.tiny")),
+    ("backends", ("rpg.backends", "rpg.backends.cpu", "rpg.backends.gpu")),
+    ("verl glue and the driver", ("rpg.verl",)),
+    ("launch", ("rpg.launch",)),
+    ("applications", ("rpg.reports", "rpg.demo", "rpg.study")),
+]
+RANK = {node: (layer, pos) for layer, (_, nodes) in enumerate(LAYERS) for pos, node in enumerate(nodes)}
+MAX_LINES = 450
+
+
+def node_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[1] == "backends" and parts[2] in ("cpu", "gpu"):
+        return ".".join(parts[:3])
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def module_of(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, root: Path = ROOT) -> list[tuple[str, int]]:
+    """Every ``rpg`` module ``path`` imports (absolute or relative, at any depth), with its line."""
+    module = module_of(path, root)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # ``from rpg import losses`` imports the module rpg.losses
+            names = [f"{target}.{a.name}" for a in node.names] if target == "rpg" else [target]
+            found += [(name, node.lineno) for name in names]
+    return [(name, line) for name, line in found if name == "rpg" or name.startswith("rpg.")]
+
+
+def sources(root: Path = ROOT) -> list[Path]:
+    return sorted((root / "rpg").rglob("*.py"))
+
+
+def arrows(root: Path = ROOT) -> list[tuple[str, str, Path, int]]:
+    out = []
+    for path in sources(root):
+        src = node_of(module_of(path, root))
+        for name, line in imports(path, root):
+            dst = node_of(name)
+            if dst != src and dst != "rpg":
+                out.append((src, dst, path, line))
+    return out
+
+
+def test_every_node_has_a_layer():
+    nodes = {node_of(module_of(p)) for p in sources()} - {"rpg"}
+    assert not nodes - set(RANK), f"give these a layer in LAYERS: {sorted(nodes - set(RANK))}"
+    assert not set(RANK) - nodes, f"LAYERS names nodes that do not exist: {sorted(set(RANK) - nodes)}"
+
+
+def upward(root: Path = ROOT) -> list[str]:
+    return [f"{path.relative_to(root)}:{line}: {src} ({LAYERS[RANK[src][0]][0]}) imports {dst} "
+            f"({LAYERS[RANK[dst][0]][0]})" for src, dst, path, line in arrows(root)
+            if src in RANK and dst in RANK and RANK[dst] >= RANK[src]]
+
+
+def test_every_import_points_down():
+    found = upward()
+    assert not found, "imports that point up or sideways:\n" + "\n".join(found)
+
+
+def test_the_rule_catches_upward_imports(tmp_path):
+    """The check itself, on a small tree: a backend importing the launcher inside a function, a relative import
+    from the math up to the launcher, ``from rpg import`` of a higher module; a downward import passes."""
+    files = {
+        "rpg/__init__.py": "",
+        "rpg/backends/cpu/settings.py": "def f():\n    from rpg.launch import cli\n",
+        "rpg/losses.py": "from .launch.cli import main\nfrom rpg import divergences\n",
+        "rpg/common/x.py": "from rpg import verl\n",
+        "rpg/launch/cli.py": "from rpg.backends.cpu import settings\nfrom rpg.common import x\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = upward(tmp_path)
+    assert [line.split(": ")[0] for line in found] == ["rpg/backends/cpu/settings.py:2", "rpg/common/x.py:1",
+                                                       "rpg/losses.py:1"], found
+
+
+@pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_files_stay_readable(path):
+    n = len(path.read_text().splitlines())
+    assert n <= MAX_LINES, f"{path.relative_to(ROOT)} has {n} lines (at most {MAX_LINES}): split it by concern"
+
+
+def test_torch_free_layers_import_without_torch():
+    """The configuration, the shared pieces and the launcher's own modules never import torch (a launch
+    answers in a second; the driver's checks run before any model is touched)."""
+    import subprocess
+    import sys
+
+    mods = [module_of(p) for p in sources() if node_of(module_of(p)) in ("rpg.config", "rpg.common")]
+    code = "import sys; sys.modules['torch'] = None\n" + "".join(f"import {m}\n" for m in mods)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
