@@ -92,7 +92,8 @@ def test_tiny_demo_refuses_a_world_size_it_cannot_split_in_one_line(argv, capsys
 
 
 def test_launcher_cpu_world_size_from_the_environment(tiny_assets, tmp_path):
-    from rpg.launch.cli import LaunchError, plan_overrides, project_root
+    from rpg.launch.plan import plan_overrides
+    from rpg.launch.request import LaunchError, project_root
     from rpg.launch.variants import parse
 
     v, root = parse("run_grpo_7b"), project_root()

@@ -164,7 +164,8 @@ def test_a_paper_script_clips_with_the_key_verl_reads():
     longer sets the unread actor.grad_clip (it keeps verl's own default); verl's dataclass carries the 1.0."""
     from verl.utils.config import omega_conf_to_dataclass
 
-    from rpg.launch.cli import compose, plan_overrides, project_root
+    from rpg.launch.plan import compose, plan_overrides
+    from rpg.launch.request import project_root
     from rpg.launch.variants import parse
 
     root = project_root()

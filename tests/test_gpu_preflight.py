@@ -217,7 +217,7 @@ def _hydra_config(env: dict, *user: str):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from rpg.launch.cli import CONFIG_DIR, plan_overrides
+    from rpg.launch.plan import CONFIG_DIR, plan_overrides
     from rpg.launch.variants import parse
 
     overrides, _ = plan_overrides(parse(SCRIPT), env, list(user), root=ROOT, cwd=ROOT)

@@ -175,7 +175,7 @@ def test_both_runs_compose_and_pass_verls_config_checks(tiny_assets, tmp_path):
     import argparse
 
     from rpg.launch.harness import build_command
-    from rpg.launch.cli import compose
+    from rpg.launch.plan import compose
 
     for gpus, first in ((1, True), (2, False)):
         args = argparse.Namespace(steps=4, resume_steps=2, lr=5e-4, rollout="hf", gpus=gpus, no_offload=False)

@@ -304,7 +304,7 @@ def test_ctrl_c_in_the_launcher_before_the_run_is_one_line(capsys, monkeypatch):
         os.kill(os.getpid(), signal.SIGINT)
         raise AssertionError("not interrupted")
 
-    monkeypatch.setattr(cli, "plan_overrides", interrupted)
+    monkeypatch.setattr(cli, "plan", interrupted)
     try:
         rc, err, _ = _launch([PAPER], capsys, RPG_BACKEND="cpu")
     except KeyboardInterrupt:

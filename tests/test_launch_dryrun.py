@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 from launch_expected import ALL_ROWS
 
-from rpg.launch.cli import compose, main, plan_overrides, project_root, ray_command
+from rpg.launch.cli import main
+from rpg.launch.commands import ray_command
+from rpg.launch.plan import compose, plan_overrides
+from rpg.launch.request import LaunchRequest, project_root
 from rpg.launch.variants import parse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,7 +191,7 @@ def test_ray_command_cluster_root_and_wait():
     v = parse("run_rpg_7b_ufkl1e-4")
     env = _env(RAY_ADDRESS="http://127.0.0.1:8265", RPG_CLUSTER_ROOT="/srv/rpg", RAY_JOB_WAIT="1")
     ov, job_env = plan_overrides(v, env, [], root=ROOT, cwd=ROOT)
-    cmd = ray_command(ov, env, job_env, ROOT)
+    cmd = ray_command(ov, LaunchRequest.read(env, ROOT, ROOT), job_env)
     assert "--no-wait" not in cmd and cmd[cmd.index("--") + 2] == "/srv/rpg/recipe/rpg/main_rpg.py"
 
 

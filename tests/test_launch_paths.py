@@ -8,7 +8,10 @@ from pathlib import Path
 
 from test_launch_dryrun import _env
 
-from rpg.launch.cli import main, plan_overrides, ray_command
+from rpg.launch.cli import main
+from rpg.launch.commands import ray_command
+from rpg.launch.plan import plan_overrides
+from rpg.launch.request import LaunchRequest
 from rpg.launch.variants import parse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +57,7 @@ def test_every_default_path_follows_the_cluster_root():
     assert d["+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_ROOT"] == "'/srv/rpg/logs'"
     assert d["+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR"] == f"'/srv/rpg/tensorboard_log/rpg/{v.name}'"
     # (the `ray` CLI itself runs here, so cmd[0] may be this checkout's venv; nothing after it may be)
-    assert str(ROOT) not in " ".join(ray_command(ov, env, job_env, ROOT)[1:])
+    assert str(ROOT) not in " ".join(ray_command(ov, LaunchRequest.read(env, ROOT, ROOT), job_env)[1:])
     # without RAY_ADDRESS the cluster root plays no part
     ov_local, _ = plan_overrides(v, _env(RPG_CLUSTER_ROOT="/srv/rpg"), [], root=ROOT, cwd=ROOT)
     assert "/srv/rpg" not in " ".join(ov_local)

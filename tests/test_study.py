@@ -120,7 +120,7 @@ def test_runs_compose_and_pass_verls_checks(tiny_assets, tmp_path):
     import sys
 
     from rpg.launch.harness import build_command
-    from rpg.launch.cli import ENTRY, project_root
+    from rpg.launch.request import ENTRY, project_root
 
     specs = [s for s in G.grid(seeds=1) if (s.variant, s.updates) in (("run_grpo_7b", 4), ("run_rpg_7b_ufkl1e-4_rf", 16))]
     plans, env = [], None
@@ -128,7 +128,7 @@ def test_runs_compose_and_pass_verls_checks(tiny_assets, tmp_path):
         argv, env = build_command(R.plan_overrides(spec, tmp_path), entry=str(project_root() / ENTRY))
         plans.append(argv[2:])
     (tmp_path / "plans.json").write_text(json.dumps(plans))
-    code = ("import json, sys\nfrom rpg.launch.cli import compose\nfor ov in json.load(open(sys.argv[1])):\n"
+    code = ("import json, sys\nfrom rpg.launch.plan import compose\nfor ov in json.load(open(sys.argv[1])):\n"
             "    cfg, _ = compose(ov)\n    print('SIZES', cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.data.train_batch_size)")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plans.json")], env=env, capture_output=True,
                        text=True, timeout=300, cwd=project_root())

@@ -56,7 +56,7 @@ def test_vllm_overrides_replace_the_hf_rollout_once_and_forward_the_switch():
 
 
 def test_the_vllm_overrides_compose_with_the_recipe_config(tiny_assets):
-    from rpg.launch.cli import compose
+    from rpg.launch.plan import compose
     from rpg.common.overrides import merge_overrides
     from rpg.tiny.overrides import tiny_overrides
 
@@ -207,7 +207,7 @@ def test_the_vllm_cpu_tests_are_deselected_visibly_unless_asked_for():
 def test_cpu_launch_scripts_refuse_a_bad_rollout_and_a_missing_vllm_cpu_in_one_line(monkeypatch, capsys):
     from rpg.launch import cli
 
-    monkeypatch.setattr(cli, "_run_cpu", lambda *a, **k: pytest.fail("the run was started"))
+    monkeypatch.setattr(cli, "_run_here", lambda *a, **k: pytest.fail("the run was started"))
     name = "run_grpo_7b_7binstruct"
     assert cli.main([name], env={"RPG_BACKEND": "cpu", vllm_cpu.ROLLOUT_ENV: "sglang"}) == 2
     assert capsys.readouterr().err.strip() == "rpg.launch: RPG_CPU_ROLLOUT='sglang' is invalid; allowed: hf, vllm"

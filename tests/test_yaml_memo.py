@@ -7,7 +7,8 @@ import io
 import yaml_memo
 from omegaconf import OmegaConf
 
-from rpg.launch.cli import CONFIG_DIR, CONFIG_NAME, project_root
+from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME
+from rpg.launch.request import project_root
 
 
 def test_installed_in_the_test_process():

@@ -7,16 +7,19 @@ backend imports nothing above it. Each backend is the module ``rpg.backends.<nam
 * ``NAME``; ``TINY_TASK``: whether a launch on it runs the tiny model/task (``rpg.tiny``) in place of the
   variant's model, data and sizes, through the launcher's harness (``rpg.launch.harness``), the variant's
   algorithm settings kept (the CPU backend); otherwise the recipe's entry runs the variant itself;
+* ``IMPORT_ENV``: the variables of ``run_env`` that verl reads when it is imported (its platform): a launcher
+  that composes the run's config in its own process sets them first;
 * ``run_env(extra_modules, base) -> dict``: the environment every process of a run gets;
 * ``run_overrides(env, overrides, *, joins_cluster) -> list``: the Hydra overrides it puts before the
   caller's ``overrides`` (which win); ``joins_cluster``: a job on a running Ray cluster;
 * ``owned_keys() -> set``: the keys ``run_overrides`` sets, which a launch takes from the backend rather
   than from the variant (the user's overrides still win);
-* ``launch_problems(env) -> (errors, warnings)``: what a launch refuses or mentions from its environment
-  alone, before anything is composed;
+* ``launch_problems(env) -> (errors, warnings)``: what this machine lacks for a launch asked by its environment
+  alone, before anything is composed (a malformed variable: ``ValueError``);
 * ``node_problems(cfg, settings, environ) -> (errors, warnings)``: what this node lacks for a composed run
   (``DRY_RUN=1`` prints both as warnings);
-* ``check_driver(cfg, settings, environ)``: the driver's checks before Ray, one line each (``RPGConfigError``).
+* ``check_driver(cfg, settings, environ)``: the driver's checks before Ray, one line each (``RPGConfigError``);
+* ``cluster_job_env(env, rendezvous) -> dict``: what a job on a running Ray cluster adds to its runtime env.
 
 ``backend_of_run``: which backend a composed run is on (the one answer the driver and every check use).
 """

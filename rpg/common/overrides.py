@@ -15,6 +15,8 @@ Python literal) and let invalid ones through to a traceback after Ray started.
   ``range(...)``, ``glob(...)``) is refused too unless ``multirun``: a single run takes one value.
 * ``override_key`` / ``value_of`` / ``values``: what an override sets, as Hydra reads it.
 * ``merge_overrides``: concatenation where a later value for the same key wins.
+* ``hydra_value`` / ``hydra_list``: the one way the project writes a string (or a list of strings) into an
+  override so that Hydra reads back that same string (never an int, a bool or an interpolation).
 * ``split_hydra_argv`` / ``exit_on_bad_argv``: a Hydra app's command line (flags such as ``--cfg job``,
   ``-m``, ``--config-name``, then overrides), read with Hydra's own argument parser, checked before
   ``hydra.main`` runs (``recipe/rpg/main_rpg.py``).
@@ -25,6 +27,7 @@ smoke run, the study) and by the driver's entry script.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -37,6 +40,29 @@ PREFIX = {"ADD": "+", "FORCE_ADD": "++", "DEL": "~", "CHANGE": ""}
 
 class OverrideSyntaxError(ValueError):
     """An override Hydra cannot read (or a sweep where one value is needed): one line."""
+
+
+_BARE = re.compile(r"^[A-Za-z0-9_./:+@%~-]+$")  # characters Hydra reads as a plain string when unquoted
+
+
+def hydra_value(value: str, name: str = "a value", *, quote: bool = False) -> str:
+    """``value`` written so that Hydra reads back this very string: bare when every character is plain and
+    ``quote`` is False, else single-quoted (``quote=True``: always, so '1' stays the string '1', not the int 1).
+
+    Hydra's quoted strings end at the next unescaped quote: a single quote, or a backslash at the end (it
+    would escape the closing quote), cannot be written; ``OverrideSyntaxError`` names ``name`` and the value.
+    """
+    if not quote and _BARE.match(value) and value not in ("true", "false", "null", "True", "False", "None"):
+        return value
+    if "'" in value or value.endswith("\\"):
+        raise OverrideSyntaxError(f"{name}={value!r} cannot be passed to Hydra: it holds a single quote or ends "
+                                  "with a backslash")
+    return f"'{value}'"
+
+
+def hydra_list(items: Iterable[str], name: str = "a value") -> str:
+    """A list of strings for Hydra (``['a','b']``), each quoted (``hydra_value(quote=True)``)."""
+    return "[" + ",".join(hydra_value(str(item), name, quote=True) for item in items) + "]"
 
 
 _PARSER = None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
 
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 

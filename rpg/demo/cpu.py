@@ -54,7 +54,7 @@ from rpg.launch.args import OneLineParser, positive_int, read_overrides
 from rpg.launch.harness import (TrainerRun, TrainerRunError, report_failure, resume_decision, run_trainer,
                                 trainer_overrides)
 from rpg.common.overrides import OverrideSyntaxError, values
-from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root, new_run_dir
+from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir, new_run_dir
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.launch.variants import recipe_value
 
@@ -269,7 +269,8 @@ def _checked(overrides: list[str], entry: str, recipe: bool, root: Path, env: di
     (its own config and checks), as the overrides set them."""
     if not recipe:
         v = values(overrides)
-        ckpts = v.get("trainer.default_local_dir") or f"checkpoints/{v.get('trainer.project_name')}/{v.get('trainer.experiment_name')}"
+        ckpts = v.get("trainer.default_local_dir") or default_checkpoint_dir(v.get("trainer.project_name"),
+                                                                            v.get("trainer.experiment_name"))
         return v.get("trainer.resume_mode", "auto"), str(ckpts)
     from rpg.launch.config_keys import RECIPE_CONFIG_DIR, checked_config
 

@@ -8,7 +8,7 @@ line and before anything is built or started (the launchers print it and exit 2)
 * one of the tool's own environment variables given as an argument (``OUT=runs/x`` after the script):
   Hydra would read it as the key ``OUT`` and the trainer would die on it after Ray started. The line
   says where it goes: ``OUT is an environment variable: OUT=runs/x bash recipe/rpg/tiny/run_tiny_cpu.sh``.
-  Each tool declares its variables once (``rpg.launch.cli.ENV_VARS``, ``rpg.demo.cpu.ENV_VARS``)
+  Each tool declares its variables once (``rpg.launch.request.ENV_VARS``, ``rpg.demo.cpu.ENV_VARS``)
   and prints the same list in its usage.
 
 ``OneLineParser``: argparse with its errors on one line (``prefix: argument --steps: ...``, exit 2)

@@ -11,7 +11,6 @@ one line (exit 128 + signum).
 
 from __future__ import annotations
 
-import os
 import secrets
 import shlex
 import subprocess

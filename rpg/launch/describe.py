@@ -1,0 +1,166 @@
+"""What the launcher prints about a run before or instead of starting it.
+
+* ``describe_variant``: the variant a run name denotes (paper row, model, loss, schedule), printed before
+  every launch; ``list_table``: the shipped scripts (``--list``; docs/launch-scripts.md is written from it).
+* ``describe``: ``--describe NAME [--full] [--gpu-mem-gib G] [--host-mem-gib H] [overrides]``: the variant, the
+  overrides its name sets, optionally the whole resolved config, then the memory and disk estimate.
+* ``dry_run``: ``DRY_RUN=1``: the composed and validated config and the command, with what this node lacks
+  for the run (the backend's ``node_problems``) and missing input paths as warnings, then the estimate.
+* ``memory_report`` / ``memory_sizes``: ``rpg.launch.memory``'s per-GPU memory table, the host RAM per node
+  and the checkpoint disk of a composed config (docs/memory.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rpg.backends import backend
+from rpg.common.overrides import override_key
+from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME, compose, plan
+from rpg.launch.request import LaunchError, LaunchRequest, project_root
+from rpg.launch.variants import Variant, known_names, paper_refs, paper_row, parse, to_overrides
+from rpg.verl.preflight import input_path_problems
+
+REWARD_PATH = "reward.custom_reward_function.path"
+
+
+def describe_variant(v: Variant) -> str:
+    refs = ", ".join(paper_refs(v)) or "not in the paper"
+    eps = f"({v.eps_low:g}, {v.eps_high:g})" + ("" if v.clip else " unused: unclipped")
+    lines = [
+        f"run {v.name}: {paper_row(v)} [{refs}]",
+        f"  model {v.model} ({v.context} context: prompt {v.max_prompt_length} + response {v.max_response_length})",
+        f"  loss {v.loss}:{v.form} divergence={v.divergence} beta={v.beta:g} kl_type={v.kl_type} clip={v.clip} "
+        f"eps={eps} c={v.clip_c:g}",
+        f"  adv={v.adv_estimator} lr={v.lr:g} optimizer={v.optimizer} reference={v.reference} "
+        f"filtering={v.filtering} overlong={v.overlong} (buffer {v.overlong_buffer})",
+    ]
+    if v.irregular:
+        lines.append(f"  irregular name: {v.irregular}")
+    return "\n".join(lines)
+
+
+def list_table() -> str:
+    """Markdown table of the shipped scripts (docs/launch-scripts.md is written from it)."""
+    rows = ["| script | paper row | reported in | divergence / form | clip (eps) | beta | lr | optimizer | model | reference |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in known_names():
+        v = parse(name)
+        form = v.form if v.divergence is None else f"{v.divergence} / {v.form}"
+        clip = f"{v.eps_low:g}/{v.eps_high:g}" if v.clip else "none"
+        rows.append(f"| `{name}` | {paper_row(v)} | {', '.join(paper_refs(v)) or '-'} | {form} | {clip} | {v.beta:g} | "
+                    f"{v.lr:g} | {v.optimizer} | {v.model.split('/')[-1]} | {v.reference} |")
+    return "\n".join(rows)
+
+
+def memory_report(cfg, sizes: tuple[float, float], *, unavailable_ok: bool = False) -> str:
+    """rpg.launch.memory's per-GPU memory table, host RAM per node and checkpoint-disk lines for a composed
+    config; sizes = (GPU, node RAM) in GiB.
+
+    An estimate that cannot be made (unknown model, ...) raises ``LaunchError`` (one line), or with
+    ``unavailable_ok`` (DRY_RUN: the config itself is valid) returns that line as a note.
+    """
+    from omegaconf import OmegaConf
+
+    from rpg.launch.memory import MemoryEstimateError
+    from rpg.launch.memory_host import report
+
+    try:
+        return report(OmegaConf.to_container(cfg, resolve=True), *sizes)
+    except MemoryEstimateError as e:
+        if unavailable_ok:
+            return f"memory estimate unavailable: {e}"
+        raise LaunchError(str(e)) from None
+
+
+def memory_sizes(env: Mapping[str, str], gpu_cli: str | None = None, host_cli: str | None = None) -> tuple[float, float]:
+    """(GPU, node RAM) of the estimate in GiB: ``--gpu-mem-gib`` / ``--host-mem-gib`` if given, else
+    ``RPG_GPU_MEM_GIB`` / ``RPG_HOST_MEM_GIB``, else the defaults."""
+    from rpg.launch.memory import GPU_MEM_ENV, MemoryEstimateError, gpu_mem_gib
+    from rpg.launch.memory_host import HOST_MEM_ENV, host_mem_gib
+
+    try:
+        gpu = gpu_mem_gib(gpu_cli, "--gpu-mem-gib") if gpu_cli is not None else gpu_mem_gib(env.get(GPU_MEM_ENV), GPU_MEM_ENV)
+        host = (host_mem_gib(host_cli, "--host-mem-gib") if host_cli is not None
+                else host_mem_gib(env.get(HOST_MEM_ENV), HOST_MEM_ENV))
+    except MemoryEstimateError as e:
+        raise LaunchError(str(e)) from None
+    return gpu, host
+
+
+def describe(args: list[str], env: Mapping[str, str]) -> int:
+    """``--describe NAME [--full] [--gpu-mem-gib G] [--host-mem-gib H] [overrides]``: the variant, the
+    overrides its name sets (the rest is the recipe YAML and the paper setup), with ``--full`` the whole
+    resolved config, then the memory and disk estimate of the config the launcher would compose
+    (environment and overrides included)."""
+    cli: dict[str, str | None] = {"--gpu-mem-gib": None, "--host-mem-gib": None}
+    examples = {"--gpu-mem-gib": "the GPU's memory in GiB (e.g. --gpu-mem-gib 80)",
+                "--host-mem-gib": "the node's RAM in GiB (e.g. --host-mem-gib 1024)"}
+    rest, full = [], False
+    it = iter(args)
+    for a in it:
+        flag = a.split("=", 1)[0]
+        if a == "--full":
+            full = True
+        elif flag in cli:
+            cli[flag] = a.split("=", 1)[1] if "=" in a else next(it, None)
+            if cli[flag] is None:
+                raise LaunchError(f"{flag} needs a value, {examples[flag]}")
+        else:
+            rest.append(a)
+    if not rest or rest[0].startswith("-"):
+        raise LaunchError("--describe takes one run name (then optionally --full, --gpu-mem-gib G, --host-mem-gib H "
+                          "and Hydra overrides)")
+    sizes = memory_sizes(env, cli["--gpu-mem-gib"], cli["--host-mem-gib"])
+    v = parse(rest[0])
+    print(describe_variant(v), flush=True)
+    print(f"  overrides of the name (on {CONFIG_DIR / CONFIG_NAME}.yaml + {CONFIG_DIR / 'paper' / 'default.yaml'}):\n    "
+          + " ".join(to_overrides(v)), flush=True)
+    req = LaunchRequest.read(env, project_root(), Path.cwd())
+    overrides, _ = plan(req, v, rest[1:])
+    with contextlib.redirect_stdout(io.StringIO()):  # the driver checks' own report
+        cfg, _ = compose(overrides, req.root)
+    if full:
+        from omegaconf import OmegaConf
+
+        print("# ---- the full resolved config (as the driver hands it to verl) ----")
+        print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+    print(memory_report(cfg, sizes))
+    return 0
+
+
+def _show_cluster_reward_path(cfg, root: Path, run_root: Path) -> None:
+    """The recipe's default reward file is found by import where the driver runs, i.e. under
+    ``RPG_CLUSTER_ROOT`` on the cluster: show that path rather than this checkout's."""
+    from omegaconf import OmegaConf
+
+    path = OmegaConf.select(cfg, REWARD_PATH)
+    if run_root != root and isinstance(path, str) and Path(path).is_relative_to(root):
+        OmegaConf.update(cfg, REWARD_PATH, str(run_root / Path(path).relative_to(root)))
+
+
+def dry_run(req: LaunchRequest, v: Variant, overrides: Sequence[str], cmd: Sequence[str]) -> int:
+    """``DRY_RUN=1``: the variant, the command, the composed and validated config; missing input paths and what
+    this node lacks for the run (the backend's ``node_problems``) as warnings; then, for a run of the variant
+    itself (not the tiny task), the memory estimate (sizes: ``memory_sizes``)."""
+    from omegaconf import OmegaConf
+
+    chosen = backend(req.backend)
+    sizes = None if chosen.TINY_TASK else memory_sizes(req.env)
+    print(f"# {describe_variant(v)}".replace("\n", "\n# "))
+    cfg, settings = compose(overrides, req.root)
+    if not any(override_key(o) == REWARD_PATH for o in overrides):
+        _show_cluster_reward_path(cfg, req.root, req.run_root)
+    print("# command: " + " ".join(cmd[:2]) + " \\\n#   " + " \\\n#   ".join(cmd[2:]))
+    errors, warnings = chosen.node_problems(cfg, settings, req.env)
+    for problem in [*input_path_problems(cfg), *errors, *warnings]:
+        print(f"rpg.launch: warning: {problem}", file=sys.stderr, flush=True)
+    print("# ---- composed and validated config (DRY_RUN=1: nothing was started) ----")
+    print(OmegaConf.to_yaml(cfg, resolve=True), end="")
+    if sizes is not None:  # last, where a terminal shows it; '# ' keeps the output valid YAML
+        print("# ---- " + memory_report(cfg, sizes, unavailable_ok=True).replace("\n", "\n# "))
+    return 0

@@ -1,0 +1,195 @@
+"""The launcher's environment, read once: ``LaunchRequest.read(env, root, cwd)``.
+
+Every environment variable ``python -m rpg.launch`` takes is declared in ``ENV_VARS`` (the usage lists them;
+one given as an argument is refused in one line, ``rpg.launch.args``) and read here, into one frozen
+``LaunchRequest``: a bad value is ``LaunchError``, one line naming the variable and what is allowed, before
+anything is composed. The rest of the launcher reads the request, never the environment (the environment
+itself still goes, whole, to the process it starts).
+
+Paths: a user's relative path is taken relative to the current directory (``cwd``); defaults are under the
+project root, or under ``RPG_CLUSTER_ROOT`` for a Ray submission (``cluster_root``: the checkout the driver
+runs from on the cluster).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from rpg.backends import BACKENDS
+from rpg.verl.preflight import name_problem
+
+ENTRY = Path("recipe") / "rpg" / "main_rpg.py"
+# The launcher's environment variables, declared once: the usage lists them, and one given as an argument
+# (``OUT_DIR=runs/x`` after the script) is refused in one line saying where it goes (rpg.launch.args).
+ENV_VARS = {
+    "DRY_RUN": "1: compose, check and print the config and the command, start nothing",
+    "RPG_BACKEND": "gpu (default) or cpu (the tiny model/task on the CPU backend)",
+    "RAY_ADDRESS": "submit to this Ray cluster (ray job submit)",
+    "RPG_CLUSTER_ROOT": "the project's checkout on the cluster nodes",
+    "RAY_JOB_WAIT": "1: wait for the submitted job",
+    "RAY_PYTHON": "the cluster's Python",
+    "MODEL_PATH": "the model (default: the variant's)",
+    "DATA_DIR": "the data folder", "TRAIN_FILE": "the training file", "VAL_FILES": "the validation files",
+    "CKPTS_DIR": "the checkpoint folder",
+    "NNODES": "nodes", "N_GPUS_PER_NODE": "GPUs per node",
+    "LOGGER": "trainer.logger, comma separated (verl's loggers)",
+    "PROJECT_NAME": "trainer.project_name", "EXP_NAME": "trainer.experiment_name",
+    "OUT_DIR": "the output folder of a CPU run",
+    "CPU_TIMEOUT": "seconds before a CPU run is killed", "CPU_ECHO": "1: show a CPU run's full output",
+    "RPG_CPU_ROLLOUT": "hf or vllm, a CPU run's rollout",
+    "RPG_GPU_MEM_GIB": "the GPU's memory for the estimate", "RPG_HOST_MEM_GIB": "the node's RAM for the estimate",
+    "VERL_FILE_LOGGER_ROOT": "where verl's file logger writes", "TENSORBOARD_DIR": "TensorBoard's folder",
+    "PYTHON": "the Python of the launch scripts",
+}
+# Forwarded to the Ray job when set (never secrets: log in to W&B / HF on the nodes instead).
+FORWARD_ENV = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE",
+               "WANDB_ENTITY", "WANDB_DIR", "VLLM_USE_V1", "NCCL_DEBUG")
+DEFAULT_LOGGERS = ("console", "file")
+CPU_TIMEOUT_S = 1800.0
+
+
+class LaunchError(ValueError):
+    """A bad environment value or launch request (one clear line)."""
+
+
+def project_root() -> Path:
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ENTRY).is_file():
+        raise LaunchError(f"cannot find {ENTRY} next to the rpg package ({root}); run from a checkout of the "
+                          "project installed with `pip install -e .`")
+    return root
+
+
+def split_list(raw: str) -> list[str]:
+    return [p for p in re.split(r"[,\s]+", raw.strip()) if p]
+
+
+def _flag(env: Mapping[str, str], key: str) -> bool:
+    value = env.get(key, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise LaunchError(f"{key}={env[key]!r} is invalid; allowed values: 1, 0, true, false")
+
+
+def _positive_int(env: Mapping[str, str], key: str) -> int | None:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise LaunchError(f"{key}={raw!r} is invalid; expected a positive integer")
+    return int(raw)
+
+
+def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise LaunchError(f"{key}={raw!r} is invalid; expected a number of seconds > 0")
+    return value
+
+
+def user_path(raw: str, cwd: Path) -> str:
+    """A user path: relative -> to the current directory; URLs (hdfs://, s3://, ...) unchanged."""
+    if "://" in raw:
+        return raw
+    p = Path(raw).expanduser()
+    return str(p if p.is_absolute() else (cwd / p).resolve())
+
+
+def _path(env: Mapping[str, str], key: str, cwd: Path) -> str | None:
+    raw = env.get(key, "").strip()
+    return user_path(raw, cwd) if raw else None
+
+
+def _run_name(env: Mapping[str, str], key: str) -> str | None:
+    """PROJECT_NAME / EXP_NAME: unset -> None (the default); a name that could leave its directory
+    (checkpoints, logs) is refused (``rpg.verl.preflight.name_problem``)."""
+    if key not in env:
+        return None
+    value = env[key].strip()
+    if (why := name_problem(key, value)) is not None:
+        raise LaunchError(why)
+    return value
+
+
+def cluster_root(env: Mapping[str, str], root: Path) -> Path:
+    """Root of every default path: ``RPG_CLUSTER_ROOT`` for a Ray submission, else this checkout."""
+    raw = env.get("RPG_CLUSTER_ROOT", "").strip()
+    if not raw or not env.get("RAY_ADDRESS", "").strip():
+        return root
+    if not raw.startswith("/"):
+        raise LaunchError(f"RPG_CLUSTER_ROOT={raw!r} must be an absolute path (the project's checkout on the cluster nodes)")
+    return Path(raw)
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What the environment asks of a launch (None: not set, the default applies where it is used)."""
+
+    env: Mapping[str, str]  # the environment itself: what the started process inherits
+    root: Path  # this checkout
+    cwd: Path
+    backend: str  # RPG_BACKEND: a name of rpg.backends
+    dry: bool  # DRY_RUN
+    address: str  # RAY_ADDRESS as given (checked by rpg.launch.ray_job_api; blank: a run on this machine)
+    job_wait: bool  # RAY_JOB_WAIT
+    ray_python: str  # RAY_PYTHON
+    run_root: Path  # RPG_CLUSTER_ROOT for a Ray submission, else root: the root of every default path
+    model_path: str | None
+    data_dir: str | None
+    train_file: str | None
+    val_files: tuple[str, ...] | None
+    ckpts_dir: str | None
+    nnodes: int | None
+    n_gpus_per_node: int | None
+    loggers: tuple[str, ...] | None  # LOGGER
+    project: str | None
+    experiment: str | None
+    file_logger_root: str | None  # VERL_FILE_LOGGER_ROOT
+    tensorboard_dir: str | None  # TENSORBOARD_DIR
+    out_dir: Path | None  # OUT_DIR (a run through the harness)
+    timeout_s: float  # CPU_TIMEOUT
+    echo: bool  # CPU_ECHO
+    job_env: Mapping[str, str]  # FORWARD_ENV's variables that are set
+    cluster_root_unused: bool  # RPG_CLUSTER_ROOT set without RAY_ADDRESS (a local run: ignored, with a warning)
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.address.strip())
+
+    @classmethod
+    def read(cls, env: Mapping[str, str], root: Path, cwd: Path) -> LaunchRequest:
+        backend = env.get("RPG_BACKEND", "").strip().lower() or BACKENDS[0]
+        if backend not in BACKENDS:
+            raise LaunchError(f"RPG_BACKEND={env['RPG_BACKEND']!r} is invalid; allowed values: {', '.join(BACKENDS)}")
+        address = env.get("RAY_ADDRESS", "")
+        val = env.get("VAL_FILES", "").strip()
+        logger = env.get("LOGGER", "").strip()
+        out = env.get("OUT_DIR", "").strip()
+        return cls(
+            env=dict(env), root=root, cwd=cwd, backend=backend, dry=_flag(env, "DRY_RUN"), address=address,
+            job_wait=_flag(env, "RAY_JOB_WAIT"), ray_python=env.get("RAY_PYTHON", "").strip() or "python3",
+            run_root=cluster_root(env, root),
+            project=_run_name(env, "PROJECT_NAME"), experiment=_run_name(env, "EXP_NAME"),
+            model_path=env.get("MODEL_PATH", "").strip() or None,
+            data_dir=_path(env, "DATA_DIR", cwd), train_file=_path(env, "TRAIN_FILE", cwd),
+            val_files=tuple(user_path(p, cwd) for p in split_list(val)) if val else None,
+            ckpts_dir=_path(env, "CKPTS_DIR", cwd),
+            nnodes=_positive_int(env, "NNODES"), n_gpus_per_node=_positive_int(env, "N_GPUS_PER_NODE"),
+            loggers=tuple(split_list(logger)) if logger else None,
+            file_logger_root=_path(env, "VERL_FILE_LOGGER_ROOT", cwd), tensorboard_dir=_path(env, "TENSORBOARD_DIR", cwd),
+            out_dir=Path(user_path(out, cwd)) if out else None,
+            timeout_s=_seconds(env, "CPU_TIMEOUT", CPU_TIMEOUT_S), echo=_flag(env, "CPU_ECHO"),
+            job_env={k: env[k] for k in FORWARD_ENV if env.get(k)},
+            cluster_root_unused=bool(env.get("RPG_CLUSTER_ROOT", "").strip()) and not address.strip(),
+        )
