@@ -95,8 +95,8 @@ def _memory_fits(cfg) -> str | None:
     cache holding one max_model_len sequence, and the host RAM of a default node (docs/memory.md)."""
     from omegaconf import OmegaConf
 
-    from rpg.launch.memory import DEFAULT_GPU_MEM_GIB, architecture_for, estimate, settings_from_config
-    from rpg.launch.memory_host import DEFAULT_HOST_MEM_GIB, estimate_host, host_settings_from_config
+    from rpg.launch.memory import (DEFAULT_GPU_MEM_GIB, DEFAULT_HOST_MEM_GIB, architecture_for, estimate, estimate_host,
+                                   host_settings_from_config, settings_from_config)
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     s = settings_from_config(plain)

@@ -13,30 +13,28 @@ import pytest
 from rpg.launch.memory import (
     CUDAGRAPH_GIB,
     DEFAULT_GPU_MEM_GIB,
+    DEFAULT_HOST_MEM_GIB,
+    DRIVER_GIB,
     GIB,
     HEADROOM_FRACTION,
     KNOWN_ARCHITECTURES,
+    RAY_DAEMONS_GIB,
     RUNTIME_OVERHEAD_GIB,
+    SMALL_WORKER_GIB,
+    TRAINER_PROCESS_GIB,
+    VLLM_PROCESS_GIB,
     MemoryEstimateError,
     architecture_for,
     count_saves,
     estimate,
     estimate_disk,
-    format_kv_check,
-    gpu_mem_gib,
-    settings_from_config,
-)
-from rpg.launch.memory_host import (
-    DEFAULT_HOST_MEM_GIB,
-    DRIVER_GIB,
-    RAY_DAEMONS_GIB,
-    SMALL_WORKER_GIB,
-    TRAINER_PROCESS_GIB,
-    VLLM_PROCESS_GIB,
     estimate_host,
     format_host,
+    format_kv_check,
+    gpu_mem_gib,
     host_mem_gib,
     host_settings_from_config,
+    settings_from_config,
 )
 
 QWEN25_7B = KNOWN_ARCHITECTURES["Qwen/Qwen2.5-Math-7B"]
@@ -479,14 +477,29 @@ def test_dry_run_prints_estimate_for_the_gpu_size(capsys):
 
 
 def test_the_memory_modules_import_one_way():
-    """memory_host builds on memory (its settings, architectures and units); memory imports nothing of
-    memory_host, not even inside a function (the launcher's whole report lives in memory_host)."""
+    """host.py builds on the per-GPU estimate's modules (their settings, architectures and units); those
+    import nothing of host.py, not even inside a function (the launcher's whole report lives in
+    formatting.py, which no estimate imports). Inside the package, modules import each other directly,
+    never through the package's __init__."""
     import ast
     from pathlib import Path
 
     import rpg.launch.memory as memory
 
-    tree = ast.parse(Path(memory.__file__).read_text())
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not {m for m in imported if m and m.startswith("rpg.launch.memory_host")}, imported
+    package = Path(memory.__file__).parent
+
+    def imported(module: str) -> set[str]:
+        tree = ast.parse((package / f"{module}.py").read_text())
+        names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+        names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level], module  # no relative ones
+        return names
+
+    for module in ("common", "architecture", "settings", "gpu", "disk"):
+        found = imported(module)
+        assert not {m for m in found if m.startswith(("rpg.launch.memory.host", "rpg.launch.memory.formatting"))}, found
+    assert not {m for m in imported("host") if m.startswith("rpg.launch.memory.formatting")}
+    modules = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
+    assert {"common", "architecture", "settings", "gpu", "disk", "host", "formatting"} <= set(modules), modules
+    for module in modules:
+        assert "rpg.launch.memory" not in imported(module), module

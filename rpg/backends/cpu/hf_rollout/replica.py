@@ -1,0 +1,63 @@
+"""``HFReplica``, verl's ``RolloutReplica`` for ``rollout.name=hf`` (``RolloutReplicaRegistry``, see
+rpg/backends/cpu/register.py): it launches one named ``HFRolloutServer`` Ray actor (server.py) per replica,
+in the hybrid (colocated) mode only. Off the CPU backend it places the server on the node and GPU of its
+replica's first worker, as verl places its vLLM servers (``_gpu_placement``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import ray
+
+from verl.workers.rollout.replica import RolloutReplica
+
+from rpg.backends.cpu.hf_rollout.server import HFRolloutServer, server_name
+
+
+class HFReplica(RolloutReplica):
+    """One HF rollout server per replica, colocated with the hybrid actor worker (CPU only)."""
+
+    def rollout_worker_use_gpu(self) -> bool:
+        return False
+
+    async def launch_servers(self):
+        if self.rollout_mode is None:
+            raise ValueError("HFReplica: launch_servers called before init_hybrid/init_colocated")
+        kind = "_reward" if self.is_reward_model else ("_teacher" if self.is_teacher_model else "")
+        name = server_name(self.replica_rank, kind + self.name_suffix)
+        placement = await self._gpu_placement()
+        server = (
+            ray.remote(HFRolloutServer)
+            .options(name=name, num_cpus=0, max_concurrency=self.max_concurrency, **placement)
+            .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        )
+        await server.ready.remote()
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = f"hf://{name}"
+
+    async def _gpu_placement(self) -> dict:
+        """Off the CPU backend: the node and GPU of this replica's first worker, as verl places its vLLM
+        servers (node affinity; Ray told not to touch ``CUDA_VISIBLE_DEVICES``, which is set to that
+        GPU, so the server's ``cuda:0`` is its replica's GPU). On the CPU backend: nothing."""
+        if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu" or not self.workers:
+            return {}
+        node_id, gpu = await self.workers[0].__ray_call__.remote(_node_and_gpu)
+        if gpu is None:
+            return {}
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": str(gpu)}
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+                "runtime_env": {"env_vars": env}}
+
+    async def init_standalone(self):
+        raise NotImplementedError("rollout.name=hf supports the hybrid (colocated) mode only")
+
+
+def _node_and_gpu(actor) -> tuple[str, str | None]:
+    """(node id, first GPU id Ray assigned) of the actor it runs in (``__ray_call__`` target)."""
+    ctx = ray.get_runtime_context()
+    gpus = ctx.get_accelerator_ids().get("GPU") or [None]
+    return ctx.get_node_id(), gpus[0]

@@ -1,0 +1,141 @@
+"""How the HF rollout server decodes one batch of requests: ``generate_batch``, one left-padded greedy
+``model.generate`` whose last logits processor, ``SeededRowSampler``, does the sampling, with one random
+generator per sequence (seeded by ``row_seed``).
+
+Sampling semantics (vLLM's, as verl sends them): ``temperature`` (0 = greedy), ``top_p`` (1 =
+off), ``top_k`` (-1 or 0 = off), ``max_tokens``/``max_new_tokens`` (default: the rollout's
+response_length), bounded by ``prompt_length + response_length``; generation stops after the
+first EOS token, which is returned. ``log_probs`` are log pi(token) under the temperature-scaled
+distribution *before* top-k/top-p filtering, i.e. what verl's actor recomputes (it divides the
+logits by the same temperature), so ``training/rollout_probs_diff_*`` measures real mismatch.
+
+Reproducible sampling: every sequence draws from its own random generator, seeded by
+(rollout seed, training step of the loaded weights, prompt, how many samples of that prompt were
+drawn since those weights were loaded). A response therefore does not depend on which other
+requests happened to share its decode batch (request timing varies from run to run); two runs
+with the same seed and weights sample the same responses (up to the order of identical prompts),
+and so does a run resumed from a checkpoint at the steps after the checkpoint. (verl still orders
+a training batch by completion, so mini-batch membership, and hence later updates, can differ.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+
+from verl.workers.rollout.replica import TokenOutput
+from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+
+def row_seed(*parts) -> int:
+    """A 63-bit seed derived from ``parts`` (stable across processes, unlike ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") >> 1
+
+
+class SeededRowSampler(LogitsProcessor):
+    """Sampling with one generator per row, as the last logits processor of a *greedy* generate.
+
+    Applies temperature, top-k and top-p with transformers' own warpers, draws u ~ U(0, 1) from
+    the row's generator and takes the inverse CDF of the warped distribution; it returns scores
+    that are 0 at the drawn token and -inf elsewhere, so greedy selection picks exactly that token.
+    """
+
+    def __init__(self, generators: list[torch.Generator], temperature: float, top_k: int, top_p: float):
+        self.generators = generators
+        self.warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
+        if top_k > 0:
+            self.warpers.append(TopKLogitsWarper(top_k=top_k))
+        if top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p=top_p))
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        probs = torch.softmax(self.warpers(input_ids, scores).float(), dim=-1)
+        cdf = probs.cumsum(dim=-1)
+        # the generators are CPU ones (seeded per row, see module docstring); the draws follow the scores
+        u = torch.cat([torch.rand(1, generator=g, dtype=cdf.dtype) for g in self.generators]).to(cdf.device)
+        # u * total < total = cdf[-1], so the index is valid and its probability is > 0
+        token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, token.unsqueeze(-1), 0.0)
+
+
+def _limit(sampling_params: dict[str, Any], default: int) -> int:
+    for key in ("max_tokens", "max_new_tokens"):
+        if sampling_params.get(key) is not None:
+            return int(sampling_params[key])
+    return int(default)
+
+
+@torch.no_grad()
+def generate_batch(
+    model: Any,
+    prompts: list[list[int]],
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    max_tokens: int,
+    seeds: list[int] | None,
+    *,
+    eos_ids: set[int],
+    pad_id: int,
+    max_model_len: int,
+    device: torch.device,
+    global_steps: int | None,
+) -> list[TokenOutput]:
+    """Decode prompts that share their sampling parameters as one batch: greedy unless ``temperature`` > 0,
+    then one ``seeds`` entry per prompt. Each response stops at ``max_tokens``, at ``max_model_len`` minus
+    its prompt's length, or after its first EOS token (returned); its log-probs are those of the
+    temperature-scaled logits before top-k/top-p (module docstring)."""
+    from transformers import GenerationConfig
+
+    limits = [max(0, min(max_tokens, max_model_len - len(p))) for p in prompts]
+    if max(limits) == 0:
+        return [TokenOutput(token_ids=[], log_probs=[], stop_reason="length") for _ in prompts]
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):  # left padding
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    greedy = temperature <= 0.0
+    gen_cfg = GenerationConfig(  # greedy selection; sampling (if any) is done by SeededRowSampler
+        max_new_tokens=max(limits),
+        do_sample=False,
+        eos_token_id=sorted(eos_ids),
+        pad_token_id=pad_id,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    processors = LogitsProcessorList()
+    if not greedy:
+        generators = [torch.Generator().manual_seed(s) for s in seeds]
+        processors.append(SeededRowSampler(generators, temperature, top_k, top_p))
+    out = model.generate(
+        input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen_cfg,
+        logits_processor=processors,
+    )
+    new = out.sequences[:, width:]
+    logits = torch.stack(out.logits, dim=1).float()  # raw (unprocessed) logits [B, T, V]
+    if not greedy:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, new[:, : logits.shape[1]].unsqueeze(-1)).squeeze(-1)
+    results = []
+    for i in range(len(prompts)):
+        toks = new[i].tolist()[: limits[i]]
+        stop = "length"
+        for j, t in enumerate(toks):
+            if t in eos_ids:
+                toks, stop = toks[: j + 1], "completed"
+                break
+        results.append(
+            TokenOutput(
+                token_ids=toks,
+                log_probs=logp[i, : len(toks)].tolist(),
+                stop_reason=stop,
+                extra_fields={"global_steps": global_steps},
+            )
+        )
+    return results

@@ -1,0 +1,242 @@
+"""``HFRolloutServer``, the Ray actor (``num_cpus=0``) behind ``rollout.name=hf``: it keeps a float32 copy of
+the policy and serves verl's server interface, ``generate(prompt_ids, sampling_params) -> TokenOutput``
+(token ids + log-probs), takes the actor's weights from the worker-side adapter (``load_weights``,
+adapter.py), and answers verl's sleep / wake / KV-cache controls with no-ops.
+
+On the CPU backend the copy lives on the CPU; elsewhere, when CUDA is visible, on the GPU of its replica
+(``rollout_device``; replica.py places the actor; registered for CUDA by ``rpg.backends.gpu.register``).
+Every weight load prints the device. Requests that arrive together are decoded as one left-padded batch
+per set of sampling parameters (sampling.py), each sequence with its own seed, so a response does not
+depend on which other requests shared its batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+import torch
+
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.config import HFModelConfig, RolloutConfig
+from verl.workers.rollout.replica import TokenOutput
+
+from rpg.backends.cpu.hf_rollout.sampling import _limit, generate_batch, row_seed
+
+logger = logging.getLogger(__name__)
+
+# Collect requests until none arrived for _BATCH_QUIET_S, or _BATCH_MAX_WAIT_S after the first one.
+# The agent loop sends a step's requests one by one over a few hundred ms on a busy machine; with
+# 10 ms / 100 ms a step's 64 requests were often decoded in 5-7 separate batches (one generate loop
+# each), so a little more patience makes a step's generation cheaper.
+_BATCH_QUIET_S = 0.05
+_BATCH_MAX_WAIT_S = 0.3
+
+
+def server_name(replica_rank: int, suffix: str = "") -> str:
+    """Ray actor name of the HF rollout server of one replica."""
+    return f"rpg_hf_rollout_server_{replica_rank}{suffix}"
+
+
+def rollout_device(platform: str | None = None, cuda_available: bool | None = None) -> torch.device:
+    """Where the HF rollout server keeps its model: the CPU on the CPU backend (``VERL_PLATFORM=cpu``,
+    even on a machine with a GPU), else ``cuda:0`` when CUDA is visible, else the CPU.
+
+    Off the CPU backend ``HFReplica`` starts the server with ``CUDA_VISIBLE_DEVICES`` set to its
+    replica's GPU, so ``cuda:0`` is that GPU. Without CUDA (e.g. a server built directly in a test)
+    the CPU; every weight load prints the device, and the GPU smoke run fails on a CPU one.
+    """
+    platform = os.environ.get("VERL_PLATFORM", "") if platform is None else platform
+    if platform.strip().lower() == "cpu":
+        return torch.device("cpu")
+    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    return torch.device("cuda", 0) if cuda else torch.device("cpu")
+
+
+class HFRolloutServer:
+    """Token-in/token-out generation with a HuggingFace causal LM (see module docstring)."""
+
+    def __init__(self, config: RolloutConfig, model_config: Any, replica_rank: int = 0):
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        self.config: RolloutConfig = omega_conf_to_dataclass(config)
+        self.model_config: HFModelConfig = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+        self.replica_rank = replica_rank
+        self.seed = int(getattr(self.config, "seed", 0) or 0) + replica_rank
+        self.device = rollout_device()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.model_config.local_path, dtype=torch.float32, attn_implementation="sdpa"
+        ).to(self.device).eval()
+        gen_cfg = self.model.generation_config or GenerationConfig()
+        tok = self.model_config.tokenizer
+        eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else tok.eos_token_id
+        self.eos_ids = {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None}
+        if not self.eos_ids:
+            raise ValueError(f"model at {self.model_config.local_path} defines no eos_token_id")
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else min(self.eos_ids)
+        self.response_length = int(self.config.response_length)
+        self.max_model_len = int(self.config.max_model_len or (self.config.prompt_length + self.config.response_length))
+        self.global_steps: int | None = None
+        self.weight_version = 0
+        self._queue: list[tuple[list[int], dict, asyncio.Future, int]] = []
+        self._draws: dict[tuple[int, ...], int] = {}  # samples drawn per prompt since the last weight load
+        self.batch_sizes: list[int] = []  # requests per decoded batch (diagnostics)
+        self._drainer: asyncio.Task | None = None
+        self._lock: asyncio.Lock | None = None  # created lazily inside the actor's event loop
+
+    # ---------------------------------------------------------------- verl server interface
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Any = None,
+        video_data: Any = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        if image_data is not None or video_data is not None or kwargs.get("audio_data") is not None:
+            raise ValueError("rollout.name=hf serves text-only models; got image/video/audio data")
+        fut = asyncio.get_running_loop().create_future()
+        prompt = tuple(map(int, prompt_ids))
+        draw = self._draws.get(prompt, 0)
+        self._draws[prompt] = draw + 1
+        seed = row_seed(self.seed, self._weights_key(), prompt, draw)
+        self._queue.append((list(prompt), dict(sampling_params), fut, seed))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())
+        return await fut
+
+    async def load_weights(self, state_dict: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
+        """Replace the policy weights (names as in the HF checkpoint); returns the new version."""
+        async with self._get_lock():
+            own = self.model.state_dict()
+            unexpected = sorted(set(state_dict) - set(own))
+            if unexpected:
+                raise ValueError(f"weight sync: unexpected parameter names {unexpected[:5]}")
+            missing = set(own) - set(state_dict)
+            if self.model.config.tie_word_embeddings:
+                missing.discard("lm_head.weight")
+            if missing:
+                raise ValueError(f"weight sync: missing parameter names {sorted(missing)[:5]}")
+            for name, t in state_dict.items():
+                if tuple(t.shape) != tuple(own[name].shape):
+                    raise ValueError(f"weight sync: {name} has shape {tuple(t.shape)}, expected {tuple(own[name].shape)}")
+            self.model.load_state_dict(state_dict, strict=False)
+            if self.model.config.tie_word_embeddings:
+                self.model.tie_weights()
+            self.global_steps = global_steps
+            self.weight_version += 1
+            self._draws = {}
+            print(
+                f"[hf-rollout] weights v{self.weight_version} loaded (global_steps={global_steps}, "
+                f"checksum={self._checksum():.6f}, batches since last: {self.batch_sizes[-50:]}, device={self.device})",
+                flush=True,
+            )
+            self.batch_sizes = []
+            return self.weight_version
+
+    def _weights_key(self) -> tuple:
+        """Which weights are loaded: the trainer's global step when known (stable across resume)."""
+        return ("step", self.global_steps) if self.global_steps is not None else ("version", self.weight_version)
+
+    def _checksum(self) -> float:
+        return float(sum(p.double().sum().item() for p in self.model.parameters()))
+
+    async def get_weights_checksum(self) -> float:
+        """Sum of all parameters (a cheap fingerprint; also printed on every weight load)."""
+        return self._checksum()
+
+    async def ready(self) -> bool:
+        return True
+
+    # control methods of verl's server interface: nothing to release on the CPU
+    async def wake_up(self, *args, **kwargs):
+        return None
+
+    async def sleep(self, *args, **kwargs):
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False, **kwargs) -> dict:
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def resume_generation(self, *args, **kwargs):
+        return None
+
+    async def clear_kv_cache(self, *args, **kwargs):
+        return None
+
+    async def release_kv_cache(self, *args, **kwargs):
+        return None
+
+    async def resume_kv_cache(self, *args, **kwargs):
+        return None
+
+    async def start_profile(self, *args, **kwargs):
+        return None
+
+    async def stop_profile(self, *args, **kwargs):
+        return None
+
+    async def wait_for_requests_to_drain(self, *args, **kwargs):
+        while self._queue or (self._drainer is not None and not self._drainer.done()):
+            await asyncio.sleep(0.01)
+
+    # ---------------------------------------------------------------- batching
+    def _get_lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._queue:
+            start, size = loop.time(), -1
+            while len(self._queue) != size and loop.time() - start < _BATCH_MAX_WAIT_S:
+                size = len(self._queue)
+                await asyncio.sleep(_BATCH_QUIET_S)
+            batch, self._queue = self._queue, []
+            self.batch_sizes.append(len(batch))
+            groups: dict[tuple, list] = {}
+            for item in batch:
+                p = item[1]
+                key = (
+                    float(p.get("temperature", 1.0)),
+                    float(p.get("top_p", 1.0)),
+                    int(p.get("top_k", -1) if p.get("top_k") is not None else -1),
+                    _limit(p, self.response_length),
+                )
+                groups.setdefault(key, []).append(item)
+            for key, items in groups.items():
+                try:
+                    async with self._get_lock():
+                        outs = await asyncio.to_thread(
+                            self._generate_batch, [it[0] for it in items], *key, seeds=[it[3] for it in items]
+                        )
+                    for (_, _, fut, _), out in zip(items, outs):
+                        if not fut.done():
+                            fut.set_result(out)
+                except Exception as e:  # surface the error in every waiting request
+                    logger.exception("HF rollout generation failed")
+                    for _, _, fut, _ in items:
+                        if not fut.done():
+                            fut.set_exception(e)
+
+    def _generate_batch(
+        self,
+        prompts: list[list[int]],
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        max_tokens: int,
+        seeds: list[int] | None = None,
+    ) -> list[TokenOutput]:
+        """One decode batch with this server's model, EOS ids and length limit (sampling.generate_batch);
+        without request seeds, each prompt's seed follows from the server's seed and loaded weights."""
+        if seeds is None and not temperature <= 0.0:
+            seeds = [row_seed(self.seed, self._weights_key(), tuple(p)) for p in prompts]
+        return generate_batch(
+            self.model, prompts, temperature, top_p, top_k, max_tokens, seeds, eos_ids=self.eos_ids,
+            pad_id=self.pad_id, max_model_len=self.max_model_len, device=self.device, global_steps=self.global_steps,
+        )

@@ -1,0 +1,37 @@
+"""The memory plan of a composed run config (verl 0.9.1, FSDP + vLLM): per-GPU memory of each phase of a
+training step, host RAM per node and the disk the run's checkpoints take, each with its verdict, as
+``python -m rpg.launch --describe NAME`` and ``DRY_RUN=1`` print it (docs/memory.md).
+
+Pure Python (no torch, verl or omegaconf import). Each module's docstring gives its formulas and where
+verl and vLLM decide each term. The modules import each other directly and one way (common <-
+architecture, settings <- gpu, disk, host <- formatting):
+
+* ``common``        units, the default GPU size, the required headroom, ``MemoryEstimateError``, size overrides.
+* ``architecture``  model shapes: ``Architecture``, ``architecture_for(model_path)``.
+* ``settings``      the memory-relevant part of the config: ``settings_from_config(cfg)`` -> ``RunSettings``.
+* ``gpu``           the per-GPU peak of each phase: ``estimate(settings, arch, gpu_gib)``.
+* ``disk``          checkpoint disk: ``estimate_disk(settings, arch)``.
+* ``host``          host RAM per node: ``estimate_host(host_settings_from_config(cfg, settings), arch, host_gib)``.
+* ``formatting``    the text of each estimate, and ``report(cfg)``: the whole plan the launcher prints.
+
+Re-exported here: the names that code outside this package (the launcher, tests) imports.
+"""
+
+from rpg.launch.memory.architecture import KNOWN_ARCHITECTURES, architecture_for
+from rpg.launch.memory.common import (DEFAULT_GPU_MEM_GIB, GIB, GPU_MEM_ENV, HEADROOM_FRACTION, MemoryEstimateError,
+                                      gpu_mem_gib)
+from rpg.launch.memory.disk import count_saves, estimate_disk
+from rpg.launch.memory.formatting import format_host, format_kv_check, report
+from rpg.launch.memory.gpu import CUDAGRAPH_GIB, RUNTIME_OVERHEAD_GIB, estimate
+from rpg.launch.memory.host import (DEFAULT_HOST_MEM_GIB, DRIVER_GIB, HOST_MEM_ENV, RAY_DAEMONS_GIB, SMALL_WORKER_GIB,
+                                    TRAINER_PROCESS_GIB, VLLM_PROCESS_GIB, estimate_host, host_mem_gib,
+                                    host_settings_from_config)
+from rpg.launch.memory.settings import settings_from_config
+
+__all__ = [
+    "CUDAGRAPH_GIB", "DEFAULT_GPU_MEM_GIB", "DEFAULT_HOST_MEM_GIB", "DRIVER_GIB", "GIB", "GPU_MEM_ENV",
+    "HEADROOM_FRACTION", "HOST_MEM_ENV", "KNOWN_ARCHITECTURES", "RAY_DAEMONS_GIB", "RUNTIME_OVERHEAD_GIB",
+    "SMALL_WORKER_GIB", "TRAINER_PROCESS_GIB", "VLLM_PROCESS_GIB", "MemoryEstimateError", "architecture_for",
+    "count_saves", "estimate", "estimate_disk", "estimate_host", "format_host", "format_kv_check", "gpu_mem_gib",
+    "host_mem_gib", "host_settings_from_config", "report", "settings_from_config",
+]
