@@ -92,7 +92,7 @@ def test_tiny_task_is_off_policy_by_default(tmp_path):
 
 
 def test_demo_progress_shows_ratio_range_kl_and_clip_fraction():
-    from rpg.demo.cpu import policy_stats
+    from rpg.demo.progress import policy_stats
 
     rpg = {"actor/rpg/ratio_min": 0.52, "actor/rpg/ratio_max": 1.31, "actor/rpg/kl_estimate": 3.0e-3,
            "actor/rpg/clipfrac": 0.037, "actor/ppo_kl": 9.0, "actor/pg_clipfrac": 9.0}
@@ -104,15 +104,16 @@ def test_demo_progress_shows_ratio_range_kl_and_clip_fraction():
 def test_startup_progress_names_stages_and_heartbeats(capsys):
     import time
 
-    from rpg.demo.cpu import STARTUP_STAGES, StartupProgress
+    from rpg.demo.cpu import PREFIX, STARTUP_STAGES
+    from rpg.demo.progress import StartupProgress
 
-    progress = StartupProgress(heartbeat_s=0.2)
+    progress = StartupProgress(STARTUP_STAGES, PREFIX, heartbeat_s=0.2)
     progress.on_line("(RPGTaskRunner pid=1) something")  # the Ray stage line was skipped: still reported
     progress.on_line("unrelated output")
     time.sleep(1.5)
     progress.finish()
     progress.on_line(STARTUP_STAGES[-1][0])  # after the first metrics: silent
     out = capsys.readouterr().out.splitlines()
-    assert STARTUP_STAGES[1][1] in out[0]
+    assert STARTUP_STAGES[1][1] in out[0] and out[0].startswith(PREFIX)
     assert any("waiting (" + STARTUP_STAGES[1][1] in line for line in out[1:])
     assert not any(STARTUP_STAGES[-1][1] in line for line in out)

@@ -454,8 +454,11 @@ def test_output_dirs_are_unique_within_a_second(tmp_path, monkeypatch):
     monkeypatch.setattr(harness, "run_trainer", fake_run)
     monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20260101-000000")  # the same second
     v = launch.parse("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28")
+    from rpg.launch.request import LaunchRequest
+
+    req = LaunchRequest.read({"RPG_BACKEND": "cpu"}, tmp_path, tmp_path)
     for _ in range(3):
-        assert launch._run_cpu(v, [], {}, tmp_path) == 0
+        assert launch._run_here(req, v, [], [], cfg=None) == 0
     assert len(set(seen)) == 3 and all(p.is_dir() for p in seen), seen
 
 
@@ -666,7 +669,7 @@ def test_drivers_stop_line_names_the_workers_log_the_checkpoint_and_the_resume_c
     driver; the resume command is the same one with trainer.resume_mode=auto replacing the earlier mode."""
     from omegaconf import OmegaConf
 
-    from rpg.verl.main import stop_line
+    from rpg.verl.main import signal_stop_line as stop_line
 
     ckpt = _ckpt(tmp_path / "ckpt", 6)
     cfg = OmegaConf.create({
@@ -687,7 +690,7 @@ def test_async_stop_lines_say_the_run_cannot_be_resumed_instead_of_a_refused_com
     from omegaconf import OmegaConf
 
     from rpg.demo.cpu import resume_part
-    from rpg.verl.main import stop_line
+    from rpg.verl.main import signal_stop_line as stop_line
 
     ckpt = _ckpt(tmp_path / "ckpt", 4)
     cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path / "ckpt"), "logger": ["console"],
@@ -770,7 +773,7 @@ def test_drivers_resume_command_keeps_flags_and_other_arguments():
     """Only what Hydra's parser reads as an override is merged (trainer.resume_mode=auto replaces the
     earlier mode); Hydra's flags and any other argument are kept as given. The stop handler builds this
     command: it must not fail on a command line that is not only overrides."""
-    from rpg.verl.main import resume_command
+    from rpg.verl.main import driver_resume_command as resume_command
 
     line = resume_command(["recipe/rpg/main_rpg.py", "--config-name", "rpg_trainer",
                            "data.val_files=[data/a.parquet,data/b.parquet]", "trainer.resume_mode=disable", "~x.y"])
@@ -824,7 +827,8 @@ def test_an_unknown_resume_mode_is_refused_not_read_as_auto(tmp_path, mode):
 def test_every_run_prints_its_resume_decision_and_the_launchers_show_it(tmp_path, capsys):
     """The driver printed a line only when it resumed; a fresh start said nothing, and the launchers showed
     none of it (trainer.log only). Now one line per run, which both launchers put on the terminal."""
-    from rpg.demo.cpu import StartupProgress
+    from rpg.demo.cpu import PREFIX, STARTUP_STAGES
+    from rpg.demo.progress import StartupProgress
     from rpg.launch.harness import resume_decision
 
     _prepare(_cfg(tmp_path, "trainer.resume_mode=disable"))
@@ -842,7 +846,7 @@ def test_every_run_prints_its_resume_decision_and_the_launchers_show_it(tmp_path
     (line,) = [ln for ln in capsys.readouterr().out.splitlines() if resume_decision(ln)]
     assert line.startswith(f"rpg: resuming from {root / 'global_step_2'}: ") and f"skipped: {shard}: corrupted" in line
 
-    progress = StartupProgress(heartbeat_s=60)  # the demo's terminal
+    progress = StartupProgress(STARTUP_STAGES, PREFIX, heartbeat_s=60)  # the demo's terminal
     progress.on_line(line + "\n")
     progress.finish()
     progress.on_line("rpg: fresh start (step 0) because x\n")  # before or after the first metrics

@@ -16,6 +16,8 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Mapping
 
+from rpg.common.overrides import hydra_value
+
 # Every local run of the trainer (the CPU backend, and the GPU smoke run of rpg.backends.gpu).
 RUN_ENV = {
     # Ray's single-machine mode: with ENABLE_RAY_CLUSTER off, ``ray._private.services.get_node_ip_address``
@@ -84,13 +86,6 @@ def external_modules(extra: Iterable[str] = (), base: str | None = None, first: 
     return ",".join(mods)
 
 
-def _quote(value: str) -> str:
-    """Hydra string literal (env var values must stay strings: '1', not the int 1)."""
-    if "'" in value:
-        raise ValueError(f"cannot forward an environment value containing a single quote: {value!r}")
-    return f"'{value}'"
-
-
 def forwarded_env_overrides(env: Mapping[str, str], keys: Iterable[str]) -> list[str]:
     """Overrides that hand ``env[key]`` (for each of ``keys`` present) to every Ray process."""
-    return [f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={_quote(env[key])}" for key in keys if key in env]
+    return [f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}={hydra_value(env[key], key, quote=True)}" for key in keys if key in env]

@@ -43,22 +43,22 @@ import json
 import os
 import shlex
 import sys
-import threading
 import time
 from pathlib import Path
 
 from rpg.backends.cpu import vllm_cpu
 from rpg.backends.cpu.world import world_size_of
 from rpg.data.checks import override_problems
-from rpg.launch.args import OneLineParser, positive_int, read_overrides
-from rpg.launch.harness import (TrainerRun, TrainerRunError, report_failure, resume_decision, run_trainer,
-                                trainer_overrides)
 from rpg.common.overrides import OverrideSyntaxError, values
-from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir, new_run_dir
 from rpg.common.signals import StopSignal, raise_on_stop_signals
+from rpg.demo.progress import StartupProgress, progress, val_acc
+from rpg.launch.args import OneLineParser, positive_int, read_overrides
+from rpg.launch.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, trainer_overrides
+from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir, new_run_dir
 from rpg.launch.variants import recipe_value
 
 COMMAND = "bash recipe/rpg/tiny/run_tiny_cpu.sh"
+PREFIX = "[tiny]"  # every line of the demo
 # run_tiny_cpu.sh's variables and the flag of this module each one sets (declared once: the usage, and the
 # one-line refusal of ``OUT=runs/x`` given as an argument, read them here; a test checks the script against it)
 SCRIPT_ENV = {"ALGO": "--algo", "STEPS": "--steps", "TEST_FREQ": "--test-freq", "ENTRY": "--entry", "OUT": "--out",
@@ -71,8 +71,6 @@ ENV_VARS = {
     "WANDB_MODE": "W&B's mode when trainer.logger includes wandb (offline: no account needed)",
 }
 
-VAL_PREFIX = "val-core/math_dapo/acc/mean@"
-HEARTBEAT_S = 10.0
 # (text in the trainer's output, start-up stage reached), in the order they appear
 STARTUP_STAGES = (
     ("Started a local Ray instance", "Ray started; starting the trainer process"),
@@ -84,97 +82,6 @@ STARTUP_STAGES = (
 )
 
 
-def _val_acc(data: dict) -> float | None:
-    keys = [k for k in data if k.startswith(VAL_PREFIX)]
-    return float(data[keys[0]]) if keys else None
-
-
-def policy_stats(data: dict) -> str:
-    """Off-policy diagnostics of one step: importance-ratio range, KL estimate, clipped share."""
-    parts = []
-    if "actor/rpg/ratio_min" in data and "actor/rpg/ratio_max" in data:
-        parts.append(f"ratio [{float(data['actor/rpg/ratio_min']):.2f}, {float(data['actor/rpg/ratio_max']):.2f}]")
-    kl = data.get("actor/rpg/kl_estimate", data.get("actor/ppo_kl"))
-    if kl is not None:
-        parts.append(f"kl {float(kl):.1e}")
-    clip = data.get("actor/rpg/clipfrac", data.get("actor/pg_clipfrac"))
-    if clip is not None:
-        parts.append(f"clipped {100 * float(clip):.1f}%")
-    if "actor/kl_loss" in data:
-        parts.append(f"kl_loss(ref) {float(data['actor/kl_loss']):.1e}")
-    return "  ".join(parts)
-
-
-class StartupProgress:
-    """Prints a line per start-up stage reached, and one at least every HEARTBEAT_S seconds until
-    the first metrics arrive (``on_line`` is called from the harness's reader thread)."""
-
-    def __init__(self, heartbeat_s: float = HEARTBEAT_S, stages: tuple[tuple[str, str], ...] = STARTUP_STAGES):
-        self.stages = stages
-        self.t0 = time.time()
-        self.stage = "importing verl and composing the config"
-        self.next_stage = 0
-        self.last_print = self.t0
-        self.done = threading.Event()
-        self.lock = threading.Lock()
-        self.heartbeat_s = heartbeat_s
-        threading.Thread(target=self._heartbeat, daemon=True).start()
-
-    def _say(self, text: str) -> None:
-        with self.lock:
-            self.last_print = time.time()
-            print(f"[tiny] start-up {time.time() - self.t0:4.0f}s: {text}", flush=True)
-
-    def on_line(self, line: str) -> None:
-        if (decision := resume_decision(line)) is not None:  # the driver's, before Ray: where the user looks
-            with self.lock:
-                print(f"[tiny] {decision}", flush=True)
-            return
-        if self.done.is_set():
-            return
-        for i in range(self.next_stage, len(self.stages)):  # a stage may be skipped (other trainers)
-            marker, stage = self.stages[i]
-            if marker in line:
-                self.next_stage, self.stage = i + 1, stage
-                self._say(stage)
-                return
-
-    def _heartbeat(self) -> None:
-        while not self.done.wait(1.0):
-            if time.time() - self.last_print >= self.heartbeat_s:
-                self._say(f"waiting ({self.stage})")
-
-    def finish(self) -> None:
-        self.done.set()
-
-
-DIFF_KEY = "training/rollout_probs_diff_max"
-
-
-def progress(total: int, startup: StartupProgress | None = None, show_diff: bool = False):
-    t0 = time.time()
-
-    def show(step: int, data: dict) -> None:
-        if startup is not None:
-            startup.finish()
-        val = _val_acc(data)
-        if step == 0 and val is not None:
-            print(f"[tiny] validation before training: acc {val:.3f}", flush=True)
-            return
-        if "critic/score/mean" in data:
-            acc = (float(data["critic/score/mean"]) + 1) / 2
-            diff = f"  rollout|actor dp {float(data[DIFF_KEY]):.1e}" if show_diff and DIFF_KEY in data else ""
-            print(
-                f"[tiny] step {step:3d}/{total}  train acc {acc:.3f}  {policy_stats(data)}{diff}"
-                f"  {data.get('timing_s/step', float('nan')):.1f}s/step  elapsed {time.time() - t0:.0f}s",
-                flush=True,
-            )
-        if val is not None:
-            print(f"[tiny] validation at step {step}: acc {val:.3f}", flush=True)
-
-    return show
-
-
 def plot_curve(run: TrainerRun, path: Path, title: str) -> None:
     import matplotlib
 
@@ -182,7 +89,7 @@ def plot_curve(run: TrainerRun, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     train = [(s, (v + 1) / 2) for s, v in run.series("critic/score/mean")]
-    val = [(s, _val_acc(d)) for s, d in sorted(run.metrics.items()) if _val_acc(d) is not None]
+    val = [(s, val_acc(d)) for s, d in sorted(run.metrics.items()) if val_acc(d) is not None]
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     if train:
         ax.plot(*zip(*train), label="train accuracy (sampled, n per prompt)", alpha=0.6)
@@ -199,7 +106,7 @@ def plot_curve(run: TrainerRun, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def resume_command(argv: list[str], out: Path) -> str:
+def demo_resume_command(argv: list[str], out: Path) -> str:
     """This demo's command again, into ``out``, with ``trainer.resume_mode=auto`` (the demo's default
     is disable) so that it continues from the last complete checkpoint."""
     args, skip = [], False
@@ -214,11 +121,11 @@ def resume_command(argv: list[str], out: Path) -> str:
 
 
 def resume_part(argv: list[str], out: Path, overrides: list[str]) -> str:
-    """The stop line's last part: ``resume_command``, or why an asynchronous run (``trainer.v1.trainer_mode``
+    """The stop line's last part: ``demo_resume_command``, or why an asynchronous run (``trainer.v1.trainer_mode``
     in ``overrides``, the run's full list) cannot be resumed (``rpg.verl.settings.resume_hint``)."""
     from rpg.verl.settings import resume_hint
 
-    return resume_hint(values(overrides).get("trainer.v1.trainer_mode", "sync"), resume_command(argv, out))
+    return resume_hint(values(overrides).get("trainer.v1.trainer_mode", "sync"), demo_resume_command(argv, out))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,7 +255,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     print(f"[tiny] running {args.entry} on CPU for {args.steps} steps, {rollout} rollout; full log: "
           f"{out / 'trainer.log'}", flush=True)
     stage[0] = f"starting the run (its log: {out / 'trainer.log'})"
-    startup = None if args.echo else StartupProgress()
+    startup = None if args.echo else StartupProgress(STARTUP_STAGES, PREFIX)
     try:
         run = run_trainer(
             overrides,
@@ -358,7 +265,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
             env=run_env,
             timeout_s=args.timeout,
             echo=args.echo,
-            on_metrics=None if args.echo else progress(args.steps, startup, show_diff=rollout == "vllm"),
+            on_metrics=None if args.echo else progress(args.steps, PREFIX, startup, show_diff=rollout == "vllm"),
             on_line=None if startup is None else startup.on_line,
         )
     except TrainerRunError as e:
@@ -372,7 +279,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     for note in run.notes:
         print(f"[tiny] note: {note}", flush=True)
 
-    vals = [(s, _val_acc(d)) for s, d in sorted(run.metrics.items()) if _val_acc(d) is not None]
+    vals = [(s, val_acc(d)) for s, d in sorted(run.metrics.items()) if val_acc(d) is not None]
     summary = {
         "algo": args.algo,
         "rollout": rollout,

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from rpg.launch.harness import TrainerRun, TrainerRunError, run_trainer
-from rpg.demo.cpu import StartupProgress, progress
+from rpg.demo.progress import StartupProgress, progress
 from rpg.demo import smoke_checks
 from rpg.backends.gpu.preflight import ATTN_KEY, FLASH_ATTN, GpuProbe, GpuRequest, check
 from rpg.common.overrides import OverrideSyntaxError, check_user_overrides, values
@@ -128,13 +128,13 @@ def run_overrides(assets, args, *, first: bool, ckpt: Path) -> list[str]:
 
 
 def _one_run(name: str, overrides: list[str], out: Path, args, total: int) -> TrainerRun:
-    startup = None if args.echo else StartupProgress(stages=STARTUP_STAGES)
+    startup = None if args.echo else StartupProgress(STARTUP_STAGES, PREFIX)
     say(f"{name}: full log {out / 'trainer.log'}")
     try:
         return run_trainer(
             overrides, output_dir=out, entry=args.entry, timeout_s=args.timeout, echo=args.echo, backend="gpu",
             extra_modules=[REGISTER_MODULE] if args.rollout == "hf" else [],
-            on_metrics=None if args.echo else progress(total, startup),
+            on_metrics=None if args.echo else progress(total, PREFIX, startup),
             on_line=None if startup is None else startup.on_line,
         )
     finally:

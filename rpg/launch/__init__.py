@@ -1,17 +1,19 @@
-"""Starting runs: run names -> Hydra overrides, the launcher, the memory plan, stop signals.
+"""Starting runs: run names -> Hydra overrides, the launcher, the local run harness, the memory plan.
 
 Modules (nothing is imported here, so ``import rpg.launch.<x>`` stays light):
 
 * ``variants``     the run-name grammar: one parser for the 84 paper scripts (``parse``, ``to_overrides``).
 * ``cli``          ``python -m rpg.launch``: the launcher behind ``recipe/rpg/{7b,4b}/*.sh`` (local, Ray
-                   job, ``DRY_RUN=1``, ``RPG_BACKEND=cpu``, ``--describe``, ``--list``).
-* ``overrides``    Hydra override lists read with Hydra's own parser: keys, values, merging (later wins),
-                   one-line syntax errors.
-* ``harness``      run the trainer here in a subprocess (CPU backend, GPU smoke run): process tree, output
-                   directory, metrics history, stop handling.
-* ``run_env``      the environment every local run sets.
-* ``memory``       per-GPU memory and checkpoint-disk estimate of a composed config.
-* ``memory_host``  host RAM per node of the same config; ``report``, the whole plan the launcher prints.
-* ``signals``      SIGHUP/SIGINT/SIGTERM -> a clean stop of the whole run (exit 128 + signum).
+                   job, ``DRY_RUN=1``, ``RPG_BACKEND=cpu``, ``--describe``, ``--list``); it reads the environment
+                   once (``request``), plans the overrides (``plan``), builds the command (``commands``) and
+                   prints what it was asked to describe (``describe``).
+* ``args``, ``config_keys``  a launcher's command line, and the composed config's keys and loggers checked.
+* ``harness``      run the trainer here in a subprocess (the CPU backend's runs, the GPU smoke run): process
+                   tree, output directory, metrics history, stop handling; ``run_dir``: where a run writes.
+* ``memory``       per-GPU memory, checkpoint disk and host RAM per node of a composed config.
+* ``job``, ``ray_job_api``  a Ray job's submission id, resume command and follow-up; the job API's checks.
 * ``tether``       a trainer stopped (SIGTERM) when its launcher dies, even by SIGKILL.
+
+Shared with the driver and the reports (one layer down): ``rpg.common`` (overrides, run environment, signals,
+metrics history).
 """

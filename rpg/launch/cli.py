@@ -33,7 +33,7 @@ Modes (environment variables; defaults in brackets):
 
 Memory: ``--describe NAME [--gpu-mem-gib G] [--host-mem-gib H] [overrides]`` and ``DRY_RUN=1`` (GPU
 size ``RPG_GPU_MEM_GIB``, default 79.6 GiB = an 80 GB card; node RAM ``RPG_HOST_MEM_GIB``, default
-2000 GiB) print ``rpg.launch.memory``'s per-GPU memory estimate and ``rpg.launch.memory_host``'s host RAM per node,
+2000 GiB) print ``rpg.launch.memory``'s per-GPU memory estimate and ``rpg.launch.memory.host``'s host RAM per node,
 each with a FITS / DOES NOT FIT verdict, and the checkpoint disk of the run (docs/memory.md).
 
 Other variables: MODEL_PATH [variant's HF id], DATA_DIR [<root>/data], TRAIN_FILE
@@ -151,7 +151,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
                 raise LaunchError(why)
             print(f"rpg.launch: warning: {why} (DRY_RUN=1: nothing is submitted)", file=sys.stderr, flush=True)
         # the driver's stop line names this command (rpg.verl.main.run_stopped_line)
-        job_env[job.RESUME_COMMAND_ENV] = job.resume_command(env, ENV_VARS, script_command(v.name, root), user)
+        job_env[job.RESUME_COMMAND_ENV] = job.job_resume_command(env, ENV_VARS, script_command(v.name, root), user)
     if chosen.TINY_TASK:
         from rpg.launch.harness import build_command
 

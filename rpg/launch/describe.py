@@ -67,7 +67,7 @@ def memory_report(cfg, sizes: tuple[float, float], *, unavailable_ok: bool = Fal
     from omegaconf import OmegaConf
 
     from rpg.launch.memory import MemoryEstimateError
-    from rpg.launch.memory_host import report
+    from rpg.launch.memory import report
 
     try:
         return report(OmegaConf.to_container(cfg, resolve=True), *sizes)
@@ -81,7 +81,7 @@ def memory_sizes(env: Mapping[str, str], gpu_cli: str | None = None, host_cli: s
     """(GPU, node RAM) of the estimate in GiB: ``--gpu-mem-gib`` / ``--host-mem-gib`` if given, else
     ``RPG_GPU_MEM_GIB`` / ``RPG_HOST_MEM_GIB``, else the defaults."""
     from rpg.launch.memory import GPU_MEM_ENV, MemoryEstimateError, gpu_mem_gib
-    from rpg.launch.memory_host import HOST_MEM_ENV, host_mem_gib
+    from rpg.launch.memory import HOST_MEM_ENV, host_mem_gib
 
     try:
         gpu = gpu_mem_gib(gpu_cli, "--gpu-mem-gib") if gpu_cli is not None else gpu_mem_gib(env.get(GPU_MEM_ENV), GPU_MEM_ENV)

