@@ -104,14 +104,14 @@ def test_launcher_cpu_world_size_from_the_environment(tiny_assets, tmp_path):
         ({"N_GPUS_PER_NODE": "2", "NNODES": "2"}, [], (2, 2, 4)),
         ({"N_GPUS_PER_NODE": "2"}, ["trainer.n_gpus_per_node=4"], (1, 4, 4)),  # the user's override wins
     ]:
-        ov, _ = plan_overrides(v, {**env, **extra_env}, user, root=root, cwd=tmp_path, cpu=True)
+        ov, _ = plan_overrides(v, {**env, **extra_env}, user, root=root, cwd=tmp_path, backend="cpu")
         argv, _ = build_command(ov, base_env={})
         got = values(argv[3:])
         assert (got.get("trainer.nnodes"), got.get("trainer.n_gpus_per_node"),
                 got["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"]) == (nnodes, gpus, micro)
         assert got["ray_kwargs.ray_init.num_gpus"] == nnodes * gpus
     with pytest.raises(LaunchError, match="world size 3"):
-        plan_overrides(v, {**env, "N_GPUS_PER_NODE": "3"}, [], root=root, cwd=tmp_path, cpu=True)
+        plan_overrides(v, {**env, "N_GPUS_PER_NODE": "3"}, [], root=root, cwd=tmp_path, backend="cpu")
 
 
 def test_verl_rules_refuse_a_world_size_that_is_not_a_positive_integer():

@@ -119,10 +119,10 @@ def plan(req: LaunchRequest, v: Variant, user: Sequence[str]) -> tuple[list[str]
 
 
 def plan_overrides(v: Variant, env: Mapping[str, str], user: Sequence[str], *, root: Path, cwd: Path,
-                   cpu: bool = False) -> tuple[list[str], dict[str, str]]:
-    """``plan`` for an environment (read into its request here; ``cpu=True``: ``RPG_BACKEND=cpu``), for the
-    callers that plan a run without launching it (the study, ``--describe``)."""
-    return plan(LaunchRequest.read({**env, **({"RPG_BACKEND": "cpu"} if cpu else {})}, root, cwd), v, user)
+                   backend: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """``plan`` for an environment read into its request here, for the callers that plan a run without
+    launching it (the study, tests); ``backend``: in place of ``RPG_BACKEND``."""
+    return plan(LaunchRequest.read({**env, **({"RPG_BACKEND": backend} if backend else {})}, root, cwd), v, user)
 
 
 def compose(overrides: Sequence[str], root: Path | None = None):

@@ -2,7 +2,7 @@
 
 Methods are paper run names, parsed by ``rpg.launch.variants`` (the one source of truth for every
 algorithm setting); a run's overrides are exactly what ``RPG_BACKEND=cpu`` would launch for that
-name (``rpg.launch.plan.plan_overrides(..., cpu=True)``: the variant's algorithm settings, the CPU
+name (``rpg.launch.plan.plan_overrides(..., backend="cpu")``: the variant's algorithm settings, the CPU
 backend, the tiny task) followed by the study's own overrides, which win:
 
 * **Sizes**: ``prompts`` prompts per rollout batch, ``n`` responses each, validation

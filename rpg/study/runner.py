@@ -88,7 +88,7 @@ def plan_overrides(spec: RunSpec, out: Path) -> list[str]:
            "CKPTS_DIR": str(d / "ckpts"), "VERL_FILE_LOGGER_ROOT": str(d / "logs"), "TENSORBOARD_DIR": str(d / "tb")}
     root = project_root()
     overrides, _ = launch_overrides(parse(spec.variant), env, spec.study_overrides(build_tiny_assets()),
-                                    root=root, cwd=root, cpu=True)
+                                    root=root, cwd=root, backend="cpu")
     return overrides
 
 
