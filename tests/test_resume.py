@@ -539,11 +539,11 @@ def test_a_broken_middle_line_is_named_and_never_folded_away(tmp_path):
     second = json.dumps({"step": 2, "data": {"x": -2}}) + "\n"
     (out / "metrics.jsonl").write_text(first)
     (out / "metrics.part2.jsonl").write_text(second)
-    with pytest.raises(MetricsFileError, match=r"metrics\.jsonl, line 2: not a JSON record"):
+    with pytest.raises(MetricsFileError, match=r"metrics\.jsonl:2: not a JSON line"):
         fold_segments(out / "metrics.jsonl")
     assert (out / "metrics.jsonl").read_text() == first and (out / "metrics.part2.jsonl").read_text() == second
     quick = _entry(tmp_path, "quick.py", "print('ran')\n")
-    with pytest.raises(TrainerRunError, match=r"line 2: not a JSON record"):  # refused before the trainer starts
+    with pytest.raises(TrainerRunError, match=r"metrics\.jsonl:2: not a JSON line"):  # refused before the trainer starts
         run_trainer([], output_dir=out, entry=quick, timeout_s=60)
     assert (out / "metrics.jsonl").read_text() == first and (out / "metrics.part2.jsonl").read_text() == second
 

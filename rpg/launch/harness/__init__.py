@@ -25,8 +25,9 @@ This module re-exports what code outside the package uses; a test that patches a
 module that looks it up (``rpg.launch.harness.run``).
 """
 
+from rpg.common.metrics_file import MetricsFileError
 from rpg.launch.harness.command import build_command, trainer_overrides
-from rpg.launch.harness.metrics import MetricsFileError, fold_segments, read_metrics
+from rpg.launch.harness.metrics import fold_segments, read_metrics
 from rpg.launch.harness.reaping import SHM_DIR
 from rpg.launch.harness.result import (TrainerRun, TrainerRunError, checkpoint_dir, report_failure, report_stop,
                                        resume_decision)

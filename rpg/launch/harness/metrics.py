@@ -5,6 +5,10 @@ An output directory is never wiped: each trainer start logs to the next free seg
 one record per step, in order; a restart at step s replaces what was logged after s). ``read_metrics`` reads
 the joined history as ``{step: merged data}``; ``history_notes`` says what a restart replaced, which training
 steps have no metrics, ... (``rpg.common.history``), the lines of ``TrainerRun.notes``.
+
+Each file is read by ``rpg.common.metrics_file``'s rules (the reports' too), values kept as logged: a broken
+line before the last, or any record that is not one, is a ``MetricsFileError`` naming the file and line,
+never folded away (the fold leaves every file as it is); a cut last line is skipped.
 """
 
 from __future__ import annotations
@@ -14,10 +18,7 @@ import os
 from pathlib import Path
 
 from rpg.common import history
-
-
-class MetricsFileError(ValueError):
-    """A metrics file with a broken line before its last: never folded or read past silently."""
+from rpg.common.metrics_file import records
 
 
 def _read_one(path: Path) -> dict[str, dict[int, object]]:
@@ -25,17 +26,9 @@ def _read_one(path: Path) -> dict[str, dict[int, object]]:
     out: dict[str, dict[int, object]] = {}
     if not Path(path).exists():
         return out
-    lines = [(n, ln.strip()) for n, ln in enumerate(Path(path).read_text().splitlines(), 1) if ln.strip()]
-    for i, (n, line) in enumerate(lines):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                continue  # the last line: being written, or cut by a kill
-            raise MetricsFileError(f"{path}, line {n}: not a JSON record ({line[:60]!r}); only the last line "
-                                   "may be cut by a kill: repair or remove this line (the file is left as it is)")
-        for key, value in rec["data"].items():
-            out.setdefault(key, {})[int(rec["step"])] = value
+    for _, step, data in records(path):  # a cut last line (being written, or cut by a kill) is skipped
+        for key, value in data.items():
+            out.setdefault(key, {})[step] = value
     return out
 
 

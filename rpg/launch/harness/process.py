@@ -11,12 +11,12 @@ verl's file logger appended since the last sample (``on_metrics``).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rpg.common.metrics_file import readable_records
 from rpg.launch.harness.reaping import identities, procs_using, shm_mapped
 from rpg.launch.harness.result import TrainerRun
 
@@ -113,15 +113,7 @@ class Monitor:
         self.peak_rss = max(self.peak_rss, rss)
         self.peak_sys = max(self.peak_sys, self._sys_used() - self.sys0)
         if self.on_metrics is not None and self.metrics_file.exists():
-            with open(self.metrics_file, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-            end = chunk.rfind(b"\n") + 1
-            self._offset += end
-            for line in chunk[:end].splitlines():
-                try:
-                    rec = json.loads(line) if line.strip() else None
-                except json.JSONDecodeError:
-                    rec = None  # never fatal: the history is read again from the files at the end
-                if rec is not None:
-                    self.on_metrics(int(rec["step"]), rec["data"])
+            # never fatal: a line that is no record is skipped here, the history is read again at the end
+            found, self._offset = readable_records(self.metrics_file, self._offset)
+            for step, data in found:
+                self.on_metrics(step, data)

@@ -29,11 +29,12 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from rpg.common import history
+from rpg.common.metrics_file import MetricsFileError
 from rpg.common.overrides import values
 from rpg.common.run_env import ray_auth_env, wandb_env
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.launch.harness.command import DEFAULT_ENTRY, build_command, entry_argv
-from rpg.launch.harness.metrics import MetricsFileError, fold_segments, history_notes, read_metrics
+from rpg.launch.harness.metrics import fold_segments, history_notes, read_metrics
 from rpg.launch.harness.process import Monitor, pump_output
 from rpg.launch.harness.reaping import cleanup, identities, terminate_group, unlink_left
 from rpg.launch.harness.result import TrainerRun, TrainerRunError
