@@ -2,9 +2,10 @@
 
 An output directory is never wiped: each trainer start logs to the next free segment of ``metrics.jsonl``
 (``rpg.common.history.claim_segment``), folded into ``metrics.jsonl`` when the run ends (``fold_segments``:
-one record per step, in order; a restart at step s replaces what was logged after s). ``read_metrics`` reads
-the joined history as ``{step: merged data}``; ``history_notes`` says what a restart replaced, which training
-steps have no metrics, ... (``rpg.common.history``), the lines of ``TrainerRun.notes``.
+one record per step, in order; a restart at step s replaces what was logged after s; it returns the line
+naming what a restart replaced). ``read_metrics`` reads the joined history as ``{step: merged data}``;
+``history_notes`` names the training steps without metrics, a history that does not start at step 0, missing
+validation steps (``rpg.common.history``). Those lines are ``TrainerRun.notes``.
 
 Each file is read by ``rpg.common.metrics_file``'s rules (the reports' too), values kept as logged: a broken
 line before the last, or any record that is not one, is a ``MetricsFileError`` naming the file and line,
