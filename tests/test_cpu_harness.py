@@ -181,6 +181,7 @@ def test_a_full_disk_stops_the_run_with_the_stop_line(tmp_path, monkeypatch, cap
     import time
 
     from rpg.launch import harness
+    from rpg.launch.harness import run as harness_run
 
     entry = _script(tmp_path, """
         import sys, time
@@ -211,7 +212,7 @@ def test_a_full_disk_stops_the_run_with_the_stop_line(tmp_path, monkeypatch, cap
         f = real_open(path, mode, *a, **kw)
         return FullDisk(f) if str(path).endswith(harness.LOG_FILE) and "b" in mode else f
 
-    monkeypatch.setattr(harness, "open", fake_open, raising=False)
+    monkeypatch.setattr(harness_run, "open", fake_open, raising=False)  # the module that opens trainer.log
     out = tmp_path / "out"
     t0 = time.time()
     with pytest.raises(TrainerRunError, match="its output could not be written") as err:

@@ -542,11 +542,11 @@ def test_a_broken_middle_line_is_named_and_never_folded_away(tmp_path):
     second = json.dumps({"step": 2, "data": {"x": -2}}) + "\n"
     (out / "metrics.jsonl").write_text(first)
     (out / "metrics.part2.jsonl").write_text(second)
-    with pytest.raises(MetricsFileError, match=r"metrics\.jsonl, line 2: not a JSON record"):
+    with pytest.raises(MetricsFileError, match=r"metrics\.jsonl:2: not a JSON line"):
         fold_segments(out / "metrics.jsonl")
     assert (out / "metrics.jsonl").read_text() == first and (out / "metrics.part2.jsonl").read_text() == second
     quick = _entry(tmp_path, "quick.py", "print('ran')\n")
-    with pytest.raises(TrainerRunError, match=r"line 2: not a JSON record"):  # refused before the trainer starts
+    with pytest.raises(TrainerRunError, match=r"metrics\.jsonl:2: not a JSON line"):  # refused before the trainer starts
         run_trainer([], output_dir=out, entry=quick, timeout_s=60)
     assert (out / "metrics.jsonl").read_text() == first and (out / "metrics.part2.jsonl").read_text() == second
 
@@ -787,9 +787,10 @@ def test_a_stop_signal_before_the_monitor_exists_still_cleans_up(tmp_path, monke
     """A SIGTERM can land between starting the trainer and creating its monitor: the trainer (and its
     group) is still terminated, the Ray temp dir removed, and the run reports the signal."""
     from rpg.launch import harness
+    from rpg.launch.harness import run as harness_run
 
     entry = _entry(tmp_path, "slow.py", "import time\ntime.sleep(60)\n")
-    real, calls = harness._Monitor, []
+    real, calls = harness_run.Monitor, []
 
     def signalled_first(*args, **kwargs):  # the first monitor is never made: SIGTERM arrives instead
         calls.append(args)
@@ -797,7 +798,7 @@ def test_a_stop_signal_before_the_monitor_exists_still_cleans_up(tmp_path, monke
             os.kill(os.getpid(), signal.SIGTERM)  # the harness's handler raises StopSignal here
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(harness, "_Monitor", signalled_first)
+    monkeypatch.setattr(harness_run, "Monitor", signalled_first)  # where run_trainer looks it up
     t0 = time.time()
     with pytest.raises(harness.TrainerRunError, match="stopped by SIGTERM") as err:
         harness.run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=60, reap_after_s=5)

@@ -223,7 +223,7 @@ def test_the_harness_removes_only_the_shared_memory_files_its_run_mapped(tmp_pat
     files a process of the run mapped, and no other."""
     from multiprocessing import shared_memory
 
-    from rpg.launch import harness
+    from rpg.launch.harness import reaping
 
     mine = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time
@@ -238,16 +238,16 @@ def test_the_harness_removes_only_the_shared_memory_files_its_run_mapped(tmp_pat
     try:
         name = mine.stdout.readline().strip()
         assert name.startswith("psm_")
-        found = harness._shm_mapped([mine.pid, 2**22 + 12345])  # a pid that does not exist is ignored
+        found = reaping.shm_mapped([mine.pid, 2**22 + 12345])  # a pid that does not exist is ignored
         assert found == {name}
         mine.kill()
         mine.wait()
-        assert harness._unlink_left(found | {"psm_gone"}) == [name]
-        assert not Path(harness.SHM_DIR, name).exists() and Path(harness.SHM_DIR, other.name).exists()
+        assert reaping.unlink_left(found | {"psm_gone"}) == [name]
+        assert not Path(reaping.SHM_DIR, name).exists() and Path(reaping.SHM_DIR, other.name).exists()
     finally:
         mine.kill()
         mine.wait()
         if name.startswith("psm_"):
-            Path(harness.SHM_DIR, name).unlink(missing_ok=True)
+            Path(reaping.SHM_DIR, name).unlink(missing_ok=True)
         other.close()
         other.unlink()

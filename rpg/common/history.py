@@ -31,6 +31,8 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
+from rpg.common.metrics_file import readable_records
+
 Metrics = dict[str, dict[int, float]]
 
 PATH_ENV, ROOT_ENV = "VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT"
@@ -244,19 +246,11 @@ def write_step_record(folder: str | os.PathLike, step: int, metrics: Mapping) ->
 
 
 def logged_training_steps(base: Path) -> set[int]:
-    """The steps with a training record in any segment of the history at ``base`` (unreadable lines skipped:
-    the readers report them)."""
-    import json
-
+    """The steps with a training record in any segment of the history at ``base`` (``rpg.common.metrics_file``;
+    what is not a record is skipped: the readers report it)."""
     steps = set()
     for path in segments(base):
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and TRAINING_STEP_KEY in (record.get("data") or {}):
-                steps.add(record.get("step"))
+        steps |= {step for step, data in readable_records(path)[0] if TRAINING_STEP_KEY in data}
     return steps
 
 

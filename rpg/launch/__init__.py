@@ -8,12 +8,13 @@ Modules (nothing is imported here, so ``import rpg.launch.<x>`` stays light):
                    once (``request``), plans the overrides (``plan``), builds the command (``commands``) and
                    prints what it was asked to describe (``describe``).
 * ``args``, ``config_keys``  a launcher's command line, and the composed config's keys and loggers checked.
-* ``harness``      run the trainer here in a subprocess (the CPU backend's runs, the GPU smoke run): process
-                   tree, output directory, metrics history, stop handling; ``run_dir``: where a run writes.
+* ``harness``      run the trainer here in a subprocess (the CPU backend's runs, the GPU smoke run): a package,
+                   one module per concern (command, run, process, reaping, metrics, result, and the tether
+                   that stops a trainer, SIGTERM, when its launcher dies, even by SIGKILL); ``run_dir``:
+                   where a run writes.
 * ``memory``       per-GPU memory, checkpoint disk and host RAM per node of a composed config.
 * ``job``, ``ray_job_api``  a Ray job's submission id, resume command and follow-up; the job API's checks.
-* ``tether``       a trainer stopped (SIGTERM) when its launcher dies, even by SIGKILL.
 
-Shared with the driver and the reports (one layer down): ``rpg.common`` (overrides, run environment, signals,
-metrics history).
+Shared with the driver and the reports (layers below): ``rpg.common`` (overrides, run environment, signals,
+metrics history and the one reader of verl's metrics file).
 """

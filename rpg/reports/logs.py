@@ -5,11 +5,12 @@ NaN and ±inf are kept (tables show ``nan`` / ``inf`` / ``-inf``, figures leave 
 and say so) and ``read_run`` names every such value in one warning line. Nothing is rewritten.
 
 * verl file logger (``trainer.logger=[...,'file']``, verl/utils/tracking.py ``FileLogger``): one
-  line per step, ``{"step": s, "data": {"val-core/aime2024/acc/mean@32": ..., ...}}``. A flat
-  ``{"step": s, key: value, ...}`` line is accepted too. verl writes with orjson, which turns NaN
-  and ±inf into ``null``: a ``null`` value is read as NaN (and named so in the warning). A
-  truncated *last* line (run killed while writing) is skipped with a warning; any other
-  unparsable line is an error.
+  line per step, ``{"step": s, "data": {"val-core/aime2024/acc/mean@32": ..., ...}}``, read by the
+  rules of ``rpg.common.metrics_file`` (the harness reads its runs by them too): a flat
+  ``{"step": s, key: value, ...}`` line is accepted too; a truncated *last* line (run killed while
+  writing) is skipped with a warning; any other unparsable line, a record without a step, a step that
+  is not an integer below 2**63 in size is an error naming the file and line. verl writes with orjson,
+  which turns NaN and ±inf into ``null``: a ``null`` value is read as NaN (and named so in the warning).
 * W&B CSV export: a step column (``_step``, ``Step``, ``step``, ``global_step`` or
   ``trainer/global_step``) plus one column per metric; an empty cell is "not logged at this step".
   Panel exports prefix columns with ``"<run name> - "``; the prefix is removed and
@@ -33,10 +34,8 @@ is not UTF-8 is an error naming it.
 
 from __future__ import annotations
 
-import codecs
 import csv
 import io
-import json
 import math
 import os
 import re
@@ -45,6 +44,7 @@ import warnings
 from pathlib import Path
 
 from rpg.common.history import history_warnings, read_segments, segments
+from rpg.common.metrics_file import records, step_of, utf8_text
 
 Metrics = dict[str, dict[int, float]]
 
@@ -54,7 +54,6 @@ _WANDB_SKIP = {"_runtime", "_timestamp", "_wall_time", "Wall time"}
 
 _NULL = object()  # a JSON null value in the file logger (orjson's NaN / ±inf)
 _FLOAT_MAX_INT = int(sys.float_info.max)
-MAX_STEP = 2**63 - 1  # verl's step counter and every logger's step column are 64-bit integers
 
 
 def _num(value) -> float | None:
@@ -71,26 +70,6 @@ def _num(value) -> float | None:
         except ValueError:
             return None
     return None
-
-
-def _step(value, where: str) -> int:
-    exact = isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):  # a CSV cell: read exactly
-        if len(value.strip().lstrip("+-")) > 19:  # beyond 2**63 (and int()'s digit limit, 4300)
-            raise ValueError(f"{where}: step must be an integer below 2**63 in size, got {_short(value)}")
-        value, exact = int(value), True
-    v = value if exact else _num(value)
-    if v is None or (not exact and (not math.isfinite(v) or v != int(v))):
-        raise ValueError(f"{where}: step must be an integer, got {_short(value)}")
-    if abs(v) > MAX_STEP:
-        raise ValueError(f"{where}: step must be an integer below 2**63 in size, got {_short(value)}")
-    return int(v)
-
-
-def _short(value) -> str:
-    """``repr`` of a logged value, a long one cut to its first digits and its length."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def same_value(a: float, b: float) -> bool:
@@ -200,45 +179,22 @@ def nonfinite_warning(path, metrics: Metrics, nulls=frozenset(), show: int = 8) 
             f"out): {listed}")
 
 
-def _text(path: Path) -> str:
-    """The file as UTF-8 text (a BOM is dropped); ValueError naming the file and the first bad byte."""
-    raw = path.read_bytes().removeprefix(codecs.BOM_UTF8)
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line, column = raw.count(b"\n", 0, err.start) + 1, err.start - raw.rfind(b"\n", 0, err.start)
-        raise ValueError(f"{path}: not UTF-8 text (line {line}, byte {column}: 0x{raw[err.start]:02x}); "
-                         "export the log as UTF-8") from None
-
-
 def read_file_logger(path: str | Path) -> Metrics:
+    """One file-logger JSONL file (``rpg.common.metrics_file.records``), its values read as numbers."""
     path = Path(path)
-    lines = _text(path).splitlines()
     reader = _Reader(path)
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            if i == last:
-                warnings.warn(f"{path}:{i + 1}: skipping truncated last line ({err.msg})", stacklevel=2)
-                continue
-            raise ValueError(f"{path}:{i + 1}: not a JSON line ({err.msg})") from None
-        except ValueError as err:  # an integer longer than int() converts (sys.get_int_max_str_digits)
-            raise ValueError(f"{path}:{i + 1}: a number too long to read ({' '.join(str(err).split())})") from None
-        if not isinstance(obj, dict) or "step" not in obj:
-            raise ValueError(f"{path}:{i + 1}: expected an object with a 'step' key")
-        step = _step(obj["step"], f"{path}:{i + 1}")
-        data = obj["data"] if isinstance(obj.get("data"), dict) else {k: v for k, v in obj.items() if k != "step"}
-        reader.record(step, ((k, _NULL if v is None else v) for k, v in data.items()), i + 1)
+
+    def cut(line: int, why: str) -> None:
+        warnings.warn(f"{path}:{line}: skipping truncated last line ({why})", stacklevel=4)
+
+    for line, step, data in records(path, cut):
+        reader.record(step, ((k, _NULL if v is None else v) for k, v in data.items()), line)
     return reader.done()
 
 
 def read_wandb_csv(path: str | Path) -> Metrics:
     path = Path(path)
-    with io.StringIO(_text(path), newline="") as fh:
+    with io.StringIO(utf8_text(path), newline="") as fh:
         reader = csv.DictReader(fh)
         header = reader.fieldnames or []
         same_header(path, header)
@@ -267,7 +223,7 @@ def read_wandb_csv(path: str | Path) -> Metrics:
                 if any(row.get(col) not in (None, "") for col in columns):
                     out.stepless.append(n)
                 continue
-            step = _step(row[step_col], f"{path}:{n}")
+            step = step_of(row[step_col], f"{path}:{n}", cell=True)
             out.record(step, ((name, row.get(col)) for col, name in columns.items()), n)
     return out.done()
 
