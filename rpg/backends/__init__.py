@@ -19,7 +19,8 @@ backend imports nothing above it. Each backend is the module ``rpg.backends.<nam
 * ``node_problems(cfg, settings, environ) -> (errors, warnings)``: what this node lacks for a composed run
   (``DRY_RUN=1`` prints both as warnings);
 * ``check_driver(cfg, settings, environ)``: the driver's checks before Ray, one line each (``RPGConfigError``);
-* ``cluster_job_env(env, rendezvous) -> dict``: what a job on a running Ray cluster adds to its runtime env.
+* ``cluster_job_env(env, rendezvous) -> dict``: what a job on a running Ray cluster adds to its runtime env;
+  ``private_run_env(private_dir) -> dict``: what a run with its own private Ray on this machine adds.
 
 ``backend_of_run``: which backend a composed run is on (the one answer the driver and every check use).
 """

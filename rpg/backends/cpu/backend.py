@@ -53,3 +53,12 @@ def check_driver(cfg, settings, environ: Mapping[str, str] | None = None) -> Non
 def cluster_job_env(env: Mapping[str, str], rendezvous: str) -> dict[str, str]:
     """A job's runtime environment on a running Ray cluster, its ranks meeting through ``rendezvous``."""
     return settings.cluster_job_env(env, rendezvous)
+
+
+def private_run_env(private_dir: str) -> dict[str, str]:
+    """What a run on this machine with its own private Ray (``private_dir``: its temp folder) adds to its
+    environment: torch.distributed's rendezvous through a file there instead of a TCPStore, whose server binds
+    every interface whatever MASTER_ADDR says and takes no token. verl's workers pass DIST_INIT_METHOD to
+    init_process_group (verl/utils/distributed.py, initialize_global_process_group_ray); one node, so every
+    rank sees the file."""
+    return {"DIST_INIT_METHOD": f"file://{private_dir}/torch_dist_store"}

@@ -46,3 +46,8 @@ def check_driver(cfg, settings, environ: Mapping[str, str] | None = None) -> Non
 def cluster_job_env(env: Mapping[str, str], rendezvous: str) -> dict[str, str]:
     """Nothing: verl's CUDA path needs no variable of its own in a job (NCCL meets through Ray)."""
     return {}
+
+
+def private_run_env(private_dir: str) -> dict[str, str]:
+    """Nothing: NCCL's rendezvous is verl's own on CUDA."""
+    return {}

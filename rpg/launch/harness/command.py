@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rpg.backends import backend as select_backend
 from rpg.common import history
-from rpg.common.overrides import merge_overrides, values
+from rpg.common.overrides import hydra_list, merge_overrides, values
 
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
 
@@ -43,9 +43,7 @@ def _with_file_logger(overrides: list[str]) -> list[str]:
     loggers = [loggers] if isinstance(loggers, str) else list(loggers or [])
     if history.logs_to_file(loggers):
         return overrides
-    if any("'" in str(n) for n in loggers):
-        raise ValueError(f"trainer.logger={loggers!r}: a logger name cannot hold a quote")
-    return merge_overrides(overrides, ["trainer.logger=[" + ",".join(f"'{n}'" for n in [*loggers, "file"]) + "]"])
+    return merge_overrides(overrides, [f"trainer.logger={hydra_list([*loggers, 'file'], 'trainer.logger')}"])
 
 
 def build_command(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpg.common.overrides import values
+from rpg.launch.run_dir import default_checkpoint_dir
 
 
 class TrainerRunError(RuntimeError):
@@ -93,7 +94,7 @@ def checkpoint_dir(run: TrainerRun) -> Path | None:
     set_values = values(run.overrides)
     path = set_values.get("trainer.default_local_dir")
     if path is None and "trainer.project_name" in set_values and "trainer.experiment_name" in set_values:
-        path = f"checkpoints/{set_values['trainer.project_name']}/{set_values['trainer.experiment_name']}"
+        path = default_checkpoint_dir(set_values["trainer.project_name"], set_values["trainer.experiment_name"])
     if not isinstance(path, str) or "${" in path:  # unset, or only known once Hydra resolves it
         return None
     p = Path(path)
@@ -117,8 +118,8 @@ def report_failure(err: TrainerRunError, prefix: str, resume: str) -> int:
 
 
 def report_stop(run: TrainerRun, prefix: str, resume: str) -> str:
-    """Print ``stop_line`` (to stderr; the terminal may be gone after SIGHUP) and append it to the log."""
-    line = stop_line(run, resume)
+    """Print ``run_stop_line`` (to stderr; the terminal may be gone after SIGHUP) and append it to the log."""
+    line = run_stop_line(run, resume)
     with contextlib.suppress(OSError):  # nothing may be writable (a full disk)
         with open(run.log_file, "a") as log:
             log.write(line + "\n")
@@ -127,7 +128,7 @@ def report_stop(run: TrainerRun, prefix: str, resume: str) -> str:
     return line
 
 
-def stop_line(run: TrainerRun, resume: str) -> str:
+def run_stop_line(run: TrainerRun, resume: str) -> str:
     """The one line for a run ended by a stop signal or an unwritable output (a full disk): log, last complete
     checkpoint, and ``resume``: the resume command or why there is none (``rpg.verl.settings.resume_hint``)."""
     from rpg.verl.checkpoints import last_complete  # torch-free, but imports the rpg settings

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from rpg.backends import backend as select_backend
 from rpg.common import history
 from rpg.common.metrics_file import MetricsFileError
 from rpg.common.overrides import values
@@ -102,12 +103,8 @@ def run_trainer(
     run_overrides = argv[1 + len(entry_argv(entry)):]  # after python and the entry
     run_env.update(wandb_env(base, values(run_overrides).get("trainer.logger"), out))  # W&B as the user asked, else quiet
     run_env.update(ray_auth_env(base))  # the run's Ray cluster: token authentication, a token of its own
-    if backend == "cpu":
-        # torch.distributed's rendezvous through a file in the run's private directory instead of a TCPStore,
-        # whose server binds every interface whatever MASTER_ADDR says and takes no token. verl's workers
-        # pass DIST_INIT_METHOD to init_process_group (verl/utils/distributed.py,
-        # initialize_global_process_group_ray); one node, so every rank sees the file. A user's value wins.
-        run_env.setdefault("DIST_INIT_METHOD", f"file://{ray_tmp}/torch_dist_store")
+    for key, value in select_backend(backend).private_run_env(ray_tmp).items():  # a user's value wins
+        run_env.setdefault(key, value)
     # vLLM's ZMQ sockets between its server, engine core and workers are files named
     # <VLLM_RPC_BASE_PATH>/<uuid> (vllm/envs.py: default tempfile.gettempdir(); vllm/utils/network_utils.py
     # get_open_zmq_ipc_path). Its processes are killed when Ray ends the run, so nothing unlinks them:
