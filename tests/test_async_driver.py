@@ -6,7 +6,8 @@ import io
 
 import pytest
 
-from rpg.verl.settings import REFUSED_ASYNC, RPGConfigError
+from rpg.config import RPGConfigError
+from rpg.verl.settings import REFUSED_ASYNC
 
 from test_verl_config import apply
 

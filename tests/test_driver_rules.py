@@ -7,8 +7,8 @@ import io
 
 import pytest
 
-from rpg.losses import RULES
-from rpg.verl.settings import RPGConfigError, loss_key
+from rpg.config import RULES, RPGConfigError
+from rpg.verl.settings import loss_key
 
 from test_verl_config import apply
 

@@ -33,8 +33,8 @@ import torch
 from data_files import verl_file
 from hydra import compose, initialize_config_dir
 
+from rpg.config import RPGConfigError
 from rpg.verl.checkpoints import MARKER, TRACKER, ResumeError, last_complete, plan_resume, write_marker
-from rpg.verl.settings import RPGConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -245,7 +245,7 @@ LAYOUT_MISMATCHES = [
 
 @pytest.mark.parametrize("overrides,message", LAYOUT_MISMATCHES, ids=[o[-1] for o, _ in LAYOUT_MISMATCHES])
 def test_reference_shard_layout_mismatch_fails_before_ray_with_one_line(overrides, message):
-    from rpg.verl.settings import RPGConfigError
+    from rpg.config import RPGConfigError
 
     with pytest.raises(RPGConfigError) as err:
         _validate(*overrides)

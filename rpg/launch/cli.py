@@ -66,6 +66,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from rpg.config import RPGConfigError
 from rpg.launch import job
 from rpg.launch.args import read_overrides
 from rpg.launch.config_keys import RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME, checked_config, compose_config, logger_problem
@@ -75,7 +76,7 @@ from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root
 from rpg.launch.variants import (GRAMMAR, TRAIN_SET, Variant, VariantNameError, known_names, paper_refs, paper_row, parse,
                                  to_overrides)
 from rpg.verl.preflight import InputPathError, error_line, input_path_problems, name_problem
-from rpg.verl.settings import RPGConfigError, resume_hint
+from rpg.verl.settings import resume_hint
 
 ENTRY = Path("recipe") / "rpg" / "main_rpg.py"
 CONFIG_DIR, CONFIG_NAME = RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME

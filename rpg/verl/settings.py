@@ -46,7 +46,8 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from rpg.losses import FORMS, RPGLossConfig, RPGLossConfigError
+from rpg.config import FORMS, RPGLossConfig, RPGLossConfigError
+from rpg.config.access import RPGConfigError, config_value, ulysses_sizes
 
 RPG_LOSSES = ("rpg", "grpo_corrected")  # rpg.loss.name values that run an RPG actor loss (registered loss modes)
 LOSS_NAMES = (*RPG_LOSSES, "verl")  # "verl": verl's own actor loss
@@ -64,10 +65,6 @@ _VALIDATION_KEYS = ("samples_per_problem",)
 _RESUME_KEYS = ("allow_changed_settings",)
 # the paper's Table 7 protocol: one sample per MinervaMath / OlympiadBench problem (rpg.verl.validation)
 PAPER_SAMPLES_PER_PROBLEM = (("minerva", 1), ("olympiad", 1))
-
-
-class RPGConfigError(ValueError):
-    """A bad value in the ``rpg:`` block or a conflicting verl key (message: one line)."""
 
 
 def loss_fields() -> tuple[str, ...]:
@@ -302,27 +299,6 @@ def _samples_per_problem(block: Any) -> tuple[tuple[str, int], ...]:
 
 
 # ----------------------------------------------------------------------------- verl translation
-
-
-def config_value(cfg, path: str, default=None):
-    """The value at dotted ``path`` of a composed config (containers as plain Python, interpolations
-    resolved); ``default`` when absent or null. The one reader of config keys in the driver's checks."""
-    from omegaconf import OmegaConf
-
-    value = OmegaConf.select(cfg, path, default=default)
-    if value is None:
-        return default
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
-
-# Ulysses sequence parallelism sizes of the actor and the reference (verl reads both spellings)
-ULYSSES_KEYS = tuple(f"actor_rollout_ref.{side}.{sub}ulysses_sequence_parallel_size"
-                     for side in ("actor", "ref") for sub in ("", "fsdp_config."))
-
-
-def ulysses_sizes(cfg) -> list[str]:
-    """``key=size`` for every Ulysses sequence-parallel size > 1 in ``cfg``."""
-    return [f"{k}={config_value(cfg, k, 1)}" for k in ULYSSES_KEYS if int(config_value(cfg, k, 1)) > 1]
 
 
 def resolve_reward_function(spec: str) -> tuple[str, str]:
@@ -696,7 +672,7 @@ def validate_and_apply(cfg) -> RPGSettings:
 def settings_table() -> str:
     """The loss settings as a markdown table (docs/verl-integration.md holds it; a test checks it is
     current): key, default and allowed values from ``RPGLossConfig``'s fields and ``RULES``."""
-    from rpg.losses import RULES
+    from rpg.config import RULES
 
     rows = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(RPGLossConfig):

@@ -324,7 +324,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
          *algo_overrides, *gpus, *rest], [*gpus, *rest])
     stage[0] = "checking the config (nothing was started)"
     from rpg.verl.preflight import error_line
-    from rpg.verl.settings import RPGConfigError
+    from rpg.config import RPGConfigError
 
     run_env = {vllm_cpu.ROLLOUT_ENV: rollout}
     try:

@@ -118,7 +118,7 @@ def check_driver(cfg, environ: Mapping[str, str] | None = None) -> None:
 
     from omegaconf import OmegaConf
 
-    from rpg.verl.settings import RPGConfigError
+    from rpg.config import RPGConfigError
 
     if OmegaConf.select(cfg, "trainer.device", default=None) != "cpu":
         return

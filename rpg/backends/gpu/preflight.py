@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpg.verl.settings import RPGConfigError, config_value, ulysses_sizes
+from rpg.config import RPGConfigError, config_value, ulysses_sizes
 
 PREFIX = "rpg gpu check"
 ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
