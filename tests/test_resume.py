@@ -323,7 +323,7 @@ def test_trainer_records_digests_and_settings_and_a_resume_with_another_divergen
     from test_verl_reference import _saving_trainer
 
     from rpg.verl.checkpoints import file_digest, recorded_settings
-    from rpg.verl.settings import parse_rpg_settings
+    from rpg.config import parse_rpg_settings
 
     cfg = _applied_cfg(tmp_path)
     t = _saving_trainer(tmp_path / "ckpt", keep=None)
@@ -363,7 +363,7 @@ def test_allow_changed_settings_is_declared_once_and_checked():
     """rpg.resume.allow_changed_settings: false in the shipped YAML (the parser's default), a bool or one line."""
     from omegaconf import OmegaConf
 
-    from rpg.verl.settings import parse_rpg_settings
+    from rpg.config import parse_rpg_settings
 
     yaml = OmegaConf.load(ROOT / "recipe" / "rpg" / "config" / "rpg_trainer.yaml")
     assert OmegaConf.to_container(yaml.rpg.resume) == {"allow_changed_settings": False}

@@ -81,7 +81,7 @@ class FakeWorkerGroup:
 def _trainer(tmp_path, mode="periodic", global_steps=0, **ref):
     from omegaconf import OmegaConf
 
-    from rpg.verl.settings import parse_rpg_settings
+    from rpg.config import parse_rpg_settings
     from rpg.verl.trainer import RPGTrainer
 
     t = RPGTrainer.__new__(RPGTrainer)  # no Ray: only the reference bookkeeping is exercised

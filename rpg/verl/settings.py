@@ -1,19 +1,9 @@
-"""The recipe's ``rpg:`` config block: typed settings, strict validation, translation to verl keys.
+"""The recipe's ``rpg:`` block in the driver and the workers: checks against verl's keys, translation into them.
 
-Runs in the driver before Ray starts (``rpg.verl.main``), so a bad value fails fast with ONE
-line naming the key and the allowed values. Unknown keys anywhere under ``rpg.`` are rejected.
-
-Block (``rpg.loss`` keys are derived from ``rpg.losses.RPGLossConfig``: ``name`` plus every field
-that verl's actor config does not already hold, ``loss_fields()``)::
-
-    rpg:
-      loss:      {name, <loss_fields()>: divergence, form, beta, clip, branch_on, fd_clip, kl_clamp,
-                  log_ratio_guard, compile}
-      reference: {mode, update_every, kl_threshold, kl_ema_decay, log_weight_diff}
-      optimizer: adamw | schedulefree
-      reward_function: "rpg.reward:compute_score" | null
-      validation: {samples_per_problem: {data_source prefix: n}}
-      resume:    {allow_changed_settings}
+The block is declared once, torch-free, in ``rpg.config`` (``RPGSettings``: every key with its default,
+what it allows and its doc; the ``rpg.loss`` keys derive from ``RPGLossConfig``). The driver
+(``rpg.verl.main``) calls ``validate_and_apply`` before Ray starts, so a bad value fails fast with ONE
+line naming the key and the allowed values; unknown keys anywhere under ``rpg.`` are rejected.
 
 How each setting reaches verl (``apply_to_verl_config``):
 
@@ -43,39 +33,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-from dataclasses import dataclass
-from typing import Any, Mapping
 
-from rpg.config import FORMS, RPGLossConfig, RPGLossConfigError
-from rpg.config.access import RPGConfigError, config_value, ulysses_sizes
+from rpg.config import (ACTOR_FIELDS, RPG_LOSSES, RPGLossConfig, RPGLossConfigError, RPGSettings, build_loss_config,
+                        config_value, loss_error, loss_fields, parse_rpg_settings, ulysses_sizes)
+from rpg.config.access import RPGConfigError
+from rpg.config.access import fail as _fail
 
-RPG_LOSSES = ("rpg", "grpo_corrected")  # rpg.loss.name values that run an RPG actor loss (registered loss modes)
-LOSS_NAMES = (*RPG_LOSSES, "verl")  # "verl": verl's own actor loss
-# RPGLossConfig fields that verl's actor config already holds: the loss reads them from
-# actor_rollout_ref.actor.<field>. Every other field is the recipe key rpg.loss.<field>.
-ACTOR_FIELDS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode")
-REFERENCE_MODES = ("sampler", "fixed", "periodic", "kl_threshold")
-OPTIMIZERS = ("adamw", "schedulefree")
 POLICY_LOSS_TARGET = "rpg.verl.policy_config.RPGPolicyLossConfig"
 SCHEDULEFREE_IMPL, SCHEDULEFREE_CLASS = "schedulefree", "AdamWScheduleFree"
-
-_REF_KEYS = ("mode", "update_every", "kl_threshold", "kl_ema_decay", "log_weight_diff")
-_TOP_KEYS = ("loss", "reference", "optimizer", "reward_function", "validation", "resume")
-_VALIDATION_KEYS = ("samples_per_problem",)
-_RESUME_KEYS = ("allow_changed_settings",)
-# the paper's Table 7 protocol: one sample per MinervaMath / OlympiadBench problem (rpg.verl.validation)
-PAPER_SAMPLES_PER_PROBLEM = (("minerva", 1), ("olympiad", 1))
-
-
-def loss_fields() -> tuple[str, ...]:
-    """The ``rpg.loss`` keys besides ``name``: every ``RPGLossConfig`` field not in ``ACTOR_FIELDS``
-    (derived on each call, so a field added to the dataclass is a recipe key at once)."""
-    return tuple(f.name for f in dataclasses.fields(RPGLossConfig) if f.name not in ACTOR_FIELDS)
-
-
-def loss_key(field: str) -> str:
-    """The config key that sets ``RPGLossConfig.<field>`` in a recipe run."""
-    return f"actor_rollout_ref.actor.{field}" if field in ACTOR_FIELDS else f"rpg.loss.{field}"
 
 
 def _actor_value(actor, field: str):
@@ -90,12 +55,13 @@ def _actor_value(actor, field: str):
 def loss_config(actor, loss_agg_mode: str | None = None) -> RPGLossConfig:
     """The exact ``RPGLossConfig`` the loss runs with, from a verl actor config: the composed
     DictConfig in the driver (``apply_to_verl_config``), verl's ``ActorConfig`` on a worker
-    (``rpg.verl.policy_loss``). One construction in both places, so the driver rejects before Ray
-    exactly what a worker would; a broken rule raises ``RPGLossConfigError`` (its field, value and
-    what is allowed). ``loss_agg_mode``: the value verl hands the policy loss (default: the actor's).
+    (``rpg.verl.policy_loss``). One construction in both places (``rpg.config.build_loss_config``),
+    so the driver rejects before Ray exactly what a worker would; a broken rule raises
+    ``RPGLossConfigError`` (its field, value and what is allowed). ``loss_agg_mode``: the value verl
+    hands the policy loss (default: the actor's).
 
-    ``grpo_corrected`` reads beta, kl_clamp and log_ratio_guard (``_for_loss``: validated as the
-    differentiable form, so a value-only ``kl_clamp`` is allowed there, as for RPG-X).
+    ``grpo_corrected`` reads beta, kl_clamp and log_ratio_guard (validated as the differentiable form,
+    so a value-only ``kl_clamp`` is allowed there, as for RPG-X).
     """
     pl = actor.get("policy_loss", None)
     values = None if pl is None else pl.get("rpg_loss", None)
@@ -109,215 +75,53 @@ def loss_config(actor, loss_agg_mode: str | None = None) -> RPGLossConfig:
         value = loss_agg_mode if field == "loss_agg_mode" and loss_agg_mode is not None else _actor_value(actor, field)
         if value is not None:
             values[field] = value
-    return RPGLossConfig(**_for_loss(pl.get("loss_mode", None), values))
+    return build_loss_config(pl.get("loss_mode", None), values)
 
 
-def _for_loss(name: str | None, values: dict) -> dict:
-    """``values`` as the loss ``name`` reads them: grpo_corrected's KL term w * k3 is fully differentiable
-    (Sec. 2.2), so it is validated as ``form=differentiable`` (a valid form given is not used by it; an
-    invalid one is still refused)."""
-    if name == "grpo_corrected" and values.get("form", "reinforce") in FORMS:
-        return {**values, "form": "differentiable"}
-    return values
+def check_trainer(cfg, settings: RPGSettings) -> bool:
+    """verl's v1 trainer in a mode the recipe runs (``check_trainer_mode``), no distillation. Returns True
+    for a stale sampler (``colocate_async``)."""
+    if not config_value(cfg, "trainer.use_v1", True):
+        _fail("trainer.use_v1=False is not supported by the RPG recipe (it extends verl's v1 trainer); "
+              "allowed: trainer.use_v1=True")
+    stale = check_trainer_mode(cfg, settings)
+    if config_value(cfg, "distillation.enabled", False):
+        _fail("distillation.enabled=True is not supported together with the RPG recipe")
+    return stale
 
 
-def _loss_error(e: RPGLossConfigError) -> RPGConfigError:
-    return RPGConfigError(f"{loss_key(e.field)}={e.value!r} is invalid: expected {e.expected}")
+def check_reference_copies(cfg, settings: RPGSettings) -> None:
+    """A reference that is overwritten with actor weights (``ReferenceSettings.resets``): fsdp or fsdp2 on
+    both sides with the same engine and shard layout, a separate reference model (no LoRA), and no Ulysses
+    sequence parallelism when ``log_weight_diff`` probes the copy."""
+    actor = "actor_rollout_ref.actor"
+    ref = settings.reference
+    if not ref.resets:
+        return
+    strategy = config_value(cfg, f"{actor}.strategy", "fsdp")
+    lora_rank = config_value(cfg, "actor_rollout_ref.model.lora.rank", 0) or config_value(cfg, "actor_rollout_ref.model.lora_rank", 0)
+    ref_in_actor = bool(lora_rank and lora_rank > 0) or config_value(cfg, "actor_rollout_ref.model.lora_adapter_path") is not None
+    if strategy not in ("fsdp", "fsdp2"):
+        _fail(f"rpg.reference.mode={ref.mode} copies actor weights into the reference and supports "
+              f"{actor}.strategy fsdp or fsdp2 only (got {strategy!r})")
+    # the FSDP version each engine runs: verl's FSDPActorConfig.__post_init__ overwrites
+    # fsdp_config.strategy with the role's own strategy (verl/workers/config/actor.py:325), for the
+    # actor and for the reference, whose config is built the same way (verl/workers/engine_workers.py:553;
+    # ref.strategy defaults to the actor's, verl/trainer/config/ref/ref.yaml:5)
+    a_eng = strategy
+    r_eng = config_value(cfg, "actor_rollout_ref.ref.strategy", a_eng)
+    if a_eng != r_eng:
+        _fail(f"rpg.reference.mode={ref.mode} copies actor shards into the reference: "
+              f"{actor}.strategy={a_eng!r} and actor_rollout_ref.ref.strategy={r_eng!r} must be equal")
+    check_reference_shard_layout(cfg, ref.mode, a_eng)
+    if ref.log_weight_diff:
+        check_probe_without_sequence_parallelism(cfg)
+    if ref_in_actor:
+        _fail(f"rpg.reference.mode={ref.mode} needs a separate reference model; LoRA (reference = actor "
+              "without adapter) is not supported; allowed modes with LoRA: sampler, fixed")
 
 
-@dataclass(frozen=True)
-class ReferenceSettings:
-    mode: str = "sampler"
-    update_every: int = 0
-    kl_threshold: float | None = None
-    kl_ema_decay: float = 0.9
-    log_weight_diff: bool = False
-
-    @property
-    def resets(self) -> bool:
-        """True when the reference model is overwritten with actor weights during training."""
-        return self.mode in ("periodic", "kl_threshold")
-
-
-@dataclass(frozen=True)
-class RPGSettings:
-    loss_name: str = "rpg"  # rpg | grpo_corrected | verl (verl's own actor loss)
-    loss: RPGLossConfig = RPGLossConfig()  # rpg.loss values; after apply_to_verl_config, also verl's clip keys
-    reference: ReferenceSettings = ReferenceSettings()
-    optimizer: str = "adamw"
-    reward_function: str | None = None
-    samples_per_problem: tuple[tuple[str, int], ...] = PAPER_SAMPLES_PER_PROBLEM  # (data_source prefix, n)
-    allow_changed_settings: bool = False  # rpg.resume: resume a checkpoint trained with other RPG settings
-
-    @property
-    def uses_rpg_actor_loss(self) -> bool:
-        return self.loss_name in RPG_LOSSES
-
-
-# ----------------------------------------------------------------------------- parsing helpers
-
-
-def _fail(msg: str):
-    raise RPGConfigError(msg)
-
-
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in allowed:
-        _fail(f"{key}={value!r} is invalid; allowed values: {', '.join(allowed)}")
-    return value
-
-
-def _number(key: str, value: Any, *, minimum: float | None = None, strict_min: bool = False,
-            maximum: float | None = None, strict_max: bool = False, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(f"{key}={value!r} is invalid; expected a number{' or null' if allow_none else ''}")
-    v = float(value)
-    if v != v or v in (float("inf"), float("-inf")):
-        _fail(f"{key}={value!r} is invalid; expected a finite number")
-    if minimum is not None and (v < minimum or (strict_min and v == minimum)):
-        _fail(f"{key}={value!r} is invalid; expected a value {'>' if strict_min else '>='} {minimum}")
-    if maximum is not None and (v > maximum or (strict_max and v == maximum)):
-        _fail(f"{key}={value!r} is invalid; expected a value {'<' if strict_max else '<='} {maximum}")
-    return v
-
-
-def _bool(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        _fail(f"{key}={value!r} is invalid; allowed values: true, false")
-    return value
-
-
-def _int(key: str, value: Any, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        _fail(f"{key}={value!r} is invalid; expected an integer >= {minimum}")
-    return value
-
-
-def _mapping(key: str, value: Any, allowed: tuple[str, ...]) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        _fail(f"{key} must be a mapping with keys: {', '.join(allowed)}")
-    unknown = sorted(set(value) - set(allowed))
-    if unknown:
-        _fail(f"{key}.{unknown[0]} is not a known key; allowed keys under {key}: {', '.join(allowed)}")
-    return dict(value)
-
-
-def _to_plain(block: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(block, DictConfig):
-            return OmegaConf.to_container(block, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf ships with hydra/verl
-        pass
-    return block
-
-
-def parse_rpg_settings(block: Any) -> RPGSettings:
-    """Strictly parse the ``rpg:`` block (a mapping or DictConfig) into ``RPGSettings``.
-
-    Checks each value and the within-block consistency (e.g. ``periodic`` needs
-    ``update_every >= 1``). Raises ``RPGConfigError`` (a ``ValueError``) with one line.
-    """
-    top = _mapping("rpg", _to_plain(block), _TOP_KEYS)
-    loss = _mapping("rpg.loss", top.get("loss"), ("name", *loss_fields()))
-    ref = _mapping("rpg.reference", top.get("reference"), _REF_KEYS)
-    d_ref = ReferenceSettings()
-    name = _choice("rpg.loss.name", loss.pop("name", "rpg"), LOSS_NAMES)
-    try:
-        loss_s = RPGLossConfig(**_for_loss(name, loss))
-    except RPGLossConfigError as e:
-        raise _loss_error(e) from None
-    if loss_s.compile and name != "rpg":
-        _fail(f"rpg.loss.compile=true applies to rpg.loss.name=rpg only (got {name}); set rpg.loss.compile=false")
-    ref_s = ReferenceSettings(
-        mode=_choice("rpg.reference.mode", ref.get("mode", d_ref.mode), REFERENCE_MODES),
-        update_every=_int("rpg.reference.update_every", ref.get("update_every", d_ref.update_every)),
-        kl_threshold=_number("rpg.reference.kl_threshold", ref.get("kl_threshold", d_ref.kl_threshold),
-                             minimum=0.0, strict_min=True, allow_none=True),
-        kl_ema_decay=_number("rpg.reference.kl_ema_decay", ref.get("kl_ema_decay", d_ref.kl_ema_decay),
-                             minimum=0.0, maximum=1.0, strict_max=True),
-        log_weight_diff=_bool("rpg.reference.log_weight_diff", ref.get("log_weight_diff", d_ref.log_weight_diff)),
-    )
-    optimizer = _choice("rpg.optimizer", top.get("optimizer", "adamw"), OPTIMIZERS)
-    reward_function = top.get("reward_function", None)
-    if reward_function is not None and (not isinstance(reward_function, str) or reward_function.count(":") != 1):
-        _fail(f"rpg.reward_function={reward_function!r} is invalid; expected 'package.module:function' or null")
-
-    # within-block consistency
-    if ref_s.mode == "periodic":
-        if ref_s.update_every < 1:
-            _fail("rpg.reference.update_every must be >= 1 when rpg.reference.mode=periodic "
-                  f"(got {ref_s.update_every})")
-    elif ref_s.update_every != 0:
-        _fail(f"rpg.reference.update_every={ref_s.update_every} is only used with rpg.reference.mode=periodic "
-              f"(mode is {ref_s.mode}); set it to 0")
-    if ref_s.mode == "kl_threshold":
-        if ref_s.kl_threshold is None:
-            _fail("rpg.reference.kl_threshold must be a number > 0 when rpg.reference.mode=kl_threshold")
-    elif ref_s.kl_threshold is not None:
-        _fail(f"rpg.reference.kl_threshold={ref_s.kl_threshold} is only used with rpg.reference.mode=kl_threshold "
-              f"(mode is {ref_s.mode}); set it to null")
-    elif ref_s.kl_ema_decay != d_ref.kl_ema_decay:
-        _fail(f"rpg.reference.kl_ema_decay={ref_s.kl_ema_decay} is only used with rpg.reference.mode=kl_threshold "
-              f"(mode is {ref_s.mode}); leave it at {d_ref.kl_ema_decay}")
-    if ref_s.log_weight_diff and not ref_s.resets:
-        _fail("rpg.reference.log_weight_diff=true needs rpg.reference.mode=periodic or kl_threshold")
-    resume = _mapping("rpg.resume", top.get("resume"), _RESUME_KEYS)
-    allow_changed = _bool("rpg.resume.allow_changed_settings", resume.get("allow_changed_settings", False))
-    return RPGSettings(loss_name=name, loss=loss_s, reference=ref_s, optimizer=optimizer,
-                       reward_function=reward_function, samples_per_problem=_samples_per_problem(top.get("validation")),
-                       allow_changed_settings=allow_changed)
-
-
-def _samples_per_problem(block: Any) -> tuple[tuple[str, int], ...]:
-    """``rpg.validation.samples_per_problem``: {data_source prefix (any case): samples >= 1}."""
-    validation = _mapping("rpg.validation", block, _VALIDATION_KEYS)
-    if "samples_per_problem" not in validation:
-        return PAPER_SAMPLES_PER_PROBLEM
-    key = "rpg.validation.samples_per_problem"
-    rule = validation["samples_per_problem"]
-    if rule is None:
-        return ()
-    if not isinstance(rule, Mapping):
-        _fail(f"{key}={rule!r} is invalid; expected a mapping {{data_source prefix: samples per problem}}, "
-              "e.g. {minerva: 1}")
-    out = []
-    for prefix, n in rule.items():
-        if not isinstance(prefix, str) or not prefix.strip():
-            _fail(f"{key} has an empty or non-string data_source prefix {prefix!r}")
-        clash = next((k for k, _ in out if k == prefix.strip().lower()), None)
-        if clash is not None:  # keys are matched case-insensitively: one would silently replace the other
-            _fail(f"{key} names the data_source prefix {prefix.strip().lower()!r} twice (keys differ only in case "
-                  "or spaces); give it once")
-        out.append((prefix.strip().lower(), _int(f"{key}.{prefix}", n, minimum=1)))
-    return tuple(out)
-
-
-# ----------------------------------------------------------------------------- verl translation
-
-
-def resolve_reward_function(spec: str) -> tuple[str, str]:
-    """``'pkg.module:function'`` -> (file path of the module, function name). Clear error if absent."""
-    module_name, fn_name = spec.split(":")
-    try:
-        found = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError):
-        found = None
-    if found is None or not found.origin:
-        _fail(f"rpg.reward_function={spec!r}: module {module_name!r} is not importable; "
-              "install it, set rpg.reward_function=null, or set reward.custom_reward_function.path")
-    module = importlib.import_module(module_name)
-    if not callable(getattr(module, fn_name, None)):
-        _fail(f"rpg.reward_function={spec!r}: {module_name} has no function {fn_name!r}")
-    return found.origin, fn_name
-
-
-def _check_reference_shard_layout(cfg, mode: str, engine_strategy: str) -> None:
+def check_reference_shard_layout(cfg, mode: str, engine_strategy: str) -> None:
     """Everything that decides the reference's local shard shapes must equal the actor's (the reset
     copies rank-local shards). Checked here so a mismatch fails before Ray, not at the first reset.
 
@@ -349,7 +153,7 @@ def _check_reference_shard_layout(cfg, mode: str, engine_strategy: str) -> None:
                   f"{a}.{key}={a_val!r} and {r}.{key}={r_val!r} must be equal")
 
 
-def _check_probe_without_sequence_parallelism(cfg) -> None:
+def check_probe_without_sequence_parallelism(cfg) -> None:
     """``rpg.reference.log_weight_diff`` runs one whole probe sequence through actor and reference on
     every rank (``rpg.verl.reference_copy.probe_logits``). Under Ulysses sequence parallelism verl
     patches attention to exchange sequence *slices* between the ranks of a group, so a whole sequence
@@ -360,10 +164,13 @@ def _check_probe_without_sequence_parallelism(cfg) -> None:
               "its probe runs one unsplit sequence per rank; set rpg.reference.log_weight_diff=false")
 
 
+# ----------------------------------------------------------------------------- reward
+
+
 VERL_REWARD_NAME = "compute_score"  # verl's default reward.custom_reward_function.name (its ppo_trainer.yaml)
 
 
-def _check_reward_name_has_path(cfg, spec: str | None) -> None:
+def check_reward_name_has_path(cfg, spec: str | None) -> None:
     """``reward.custom_reward_function.name`` set without ``.path``: verl ignores a name without a path, and the
     recipe would replace it with ``rpg.reward_function``'s; the run would be scored by another function than
     the one asked for. Refused in one line (verl's default name and the recipe function's own name pass)."""
@@ -376,7 +183,7 @@ def _check_reward_name_has_path(cfg, spec: str | None) -> None:
           f"the file that defines {name} ({instead})")
 
 
-def _check_rpg_reward_kwargs(cfg) -> None:
+def check_rpg_reward_kwargs(cfg) -> None:
     """When the reward function is ``rpg.reward.compute_score``: its options (reward_kwargs) are valid."""
     from omegaconf import OmegaConf
 
@@ -390,6 +197,9 @@ def _check_rpg_reward_kwargs(cfg) -> None:
             rpg.reward.check_reward_kwargs(kwargs, where="reward.custom_reward_function.reward_kwargs")
         except ValueError as e:
             raise RPGConfigError(str(e)) from None
+
+
+# ----------------------------------------------------------------------------- trainer mode
 
 
 TRAINER_MODES = ("sync", "colocate_async")  # trainer.v1.trainer_mode values the recipe runs (rpg.verl.main)
@@ -419,7 +229,7 @@ def resume_hint(mode: str, command: str) -> str:
             "trainer.resume_mode=auto with a checkpoint); start a new run in a new output directory")
 
 
-def _check_trainer_mode(cfg, settings: RPGSettings) -> bool:
+def check_trainer_mode(cfg, settings: RPGSettings) -> bool:
     """``trainer.v1.trainer_mode``: sync, or colocate_async with everything that keeps the loss exact under a
     stale sampler mu (one line each otherwise). Returns True for a stale sampler."""
     mode = config_value(cfg, "trainer.v1.trainer_mode", "sync")
@@ -472,6 +282,9 @@ def _check_trainer_mode(cfg, settings: RPGSettings) -> bool:
     return True
 
 
+# ----------------------------------------------------------------------------- translation
+
+
 def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
     """Check ``settings`` against verl's keys in ``cfg`` and write the verl keys they imply.
 
@@ -482,41 +295,11 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
 
     actor = "actor_rollout_ref.actor"
     loss, ref = settings.loss, settings.reference
-
-    # --- trainer: our subclass is the v1 sync trainer (see rpg.verl.main)
-    if not config_value(cfg, "trainer.use_v1", True):
-        _fail("trainer.use_v1=False is not supported by the RPG recipe (it extends verl's v1 trainer); "
-              "allowed: trainer.use_v1=True")
-    stale = _check_trainer_mode(cfg, settings)
-    if config_value(cfg, "distillation.enabled", False):
-        _fail("distillation.enabled=True is not supported together with the RPG recipe")
-
+    stale = check_trainer(cfg, settings)
     use_kl_loss = bool(config_value(cfg, f"{actor}.use_kl_loss", False))
     use_kl_in_reward = bool(config_value(cfg, "algorithm.use_kl_in_reward", False))
     loss_mode = config_value(cfg, f"{actor}.policy_loss.loss_mode", "vanilla")
-    strategy = config_value(cfg, f"{actor}.strategy", "fsdp")
-    lora_rank = config_value(cfg, "actor_rollout_ref.model.lora.rank", 0) or config_value(cfg, "actor_rollout_ref.model.lora_rank", 0)
-    ref_in_actor = bool(lora_rank and lora_rank > 0) or config_value(cfg, "actor_rollout_ref.model.lora_adapter_path") is not None
-
-    if ref.resets:
-        if strategy not in ("fsdp", "fsdp2"):
-            _fail(f"rpg.reference.mode={ref.mode} copies actor weights into the reference and supports "
-                  f"{actor}.strategy fsdp or fsdp2 only (got {strategy!r})")
-        # the FSDP version each engine runs: verl's FSDPActorConfig.__post_init__ overwrites
-        # fsdp_config.strategy with the role's own strategy (verl/workers/config/actor.py:325), for the
-        # actor and for the reference, whose config is built the same way (verl/workers/engine_workers.py:553;
-        # ref.strategy defaults to the actor's, verl/trainer/config/ref/ref.yaml:5)
-        a_eng = strategy
-        r_eng = config_value(cfg, "actor_rollout_ref.ref.strategy", a_eng)
-        if a_eng != r_eng:
-            _fail(f"rpg.reference.mode={ref.mode} copies actor shards into the reference: "
-                  f"{actor}.strategy={a_eng!r} and actor_rollout_ref.ref.strategy={r_eng!r} must be equal")
-        _check_reference_shard_layout(cfg, ref.mode, a_eng)
-        if ref.log_weight_diff:
-            _check_probe_without_sequence_parallelism(cfg)
-        if ref_in_actor:
-            _fail(f"rpg.reference.mode={ref.mode} needs a separate reference model; LoRA (reference = actor "
-                  "without adapter) is not supported; allowed modes with LoRA: sampler, fixed")
+    check_reference_copies(cfg, settings)
 
     with open_dict(cfg):
         if settings.uses_rpg_actor_loss:
@@ -544,7 +327,7 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
             try:  # the workers' construction (rpg.verl.policy_loss), on this config: same inputs, same verdict
                 loss = loss_config(cfg.actor_rollout_ref.actor)
             except RPGLossConfigError as e:
-                raise _loss_error(e) from None
+                raise loss_error(e) from None
             if loss.compile and str(config_value(cfg, "ray_kwargs.ray_init.runtime_env.env_vars.TORCH_COMPILE_DISABLE", "0")) == "1":
                 _fail("rpg.loss.compile=true needs torch.compile in the actor workers, but "
                       "ray_kwargs.ray_init.runtime_env.env_vars.TORCH_COMPILE_DISABLE=1 disables it there (the CPU "
@@ -600,13 +383,29 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
 
         # --- default reward function (explicit reward.custom_reward_function.path wins; a name alone is refused)
         if not config_value(cfg, "reward.custom_reward_function.path"):
-            _check_reward_name_has_path(cfg, settings.reward_function)
+            check_reward_name_has_path(cfg, settings.reward_function)
         if settings.reward_function and not config_value(cfg, "reward.custom_reward_function.path"):
             path, name = resolve_reward_function(settings.reward_function)
             cfg.reward.custom_reward_function.path = path
             cfg.reward.custom_reward_function.name = name
-        _check_rpg_reward_kwargs(cfg)
+        check_rpg_reward_kwargs(cfg)
     return dataclasses.replace(settings, loss=loss)
+
+
+def resolve_reward_function(spec: str) -> tuple[str, str]:
+    """``'pkg.module:function'`` -> (file path of the module, function name). Clear error if absent."""
+    module_name, fn_name = spec.split(":")
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.origin:
+        _fail(f"rpg.reward_function={spec!r}: module {module_name!r} is not importable; "
+              "install it, set rpg.reward_function=null, or set reward.custom_reward_function.path")
+    module = importlib.import_module(module_name)
+    if not callable(getattr(module, fn_name, None)):
+        _fail(f"rpg.reward_function={spec!r}: {module_name} has no function {fn_name!r}")
+    return found.origin, fn_name
 
 
 def describe(cfg, settings: RPGSettings) -> str:
@@ -667,15 +466,3 @@ def validate_and_apply(cfg) -> RPGSettings:
     if block is None:
         _fail("the config has no rpg: block; use recipe/rpg/config/rpg_trainer.yaml")
     return apply_to_verl_config(cfg, parse_rpg_settings(block))
-
-
-def settings_table() -> str:
-    """The loss settings as a markdown table (docs/verl-integration.md holds it; a test checks it is
-    current): key, default and allowed values from ``RPGLossConfig``'s fields and ``RULES``."""
-    from rpg.config import RULES
-
-    rows = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
-    for f in dataclasses.fields(RPGLossConfig):
-        allowed = "; ".join(r.expected for r in RULES if r.field == f.name)
-        rows.append(f"| `{loss_key(f.name)}` | `{f.default!r}` | {allowed} | {f.metadata.get('doc', '')} |")
-    return "\n".join(rows)

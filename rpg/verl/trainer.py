@@ -57,7 +57,7 @@ from verl.utils.debug import marked_timer
 from rpg.behavior import behavior_weights
 from rpg.reports.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoints import recorded_settings, write_marker
-from rpg.verl.settings import parse_rpg_settings
+from rpg.config import parse_rpg_settings
 from rpg.verl.validation import SamplesPerSource
 from rpg.verl.worker import RPGActorRolloutRefWorker
 
