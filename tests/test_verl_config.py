@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 import rpg.verl.policy_loss
 import rpg.verl.register  # noqa: F401
 from rpg.config import DIVERGENCES, FORMS, LOSS_NAMES, RPGConfigError, parse_rpg_settings
-from rpg.verl import settings as S
+from rpg.verl import translate as T
 from rpg.verl.settings import POLICY_LOSS_TARGET, validate_and_apply
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipe" / "rpg" / "config"
@@ -106,7 +106,7 @@ def test_schedulefree_sets_verl_optimizer_keys():
 
 def test_schedulefree_missing_package_is_a_clear_error(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(S.importlib.util, "find_spec", lambda name, *a: None if name == "schedulefree" else real(name, *a))
+    monkeypatch.setattr(T.importlib.util, "find_spec", lambda name, *a: None if name == "schedulefree" else real(name, *a))
     with pytest.raises(RPGConfigError, match="rpg.optimizer=schedulefree needs the 'schedulefree' package"):
         apply("rpg.optimizer=schedulefree")
 

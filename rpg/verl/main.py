@@ -40,12 +40,13 @@ import rpg.verl.register  # noqa: F401  (registrations in the driver even withou
 from rpg.backends.cpu.vllm_cpu import check_driver as check_vllm_cpu
 from rpg.backends.cpu.world import check_driver as check_cpu_world
 from rpg.backends.gpu.preflight import check_gpu_node
-from rpg.config import RPGConfigError
+from rpg.config import RPGConfigError, RPGSettings
 from rpg.reports.history import PATH_ENV, base_path, claim_segment, logs_to_file, restore_step_record
 from rpg.launch.signals import StopSignal, raise_on_stop_signals
 from rpg.verl.errors import RESUME_COMMAND_ENV
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
-from rpg.verl.settings import RPGSettings, describe, resume_hint, validate_and_apply
+from rpg.verl.describe import describe
+from rpg.verl.settings import resume_hint, validate_and_apply
 from rpg.verl.verl_rules import check_verl_config, check_verl_rules, set_norm_scale_factor
 
 

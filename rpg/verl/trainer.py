@@ -352,5 +352,5 @@ class RPGTrainerColocateAsync(RPGTrainerMixin, PPOTrainerColocateAsync):
     weights pi_old/mu are applied in the actor loss (``rpg.verl.actor_loss``)."""
 
 
-# trainer.v1.trainer_mode -> the RPG trainer class (rpg.verl.main; the modes rpg.verl.settings.TRAINER_MODES allows)
+# trainer.v1.trainer_mode -> the RPG trainer class (rpg.verl.main; the modes rpg.verl.checks.TRAINER_MODES allows)
 RPG_TRAINERS = {"sync": RPGTrainer, "colocate_async": RPGTrainerColocateAsync}
