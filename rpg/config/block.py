@@ -177,7 +177,6 @@ class RPGSettings(_Checked):
         return self.loss_name in RPG_LOSSES
 
 
-GROUPS = (ReferenceSettings,)  # nested blocks declared by a class of their own
 BLOCK_RULES: tuple[BlockRule, ...] = (*ReferenceSettings.RULES, *RPGSettings.RULES)  # every rule between keys
 
 
