@@ -304,7 +304,8 @@ def parse_rpg_settings(block: Any) -> RPGSettings:
         by_owner.setdefault(k.owner, {})[k.name] = v
     top = by_owner.get(None, {})
     name_field = next(f for f in dataclasses.fields(RPGSettings) if f.name == "loss_name")
-    top["loss_name"] = name_field.metadata["kind"].check(f"{ROOT}.loss.name", top.get("loss_name", name_field.default))
+    top["loss_name"] = name_field.metadata["kind"].check(f"{ROOT}.{name_field.metadata['key']}",
+                                                         top.get("loss_name", name_field.default))
     nested = {}
     for f in dataclasses.fields(RPGSettings):
         if f.metadata.get("loss"):
