@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-LEVELS = ("token", "sequence", "none")
+from rpg.config.loss import BEHAVIOR_LEVELS as LEVELS  # declared torch-free with the loss settings
 
 
 def behavior_weights(old_log_prob: torch.Tensor, behavior_log_prob: torch.Tensor, response_mask: torch.Tensor,

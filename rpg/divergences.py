@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
+from rpg.config.loss import DIVERGENCES  # the names, declared torch-free with the loss settings
 
 
 def kl_surrogate(divergence: str, w: torch.Tensor, log_rho: torch.Tensor, r_ref: torch.Tensor | float) -> torch.Tensor:

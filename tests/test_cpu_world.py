@@ -8,9 +8,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from rpg.backends.cpu import settings, world
+from rpg.config import RPGConfigError
 from rpg.launch.harness import build_command
 from rpg.common.overrides import values
-from rpg.verl.settings import RPGConfigError
 
 
 def _ray(argv):

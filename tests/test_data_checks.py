@@ -19,8 +19,8 @@ from hydra import compose, initialize_config_dir
 from data_files import verl_file
 from hydra.core.global_hydra import GlobalHydra
 
+from rpg.config import RPGConfigError
 from rpg.verl.preflight import InputPathError, check_input_paths, input_path_problems
-from rpg.verl.settings import RPGConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

@@ -7,8 +7,7 @@ import io
 
 import pytest
 
-from rpg.losses import RULES
-from rpg.verl.settings import RPGConfigError, loss_key
+from rpg.config import RULES, RPGConfigError, loss_key
 
 from test_verl_config import apply
 
@@ -18,7 +17,7 @@ def _overrides(violation: dict) -> list[str]:
     return [f"{loss_key(k)}={'null' if v is None else v}" for k, v in violation.items()]
 
 
-# grpo_corrected is validated as form=differentiable (its KL is w * k3, rpg.verl.settings.loss_config): the
+# grpo_corrected is validated as form=differentiable (its KL is w * k3, rpg.config.build_loss_config): the
 # one rule that needs form=reinforce cannot fire for it (its kl_clamp is allowed, tests/test_verl_adapter.py)
 CASES = [(rule, name) for name in ("rpg", "grpo_corrected") for rule in RULES
          if not (name == "grpo_corrected" and rule.violation.get("form") == "reinforce")]

@@ -11,7 +11,7 @@ import pytest
 from verl.trainer.ppo.metric_utils import process_validation_metrics
 
 from rpg.data.prepare import prepare
-from rpg.verl.settings import PAPER_SAMPLES_PER_PROBLEM, RPGConfigError, parse_rpg_settings
+from rpg.config import PAPER_SAMPLES_PER_PROBLEM, RPGConfigError, parse_rpg_settings
 from rpg.verl.validation import ROLLOUT_N_KEY, SamplesPerSource, samples_for
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -41,8 +41,7 @@ import torch
 from e2e_recipe import NARROW_CLIP, NARROW_CLIP_OVERRIDES, RPG_LOSS_KEYS, assert_off_policy, at
 
 from rpg.launch.harness import read_metrics
-from rpg.losses import loss_defaults
-from rpg.verl.settings import loss_fields
+from rpg.config import loss_defaults, loss_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree"

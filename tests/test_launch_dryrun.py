@@ -233,7 +233,7 @@ def test_local_run_refuses_missing_data(tmp_path, capsys):
 
 
 def test_rpg_validation_errors_surface_in_dry_run():
-    from rpg.verl.settings import RPGConfigError
+    from rpg.config import RPGConfigError
 
     with pytest.raises(RPGConfigError, match="rpg.loss.divergence='js'"):
         ov, _ = plan_overrides(parse("run_rpg_7b_ufkl1e-4"), _env(), ["rpg.loss.divergence=js"], root=ROOT, cwd=ROOT)

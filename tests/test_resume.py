@@ -33,8 +33,8 @@ import torch
 from data_files import verl_file
 from hydra import compose, initialize_config_dir
 
+from rpg.config import RPGConfigError
 from rpg.verl.checkpoints import MARKER, TRACKER, ResumeError, last_complete, plan_resume, write_marker
-from rpg.verl.settings import RPGConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -324,7 +324,7 @@ def test_trainer_records_digests_and_settings_and_a_resume_with_another_divergen
     from test_verl_reference import _saving_trainer
 
     from rpg.verl.checkpoints import file_digest, recorded_settings
-    from rpg.verl.settings import parse_rpg_settings
+    from rpg.config import parse_rpg_settings
 
     cfg = _applied_cfg(tmp_path)
     t = _saving_trainer(tmp_path / "ckpt", keep=None)
@@ -364,7 +364,7 @@ def test_allow_changed_settings_is_declared_once_and_checked():
     """rpg.resume.allow_changed_settings: false in the shipped YAML (the parser's default), a bool or one line."""
     from omegaconf import OmegaConf
 
-    from rpg.verl.settings import parse_rpg_settings
+    from rpg.config import parse_rpg_settings
 
     yaml = OmegaConf.load(ROOT / "recipe" / "rpg" / "config" / "rpg_trainer.yaml")
     assert OmegaConf.to_container(yaml.rpg.resume) == {"allow_changed_settings": False}

@@ -7,7 +7,7 @@ import pytest
 from test_verl_config import apply, compose_cfg
 from verl.trainer.ppo.reward import get_custom_reward_fn
 
-from rpg.verl.settings import RPGConfigError
+from rpg.config import RPGConfigError
 
 KW = "+reward.custom_reward_function.reward_kwargs"
 BOXED_ONLY = {"data_source": "aime2024", "solution_str": "so the answer is \\boxed{540}.", "ground_truth": "540",

@@ -13,9 +13,9 @@ from omegaconf import OmegaConf
 
 import rpg.verl.policy_loss
 import rpg.verl.register  # noqa: F401
-from rpg.losses import DIVERGENCES, FORMS
-from rpg.verl import settings as S
-from rpg.verl.settings import RPGConfigError, parse_rpg_settings, validate_and_apply
+from rpg.config import DIVERGENCES, FORMS, LOSS_NAMES, RPGConfigError, parse_rpg_settings
+from rpg.verl import translate as T
+from rpg.verl.settings import POLICY_LOSS_TARGET, validate_and_apply
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipe" / "rpg" / "config"
 
@@ -34,7 +34,7 @@ def test_default_recipe_is_rpg_reinforce_ufkl_with_sampler_anchor():
     cfg, s = apply()
     pl = cfg.actor_rollout_ref.actor.policy_loss
     assert (s.loss_name, s.loss.divergence, s.loss.form, s.reference.mode) == ("rpg", "ufkl", "reinforce", "sampler")
-    assert pl._target_ == S.POLICY_LOSS_TARGET and pl.loss_mode == "rpg" and pl.rpg_anchor == "sampler"
+    assert pl._target_ == POLICY_LOSS_TARGET and pl.loss_mode == "rpg" and pl.rpg_anchor == "sampler"
     assert cfg.actor_rollout_ref.actor.use_kl_loss is False and cfg.algorithm.use_kl_in_reward is False
     assert cfg.algorithm.adv_estimator == "rpg"
     from verl.trainer.ppo.utils import need_reference_policy
@@ -81,7 +81,7 @@ def test_every_paper_variant_composes():
     ]
     for overrides in variants:
         cfg, s = apply(*overrides)
-        assert s.loss_name in S.LOSS_NAMES
+        assert s.loss_name in LOSS_NAMES
 
 
 def test_verl_loss_with_sampler_kl_builds_no_reference():
@@ -106,7 +106,7 @@ def test_schedulefree_sets_verl_optimizer_keys():
 
 def test_schedulefree_missing_package_is_a_clear_error(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(S.importlib.util, "find_spec", lambda name, *a: None if name == "schedulefree" else real(name, *a))
+    monkeypatch.setattr(T.importlib.util, "find_spec", lambda name, *a: None if name == "schedulefree" else real(name, *a))
     with pytest.raises(RPGConfigError, match="rpg.optimizer=schedulefree needs the 'schedulefree' package"):
         apply("rpg.optimizer=schedulefree")
 

@@ -81,7 +81,7 @@ class FakeWorkerGroup:
 def _trainer(tmp_path, mode="periodic", global_steps=0, **ref):
     from omegaconf import OmegaConf
 
-    from rpg.verl.settings import parse_rpg_settings
+    from rpg.config import parse_rpg_settings
     from rpg.verl.trainer import RPGTrainer
 
     t = RPGTrainer.__new__(RPGTrainer)  # no Ray: only the reference bookkeeping is exercised
@@ -245,7 +245,7 @@ LAYOUT_MISMATCHES = [
 
 @pytest.mark.parametrize("overrides,message", LAYOUT_MISMATCHES, ids=[o[-1] for o, _ in LAYOUT_MISMATCHES])
 def test_reference_shard_layout_mismatch_fails_before_ray_with_one_line(overrides, message):
-    from rpg.verl.settings import RPGConfigError
+    from rpg.config import RPGConfigError
 
     with pytest.raises(RPGConfigError) as err:
         _validate(*overrides)

@@ -92,7 +92,7 @@ def test_driver_refuses_a_vllm_rollout_on_cpu_without_the_switch_or_without_vllm
 
 def test_driver_check_prints_one_line_per_problem(capsys):
     from rpg.verl.preflight import error_line
-    from rpg.verl.settings import RPGConfigError
+    from rpg.config import RPGConfigError
 
     with pytest.raises(RPGConfigError) as err:
         vllm_cpu.check_driver(_cfg("vllm"), {"VERL_PLATFORM": "cpu"})

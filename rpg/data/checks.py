@@ -32,10 +32,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from rpg.reward.sources import ANY, RPG_FUNCTION, RPG_MODULE, Scorer, is_rpg_reward, rpg_scorer, verl_scorer
+from rpg.config import RECIPE_REWARD  # rpg.reward_function's value for rpg.reward's compute_score
+from rpg.reward.sources import ANY, Scorer, is_rpg_reward, rpg_scorer, verl_scorer
 
 DATA_KEYS = ("data.train_files", "data.val_files")
-RECIPE_REWARD = f"{RPG_MODULE}:{RPG_FUNCTION}"  # rpg.reward_function's value for rpg.reward's compute_score
 VERL_SUFFIXES = (".parquet", ".json", ".jsonl")  # RLHFDataset._read_files_and_tokenize
 PREPARE_HINT = "prepare it with `python -m rpg.data prepare` (docs/data-and-reports.md)"
 

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 from rpg.backends.cpu import vllm_cpu
-from rpg.backends.cpu.world import world_size_of
+from rpg.config import world_size_of
 from rpg.data.checks import override_problems
 from rpg.common.overrides import OverrideSyntaxError, values
 from rpg.common.signals import StopSignal, raise_on_stop_signals
@@ -122,8 +122,8 @@ def demo_resume_command(argv: list[str], out: Path) -> str:
 
 def resume_part(argv: list[str], out: Path, overrides: list[str]) -> str:
     """The stop line's last part: ``demo_resume_command``, or why an asynchronous run (``trainer.v1.trainer_mode``
-    in ``overrides``, the run's full list) cannot be resumed (``rpg.verl.settings.resume_hint``)."""
-    from rpg.verl.settings import resume_hint
+    in ``overrides``, the run's full list) cannot be resumed (``rpg.verl.checks.resume_hint``)."""
+    from rpg.verl.checks import resume_hint
 
     return resume_hint(values(overrides).get("trainer.v1.trainer_mode", "sync"), demo_resume_command(argv, out))
 
@@ -232,7 +232,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
          *algo_overrides, *gpus, *rest], [*gpus, *rest])
     stage[0] = "checking the config (nothing was started)"
     from rpg.verl.preflight import error_line
-    from rpg.verl.settings import RPGConfigError
+    from rpg.config import RPGConfigError
 
     run_env = {vllm_cpu.ROLLOUT_ENV: rollout}
     try:

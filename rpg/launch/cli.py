@@ -63,6 +63,7 @@ from pathlib import Path
 
 from rpg.backends import backend
 from rpg.common.overrides import OverrideSyntaxError, merge_overrides, values
+from rpg.config import RPGConfigError
 from rpg.launch import job
 from rpg.launch.args import read_overrides
 from rpg.launch.commands import cluster_job_env, local_command, ray_command, ray_executable, script_command
@@ -73,8 +74,8 @@ from rpg.launch.ray_job_api import address_problem, job_api_problem
 from rpg.launch.request import ENTRY, ENV_VARS, LaunchError, LaunchRequest, project_root
 from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root
 from rpg.launch.variants import GRAMMAR, VariantNameError, parse
+from rpg.verl.checks import resume_hint
 from rpg.verl.preflight import InputPathError, error_line, input_path_problems
-from rpg.verl.settings import RPGConfigError, resume_hint
 
 
 def _check_data_files(overrides: Sequence[str]) -> None:

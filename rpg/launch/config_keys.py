@@ -24,9 +24,9 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from rpg.config import RPGConfigError
 from rpg.launch.args import is_env_var_key
 from rpg.common.overrides import parse_one
-from rpg.verl.settings import RPGConfigError
 from rpg.verl.verl_rules import logger_problem
 
 RECIPE_CONFIG_DIR = Path("recipe") / "rpg" / "config"  # relative to the project root

@@ -95,7 +95,7 @@ def tiny_world_overrides(req: LaunchRequest) -> list[str]:
 
 def plan(req: LaunchRequest, v: Variant, user: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """All overrides of a run (variant, environment, [tiny task], user: later wins) and the job env."""
-    from rpg.backends.cpu.world import world_size_of
+    from rpg.config import world_size_of
 
     check_user_overrides(user)
     groups = [to_overrides(v), env_overrides(v, req)]

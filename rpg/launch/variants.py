@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
+from rpg.config import DIVERGENCES  # the loss library's names, declared torch-free
+
 __all__ = ["Variant", "VariantNameError", "parse", "to_overrides", "memory_overrides", "GRAMMAR", "paper_refs", "paper_row", "known_names",
            "recipe_value"]
 
@@ -52,7 +54,6 @@ examples: run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree_7binstruct, run_
           run_rfpp_7b_1e-4, run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28, run_dapo_4b_ctx4k"""
 
 ALGOS = ("grpo", "dapo", "rfpp", "rfppb", "rpg")
-DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")  # = rpg.divergences.DIVERGENCES (torch-free here; a test checks)
 CONTEXTS = {"2k": 2048, "4k": 4096, "8k": 8192}
 
 # READING: the authors' `7b` scripts default to Qwen2.5-Math-7B; `_7binstruct`

@@ -24,11 +24,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rpg.config.block import RPG_FUNCTION, RPG_MODULE
 from rpg.reward import _MATH_DAPO_EXACT, _MATH_DAPO_PREFIXES, _MATH_VERIFY_PREFIXES, VERL_DEFAULT, scorer_for
 
 VERL_MODULE = "verl.utils.reward_score"
 VERL_FUNCTION = "default_compute_score"
-RPG_MODULE, RPG_FUNCTION = "rpg.reward", "compute_score"
 
 
 @functools.lru_cache(maxsize=1)

@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rpg.verl.settings import ACTOR_FIELDS, RPGConfigError, config_value, loss_fields, loss_key
+from rpg.config import ACTOR_FIELDS, RPGConfigError, config_value, loss_fields, loss_key
 
 MARKER = "rpg_checkpoint_complete.json"
 # verl.utils.checkpoint.checkpoint_manager.get_checkpoint_tracker_filename's name (a test pins it): not

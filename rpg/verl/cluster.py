@@ -31,7 +31,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rpg.verl.settings import RPGConfigError
+from rpg.config import RPGConfigError
 
 PROBE_PREFIX = ".rpg_node_probe_"
 PROBE_TIMEOUT_S = 120.0  # a task per node: a worker process to start on each (seconds on a loaded machine)

@@ -1,6 +1,6 @@
 """The prefix of the one line a refused config prints (driver and launchers), torch-free: the
-launchers (``rpg.launch.harness``) match the driver's line by it and must not pay for importing
-``rpg.verl.settings`` (torch, through ``rpg.losses``) before they start the trainer."""
+launchers (``rpg.launch.harness``) match the driver's line by it and must not pay for importing the
+driver's modules before they start the trainer."""
 
 ERROR_PREFIX = "rpg config error"
 # The driver's resume decision, one line per run (``rpg.verl.preflight.resolve_resume``): the launchers that

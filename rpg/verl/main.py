@@ -40,9 +40,12 @@ import rpg.verl.register  # noqa: F401  (registrations in the driver even withou
 from rpg.backends import backend, backend_of_run
 from rpg.common.history import PATH_ENV, base_path, claim_segment, logs_to_file, restore_step_record
 from rpg.common.signals import StopSignal, raise_on_stop_signals
+from rpg.config import RPGConfigError, RPGSettings
 from rpg.verl.errors import RESUME_COMMAND_ENV
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
-from rpg.verl.settings import RPGConfigError, RPGSettings, describe, resume_hint, validate_and_apply
+from rpg.verl.describe import describe
+from rpg.verl.checks import resume_hint
+from rpg.verl.settings import validate_and_apply
 from rpg.verl.verl_rules import check_verl_config, check_verl_rules, set_norm_scale_factor
 
 
@@ -171,7 +174,7 @@ def driver_resume_command(argv: list[str]) -> str:
 
 def signal_stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
     """The one line printed when a stop signal ends the run: log, last complete checkpoint, resume command
-    (or, in an asynchronous trainer mode, why the run cannot be resumed: ``rpg.verl.settings.resume_hint``)."""
+    (or, in an asynchronous trainer mode, why the run cannot be resumed: ``rpg.verl.checks.resume_hint``)."""
     return run_stopped_line(config, f"stopped by {signal_name}", argv)
 
 

@@ -1,10 +1,10 @@
 """``RPGPolicyLossConfig``: verl's ``PolicyLossConfig`` plus what the RPG losses read on the workers.
 
 Selected with ``actor_rollout_ref.actor.policy_loss._target_=rpg.verl.policy_config.RPGPolicyLossConfig``
-(the driver sets it from the ``rpg:`` block, ``rpg.verl.settings``). verl instantiates it in the
+(the driver sets it from the ``rpg:`` block, ``rpg.verl.translate``). verl instantiates it in the
 driver (``validate_config``) and in every actor worker, so the settings reach the loss without any
 other channel. No loss setting is declared here: ``rpg_loss`` carries the ``rpg.loss`` values
-(``rpg.verl.settings.loss_fields()`` of ``rpg.losses.RPGLossConfig``), and the loss builds its
+(``rpg.config.loss_fields()`` of ``rpg.config.RPGLossConfig``), and the loss builds its
 ``RPGLossConfig`` from them and verl's own actor keys (``rpg.verl.settings.loss_config``).
 """
 

@@ -42,7 +42,8 @@ from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla
 
 from rpg.losses import grpo_corrected_kl, value_clamp
 from rpg.losses import rpg_policy_loss as library_loss
-from rpg.verl.settings import RPG_LOSSES, loss_config
+from rpg.config import RPG_LOSSES
+from rpg.verl.settings import loss_config
 
 _REFERENCE: ContextVar[Optional[torch.Tensor]] = ContextVar("rpg_ref_log_prob", default=None)
 _BEHAVIOR: ContextVar[Optional[torch.Tensor]] = ContextVar("rpg_behavior_weights", default=None)

@@ -47,7 +47,7 @@ from typing import Any
 from rpg.data.checks import DATA_KEYS, data_problems
 from rpg.reward.sources import reward_name_problem
 from rpg.verl.errors import ERROR_PREFIX
-from rpg.verl.settings import RPGConfigError, config_value
+from rpg.config import RPGConfigError, config_value
 
 DATA_HINT = "Prepare data files with `python -m rpg.data prepare-all --out-dir data/` (docs/data-and-reports.md)"
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"

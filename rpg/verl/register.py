@@ -20,7 +20,7 @@ import torch
 from verl.trainer.ppo import core_algos
 
 from rpg.verl.policy_loss import rpg_policy_loss
-from rpg.verl.settings import RPG_LOSSES
+from rpg.config import RPG_LOSSES
 
 
 def _outcome(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, mode: str):

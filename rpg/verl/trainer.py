@@ -57,7 +57,7 @@ from verl.utils.debug import marked_timer
 from rpg.behavior import behavior_weights
 from rpg.common.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoints import recorded_settings, write_marker
-from rpg.verl.settings import parse_rpg_settings
+from rpg.config import parse_rpg_settings
 from rpg.verl.validation import SamplesPerSource
 from rpg.verl.worker import RPGActorRolloutRefWorker
 
@@ -352,5 +352,5 @@ class RPGTrainerColocateAsync(RPGTrainerMixin, PPOTrainerColocateAsync):
     weights pi_old/mu are applied in the actor loss (``rpg.verl.actor_loss``)."""
 
 
-# trainer.v1.trainer_mode -> the RPG trainer class (rpg.verl.main; the modes rpg.verl.settings.TRAINER_MODES allows)
+# trainer.v1.trainer_mode -> the RPG trainer class (rpg.verl.main; the modes rpg.verl.checks.TRAINER_MODES allows)
 RPG_TRAINERS = {"sync": RPGTrainer, "colocate_async": RPGTrainerColocateAsync}

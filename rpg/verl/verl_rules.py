@@ -23,7 +23,7 @@ import difflib
 import math
 from typing import Any
 
-from rpg.verl.settings import RPGConfigError, config_value
+from rpg.config import RPGConfigError, config_value
 
 A, R, F = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
 

@@ -40,7 +40,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 from rpg.verl.reference_copy import (copy_actor_to_reference, local_shard, max_shard_diff, next_token_nll,
                                      paired_local_shards, probe_logits, probe_token_ids, wait_for_offload_copies)
 from rpg.verl.reshard import ReshardingCheckpointManager, reference_shards, saved_shard
-from rpg.verl.settings import RPG_LOSSES
+from rpg.config import RPG_LOSSES
 
 logger = logging.getLogger(__name__)
 

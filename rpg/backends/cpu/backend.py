@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from rpg.backends.cpu import settings, vllm_cpu, world
 from rpg.backends.cpu.settings import cpu_env, cpu_overrides
 from rpg.common.overrides import override_key, values
+from rpg.config import world_size_of
 
 NAME = "cpu"
 TINY_TASK = True
@@ -25,7 +26,7 @@ def run_overrides(env: Mapping[str, str], overrides: Iterable[str] = (), *, join
     """``cpu_overrides`` for the world size ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` of ``overrides``
     (default 1 x 1; a bad value is left to the driver's one line), which sizes the private local Ray."""
     try:
-        nnodes, gpus = world.world_size_of(values(list(overrides)))
+        nnodes, gpus = world_size_of(values(list(overrides)))
     except ValueError:
         nnodes, gpus = 1, 1
     return cpu_overrides(env, nnodes, gpus, joins_cluster=joins_cluster)

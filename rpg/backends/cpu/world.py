@@ -28,7 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-NNODES, GPUS = "trainer.nnodes", "trainer.n_gpus_per_node"
+from rpg.config.access import GPUS, NNODES, world_size_of
+
 RAY_GPUS, RAY_CPUS = "ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.num_cpus"
 CPUS_PER_RANK = 3  # verl's placement bundle {"CPU": max_colocate_count=3, "GPU": 1} per rank
 BASE_CPUS = 5  # TaskRunner, reward worker, agent-loop worker, TransferQueue controller + storage unit
@@ -39,20 +40,6 @@ BASE_CPUS = 5  # TaskRunner, reward worker, agent-loop worker, TransferQueue con
 # optimizer states on top (sharded: their sum does not grow with the world size), not counted here.
 RANK_GIB = 1.0
 BASE_GIB = 3.0
-
-
-def world_size_of(values: Mapping[str, Any], default: tuple[int, int] = (1, 1)) -> tuple[int, int]:
-    """``(nnodes, n_gpus_per_node)`` from override values (``rpg.common.overrides.values``) or a plain
-    mapping of dotted keys; a key absent takes ``default``. A value that is not an integer >= 1 raises
-    ``ValueError`` naming the key."""
-    out = []
-    for key, fallback in zip((NNODES, GPUS), default):
-        value = values.get(key, fallback)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{key}={value!r} is invalid: expected an integer >= 1 (the run's world size is "
-                             f"{NNODES} x {GPUS} FSDP ranks)")
-        out.append(value)
-    return out[0], out[1]
 
 
 def ray_resources(nnodes: int = 1, n_gpus_per_node: int = 1) -> dict[str, int]:
@@ -119,7 +106,7 @@ def check_driver(cfg, environ: Mapping[str, str] | None = None) -> None:
     from omegaconf import OmegaConf
 
     from rpg.backends import backend_of_run
-    from rpg.verl.settings import RPGConfigError
+    from rpg.config import RPGConfigError
 
     environ = os.environ if environ is None else environ
     if backend_of_run(cfg, environ) != "cpu":

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rpg.backends.versions import TESTED_VERSIONS, installed_version  # noqa: F401  (TESTED_VERSIONS: read by tests and docs)
-from rpg.verl.settings import RPGConfigError, config_value, ulysses_sizes
+from rpg.config import RPGConfigError, config_value, ulysses_sizes
 
 PREFIX = "rpg gpu check"
 ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"

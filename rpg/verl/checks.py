@@ -1,0 +1,223 @@
+"""The driver's checks of the ``rpg:`` settings against verl's own keys, before Ray (one line each).
+
+``rpg.verl.translate.apply_to_verl_config`` runs them before it writes any verl key:
+
+* the trainer: verl's v1 trainer in ``sync`` or ``colocate_async`` mode (``check_trainer``), and in
+  ``colocate_async`` everything that keeps the loss exact under a stale sampler mu (the weights pi_old/mu
+  applied once, by the RPG loss or by verl's rollout correction, never twice, never dropped);
+* reference copies (``rpg.reference.mode`` periodic or kl_threshold copy rank-local actor shards into the
+  reference, ``check_reference_copies``): the same engine and the same shard layout on both sides, no LoRA,
+  no Ulysses sequence parallelism under the probe of ``rpg.reference.log_weight_diff``;
+* the reward: a function name needs its path, ``rpg.reward``'s options are valid.
+
+``resume_hint``: what a stop line says about resuming, in every trainer mode.
+"""
+
+from __future__ import annotations
+
+from rpg.config import RPGLossConfig, RPGSettings, config_value, ulysses_sizes
+from rpg.config.access import RPGConfigError, fail as _fail
+
+
+def check_trainer(cfg, settings: RPGSettings) -> bool:
+    """verl's v1 trainer in a mode the recipe runs (``check_trainer_mode``), no distillation. Returns True
+    for a stale sampler (``colocate_async``)."""
+    if not config_value(cfg, "trainer.use_v1", True):
+        _fail("trainer.use_v1=False is not supported by the RPG recipe (it extends verl's v1 trainer); "
+              "allowed: trainer.use_v1=True")
+    stale = check_trainer_mode(cfg, settings)
+    if config_value(cfg, "distillation.enabled", False):
+        _fail("distillation.enabled=True is not supported together with the RPG recipe")
+    return stale
+
+
+def check_reference_copies(cfg, settings: RPGSettings) -> None:
+    """A reference that is overwritten with actor weights (``ReferenceSettings.resets``): fsdp or fsdp2 on
+    both sides with the same engine and shard layout, a separate reference model (no LoRA), and no Ulysses
+    sequence parallelism when ``log_weight_diff`` probes the copy."""
+    actor = "actor_rollout_ref.actor"
+    ref = settings.reference
+    if not ref.resets:
+        return
+    strategy = config_value(cfg, f"{actor}.strategy", "fsdp")
+    lora_rank = config_value(cfg, "actor_rollout_ref.model.lora.rank", 0) or config_value(cfg, "actor_rollout_ref.model.lora_rank", 0)
+    ref_in_actor = bool(lora_rank and lora_rank > 0) or config_value(cfg, "actor_rollout_ref.model.lora_adapter_path") is not None
+    if strategy not in ("fsdp", "fsdp2"):
+        _fail(f"rpg.reference.mode={ref.mode} copies actor weights into the reference and supports "
+              f"{actor}.strategy fsdp or fsdp2 only (got {strategy!r})")
+    # the FSDP version each engine runs: verl's FSDPActorConfig.__post_init__ overwrites
+    # fsdp_config.strategy with the role's own strategy (verl/workers/config/actor.py:325), for the
+    # actor and for the reference, whose config is built the same way (verl/workers/engine_workers.py:553;
+    # ref.strategy defaults to the actor's, verl/trainer/config/ref/ref.yaml:5)
+    a_eng = strategy
+    r_eng = config_value(cfg, "actor_rollout_ref.ref.strategy", a_eng)
+    if a_eng != r_eng:
+        _fail(f"rpg.reference.mode={ref.mode} copies actor shards into the reference: "
+              f"{actor}.strategy={a_eng!r} and actor_rollout_ref.ref.strategy={r_eng!r} must be equal")
+    check_reference_shard_layout(cfg, ref.mode, a_eng)
+    if ref.log_weight_diff:
+        check_probe_without_sequence_parallelism(cfg)
+    if ref_in_actor:
+        _fail(f"rpg.reference.mode={ref.mode} needs a separate reference model; LoRA (reference = actor "
+              "without adapter) is not supported; allowed modes with LoRA: sampler, fixed")
+
+
+def check_reference_shard_layout(cfg, mode: str, engine_strategy: str) -> None:
+    """Everything that decides the reference's local shard shapes must equal the actor's (the reset
+    copies rank-local shards). Checked here so a mismatch fails before Ray, not at the first reset.
+
+    * ``fsdp_size``: the shard group (``verl.workers.engine.fsdp.utils.create_device_mesh``: a size
+      < 0 or >= the world size shards over all ranks, otherwise over groups of that size);
+    * FSDP1 only: ``wrap_policy`` (which modules form a flat parameter) and ``use_orig_params``
+      (flat parameters or per-parameter views). FSDP2 shards each parameter on its own, so these do
+      not change its shards.
+
+    Not needed: ``reshard_after_forward`` (the copy releases gathered parameters first,
+    ``rpg.verl.reference_copy``), ``model_dtype`` (the copy casts), offload settings (placement only).
+    """
+    from omegaconf import OmegaConf
+
+    a, r = "actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config"
+    world = int(config_value(cfg, "trainer.n_gpus_per_node", 1)) * int(config_value(cfg, "trainer.nnodes", 1))
+    a_size, r_size = int(config_value(cfg, f"{a}.fsdp_size", -1)), int(config_value(cfg, f"{r}.fsdp_size", -1))
+    a_group, r_group = (world if n < 0 or n >= world else n for n in (a_size, r_size))
+    if a_group != r_group:
+        _fail(f"rpg.reference.mode={mode} copies actor shards into the reference: {a}.fsdp_size={a_size} and "
+              f"{r}.fsdp_size={r_size} shard over {a_group} and {r_group} of {world} ranks; set them equal")
+    if engine_strategy != "fsdp":
+        return
+    for key, default in (("wrap_policy", None), ("use_orig_params", False)):
+        a_val, r_val = (OmegaConf.select(cfg, f"{side}.{key}", default=default) for side in (a, r))
+        a_val, r_val = (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (a_val, r_val))
+        if a_val != r_val:
+            _fail(f"rpg.reference.mode={mode} copies FSDP1 flat-parameter shards into the reference: "
+                  f"{a}.{key}={a_val!r} and {r}.{key}={r_val!r} must be equal")
+
+
+def check_probe_without_sequence_parallelism(cfg) -> None:
+    """``rpg.reference.log_weight_diff`` runs one whole probe sequence through actor and reference on
+    every rank (``rpg.verl.reference_copy.probe_logits``). Under Ulysses sequence parallelism verl
+    patches attention to exchange sequence *slices* between the ranks of a group, so a whole sequence
+    per rank would give wrong logits (or a shape error); reject it before Ray starts."""
+    big = ulysses_sizes(cfg)
+    if big:
+        _fail(f"rpg.reference.log_weight_diff=true is not supported with Ulysses sequence parallelism ({big[0]}): "
+              "its probe runs one unsplit sequence per rank; set rpg.reference.log_weight_diff=false")
+
+
+# ----------------------------------------------------------------------------- reward
+
+
+VERL_REWARD_NAME = "compute_score"  # verl's default reward.custom_reward_function.name (its ppo_trainer.yaml)
+
+
+def check_reward_name_has_path(cfg, spec: str | None) -> None:
+    """``reward.custom_reward_function.name`` set without ``.path``: verl ignores a name without a path, and the
+    recipe would replace it with ``rpg.reward_function``'s; the run would be scored by another function than
+    the one asked for. Refused in one line (verl's default name and the recipe function's own name pass)."""
+    name = config_value(cfg, "reward.custom_reward_function.name")
+    if name is None or name == VERL_REWARD_NAME or (spec is not None and name == spec.split(":")[1]):
+        return
+    instead = (f"the recipe would otherwise score with {spec}, rpg.reward_function" if spec else
+               "verl would otherwise score with its default_compute_score, rpg.reward_function=null")
+    _fail(f"reward.custom_reward_function.name={name} without reward.custom_reward_function.path: set the path of "
+          f"the file that defines {name} ({instead})")
+
+
+def check_rpg_reward_kwargs(cfg) -> None:
+    """When the reward function is ``rpg.reward.compute_score``: its options (reward_kwargs) are valid."""
+    from omegaconf import OmegaConf
+
+    import rpg.reward
+    from rpg.reward.sources import is_rpg_reward
+
+    fn = cfg.reward.get("custom_reward_function") or {}
+    if is_rpg_reward(fn.get("path"), fn.get("name")):
+        kwargs = OmegaConf.to_container(fn.get("reward_kwargs") or OmegaConf.create({}), resolve=True)
+        try:
+            rpg.reward.check_reward_kwargs(kwargs, where="reward.custom_reward_function.reward_kwargs")
+        except ValueError as e:
+            raise RPGConfigError(str(e)) from None
+
+
+# ----------------------------------------------------------------------------- trainer mode
+
+
+TRAINER_MODES = ("sync", "colocate_async")  # trainer.v1.trainer_mode values the recipe runs (rpg.verl.main)
+_GPU_ASYNC = ("needs two or more GPUs (a separate rollout pool) and a GPU weight-sync backend, not the CPU "
+              "backend's naive one")
+REFUSED_ASYNC = {
+    "separate_async": f"{_GPU_ASYNC}, and swaps the actor worker for verl's DetachActorWorker, which does not "
+                      "install the RPG loss (plan: docs/verl-integration.md)",
+    "one_step_off_policy": f"is verl's older recipe (python -m verl.experimental.one_step_off_policy.main_ppo): it "
+                           f"{_GPU_ASYNC} and rewrites the actor's loss_mode to bypass_mode, replacing the RPG loss",
+    "fully_async_policy": f"is verl's older recipe (python -m verl.experimental.fully_async_policy.fully_async_main): "
+                          f"it {_GPU_ASYNC} and rewrites the actor's loss_mode to bypass_mode, replacing the RPG loss "
+                          "(verl points its users to separate_async)",
+}
+_DEFAULT_BEHAVIOR = RPGLossConfig()
+ASYNC_RESUME_WHY = ("resuming an asynchronous run (verl's replay buffer, samples in flight) is not supported by the "
+                    "recipe yet")
+
+
+def resume_hint(mode: str, command: str) -> str:
+    """The last part of a stop line: ``resume: <command>`` in sync mode; in an asynchronous trainer mode, whose
+    resume the driver refuses before Ray (``trainer.resume_mode=auto`` with a checkpoint, ``resume_path``), that
+    the run cannot be resumed and why, rather than a command that would be refused."""
+    if mode == "sync":
+        return f"resume: {command}"
+    return (f"cannot be resumed: trainer.v1.trainer_mode={mode} ({ASYNC_RESUME_WHY}: the driver refuses "
+            "trainer.resume_mode=auto with a checkpoint); start a new run in a new output directory")
+
+
+def check_trainer_mode(cfg, settings: RPGSettings) -> bool:
+    """``trainer.v1.trainer_mode``: sync, or colocate_async with everything that keeps the loss exact under a
+    stale sampler mu (one line each otherwise). Returns True for a stale sampler."""
+    mode = config_value(cfg, "trainer.v1.trainer_mode", "sync")
+    if mode in REFUSED_ASYNC:
+        _fail(f"trainer.v1.trainer_mode={mode} is not supported by the RPG recipe: it {REFUSED_ASYNC[mode]}; "
+              f"allowed: {', '.join(TRAINER_MODES)}")
+    if mode not in TRAINER_MODES:
+        _fail(f"trainer.v1.trainer_mode={mode!r} is not supported by the RPG recipe; allowed: {', '.join(TRAINER_MODES)}")
+    loss, rc = settings.loss, "algorithm.rollout_correction"
+    if mode == "sync":
+        for field in ("behavior_weight_level", "behavior_weight_cap"):
+            if getattr(loss, field) != getattr(_DEFAULT_BEHAVIOR, field):
+                _fail(f"rpg.loss.{field}={getattr(loss, field)!r} is only used with a stale sampler "
+                      f"(trainer.v1.trainer_mode=colocate_async); leave it at {getattr(_DEFAULT_BEHAVIOR, field)!r}")
+        return False
+    # colocate_async: every sample comes from mu, one or more updates behind pi_old
+    why = "the samples come from a stale policy mu"
+    if settings.optimizer == "schedulefree":
+        _fail(f"rpg.optimizer=schedulefree is not supported with trainer.v1.trainer_mode={mode}: its validation "
+              "switch sleeps the replicas and pushes the averaged weights while the asynchronous rollout is still "
+              "generating; use rpg.optimizer=adamw")
+    if config_value(cfg, "trainer.resume_mode", "auto") == "resume_path":
+        _fail(f"trainer.resume_mode=resume_path is not supported with trainer.v1.trainer_mode={mode}: resuming an "
+              "asynchronous run (verl's replay buffer, samples in flight) is not tested by the recipe; use "
+              "trainer.resume_mode=disable or auto with no checkpoint")
+    if not config_value(cfg, "actor_rollout_ref.rollout.calculate_log_probs", False):
+        _fail(f"actor_rollout_ref.rollout.calculate_log_probs=False with trainer.v1.trainer_mode={mode}: {why} and "
+              "its log-probs are needed for the exact weights pi_old/mu; set it to True")
+    bypass = bool(config_value(cfg, f"{rc}.bypass_mode", False))
+    rollout_is = config_value(cfg, f"{rc}.rollout_is", None)
+    if settings.uses_rpg_actor_loss:
+        if rollout_is is not None:
+            _fail(f"{rc}.rollout_is={rollout_is!r} with rpg.loss.name={settings.loss_name}: the RPG loss applies "
+                  "the exact weights pi_old/mu itself (verl's would apply them twice); set it to null "
+                  "(truncation, biased: rpg.loss.behavior_weight_cap)")
+        if config_value(cfg, f"{rc}.rollout_rs", None) is not None:
+            _fail(f"{rc}.rollout_rs={config_value(cfg, f'{rc}.rollout_rs')!r} with rpg.loss.name={settings.loss_name} "
+                  f"and trainer.v1.trainer_mode={mode}: rejecting tokens by their weight changes the distribution "
+                  "the exact weights correct for; set it to null")
+        return True
+    # rpg.loss.name=verl: verl's own loss must see mu
+    if config_value(cfg, "actor_rollout_ref.actor.use_kl_loss", False):
+        _fail(f"actor_rollout_ref.actor.use_kl_loss=True with rpg.loss.name=verl and trainer.v1.trainer_mode={mode}: "
+              f"{why} and verl's KL loss term ignores the importance weights; use rpg.loss.name=rpg or grpo_corrected "
+              "(exact) or set use_kl_loss=False")
+    if not bypass and rollout_is is None:
+        _fail(f"rpg.loss.name=verl with trainer.v1.trainer_mode={mode} and {rc}.rollout_is=null: {why} and verl's "
+              f"loss would ignore it; set {rc}.rollout_is=token|sequence or {rc}.bypass_mode=True, or use "
+              "rpg.loss.name=rpg")
+    return True
