@@ -134,7 +134,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     root = project_root()
     read_overrides(user, ENV_VARS, script_command(v.name, root))
     req = LaunchRequest.read(env, root, Path.cwd())  # the environment, read once
-    if req.loggers and (why := logger_problem(list(req.loggers), "LOGGER")) is not None:
+    if req.loggers is not None and (why := logger_problem(list(req.loggers), "LOGGER")) is not None:
         raise LaunchError(why)
     chosen = backend(req.backend)
     submission = job.submission_id() if req.cluster else None

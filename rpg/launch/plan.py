@@ -36,7 +36,7 @@ def env_overrides(v: Variant, req: LaunchRequest) -> list[str]:
     project, exp = req.project or "rpg", req.experiment or v.name
     data_dir = Path(req.data_dir) if req.data_dir else root / "data"
     train = req.train_file or str(data_dir / f"{TRAIN_SET}.parquet")
-    val = list(req.val_files) if req.val_files else [str(data_dir / f"{s}.parquet") for s in v.val_sets]
+    val = list(req.val_files) if req.val_files is not None else [str(data_dir / f"{s}.parquet") for s in v.val_sets]
     ckpts = req.ckpts_dir or str(root / "ckpts" / project / exp)
     log_env = {  # verl's file logger -> logs/<project>/<exp>.jsonl; TensorBoard event files
         "VERL_FILE_LOGGER_ROOT": req.file_logger_root or str(root / "logs"),
@@ -48,7 +48,7 @@ def env_overrides(v: Variant, req: LaunchRequest) -> list[str]:
         f"actor_rollout_ref.model.path={hydra_value(req.model_path or v.model, 'MODEL_PATH')}",
         f"trainer.nnodes={req.nnodes or 1}",
         f"trainer.n_gpus_per_node={req.n_gpus_per_node or GPU_DEFAULT_GPUS_PER_NODE}",
-        f"trainer.logger={hydra_list(req.loggers or DEFAULT_LOGGERS, 'LOGGER')}",
+        f"trainer.logger={hydra_list(DEFAULT_LOGGERS if req.loggers is None else req.loggers, 'LOGGER')}",
         f"trainer.project_name={hydra_value(project, 'PROJECT_NAME')}",
         f"trainer.experiment_name={hydra_value(exp, 'EXP_NAME')}",
         f"trainer.default_local_dir={hydra_value(ckpts, 'CKPTS_DIR')}",
