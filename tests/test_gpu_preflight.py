@@ -227,7 +227,7 @@ def _hydra_config(env: dict, *user: str):
 
 
 def test_the_request_read_from_the_4b_config(data_dir):
-    from rpg.verl.settings import validate_and_apply
+    from rpg.verl.translate import validate_and_apply
 
     cfg = _hydra_config(_env(DATA_DIR=str(data_dir)))
     settings = validate_and_apply(cfg)
@@ -249,7 +249,9 @@ def test_only_the_gpu_backend_is_checked(data_dir, monkeypatch):
 
     monkeypatch.setattr(GpuProbe, "of_this_node", staticmethod(no_probe))
     cfg = _hydra_config(_env(DATA_DIR=str(data_dir)))
-    assert P.gpu_backend(cfg, {}) and not P.gpu_backend(cfg, {"VERL_PLATFORM": "cpu"})
+    from rpg.backends import backend_of_run
+
+    assert backend_of_run(cfg, {}) == "gpu" and backend_of_run(cfg, {"VERL_PLATFORM": "cpu"}) == "cpu"
     assert P.node_report(cfg, None, {"VERL_PLATFORM": "cpu"}) is None
     P.check_gpu_node(cfg, None, {"VERL_PLATFORM": "cpu"})  # no probe, no line, no error
 

@@ -19,8 +19,8 @@ import torch
 
 from rpg.demo import gpu_smoke as smoke, smoke_checks as checks
 from rpg.backends.gpu.preflight import GpuProbe
-from rpg.backends.gpu.settings import gpu_env
-from rpg.demo.smoke_settings import (ALGORITHM, REGISTER_MODULE, SmokeSettingsError, check_settings,
+from rpg.backends.gpu.settings import REGISTER_MODULE, gpu_env
+from rpg.demo.smoke_settings import (ALGORITHM, SmokeSettingsError, check_settings,
                                        gpu_overrides)
 
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -182,3 +183,25 @@ def test_cpu_backend_launcher_keeps_the_drivers_exit_code_and_line(tiny_assets, 
              RPG_BACKEND="cpu", OUT_DIR=str(tmp_path / "out"))
     assert p.returncode == 2 and _lines(p.stderr) == [DIVERGENCE_LINE], p.stderr[-3000:]
     assert DIVERGENCE_LINE in (tmp_path / "out" / "trainer.log").read_text()
+
+
+@pytest.mark.parametrize("text", ["abc", "a b", "data/x.parquet", "1", "1e-4", "true", "False", "null", "None",
+                                  "a,b", "${x}", "a\\b", "[a]", "{k: v}", "é", "~home", "x=y"])
+def test_hydra_value_reads_back_as_the_same_string_when_quoted(text):
+    """The one quoting function: quoted, Hydra reads back exactly the string (never an int, a bool, null, a list,
+    an interpolation); bare only when Hydra reads the bare text as that same string."""
+    from rpg.common.overrides import hydra_value
+
+    assert values([f"k={hydra_value(text, quote=True)}"])["k"] == text
+    bare = values([f"k={hydra_value(text)}"])["k"]
+    assert bare == text or (text in ("1", "1e-4") and str(bare) in ("1", "0.0001")), bare
+
+
+def test_hydra_value_refuses_what_it_cannot_quote_naming_the_variable():
+    from rpg.common.overrides import OverrideSyntaxError, hydra_list, hydra_value
+
+    with pytest.raises(OverrideSyntaxError, match=r"^MODEL_PATH=\"it's\" cannot be passed to Hydra"):
+        hydra_value("it's", "MODEL_PATH")
+    with pytest.raises(OverrideSyntaxError, match="^" + re.escape(f"EXP_NAME={'a' + chr(92)!r} cannot be passed to Hydra")):
+        hydra_value("a\\", "EXP_NAME")
+    assert values([f"k={hydra_list(['a b', '1', 'true'])}"])["k"] == ["a b", "1", "true"]

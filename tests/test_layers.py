@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("math", ("rpg.divergences", "rpg.behavior", "rpg.loss_terms", "rpg.losses", "rpg.advantage")),
     ("shared pieces (overrides, run environment, signals, metrics history)", ("rpg.common",)),
     ("leaves: reward, data, the tiny task", ("rpg.reward", "rpg.data", "rpg.tiny")),
-    ("backends", ("rpg.backends", "rpg.backends.cpu", "rpg.backends.gpu")),
+    ("backends", ("rpg.backends", "rpg.backends.cpu", "rpg.backends.gpu", "rpg.backends.registry")),
     ("verl glue and the driver", ("rpg.verl",)),
     ("launch", ("rpg.launch",)),
     ("applications", ("rpg.reports", "rpg.demo", "rpg.study")),
@@ -34,7 +34,7 @@ MAX_LINES = 450
 
 def node_of(module: str) -> str:
     parts = module.split(".")
-    if len(parts) >= 3 and parts[1] == "backends" and parts[2] in ("cpu", "gpu"):
+    if len(parts) >= 3 and parts[1] == "backends" and parts[2] in ("cpu", "gpu", "registry"):
         return ".".join(parts[:3])
     return ".".join(parts[:2]) if len(parts) > 1 else module
 
@@ -58,10 +58,27 @@ def imports(path: Path, root: Path = ROOT) -> list[tuple[str, int]]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            # ``from rpg import losses`` imports the module rpg.losses
-            names = [f"{target}.{a.name}" for a in node.names] if target == "rpg" else [target]
+            # ``from rpg.verl import a`` may import the module rpg.verl.a: each name is kept (callers resolve it)
+            names = [f"{target}.{a.name}" for a in node.names]
             found += [(name, node.lineno) for name in names]
+        elif isinstance(node, ast.Call) and _dynamic(node) is not None:  # importlib.import_module("rpg.x")
+            found.append((_dynamic(node), node.lineno))
     return [(name, line) for name, line in found if name == "rpg" or name.startswith("rpg.")]
+
+
+def _dynamic(call: ast.Call) -> str | None:
+    """The module an ``import_module(...)`` / ``__import__(...)`` call names, as far as its text says: a string,
+    or the constant start of an f-string (``f"rpg.backends.{name}"`` -> ``rpg.backends``)."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if name not in ("import_module", "__import__") or not call.args:
+        return None
+    arg = call.args[0]
+    if isinstance(arg, ast.JoinedStr):
+        arg = arg.values[0] if arg.values else None
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value.rsplit(".", 1)[0] if isinstance(call.args[0], ast.JoinedStr) else arg.value
+    return None
 
 
 def sources(root: Path = ROOT) -> list[Path]:
@@ -96,6 +113,61 @@ def test_every_import_points_down():
     assert not found, "imports that point up or sideways:\n" + "\n".join(found)
 
 
+def module_cycles(root: Path = ROOT) -> list[list[str]]:
+    """Cycles among ``rpg``'s modules (every import, also inside functions; a package's ``__init__`` counts as
+    its module), by Tarjan's strongly connected components."""
+    mods = {module_of(p, root): p for p in sources(root)}
+    edges: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        edges[mod] = set()
+        for name, _ in imports(path, root):
+            parts = name.split(".")
+            while parts and ".".join(parts) not in mods:  # ``from rpg.x import f``: the module rpg.x
+                parts.pop()
+            target = ".".join(parts)
+            if target and target != mod and not mod.startswith(target + "."):  # a submodule runs its package
+                edges[mod].add(target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while component[-1:] != [v]:
+                component.append(stack.pop())
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_module_imports_itself_through_others():
+    """Inside a layer too: no two modules import each other, directly or through others, even lazily."""
+    assert not module_cycles(), module_cycles()
+
+
+def test_the_cycle_check_finds_a_lazy_cycle(tmp_path):
+    files = {"rpg/__init__.py": "", "rpg/verl/__init__.py": "", "rpg/verl/a.py": "from rpg.verl.b import f\n",
+             "rpg/verl/b.py": "def f():\n    from rpg.verl import a\n", "rpg/verl/c.py": "from rpg.verl import a\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert module_cycles(tmp_path) == [["rpg.verl.a", "rpg.verl.b"]]
+
+
 def test_the_rule_catches_upward_imports(tmp_path):
     """The check itself, on a small tree: a backend importing the launcher inside a function, a relative import
     from the math up to the launcher, ``from rpg import`` of a higher module; a downward import passes."""
@@ -105,13 +177,14 @@ def test_the_rule_catches_upward_imports(tmp_path):
         "rpg/losses.py": "from .launch.cli import main\nfrom rpg import divergences\n",
         "rpg/common/x.py": "from rpg import verl\n",
         "rpg/launch/cli.py": "from rpg.backends.cpu import settings\nfrom rpg.common import x\n",
+        "rpg/backends/__init__.py": "import importlib\ndef f(n):\n    return importlib.import_module(f'rpg.launch.{n}')\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     found = upward(tmp_path)
-    assert [line.split(": ")[0] for line in found] == ["rpg/backends/cpu/settings.py:2", "rpg/common/x.py:1",
-                                                       "rpg/losses.py:1"], found
+    assert [line.split(": ")[0] for line in found] == ["rpg/backends/__init__.py:3", "rpg/backends/cpu/settings.py:2",
+                                                       "rpg/common/x.py:1", "rpg/losses.py:1"], found
 
 
 @pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(ROOT)))

@@ -533,7 +533,8 @@ def test_leftover_segment_of_a_killed_launcher_is_folded_at_the_next_start(tmp_p
 def test_a_broken_middle_line_is_named_and_never_folded_away(tmp_path):
     """Only the last line may be cut by a kill; a broken line before it is one error naming the file and
     line, and no segment is rewritten or removed (before: the line was skipped and the fold deleted it)."""
-    from rpg.launch.harness import MetricsFileError, fold_segments, run_trainer, TrainerRunError
+    from rpg.common.metrics_file import MetricsFileError
+    from rpg.launch.harness import fold_segments, run_trainer, TrainerRunError
 
     out = tmp_path / "out"
     out.mkdir()
@@ -669,14 +670,14 @@ def test_drivers_stop_line_names_the_workers_log_the_checkpoint_and_the_resume_c
     driver; the resume command is the same one with trainer.resume_mode=auto replacing the earlier mode."""
     from omegaconf import OmegaConf
 
-    from rpg.verl.main import signal_stop_line as stop_line
+    from rpg.verl.main import signal_stop_line
 
     ckpt = _ckpt(tmp_path / "ckpt", 6)
     cfg = OmegaConf.create({
         "trainer": {"default_local_dir": str(tmp_path / "ckpt"), "logger": ["console", "file"],
                     "project_name": "rpg", "experiment_name": "run_x"},
         "ray_kwargs": {"ray_init": {"runtime_env": {"env_vars": {"VERL_FILE_LOGGER_ROOT": str(tmp_path / "logs")}}}}})
-    line = stop_line(cfg, "SIGTERM", ["recipe/rpg/main_rpg.py", "a.b=1", "trainer.resume_mode=disable", "c=2"])
+    line = signal_stop_line(cfg, "SIGTERM", ["recipe/rpg/main_rpg.py", "a.b=1", "trainer.resume_mode=disable", "c=2"])
     assert "\n" not in line and line.startswith("rpg: stopped by SIGTERM; Ray shut down")
     assert f"metrics log {tmp_path / 'logs' / 'rpg' / 'run_x.jsonl'};" in line
     assert f"last complete checkpoint {ckpt};" in line
@@ -690,13 +691,13 @@ def test_async_stop_lines_say_the_run_cannot_be_resumed_instead_of_a_refused_com
     from omegaconf import OmegaConf
 
     from rpg.demo.cpu import resume_part
-    from rpg.verl.main import signal_stop_line as stop_line
+    from rpg.verl.main import signal_stop_line
 
     ckpt = _ckpt(tmp_path / "ckpt", 4)
     cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path / "ckpt"), "logger": ["console"],
                                         "project_name": "rpg", "experiment_name": "run_x",
                                         "v1": {"trainer_mode": "colocate_async"}}})
-    line = stop_line(cfg, "SIGINT", ["recipe/rpg/main_rpg.py", "trainer.v1.trainer_mode=colocate_async"])
+    line = signal_stop_line(cfg, "SIGINT", ["recipe/rpg/main_rpg.py", "trainer.v1.trainer_mode=colocate_async"])
     assert "\n" not in line and f"last complete checkpoint {ckpt};" in line
     assert "resume: " not in line and not line.endswith("trainer.resume_mode=auto"), line
     assert line.endswith("cannot be resumed: trainer.v1.trainer_mode=colocate_async (resuming an asynchronous run "
@@ -704,7 +705,7 @@ def test_async_stop_lines_say_the_run_cannot_be_resumed_instead_of_a_refused_com
                          "refuses trainer.resume_mode=auto with a checkpoint); start a new run in a new output "
                          "directory"), line
     cfg.trainer.v1.trainer_mode = "sync"
-    assert stop_line(cfg, "SIGINT", ["recipe/rpg/main_rpg.py"]).endswith(
+    assert signal_stop_line(cfg, "SIGINT", ["recipe/rpg/main_rpg.py"]).endswith(
         "; resume: " + f"{sys.executable} recipe/rpg/main_rpg.py trainer.resume_mode=auto")
 
     out = tmp_path / "out"
@@ -773,13 +774,13 @@ def test_drivers_resume_command_keeps_flags_and_other_arguments():
     """Only what Hydra's parser reads as an override is merged (trainer.resume_mode=auto replaces the
     earlier mode); Hydra's flags and any other argument are kept as given. The stop handler builds this
     command: it must not fail on a command line that is not only overrides."""
-    from rpg.verl.main import driver_resume_command as resume_command
+    from rpg.verl.main import driver_resume_command
 
-    line = resume_command(["recipe/rpg/main_rpg.py", "--config-name", "rpg_trainer",
+    line = driver_resume_command(["recipe/rpg/main_rpg.py", "--config-name", "rpg_trainer",
                            "data.val_files=[data/a.parquet,data/b.parquet]", "trainer.resume_mode=disable", "~x.y"])
     assert line.endswith("recipe/rpg/main_rpg.py --config-name rpg_trainer 'data.val_files=[data/a.parquet,"
                          "data/b.parquet]' trainer.resume_mode=auto '~x.y'"), line
-    assert resume_command(["driver.py", "ray_dir", "trainer.resume_mode=disable"]).endswith(
+    assert driver_resume_command(["driver.py", "ray_dir", "trainer.resume_mode=disable"]).endswith(
         "driver.py ray_dir trainer.resume_mode=auto")
 
 

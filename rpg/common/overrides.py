@@ -46,18 +46,27 @@ _BARE = re.compile(r"^[A-Za-z0-9_./:+@%~-]+$")  # characters Hydra reads as a pl
 
 
 def hydra_value(value: str, name: str = "a value", *, quote: bool = False) -> str:
-    """``value`` written so that Hydra reads back this very string: bare when every character is plain and
-    ``quote`` is False, else single-quoted (``quote=True``: always, so '1' stays the string '1', not the int 1).
+    """``value`` written so that Hydra reads back this very string: bare when Hydra's own parser reads the bare
+    text as that same string and ``quote`` is False (paths, names), else single-quoted (``quote=True``: always).
+    So '1', 'true', 'null', 'inf' or '1_000' stay strings, not an int, a bool, None or a float, and '~x' (a
+    delete in Hydra's grammar) is quoted.
 
     Hydra's quoted strings end at the next unescaped quote: a single quote, or a backslash at the end (it
     would escape the closing quote), cannot be written; ``OverrideSyntaxError`` names ``name`` and the value.
     """
-    if not quote and _BARE.match(value) and value not in ("true", "false", "null", "True", "False", "None"):
+    if not quote and _BARE.match(value) and _reads_back(value):
         return value
     if "'" in value or value.endswith("\\"):
         raise OverrideSyntaxError(f"{name}={value!r} cannot be passed to Hydra: it holds a single quote or ends "
                                   "with a backslash")
     return f"'{value}'"
+
+
+def _reads_back(value: str) -> bool:
+    try:
+        return value_of(f"k={value}") == value and isinstance(value_of(f"k={value}"), str)
+    except OverrideSyntaxError:
+        return False
 
 
 def hydra_list(items: Iterable[str], name: str = "a value") -> str:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 
 from rpg.common.overrides import hydra_value
 
-# Every local run of the trainer (the CPU backend, and the GPU smoke run of rpg.backends.gpu).
+# Every local run of the trainer (the CPU backend, and the GPU smoke run of rpg.demo.gpu_smoke).
 RUN_ENV = {
     # Ray's single-machine mode: with ENABLE_RAY_CLUSTER off, ``ray._private.services.get_node_ip_address``
     # answers the loopback address, and every process of the run's cluster (GCS, raylet, workers, the

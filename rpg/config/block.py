@@ -96,7 +96,7 @@ class ReferenceSettings(_Checked):
                                          "kl_threshold: the threshold kappa > 0 of a copy; null otherwise")
     kl_ema_decay: float = setting(KL_EMA_DECAY, Number(low=0.0, high=1.0, high_open=True),
                                   "kl_threshold: ema = d*ema + (1-d)*kl each step")
-    log_weight_diff: bool = setting(False, Flag(), "periodic/kl_threshold: log actor-reference differences (shards, "
+    log_weight_diff: bool = setting(False, Flag(), "[added] periodic/kl_threshold: log actor-reference differences (shards, "
                                                    "probe logits) before and after each copy")
 
     RULES: ClassVar[tuple[BlockRule, ...]] = (
@@ -153,12 +153,12 @@ class RPGSettings(_Checked):
                              "adamw, or schedulefree (schedulefree.AdamWScheduleFree; needs a constant lr schedule)")
     reward_function: str | None = setting(
         RECIPE_REWARD, ModuleFunction(),
-        "scores the run when reward.custom_reward_function.path is null (the driver resolves the module to its "
+        "[added] scores the run when reward.custom_reward_function.path is null (the driver resolves the module to its "
         "file); null = verl's default_compute_score. rpg.reward: the paper's rule (the Answer: line only; verl's "
         "boxed fallback: reward_kwargs.boxed_fallback=true)")
     samples_per_problem: tuple[tuple[str, int], ...] = setting(
         PAPER_SAMPLES_PER_PROBLEM, PrefixCounts(),
-        "samples per validation problem by data_source prefix (any case); other sets get "
+        "[added] samples per validation problem by data_source prefix (any case); other sets get "
         "actor_rollout_ref.rollout.val_kwargs.n (32: mean@32). The paper's Table 7: one sample per MinervaMath / "
         "OlympiadBench problem (acc/mean@1); null = val_kwargs.n for every set", key="validation.samples_per_problem")
     allow_changed_settings: bool = setting(

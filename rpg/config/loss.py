@@ -47,7 +47,7 @@ class RPGLossConfig:
     form: str = _setting("reinforce", "reinforce: RPG-REINFORCE (stop-gradient weight, Algorithm 2); "
                                       "differentiable: the fully differentiable surrogate (RPG-X)")
     beta: float = _setting(1e-4, "KL coefficient beta")
-    clip: bool = _setting(True, "reinforce: RPG-Style Clip; differentiable: dual-clip on the reward part")
+    clip: bool = _setting(True, "reinforce: RPG-Style Clip (Eq. 4.1); differentiable: dual-clip on the reward part")
     clip_ratio_low: float = _setting(0.2, "epsilon_1: lower ratio clip 1 - eps1")
     clip_ratio_high: float = _setting(0.28, "epsilon_2: upper ratio clip 1 + eps2")
     clip_ratio_c: float = _setting(10.0, "dual-clip threshold c (negative advantages, w >= c: no gradient)")
@@ -57,13 +57,13 @@ class RPGLossConfig:
     fd_clip: str = _setting("reward", "differentiable + clip: reward (dual-clip on A, KL unclipped; the authors' "
                                       "loss) or algorithm1 (the paper's Algorithm 1, rkl/urkl only)")
     kl_clamp: float | None = _setting(None, "differentiable only: value-only guard abs(KL surrogate) <= kl_clamp "
-                                            "(gradient unchanged); None = off")
+                                            "(gradient unchanged); null = off")
     log_ratio_guard: float = _setting(60.0, "value-only guard on log-ratios, abs(log w) <= guard (60: w in [1e-26, 1e26])")
     compile: bool = _setting(False, "run the loss and its metrics as one torch.compile graph")
     behavior_weight_level: str = _setting("token", "stale sampler (asynchronous trainer): the weight pi_old/mu of each "
                                                    "token (token), or of its whole response (sequence); none = no weight "
                                                    "(uncorrected: biased, for comparison studies only)")
-    behavior_weight_cap: float | None = _setting(None, "stale sampler: None = the exact, untruncated pi_old/mu; a "
+    behavior_weight_cap: float | None = _setting(None, "stale sampler: null = the exact, untruncated pi_old/mu; a "
                                                        "number c = min(pi_old/mu, c) (truncated: biased)")
 
     def __post_init__(self) -> None:

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv, stage)
     except StopSignal as e:
         handlers.hold()
-        print(f"[tiny] stopped by {e.name} while {stage[0]}", file=sys.stderr, flush=True)
+        print(f"{PREFIX} stopped by {e.name} while {stage[0]}", file=sys.stderr, flush=True)
         return e.code
     finally:
         handlers()
@@ -147,7 +147,7 @@ def _parser() -> OneLineParser:
     from rpg.tiny.overrides import TINY_ALGORITHMS
 
     env_help = "\n".join(f"  {name}: {what}" for name, what in ENV_VARS.items())
-    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, prefix="[tiny]",
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, prefix=PREFIX,
                        env_of={flag: name for name, flag in SCRIPT_ENV.items()},
                        epilog=f"environment ({COMMAND} passes the first ones as flags):\n{env_help}")
     ap.add_argument("--steps", type=positive_int, default=30, help="training steps (default 30)")
@@ -204,19 +204,19 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
         nnodes, per_node = world_size_of(values([*gpus, *rest]))
         check_world_size(nnodes * per_node)  # the demo's micro-batches divide over the ranks, or one line
     except (OverrideSyntaxError, ValueError) as e:
-        print(f"[tiny] {e}", file=sys.stderr, flush=True)
+        print(f"{PREFIX} {e}", file=sys.stderr, flush=True)
         return 2
     if rollout == "vllm":
         errors, warnings = vllm_cpu.problems()
         for line in warnings:
-            print(f"[tiny] warning: {line}", file=sys.stderr, flush=True)
+            print(f"{PREFIX} warning: {line}", file=sys.stderr, flush=True)
         if errors:
-            print("\n".join(f"[tiny] {line}" for line in errors), file=sys.stderr, flush=True)
+            print("\n".join(f"{PREFIX} {line}" for line in errors), file=sys.stderr, flush=True)
             return 2
 
     problems = override_problems(values(rest), recipe_value)  # the user's data files and their reward (rpg.data.checks)
     if problems:
-        print("\n".join(f"[tiny] {line}" for line in problems), file=sys.stderr, flush=True)
+        print("\n".join(f"{PREFIX} {line}" for line in problems), file=sys.stderr, flush=True)
         return 2
 
     algo_entry, algo_overrides = tiny_algorithm(args.algo, lr=args.lr)
@@ -241,7 +241,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
             check_fresh_start(args.out, resume_mode, checkpoint_root(args.out, ckpts),
                               another=f"OUT=... {COMMAND}, or --out; unset, a new folder per run")
     except RunDirError as e:
-        print(f"[tiny] {e}", file=sys.stderr, flush=True)
+        print(f"{PREFIX} {e}", file=sys.stderr, flush=True)
         return 2
     except RPGConfigError as e:  # a key the config lacks, an unknown logger: the driver's kind of line
         print(error_line(e), file=sys.stderr, flush=True)
@@ -250,9 +250,9 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     stage[0] = "building the tiny model and task (a build is published only when complete: nothing half-built is kept)"
     t0 = time.time()
     assets = build_tiny_assets()
-    print(f"[tiny] assets: {assets.root} (ready in {time.time() - t0:.1f}s)", flush=True)
+    print(f"{PREFIX} assets: {assets.root} (ready in {time.time() - t0:.1f}s)", flush=True)
     out = args.out or new_run_dir(Path("outputs") / "tiny_cpu")
-    print(f"[tiny] running {args.entry} on CPU for {args.steps} steps, {rollout} rollout; full log: "
+    print(f"{PREFIX} running {args.entry} on CPU for {args.steps} steps, {rollout} rollout; full log: "
           f"{out / 'trainer.log'}", flush=True)
     stage[0] = f"starting the run (its log: {out / 'trainer.log'})"
     startup = None if args.echo else StartupProgress(STARTUP_STAGES, PREFIX)
@@ -271,13 +271,13 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     except TrainerRunError as e:
         if startup is not None:
             startup.finish()
-        return report_failure(e, "[tiny]", resume_part(argv, out, overrides))
+        return report_failure(e, PREFIX, resume_part(argv, out, overrides))
     finally:
         if startup is not None:
             startup.finish()
     stage[0] = f"writing the summary and plot (the run's metrics and log in {out} are complete)"
     for note in run.notes:
-        print(f"[tiny] note: {note}", flush=True)
+        print(f"{PREFIX} note: {note}", flush=True)
 
     vals = [(s, val_acc(d)) for s, d in sorted(run.metrics.items()) if val_acc(d) is not None]
     summary = {
@@ -302,11 +302,11 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     plot_curve(run, out / "training_curve.png", f"tiny task on CPU: {args.algo} ({args.entry})")
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     print(
-        f"[tiny] done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s ({summary['cpu_s']:.0f} CPU-s), "
+        f"{PREFIX} done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s ({summary['cpu_s']:.0f} CPU-s), "
         f"peak RAM of the run's processes {summary['peak_pss_gb']:.1f} GiB (PSS; machine-wide increase "
         f"{summary['peak_system_used_gb']:.1f} GiB)\n"
-        f"[tiny] validation accuracy: before {fmt(summary['val_acc_before'])} -> after {fmt(summary['val_acc_after'])}\n"
-        f"[tiny] wrote {out / 'metrics.jsonl'}, {out / 'training_curve.png'}, {out / 'summary.json'}",
+        f"{PREFIX} validation accuracy: before {fmt(summary['val_acc_before'])} -> after {fmt(summary['val_acc_after'])}\n"
+        f"{PREFIX} wrote {out / 'metrics.jsonl'}, {out / 'training_curve.png'}, {out / 'summary.json'}",
         flush=True,
     )
     return 0

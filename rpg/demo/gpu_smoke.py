@@ -32,12 +32,13 @@ import threading
 import time
 from pathlib import Path
 
-from rpg.launch.harness import TrainerRun, TrainerRunError, run_trainer
-from rpg.demo.progress import StartupProgress, progress
-from rpg.demo import smoke_checks
 from rpg.backends.gpu.preflight import ATTN_KEY, FLASH_ATTN, GpuProbe, GpuRequest, check
+from rpg.backends.gpu.settings import REGISTER_MODULE
+from rpg.demo import smoke_checks
+from rpg.demo.progress import StartupProgress, progress
+from rpg.launch.harness import TrainerRun, TrainerRunError, run_trainer
 from rpg.common.overrides import OverrideSyntaxError, check_user_overrides, values
-from rpg.demo.smoke_settings import (ALGORITHM, REGISTER_MODULE, ROLLOUTS, SmokeSettingsError, check_settings,
+from rpg.demo.smoke_settings import (ALGORITHM, ROLLOUTS, SmokeSettingsError, check_settings,
                                        gpu_overrides, head_dim, head_dim_problem)
 
 PREFIX = "[gpu-smoke]"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rpg.backends.gpu.settings import REGISTER_MODULE  # noqa: F401  (the smoke run registers rollout.name=hf with it)
 
 ROLLOUTS = ("vllm", "hf")
 REFERENCE_EVERY = 2  # rpg.reference.update_every: the first reset happens at step 2

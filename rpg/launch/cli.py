@@ -61,7 +61,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rpg.backends import backend
+from rpg.backends.registry import backend
 from rpg.common.overrides import OverrideSyntaxError, merge_overrides, values
 from rpg.config import RPGConfigError
 from rpg.launch import job

@@ -43,7 +43,7 @@ def cluster_job_env(cfg, req: LaunchRequest, submission: str) -> dict[str, str]:
     """The runtime environment's variables the backend adds to a tiny-task job on a running Ray cluster
     (``cluster_job_env`` of ``rpg.backends``), with torch.distributed's rendezvous file in the run's
     checkpoint folder, which every node must see (the driver checks it: ``rpg.verl.cluster``)."""
-    from rpg.backends import backend
+    from rpg.backends.registry import backend
 
     ckpts = str(cfg.trainer.default_local_dir)
     if not ckpts.startswith("/"):

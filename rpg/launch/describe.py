@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rpg.backends import backend
+from rpg.backends.registry import backend
 from rpg.common.overrides import override_key
 from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME, compose, plan
 from rpg.launch.request import LaunchError, LaunchRequest, project_root
@@ -120,7 +120,8 @@ def describe(args: list[str], env: Mapping[str, str]) -> int:
     print(describe_variant(v), flush=True)
     print(f"  overrides of the name (on {CONFIG_DIR / CONFIG_NAME}.yaml + {CONFIG_DIR / 'paper' / 'default.yaml'}):\n    "
           + " ".join(to_overrides(v)), flush=True)
-    req = LaunchRequest.read(env, project_root(), Path.cwd())
+    # the variant's own run on the default backend, whatever RPG_BACKEND says: the estimate is of the paper's GPUs
+    req = LaunchRequest.read({k: v for k, v in env.items() if k != "RPG_BACKEND"}, project_root(), Path.cwd())
     overrides, _ = plan(req, v, rest[1:])
     with contextlib.redirect_stdout(io.StringIO()):  # the driver checks' own report
         cfg, _ = compose(overrides, req.root)

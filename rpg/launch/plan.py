@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rpg.backends import backend
+from rpg.backends.registry import backend
 from rpg.common.overrides import check_user_overrides, hydra_list, hydra_value, merge_overrides, override_key, values
 from rpg.launch.config_keys import RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME, compose_config
 from rpg.launch.run_dir import default_checkpoint_dir

@@ -1,10 +1,13 @@
 """The launcher's environment, read once: ``LaunchRequest.read(env, root, cwd)``.
 
 Every environment variable ``python -m rpg.launch`` takes is declared in ``ENV_VARS`` (the usage lists them;
-one given as an argument is refused in one line, ``rpg.launch.args``) and read here, into one frozen
-``LaunchRequest``: a bad value is ``LaunchError``, one line naming the variable and what is allowed, before
-anything is composed. The rest of the launcher reads the request, never the environment (the environment
-itself still goes, whole, to the process it starts).
+one given as an argument is refused in one line, ``rpg.launch.args``). The launcher's own are read here, once,
+into one frozen ``LaunchRequest``: a bad value is ``LaunchError``, one line naming the variable and what is
+allowed, before anything is composed; the rest of the launcher reads the request. Three readers stay where
+their variables are declared: a backend reads its own (``RPG_CPU_ROLLOUT``: ``launch_problems``), the memory
+estimate its sizes (``RPG_GPU_MEM_GIB``, ``RPG_HOST_MEM_GIB``: ``rpg.launch.memory``, only for ``--describe``
+and ``DRY_RUN=1``), and a Ray job's resume command repeats the variables that were set
+(``rpg.launch.job``); the environment itself goes, whole, to the process the launch starts.
 
 Paths: a user's relative path is taken relative to the current directory (``cwd``); defaults are under the
 project root, or under ``RPG_CLUSTER_ROOT`` for a Ray submission (``cluster_root``: the checkout the driver

@@ -3,10 +3,10 @@
 Modules (import only what you need; nothing is imported here so that `import rpg.verl`
 stays free of verl's heavy trainer/worker stack):
 
-* ``settings``       ``validate_and_apply``: the ``rpg:`` block (declared in ``rpg.config``) parsed and
-                     applied in the driver; ``loss_config``: the library's ``RPGLossConfig`` from a verl
-                     actor config (driver and workers alike).
-* ``translate``      ``apply_to_verl_config``: the verl keys the ``rpg:`` settings imply (driver).
+* ``settings``       ``loss_config``: the library's ``RPGLossConfig`` from a verl actor config (driver and
+                     workers alike).
+* ``translate``      ``validate_and_apply``: the ``rpg:`` block (declared in ``rpg.config``) parsed, then
+                     ``apply_to_verl_config``: the verl keys its settings imply (driver).
 * ``checks``         the ``rpg:`` settings against verl's own keys (trainer mode, reference copies, reward).
 * ``describe``       the one line the driver prints about what will run.
 * ``policy_config``  ``RPGPolicyLossConfig``: verl ``PolicyLossConfig`` subclass carrying the

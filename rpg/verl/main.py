@@ -3,7 +3,7 @@
 ``main_from_hydra(config)`` mirrors verl's ``verl.trainer.main_ppo.main`` (auto_set_device ->
 validate_config -> run_ppo) with two differences:
 
-1. ``rpg.verl.settings.validate_and_apply`` checks the ``rpg:`` block and writes the verl keys it
+1. ``rpg.verl.translate.validate_and_apply`` checks the ``rpg:`` block and writes the verl keys it
    implies, and ``rpg.verl.preflight.check_input_paths`` checks every local input path (data
    files, model/tokenizer directories, resume checkpoint), BEFORE verl's ``validate_config`` and
    before Ray starts (bad value -> one-line ``RPGConfigError`` naming the key, exit code 2);
@@ -37,7 +37,8 @@ from verl.utils.device import auto_set_device
 from verl.utils.logging_utils import configure_verl_logging
 
 import rpg.verl.register  # noqa: F401  (registrations in the driver even without the entry point)
-from rpg.backends import backend, backend_of_run
+from rpg.backends import backend_of_run
+from rpg.backends.registry import backend
 from rpg.common.history import PATH_ENV, base_path, claim_segment, logs_to_file, restore_step_record
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.config import RPGConfigError, RPGSettings
@@ -45,7 +46,7 @@ from rpg.verl.errors import RESUME_COMMAND_ENV
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
 from rpg.verl.describe import describe
 from rpg.verl.checks import resume_hint
-from rpg.verl.settings import validate_and_apply
+from rpg.verl.translate import validate_and_apply
 from rpg.verl.verl_rules import check_verl_config, check_verl_rules, set_norm_scale_factor
 
 

@@ -1,8 +1,8 @@
-"""The recipe's ``rpg:`` block in the driver and the workers: ``validate_and_apply``, ``loss_config``.
+"""The loss settings in the driver and the workers: ``loss_config``, ``POLICY_LOSS_TARGET``.
 
 The block is declared once, torch-free, in ``rpg.config`` (``RPGSettings``: every key with its default,
 what it allows and its doc; the ``rpg.loss`` keys derive from ``RPGLossConfig``). The driver
-(``rpg.verl.main``) calls ``validate_and_apply`` before Ray starts, so a bad value fails fast with ONE
+(``rpg.verl.main``) calls ``rpg.verl.translate.validate_and_apply`` before Ray starts, so a bad value fails fast with ONE
 line naming the key and the allowed values; unknown keys anywhere under ``rpg.`` are rejected. It then
 writes the verl keys the settings imply (``rpg.verl.translate.apply_to_verl_config``, after the checks
 against verl's own keys, ``rpg.verl.checks``).
@@ -16,8 +16,7 @@ both reject the same inputs (one validator: the library's ``RULES``).
 
 from __future__ import annotations
 
-from rpg.config import ACTOR_FIELDS, RPGLossConfig, RPGSettings, build_loss_config, parse_rpg_settings
-from rpg.config.access import fail
+from rpg.config import ACTOR_FIELDS, RPGLossConfig, build_loss_config
 
 POLICY_LOSS_TARGET = "rpg.verl.policy_config.RPGPolicyLossConfig"
 
@@ -55,15 +54,3 @@ def loss_config(actor, loss_agg_mode: str | None = None) -> RPGLossConfig:
         if value is not None:
             values[field] = value
     return build_loss_config(pl.get("loss_mode", None), values)
-
-
-def validate_and_apply(cfg) -> RPGSettings:
-    """Driver entry: parse ``cfg.rpg`` strictly, then apply it to the verl keys of ``cfg``."""
-    from omegaconf import OmegaConf
-
-    from rpg.verl.translate import apply_to_verl_config  # the driver's part: the workers import this module too
-
-    block = OmegaConf.select(cfg, "rpg")
-    if block is None:
-        fail("the config has no rpg: block; use recipe/rpg/config/rpg_trainer.yaml")
-    return apply_to_verl_config(cfg, parse_rpg_settings(block))

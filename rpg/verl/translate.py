@@ -31,7 +31,7 @@ import dataclasses
 import importlib
 import importlib.util
 
-from rpg.config import RPG_LOSSES, RPGLossConfigError, RPGSettings, config_value, loss_error, loss_fields
+from rpg.config import RPG_LOSSES, RPGLossConfigError, RPGSettings, config_value, loss_error, loss_fields, parse_rpg_settings
 from rpg.config.access import fail as _fail
 from rpg.verl.checks import (check_reference_copies, check_reward_name_has_path, check_rpg_reward_kwargs,
                              check_trainer)
@@ -161,3 +161,13 @@ def resolve_reward_function(spec: str) -> tuple[str, str]:
     if not callable(getattr(module, fn_name, None)):
         _fail(f"rpg.reward_function={spec!r}: {module_name} has no function {fn_name!r}")
     return found.origin, fn_name
+
+
+def validate_and_apply(cfg) -> RPGSettings:
+    """Driver entry: parse ``cfg.rpg`` strictly, then apply it to the verl keys of ``cfg``."""
+    from omegaconf import OmegaConf
+
+    block = OmegaConf.select(cfg, "rpg")
+    if block is None:
+        _fail("the config has no rpg: block; use recipe/rpg/config/rpg_trainer.yaml")
+    return apply_to_verl_config(cfg, parse_rpg_settings(block))

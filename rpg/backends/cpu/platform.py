@@ -11,13 +11,14 @@ Ray resources: verl's placement groups ask for one accelerator per worker under
 
 from __future__ import annotations
 
-import os
 import types
 from contextlib import contextmanager
 from typing import Any, Optional
 
 import torch
 from verl.plugin.platform.platform_base import PlatformBase
+
+from rpg.backends import on_cpu_platform
 
 
 def _mem_info() -> tuple[int, int]:
@@ -131,7 +132,7 @@ class PlatformCPU(PlatformBase):
 
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
         # Never auto-detected: the CPU platform is opt-in through VERL_PLATFORM=cpu only.
-        return os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu"
+        return on_cpu_platform()
 
     def current_device(self) -> torch.device:
         # verl passes get_device_id() straight to .to()/torch.device(); an int would mean "accelerator 0".

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import os
 import sys
 from typing import Callable
 
-ACTIVE = os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu"
+from rpg.backends import on_cpu_platform
+
+ACTIVE = on_cpu_platform()
 ROLLOUT_NAME = "hf"
 ADAPTER_FQN = "rpg.backends.cpu.hf_rollout.HFServerAdapter"
 

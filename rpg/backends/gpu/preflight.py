@@ -48,7 +48,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rpg.backends.versions import TESTED_VERSIONS, installed_version  # noqa: F401  (TESTED_VERSIONS: read by tests and docs)
+from rpg.backends import backend_of_run
+from rpg.backends.versions import TESTED_VERSIONS, installed_version
 from rpg.config import RPGConfigError, config_value, ulysses_sizes
 
 PREFIX = "rpg gpu check"
@@ -181,15 +182,8 @@ class GpuRequest:
     joins_cluster: bool = False  # the driver joins a running Ray cluster instead of starting one here
 
 
-def gpu_backend(cfg, environ: Mapping[str, str] | None = None) -> bool:
-    """True when the run uses verl's CUDA platform (``trainer.device`` after ``auto_set_device``)."""
-    from rpg.backends import backend_of_run
-
-    return backend_of_run(cfg, environ) == "gpu"
-
-
 def request_from_config(cfg, settings, environ: Mapping[str, str] | None = None) -> GpuRequest:
-    """The ``GpuRequest`` of a composed, validated config (``settings``: ``rpg.verl.settings.RPGSettings``)."""
+    """The ``GpuRequest`` of a composed, validated config (``settings``: ``rpg.config.RPGSettings``)."""
     environ = os.environ if environ is None else environ
     ulysses = tuple(ulysses_sizes(cfg))
     return GpuRequest(
@@ -331,7 +325,7 @@ def tested_versions_text() -> str:
 def node_report(cfg, settings, environ: Mapping[str, str] | None = None,
                 probe: GpuProbe | None = None) -> GpuReport | None:
     """The report for a composed config, or None when the run is not on the GPU backend."""
-    if not gpu_backend(cfg, environ):
+    if backend_of_run(cfg, environ) != "gpu":  # verl's CUDA platform (trainer.device after auto_set_device)
         return None
     return check(request_from_config(cfg, settings, environ), probe or GpuProbe.of_this_node())
 

@@ -10,10 +10,10 @@ verl's real path (``update_weights`` -> the adapter -> the server).
 
 from __future__ import annotations
 
-import os
 
+from rpg.backends import on_cpu_platform
 from rpg.backends.cpu.register import register_hf_rollout
 
 # On the CPU backend rpg.backends.cpu.register does this (and more); never twice, never instead.
-if os.environ.get("VERL_PLATFORM", "").strip().lower() != "cpu":
+if not on_cpu_platform():
     register_hf_rollout()

@@ -25,7 +25,6 @@ This module re-exports what code outside the package uses; a test that patches a
 module that looks it up (``rpg.launch.harness.run``).
 """
 
-from rpg.common.metrics_file import MetricsFileError
 from rpg.launch.harness.command import build_command, trainer_overrides
 from rpg.launch.harness.metrics import fold_segments, read_metrics
 from rpg.launch.harness.reaping import SHM_DIR
@@ -33,6 +32,6 @@ from rpg.launch.harness.result import (TrainerRun, TrainerRunError, checkpoint_d
                                        resume_decision)
 from rpg.launch.harness.run import LOG_FILE, METRICS_FILE, run_trainer
 
-__all__ = ["LOG_FILE", "METRICS_FILE", "SHM_DIR", "MetricsFileError", "TrainerRun", "TrainerRunError",
+__all__ = ["LOG_FILE", "METRICS_FILE", "SHM_DIR", "TrainerRun", "TrainerRunError",
            "build_command", "checkpoint_dir", "fold_segments", "read_metrics", "report_failure", "report_stop",
            "resume_decision", "run_trainer", "trainer_overrides"]

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from rpg.backends import backend as select_backend
+from rpg.backends.registry import backend as select_backend
 from rpg.common import history
 from rpg.common.overrides import hydra_list, merge_overrides, values
 

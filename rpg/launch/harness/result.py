@@ -118,8 +118,8 @@ def report_failure(err: TrainerRunError, prefix: str, resume: str) -> int:
 
 
 def report_stop(run: TrainerRun, prefix: str, resume: str) -> str:
-    """Print ``run_stop_line`` (to stderr; the terminal may be gone after SIGHUP) and append it to the log."""
-    line = run_stop_line(run, resume)
+    """Print ``harness_stop_line`` (to stderr; the terminal may be gone after SIGHUP) and append it to the log."""
+    line = harness_stop_line(run, resume)
     with contextlib.suppress(OSError):  # nothing may be writable (a full disk)
         with open(run.log_file, "a") as log:
             log.write(line + "\n")
@@ -128,7 +128,7 @@ def report_stop(run: TrainerRun, prefix: str, resume: str) -> str:
     return line
 
 
-def run_stop_line(run: TrainerRun, resume: str) -> str:
+def harness_stop_line(run: TrainerRun, resume: str) -> str:
     """The one line for a run ended by a stop signal or an unwritable output (a full disk): log, last complete
     checkpoint, and ``resume``: the resume command or why there is none (``rpg.verl.checks.resume_hint``)."""
     from rpg.verl.checkpoints import last_complete  # torch-free, but imports the rpg settings

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from rpg.backends import backend as select_backend
+from rpg.backends.registry import backend as select_backend
 from rpg.common import history
 from rpg.common.metrics_file import MetricsFileError
 from rpg.common.overrides import values

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rpg.config import RESETTING_MODES
 from rpg.launch.memory.common import MemoryEstimateError
 
 FLASH_ATTN = "flash_attention_2"  # verl's default attn_implementation (workers/config/model.py HFModelConfig.__post_init__)
@@ -158,7 +159,7 @@ def settings_from_config(cfg: Mapping[str, Any]) -> RunSettings:
         total_steps=None if steps is None else int(steps),
         keep=None if keep is None or int(keep) <= 0 else int(keep),
         save_contents=tuple(_get(cfg, f"{a}.checkpoint.save_contents", ("model", "optimizer", "extra"))),
-        reference_resets=mode in ("periodic", "kl_threshold"),
+        reference_resets=mode in RESETTING_MODES,
         attn_implementation=attn,
         bucket_mb=int(_get(cfg, f"{ro}.checkpoint_engine.update_weights_bucket_megabytes", 2048)),
         enforce_eager=bool(_get(cfg, f"{ro}.enforce_eager", False)),

@@ -6,12 +6,12 @@ replica's first worker, as verl places its vLLM servers (``_gpu_placement``).
 
 from __future__ import annotations
 
-import os
 
 import ray
 
 from verl.workers.rollout.replica import RolloutReplica
 
+from rpg.backends import on_cpu_platform
 from rpg.backends.cpu.hf_rollout.server import HFRolloutServer, server_name
 
 
@@ -41,7 +41,7 @@ class HFReplica(RolloutReplica):
         """Off the CPU backend: the node and GPU of this replica's first worker, as verl places its vLLM
         servers (node affinity; Ray told not to touch ``CUDA_VISIBLE_DEVICES``, which is set to that
         GPU, so the server's ``cuda:0`` is its replica's GPU). On the CPU backend: nothing."""
-        if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu" or not self.workers:
+        if on_cpu_platform() or not self.workers:
             return {}
         node_id, gpu = await self.workers[0].__ray_call__.remote(_node_and_gpu)
         if gpu is None:

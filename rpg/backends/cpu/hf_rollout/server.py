@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.replica import TokenOutput
 
+from rpg.backends import PLATFORM_ENV, on_cpu_platform
 from rpg.backends.cpu.hf_rollout.sampling import _limit, generate_batch, row_seed
 
 logger = logging.getLogger(__name__)
@@ -48,8 +48,7 @@ def rollout_device(platform: str | None = None, cuda_available: bool | None = No
     replica's GPU, so ``cuda:0`` is that GPU. Without CUDA (e.g. a server built directly in a test)
     the CPU; every weight load prints the device, and the GPU smoke run fails on a CPU one.
     """
-    platform = os.environ.get("VERL_PLATFORM", "") if platform is None else platform
-    if platform.strip().lower() == "cpu":
+    if on_cpu_platform(None if platform is None else {PLATFORM_ENV: platform}):
         return torch.device("cpu")
     cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
     return torch.device("cuda", 0) if cuda else torch.device("cpu")
