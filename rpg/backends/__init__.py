@@ -46,9 +46,9 @@ def on_cpu_platform(environ: Mapping[str, str] | None = None) -> bool:
 def backend_of_run(cfg, environ: Mapping[str, str] | None = None) -> str | None:
     """``cpu`` when this process runs verl on the CPU backend (``VERL_PLATFORM=cpu``, or ``trainer.device=cpu``),
     ``gpu`` on verl's CUDA platform (``trainer.device=cuda``, its default), None for any other device."""
-    from omegaconf import OmegaConf
+    from rpg.config import config_value
 
     if on_cpu_platform(environ):
         return "cpu"
-    device = OmegaConf.select(cfg, "trainer.device", default=None)
+    device = config_value(cfg, "trainer.device")
     return {"cuda": "gpu", "cpu": "cpu"}.get(str(device or "cuda"))

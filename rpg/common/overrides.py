@@ -64,7 +64,7 @@ def hydra_value(value: str, name: str = "a value", *, quote: bool = False) -> st
 
 def _reads_back(value: str) -> bool:
     try:
-        return value_of(f"k={value}") == value and isinstance(value_of(f"k={value}"), str)
+        return value_of(f"k={value}") == value  # a str equal to value (1 == 1.0 != "1": ints and floats differ)
     except OverrideSyntaxError:
         return False
 

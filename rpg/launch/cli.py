@@ -75,6 +75,7 @@ from rpg.launch.request import ENTRY, ENV_VARS, LaunchError, LaunchRequest, proj
 from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root
 from rpg.launch.variants import GRAMMAR, VariantNameError, parse
 from rpg.verl.checks import resume_hint
+from rpg.verl.errors import RESUME_COMMAND_ENV
 from rpg.verl.preflight import InputPathError, error_line, input_path_problems
 
 
@@ -152,7 +153,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
                 raise LaunchError(why)
             print(f"rpg.launch: warning: {why} (DRY_RUN=1: nothing is submitted)", file=sys.stderr, flush=True)
         # the driver's stop line names this command (rpg.verl.main.run_stopped_line)
-        job_env[job.RESUME_COMMAND_ENV] = job.job_resume_command(env, ENV_VARS, script_command(v.name, root), user)
+        job_env[RESUME_COMMAND_ENV] = job.job_resume_command(env, ENV_VARS, script_command(v.name, root), user)
     if chosen.TINY_TASK:
         from rpg.launch.harness import build_command
 

@@ -19,7 +19,6 @@ import time
 from collections.abc import Mapping, Sequence
 
 from rpg.common.signals import StopSignal, raise_on_stop_signals
-from rpg.verl.errors import RESUME_COMMAND_ENV  # noqa: F401  (the driver's stop line reads it)
 
 STOP_WAIT_S = 120.0  # for the job's own stop (the driver's stop line, Ray shut down) to reach the tail
 # The launcher's variables that do not belong in a resume command (a dry run starts nothing to resume).
