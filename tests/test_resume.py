@@ -891,3 +891,28 @@ def test_a_sync_resume_of_an_async_runs_checkpoint_is_refused(tmp_path):
     allowed = _cfg(tmp_path, "rpg.resume.allow_changed_settings=true")
     _prepare(allowed)
     assert allowed.trainer.resume_from_path == str(d)
+
+
+def test_a_resume_compares_the_keys_declared_recorded_and_no_others(tmp_path):
+    """Each rpg: key declares whether a checkpoint records it (rpg.config.recorded_keys): a changed reference
+    schedule is refused; changed validation sampling, reference logging or the compiled loss (the same loss)
+    resume."""
+    from rpg.config import declared_keys
+    from rpg.verl.checkpoints import recorded_settings, resume_keys
+
+    recorded = {k.path for k in declared_keys(actor_fields=True) if k.recorded}
+    assert {"rpg.reference.mode", "rpg.reference.update_every", "rpg.optimizer", "rpg.loss.divergence"} <= recorded
+    assert recorded <= set(resume_keys())
+    free = ("rpg.loss.compile", "rpg.validation.samples_per_problem", "rpg.reference.log_weight_diff",
+            "rpg.resume.allow_changed_settings")
+    assert not set(free) & set(resume_keys())
+    d = _ckpt(tmp_path / "ckpt", 2, tracker=True)
+    write_marker(d, 2, recorded_settings(_applied_cfg(tmp_path, "rpg.reference.mode=periodic",
+                                                      "rpg.reference.update_every=2")))
+    with pytest.raises(ResumeError) as err:
+        _prepare(_cfg(tmp_path))
+    assert "rpg.reference.mode: 'periodic' -> 'sampler'" in str(err.value) and "\n" not in str(err.value)
+    write_marker(d, 2, recorded_settings(_applied_cfg(tmp_path)))
+    changed = _cfg(tmp_path, "rpg.validation.samples_per_problem=null", "rpg.loss.compile=true")
+    _prepare(changed)
+    assert changed.trainer.resume_from_path == str(d)

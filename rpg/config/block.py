@@ -44,10 +44,12 @@ ROOT = "rpg"
 REF = f"{ROOT}.reference"
 
 
-def setting(default, kind: Kind, doc: str, *, key: str | None = None):
-    """A key of the block: its default, what it allows and one line saying what it does. ``key``: its
-    path under the owner's prefix when it is not the field's name (``loss.name``)."""
-    return dataclasses.field(default=default, metadata={"kind": kind, "doc": doc, "key": key})
+def setting(default, kind: Kind, doc: str, *, recorded: bool, key: str | None = None):
+    """A key of the block: its default, what it allows and one line saying what it does. ``recorded``
+    (each key decides): a checkpoint records its value and a resume that changes it is refused
+    (``recorded_keys``), true for what changes the estimator. ``key``: its path under the owner's prefix
+    when it is not the field's name (``loss.name``)."""
+    return dataclasses.field(default=default, metadata={"kind": kind, "doc": doc, "key": key, "recorded": recorded})
 
 
 @dataclass(frozen=True)
@@ -90,14 +92,17 @@ class ReferenceSettings(_Checked):
     mode: str = setting("sampler", Choice(REFERENCE_MODES),
                         "sampler (the anchor is pi_old of each step; no reference model is built), fixed (the initial "
                         "model), periodic (the actor copied into the reference every update_every steps), "
-                        "kl_threshold (copied when the EMA of the token KL(pi_old||pi_ref) exceeds kl_threshold)")
-    update_every: int = setting(0, Integer(0), "periodic: K >= 1 training steps between copies; 0 otherwise")
+                        "kl_threshold (copied when the EMA of the token KL(pi_old||pi_ref) exceeds kl_threshold)",
+                        recorded=True)
+    update_every: int = setting(0, Integer(0), "periodic: K >= 1 training steps between copies; 0 otherwise",
+                                recorded=True)
     kl_threshold: float | None = setting(None, Number(low=0.0, low_open=True, nullable=True),
-                                         "kl_threshold: the threshold kappa > 0 of a copy; null otherwise")
+                                         "kl_threshold: the threshold kappa > 0 of a copy; null otherwise",
+                                         recorded=True)
     kl_ema_decay: float = setting(KL_EMA_DECAY, Number(low=0.0, high=1.0, high_open=True),
-                                  "kl_threshold: ema = d*ema + (1-d)*kl each step")
+                                  "kl_threshold: ema = d*ema + (1-d)*kl each step", recorded=True)
     log_weight_diff: bool = setting(False, Flag(), "[added] periodic/kl_threshold: log actor-reference differences (shards, "
-                                                   "probe logits) before and after each copy")
+                                                   "probe logits) before and after each copy", recorded=False)
 
     RULES: ClassVar[tuple[BlockRule, ...]] = (
         BlockRule(f"{REF}.update_every", ">= 1 with mode=periodic", lambda r: r.mode != "periodic" or r.update_every >= 1,
@@ -143,27 +148,30 @@ class RPGSettings(_Checked):
     PREFIX: ClassVar[str] = ROOT
     loss_name: str = setting("rpg", Choice(LOSS_NAMES),
                              "rpg (the RPG losses), grpo_corrected (GRPO with the corrected KL, Sec. 2.2) or verl "
-                             "(verl's own actor loss: stock GRPO, DAPO, REINFORCE++)", key="loss.name")
+                             "(verl's own actor loss: stock GRPO, DAPO, REINFORCE++)", recorded=True, key="loss.name")
     # rpg.loss values; after rpg.verl.translate.apply_to_verl_config, also verl's ACTOR_FIELDS values
     loss: RPGLossConfig = dataclasses.field(default=RPGLossConfig(), metadata={"loss": True, "key": "loss",
                                                                                "doc": _LOSS_DOC})
     reference: ReferenceSettings = dataclasses.field(default=ReferenceSettings(), metadata={
         "group": True, "key": "reference", "doc": "the KL anchor (rpg.verl.trainer keeps its schedule)"})
     optimizer: str = setting("adamw", Choice(OPTIMIZERS),
-                             "adamw, or schedulefree (schedulefree.AdamWScheduleFree; needs a constant lr schedule)")
+                             "adamw, or schedulefree (schedulefree.AdamWScheduleFree; needs a constant lr schedule)",
+                             recorded=True)
     reward_function: str | None = setting(
         RECIPE_REWARD, ModuleFunction(),
         "[added] scores the run when reward.custom_reward_function.path is null (the driver resolves the module to its "
         "file); null = verl's default_compute_score. rpg.reward: the paper's rule (the Answer: line only; verl's "
-        "boxed fallback: reward_kwargs.boxed_fallback=true)")
+        "boxed fallback: reward_kwargs.boxed_fallback=true)", recorded=False)
     samples_per_problem: tuple[tuple[str, int], ...] = setting(
         PAPER_SAMPLES_PER_PROBLEM, PrefixCounts(),
         "[added] samples per validation problem by data_source prefix (any case); other sets get "
         "actor_rollout_ref.rollout.val_kwargs.n (32: mean@32). The paper's Table 7: one sample per MinervaMath / "
-        "OlympiadBench problem (acc/mean@1); null = val_kwargs.n for every set", key="validation.samples_per_problem")
+        "OlympiadBench problem (acc/mean@1); null = val_kwargs.n for every set", recorded=False,
+        key="validation.samples_per_problem")
     allow_changed_settings: bool = setting(
         False, Flag(), "a checkpoint records the run's RPG settings; a resume with other values is refused before Ray "
-                       "(one line naming each key, old -> new) unless this is true", key="resume.allow_changed_settings")
+                       "(one line naming each key, old -> new) unless this is true", recorded=False,
+        key="resume.allow_changed_settings")
 
     RULES: ClassVar[tuple[BlockRule, ...]] = (
         BlockRule(f"{ROOT}.loss.compile", "false unless rpg.loss.name=rpg",
@@ -217,7 +225,7 @@ def loss_error(e: RPGLossConfigError) -> RPGConfigError:
 class Key:
     """One key of the block as declared: ``path`` (full), where its value goes (``owner``: the ``RPGSettings``
     field holding it, None for ``RPGSettings`` itself; ``name``: the field), its default, kind (None: an
-    ``RPGLossConfig`` field, checked by its ``RULES``) and doc."""
+    ``RPGLossConfig`` field, checked by its ``RULES``), doc, and whether a checkpoint records it."""
 
     path: str
     owner: str | None
@@ -225,6 +233,7 @@ class Key:
     default: Any
     kind: Kind | None
     doc: str
+    recorded: bool
 
 
 def declared_keys(*, actor_fields: bool = False) -> tuple[Key, ...]:
@@ -233,16 +242,24 @@ def declared_keys(*, actor_fields: bool = False) -> tuple[Key, ...]:
     out: list[Key] = []
     for f in dataclasses.fields(RPGSettings):
         if f.metadata.get("loss"):
-            out += [Key(loss_key(g.name), f.name, g.name, g.default, None, g.metadata.get("doc", ""))
+            out += [Key(loss_key(g.name), f.name, g.name, g.default, None, g.metadata["doc"], g.metadata["recorded"])
                     for g in dataclasses.fields(RPGLossConfig) if actor_fields or g.name not in ACTOR_FIELDS]
         elif f.metadata.get("group"):
             cls = type(f.default)
-            out += [Key(f"{cls.PREFIX}.{g.name}", f.name, g.name, g.default, g.metadata["kind"], g.metadata["doc"])
-                    for g in dataclasses.fields(cls)]
+            out += [Key(f"{cls.PREFIX}.{g.name}", f.name, g.name, g.default, g.metadata["kind"], g.metadata["doc"],
+                        g.metadata["recorded"]) for g in dataclasses.fields(cls)]
         else:
             out.append(Key(f"{ROOT}.{f.metadata['key'] or f.name}", None, f.name, f.default, f.metadata["kind"],
-                           f.metadata["doc"]))
+                           f.metadata["doc"], f.metadata["recorded"]))
     return tuple(out)
+
+
+def recorded_keys() -> tuple[str, ...]:
+    """The keys of the ``rpg:`` block (and the loss's verl actor keys) that a checkpoint records, in the
+    block's order: those declared ``recorded`` (what changes the estimator; not logging, validation or
+    resume settings, nor ``rpg.loss.compile``, the same loss compiled). ``rpg.verl.checkpoints`` adds
+    verl's keys that change it."""
+    return tuple(k.path for k in declared_keys(actor_fields=True) if k.recorded)
 
 
 def group_docs() -> dict[str, str]:

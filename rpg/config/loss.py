@@ -33,9 +33,11 @@ def _is_real(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
 
 
-def _setting(default, doc: str):
-    """A field of ``RPGLossConfig``: its default and one line saying what it does (docs table)."""
-    return dataclasses.field(default=default, metadata={"doc": doc})
+def _setting(default, doc: str, *, recorded: bool = True):
+    """A field of ``RPGLossConfig``: its default and one line saying what it does (docs table).
+    ``recorded``: a checkpoint records it and a resume that changes it is refused (``rpg.config.recorded_keys``);
+    false only for a field that leaves the loss's value and gradient unchanged."""
+    return dataclasses.field(default=default, metadata={"doc": doc, "recorded": recorded})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +61,7 @@ class RPGLossConfig:
     kl_clamp: float | None = _setting(None, "differentiable only: value-only guard abs(KL surrogate) <= kl_clamp "
                                             "(gradient unchanged); null = off")
     log_ratio_guard: float = _setting(60.0, "value-only guard on log-ratios, abs(log w) <= guard (60: w in [1e-26, 1e26])")
-    compile: bool = _setting(False, "run the loss and its metrics as one torch.compile graph")
+    compile: bool = _setting(False, "run the loss and its metrics as one torch.compile graph", recorded=False)
     behavior_weight_level: str = _setting("token", "stale sampler (asynchronous trainer): the weight pi_old/mu of each "
                                                    "token (token), or of its whole response (sequence); none = no weight "
                                                    "(uncorrected: biased, for comparison studies only)")

@@ -59,9 +59,10 @@ def allowed(k: Key) -> str:
 
 def settings_table() -> str:
     """Every key of the ``rpg:`` block (and the loss's verl actor keys) as a markdown table: key, default,
-    allowed values, meaning (docs/verl-integration.md holds it; a test checks it is current)."""
-    rows = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
+    allowed values, whether a resume compares it with the checkpoint's (``recorded``), meaning
+    (docs/verl-integration.md holds it; a test checks it is current)."""
+    rows = ["| key | default | allowed | resume compares | meaning |", "|---|---|---|---|---|"]
     for k in declared_keys(actor_fields=True):
-        cells = (f"`{k.path}`", f"`{yaml_value(k.default)}`", allowed(k), k.doc)
+        cells = (f"`{k.path}`", f"`{yaml_value(k.default)}`", allowed(k), "yes" if k.recorded else "no", k.doc)
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)

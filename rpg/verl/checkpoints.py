@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rpg.config import ACTOR_FIELDS, RPGConfigError, config_value, loss_fields, loss_key
+from rpg.config import RPGConfigError, config_value, recorded_keys
 
 MARKER = "rpg_checkpoint_complete.json"
 # verl.utils.checkpoint.checkpoint_manager.get_checkpoint_tracker_filename's name (a test pins it): not
@@ -58,18 +58,16 @@ RESUME_MODES = ("auto", "disable", "resume_path")  # verl 0.9.1 trainer_base: an
 DIGEST = "sha256"
 _BLOCK = 4 << 20
 ALLOW_CHANGED = "rpg.resume.allow_changed_settings"
-# what a checkpoint records of the run (besides the loss fields below): the reference schedule, the
-# optimizer, the advantage, verl's loss keys (rpg.loss.name=verl variants), and what else changes the
-# estimator: the trainer mode (colocate_async weights each token by pi_old/mu, sync does not: rpg.behavior),
-# the advantage's normalisation, a KL penalty in the reward, verl's rollout correction (its IS/RS weights)
-_RUN_KEYS = ("rpg.reference.mode", "rpg.reference.update_every", "rpg.reference.kl_threshold",
-             "rpg.reference.kl_ema_decay", "rpg.optimizer", "algorithm.adv_estimator",
-             "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.use_kl_loss",
-             "actor_rollout_ref.actor.kl_loss_type", "actor_rollout_ref.actor.kl_loss_coef",
-             "trainer.v1.trainer_mode", "algorithm.norm_adv_by_std_in_grpo", "algorithm.use_kl_in_reward",
-             "algorithm.kl_penalty", "algorithm.kl_ctrl.type", "algorithm.kl_ctrl.kl_coef",
-             *(f"algorithm.rollout_correction.{k}" for k in ("rollout_is", "rollout_is_threshold", "rollout_rs",
-                                                              "rollout_rs_threshold", "bypass_mode", "loss_type")))
+# what a checkpoint records of the run besides the rpg: block's recorded keys (rpg.config.recorded_keys):
+# verl's keys that change the estimator: the advantage, verl's loss keys (rpg.loss.name=verl variants), the
+# trainer mode (colocate_async weights each token by pi_old/mu, sync does not: rpg.behavior), the
+# advantage's normalisation, a KL penalty in the reward, verl's rollout correction (its IS/RS weights)
+VERL_RUN_KEYS = ("algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode",
+                 "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.kl_loss_type",
+                 "actor_rollout_ref.actor.kl_loss_coef", "trainer.v1.trainer_mode", "algorithm.norm_adv_by_std_in_grpo",
+                 "algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algorithm.kl_ctrl.type", "algorithm.kl_ctrl.kl_coef",
+                 *(f"algorithm.rollout_correction.{k}" for k in ("rollout_is", "rollout_is_threshold", "rollout_rs",
+                                                                  "rollout_rs_threshold", "bypass_mode", "loss_type")))
 
 
 class ResumeError(RPGConfigError):
@@ -86,11 +84,10 @@ class ResumePlan:
 
 
 def resume_keys() -> tuple[str, ...]:
-    """The config keys a checkpoint records: ``rpg.loss.name``, every ``RPGLossConfig`` field at its
-    config key (derived: a new field is recorded at once) but ``compile`` (the same loss, compiled),
-    and ``_RUN_KEYS``. Not recorded: logging and validation settings, paths, sizes, the lr."""
-    fields = [f for f in (*loss_fields(), *ACTOR_FIELDS) if f != "compile"]
-    return ("rpg.loss.name", *(loss_key(f) for f in fields), *_RUN_KEYS)
+    """The config keys a checkpoint records: the ``rpg:`` block's keys declared ``recorded`` (with the
+    loss's verl actor keys; derived: a new ``RPGLossConfig`` field is recorded at once) and
+    ``VERL_RUN_KEYS``. Not recorded: logging, validation and resume settings, paths, sizes, the lr."""
+    return (*recorded_keys(), *VERL_RUN_KEYS)
 
 
 def recorded_settings(cfg) -> dict:
