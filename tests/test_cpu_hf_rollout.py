@@ -9,7 +9,7 @@ import asyncio
 import pytest
 import torch
 
-from rpg.backends.cpu.hf_rollout import HFRolloutServer, HFServerAdapter
+from rpg.backends.hf_rollout import HFRolloutServer, HFServerAdapter
 from rpg.tiny.build import _prompt_ids
 
 
@@ -153,7 +153,7 @@ def test_sampling_does_not_depend_on_the_batch_a_request_lands_in(server, prompt
 
 def test_seeded_sampler_follows_the_warped_distribution():
     """Inverse-CDF draws with per-row generators reproduce the softmax frequencies (and top-k)."""
-    from rpg.backends.cpu.hf_rollout import SeededRowSampler
+    from rpg.backends.hf_rollout import SeededRowSampler
 
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]])
     gens = [torch.Generator().manual_seed(7)]

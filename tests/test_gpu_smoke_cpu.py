@@ -288,7 +288,7 @@ def test_main_fails_when_the_hf_rollout_ran_on_the_cpu(monkeypatch, tmp_path, ti
 
 
 def test_hf_rollout_device():
-    from rpg.backends.cpu.hf_rollout import rollout_device
+    from rpg.backends.hf_rollout import rollout_device
 
     assert rollout_device("cpu", cuda_available=True) == torch.device("cpu")  # the CPU backend stays on the CPU
     assert rollout_device("", cuda_available=True) == torch.device("cuda", 0)
@@ -309,7 +309,7 @@ def test_gpu_register_module_registers_the_hf_rollout_only_off_the_cpu_backend(m
     assert ("hf" in RolloutReplicaRegistry._registry) is registered
     assert (("hf", "async") in rollout_base._ROLLOUT_REGISTRY) is registered
     if registered:
-        from rpg.backends.cpu.hf_rollout import HFReplica
+        from rpg.backends.hf_rollout import HFReplica
 
         assert RolloutReplicaRegistry.get("hf") is HFReplica
 
@@ -336,7 +336,7 @@ class _FakeWorker:
 def test_hf_replica_places_its_server_on_its_workers_gpu(monkeypatch, platform, workers, placed):
     import asyncio
 
-    from rpg.backends.cpu.hf_rollout import HFReplica
+    from rpg.backends.hf_rollout import HFReplica
 
     monkeypatch.setenv("VERL_PLATFORM", platform)
     replica = object.__new__(HFReplica)  # only .workers is read

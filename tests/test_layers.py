@@ -23,7 +23,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("math", ("rpg.divergences", "rpg.behavior", "rpg.loss_terms", "rpg.losses", "rpg.advantage")),
     ("shared pieces (overrides, run environment, signals, metrics history)", ("rpg.common",)),
     ("leaves: reward, data, the tiny task", ("rpg.reward", "rpg.data", "rpg.tiny")),
-    ("backends", ("rpg.backends", "rpg.backends.cpu", "rpg.backends.gpu", "rpg.backends.registry")),
+    ("backends", ("rpg.backends", "rpg.backends.hf_rollout", "rpg.backends.cpu", "rpg.backends.gpu",
+                  "rpg.backends.registry")),
     ("verl glue and the driver", ("rpg.verl",)),
     ("launch", ("rpg.launch",)),
     ("applications", ("rpg.reports", "rpg.demo", "rpg.study")),
@@ -34,7 +35,7 @@ MAX_LINES = 450
 
 def node_of(module: str) -> str:
     parts = module.split(".")
-    if len(parts) >= 3 and parts[1] == "backends" and parts[2] in ("cpu", "gpu", "registry"):
+    if len(parts) >= 3 and parts[1] == "backends" and parts[2] in ("hf_rollout", "cpu", "gpu", "registry"):
         return ".".join(parts[:3])
     return ".".join(parts[:2]) if len(parts) > 1 else module
 
@@ -111,6 +112,14 @@ def upward(root: Path = ROOT) -> list[str]:
 def test_every_import_points_down():
     found = upward()
     assert not found, "imports that point up or sideways:\n" + "\n".join(found)
+
+
+def test_the_two_backends_do_not_import_each_other():
+    """What both backends use (the HF rollout, the interface) sits below them in the layer: a GPU run never
+    loads the CPU backend's platform, patches or settings, and the CPU backend never loads the GPU's."""
+    found = [f"{path.relative_to(ROOT)}:{line}: {src} imports {dst}" for src, dst, path, line in arrows()
+             if {src, dst} == {"rpg.backends.cpu", "rpg.backends.gpu"}]
+    assert not found, "\n".join(found)
 
 
 def module_cycles(root: Path = ROOT) -> list[list[str]]:
@@ -202,7 +211,7 @@ def test_torch_free_layers_import_without_torch():
 
     light = {"rpg.config", "rpg.common", "rpg.launch"}
     mods = [m for m in map(module_of, sources()) if node_of(m) in light and not m.endswith("__main__")]
-    mods += ["rpg.backends", "rpg.backends.cpu.backend", "rpg.backends.gpu.backend"]
+    mods += ["rpg.backends", "rpg.backends.cpu.backend", "rpg.backends.gpu.backend", "rpg.backends.hf_rollout.register"]
     code = "import sys; sys.modules['torch'] = None\n" + "".join(f"import {m}\n" for m in mods)
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

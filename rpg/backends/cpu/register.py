@@ -7,9 +7,7 @@ It does nothing at all unless ``VERL_PLATFORM=cpu``: importing rpg on a GPU mach
 
 Registers, when active:
 * platform ``cpu`` (``PlatformRegistry.register``), see platform.py;
-* rollout ``hf``: ``RolloutReplicaRegistry.register("hf", ...)`` and the worker-side adapter in
-  ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` (verl's registry for adapters is this dict; it
-  has no register function);
+* rollout ``hf`` (``rpg.backends.hf_rollout.register``: the replica and the worker-side adapter);
 * the FSDP/FSDP2 engines for device ``cpu`` (``EngineRegistry.register``; verl registers them for
   cuda/npu only). Importing ``verl.workers.engine`` costs ~2 s, so this registration runs right
   after that package is first imported (a standard ``sys.meta_path`` post-import hook), and
@@ -29,18 +27,9 @@ import sys
 from typing import Callable
 
 from rpg.backends import on_cpu_platform
+from rpg.backends.hf_rollout.register import register_hf_rollout
 
 ACTIVE = on_cpu_platform()
-ROLLOUT_NAME = "hf"
-ADAPTER_FQN = "rpg.backends.cpu.hf_rollout.HFServerAdapter"
-
-
-def _load_hf_replica():
-    from rpg.backends.cpu.hf_rollout import HFReplica
-
-    return HFReplica
-
-
 def register_engines(engine_pkg=None) -> None:
     """Register verl's FSDP engine classes for device ``cpu`` (idempotent)."""
     from verl.workers.engine.base import EngineRegistry
@@ -86,16 +75,6 @@ def when_imported(fullname: str, callback: Callable) -> None:
         callback(sys.modules[fullname])
     else:
         sys.meta_path.insert(0, _PostImportHook(fullname, callback))
-
-
-def register_hf_rollout() -> None:
-    """``rollout.name=hf``: the replica (server launcher) and the worker-side adapter (idempotent).
-    Also used on CUDA by ``rpg.backends.gpu.register`` (the server then keeps its model on the GPU)."""
-    from verl.workers.rollout import base as rollout_base
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
-
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
-    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_FQN
 
 
 def register() -> None:

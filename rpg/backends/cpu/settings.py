@@ -19,11 +19,11 @@ from collections.abc import Iterable, Mapping
 
 from rpg.backends.cpu import vllm_cpu
 from rpg.backends.cpu.world import ray_resource_overrides
+from rpg.backends.hf_rollout.register import ROLLOUT_NAME
 from rpg.common.overrides import merge_overrides
 from rpg.common.run_env import RUN_ENV, external_modules, forwarded_env_overrides
 
 REGISTER_MODULE = "rpg.backends.cpu.register"
-ROLLOUT_NAME = "hf"
 
 # Forwarded to every Ray process through ray_kwargs.ray_init.runtime_env.env_vars as well
 # (Ray workers on this node also inherit the driver's environment; the explicit forward keeps it
@@ -93,7 +93,7 @@ def cpu_overrides(env: Mapping[str, str] | None = None, nnodes: int = 1, n_gpus_
         # no flash-attention on CPU
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        # rollout: the HF-generate server of rpg.backends.cpu.hf_rollout, one process
+        # rollout: the HF-generate server of rpg.backends.hf_rollout, one process
         f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}",
         "actor_rollout_ref.rollout.mode=async",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",

@@ -16,14 +16,24 @@ This package provides the three pieces verl's server mode expects, for tiny mode
   ``rollout.update_weights(per-tensor generator)``) and ships them to the server, so training
   and validation always sample from the current actor weights.
 
-rpg/backends/cpu/register.py registers them with verl: ``HFReplica`` imported from here, and the
-adapter by its dotted path ``rpg.backends.cpu.hf_rollout.HFServerAdapter``, which verl imports in the
-actor worker. This file re-exports those names and the others that code outside the package imports.
+Used by both backends: the CPU backend's ``rollout.name=hf`` and the GPU smoke run's ``ROLLOUT=hf``.
+register.py registers the pieces with verl (``register_hf_rollout``: ``HFReplica`` loaded when verl first
+asks for it, the adapter by its dotted path ``rpg.backends.hf_rollout.adapter.HFServerAdapter``, which verl
+imports in the actor worker); ``rpg.backends.cpu.register`` and ``rpg.backends.gpu.register`` call it.
+This file names the pieces that code outside the package imports, each loaded on first use (PEP 562), so
+importing the registration costs no torch, transformers or verl worker import.
 """
 
-from rpg.backends.cpu.hf_rollout.adapter import HFServerAdapter
-from rpg.backends.cpu.hf_rollout.replica import HFReplica
-from rpg.backends.cpu.hf_rollout.sampling import SeededRowSampler
-from rpg.backends.cpu.hf_rollout.server import HFRolloutServer, rollout_device
+from __future__ import annotations
 
-__all__ = ["HFReplica", "HFRolloutServer", "HFServerAdapter", "SeededRowSampler", "rollout_device"]
+import importlib
+
+_HOMES = {"HFServerAdapter": "adapter", "HFReplica": "replica", "SeededRowSampler": "sampling",
+          "HFRolloutServer": "server", "rollout_device": "server"}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -12,7 +12,7 @@ import ray
 from verl.workers.rollout.replica import RolloutReplica
 
 from rpg.backends import on_cpu_platform
-from rpg.backends.cpu.hf_rollout.server import HFRolloutServer, server_name
+from rpg.backends.hf_rollout.server import HFRolloutServer, server_name
 
 
 class HFReplica(RolloutReplica):

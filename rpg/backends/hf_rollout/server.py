@@ -23,7 +23,7 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.replica import TokenOutput
 
 from rpg.backends import PLATFORM_ENV, on_cpu_platform
-from rpg.backends.cpu.hf_rollout.sampling import _limit, generate_batch, row_seed
+from rpg.backends.hf_rollout.sampling import _limit, generate_batch, row_seed
 
 logger = logging.getLogger(__name__)
 

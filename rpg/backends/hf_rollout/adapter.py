@@ -3,8 +3,8 @@ worker. It receives the actor's weights from verl's weight-sync path (``ActorRol
 -> ``rollout.update_weights(per-tensor generator)``), gathered to full float32 host tensors, and ships them
 to its replica's server (server.py), so training and validation always sample from the current actor weights.
 
-verl builds it from a dotted path: rpg/backends/cpu/register.py puts ``rpg.backends.cpu.hf_rollout.HFServerAdapter``
-(re-exported by this package) in ``verl.workers.rollout.base._ROLLOUT_REGISTRY``.
+verl builds it from a dotted path: register.py puts ``rpg.backends.hf_rollout.adapter.HFServerAdapter`` in
+``verl.workers.rollout.base._ROLLOUT_REGISTRY``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 
-from rpg.backends.cpu.hf_rollout.server import server_name
+from rpg.backends.hf_rollout.server import server_name
 
 
 class HFServerAdapter(BaseRollout):
