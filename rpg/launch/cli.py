@@ -62,7 +62,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rpg.backends.registry import backend
-from rpg.common.overrides import OverrideSyntaxError, merge_overrides, values
+from rpg.common.overrides import OverrideSyntaxError, values
 from rpg.config import RPGConfigError
 from rpg.launch import job
 from rpg.launch.args import read_overrides
@@ -237,8 +237,9 @@ def _run_here(req: LaunchRequest, v, overrides: Sequence[str], user: Sequence[st
         run = run_trainer(overrides, output_dir=out, entry=str(req.root / ENTRY), timeout_s=req.timeout_s,
                           echo=req.echo, on_line=on_line, backend=req.backend)
     except TrainerRunError as e:
-        resume = f"OUT_DIR={shlex.quote(str(out))} " + shlex.join(
-            [sys.executable, "-m", "rpg.launch", v.name, *merge_overrides(user, ["trainer.resume_mode=auto"])])
+        # the variables the user set (RPG_BACKEND=cpu among them), the run's folder, the same overrides
+        resume = job.job_resume_command({**req.env, "OUT_DIR": str(out)}, ENV_VARS,
+                                        shlex.join([sys.executable, "-m", "rpg.launch", v.name]), user)
         return report_failure(e, prefix, resume_hint(values(overrides).get("trainer.v1.trainer_mode", "sync"), resume))
     for note in run.notes:
         print(f"{prefix} note: {note}", flush=True)

@@ -31,8 +31,9 @@ def submission_id() -> str:
 
 
 def job_resume_command(env: Mapping[str, str], env_vars: Sequence[str], launch: str, user: Sequence[str]) -> str:
-    """The command that resumes a submitted run: the launcher's variables the user set (``env_vars``, minus
-    ``NOT_RESUMED``), the launch command (``bash recipe/rpg/7b/<name>.sh``) and the user's overrides with
+    """The command that resumes a run of the launcher (a submitted job, or a CPU run on this machine): the
+    launcher's variables the user set (``env_vars``, minus ``NOT_RESUMED``), the launch command (``bash
+    recipe/rpg/7b/<name>.sh``, ``python -m rpg.launch <name>``) and the user's overrides with
     ``trainer.resume_mode=auto`` (replacing theirs)."""
     from rpg.common.overrides import merge_overrides
 
