@@ -91,6 +91,41 @@ def test_tiny_task_is_off_policy_by_default(tmp_path):
         tiny_task_overrides(TinyAssets.at(tmp_path), mini_batch_size=3)
 
 
+def test_paths_reach_hydra_as_the_same_strings(tmp_path, monkeypatch):
+    """A folder name with a comma, a space or an '=' (a cache, a checkout, TMPDIR): the tiny task's files and
+    model, the GPU smoke run's checkpoint folders and the harness's Ray folder are read back by Hydra's own
+    parser as those very paths (bare, ``a,b`` was a sweep: OverrideSyntaxError)."""
+    from types import SimpleNamespace
+
+    from rpg.common.overrides import values
+    from rpg.demo import gpu_smoke
+    from rpg.launch.harness import run_trainer
+    from rpg.tiny.build import TinyAssets
+    from rpg.tiny.overrides import tiny_task_overrides
+
+    odd = tmp_path / "my,cache dir=1"
+    assets = TinyAssets.at(odd)
+    got = values(tiny_task_overrides(assets))
+    assert got["data.train_files"] == str(assets.train_file) and got["data.val_files"] == str(assets.val_file)
+    assert got["actor_rollout_ref.model.path"] == str(assets.model_dir)
+    args = SimpleNamespace(steps=2, resume_steps=1, lr=1e-6, rollout="hf", gpus=1, no_offload=False)
+    got = values(gpu_smoke.run_overrides(assets, args, first=False, ckpt=odd / "ckpt"))
+    assert got["trainer.default_local_dir"] == str(odd / "ckpt")
+    assert got["trainer.resume_from_path"] == str(odd / "ckpt" / "global_step_2")
+    monkeypatch.setattr("tempfile.tempdir", str(odd))
+    odd.mkdir(parents=True, exist_ok=True)
+    seen = {}
+
+    def capture(overrides, *a, **k):
+        seen.update(values(overrides))
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr("rpg.launch.harness.run.build_command", capture)
+    with pytest.raises(RuntimeError, match="captured"):
+        run_trainer([], output_dir=tmp_path / "out", entry="x.py", timeout_s=1)
+    assert seen["ray_kwargs.ray_init._temp_dir"].startswith(str(odd / "rpgray")), seen
+
+
 def test_demo_progress_shows_ratio_range_kl_and_clip_fraction():
     from rpg.demo.progress import policy_stats
 

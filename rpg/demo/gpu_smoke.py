@@ -37,7 +37,7 @@ from rpg.backends.gpu.settings import REGISTER_MODULE
 from rpg.demo import smoke_checks
 from rpg.demo.progress import StartupProgress, progress
 from rpg.launch.harness import TrainerRun, TrainerRunError, run_trainer
-from rpg.common.overrides import OverrideSyntaxError, check_user_overrides, values
+from rpg.common.overrides import OverrideSyntaxError, check_user_overrides, hydra_value, values
 from rpg.demo.smoke_settings import (ALGORITHM, ROLLOUTS, SmokeSettingsError, check_settings,
                                        gpu_overrides, head_dim, head_dim_problem)
 
@@ -119,11 +119,13 @@ def run_overrides(assets, args, *, first: bool, ckpt: Path) -> list[str]:
     _, algo = tiny_algorithm("rpg", lr=args.lr)
     gpu = gpu_overrides(args.rollout, args.gpus, offload=not args.no_offload, mini_batch_size=MINI_BATCH_SIZE,
                         n=ROLLOUT_N, train_batch_size=TRAIN_BATCH_SIZE)
-    run = [f"trainer.default_local_dir={ckpt}", f"trainer.save_freq={total}", "trainer.max_actor_ckpt_to_keep=2"]
+    run = [f"trainer.default_local_dir={hydra_value(str(ckpt), 'trainer.default_local_dir')}",
+           f"trainer.save_freq={total}", "trainer.max_actor_ckpt_to_keep=2"]
     if first:
         run += ["trainer.resume_mode=disable", "trainer.val_before_train=True"]
     else:
-        run += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={ckpt / f'global_step_{args.steps}'}",
+        resume_from = hydra_value(str(ckpt / f"global_step_{args.steps}"), "trainer.resume_from_path")
+        run += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={resume_from}",
                 "trainer.val_before_train=False"]
     return [*task, *algo, *ALGORITHM, *gpu, *run]
 

@@ -28,7 +28,7 @@ while each mini-batch still holds two whole groups (a mini-batch of 1 prompt wou
 
 from __future__ import annotations
 
-from rpg.common.overrides import override_key, values
+from rpg.common.overrides import hydra_value, override_key, values
 from rpg.tiny.build import TinyAssets
 
 RECIPE_ENTRY = "recipe/rpg/main_rpg.py"  # relative to the project root (rpg.demo.cpu resolves it)
@@ -101,15 +101,15 @@ def tiny_task_overrides(
     check_world_size(world_size, mini_batch_size, n)
     mini, batch = mini_batch_size, train_batch_size
     return [
-        f"data.train_files={assets.train_file}",
-        f"data.val_files={assets.val_file}",
+        f"data.train_files={hydra_value(str(assets.train_file), 'data.train_files')}",
+        f"data.val_files={hydra_value(str(assets.val_file), 'data.val_files')}",
         f"data.train_batch_size={batch}",
         "data.max_prompt_length=64",
         "data.max_response_length=16",
         "data.filter_overlong_prompts=False",
         "data.truncation=error",
         "data.shuffle=True",
-        f"actor_rollout_ref.model.path={assets.model_dir}",
+        f"actor_rollout_ref.model.path={hydra_value(str(assets.model_dir), 'actor_rollout_ref.model.path')}",
         "actor_rollout_ref.model.use_remove_padding=True",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mini * n // world_size}",

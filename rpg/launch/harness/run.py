@@ -31,7 +31,7 @@ from pathlib import Path
 from rpg.backends.registry import backend as select_backend
 from rpg.common import history
 from rpg.common.metrics_file import MetricsFileError
-from rpg.common.overrides import values
+from rpg.common.overrides import hydra_value, values
 from rpg.common.run_env import ray_auth_env, wandb_env
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.launch.harness.command import DEFAULT_ENTRY, build_command, entry_argv
@@ -97,7 +97,7 @@ def run_trainer(
     base = {**os.environ, **(env or {})}
     ray_tmp = tempfile.mkdtemp(prefix="rpgray")  # short: Ray's socket paths are length-limited
     argv, run_env = build_command(
-        [*overrides, f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"], entry, extra_modules, base, backend
+        [*overrides, "+ray_kwargs.ray_init._temp_dir=" + hydra_value(ray_tmp, "TMPDIR")], entry, extra_modules, base, backend
     )
     run_env["PYTHONUNBUFFERED"] = "1"
     run_overrides = argv[1 + len(entry_argv(entry)):]  # after python and the entry
