@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rpg.backends.registry import backend
 from rpg.common.overrides import check_user_overrides, hydra_list, hydra_value, merge_overrides, override_key, values
+from rpg.common.run_env import forwarded_env_overrides
 from rpg.launch.config_keys import RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME, compose_config
 from rpg.launch.run_dir import default_checkpoint_dir
 from rpg.launch.request import DEFAULT_LOGGERS, LaunchError, LaunchRequest, project_root
@@ -53,9 +54,7 @@ def env_overrides(v: Variant, req: LaunchRequest) -> list[str]:
         f"trainer.experiment_name={hydra_value(exp, 'EXP_NAME')}",
         f"trainer.default_local_dir={hydra_value(ckpts, 'CKPTS_DIR')}",
     ]
-    # quoted: always a string
-    ov += [f"+ray_kwargs.ray_init.runtime_env.env_vars.{k}={hydra_value(log_env[k], k, quote=True)}" for k in LOG_ENV]
-    return ov
+    return ov + forwarded_env_overrides(log_env, LOG_ENV)  # to every Ray process, each value a quoted string
 
 
 def finalize(overrides: list[str], user: Sequence[str]) -> list[str]:
