@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-METRICS_FILE = "metrics.jsonl"
+METRICS_FILE = "metrics.jsonl"  # a run's metrics in its output folder (the harness, the study, the demo)
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker (rpg.verl.checkpoints.TRACKER; a test pins it)
 
 
