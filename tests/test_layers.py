@@ -15,12 +15,19 @@ What counts as an import of a module:
   (every name the lookup can give). ``f"{__name__}.{_HOMES[name]}"`` (a PEP 562 lazy loader) imports each
   submodule ``_HOMES`` names. Any other ``ARG`` fails the test (write it in one of these forms), unless
   ``UNREAD_IMPORTS`` lists it with the reason it imports no module of the house.
+
+A string constant that names an ``rpg`` module in full (``"rpg.a.b"``, ``"rpg.a.b.Class"``, ``"rpg.a.b:function"``
+where ``rpg/a/b.py`` or ``rpg/a/b/__init__.py`` exists: a dotted path handed to verl, Hydra or ``python -m``;
+an f-string's constant parts count too) is an import made later by someone else: it must point down like an
+import, unless ``NAMED_ABOVE`` lists it. A string that names no module (a config key such as ``rpg.loss.name``)
+is not one.
 """
 
 from __future__ import annotations
 
 import ast
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -177,6 +184,67 @@ def test_every_import_points_down():
     assert not found, "imports that point up or sideways:\n" + "\n".join(found)
 
 
+MODULE_PATH = re.compile(r"rpg(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?")  # rpg.a.b, rpg.a.b.Class, rpg.a.b:function
+
+# strings that name a module above their own on purpose, (file, string) -> why
+NAMED_ABOVE = {
+    ("rpg/config/block.py", "rpg.reward"): "the default value of the config key rpg.reward_function: the "
+    "configuration holds it as data and never imports it; the driver (rpg.verl.translate) resolves it",
+}
+
+
+def named_module(text: str, root: Path = ROOT) -> str | None:
+    """The ``rpg`` module a string names in full (``rpg.a.b``, ``rpg.a.b.Name``, ``rpg.a.b:function``), when
+    ``rpg/a/b.py`` or ``rpg/a/b/__init__.py`` exists; None otherwise (a config key such as ``rpg.loss.name``)."""
+    if not MODULE_PATH.fullmatch(text):
+        return None
+    dotted, colon, _ = text.partition(":")
+    parts = dotted.split(".")
+    for module in [parts] if colon else [parts, parts[:-1]]:  # without ``:``, a last name may be a class
+        if len(module) > 1 and (root.joinpath(*module[:-1], module[-1] + ".py").exists()
+                                or root.joinpath(*module, "__init__.py").exists()):
+            return ".".join(module)
+    return None
+
+
+def named_upward(root: Path = ROOT) -> list[tuple[str, int, str, str, str]]:
+    """(file, line, string, its node, the node it names) for each string constant of ``rpg/`` (f-strings'
+    constant parts too) that names a module of the same or a higher layer than its own."""
+    out = []
+    for path in sources(root):
+        src = node_of(module_of(path, root))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                target = named_module(node.value, root)
+                dst = target and node_of(target)
+                if dst and dst != src and src in RANK and dst in RANK and RANK[dst] >= RANK[src]:
+                    out.append((path.relative_to(root).as_posix(), node.lineno, node.value, src, dst))
+    return out
+
+
+def upward_strings(root: Path = ROOT) -> list[str]:
+    return [f"{file}:{line}: {src} ({LAYERS[RANK[src][0]][0]}) names {text!r}, in {dst} "
+            f"({LAYERS[RANK[dst][0]][0]})" for file, line, text, src, dst in sorted(named_upward(root))
+            if (file, text) not in NAMED_ABOVE]
+
+
+def test_every_module_path_string_points_down():
+    """A dotted path in a string (a Hydra ``_target_``, a registry entry verl imports, ``-m rpg.x``) is imported
+    later by verl, Hydra or a subprocess: it points down like an import."""
+    found = upward_strings()
+    assert not found, "strings that name a module above (list one in NAMED_ABOVE only if it is data):\n" + \
+        "\n".join(found)
+
+
+def test_the_allow_lists_name_what_is_there():
+    named = {(file, text) for file, _, text, _, _ in named_upward()}
+    assert not set(NAMED_ABOVE) - named, f"NAMED_ABOVE lists strings no longer there: {set(NAMED_ABOVE) - named}"
+    unread = {(p.relative_to(ROOT).as_posix(), ast.unparse(n.args[0])) for p in sources()
+              for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Call) and _is_dynamic(n)}
+    assert not set(UNREAD_IMPORTS) - unread, \
+        f"UNREAD_IMPORTS lists calls no longer there: {set(UNREAD_IMPORTS) - unread}"
+
+
 def test_the_two_backends_do_not_import_each_other():
     """What both backends use (the HF rollout, the interface) sits below them in the layer: a GPU run never
     loads the CPU backend's platform, patches or settings, and the CPU backend never loads the GPU's."""
@@ -283,6 +351,22 @@ def test_the_checks_read_lazy_loaders(tmp_path):
                                         "    return importlib.import_module(f'{__name__}.{name}')\n"})
     with pytest.raises(AssertionError, match="rpg/common/y.py:3: cannot read which module"):
         upward(tmp_path)
+
+
+def test_the_string_check_catches_upward_module_paths(tmp_path):
+    """The configuration naming a driver's class, a reward function and a launcher's ``-m`` module (in an
+    f-string) fails; a config key that names no module, a path to its own node or the allowed default passes."""
+    plant(tmp_path, {
+        "rpg/__init__.py": "",
+        "rpg/config/a.py": "T = 'rpg.verl.policy.Config'\nF = 'rpg.reward:score'\nARGV = ['-m', f'rpg.launch.cli']\n"
+                           "KEY = 'rpg.loss.name'\nOWN = 'rpg.config.block'\nTWO = 'rpg.verl.policy.Config.x'\n",
+        "rpg/config/block.py": "RPG_MODULE = 'rpg.reward'\n",
+        "rpg/verl/policy.py": "",
+        "rpg/reward/__init__.py": "",
+        "rpg/launch/cli.py": "NAME = 'rpg.verl.policy'\n",
+    })
+    assert [line.split(": ")[0] for line in upward_strings(tmp_path)] == ["rpg/config/a.py:1", "rpg/config/a.py:2",
+                                                                         "rpg/config/a.py:3"]
 
 
 @pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(ROOT)))
