@@ -244,6 +244,49 @@ def test_fresh_start_rules(tmp_path):
         check_fresh_start(out, "disable", ckpt.parent, "OUT=...")
 
 
+@pytest.mark.parametrize("broken, why", [
+    ("{not json", r"not a JSON line \(Expecting property name"),
+    ('{"step": null, "data": {}}', r"step must be an integer, got None"),
+    ("[1, 2]", r"expected an object with a 'step' key, got \[1, 2\]"),
+])
+def test_a_run_folder_with_a_broken_metrics_line_is_refused_naming_the_file_and_line(broken, why, tmp_path):
+    """The folder check reads metrics.jsonl by the one reader's rules (rpg.common.metrics_file): a broken line
+    before the last is refused naming the file and line, never skipped (it used to be: steps 0..2 of the
+    lines around it were reported, or none, as if the file held nothing)."""
+    from rpg.launch.run_dir import RunDirError, check_fresh_start
+
+    out = tmp_path / "D"
+    out.mkdir()
+    metrics = out / "metrics.jsonl"
+    metrics.write_text("\n".join([json.dumps({"step": 0, "data": {}}), broken, json.dumps({"step": 2, "data": {}})]))
+    for mode, ckpts in (("disable", out / "checkpoints"), ("auto", out / "checkpoints" / "p" / "other")):
+        (out / "checkpoints" / "p" / "mine" / "global_step_2").mkdir(parents=True, exist_ok=True)
+        with pytest.raises(RunDirError) as err:
+            check_fresh_start(out, mode, ckpts, "OUT=...")
+        line = str(err.value)
+        assert "\n" not in line and re.match(rf"{re.escape(str(metrics))}:2: {why}", line), line
+        assert line.endswith("nothing was started: repair that file, or choose another output folder (OUT=...)")
+    check_fresh_start(out, "resume_path", out / "checkpoints", "OUT=...")  # the driver's to check: not read
+
+
+def test_the_folder_check_reads_the_metrics_segments_and_skips_only_a_cut_last_line(tmp_path):
+    from rpg.launch.run_dir import RunDirError, check_fresh_start, run_found
+
+    out = tmp_path / "D"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 0, "data": {}}\n{"step": 1, "da')  # cut by a kill: skipped
+    assert run_found(out, None) == f"{out / 'metrics.jsonl'} with steps 0..0"
+    (out / "metrics.jsonl").write_text('{"step": 0, "da')  # nothing but a cut line: no record, no run
+    (out / "metrics.backup.jsonl").write_text('{"step": 7, "data": {}}\n')  # not a segment (history.segments)
+    assert run_found(out, None) is None
+    check_fresh_start(out, "disable", None, "OUT=...")
+    (out / "metrics.part2.jsonl").write_text('{"step": 3, "data": {}}\n{"step": 4.0, "data": {}}\n')  # a segment
+    assert run_found(out, None) == f"{out / 'metrics.jsonl'} with steps 3..4"
+    (out / "metrics.part2.jsonl").write_bytes(b'{"step": 3, "data": {"x": "\xe9"}}\n')  # not UTF-8: named
+    with pytest.raises(RunDirError, match=rf"^{re.escape(str(out / 'metrics.part2.jsonl'))}: not UTF-8 text"):
+        check_fresh_start(out, "disable", None, "OUT=...")
+
+
 def test_the_checkpoint_folder_is_named_after_the_variant_run(tmp_path, capsys, monkeypatch):
     """The demo named every RPG run's folder tiny_rpg_reinforce_ufkl, whatever divergence or form it ran."""
     import rpg.demo.cpu as demo

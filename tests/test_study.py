@@ -231,6 +231,35 @@ def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_pa
     assert fake.calls == [specs[2].run_id, specs[3].run_id]
 
 
+@pytest.mark.parametrize("bad, why", [
+    ('{"step": null, "data": {"timing_s/step": 2.0}}', "step must be an integer, got None"),
+    ("[1, 2]", r"expected an object with a 'step' key, got \[1, 2\]"),
+    ('{"step": 1, "data": 3}', "'data' must be an object of metrics, got 3"),
+    ('{"step": 1, "data": {"timing_s/step": null}}', "timing_s/step must be a number of seconds, got None"),
+    ('{"step": 1, "data": {"timing_s/testing": "1.0"}}', "timing_s/testing must be a number of seconds, got '1.0'"),
+])
+def test_a_run_whose_metrics_cannot_be_read_is_failed_naming_the_file_and_line(bad, why, fake, tmp_path, monkeypatch,
+                                                                              capsys):
+    """The measured times are read by the one reader (rpg.common.metrics_file): a line that is not a record or a
+    timing that is not seconds is neither summed as if valid, skipped, nor an uncaught TypeError that stops the
+    grid; the run is failed (rerun with --retry-failed) with the file and line."""
+    from rpg.launch import harness
+
+    specs = G.grid(seeds=1, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:5])
+
+    def broken(overrides, **kw):
+        run = fake(overrides, **kw)
+        lines = run.metrics_file.read_text().splitlines()
+        run.metrics_file.write_text("\n".join([lines[0], bad, *lines[1:]]) + "\n")
+        return run
+
+    monkeypatch.setattr(harness, "run_trainer", broken)
+    (rec,) = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)
+    metrics = R.run_dir(tmp_path, specs[0]) / "metrics.jsonl"
+    assert rec["status"] == "failed" and re.match(rf"{re.escape(str(metrics))}:2: {why}", rec["error"]), rec
+    assert rec["last_step"] == 4 and f"failed 1/1 {specs[0].label}" in capsys.readouterr().out
+
+
 def test_runs_go_jobs_at_a_time_in_grid_order(fake, tmp_path, monkeypatch):
     import threading
     import time

@@ -54,7 +54,8 @@ from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.demo.progress import StartupProgress, progress, val_acc
 from rpg.launch.args import OneLineParser, positive_int, read_overrides
 from rpg.launch.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, trainer_overrides
-from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir, new_run_dir
+from rpg.launch.run_dir import (METRICS_FILE, RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir,
+                                 new_run_dir)
 from rpg.launch.variants import recipe_value
 
 COMMAND = "bash recipe/rpg/tiny/run_tiny_cpu.sh"
@@ -306,7 +307,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
         f"peak RAM of the run's processes {summary['peak_pss_gb']:.1f} GiB (PSS; machine-wide increase "
         f"{summary['peak_system_used_gb']:.1f} GiB)\n"
         f"{PREFIX} validation accuracy: before {fmt(summary['val_acc_before'])} -> after {fmt(summary['val_acc_after'])}\n"
-        f"{PREFIX} wrote {out / 'metrics.jsonl'}, {out / 'training_curve.png'}, {out / 'summary.json'}",
+        f"{PREFIX} wrote {out / METRICS_FILE}, {out / 'training_curve.png'}, {out / 'summary.json'}",
         flush=True,
     )
     return 0

@@ -8,8 +8,9 @@
 * ``checkpoint_root(out, cfg)``: ``trainer.default_local_dir`` of the composed config, relative to the
   output folder (the harness runs the trainer there; verl's default is ``checkpoints/<project>/<experiment>``);
 * ``check_fresh_start``: a fresh start (``trainer.resume_mode=disable``, the tiny demo's default) in a folder
-  that already holds a run (records in its ``metrics.jsonl``, or a ``global_step_N`` / verl's tracker in
-  its checkpoint folder) would replace that run's metrics and checkpoints. It is refused before anything
+  that already holds a run (records in its ``metrics.jsonl`` or its segments, read by ``rpg.common.metrics_file``'s
+  rules: a broken line before the last is refused too, naming the file and line; or a ``global_step_N`` / verl's
+  tracker in its checkpoint folder) would replace that run's metrics and checkpoints. It is refused before anything
   starts, in ONE line naming what was found and the two ways on: another output folder, or
   ``trainer.resume_mode=auto`` to continue it (as Hugging Face's Trainer refuses a non-empty
   ``output_dir`` unless told). A resume (``auto``, ``resume_path``) is checked by the driver instead
@@ -23,7 +24,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-METRICS_FILE = "metrics.jsonl"
+from rpg.common import history
+from rpg.common.metrics_file import MetricsFileError, records
+
+METRICS_FILE = "metrics.jsonl"  # a run's metrics in its output folder (the harness, the study, the demo)
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker (rpg.verl.checkpoints.TRACKER; a test pins it)
 
 
@@ -61,17 +65,10 @@ def checkpoint_root(out: Path | str, default_local_dir: str) -> Path:
 
 
 def _metric_steps(out: Path) -> list[int]:
-    """The steps recorded in ``out/metrics.jsonl`` and its segments (the last line may be cut by a kill)."""
-    import json
-
-    steps = []
-    for path in sorted(out.glob("metrics*.jsonl")):
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                steps.append(int(json.loads(line)["step"]))
-            except (ValueError, KeyError, TypeError):
-                continue
-    return sorted(set(steps))
+    """The steps recorded in ``out/metrics.jsonl`` and its segments (``rpg.common.history.segments``), read by
+    ``rpg.common.metrics_file``'s rules: a last line cut off by a kill is skipped; any other line that is not a
+    record (not UTF-8, not JSON, no integer step) is a ``MetricsFileError`` naming the file and line."""
+    return sorted({step for path in history.segments(Path(out) / METRICS_FILE) for _, step, _ in records(path)})
 
 
 def _checkpoints(root: Path) -> list[str]:
@@ -83,7 +80,8 @@ def _checkpoints(root: Path) -> list[str]:
 
 
 def run_found(out: Path | str, ckpt_root: Path | str | None) -> str | None:
-    """What ``out`` holds of an earlier run (metrics records, checkpoints in ``ckpt_root``), or None."""
+    """What ``out`` holds of an earlier run (metrics records, checkpoints in ``ckpt_root``), or None;
+    ``MetricsFileError`` (file:line) when its metrics cannot be read."""
     out = Path(out)
     parts = []
     steps = _metric_steps(out) if out.is_dir() else []
@@ -111,12 +109,17 @@ def _check_other_run(out: Path, ckpt_root: Path, another: str) -> None:
 
 def check_fresh_start(out: Path | str, resume_mode, ckpt_root: Path | str | None, another: str) -> None:
     """``RunDirError`` (one line) when a fresh start (``resume_mode=disable``) would overwrite the run that
-    ``out`` holds; ``another``: how the user names another output folder (``OUT=... (--out)``, ``OUT_DIR=...``)."""
-    if resume_mode == "auto" and ckpt_root is not None:
-        _check_other_run(Path(out), Path(ckpt_root), another)
-    if resume_mode != "disable":
-        return
-    found = run_found(out, ckpt_root)
+    ``out`` holds; ``another``: how the user names another output folder (``OUT=... (--out)``, ``OUT_DIR=...``).
+    Its metrics are read only when the check needs them; a metrics file that cannot be read then (a broken line
+    before the last: ``rpg.common.metrics_file``) is a ``RunDirError`` too, naming the file and line: what it
+    holds cannot be told (and the harness, reading it by the same rules, would fail on it after the run)."""
+    try:
+        if resume_mode == "auto" and ckpt_root is not None:
+            _check_other_run(Path(out), Path(ckpt_root), another)
+        found = run_found(out, ckpt_root) if resume_mode == "disable" else None
+    except MetricsFileError as e:
+        raise RunDirError(f"{e}; nothing was started: repair that file, or choose another output folder "
+                          f"({another})") from None
     if found is None:
         return
     raise RunDirError(f"{out} already holds a run ({found}); a fresh start (trainer.resume_mode=disable) would "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from rpg.launch.run_dir import METRICS_FILE
 from rpg.reports.figures import ENTROPY_KEY, LENGTH_KEY, REWARD_KEY, Panel, plot_curves
 from rpg.reports.logs import Metrics, check_metric, read_run
 from rpg.reports.published import TableLayout
@@ -76,7 +77,7 @@ def load(out: Path, specs: list[RunSpec], records: list[dict]) -> tuple[dict[str
             continue
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            runs[spec.run_id] = read_run(run_dir(out, spec) / "metrics.jsonl")
+            runs[spec.run_id] = read_run(run_dir(out, spec) / METRICS_FILE)
         notes += [f"{spec.run_id}: {w.message}" for w in caught]
     return runs, notes
 

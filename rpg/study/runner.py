@@ -16,6 +16,7 @@ runs.)
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from rpg.common.metrics_file import MetricsFileError, records, short
 from rpg.study.grid import Costs, RunSpec, fmt_duration, save_json, speedup
 
 RUN_RECORD = "run.json"
@@ -103,19 +105,26 @@ def status(out: Path, spec: RunSpec, overrides: list[str] | None = None) -> str:
 
 
 def _timing(metrics_file: Path) -> tuple[float, float, int]:
-    """(summed timing_s/step, summed timing_s/testing, validations) from verl's file logger."""
+    """(summed timing_s/step, summed timing_s/testing, validations) from verl's file logger (none: zeros), read
+    by ``rpg.common.metrics_file``'s rules (a cut last line is skipped). A line that is not a record, or a timing
+    that is not a number of seconds (``null``: verl logged NaN or inf), is a ``MetricsFileError`` naming the
+    file and line: a sum that skipped it would understate the run's cost."""
     step = val = 0.0
     vals = 0
-    for line in metrics_file.read_text().splitlines() if metrics_file.is_file() else []:
-        try:
-            data = json.loads(line)["data"]
-        except (json.JSONDecodeError, KeyError):
-            continue
-        step += float(data.get("timing_s/step", 0.0))
+    for n, _, data in records(metrics_file) if metrics_file.is_file() else ():
+        step += _seconds(data, "timing_s/step", f"{metrics_file}:{n}")
         if "timing_s/testing" in data:
-            val += float(data["timing_s/testing"])
+            val += _seconds(data, "timing_s/testing", f"{metrics_file}:{n}")
             vals += 1
     return step, val, vals
+
+
+def _seconds(data: dict, key: str, where: str) -> float:
+    """``data[key]`` (0 when absent) as seconds, else ``MetricsFileError`` starting ``where``."""
+    value = data.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise MetricsFileError(f"{where}: {key} must be a number of seconds, got {short(value)}")
+    return float(value)
 
 
 def _code_version() -> str:
@@ -314,6 +323,7 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Pat
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "code": _code_version(), "overrides": overrides}
     watch = progress.start(index, spec)
     t0 = time.time()
+    run = None
     try:
         run = harness.run_trainer(overrides, output_dir=d, entry=str(project_root() / ENTRY), timeout_s=timeout_s,
                                   on_metrics=watch.on_metrics, stop=stop)
@@ -331,6 +341,9 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Pat
         last = [ln for ln in str(err).splitlines() if ln.strip()]
         record.update(status="failed", wall_time_s=round(time.time() - t0, 1),
                       last_step=err.run.last_step(), error=(last[-1] if last else str(err))[-400:])
+    except MetricsFileError as err:  # its metrics.jsonl cannot be read (one line, file:line first): not usable
+        record.update(status="failed", wall_time_s=round(time.time() - t0, 1),
+                      last_step=run.last_step() if run is not None else -1, error=str(err)[:400])
     finally:
         progress.finish(spec)
     save_json(d / RUN_RECORD, record)

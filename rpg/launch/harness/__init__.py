@@ -30,7 +30,8 @@ from rpg.launch.harness.metrics import fold_segments, read_metrics
 from rpg.launch.harness.reaping import SHM_DIR
 from rpg.launch.harness.result import (TrainerRun, TrainerRunError, checkpoint_dir, report_failure, report_stop,
                                        resume_decision)
-from rpg.launch.harness.run import LOG_FILE, METRICS_FILE, run_trainer
+from rpg.launch.harness.run import LOG_FILE, run_trainer
+from rpg.launch.run_dir import METRICS_FILE
 
 __all__ = ["LOG_FILE", "METRICS_FILE", "SHM_DIR", "TrainerRun", "TrainerRunError",
            "build_command", "checkpoint_dir", "fold_segments", "read_metrics", "report_failure", "report_stop",

@@ -40,8 +40,8 @@ from rpg.launch.harness.process import Monitor, pump_output
 from rpg.launch.harness.reaping import cleanup, identities, terminate_group, unlink_left
 from rpg.launch.harness.result import TrainerRun, TrainerRunError
 from rpg.launch.harness.tether import command as tethered
+from rpg.launch.run_dir import METRICS_FILE
 
-METRICS_FILE = "metrics.jsonl"
 LOG_FILE = "trainer.log"
 LOCK_FILE = ".run.lock"
 # after a stop signal: SIGTERM to the trainer, then to its group once it has exited (SIGKILL to the group
