@@ -15,6 +15,7 @@ import sys
 import hydra
 
 from rpg.common.overrides import exit_on_bad_argv
+from rpg.verl.errors import ERROR_PREFIX
 
 
 @hydra.main(config_path="config", config_name="rpg_trainer", version_base=None)
@@ -25,7 +26,7 @@ def main(config):
 
 
 if __name__ == "__main__":
-    exit_on_bad_argv(sys.argv[1:], "rpg config error")
+    exit_on_bad_argv(sys.argv[1:], ERROR_PREFIX)
     try:  # Ctrl-C while verl is imported or Hydra composes (before rpg.verl.main's own stop handling): one line
         # verl's import (seconds) once the command line is known to be readable, and before Hydra sets up
         # logging: its warnings of a GPU-less machine go to stderr, not to Hydra's job log on stdout

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 
 from rpg.common.overrides import hydra_value
 
+EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"  # verl/__init__.py imports the modules it lists, in every process
+
 # Every local run of the trainer (the CPU backend, and the GPU smoke run of rpg.demo.gpu_smoke).
 RUN_ENV = {
     # Ray's single-machine mode: with ENABLE_RAY_CLUSTER off, ``ray._private.services.get_node_ip_address``

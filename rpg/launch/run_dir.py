@@ -26,9 +26,9 @@ from pathlib import Path
 
 from rpg.common import history
 from rpg.common.metrics_file import MetricsFileError, records
+from rpg.verl.checkpoints import TRACKER  # verl's tracker file
 
 METRICS_FILE = "metrics.jsonl"  # a run's metrics in its output folder (the harness, the study, the demo)
-TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker (rpg.verl.checkpoints.TRACKER; a test pins it)
 
 
 def default_checkpoint_dir(project: str, experiment: str) -> str:

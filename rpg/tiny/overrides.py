@@ -29,6 +29,7 @@ while each mini-batch still holds two whole groups (a mini-batch of 1 prompt wou
 from __future__ import annotations
 
 from rpg.common.overrides import hydra_value, override_key, values
+from rpg.config import RPGSettings
 from rpg.tiny.build import TinyAssets
 
 RECIPE_ENTRY = "recipe/rpg/main_rpg.py"  # relative to the project root (rpg.demo.cpu resolves it)
@@ -146,7 +147,7 @@ def experiment_name(overrides: list[str]) -> str:
     (``tiny_grpo``), else ``tiny_<loss name>``. It names the checkpoint folder
     ``checkpoints/rpg_tiny/<name>``: a variant never writes into another variant's folder."""
     v = values(overrides)
-    loss = str(v.get("rpg.loss.name", "rpg"))
+    loss = str(v.get("rpg.loss.name", RPGSettings().loss_name))
     if loss == "rpg":
         return "_".join(["tiny_rpg", *(str(v[k]) for k in ("rpg.loss.form", "rpg.loss.divergence") if k in v)])
     if loss == "verl":

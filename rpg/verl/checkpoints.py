@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rpg.config import RPGConfigError, config_value, recorded_keys
+from rpg.config import RPGConfigError, config_value, declared_keys, recorded_keys
 
 MARKER = "rpg_checkpoint_complete.json"
 # verl.utils.checkpoint.checkpoint_manager.get_checkpoint_tracker_filename's name (a test pins it): not
@@ -57,7 +57,7 @@ RESUME_MODES = ("auto", "disable", "resume_path")  # verl 0.9.1 trainer_base: an
 # (hashlib releases the GIL while it hashes)
 DIGEST = "sha256"
 _BLOCK = 4 << 20
-ALLOW_CHANGED = "rpg.resume.allow_changed_settings"
+ALLOW_CHANGED = next(k.path for k in declared_keys() if k.name == "allow_changed_settings")  # its config key
 # what a checkpoint records of the run besides the rpg: block's recorded keys (rpg.config.recorded_keys):
 # verl's keys that change the estimator: the advantage, verl's loss keys (rpg.loss.name=verl variants), the
 # trainer mode (colocate_async weights each token by pi_old/mu, sync does not: rpg.behavior), the

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from rpg.backends import PLATFORM_ENV
 from rpg.backends.cpu import settings, vllm_cpu, world
 from rpg.backends.cpu.settings import cpu_env, cpu_overrides
 from rpg.common.overrides import override_key, values
+from rpg.common.run_env import EXTERNAL_MODULES_ENV
 from rpg.config import world_size_of
 
 NAME = "cpu"
 TINY_TASK = True
-IMPORT_ENV = ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES")  # read when verl is imported: its platform, our modules
+IMPORT_ENV = (PLATFORM_ENV, EXTERNAL_MODULES_ENV)  # read when verl is imported: its platform, our modules
 
 
 def run_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -17,18 +17,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
+from rpg.backends import PLATFORM_ENV
 from rpg.backends.cpu import vllm_cpu
 from rpg.backends.cpu.world import ray_resource_overrides
 from rpg.backends.hf_rollout.register import ROLLOUT_NAME
 from rpg.common.overrides import merge_overrides
-from rpg.common.run_env import RUN_ENV, external_modules, forwarded_env_overrides
+from rpg.common.run_env import EXTERNAL_MODULES_ENV, RUN_ENV, external_modules, forwarded_env_overrides
 
 REGISTER_MODULE = "rpg.backends.cpu.register"
 
 # Forwarded to every Ray process through ray_kwargs.ray_init.runtime_env.env_vars as well
 # (Ray workers on this node also inherit the driver's environment; the explicit forward keeps it
 # correct when they do not, e.g. on a pre-started cluster).
-_FORWARDED = ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES", "TORCH_COMPILE_DISABLE", "OMP_NUM_THREADS",
+_FORWARDED = (PLATFORM_ENV, EXTERNAL_MODULES_ENV, "TORCH_COMPILE_DISABLE", "OMP_NUM_THREADS",
               "TQ_NUM_THREADS", *vllm_cpu.FORWARDED)
 
 
@@ -42,9 +43,8 @@ def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
     base = os.environ if base is None else base
     vllm = vllm_cpu.vllm_env(base) if vllm_cpu.rollout_of(base) == "vllm" else {}
     return {
-        "VERL_PLATFORM": "cpu",  # selects rpg.backends.cpu.platform.PlatformCPU (else verl falls back to cuda)
-        "VERL_USE_EXTERNAL_MODULES": external_modules(extra_modules, base.get("VERL_USE_EXTERNAL_MODULES"),
-                                                      first=(REGISTER_MODULE,)),
+        PLATFORM_ENV: "cpu",  # selects rpg.backends.cpu.platform.PlatformCPU (else verl falls back to cuda)
+        EXTERNAL_MODULES_ENV: external_modules(extra_modules, base.get(EXTERNAL_MODULES_ENV), first=(REGISTER_MODULE,)),
         "TORCH_COMPILE_DISABLE": "1",  # no inductor/triton on CPU for these tiny runs
         "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", "1"),  # several Ray processes share 2 cores
         # TransferQueue (verl's v1 data plane) wraps every put/get in torch.set_num_threads(TQ_NUM_THREADS,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from rpg.common.run_env import RUN_ENV, external_modules, forwarded_env_overrides
+from rpg.common.run_env import EXTERNAL_MODULES_ENV, RUN_ENV, external_modules, forwarded_env_overrides
 
 REGISTER_MODULE = "rpg.backends.gpu.register"  # loaded in every process of a run with rollout.name=hf on CUDA
-_FORWARDED = ("VERL_USE_EXTERNAL_MODULES",)
+_FORWARDED = (EXTERNAL_MODULES_ENV,)
 
 
 def gpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -22,9 +22,9 @@ def gpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
     """
     base = {} if base is None else base
     env = dict(RUN_ENV)
-    mods = external_modules(extra_modules, base.get("VERL_USE_EXTERNAL_MODULES"))
+    mods = external_modules(extra_modules, base.get(EXTERNAL_MODULES_ENV))
     if mods:
-        env["VERL_USE_EXTERNAL_MODULES"] = mods
+        env[EXTERNAL_MODULES_ENV] = mods
     return env
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from rpg.backends.registry import backend as select_backend
 from rpg.common import history
 from rpg.common.overrides import hydra_list, merge_overrides, values
+from rpg.launch.request import DEFAULT_LOGGERS
 
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
 
@@ -38,7 +39,7 @@ def _with_file_logger(overrides: list[str]) -> list[str]:
     ``metrics.jsonl``); the user's other loggers are kept."""
     set_values = values(overrides)
     if "trainer.logger" not in set_values:
-        return overrides + ["trainer.logger=['console','file']"]
+        return overrides + [f"trainer.logger={hydra_list(DEFAULT_LOGGERS, 'trainer.logger')}"]
     loggers = set_values["trainer.logger"]
     loggers = [loggers] if isinstance(loggers, str) else list(loggers or [])
     if history.logs_to_file(loggers):

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rpg.config import RESETTING_MODES
+from rpg.backends.gpu.preflight import ATTN_KEY, FLASH_ATTN
+from rpg.config import RESETTING_MODES, ReferenceSettings
 from rpg.launch.memory.common import MemoryEstimateError
 
-FLASH_ATTN = "flash_attention_2"  # verl's default attn_implementation (workers/config/model.py HFModelConfig.__post_init__)
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "float": 4}
 _OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "adamwschedulefree": 2, "_adamw": 2}
@@ -122,12 +122,12 @@ def settings_from_config(cfg: Mapping[str, Any]) -> RunSettings:
     if strategy not in ("fsdp", "fsdp2"):
         raise MemoryEstimateError(f"{a}.strategy={strategy!r}: only fsdp / fsdp2 are modelled")
     model_dtype = _get(cfg, f"{a}.fsdp_config.model_dtype", "fp32")
-    attn = str(_get(cfg, "actor_rollout_ref.model.override_config.attn_implementation", FLASH_ATTN))
+    attn = str(_get(cfg, ATTN_KEY, FLASH_ATTN))
     if attn != FLASH_ATTN and _get(cfg, "actor_rollout_ref.model.use_remove_padding", True):
         notes.append(f"attn_implementation={attn} over packed sequences (use_remove_padding) may build a T x T "
                      "attention mask or score matrix per forward: not modelled")
     vllm_len = _get(cfg, f"{ro}.max_model_len")
-    mode = str(_get(cfg, "rpg.reference.mode", "sampler"))
+    mode = str(_get(cfg, "rpg.reference.mode", ReferenceSettings().mode))
     steps = _get(cfg, "trainer.total_training_steps")
     keep = _get(cfg, "trainer.max_actor_ckpt_to_keep")
     return RunSettings(
