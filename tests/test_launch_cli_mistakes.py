@@ -112,7 +112,8 @@ def test_the_demo_checks_keys_before_it_builds_or_starts_anything(tmp_path, caps
     rc, err, out = _demo(["--out", tmp_path / "o", "--steps", "1", "rpg.loss.divergance=rkl"], capsys)
     assert rc == 2 and len(err) == 1 and "did you mean rpg.loss.divergence?" in err[0], err
     assert out == "" and not (tmp_path / "o").exists()
-    from rpg.launch.config_keys import RECIPE_CONFIG_DIR, ConfigKeyError, compose_config
+    from rpg.common.checkout import RECIPE_CONFIG_DIR
+    from rpg.launch.config_keys import ConfigKeyError, compose_config
 
     with pytest.raises(ConfigKeyError) as e:  # `+` on a key the config has (Hydra's three lines)
         compose_config(["+rpg.loss.divergence=rkl"], ROOT / RECIPE_CONFIG_DIR, "rpg_trainer")

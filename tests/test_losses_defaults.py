@@ -105,6 +105,9 @@ def test_a_field_added_to_the_dataclass_is_accepted_validated_and_delivered(monk
 
     monkeypatch.setattr(B, "RPGLossConfig", _WithKnob)  # the one name the block, the driver and the workers build
     assert "knob" in loss_fields()
+    from rpg.verl.checkpoints import resume_keys
+
+    assert "rpg.loss.knob" in resume_keys()  # recorded by a checkpoint: a resume that changes it is refused
     assert parse_rpg_settings({"loss": {"knob": 2.5}}).loss.knob == 2.5  # accepted
     with pytest.raises(RPGConfigError, match=r"^rpg.loss.knob=-1.0 is invalid: expected a number > 0$"):
         parse_rpg_settings({"loss": {"knob": -1.0}})  # validated, named as the recipe key

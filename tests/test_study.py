@@ -120,12 +120,13 @@ def test_runs_compose_and_pass_verls_checks(tiny_assets, tmp_path):
     import sys
 
     from rpg.launch.harness import build_command
-    from rpg.launch.request import ENTRY, project_root
+    from rpg.common.checkout import RECIPE_ENTRY
+    from rpg.launch.request import project_root
 
     specs = [s for s in G.grid(seeds=1) if (s.variant, s.updates) in (("run_grpo_7b", 4), ("run_rpg_7b_ufkl1e-4_rf", 16))]
     plans, env = [], None
     for spec in specs:
-        argv, env = build_command(R.plan_overrides(spec, tmp_path), entry=str(project_root() / ENTRY))
+        argv, env = build_command(R.plan_overrides(spec, tmp_path), entry=str(project_root() / RECIPE_ENTRY))
         plans.append(argv[2:])
     (tmp_path / "plans.json").write_text(json.dumps(plans))
     code = ("import json, sys\nfrom rpg.launch.plan import compose\nfor ov in json.load(open(sys.argv[1])):\n"

@@ -242,7 +242,9 @@ def declared_keys(*, actor_fields: bool = False) -> tuple[Key, ...]:
     out: list[Key] = []
     for f in dataclasses.fields(RPGSettings):
         if f.metadata.get("loss"):
-            out += [Key(loss_key(g.name), f.name, g.name, g.default, None, g.metadata["doc"], g.metadata["recorded"])
+            # a loss field declared without rpg.config.loss._setting: no doc, and recorded (it may change the loss)
+            out += [Key(loss_key(g.name), f.name, g.name, g.default, None, g.metadata.get("doc", ""),
+                        g.metadata.get("recorded", True))
                     for g in dataclasses.fields(RPGLossConfig) if actor_fields or g.name not in ACTOR_FIELDS]
         elif f.metadata.get("group"):
             cls = type(f.default)

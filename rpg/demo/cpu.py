@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 from rpg.backends.cpu import vllm_cpu
+from rpg.common.checkout import CHECKOUT
 from rpg.config import world_size_of
 from rpg.data.checks import override_problems
 from rpg.common.overrides import OverrideSyntaxError, values
@@ -180,7 +181,8 @@ def _checked(overrides: list[str], entry: str, recipe: bool, root: Path, env: di
         ckpts = v.get("trainer.default_local_dir") or default_checkpoint_dir(v.get("trainer.project_name"),
                                                                             v.get("trainer.experiment_name"))
         return v.get("trainer.resume_mode", "auto"), str(ckpts)
-    from rpg.launch.config_keys import RECIPE_CONFIG_DIR, checked_config
+    from rpg.common.checkout import RECIPE_CONFIG_DIR
+    from rpg.launch.config_keys import checked_config
 
     cfg = checked_config(trainer_overrides(overrides, entry, {**os.environ, **env}), root / RECIPE_CONFIG_DIR)
     return cfg.trainer.resume_mode, str(cfg.trainer.default_local_dir)
@@ -223,7 +225,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     algo_entry, algo_overrides = tiny_algorithm(args.algo, lr=args.lr)
     args.entry = args.entry or algo_entry  # as shown (progress line, summary, plot title)
     entry = args.entry
-    root = Path(__file__).resolve().parents[2]
+    root = CHECKOUT
     if args.entry == algo_entry and algo_entry.endswith(".py"):  # the recipe's script, relative to the project root
         entry = str(root / algo_entry)  # so that it runs from any directory
     # the assets' paths before they are built (the keys are checked first; a first build takes a minute)

@@ -62,6 +62,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rpg.backends.registry import backend
+from rpg.common.checkout import RECIPE_ENTRY
 from rpg.common.overrides import OverrideSyntaxError, values
 from rpg.config import RPGConfigError
 from rpg.launch import job
@@ -71,7 +72,7 @@ from rpg.launch.config_keys import checked_config, logger_problem
 from rpg.launch.describe import describe, describe_variant, dry_run, list_table
 from rpg.launch.plan import CONFIG_DIR, compose, plan
 from rpg.launch.ray_job_api import address_problem, job_api_problem
-from rpg.launch.request import ENTRY, ENV_VARS, LaunchError, LaunchRequest, project_root
+from rpg.launch.request import ENV_VARS, LaunchError, LaunchRequest, project_root
 from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root
 from rpg.launch.variants import GRAMMAR, VariantNameError, parse
 from rpg.verl.checks import resume_hint
@@ -157,7 +158,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     if chosen.TINY_TASK:
         from rpg.launch.harness import build_command
 
-        argv_tiny, run_env = build_command(overrides, entry=str(root / ENTRY), base_env=env, backend=req.backend,
+        argv_tiny, run_env = build_command(overrides, entry=str(root / RECIPE_ENTRY), base_env=env, backend=req.backend,
                                            joins_cluster=req.cluster)
         if req.dry or req.cluster:  # verl's platform is chosen when verl is imported, i.e. by the first composition below
             os.environ.update({k: run_env[k] for k in chosen.IMPORT_ENV if k in run_env})
@@ -234,7 +235,7 @@ def _run_here(req: LaunchRequest, v, overrides: Sequence[str], user: Sequence[st
             print(f"{prefix} {decision}", flush=True)
 
     try:
-        run = run_trainer(overrides, output_dir=out, entry=str(req.root / ENTRY), timeout_s=req.timeout_s,
+        run = run_trainer(overrides, output_dir=out, entry=str(req.root / RECIPE_ENTRY), timeout_s=req.timeout_s,
                           echo=req.echo, on_line=on_line, backend=req.backend)
     except TrainerRunError as e:
         # the variables the user set (RPG_BACKEND=cpu among them), the run's folder, the same overrides

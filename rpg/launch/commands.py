@@ -15,11 +15,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rpg.launch.request import ENTRY, LaunchError, LaunchRequest
+from rpg.common.checkout import RECIPE_ENTRY
+from rpg.launch.request import LaunchError, LaunchRequest
 
 
 def local_command(overrides: Sequence[str], root: Path, python: str | None = None) -> list[str]:
-    return [python or sys.executable, str(root / ENTRY), *overrides]
+    return [python or sys.executable, str(root / RECIPE_ENTRY), *overrides]
 
 
 def ray_executable(env: Mapping[str, str]) -> str:
@@ -36,7 +37,7 @@ def ray_command(overrides: Sequence[str], req: LaunchRequest, job_env: Mapping[s
         cmd += ["--submission-id", submission_id]
     if not req.job_wait:
         cmd.append("--no-wait")
-    return [*cmd, "--", req.ray_python, str(req.run_root / ENTRY), *overrides]
+    return [*cmd, "--", req.ray_python, str(req.run_root / RECIPE_ENTRY), *overrides]
 
 
 def cluster_job_env(cfg, req: LaunchRequest, submission: str) -> dict[str, str]:

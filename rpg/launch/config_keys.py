@@ -29,7 +29,6 @@ from rpg.launch.args import is_env_var_key
 from rpg.common.overrides import parse_one
 from rpg.verl.verl_rules import logger_problem
 
-RECIPE_CONFIG_DIR = Path("recipe") / "rpg" / "config"  # relative to the project root
 RECIPE_CONFIG_NAME = "rpg_trainer"
 _NOT_OVERRIDABLE = re.compile(r"Could not override '([^']+)'")
 _APPEND_EXISTS = re.compile(r"Could not append to config\. An item is already at '([^']+)'")

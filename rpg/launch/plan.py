@@ -15,8 +15,9 @@ from pathlib import Path
 
 from rpg.backends.registry import backend
 from rpg.common.overrides import check_user_overrides, hydra_list, hydra_value, merge_overrides, override_key, values
+from rpg.common.checkout import RECIPE_CONFIG_DIR
 from rpg.common.run_env import forwarded_env_overrides
-from rpg.launch.config_keys import RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME, compose_config
+from rpg.launch.config_keys import RECIPE_CONFIG_NAME, compose_config
 from rpg.launch.run_dir import default_checkpoint_dir
 from rpg.launch.request import DEFAULT_LOGGERS, LaunchError, LaunchRequest, project_root
 from rpg.launch.variants import TRAIN_SET, Variant, to_overrides

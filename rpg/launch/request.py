@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rpg.backends import BACKENDS
+from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
 from rpg.verl.preflight import name_problem
 
-ENTRY = Path("recipe") / "rpg" / "main_rpg.py"
 # The launcher's environment variables, declared once: the usage lists them, and one given as an argument
 # (``OUT_DIR=runs/x`` after the script) is refused in one line saying where it goes (rpg.launch.args).
 ENV_VARS = {
@@ -59,9 +59,9 @@ class LaunchError(ValueError):
 
 
 def project_root() -> Path:
-    root = Path(__file__).resolve().parents[2]
-    if not (root / ENTRY).is_file():
-        raise LaunchError(f"cannot find {ENTRY} next to the rpg package ({root}); run from a checkout of the "
+    root = CHECKOUT
+    if not (root / RECIPE_ENTRY).is_file():
+        raise LaunchError(f"cannot find {RECIPE_ENTRY} next to the rpg package ({root}); run from a checkout of the "
                           "project installed with `pip install -e .`")
     return root
 

@@ -30,9 +30,10 @@ import difflib
 import functools
 import re
 from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import PurePath
 from typing import Any
 
+from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_DIR
 from rpg.config import DIVERGENCES  # the loss library's names, declared torch-free
 
 __all__ = ["Variant", "VariantNameError", "parse", "to_overrides", "memory_overrides", "GRAMMAR", "paper_refs", "paper_row", "known_names",
@@ -271,7 +272,7 @@ def _b(x: bool) -> str:
     return "True" if x else "False"
 
 
-RECIPE_CONFIG = Path(__file__).resolve().parents[2] / "recipe" / "rpg" / "config"
+RECIPE_CONFIG = CHECKOUT / RECIPE_CONFIG_DIR
 PAPER_SETUP = "+paper=default"  # recipe/rpg/config/paper/default.yaml: the setup every paper run shares
 
 
@@ -434,5 +435,5 @@ def paper_refs(v: Variant) -> tuple[str, ...]:
 
 def known_names() -> list[str]:
     """Names of the scripts shipped in recipe/rpg/{7b,4b} (empty if the recipe is not next to the package)."""
-    root = Path(__file__).resolve().parents[2] / "recipe" / "rpg"
+    root = CHECKOUT / RECIPE_DIR
     return sorted(p.stem for d in ("7b", "4b") if (root / d).is_dir() for p in (root / d).glob("run_*.sh"))

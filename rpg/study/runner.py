@@ -308,7 +308,8 @@ def _run_one(spec: RunSpec, overrides: list[str], index: int, out: Path, progres
 def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Path, progress: Progress,
                        timeout_s: float, stop: threading.Event) -> None:
     from rpg.launch import harness
-    from rpg.launch.request import ENTRY, project_root
+    from rpg.common.checkout import RECIPE_ENTRY
+    from rpg.launch.request import project_root
 
     if stop.is_set():
         return
@@ -325,7 +326,7 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Pat
     t0 = time.time()
     run = None
     try:
-        run = harness.run_trainer(overrides, output_dir=d, entry=str(project_root() / ENTRY), timeout_s=timeout_s,
+        run = harness.run_trainer(overrides, output_dir=d, entry=str(project_root() / RECIPE_ENTRY), timeout_s=timeout_s,
                                   on_metrics=watch.on_metrics, stop=stop)
         step_s, val_s, _ = _timing(run.metrics_file)
         # runs at a time as this run experienced it (a lone last run of a --jobs 2 grid is 1, not 2)

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rpg.common.checkout import checkout_root
 from rpg.tiny import task
 
 CACHE_ENV = "RPG_TINY_CACHE"
@@ -74,18 +75,12 @@ class TinyAssets:
         return all(p.exists() for p in (self.model_dir / "config.json", self.train_file, self.val_file, self.root / "build.json"))
 
 
-def project_root() -> Path | None:
-    """The source checkout holding this package (has pyproject.toml), or None if installed elsewhere."""
-    here = Path(__file__).resolve().parents[2]
-    return here if (here / "pyproject.toml").exists() else None
-
-
 def default_cache_root() -> Path:
     """``$RPG_TINY_CACHE``, else ``<project root>/.cache/rpg-tiny``, else ``~/.cache/rpg-tiny``."""
     env = os.environ.get(CACHE_ENV)
     if env:
         return Path(env).expanduser()
-    root = project_root()
+    root = checkout_root()
     return (root / ".cache" / "rpg-tiny") if root else Path.home() / ".cache" / "rpg-tiny"
 
 

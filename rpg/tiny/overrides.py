@@ -28,11 +28,12 @@ while each mini-batch still holds two whole groups (a mini-batch of 1 prompt wou
 
 from __future__ import annotations
 
+from rpg.common.checkout import RECIPE_ENTRY as RECIPE_PATH
 from rpg.common.overrides import hydra_value, override_key, values
 from rpg.config import RPGSettings
 from rpg.tiny.build import TinyAssets
 
-RECIPE_ENTRY = "recipe/rpg/main_rpg.py"  # relative to the project root (rpg.demo.cpu resolves it)
+RECIPE_ENTRY = RECIPE_PATH.as_posix()  # relative to the project root (rpg.demo.cpu resolves it)
 TRAIN_BATCH_SIZE = 8  # prompts per rollout batch
 MINI_BATCH_SIZE = 2  # prompts per optimizer step: 4 off-policy-weighted updates per rollout batch
 ROLLOUT_N = 8  # responses per prompt (a group)
