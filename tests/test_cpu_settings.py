@@ -109,7 +109,7 @@ def test_paths_reach_hydra_as_the_same_strings(tmp_path, monkeypatch):
     assert got["data.train_files"] == str(assets.train_file) and got["data.val_files"] == str(assets.val_file)
     assert got["actor_rollout_ref.model.path"] == str(assets.model_dir)
     args = SimpleNamespace(steps=2, resume_steps=1, lr=1e-6, rollout="hf", gpus=1, no_offload=False)
-    got = values(gpu_smoke.run_overrides(assets, args, first=False, ckpt=odd / "ckpt"))
+    got = values(gpu_smoke.smoke_overrides(assets, args, first=False, ckpt=odd / "ckpt"))
     assert got["trainer.default_local_dir"] == str(odd / "ckpt")
     assert got["trainer.resume_from_path"] == str(odd / "ckpt" / "global_step_2")
     monkeypatch.setattr("tempfile.tempdir", str(odd))

@@ -179,7 +179,7 @@ def test_both_runs_compose_and_pass_verls_config_checks(tiny_assets, tmp_path):
 
     for gpus, first in ((1, True), (2, False)):
         args = argparse.Namespace(steps=4, resume_steps=2, lr=5e-4, rollout="hf", gpus=gpus, no_offload=False)
-        ov = smoke.run_overrides(tiny_assets, args, first=first, ckpt=tmp_path / "ckpt")
+        ov = smoke.smoke_overrides(tiny_assets, args, first=first, ckpt=tmp_path / "ckpt")
         argv, env = build_command(ov, "recipe/rpg/main_rpg.py", [REGISTER_MODULE], {}, backend="gpu")
         assert "VERL_PLATFORM" not in env and not any(a.startswith("trainer.device=cpu") for a in argv)
         cfg, settings = compose(argv[2:])

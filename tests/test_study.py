@@ -94,7 +94,7 @@ def test_overrides_keep_the_variants_algorithm_and_set_the_off_policy_regime(tin
     from rpg.launch.variants import parse
 
     spec = G.RunSpec("run_rpg_7b_ufkl1e-4_rf", 16, 3, SMALL)
-    kv = _kv(R.plan_overrides(spec, tmp_path))
+    kv = _kv(R.spec_overrides(spec, tmp_path))
     assert kv["actor_rollout_ref.actor.ppo_mini_batch_size"] == "1"  # 16 prompts / 16 optimizer steps
     assert kv["data.train_batch_size"] == "16" and kv["actor_rollout_ref.rollout.n"] == "4"
     assert kv["actor_rollout_ref.rollout.val_kwargs.n"] == "4" and kv["trainer.total_training_steps"] == "4"
@@ -106,7 +106,7 @@ def test_overrides_keep_the_variants_algorithm_and_set_the_off_policy_regime(tin
         "reinforce", "False", "ufkl", "0.0001")
     assert kv["actor_rollout_ref.model.path"] == str(tiny_assets.model_dir)
     assert kv["trainer.default_local_dir"].startswith(str(tmp_path.resolve()))
-    grpo = _kv(R.plan_overrides(G.RunSpec("run_grpo_7b", 4, 1, SMALL), tmp_path))
+    grpo = _kv(R.spec_overrides(G.RunSpec("run_grpo_7b", 4, 1, SMALL), tmp_path))
     assert (grpo["actor_rollout_ref.actor.kl_loss_type"], grpo["rpg.reference.mode"], grpo["actor_rollout_ref.actor.optim.lr"]) == (
         "low_var_kl", "fixed", "0.0005")
     assert grpo["actor_rollout_ref.actor.ppo_mini_batch_size"] == "4"
@@ -126,7 +126,7 @@ def test_runs_compose_and_pass_verls_checks(tiny_assets, tmp_path):
     specs = [s for s in G.grid(seeds=1) if (s.variant, s.updates) in (("run_grpo_7b", 4), ("run_rpg_7b_ufkl1e-4_rf", 16))]
     plans, env = [], None
     for spec in specs:
-        argv, env = build_command(R.plan_overrides(spec, tmp_path), entry=str(project_root() / RECIPE_ENTRY))
+        argv, env = build_command(R.spec_overrides(spec, tmp_path), entry=str(project_root() / RECIPE_ENTRY))
         plans.append(argv[2:])
     (tmp_path / "plans.json").write_text(json.dumps(plans))
     code = ("import json, sys\nfrom rpg.launch.plan import compose\nfor ov in json.load(open(sys.argv[1])):\n"
@@ -221,7 +221,7 @@ def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_pa
     rec = json.loads((R.run_dir(tmp_path, specs[3]) / R.RUN_RECORD).read_text())
     rec["overrides"] = rec["overrides"][:-1]
     G.save_json(R.run_dir(tmp_path, specs[3]) / R.RUN_RECORD, rec)
-    assert R.status(tmp_path, specs[3], R.plan_overrides(specs[3], tmp_path)) == "stale"
+    assert R.status(tmp_path, specs[3], R.spec_overrides(specs[3], tmp_path)) == "stale"
     capsys.readouterr()
     assert main(["--dry-run", "--out", str(tmp_path), "--seeds", "2", "--stress", "1,4", "--steps", "4",
                  "--test-freq", "2", "--methods", ",".join(G.METHODS[4:])]) == 0
@@ -477,7 +477,7 @@ def test_weights_grid_runs_each_arm_in_the_async_trainer_with_its_own_setting(ti
     # the sync grid's run ids are unchanged (no arm in them): its finished runs stay finished
     assert G.RunSpec("run_grpo_7b", 4, 1, SMALL).run_id.startswith("run_grpo_7b-k4-seed1-")
     for spec in specs[:3]:
-        kv = _kv(R.plan_overrides(spec, tmp_path))
+        kv = _kv(R.spec_overrides(spec, tmp_path))
         assert kv["trainer.v1.trainer_mode"] == "colocate_async", spec.arm
         assert kv.get("rpg.loss.behavior_weight_cap", "None") == ("1.0" if spec.arm == "truncated" else "None")
         assert kv.get("rpg.loss.behavior_weight_level", "token") == ("none" if spec.arm == "uncorrected" else "token")

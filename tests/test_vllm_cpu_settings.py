@@ -96,7 +96,7 @@ def test_driver_check_prints_one_line_per_problem(capsys):
     from rpg.config import RPGConfigError
 
     with pytest.raises(RPGConfigError) as err:
-        vllm_cpu.check_driver(_cfg("vllm"), {"VERL_PLATFORM": "cpu"})
+        vllm_cpu.check_vllm_rollout(_cfg("vllm"), {"VERL_PLATFORM": "cpu"})
     assert error_line(err.value).startswith("rpg config error: actor_rollout_ref.rollout.name=vllm on the CPU backend")
 
 

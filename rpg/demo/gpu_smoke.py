@@ -110,7 +110,7 @@ def preflight(rollout: str, gpus: int, user: list[str], probe: GpuProbe | None =
         raise SmokeSettingsError("; ".join(report.errors))
 
 
-def run_overrides(assets, args, *, first: bool, ckpt: Path) -> list[str]:
+def smoke_overrides(assets, args, *, first: bool, ckpt: Path) -> list[str]:
     """All overrides of run 1 (``first``) or of the resumed run 2, before the user's."""
     from rpg.tiny.overrides import MINI_BATCH_SIZE, ROLLOUT_N, TRAIN_BATCH_SIZE, tiny_algorithm, tiny_task_overrides
 
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     try:
         for name, first, total in (("run 1", True, args.steps), ("run 2 (resumed)", False, args.steps + args.resume_steps)):
-            ov = [*run_overrides(assets, args, first=first, ckpt=ckpt), *user]
+            ov = [*smoke_overrides(assets, args, first=first, ckpt=ckpt), *user]
             runs[name] = _one_run(name, ov, out / ("first" if first else "resumed"), args, total)
     except TrainerRunError as e:
         failures.append(f"{name} failed: {str(e).splitlines()[0]} (log tail above)")

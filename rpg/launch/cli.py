@@ -67,7 +67,7 @@ from rpg.common.overrides import OverrideSyntaxError, values
 from rpg.config import RPGConfigError
 from rpg.launch import job
 from rpg.launch.args import read_overrides
-from rpg.launch.commands import cluster_job_env, local_command, ray_command, ray_executable, script_command
+from rpg.launch.commands import local_command, ray_command, ray_executable, script_command, submission_env
 from rpg.launch.config_keys import checked_config, logger_problem
 from rpg.launch.describe import describe, describe_variant, dry_run, list_table
 from rpg.launch.plan import CONFIG_DIR, compose, plan
@@ -171,7 +171,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         if not req.cluster:
             return dry_run(req, v, argv_tiny[2:], argv_tiny)
         overrides = argv_tiny[2:]  # a tiny-task job on the cluster (docs/launch-scripts.md, "Rehearsing")
-        job_env = {**job_env, **cluster_job_env(cfg, req, submission)}
+        job_env = {**job_env, **submission_env(cfg, req, submission)}
         if not req.dry:  # the tiny task starts fresh: never over another run's checkpoints (rpg.launch.run_dir)
             ckpts = Path(str(cfg.trainer.default_local_dir))
             check_fresh_start(ckpts, cfg.trainer.resume_mode, ckpts, another="CKPTS_DIR=... or EXP_NAME=...")

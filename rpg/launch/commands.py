@@ -40,7 +40,7 @@ def ray_command(overrides: Sequence[str], req: LaunchRequest, job_env: Mapping[s
     return [*cmd, "--", req.ray_python, str(req.run_root / RECIPE_ENTRY), *overrides]
 
 
-def cluster_job_env(cfg, req: LaunchRequest, submission: str) -> dict[str, str]:
+def submission_env(cfg, req: LaunchRequest, submission: str) -> dict[str, str]:
     """The runtime environment's variables the backend adds to a tiny-task job on a running Ray cluster
     (``cluster_job_env`` of ``rpg.backends``), with torch.distributed's rendezvous file in the run's
     checkpoint folder, which every node must see (the driver checks it: ``rpg.verl.cluster``)."""

@@ -71,7 +71,7 @@ def finalize(overrides: list[str], user: Sequence[str]) -> list[str]:
     return merge_overrides(overrides, [f"{OVERLONG_LEN}={resp // 4}"])
 
 
-def tiny_task_overrides(backend_name: str, steps: int = 2, world_size: int = 1) -> list[str]:
+def tiny_launch_overrides(backend_name: str, steps: int = 2, world_size: int = 1) -> list[str]:
     """The tiny task's model/data/size/schedule overrides (rpg.tiny), without any algorithm keys, with
     micro-batches split over ``world_size`` ranks (``LaunchError`` when they cannot be); the assets' paths are
     where ``build_tiny_assets`` puts them (built later: the command line is checked first)."""
@@ -108,7 +108,7 @@ def plan(req: LaunchRequest, v: Variant, user: Sequence[str]) -> tuple[list[str]
         except ValueError as e:
             raise LaunchError(str(e)) from None
         groups = [[o for o in g if override_key(o) not in owned] for g in groups]
-        groups += [tiny_task_overrides(req.backend, world_size=nnodes * gpus), world]
+        groups += [tiny_launch_overrides(req.backend, world_size=nnodes * gpus), world]
         if not req.ckpts_dir and not req.cluster:
             # relative: the harness runs the trainer in OUT_DIR (a cluster job keeps CKPTS_DIR's default)
             names = values(groups[1])

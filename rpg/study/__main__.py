@@ -87,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from rpg.study.runner import StudyBusyError, all_records, plan_overrides, read_record, run_grid, status
+    from rpg.study.runner import StudyBusyError, all_records, read_record, run_grid, spec_overrides, status
     from rpg.launch.variants import VariantNameError
 
     args.out = args.out or Path("outputs") / ("study_async_weights" if args.async_weights else "study")
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     costs = calibrate(all_records(args.out))
     if args.dry_run:
         # a finished run whose overrides changed since (stale) would run again: count it as to run
-        stale = {s.run_id for s in specs if s.run_id in finished and status(args.out, s, plan_overrides(s, args.out)) == "stale"}
+        stale = {s.run_id for s in specs if s.run_id in finished and status(args.out, s, spec_overrides(s, args.out)) == "stale"}
         print(describe(specs, costs, finished - stale, args.jobs))
         if stale:
             print(f"{len(stale)} finished run(s) are stale (their overrides changed since they ran) and would run again; "

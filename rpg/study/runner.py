@@ -78,9 +78,9 @@ def all_records(out: Path) -> list[dict]:
     return recs
 
 
-def plan_overrides(spec: RunSpec, out: Path) -> list[str]:
+def spec_overrides(spec: RunSpec, out: Path) -> list[str]:
     """All overrides of one run: what ``RPG_BACKEND=cpu`` launches for the method, then the study's."""
-    from rpg.launch.plan import plan_overrides as launch_overrides
+    from rpg.launch.plan import plan_overrides
     from rpg.launch.request import project_root
     from rpg.tiny import build_tiny_assets
     from rpg.launch.variants import parse
@@ -89,7 +89,7 @@ def plan_overrides(spec: RunSpec, out: Path) -> list[str]:
     env = {"LOGGER": "console,file", "PROJECT_NAME": "rpg_study", "EXP_NAME": spec.run_id,
            "CKPTS_DIR": str(d / "ckpts"), "VERL_FILE_LOGGER_ROOT": str(d / "logs"), "TENSORBOARD_DIR": str(d / "tb")}
     root = project_root()
-    overrides, _ = launch_overrides(parse(spec.variant), env, spec.study_overrides(build_tiny_assets()),
+    overrides, _ = plan_overrides(parse(spec.variant), env, spec.study_overrides(build_tiny_assets()),
                                     root=root, cwd=root, backend="cpu")
     return overrides
 
@@ -257,7 +257,7 @@ def _run_grid_locked(specs: list[RunSpec], out: Path, costs: Costs, retry_failed
                      stream) -> list[dict]:
     from rpg.common.signals import raise_on_stop_signals
 
-    plans = [(spec, plan_overrides(spec, out)) for spec in specs]
+    plans = [(spec, spec_overrides(spec, out)) for spec in specs]
     states = [status(out, s, ov) for s, ov in plans]
     keep = ("done",) + (() if retry_failed else ("failed",))
     todo = [(s, ov) for (s, ov), st in zip(plans, states) if st not in keep]

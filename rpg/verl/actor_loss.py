@@ -5,7 +5,7 @@ verl's ``ppo_loss`` (``verl/workers/utils/losses.py``) does everything an actor 
 registered policy loss without ``ref_log_prob``. The RPG losses with a reference anchor need it, so
 ``rpg_actor_loss`` wraps ``ppo_loss`` rather than copying it: it pads the micro-batch's
 ``ref_log_prob`` as ``ppo_loss`` pads its fields and hands it to ``rpg.verl.policy_loss`` for the
-duration of the call (``reference_log_prob``). The config it gets has ``use_kl_loss=False``
+duration of the call (``with_reference_log_prob``). The config it gets has ``use_kl_loss=False``
 (``with_kl_loss``): the driver sets ``use_kl_loss=True`` only so that verl builds the reference
 model; the KL is inside the RPG loss and verl's own KL term must not be added.
 
@@ -13,7 +13,7 @@ Stale sampler (``policy_loss.rpg_stale_sampler``, set by the driver for ``traine
 the micro-batch's samples come from the rollout policy mu, whose log-probs it holds as ``rollout_log_probs``.
 ``rpg_actor_loss`` computes the behaviour weights b = pi_old/mu per token (``rpg.behavior``; level and
 truncation from ``rpg.loss.behavior_weight_level``/``_cap``) and hands them to the policy loss for the
-call (``behavior_weights``), which multiplies each token's reward and KL terms by them; it adds the
+call (``with_behavior_weights``), which multiplies each token's reward and KL terms by them; it adds the
 ``rpg/behavior_*`` metrics (behaviour KL, the weights' mean/max/min). In verl's bypass mode
 ``old_log_probs`` is ``rollout_log_probs`` and b = 1 exactly.
 
@@ -35,7 +35,7 @@ from verl.workers.utils.losses import ppo_loss
 
 from rpg.behavior import behavior_metrics
 from rpg.behavior import behavior_weights as compute_behavior_weights
-from rpg.verl.policy_loss import behavior_weights, reference_log_prob
+from rpg.verl.policy_loss import with_behavior_weights, with_reference_log_prob
 from rpg.verl.settings import loss_config
 
 
@@ -65,7 +65,7 @@ def rpg_actor_loss(config, model_output, data: TensorDict, dp_group=None):
             )
         ref = data.select("response_mask", "ref_log_prob").to_padded_tensor()["ref_log_prob"]
     weights, extra = _behavior(config, data)
-    with reference_log_prob(ref), behavior_weights(weights):
+    with with_reference_log_prob(ref), with_behavior_weights(weights):
         loss, metrics = ppo_loss(config=config, model_output=model_output, data=data, dp_group=dp_group)
     for key, value in extra.items():
         metrics[key] = Metric(aggregation=_stat_aggregation(key) or AggregationType.MEAN, value=value)

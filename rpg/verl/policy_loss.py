@@ -17,13 +17,13 @@ aggregation), the same construction the driver ran before Ray.
 
 Anchor: verl's ``ppo_loss`` passes no ``ref_log_prob``. With ``policy_loss.rpg_anchor=sampler`` the
 anchor is pi_old (the paper's iterative reference). With ``reference`` the RPG actor loss
-(``rpg.verl.actor_loss``) hands the reference's log-probs over through ``reference_log_prob``
+(``rpg.verl.actor_loss``) hands the reference's log-probs over through ``with_reference_log_prob``
 for the duration of verl's call, and the exact three-policy weights are used
 (docs/math.md#three-policies).
 
 Weights: ``rollout_is_weights`` (verl's rollout correction, pi_old/pi_rollout) multiply the per-token
 loss as in verl's vanilla loss. With a stale sampler the RPG actor loss hands over its own behaviour
-weights b = pi_old/mu instead (``behavior_weights``, ``rpg.behavior``), computed from the micro-batch's
+weights b = pi_old/mu instead (``with_behavior_weights``, ``rpg.behavior``), computed from the micro-batch's
 ``rollout_log_probs``; both at once is an error (a weight applied twice). Either multiplies the whole
 per-token loss, reward and KL term alike, and the loss's metrics become b-weighted means, i.e. estimates under
 pi_old, the distribution they describe (self-normalised over the micro-batch here; the RPG actor loss turns them
@@ -59,12 +59,12 @@ def _bound(var: ContextVar, value: Optional[torch.Tensor]):
         var.reset(token)
 
 
-def reference_log_prob(ref_log_prob: Optional[torch.Tensor]):
+def with_reference_log_prob(ref_log_prob: Optional[torch.Tensor]):
     """Within the block, ``rpg_policy_loss`` anchors on ``ref_log_prob`` (padded like verl's batch)."""
     return _bound(_REFERENCE, ref_log_prob)
 
 
-def behavior_weights(weights: Optional[torch.Tensor]):
+def with_behavior_weights(weights: Optional[torch.Tensor]):
     """Within the block, ``rpg_policy_loss`` multiplies each token's loss by ``weights`` (padded like verl's batch)."""
     return _bound(_BEHAVIOR, weights)
 

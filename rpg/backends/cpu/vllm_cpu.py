@@ -139,7 +139,7 @@ def driver_problems(cfg, environ: Mapping[str, str] | None = None,
     return errors, warnings
 
 
-def check_driver(cfg, environ: Mapping[str, str] | None = None) -> None:
+def check_vllm_rollout(cfg, environ: Mapping[str, str] | None = None) -> None:
     """The driver's check before Ray (``rpg.verl.main.prepare_config``): each warning to stderr, every
     refusal in one ``RPGConfigError`` (one line each, exit 2)."""
     from rpg.config import RPGConfigError

@@ -97,7 +97,7 @@ def world_size_problem(cfg_values: Mapping[str, Any], total_gib: float | None = 
     return None
 
 
-def check_driver(cfg, environ: Mapping[str, str] | None = None) -> None:
+def check_world_size(cfg, environ: Mapping[str, str] | None = None) -> None:
     """The driver's check before Ray (``rpg.verl.main.prepare_config``) on the CPU device (``trainer.device=cpu``):
     ``world_size_problem`` as one ``RPGConfigError`` line. A run that joins a Ray cluster (``RAY_ADDRESS``) is
     placed by that cluster: only the integer rule applies."""

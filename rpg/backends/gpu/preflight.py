@@ -214,7 +214,7 @@ class GpuReport:
 
 def check(request: GpuRequest, probe: GpuProbe) -> GpuReport:
     """Every rule: refusals (one line each) and version warnings (one line each)."""
-    node = () if request.joins_cluster else (*node_problems(request, probe), *toolchain_problems(probe))
+    node = () if request.joins_cluster else (*gpu_problems(request, probe), *toolchain_problems(probe))
     return GpuReport(errors=(*node, *software_problems(request, probe)), warnings=version_warnings(probe.versions))
 
 
@@ -261,7 +261,7 @@ def cuda_problem(probe: GpuProbe) -> str | None:
     return f"trainer.device=cuda but CUDA is not available: {why}; or use the CPU backend (RPG_BACKEND=cpu)"
 
 
-def node_problems(request: GpuRequest, probe: GpuProbe) -> list[str]:
+def gpu_problems(request: GpuRequest, probe: GpuProbe) -> list[str]:
     """This node: a usable driver, CUDA, and enough visible GPUs for a single-node run."""
     driver = driver_problem(probe)
     if driver:
