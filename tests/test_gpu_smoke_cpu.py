@@ -252,7 +252,9 @@ class FakeRuns:
 def run_main(monkeypatch, tmp_path, tiny_assets, fake, *extra):
     monkeypatch.setattr(smoke, "preflight", lambda *a: None)
     monkeypatch.setattr(smoke, "run_trainer", fake)
-    monkeypatch.setattr("rpg.tiny.build_tiny_assets", lambda: tiny_assets)
+    # the first build's progress lines carry the smoke run's own prefix, not the tiny demo's [tiny]
+    monkeypatch.setattr("rpg.tiny.build_tiny_assets",
+                        lambda prefix="[tiny]": tiny_assets if prefix == smoke.PREFIX else pytest.fail(prefix))
     return smoke.main(["--rollout", "hf", "--out", str(tmp_path), "--echo", *extra])
 
 

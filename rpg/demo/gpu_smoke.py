@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     from rpg.tiny import build_tiny_assets
 
     out = (args.out or Path("outputs") / "tiny_gpu" / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    assets = build_tiny_assets()
+    assets = build_tiny_assets(prefix=PREFIX)
     problem = head_dim_problem(head_dim(json.loads((assets.model_dir / "config.json").read_text())))
     if problem:
         print(f"{PREFIX} {assets.model_dir}: {problem}", file=sys.stderr)

@@ -48,8 +48,8 @@ def submission_env(cfg, req: LaunchRequest, submission: str) -> dict[str, str]:
 
     ckpts = str(cfg.trainer.default_local_dir)
     if not ckpts.startswith("/"):
-        raise LaunchError(f"trainer.default_local_dir={ckpts!r}: a CPU-backend job on a Ray cluster needs an absolute "
-                          "folder every node sees (CKPTS_DIR), its ranks meet through a file there")
+        raise LaunchError(f"trainer.default_local_dir={ckpts!r}: a {req.backend}-backend job on a Ray cluster needs an "
+                          "absolute folder every node sees (CKPTS_DIR), its ranks meet through a file there")
     return backend(req.backend).cluster_job_env(req.env, f"file://{ckpts}/.rendezvous/{submission}")
 
 

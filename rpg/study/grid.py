@@ -164,9 +164,9 @@ def weights_grid(seeds: int = 3, updates: int = 4, sizes: Sizes = Sizes(), metho
 
 
 # Grid throughput with J runs at a time relative to one at a time (2 cores; a run alone leaves ~40 % of
-# them idle while its Ray processes start one after another). Measured: see PARALLEL_SPEEDUP_SOURCE.
+# them idle while its Ray processes start one after another). Measured: two runs started 20 s apart took
+# 3m07s together vs ~3m54s one after the other (idle 2-core machine).
 PARALLEL_SPEEDUP = {1: 1.0, 2: 1.25}
-PARALLEL_SPEEDUP_SOURCE = "two runs started 20 s apart: 3m07s together vs ~3m54s one after the other (idle 2-core machine)"
 
 
 def speedup(jobs: int) -> float:

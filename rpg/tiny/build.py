@@ -96,15 +96,12 @@ def builder_key() -> str:
     return h.hexdigest()[:12]
 
 
-def _say(message: str) -> None:
-    print(f"[tiny] {message}", file=sys.stderr, flush=True)
-
-
-def build_tiny_assets(cache_root: Path | str | None = None, force: bool = False, quiet: bool = False) -> TinyAssets:
+def build_tiny_assets(cache_root: Path | str | None = None, force: bool = False, quiet: bool = False,
+                      prefix: str = "[tiny]") -> TinyAssets:
     """Return the tiny assets, building them first if this builder version has not built them yet.
 
-    A build prints progress lines on stderr (unless ``quiet``): each stage and the warm-up's loss
-    about every 10 % of its steps.
+    A build prints progress lines on stderr (unless ``quiet``), each starting with the caller's ``prefix``
+    (the GPU smoke run's own): each stage and the warm-up's loss about every 10 % of its steps.
 
     Concurrent calls (pytest-xdist workers, two launchers started together) are safe: one process
     builds, under an exclusive lock on ``<cache_root>/.build.lock`` (released by the kernel if it
@@ -117,7 +114,10 @@ def build_tiny_assets(cache_root: Path | str | None = None, force: bool = False,
     if assets.complete() and not force:
         return assets
     cache_root.mkdir(parents=True, exist_ok=True)
-    log = (lambda message: None) if quiet else _say
+    def log(message: str) -> None:
+        if not quiet:
+            print(f"{prefix} {message}", file=sys.stderr, flush=True)
+
     with _build_lock(cache_root, log):
         if assets.complete() and not force:  # built by the process we waited for
             return assets
