@@ -26,7 +26,6 @@ from the shards) and the run's wall time.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import tempfile

@@ -453,7 +453,7 @@ def test_describe_4b_8k_shows_host_verdict_and_kv_check(capsys):
     out = capsys.readouterr().out
     assert "KV cache check: max_model_len 40960 (rollout.max_model_len unset: the model's max_position_embeddings)" in out
     assert "sequences of that length: OK" in out and "host RAM per node (estimate" in out
-    assert f"host RAM FITS: " in out and f"of {DEFAULT_HOST_MEM_GIB:g} GiB" in out
+    assert "host RAM FITS: " in out and f"of {DEFAULT_HOST_MEM_GIB:g} GiB" in out
     assert main(["--describe", name, "--host-mem-gib=64"], _clean_env()) == 0
     assert "host RAM DOES NOT FIT: " in capsys.readouterr().out
     assert main(["--describe", name, "--host-mem-gib", "x"], _clean_env()) == 2

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from multinode import CLUSTER_SH, ROOT, LoopbackCluster, namespaces_problem, run_processes
+from multinode import CLUSTER_SH, LoopbackCluster, namespaces_problem, run_processes
 
 pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
 if (_why := namespaces_problem()) is not None:

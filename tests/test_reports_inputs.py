@@ -58,8 +58,8 @@ def test_tables_show_inf_and_nan(tmp_path, capsys):
     row = _md_rows(cap.out)["GRPO"]
     assert row[0::3] == ["inf", "inf", "nan", "0.1250", "-inf", "0.5000"]  # AIME24/25, AMC23: Last, Best
     assert row[2] == "inf" and row[8] == "nan"  # Δ = ours - paper
-    assert f"run 'GRPO': AIME24 (aime2024) is nan at step 20: Best is over the other steps" in cap.err
-    assert f"run 'GRPO': AIME25 (aime2025) is nan at step 40: Best is over the other steps" in cap.err
+    assert "run 'GRPO': AIME24 (aime2024) is nan at step 20: Best is over the other steps" in cap.err
+    assert "run 'GRPO': AIME25 (aime2025) is nan at step 40: Best is over the other steps" in cap.err
     runs = [("a", _read(log)[0]), ("b", _read(log)[0]), ("c", {AIME24: {40: 0.5}, AIME25: {40: 0.5}, AMC: {40: 0.5}})]
     td = build_table(runs, "5", last_step=40)
     md, tex = render_markdown(td), render_latex(td)

@@ -11,7 +11,7 @@ import pytest
 from rpg.reports.benchmarks import benchmark_of, benchmark_series
 from rpg.reports.cli import main_tables
 from rpg.reports.logs import read_run
-from rpg.reports.published import TABLES, load_published, methods_of
+from rpg.reports.published import load_published, methods_of
 from rpg.reports.tables import build_table, last_and_best, render_latex, render_markdown
 
 EVAL_STEPS = list(range(0, 401, 10))

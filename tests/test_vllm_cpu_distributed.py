@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from e2e_recipe import world_size_overrides
-from test_vllm_cpu import DIFF, PROB_TOL, _landed, assert_synced_every_step
+from test_vllm_cpu import DIFF, _landed, assert_synced_every_step
 from vllm_sync_probe import SYNC_LOG_ENV
 
 from rpg.backends.cpu import vllm_cpu
