@@ -45,9 +45,11 @@ def test_merge_overrides_rejects_non_assignments():
         merge_overrides(["trainer.device"])
 
 
-def test_forwarding_refuses_values_hydra_cannot_quote():
-    with pytest.raises(ValueError, match="single quote"):
-        settings.cpu_overrides({"VERL_PLATFORM": "c'pu"})
+def test_forwarding_keeps_a_value_with_a_quote():
+    from rpg.common.overrides import values
+
+    forwarded = values(settings.cpu_overrides({"OMP_NUM_THREADS": "1'2"}))
+    assert forwarded["ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS"] == "1'2"
 
 
 def test_build_command_adds_file_logger_and_user_overrides_last(tmp_path):

@@ -222,6 +222,16 @@ def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_pa
     rec["overrides"] = rec["overrides"][:-1]
     G.save_json(R.run_dir(tmp_path, specs[3]) / R.RUN_RECORD, rec)
     assert R.status(tmp_path, specs[3], R.spec_overrides(specs[3], tmp_path)) == "stale"
+    # a run recorded with a path written bare is done under the same path quoted (how paths are written now)
+    rec_4 = json.loads((R.run_dir(tmp_path, specs[4]) / R.RUN_RECORD).read_text())
+    original = rec_4["overrides"]
+    assert R.status(tmp_path, specs[4], original) == "done"
+    bare = [*rec_4["overrides"][:-1], "data.train_files=/my dir/t.parquet"]
+    rec_4["overrides"] = bare
+    G.save_json(R.run_dir(tmp_path, specs[4]) / R.RUN_RECORD, rec_4)
+    assert R.status(tmp_path, specs[4], [*bare[:-1], "data.train_files='/my dir/t.parquet'"]) == "done"
+    assert R.status(tmp_path, specs[4], [*bare[:-1], "data.train_files='/my dir/u.parquet'"]) == "stale"
+    G.save_json(R.run_dir(tmp_path, specs[4]) / R.RUN_RECORD, {**rec_4, "overrides": original})
     capsys.readouterr()
     assert main(["--dry-run", "--out", str(tmp_path), "--seeds", "2", "--stress", "1,4", "--steps", "4",
                  "--test-freq", "2", "--methods", ",".join(G.METHODS[4:])]) == 0

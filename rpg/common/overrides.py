@@ -46,25 +46,29 @@ _BARE = re.compile(r"^[A-Za-z0-9_./:+@%~-]+$")  # characters Hydra reads as a pl
 
 
 def hydra_value(value: str, name: str = "a value", *, quote: bool = False) -> str:
-    """``value`` written so that Hydra reads back this very string: bare when Hydra's own parser reads the bare
+    r"""``value`` written so that Hydra reads back this very string: bare when Hydra's own parser reads the bare
     text as that same string and ``quote`` is False (paths, names), else single-quoted (``quote=True``: always).
     So '1', 'true', 'null', 'inf' or '1_000' stay strings, not an int, a bool, None or a float, and '~x' (a
     delete in Hydra's grammar) is quoted.
 
-    Hydra's quoted strings end at the next unescaped quote: a single quote, or a backslash at the end (it
-    would escape the closing quote), cannot be written; ``OverrideSyntaxError`` names ``name`` and the value.
+    Quoted, Hydra's grammar escapes a backslash only before a quote or at the end of the string: a single quote
+    is written ``\'`` and the backslashes before it or at the end are doubled (``o'brien`` -> ``'o\'brien'``).
+    The result is read back with Hydra's parser; one it would read otherwise raises ``OverrideSyntaxError``
+    naming ``name`` and the value (none is known).
     """
     if not quote and _BARE.match(value) and _reads_back(value):
         return value
-    if "'" in value or value.endswith("\\"):
-        raise OverrideSyntaxError(f"{name}={value!r} cannot be passed to Hydra: it holds a single quote or ends "
-                                  "with a backslash")
-    return f"'{value}'"
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    quoted = "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped) + "'"
+    if not _reads_back(quoted, value):
+        raise OverrideSyntaxError(f"{name}={value!r} cannot be passed to Hydra: its parser reads {quoted} otherwise")
+    return quoted
 
 
-def _reads_back(value: str) -> bool:
+def _reads_back(text: str, value: str | None = None) -> bool:
+    """Hydra's parser reads ``k=<text>`` as the string ``value`` (default: ``text`` itself)."""
     try:
-        return value_of(f"k={value}") == value  # a str equal to value (1 == 1.0 != "1": ints and floats differ)
+        return value_of(f"k={text}") == (text if value is None else value)  # 1 == 1.0 != "1": a str only
     except OverrideSyntaxError:
         return False
 
@@ -148,6 +152,21 @@ def parse_one(text: str, *, multirun: bool = False) -> Parsed:
 def parse_overrides(overrides: Iterable[str], *, multirun: bool = False) -> list[Parsed]:
     """Every override parsed (``parse_one``); the first one Hydra cannot read raises."""
     return [parse_one(o, multirun=multirun) for o in overrides]
+
+
+def same_overrides(a: Sequence[str], b: Sequence[str]) -> bool:
+    """True when ``a`` and ``b`` are the same overrides as Hydra reads them (key, kind and value, in order):
+    ``k=/my dir/x`` and ``k='/my dir/x'`` are one setting written two ways. An override Hydra cannot read is
+    compared as written."""
+    if list(a) == list(b):
+        return True
+    if len(a) != len(b):
+        return False
+    try:
+        pa, pb = parse_overrides(a), parse_overrides(b)
+    except OverrideSyntaxError:
+        return False
+    return all((x.key, x.kind, x.value) == (y.key, y.kind, y.value) for x, y in zip(pa, pb))
 
 
 def check_user_overrides(args: Sequence[str]) -> list[Parsed]:

@@ -26,6 +26,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from rpg.common.metrics_file import MetricsFileError, records, short
+from rpg.common.overrides import same_overrides
 from rpg.study.grid import Costs, RunSpec, fmt_duration, save_json, speedup
 
 RUN_RECORD = "run.json"
@@ -99,8 +100,8 @@ def status(out: Path, spec: RunSpec, overrides: list[str] | None = None) -> str:
     rec = read_record(out, spec)
     if rec is None:
         return "todo"
-    if overrides is not None and rec.get("overrides") != overrides:
-        return "stale"
+    if overrides is not None and not same_overrides(rec.get("overrides") or [], overrides):
+        return "stale"  # a setting changed (written another way, e.g. a path quoted since, is the same)
     return rec.get("status", "todo")
 
 
