@@ -4,6 +4,7 @@ paths are warned about, and a Ray submission resolves every default path against
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 from test_launch_dryrun import _env
@@ -73,7 +74,11 @@ def test_dry_run_shows_the_cluster_root_everywhere(capsys):
     # nothing from this checkout leaks into the cluster's config (the local `ray` CLI on the
     # "# command:" line may live in a venv inside the checkout)
     config = "\n".join(line for line in cap.out.splitlines() if not line.startswith("# command:"))
-    assert str(ROOT) not in config
+    # ... but the resume command the driver's stop line shows: pasted on this machine, it goes back to the folder
+    # the run was launched from (relative paths in its variables mean the same)
+    where = f"cd {shlex.quote(str(Path.cwd()))} && "
+    assert config.count(where) == 1, config
+    assert str(ROOT) not in config.replace(where, "")
     assert "rpg.launch: warning: data.train_files=/srv/rpg/data/dapo-math-17k-en.parquet: no such file" in cap.err
 
 

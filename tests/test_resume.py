@@ -919,9 +919,10 @@ def test_a_resume_compares_the_keys_declared_recorded_and_no_others(tmp_path):
 
 
 def test_a_stopped_cpu_launch_prints_a_resume_command_that_runs_the_same_launch(tmp_path, monkeypatch, capsys):
-    """``RPG_BACKEND=cpu python -m rpg.launch NAME`` stopped by a signal: its resume command repeats the variables
-    the user set (RPG_BACKEND=cpu first of all: without it the same command starts a GPU launch), names the run's
-    folder and keeps the user's overrides with trainer.resume_mode=auto."""
+    """``RPG_BACKEND=cpu python -m rpg.launch NAME`` stopped by a signal: its resume command goes back to the folder
+    it was launched from (relative paths mean the same), repeats the variables the user set (RPG_BACKEND=cpu first of
+    all: without it the same command starts a GPU launch), names the run's folder and keeps the user's overrides
+    with trainer.resume_mode=auto."""
     import shlex
 
     from rpg.launch import harness
@@ -937,12 +938,18 @@ def test_a_stopped_cpu_launch_prints_a_resume_command_that_runs_the_same_launch(
 
     monkeypatch.setattr(harness, "run_trainer", stopped)
     monkeypatch.setattr("rpg.tiny.build_tiny_assets", lambda *a, **k: None)
-    env = _env(RPG_BACKEND="cpu", OUT_DIR=str(out), LOGGER="console,file", CPU_TIMEOUT="900", DRY_RUN="0")
+    here = tmp_path / "launched here"
+    here.mkdir()
+    monkeypatch.chdir(here)  # CKPTS_DIR is relative to it: the resume command goes back there first
+    env = _env(RPG_BACKEND="cpu", OUT_DIR=str(out), LOGGER="console,file", CPU_TIMEOUT="900", DRY_RUN="0",
+               CKPTS_DIR="ck")
     rc = main(["run_rpg_7b_ufkl1e-4", "trainer.save_freq=1", "trainer.resume_mode=disable"], env)
     err = capsys.readouterr().err
     assert rc == 128 + signal.SIGHUP, err
     resume = err.split("; resume: ", 1)[1].strip()
     words = shlex.split(resume)
-    assert words[:4] == ["RPG_BACKEND=cpu", "LOGGER=console,file", f"OUT_DIR={out}", "CPU_TIMEOUT=900"], words
-    assert words[4:] == [sys.executable, "-m", "rpg.launch", "run_rpg_7b_ufkl1e-4", "trainer.save_freq=1",
+    assert words[:3] == ["cd", str(here), "&&"], words
+    assert words[3:8] == ["RPG_BACKEND=cpu", "CKPTS_DIR=ck", "LOGGER=console,file", f"OUT_DIR={out}",
+                          "CPU_TIMEOUT=900"], words
+    assert words[8:] == [sys.executable, "-m", "rpg.launch", "run_rpg_7b_ufkl1e-4", "trainer.save_freq=1",
                          "trainer.resume_mode=auto"], words

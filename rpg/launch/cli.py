@@ -154,7 +154,8 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
                 raise LaunchError(why)
             print(f"rpg.launch: warning: {why} (DRY_RUN=1: nothing is submitted)", file=sys.stderr, flush=True)
         # the driver's stop line names this command (rpg.verl.main.run_stopped_line)
-        job_env[RESUME_COMMAND_ENV] = job.job_resume_command(env, ENV_VARS, script_command(v.name, root), user)
+        job_env[RESUME_COMMAND_ENV] = job.job_resume_command(env, ENV_VARS, script_command(v.name, root, req.cwd),
+                                                             user, req.cwd)
     if chosen.TINY_TASK:
         from rpg.launch.harness import build_command
 
@@ -240,7 +241,7 @@ def _run_here(req: LaunchRequest, v, overrides: Sequence[str], user: Sequence[st
     except TrainerRunError as e:
         # the variables the user set (RPG_BACKEND=cpu among them), the run's folder, the same overrides
         resume = job.job_resume_command({**req.env, "OUT_DIR": str(out)}, ENV_VARS,
-                                        shlex.join([sys.executable, "-m", "rpg.launch", v.name]), user)
+                                        shlex.join([sys.executable, "-m", "rpg.launch", v.name]), user, req.cwd)
         return report_failure(e, prefix, resume_hint(values(overrides).get("trainer.v1.trainer_mode", "sync"), resume))
     for note in run.notes:
         print(f"{prefix} note: {note}", flush=True)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rpg.common.checkout import RECIPE_ENTRY
+from rpg.common.checkout import RECIPE_DIR, RECIPE_ENTRY
 from rpg.launch.request import LaunchError, LaunchRequest
 
 
@@ -53,8 +54,14 @@ def submission_env(cfg, req: LaunchRequest, submission: str) -> dict[str, str]:
     return backend(req.backend).cluster_job_env(req.env, f"file://{ckpts}/.rendezvous/{submission}")
 
 
-def script_command(name: str, root: Path) -> str:
+def script_command(name: str, root: Path, cwd: Path | None = None) -> str:
     """How a run is launched, for a line that shows where an environment variable goes: its paper script
-    (``bash recipe/rpg/4b/<name>.sh``), else ``python -m rpg.launch <name>``."""
-    scripts = sorted((root / "recipe" / "rpg").glob(f"*/{name}.sh"))
-    return f"bash {scripts[0].relative_to(root)}" if scripts else f"python -m rpg.launch {name}"
+    (``bash recipe/rpg/4b/<name>.sh``, relative to the project root; with ``cwd``, a path that works from
+    ``cwd``), else ``python -m rpg.launch <name>``."""
+    scripts = sorted((root / RECIPE_DIR).glob(f"*/{name}.sh"))
+    if not scripts:
+        return f"python -m rpg.launch {name}"
+    if cwd is None:
+        return f"bash {scripts[0].relative_to(root)}"
+    script = scripts[0].resolve()
+    return "bash " + shlex.quote(str(script.relative_to(cwd.resolve()) if script.is_relative_to(cwd.resolve()) else script))

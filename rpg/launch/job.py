@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 
@@ -30,15 +31,19 @@ def submission_id() -> str:
     return f"rpg-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
 
 
-def job_resume_command(env: Mapping[str, str], env_vars: Sequence[str], launch: str, user: Sequence[str]) -> str:
-    """The command that resumes a run of the launcher (a submitted job, or a CPU run on this machine): the
-    launcher's variables the user set (``env_vars``, minus ``NOT_RESUMED``), the launch command (``bash
-    recipe/rpg/7b/<name>.sh``, ``python -m rpg.launch <name>``) and the user's overrides with
-    ``trainer.resume_mode=auto`` (replacing theirs)."""
+def job_resume_command(env: Mapping[str, str], env_vars: Sequence[str], launch: str, user: Sequence[str],
+                       cwd: Path | None = None) -> str:
+    """The command that resumes a run of the launcher (a submitted job, or a CPU run on this machine): ``cd`` to
+    the folder it was launched from (``cwd``: the variables' relative paths, e.g. ``CKPTS_DIR=ck``, mean what
+    they meant; the stop line may be pasted from anywhere), the launcher's variables the user set (``env_vars``,
+    minus ``NOT_RESUMED``), the launch command (``bash recipe/rpg/7b/<name>.sh``, ``python -m rpg.launch
+    <name>``) and the user's overrides with ``trainer.resume_mode=auto`` (replacing theirs)."""
     from rpg.common.overrides import merge_overrides
 
+    where = [f"cd {shlex.quote(str(cwd))} &&"] if cwd is not None else []
     assigned = [f"{k}={shlex.quote(env[k])}" for k in env_vars if k not in NOT_RESUMED and env.get(k, "").strip()]
-    return " ".join([*assigned, launch, shlex.join(merge_overrides(list(user), ["trainer.resume_mode=auto"]))]).rstrip()
+    overrides = shlex.join(merge_overrides(list(user), ["trainer.resume_mode=auto"]))
+    return " ".join([*where, *assigned, launch, overrides]).rstrip()
 
 
 def follow(cmd: Sequence[str], env: Mapping[str, str], address: str, submission: str) -> int:
