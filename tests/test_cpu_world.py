@@ -56,14 +56,14 @@ def _cfg(**trainer):
 
 
 def test_driver_check_refuses_before_ray_on_cpu_only():
-    world.check_world_size(_cfg(n_gpus_per_node=2), environ={})
+    world.check_world_fits(_cfg(n_gpus_per_node=2), environ={})
     with pytest.raises(RPGConfigError, match=r"= 4096 FSDP ranks on the CPU backend need about"):
-        world.check_world_size(_cfg(n_gpus_per_node=4096), environ={})
-    world.check_world_size(_cfg(n_gpus_per_node=4096, device="cuda"), environ={})  # the GPU path has its own checks
+        world.check_world_fits(_cfg(n_gpus_per_node=4096), environ={})
+    world.check_world_fits(_cfg(n_gpus_per_node=4096, device="cuda"), environ={})  # the GPU path has its own checks
     # joining a cluster: it places the ranks (this machine's RAM does not bound them); the integer rule holds
-    world.check_world_size(_cfg(n_gpus_per_node=4096), environ={"RAY_ADDRESS": "127.0.0.1:6379"})
+    world.check_world_fits(_cfg(n_gpus_per_node=4096), environ={"RAY_ADDRESS": "127.0.0.1:6379"})
     with pytest.raises(RPGConfigError, match="trainer.nnodes=0 is invalid"):
-        world.check_world_size(_cfg(nnodes=0), environ={"RAY_ADDRESS": "127.0.0.1:6379"})
+        world.check_world_fits(_cfg(nnodes=0), environ={"RAY_ADDRESS": "127.0.0.1:6379"})
 
 
 def test_tiny_task_splits_its_micro_batches_over_the_ranks(tmp_path):

@@ -902,7 +902,6 @@ def test_a_resume_compares_the_keys_declared_recorded_and_no_others(tmp_path):
 
     recorded = {k.path for k in declared_keys(actor_fields=True) if k.recorded}
     assert {"rpg.reference.mode", "rpg.reference.update_every", "rpg.optimizer", "rpg.loss.divergence"} <= recorded
-    assert recorded <= set(resume_keys())
     free = ("rpg.loss.compile", "rpg.validation.samples_per_problem", "rpg.reference.log_weight_diff",
             "rpg.resume.allow_changed_settings")
     assert not set(free) & set(resume_keys())

@@ -50,7 +50,7 @@ def node_problems(cfg, settings, environ: Mapping[str, str]) -> tuple[list[str],
 
 def check_driver(cfg, settings, environ: Mapping[str, str] | None = None) -> None:
     vllm_cpu.check_vllm_rollout(cfg, environ)  # rollout.name=vllm: vLLM's CPU build and its settings
-    world.check_world_size(cfg, environ)  # the world size fits this machine and its local Ray
+    world.check_world_fits(cfg, environ)  # the world size fits this machine and its local Ray
 
 
 def cluster_job_env(env: Mapping[str, str], rendezvous: str) -> dict[str, str]:

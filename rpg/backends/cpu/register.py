@@ -30,6 +30,8 @@ from rpg.backends import on_cpu_platform
 from rpg.backends.hf_rollout.register import register_hf_rollout
 
 ACTIVE = on_cpu_platform()
+
+
 def register_engines(engine_pkg=None) -> None:
     """Register verl's FSDP engine classes for device ``cpu`` (idempotent)."""
     from verl.workers.engine.base import EngineRegistry

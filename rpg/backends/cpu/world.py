@@ -18,7 +18,7 @@ A run that joins an existing Ray cluster (``RAY_ADDRESS``, ``ray job submit``) m
 ``ray.init`` refuses ``num_cpus``/``num_gpus`` when connecting; such a cluster declares its resources when
 its nodes start (``ray start --num-gpus``). ``ray_resource_overrides`` is the Hydra form for a private one.
 
-``check_world_size`` (the driver, before Ray, CPU device only): a world size that is not an integer >= 1,
+``check_world_fits`` (the driver, before Ray, CPU device only): a world size that is not an integer >= 1,
 a ``ray_kwargs.ray_init.num_gpus`` below it, or more ranks than this machine's RAM holds, is one line
 naming the keys.
 """
@@ -97,7 +97,7 @@ def world_size_problem(cfg_values: Mapping[str, Any], total_gib: float | None = 
     return None
 
 
-def check_world_size(cfg, environ: Mapping[str, str] | None = None) -> None:
+def check_world_fits(cfg, environ: Mapping[str, str] | None = None) -> None:
     """The driver's check before Ray (``rpg.verl.main.prepare_config``) on the CPU device (``trainer.device=cpu``):
     ``world_size_problem`` as one ``RPGConfigError`` line. A run that joins a Ray cluster (``RAY_ADDRESS``) is
     placed by that cluster: only the integer rule applies."""
