@@ -372,3 +372,15 @@ def test_wandb_as_the_user_asked(tmp_path):
     assert wandb_env({"WANDB_DIR": "/mine"}, "wandb", tmp_path) == {}
     assert wandb_env({}, ["console", "file"], tmp_path) == {"WANDB_MODE": "disabled"}  # not asked: quiet, as before
     assert wandb_env({"WANDB_MODE": "offline"}, ["console"], tmp_path) == {}
+
+
+def test_data_and_model_variables_a_tiny_task_launch_does_not_use_are_named(capsys):
+    """RPG_BACKEND=cpu trains the tiny task with its own model and data: TRAIN_FILE or MODEL_PATH given with it
+    are named in one warning line, never dropped silently."""
+    from rpg.launch.cli import main
+
+    assert main([PAPER], _env(RPG_BACKEND="cpu", DRY_RUN="1", TRAIN_FILE="mine.parquet", MODEL_PATH="org/m")) == 0
+    warned = [ln for ln in _lines(capsys.readouterr().err) if "not used" in ln]
+    assert warned == ["rpg.launch: warning: MODEL_PATH, TRAIN_FILE not used: RPG_BACKEND=cpu trains the tiny task "
+                      "(its own model and data); to train yours, override data.train_files / "
+                      "actor_rollout_ref.model.path"], warned

@@ -70,7 +70,7 @@ from rpg.launch.args import read_overrides
 from rpg.launch.commands import local_command, ray_command, ray_executable, script_command, submission_env
 from rpg.launch.config_keys import checked_config, logger_problem
 from rpg.launch.describe import describe, describe_variant, dry_run, list_table
-from rpg.launch.plan import CONFIG_DIR, compose, plan
+from rpg.launch.plan import CONFIG_DIR, TASK_VARS, compose, plan
 from rpg.launch.ray_job_api import address_problem, job_api_problem
 from rpg.launch.request import ENV_VARS, LaunchError, LaunchRequest, project_root
 from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root
@@ -143,6 +143,10 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     _check_backend(chosen, req)
     if req.cluster_root_unused:
         print("rpg.launch: warning: RPG_CLUSTER_ROOT is ignored without RAY_ADDRESS (local run from this checkout)",
+              file=sys.stderr)
+    if chosen.TINY_TASK and (unused := [k for k in TASK_VARS if env.get(k, "").strip()]):
+        print(f"rpg.launch: warning: {', '.join(unused)} not used: RPG_BACKEND={req.backend} trains the tiny task (its "
+              "own model and data); to train yours, override data.train_files / actor_rollout_ref.model.path",
               file=sys.stderr)
     overrides, job_env = plan(req, v, user)
 

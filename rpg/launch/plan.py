@@ -28,6 +28,7 @@ CONFIG_DIR, CONFIG_NAME = RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME
 # and the driver's ray.init runtime env set the same variable.
 LOG_ENV = ("VERL_FILE_LOGGER_ROOT", "TENSORBOARD_DIR")
 OVERLONG_LEN = "reward.reward_kwargs.overlong_buffer_cfg.len"
+TASK_VARS = ("MODEL_PATH", "DATA_DIR", "TRAIN_FILE", "VAL_FILES")  # the run's model and data (a tiny task has its own)
 GPU_DEFAULT_GPUS_PER_NODE = 8  # the paper's nodes: 8 GPUs each
 
 
