@@ -70,6 +70,7 @@ from rpg.launch.args import read_overrides
 from rpg.launch.commands import local_command, ray_command, ray_executable, script_command, submission_env
 from rpg.launch.config_keys import checked_config, logger_problem
 from rpg.launch.describe import describe, describe_variant, dry_run, list_table
+from rpg.launch.node_plan import plan_nodes, supervisor_prefix
 from rpg.launch.plan import CONFIG_DIR, TASK_VARS, compose, plan
 from rpg.launch.ray_job_api import address_problem, job_api_problem
 from rpg.launch.request import ENV_VARS, LaunchError, LaunchRequest, project_root
@@ -180,19 +181,23 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         if not req.dry:  # the tiny task starts fresh: never over another run's checkpoints (rpg.launch.run_dir)
             ckpts = Path(str(cfg.trainer.default_local_dir))
             check_fresh_start(ckpts, cfg.trainer.resume_mode, ckpts, another="CKPTS_DIR=... or EXP_NAME=...")
+    composed = None
     if req.cluster:
-        cmd = ray_command(overrides, req, job_env, submission)
+        composed = compose(overrides, root)  # fail before queueing the job
+        cfg = composed[0]
+        count, sizes, node_env = plan_nodes(cfg, req, user)
+        supervisor = supervisor_prefix(req.ray_python, count, sizes, req.max_restarts) if count.elastic else ()
+        cmd = ray_command(overrides, req, {**job_env, **node_env}, submission, supervisor)
     else:
         cmd = local_command(overrides, root)
         if not req.dry:  # keys and loggers (DRY_RUN and a submission compose with the driver's checks below)
             checked_config(overrides, root / CONFIG_DIR)
     if req.dry:
-        return dry_run(req, v, overrides, cmd)
+        return dry_run(req, v, overrides, cmd, composed)
     if not req.cluster:  # data files and their reward: the driver's lines, exit 2, nothing started
         _check_data_files(overrides)
     print(describe_variant(v), flush=True)
     if req.cluster:
-        cfg, _ = compose(overrides, root)  # fail before queueing the job
         problems = input_path_problems(cfg)
         if problems:
             print(f"rpg.launch: note: on this machine (the driver checks them on the cluster before Ray "

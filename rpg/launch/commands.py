@@ -30,7 +30,9 @@ def ray_executable(env: Mapping[str, str]) -> str:
 
 
 def ray_command(overrides: Sequence[str], req: LaunchRequest, job_env: Mapping[str, str],
-                submission_id: str | None = None) -> list[str]:
+                submission_id: str | None = None, supervisor: Sequence[str] = ()) -> list[str]:
+    """``ray job submit`` of the trainer's command, run by ``supervisor`` (a command the trainer's is appended to:
+    the elastic supervisor, ``rpg.launch.node_plan.supervisor_prefix``) when given."""
     runtime_env = {"env_vars": {"PYTHONUNBUFFERED": "1", **job_env}}
     cmd = [ray_executable(req.env), "job", "submit", "--address", req.address, "--runtime-env-json",
            json.dumps(runtime_env)]
@@ -38,7 +40,7 @@ def ray_command(overrides: Sequence[str], req: LaunchRequest, job_env: Mapping[s
         cmd += ["--submission-id", submission_id]
     if not req.job_wait:
         cmd.append("--no-wait")
-    return [*cmd, "--", req.ray_python, str(req.run_root / RECIPE_ENTRY), *overrides]
+    return [*cmd, "--", *supervisor, req.ray_python, str(req.run_root / RECIPE_ENTRY), *overrides]
 
 
 def submission_env(cfg, req: LaunchRequest, submission: str) -> dict[str, str]:

@@ -144,16 +144,17 @@ def _show_cluster_reward_path(cfg, root: Path, run_root: Path) -> None:
         OmegaConf.update(cfg, REWARD_PATH, str(run_root / Path(path).relative_to(root)))
 
 
-def dry_run(req: LaunchRequest, v: Variant, overrides: Sequence[str], cmd: Sequence[str]) -> int:
+def dry_run(req: LaunchRequest, v: Variant, overrides: Sequence[str], cmd: Sequence[str], composed=None) -> int:
     """``DRY_RUN=1``: the variant, the command, the composed and validated config; missing input paths and what
     this node lacks for the run (the backend's ``node_problems``) as warnings; then, for a run of the variant
-    itself (not the tiny task), the memory estimate (sizes: ``memory_sizes``)."""
+    itself (not the tiny task), the memory estimate (sizes: ``memory_sizes``). ``composed``: ``compose(overrides)``'s
+    result when the caller has it."""
     from omegaconf import OmegaConf
 
     chosen = backend(req.backend)
     sizes = None if chosen.TINY_TASK else memory_sizes(req.env)
     print(f"# {describe_variant(v)}".replace("\n", "\n# "))
-    cfg, settings = compose(overrides, req.root)
+    cfg, settings = composed or compose(overrides, req.root)
     if not any(override_key(o) == REWARD_PATH for o in overrides):
         _show_cluster_reward_path(cfg, req.root, req.run_root)
     print("# command: " + " ".join(cmd[:2]) + " \\\n#   " + " \\\n#   ".join(cmd[2:]))

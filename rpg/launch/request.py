@@ -23,7 +23,10 @@ from pathlib import Path
 
 from rpg.backends import BACKENDS
 from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
+from rpg.common.nnodes import NodeCount, parse_nnodes
 from rpg.verl.preflight import name_problem
+
+DEFAULT_MAX_RESTARTS = 3  # torchrun's --max-restarts has 0; a paper run is days long, and each restart costs minutes
 
 # The launcher's environment variables, declared once: the usage lists them, and one given as an argument
 # (``OUT_DIR=runs/x`` after the script) is refused in one line saying where it goes (rpg.launch.args).
@@ -37,7 +40,9 @@ ENV_VARS = {
     "MODEL_PATH": "the model (default: the variant's)",
     "DATA_DIR": "the data folder", "TRAIN_FILE": "the training file", "VAL_FILES": "the validation files",
     "CKPTS_DIR": "the checkpoint folder",
-    "NNODES": "nodes", "N_GPUS_PER_NODE": "GPUs per node",
+    "NNODES": "nodes: N, or MIN:MAX (elastic, on a Ray cluster: the run goes on after a node is lost)",
+    "N_GPUS_PER_NODE": "GPUs per node",
+    "RPG_MAX_RESTARTS": f"with NNODES=MIN:MAX, restarts after node losses [{DEFAULT_MAX_RESTARTS}]",
     "LOGGER": "trainer.logger, comma separated (verl's loggers)",
     "PROJECT_NAME": "trainer.project_name", "EXP_NAME": "trainer.experiment_name",
     "OUT_DIR": "the output folder of a CPU run",
@@ -85,6 +90,33 @@ def _positive_int(env: Mapping[str, str], key: str) -> int | None:
         return None
     if not raw.isdigit() or int(raw) < 1:
         raise LaunchError(f"{key}={raw!r} is invalid; expected a positive integer")
+    return int(raw)
+
+
+def _node_count(env: Mapping[str, str]) -> NodeCount | None:
+    """NNODES: N, or MIN:MAX (elastic: only for a Ray job, where a supervisor on the cluster can restart the run)."""
+    raw = env.get("NNODES", "").strip()
+    if not raw:
+        return None
+    try:
+        count = parse_nnodes(raw)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    if count.elastic and not env.get("RAY_ADDRESS", "").strip():
+        raise LaunchError(f"NNODES={raw} (elastic) needs a Ray cluster (RAY_ADDRESS): the supervisor that restarts the "
+                          "run lives there; a run on this machine has one node, NNODES=1")
+    return count
+
+
+def _max_restarts(env: Mapping[str, str], count: NodeCount | None) -> int:
+    raw = env.get("RPG_MAX_RESTARTS", "").strip()
+    if not raw:
+        return DEFAULT_MAX_RESTARTS
+    if count is None or not count.elastic:
+        raise LaunchError(f"RPG_MAX_RESTARTS={raw} applies to an elastic run only (NNODES=MIN:MAX on a Ray cluster); "
+                          "a run with a fixed NNODES stops at a node loss with its resume command")
+    if not raw.isdigit():
+        raise LaunchError(f"RPG_MAX_RESTARTS={raw!r} is invalid; expected an integer >= 0")
     return int(raw)
 
 
@@ -153,7 +185,9 @@ class LaunchRequest:
     train_file: str | None
     val_files: tuple[str, ...] | None
     ckpts_dir: str | None
-    nnodes: int | None
+    nnodes: int | None  # NNODES, or MAX of an elastic count (the run is planned and checked at MAX)
+    node_count: NodeCount | None  # NNODES as given
+    max_restarts: int  # RPG_MAX_RESTARTS (elastic runs)
     n_gpus_per_node: int | None
     loggers: tuple[str, ...] | None  # LOGGER
     project: str | None
@@ -170,6 +204,10 @@ class LaunchRequest:
     def cluster(self) -> bool:
         return bool(self.address.strip())
 
+    @property
+    def elastic(self) -> bool:
+        return self.node_count is not None and self.node_count.elastic
+
     @classmethod
     def read(cls, env: Mapping[str, str], root: Path, cwd: Path) -> LaunchRequest:
         backend = env.get("RPG_BACKEND", "").strip().lower() or BACKENDS[0]
@@ -179,6 +217,7 @@ class LaunchRequest:
         val = env.get("VAL_FILES", "").strip()
         logger = env.get("LOGGER", "").strip()
         out = env.get("OUT_DIR", "").strip()
+        count = _node_count(env)
         return cls(
             env=dict(env), root=root, cwd=cwd, backend=backend, dry=_flag(env, "DRY_RUN"), address=address,
             job_wait=_flag(env, "RAY_JOB_WAIT"), ray_python=env.get("RAY_PYTHON", "").strip() or "python3",
@@ -188,7 +227,8 @@ class LaunchRequest:
             data_dir=_path(env, "DATA_DIR", cwd), train_file=_path(env, "TRAIN_FILE", cwd),
             val_files=tuple(user_path(p, cwd) for p in split_list(val)) if val else None,
             ckpts_dir=_path(env, "CKPTS_DIR", cwd),
-            nnodes=_positive_int(env, "NNODES"), n_gpus_per_node=_positive_int(env, "N_GPUS_PER_NODE"),
+            nnodes=None if count is None else count.high, node_count=count, max_restarts=_max_restarts(env, count),
+            n_gpus_per_node=_positive_int(env, "N_GPUS_PER_NODE"),
             loggers=tuple(split_list(logger)) if logger else None,
             file_logger_root=_path(env, "VERL_FILE_LOGGER_ROOT", cwd), tensorboard_dir=_path(env, "TENSORBOARD_DIR", cwd),
             out_dir=Path(user_path(out, cwd)) if out else None,

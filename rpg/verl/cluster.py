@@ -141,6 +141,15 @@ class ClusterRun:
         if problem is not None:
             raise RPGConfigError(problem)
 
+    def alive_groups(self) -> int | None:
+        """How many alive nodes can each hold a rank group (``trainer.n_gpus_per_node`` GPUs); None when Ray cannot
+        say (its GCS gone)."""
+        need = int(self.config.trainer.n_gpus_per_node)
+        try:
+            return sum(1 for n in alive_nodes() if n["gpus"] >= need)
+        except Exception:  # noqa: BLE001 - the GCS itself is gone
+            return None
+
     def lost_reason(self, err: BaseException, wait_s: float = 60.0) -> str | None:
         """Why the run ended, when a node or a process of it was lost: the stop line's reason, else None (a bug:
         its traceback stays). A node alive at the start and gone now is a node loss whatever ``err`` is (verl

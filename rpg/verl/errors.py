@@ -9,3 +9,11 @@ RESUME_LINE_STARTS = ("rpg: resuming from ", "rpg: fresh start ")
 # The command that resumes a run when a launcher knows it better than the driver's own command line (a job on a
 # Ray cluster is resumed by submitting it again): set by ``rpg.launch.job``, read by the driver's stop line
 RESUME_COMMAND_ENV = "RPG_RESUME_COMMAND"
+# The node counts a run submitted to a Ray cluster may take (``rpg.launch``: NNODES as given, and the counts that
+# pass the driver's rules), JSON ``{"nnodes": "1:2", "sizes": [1, 2]}``: the stop line's resume command asks for
+# a count the cluster can hold when a node was lost (``rpg.common.nnodes.nnodes_for_resume``)
+NODE_PLAN_ENV = "RPG_NODE_PLAN"
+# Set by the elastic supervisor (``rpg.launch.elastic``) for the trainer it starts: where the trainer writes why
+# it stopped when a node was lost, exiting with ELASTIC_EXIT instead of printing the stop line
+ELASTIC_STATUS_ENV = "RPG_ELASTIC_STATUS"
+ELASTIC_EXIT = 75  # EX_TEMPFAIL: a node of the run was lost; the supervisor decides whether the run goes on

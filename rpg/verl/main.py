@@ -23,9 +23,11 @@ resume (``stop_on_signals``; exit code 128 + signum).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import sys
+from pathlib import Path
 from pprint import pprint
 
 import ray
@@ -42,7 +44,7 @@ from rpg.backends.registry import backend
 from rpg.common.history import PATH_ENV, base_path, claim_segment, logs_to_file, restore_step_record
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.config import RPGConfigError, RPGSettings
-from rpg.verl.errors import RESUME_COMMAND_ENV
+from rpg.verl.errors import ELASTIC_EXIT, ELASTIC_STATUS_ENV, NODE_PLAN_ENV, RESUME_COMMAND_ENV
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
 from rpg.verl.describe import describe
 from rpg.verl.checks import resume_hint
@@ -179,20 +181,33 @@ def signal_stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> s
     return run_stopped_line(config, f"stopped by {signal_name}", argv)
 
 
-def run_stopped_line(config: DictConfig, stopped: str, argv: list[str]) -> str:
+def metrics_log(config: DictConfig) -> Path | None:
+    """The run's metrics history (its base path: ``rpg.common.history``), or None without verl's file logger."""
+    trainer = config.trainer
+    if not logs_to_file(trainer.logger):
+        return None
+    # the workers' environment: the launcher passes VERL_FILE_LOGGER_ROOT through Ray's runtime env
+    worker_env = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
+    environ = {**os.environ, **{k: str(v) for k, v in dict(worker_env).items()}}
+    return base_path(trainer.project_name, trainer.experiment_name, environ)
+
+
+def run_stopped_line(config: DictConfig, stopped: str, argv: list[str], alive: int | None = None) -> str:
     """``signal_stop_line``'s body for any reason the run stopped (``stopped``: "stopped by SIGTERM", "stopped: node ...
-    lost"); the resume command is ``RPG_RESUME_COMMAND`` when the launcher set it, else ``driver_resume_command(argv)``."""
+    lost"); the resume command is ``RPG_RESUME_COMMAND`` when the launcher set it, else ``driver_resume_command(argv)``.
+    ``alive``: the nodes left that can hold a rank group; the command's ``NNODES`` then fits them (``NODE_PLAN_ENV``)."""
+    from rpg.common.nnodes import nnodes_for_resume, parse_nnodes, with_nnodes
     from rpg.verl.checkpoints import last_complete
 
     trainer = config.trainer
     ckpt = last_complete(os.path.abspath(trainer.default_local_dir))  # relative: to the cwd, as verl does
-    logged = logs_to_file(trainer.logger)
-    # the workers' environment: the launcher passes VERL_FILE_LOGGER_ROOT through Ray's runtime env
-    worker_env = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
-    environ = {**os.environ, **{k: str(v) for k, v in dict(worker_env).items()}}
-    log = base_path(trainer.project_name, trainer.experiment_name, environ) if logged else "this process's output"
+    log = metrics_log(config) or "this process's output"
     # a job submitted to a Ray cluster is resumed by submitting it again: the launcher's command (rpg.launch.job)
     resume = os.environ.get(RESUME_COMMAND_ENV, "").strip() or driver_resume_command(argv)
+    if alive is not None and (plan := os.environ.get(NODE_PLAN_ENV, "").strip()):
+        plan = json.loads(plan)
+        if (nnodes := nnodes_for_resume(parse_nnodes(plan["nnodes"]), plan["sizes"], alive)) is not None:
+            resume = with_nnodes(resume, nnodes)
     return (f"rpg: {stopped}; Ray shut down; metrics log {log}; last complete checkpoint "
             f"{ckpt or 'none (nothing saved yet: the resume starts at step 0)'}; "
             f"{resume_hint(OmegaConf.select(config, 'trainer.v1.trainer_mode', default='sync'), resume)}")
@@ -261,6 +276,12 @@ def main_from_hydra(config: DictConfig) -> None:
     from rpg.verl.cluster import ClusterRun, rendezvous_file
 
     cluster = ClusterRun(config)
+    held = []  # this driver's hold on the checkpoint folder (rpg.verl.folder_lock), for its lifetime
+
+    def after_init():
+        cluster.checks_after_ray_init()
+        held.extend(hold_checkpoint_folder(config))
+
     with stop_on_signals(config), _removed(rendezvous_file()):
         try:
             prepare_config(config)
@@ -268,7 +289,7 @@ def main_from_hydra(config: DictConfig) -> None:
             print(error_line(e), file=sys.stderr)
             sys.exit(2)
         try:
-            with after_ray_init(cluster.checks_after_ray_init):
+            with after_ray_init(after_init):
                 run_ppo(config, task_runner_class=ray.remote(RPGTaskRunner))
         except RPGConfigError as e:  # the cluster's checks, right after ray.init
             ray.shutdown()
@@ -278,7 +299,40 @@ def main_from_hydra(config: DictConfig) -> None:
             reason = cluster.lost_reason(e)
             if reason is None:
                 raise
-            line = run_stopped_line(config, f"stopped: {reason}", list(sys.argv))
+            line = run_stopped_line(config, f"stopped: {reason}", list(sys.argv), alive=cluster.alive_groups())
             ray.shutdown()
+            if (status := os.environ.get(ELASTIC_STATUS_ENV, "").strip()):  # the elastic supervisor decides
+                hand_over(config, Path(status), reason, line)
+                print(f"rpg: {reason}; Ray shut down; the elastic supervisor decides what follows", file=sys.stderr,
+                      flush=True)
+                sys.exit(ELASTIC_EXIT)
             print(line, file=sys.stderr, flush=True)
             sys.exit(1)
+
+
+def hold_checkpoint_folder(config: DictConfig) -> list:
+    """On a cluster the driver joined: hold ``trainer.default_local_dir`` for this driver (``rpg.verl.folder_lock``:
+    another run writing it is refused in one line), unless the elastic supervisor that started this driver holds
+    it. Returns what keeps the hold (nothing on a private Ray: one machine, the launcher checks the folder)."""
+    from rpg.verl import folder_lock
+    from rpg.verl.cluster import joined_cluster
+
+    folder = os.path.abspath(str(config.trainer.default_local_dir))
+    if not joined_cluster(config) or folder_lock.held_by_parent(folder):
+        return []
+    job = ray.get_runtime_context().get_job_id()
+    return list(folder_lock.acquire(folder, f"driver pid {os.getpid()} on {os.uname().nodename}, Ray job {job}"))
+
+
+def hand_over(config: DictConfig, status: Path, reason: str, stop_line: str) -> None:
+    """The elastic supervisor's record of a node loss (``rpg.launch.elastic``): why, the stop line it prints if the
+    run does not go on, the metrics history and the training steps it logged (written, then renamed)."""
+    from rpg.common.history import logged_training_steps
+
+    log = metrics_log(config)
+    record = {"reason": reason, "stop_line": stop_line, "log": None if log is None else str(log),
+              "logged_steps": sorted(logged_training_steps(log)) if log is not None else []}
+    status.parent.mkdir(parents=True, exist_ok=True)
+    tmp = status.with_name(status.name + ".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(status)

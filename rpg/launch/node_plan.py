@@ -1,0 +1,102 @@
+"""The node counts a Ray job may take, decided by the launcher before the job is queued.
+
+``NNODES=N``: the counts 1..N that pass the driver's rules; the driver's stop line after a node loss then asks
+for the largest of them the cluster can still hold. ``NNODES=MIN:MAX`` (elastic): the counts in [MIN, MAX] that
+pass them, each at the same global batch (``rpg.common.nnodes.resized_values``); a count that does not (verl's
+divisibility rules: 24 ranks do not split a mini-batch of 32 prompts x 16 responses evenly; a per-GPU
+micro-batch that does not re-split) is skipped with one warning line, and none at all is refused. The job's
+entrypoint is then the elastic supervisor (``rpg.launch.elastic``) around the trainer's command.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from rpg.common.nnodes import MICRO_SUFFIX, NNODES_KEY, NodeCount, resized_values
+from rpg.common.overrides import values
+from rpg.config import RPGConfigError
+from rpg.launch.request import LaunchError, LaunchRequest
+from rpg.verl.errors import NODE_PLAN_ENV
+
+
+def _micro_keys(cfg: DictConfig) -> dict:
+    """Every ``*_micro_batch_size_per_gpu`` key of a config with its (resolved) value."""
+    def walk(node, prefix: str):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                yield from walk(value, f"{prefix}{key}.")
+            elif str(key).endswith(MICRO_SUFFIX):
+                yield f"{prefix}{key}"
+
+    tree = OmegaConf.to_container(cfg, resolve=False, throw_on_missing=False)
+    return {key: OmegaConf.select(cfg, key, default=None) for key in walk(tree, "")}
+
+
+def size_problem(cfg: DictConfig, nnodes: int) -> str | None:
+    """Why the run of ``cfg`` cannot run on ``nnodes`` nodes at its global batch (the driver's rules), or None."""
+    from rpg.verl.verl_rules import check_verl_rules
+
+    current = {NNODES_KEY: int(cfg.trainer.nnodes), "trainer.n_gpus_per_node": int(cfg.trainer.n_gpus_per_node),
+               **_micro_keys(cfg)}
+    try:
+        changed = resized_values(current, nnodes)
+    except ValueError as e:
+        return str(e)
+    resized = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    for key, value in changed.items():
+        OmegaConf.update(resized, key, value, merge=False)
+    try:
+        check_verl_rules(resized)
+    except RPGConfigError as e:
+        return str(e)
+    return None
+
+
+def node_sizes(cfg: DictConfig, count: NodeCount) -> list[int]:
+    """The counts of ``count``'s range (1..N for a fixed count) that pass ``size_problem``; for an elastic count, one
+    warning line naming each one skipped, and ``LaunchError`` when none passes."""
+    low = count.low if count.elastic else 1
+    problems = {k: size_problem(cfg, k) for k in range(low, count.high + 1)}
+    sizes = [k for k, why in problems.items() if why is None]
+    if not count.elastic:
+        return sizes
+    skipped = {k: why for k, why in problems.items() if why is not None}
+    if not sizes:
+        raise LaunchError(f"NNODES={count}: no node count in it runs this run at its global batch "
+                          f"({'; '.join(f'{k}: {why}' for k, why in skipped.items())})")
+    for k, why in skipped.items():
+        print(f"rpg.launch: warning: NNODES={count}: {k} node(s) skipped ({why})", file=sys.stderr, flush=True)
+    return sizes
+
+
+def check_elastic(cfg: DictConfig, req: LaunchRequest, user: Sequence[str]) -> None:
+    """What an elastic run needs beyond its sizes: a resumable trainer mode, and NNODES as the one node count."""
+    if NNODES_KEY in values(list(user)):
+        raise LaunchError(f"NNODES={req.node_count} and the override {NNODES_KEY}=... both set the node count; an "
+                          f"elastic run takes it from NNODES=MIN:MAX alone")
+    mode = OmegaConf.select(cfg, "trainer.v1.trainer_mode", default="sync")
+    if mode != "sync":
+        raise LaunchError(f"NNODES={req.node_count} (elastic) restarts from checkpoints, which "
+                          f"trainer.v1.trainer_mode={mode} cannot resume; use a fixed NNODES")
+    if int(cfg.trainer.save_freq) <= 0:
+        raise LaunchError(f"NNODES={req.node_count} (elastic) restarts from the last checkpoint, and "
+                          f"trainer.save_freq={cfg.trainer.save_freq} saves none: set trainer.save_freq=N")
+
+
+def plan_nodes(cfg: DictConfig, req: LaunchRequest, user: Sequence[str]) -> tuple[NodeCount, list[int], dict]:
+    """The job's node count, its allowed sizes and the job environment's ``NODE_PLAN_ENV``."""
+    count = req.node_count or NodeCount(int(cfg.trainer.nnodes), int(cfg.trainer.nnodes), False)
+    if count.elastic:
+        check_elastic(cfg, req, user)
+    sizes = node_sizes(cfg, count)
+    return count, sizes, {NODE_PLAN_ENV: json.dumps({"nnodes": str(count), "sizes": sizes})}
+
+
+def supervisor_prefix(python: str, count: NodeCount, sizes: Sequence[int], max_restarts: int) -> list[str]:
+    """The elastic supervisor's command, to which the trainer's (PYTHON main_rpg.py OVERRIDES) is appended."""
+    return [python, "-m", "rpg.launch.elastic", "--nnodes", str(count), "--sizes", ",".join(map(str, sizes)),
+            "--max-restarts", str(max_restarts), "--"]

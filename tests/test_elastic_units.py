@@ -1,0 +1,240 @@
+"""Elastic node counts without Ray: NNODES=MIN:MAX read, the micro-batches re-split at the same global batch, the
+sizes a run may take, the resume command's NNODES, and the supervisor's decisions with a fake cluster and fake
+trainers (small Python scripts that exit as the real one does). The loopback run: tests/test_elastic.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from rpg.common.nnodes import NodeCount, largest_fit, nnodes_for_resume, parse_nnodes, resized_values, with_nnodes
+from rpg.launch.elastic import JOB_CONFIG_ENV, Cluster, Plan, Supervisor, attempt_env, parse_args, set_aside_incomplete
+from rpg.launch.request import DEFAULT_MAX_RESTARTS, LaunchError, LaunchRequest
+from rpg.verl.checkpoints import MARKER
+from rpg.verl.errors import ELASTIC_EXIT, ELASTIC_STATUS_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("raw, want", [("2", NodeCount(2, 2, False)), (" 1:2 ", NodeCount(1, 2, True)),
+                                       ("3:3", NodeCount(3, 3, True))])
+def test_nnodes_reads_a_count_or_a_range(raw, want):
+    assert parse_nnodes(raw) == want
+    assert str(want) == raw.strip()
+
+
+@pytest.mark.parametrize("raw", ["0", "2:1", "0:2", "a", "1:", ":2", "1:2:3", "-1", "1.5", "1-2"])
+def test_nnodes_refuses_anything_else_in_one_line(raw):
+    with pytest.raises(ValueError) as e:
+        parse_nnodes(raw)
+    assert str(e.value).startswith(f"NNODES={raw!r} is invalid") and "\n" not in str(e.value)
+
+
+def test_launch_request_reads_elastic_nnodes_and_the_restart_budget():
+    cluster = {"RAY_ADDRESS": "http://127.0.0.1:8265"}
+    req = LaunchRequest.read({**cluster, "NNODES": "1:4"}, ROOT, ROOT)
+    assert (req.nnodes, req.elastic, req.max_restarts) == (4, True, DEFAULT_MAX_RESTARTS)
+    assert LaunchRequest.read({**cluster, "NNODES": "1:4", "RPG_MAX_RESTARTS": "0"}, ROOT, ROOT).max_restarts == 0
+    assert not LaunchRequest.read({"NNODES": "2"}, ROOT, ROOT).elastic
+    for env, says in [({"NNODES": "1:2"}, "needs a Ray cluster (RAY_ADDRESS)"),
+                      ({**cluster, "NNODES": "2", "RPG_MAX_RESTARTS": "1"}, "applies to an elastic run only"),
+                      ({"RPG_MAX_RESTARTS": "1"}, "applies to an elastic run only"),
+                      ({**cluster, "NNODES": "1:2", "RPG_MAX_RESTARTS": "-1"}, "expected an integer >= 0")]:
+        with pytest.raises(LaunchError, match=says.replace("(", r"\(").replace(")", r"\)")):
+            LaunchRequest.read(env, ROOT, ROOT)
+
+
+def _sequences_per_step(values: dict, micro: str) -> int:
+    return values[micro] * values["trainer.nnodes"] * values["trainer.n_gpus_per_node"]
+
+
+def test_resizing_keeps_every_micro_batch_step_the_same_size_over_all_ranks():
+    # the tiny task at 2 nodes x 1 rank: 64 responses per mini-batch, 16 per micro-batch each
+    current = {"trainer.nnodes": 2, "trainer.n_gpus_per_node": 1,
+               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 32,
+               "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 64,
+               "actor_rollout_ref.actor.ppo_mini_batch_size": 8, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": None}
+    for k in (1, 2, 4):
+        changed = resized_values(current, k)
+        after = {**current, **changed}
+        assert after["trainer.nnodes"] == k and after["actor_rollout_ref.actor.ppo_mini_batch_size"] == 8  # global
+        for micro in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"):
+            assert _sequences_per_step(after, micro) == _sequences_per_step(current, micro)
+        assert "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu" not in changed  # unset: verl's default
+    with pytest.raises(ValueError, match="does not re-split evenly over 3 x 1 ranks"):
+        resized_values(current, 3)
+
+
+def test_the_largest_fitting_size_and_the_resume_commands_nnodes():
+    assert largest_fit([1, 2, 4], 3) == 2 and largest_fit([2, 4], 1) is None
+    elastic, fixed = NodeCount(2, 4, True), NodeCount(4, 4, False)
+    assert nnodes_for_resume(elastic, [2, 4], 3) == "2:4"  # MIN alive: the elastic count as given
+    assert nnodes_for_resume(elastic, [2, 4], 1) is None  # nothing fits: the command is kept
+    assert nnodes_for_resume(fixed, [1, 2, 4], 3) == "2"
+    assert nnodes_for_resume(fixed, [1, 2, 4], 4) == "4"
+    cmd = "cd /w && RAY_ADDRESS=http://h:8265 NNODES=4 bash recipe/rpg/7b/x.sh a=1 trainer.resume_mode=auto"
+    assert with_nnodes(cmd, "2") == cmd.replace("NNODES=4", "NNODES=2")
+    assert with_nnodes("cd /w && bash x.sh trainer.nnodes=4 b=2", "1") == "cd /w && bash x.sh trainer.nnodes=1 b=2"
+    assert with_nnodes("cd /w && RAY_ADDRESS=a bash x.sh", "1") == "cd /w && NNODES=1 RAY_ADDRESS=a bash x.sh"
+    assert with_nnodes("bash x.sh", "1:2") == "NNODES=1:2 bash x.sh"
+    assert with_nnodes("cd /w && A=B NNODES=1:4 bash x.sh", "1:4") == "cd /w && A=B NNODES=1:4 bash x.sh"
+
+
+def _plan(tmp_path: Path, script: Path, low=1, high=2, sizes=(1, 2), restarts=1, nnodes=2) -> Plan:
+    overrides = [f"trainer.nnodes={nnodes}", "trainer.n_gpus_per_node=1", f"trainer.default_local_dir={tmp_path / 'ck'}",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32"]
+    return Plan(low, high, list(sizes), restarts, [sys.executable, str(script), *overrides])
+
+
+def test_the_supervisors_command_line(tmp_path):
+    plan = parse_args(["--nnodes", "1:2", "--sizes", "2,1", "--max-restarts", "3", "--", "py", "main.py", "a=1"])
+    assert (plan.low, plan.high, plan.sizes, plan.max_restarts, plan.argv) == (1, 2, [1, 2], 3, ["py", "main.py", "a=1"])
+    for bad in (["--nnodes", "1:2", "--sizes", "3", "--max-restarts", "1", "--", "py", "m.py"],
+                ["--nnodes", "1:2", "--sizes", "1", "--max-restarts", "-1", "--", "py", "m.py"],
+                ["--nnodes", "1:2", "--sizes", "1", "--max-restarts", "1", "--"]):
+        with pytest.raises(SystemExit) as e:
+            parse_args(bad)
+        assert e.value.code == 2
+    cmd = _plan(tmp_path, Path("main.py")).command(1, resume=True)
+    assert "trainer.nnodes=1" in cmd and "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64" in cmd
+    assert cmd.count("trainer.resume_mode=auto") == 1 and "trainer.nnodes=2" not in cmd
+    assert "trainer.resume_mode=auto" not in _plan(tmp_path, Path("main.py")).command(2, resume=False)
+
+
+def test_each_attempt_has_its_own_rendezvous_and_the_same_wandb_run_for_its_workers(tmp_path):
+    job = {"runtime_env": {"env_vars": {"DIST_INIT_METHOD": "file:///ck/.rendezvous/rpg-1", "A": "b"}},
+           "metadata": {"job_submission_id": "rpg-1"}}
+    environ = {"DIST_INIT_METHOD": "file:///ck/.rendezvous/rpg-1", JOB_CONFIG_ENV: json.dumps(job)}
+    envs = [attempt_env(environ, a, tmp_path / f"s{a}", Path("/ck")) for a in (0, 1)]
+    workers = [json.loads(e[JOB_CONFIG_ENV])["runtime_env"]["env_vars"] for e in envs]
+    assert envs[0]["DIST_INIT_METHOD"] != envs[1]["DIST_INIT_METHOD"]
+    assert [w["DIST_INIT_METHOD"] for w in workers] == [e["DIST_INIT_METHOD"] for e in envs]
+    assert envs[0]["WANDB_RUN_ID"] == envs[1]["WANDB_RUN_ID"] == workers[1]["WANDB_RUN_ID"]
+    assert workers[0]["A"] == "b" and envs[1][ELASTIC_STATUS_ENV] == str(tmp_path / "s1")
+    assert attempt_env({"WANDB_RUN_ID": "mine"}, 0, tmp_path, Path("/ck"))["WANDB_RUN_ID"] == "mine"
+
+
+def test_step_folders_without_their_marker_above_the_last_complete_are_set_aside_not_deleted(tmp_path):
+    for step, complete in ((1, True), (2, True), (3, False)):
+        d = tmp_path / f"global_step_{step}"
+        (d / "actor").mkdir(parents=True)
+        (d / "data.pt").write_bytes(b"")
+        if complete:
+            (d / MARKER).write_text(json.dumps({"files": {}}))
+    (tmp_path / "global_step_0").mkdir()  # below the last complete one: left as it is
+    import zipfile
+
+    for step in (1, 2, 3):
+        with zipfile.ZipFile(tmp_path / f"global_step_{step}" / "data.pt", "w") as z:
+            z.writestr("x", "y")
+    assert set_aside_incomplete(tmp_path, 1) == ["global_step_3.incomplete-a1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_0", "global_step_1", "global_step_2",
+                                                          "global_step_3.incomplete-a1"]
+
+
+TRAINER = """
+import json, os, sys
+from pathlib import Path
+script = json.loads(Path(sys.argv[0]).with_suffix(".json").read_text())
+calls = Path(sys.argv[0]).with_suffix(".calls")
+with calls.open("a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+n = len(calls.read_text().splitlines()) - 1
+step = script[n]
+if step["rc"] == 75:
+    Path(os.environ["RPG_ELASTIC_STATUS"]).write_text(json.dumps({"reason": "node 10.0.0.2 (id ab) lost (X)",
+        "stop_line": "rpg: stopped: node 10.0.0.2 lost; resume: NNODES=1:2 bash x.sh", "logged_steps": [1, 2, 3]}))
+sys.exit(step["rc"])
+"""
+
+
+def _fake_trainer(tmp_path: Path, rcs: list[int]) -> Path:
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    script.with_suffix(".json").write_text(json.dumps([{"rc": rc} for rc in rcs]))
+    return script
+
+
+def _calls(script: Path) -> list[list[str]]:
+    return [json.loads(x) for x in script.with_suffix(".calls").read_text().splitlines()]
+
+
+def _supervisor(plan: Plan, alive: list[int]) -> Supervisor:
+    """``alive``: the alive node counts the fake cluster reports, one per question (the last one repeats)."""
+    answers = list(alive)
+
+    def alive_groups(_gpus: int) -> int:
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    return Supervisor(plan, Cluster(alive_groups, lambda _gpus: True), {}, settle_s=0, wait_for_nodes_s=0.2,
+                      release_timeout_s=0.2, poll_s=0.05)
+
+
+def test_a_node_loss_restarts_the_trainer_at_the_size_that_remains(tmp_path, capsys):
+    script = _fake_trainer(tmp_path, [ELASTIC_EXIT, 0])
+    ck = tmp_path / "ck" / "global_step_2"
+    (ck / "actor").mkdir(parents=True)
+    assert _supervisor(_plan(tmp_path, script), alive=[2, 2, 1]).run() == 0
+    first, second = _calls(script)
+    assert "trainer.nnodes=2" in first and not any(a.startswith("trainer.resume_mode") for a in first)
+    assert "trainer.nnodes=1" in second and "trainer.resume_mode=auto" in second
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64" in second  # global batch kept
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "restart 1/1" in x)
+    assert "node 10.0.0.2 (id ab) lost (X)" in line and "world size 2 x 1 -> 1 x 1" in line
+    assert "restarts left 0" in line and "3 logged step(s) after it trained again [1, 2, 3]" in line
+
+
+def test_with_the_budget_spent_the_trainers_stop_line_ends_the_run(tmp_path, capsys):
+    script = _fake_trainer(tmp_path, [ELASTIC_EXIT])
+    assert _supervisor(_plan(tmp_path, script, restarts=0), alive=[2, 1]).run() == 1
+    captured = capsys.readouterr()
+    assert "restart budget spent" in captured.out
+    assert captured.err.strip() == "rpg: stopped: node 10.0.0.2 lost; resume: NNODES=1:2 bash x.sh"
+    assert len(_calls(script)) == 1
+
+
+def test_below_min_the_run_stops_and_other_exits_are_the_trainers_own(tmp_path, capsys):
+    script = _fake_trainer(tmp_path, [ELASTIC_EXIT])
+    assert _supervisor(_plan(tmp_path, script, low=2, sizes=(2,)), alive=[2, 1]).run() == 1
+    assert "fewer than 2 node(s)" in capsys.readouterr().out and len(_calls(script)) == 1
+    for rc in (0, 1, 2, 143):  # done, a bug, a refused config, a stop signal: never restarted
+        (tmp_path / str(rc)).mkdir()
+        script = _fake_trainer(tmp_path / str(rc), [rc])
+        assert _supervisor(_plan(tmp_path / str(rc), script), alive=[2]).run() == rc
+        assert len(_calls(script)) == 1
+
+
+def test_nodes_back_grow_the_run_at_the_next_complete_checkpoint(tmp_path, capsys):
+    """The trainer runs at 1 node; a second one joins; when a newer complete checkpoint appears the supervisor stops
+    the trainer (SIGTERM) and starts it at 2 nodes, resuming; growing costs no restart."""
+    script = tmp_path / "trainer.py"
+    ck = tmp_path / "ck"
+    script.write_text(f"""
+import json, signal, sys, time, zipfile
+from pathlib import Path
+calls = Path(sys.argv[0]).with_suffix(".calls")
+with calls.open("a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+if len(calls.read_text().splitlines()) > 1:
+    sys.exit(0)
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+time.sleep(0.5)
+d = Path({str(ck)!r}) / "global_step_1"
+(d / "actor").mkdir(parents=True)
+with zipfile.ZipFile(d / "data.pt", "w") as z:
+    z.writestr("x", "y")
+(d / {MARKER!r}).write_text(json.dumps({{"files": {{}}}}))
+time.sleep(60)
+sys.exit(1)
+""")
+    plan = _plan(tmp_path, script, restarts=0, nnodes=2)
+    assert _supervisor(plan, alive=[1, 1, 2]).run() == 0
+    first, second = _calls(script)
+    assert "trainer.nnodes=1" in first and "trainer.nnodes=2" in second and "trainer.resume_mode=auto" in second
+    out = capsys.readouterr().out
+    assert "growing at the next checkpoint" in out and "grown: world size 1 x 1 -> 2 x 1" in out
