@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -32,6 +33,9 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SH = ROOT / "recipe" / "rpg" / "ray_cluster.sh"
+SCRIPT = "recipe/rpg/7b/run_rpg_7b_ufkl1e-4.sh"  # RPG-UFKL, fully differentiable, clipped; the tiny task on CPU
+SUBMISSION = re.compile(r"rpg-\d{8}-\d{6}-[0-9a-f]{6}")
+RUN_TIMEOUT_S = 600
 NODE_CPUS = 8  # logical: a rank's placement bundle is {CPU: 3, GPU: 1}, the head also holds 5 single-CPU actors
 
 
@@ -227,3 +231,52 @@ def run_processes(submission: str) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def submit(cluster: LoopbackCluster, log: Path, *overrides: str, **env: str) -> subprocess.Popen:
+    """``ray_cluster.sh submit`` of the tiny run with RPG_BACKEND=cpu, waiting for the job (its logs tailed into
+    ``log``), as a user would run it in a terminal (its own process group: a Ctrl-C reaches all of it)."""
+    env = {"RPG_BACKEND": "cpu", "N_GPUS_PER_NODE": "1", "RAY_JOB_WAIT": "1", "RAY_PYTHON": sys.executable,
+           "DASHBOARD_PORT": str(cluster.dashboard_port), "CKPTS_DIR": str(cluster.shared / "ck" / log.stem),
+           "VERL_FILE_LOGGER_ROOT": str(cluster.shared / "logs"), "EXP_NAME": log.stem, **env}
+    return cluster.popen(["bash", str(CLUSTER_SH), "submit", SCRIPT, *overrides], log, **env)
+
+
+def wait_for(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> str:
+    t0 = time.time()
+    while not re.search(pattern, text := log.read_text(errors="replace")):
+        if proc.poll() is not None or time.time() - t0 > timeout:
+            raise AssertionError(f"{pattern!r} never appeared (rc {proc.poll()}):\n{text[-4000:]}")
+        time.sleep(0.5)
+    return text
+
+
+def training(cluster: LoopbackCluster, log: Path, steps: int, until_step: int) -> tuple[subprocess.Popen, str]:
+    """On two nodes, a run of ``steps`` steps saving each one, submitted and followed until step ``until_step`` is
+    logged: the running submission and its id."""
+    cluster.ensure_two_nodes()
+    proc = submit(cluster, log, f"trainer.total_training_steps={steps}", "trainer.save_freq=1")
+    text = wait_for(log, rf"step:{until_step} ", proc)
+    return proc, SUBMISSION.search(text).group(0)
+
+
+def finish(proc: subprocess.Popen, log: Path, timeout: float = RUN_TIMEOUT_S) -> tuple[int, str]:
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        raise
+    return rc, log.read_text(errors="replace")
+
+
+def steps(logs: Path, name: str) -> list[list[int]]:
+    """The training steps each segment of the run's metrics history holds, in segment order."""
+    from rpg.common.history import segments
+
+    out = []
+    for seg in segments(logs / "rpg" / f"{name}.jsonl"):
+        steps = [r["step"] for r in map(json.loads, seg.read_text().splitlines())
+                 if "training/global_step" in r.get("data", {})]
+        out.append(steps)
+    return out
