@@ -5,6 +5,7 @@ trainers (small Python scripts that exit as the real one does). The loopback run
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -238,3 +239,162 @@ sys.exit(1)
     assert "trainer.nnodes=1" in first and "trainer.nnodes=2" in second and "trainer.resume_mode=auto" in second
     out = capsys.readouterr().out
     assert "growing at the next checkpoint" in out and "grown: world size 1 x 1 -> 2 x 1" in out
+
+
+# ----------------------------------------------------------------------------- the launcher
+
+
+def _launch(capsys, *argv: str, **env: str):
+    from test_launch_dryrun import _env
+
+    from rpg.launch.cli import main
+
+    rc = main(list(argv), _env(DRY_RUN="1", RAY_ADDRESS="http://127.0.0.1:9", **env))
+    cap = capsys.readouterr()
+    return rc, [x for x in cap.err.splitlines() if x.startswith("rpg.launch: ")], cap.out
+
+
+PAPER = "run_rpg_7b_ufkl1e-4"
+
+
+def test_an_elastic_submission_runs_the_supervisor_with_the_counts_that_keep_the_global_batch(capsys):
+    rc, err, out = _launch(capsys, PAPER, NNODES="1:4", RPG_MAX_RESTARTS="2")
+    assert rc == 0, err
+    skipped = [x for x in err if "NNODES=1:4: 3 node(s) skipped" in x]
+    assert len(skipped) == 1 and "24 data-parallel ranks" in skipped[0], err  # 32 x 16 responses over 24 ranks
+    command = out[out.index("# command:"):out.index("# ----")]
+    assert "rpg.launch.elastic \\\n#   --nnodes \\\n#   1:4 \\\n#   --sizes \\\n#   1,2,4" in command, command
+    assert "--max-restarts \\\n#   2 \\\n#   -- \\\n#" in command
+    plan = re.search(r'"RPG_NODE_PLAN": "(.*?)"}', command).group(1).replace('\\"', '"')
+    assert json.loads(plan) == {"nnodes": "1:4", "sizes": [1, 2, 4]}
+    rc, err, out = _launch(capsys, PAPER, NNODES="2")  # a fixed count: the counts a stop line may ask for
+    assert rc == 0 and "rpg.launch.elastic" not in out
+    assert '{\\"nnodes\\": \\"2\\", \\"sizes\\": [1, 2]}' in out
+
+
+@pytest.mark.parametrize("env, argv, says", [
+    ({"NNODES": "3:3"}, [], "NNODES=3:3: no node count in it runs this run at its global batch (3: "),
+    ({"NNODES": "1:2"}, ["trainer.nnodes=2"], "both set the node count"),
+    ({"NNODES": "1:2"}, ["trainer.v1.trainer_mode=colocate_async"], "trainer.v1.trainer_mode=colocate_async cannot "
+                                                                   "resume"),
+    ({"NNODES": "1:2"}, ["trainer.save_freq=-1"], "trainer.save_freq=-1 saves none"),
+])
+def test_what_an_elastic_run_cannot_do_is_refused_before_it_is_queued(capsys, env, argv, says):
+    rc, err, _ = _launch(capsys, PAPER, *argv, **env)
+    refusals = [x for x in err if "warning" not in x]
+    assert rc == 2 and len(refusals) == 1 and says in refusals[0], err
+
+
+FOLLOWER = """
+import signal, sys
+from rpg.launch.job import follow
+sys.exit(follow([{tail!r}], {{}}, "http://127.0.0.1:9", "rpg-x", {detach}))
+"""
+TAIL = """#!{python}
+import sys, time
+from pathlib import Path
+calls = Path({calls!r})
+with calls.open("a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+t0 = time.time()
+while sys.argv[1:2] != ["job"] and time.time() - t0 < 60:  # the tail: ends when the job is stopped
+    time.sleep(0.1)
+    if "job stop" in calls.read_text():
+        break
+"""
+
+
+@pytest.mark.parametrize("detach", [True, False])
+def test_a_closed_terminal_stops_following_an_elastic_job_but_not_the_job(tmp_path, detach):
+    """``follow`` on SIGHUP: an elastic job goes on (only its tail ends); a fixed one is stopped (``ray job stop``).
+    The fake ``ray`` records its arguments: the follower runs it as the tail, and as ``ray job stop``."""
+    import signal
+    import subprocess
+    import time
+
+    calls, ray = tmp_path / "calls", tmp_path / "ray"
+    ray.write_text(TAIL.format(python=sys.executable, calls=str(calls)))
+    ray.chmod(0o755)
+    code = FOLLOWER.format(tail=str(ray), detach="(signal.SIGHUP,)" if detach else "()")
+    follower = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=ROOT)
+    t0 = time.time()
+    while not calls.exists() and time.time() - t0 < 30:
+        time.sleep(0.1)
+    t_signal = time.time()
+    follower.send_signal(signal.SIGHUP)
+    _, err = follower.communicate(timeout=60)
+    assert follower.returncode == 128 + signal.SIGHUP, err
+    stopped = any(line.startswith("job stop") for line in calls.read_text().splitlines())
+    assert stopped is not detach and time.time() - t_signal < 30, calls.read_text()
+    if detach:
+        assert "stopped following job rpg-x, which goes on" in err and "ray job stop stops it" in err, err
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+def test_the_stop_line_after_a_node_loss_asks_for_a_count_the_cluster_holds(monkeypatch, tmp_path):
+    from omegaconf import OmegaConf
+
+    from rpg.verl.errors import NODE_PLAN_ENV, RESUME_COMMAND_ENV
+    from rpg.verl.main import run_stopped_line
+
+    cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path / "ck"), "logger": ["console"],
+                                        "project_name": "p", "experiment_name": "e", "v1": {"trainer_mode": "sync"}}})
+    monkeypatch.setenv(RESUME_COMMAND_ENV, "cd /w && RAY_ADDRESS=http://h:8265 NNODES=4 bash x.sh trainer.resume_mode=auto")
+    monkeypatch.setenv(NODE_PLAN_ENV, json.dumps({"nnodes": "4", "sizes": [1, 2, 4]}))
+    line = run_stopped_line(cfg, "stopped: node 10.0.0.3 lost (X)", ["main_rpg.py"], alive=3)
+    assert line.endswith("resume: cd /w && RAY_ADDRESS=http://h:8265 NNODES=2 bash x.sh trainer.resume_mode=auto"), line
+    assert "NNODES=4" in run_stopped_line(cfg, "stopped by SIGTERM", ["main_rpg.py"])  # no node lost: as submitted
+    monkeypatch.setenv(NODE_PLAN_ENV, json.dumps({"nnodes": "2:4", "sizes": [2, 4]}))
+    monkeypatch.setenv(RESUME_COMMAND_ENV, "cd /w && NNODES=2:4 bash x.sh trainer.resume_mode=auto")
+    assert "NNODES=2:4 bash" in run_stopped_line(cfg, "stopped: node lost", ["m.py"], alive=2)
+    assert "NNODES=2:4 bash" in run_stopped_line(cfg, "stopped: node lost", ["m.py"], alive=1)  # none fits: kept
+
+
+LOCK = """
+import json, os, sys
+import ray
+from rpg.config import RPGConfigError
+from rpg.verl import folder_lock
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+folder = sys.argv[1]
+out = {}
+actor, token = folder_lock.acquire(folder, "the first driver")
+try:
+    folder_lock.acquire(folder, "the second driver")
+except RPGConfigError as e:
+    out["second"] = str(e)
+out["parent"] = folder_lock.held_by_parent(folder, {folder_lock.TOKEN_ENV: token})
+out["stranger"] = folder_lock.held_by_parent(folder, {folder_lock.TOKEN_ENV: "0" * 32})
+out["other_folder"] = folder_lock.holder(folder + "-other") is None
+ray.kill(actor)
+import time
+t0 = time.time()
+while folder_lock.holder(folder) is not None and time.time() - t0 < 30:
+    time.sleep(0.2)
+actor2, _ = folder_lock.acquire(folder, "a later driver")
+out["again"] = folder_lock.holder_record(folder)["who"]
+print("LOCK=" + json.dumps(out))
+"""
+
+
+def test_one_writer_per_checkpoint_folder(tmp_path):
+    """A second holder of a folder is refused in one line naming the first; the token tells a supervisor's own trainer
+    from a stranger; a holder gone frees the folder."""
+    import subprocess
+
+    import os
+
+    from rpg.common.run_env import RUN_ENV, ray_auth_env
+
+    env = {**os.environ, **RUN_ENV, **ray_auth_env({})}  # a private Ray on loopback, with a token of its own
+    r = subprocess.run([sys.executable, "-c", LOCK, str(tmp_path / "ck")], capture_output=True, text=True, timeout=180,
+                       cwd=ROOT, env=env)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("LOCK=")), None)
+    assert line is not None, r.stderr[-3000:]
+    out = json.loads(line[len("LOCK="):])
+    assert out["second"].startswith(f"trainer.default_local_dir={tmp_path / 'ck'} is being written by another run "
+                                    "(the first driver)"), out
+    assert (out["parent"], out["stranger"], out["other_folder"], out["again"]) == (True, False, True, "a later driver")

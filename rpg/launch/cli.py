@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -182,10 +183,9 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
             ckpts = Path(str(cfg.trainer.default_local_dir))
             check_fresh_start(ckpts, cfg.trainer.resume_mode, ckpts, another="CKPTS_DIR=... or EXP_NAME=...")
     composed = None
-    if req.cluster:
-        composed = compose(overrides, root)  # fail before queueing the job
+    if req.cluster:  # composed and checked before the job is queued, at the node count it is submitted with
+        overrides, composed, count, sizes, node_env = plan_nodes(overrides, req, user, root)
         cfg = composed[0]
-        count, sizes, node_env = plan_nodes(cfg, req, user)
         supervisor = supervisor_prefix(req.ray_python, count, sizes, req.max_restarts) if count.elastic else ()
         cmd = ray_command(overrides, req, {**job_env, **node_env}, submission, supervisor)
     else:
@@ -205,7 +205,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         print("+ " + " ".join(cmd[:6]) + " ... -- " + " ".join(cmd[cmd.index("--") + 1:cmd.index("--") + 3]) + " ...",
               flush=True)
     if req.cluster and req.job_wait:  # tails the job; Ctrl-C stops the job, not only the client
-        return job.follow(cmd, env, req.address, submission)
+        return job.follow(cmd, env, req.address, submission, (signal.SIGHUP,) if req.elastic else ())
     os.execvpe(cmd[0], cmd, env)
     return 0  # pragma: no cover
 

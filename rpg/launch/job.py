@@ -46,9 +46,11 @@ def job_resume_command(env: Mapping[str, str], env_vars: Sequence[str], launch: 
     return " ".join([*where, *assigned, launch, overrides]).rstrip()
 
 
-def follow(cmd: Sequence[str], env: Mapping[str, str], address: str, submission: str) -> int:
+def follow(cmd: Sequence[str], env: Mapping[str, str], address: str, submission: str,
+           detach_on: Sequence[int] = ()) -> int:
     """Run ``cmd`` (``ray job submit`` that tails the job) to its end; a stop signal stops the job (see the
-    module's text). Returns the client's exit code, or 128 + signum after a stop."""
+    module's text), except a signal in ``detach_on`` (an elastic job: SIGHUP, a terminal that went away), which
+    ends only the tail and says that the job goes on. Returns the client's exit code, or 128 + signum."""
     handlers = raise_on_stop_signals()
     proc = None
     try:
@@ -56,6 +58,14 @@ def follow(cmd: Sequence[str], env: Mapping[str, str], address: str, submission:
         return proc.wait()
     except StopSignal as stop:
         handlers.hold()
+        if stop.signum in detach_on:
+            if proc is not None:
+                proc.terminate()  # the tail only: the job runs on the cluster, supervised there
+                proc.wait(timeout=STOP_WAIT_S)
+            print(f"rpg.launch: {stop.name}: stopped following job {submission}, which goes on (its supervisor runs on "
+                  f"the cluster); ray job logs --address {address} {submission} -f follows it, ray job stop stops it",
+                  file=sys.stderr, flush=True)
+            return stop.code
         print(f"rpg.launch: {stop.name}: stopping job {submission} (ray job stop) ...", file=sys.stderr, flush=True)
         ray = cmd[0]
         subprocess.run([ray, "job", "stop", "--address", address, submission], env=dict(env),

@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rpg.common.nnodes import MICRO_SUFFIX, NNODES_KEY, NodeCount, resized_values
-from rpg.common.overrides import values
+from rpg.common.nnodes import GPUS_KEY, MICRO_SUFFIX, NNODES_KEY, NodeCount, resized_values
+from rpg.common.overrides import merge_overrides, values
 from rpg.config import RPGConfigError
 from rpg.launch.request import LaunchError, LaunchRequest
 from rpg.verl.errors import NODE_PLAN_ENV
@@ -36,14 +37,16 @@ def _micro_keys(cfg: DictConfig) -> dict:
     return {key: OmegaConf.select(cfg, key, default=None) for key in walk(tree, "")}
 
 
+def _world_values(cfg: DictConfig) -> dict:
+    return {NNODES_KEY: int(cfg.trainer.nnodes), GPUS_KEY: int(cfg.trainer.n_gpus_per_node), **_micro_keys(cfg)}
+
+
 def size_problem(cfg: DictConfig, nnodes: int) -> str | None:
     """Why the run of ``cfg`` cannot run on ``nnodes`` nodes at its global batch (the driver's rules), or None."""
     from rpg.verl.verl_rules import check_verl_rules
 
-    current = {NNODES_KEY: int(cfg.trainer.nnodes), "trainer.n_gpus_per_node": int(cfg.trainer.n_gpus_per_node),
-               **_micro_keys(cfg)}
     try:
-        changed = resized_values(current, nnodes)
+        changed = resized_values(_world_values(cfg), nnodes)
     except ValueError as e:
         return str(e)
     resized = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
@@ -87,13 +90,24 @@ def check_elastic(cfg: DictConfig, req: LaunchRequest, user: Sequence[str]) -> N
                           f"trainer.save_freq={cfg.trainer.save_freq} saves none: set trainer.save_freq=N")
 
 
-def plan_nodes(cfg: DictConfig, req: LaunchRequest, user: Sequence[str]) -> tuple[NodeCount, list[int], dict]:
-    """The job's node count, its allowed sizes and the job environment's ``NODE_PLAN_ENV``."""
-    count = req.node_count or NodeCount(int(cfg.trainer.nnodes), int(cfg.trainer.nnodes), False)
+def plan_nodes(overrides: Sequence[str], req: LaunchRequest, user: Sequence[str], root: Path):
+    """The job's node count and its allowed sizes, its overrides (an elastic run: at the largest allowed count, where
+    it starts when the nodes are there), the composed and checked config (``rpg.launch.plan.compose``) and the job
+    environment's ``NODE_PLAN_ENV``. The sizes are judged on the config as composed, before the driver's checks,
+    which then run at the size the job is submitted with."""
+    from rpg.launch.config_keys import compose_config
+    from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME, compose
+
+    raw = compose_config(overrides, root / CONFIG_DIR, CONFIG_NAME)
+    count = req.node_count or NodeCount(int(raw.trainer.nnodes), int(raw.trainer.nnodes), False)
     if count.elastic:
-        check_elastic(cfg, req, user)
-    sizes = node_sizes(cfg, count)
-    return count, sizes, {NODE_PLAN_ENV: json.dumps({"nnodes": str(count), "sizes": sizes})}
+        check_elastic(raw, req, user)
+    sizes = node_sizes(raw, count)
+    if count.elastic:
+        changed = resized_values(_world_values(raw), max(sizes))
+        overrides = merge_overrides(list(overrides), [f"{k}={v}" for k, v in changed.items()])
+    env = {NODE_PLAN_ENV: json.dumps({"nnodes": str(count), "sizes": sizes})}
+    return list(overrides), compose(overrides, root), count, sizes, env
 
 
 def supervisor_prefix(python: str, count: NodeCount, sizes: Sequence[int], max_restarts: int) -> list[str]:
