@@ -72,7 +72,7 @@ from rpg.launch.commands import local_command, ray_command, ray_executable, scri
 from rpg.launch.config_keys import checked_config, logger_problem
 from rpg.launch.describe import describe, describe_variant, dry_run, list_table
 from rpg.launch.node_plan import plan_nodes, supervisor_prefix
-from rpg.launch.plan import CONFIG_DIR, TASK_VARS, compose, plan
+from rpg.launch.plan import CONFIG_DIR, TASK_VARS, plan
 from rpg.launch.ray_job_api import address_problem, job_api_problem
 from rpg.launch.request import ENV_VARS, LaunchError, LaunchRequest, project_root
 from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root

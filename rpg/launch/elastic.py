@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rpg.common.nnodes import GPUS_KEY, NNODES_KEY, largest_fit, parse_nnodes, resized_values
+from rpg.common.nnodes import GPUS_KEY, largest_fit, parse_nnodes, resized_values
 from rpg.common.overrides import merge_overrides, values
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.verl.errors import ELASTIC_EXIT, ELASTIC_STATUS_ENV
