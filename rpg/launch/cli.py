@@ -136,9 +136,14 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     root = project_root()
     read_overrides(user, ENV_VARS, script_command(v.name, root))
     req = LaunchRequest.read(env, root, Path.cwd())  # the environment, read once
+    chosen = backend(req.backend)
+    if chosen.TINY_TASK and (req.dry or req.cluster):
+        # verl's platform is chosen when verl is first imported in this process: by the logger check (verl's list of
+        # loggers) or the first composition below, so the backend's platform variables come first
+        import_env = chosen.run_env((), base=env)
+        os.environ.update({k: import_env[k] for k in chosen.IMPORT_ENV if k in import_env})
     if req.loggers is not None and (why := logger_problem(list(req.loggers), "LOGGER")) is not None:
         raise LaunchError(why)
-    chosen = backend(req.backend)
     submission = job.submission_id() if req.cluster else None
     _check_backend(chosen, req)
     if req.cluster_root_unused:
@@ -163,10 +168,8 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     if chosen.TINY_TASK:
         from rpg.launch.harness import build_command
 
-        argv_tiny, run_env = build_command(overrides, entry=str(root / RECIPE_ENTRY), base_env=env, backend=req.backend,
-                                           joins_cluster=req.cluster)
-        if req.dry or req.cluster:  # verl's platform is chosen when verl is imported, i.e. by the first composition below
-            os.environ.update({k: run_env[k] for k in chosen.IMPORT_ENV if k in run_env})
+        argv_tiny, _ = build_command(overrides, entry=str(root / RECIPE_ENTRY), base_env=env, backend=req.backend,
+                                     joins_cluster=req.cluster)
         cfg = checked_config(argv_tiny[2:], root / CONFIG_DIR)  # keys and loggers, before anything is built
         if not (req.dry or req.cluster):
             return _run_here(req, v, overrides, user, cfg)
