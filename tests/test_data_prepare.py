@@ -320,3 +320,37 @@ def test_hub_failure_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"could not load Hugging Face dataset 'math-ai/amc23'.*--input"):
         prepare("amc2023", tmp_path / "a.parquet", hub_loader=offline)
     assert not (tmp_path / "a.parquet").exists()
+
+
+def test_problems_shared_by_the_training_set_and_an_evaluation_set_are_named(tmp_path, capsys):
+    """Before: an AIME 2024 problem copied into the training file was written to both, without a word; and the
+    duplicate check folded whitespace only (é composed and decomposed counted as two problems)."""
+    aime = "Find the number of ordered pairs $(m, n)$ such that $m^2 n = 20^{20}$. Café."
+    indir = tmp_path / "in"
+    indir.mkdir()
+    _write_jsonl(indir / "aime2024.jsonl", [{"problem": aime, "answer": "231"}, {"problem": "Other.", "answer": "1"}])
+    _write_jsonl(indir / "dapo-math-17k-en.jsonl", [
+        {"problem": "What is 1+1?", "answer": "2"},
+        {"problem": "FIND the number of ordered pairs $(m,  n)$ such that $m^2 n = 20^{20}$. Cafe\u0301.", "answer": "231"},
+        {"problem": "Caf\u00e9 au lait: what is 2+2?", "answer": "4"},
+        {"problem": "Cafe\u0301 au lait: what is 2+2?", "answer": "4"},  # the same, é decomposed
+    ])
+    out = tmp_path / "out"
+    args = ["prepare-all", "--input-dir", str(indir), "--out-dir", str(out), "--datasets", "dapo-math-17k-en,aime2024"]
+    assert cli_main(args) == 0
+    cap = capsys.readouterr()
+    train, test = out / "dapo-math-17k-en.parquet", out / "aime2024.parquet"
+    assert (f"warning: {train} shares 1 problem with the evaluation set {test} (the same after Unicode NFKC "
+            "normalisation, case and whitespace): a model trained on them is evaluated on problems it has seen; "
+            "--drop-eval-overlap drops them from the training set") in cap.err.splitlines()
+    assert pq.read_metadata(train).num_rows == 3  # kept (warned), the decomposed é a duplicate
+    assert "rejected 1 (duplicate: 1)" in cap.out
+    assert cli_main([*args, "--drop-eval-overlap"]) == 0
+    cap = capsys.readouterr()
+    assert f"dapo-math-17k-en: dropped 1 problem of {test} from {train} (the same after Unicode NFKC normalisation, " \
+           "case and whitespace)" in cap.out.splitlines() and "warning" not in cap.err
+    assert "rejected 2 (duplicate: 1, in an evaluation set: 1)" in cap.out
+    assert pq.read_table(train).column("extra_info").to_pylist()[1]["raw_problem"] == "Caf\u00e9 au lait: what is 2+2?"
+    assert pq.read_metadata(train).num_rows == 2 and pq.read_metadata(test).num_rows == 2
+    reasons = [json.loads(x)["reason"] for x in rejects_path(train).read_text().splitlines()]
+    assert reasons == [f"in an evaluation set ({test})", "duplicate of line 3"]

@@ -9,14 +9,16 @@ two layouts:
 * ``plain`` -- a problem column and an answer column (names from the preset or the CLI).
 
 Every input row either becomes one problem or is rejected with ``(index, reason)``; nothing is
-dropped silently. Duplicates (same problem text up to whitespace) keep the first occurrence.
+dropped silently. Duplicates (the same ``dedup_key``: the text up to Unicode NFKC normalisation, case and
+whitespace) keep the first occurrence; a problem ``exclude`` names (an evaluation set's, for a training set)
+is rejected naming where it is.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rpg.data.template import format_prompt, unwrap_prompt
@@ -26,6 +28,7 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-
 
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+EVAL_OVERLAP = "in an evaluation set"  # a training row's reject reason (the class of the counts), then (<file>)
 
 
 def _unicode_problem(text: str, what: str) -> str | None:
@@ -193,16 +196,20 @@ def check_record(index: int, record: object, layout: Layout, english_only: bool)
     return Problem(problem, answer_text, index)
 
 
-def _dedup_key(problem: str) -> str:
-    return " ".join(problem.split())
+def dedup_key(problem: str) -> str:
+    """What the same problem written twice shares: the text after Unicode NFKC normalisation (``é`` composed or
+    decomposed, full-width digits, ligatures), case folding, and with its whitespace collapsed."""
+    return " ".join(unicodedata.normalize("NFKC", problem).casefold().split())
 
 
 def select_problems(
-    records: Iterable[object], layout: Layout, english_only: bool = False, lines: Sequence[int] | None = None
+    records: Iterable[object], layout: Layout, english_only: bool = False, lines: Sequence[int] | None = None,
+    exclude: Mapping[str, str] | None = None,
 ) -> tuple[list[Problem], list[Reject], int]:
     """Check every record, drop (and report) duplicates. Returns (problems, rejects, rows_read).
 
     ``lines``: the 1-based file line of each record (JSONL), so that rejects name lines, not rows.
+    ``exclude``: ``{dedup_key: where}`` of problems to reject (``in an evaluation set (<where>)``).
     """
     problems: list[Problem] = []
     rejects: list[Reject] = []
@@ -219,7 +226,7 @@ def select_problems(
         except ValueError as err:
             rejects.append(reject(index, str(err)))
             continue
-        key = _dedup_key(p.problem)
+        key = dedup_key(p.problem)
         first = first_seen.get(key)
         if first is not None:
             of = reject(first.source_index, "").where
@@ -228,6 +235,9 @@ def select_problems(
             else:
                 reason = f"duplicate of {of} with a different answer ({p.answer!r:.40} vs {first.answer!r:.40})"
             rejects.append(reject(index, reason))
+            continue
+        if exclude is not None and key in exclude:
+            rejects.append(reject(index, f"{EVAL_OVERLAP} ({exclude[key]})"))
             continue
         first_seen[key] = p
         problems.append(p)
