@@ -37,7 +37,7 @@ MIXED = [
     {"problem": "", "answer": "3"},                            # 1 empty problem
     {"problem": "Compute 2+2.", "answer": None},               # 2 no answer
     {"problem": 17, "answer": "4"},                            # 3 non-string problem
-    {"problem": "Compute 3.5+1.", "answer": 4.5},              # 4 non-string answer (float)
+    {"problem": "Compute 3.5+1.", "answer": 4.5},              # 4 a non-integral number
     {"problem": "What is  1+1?", "answer": "2"},               # 5 duplicate of 0 (whitespace)
     {"problem": "What is 1+1?", "answer": "3"},                # 6 duplicate, different answer
     "{not json",                                               # 7 invalid JSON line
@@ -55,7 +55,8 @@ EXPECTED_REJECTS = {
     1: "empty problem",
     2: "no answer (missing or null)",
     3: "non-string problem (int)",
-    4: "non-string answer (float)",
+    4: "a number answer 4.5 in column 'answer' (not an integer a float holds exactly: how it was written cannot be "
+       "told; store the answers as text)",
     5: "duplicate of line 1",  # JSONL rejects name file lines (row 0 is line 1)
     6: "duplicate of line 1 with a different answer ('3' vs '2')",
     7: "invalid JSON line",
@@ -354,3 +355,30 @@ def test_problems_shared_by_the_training_set_and_an_evaluation_set_are_named(tmp
     assert pq.read_metadata(train).num_rows == 2 and pq.read_metadata(test).num_rows == 2
     reasons = [json.loads(x)["reason"] for x in rejects_path(train).read_text().splitlines()]
     assert reasons == [f"in an evaluation set ({test})", "duplicate of line 3"]
+
+
+def test_an_answer_stored_as_an_integral_number_is_that_integer(tmp_path, capsys):
+    """Before: a ground truth stored as a number (27.0, as some hub copies of evaluation sets store it) was
+    rejected, every row of a set stored that way; ``Answer: 27`` must score +1 against it."""
+    import pyarrow as pa
+
+    from rpg.reward import compute_score
+
+    src = tmp_path / "aime.parquet"
+    pq.write_table(pa.table({"problem": ["What is 3^3?", "What is 2^5?"], "answer": [27.0, 32.0]}), src)
+    assert cli_main(["prepare", "aime2024", "--input", str(src), "--out", str(tmp_path / "out.parquet")]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.endswith("rejected 0 (none); answers stored as integral numbers, written as integers: 2 (27.0 -> '27')"), line
+    rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["27", "32"]
+    scored = compute_score(rows[0]["data_source"], "3^3 = 27.\nAnswer: 27", rows[0]["reward_model"]["ground_truth"])
+    assert scored["score"] == 1.0, scored
+    # a number that is not an integer a float holds exactly: refused naming the column, never a guess
+    _write_jsonl(tmp_path / "frac.jsonl", [{"question": "Half of 1?", "final_answer": 0.5},
+                                           {"question": "Big?", "final_answer": 2.0**60}, {"question": "Ok?", "final_answer": 3.0}])
+    assert cli_main(["prepare", "aime2024", "--input", str(tmp_path / "frac.jsonl"), "--out", str(tmp_path / "f.parquet"),
+                     "--problem-key", "question", "--answer-key", "final_answer"]) == 0
+    cap = capsys.readouterr()
+    assert "rejected line 1: a number answer 0.5 in column 'final_answer' (not an integer a float holds exactly" in cap.err
+    assert "rejected line 2: a number answer 1.152921504606847e+18 in column 'final_answer'" in cap.err
+    assert "rejected 2 (a number answer: 2)" in cap.out and "written as integers: 1 (3.0 -> '3')" in cap.out

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpg.data.io import HubLoader, read_hub, read_local, write_parquet_atomic, write_text_atomic
-from rpg.data.rows import EVAL_OVERLAP, Layout, Reject, build_rows, dedup_key, resolve_layout, select_problems
+from rpg.data.rows import (EVAL_OVERLAP, NUMBER_ANSWER, Layout, Reject, build_rows, dedup_key, resolve_layout,
+                           select_problems)
 from rpg.data.sources import get_source
 from rpg.reward.sources import rpg_scorer
 
@@ -38,14 +39,18 @@ class Summary:
     rejects: list[Reject] = field(default_factory=list)
     columns: str = ""  # the columns read (``Layout.describe``)
     keys: frozenset[str] = frozenset()  # the ``dedup_key`` of each problem written
+    numbers: list[float] = field(default_factory=list)  # answers stored as integral floats (written as integers)
 
     def line(self) -> str:
         """One summary line: rows read (and the columns used), written, rejected with reasons (and where they all are)."""
         where = f"; every rejected row in {rejects_path(Path(self.out))}" if self.rejects else ""
         columns = f" ({self.columns})" if self.columns else ""
+        n, first = len(self.numbers), self.numbers[0] if self.numbers else None
+        numbers = f"; answers stored as integral numbers, written as integers: {n} ({first!r} -> '{int(first)}')" if n else ""
         return (
             f"{self.dataset}: read {self.rows_read} rows from {self.source}{columns}, wrote {self.rows_written} rows "
-            f"({self.problems} problems) to {self.out}, rejected {len(self.rejects)} ({reason_counts(self.rejects)}){where}"
+            f"({self.problems} problems) to {self.out}, rejected {len(self.rejects)} ({reason_counts(self.rejects)})"
+            f"{where}{numbers}"
         )
 
 
@@ -61,7 +66,7 @@ def reason_class(reason: str) -> str:
     """Reason without row-specific detail, for the counts per reason."""
     if reason.startswith("duplicate of "):
         return "duplicate with a different answer" if "different answer" in reason else "duplicate"
-    for prefix in ("invalid JSON", "invalid UTF-8", "lone surrogate", EVAL_OVERLAP):
+    for prefix in ("invalid JSON", "invalid UTF-8", "lone surrogate", EVAL_OVERLAP, NUMBER_ANSWER):
         if reason.startswith(prefix):
             return prefix
     return reason.split(" (")[0]
@@ -152,7 +157,8 @@ def prepare(
         if stale.exists():
             stale.unlink()
     return Summary(dataset, source, str(out), n_read, len(problems), len(rows), rejects, layout.describe(),
-                   frozenset(dedup_key(p.problem) for p in problems))
+                   frozenset(dedup_key(p.problem) for p in problems),
+                   [p.number for p in problems if p.number is not None])
 
 
 def _check_not_the_input(out: Path, rejects: Path, input_path: Path) -> None:
