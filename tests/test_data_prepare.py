@@ -37,7 +37,7 @@ MIXED = [
     {"problem": "", "answer": "3"},                            # 1 empty problem
     {"problem": "Compute 2+2.", "answer": None},               # 2 no answer
     {"problem": 17, "answer": "4"},                            # 3 non-string problem
-    {"problem": "Compute 3.5+1.", "answer": 4.5},              # 4 non-string answer (float)
+    {"problem": "Compute 3.5+1.", "answer": 4.5},              # 4 a non-integral number
     {"problem": "What is  1+1?", "answer": "2"},               # 5 duplicate of 0 (whitespace)
     {"problem": "What is 1+1?", "answer": "3"},                # 6 duplicate, different answer
     "{not json",                                               # 7 invalid JSON line
@@ -55,7 +55,8 @@ EXPECTED_REJECTS = {
     1: "empty problem",
     2: "no answer (missing or null)",
     3: "non-string problem (int)",
-    4: "non-string answer (float)",
+    4: "a number answer 4.5 in column 'answer' (not an integer a float holds exactly: how it was written cannot be "
+       "told; store the answers as text)",
     5: "duplicate of line 1",  # JSONL rejects name file lines (row 0 is line 1)
     6: "duplicate of line 1 with a different answer ('3' vs '2')",
     7: "invalid JSON line",
@@ -320,3 +321,64 @@ def test_hub_failure_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"could not load Hugging Face dataset 'math-ai/amc23'.*--input"):
         prepare("amc2023", tmp_path / "a.parquet", hub_loader=offline)
     assert not (tmp_path / "a.parquet").exists()
+
+
+def test_problems_shared_by_the_training_set_and_an_evaluation_set_are_named(tmp_path, capsys):
+    """Before: an AIME 2024 problem copied into the training file was written to both, without a word; and the
+    duplicate check folded whitespace only (é composed and decomposed counted as two problems)."""
+    aime = "Find the number of ordered pairs $(m, n)$ such that $m^2 n = 20^{20}$. Café."
+    indir = tmp_path / "in"
+    indir.mkdir()
+    _write_jsonl(indir / "aime2024.jsonl", [{"problem": aime, "answer": "231"}, {"problem": "Other.", "answer": "1"}])
+    _write_jsonl(indir / "dapo-math-17k-en.jsonl", [
+        {"problem": "What is 1+1?", "answer": "2"},
+        {"problem": "FIND the number of ordered pairs $(m,  n)$ such that $m^2 n = 20^{20}$. Cafe\u0301.", "answer": "231"},
+        {"problem": "Caf\u00e9 au lait: what is 2+2?", "answer": "4"},
+        {"problem": "Cafe\u0301 au lait: what is 2+2?", "answer": "4"},  # the same, é decomposed
+    ])
+    out = tmp_path / "out"
+    args = ["prepare-all", "--input-dir", str(indir), "--out-dir", str(out), "--datasets", "dapo-math-17k-en,aime2024"]
+    assert cli_main(args) == 0
+    cap = capsys.readouterr()
+    train, test = out / "dapo-math-17k-en.parquet", out / "aime2024.parquet"
+    assert (f"warning: {train} shares 1 problem with the evaluation set {test} (the same after Unicode NFKC "
+            "normalisation, case and whitespace): a model trained on them is evaluated on problems it has seen; "
+            "--drop-eval-overlap drops them from the training set") in cap.err.splitlines()
+    assert pq.read_metadata(train).num_rows == 3  # kept (warned), the decomposed é a duplicate
+    assert "rejected 1 (duplicate: 1)" in cap.out
+    assert cli_main([*args, "--drop-eval-overlap"]) == 0
+    cap = capsys.readouterr()
+    assert f"dapo-math-17k-en: dropped 1 problem of {test} from {train} (the same after Unicode NFKC normalisation, " \
+           "case and whitespace)" in cap.out.splitlines() and "warning" not in cap.err
+    assert "rejected 2 (duplicate: 1, in an evaluation set: 1)" in cap.out
+    assert pq.read_table(train).column("extra_info").to_pylist()[1]["raw_problem"] == "Caf\u00e9 au lait: what is 2+2?"
+    assert pq.read_metadata(train).num_rows == 2 and pq.read_metadata(test).num_rows == 2
+    reasons = [json.loads(x)["reason"] for x in rejects_path(train).read_text().splitlines()]
+    assert reasons == [f"in an evaluation set ({test})", "duplicate of line 3"]
+
+
+def test_an_answer_stored_as_an_integral_number_is_that_integer(tmp_path, capsys):
+    """Before: a ground truth stored as a number (27.0, as some hub copies of evaluation sets store it) was
+    rejected, every row of a set stored that way; ``Answer: 27`` must score +1 against it."""
+    import pyarrow as pa
+
+    from rpg.reward import compute_score
+
+    src = tmp_path / "aime.parquet"
+    pq.write_table(pa.table({"problem": ["What is 3^3?", "What is 2^5?"], "answer": [27.0, 32.0]}), src)
+    assert cli_main(["prepare", "aime2024", "--input", str(src), "--out", str(tmp_path / "out.parquet")]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.endswith("rejected 0 (none); answers stored as integral numbers, written as integers: 2 (27.0 -> '27')"), line
+    rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["27", "32"]
+    scored = compute_score(rows[0]["data_source"], "3^3 = 27.\nAnswer: 27", rows[0]["reward_model"]["ground_truth"])
+    assert scored["score"] == 1.0, scored
+    # a number that is not an integer a float holds exactly: refused naming the column, never a guess
+    _write_jsonl(tmp_path / "frac.jsonl", [{"question": "Half of 1?", "final_answer": 0.5},
+                                           {"question": "Big?", "final_answer": 2.0**60}, {"question": "Ok?", "final_answer": 3.0}])
+    assert cli_main(["prepare", "aime2024", "--input", str(tmp_path / "frac.jsonl"), "--out", str(tmp_path / "f.parquet"),
+                     "--problem-key", "question", "--answer-key", "final_answer"]) == 0
+    cap = capsys.readouterr()
+    assert "rejected line 1: a number answer 0.5 in column 'final_answer' (not an integer a float holds exactly" in cap.err
+    assert "rejected line 2: a number answer 1.152921504606847e+18 in column 'final_answer'" in cap.err
+    assert "rejected 2 (a number answer: 2)" in cap.out and "written as integers: 1 (3.0 -> '3')" in cap.out

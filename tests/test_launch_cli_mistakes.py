@@ -144,6 +144,25 @@ def test_an_unknown_logger_is_one_line_on_every_backend(extra_env, capsys):
     assert rc == 2 and len(err) == 1 and err[0].startswith("rpg config error: trainer.logger: 'tensorbord'"), err
 
 
+@pytest.mark.parametrize("extra_env", [{"LOGGER": "console,file"}, {"LOGGER": "console,tensorboard"},
+                                       {"LOGGER": "console,file", "RAY_ADDRESS": "http://127.0.0.1:9"}])
+def test_a_logger_with_the_cpu_backend_under_dry_run_is_checked_after_the_platform_is_chosen(extra_env, tmp_path):
+    """Before: exit 1, ``ValueError: Unknown platform 'cpu'``: the LOGGER check imported verl (its list of loggers)
+    before the CPU backend's platform variables were set, and verl chose its platform then. A process of its own:
+    verl chooses its platform once per process."""
+    stub = tmp_path / "ray"  # a job API that does not answer: a warning under DRY_RUN=1
+    stub.write_text("#!/bin/sh\nexit 1\n")
+    stub.chmod(0o755)
+    env = _env(DRY_RUN="1", RPG_BACKEND="cpu", PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **extra_env)
+    for key in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES"):
+        env.pop(key, None)
+    p = subprocess.run([sys.executable, "-m", "rpg.launch", "run_grpo_7b"], env=env, cwd=tmp_path, text=True,
+                       capture_output=True, timeout=300)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert "composed and validated config" in p.stdout
+
+
 def test_the_demo_refuses_an_unknown_logger_and_keeps_a_known_one(tmp_path, capsys):
     rc, err, _ = _demo(["--out", tmp_path / "o", "trainer.logger=[console,file,tensorbord]"], capsys)
     assert rc == 2 and len(err) == 1 and "'tensorbord' (did you mean 'tensorboard'?)" in err[0], err

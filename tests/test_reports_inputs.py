@@ -294,3 +294,34 @@ def test_an_empty_resume_segment_is_named(tmp_path):
     _, warns = _read(base)
     assert f"{base}: joined 4 log segments (restarted at steps 20); no readable record in r.part2.jsonl, " \
            "r.part4.jsonl (a start that ended before it logged a step)" in warns
+
+
+@pytest.mark.parametrize("step_key", ["_step", "Step", "step", "global_step", "trainer/global_step"])
+def test_a_wandb_history_exported_as_jsonl_reads_the_step_keys_the_csv_reader_reads(tmp_path, step_key):
+    """Before: a W&B history saved as JSONL with ``_step`` was ``expected an object with a 'step' key``; the CSV
+    reader accepted _step, Step, global_step and trainer/global_step, the JSONL reader step only."""
+    log = _write(tmp_path / "history.jsonl", [{step_key: s, AIME24: s / 100, "_runtime": 1.5 * s, "_timestamp": 1e9 + s}
+                                              for s in (0, 10)])
+    metrics, warned = _read(log)
+    assert metrics == {AIME24: {0: 0.0, 10: 0.1}} and warned == []
+    csv = tmp_path / "history.csv"
+    csv.write_text(f"{step_key},{AIME24},_runtime\n0,0.0,0\n10,0.1,15\n")
+    assert _read(csv)[0] == metrics  # the same history either way
+    # with two step keys, both readers take the first of the same list (W&B's _step before verl's metric)
+    log = _write(tmp_path / "both.jsonl", [{"_step": 3, "trainer/global_step": 4, AIME24: 0.5}])
+    assert _read(log)[0] == {AIME24: {3: 0.5}, "trainer/global_step": {3: 4.0}}
+    _write(log, [{"steps": 3, AIME24: 0.5}])
+    with pytest.raises(ValueError, match=r"expected an object with a 'step' key, got .* \(a step key is one of _step, "
+                                         r"Step, step, global_step, trainer/global_step\)"):
+        read_run(log)
+
+
+def test_an_unknown_log_format_says_which_exports_are_read(tmp_path):
+    """Before: a W&B ``.json`` export was ``unknown log format``, with no word of what to export."""
+    export = tmp_path / "wandb_export.json"
+    export.write_text("[]")
+    with pytest.raises(ValueError) as err:
+        read_run(export)
+    assert str(err.value) == (f"{export}: unknown log format (.json); read are: .jsonl (verl's file logger, or a W&B "
+                              "run history exported one JSON object per line), .csv (a W&B run-history or panel "
+                              "export) and TensorBoard event files or folders; export the W&B history as CSV or JSONL")

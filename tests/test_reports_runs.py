@@ -102,3 +102,41 @@ def test_runs_in_the_sub_folders_of_a_run_are_named(tmp_path):
     assert metrics[AIME24] == {0: 0.5, 10: 0.5, 20: 0.5}
     assert f"{run}: its sub-folders hold TensorBoard runs of their own, not read with it: other; pass each as a " \
            "run to report it" in [str(w.message) for w in caught]
+
+
+def test_runs_that_share_a_default_label_are_not_seeds(tmp_path, capsys, monkeypatch):
+    """Before: a/metrics.jsonl b/metrics.jsonl printed one row 'metrics | 0.4000 ± 0.2828', "mean ± std over
+    seeds", and the curves one line with a std band: two unrelated runs averaged as seeds of one method."""
+    monkeypatch.chdir(tmp_path)
+    for folder, value in (("a", 0.2), ("b", 0.6), ("c/a", 0.4)):
+        (tmp_path / folder).mkdir(parents=True)
+        _log(tmp_path / folder / "metrics.jsonl", value)
+    assert main_tables(["a/metrics.jsonl", "b/metrics.jsonl", *TABLE]) == 0
+    out, err = capsys.readouterr()
+    assert {k: v[0] for k, v in _md_rows(out).items()} == {"a": "0.2000", "b": "0.6000"}
+    assert "over seeds" not in out
+    assert ("warning: runs without a label share the default label 'metrics': different runs, not seeds of one "
+            "method; each labelled by its folder: a/metrics.jsonl as 'a', b/metrics.jsonl as 'b' (METHOD=PATH "
+            "labels runs as seeds of METHOD)") in err.splitlines()
+    # folders that share a name too: as much of the folder's path as tells them apart
+    assert main_tables(["a/metrics.jsonl", "b/metrics.jsonl", "c/a/metrics.jsonl", *TABLE]) == 0
+    assert set(_md_rows(capsys.readouterr().out)) == {f"{tmp_path.name}/a", "b", "c/a"}
+    # a default label that a given label has: the given one keeps it, the other is told apart
+    assert main_tables(["metrics=a/metrics.jsonl", "b/metrics.jsonl", *TABLE]) == 0
+    assert {k: v[0] for k, v in _md_rows(capsys.readouterr().out).items()} == {"metrics": "0.2000", "b": "0.6000"}
+    # METHOD=PATH groups seeds on purpose, and only then does the caption say "over seeds"
+    assert main_tables(["GRPO=a/metrics.jsonl", "GRPO=b/metrics.jsonl", *TABLE]) == 0
+    out = capsys.readouterr().out
+    assert _md_rows(out)["GRPO"][0] == "0.4000 ± 0.2828" and "mean ± std over seeds" in out
+    assert main_plot(["a/metrics.jsonl", "b/metrics.jsonl", "--out", "fig"]) == 0
+    svg = (tmp_path / "fig.svg").read_text()
+    assert "<!-- a -->" in svg and "<!-- b -->" in svg and "seeds" not in svg
+
+
+def test_two_logs_of_one_folder_are_told_apart_by_their_arguments(tmp_path):
+    from rpg.reports.runs import run_args, tell_apart
+
+    (tmp_path / "run").mkdir()
+    with pytest.warns(UserWarning, match="default label 'metrics'"):
+        runs = tell_apart(run_args([str(tmp_path / "run" / "metrics.jsonl"), str(tmp_path / "run" / "metrics.csv")]))
+    assert [r.label for r in runs] == [str(tmp_path / "run" / "metrics.jsonl"), str(tmp_path / "run" / "metrics.csv")]

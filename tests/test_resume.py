@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import struct
 import subprocess
@@ -706,16 +707,16 @@ def test_async_stop_lines_say_the_run_cannot_be_resumed_instead_of_a_refused_com
                          "directory"), line
     cfg.trainer.v1.trainer_mode = "sync"
     assert signal_stop_line(cfg, "SIGINT", ["recipe/rpg/main_rpg.py"]).endswith(
-        "; resume: " + f"{sys.executable} recipe/rpg/main_rpg.py trainer.resume_mode=auto")
+        "; resume: " + shlex.join(["cd", os.getcwd()]) + f" && {sys.executable} recipe/rpg/main_rpg.py trainer.resume_mode=auto")
 
     out = tmp_path / "out"
-    argv = ["--steps", "6", "trainer.v1.trainer_mode=colocate_async"]
+    flags, user = ["--steps", "6"], ["trainer.v1.trainer_mode=colocate_async"]
     overrides = ["trainer.total_training_steps=6", "trainer.v1.trainer_mode=colocate_async"]
-    part = resume_part(argv, out, overrides)
+    part = resume_part(flags, user, out, overrides)
     assert part.startswith("cannot be resumed: trainer.v1.trainer_mode=colocate_async (") and "--out" not in part
-    assert resume_part(argv, out, [*overrides, "trainer.v1.trainer_mode=sync"]).startswith(
-        f"resume: {sys.executable} -m rpg.demo.cpu --out {out} --steps 6")
-    assert resume_part(["--steps", "6"], out, ["trainer.total_training_steps=6"]).endswith("trainer.resume_mode=auto")
+    assert f"{sys.executable} -m rpg.demo.cpu --out {out} --steps 6" in resume_part(
+        flags, user, out, [*overrides, "trainer.v1.trainer_mode=sync"])
+    assert resume_part(flags, [], out, ["trainer.total_training_steps=6"]).endswith("trainer.resume_mode=auto")
 
 
 _SLOW_TO_STOP = """

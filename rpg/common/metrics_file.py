@@ -14,8 +14,10 @@ here (the file's name in a run's output folder: ``rpg.launch.run_dir.METRICS_FIL
 * a cut last line: only the last non-blank line can be cut off by a kill (the run was writing it). When it
   is not JSON it is skipped and ``records``' ``cut`` is told (the reports warn); a line before it that is
   not JSON is damage, an error: never read past or folded away silently.
-* a record: a JSON object with a ``step``; its metrics are its ``data`` object or, without ``data``, its
-  other keys (a flat ``{"step": s, key: value}`` line). A ``data`` that is not an object is an error.
+* a record: a JSON object with a step key (``STEP_KEYS``: verl's ``step``, and the step columns of W&B's
+  exports, ``_step`` first, as a W&B history exported as JSONL has it; the first one present is the step);
+  its metrics are its ``data`` object or, without ``data``, its other keys (a flat ``{"step": s, key: value}``
+  line). A ``data`` that is not an object is an error.
 * a step: a JSON integer, or a number with an integral value (``3.0``), at most 2**63 - 1 in size (verl's
   step counter, every logger's step column); a boolean, a string, a fraction, NaN or ±inf is an error.
   ``step_of(..., cell=True)`` reads a W&B CSV cell by the same rule (there, text: ``"12"``).
@@ -38,6 +40,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 MAX_STEP = 2**63 - 1  # verl's step counter and every logger's step column are 64-bit integers
+# the keys (JSONL) and columns (W&B CSV) that hold a record's step, the first one present wins: W&B's history
+# (``_step``), its panel exports (``Step``), verl's file logger (``step``), and the step metrics verl and W&B log
+STEP_KEYS = ("_step", "Step", "step", "global_step", "trainer/global_step")
 _DIGITS = re.compile(r"\s*[+-]?\d+\s*")
 
 
@@ -89,11 +94,13 @@ def step_of(value, where: str, cell: bool = False) -> int:
 
 def record_of(obj, where: str) -> tuple[int, dict]:
     """``(step, data)`` of one parsed line by the rules above, else ``MetricsFileError`` starting ``where``."""
-    if not isinstance(obj, dict) or "step" not in obj:
-        raise MetricsFileError(f"{where}: expected an object with a 'step' key, got {short(obj)}")
-    step = step_of(obj["step"], where)
+    key = next((k for k in STEP_KEYS if k in obj), None) if isinstance(obj, dict) else None
+    if key is None:
+        raise MetricsFileError(f"{where}: expected an object with a 'step' key, got {short(obj)} (a step key is "
+                               f"one of {', '.join(STEP_KEYS)})")
+    step = step_of(obj[key], where)
     if "data" not in obj:  # a flat record
-        return step, {k: v for k, v in obj.items() if k != "step"}
+        return step, {k: v for k, v in obj.items() if k != key}
     if not isinstance(obj["data"], dict):
         raise MetricsFileError(f"{where}: 'data' must be an object of metrics, got {short(obj['data'])}")
     return step, obj["data"]

@@ -15,6 +15,9 @@ Python literal) and let invalid ones through to a traceback after Ray started.
   ``range(...)``, ``glob(...)``) is refused too unless ``multirun``: a single run takes one value.
 * ``override_key`` / ``value_of`` / ``values``: what an override sets, as Hydra reads it.
 * ``merge_overrides``: concatenation where a later value for the same key wins.
+* ``resume_command``: the command that resumes a run (the driver's, the launcher's, the tiny demo's stop
+  lines): ``cd`` to where it was launched, the variables, the command, the overrides with
+  ``trainer.resume_mode=auto`` once.
 * ``hydra_value`` / ``hydra_list``: the one way the project writes a string (or a list of strings) into an
   override so that Hydra reads back that same string (never an int, a bool or an interpolation).
 * ``split_hydra_argv`` / ``exit_on_bad_argv``: a Hydra app's command line (flags such as ``--cfg job``,
@@ -28,8 +31,9 @@ smoke run, the study) and by the driver's entry script.
 from __future__ import annotations
 
 import re
+import shlex
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -234,6 +238,19 @@ def merge_overrides(*groups: Iterable[str]) -> list[str]:
                 open_slot[p.key] = len(slots)
                 slots.append([p, p.value_text])
     return [first.text if first.is_delete else first.with_value_text(value) for first, value in slots]
+
+
+def resume_command(launch: str, overrides: Sequence[str], cwd: str, env: Mapping[str, str] | None = None,
+                   env_vars: Sequence[str] = ()) -> str:
+    """The command that resumes a run, which works pasted in any folder: ``cd`` to the folder it was launched
+    from (``cwd``: relative paths in its variables, flags and overrides mean what they meant), the variables of
+    ``env_vars`` set in ``env``, the launch command with its flags (``launch``, shell words: ``bash
+    recipe/rpg/7b/<name>.sh``, ``python -m rpg.demo.cpu --out <folder> ...``) and the overrides with ``trainer.resume_mode=auto``
+    (replacing the run's own: it appears once)."""
+    env = env or {}
+    assigned = [f"{k}={shlex.quote(env[k])}" for k in env_vars if env.get(k, "").strip()]
+    resumed = merge_overrides(list(overrides), ["trainer.resume_mode=auto"])
+    return " ".join([f"cd {shlex.quote(str(cwd))} &&", *assigned, launch, shlex.join(resumed)])
 
 
 # ----------------------------------------------------------------------------- a Hydra app's command line

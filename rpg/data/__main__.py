@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rpg.data.io import LOCAL_SUFFIXES
 from rpg.data.prepare import NoValidRows, Summary, prepare, reason_class
+from rpg.data.rows import EVAL_OVERLAP
 from rpg.data.sources import SOURCES
 
 EVAL_DEFAULT = ["aime2024", "aime2025", "amc2023", "minerva", "olympiadbench"]
@@ -28,6 +29,21 @@ def _report(summary: Summary, show: int) -> None:
     """The rejected rows (``_list_rejects``), then the summary line."""
     _list_rejects(summary, show)
     print(summary.line())
+
+
+def _report_overlap(train: Summary, evals: list[Summary], dropped: bool) -> None:
+    """One line per evaluation set that shares problems with the training set ``train``: the files and the count
+    (dropped from the training set, or kept with a warning)."""
+    same = "the same after Unicode NFKC normalisation, case and whitespace"
+    for e in evals:
+        if dropped:
+            n = sum(r.reason == f"{EVAL_OVERLAP} ({e.out})" for r in train.rejects)
+            if n:
+                print(f"{train.dataset}: dropped {n} problem{'s' * (n > 1)} of {e.out} from {train.out} ({same})")
+        elif n := len(train.keys & e.keys):
+            print(f"warning: {train.out} shares {n} problem{'s' * (n > 1)} with the evaluation set {e.out} ({same}): "
+                  "a model trained on them is evaluated on problems it has seen; --drop-eval-overlap drops them from "
+                  "the training set", file=sys.stderr)
 
 
 def _find_local(input_dir: Path, key: str) -> Path:
@@ -97,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--problem-key", help="column holding the problem text, for every dataset prepared")
     a.add_argument("--answer-key", help="column holding the ground-truth answer, for every dataset prepared")
     a.add_argument("--show-rejects", type=int, default=5)
+    a.add_argument("--drop-eval-overlap", action="store_true",
+                   help="drop from the training set the problems an evaluation set holds (the same after Unicode NFKC "
+                        "normalisation, case and whitespace); without it they are kept, and a warning counts them")
 
     args = ap.parse_args(argv)
     try:
@@ -113,11 +132,19 @@ def main(argv: list[str] | None = None) -> int:
         else:
             keys = dataset_keys(args.datasets)
             out_dir = Path(args.out_dir)
-            for key in keys:
+            evals: list[Summary] = []  # the evaluation sets first: a training set is checked against them
+            for key in sorted(keys, key=lambda k: SOURCES[k].split != "test"):
                 inp = _find_local(Path(args.input_dir), key) if args.input_dir else None
-                copies = args.eval_copies if SOURCES[key].split == "test" else 1
-                _report(prepare(key, out_dir / f"{key}.parquet", input_path=inp, copies=copies,
-                                problem_key=args.problem_key, answer_key=args.answer_key), args.show_rejects)
+                test = SOURCES[key].split == "test"
+                exclude = {k: e.out for e in reversed(evals) for k in e.keys} if args.drop_eval_overlap else None
+                summary = prepare(key, out_dir / f"{key}.parquet", input_path=inp, copies=args.eval_copies if test else 1,
+                                  problem_key=args.problem_key, answer_key=args.answer_key,
+                                  exclude=None if test else exclude)
+                _report(summary, args.show_rejects)
+                if test:
+                    evals.append(summary)
+                else:
+                    _report_overlap(summary, evals, args.drop_eval_overlap)
     except (ValueError, OSError) as err:  # OSError: an unwritable --out (the message names the path)
         if isinstance(err, NoValidRows):
             _list_rejects(err.summary, args.show_rejects)

@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpg.data.io import HubLoader, read_hub, read_local, write_parquet_atomic, write_text_atomic
-from rpg.data.rows import Layout, Reject, build_rows, resolve_layout, select_problems
+from rpg.data.rows import (EVAL_OVERLAP, NUMBER_ANSWER, Layout, Reject, build_rows, dedup_key, resolve_layout,
+                           select_problems)
 from rpg.data.sources import get_source
 from rpg.reward.sources import rpg_scorer
 
@@ -36,14 +38,19 @@ class Summary:
     rows_written: int
     rejects: list[Reject] = field(default_factory=list)
     columns: str = ""  # the columns read (``Layout.describe``)
+    keys: frozenset[str] = frozenset()  # the ``dedup_key`` of each problem written
+    numbers: list[float] = field(default_factory=list)  # answers stored as integral floats (written as integers)
 
     def line(self) -> str:
         """One summary line: rows read (and the columns used), written, rejected with reasons (and where they all are)."""
         where = f"; every rejected row in {rejects_path(Path(self.out))}" if self.rejects else ""
         columns = f" ({self.columns})" if self.columns else ""
+        n, first = len(self.numbers), self.numbers[0] if self.numbers else None
+        numbers = f"; answers stored as integral numbers, written as integers: {n} ({first!r} -> '{int(first)}')" if n else ""
         return (
             f"{self.dataset}: read {self.rows_read} rows from {self.source}{columns}, wrote {self.rows_written} rows "
-            f"({self.problems} problems) to {self.out}, rejected {len(self.rejects)} ({reason_counts(self.rejects)}){where}"
+            f"({self.problems} problems) to {self.out}, rejected {len(self.rejects)} ({reason_counts(self.rejects)})"
+            f"{where}{numbers}"
         )
 
 
@@ -59,7 +66,7 @@ def reason_class(reason: str) -> str:
     """Reason without row-specific detail, for the counts per reason."""
     if reason.startswith("duplicate of "):
         return "duplicate with a different answer" if "different answer" in reason else "duplicate"
-    for prefix in ("invalid JSON", "invalid UTF-8", "lone surrogate"):
+    for prefix in ("invalid JSON", "invalid UTF-8", "lone surrogate", EVAL_OVERLAP, NUMBER_ANSWER):
         if reason.startswith(prefix):
             return prefix
     return reason.split(" (")[0]
@@ -101,8 +108,10 @@ def prepare(
     answer_key: str | None = None,
     hub_loader: HubLoader | None = None,
     any_data_source: bool = False,
+    exclude: Mapping[str, str] | None = None,
 ) -> Summary:
-    """Read, check, deduplicate and write one dataset. Local ``input_path`` wins over the hub."""
+    """Read, check, deduplicate and write one dataset. Local ``input_path`` wins over the hub. ``exclude``:
+    ``{dedup_key: file}`` of evaluation sets' problems, rejected from this (training) set."""
     spec = get_source(dataset)
     if not str(out).strip():
         raise ValueError("--out is an empty path; give a .parquet file or a directory")
@@ -130,7 +139,7 @@ def prepare(
         # no row is an object with keys (a JSONL of invalid lines, of lists, of strings): each row is
         # rejected with its own reason and line below
         layout = Layout("plain", problem_key or spec.problem_keys[0], answer_key or spec.answer_keys[0])
-    problems, rejects, n_read = select_problems(records, layout, spec.english_only, lines)
+    problems, rejects, n_read = select_problems(records, layout, spec.english_only, lines, exclude)
     if not problems:
         if rejects:
             _write_rejects(rejects, failed)
@@ -147,7 +156,9 @@ def prepare(
     for stale in ([] if rejects else [rp]) + [failed]:
         if stale.exists():
             stale.unlink()
-    return Summary(dataset, source, str(out), n_read, len(problems), len(rows), rejects, layout.describe())
+    return Summary(dataset, source, str(out), n_read, len(problems), len(rows), rejects, layout.describe(),
+                   frozenset(dedup_key(p.problem) for p in problems),
+                   [p.number for p in problems if p.number is not None])
 
 
 def _check_not_the_input(out: Path, rejects: Path, input_path: Path) -> None:

@@ -9,14 +9,17 @@ two layouts:
 * ``plain`` -- a problem column and an answer column (names from the preset or the CLI).
 
 Every input row either becomes one problem or is rejected with ``(index, reason)``; nothing is
-dropped silently. Duplicates (same problem text up to whitespace) keep the first occurrence.
+dropped silently. Duplicates (the same ``dedup_key``: the text up to Unicode NFKC normalisation, case and
+whitespace) keep the first occurrence; a problem ``exclude`` names (an evaluation set's, for a training set)
+is rejected naming where it is.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rpg.data.template import format_prompt, unwrap_prompt
@@ -26,6 +29,8 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-
 
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+EVAL_OVERLAP = "in an evaluation set"  # a training row's reject reason (the class of the counts), then (<file>)
+NUMBER_ANSWER = "a number answer"  # the reject reason of a float that is not an integer (then the value)
 
 
 def _unicode_problem(text: str, what: str) -> str | None:
@@ -59,6 +64,10 @@ class Layout:
     problem_key: str | None = None
     answer_key: str | None = None
 
+    @property
+    def answer_column(self) -> str:
+        return "reward_model.ground_truth" if self.kind == "verl" else str(self.answer_key)
+
     def describe(self) -> str:
         """The columns read, for the summary line."""
         if self.kind == "verl":
@@ -89,6 +98,7 @@ class Problem:
     problem: str       # exact text (not stripped: prompts stay byte-identical to the source's)
     answer: str
     source_index: int  # row index in the input
+    number: float | None = None  # the float the answer was stored as (27.0 -> answer "27"), if it was one
 
 
 def resolve_layout(
@@ -123,17 +133,26 @@ def _the_one(cols: set[str], candidates: Sequence[str], name: str) -> str | None
     return present[0] if present else None
 
 
-def _answer_text(value) -> str:
-    """Ground truth as a non-empty str; raises ValueError(reason) otherwise.
+def _answer_text(value, column: str) -> tuple[str, float | None]:
+    """Ground truth as a non-empty str, and the number it was stored as when it was a float; raises
+    ValueError(reason) otherwise.
 
-    ints (not bools) are converted with str(); a one-element list of str (OlympiadBench's
-    ``final_answer``) is unwrapped; surrounding whitespace is removed (the scorers ignore it).
-    Floats are rejected: 0.1 vs 0.10000000000000001 is ambiguous.
+    ints (not bools) are converted with str(); a float with an integral value (``27.0``: some hub copies of the
+    evaluation sets store answers as numbers) is that integer's text (``"27"``, which ``Answer: 27`` matches),
+    up to 2**53 (beyond, a float no longer holds every integer); any other float is refused naming ``column``:
+    how it was written (0.1, 0.10, 1/10) cannot be told from it, and a guess could mis-score every response.
+    A one-element list of str (OlympiadBench's ``final_answer``) is unwrapped; surrounding whitespace is
+    removed (the scorers ignore it).
     """
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if value is None:
         raise ValueError("no answer (missing or null)")
+    if isinstance(value, float):
+        if not (math.isfinite(value) and value.is_integer() and abs(value) <= 2**53):
+            raise ValueError(f"{NUMBER_ANSWER} {value!r} in column {column!r} (not an integer a float holds exactly: "
+                             "how it was written cannot be told; store the answers as text)")
+        return str(int(value)), value
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         kind = f"list of {len(value)} items" if isinstance(value, list) else type(value).__name__
         raise ValueError(f"non-string answer ({kind})")
@@ -142,7 +161,7 @@ def _answer_text(value) -> str:
     for reason in (_unicode_problem(text, "answer"), _empty_reason(text, "no answer", blank)):
         if reason:
             raise ValueError(reason)
-    return text.strip()
+    return text.strip(), None
 
 
 def _verl_problem(record: dict) -> tuple[object, object]:
@@ -187,22 +206,26 @@ def check_record(index: int, record: object, layout: Layout, english_only: bool)
     for reason in (_unicode_problem(problem, "problem"), _empty_reason(problem, "empty problem")):
         if reason:
             raise ValueError(reason)
-    answer_text = _answer_text(answer)
+    answer_text, number = _answer_text(answer, layout.answer_column)
     if english_only and _CJK.search(problem):
         raise ValueError("non-English problem (CJK characters)")
-    return Problem(problem, answer_text, index)
+    return Problem(problem, answer_text, index, number)
 
 
-def _dedup_key(problem: str) -> str:
-    return " ".join(problem.split())
+def dedup_key(problem: str) -> str:
+    """What the same problem written twice shares: the text after Unicode NFKC normalisation (``é`` composed or
+    decomposed, full-width digits, ligatures), case folding, and with its whitespace collapsed."""
+    return " ".join(unicodedata.normalize("NFKC", problem).casefold().split())
 
 
 def select_problems(
-    records: Iterable[object], layout: Layout, english_only: bool = False, lines: Sequence[int] | None = None
+    records: Iterable[object], layout: Layout, english_only: bool = False, lines: Sequence[int] | None = None,
+    exclude: Mapping[str, str] | None = None,
 ) -> tuple[list[Problem], list[Reject], int]:
     """Check every record, drop (and report) duplicates. Returns (problems, rejects, rows_read).
 
     ``lines``: the 1-based file line of each record (JSONL), so that rejects name lines, not rows.
+    ``exclude``: ``{dedup_key: where}`` of problems to reject (``in an evaluation set (<where>)``).
     """
     problems: list[Problem] = []
     rejects: list[Reject] = []
@@ -219,7 +242,7 @@ def select_problems(
         except ValueError as err:
             rejects.append(reject(index, str(err)))
             continue
-        key = _dedup_key(p.problem)
+        key = dedup_key(p.problem)
         first = first_seen.get(key)
         if first is not None:
             of = reject(first.source_index, "").where
@@ -228,6 +251,9 @@ def select_problems(
             else:
                 reason = f"duplicate of {of} with a different answer ({p.answer!r:.40} vs {first.answer!r:.40})"
             rejects.append(reject(index, reason))
+            continue
+        if exclude is not None and key in exclude:
+            rejects.append(reject(index, f"{EVAL_OVERLAP} ({exclude[key]})"))
             continue
         first_seen[key] = p
         problems.append(p)

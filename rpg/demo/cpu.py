@@ -14,8 +14,8 @@ probability vLLM gave a sampled token and the actor's recomputed one.
 responses); a micro-batch size the user sets wins.
 
 SIGHUP, SIGINT or SIGTERM stop every process of the run and print one line: the log, the last
-complete checkpoint and the command that resumes (``--out`` the same directory,
-``trainer.resume_mode=auto``); exit code 128 + signum. Before the run (the first build of the tiny
+complete checkpoint and the command that resumes, which works pasted in any folder (``cd`` to where the demo was
+started, ``--out`` the same directory, ``trainer.resume_mode=auto`` once); exit code 128 + signum. Before the run (the first build of the tiny
 model included) and after it, the same signals are one line saying what was being done, same exit code. A failed run exits with the trainer's code
 (2: a config the driver refused; stderr is then the driver's one line). An override Hydra cannot
 read is one line naming it, exit code 2, before anything starts (``rpg.common.overrides``).
@@ -48,9 +48,10 @@ from pathlib import Path
 
 from rpg.backends.cpu import vllm_cpu
 from rpg.common.checkout import CHECKOUT
+from rpg.common.user_paths import user_folder
 from rpg.config import world_size_of
 from rpg.data.checks import override_problems
-from rpg.common.overrides import OverrideSyntaxError, values
+from rpg.common.overrides import OverrideSyntaxError, resume_command, values
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.demo.progress import StartupProgress, progress, val_acc
 from rpg.launch.args import OneLineParser, positive_int, read_overrides
@@ -72,6 +73,8 @@ ENV_VARS = {
     "RPG_TINY_CACHE": "where the tiny model and task are built once",
     "WANDB_MODE": "W&B's mode when trainer.logger includes wandb (offline: no account needed)",
 }
+# the variables a resume command repeats when set (the script's are flags of the command by then)
+RESUMED_VARS = tuple(k for k in ENV_VARS if k not in SCRIPT_ENV and k != "PYTHON")
 
 # (text in the trainer's output, start-up stage reached), in the order they appear
 STARTUP_STAGES = (
@@ -108,26 +111,36 @@ def plot_curve(run: TrainerRun, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def demo_resume_command(argv: list[str], out: Path) -> str:
-    """This demo's command again, into ``out``, with ``trainer.resume_mode=auto`` (the demo's default
-    is disable) so that it continues from the last complete checkpoint."""
-    args, skip = [], False
-    for a in argv:
-        if skip or a == "--out":
-            skip = not skip and a == "--out"
+def given_flags(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The flags ``args`` holds that differ from their defaults, as a command line (``--out`` left out: the
+    resume command names the run's folder itself)."""
+    out = []
+    for action in ap._actions:
+        flag = action.option_strings[0] if action.option_strings else None
+        value = getattr(args, action.dest, None)
+        if flag in (None, "-h", "--out") or value is None or value == action.default:
             continue
-        if not a.startswith("--out="):
-            args.append(a)
-    return shlex.join([sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), *args,
-                       "trainer.resume_mode=auto"])
+        if action.nargs == 0:  # store_true
+            out.append(flag)
+        else:
+            out += [w for v in (value if isinstance(value, list) else [value]) for w in (flag, str(v))]
+    return out
 
 
-def resume_part(argv: list[str], out: Path, overrides: list[str]) -> str:
+def demo_resume_command(flags: list[str], user: list[str], out: Path) -> str:
+    """This demo's command again (``rpg.common.overrides.resume_command``: from this folder, with the variables the
+    demo reads that were set), into ``out``, with ``trainer.resume_mode=auto`` (the demo's default is disable)
+    so that it continues from the last complete checkpoint. ``flags``: ``given_flags``; ``user``: the overrides."""
+    launch = shlex.join([sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), *flags])
+    return resume_command(launch, user, os.getcwd(), os.environ, RESUMED_VARS)
+
+
+def resume_part(flags: list[str], user: list[str], out: Path, overrides: list[str]) -> str:
     """The stop line's last part: ``demo_resume_command``, or why an asynchronous run (``trainer.v1.trainer_mode``
     in ``overrides``, the run's full list) cannot be resumed (``rpg.verl.checks.resume_hint``)."""
     from rpg.verl.checks import resume_hint
 
-    return resume_hint(values(overrides).get("trainer.v1.trainer_mode", "sync"), demo_resume_command(argv, out))
+    return resume_hint(values(overrides).get("trainer.v1.trainer_mode", "sync"), demo_resume_command(flags, user, out))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +168,8 @@ def _parser() -> OneLineParser:
     ap.add_argument("--steps", type=positive_int, default=30, help="training steps (default 30)")
     ap.add_argument("--test-freq", type=positive_int, default=10, help="validate every K steps (default 10)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="output dir (default: a new outputs/tiny_cpu/<time>[-N]); one holding a run is refused "
+                    help="output dir, relative to the current folder (default: a new outputs/tiny_cpu/<time>[-N] in "
+                         "the checkout); one holding a run is refused "
                          "unless trainer.resume_mode=auto continues it")
     ap.add_argument("--algo", default="rpg", choices=tuple(TINY_ALGORITHMS), help="demo algorithm (default rpg)")
     ap.add_argument("--rollout", default=None, choices=vllm_cpu.ROLLOUTS,
@@ -194,12 +208,16 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     from rpg.tiny.overrides import check_world_size, tiny_algorithm, tiny_task_overrides, with_experiment_name
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    ap = _parser()
     try:
-        args, rest = _parser().parse_known_args(argv)
+        args, rest = ap.parse_known_args(argv)
     except SystemExit as e:  # --help (0) or a bad flag's one line (2: OneLineParser)
         if isinstance(e, StopSignal):
             raise
         return e.code
+    flags = given_flags(ap, args)  # as given (the resume command repeats them)
+    if args.out is not None:  # where the user is (rpg.common.user_paths): every line names it absolute
+        args.out = user_folder(args.out)
     try:  # before the assets and the trainer: a typo is one line, not a traceback minutes later
         read_overrides(rest, ENV_VARS, COMMAND)
         rollout = args.rollout or vllm_cpu.rollout_of()
@@ -254,7 +272,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     t0 = time.time()
     assets = build_tiny_assets()
     print(f"{PREFIX} assets: {assets.root} (ready in {time.time() - t0:.1f}s)", flush=True)
-    out = args.out or new_run_dir(Path("outputs") / "tiny_cpu")
+    out = args.out or new_run_dir(CHECKOUT / "outputs" / "tiny_cpu")
     print(f"{PREFIX} running {args.entry} on CPU for {args.steps} steps, {rollout} rollout; full log: "
           f"{out / 'trainer.log'}", flush=True)
     stage[0] = f"starting the run (its log: {out / 'trainer.log'})"
@@ -274,7 +292,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     except TrainerRunError as e:
         if startup is not None:
             startup.finish()
-        return report_failure(e, PREFIX, resume_part(argv, out, overrides))
+        return report_failure(e, PREFIX, resume_part(flags, rest, out, overrides))
     finally:
         if startup is not None:
             startup.finish()

@@ -37,6 +37,8 @@ from rpg.backends.gpu.settings import REGISTER_MODULE
 from rpg.demo import smoke_checks
 from rpg.demo.progress import StartupProgress, progress
 from rpg.launch.harness import TrainerRun, TrainerRunError, run_trainer
+from rpg.common.checkout import CHECKOUT
+from rpg.common.user_paths import user_folder
 from rpg.common.overrides import OverrideSyntaxError, check_user_overrides, hydra_value, values
 from rpg.demo.smoke_settings import (ALGORITHM, ROLLOUTS, SmokeSettingsError, check_settings,
                                        gpu_overrides, head_dim, head_dim_problem)
@@ -157,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the actor's parameters and optimizer state on the GPU (verl 0.9.1 keeps the "
                          "forward-only reference on the CPU either way)")
     ap.add_argument("--lr", type=float, default=5e-4, help="learning rate (default 5e-4, the tiny demo's)")
-    ap.add_argument("--out", type=Path, default=None, help="output dir (default outputs/tiny_gpu/<time>)")
-    ap.add_argument("--entry", default=RECIPE_ENTRY, help="trainer script (default the RPG recipe)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output dir, relative to the current folder (default outputs/tiny_gpu/<time> in the checkout)")
+    ap.add_argument("--entry", default=str(CHECKOUT / RECIPE_ENTRY), help="trainer script (default the RPG recipe)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed (each run)")
     ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
     args, user = ap.parse_known_args(argv)
@@ -172,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rpg.tiny import build_tiny_assets
 
-    out = (args.out or Path("outputs") / "tiny_gpu" / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    out = user_folder(args.out or CHECKOUT / "outputs" / "tiny_gpu" / time.strftime("%Y%m%d-%H%M%S"))
     assets = build_tiny_assets(prefix=PREFIX)
     problem = head_dim_problem(head_dim(json.loads((assets.model_dir / "config.json").read_text())))
     if problem:

@@ -21,8 +21,8 @@ Modes (environment variables; defaults in brackets):
 * ``RAY_ADDRESS`` set (e.g. ``http://127.0.0.1:8265``): ``ray job submit`` to that cluster (checked first: an
   address that is not a job API's, or where no cluster answers or the token is refused, is one line,
   ``rpg.launch.ray_job_api``), with a submission id ``rpg-<time>-<hex>`` and the command that resumes it
-  (``rpg.launch.job``: the driver's stop line names it); ``RAY_JOB_WAIT=1`` follows the job, and Ctrl-C then
-  stops the job (``ray job stop``). With ``RPG_BACKEND=cpu`` the tiny run goes to the cluster as a CPU-backend
+  (``rpg.common.overrides.resume_command``: the driver's stop line names it); ``RAY_JOB_WAIT=1`` follows the
+  job, and Ctrl-C then stops the job (``ray job stop``). With ``RPG_BACKEND=cpu`` the tiny run goes to the cluster as a CPU-backend
   job, one rank per logical GPU (the rehearsal of a multi-node launch, docs/launch-scripts.md).
   The runtime env only carries environment variables (no working-dir upload): every node needs
   this project installed (``pip install -e .``) at ``RPG_CLUSTER_ROOT`` (absolute; default: this
@@ -64,7 +64,7 @@ from pathlib import Path
 
 from rpg.backends.registry import backend
 from rpg.common.checkout import RECIPE_ENTRY
-from rpg.common.overrides import OverrideSyntaxError, values
+from rpg.common.overrides import OverrideSyntaxError, resume_command, values
 from rpg.config import RPGConfigError
 from rpg.launch import job
 from rpg.launch.args import read_overrides
@@ -74,7 +74,7 @@ from rpg.launch.describe import describe, describe_variant, dry_run, list_table
 from rpg.launch.node_plan import plan_nodes, supervisor_prefix
 from rpg.launch.plan import CONFIG_DIR, TASK_VARS, plan
 from rpg.launch.ray_job_api import address_problem, job_api_problem
-from rpg.launch.request import ENV_VARS, LaunchError, LaunchRequest, project_root
+from rpg.launch.request import ENV_VARS, RESUMED_VARS, LaunchError, LaunchRequest, project_root
 from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root
 from rpg.launch.variants import GRAMMAR, VariantNameError, parse
 from rpg.verl.checks import resume_hint
@@ -138,9 +138,14 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     root = project_root()
     read_overrides(user, ENV_VARS, script_command(v.name, root))
     req = LaunchRequest.read(env, root, Path.cwd())  # the environment, read once
+    chosen = backend(req.backend)
+    if chosen.TINY_TASK and (req.dry or req.cluster):
+        # verl's platform is chosen when verl is first imported in this process: by the logger check (verl's list of
+        # loggers) or the first composition below, so the backend's platform variables come first
+        import_env = chosen.run_env((), base=env)
+        os.environ.update({k: import_env[k] for k in chosen.IMPORT_ENV if k in import_env})
     if req.loggers is not None and (why := logger_problem(list(req.loggers), "LOGGER")) is not None:
         raise LaunchError(why)
-    chosen = backend(req.backend)
     submission = job.submission_id() if req.cluster else None
     _check_backend(chosen, req)
     if req.cluster_root_unused:
@@ -160,15 +165,13 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
                 raise LaunchError(why)
             print(f"rpg.launch: warning: {why} (DRY_RUN=1: nothing is submitted)", file=sys.stderr, flush=True)
         # the driver's stop line names this command (rpg.verl.main.run_stopped_line)
-        job_env[RESUME_COMMAND_ENV] = job.job_resume_command(env, ENV_VARS, script_command(v.name, root, req.cwd),
-                                                             user, req.cwd)
+        job_env[RESUME_COMMAND_ENV] = resume_command(script_command(v.name, root, req.cwd), user, req.cwd, env,
+                                                     RESUMED_VARS)
     if chosen.TINY_TASK:
         from rpg.launch.harness import build_command
 
-        argv_tiny, run_env = build_command(overrides, entry=str(root / RECIPE_ENTRY), base_env=env, backend=req.backend,
-                                           joins_cluster=req.cluster)
-        if req.dry or req.cluster:  # verl's platform is chosen when verl is imported, i.e. by the first composition below
-            os.environ.update({k: run_env[k] for k in chosen.IMPORT_ENV if k in run_env})
+        argv_tiny, _ = build_command(overrides, entry=str(root / RECIPE_ENTRY), base_env=env, backend=req.backend,
+                                     joins_cluster=req.cluster)
         cfg = checked_config(argv_tiny[2:], root / CONFIG_DIR)  # keys and loggers, before anything is built
         if not (req.dry or req.cluster):
             return _run_here(req, v, overrides, user, cfg)
@@ -249,8 +252,8 @@ def _run_here(req: LaunchRequest, v, overrides: Sequence[str], user: Sequence[st
                           echo=req.echo, on_line=on_line, backend=req.backend)
     except TrainerRunError as e:
         # the variables the user set (RPG_BACKEND=cpu among them), the run's folder, the same overrides
-        resume = job.job_resume_command({**req.env, "OUT_DIR": str(out)}, ENV_VARS,
-                                        shlex.join([sys.executable, "-m", "rpg.launch", v.name]), user, req.cwd)
+        resume = resume_command(shlex.join([sys.executable, "-m", "rpg.launch", v.name]), user, req.cwd,
+                                {**req.env, "OUT_DIR": str(out)}, RESUMED_VARS)
         return report_failure(e, prefix, resume_hint(values(overrides).get("trainer.v1.trainer_mode", "sync"), resume))
     for note in run.notes:
         print(f"{prefix} note: {note}", flush=True)

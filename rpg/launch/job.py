@@ -1,4 +1,4 @@
-"""A run submitted to a Ray cluster (``ray job submit``): its submission id, the command that resumes it, and,
+"""A run submitted to a Ray cluster (``ray job submit``): its submission id and,
 when the launcher waits for it (``RAY_JOB_WAIT=1``), a Ctrl-C that stops the job rather than only the client.
 
 ``ray job submit`` without ``--no-wait`` tails the job's logs; Ray's client answers Ctrl-C with a
@@ -12,38 +12,19 @@ one line (exit 128 + signum).
 from __future__ import annotations
 
 import secrets
-import shlex
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 
 STOP_WAIT_S = 120.0  # for the job's own stop (the driver's stop line, Ray shut down) to reach the tail
-# The launcher's variables that do not belong in a resume command (a dry run starts nothing to resume).
-NOT_RESUMED = ("DRY_RUN",)
 
 
 def submission_id() -> str:
     """A new job's submission id: ``rpg-<UTC time>-<6 hex>`` (names its rendezvous file and its logs)."""
     return f"rpg-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
-
-
-def job_resume_command(env: Mapping[str, str], env_vars: Sequence[str], launch: str, user: Sequence[str],
-                       cwd: Path | None = None) -> str:
-    """The command that resumes a run of the launcher (a submitted job, or a CPU run on this machine): ``cd`` to
-    the folder it was launched from (``cwd``: the variables' relative paths, e.g. ``CKPTS_DIR=ck``, mean what
-    they meant; the stop line may be pasted from anywhere), the launcher's variables the user set (``env_vars``,
-    minus ``NOT_RESUMED``), the launch command (``bash recipe/rpg/7b/<name>.sh``, ``python -m rpg.launch
-    <name>``) and the user's overrides with ``trainer.resume_mode=auto`` (replacing theirs)."""
-    from rpg.common.overrides import merge_overrides
-
-    where = [f"cd {shlex.quote(str(cwd))} &&"] if cwd is not None else []
-    assigned = [f"{k}={shlex.quote(env[k])}" for k in env_vars if k not in NOT_RESUMED and env.get(k, "").strip()]
-    overrides = shlex.join(merge_overrides(list(user), ["trainer.resume_mode=auto"]))
-    return " ".join([*where, *assigned, launch, overrides]).rstrip()
 
 
 def follow(cmd: Sequence[str], env: Mapping[str, str], address: str, submission: str,

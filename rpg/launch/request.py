@@ -6,10 +6,11 @@ into one frozen ``LaunchRequest``: a bad value is ``LaunchError``, one line nami
 allowed, before anything is composed; the rest of the launcher reads the request. Three readers stay where
 their variables are declared: a backend reads its own (``RPG_CPU_ROLLOUT``: ``launch_problems``), the memory
 estimate its sizes (``RPG_GPU_MEM_GIB``, ``RPG_HOST_MEM_GIB``: ``rpg.launch.memory``, only for ``--describe``
-and ``DRY_RUN=1``), and a Ray job's resume command repeats the variables that were set
-(``rpg.launch.job``); the environment itself goes, whole, to the process the launch starts.
+and ``DRY_RUN=1``), and a resume command repeats the variables that were set
+(``RESUMED_VARS``, ``rpg.common.overrides.resume_command``); the environment itself goes, whole, to the process the launch starts.
 
-Paths: a user's relative path is taken relative to the current directory (``cwd``); defaults are under the
+Paths: a user's relative path is taken relative to the current directory (``cwd``: ``rpg.common.user_paths``,
+as the demos and the study take theirs); defaults are under the
 project root, or under ``RPG_CLUSTER_ROOT`` for a Ray submission (``cluster_root``: the checkout the driver
 runs from on the cluster).
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 from rpg.backends import BACKENDS
 from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
 from rpg.common.nnodes import NodeCount, parse_nnodes
+from rpg.common.user_paths import user_folder, user_path
 from rpg.verl.preflight import name_problem
 
 DEFAULT_MAX_RESTARTS = 3  # torchrun's --max-restarts has 0; a paper run is days long, and each restart costs minutes
@@ -52,6 +54,9 @@ ENV_VARS = {
     "VERL_FILE_LOGGER_ROOT": "where verl's file logger writes", "TENSORBOARD_DIR": "TensorBoard's folder",
     "PYTHON": "the Python of the launch scripts",
 }
+# The variables a resume command repeats when set (``rpg.common.overrides.resume_command``): a dry run starts
+# nothing to resume.
+RESUMED_VARS = tuple(k for k in ENV_VARS if k != "DRY_RUN")
 # Forwarded to the Ray job when set (never secrets: log in to W&B / HF on the nodes instead).
 FORWARD_ENV = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE",
                "WANDB_ENTITY", "WANDB_DIR", "VLLM_USE_V1", "NCCL_DEBUG")
@@ -131,14 +136,6 @@ def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
     if not value > 0 or value == float("inf"):
         raise LaunchError(f"{key}={raw!r} is invalid; expected a number of seconds > 0")
     return value
-
-
-def user_path(raw: str, cwd: Path) -> str:
-    """A user path: relative -> to the current directory; URLs (hdfs://, s3://, ...) unchanged."""
-    if "://" in raw:
-        return raw
-    p = Path(raw).expanduser()
-    return str(p if p.is_absolute() else (cwd / p).resolve())
 
 
 def _path(env: Mapping[str, str], key: str, cwd: Path) -> str | None:
@@ -231,7 +228,7 @@ class LaunchRequest:
             n_gpus_per_node=_positive_int(env, "N_GPUS_PER_NODE"),
             loggers=tuple(split_list(logger)) if logger else None,
             file_logger_root=_path(env, "VERL_FILE_LOGGER_ROOT", cwd), tensorboard_dir=_path(env, "TENSORBOARD_DIR", cwd),
-            out_dir=Path(user_path(out, cwd)) if out else None,
+            out_dir=user_folder(out, cwd) if out else None,
             timeout_s=_seconds(env, "CPU_TIMEOUT", CPU_TIMEOUT_S), echo=_flag(env, "CPU_ECHO"),
             job_env={k: env[k] for k in FORWARD_ENV if env.get(k)},
             cluster_root_unused=bool(env.get("RPG_CLUSTER_ROOT", "").strip()) and not address.strip(),

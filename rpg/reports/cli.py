@@ -2,7 +2,8 @@
 
 ``scripts/report_tables.py`` and ``scripts/plot_curves.py`` are the same two commands (thin
 wrappers, kept for old command lines). A RUN argument is ``PATH`` or ``LABEL=PATH``; the label (default: the file stem or directory
-name) is the table row and legend name, and matches a published method case-insensitively; which logs
+name) is the table row and legend name (runs sharing a given label are seeds; default labels are never
+shared), and matches a published method case-insensitively; which logs
 are runs (a TensorBoard log folder of runs, a log given twice): rpg.reports.runs.
 """
 

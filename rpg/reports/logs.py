@@ -8,10 +8,13 @@ and say so) and ``read_run`` names every such value in one warning line. Nothing
   line per step, ``{"step": s, "data": {"val-core/aime2024/acc/mean@32": ..., ...}}``, read by the
   rules of ``rpg.common.metrics_file`` (the harness reads its runs by them too): a flat
   ``{"step": s, key: value, ...}`` line is accepted too; a truncated *last* line (run killed while
-  writing) is skipped with a warning; any other unparsable line, a record without a step, a step that
-  is not an integer below 2**63 in size is an error naming the file and line. verl writes with orjson,
+  writing) is skipped with a warning. A W&B run history exported as JSONL reads the same way: a record's
+  step is its first step key (``rpg.common.metrics_file.STEP_KEYS``, the CSV reader's step columns: ``_step``
+  ...), W&B's own keys (``_runtime``, ``_timestamp``) are not metrics. Any other unparsable line, a record
+  without a step, a step that is not an integer below 2**63 in size is an error naming the file and
+  line. verl writes with orjson,
   which turns NaN and ±inf into ``null``: a ``null`` value is read as NaN (and named so in the warning).
-* W&B CSV export: a step column (``_step``, ``Step``, ``step``, ``global_step`` or
+* W&B CSV export: a step column (``STEP_KEYS``: ``_step``, ``Step``, ``step``, ``global_step`` or
   ``trainer/global_step``) plus one column per metric; an empty cell is "not logged at this step".
   Panel exports prefix columns with ``"<run name> - "``; the prefix is removed and
   ``__MIN``/``__MAX`` columns are ignored. One run per file: several run prefixes are an error, and so
@@ -44,12 +47,11 @@ import warnings
 from pathlib import Path
 
 from rpg.common.history import history_warnings, read_segments, segments
-from rpg.common.metrics_file import records, step_of, utf8_text
+from rpg.common.metrics_file import STEP_KEYS, records, step_of, utf8_text
 
 Metrics = dict[str, dict[int, float]]
 
-_STEP_COLUMNS = ("_step", "Step", "step", "global_step", "trainer/global_step")
-_WANDB_SKIP = {"_runtime", "_timestamp", "_wall_time", "Wall time"}
+_WANDB_SKIP = {"_runtime", "_timestamp", "_wall_time", "Wall time", "_wandb"}  # W&B's own, not metrics
 
 
 _NULL = object()  # a JSON null value in the file logger (orjson's NaN / ±inf)
@@ -188,7 +190,7 @@ def read_file_logger(path: str | Path) -> Metrics:
         warnings.warn(f"{path}:{line}: skipping truncated last line ({why})", stacklevel=4)
 
     for line, step, data in records(path, cut):
-        reader.record(step, ((k, _NULL if v is None else v) for k, v in data.items()), line)
+        reader.record(step, ((k, _NULL if v is None else v) for k, v in data.items() if k not in _WANDB_SKIP), line)
     return reader.done()
 
 
@@ -198,9 +200,9 @@ def read_wandb_csv(path: str | Path) -> Metrics:
         reader = csv.DictReader(fh)
         header = reader.fieldnames or []
         same_header(path, header)
-        step_col = next((c for c in _STEP_COLUMNS if c in header), None)
+        step_col = next((c for c in STEP_KEYS if c in header), None)
         if step_col is None:
-            raise ValueError(f"{path}: no step column; expected one of {list(_STEP_COLUMNS)}, got {header}")
+            raise ValueError(f"{path}: no step column; expected one of {list(STEP_KEYS)}, got {header}")
         columns: dict[str, str] = {}
         prefixes = set()
         for col in header:
@@ -314,7 +316,10 @@ def read_run(path: str | Path) -> Metrics:
     elif path.suffix == ".csv":
         metrics = read_wandb_csv(path)
     else:
-        raise ValueError(f"{path}: unknown log format; expected .jsonl (verl file logger), .csv (W&B) or TensorBoard events")
+        raise ValueError(f"{path}: unknown log format ({path.suffix or 'no suffix'}); read are: .jsonl (verl's file "
+                         "logger, or a W&B run history exported one JSON object per line), .csv (a W&B run-history "
+                         "or panel export) and TensorBoard event files or folders; export the W&B history as CSV "
+                         "or JSONL")
     if not metrics:
         raise ValueError(f"{path}: no numeric metrics found")
     for line in notes + history_warnings(path, metrics):

@@ -1,7 +1,11 @@
 """The runs of a report's command line: ``[LABEL=]PATH`` arguments -> ``(label, metrics)``, nothing counted twice.
 
 * A RUN argument is ``PATH`` or ``LABEL=PATH``; the label (default: the file stem or the directory's name)
-  is the table row and legend name. Runs sharing a label are seeds of one method.
+  is the table row and legend name. Runs sharing a label given as ``LABEL=PATH`` are seeds of one method.
+  Default labels are never merged: a run whose default label another run also has (every run folder
+  holds ``metrics.jsonl``) is labelled by its folder (``a/metrics.jsonl`` -> ``a``; more of the folder's
+  path where folders share a name too; the argument as written for two logs of one folder), and one
+  warning line names the labels it got.
 * A TensorBoard log folder in TensorBoard's layout (``LOGDIR/RUN/events.*``, any depth; verl's
   ``tensorboard_log/<project>/<experiment>``) holds several runs: as TensorBoard does, each folder with
   event files is a run named by its path under LOGDIR; ``LABEL=LOGDIR`` reads them as seeds of LABEL.
@@ -30,6 +34,7 @@ class RunArg:
     label: str
     path: Path
     text: str  # how the user wrote it (for messages): the argument, and the run's name in a log folder
+    named: bool = True  # the label was given (LABEL=PATH): runs sharing it are seeds of one method
 
     def reads(self) -> list[Path]:
         return log_files(self.path)
@@ -59,13 +64,53 @@ def run_args(args: list[str]) -> list[RunArg]:
         label, path = _split(arg)
         runs = tensorboard_runs(path) if path.is_dir() and not any(path.glob("*tfevents*")) else []
         if not runs:  # a file, a folder that is one run, or one read_run explains
-            out.append(RunArg(label or parse_run(arg)[0], path, arg))
+            out.append(RunArg(label or parse_run(arg)[0], path, arg, named=label is not None))
             continue
         names = [run_name(path, r) for r in runs]
         what = (f"read as {len(runs)} seeds of {label}" if label else
                 f"each is a run named by its folder (LABEL={arg} reads them as seeds of LABEL)")
         warnings.warn(f"{arg}: a TensorBoard log folder of {len(runs)} runs: {', '.join(names)}; {what}", stacklevel=2)
-        out += [RunArg(label or name, r, f"{arg} (run {name})") for name, r in zip(names, runs)]
+        out += [RunArg(label or name, r, f"{arg} (run {name})", named=label is not None) for name, r in zip(names, runs)]
+    return out
+
+
+def _folder_label(run: RunArg, depth: int) -> str:
+    """The last ``depth`` parts of the run's folder: the file's folder, or the run's own folder."""
+    path = run.path.resolve()
+    folder = path if path.is_dir() else path.parent
+    return "/".join(folder.parts[-depth:]).lstrip("/") or str(folder)
+
+
+def tell_apart(runs: list[RunArg]) -> list[RunArg]:
+    """The runs, each default label that another run also has replaced by the run's folder, with as many
+    of the folder's parts as make the labels distinct (a warning names them); given labels are kept."""
+    count: dict[str, int] = {}
+    for run in runs:
+        count[run.label] = count.get(run.label, 0) + 1
+    clash = [i for i, run in enumerate(runs) if not run.named and count[run.label] > 1]
+    if not clash:
+        return runs
+    kept = {run.label for i, run in enumerate(runs) if i not in clash}
+    depth = dict.fromkeys(clash, 1)
+    deepest = max(len(runs[i].path.resolve().parts) for i in clash)
+    while True:
+        label = {i: _folder_label(runs[i], depth[i]) if depth[i] <= deepest else runs[i].text for i in clash}
+        seen = [*kept, *label.values()]
+        dup = [i for i in clash if seen.count(label[i]) > 1]
+        if not dup or all(depth[i] > deepest for i in dup):
+            break
+        for i in dup:  # more of the folder's path; past its root, the argument as written
+            depth[i] += 1
+    if dup:
+        raise ValueError(f"cannot tell apart the runs {', '.join(runs[i].text for i in dup)}: label each as METHOD=PATH")
+    labels = [label[i] for i in clash]
+    out = list(runs)
+    for i, label in zip(clash, labels):
+        out[i] = RunArg(label, runs[i].path, runs[i].text, named=False)
+    shared = ", ".join(repr(label) for label in dict.fromkeys(runs[i].label for i in clash))
+    names = ", ".join(f"{runs[i].text} as {label!r}" for i, label in zip(clash, labels))
+    warnings.warn(f"runs without a label share the default label {shared}: different runs, not seeds of one method; "
+                  f"each labelled by its folder: {names} (METHOD=PATH labels runs as seeds of METHOD)", stacklevel=2)
     return out
 
 
@@ -95,6 +140,7 @@ def load_runs(args: list[str]) -> list[tuple[str, Metrics]]:
         warnings.simplefilter("always")
         entries = run_args(args)
         check_once(entries)
+        entries = tell_apart(entries)
         for run in entries:
             metrics = read_run(run.path)
             first = seen.setdefault(_fingerprint(metrics), run)

@@ -10,7 +10,8 @@
   NaN is never marked best).
 * Δ = ours − paper. A run is matched to a published row by its label (case-insensitive method
   name, e.g. ``RPG-REINFORCE-URKL``); unmatched runs get empty paper cells and a warning.
-* Runs sharing a label are seeds of one method: the row shows mean ± std (sample std, ddof 1)
+* Runs sharing a label are seeds of one method (``rpg.reports.runs`` lets only a given label be
+  shared; default labels are told apart): the row shows mean ± std (sample std, ddof 1)
   of the per-run Last / Best, and Δ is taken from the mean.
 * As in the paper, the best value of each of our columns is bold and the second best underlined
   (italic in Markdown, which has no underline); ties share the mark. A column needs two rows for

@@ -21,6 +21,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from rpg.common.user_paths import user_folder
 from rpg.study.grid import METHODS, STRESS_METHODS, WEIGHT_ARMS, WEIGHTS_METHOD, Sizes, calibrate, describe, grid, weights_grid
 
 
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     from rpg.study.runner import StudyBusyError, all_records, read_record, run_grid, spec_overrides, status
     from rpg.launch.variants import VariantNameError
 
-    args.out = args.out or Path("outputs") / ("study_async_weights" if args.async_weights else "study")
+    # relative to the current folder, as every run folder a user names (rpg.common.user_paths)
+    args.out = user_folder(args.out or Path("outputs") / ("study_async_weights" if args.async_weights else "study"))
     try:
         sizes = Sizes(args.steps, args.test_freq, args.prompts, args.n, args.val_n)
         if args.async_weights:
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
         if not (math.isfinite(args.timeout) and args.timeout > 0):
             raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout:g}")
-        report_dir = args.report_dir or args.out / "report"
+        report_dir = user_folder(args.report_dir) if args.report_dir else args.out / "report"
         for flag, path in (("--out", args.out), ("--report-dir", report_dir)):
             _folder(flag, path)
     except (ValueError, VariantNameError) as err:

@@ -7,7 +7,8 @@ ERROR_PREFIX = "rpg config error"
 # run the driver under the harness show it on the terminal (``rpg.launch.harness.resume_decision``)
 RESUME_LINE_STARTS = ("rpg: resuming from ", "rpg: fresh start ")
 # The command that resumes a run when a launcher knows it better than the driver's own command line (a job on a
-# Ray cluster is resumed by submitting it again): set by ``rpg.launch.job``, read by the driver's stop line
+# Ray cluster is resumed by submitting it again): set by the launcher (``rpg.common.overrides.resume_command``),
+# read by the driver's stop line
 RESUME_COMMAND_ENV = "RPG_RESUME_COMMAND"
 # The node counts a run submitted to a Ray cluster may take (``rpg.launch``: NNODES as given, and the counts that
 # pass the driver's rules), JSON ``{"nnodes": "1:2", "sizes": [1, 2]}``: the stop line's resume command asks for

@@ -161,16 +161,17 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
 
 
 def driver_resume_command(argv: list[str]) -> str:
-    """The command that resumes this run: the same one, with ``trainer.resume_mode=auto`` (replacing an
-    earlier mode). What Hydra's override parser reads as an override is merged; anything else (Hydra's
-    flags such as ``--config-name x``, other arguments) is kept as given, before the overrides."""
-    from rpg.common.overrides import is_override, merge_overrides
+    """The command that resumes this run, from any folder (``rpg.common.overrides.resume_command``: ``cd`` to
+    this run's folder first): the same one, with ``trainer.resume_mode=auto`` (replacing an earlier mode). What
+    Hydra's override parser reads as an override is merged; anything else (Hydra's flags such as
+    ``--config-name x``, other arguments) is kept as given, before the overrides."""
+    from rpg.common.overrides import is_override, resume_command
 
     script, args = argv[0], argv[1:]
     kinds = [is_override(a) for a in args]
     flags = [a for a, ov in zip(args, kinds) if not ov]
     overrides = [a for a, ov in zip(args, kinds) if ov]
-    return shlex.join([sys.executable, script, *flags, *merge_overrides(overrides, ["trainer.resume_mode=auto"])])
+    return resume_command(shlex.join([sys.executable, script, *flags]), overrides, os.getcwd())
 
 
 
@@ -202,7 +203,8 @@ def run_stopped_line(config: DictConfig, stopped: str, argv: list[str], alive: i
     trainer = config.trainer
     ckpt = last_complete(os.path.abspath(trainer.default_local_dir))  # relative: to the cwd, as verl does
     log = metrics_log(config) or "this process's output"
-    # a job submitted to a Ray cluster is resumed by submitting it again: the launcher's command (rpg.launch.job)
+    # a job submitted to a Ray cluster is resumed by submitting it again: the launcher's command
+    # (rpg.common.overrides.resume_command)
     resume = os.environ.get(RESUME_COMMAND_ENV, "").strip() or driver_resume_command(argv)
     if alive is not None and (plan := os.environ.get(NODE_PLAN_ENV, "").strip()):
         plan = json.loads(plan)

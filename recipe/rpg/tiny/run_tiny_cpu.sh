@@ -2,7 +2,8 @@
 # The tiny end-to-end demo: verl's real trainer (Ray + Hydra + FSDP2 workers + HF rollout + DAPO
 # math reward + validation) on the CPU backend, with a tiny locally built model and task.
 # Prints progress and validation accuracy before/after; writes metrics.jsonl, summary.json and
-# training_curve.png to outputs/tiny_cpu/<time>/ (or OUT=...). A few minutes on 2 cores.
+# training_curve.png to the checkout's outputs/tiny_cpu/<time>/ (or OUT=..., relative to the current folder).
+# A few minutes on 2 cores.
 #
 #   bash recipe/rpg/tiny/run_tiny_cpu.sh                      # 30 steps of RPG-REINFORCE-UFKL, RPG-Style Clip
 #   ALGO=grpo bash recipe/rpg/tiny/run_tiny_cpu.sh            # verl's stock GRPO (k3 KL loss, fixed reference)
@@ -11,7 +12,10 @@
 #   ROLLOUT=vllm PYTHON=.venv-vllm/bin/python bash recipe/rpg/tiny/run_tiny_cpu.sh   # verl's vLLM rollout
 #     (vLLM's CPU build, in the environment of scripts/setup_vllm_cpu.sh; docs/cpu-backend.md)
 set -euo pipefail
-cd "$(dirname "$0")/../../.."
+# Run from the caller's folder (OUT=, ENTRY= and relative paths in overrides are taken from there), with this
+# checkout's rpg first on the path.
+ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 PYTHON="${PYTHON:-python}"
 ARGS=(--algo "${ALGO:-rpg}" --steps "${STEPS:-30}" --test-freq "${TEST_FREQ:-10}")

@@ -12,7 +12,10 @@
 #   GPUS=2 bash recipe/rpg/tiny/run_tiny_gpu.sh          # data parallel over 2 GPUs
 #   OFFLOAD=0 STEPS=6 RESUME_STEPS=2 bash recipe/rpg/tiny/run_tiny_gpu.sh rpg.loss.divergence=urkl
 set -euo pipefail
-cd "$(dirname "$0")/../../.."
+# Run from the caller's folder (OUT=, ENTRY= and relative paths in overrides are taken from there), with this
+# checkout's rpg first on the path.
+ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 PYTHON="${PYTHON:-python}"
 ARGS=(--rollout "${ROLLOUT:-vllm}" --gpus "${GPUS:-1}" --steps "${STEPS:-4}" --resume-steps "${RESUME_STEPS:-2}")
