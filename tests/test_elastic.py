@@ -88,7 +88,8 @@ def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster
     assert "rpg.elastic: starting on 2 node(s) x 1 GPU(s)" in text, text[-3000:]
     t_kill = time.time()
     cluster.raylet("worker").kill()
-    m, t_line = _next(log, r"rpg\.elastic: restart 1/3: .*", proc, 0, timeout=300)
+    lost, t_lost = _next(log, r"rpg: node .* lost .*the elastic supervisor decides", proc, 0, timeout=300)
+    m, t_line = _next(log, r"rpg\.elastic: restart 1/3: .*", proc, lost.end())
     line = m.group(0)
     assert "node 127.0.0.1" in line and "world size 2 x 1 -> 1 x 1" in line and "restarts left 2" in line, line
     resumed = int(re.search(r"\(step (\d+)\)", line).group(1))
@@ -111,10 +112,11 @@ def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster
     assert run_processes(submission) == []  # the supervisor, its lock holder, every trainer: all gone
     record = json.loads((cluster.shared / "ck" / "elastic" / ".rpg_elastic" / "supervisor.json").read_text())
     assert record["submission"] == submission and record["pid"] > 0
-    print(f"node loss -> restart line {t_line - t_kill:.1f} s (detection, Ray shut down, settle, release); "
-          f"-> trainer resuming {t_resume - t_line:.1f} s (a new driver, Ray workers, checks); -> step "
-          f"{resumed + 1} logged {t_step - t_resume:.1f} s (resharded load, rollout, update); total "
-          f"{t_step - t_kill:.1f} s; world sizes per step {sorted(sizes.items())}")
+    print(f"node loss -> the trainer's handover {t_lost - t_kill:.1f} s (Ray's health check, verl's error, Ray shut "
+          f"down) -> restart line {t_line - t_lost:.1f} s (settle, resources released) -> trainer resuming "
+          f"{t_resume - t_line:.1f} s (a new driver: Ray workers, checks) -> step {resumed + 1} logged "
+          f"{t_step - t_resume:.1f} s (workers, resharded load, rollout, update); total {t_step - t_kill:.1f} s; world "
+          f"sizes per step {sorted(sizes.items())}")
 
 
 def test_with_no_restart_left_a_lost_node_stops_the_run_with_a_resume_command_that_fits(cluster, tmp_path):
