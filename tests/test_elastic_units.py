@@ -199,6 +199,17 @@ def test_with_the_budget_spent_the_trainers_stop_line_ends_the_run(tmp_path, cap
     assert len(_calls(script)) == 1
 
 
+def test_a_restart_waits_for_the_old_trainers_resources_or_stops(tmp_path, capsys):
+    """Never a second trainer beside the first one's workers: resources not released in time stop the run."""
+    script = _fake_trainer(tmp_path, [ELASTIC_EXIT, 0])
+    supervisor = _supervisor(_plan(tmp_path, script), alive=[2, 1])
+    supervisor.cluster = Cluster(supervisor.cluster.alive_groups, lambda _gpus: False)
+    assert supervisor.run() == 1
+    captured = capsys.readouterr()
+    assert "were not released within" in captured.out and "rpg: stopped: node 10.0.0.2 lost" in captured.err
+    assert len(_calls(script)) == 1
+
+
 def test_below_min_the_run_stops_and_other_exits_are_the_trainers_own(tmp_path, capsys):
     script = _fake_trainer(tmp_path, [ELASTIC_EXIT])
     assert _supervisor(_plan(tmp_path, script, low=2, sizes=(2,)), alive=[2, 1]).run() == 1

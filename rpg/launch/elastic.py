@@ -201,10 +201,20 @@ class Supervisor:
             time.sleep(self.poll_s)
         return k
 
-    def wait_released(self, nnodes: int) -> None:
+    def wait_released(self, nnodes: int) -> bool:
+        """Whether the previous trainer's Ray resources were released (its workers gone: none of them writes into
+        the checkpoint folder any more) and ``nnodes`` nodes' GPUs are free, within ``release_timeout_s``."""
         deadline = time.time() + self.release_timeout_s
-        while not self.cluster.released(nnodes * self.plan.gpus_per_node) and time.time() < deadline:
+        while not (free := self.cluster.released(nnodes * self.plan.gpus_per_node)) and time.time() < deadline:
             time.sleep(self.poll_s)
+        return free
+
+    def not_released(self, nnodes: int, stop_line: str) -> int:
+        say(f"the previous trainer's Ray actors or {nnodes * self.plan.gpus_per_node} GPU(s) were not released within "
+            f"{self.release_timeout_s:.0f} s (ray list actors; ray status): the run stops rather than start a second "
+            "trainer beside them")
+        print(stop_line, file=sys.stderr, flush=True)
+        return 1
 
     def start(self, nnodes: int, attempt: int) -> Path:
         status = self.plan.folder / STATE_DIR / f"attempt-{attempt}.json"
@@ -257,8 +267,10 @@ class Supervisor:
             attempt += 1
             old = k
             if grow:
-                self.wait_released(self.choose() or k)
                 k = self.choose() or k
+                if not self.wait_released(k):
+                    return self.not_released(k, "rpg.elastic: the trainer was stopped to grow: its stop line above "
+                                                "names the command that resumes the run")
                 resumed = last_complete(plan.folder)
                 say(f"grown: world size {old} x {g} -> {k} x {g}; resuming {resumed} (restarts left {restarts_left})")
                 continue
@@ -275,7 +287,8 @@ class Supervisor:
                     "the run stops")
                 print(stop_line, file=sys.stderr, flush=True)
                 return 1
-            self.wait_released(k)
+            if not self.wait_released(k):
+                return self.not_released(k, stop_line)
             moved = set_aside_incomplete(plan.folder, attempt)
             resumed = last_complete(plan.folder)
             step = 0 if resumed is None else int(resumed.name.removeprefix("global_step_"))
