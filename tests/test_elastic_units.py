@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from rpg.common.nnodes import NodeCount, largest_fit, nnodes_for_resume, parse_nnodes, resized_values, with_nnodes
-from rpg.launch.elastic import JOB_CONFIG_ENV, Cluster, Plan, Supervisor, attempt_env, parse_args, set_aside_incomplete
+from rpg.launch.elastic.cluster import Cluster
+from rpg.launch.elastic.plan import JOB_CONFIG_ENV, Plan, attempt_env, parse_args, set_aside_incomplete, wandb_run_id
+from rpg.launch.elastic.supervisor import Supervisor
 from rpg.launch.request import DEFAULT_MAX_RESTARTS, LaunchError, LaunchRequest
 from rpg.verl.checkpoints import MARKER
 from rpg.verl.errors import ELASTIC_EXIT, ELASTIC_STATUS_ENV
@@ -52,20 +54,23 @@ def _sequences_per_step(values: dict, micro: str) -> int:
     return values[micro] * values["trainer.nnodes"] * values["trainer.n_gpus_per_node"]
 
 
-def test_resizing_keeps_every_micro_batch_step_the_same_size_over_all_ranks():
-    # the tiny task at 2 nodes x 1 rank: 64 responses per mini-batch, 16 per micro-batch each
+def test_resizing_keeps_the_micro_batches_of_a_smaller_world_and_splits_them_for_a_larger_one():
+    # the tiny task at 2 nodes x 1 rank: 64 responses per mini-batch, 32 per rank and micro-batch
     current = {"trainer.nnodes": 2, "trainer.n_gpus_per_node": 1,
                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 32,
                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 64,
                "actor_rollout_ref.actor.ppo_mini_batch_size": 8, "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": None}
-    for k in (1, 2, 4):
+    micros = ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu")
+    for k in (1, 2):  # a rank's share grows: more micro-batches of the same size (the same memory per GPU)
         changed = resized_values(current, k)
-        after = {**current, **changed}
-        assert after["trainer.nnodes"] == k and after["actor_rollout_ref.actor.ppo_mini_batch_size"] == 8  # global
-        for micro in ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-                      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"):
-            assert _sequences_per_step(after, micro) == _sequences_per_step(current, micro)
-        assert "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu" not in changed  # unset: verl's default
+        assert changed["trainer.nnodes"] == k and all(changed[m] == current[m] for m in micros), changed
+    changed = resized_values(current, 4)  # a rank's share shrinks: the same sequences per micro-batch step
+    after = {**current, **changed}
+    for m in micros:
+        assert _sequences_per_step(after, m) == _sequences_per_step(current, m)
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size" not in changed  # global: never changed
+    assert "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu" not in changed  # unset: verl's default
     with pytest.raises(ValueError, match="does not re-split evenly over 3 x 1 ranks"):
         resized_values(current, 3)
 
@@ -101,7 +106,7 @@ def test_the_supervisors_command_line(tmp_path):
             parse_args(bad)
         assert e.value.code == 2
     cmd = _plan(tmp_path, Path("main.py")).command(1, resume=True)
-    assert "trainer.nnodes=1" in cmd and "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64" in cmd
+    assert "trainer.nnodes=1" in cmd and "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32" in cmd
     assert cmd.count("trainer.resume_mode=auto") == 1 and "trainer.nnodes=2" not in cmd
     assert "trainer.resume_mode=auto" not in _plan(tmp_path, Path("main.py")).command(2, resume=False)
 
@@ -110,28 +115,40 @@ def test_each_attempt_has_its_own_rendezvous_and_the_same_wandb_run_for_its_work
     job = {"runtime_env": {"env_vars": {"DIST_INIT_METHOD": "file:///ck/.rendezvous/rpg-1", "A": "b"}},
            "metadata": {"job_submission_id": "rpg-1"}}
     environ = {"DIST_INIT_METHOD": "file:///ck/.rendezvous/rpg-1", JOB_CONFIG_ENV: json.dumps(job)}
-    envs = [attempt_env(environ, a, tmp_path / f"s{a}", Path("/ck")) for a in (0, 1)]
+    envs = [attempt_env(environ, a, tmp_path / f"s{a}", "run1") for a in (0, 1)]
     workers = [json.loads(e[JOB_CONFIG_ENV])["runtime_env"]["env_vars"] for e in envs]
     assert envs[0]["DIST_INIT_METHOD"] != envs[1]["DIST_INIT_METHOD"]
     assert [w["DIST_INIT_METHOD"] for w in workers] == [e["DIST_INIT_METHOD"] for e in envs]
-    assert envs[0]["WANDB_RUN_ID"] == envs[1]["WANDB_RUN_ID"] == workers[1]["WANDB_RUN_ID"]
+    assert envs[0]["WANDB_RUN_ID"] == envs[1]["WANDB_RUN_ID"] == workers[1]["WANDB_RUN_ID"] == "run1"
     assert workers[0]["A"] == "b" and envs[1][ELASTIC_STATUS_ENV] == str(tmp_path / "s1")
-    assert attempt_env({"WANDB_RUN_ID": "mine"}, 0, tmp_path, Path("/ck"))["WANDB_RUN_ID"] == "mine"
+
+
+def test_the_wandb_run_is_kept_while_there_is_a_checkpoint_to_continue(tmp_path):
+    plan = _plan(tmp_path, Path("main.py"))
+    first = wandb_run_id(plan, {})
+    assert wandb_run_id(plan, {}) != first  # no complete checkpoint: a fresh run, a new W&B run
+    again = wandb_run_id(plan, {})
+    _complete(plan.folder, 2)
+    assert wandb_run_id(plan, {}) == again  # a checkpoint to continue: the same W&B run, later jobs too
+    assert wandb_run_id(plan, {"WANDB_RUN_ID": "mine"}) == "mine"
+
+
+def _complete(folder: Path, step: int) -> Path:
+    import zipfile
+
+    d = folder / f"global_step_{step}"
+    (d / "actor").mkdir(parents=True)
+    with zipfile.ZipFile(d / "data.pt", "w") as z:
+        z.writestr("x", "y")
+    (d / MARKER).write_text(json.dumps({"files": {}}))
+    return d
 
 
 def test_step_folders_without_their_marker_above_the_last_complete_are_set_aside_not_deleted(tmp_path):
-    for step, complete in ((1, True), (2, True), (3, False)):
-        d = tmp_path / f"global_step_{step}"
-        (d / "actor").mkdir(parents=True)
-        (d / "data.pt").write_bytes(b"")
-        if complete:
-            (d / MARKER).write_text(json.dumps({"files": {}}))
+    _complete(tmp_path, 1)
+    _complete(tmp_path, 2)
+    (tmp_path / "global_step_3" / "actor").mkdir(parents=True)  # a save cut short
     (tmp_path / "global_step_0").mkdir()  # below the last complete one: left as it is
-    import zipfile
-
-    for step in (1, 2, 3):
-        with zipfile.ZipFile(tmp_path / f"global_step_{step}" / "data.pt", "w") as z:
-            z.writestr("x", "y")
     assert set_aside_incomplete(tmp_path, 1) == ["global_step_3.incomplete-a1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_0", "global_step_1", "global_step_2",
                                                           "global_step_3.incomplete-a1"]
@@ -164,15 +181,16 @@ def _calls(script: Path) -> list[list[str]]:
     return [json.loads(x) for x in script.with_suffix(".calls").read_text().splitlines()]
 
 
-def _supervisor(plan: Plan, alive: list[int]) -> Supervisor:
-    """``alive``: the alive node counts the fake cluster reports, one per question (the last one repeats)."""
-    answers = list(alive)
+def _supervisor(plan: Plan, alive: list[int], free: list[int] | None = None, released: bool = True) -> Supervisor:
+    """A supervisor of fake trainers on a fake cluster: ``alive`` and ``free`` (default: ``alive``) are the node
+    counts it reports, one per question (the last one repeats)."""
+    def answers(values: list[int]):
+        left = list(values)
+        return lambda _gpus: left.pop(0) if len(left) > 1 else left[0]
 
-    def alive_groups(_gpus: int) -> int:
-        return answers.pop(0) if len(answers) > 1 else answers[0]
-
-    return Supervisor(plan, Cluster(alive_groups, lambda _gpus: True), {}, settle_s=0, wait_for_nodes_s=0.2,
-                      release_timeout_s=0.2, poll_s=0.05)
+    cluster = Cluster(answers(alive), answers(alive if free is None else free), lambda _job: released)
+    return Supervisor(plan, cluster, {}, settle_s=0, wait_for_nodes_s=0.2, release_timeout_s=0.2, hang_s=0.3,
+                      poll_s=0.05)
 
 
 def test_a_node_loss_restarts_the_trainer_at_the_size_that_remains(tmp_path, capsys):
@@ -183,7 +201,7 @@ def test_a_node_loss_restarts_the_trainer_at_the_size_that_remains(tmp_path, cap
     first, second = _calls(script)
     assert "trainer.nnodes=2" in first and not any(a.startswith("trainer.resume_mode") for a in first)
     assert "trainer.nnodes=1" in second and "trainer.resume_mode=auto" in second
-    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64" in second  # global batch kept
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32" in second  # global batch kept
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "restart 1/1" in x)
     assert "node 10.0.0.2 (id ab) lost (X)" in line and "world size 2 x 1 -> 1 x 1" in line
@@ -199,15 +217,33 @@ def test_with_the_budget_spent_the_trainers_stop_line_ends_the_run(tmp_path, cap
     assert len(_calls(script)) == 1
 
 
-def test_a_restart_waits_for_the_old_trainers_resources_or_stops(tmp_path, capsys):
-    """Never a second trainer beside the first one's workers: resources not released in time stop the run."""
+def test_a_restart_waits_for_the_old_trainers_ray_job_to_be_gone_or_stops(tmp_path, capsys):
+    """Never a second trainer beside the first one's workers: a Ray job not gone in time stops the run."""
     script = _fake_trainer(tmp_path, [ELASTIC_EXIT, 0])
-    supervisor = _supervisor(_plan(tmp_path, script), alive=[2, 1])
-    supervisor.cluster = Cluster(supervisor.cluster.alive_groups, lambda _gpus: False)
-    assert supervisor.run() == 1
+    assert _supervisor(_plan(tmp_path, script), alive=[2, 1], released=False).run() == 1
     captured = capsys.readouterr()
-    assert "were not released within" in captured.out and "rpg: stopped: node 10.0.0.2 lost" in captured.err
+    assert "Ray job was not gone within" in captured.out and "rpg: stopped: node 10.0.0.2 lost" in captured.err
     assert len(_calls(script)) == 1
+
+
+def test_a_trainer_waiting_on_a_lost_node_is_stopped_and_restarted(tmp_path, capsys):
+    """Fewer nodes alive than the trainer runs on, and it does not stop (verl waiting on a placement group or a
+    collective): the supervisor stops it and restarts it on what remains, counting a restart."""
+    script = tmp_path / "trainer.py"
+    script.write_text("""
+import json, sys, time
+from pathlib import Path
+calls = Path(sys.argv[0]).with_suffix(".calls")
+with calls.open("a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+if len(calls.read_text().splitlines()) == 1:
+    time.sleep(60)  # hangs; SIGTERM's default action ends it
+""")
+    assert _supervisor(_plan(tmp_path, script), alive=[2, 2, 2, 1], free=[2, 0, 0, 0, 1]).run() == 0
+    first, second = _calls(script)
+    assert "trainer.nnodes=2" in first and "trainer.nnodes=1" in second and "trainer.resume_mode=auto" in second
+    out = capsys.readouterr().out
+    assert "has not stopped (waiting on a lost node): stopping it" in out and "restart 1/1" in out
 
 
 def test_below_min_the_run_stops_and_other_exits_are_the_trainers_own(tmp_path, capsys):
@@ -221,20 +257,24 @@ def test_below_min_the_run_stops_and_other_exits_are_the_trainers_own(tmp_path, 
         assert len(_calls(script)) == 1
 
 
-def test_nodes_back_grow_the_run_at_the_next_complete_checkpoint(tmp_path, capsys):
-    """The trainer runs at 1 node; a second one joins; when a newer complete checkpoint appears the supervisor stops
-    the trainer (SIGTERM) and starts it at 2 nodes, resuming; growing costs no restart."""
+def test_nodes_back_grow_the_run_at_the_next_complete_checkpoint(tmp_path, capfd):
+    """The trainer runs at 1 node; a second one is free; when a newer complete checkpoint appears the supervisor asks
+    the trainer to stop (a grow request, then SIGTERM) and starts it at 2 nodes, resuming; growing costs no restart."""
     script = tmp_path / "trainer.py"
     ck = tmp_path / "ck"
     script.write_text(f"""
-import json, signal, sys, time, zipfile
+import json, os, signal, sys, time, zipfile
 from pathlib import Path
 calls = Path(sys.argv[0]).with_suffix(".calls")
 with calls.open("a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
 if len(calls.read_text().splitlines()) > 1:
     sys.exit(0)
-signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+status = Path(os.environ["RPG_ELASTIC_STATUS"])
+def stop(*_):
+    print("GROW-REQUEST=" + str(status.with_suffix(".grow").is_file()), flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
 time.sleep(0.5)
 d = Path({str(ck)!r}) / "global_step_1"
 (d / "actor").mkdir(parents=True)
@@ -245,11 +285,12 @@ time.sleep(60)
 sys.exit(1)
 """)
     plan = _plan(tmp_path, script, restarts=0, nnodes=2)
-    assert _supervisor(plan, alive=[1, 1, 2]).run() == 0
+    assert _supervisor(plan, alive=[2], free=[1, 1, 1, 2]).run() == 0
     first, second = _calls(script)
     assert "trainer.nnodes=1" in first and "trainer.nnodes=2" in second and "trainer.resume_mode=auto" in second
-    out = capsys.readouterr().out
-    assert "growing at the next checkpoint" in out and "grown: world size 1 x 1 -> 2 x 1" in out
+    out = capfd.readouterr().out
+    assert "GROW-REQUEST=True" in out and "growing at the next checkpoint" in out
+    assert "grown at a checkpoint: world size 1 x 1 -> 2 x 1" in out
 
 
 # ----------------------------------------------------------------------------- the launcher
@@ -289,6 +330,8 @@ def test_an_elastic_submission_runs_the_supervisor_with_the_counts_that_keep_the
     ({"NNODES": "1:2"}, ["trainer.v1.trainer_mode=colocate_async"], "trainer.v1.trainer_mode=colocate_async cannot "
                                                                    "resume"),
     ({"NNODES": "1:2"}, ["trainer.save_freq=-1"], "trainer.save_freq=-1 saves none"),
+    ({"NNODES": "1:2"}, ["algorithm.adv_estimator=gae", "critic.enable=true"], "its checkpoint is not resharded"),
+    ({"NNODES": "1:2"}, ["actor_rollout_ref.actor.strategy=fsdp"], "only fsdp2 checkpoints load at another world"),
 ])
 def test_what_an_elastic_run_cannot_do_is_refused_before_it_is_queued(capsys, env, argv, says):
     rc, err, _ = _launch(capsys, PAPER, *argv, **env)

@@ -3,10 +3,12 @@ can take, and the per-GPU micro-batches re-split for another node count.
 
 A run's world is ``trainer.nnodes x trainer.n_gpus_per_node`` data-parallel ranks. verl's batch sizes
 (``data.train_batch_size``, ``ppo_mini_batch_size``) are global: at another world size each rank takes another
-share of the same mini-batch, and the optimization is the same (the data-parallel equivalence tests). Only the
-keys counted per GPU change: a ``*_micro_batch_size_per_gpu`` value ``m`` chosen for world ``W`` becomes
-``m * W / W'`` at world ``W'`` (the same sequences per micro-batch step across all ranks), which must be an integer.
-Token budgets per GPU (``use_dynamic_bsz``: every paper run) are kept as they are.
+share of the same mini-batch, and the optimization is the same (gradients accumulate over micro-batches; the
+data-parallel equivalence tests). Only the keys counted per GPU may have to change: a
+``*_micro_batch_size_per_gpu`` value ``m`` chosen for world ``W`` is kept at a smaller world ``W'`` (each rank's
+share grows: more micro-batches of the same size, the same memory per GPU) and becomes ``m * W / W'`` at a larger
+one (each rank's share shrinks), which must be an integer. Whether ``m`` divides a rank's share at ``W'`` is one of
+the driver's rules (``rpg.verl.verl_rules``). Token budgets per GPU (``use_dynamic_bsz``: every paper run) stay.
 """
 
 from __future__ import annotations
@@ -44,20 +46,22 @@ def parse_nnodes(raw: str, key: str = "NNODES") -> NodeCount:
 
 
 def resized_values(current: Mapping[str, Any], nnodes: int) -> dict[str, Any]:
-    """The values that change when the run of ``current`` (dotted keys: ``trainer.nnodes``,
-    ``trainer.n_gpus_per_node`` and any ``*_micro_batch_size_per_gpu``) moves to ``nnodes`` nodes: the node
-    count and each integer per-GPU micro-batch re-split (module text). ``ValueError`` (one line) when a
-    micro-batch does not split evenly."""
+    """The values of the run of ``current`` (dotted keys: ``trainer.nnodes``, ``trainer.n_gpus_per_node`` and any
+    ``*_micro_batch_size_per_gpu``) on ``nnodes`` nodes: the node count and each integer per-GPU micro-batch, kept or
+    re-split (module text). ``ValueError`` (one line) when a micro-batch does not split evenly."""
     old, gpus = int(current.get(NNODES_KEY, 1)), int(current.get(GPUS_KEY, 1))
     out: dict[str, Any] = {NNODES_KEY: nnodes}
     for key, value in current.items():
         if not key.endswith(MICRO_SUFFIX) or isinstance(value, bool) or not isinstance(value, int):
             continue
         total = value * old * gpus  # sequences per micro-batch step over all ranks
-        if total % (nnodes * gpus):
+        if nnodes <= old:
+            out[key] = value
+        elif total % (nnodes * gpus):
             raise ValueError(f"{key}={value} at {old} x {gpus} ranks does not re-split evenly over {nnodes} x {gpus} "
                              f"ranks ({total} sequences per micro-batch step)")
-        out[key] = total // (nnodes * gpus)
+        else:
+            out[key] = total // (nnodes * gpus)
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -90,6 +91,21 @@ def check_elastic(cfg: DictConfig, req: LaunchRequest, user: Sequence[str]) -> N
                           f"trainer.save_freq={cfg.trainer.save_freq} saves none: set trainer.save_freq=N")
 
 
+def check_reshardable(cfg: DictConfig, count: NodeCount) -> None:
+    """An elastic run that may change its world size must resume at another one (``rpg.verl.resume_world_size``)."""
+    from verl.trainer.ppo.utils import need_critic
+
+    from rpg.verl.resume_world_size import reshard_problem
+
+    strategy = str(OmegaConf.select(cfg, "actor_rollout_ref.actor.strategy", default="fsdp2"))
+    with warnings.catch_warnings():  # need_critic warns when it disables a critic; the driver's checks say it once
+        warnings.simplefilter("ignore")
+        critic = need_critic(cfg)
+    if (why := reshard_problem(strategy, critic)) is not None:
+        raise LaunchError(f"NNODES={count} (elastic) restarts at another world size, which this run cannot: {why}; "
+                          f"use NNODES=MIN:MAX with MIN = MAX")
+
+
 def plan_nodes(overrides: Sequence[str], req: LaunchRequest, user: Sequence[str], root: Path):
     """The job's node count and its allowed sizes, its overrides (an elastic run: at the largest allowed count, where
     it starts when the nodes are there), the composed and checked config (``rpg.launch.plan.compose``) and the job
@@ -103,6 +119,8 @@ def plan_nodes(overrides: Sequence[str], req: LaunchRequest, user: Sequence[str]
     if count.elastic:
         check_elastic(raw, req, user)
     sizes = node_sizes(raw, count)
+    if count.elastic and len(sizes) > 1:
+        check_reshardable(raw, count)
     if count.elastic:
         changed = resized_values(_world_values(raw), max(sizes))
         overrides = merge_overrides(list(overrides), [f"{k}={v}" for k, v in changed.items()])

@@ -89,8 +89,21 @@ def tiny_launch_overrides(backend_name: str, steps: int = 2, world_size: int = 1
 def tiny_world_overrides(req: LaunchRequest) -> list[str]:
     """The world size of a tiny-task run: 1 x 1 unless the environment sets ``NNODES`` / ``N_GPUS_PER_NODE``
     (the GPU default of 8 ranks per node is not the CPU backend's: a CPU run asks for ranks explicitly);
-    the user's ``trainer.nnodes`` / ``trainer.n_gpus_per_node`` overrides win over both."""
-    ov = [f"trainer.nnodes={req.nnodes}"] if req.nnodes else []
+    the user's ``trainer.nnodes`` / ``trainer.n_gpus_per_node`` overrides win over both. An elastic ``NNODES=MIN:MAX``
+    is planned at its largest count whose world the tiny task splits (the launcher then checks every count)."""
+    nnodes = req.nnodes
+    if req.elastic:
+        from rpg.tiny.overrides import check_world_size
+
+        gpus = req.n_gpus_per_node or 1
+        for k in range(req.node_count.high, req.node_count.low - 1, -1):
+            try:
+                check_world_size(k * gpus)
+            except ValueError:
+                continue
+            nnodes = k
+            break
+    ov = [f"trainer.nnodes={nnodes}"] if nnodes else []
     return ov + ([f"trainer.n_gpus_per_node={req.n_gpus_per_node}"] if req.n_gpus_per_node else [])
 
 

@@ -54,6 +54,18 @@ def alive_nodes() -> list[dict]:
             for n in ray.nodes() if n.get("Alive")]
 
 
+def alive_groups(gpus: int) -> int:
+    """How many alive nodes can each hold a rank group (``gpus`` GPUs in all)."""
+    return sum(1 for n in alive_nodes() if n["gpus"] >= gpus)
+
+
+def free_groups(gpus: int) -> int:
+    """How many alive nodes have ``gpus`` GPUs free now (Ray's available resources: not held by any job)."""
+    from ray._private.state import available_resources_per_node
+
+    return sum(1 for free in available_resources_per_node().values() if free.get("GPU", 0) >= gpus)
+
+
 def capacity_problem(nodes: list[dict], nnodes: int, gpus_per_node: int) -> str | None:
     """Why ``nodes`` cannot hold ``nnodes`` x ``gpus_per_node`` ranks (one line naming the counts), or None."""
     fitting = [n for n in nodes if n["gpus"] >= gpus_per_node]
@@ -144,9 +156,8 @@ class ClusterRun:
     def alive_groups(self) -> int | None:
         """How many alive nodes can each hold a rank group (``trainer.n_gpus_per_node`` GPUs); None when Ray cannot
         say (its GCS gone)."""
-        need = int(self.config.trainer.n_gpus_per_node)
         try:
-            return sum(1 for n in alive_nodes() if n["gpus"] >= need)
+            return alive_groups(int(self.config.trainer.n_gpus_per_node))
         except Exception:  # noqa: BLE001 - the GCS itself is gone
             return None
 

@@ -18,3 +18,6 @@ NODE_PLAN_ENV = "RPG_NODE_PLAN"
 # it stopped when a node was lost, exiting with ELASTIC_EXIT instead of printing the stop line
 ELASTIC_STATUS_ENV = "RPG_ELASTIC_STATUS"
 ELASTIC_EXIT = 75  # EX_TEMPFAIL: a node of the run was lost; the supervisor decides whether the run goes on
+# Beside that status file: the trainer's Ray job id, written once Ray is up (the supervisor waits for that job to be
+# gone before it starts another trainer), and the supervisor's request to grow, written before its SIGTERM
+ELASTIC_JOB_SUFFIX, ELASTIC_GROW_SUFFIX = ".job", ".grow"

@@ -44,7 +44,8 @@ from rpg.backends.registry import backend
 from rpg.common.history import PATH_ENV, base_path, claim_segment, logs_to_file, restore_step_record
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.config import RPGConfigError, RPGSettings
-from rpg.verl.errors import ELASTIC_EXIT, ELASTIC_STATUS_ENV, NODE_PLAN_ENV, RESUME_COMMAND_ENV
+from rpg.verl.errors import (ELASTIC_EXIT, ELASTIC_GROW_SUFFIX, ELASTIC_JOB_SUFFIX, ELASTIC_STATUS_ENV, NODE_PLAN_ENV,
+                             RESUME_COMMAND_ENV)
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
 from rpg.verl.describe import describe
 from rpg.verl.checks import resume_hint
@@ -235,8 +236,12 @@ def stop_on_signals(config: DictConfig, argv: list[str] | None = None):
         stop = StopSignal(handlers.received[0])
         if ray.is_initialized():
             ray.shutdown()
+        line = signal_stop_line(config, stop.name, list(sys.argv if argv is None else argv))
+        status = os.environ.get(ELASTIC_STATUS_ENV, "").strip()
+        if status and Path(status).with_suffix(ELASTIC_GROW_SUFFIX).is_file():
+            line = f"rpg: stopped by {stop.name} from the elastic supervisor, which restarts the run on more nodes"
         with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
-            print(signal_stop_line(config, stop.name, list(sys.argv if argv is None else argv)), file=sys.stderr, flush=True)
+            print(line, file=sys.stderr, flush=True)
         sys.exit(stop.code)
     finally:
         with contextlib.suppress(ValueError):
@@ -283,6 +288,8 @@ def main_from_hydra(config: DictConfig) -> None:
     def after_init():
         cluster.checks_after_ray_init()
         held.extend(hold_checkpoint_folder(config))
+        if (status := os.environ.get(ELASTIC_STATUS_ENV, "").strip()):  # whose Ray job the supervisor waits for
+            Path(status).with_suffix(ELASTIC_JOB_SUFFIX).write_text(ray.get_runtime_context().get_job_id())
 
     with stop_on_signals(config), _removed(rendezvous_file()):
         try:

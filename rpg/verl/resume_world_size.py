@@ -60,6 +60,20 @@ def world_size(n_gpus_per_node, nnodes) -> int | None:
     return n_gpus_per_node * nnodes
 
 
+RESHARD_STRATEGY = "fsdp2"  # the actor strategy whose checkpoints load at another world size
+
+
+def reshard_problem(strategy: str, critic: bool) -> str | None:
+    """Why a run with the actor's ``strategy`` (and a critic or not) cannot resume at another world size, or None."""
+    if strategy != RESHARD_STRATEGY:
+        return (f"actor_rollout_ref.actor.strategy={strategy}: only {RESHARD_STRATEGY} checkpoints load at another "
+                "world size")
+    if critic:
+        return ("a critic (algorithm.adv_estimator=gae): its checkpoint is not resharded (only the actor and the "
+                "reference are)")
+    return None
+
+
 def world_size_change(folder: str | os.PathLike, current: int, strategy: str = "fsdp2") -> tuple[str | None, str | None]:
     """(problem, note) of resuming checkpoint ``folder`` (a ``global_step_N``) at world size ``current`` with
     the actor's ``strategy``: (None, None) when it was saved at ``current`` (or holds no sharded actor);
@@ -77,7 +91,7 @@ def world_size_change(folder: str | os.PathLike, current: int, strategy: str = "
                f"run from its Hugging Face model (python -m verl.model_merger merge --backend fsdp --local_dir {actor} "
                f"--target_dir <dir>; actor_rollout_ref.model.path=<dir>)")
     version = _fsdp_version(actor)
-    if version not in (None, 2) or strategy != "fsdp2":
+    if version not in (None, 2) or strategy != RESHARD_STRATEGY:
         what = f"saved by FSDP{version}" if version not in (None, 2) else f"this run's actor strategy is {strategy}"
         return f"{both} and {what}: only FSDP2 checkpoints (DTensor shards) load at another world size; {way_out}", None
     # a kind saved by some rank must be there for every rank (a kind nobody saved is verl's own business)

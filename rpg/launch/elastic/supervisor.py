@@ -1,0 +1,194 @@
+"""The elastic supervisor's decisions (``rpg.launch.elastic``): start the trainer at a node count, restart it after
+a node loss, grow it when nodes come back, stop when it cannot go on."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from rpg.common.nnodes import largest_fit
+from rpg.launch.elastic.cluster import Cluster
+from rpg.launch.elastic.plan import Plan, attempt_env, set_aside_incomplete, wandb_run_id
+from rpg.verl.errors import ELASTIC_EXIT, ELASTIC_GROW_SUFFIX, ELASTIC_JOB_SUFFIX
+
+PREFIX = "rpg.elastic:"
+POLL_S = 2.0
+SETTLE_S = 10.0  # after a loss, before counting nodes again: losses come in groups (a rack, a preemption wave)
+WAIT_FOR_NODES_S = 300.0  # below MIN after a loss: how long to wait for nodes to come back
+RELEASE_TIMEOUT_S = 180.0  # for the old trainer's Ray job to be gone
+HANG_S = 180.0  # fewer nodes alive than the trainer runs on, and the trainer still running: it waits on a dead node
+STOP_WAIT_S = 120.0  # for the trainer's own stop (its stop line) after a SIGTERM
+
+
+def say(line: str) -> None:
+    print(f"{PREFIX} {line}", flush=True)
+
+
+def _step(checkpoint: Path | None) -> int:
+    return 0 if checkpoint is None else int(checkpoint.name.removeprefix("global_step_"))
+
+
+def _prctl():
+    """libc's ``prctl``, resolved here, before any fork (None where there is none)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+@dataclass
+class Supervisor:
+    plan: Plan
+    cluster: Cluster
+    environ: Mapping[str, str]
+    settle_s: float = SETTLE_S
+    wait_for_nodes_s: float = WAIT_FOR_NODES_S
+    release_timeout_s: float = RELEASE_TIMEOUT_S
+    hang_s: float = HANG_S
+    poll_s: float = POLL_S
+    child: subprocess.Popen | None = None
+    status: Path | None = None  # the running attempt's status file
+    stop_line: str | None = None  # the last trainer's stop line (printed when the run ends without it)
+
+    # ------------------------------------------------------------------ what the cluster holds
+    def _count(self, ask) -> int | None:
+        try:
+            return ask(self.plan.gpus_per_node)
+        except Exception:  # noqa: BLE001 - the GCS or the dashboard did not answer this time: ask again later
+            return None
+
+    def choose(self, running: int = 0) -> int | None:
+        """The largest allowed count the nodes with free GPUs can hold, with the ``running`` trainer's own."""
+        free = self._count(self.cluster.free_groups)
+        return None if free is None else largest_fit(self.plan.sizes, free + running)
+
+    def wait_for_size(self, timeout_s: float) -> int | None:
+        deadline = time.time() + timeout_s
+        while (k := self.choose()) is None and time.time() < deadline:
+            time.sleep(self.poll_s)
+        return k
+
+    def wait_released(self) -> bool:
+        """Whether the last trainer's Ray job is gone (none of its workers writes into the checkpoint folder any
+        more), within ``release_timeout_s``."""
+        job = self.status.with_suffix(ELASTIC_JOB_SUFFIX) if self.status is not None else None
+        job_id = job.read_text().strip() if job is not None and job.is_file() else None
+        deadline = time.time() + self.release_timeout_s
+        while True:
+            try:
+                if self.cluster.released(job_id):
+                    return True
+            except Exception:  # noqa: BLE001 - Ray's state API did not answer: ask again
+                pass
+            if time.time() > deadline:
+                return False
+            time.sleep(self.poll_s)
+
+    # ------------------------------------------------------------------ the trainer
+    def start(self, nnodes: int, attempt: int) -> None:
+        moved = set_aside_incomplete(self.plan.folder, attempt)
+        if moved:
+            say(f"set aside step folder(s) without their marker (a save cut short): {', '.join(moved)}")
+        self.status = self.plan.state / f"attempt-{attempt}.json"
+        self.status.parent.mkdir(parents=True, exist_ok=True)
+        for suffix in (".json", ELASTIC_JOB_SUFFIX, ELASTIC_GROW_SUFFIX):
+            self.status.with_suffix(suffix).unlink(missing_ok=True)
+        env = attempt_env(self.environ, attempt, self.status, wandb_run_id(self.plan, self.environ))
+        prctl = _prctl()
+        self.child = subprocess.Popen(self.plan.command(nnodes, resume=attempt > 0), env=env,
+                                      preexec_fn=None if prctl is None else lambda: prctl(1, signal.SIGTERM))
+
+    def stop_child(self) -> int:
+        """SIGTERM to the trainer (it prints its stop line), SIGKILL after ``STOP_WAIT_S``; its exit code."""
+        if self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)
+            try:
+                self.child.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.child.kill()
+                self.child.wait()
+        return self.child.returncode
+
+    def run_child(self, nnodes: int) -> tuple[int, str | None]:
+        """Wait for the trainer; returns its exit code and why the supervisor stopped it ("grow", "hang") or None."""
+        from rpg.verl.checkpoints import last_complete
+
+        mark = None  # the last complete checkpoint when a larger count became possible
+        short_since = None  # since when fewer nodes are alive than the trainer runs on
+        while (rc := self.child.poll()) is None:
+            time.sleep(self.poll_s)
+            alive = self._count(self.cluster.alive_groups)
+            short_since = (short_since or time.time()) if alive is not None and alive < nnodes else None
+            if short_since is not None and time.time() - short_since > self.hang_s:
+                say(f"{alive} node(s) alive of the {nnodes} the trainer runs on for {self.hang_s:.0f} s and it has not "
+                    "stopped (waiting on a lost node): stopping it")
+                return self.stop_child(), "hang"
+            bigger = self.choose(running=nnodes)
+            if bigger is None or bigger <= nnodes:
+                mark = None
+                continue
+            latest = last_complete(self.plan.folder)
+            if mark is None:
+                mark = (latest,)
+                say(f"{bigger} node(s) can hold the run now (it runs on {nnodes}): growing at the next checkpoint")
+            elif latest != mark[0]:
+                self.status.with_suffix(ELASTIC_GROW_SUFFIX).write_text(str(bigger))
+                return self.stop_child(), "grow"
+        return rc, None
+
+    # ------------------------------------------------------------------ the run
+    def end(self, why: str, code: int = 1) -> int:
+        say(why)
+        if self.stop_line:
+            print(self.stop_line, file=sys.stderr, flush=True)
+        return code
+
+    def run(self) -> int:
+        from rpg.verl.checkpoints import last_complete
+
+        plan, g = self.plan, self.plan.gpus_per_node
+        restarts_left, attempt = plan.max_restarts, 0
+        k = self.wait_for_size(self.wait_for_nodes_s)
+        if k is None:
+            return self.end(f"fewer than {plan.low} node(s) with {g} free GPU(s) each (allowed counts {plan.sizes}): "
+                            "nothing started")
+        say(f"starting on {k} node(s) x {g} GPU(s) (NNODES={plan.low}:{plan.high}, allowed {plan.sizes}; restarts "
+            f"left {restarts_left})")
+        while True:
+            self.start(k, attempt)
+            rc, stopped = self.run_child(k)
+            if rc == 0 or (stopped is None and rc != ELASTIC_EXIT):
+                return rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's 128 + signum
+            attempt, old = attempt + 1, k
+            record = json.loads(self.status.read_text()) if self.status.is_file() else {}
+            self.stop_line = record.get("stop_line") or self.stop_line
+            if stopped != "grow":
+                if restarts_left == 0:
+                    return self.end(f"restart budget spent (--max-restarts {plan.max_restarts}): the run stops")
+                time.sleep(self.settle_s)
+            if not self.wait_released():
+                return self.end(f"the last trainer's Ray job was not gone within {self.release_timeout_s:.0f} s (ray "
+                                "list actors): the run stops rather than start a second trainer beside it")
+            k = self.wait_for_size(self.wait_for_nodes_s if stopped != "grow" else 0)
+            if k is None:
+                return self.end(f"fewer than {plan.low} node(s) with {g} free GPU(s) each after "
+                                f"{self.wait_for_nodes_s:.0f} s: the run stops")
+            resumed = last_complete(plan.folder)
+            redone = [s for s in record.get("logged_steps", []) if s > _step(resumed)]
+            where = f"world size {old} x {g} -> {k} x {g}; resuming {resumed or 'from step 0 (nothing saved)'} " \
+                    f"(step {_step(resumed)})"
+            if stopped == "grow":
+                say(f"grown at a checkpoint: {where}; restarts left {restarts_left}")
+                continue
+            restarts_left -= 1
+            reason = record.get("reason") or "the trainer waited on a lost node"
+            say(f"restart {plan.max_restarts - restarts_left}/{plan.max_restarts}: {reason}; {where}; {len(redone)} "
+                f"logged step(s) after it trained again{f' {redone}' if redone else ''}; restarts left {restarts_left}")
