@@ -99,13 +99,16 @@ def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster
     _, t_step = _next(log, rf"step:{resumed + 1} ", proc, r.end())
     cluster.stop_node("worker")
     cluster.start_node("worker")  # the node is back: the run grows at its next checkpoint
-    _next(log, r"rpg\.elastic: grown: world size 1 x 1 -> 2 x 1", proc, 0)
+    _next(log, r"rpg\.elastic: grown at a checkpoint: world size 1 x 1 -> 2 x 1", proc, 0)
     rc, text = finish(proc, log)
     assert rc == 0, text[-6000:]
     # every step once in the history as a report reads it, trained at 2, then 1, then 2 ranks again
     assert _history(cluster.shared / "logs", "elastic") == list(range(1, 9))
     segs = steps(cluster.shared / "logs", "elastic")
+    assert all(len(seg) == len(set(seg)) for seg in segs), segs  # no step twice within a trainer's segment
     assert sorted({s for seg in segs for s in seg}) == list(range(1, 9)) and segs[1][0] == resumed + 1, segs
+    redone = json.loads(re.search(r"trained again( \[[\d, ]+\])?;", line).group(1) or "[]")
+    assert [s for s in segs[0] if s > resumed] == redone, (segs, line)  # the restart line named what is re-trained
     sizes = _world_sizes(cluster.shared / "ck" / "elastic")
     assert sizes.get(1) == 2 and sizes.get(8) == 2 and 1 in sizes.values(), sizes
     time.sleep(5)

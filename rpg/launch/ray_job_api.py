@@ -21,7 +21,7 @@ import sys
 from typing import Mapping, Sequence
 from urllib.parse import urlsplit
 
-TIMEOUT_S = 8
+TIMEOUT_S = 30  # the `ray` CLI itself takes seconds to start (10 s seen on a loaded 2-core machine); a refused connection answers at once
 FORMS = "http(s)://HOST:PORT of the Ray dashboard's job API, e.g. http://127.0.0.1:8265"
 START = ("start one with recipe/rpg/ray_cluster.sh head, or reach a running head through an SSH tunnel "
          "(ssh -L 8265:localhost:8265 user@HEAD, then RAY_ADDRESS=http://127.0.0.1:8265)")
