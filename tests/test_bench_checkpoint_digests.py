@@ -25,5 +25,7 @@ def test_the_checkpoint_digest_benchmark_saves_marks_and_verifies_at_each_world_
             r = res["results"][ws][arm]
             assert 0.015 < r["gib"] < 0.03 and r["save_marker_s"] > 0 and r["verify_s"] > 0, r
         assert res["ratios"][ws]["save_marker"] > 0, res["ratios"]
+        read = {arm: res["results"][ws][arm]["trainer_read_mib"] for arm in ("one process", "per rank")}
+        assert read["per rank"] < 0.01 < 15 < read["one process"], read  # data.pt only, against every file
         assert f"world size {ws}: save+marker one process / per rank = " in p.stdout
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]  # the checkpoints were removed
