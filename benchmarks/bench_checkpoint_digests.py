@@ -1,5 +1,5 @@
 """Measure a checkpoint save with its completion marker, and the resume's check of it, with the digests computed
-in one process after the save (before issue 46) against each rank hashing the files it wrote (now:
+in one process after the save (as the trainer did before) against each rank hashing the files it wrote (now:
 ``rpg.verl.checkpoint_digests``), at world size 1 and 2.
 
 Per world size W and arm, W rank processes (forked; their tensors built before the clock starts) each

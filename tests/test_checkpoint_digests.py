@@ -1,4 +1,4 @@
-"""Checkpoint digests computed where the bytes were written (``rpg.verl.checkpoint_digests``, issue 46 item 5): each
+"""Checkpoint digests computed where the bytes were written (``rpg.verl.checkpoint_digests``): each
 rank hashes the files it wrote, the trainer joins the reports and hashes only its own files; the marker is the one a
 single process hashing everything writes, and the resume's checks catch what they caught before."""
 

@@ -1,5 +1,5 @@
-"""A run on a real cluster, what a loopback test cannot show (issue 46): the job's stop time, the folders and files
-every node must see, the nodes' addresses. Mechanisms are tested on this machine; Ray's own code is called where it
+"""A run on a real cluster, what a loopback test cannot show: the job's stop time, the folders and files
+every node must see. Mechanisms are tested on this machine; Ray's own code is called where it
 decides (the supervisor's runtime env), its installed source read where only its process does (the stop wait)."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def test_a_stop_wait_the_user_exported_is_passed_on_and_a_bad_one_refused():
         _job_env_vars(RAY_JOB_STOP_WAIT_TIME_S="soon")
 
 
-# ----------------------------------------------------------------------------- what every node must see (item 8)
+# ----------------------------------------------------------------------------- what every node must see
 
 from omegaconf import OmegaConf  # noqa: E402
 

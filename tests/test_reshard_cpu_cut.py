@@ -1,4 +1,4 @@
-"""Resharding moves only what a rank keeps (issue 46 item 6), on CPU, in one process: DeviceMeshes of several ranks
+"""Resharding moves only what a rank keeps, on CPU, in one process: DeviceMeshes of several ranks
 are built without a process group (torch's ``DeviceMesh(..., _init_backend=False, _rank=r)``: no collective runs in
 the code tested), and a device other than the CPU is stood in for by ``meta`` (the resharding target) or by ``cuda``,
 which this CPU-only torch cannot reach (the reference copy): the GPU part is stubbed, the mechanism is tested.

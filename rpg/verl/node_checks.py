@@ -1,4 +1,4 @@
-"""What every node of a joined Ray cluster must see as the driver does, checked once Ray is up (issue 46).
+"""What every node of a joined Ray cluster must see as the driver does, checked once Ray is up.
 
 ``rpg.verl.cluster`` probes the checkpoint folder on every node; the same holds for two more things a node reads or
 writes where the driver cannot look:
