@@ -139,7 +139,8 @@ def test_the_driver_refuses_a_model_path_a_node_does_not_have(tmp_path, monkeypa
     _joined(monkeypatch, _local)
     C.ClusterRun(cfg).checks_after_ray_init()  # every node sees everything: one line says what was checked
     out = capsys.readouterr().out
-    assert f"the metrics log folder {tmp_path / 'logs' / 'p'} and the run's local inputs are the same on all 2 nodes" in out
+    assert (f"rpg: trainer.default_local_dir={tmp_path / 'ckpts'} is the same folder on all 2 nodes, as are the metrics "
+            f"log folder {tmp_path / 'logs' / 'p'} and the run's local inputs (checked in ") in out
 
     def node_2_lacks_the_model(i, fn, args):
         answer = _local(i, fn, args)

@@ -140,9 +140,9 @@ class ClusterRun:
                                                 why=node_checks.METRICS_WHY)
             problem = problem or node_checks.input_paths_problem(self.config, self.start_nodes)
             if problem is None:
-                print(f"rpg: trainer.default_local_dir={folder}{f', the metrics log folder {metrics}' if metrics else ''} "
-                      f"and the run's local inputs are the same on all {len(self.start_nodes)} nodes (checked in "
-                      f"{time.time() - t0:.1f} s)", flush=True)
+                print(f"rpg: trainer.default_local_dir={folder} is the same folder on all {len(self.start_nodes)} nodes, "
+                      f"as are {f'the metrics log folder {metrics} and ' if metrics else ''}the run's local inputs "
+                      f"(checked in {time.time() - t0:.1f} s)", flush=True)
         if problem is not None:
             raise RPGConfigError(problem)
 
