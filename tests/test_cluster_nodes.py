@@ -112,7 +112,12 @@ def _joined(monkeypatch, node_views):
                                                                                   for i, _ in enumerate(nodes, 1)])
 
 
+GOOD_ADDRESS = {"hostname": "gpu-node", "resolved": "10.0.0.9", "gloo_ifname": None}
+
+
 def _local(i, fn, args):
+    if fn is N.address_view:  # not this machine's own answer: the nodes are simulated
+        return dict(GOOD_ADDRESS)
     if fn is N.paths_view:
         return {"node": _node(i)["id"], "views": {p: N.path_view(p) for p in args[0]}}
     return fn(*args)
@@ -140,7 +145,8 @@ def test_the_driver_refuses_a_model_path_a_node_does_not_have(tmp_path, monkeypa
     C.ClusterRun(cfg).checks_after_ray_init()  # every node sees everything: one line says what was checked
     out = capsys.readouterr().out
     assert (f"rpg: trainer.default_local_dir={tmp_path / 'ckpts'} is the same folder on all 2 nodes, as are the metrics "
-            f"log folder {tmp_path / 'logs' / 'p'} and the run's local inputs (checked in ") in out
+            f"log folder {tmp_path / 'logs' / 'p'} and the run's local inputs; no node's hostname resolves to loopback "
+            "(checked in ") in out
 
     def node_2_lacks_the_model(i, fn, args):
         answer = _local(i, fn, args)
@@ -166,3 +172,53 @@ def test_the_checkpoint_folders_refusal_no_longer_suggests_default_hdfs_dir(tmp_
     assert str(err.value).startswith(f"trainer.default_local_dir={tmp_path / 'ckpts'} is not the same folder on node")
     assert "trainer.default_hdfs_dir does not replace it: its FSDP checkpoint manager ignores it" in str(err.value)
 
+
+
+
+# ----------------------------------------------------------------------------- the nodes' addresses
+
+
+def test_the_network_variables_are_passed_to_the_job():
+    env_vars = _job_env_vars(GLOO_SOCKET_IFNAME="eth0", NCCL_SOCKET_IFNAME="eth0", NCCL_IB_HCA="mlx5_0")
+    assert (env_vars["GLOO_SOCKET_IFNAME"], env_vars["NCCL_SOCKET_IFNAME"], env_vars["NCCL_IB_HCA"]) == ("eth0", "eth0",
+                                                                                                       "mlx5_0")
+    assert "GLOO_SOCKET_IFNAME" not in _job_env_vars()  # unset: not invented
+
+
+def test_a_node_whose_hostname_resolves_to_loopback_is_refused_with_the_fix():
+    nodes = [_node(1), _node(2)]
+    loopback = {"hostname": "gpu-node-2", "resolved": "127.0.1.1", "gloo_ifname": None}
+    line = N.address_problem(nodes, [GOOD_ADDRESS, loopback])
+    assert line.startswith("node 10.0.0.2 (id 02abab") and "its hostname gpu-node-2 resolves to 127.0.1.1, a loopback " \
+        "address; torch's gloo process groups (verl's cpu:gloo) would bind there" in line
+    assert "export GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME)" in line and "\n" not in line
+    unresolved = {**loopback, "resolved": None}
+    assert "its hostname gpu-node-2 does not resolve;" in N.address_problem(nodes, [GOOD_ADDRESS, unresolved])
+    assert N.address_problem(nodes, [GOOD_ADDRESS, {**loopback, "gloo_ifname": "eth0"}]) is None  # the fix
+    assert N.address_problem(nodes, [GOOD_ADDRESS, GOOD_ADDRESS]) is None
+    one_machine = [{**n, "ip": "127.0.0.1"} for n in nodes]  # Ray itself on loopback: the rehearsal on one machine
+    assert N.address_problem(one_machine, [loopback, loopback]) is None
+    assert N.address_problem(nodes[:1], [loopback]) is None  # one node: gloo's ranks all meet on it
+
+
+def test_this_machines_address_view_is_what_gloo_reads(monkeypatch):
+    import socket
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    view = N.address_view()
+    assert view == {"hostname": socket.gethostname(), "resolved": socket.gethostbyname(socket.gethostname()),
+                    "gloo_ifname": "lo"}
+
+
+def test_the_driver_refuses_a_cluster_with_a_loopback_hostname(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path)
+
+    def node_2_resolves_to_loopback(i, fn, args):
+        if i == 2 and fn is N.address_view:
+            return {"hostname": "gpu-node-2", "resolved": "127.0.1.1", "gloo_ifname": None}
+        return _local(i, fn, args)
+
+    _joined(monkeypatch, node_2_resolves_to_loopback)
+    with pytest.raises(RPGConfigError, match=r"^node 10.0.0.2 \(id 02abab\w+\): its hostname gpu-node-2 resolves to "
+                                             r"127.0.1.1, a loopback address"):
+        C.ClusterRun(cfg).checks_after_ray_init()

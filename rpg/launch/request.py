@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rpg.backends import BACKENDS
 from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
+from rpg.common.run_env import NETWORK_ENV
 from rpg.verl.preflight import name_problem
 
 # The launcher's environment variables, declared once: the usage lists them, and one given as an argument
@@ -49,7 +50,7 @@ ENV_VARS = {
 }
 # Forwarded to the Ray job when set (never secrets: log in to W&B / HF on the nodes instead).
 FORWARD_ENV = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE",
-               "WANDB_ENTITY", "WANDB_DIR", "VLLM_USE_V1", "NCCL_DEBUG")
+               "WANDB_ENTITY", "WANDB_DIR", "VLLM_USE_V1", "NCCL_DEBUG", *NETWORK_ENV)
 DEFAULT_LOGGERS = ("console", "file")
 CPU_TIMEOUT_S = 1800.0
 

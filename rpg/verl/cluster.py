@@ -13,7 +13,7 @@ post-init hook, ``checks_after_ray_init``), on a cluster the driver joined:
 * ``shared_folder_problem`` (several nodes): a file the driver writes into ``trainer.default_local_dir`` is read
   back by a task pinned to each alive node (``NodeAffinitySchedulingStrategy``, soft=False); a node that does not
   find it, or finds other bytes, is named in one line with the key; then the metrics log's folder and the run's
-  local inputs (``rpg.verl.node_checks``).
+  local inputs, and each node's address as torch's gloo picks it (``rpg.verl.node_checks``).
 
 A refusal is an ``RPGConfigError``: the driver's one line, exit 2 (``rpg.verl.main``).
 
@@ -138,11 +138,12 @@ class ClusterRun:
             if problem is None and metrics is not None:
                 problem = shared_folder_problem(metrics, self.start_nodes, key=node_checks.METRICS_KEY,
                                                 why=node_checks.METRICS_WHY)
-            problem = problem or node_checks.input_paths_problem(self.config, self.start_nodes)
+            problem = (problem or node_checks.input_paths_problem(self.config, self.start_nodes)
+                       or node_checks.nodes_address_problem(self.start_nodes))
             if problem is None:
                 print(f"rpg: trainer.default_local_dir={folder} is the same folder on all {len(self.start_nodes)} nodes, "
-                      f"as are {f'the metrics log folder {metrics} and ' if metrics else ''}the run's local inputs "
-                      f"(checked in {time.time() - t0:.1f} s)", flush=True)
+                      f"as are {f'the metrics log folder {metrics} and ' if metrics else ''}the run's local inputs; "
+                      f"no node's hostname resolves to loopback (checked in {time.time() - t0:.1f} s)", flush=True)
         if problem is not None:
             raise RPGConfigError(problem)
 

@@ -13,16 +13,24 @@ writes where the driver cannot look:
   their sizes, top level, links followed) is computed by a task pinned to the node and compared with the
   driver's (``inputs_problem``): missing there, or other files or sizes, is one line naming the key, the path,
   the node and the way out. Remote values (``hdfs://``, ...) and Hugging Face repo ids are not local paths: not
-  probed.
+  probed;
+* each node's own address as torch's gloo would pick it (``address_view``: the hostname's resolution, and
+  GLOO_SOCKET_IFNAME in the job's environment): a node Ray reaches at a routable address whose hostname resolves
+  to a loopback one (127.0.1.1 on many images) would bind its gloo groups (verl's ``cpu:gloo``) there, and
+  ``init_process_group`` would wait for its timeout; refused with the fix (``address_problem``). Nodes that Ray
+  itself reaches on loopback (one machine: the rehearsal of docs/launch-scripts.md) are not refused.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
 from rpg.common.history import base_path, logs_to_file
+from rpg.common.run_env import GLOO_IFNAME
 from rpg.config import config_value
 from rpg.verl.preflight import DATA_KEYS, MODEL_KEYS, is_remote
 
@@ -130,3 +138,49 @@ def metrics_folder(cfg) -> str | None:
     worker_env = config_value(cfg, "ray_kwargs.ray_init.runtime_env.env_vars") or {}
     environ = {**os.environ, **{k: str(v) for k, v in dict(worker_env).items()}}
     return os.path.abspath(base_path(trainer.project_name, trainer.experiment_name, environ).parent)
+
+
+def address_view() -> dict:
+    """This node's hostname, the address it resolves to (None: it does not resolve) and GLOO_SOCKET_IFNAME in this
+    process's environment (the job's): what torch's gloo uses to pick its interface."""
+    host = socket.gethostname()
+    try:
+        resolved = socket.gethostbyname(host)
+    except OSError:
+        resolved = None
+    return {"hostname": host, "resolved": resolved, "gloo_ifname": os.environ.get(GLOO_IFNAME) or None}
+
+
+def _loopback(address: str | None) -> bool:
+    try:
+        return address is not None and ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def address_problem(nodes: list[dict], answers: list[dict]) -> str | None:
+    """One line for the first node (of several) that Ray reaches at a routable address but whose hostname resolves to
+    a loopback address (or not at all) with GLOO_SOCKET_IFNAME unset; None otherwise."""
+    if len(nodes) < 2:
+        return None
+    for node, seen in zip(nodes, answers):
+        if _loopback(node["ip"]) or seen["gloo_ifname"] or not (seen["resolved"] is None or _loopback(seen["resolved"])):
+            continue
+        resolves = "does not resolve" if seen["resolved"] is None else f"resolves to {seen['resolved']}, a loopback address"
+        return (f"node {node['ip']} (id {node['id'][:12]}): its hostname {seen['hostname']} {resolves}; torch's gloo "
+                f"process groups (verl's cpu:gloo) would bind there and the ranks on other nodes could not connect "
+                f"(init_process_group waits until its timeout): export {GLOO_IFNAME} (and NCCL_SOCKET_IFNAME) naming "
+                f"the interface of the node's cluster address, e.g. {GLOO_IFNAME}=eth0, before launching (rpg.launch "
+                "passes them to the job), or make the hostname resolve to that address (/etc/hosts)")
+    return None
+
+
+def nodes_address_problem(nodes: list[dict], timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """``address_problem`` of every node's ``address_view``, each from a task pinned to it."""
+    if len(nodes) < 2:
+        return None
+    answers = on_each_node(address_view, nodes, timeout_s=timeout_s)
+    if answers is None:
+        return (f"no answer within {timeout_s:.0f} s from a task on every node ({len(nodes)} nodes) reading its "
+                "address; the cluster is too busy or a node is unhealthy")
+    return address_problem(nodes, answers)
