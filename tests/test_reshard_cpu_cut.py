@@ -20,6 +20,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 from rpg.verl.reshard import local_piece, reference_shards, reshard_like, saved_shard
 
+pytestmark = pytest.mark.gpu_stack  # also in the GPU stack's torch: .ci/run
+
 
 def _mesh(shape: tuple[int, ...], rank: int, device: str = "cpu") -> DeviceMesh:
     n = 1
