@@ -33,7 +33,7 @@ from test_verl_reference_resume_e2e import ENTRY, PERIODIC_K2
 
 from rpg.verl.checkpoints import checkpoint_problem
 
-pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed, pytest.mark.gpu_stack]  # gpu_stack: .ci/run
 
 
 SCHEDULE_FREE = ["rpg.optimizer=schedulefree"]

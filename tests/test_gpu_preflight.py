@@ -141,6 +141,37 @@ def test_the_probe_of_this_node_imports_neither_vllm_nor_flash_attn():
     assert probe.versions["verl"] == "0.9.1" and probe.importable <= frozenset(P.OPTIONAL_MODULES)
 
 
+UNDEFINED = "ImportError: /site-packages/flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so: undefined symbol: _ZN3c104cuda9SetDeviceEa"
+
+
+def test_a_flash_attn_built_for_another_torch_is_named_on_this_node(tmp_path, monkeypatch):
+    """A stand-in flash-attn whose CUDA extension fails to load as a wheel built for another torch does: the probe
+    imports the extension in a subprocess and the rule names the error and both fixes in one line (``find_spec``
+    alone found the package: the check passed, then every worker died)."""
+    (tmp_path / "flash_attn").mkdir()
+    (tmp_path / "flash_attn" / "__init__.py").write_text("")
+    (tmp_path / "flash_attn_2_cuda.py").write_text(f"raise ImportError({UNDEFINED.split(': ', 1)[1]!r})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    probe = GpuProbe.of_this_node()
+    assert "flash_attn" in probe.importable and "flash_attn" not in sys.modules
+    assert probe.flash_attn_error == UNDEFINED
+    node = replace(GOOD, flash_attn_error=probe.flash_attn_error)
+    assert errors(node) == [f"{ATTN}=flash_attention_2 (verl's default) but flash_attn's CUDA extension does not load "
+                            f"with the installed torch 2.11.0 (import torch, flash_attn_2_cuda: {UNDEFINED}): a "
+                            "flash-attn wheel built for another torch or CUDA; install the one built for this torch "
+                            f"(README.md#set-up), or pass +{ATTN}=sdpa (more memory: "
+                            "docs/memory.md#how-the-estimate-is-computed)"]
+    assert errors(node, attn_implementation="sdpa") == []  # not used: not refused
+
+
+def test_an_extension_that_loads_or_crashes_the_loader(tmp_path, monkeypatch):
+    (tmp_path / "good_ext.py").write_text("")
+    (tmp_path / "crashing_ext.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert P.extension_import_error("good_ext") is None
+    assert P.extension_import_error("crashing_ext") == f"the interpreter ended with exit code {-signal.SIGSEGV}"
+
+
 # torch's warning on a node whose GPUs are present but whose CUDA cannot initialise (fabric manager down)
 ERROR_802 = ("CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
              "calling NumCudaDevices() that might have already set an error? Error 802: system not yet initialized "

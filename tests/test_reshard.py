@@ -26,6 +26,8 @@ import torch
 from rpg.verl.checkpoints import ResumeError, plan_resume, write_marker
 from rpg.verl.resume_world_size import holds_dtensors, world_size, world_size_change
 
+pytestmark = pytest.mark.gpu_stack  # also in the GPU stack's torch: .ci/run
+
 SCRIPT = Path(__file__).with_name("reshard_ranks.py")
 
 

@@ -149,7 +149,19 @@ BAD = [
       "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
      "log_weight_diff=true is not supported with Ulysses sequence parallelism "
      "(actor_rollout_ref.actor.ulysses_sequence_parallel_size=2)"),
+    (["rpg.reference.mode=periodic", "rpg.reference.update_every=2", "rpg.reference.log_weight_diff=true",
+      "actor_rollout_ref.model.use_fused_kernels=true"],
+     "rpg.reference.log_weight_diff=true needs the models' logits, which actor_rollout_ref.model.use_fused_kernels=true "
+     "does not return (verl's fused forward gives log-probabilities); set actor_rollout_ref.model.use_fused_kernels=false "
+     "or rpg.reference.log_weight_diff=false"),
 ]
+
+
+def test_fused_kernels_pass_without_the_logit_probe():
+    """Only the pair is refused: fused kernels with a resetting reference that logs no logit differences pass."""
+    cfg, _ = apply("rpg.reference.mode=periodic", "rpg.reference.update_every=2",
+                   "actor_rollout_ref.model.use_fused_kernels=true")
+    assert cfg.actor_rollout_ref.model.use_fused_kernels is True
 
 
 @pytest.mark.parametrize("overrides,message", BAD, ids=[" ".join(o) for o, _ in BAD])

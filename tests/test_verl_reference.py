@@ -77,6 +77,12 @@ class FakeWorkerGroup:
         self.calls.append(("sync_ref_from_actor",))
         return [1]
 
+    def rpg_checkpoint_digests(self, folder):
+        """The one rank's report (RPGActorRolloutRefWorker.rpg_checkpoint_digests at world size 1)."""
+        from rpg.verl.checkpoint_digests import rank_entries
+
+        return [rank_entries(folder, 0, 1)]
+
 
 def _trainer(tmp_path, mode="periodic", global_steps=0, **ref):
     from omegaconf import OmegaConf

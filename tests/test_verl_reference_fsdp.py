@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from fsdp_reference_ranks import run_ranks_script
 
+pytestmark = pytest.mark.gpu_stack  # also in the GPU stack's torch: .ci/run
+
 SCRIPT = Path(__file__).with_name("fsdp_reference_ranks.py")
 CASES = ["fsdp1", "fsdp1_bf16", "fsdp1_ref_no_reshard", "fsdp2", "fsdp2_ref_no_reshard"]
 

@@ -36,6 +36,14 @@ RUN_ENV = {
 }
 
 
+# The network interfaces of a multi-node run, forwarded to a Ray job when set (rpg.launch.request.FORWARD_ENV):
+# torch's gloo groups (verl's ``cpu:gloo``) bind to the address the hostname resolves to unless GLOO_SOCKET_IFNAME
+# names an interface (on many images the hostname resolves to 127.0.1.1: ranks on other nodes cannot connect);
+# NCCL picks its interfaces and InfiniBand devices by its own variables (NCCL's documentation, "Environment Variables")
+NETWORK_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_SOCKET_FAMILY", "NCCL_IB_DISABLE", "NCCL_IB_HCA",
+               "NCCL_IB_GID_INDEX", "NCCL_NET")
+GLOO_IFNAME = NETWORK_ENV[0]
+
 WANDB_LOGGERS = ("wandb", "tracking", "vemlp_wandb")  # verl's loggers that start a W&B run (verl/utils/tracking.py)
 
 

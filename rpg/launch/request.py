@@ -26,6 +26,7 @@ from rpg.backends import BACKENDS
 from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
 from rpg.common.nnodes import NodeCount, parse_nnodes
 from rpg.common.user_paths import user_folder, user_path
+from rpg.common.run_env import NETWORK_ENV
 from rpg.verl.preflight import name_problem
 
 DEFAULT_MAX_RESTARTS = 3  # torchrun's --max-restarts has 0; a paper run is days long, and each restart costs minutes
@@ -59,7 +60,7 @@ ENV_VARS = {
 RESUMED_VARS = tuple(k for k in ENV_VARS if k != "DRY_RUN")
 # Forwarded to the Ray job when set (never secrets: log in to W&B / HF on the nodes instead).
 FORWARD_ENV = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "WANDB_MODE",
-               "WANDB_ENTITY", "WANDB_DIR", "VLLM_USE_V1", "NCCL_DEBUG")
+               "WANDB_ENTITY", "WANDB_DIR", "VLLM_USE_V1", "NCCL_DEBUG", *NETWORK_ENV)
 DEFAULT_LOGGERS = ("console", "file")
 CPU_TIMEOUT_S = 1800.0
 

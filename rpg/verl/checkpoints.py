@@ -7,8 +7,8 @@ checkpoints — and a missing ``data.pt`` silently restarts the data order. This
 from the disk only (no Ray, no tensor loaded), what the driver resumes from:
 
 * complete checkpoint: ``global_step_N`` holding ``MARKER``, which ``RPGTrainer`` writes (write,
-  then rename) after verl's save returned, listing every file with its size and SHA-256 digest and
-  the run's RPG settings (``recorded_settings``); all listed files must still be there with that
+  then rename) after verl's save returned, listing every file with its size and SHA-256 digest (each
+  computed by the process that wrote the file: ``rpg.verl.checkpoint_digests``) and the run's RPG settings (``recorded_settings``); all listed files must still be there with that
   size (verl's retention deletes ``actor/`` of old ones: no longer resumable). A folder without the
   marker (verl's own trainer, or a run from before the marker) counts as complete only when verl's
   tracker names it and it has ``actor/`` and ``data.pt``;
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import zipfile
@@ -44,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rpg.config import RPGConfigError, config_value, declared_keys, recorded_keys
+
+logger = logging.getLogger(__name__)
 
 MARKER = "rpg_checkpoint_complete.json"
 # verl.utils.checkpoint.checkpoint_manager.get_checkpoint_tracker_filename's name (a test pins it): not
@@ -116,7 +119,10 @@ def file_digest(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def _digests(paths: list[Path]) -> list[str]:
+def digests(paths: list[Path]) -> list[str]:
+    """``file_digest`` of each path, several files at once."""
+    if not paths:
+        return []
     with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(paths)))) as pool:
         return list(pool.map(file_digest, paths))
 
@@ -125,19 +131,33 @@ def _files(folder: Path) -> list[Path]:
     return [p for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(MARKER)]
 
 
-def manifest(folder: str | os.PathLike) -> dict[str, dict]:
-    """{relative path: {"size": bytes, DIGEST: hex}} of every file under ``folder`` except the marker."""
+def manifest(folder: str | os.PathLike, known: dict[str, dict] | None = None) -> dict[str, dict]:
+    """{relative path: {"size": bytes, DIGEST: hex}} of every file under ``folder`` except the marker.
+
+    ``known``: entries already computed where the files were written (each rank's,
+    ``rpg.verl.checkpoint_digests``): taken as they are, never read again here; listed even when this
+    process's listing misses them (a stale directory cache on shared storage). Only the other files are hashed.
+    A known entry whose size differs from what this process sees is kept (the writer's size) and logged."""
     folder = Path(folder)
-    files = _files(folder)
-    return {str(p.relative_to(folder)): {"size": p.stat().st_size, DIGEST: d} for p, d in zip(files, _digests(files))}
+    known = dict(known or {})
+    sizes = {str(p.relative_to(folder)): p.stat().st_size for p in _files(folder)}
+    for rel in sorted(set(known) & set(sizes)):
+        if known[rel].get("size") != sizes[rel]:
+            logger.warning(f"{folder / rel}: {sizes[rel]} bytes seen here, {known[rel].get('size')} where it was written "
+                           "(recorded as written; the resume's check compares both)")
+    todo = [rel for rel in sizes if rel not in known]
+    found = {rel: {"size": sizes[rel], DIGEST: d} for rel, d in zip(todo, digests([folder / rel for rel in todo]))}
+    return {**{rel: found.get(rel) or known[rel] for rel in sizes}, **{rel: e for rel, e in known.items() if rel not in sizes}}
 
 
-def write_marker(folder: str | os.PathLike, step: int, settings: dict | None = None) -> Path:
+def write_marker(folder: str | os.PathLike, step: int, settings: dict | None = None,
+                 known: dict[str, dict] | None = None) -> Path:
     """Declare ``folder`` complete: the marker (step, manifest with digests, the run's RPG settings),
-    written to a temporary name and renamed. Call it once the save has returned (the files are whole)."""
+    written to a temporary name and renamed. Call it once the save has returned (the files are whole).
+    ``known``: digests computed where the files were written (``manifest``)."""
     folder = Path(folder)
     tmp, final = folder / f"{MARKER}.tmp", folder / MARKER
-    record = {"global_step": step, "digest": DIGEST, "files": manifest(folder), "settings": settings}
+    record = {"global_step": step, "digest": DIGEST, "files": manifest(folder, known), "settings": settings}
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(tmp, final)
     return final
@@ -244,7 +264,7 @@ def inspect(folder: str | os.PathLike, tracked: bool = False, verify: bool = Tru
             return Inspection(why)
     if verify and record is not None:
         hashed = [(rel, e[DIGEST]) for rel, e in record["files"].items() if isinstance(e, dict) and DIGEST in e]
-        actual = _digests([folder / rel for rel, _ in hashed])
+        actual = digests([folder / rel for rel, _ in hashed])
         for (rel, want), got in zip(hashed, actual):
             if got != want:
                 return Inspection(f"{folder / rel}: corrupted or replaced (its {DIGEST} differs from the one "

@@ -7,7 +7,8 @@
   applied once, by the RPG loss or by verl's rollout correction, never twice, never dropped);
 * reference copies (``rpg.reference.mode`` periodic or kl_threshold copy rank-local actor shards into the
   reference, ``check_reference_copies``): the same engine and the same shard layout on both sides, no LoRA,
-  no Ulysses sequence parallelism under the probe of ``rpg.reference.log_weight_diff``;
+  no Ulysses sequence parallelism and no fused kernels (no logits) under the probe of
+  ``rpg.reference.log_weight_diff``;
 * the reward: a function name needs its path, ``rpg.reward``'s options are valid.
 
 ``resume_hint``: what a stop line says about resuming, in every trainer mode.
@@ -57,6 +58,7 @@ def check_reference_copies(cfg, settings: RPGSettings) -> None:
     check_reference_shard_layout(cfg, ref.mode, a_eng)
     if ref.log_weight_diff:
         check_probe_without_sequence_parallelism(cfg)
+        check_probe_without_fused_kernels(cfg)
     if ref_in_actor:
         _fail(f"rpg.reference.mode={ref.mode} needs a separate reference model; LoRA (reference = actor "
               "without adapter) is not supported; allowed modes with LoRA: sampler, fixed")
@@ -103,6 +105,20 @@ def check_probe_without_sequence_parallelism(cfg) -> None:
     if big:
         _fail(f"rpg.reference.log_weight_diff=true is not supported with Ulysses sequence parallelism ({big[0]}): "
               "its probe runs one unsplit sequence per rank; set rpg.reference.log_weight_diff=false")
+
+
+FUSED_KERNELS = "actor_rollout_ref.model.use_fused_kernels"
+
+
+def check_probe_without_fused_kernels(cfg) -> None:
+    """``rpg.reference.log_weight_diff`` compares the logits of actor and reference on a probe sequence; with
+    verl's fused kernels (``actor_rollout_ref.model.use_fused_kernels``, one model config for actor and reference)
+    the patched forward returns log-probabilities and entropy, no logits: the first step's probe would fail after
+    Ray and the model load (``rpg.verl.reference_copy.probe_logits``). Refused before Ray."""
+    if config_value(cfg, FUSED_KERNELS, False):
+        _fail(f"rpg.reference.log_weight_diff=true needs the models' logits, which {FUSED_KERNELS}=true does not "
+              f"return (verl's fused forward gives log-probabilities); set {FUSED_KERNELS}=false or "
+              "rpg.reference.log_weight_diff=false")
 
 
 # ----------------------------------------------------------------------------- reward

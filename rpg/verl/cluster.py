@@ -12,7 +12,8 @@ post-init hook, ``checks_after_ray_init``), on a cluster the driver joined:
   ``n_gpus_per_node`` bundles per node); one line naming the counts otherwise;
 * ``shared_folder_problem`` (several nodes): a file the driver writes into ``trainer.default_local_dir`` is read
   back by a task pinned to each alive node (``NodeAffinitySchedulingStrategy``, soft=False); a node that does not
-  find it, or finds other bytes, is named in one line with the key.
+  find it, or finds other bytes, is named in one line with the key; then the metrics log's folder and the run's
+  local inputs, and each node's address as torch's gloo picks it (``rpg.verl.node_checks``).
 
 A refusal is an ``RPGConfigError``: the driver's one line, exit 2 (``rpg.verl.main``).
 
@@ -32,9 +33,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rpg.config import RPGConfigError
+from rpg.verl import node_checks
 
 PROBE_PREFIX = ".rpg_node_probe_"
-PROBE_TIMEOUT_S = 120.0  # a task per node: a worker process to start on each (seconds on a loaded machine)
 LOST = ("ActorDiedError", "ActorUnavailableError", "NodeDiedError", "ObjectLostError", "OwnerDiedError",
         "WorkerCrashedError", "ObjectFetchTimedOutError", "ReferenceCountingAssertionError", "RayActorError")
 
@@ -87,34 +88,32 @@ def _read_probe(path: str) -> str | None:
         return None
 
 
-def shared_folder_problem(folder: str, nodes: list[dict], timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
-    """Whether every node in ``nodes`` sees ``folder`` as this driver does (a file written here, read there by a
-    task pinned to the node); one line naming the first node that does not, or None."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+CHECKPOINT_WHY = ("every node must see the checkpoint folder (shared storage mounted at the same path, e.g. NFS; "
+                  "verl's trainer.default_hdfs_dir does not replace it: its FSDP checkpoint manager ignores it), else a "
+                  "resume cannot find the checkpoints the ranks wrote")
 
+
+def shared_folder_problem(folder: str, nodes: list[dict], timeout_s: float = node_checks.PROBE_TIMEOUT_S,
+                          key: str = "trainer.default_local_dir", why: str = CHECKPOINT_WHY) -> str | None:
+    """Whether every node in ``nodes`` sees ``folder`` (``key``'s) as this driver does (a file written here, read
+    there by a task pinned to the node: ``rpg.verl.node_checks.on_each_node``); one line naming the first node that
+    does not, and ``why`` it must, or None."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(16)
     probe = Path(folder) / f"{PROBE_PREFIX}{token}"
     probe.write_text(token)
-    read = ray.remote(num_cpus=0, max_retries=0)(_read_probe)
     try:
-        refs = [read.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["id"], soft=False)).remote(str(probe))
-                for n in nodes]
-        try:
-            seen = ray.get(refs, timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            return (f"trainer.default_local_dir={folder}: no answer within {timeout_s:.0f} s from a task on every node "
-                    f"({len(nodes)} nodes) reading a file written there; the cluster is too busy or a node is unhealthy")
+        seen = node_checks.on_each_node(_read_probe, nodes, str(probe), timeout_s=timeout_s)
     finally:
         probe.unlink(missing_ok=True)
+    if seen is None:
+        return (f"{key}={folder}: no answer within {timeout_s:.0f} s from a task on every node "
+                f"({len(nodes)} nodes) reading a file written there; the cluster is too busy or a node is unhealthy")
     for node, content in zip(nodes, seen):
         if content != token:
             what = "does not exist" if content is None else "holds other bytes"
-            return (f"trainer.default_local_dir={folder} is not the same folder on node {node['ip']} (id "
-                    f"{node['id'][:12]}): the file the driver wrote there {what} on that node; every node must see "
-                    "the checkpoint folder (shared storage mounted at the same path, e.g. NFS; or "
-                    "trainer.default_hdfs_dir), else a resume cannot find the checkpoints the ranks wrote")
+            return (f"{key}={folder} is not the same folder on node {node['ip']} (id {node['id'][:12]}): the file "
+                    f"the driver wrote there {what} on that node; {why}")
     return None
 
 
@@ -147,9 +146,16 @@ class ClusterRun:
             folder = os.path.abspath(str(trainer.default_local_dir))
             t0 = time.time()
             problem = shared_folder_problem(folder, self.start_nodes)
+            metrics = node_checks.metrics_folder(self.config)
+            if problem is None and metrics is not None:
+                problem = shared_folder_problem(metrics, self.start_nodes, key=node_checks.METRICS_KEY,
+                                                why=node_checks.METRICS_WHY)
+            problem = (problem or node_checks.input_paths_problem(self.config, self.start_nodes)
+                       or node_checks.nodes_address_problem(self.start_nodes))
             if problem is None:
-                print(f"rpg: trainer.default_local_dir={folder} is the same folder on all {len(self.start_nodes)} nodes "
-                      f"(checked in {time.time() - t0:.1f} s)", flush=True)
+                print(f"rpg: trainer.default_local_dir={folder} is the same folder on all {len(self.start_nodes)} nodes, "
+                      f"as are {f'the metrics log folder {metrics} and ' if metrics else ''}the run's local inputs; "
+                      f"no node's hostname resolves to loopback (checked in {time.time() - t0:.1f} s)", flush=True)
         if problem is not None:
             raise RPGConfigError(problem)
 

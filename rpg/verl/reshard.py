@@ -11,8 +11,10 @@ the files of the current world size through verl's own ``load_checkpoint``; for 
 2. rebuilds each sharded tensor's full tensor from the saved ranks' local tensors by their DTensor
    placements (``full_tensor``: Shard(d) mesh dims concatenated in mesh order, Replicate dims read once;
    FSDP2 shards dim 0 as ``torch.chunk`` does, so the full tensor is the rank-ordered concatenation);
-3. cuts this rank's piece with torch's own ``distribute_tensor(full, mesh, placements, src_data_rank=None)``
-   on the *current* parameter's mesh and placements (no communication: every rank holds the full tensor);
+3. cuts this rank's piece on the CPU as ``distribute_tensor`` would on the *current* parameter's mesh and
+   placements (``local_piece``; no communication: every rank holds the full tensor) and moves only that piece to
+   the parameter's device (``distribute_tensor`` would first move the whole tensor to the mesh's device: each
+   rank would push the whole model and optimizer state to its GPU to keep 1/W of it);
 4. hands verl's own load calls (``module.load_state_dict``, ``optimizer.load_state_dict``,
    ``lr_scheduler.load_state_dict``) state dicts of exactly the layout a same-world-size checkpoint has.
 
@@ -36,6 +38,7 @@ import os
 import torch
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
+from rpg.verl.checkpoint_digests import reference_file
 from rpg.verl.resume_world_size import REFERENCE_FILE, saved_world_sizes, shard_file
 
 logger = logging.getLogger(__name__)
@@ -79,22 +82,45 @@ def full_tensor(pieces: list) -> torch.Tensor:
     return full
 
 
+def local_piece(full: torch.Tensor, target) -> torch.Tensor:
+    """This rank's piece of ``full`` as the DTensor ``target`` (of the current world size) is cut, on the CPU where
+    ``full`` lies; the piece alone is copied to the device of ``target``'s local tensor (the whole tensor never
+    leaves the CPU). The cut is ``distribute_tensor``'s (tests/test_reshard_cpu_cut.py compares them): for each mesh
+    dimension in order, ``Shard(d)`` keeps this rank's coordinate's ``torch.chunk`` along ``d`` (empty past the
+    last chunk), ``Replicate`` keeps all; the piece's shape must be ``target``'s local shape."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    mesh, placements = target.device_mesh, target.placements
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise ValueError("this rank is not in the parameter's device mesh: it holds no piece")
+    piece = full
+    for mesh_dim, placement in enumerate(placements):
+        if type(placement) is Shard:  # a subclass (_StridedShard: FSDP2 with tensor parallelism) cuts otherwise
+            chunks = torch.chunk(piece, mesh.size(mesh_dim), dim=placement.dim)
+            i = coordinate[mesh_dim]
+            piece = chunks[i] if i < len(chunks) else piece.narrow(placement.dim, 0, 0)
+        elif not isinstance(placement, Replicate):
+            raise ValueError(f"cannot cut a tensor with placements {placements} (Shard(d) and Replicate supported)")
+    local = target.to_local()
+    if tuple(piece.shape) != tuple(local.shape):
+        raise ValueError(f"this rank's piece of a {tuple(full.shape)} tensor is {tuple(piece.shape)}, its parameter's "
+                         f"local shard {tuple(local.shape)}")
+    return piece.to(local.device, copy=True)  # a copy of the piece (a view of ``full``): the full tensor is freed
+
+
 def reshard_like(full: torch.Tensor, target) -> torch.Tensor:
-    """``full`` cut like ``target`` (a DTensor of the current world size: its mesh and placements), this
-    rank's piece, by torch's ``distribute_tensor`` without communication; a plain ``target``: ``full``."""
+    """``full`` cut like ``target`` (a DTensor of the current world size: its mesh and placements), this rank's
+    piece (``local_piece``: cut on the CPU, only the piece moved to ``target``'s device), without communication; a
+    plain ``target``: ``full``."""
     if not _is_dtensor(target):
         return full
-    from torch.distributed.tensor import distribute_tensor
-
     from torch.distributed.tensor import DTensor
 
     if tuple(full.shape) != tuple(target.shape):
         raise ValueError(f"saved tensor of shape {tuple(full.shape)} for a parameter of shape {tuple(target.shape)}")
-    piece = distribute_tensor(full.to(target.device_mesh.device_type), target.device_mesh, target.placements,
-                              src_data_rank=None)
-    # the piece is a view of ``full`` (torch.chunk): a copy of it alone, so that the full tensor is freed
-    return DTensor.from_local(piece.to_local().clone(), target.device_mesh, target.placements, run_check=False,
-                              shape=piece.shape, stride=piece.stride())
+    return DTensor.from_local(local_piece(full, target), target.device_mesh, target.placements, run_check=False,
+                              shape=target.shape, stride=target.stride())
 
 
 def load_all(folder: str, kind: str, world_size: int) -> list:
@@ -155,14 +181,16 @@ def load_resharded(manager, folder: str, saved_world_size: int) -> None:
 
 def saved_shard(param, local: torch.Tensor) -> torch.Tensor:
     """A CPU copy of ``local`` (this rank's shard of ``param``), as a DTensor with ``param``'s mesh and
-    placements when ``param`` is one (FSDP2), so that another world size can place it; else the copy."""
-    copy = local.detach().to("cpu", copy=True)
+    placements when ``param`` is one (FSDP2), so that another world size can place it; else the copy. The DTensor
+    is torch's own CPU copy of a DTensor (``DTensor.to("cpu")``, as torch.distributed.checkpoint's ``cpu_offload``
+    makes it): its local tensor on the CPU, the mesh and placements kept; ``DTensor.from_local`` would move the
+    copy to the mesh's device (a GPU copy of the shard at each save)."""
     if not _is_dtensor(param):
-        return copy
-    from torch.distributed.tensor import DTensor
-
-    return DTensor.from_local(copy, param.device_mesh, param.placements, run_check=False, shape=param.shape,
-                              stride=param.stride())
+        return local.detach().to("cpu", copy=True)
+    if local.shape != param.to_local().shape:
+        raise ValueError(f"saved_shard: a local tensor of shape {tuple(local.shape)} for a parameter whose local shard "
+                         f"is {tuple(param.to_local().shape)}")
+    return param.detach().to("cpu", copy=True)  # the copy of its local tensor, which ``local`` is
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -179,7 +207,7 @@ def reference_shards(directory: str, params: dict, names: list[str]) -> dict[str
     saved = sum(1 for f in os.listdir(directory) if REFERENCE_FILE.fullmatch(f))
 
     def load(r):
-        path = os.path.join(directory, f"reference_rank_{r}.pt")
+        path = os.path.join(directory, reference_file(r))
         if not os.path.exists(path):
             raise FileNotFoundError(f"reference shard {path} is missing")
         return torch.load(path, map_location="cpu", mmap=True, weights_only=False)
@@ -190,7 +218,8 @@ def reference_shards(directory: str, params: dict, names: list[str]) -> dict[str
             raise ValueError(f"reference shard of rank {rank} in {directory} lacks {missing[:3]}")
         return {n: _local(state[n]) for n in names}
     states = [load(r) for r in range(saved)]
-    return {n: _local(reshard_like(full_tensor([s[n] for s in states]), params[n])) for n in names}
+    return {n: local_piece(full_tensor([s[n] for s in states]), params[n]) if _is_dtensor(params[n])
+            else full_tensor([s[n] for s in states]) for n in names}
 
 
 class ReshardingCheckpointManager(FSDPCheckpointManager):

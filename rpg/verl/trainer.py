@@ -19,7 +19,8 @@ Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is 
   after verl's save, the reference state of every checkpoint whose actor verl's retention
   (``trainer.max_actor_ckpt_to_keep``) deleted is deleted too; last, the completion marker
   (``rpg.verl.checkpoints.MARKER``: the files, their sizes and digests, the run's RPG settings) that a
-  resume requires.
+  resume requires; each rank's files are hashed by that rank (``rpg_checkpoint_digests``), the trainer hashes
+  only its own (``data.pt``, the JSON files).
 * ``on_init_end``: schedule-free -> train mode (y) after a resume; reference restored from the
   checkpoint (see docs/verl-integration.md, "Resume"); then verl's rollout weight sync.
 * ``on_validate_begin/end``: schedule-free -> validation generates with the eval (x) weights:
@@ -56,6 +57,7 @@ from verl.utils.debug import marked_timer
 
 from rpg.behavior import behavior_weights
 from rpg.common.history import STEP_RECORD, write_step_record
+from rpg.verl.checkpoint_digests import REFERENCE_DIR, join_reports
 from rpg.verl.checkpoints import recorded_settings, write_marker
 from rpg.config import parse_rpg_settings
 from rpg.verl.validation import SamplesPerSource
@@ -64,7 +66,7 @@ from rpg.verl.worker import RPGActorRolloutRefWorker
 logger = logging.getLogger(__name__)
 
 REFERENCE_STATE_FILE = "rpg_reference.json"
-REFERENCE_WEIGHTS_DIR = "rpg_reference"
+REFERENCE_WEIGHTS_DIR = REFERENCE_DIR
 _ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor, Role.RefPolicy)
 
 
@@ -266,9 +268,11 @@ class RPGTrainerMixin:
         if self.config.actor_rollout_ref.actor.get("checkpoint", {}).get("async_save", False):
             return
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        # digests of every file (read back here: the TaskRunner's node must see them, shared storage on
-        # several nodes) and the run's RPG settings, both checked by the driver before a resume
-        write_marker(folder, self.global_steps, recorded_settings(self.config))
+        # digests of every file, each computed by the rank that wrote it, on its node, at once (only the files this
+        # process wrote are hashed here: rpg.verl.checkpoint_digests), and the run's RPG settings; both checked by
+        # the driver before a resume
+        known = join_reports(self.actor_rollout_wg.rpg_checkpoint_digests(folder))
+        write_marker(folder, self.global_steps, recorded_settings(self.config), known=known)
 
     def _save_reference_state(self) -> None:
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")

@@ -17,7 +17,7 @@ trainer uses with ``DetachActorWorker``). Additions:
   ``ref_actor_probe`` = max |logit_actor - logit_ref| and the reference's NLL on a fixed probe
   sequence (what the reference computes);
   ``save_reference``/``load_reference`` persist the reference shards in a checkpoint (as DTensors:
-  loadable at another world size).
+  loadable at another world size); ``rpg_checkpoint_digests`` hashes the checkpoint files this rank wrote.
 * checkpoints at another world size (``init_model``): the actor engine's checkpoint manager becomes
   ``rpg.verl.reshard.ReshardingCheckpointManager`` (verl's, plus loading another world size's shards).
 * schedule-free modes (``sf_set_mode``, ONE_TO_ALL): ``AdamWScheduleFree`` is switched to train
@@ -37,6 +37,7 @@ import torch.distributed as dist
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
+from rpg.verl.checkpoint_digests import rank_entries, reference_file
 from rpg.verl.reference_copy import (copy_actor_to_reference, local_shard, max_shard_diff, next_token_nll,
                                      paired_local_shards, probe_logits, probe_token_ids, wait_for_offload_copies)
 from rpg.verl.reshard import ReshardingCheckpointManager, reference_shards, saved_shard
@@ -158,7 +159,15 @@ class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
         os.makedirs(directory, exist_ok=True)
         params = dict(self._modules()[1].named_parameters())
         state = {name: saved_shard(params[name], r) for name, _, r in self._paired_params()}
-        torch.save(state, os.path.join(directory, f"reference_rank_{rank}.pt"))
+        torch.save(state, os.path.join(directory, reference_file(rank)))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rpg_checkpoint_digests(self, folder: str) -> dict:
+        """{relative path: {"size", "sha256"}} of the files of checkpoint ``folder`` this rank wrote (its shards, its
+        reference shards; on rank 0 the rest of ``actor/``), hashed here, where they were written, after verl's
+        save returned (``rpg.verl.checkpoint_digests``; no collective)."""
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        return rank_entries(folder, rank, world)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     @torch.no_grad()

@@ -10,7 +10,8 @@ Two parts, so that every rule is tested on a CPU machine with simulated answers:
 
 * ``GpuProbe``: the facts of this node (CUDA usable, GPUs visible, the CUDA of the driver and of
   torch's build, which optional modules are installed, installed versions). ``GpuProbe.of_this_node``
-  gathers them without importing vLLM or flash-attn and without creating a CUDA context;
+  gathers them without importing vLLM or flash-attn and without creating a CUDA context (flash-attn's CUDA
+  extension is imported in a subprocess: a wheel built for another torch is found, then fails to load);
 * ``GpuRequest`` + ``check``: pure rules on what the config asks for and what the probe found.
 
 A failed CUDA initialisation with a driver present (torch warns "CUDA initialization: ... Error 802 ..."
@@ -41,6 +42,7 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 import warnings
@@ -57,6 +59,10 @@ ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
 FLASH_ATTN = "flash_attention_2"  # verl's default (workers/config/model.py HFModelConfig.__post_init__)
 MIN_DRIVER = {11: "450", 12: "525", 13: "580"}  # CUDA major -> oldest NVIDIA driver branch that runs it
 OPTIONAL_MODULES = ("vllm", "flash_attn")
+# flash-attn 2's compiled CUDA extension, a top-level module its flash_attn/flash_attn_interface.py imports: a wheel
+# built for another torch is found by find_spec and fails only here ("undefined symbol"), in every worker
+FLASH_ATTN_EXTENSION = "flash_attn_2_cuda"
+EXTENSION_TIMEOUT_S = 120.0  # a fresh interpreter importing torch: seconds; minutes on a loaded node
 SETUP_HINT = "README.md#set-up"
 SDPA_HINT = f"+{ATTN_KEY}=sdpa (more memory: docs/memory.md#how-the-estimate-is-computed)"
 
@@ -86,7 +92,9 @@ class GpuProbe:
     ``cuda_visible_devices``: that environment variable, named when it hides every GPU;
     ``cuda_init_error``: what torch reported when initialising CUDA failed (``cuda_init_error_text``);
     ``c_compiler``: the C compiler Triton would use (``triton_c_compiler``; None: none found);
-    ``python_headers``: whether ``Python.h`` of this interpreter is installed (``python_headers_found``).
+    ``python_headers``: whether ``Python.h`` of this interpreter is installed (``python_headers_found``);
+    ``flash_attn_error``: why flash-attn's CUDA extension does not load (``extension_import_error``; None: it
+    loads, or flash_attn is not installed).
     """
 
     cuda_available: bool
@@ -99,16 +107,20 @@ class GpuProbe:
     cuda_init_error: str | None = None
     c_compiler: str | None = "cc"
     python_headers: bool = True
+    flash_attn_error: str | None = None
 
     @classmethod
     def of_this_node(cls) -> GpuProbe:
-        """Ask torch, libcuda and the installed packages (no vLLM/flash-attn import, no CUDA context)."""
+        """Ask torch, libcuda and the installed packages (no vLLM/flash-attn import here, no CUDA context; flash-attn's
+        CUDA extension is imported in a subprocess, ``extension_import_error``)."""
         import torch
 
         with warnings.catch_warnings(record=True) as caught:  # torch warns (does not raise) when cuInit fails
             warnings.simplefilter("always")
             available = bool(torch.cuda.is_available())
+        importable = frozenset(m for m in OPTIONAL_MODULES if importlib.util.find_spec(m) is not None)
         return cls(
+            flash_attn_error=extension_import_error() if "flash_attn" in importable else None,
             cuda_init_error=None if available else cuda_init_error_text(str(w.message) for w in caught),
             c_compiler=triton_c_compiler(),
             python_headers=python_headers_found(),
@@ -116,7 +128,7 @@ class GpuProbe:
             visible_gpus=int(torch.cuda.device_count()) if available else 0,
             torch_cuda=torch.version.cuda,
             driver_cuda=driver_cuda_version(),
-            importable=frozenset(m for m in OPTIONAL_MODULES if importlib.util.find_spec(m) is not None),
+            importable=importable,
             versions={name: installed_version(name) for name in TESTED_VERSIONS},
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
         )
@@ -135,6 +147,23 @@ def driver_cuda_version(library: str = "libcuda.so.1") -> str | None:
     except (OSError, AttributeError):
         return None
     return f"{version.value // 1000}.{version.value % 1000 // 10}"
+
+
+def extension_import_error(module: str = FLASH_ATTN_EXTENSION, timeout_s: float = EXTENSION_TIMEOUT_S) -> str | None:
+    """None if ``import torch, <module>`` works in a fresh interpreter of this Python with this process's
+    ``sys.path`` (what each worker does); else the error's last line (a wheel built for another torch:
+    ``ImportError: ...: undefined symbol: ...``), or how the interpreter ended. In a subprocess: a loader crash
+    or a CUDA initialisation stays there."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        done = subprocess.run([sys.executable, "-c", f"import torch, {module}"], capture_output=True, text=True,
+                              timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return f"import torch, {module} did not finish within {timeout_s:.0f} s"
+    if done.returncode == 0:
+        return None
+    lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else f"the interpreter ended with exit code {done.returncode}"
 
 
 def cuda_init_error_text(messages) -> str | None:
@@ -299,6 +328,11 @@ def software_problems(request: GpuRequest, probe: GpuProbe) -> list[str]:
     if request.attn_implementation == FLASH_ATTN and "flash_attn" not in probe.importable:
         out.append(f"{ATTN_KEY}={FLASH_ATTN} (verl's default) but flash_attn is not installed: install the prebuilt "
                    f"flash-attn wheel ({SETUP_HINT}), or pass {SDPA_HINT}")
+    elif request.attn_implementation == FLASH_ATTN and probe.flash_attn_error:
+        out.append(f"{ATTN_KEY}={FLASH_ATTN} (verl's default) but flash_attn's CUDA extension does not load with "
+                   f"{_torch(probe)} (import torch, {FLASH_ATTN_EXTENSION}: {probe.flash_attn_error}): a flash-attn "
+                   f"wheel built for another torch or CUDA; install the one built for this torch ({SETUP_HINT}), or "
+                   f"pass {SDPA_HINT}")
     if request.ulysses and request.rpg_loss:
         out.append(f"{request.ulysses[0]} with rpg.loss.name={request.rpg_loss}: Ulysses sequence parallelism has not "
                    "been verified with the RPG losses; allowed: 1 (or rpg.loss.name=verl)")
