@@ -79,9 +79,24 @@ def test_a_single_node_run_asking_more_gpus_than_visible():
     assert errors(replace(GOOD, visible_gpus=4), nnodes=2) == []  # the other nodes' GPUs are not visible here
 
 
-def test_a_driver_joining_a_cluster_skips_the_node_rules_only():
-    assert errors(NO_CUDA, joins_cluster=True) == errors(NO_CUDA)[1:]  # the software lines stay
-    assert not any("CUDA" in line for line in errors(NO_CUDA, joins_cluster=True))
+def test_a_driver_joining_a_cluster_refuses_nothing_of_its_own_node_and_names_what_it_lacks():
+    """The driver's node runs no rank: its node rules go, its missing software is a warning (verl's TaskRunner may
+    land there); every GPU node is checked in full where the ranks run (``rank_node_problems``)."""
+    report = check(GpuRequest(gpus_per_node=8, joins_cluster=True), NO_CUDA)
+    assert report.errors == ()
+    assert [w for w in report.warnings if w.startswith("on the driver's node")] == [
+        f"on the driver's node (the GPU nodes are checked once Ray is up): {line}" for line in errors(NO_CUDA)[1:]]
+
+
+def test_a_gpu_node_of_a_cluster_is_checked_in_full_for_its_rank_group(monkeypatch):
+    """In the task on a GPU node (it holds the rank group's GPUs: what it sees is what the ranks get), every rule
+    holds, the visible GPUs counted against one rank group whatever trainer.nnodes is."""
+    request = GpuRequest(nnodes=4, gpus_per_node=8, joins_cluster=True)
+    for probe, want in ((GOOD, []), (NO_CUDA, errors(NO_CUDA)), (replace(GOOD, visible_gpus=4), errors(replace(GOOD, visible_gpus=4))),
+                        (replace(GOOD, c_compiler=None), errors(replace(GOOD, c_compiler=None)))):
+        monkeypatch.setattr(P.GpuProbe, "of_this_node", classmethod(lambda cls, probe=probe: probe))
+        found, _ = P.rank_node_problems(request)
+        assert found == want and (want == [] or found), (probe, found)
 
 
 def test_vllm_rollout_without_vllm():

@@ -21,6 +21,9 @@ imports them. Each backend is the module ``rpg.backends.<name>.backend`` with:
 * ``node_problems(cfg, settings, environ) -> (errors, warnings)``: what this node lacks for a composed run
   (``DRY_RUN=1`` prints both as warnings);
 * ``check_driver(cfg, settings, environ)``: the driver's checks before Ray, one line each (``RPGConfigError``);
+* ``rank_node_check(cfg, settings) -> (fn, args) | None``: on a Ray cluster the driver joined, what to run on each
+  node that will hold a rank group, in a task holding that group's GPUs (``fn(*args)`` returns
+  ``(errors, warnings)``, one line each): the node's own checks, where they hold;
 * ``cluster_job_env(env, rendezvous) -> dict``: what a job on a running Ray cluster adds to its runtime env;
   ``private_run_env(private_dir) -> dict``: what a run with its own private Ray on this machine adds.
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import time
 from pathlib import Path
 
@@ -127,8 +128,9 @@ def rendezvous_file(environ=None) -> Path | None:
 class ClusterRun:
     """What the driver learns of the cluster after ``ray.init``: the nodes alive at the start (``start_nodes``)."""
 
-    def __init__(self, config: DictConfig):
+    def __init__(self, config: DictConfig, settings=None):
         self.config = config
+        self.settings = settings  # rpg.config.RPGSettings, once the driver's checks have read them
         self.start_nodes: list[dict] = []
 
     def checks_after_ray_init(self) -> None:
@@ -142,6 +144,12 @@ class ClusterRun:
             return
         trainer = self.config.trainer
         problem = capacity_problem(self.start_nodes, int(trainer.nnodes), int(trainer.n_gpus_per_node))
+        if problem is None:  # each node checked where the ranks will run (the backend's checks of a node)
+            errors, warnings = node_checks.rank_nodes_problems(self.config, self.settings, self.start_nodes)
+            for line in warnings:
+                print(f"rpg: warning: {line}", file=sys.stderr, flush=True)
+            if errors:
+                raise node_checks.NodeCheckError(errors)
         if problem is None and len(self.start_nodes) > 1:
             folder = os.path.abspath(str(trainer.default_local_dir))
             t0 = time.time()

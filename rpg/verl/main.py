@@ -293,7 +293,7 @@ def main_from_hydra(config: DictConfig) -> None:
 
     with stop_on_signals(config), _removed(rendezvous_file()):
         try:
-            prepare_config(config)
+            cluster.settings = prepare_config(config)
         except RPGConfigError as e:
             print(error_line(e), file=sys.stderr)
             sys.exit(2)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from rpg.common.history import base_path, logs_to_file
 from rpg.common.run_env import GLOO_IFNAME
-from rpg.config import config_value
+from rpg.config import RPGConfigError, config_value
 from rpg.verl.preflight import DATA_KEYS, MODEL_KEYS, is_remote
 
 PROBE_TIMEOUT_S = 120.0  # a task per node: a worker process to start on each (seconds on a loaded machine)
@@ -60,13 +60,14 @@ def paths_view(paths: list[str]) -> dict:
     return {"node": ray.get_runtime_context().get_node_id(), "views": {p: path_view(p) for p in paths}}
 
 
-def on_each_node(fn: Callable, nodes: list[dict], *args, timeout_s: float = PROBE_TIMEOUT_S) -> list | None:
-    """``fn(*args)`` run by a task pinned to each node (``NodeAffinitySchedulingStrategy``, soft=False), results in
-    ``nodes``' order; None when not all answered within ``timeout_s``."""
+def on_each_node(fn: Callable, nodes: list[dict], *args, timeout_s: float = PROBE_TIMEOUT_S,
+                 gpus: float = 0) -> list | None:
+    """``fn(*args)`` run by a task pinned to each node (``NodeAffinitySchedulingStrategy``, soft=False), holding
+    ``gpus`` GPUs, results in ``nodes``' order; None when not all answered within ``timeout_s``."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    task = ray.remote(num_cpus=0, max_retries=0)(fn)
+    task = ray.remote(num_cpus=0, num_gpus=gpus, max_retries=0)(fn)
     refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["id"], soft=False)).remote(*args)
             for n in nodes]
     try:
@@ -184,3 +185,36 @@ def nodes_address_problem(nodes: list[dict], timeout_s: float = PROBE_TIMEOUT_S)
         return (f"no answer within {timeout_s:.0f} s from a task on every node ({len(nodes)} nodes) reading its "
                 "address; the cluster is too busy or a node is unhealthy")
     return address_problem(nodes, answers)
+
+
+class NodeCheckError(RPGConfigError):
+    """Problems of the cluster's nodes, one line each (``rpg.verl.preflight.error_line`` prints each)."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("; ".join(lines))
+        self.lines = list(lines)
+
+
+def rank_nodes_problems(cfg, settings, nodes: list[dict], timeout_s: float = PROBE_TIMEOUT_S) -> tuple[list, list]:
+    """The backend's own checks of a node (``rank_node_check``: for the GPU backend the driver, CUDA, the GPUs,
+    Triton's compiler and headers, vLLM, flash-attn's CUDA extension), run where the ranks will run: in a task
+    on each node that can hold a rank group, holding the group's GPUs (Ray hands it the GPUs it would hand the
+    ranks). ``(errors, warnings)``, one line each naming the node."""
+    from rpg.backends import backend_of_run
+    from rpg.backends.registry import backend
+
+    name = backend_of_run(cfg)
+    check = None if name is None or settings is None else backend(name).rank_node_check(cfg, settings)
+    gpus = int(cfg.trainer.n_gpus_per_node)
+    group_nodes = [n for n in nodes if n["gpus"] >= gpus]
+    if check is None or not group_nodes:
+        return [], []
+    fn, args = check
+    answers = on_each_node(fn, group_nodes, *args, gpus=gpus, timeout_s=timeout_s)
+    if answers is None:
+        return [f"no answer within {timeout_s:.0f} s from a task holding {gpus} GPU(s) on each of the "
+                f"{len(group_nodes)} GPU node(s) (the node checks): a node is unhealthy, or its GPUs are held by "
+                "another job (ray status)"], []
+    named = [(f"node {n['ip']} (id {n['id'][:12]})", errors, warnings) for n, (errors, warnings) in zip(group_nodes, answers)]
+    return ([f"{node}: {line}" for node, errors, _ in named for line in errors],
+            [f"{node}: {line}" for node, _, warnings in named for line in warnings])

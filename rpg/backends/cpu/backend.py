@@ -53,6 +53,11 @@ def check_driver(cfg, settings, environ: Mapping[str, str] | None = None) -> Non
     world.check_world_fits(cfg, environ)  # the world size fits this machine and its local Ray
 
 
+def rank_node_check(cfg, settings):
+    """Nothing per node: the CPU backend's checks are the driver's (every node runs this project's CPU stack)."""
+    return None
+
+
 def cluster_job_env(env: Mapping[str, str], rendezvous: str) -> dict[str, str]:
     """A job's runtime environment on a running Ray cluster, its ranks meeting through ``rendezvous``."""
     return settings.cluster_job_env(env, rendezvous)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from rpg.backends.gpu.preflight import check_gpu_node, node_report
+from rpg.backends.gpu.preflight import check_gpu_node, node_report, rank_node_problems, request_from_config
 from rpg.backends.gpu.settings import gpu_env, gpu_forwarded_overrides
 
 NAME = "gpu"
@@ -41,6 +41,11 @@ def node_problems(cfg, settings, environ: Mapping[str, str]) -> tuple[list[str],
 
 def check_driver(cfg, settings, environ: Mapping[str, str] | None = None) -> None:
     check_gpu_node(cfg, settings, environ)
+
+
+def rank_node_check(cfg, settings):
+    """The node rules and the software checks, run on each GPU node of a joined cluster (``rank_node_problems``)."""
+    return rank_node_problems, (request_from_config(cfg, settings),)
 
 
 def cluster_job_env(env: Mapping[str, str], rendezvous: str) -> dict[str, str]:

@@ -242,9 +242,25 @@ class GpuReport:
 
 
 def check(request: GpuRequest, probe: GpuProbe) -> GpuReport:
-    """Every rule: refusals (one line each) and version warnings (one line each)."""
-    node = () if request.joins_cluster else (*gpu_problems(request, probe), *toolchain_problems(probe))
+    """Every rule: refusals (one line each) and version warnings (one line each). A driver that joins a cluster
+    runs no rank: the node rules and the software checks run on each GPU node instead (``rank_node_problems``, in a
+    task the driver places there once Ray is up); what this node lacks of the software is a warning only (verl's
+    TaskRunner may be placed on any node)."""
+    if request.joins_cluster:
+        software = [f"on the driver's node (the GPU nodes are checked once Ray is up): {line}"
+                    for line in software_problems(request, probe)]
+        return GpuReport(warnings=(*software, *version_warnings(probe.versions)))
+    node = (*gpu_problems(request, probe), *toolchain_problems(probe))
     return GpuReport(errors=(*node, *software_problems(request, probe)), warnings=version_warnings(probe.versions))
+
+
+def rank_node_problems(request: GpuRequest) -> tuple[list[str], list[str]]:
+    """On a GPU node of a joined cluster, in a task holding one rank group's GPUs (Ray's CUDA_VISIBLE_DEVICES: the
+    GPUs the ranks will get): this node's rules and software checks for that group, ``(errors, warnings)``."""
+    from dataclasses import replace
+
+    report = check(replace(request, joins_cluster=False, nnodes=1), GpuProbe.of_this_node())
+    return list(report.errors), list(report.warnings)
 
 
 def _major(version: str | None) -> int | None:
