@@ -179,7 +179,9 @@ def tiny_overrides(
     algo: str = "grpo",
     mini_batch_size: int = MINI_BATCH_SIZE,
     world_size: int = 1,
+    trainer_mode: str | None = None,
 ) -> list[str]:
     """Task + algorithm overrides (``algo`` of TINY_ALGORITHMS; pair them with its entry)."""
-    task = tiny_task_overrides(assets, steps, test_freq, train_batch_size, n, val_n, mini_batch_size, world_size)
+    task = tiny_task_overrides(assets, steps, test_freq, train_batch_size, n, val_n, mini_batch_size, world_size,
+                               trainer_mode)
     return [*task, *tiny_algorithm(algo, lr)[1]]

@@ -2,9 +2,10 @@
 
 ``rpg.verl.translate.apply_to_verl_config`` runs them before it writes any verl key:
 
-* the trainer: verl's v1 trainer in ``sync`` or ``colocate_async`` mode (``check_trainer``), and in
-  ``colocate_async`` everything that keeps the loss exact under a stale sampler mu (the weights pi_old/mu
-  applied once, by the RPG loss or by verl's rollout correction, never twice, never dropped);
+* the trainer: verl's v1 trainer in ``sync``, ``colocate_async`` or ``separate_async`` mode (``check_trainer``),
+  and in the asynchronous modes everything that keeps the loss exact under a stale sampler mu (the weights
+  pi_old/mu applied once, by the RPG loss or by verl's rollout correction, never twice, never dropped);
+  ``separate_async`` as the recipe runs it (``check_separate_async``: the CPU backend, its weight sync);
 * reference copies (``rpg.reference.mode`` periodic or kl_threshold copy rank-local actor shards into the
   reference, ``check_reference_copies``): the same engine and the same shard layout on both sides, no LoRA,
   no Ulysses sequence parallelism under the probe of ``rpg.reference.log_weight_diff``;
@@ -21,7 +22,7 @@ from rpg.config.access import RPGConfigError, fail as _fail
 
 def check_trainer(cfg, settings: RPGSettings) -> bool:
     """verl's v1 trainer in a mode the recipe runs (``check_trainer_mode``), no distillation. Returns True
-    for a stale sampler (``colocate_async``)."""
+    for a stale sampler (``colocate_async``, ``separate_async``)."""
     if not config_value(cfg, "trainer.use_v1", True):
         _fail("trainer.use_v1=False is not supported by the RPG recipe (it extends verl's v1 trainer); "
               "allowed: trainer.use_v1=True")
@@ -169,8 +170,8 @@ def resume_hint(mode: str, command: str) -> str:
 
 
 def check_trainer_mode(cfg, settings: RPGSettings) -> bool:
-    """``trainer.v1.trainer_mode``: sync, or colocate_async with everything that keeps the loss exact under a
-    stale sampler mu (one line each otherwise). Returns True for a stale sampler."""
+    """``trainer.v1.trainer_mode``: sync, or colocate_async / separate_async with everything that keeps the loss exact
+    under a stale sampler mu (one line each otherwise). Returns True for a stale sampler."""
     mode = config_value(cfg, "trainer.v1.trainer_mode", "sync")
     if mode in REFUSED_ASYNC:
         _fail(f"trainer.v1.trainer_mode={mode} is not supported by the RPG recipe: it {REFUSED_ASYNC[mode]}; "

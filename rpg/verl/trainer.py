@@ -1,13 +1,16 @@
 """``RPGTrainer``: verl 0.9.1's v1 synchronous trainer (``PPOTrainerSync``) plus RPG's schedules;
-``RPGTrainerColocateAsync``: the same on verl's ``PPOTrainerColocateAsync`` (both ``RPGTrainerMixin``).
+``RPGTrainerColocateAsync`` and ``RPGTrainerSeparateAsync``: the same on verl's ``PPOTrainerColocateAsync`` and
+``PPOTrainerSeparateAsync`` (all ``RPGTrainerMixin``).
 
 Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is patched):
 
-* ``_init_resource_pool_mgr``: swap the actor/rollout/ref worker class for
-  ``RPGActorRolloutRefWorker`` (as verl's separate-async trainer does).
+* ``_init_resource_pool_mgr``: swap the actor/rollout/ref worker class for the mode's ``worker_cls``
+  (``RPGActorRolloutRefWorker``; ``RPGDetachActorWorker`` in separate_async, where verl swaps in its
+  ``DetachActorWorker`` first).
 * ``_compute_ref_log_prob`` (reference modes only): after verl's computation, log
   ``rpg/ref_kl`` = token-mean k3 estimate of KL(pi_old || pi_ref) on the batch (samples from
-  pi_old); the ``kl_threshold`` schedule averages it.
+  pi_old); the ``kl_threshold`` schedule averages it over every mini-batch of the step (separate_async
+  runs ``parameter_sync_step`` of them, each with its own reference log-probs).
 * ``step``: after verl's step (rollout -> old/ref log-probs -> advantage -> actor update), run the
   reference schedule: ``periodic`` copies actor -> reference when ``global_steps % K == 0``;
   ``kl_threshold`` keeps ``ema = d*ema + (1-d)*ref_kl`` and copies (and resets ema to 0) when
