@@ -101,3 +101,17 @@ def test_refused_before_ray_in_one_line(overrides, message):
     with pytest.raises(RPGConfigError) as err:
         apply(*overrides)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_tiny_task_computes_log_probs_per_mini_batch_in_this_mode(world_size, tmp_path):
+    from rpg.tiny.build import TinyAssets
+    from rpg.tiny.overrides import MINI_BATCH_SIZE, ROLLOUT_N, TRAIN_BATCH_SIZE, tiny_task_overrides
+
+    key = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+    assets = TinyAssets.at(tmp_path)
+    sync = values(tiny_task_overrides(assets, world_size=world_size))
+    sep = values(tiny_task_overrides(assets, world_size=world_size, trainer_mode="separate_async"))
+    assert sync[key] == TRAIN_BATCH_SIZE * ROLLOUT_N // world_size
+    assert sep[key] == sep["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] == MINI_BATCH_SIZE * ROLLOUT_N // world_size
+    assert {k: v for k, v in sync.items() if "log_prob" not in k} == {k: v for k, v in sep.items() if "log_prob" not in k}
