@@ -249,7 +249,8 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     # the assets' paths before they are built (the keys are checked first; a first build takes a minute)
     planned = TinyAssets.at(default_cache_root() / builder_key())
     overrides = with_experiment_name(
-        [*tiny_task_overrides(planned, steps=args.steps, test_freq=args.test_freq, world_size=nnodes * per_node),
+        [*tiny_task_overrides(planned, steps=args.steps, test_freq=args.test_freq, world_size=nnodes * per_node,
+                              trainer_mode=values(rest).get("trainer.v1.trainer_mode")),
          *algo_overrides, *gpus, *rest], [*gpus, *rest])
     stage[0] = "checking the config (nothing was started)"
     from rpg.verl.preflight import error_line

@@ -72,7 +72,8 @@ def finalize(overrides: list[str], user: Sequence[str]) -> list[str]:
     return merge_overrides(overrides, [f"{OVERLONG_LEN}={resp // 4}"])
 
 
-def tiny_launch_overrides(backend_name: str, steps: int = 2, world_size: int = 1) -> list[str]:
+def tiny_launch_overrides(backend_name: str, steps: int = 2, world_size: int = 1,
+                          trainer_mode: str | None = None) -> list[str]:
     """The tiny task's model/data/size/schedule overrides (rpg.tiny), without any algorithm keys, with
     micro-batches split over ``world_size`` ranks (``LaunchError`` when they cannot be); the assets' paths are
     where ``build_tiny_assets`` puts them (built later: the command line is checked first)."""
@@ -83,7 +84,8 @@ def tiny_launch_overrides(backend_name: str, steps: int = 2, world_size: int = 1
         check_world_size(world_size)
     except ValueError as e:
         raise LaunchError(f"RPG_BACKEND={backend_name}: {e}") from None
-    return task_overrides(TinyAssets.at(default_cache_root() / builder_key()), steps=steps, world_size=world_size)
+    return task_overrides(TinyAssets.at(default_cache_root() / builder_key()), steps=steps, world_size=world_size,
+                          trainer_mode=trainer_mode)
 
 
 def tiny_world_overrides(req: LaunchRequest) -> list[str]:
@@ -122,7 +124,8 @@ def plan(req: LaunchRequest, v: Variant, user: Sequence[str]) -> tuple[list[str]
         except ValueError as e:
             raise LaunchError(str(e)) from None
         groups = [[o for o in g if override_key(o) not in owned] for g in groups]
-        groups += [tiny_launch_overrides(req.backend, world_size=nnodes * gpus), world]
+        mode = values([*groups[0], *groups[1], *user]).get("trainer.v1.trainer_mode")
+        groups += [tiny_launch_overrides(req.backend, world_size=nnodes * gpus, trainer_mode=mode), world]
         if not req.ckpts_dir and not req.cluster:
             # relative: the harness runs the trainer in OUT_DIR (a cluster job keeps CKPTS_DIR's default)
             names = values(groups[1])

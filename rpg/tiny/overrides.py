@@ -85,12 +85,14 @@ def tiny_task_overrides(
     val_n: int = 4,
     mini_batch_size: int = MINI_BATCH_SIZE,
     world_size: int = 1,
+    trainer_mode: str | None = None,
 ) -> list[str]:
     """Model, data, sizes, sampling and schedule of the tiny task (no algorithm settings).
 
     One micro-batch per mini-batch and rank (``mini_batch_size * n / world_size`` sequences); the
     old-policy and reference log-probs of each rank's share of the batch in one forward
-    (``train_batch_size * n / world_size``). ``world_size`` (``trainer.nnodes`` x
+    (``train_batch_size * n / world_size``), of its mini-batch with ``trainer_mode="separate_async"`` (whose step
+    computes them per mini-batch). ``world_size`` (``trainer.nnodes`` x
     ``trainer.n_gpus_per_node``, set by the caller) must divide ``mini_batch_size * n``: 1, 2, 4, 8
     or 16 with the defaults.
     """
@@ -102,6 +104,7 @@ def tiny_task_overrides(
         )
     check_world_size(world_size, mini_batch_size, n)
     mini, batch = mini_batch_size, train_batch_size
+    log_prob_rows = (mini if trainer_mode == "separate_async" else batch) * n // world_size
     return [
         f"data.train_files={hydra_value(str(assets.train_file), 'data.train_files')}",
         f"data.val_files={hydra_value(str(assets.val_file), 'data.val_files')}",
@@ -115,8 +118,8 @@ def tiny_task_overrides(
         "actor_rollout_ref.model.use_remove_padding=True",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mini * n // world_size}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * n // world_size}",
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={batch * n // world_size}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={log_prob_rows}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={log_prob_rows}",
         f"actor_rollout_ref.rollout.n={n}",
         "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.top_p=1.0",
@@ -176,7 +179,9 @@ def tiny_overrides(
     algo: str = "grpo",
     mini_batch_size: int = MINI_BATCH_SIZE,
     world_size: int = 1,
+    trainer_mode: str | None = None,
 ) -> list[str]:
     """Task + algorithm overrides (``algo`` of TINY_ALGORITHMS; pair them with its entry)."""
-    task = tiny_task_overrides(assets, steps, test_freq, train_batch_size, n, val_n, mini_batch_size, world_size)
+    task = tiny_task_overrides(assets, steps, test_freq, train_batch_size, n, val_n, mini_batch_size, world_size,
+                               trainer_mode)
     return [*task, *tiny_algorithm(algo, lr)[1]]

@@ -9,7 +9,7 @@ duration of the call (``with_reference_log_prob``). The config it gets has ``use
 (``with_kl_loss``): the driver sets ``use_kl_loss=True`` only so that verl builds the reference
 model; the KL is inside the RPG loss and verl's own KL term must not be added.
 
-Stale sampler (``policy_loss.rpg_stale_sampler``, set by the driver for ``trainer.v1.trainer_mode=colocate_async``):
+Stale sampler (``policy_loss.rpg_stale_sampler``, set by the driver for ``trainer.v1.trainer_mode=colocate_async`` and ``separate_async``):
 the micro-batch's samples come from the rollout policy mu, whose log-probs it holds as ``rollout_log_probs``.
 ``rpg_actor_loss`` computes the behaviour weights b = pi_old/mu per token (``rpg.behavior``; level and
 truncation from ``rpg.loss.behavior_weight_level``/``_cap``) and hands them to the policy loss for the

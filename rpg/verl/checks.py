@@ -2,9 +2,10 @@
 
 ``rpg.verl.translate.apply_to_verl_config`` runs them before it writes any verl key:
 
-* the trainer: verl's v1 trainer in ``sync`` or ``colocate_async`` mode (``check_trainer``), and in
-  ``colocate_async`` everything that keeps the loss exact under a stale sampler mu (the weights pi_old/mu
-  applied once, by the RPG loss or by verl's rollout correction, never twice, never dropped);
+* the trainer: verl's v1 trainer in ``sync``, ``colocate_async`` or ``separate_async`` mode (``check_trainer``),
+  and in the asynchronous modes everything that keeps the loss exact under a stale sampler mu (the weights
+  pi_old/mu applied once, by the RPG loss or by verl's rollout correction, never twice, never dropped);
+  ``separate_async`` as the recipe runs it (``check_separate_async``: the CPU backend, its weight sync);
 * reference copies (``rpg.reference.mode`` periodic or kl_threshold copy rank-local actor shards into the
   reference, ``check_reference_copies``): the same engine and the same shard layout on both sides, no LoRA,
   no Ulysses sequence parallelism and no fused kernels (no logits) under the probe of
@@ -22,7 +23,7 @@ from rpg.config.access import RPGConfigError, fail as _fail
 
 def check_trainer(cfg, settings: RPGSettings) -> bool:
     """verl's v1 trainer in a mode the recipe runs (``check_trainer_mode``), no distillation. Returns True
-    for a stale sampler (``colocate_async``)."""
+    for a stale sampler (``colocate_async``, ``separate_async``)."""
     if not config_value(cfg, "trainer.use_v1", True):
         _fail("trainer.use_v1=False is not supported by the RPG recipe (it extends verl's v1 trainer); "
               "allowed: trainer.use_v1=True")
@@ -159,12 +160,10 @@ def check_rpg_reward_kwargs(cfg) -> None:
 # ----------------------------------------------------------------------------- trainer mode
 
 
-TRAINER_MODES = ("sync", "colocate_async")  # trainer.v1.trainer_mode values the recipe runs (rpg.verl.main)
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")  # trainer.v1.trainer_mode values the recipe runs
 _GPU_ASYNC = ("needs two or more GPUs (a separate rollout pool) and a GPU weight-sync backend, not the CPU "
               "backend's naive one")
 REFUSED_ASYNC = {
-    "separate_async": f"{_GPU_ASYNC}, and swaps the actor worker for verl's DetachActorWorker, which does not "
-                      "install the RPG loss (plan: docs/verl-integration.md)",
     "one_step_off_policy": f"is verl's older recipe (python -m verl.experimental.one_step_off_policy.main_ppo): it "
                            f"{_GPU_ASYNC} and rewrites the actor's loss_mode to bypass_mode, replacing the RPG loss",
     "fully_async_policy": f"is verl's older recipe (python -m verl.experimental.fully_async_policy.fully_async_main): "
@@ -187,8 +186,8 @@ def resume_hint(mode: str, command: str) -> str:
 
 
 def check_trainer_mode(cfg, settings: RPGSettings) -> bool:
-    """``trainer.v1.trainer_mode``: sync, or colocate_async with everything that keeps the loss exact under a
-    stale sampler mu (one line each otherwise). Returns True for a stale sampler."""
+    """``trainer.v1.trainer_mode``: sync, or colocate_async / separate_async with everything that keeps the loss exact
+    under a stale sampler mu (one line each otherwise). Returns True for a stale sampler."""
     mode = config_value(cfg, "trainer.v1.trainer_mode", "sync")
     if mode in REFUSED_ASYNC:
         _fail(f"trainer.v1.trainer_mode={mode} is not supported by the RPG recipe: it {REFUSED_ASYNC[mode]}; "
@@ -202,7 +201,9 @@ def check_trainer_mode(cfg, settings: RPGSettings) -> bool:
                 _fail(f"rpg.loss.{field}={getattr(loss, field)!r} is only used with a stale sampler "
                       f"(trainer.v1.trainer_mode=colocate_async); leave it at {getattr(_DEFAULT_BEHAVIOR, field)!r}")
         return False
-    # colocate_async: every sample comes from mu, one or more updates behind pi_old
+    # colocate_async, separate_async: every sample comes from mu, one or more updates behind pi_old
+    if mode == "separate_async":
+        check_separate_async(cfg, settings)
     why = "the samples come from a stale policy mu"
     if settings.optimizer == "schedulefree":
         _fail(f"rpg.optimizer=schedulefree is not supported with trainer.v1.trainer_mode={mode}: its validation "
@@ -237,3 +238,51 @@ def check_trainer_mode(cfg, settings: RPGSettings) -> bool:
               f"loss would ignore it; set {rc}.rollout_is=token|sequence or {rc}.bypass_mode=True, or use "
               "rpg.loss.name=rpg")
     return True
+
+
+def check_separate_async(cfg, settings: RPGSettings) -> None:
+    """``trainer.v1.trainer_mode=separate_async`` as the recipe runs it: the CPU backend's weight sync
+    (rpg.backends.cpu.weight_sync; the CPU backend's launch sets it, with a pool of one rollout rank), verl's batch
+    rule, the hybrid replicas kept (the reference copies live in the fused worker) and not lent to generation, the
+    HF rollout. One line each, before Ray."""
+    from rpg.backends import backend_of_run
+    from rpg.backends.cpu.settings import CHECKPOINT_ENGINE, CHECKPOINT_ENGINE_ROOT, ENGINE_MODULE, ENGINE_NAME
+
+    mode = "trainer.v1.trainer_mode=separate_async"
+    if backend_of_run(cfg) != "cpu":
+        _fail(f"{mode} is supported on the CPU backend only (trainer.device=cpu): on GPUs the recipe has not run it "
+              "(verl's weight sync there is NCCL); allowed: sync, colocate_async")
+    engine = config_value(cfg, CHECKPOINT_ENGINE, "naive")
+    module = config_value(cfg, f"{CHECKPOINT_ENGINE_ROOT}.custom_backend_module", None)
+    if engine != ENGINE_NAME or module != ENGINE_MODULE:
+        _fail(f"{CHECKPOINT_ENGINE}={engine} with {CHECKPOINT_ENGINE_ROOT}.custom_backend_module={module}: {mode} on "
+              f"the CPU backend syncs the standalone rollout pool through {ENGINE_NAME} from {ENGINE_MODULE}; set both "
+              "(the CPU backend's launch does)")
+    for key in ("actor_rollout_ref.rollout.nnodes", "actor_rollout_ref.rollout.n_gpus_per_node"):
+        value = config_value(cfg, key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            _fail(f"{key}={value!r} with {mode}: the standalone rollout pool needs an integer >= 1 (one logical GPU "
+                  "per rollout rank)")
+    k = config_value(cfg, "trainer.v1.separate_async.parameter_sync_step", 4)
+    batch, mini = config_value(cfg, "data.train_batch_size"), config_value(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size")
+    if batch != k * mini:
+        _fail(f"data.train_batch_size={batch} with {mode}: it must equal trainer.v1.separate_async.parameter_sync_step"
+              f"={k} x actor_rollout_ref.actor.ppo_mini_batch_size={mini} (one weight sync every {k} updates)")
+    world = int(config_value(cfg, "trainer.nnodes", 1)) * int(config_value(cfg, "trainer.n_gpus_per_node", 1))
+    rows = mini * int(config_value(cfg, "actor_rollout_ref.rollout.n", 1)) // world
+    for role in ("rollout", "ref"):
+        key = f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu"
+        size = config_value(cfg, key, None)
+        if isinstance(size, int) and size > 0 and rows % size:
+            _fail(f"{key}={size} with {mode}: its log-probs are computed per mini-batch, {rows} sequences per rank "
+                  f"(ppo_mini_batch_size={mini} x rollout.n / {world} ranks); set a divisor of {rows}")
+    if not config_value(cfg, "actor_rollout_ref.hybrid_engine", True):
+        _fail(f"actor_rollout_ref.hybrid_engine=False with {mode} is not supported by the recipe (not run; the "
+              "reference copies of rpg.reference.mode periodic|kl_threshold need the fused worker); leave it True")
+    if config_value(cfg, "trainer.v1.separate_async.hybrid_rollout.enable_switch", False):
+        _fail(f"trainer.v1.separate_async.hybrid_rollout.enable_switch=True with {mode} is not supported by the "
+              "recipe (not run); set it to False")
+    name = config_value(cfg, "actor_rollout_ref.rollout.name", "hf")
+    if name != "hf":
+        _fail(f"actor_rollout_ref.rollout.name={name} with {mode} is not supported by the recipe (its standalone "
+              "replicas were run with the HF rollout only); allowed: hf")

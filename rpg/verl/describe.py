@@ -47,6 +47,10 @@ def _describe_async(cfg, settings: RPGSettings) -> str:
            f"max_off_policy={config_value(cfg, 'trainer.v1.sampler.max_off_policy_threshold', None)} "
            f"({config_value(cfg, 'trainer.v1.sampler.max_off_policy_strategy', 'drop')}) "
            f"old_log_probs={'rollout (bypass: pi_old := mu)' if bypass else 'recomputed (decoupled)'}")
+    if mode == "separate_async":
+        pool = [config_value(cfg, f"actor_rollout_ref.rollout.{k}", None) for k in ("nnodes", "n_gpus_per_node")]
+        out += (f" parameter_sync_step={config_value(cfg, f'{v1}.parameter_sync_step', 4)} rollout_pool={pool[0]}x{pool[1]}"
+                f" weight_sync={config_value(cfg, 'actor_rollout_ref.rollout.checkpoint_engine.backend', None)}")
     if settings.uses_rpg_actor_loss:
         loss = settings.loss
         cap = "untruncated (exact)" if loss.behavior_weight_cap is None else f"truncated at {loss.behavior_weight_cap} (biased)"

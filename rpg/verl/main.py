@@ -8,8 +8,8 @@ validate_config -> run_ppo) with two differences:
    files, model/tokenizer directories, resume checkpoint), BEFORE verl's ``validate_config`` and
    before Ray starts (bad value -> one-line ``RPGConfigError`` naming the key, exit code 2);
 2. ``run_ppo`` gets ``RPGTaskRunner``, whose ``run`` is verl's ``TaskRunnerV1.run`` with the
-   trainer class ``RPGTrainer`` (``trainer.v1.trainer_mode=sync``) or ``RPGTrainerColocateAsync``
-   (``colocate_async``): RPG's hooks on verl's own class for that mode (verl compares the mode's name
+   trainer class ``RPGTrainer`` (``trainer.v1.trainer_mode=sync``), ``RPGTrainerColocateAsync``
+   (``colocate_async``) or ``RPGTrainerSeparateAsync`` (``separate_async``): RPG's hooks on verl's own class for that mode (verl compares the mode's name
    to pick the replay buffer, so no new trainer name is registered), and
    verl's file logger pointed at a new segment of the run's metrics history for the duration of
    ``fit`` (``log_segment``: a resume never truncates the history; ``rpg.common.history``).

@@ -1,13 +1,16 @@
 """``RPGTrainer``: verl 0.9.1's v1 synchronous trainer (``PPOTrainerSync``) plus RPG's schedules;
-``RPGTrainerColocateAsync``: the same on verl's ``PPOTrainerColocateAsync`` (both ``RPGTrainerMixin``).
+``RPGTrainerColocateAsync`` and ``RPGTrainerSeparateAsync``: the same on verl's ``PPOTrainerColocateAsync`` and
+``PPOTrainerSeparateAsync`` (all ``RPGTrainerMixin``).
 
 Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is patched):
 
-* ``_init_resource_pool_mgr``: swap the actor/rollout/ref worker class for
-  ``RPGActorRolloutRefWorker`` (as verl's separate-async trainer does).
+* ``_init_resource_pool_mgr``: swap the actor/rollout/ref worker class for the mode's ``worker_cls``
+  (``RPGActorRolloutRefWorker``; ``RPGDetachActorWorker`` in separate_async, where verl swaps in its
+  ``DetachActorWorker`` first).
 * ``_compute_ref_log_prob`` (reference modes only): after verl's computation, log
   ``rpg/ref_kl`` = token-mean k3 estimate of KL(pi_old || pi_ref) on the batch (samples from
-  pi_old); the ``kl_threshold`` schedule averages it.
+  pi_old); the ``kl_threshold`` schedule averages it over every mini-batch of the step (separate_async
+  runs ``parameter_sync_step`` of them, each with its own reference log-probs).
 * ``step``: after verl's step (rollout -> old/ref log-probs -> advantage -> actor update), run the
   reference schedule: ``periodic`` copies actor -> reference when ``global_steps % K == 0``;
   ``kl_threshold`` keeps ``ema = d*ema + (1-d)*ref_kl`` and copies (and resets ema to 0) when
@@ -52,6 +55,7 @@ import transfer_queue as tq
 
 from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
@@ -61,7 +65,7 @@ from rpg.verl.checkpoint_digests import REFERENCE_DIR, join_reports
 from rpg.verl.checkpoints import recorded_settings, write_marker
 from rpg.config import parse_rpg_settings
 from rpg.verl.validation import SamplesPerSource
-from rpg.verl.worker import RPGActorRolloutRefWorker
+from rpg.verl.worker import RPGActorRolloutRefWorker, RPGDetachActorWorker
 
 logger = logging.getLogger(__name__)
 
@@ -70,18 +74,30 @@ REFERENCE_WEIGHTS_DIR = REFERENCE_DIR
 _ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor, Role.RefPolicy)
 
 
-def k3_token_kl(old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.Tensor,
-                weights: torch.Tensor | None = None) -> float:
-    """Token-mean k3 estimate of KL(pi_old || pi_ref) (>= 0 per token) from samples of pi_old, or, given
-    ``weights`` b = pi_old/mu, from samples of a stale sampler mu: the b-weighted (self-normalised) mean
-    sum(b*k3)/sum(b), an estimate under pi_old."""
+def k3_token_kl_parts(old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.Tensor,
+                      weights: torch.Tensor | None = None) -> tuple[float, float]:
+    """(sum(m*k3), sum(m)) of the k3 estimate of KL(pi_old || pi_ref) (>= 0 per token), m the mask, times the
+    weights b = pi_old/mu when given: the parts ``kl_of_parts`` turns into one estimate over several batches."""
     log_r = (ref_log_prob - old_log_prob).clamp(-20.0, 20.0)
     k3 = torch.exp(log_r) - log_r - 1.0
     m = mask.to(k3.dtype)
     if weights is not None:
         m = m * weights.to(k3.dtype)
-        return float((k3 * m).sum() / m.sum()) if float(m.sum()) > 0 else 0.0
-    return float((k3 * m).sum() / m.sum().clamp_min(1.0))
+    return float((k3 * m).sum()), float(m.sum())
+
+
+def kl_of_parts(parts: list[tuple[float, float]]) -> float:
+    """sum of the numerators / sum of the denominators (0 when no token counts)."""
+    num, den = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    return num / den if den > 0 else 0.0
+
+
+def k3_token_kl(old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, mask: torch.Tensor,
+                weights: torch.Tensor | None = None) -> float:
+    """Token-mean k3 estimate of KL(pi_old || pi_ref) from samples of pi_old, or, given ``weights`` b = pi_old/mu,
+    from samples of a stale sampler mu: the b-weighted (self-normalised) mean sum(b*k3)/sum(b), an estimate under
+    pi_old."""
+    return kl_of_parts([k3_token_kl_parts(old_log_prob, ref_log_prob, mask, weights)])
 
 
 class ReferenceSchedule:
@@ -128,15 +144,17 @@ class RPGTrainerMixin:
         self.schedule_free = self.rpg.optimizer == "schedulefree"
         ref = self.rpg.reference
         self.ref_schedule = ReferenceSchedule(ref.mode, ref.update_every, ref.kl_threshold, ref.kl_ema_decay)
-        self._last_ref_kl: float | None = None
+        self._ref_kl_parts: list[tuple[float, float]] = []  # this step's mini-batches (separate_async: several)
         self._rpg_pending_metrics: dict = {}  # logged with the next step's metrics
 
     # ------------------------------------------------------------------ workers
+    worker_cls = RPGActorRolloutRefWorker  # the actor/rollout/ref worker of this trainer's mode
+
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
         for role in list(self.role_worker_mapping):
             if role in _ACTOR_ROLES:
-                self.role_worker_mapping[role] = ray.remote(RPGActorRolloutRefWorker)
+                self.role_worker_mapping[role] = ray.remote(self.worker_cls)
 
     # ------------------------------------------------------------------ data
     def _init_dataloader(self):
@@ -196,12 +214,14 @@ class RPGTrainerMixin:
         if stale:
             weights = behavior_weights(data["old_log_probs"].float(), data["rollout_log_probs"].float(),
                                        data["response_mask"])
-        self._last_ref_kl = k3_token_kl(data["old_log_probs"].float(), data["ref_log_prob"].float(),
-                                        data["response_mask"], weights)
-        metrics["rpg/ref_kl"] = self._last_ref_kl
+        parts = k3_token_kl_parts(data["old_log_probs"].float(), data["ref_log_prob"].float(),
+                                  data["response_mask"], weights)
+        self._ref_kl_parts.append(parts)
+        metrics["rpg/ref_kl"] = kl_of_parts([parts])
         return batch
 
     def step(self, metrics: dict, timing_raw: dict):
+        self._ref_kl_parts = []  # the schedule reads every mini-batch of this step (separate_async: several)
         batch = super().step(metrics, timing_raw)
         if self.rpg.reference.resets:
             with marked_timer("rpg_reference", timing_raw, color="purple"):
@@ -225,7 +245,7 @@ class RPGTrainerMixin:
         out = {}
         if self.rpg.reference.log_weight_diff:
             out.update(self._reference_diffs("pre"))
-        reset = sched.should_reset(step, self._last_ref_kl)
+        reset = sched.should_reset(step, kl_of_parts(self._ref_kl_parts) if self._ref_kl_parts else None)
         if self.rpg.reference.mode == "kl_threshold":
             out["rpg/ref_kl_ema"] = sched.kl_ema
         if reset:
@@ -356,5 +376,15 @@ class RPGTrainerColocateAsync(RPGTrainerMixin, PPOTrainerColocateAsync):
     weights pi_old/mu are applied in the actor loss (``rpg.verl.actor_loss``)."""
 
 
+class RPGTrainerSeparateAsync(RPGTrainerMixin, PPOTrainerSeparateAsync):
+    """verl's separate-async v1 trainer with RPG's schedules (``trainer.v1.trainer_mode=separate_async``): verl's
+    standalone rollout pool, weight sync every ``parameter_sync_step`` updates and pi_old snapshots, on
+    ``RPGDetachActorWorker`` (verl's ``DetachActorWorker`` with the RPG loss and a real pi_old copy); the weights
+    pi_old/mu are applied in the actor loss, as in colocate_async."""
+
+    worker_cls = RPGDetachActorWorker
+
+
 # trainer.v1.trainer_mode -> the RPG trainer class (rpg.verl.main; the modes rpg.verl.checks.TRAINER_MODES allows)
-RPG_TRAINERS = {"sync": RPGTrainer, "colocate_async": RPGTrainerColocateAsync}
+RPG_TRAINERS = {"sync": RPGTrainer, "colocate_async": RPGTrainerColocateAsync,
+                "separate_async": RPGTrainerSeparateAsync}

@@ -20,6 +20,9 @@ trainer uses with ``DetachActorWorker``). Additions:
   loadable at another world size); ``rpg_checkpoint_digests`` hashes the checkpoint files this rank wrote.
 * checkpoints at another world size (``init_model``): the actor engine's checkpoint manager becomes
   ``rpg.verl.reshard.ReshardingCheckpointManager`` (verl's, plus loading another world size's shards).
+* ``RPGDetachActorWorker`` (``trainer.v1.trainer_mode=separate_async``): the same on verl's ``DetachActorWorker``,
+  whose host snapshot of pi_old is made a real copy (``rpg.verl.snapshot``: on the CPU backend verl's aliases
+  the live weights).
 * schedule-free modes (``sf_set_mode``, ONE_TO_ALL): ``AdamWScheduleFree`` is switched to train
   mode once the model is built (its ``step()`` refuses to run otherwise) and stays there; the
   trainer switches to eval (averaged x weights) only around validation and checkpoint saving.
@@ -34,6 +37,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from verl.experimental.separation.engine_workers import DetachActorWorker
 from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
@@ -41,6 +45,7 @@ from rpg.verl.checkpoint_digests import rank_entries, reference_file
 from rpg.verl.reference_copy import (copy_actor_to_reference, local_shard, max_shard_diff, next_token_nll,
                                      paired_local_shards, probe_logits, probe_token_ids, wait_for_offload_copies)
 from rpg.verl.reshard import ReshardingCheckpointManager, reference_shards, saved_shard
+from rpg.verl.snapshot import owned_snapshot
 from rpg.config import RPG_LOSSES
 
 logger = logging.getLogger(__name__)
@@ -183,3 +188,15 @@ class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
             r.copy_(local.to(device=r.device, dtype=r.dtype))
         if dist.is_initialized():
             dist.barrier()
+
+
+class RPGDetachActorWorker(RPGActorRolloutRefWorker, DetachActorWorker):
+    """``RPGActorRolloutRefWorker`` on verl's ``DetachActorWorker`` (pi_old snapshots for ``separate_async``), the
+    snapshot a real copy of the weights it was taken from (``rpg.verl.snapshot.owned_snapshot``)."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_model_to_cpu(self, n):
+        if not hasattr(self, "cpu_saved_models"):
+            self.cpu_saved_models = {}
+        module = self.actor.engine.module
+        self.cpu_saved_models[n] = owned_snapshot(self.copy_handler(module), module)

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from rpg.backends import PLATFORM_ENV
 from rpg.backends.cpu import settings, vllm_cpu, world
 from rpg.backends.cpu.settings import cpu_env, cpu_overrides
-from rpg.common.overrides import override_key, values
+from rpg.common.overrides import merge_overrides, override_key, values
 from rpg.common.run_env import EXTERNAL_MODULES_ENV
 from rpg.config import world_size_of
 
@@ -26,12 +26,19 @@ def run_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
 
 def run_overrides(env: Mapping[str, str], overrides: Iterable[str] = (), *, joins_cluster: bool = False) -> list[str]:
     """``cpu_overrides`` for the world size ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` of ``overrides``
-    (default 1 x 1; a bad value is left to the driver's one line), which sizes the private local Ray."""
+    (default 1 x 1; a bad value is left to the driver's one line), which sizes the private local Ray; with
+    ``trainer.v1.trainer_mode=separate_async`` also its standalone rollout pool (``settings.separate_async_overrides``)."""
+    given = values(list(overrides))
     try:
-        nnodes, gpus = world_size_of(values(list(overrides)))
+        nnodes, gpus = world_size_of(given)
     except ValueError:
         nnodes, gpus = 1, 1
-    return cpu_overrides(env, nnodes, gpus, joins_cluster=joins_cluster)
+    pool = settings.separate_async_overrides(given)
+    try:
+        rollout = world.rollout_ranks_of({**given, **values(pool)})
+    except ValueError:
+        rollout = 0
+    return merge_overrides(cpu_overrides(env, nnodes, gpus, joins_cluster=joins_cluster, rollout_ranks=rollout), pool)
 
 
 def owned_keys() -> set[str]:

@@ -19,12 +19,18 @@ from collections.abc import Iterable, Mapping
 
 from rpg.backends import PLATFORM_ENV
 from rpg.backends.cpu import vllm_cpu
+from rpg.backends.cpu import world
 from rpg.backends.cpu.world import ray_resource_overrides
 from rpg.backends.hf_rollout.register import ROLLOUT_NAME
 from rpg.common.overrides import merge_overrides
 from rpg.common.run_env import EXTERNAL_MODULES_ENV, RUN_ENV, external_modules, forwarded_env_overrides
 
 REGISTER_MODULE = "rpg.backends.cpu.register"
+CHECKPOINT_ENGINE_ROOT = "actor_rollout_ref.rollout.checkpoint_engine"
+CHECKPOINT_ENGINE = f"{CHECKPOINT_ENGINE_ROOT}.backend"
+# the weight sync of a standalone rollout pool (separate_async): its registered name and the module verl imports
+# (checkpoint_engine.custom_backend_module) to register it
+ENGINE_NAME, ENGINE_MODULE = "rpg_cpu_object_store", "rpg.backends.cpu.weight_sync"
 
 # Forwarded to every Ray process through ray_kwargs.ray_init.runtime_env.env_vars as well
 # (Ray workers on this node also inherit the driver's environment; the explicit forward keeps it
@@ -58,14 +64,14 @@ def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
 
 
 def cpu_overrides(env: Mapping[str, str] | None = None, nnodes: int = 1, n_gpus_per_node: int = 1, *,
-                  joins_cluster: bool = False) -> list[str]:
+                  joins_cluster: bool = False, rollout_ranks: int = 0) -> list[str]:
     """Hydra overrides that make verl's trainer run on the CPU backend (any model size).
 
     ``env`` (default: ``cpu_env()``) supplies the values forwarded to Ray workers; with
     ``RPG_CPU_ROLLOUT=vllm`` in it, verl's vLLM rollout replaces the HF one (``vllm_cpu.vllm_overrides``).
     ``nnodes`` x ``n_gpus_per_node`` is the world size (FSDP ranks, gloo): the private local Ray gets
     that many *logical* GPUs and the CPUs their placement needs (``rpg.backends.cpu.world.ray_resources``;
-    the harness reads both from the run's overrides).
+    the harness reads both from the run's overrides), plus ``rollout_ranks`` for a standalone rollout pool.
 
     ``joins_cluster=True``: a job on a running Ray cluster (``ray job submit``, ``cluster_job_env``): its nodes
     declared their logical GPUs when they started (``ray start --num-gpus``), ``ray.init`` refuses resource
@@ -74,7 +80,7 @@ def cpu_overrides(env: Mapping[str, str] | None = None, nnodes: int = 1, n_gpus_
     """
     env = cpu_env() if env is None else env
     world = ([f"trainer.nnodes={nnodes}", f"trainer.n_gpus_per_node={n_gpus_per_node}"] if joins_cluster
-             else [*ray_resource_overrides(nnodes, n_gpus_per_node), "+ray_kwargs.ray_init.include_dashboard=False"])
+             else [*ray_resource_overrides(nnodes, n_gpus_per_node, rollout_ranks), "+ray_kwargs.ray_init.include_dashboard=False"])
     ov = [
         # device and Ray resources: one logical "GPU" per rank (never touched, see platform.py)
         "trainer.device=cpu",
@@ -98,7 +104,7 @@ def cpu_overrides(env: Mapping[str, str] | None = None, nnodes: int = 1, n_gpus_
         "actor_rollout_ref.rollout.mode=async",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.agent.num_workers=1",
-        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+        f"{CHECKPOINT_ENGINE}=naive",
         # one reward worker (each is a ~300 MB Ray process) and one TransferQueue storage unit
         # (the default 8 units each hold a CPU and the v1 trainer hangs waiting for them)
         "reward.num_workers=1",
@@ -109,6 +115,17 @@ def cpu_overrides(env: Mapping[str, str] | None = None, nnodes: int = 1, n_gpus_
     if vllm_cpu.rollout_of(env) == "vllm":
         ov = merge_overrides(ov, vllm_cpu.vllm_overrides())  # rollout.name=vllm in place of hf
     return ov if joins_cluster else ov + forwarded_env_overrides(env, _FORWARDED)
+
+
+def separate_async_overrides(given: Mapping[str, object]) -> list[str]:
+    """What ``trainer.v1.trainer_mode=separate_async`` (in ``given``, the run's override values) needs on this backend
+    and the overrides leave unset: the weight sync of rpg.backends.cpu.weight_sync (the backend's other runs keep
+    ``naive``) and the pool ``world.SEPARATE_ASYNC_POOL``. Nothing for another mode."""
+    if given.get(world.TRAINER_MODE) != world.SEPARATE_ASYNC:
+        return []
+    wanted = {CHECKPOINT_ENGINE: ENGINE_NAME, f"{CHECKPOINT_ENGINE_ROOT}.custom_backend_module": ENGINE_MODULE,
+              **world.SEPARATE_ASYNC_POOL}
+    return [f"{key}={value}" for key, value in wanted.items() if key not in given]
 
 
 # Set for a private local Ray only: on a cluster its nodes' addresses are theirs (``ray start --node-ip-address``);

@@ -40,6 +40,12 @@ def server_name(replica_rank: int, suffix: str = "") -> str:
     return f"rpg_hf_rollout_server_{replica_rank}{suffix}"
 
 
+def checksum_add(total: float, tensor: torch.Tensor) -> float:
+    """``total`` plus the float64 sum of ``tensor``: the weight sync's fingerprint, summed in the order the tensors
+    were sent (rpg.backends.cpu.weight_sync on the actor's side, ``load_weights`` on the server's)."""
+    return total + float(tensor.double().sum().item())
+
+
 def rollout_device(platform: str | None = None, cuda_available: bool | None = None) -> torch.device:
     """Where the HF rollout server keeps its model: the CPU on the CPU backend (``VERL_PLATFORM=cpu``,
     even on a machine with a GPU), else ``cuda:0`` when CUDA is visible, else the CPU.
@@ -128,9 +134,14 @@ class HFRolloutServer:
             self.global_steps = global_steps
             self.weight_version += 1
             self._draws = {}
+            loaded = self.model.state_dict()
+            received = 0.0  # the model's weights read back under the names received, in their order
+            for name in state_dict:
+                received = checksum_add(received, loaded[name])
             print(
                 f"[hf-rollout] weights v{self.weight_version} loaded (global_steps={global_steps}, "
-                f"checksum={self._checksum():.6f}, batches since last: {self.batch_sizes[-50:]}, device={self.device})",
+                f"checksum={self._checksum():.6f}, batches since last: {self.batch_sizes[-50:]}, device={self.device}, "
+                f"received_checksum={received!r})",
                 flush=True,
             )
             self.batch_sizes = []
