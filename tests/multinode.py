@@ -17,6 +17,7 @@ node's ``ray start --block`` (``ray_cluster.sh`` execs it), whose SIGTERM stops 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -280,3 +281,26 @@ def steps(logs: Path, name: str) -> list[list[int]]:
                  if "training/global_step" in r.get("data", {})]
         out.append(steps)
     return out
+
+
+def loopback_marks(markers) -> list:
+    """A test module's marks: distributed, e2e, and a visible skip where the namespaces cannot be made."""
+    marks = [markers.distributed, markers.e2e]
+    if (why := namespaces_problem()) is not None:
+        marks.append(markers.skip(reason=why))
+    return marks
+
+
+@contextlib.contextmanager
+def loopback_cluster(prefix: str, **ports: int):
+    """A started ``LoopbackCluster`` in a new short temporary folder (Ray's socket paths are length-limited), stopped
+    and removed on the way out (the second node's tmpfs goes with its mount namespace)."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    c = LoopbackCluster(base, **ports)
+    try:
+        yield c.start()
+    finally:
+        c.close()
+        shutil.rmtree(base, ignore_errors=True)

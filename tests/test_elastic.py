@@ -9,29 +9,20 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from multinode import SUBMISSION, LoopbackCluster, finish, namespaces_problem, run_processes, steps, submit, wait_for
+from multinode import SUBMISSION, LoopbackCluster, finish, loopback_cluster, loopback_marks, run_processes, steps, submit, wait_for
 
-pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
-if (_why := namespaces_problem()) is not None:
-    pytestmark.append(pytest.mark.skip(reason=_why))
+pytestmark = loopback_marks(pytest.mark)
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    base = Path(tempfile.mkdtemp(prefix="rpgel"))  # short: Ray's socket paths are length-limited
-    c = LoopbackCluster(base, port=47379, dashboard_port=49265)
-    try:
-        yield c.start()
-    finally:
-        c.close()
-        shutil.rmtree(base, ignore_errors=True)
+    with loopback_cluster("rpgel", port=47379, dashboard_port=49265) as c:
+        yield c
 
 
 def _history(logs: Path, name: str) -> list[int]:

@@ -12,31 +12,21 @@ import ipaddress
 import os
 import re
 import signal
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from multinode import (SCRIPT, SUBMISSION, LoopbackCluster, finish, namespaces_problem, run_processes, steps,
+from multinode import (SCRIPT, SUBMISSION, finish, loopback_cluster, loopback_marks, run_processes, steps,
                        submit, training, wait_for)
 
-pytestmark = [pytest.mark.distributed, pytest.mark.e2e]
-if (_why := namespaces_problem()) is not None:
-    pytestmark.append(pytest.mark.skip(reason=_why))
-
+pytestmark = loopback_marks(pytest.mark)
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    base = Path(tempfile.mkdtemp(prefix="rpgmn"))  # short: Ray's socket paths are length-limited
-    c = LoopbackCluster(base)
-    try:
-        yield c.start()
-    finally:
-        c.close()  # the second node's tmpfs goes with its mount namespace
-        shutil.rmtree(base, ignore_errors=True)
+    with loopback_cluster("rpgmn") as c:
+        yield c
 
 
 def _loopback(ip: str) -> bool:
