@@ -110,3 +110,18 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if item not in deselected]
     e2e_files = {item.path for item in items if item.get_closest_marker("e2e")}
     items.sort(key=lambda item: item.path not in e2e_files)  # stable: False (e2e files) first
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test sees the environment the session started with: the launcher sets its backend's platform variables
+    in its own process (``os.environ``, as a launch must before verl is imported), and a test that calls it in
+    this process must not hand them to the next test of the same worker (``VERL_PLATFORM=cpu`` turns a GPU run
+    into a CPU one for every check that reads it)."""
+    import os
+
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
