@@ -309,6 +309,10 @@ def _launch(capsys, *argv: str, **env: str):
 PAPER = "run_rpg_7b_ufkl1e-4"
 
 
+CLUSTER_STAGE = pytest.mark.distributed  # a composed config each, or a Ray of its own: the distributed stage's time
+
+
+@CLUSTER_STAGE
 def test_an_elastic_submission_runs_the_supervisor_with_the_counts_that_keep_the_global_batch(capsys):
     rc, err, out = _launch(capsys, PAPER, NNODES="1:4", RPG_MAX_RESTARTS="2")
     assert rc == 0, err
@@ -324,6 +328,7 @@ def test_an_elastic_submission_runs_the_supervisor_with_the_counts_that_keep_the
     assert '{\\"nnodes\\": \\"2\\", \\"sizes\\": [1, 2]}' in out
 
 
+@CLUSTER_STAGE
 @pytest.mark.parametrize("env, argv, says", [
     ({"NNODES": "3:3"}, [], "NNODES=3:3: no node count in it runs this run at its global batch (3: "),
     ({"NNODES": "1:2"}, ["trainer.nnodes=2"], "both set the node count"),
@@ -434,6 +439,7 @@ print("LOCK=" + json.dumps(out))
 """
 
 
+@CLUSTER_STAGE
 def test_one_writer_per_checkpoint_folder(tmp_path):
     """A second holder of a folder is refused in one line naming the first; the token tells a supervisor's own trainer
     from a stranger; a holder gone frees the folder."""

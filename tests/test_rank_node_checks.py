@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from rpg.verl import node_checks
@@ -47,6 +48,7 @@ def test_each_node_holding_a_rank_group_is_asked_with_the_groups_gpus(monkeypatc
 
 PROBE = """
 import json, ray
+import pytest
 from omegaconf import OmegaConf
 from rpg.verl import node_checks
 from rpg.verl.cluster import alive_nodes
@@ -59,6 +61,7 @@ print("FOUND=" + json.dumps({"errors": errors, "node": alive_nodes()[0]["ip"]}))
 """
 
 
+@pytest.mark.distributed  # a Ray of its own: the distributed stage's time
 def test_a_gpu_node_without_cuda_is_named_before_any_rank_starts(tmp_path):
     """A real Ray node declaring 2 GPUs (logical: this machine has no CUDA): the task holding them runs the GPU
     backend's check there and the node's CUDA problem comes back as one line naming it."""
