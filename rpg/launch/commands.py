@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rpg.common.checkout import RECIPE_DIR, RECIPE_ENTRY
-from rpg.launch.request import LaunchError, LaunchRequest, _positive_int
+from rpg.launch.request import STOP_WAIT_S, STOP_WAIT_VAR, LaunchError, LaunchRequest  # noqa: F401 (the stop wait's home)
 
 
 def local_command(overrides: Sequence[str], root: Path, python: str | None = None) -> list[str]:
@@ -29,20 +29,13 @@ def ray_executable(env: Mapping[str, str]) -> str:
     return shutil.which("ray", path=env.get("PATH", "") + os.pathsep + str(Path(sys.executable).parent)) or "ray"
 
 
-# `ray job stop` SIGTERMs the driver, then SIGKILLs it after RAY_JOB_STOP_WAIT_TIME_S seconds (3 by default): Ray
-# 2.60's job supervisor reads it from its own environment (ray/dashboard/modules/job/job_supervisor.py:66 and
-# :408-413), which is the job's runtime env (job_manager.py:590-592, _get_supervisor_runtime_env copies its
-# env_vars). The driver's stop (Ray's shutdown, the checkpoint folder read on shared storage, the stop line with
-# its resume command) needs more than 3 s; a value the user exported is passed on instead.
-STOP_WAIT_VAR, STOP_WAIT_S = "RAY_JOB_STOP_WAIT_TIME_S", 60
 
 
 def ray_command(overrides: Sequence[str], req: LaunchRequest, job_env: Mapping[str, str],
                 submission_id: str | None = None, supervisor: Sequence[str] = ()) -> list[str]:
     """``ray job submit`` of the trainer's command, run by ``supervisor`` (a command the trainer's is appended to:
     the elastic supervisor, ``rpg.launch.node_plan.supervisor_prefix``) when given."""
-    stop_wait = _positive_int(req.env, STOP_WAIT_VAR) or STOP_WAIT_S  # Ray's int(): a bad value is refused here
-    runtime_env = {"env_vars": {"PYTHONUNBUFFERED": "1", STOP_WAIT_VAR: str(stop_wait), **job_env}}
+    runtime_env = {"env_vars": {"PYTHONUNBUFFERED": "1", STOP_WAIT_VAR: str(req.stop_wait_s), **job_env}}
     cmd = [ray_executable(req.env), "job", "submit", "--address", req.address, "--runtime-env-json",
            json.dumps(runtime_env)]
     if submission_id is not None:

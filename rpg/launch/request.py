@@ -29,6 +29,12 @@ from rpg.common.user_paths import user_folder, user_path
 from rpg.common.run_env import NETWORK_ENV
 from rpg.verl.preflight import name_problem
 
+# `ray job stop` SIGTERMs the driver, then SIGKILLs it after RAY_JOB_STOP_WAIT_TIME_S seconds (3 by default): Ray
+# 2.60's job supervisor reads it from its own environment (ray/dashboard/modules/job/job_supervisor.py:66 and
+# :408-413), which is the job's runtime env (job_manager.py:590-592, _get_supervisor_runtime_env copies its
+# env_vars). The driver's stop (Ray's shutdown, the checkpoint folder read on shared storage, the stop line with
+# its resume command) needs more than 3 s; a value the user exported is passed on instead.
+STOP_WAIT_VAR, STOP_WAIT_S = "RAY_JOB_STOP_WAIT_TIME_S", 60
 DEFAULT_MAX_RESTARTS = 3  # torchrun's --max-restarts has 0; a paper run is days long, and each restart costs minutes
 
 # The launcher's environment variables, declared once: the usage lists them, and one given as an argument
@@ -186,6 +192,7 @@ class LaunchRequest:
     nnodes: int | None  # NNODES, or MAX of an elastic count (the run is planned and checked at MAX)
     node_count: NodeCount | None  # NNODES as given
     max_restarts: int  # RPG_MAX_RESTARTS (elastic runs)
+    stop_wait_s: int  # RAY_JOB_STOP_WAIT_TIME_S for a Ray job (Ray's int(): a bad value is refused here)
     n_gpus_per_node: int | None
     loggers: tuple[str, ...] | None  # LOGGER
     project: str | None
@@ -226,6 +233,7 @@ class LaunchRequest:
             val_files=tuple(user_path(p, cwd) for p in split_list(val)) if val else None,
             ckpts_dir=_path(env, "CKPTS_DIR", cwd),
             nnodes=None if count is None else count.high, node_count=count, max_restarts=_max_restarts(env, count),
+            stop_wait_s=_positive_int(env, STOP_WAIT_VAR) or STOP_WAIT_S,
             n_gpus_per_node=_positive_int(env, "N_GPUS_PER_NODE"),
             loggers=tuple(split_list(logger)) if logger else None,
             file_logger_root=_path(env, "VERL_FILE_LOGGER_ROOT", cwd), tensorboard_dir=_path(env, "TENSORBOARD_DIR", cwd),

@@ -58,7 +58,7 @@ def alive_nodes() -> list[dict]:
 
 def alive_groups(gpus: int) -> int:
     """How many alive nodes can each hold a rank group (``gpus`` GPUs in all)."""
-    return sum(1 for n in alive_nodes() if n["gpus"] >= gpus)
+    return len(node_checks.group_nodes(alive_nodes(), gpus))
 
 
 def free_groups(gpus: int) -> int:
@@ -70,7 +70,7 @@ def free_groups(gpus: int) -> int:
 
 def capacity_problem(nodes: list[dict], nnodes: int, gpus_per_node: int) -> str | None:
     """Why ``nodes`` cannot hold ``nnodes`` x ``gpus_per_node`` ranks (one line naming the counts), or None."""
-    fitting = [n for n in nodes if n["gpus"] >= gpus_per_node]
+    fitting = node_checks.group_nodes(nodes, gpus_per_node)
     total = sum(n["gpus"] for n in nodes)
     need = nnodes * gpus_per_node
     if len(fitting) >= nnodes and total >= need:

@@ -60,6 +60,11 @@ def paths_view(paths: list[str]) -> dict:
     return {"node": ray.get_runtime_context().get_node_id(), "views": {p: path_view(p) for p in paths}}
 
 
+def group_nodes(nodes: list[dict], gpus: int) -> list[dict]:
+    """The nodes that can each hold a rank group (``gpus`` logical GPUs: what ``ray start --num-gpus`` declared)."""
+    return [n for n in nodes if n["gpus"] >= gpus]
+
+
 def on_each_node(fn: Callable, nodes: list[dict], *args, timeout_s: float = PROBE_TIMEOUT_S,
                  gpus: float = 0) -> list | None:
     """``fn(*args)`` run by a task pinned to each node (``NodeAffinitySchedulingStrategy``, soft=False), holding
@@ -206,15 +211,15 @@ def rank_nodes_problems(cfg, settings, nodes: list[dict], timeout_s: float = PRO
     name = backend_of_run(cfg)
     check = None if name is None or settings is None else backend(name).rank_node_check(cfg, settings)
     gpus = int(cfg.trainer.n_gpus_per_node)
-    group_nodes = [n for n in nodes if n["gpus"] >= gpus]
-    if check is None or not group_nodes:
+    groups = group_nodes(nodes, gpus)
+    if check is None or not groups:
         return [], []
     fn, args = check
-    answers = on_each_node(fn, group_nodes, *args, gpus=gpus, timeout_s=timeout_s)
+    answers = on_each_node(fn, groups, *args, gpus=gpus, timeout_s=timeout_s)
     if answers is None:
         return [f"no answer within {timeout_s:.0f} s from a task holding {gpus} GPU(s) on each of the "
-                f"{len(group_nodes)} GPU node(s) (the node checks): a node is unhealthy, or its GPUs are held by "
+                f"{len(groups)} GPU node(s) (the node checks): a node is unhealthy, or its GPUs are held by "
                 "another job (ray status)"], []
-    named = [(f"node {n['ip']} (id {n['id'][:12]})", errors, warnings) for n, (errors, warnings) in zip(group_nodes, answers)]
+    named = [(f"node {n['ip']} (id {n['id'][:12]})", errors, warnings) for n, (errors, warnings) in zip(groups, answers)]
     return ([f"{node}: {line}" for node, errors, _ in named for line in errors],
             [f"{node}: {line}" for node, _, warnings in named for line in warnings])
