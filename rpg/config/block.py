@@ -13,7 +13,7 @@ declaration derive:
   settings are built in code; every refusal is one ``RPGConfigError`` line naming the full key;
 * the recipe YAML's ``rpg:`` block and the docs table (``rpg.config.render``).
 
-How each setting reaches verl is the driver's part (``rpg.verl.settings``, ``rpg.verl.translate``).
+How each setting reaches verl: ``rpg.verl.translate``.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 
 Each field of ``RPGLossConfig`` is declared once with its type, default and one line saying what it
 does (field metadata ``doc``); ``RULES`` says what each field allows, checked in order on construction.
-From this one declaration derive the recipe's ``rpg.loss`` keys and the four verl actor keys the loss
-reads (``rpg.config.block``), the driver's checks (the driver and every actor worker build the config
-with the same function, so both refuse the same inputs), the recipe YAML's ``rpg.loss`` block and the
-settings table of docs/verl-integration.md (``rpg.config.render``).
+The recipe's ``rpg.loss`` keys, their checks, the YAML block and the docs table derive from it
+(``rpg.config.block``, ``rpg.config.render``; how the values reach the loss: ``rpg.verl.translate``).
 
 The loss itself (``rpg.losses``) needs torch; this declaration does not, so that the launchers, the
 variant-name grammar (``rpg.launch.variants``) and the config checks read the same names and rules

@@ -1,11 +1,8 @@
 """``RPGPolicyLossConfig``: verl's ``PolicyLossConfig`` plus what the RPG losses read on the workers.
 
-Selected with ``actor_rollout_ref.actor.policy_loss._target_=rpg.verl.policy_config.RPGPolicyLossConfig``
-(the driver sets it from the ``rpg:`` block, ``rpg.verl.translate``). verl instantiates it in the
-driver (``validate_config``) and in every actor worker, so the settings reach the loss without any
-other channel. No loss setting is declared here: ``rpg_loss`` carries the ``rpg.loss`` values
-(``rpg.config.loss_fields()`` of ``rpg.config.RPGLossConfig``), and the loss builds its
-``RPGLossConfig`` from them and verl's own actor keys (``rpg.verl.settings.loss_config``).
+Selected with ``actor_rollout_ref.actor.policy_loss._target_=rpg.verl.policy_config.RPGPolicyLossConfig`` by
+the driver (``rpg.verl.translate``, where the path from ``rpg.loss`` to the loss is told). verl instantiates it
+in the driver and in every actor worker; no loss setting is declared here (``rpg_loss`` carries them).
 """
 
 from __future__ import annotations

@@ -11,9 +11,7 @@ tensors by keyword. It is the single place where verl meets the loss library:
 * ``grpo_corrected``: verl's vanilla dual-clip PPO loss on A plus
   ``beta * agg_loss(grpo_corrected_kl(...))``, the importance-weighted k3 KL of Sec. 2.2.
 
-Settings: ``rpg.verl.settings.loss_config(config)`` builds the library's ``RPGLossConfig`` from
-verl's actor config (the ``rpg_loss`` mapping of ``RPGPolicyLossConfig`` + verl's clip ratios and
-aggregation), the same construction the driver ran before Ray.
+Settings: ``rpg.verl.settings.loss_config(config)`` (their path from ``rpg.loss``: ``rpg.verl.translate``).
 
 Anchor: verl's ``ppo_loss`` passes no ``ref_log_prob``. With ``policy_loss.rpg_anchor=sampler`` the
 anchor is pi_old (the paper's iterative reference). With ``reference`` the RPG actor loss

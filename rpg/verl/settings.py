@@ -1,17 +1,9 @@
 """The loss settings in the driver and the workers: ``loss_config``, ``POLICY_LOSS_TARGET``.
 
-The block is declared once, torch-free, in ``rpg.config`` (``RPGSettings``: every key with its default,
-what it allows and its doc; the ``rpg.loss`` keys derive from ``RPGLossConfig``). The driver
-(``rpg.verl.main``) calls ``rpg.verl.translate.validate_and_apply`` before Ray starts, so a bad value fails fast with ONE
-line naming the key and the allowed values; unknown keys anywhere under ``rpg.`` are rejected. It then
-writes the verl keys the settings imply (``rpg.verl.translate.apply_to_verl_config``, after the checks
-against verl's own keys, ``rpg.verl.checks``).
-
-The loss settings reach the actor workers through verl's own config: ``actor_rollout_ref.actor.policy_loss``
-becomes an ``RPGPolicyLossConfig`` (``POLICY_LOSS_TARGET``) whose ``rpg_loss`` mapping carries the ``rpg.loss``
-values; the clip ratios and the aggregation stay verl's actor keys (``ACTOR_FIELDS``). ``loss_config`` builds
-the exact ``RPGLossConfig`` from that actor config, in the driver before Ray and in each worker's loss, so
-both reject the same inputs (one validator: the library's ``RULES``).
+``loss_config(actor_config)`` builds the exact ``RPGLossConfig`` from verl's actor config (the ``rpg_loss``
+mapping of ``RPGPolicyLossConfig``, ``POLICY_LOSS_TARGET``, plus verl's clip ratios and aggregation,
+``ACTOR_FIELDS``), in the driver before Ray and in each worker's loss, so both refuse the same inputs. How the
+``rpg:`` values get there: ``rpg.verl.translate``.
 """
 
 from __future__ import annotations
