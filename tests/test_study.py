@@ -556,14 +556,15 @@ def test_staleness_grid_sets_exactly_the_mode_the_sync_step_the_threshold_and_th
         sync = _kv(R.spec_overrides(G.RunSpec(spec.variant, k, 1, G.STALENESS_SIZES), tmp_path))
         kv = _kv(R.spec_overrides(spec, tmp_path))
         assert kv["actor_rollout_ref.actor.ppo_mini_batch_size"] == str(16 // k) and kv["data.train_batch_size"] == "16"
-        expected = {"trainer.v1.trainer_mode": "separate_async", "trainer.v1.separate_async.parameter_sync_step": str(k),
+        expected = {"trainer.v1.trainer_mode": "separate_async",
+                    "trainer.v1.separate_async.parameter_sync_step": str(k),
                     "trainer.v1.separate_async.num_warmup_batches": "1",
                     "trainer.v1.sampler.max_off_policy_threshold": "2",
                     "trainer.v1.sampler.max_off_policy_strategy": "drop", **weights[spec.arm]}
         if k > 1:  # separate_async computes pi_old / reference log-probs per mini-batch
             expected.update({f"actor_rollout_ref.{r}.log_prob_micro_batch_size_per_gpu": str(16 // k * 4)
                              for r in ("rollout", "ref")})
-        # (the CPU backend's launch adds the standalone pool and weight sync for the mode, tests/test_separate_async_driver.py)
+        # (the CPU backend's launch adds the mode's rollout pool and weight sync: tests/test_separate_async_driver.py)
         assert {key: v for key, v in kv.items() if sync.get(key) != v and spec.run_id not in v} == expected, spec.label
 
 
@@ -585,13 +586,15 @@ def test_staleness_arms_compose_and_pass_the_drivers_checks(tiny_assets, tmp_pat
     (tmp_path / "plans.json").write_text(json.dumps(plans))
     code = ("import json, sys\nfrom rpg.launch.plan import compose\nfor ov in json.load(open(sys.argv[1])):\n"
             "    cfg, s = compose(ov)\n    print('OK', cfg.trainer.v1.separate_async.parameter_sync_step,"
-            " cfg.trainer.v1.sampler.max_off_policy_threshold, s.loss.behavior_weight_level, s.loss.behavior_weight_cap,"
+            " cfg.trainer.v1.sampler.max_off_policy_threshold, s.loss.behavior_weight_level,"
+            " s.loss.behavior_weight_cap,"
             " s.loss.clip)")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plans.json")], env=env, capture_output=True,
                        text=True, timeout=600, cwd=project_root())
     assert p.returncode == 0, p.stderr[-3000:]
     got = [line.split()[1:] for line in p.stdout.splitlines() if line.startswith("OK ")]
-    arm = {"token": ["token", "None"], "sequence": ["sequence", "None"], "tis2": ["token", "2.0"], "none": ["none", "None"]}
+    arm = {"token": ["token", "None"], "sequence": ["sequence", "None"], "tis2": ["token", "2.0"],
+           "none": ["none", "None"]}
     assert got == [[str(s.staleness), "2", *arm[s.arm], str("clip_ppo" in s.variant)] for s in specs]
 
 
@@ -627,7 +630,8 @@ def test_cli_staleness_dry_run_estimate_and_refusals(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "96 runs (96 to run); each: 8 steps of 16 prompts" in out and "estimated time to run:" in out
     est = re.search(r"estimated time to run: (\d+)m(\d+)s with 2", out)
-    assert est and int(est[1]) * 60 + int(est[2]) == pytest.approx(G.STALENESS_COSTS.grid_s(G.staleness_grid(), 2), abs=1)
+    expected = G.STALENESS_COSTS.grid_s(G.staleness_grid(), 2)
+    assert est and int(est[1]) * 60 + int(est[2]) == pytest.approx(expected, abs=1)
     assert not (tmp_path / "runs").exists()
     for flags, error in ((["--staleness", "0"], "--staleness must be distinct integers >= 1, got 0"),
                          (["--staleness", "2,2"], "--staleness must be distinct integers >= 1, got 2,2"),

@@ -4,10 +4,10 @@ Runs the grid (resumable: finished runs are kept in ``--out`` and not repeated),
 table and figures into ``--report-dir`` (default ``<out>/report``). ``--async-weights`` runs the
 behaviour-weight grid instead: one method (``--methods``, default RPG-REINFORCE-UFKL with RPG-Style
 Clip) in verl's colocate-async trainer with exact, truncated (1.0, per token) and dropped (uncorrected)
-weights pi_old/mu, ``--seeds`` (default 3) each, into ``outputs/study_async_weights`` by default. ``--staleness 1,2,4,8``
-runs the staleness study instead: the stress methods (RPG-Style Clip on / off) in verl's separate-async trainer at
-each staleness x behaviour-weight arm (token, sequence, tis2, none), ``--seeds`` (default 3) each, 8 steps by
-default, into ``outputs/study_staleness``. ``--dry-run`` prints the grid
+weights pi_old/mu, ``--seeds`` (default 3) each, into ``outputs/study_async_weights`` by default.
+``--staleness 1,2,4,8`` runs the staleness study instead: the stress methods (RPG-Style Clip on / off) in verl's
+separate-async trainer at each staleness x behaviour-weight arm (token, sequence, tis2, none), ``--seeds`` (default 3)
+each, 8 steps by default, into ``outputs/study_staleness``. ``--dry-run`` prints the grid
 and its time estimate and starts nothing; ``--render-only`` renders what has finished.
 
 Every argument is checked before anything is run or written, under ``--dry-run`` too: one line
@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 
 from rpg.common.user_paths import user_folder
-from rpg.study.grid import (BUILTIN_COSTS, METHODS, STALENESS_COSTS, STALENESS_ARMS, STALENESS_SIZES, STRESS_METHODS, WEIGHT_ARMS, WEIGHTS_METHOD, Sizes,
-                            calibrate, describe, grid, staleness_grid, weights_grid)
+from rpg.study.grid import (BUILTIN_COSTS, METHODS, STALENESS_ARMS, STALENESS_COSTS, STALENESS_SIZES, STRESS_METHODS,
+                            WEIGHT_ARMS, WEIGHTS_METHOD, Sizes, calibrate, describe, grid, staleness_grid, weights_grid)
 
 
 def _ints(text: str) -> tuple[int, ...]:

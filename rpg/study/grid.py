@@ -352,7 +352,8 @@ def describe(specs: list[RunSpec], costs: Costs, finished: set[str] = frozenset(
     todo = [spec for spec in specs if spec.run_id not in finished]
     for i, spec in enumerate(specs, 1):
         status = "done" if spec.run_id in finished else "to run"
-        lines.append(f"{i:>3}  {spec.label:<{w}} {spec.updates:>11} {spec.seed:>4}  {fmt_duration(costs.run_s(spec)):>8}  "
+        est = fmt_duration(costs.run_s(spec))
+        lines.append(f"{i:>3}  {spec.label:<{w}} {spec.updates:>11} {spec.seed:>4}  {est:>8}  "
                      f"{status:<7}  {spec.run_id}")
     s = specs[0].sizes if specs else Sizes()
     lines.append(

@@ -229,8 +229,9 @@ def staleness_md(path: Path, runs: dict[str, Metrics], specs: list[RunSpec], met
              "[min, max over seeds])", "",
              f"Collapse (declared before the runs): a non-finite gradient norm, a validation below "
              f"{COLLAPSE_FRACTION:g} x the step-0 accuracy, or a final accuracy below it.", "",
-             "| method | weights | staleness | final acc (mean ± std) | " + " | ".join(c for _, c, _ in STALENESS_STATS)
-             + " | collapses |", "|---|---|---|---|" + "---|" * len(STALENESS_STATS) + "---|"]
+             "| method | weights | staleness | final acc (mean ± std) | "
+             + " | ".join(c for _, c, _ in STALENESS_STATS) + " | collapses |",
+             "|---|---|---|---|" + "---|" * len(STALENESS_STATS) + "---|"]
     reasons = []
     for r in rows:
         acc = f"{r['final_mean']:.3f} ± {r['final_std']:.3f}" if r["finals"] else "—"
