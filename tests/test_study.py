@@ -442,7 +442,7 @@ def test_cli_refuses_an_out_that_is_a_file_and_a_render_of_no_study(fake, tmp_pa
     assert main(["--render-only", "--out", str(tmp_path / "s"), *other]) == 2
     assert capsys.readouterr().err == (
         f"rpg.study: --render-only: none of this grid's 2 runs is in --out {tmp_path / 's'} (it holds 1 run of "
-        "another grid: other --methods, --seeds, sizes or --async-weights?)\n")
+        "another grid: other --methods, --seeds, sizes or --async-weights or --staleness?)\n")
     assert fake.calls == []
 
 
