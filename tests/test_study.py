@@ -164,13 +164,14 @@ class FakeTrainer:
             if s:
                 data.update({"critic/score/mean": -1 + s / steps, "actor/entropy": 0.3, "response_length/mean": 6.0,
                              "actor/ppo_kl": 1e-3, "actor/pg_clipfrac": 0.01})
-            if s and kv.get("trainer.v1.trainer_mode") == "colocate_async":  # what the RPG loss logs with a stale mu
+            if s and kv.get("trainer.v1.trainer_mode") in ("colocate_async", "separate_async"):  # the loss, stale mu
                 none = kv.get("rpg.loss.behavior_weight_level") == "none"
                 top = 1.0 if none or kv.get("rpg.loss.behavior_weight_cap") == "1.0" else 1.0 + s
                 data.update({"training/off_policy/trajectory_staleness/mean": min(s - 1, 1),
                              "actor/rpg/behavior_kl": 0.01 * s * int(kv["data.seed"]),
                              "actor/rpg/behavior_weight_min": 1.0 if none else 0.5 / s, "actor/rpg/behavior_weight_max": top,
-                             "actor/rpg/behavior_weight_capped_frac": 0.1 if top == 1.0 and not none else 0.0})
+                             "actor/rpg/behavior_weight_capped_frac": 0.1 if top == 1.0 and not none else 0.0,
+                             "actor/grad_norm": 0.5})
             if s % int(kv["trainer.test_freq"]) == 0 or s == steps:
                 data["val-core/math_dapo/acc/mean@4"] = _val(s, int(kv["data.seed"]), exp)
                 data["timing_s/testing"] = 1.0
@@ -441,7 +442,7 @@ def test_cli_refuses_an_out_that_is_a_file_and_a_render_of_no_study(fake, tmp_pa
     assert main(["--render-only", "--out", str(tmp_path / "s"), *other]) == 2
     assert capsys.readouterr().err == (
         f"rpg.study: --render-only: none of this grid's 2 runs is in --out {tmp_path / 's'} (it holds 1 run of "
-        "another grid: other --methods, --seeds, sizes or --async-weights?)\n")
+        "another grid: other --methods, --seeds, sizes or --async-weights or --staleness?)\n")
     assert fake.calls == []
 
 
@@ -534,3 +535,109 @@ def test_async_benchmark_ratio_and_ranges_from_stand_in_runs():
     assert bench.series_range(runs, "actor/rpg/behavior_kl") == (0.02, 0.1)
     assert bench.series_range(runs, "training/off_policy/trajectory_staleness/min") is None
     assert [n for n, (_, _, ov) in bench.VARIANTS.items() if "trainer.v1.trainer_mode=colocate_async" in ov] == ["rpg_colocate_async"]
+
+
+# ---- the staleness study ----
+
+def test_staleness_grid_sets_exactly_the_mode_the_sync_step_the_threshold_and_the_arms_weights(tiny_assets, tmp_path):
+    specs = G.staleness_grid(seeds=3)
+    assert len(specs) == 96 and len({s.run_id for s in specs}) == 96
+    assert [(s.staleness, s.updates) for s in specs[:8]] == [(1, 1)] * 8 and specs[-1].seed == 3
+    assert {s.variant for s in specs} == set(G.STRESS_METHODS) and {s.arm for s in specs} == set(G.STALENESS_ARMS)
+    assert specs[0].label == "RPG-REINFORCE-UFKL, staleness 1, token weights"
+    # the other grids' run ids are unchanged: their finished runs stay finished
+    assert G.RunSpec("run_grpo_7b", 4, 1, SMALL).run_id.startswith("run_grpo_7b-k4-seed1-")
+    assert G.RunSpec(G.WEIGHTS_METHOD, 4, 1, SMALL, "exact").run_id.startswith(f"{G.WEIGHTS_METHOD}-k4-exact-seed1-")
+    weights = {"token": {}, "sequence": {"rpg.loss.behavior_weight_level": "sequence"},
+               "tis2": {"rpg.loss.behavior_weight_cap": "2.0"}, "none": {"rpg.loss.behavior_weight_level": "none"}}
+    for spec in [s for s in specs if s.seed == 1 and s.variant == "run_rpg_7b_ufkl1e-4_rf" and s.staleness in (1, 8)]:
+        k = spec.staleness
+        # against the sync trainer's run of the same method, mini-batch and seed (run-id paths aside)
+        sync = _kv(R.spec_overrides(G.RunSpec(spec.variant, k, 1, G.STALENESS_SIZES), tmp_path))
+        kv = _kv(R.spec_overrides(spec, tmp_path))
+        assert kv["actor_rollout_ref.actor.ppo_mini_batch_size"] == str(16 // k) and kv["data.train_batch_size"] == "16"
+        expected = {"trainer.v1.trainer_mode": "separate_async",
+                    "trainer.v1.separate_async.parameter_sync_step": str(k),
+                    "trainer.v1.separate_async.num_warmup_batches": "1",
+                    "trainer.v1.sampler.max_off_policy_threshold": "2",
+                    "trainer.v1.sampler.max_off_policy_strategy": "drop", **weights[spec.arm]}
+        if k > 1:  # separate_async computes pi_old / reference log-probs per mini-batch
+            expected.update({f"actor_rollout_ref.{r}.log_prob_micro_batch_size_per_gpu": str(16 // k * 4)
+                             for r in ("rollout", "ref")})
+        # (the CPU backend's launch adds the mode's rollout pool and weight sync: tests/test_separate_async_driver.py)
+        assert {key: v for key, v in kv.items() if sync.get(key) != v and spec.run_id not in v} == expected, spec.label
+
+
+def test_staleness_arms_compose_and_pass_the_drivers_checks(tiny_assets, tmp_path):
+    """Every arm at the smallest and largest staleness composes and passes the driver's checks (the RPG rules,
+    check_separate_async, verl's validate_config) before Ray; in a subprocess, as test_runs_compose_..."""
+    import subprocess
+    import sys
+
+    from rpg.launch.harness import build_command
+    from rpg.common.checkout import RECIPE_ENTRY
+    from rpg.launch.request import project_root
+
+    specs = [s for s in G.staleness_grid(seeds=1) if s.staleness in (1, 8)]
+    plans, env = [], None
+    for spec in specs:
+        argv, env = build_command(R.spec_overrides(spec, tmp_path), entry=str(project_root() / RECIPE_ENTRY))
+        plans.append(argv[2:])
+    (tmp_path / "plans.json").write_text(json.dumps(plans))
+    code = ("import json, sys\nfrom rpg.launch.plan import compose\nfor ov in json.load(open(sys.argv[1])):\n"
+            "    cfg, s = compose(ov)\n    print('OK', cfg.trainer.v1.separate_async.parameter_sync_step,"
+            " cfg.trainer.v1.sampler.max_off_policy_threshold, s.loss.behavior_weight_level,"
+            " s.loss.behavior_weight_cap,"
+            " s.loss.clip)")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plans.json")], env=env, capture_output=True,
+                       text=True, timeout=600, cwd=project_root())
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = [line.split()[1:] for line in p.stdout.splitlines() if line.startswith("OK ")]
+    arm = {"token": ["token", "None"], "sequence": ["sequence", "None"], "tis2": ["token", "2.0"],
+           "none": ["none", "None"]}
+    assert got == [[str(s.staleness), "2", *arm[s.arm], str("clip_ppo" in s.variant)] for s in specs]
+
+
+@pytest.mark.parametrize("val, grad, why", [
+    ({0: 0.4, 4: 0.6, 8: 0.7}, {1: 0.5, 2: 0.7}, ""),
+    ({0: 0.4, 4: 0.6, 8: 0.7}, {1: 0.5, 2: float("nan")}, "gradient norm not finite at step 2"),
+    ({0: 0.4, 4: 0.6, 8: 0.7}, {1: float("inf")}, "gradient norm not finite at step 1"),
+    ({0: 0.4, 4: 0.19, 8: 0.7}, {}, "accuracy 0.190 at step 4 < 0.5 x step 0's 0.400"),
+    ({0: 0.4, 4: 0.2, 8: 0.7}, {}, ""),                       # exactly half: not below
+    ({0: 0.4, 4: 0.6, 8: 0.39}, {}, "final accuracy 0.390 < step 0's 0.400"),
+    ({0: 0.4}, {}, ""),                                         # nothing after step 0 to judge
+])
+def test_collapse_criterion(val, grad, why):
+    assert G.collapsed(val, grad) == why
+
+
+def test_staleness_render_table_collapses_and_figure(fake, tmp_path):
+    sizes = G.Sizes(steps=4, test_freq=2, prompts=16, n=4, val_n=4)
+    specs = G.staleness_grid(seeds=2, staleness=(1, 2), sizes=sizes)
+    records = R.run_grid(specs, tmp_path, G.STALENESS_COSTS)
+    paths = {p.name for p in render(tmp_path, tmp_path / "report", specs, records, main_updates=4)}
+    assert {"staleness.md", "staleness.png", "staleness.svg", "table.md", "runs.md"} <= paths
+    assert "stress.png" not in paths and "curves.png" not in paths
+    text = (tmp_path / "report" / "staleness.md").read_text()
+    rows = [ln for ln in text.splitlines() if ln.startswith("| RPG")]
+    assert len(rows) == 2 * 4 * 2  # methods x arms x staleness values
+    assert all(ln.rstrip().endswith("/2 |") for ln in rows)
+    assert "Collapse (declared before the runs)" in text
+
+
+def test_cli_staleness_dry_run_estimate_and_refusals(tmp_path, capsys):
+    assert main(["--staleness", "1,2,4,8", "--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "96 runs (96 to run); each: 8 steps of 16 prompts" in out and "estimated time to run:" in out
+    est = re.search(r"estimated time to run: (\d+)m(\d+)s with 2", out)
+    expected = G.STALENESS_COSTS.grid_s(G.staleness_grid(), 2)
+    assert est and int(est[1]) * 60 + int(est[2]) == pytest.approx(expected, abs=1)
+    assert not (tmp_path / "runs").exists()
+    for flags, error in ((["--staleness", "0"], "--staleness must be distinct integers >= 1, got 0"),
+                         (["--staleness", "2,2"], "--staleness must be distinct integers >= 1, got 2,2"),
+                         (["--staleness", "3"], "optimizer steps per rollout batch [3] must divide --prompts 16"),
+                         (["--staleness", "1", "--async-weights"], "--staleness and --async-weights are two different"),
+                         (["--staleness", "1", "--seeds", "0"], "--seeds must be >= 1, got 0")):
+        assert main(["--dry-run", "--out", str(tmp_path), *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"rpg.study: {error}") and err.count("\n") == 1, err

@@ -4,7 +4,10 @@ Runs the grid (resumable: finished runs are kept in ``--out`` and not repeated),
 table and figures into ``--report-dir`` (default ``<out>/report``). ``--async-weights`` runs the
 behaviour-weight grid instead: one method (``--methods``, default RPG-REINFORCE-UFKL with RPG-Style
 Clip) in verl's colocate-async trainer with exact, truncated (1.0, per token) and dropped (uncorrected)
-weights pi_old/mu, ``--seeds`` (default 3) each, into ``outputs/study_async_weights`` by default. ``--dry-run`` prints the grid
+weights pi_old/mu, ``--seeds`` (default 3) each, into ``outputs/study_async_weights`` by default.
+``--staleness 1,2,4,8`` runs the staleness study instead: the stress methods (RPG-Style Clip on / off) in verl's
+separate-async trainer at each staleness x behaviour-weight arm (token, sequence, tis2, none), ``--seeds`` (default 3)
+each, 8 steps by default, into ``outputs/study_staleness``. ``--dry-run`` prints the grid
 and its time estimate and starts nothing; ``--render-only`` renders what has finished.
 
 Every argument is checked before anything is run or written, under ``--dry-run`` too: one line
@@ -22,7 +25,8 @@ import sys
 from pathlib import Path
 
 from rpg.common.user_paths import user_folder
-from rpg.study.grid import METHODS, STRESS_METHODS, WEIGHT_ARMS, WEIGHTS_METHOD, Sizes, calibrate, describe, grid, weights_grid
+from rpg.study.grid import (BUILTIN_COSTS, METHODS, STALENESS_ARMS, STALENESS_COSTS, STALENESS_SIZES, STRESS_METHODS,
+                            WEIGHT_ARMS, WEIGHTS_METHOD, Sizes, calibrate, describe, grid, staleness_grid, weights_grid)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -53,7 +57,7 @@ def _no_study(out: Path, records: list[dict], found: list[dict]) -> str | None:
     if not any(records):
         return (f"none of this grid's {len(records)} runs is in --out {out} (it holds {len(found)} "
                 f"run{'' if len(found) == 1 else 's'} of another grid: other --methods, --seeds, sizes or "
-                "--async-weights?)")
+                "--async-weights or --staleness?)")
     return None
 
 
@@ -62,11 +66,15 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rpg.study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None,
-                    help="run directory (default outputs/study; outputs/study_async_weights with --async-weights)")
+                    help="run directory (default outputs/study; outputs/study_async_weights with --async-weights, "
+                         "outputs/study_staleness with --staleness)")
     ap.add_argument("--report-dir", type=Path, default=None, help="where the table/figures go (default OUT/report)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per method (1..SEEDS; default 2, 3 with --async-weights)")
-    ap.add_argument("--steps", type=int, default=d.steps, help=f"training steps per run (default {d.steps})")
-    ap.add_argument("--test-freq", type=int, default=d.test_freq, help=f"validate every K steps (default {d.test_freq})")
+    st = STALENESS_SIZES
+    ap.add_argument("--steps", type=int, default=None,
+                    help=f"training steps per run (default {d.steps}; {st.steps} with --staleness)")
+    ap.add_argument("--test-freq", type=int, default=None,
+                    help=f"validate every K steps (default {d.test_freq}; {st.test_freq} with --staleness)")
     ap.add_argument("--prompts", type=int, default=d.prompts, help=f"prompts per rollout batch (default {d.prompts})")
     ap.add_argument("--n", type=int, default=d.n, help=f"responses per prompt (default {d.n})")
     ap.add_argument("--val-n", type=int, default=d.val_n, help=f"validation samples per problem (default {d.val_n})")
@@ -77,6 +85,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--stress-methods", type=_names, default=STRESS_METHODS, help="run names of the stress axis")
     ap.add_argument("--async-weights", action="store_true",
                     help=f"the behaviour-weight grid: arms {', '.join(WEIGHT_ARMS)} in the colocate-async trainer")
+    ap.add_argument("--staleness", type=_ints, default=(),
+                    help=f"the staleness study at these staleness values (e.g. 1,2,4,8): the stress methods x arms "
+                         f"{', '.join(STALENESS_ARMS)} in the separate-async trainer")
     ap.add_argument("--dry-run", action="store_true", help="print the grid and its time estimate; run nothing")
     ap.add_argument("--render-only", action="store_true", help="render the finished runs; run nothing")
     ap.add_argument("--retry-failed", action="store_true", help="run failed runs again")
@@ -92,10 +103,18 @@ def main(argv: list[str] | None = None) -> int:
     from rpg.launch.variants import VariantNameError
 
     # relative to the current folder, as every run folder a user names (rpg.common.user_paths)
-    args.out = user_folder(args.out or Path("outputs") / ("study_async_weights" if args.async_weights else "study"))
+    name = "study_staleness" if args.staleness else "study_async_weights" if args.async_weights else "study"
+    args.out = user_folder(args.out or Path("outputs") / name)
     try:
-        sizes = Sizes(args.steps, args.test_freq, args.prompts, args.n, args.val_n)
-        if args.async_weights:
+        base = STALENESS_SIZES if args.staleness else Sizes()
+        sizes = Sizes(base.steps if args.steps is None else args.steps,
+                      base.test_freq if args.test_freq is None else args.test_freq, args.prompts, args.n, args.val_n)
+        if args.staleness and args.async_weights:
+            raise ValueError("--staleness and --async-weights are two different grids; choose one")
+        if args.staleness:
+            methods = args.methods if args.methods != METHODS else STRESS_METHODS
+            specs = staleness_grid(3 if args.seeds is None else args.seeds, args.staleness, sizes, methods)
+        elif args.async_weights:
             if args.methods != METHODS and len(args.methods) != 1:
                 raise ValueError(f"--async-weights runs one method; --methods names {len(args.methods)}")
             method = args.methods[0] if args.methods != METHODS else WEIGHTS_METHOD
@@ -118,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rpg.study: --render-only: {problem}", file=sys.stderr)
         return 2
     finished = {s.run_id for s, r in zip(specs, records) if r.get("status") == "done"}
-    costs = calibrate(all_records(args.out))
+    costs = calibrate(all_records(args.out), STALENESS_COSTS if args.staleness else BUILTIN_COSTS)
     if args.dry_run:
         # a finished run whose overrides changed since (stale) would run again: count it as to run
         stale = {s.run_id for s in specs if s.run_id in finished and status(args.out, s, spec_overrides(s, args.out)) == "stale"}

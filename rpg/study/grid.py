@@ -53,6 +53,23 @@ WEIGHT_ARMS: dict[str, tuple[str, ...]] = {
 }
 WEIGHTS_METHOD = METHODS[4]  # RPG-REINFORCE-UFKL with RPG-Style Clip
 
+# The staleness study (``--staleness``, docs/study.md): the stress methods (RPG-Style Clip on / off) in verl's
+# separate-async trainer (a standalone rollout pool synced once per step). Staleness s = one weight sync every s
+# optimizer updates (``parameter_sync_step``; the rollout batch is s mini-batches), and the replay buffer keeps a
+# trajectory for at most STALE_VERSIONS weight versions (its threshold counts versions, not updates): with the
+# one-batch prefetch, the sampler mu is at most one version = s updates behind pi_old, and pi_theta up to s - 1
+# more updates ahead of pi_old within the step.
+SEPARATE = "trainer.v1.trainer_mode=separate_async"
+STALE_VERSIONS = 2  # trained at the version it was dispatched at or the next (verl drops a trajectory when
+#                     global_steps - dispatch step + 1 > threshold; 1 would drop the whole prefetched batch)
+STALENESS = (1, 2, 4, 8)
+STALENESS_ARMS: dict[str, tuple[str, ...]] = {
+    "token": (),                                                    # exact pi_old/mu per token: the default
+    "sequence": ("rpg.loss.behavior_weight_level=sequence",),       # exact per response (product over its tokens)
+    "tis2": ("rpg.loss.behavior_weight_cap=2.0",),                  # min(pi_old/mu, 2) per token (verl's TIS default)
+    "none": ("rpg.loss.behavior_weight_level=none",),               # no weight: biased
+}
+
 
 def label_of(v: Variant) -> str:
     """Table row / legend name: the paper's method label, '(no clip)' for unclipped RPG-REINFORCE."""
@@ -84,6 +101,10 @@ class Sizes:
         return 1 + self.steps // self.test_freq + (1 if self.steps % self.test_freq else 0)
 
 
+# The staleness study's sizes (fewer steps than the main grid: 96 runs must fit in 2 hours on 2 cores, docs/study.md)
+STALENESS_SIZES = Sizes(steps=8, test_freq=4)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One run of the grid: a method (paper run name) at ``updates`` optimizer steps per batch, one seed."""
@@ -92,17 +113,28 @@ class RunSpec:
     updates: int
     seed: int
     sizes: Sizes = field(default_factory=Sizes)
-    arm: str = ""  # a key of WEIGHT_ARMS (colocate-async, behaviour weights), or "" (the sync trainer)
+    arm: str = ""  # a key of WEIGHT_ARMS (colocate-async), of STALENESS_ARMS (separate-async), or "" (sync)
+    staleness: int = 0  # separate-async: parameter_sync_step (= updates); 0: not the staleness study
 
     @property
     def label(self) -> str:
-        return label_of(parse(self.variant)) + (f", {self.arm} weights" if self.arm else "")
+        stale = f", staleness {self.staleness}" if self.staleness else ""
+        return label_of(parse(self.variant)) + stale + (f", {self.arm} weights" if self.arm else "")
+
+    def mode_overrides(self) -> tuple[str, ...]:
+        """The trainer mode's and the behaviour-weight arm's overrides (none for the sync trainer)."""
+        if not self.staleness:
+            return WEIGHT_ARMS[self.arm] if self.arm else ()
+        return (SEPARATE, f"trainer.v1.separate_async.parameter_sync_step={self.staleness}",
+                "trainer.v1.separate_async.num_warmup_batches=1",
+                f"trainer.v1.sampler.max_off_policy_threshold={STALE_VERSIONS}",
+                "trainer.v1.sampler.max_off_policy_strategy=drop", *STALENESS_ARMS[self.arm])
 
     @property
     def run_id(self) -> str:
         """Directory name; the sizes enter through a short hash so that a changed grid never reuses a run."""
         digest = hashlib.sha1(json.dumps(asdict(self.sizes), sort_keys=True).encode()).hexdigest()[:6]
-        arm = f"-{self.arm}" if self.arm else ""
+        arm = (f"-sep{self.staleness}" if self.staleness else "") + (f"-{self.arm}" if self.arm else "")
         return f"{self.variant}-k{self.updates}{arm}-seed{self.seed}-{digest}"
 
     def study_overrides(self, assets) -> list[str]:
@@ -112,14 +144,15 @@ class RunSpec:
         v, s = parse(self.variant), self.sizes
         return [
             *tiny_task_overrides(assets, steps=s.steps, test_freq=s.test_freq, train_batch_size=s.prompts,
-                                 n=s.n, val_n=s.val_n, mini_batch_size=s.prompts // self.updates),
+                                 n=s.n, val_n=s.val_n, mini_batch_size=s.prompts // self.updates,
+                                 trainer_mode="separate_async" if self.staleness else None),
             f"actor_rollout_ref.actor.optim.lr={v.lr * LR_SCALE:g}",
             "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
             f"data.seed={self.seed}",
             f"actor_rollout_ref.rollout.seed={self.seed}",
             "trainer.project_name=rpg_study",
             f"trainer.experiment_name={self.run_id}",
-            *(WEIGHT_ARMS[self.arm] if self.arm else ()),
+            *self.mode_overrides(),
         ]
 
 
@@ -158,6 +191,57 @@ def weights_grid(seeds: int = 3, updates: int = 4, sizes: Sizes = Sizes(), metho
     parse(method)
     sizes.check((updates,))
     return [RunSpec(method, updates, seed, sizes, arm) for seed in range(1, seeds + 1) for arm in arms]
+
+
+def staleness_grid(seeds: int = 3, staleness: tuple[int, ...] = STALENESS, sizes: Sizes | None = None,
+                   methods: tuple[str, ...] = STRESS_METHODS,
+                   arms: tuple[str, ...] = tuple(STALENESS_ARMS)) -> list[RunSpec]:
+    """Each method x staleness x behaviour-weight arm in the separate-async trainer, seeds 1..seeds, seed-major.
+
+    Every run has the same rollout batch (``sizes.prompts`` prompts) and steps; staleness s splits the batch into s
+    mini-batches (one optimizer update each) and syncs the sampler once per step, so s sets both the sampler's lag
+    (s updates) and the updates per batch, as the stress axis does for the sync trainer.
+    """
+    sizes = STALENESS_SIZES if sizes is None else sizes
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    if not staleness or any(s < 1 for s in staleness) or len(set(staleness)) != len(staleness):
+        raise ValueError(f"--staleness must be distinct integers >= 1, got {','.join(map(str, staleness)) or '(none)'}")
+    bad = [a for a in arms if a not in STALENESS_ARMS]
+    if bad or not arms:
+        raise ValueError(f"staleness arms {bad or '(none)'} are unknown: expected some of {', '.join(STALENESS_ARMS)}")
+    for name in methods:
+        parse(name)
+    sizes.check(tuple(staleness))
+    return [RunSpec(m, s, seed, sizes, arm, staleness=s) for seed in range(1, seeds + 1) for s in staleness
+            for m in methods for arm in arms]
+
+
+def collapsed(val: dict[int, float], grad_norm: dict[int, float]) -> str:
+    """Why a finished run collapsed under the criterion declared before the staleness study ran ("" if it did not).
+
+    A run collapses when (1) a logged gradient norm is not finite, or (2) a validation after step 0 falls below
+    COLLAPSE_FRACTION x the untrained model's (step 0) accuracy, or (3) it ends below that step-0 accuracy. Every
+    healthy run of the tiny task climbs from ~0.35 to 0.6-0.8, so (2) and (3) are failures of training, not noise
+    (one evaluation moves by ~0.04, docs/study.md).
+    """
+    import math as _m
+
+    bad = sorted(step for step, g in grad_norm.items() if not _m.isfinite(float(g)))
+    if bad:
+        return f"gradient norm not finite at step {bad[0]}"
+    if 0 not in val or len(val) < 2:
+        return ""
+    v0, steps = float(val[0]), sorted(val)
+    low = [t for t in steps[1:] if float(val[t]) < COLLAPSE_FRACTION * v0]
+    if low:
+        return f"accuracy {float(val[low[0]]):.3f} at step {low[0]} < {COLLAPSE_FRACTION:g} x step 0's {v0:.3f}"
+    if float(val[steps[-1]]) < v0:
+        return f"final accuracy {float(val[steps[-1]]):.3f} < step 0's {v0:.3f}"
+    return ""
+
+
+COLLAPSE_FRACTION = 0.5
 
 
 # ----------------------------------------------------------------------------- cost
@@ -219,8 +303,17 @@ class Costs:
 BUILTIN_COSTS = Costs(startup_s=76.0, step_s=4.0, update_s=0.03, val_s=3.65,
                       source="built-in (measured on an idle 2-core machine, 2 runs at a time)", jobs=2)
 
+# The staleness study's built-in costs (separate-async: a standalone rollout replica, a weight sync per step, a pi_old
+# snapshot per update): two runs of the default sizes (staleness 1 token weights, staleness 8 no weights) at once on
+# the development machine's 2 cores while other jobs kept its load average at 10-14: walls 403 s and 404 s, of them
+# start-up + shutdown 335 s and 332 s, training + validations 68 s and 73 s (steps 6.9 s at staleness 1, 8.1 s at 8:
+# +0.16 s per extra update; a validation 4.1-6.3 s). On an idle machine start-up is far shorter (the sync grid: 76 s).
+STALENESS_COSTS = Costs(startup_s=333.0, step_s=6.9, update_s=0.16, val_s=5.2,
+                        source="built-in (separate-async, measured on a loaded 2-core machine, 2 runs at a time)",
+                        jobs=2)
 
-def calibrate(records: list[dict]) -> Costs:
+
+def calibrate(records: list[dict], default: Costs = BUILTIN_COSTS) -> Costs:
     """Costs from finished runs' records; the built-in figures when there are none.
 
     A record has the run's ``wall_time_s``, ``train_wall_s`` (wall time from the first metrics
@@ -232,7 +325,7 @@ def calibrate(records: list[dict]) -> Costs:
     """
     done = [r for r in records if r.get("status") == "done" and r.get("steps") and "train_wall_s" in r]
     if not done:
-        return BUILTIN_COSTS
+        return default
     counts: dict[int, int] = {}
     for r in done:
         counts[int(r.get("jobs", 1))] = counts.get(int(r.get("jobs", 1)), 0) + 1
@@ -242,8 +335,8 @@ def calibrate(records: list[dict]) -> Costs:
     val = med([r["val_time_s"] / max(1, r["validations"]) for r in done])
     startup = med([r["wall_time_s"] - r["train_wall_s"] for r in done])
     step = med([(r["train_wall_s"] - (r["validations"] - 1) * val) / r["steps"]
-                - (r["updates"] - 1) * BUILTIN_COSTS.update_s for r in done])
-    return Costs(max(0.0, startup), max(0.0, step), BUILTIN_COSTS.update_s, val, jobs=jobs,
+                - (r["updates"] - 1) * default.update_s for r in done])
+    return Costs(max(0.0, startup), max(0.0, step), default.update_s, val, jobs=jobs,
                  source=f"measured from {len(done)} finished run(s) in this output directory, {jobs} at a time")
 
 
@@ -254,11 +347,13 @@ def fmt_duration(seconds: float) -> str:
 
 def describe(specs: list[RunSpec], costs: Costs, finished: set[str] = frozenset(), jobs: int = 1) -> str:
     """The grid as a table with the time estimate (what ``--dry-run`` prints)."""
-    lines = [f"{'#':>3}  {'method':<32} {'steps/batch':>11} {'seed':>4}  {'estimate':>8}  status   run id"]
+    w = max([32, *(len(spec.label) for spec in specs)])
+    lines = [f"{'#':>3}  {'method':<{w}} {'steps/batch':>11} {'seed':>4}  {'estimate':>8}  status   run id"]
     todo = [spec for spec in specs if spec.run_id not in finished]
     for i, spec in enumerate(specs, 1):
         status = "done" if spec.run_id in finished else "to run"
-        lines.append(f"{i:>3}  {spec.label:<32} {spec.updates:>11} {spec.seed:>4}  {fmt_duration(costs.run_s(spec)):>8}  "
+        est = fmt_duration(costs.run_s(spec))
+        lines.append(f"{i:>3}  {spec.label:<{w}} {spec.updates:>11} {spec.seed:>4}  {est:>8}  "
                      f"{status:<7}  {spec.run_id}")
     s = specs[0].sizes if specs else Sizes()
     lines.append(

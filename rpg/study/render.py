@@ -9,6 +9,10 @@ Written to the report directory:
 * ``stress.png`` / ``.svg``: clipped vs unclipped RPG-REINFORCE at each steps-per-batch value.
 * ``weights.md`` (behaviour-weight arms only, ``--async-weights``): per arm, what the stale sampler
   and the loss's weights were: staleness, behaviour KL, the applied weights' range, the capped share.
+* ``staleness.md``, ``staleness.png`` / ``.svg`` (the staleness study, ``--staleness``): per method x arm x staleness
+  the final accuracy, behaviour KL, largest applied weight, gradient norm, observed staleness and collapses (the
+  criterion ``rpg.study.grid.collapsed``, declared before the runs); the figure: final accuracy and behaviour KL
+  against staleness, one line per arm, RPG-Style Clip on / off side by side.
 * ``runs.md``: every run of the grid with its status, wall time and directory; failed and missing
   runs are listed, never dropped silently.
 """
@@ -23,7 +27,7 @@ from rpg.reports.figures import ENTROPY_KEY, LENGTH_KEY, REWARD_KEY, Panel, plot
 from rpg.reports.logs import Metrics, check_metric, read_run
 from rpg.reports.published import TableLayout
 from rpg.reports.tables import build_table, render_latex, render_markdown
-from rpg.study.grid import RunSpec, fmt_duration
+from rpg.study.grid import COLLAPSE_FRACTION, RunSpec, collapsed, fmt_duration
 from rpg.study.runner import run_dir
 from rpg.tiny.task import DATA_SOURCE
 
@@ -90,8 +94,10 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
     runs, notes = load(out, specs, records)
     metric = metric_of(specs[0])
     sizes = specs[0].sizes
-    main = [(s.label, runs[s.run_id]) for s in specs if s.updates == main_updates and s.run_id in runs]
-    stress_specs = [s for s in specs if any(o.variant == s.variant and o.updates != s.updates for o in specs)]
+    stale = any(s.staleness for s in specs)  # the staleness study: its own table and figure, no curves
+    main = [(s.label, runs[s.run_id]) for s in specs if (stale or s.updates == main_updates) and s.run_id in runs]
+    stress_specs = [] if stale else [s for s in specs
+                                     if any(o.variant == s.variant and o.updates != s.updates for o in specs)]
     stress = [(stress_label(s), runs[s.run_id])
               for s in sorted(stress_specs, key=lambda s: (s.updates, "(no clip)" in s.label)) if s.run_id in runs]
     check_metric(main + stress, metric)
@@ -100,8 +106,10 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
 
     flag = f" (PARTIAL: {len(runs)} of {len(specs)} runs finished)" if partial else ""
     md, tex, warns = [], [], []
+    main_title = ("staleness study: separate-async trainer, staleness = optimizer updates per weight sync"
+                  if stale else f"tiny task on CPU, {main_updates} optimizer steps per rollout batch")
     for title, rows in (
-        (f"tiny task on CPU, {main_updates} optimizer steps per rollout batch{flag}", main),
+        (f"{main_title}{flag}", main),
         (f"off-policy stress: RPG-REINFORCE-UFKL with and without RPG-Style Clip{flag}", stress),
     ):
         if not rows:
@@ -119,13 +127,16 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
         ("curves", main, f"Tiny task, {main_updates} optimizer steps per rollout batch{flag}"),
         ("stress", stress, f"RPG-REINFORCE-UFKL, clipped vs unclipped, by optimizer steps per rollout batch{flag}"),
     ):
-        if rows:
+        if rows and not stale:
             styles = stress_styles(stress_specs) if name == "stress" else None
             paths, fig_warns = plot_curves(rows, report / name, metric, panels=panels(metric), last_step=sizes.steps,
                                            title=title, styles=styles, dpi=100)  # small files for docs/
             written += paths
             warns += fig_warns
-    if any(s.arm for s in specs):
+    if stale:
+        written.append(staleness_md(report / "staleness.md", runs, specs, metric))
+        written += staleness_figure(report / "staleness", runs, specs, metric)
+    elif any(s.arm for s in specs):
         written.append(weights_md(report / "weights.md", runs, specs))
     written.append(_runs_md(report / "runs.md", out, specs, records, notes + warns + eval_noise(runs, specs, metric, val_problem_count(out, specs, records)),
                             command))
@@ -167,6 +178,114 @@ def weights_md(path: Path, runs: dict[str, Metrics], specs: list[RunSpec]) -> Pa
         lines.append(f"| {arm} | {len(done)} | " + " | ".join(cells) + " |")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+# the staleness study's per-run statistics over steps >= 2: (key as logged, column, how the steps reduce)
+STALENESS_STATS = (
+    ("actor/rpg/behavior_kl", "behaviour KL(mu ‖ pi_old) k1, step mean", None),
+    ("actor/rpg/behavior_weight_max", "largest applied weight", max),
+    ("actor/grad_norm", "grad norm, step mean", None),
+    ("actor/grad_norm", "grad norm, step max", max),
+    ("training/off_policy/trajectory_staleness/mean", "observed staleness (versions), step mean", None),
+)
+
+
+def _val_key(metric: str) -> str:
+    return f"val-core/{DATA_SOURCE}/{metric}"
+
+
+def staleness_rows(runs: dict[str, Metrics], specs: list[RunSpec], metric: str) -> list[dict]:
+    """One row per (method, arm, staleness) in grid order: the finished seeds' final accuracies, each statistic of
+    STALENESS_STATS per seed, and the collapses (``collapsed``: reason per collapsed seed)."""
+    import statistics
+
+    groups: dict[tuple[str, str, int], list[RunSpec]] = {}
+    for s in specs:
+        groups.setdefault((s.variant, s.arm, s.staleness), []).append(s)
+    rows = []
+    for (variant, arm, stale), members in groups.items():
+        done = [runs[s.run_id] for s in members if s.run_id in runs]
+        last = members[0].sizes.steps
+        finals = [float(m[_val_key(metric)][last]) for m in done if last in m.get(_val_key(metric), {})]
+        stats = {col: [x for x in (behavior_summary(m, key, red) for m in done) if x is not None]
+                 for key, col, red in STALENESS_STATS}
+        why = [collapsed(m.get(_val_key(metric), {}), m.get("actor/grad_norm", {})) for m in done]
+        rows.append({"label": members[0].label.split(", staleness")[0], "variant": variant, "arm": arm,
+                     "staleness": stale, "seeds": len(members), "done": len(done), "finals": finals,
+                     "final_mean": statistics.fmean(finals) if finals else None,
+                     "final_std": statistics.stdev(finals) if len(finals) > 1 else 0.0 if finals else None,
+                     "stats": stats, "collapses": [w for w in why if w]})
+    return rows
+
+
+def staleness_md(path: Path, runs: dict[str, Metrics], specs: list[RunSpec], metric: str) -> Path:
+    """``staleness.md``: the table (mean ± std of the final accuracy over seeds; each statistic's mean over seeds
+    [min, max over seeds]; collapses k/n) and the reason of each collapse."""
+    def cell(xs: list[float]) -> str:
+        return f"{sum(xs) / len(xs):.3g} [{min(xs):.3g}, {max(xs):.3g}]" if xs else "not logged"
+
+    rows = staleness_rows(runs, specs, metric)
+    lines = [f"# Staleness study ({metric} at the last step; statistics over steps >= 2: mean over seeds "
+             "[min, max over seeds])", "",
+             f"Collapse (declared before the runs): a non-finite gradient norm, a validation below "
+             f"{COLLAPSE_FRACTION:g} x the step-0 accuracy, or a final accuracy below it.", "",
+             "| method | weights | staleness | final acc (mean ± std) | "
+             + " | ".join(c for _, c, _ in STALENESS_STATS) + " | collapses |",
+             "|---|---|---|---|" + "---|" * len(STALENESS_STATS) + "---|"]
+    reasons = []
+    for r in rows:
+        acc = f"{r['final_mean']:.3f} ± {r['final_std']:.3f}" if r["finals"] else "—"
+        cells = " | ".join(cell(r["stats"][c]) for _, c, _ in STALENESS_STATS)
+        seeds = f" ({r['done']} of {r['seeds']} finished)" if r["done"] < r["seeds"] else ""
+        lines.append(f"| {r['label']} | {r['arm']} | {r['staleness']} | {acc}{seeds} | {cells} | "
+                     f"{len(r['collapses'])}/{r['done']} |")
+        reasons += [f"* {r['label']}, {r['arm']}, staleness {r['staleness']}: {w}" for w in r["collapses"]]
+    if reasons:
+        lines += ["", "Collapses:", ""] + reasons
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def staleness_figure(out: Path, runs: dict[str, Metrics], specs: list[RunSpec], metric: str) -> list[Path]:
+    """``staleness.png`` / ``.svg``: final accuracy (mean ± std over seeds, top) and behaviour KL (mean over seeds,
+    bottom) against staleness (log2 axis), one line per arm; one column per method (RPG-Style Clip on / off)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    rows = staleness_rows(runs, specs, metric)
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    fig = Figure(figsize=(5.5 * len(labels), 7.5))
+    axes = fig.subplots(2, len(labels), squeeze=False)
+    kl_col = STALENESS_STATS[0][1]
+    for j, label in enumerate(labels):
+        for arm in arms:
+            pts = sorted((r["staleness"], r) for r in rows if r["label"] == label and r["arm"] == arm)
+            acc = [(s, r["final_mean"], r["final_std"]) for s, r in pts if r["finals"]]
+            if acc:
+                axes[0][j].errorbar([a[0] for a in acc], [a[1] for a in acc], yerr=[a[2] for a in acc], marker="o",
+                                    capsize=3, label=arm)
+            kl = [(s, sum(r["stats"][kl_col]) / len(r["stats"][kl_col])) for s, r in pts if r["stats"][kl_col]]
+            if kl:
+                axes[1][j].plot([k[0] for k in kl], [k[1] for k in kl], marker="o", label=arm)
+        axes[0][j].set_title(label)
+        axes[0][j].set_ylabel(f"final held-out accuracy {metric.rsplit('/', 1)[-1]}")
+        axes[1][j].set_ylabel("behaviour KL(mu ‖ pi_old), step mean")
+        for ax in (axes[0][j], axes[1][j]):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted({r["staleness"] for r in rows}))
+            ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.set_xlabel("staleness (optimizer updates per weight sync)")
+            ax.grid(alpha=0.3)
+        axes[0][j].legend(title="behaviour weight")
+    fig.tight_layout()
+    paths = []
+    for ext in ("png", "svg"):
+        fig.savefig(out.with_suffix(f".{ext}"), dpi=100)
+        paths.append(out.with_suffix(f".{ext}"))
+    return paths
 
 
 def eval_noise(runs: dict[str, Metrics], specs: list[RunSpec], metric: str, val_problems: int | None) -> list[str]:
