@@ -137,3 +137,19 @@ def test_dry_run_warns_of_a_path_only_the_run_node_may_hold(tmp_path, capsys):
     assert [line for line in cap.err.splitlines() if line.startswith("rpg") and "data." in line] == [
         f"rpg.launch: warning: data.val_files={missing}: no such file"]
     assert "composed and validated config" in cap.out
+
+
+@pytest.mark.parametrize("override, line", [
+    (["actor_rollout_ref.rollout.name=vllm"],
+     "rpg config error: actor_rollout_ref.rollout.name=vllm on the CPU backend needs RPG_CPU_ROLLOUT=vllm"),
+    (["trainer.n_gpus_per_node=2", "ray_kwargs.ray_init.num_gpus=1"],
+     "rpg config error: ray_kwargs.ray_init.num_gpus=1 is below the world size trainer.nnodes=1 x "
+     "trainer.n_gpus_per_node=2 = 2"),
+])
+def test_cpu_dry_run_refuses_what_the_driver_refuses_on_the_config(override, line, tiny_assets, capsys):
+    """The CPU backend's driver rules that the config and the environment decide (``config_problems``) are refused
+    by DRY_RUN=1 too (they were skipped with the rest of the driver's node checks)."""
+    env = {k: v for k, v in _env(RPG_BACKEND="cpu", DRY_RUN="1").items() if k != "RPG_CPU_ROLLOUT"}
+    assert main(["run_grpo_7b", *override], env) == 2
+    refused = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rpg")]
+    assert len(refused) == 1 and refused[0].startswith(line), refused

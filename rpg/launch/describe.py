@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rpg.backends.registry import backend
 from rpg.common.overrides import override_key
+from rpg.config import RPGConfigError
 from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME, compose, plan
 from rpg.launch.request import LaunchError, LaunchRequest, project_root
 from rpg.launch.variants import Variant, known_names, paper_refs, paper_row, parse, to_overrides
@@ -152,7 +153,7 @@ def dry_run(req: LaunchRequest, v: Variant, overrides: Sequence[str], cmd: Seque
     result when the caller has it. The other problems of the input paths (``rpg.verl.preflight.refusals``: an
     existing data file in the wrong layout or with a ``data_source`` no reward function scores, an empty list, ...)
     raise ``InputPathError``, the driver's lines (exit 2; for a Ray submission they are warnings, as the launch
-    leaves them to the driver on the cluster)."""
+    leaves them to the driver on the cluster), and so do the backend's ``config_problems`` (``RPGConfigError``)."""
     from omegaconf import OmegaConf
 
     chosen = backend(req.backend)
@@ -165,7 +166,12 @@ def dry_run(req: LaunchRequest, v: Variant, overrides: Sequence[str], cmd: Seque
     paths = input_path_problems(cfg)
     if not req.cluster and (refused := refusals(paths)):
         raise InputPathError(refused)
-    errors, warnings = chosen.node_problems(cfg, settings, req.env)
+    driver_env = {**req.env, **chosen.run_env((), base=req.env)}  # as the driver sees it (VERL_PLATFORM=cpu, ...)
+    if refused := chosen.config_problems(cfg, settings, driver_env):  # the driver's lines wherever it runs
+        error = RPGConfigError("; ".join(refused))
+        error.lines = refused
+        raise error
+    errors, warnings = chosen.node_problems(cfg, settings, driver_env)
     for problem in [*paths, *errors, *warnings]:
         print(f"rpg.launch: warning: {problem}", file=sys.stderr, flush=True)
     print("# ---- composed and validated config (DRY_RUN=1: nothing was started) ----")
