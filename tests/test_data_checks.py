@@ -2,8 +2,8 @@
 verl's layout (``data.prompt_key``, ``reward_model.ground_truth``, ``data_source``), every ``data_source``
 has a reward function (rpg.reward's routes, or verl's ``default_compute_score`` list when the recipe's reward
 is off), and the lists are not empty. One function (``rpg.verl.preflight.input_path_problems`` through
-``rpg.data.checks``), called by the driver, the launcher (DRY_RUN: warnings; a real launch: exit 2 before
-anything starts) and the tiny demo (before its assets are built). A user's
+``rpg.data.checks``), called by the driver, the launcher (a real launch and DRY_RUN alike: exit 2 before
+anything starts; DRY_RUN only warns of a missing file) and the tiny demo (before its assets are built). A user's
 ``reward.custom_reward_function.name`` is never replaced by the recipe's."""
 
 from __future__ import annotations
@@ -188,15 +188,18 @@ def _env(**kw) -> dict[str, str]:
     return launch_env(**kw)
 
 
-def test_dry_run_reports_each_problem(files, capsys):
+def test_dry_run_refuses_on_each_problem(files, capsys):
+    """Both problems are the launch's refusal, one line each, exit 2 (tests/test_launch_paths.py: the same lines
+    as the launch's)."""
     from rpg.launch.cli import main
 
     raw = raw_file(files / "raw.parquet")
-    assert main(["run_grpo_7b"], _env(DRY_RUN="1", TRAIN_FILE=str(raw), VAL_FILES=" , ")) == 0
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "data." in line]
-    assert warnings[0].startswith(f"rpg.launch: warning: data.train_files={raw}: not in verl's layout: no column 'prompt'")
-    assert warnings[1] == ("rpg.launch: warning: data.val_files=[]: names no file; verl reads at least one "
-                           "(a path or a list of paths)")
+    assert main(["run_grpo_7b"], _env(DRY_RUN="1", TRAIN_FILE=str(raw), VAL_FILES=" , ")) == 2
+    refused = [line for line in capsys.readouterr().err.splitlines() if "data." in line]
+    assert len(refused) == 2
+    assert refused[0].startswith(f"rpg config error: data.train_files={raw}: not in verl's layout: no column 'prompt'")
+    assert refused[1] == ("rpg config error: data.val_files=[]: names no file; verl reads at least one "
+                          "(a path or a list of paths)")
 
 
 def test_a_real_launch_is_refused_before_anything_starts(files, capsys, monkeypatch):

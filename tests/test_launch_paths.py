@@ -1,5 +1,6 @@
-"""The launcher's DRY_RUN errors are the driver's one line (exit 2), missing input
-paths are warned about, and a Ray submission resolves every default path against RPG_CLUSTER_ROOT."""
+"""The launcher's DRY_RUN errors are the driver's one line (exit 2), an input the launch refuses is refused
+(exit 2), missing input paths are warned about, and a Ray submission resolves every default path against
+RPG_CLUSTER_ROOT."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import shlex
 from pathlib import Path
 
+import pytest
 from test_launch_dryrun import _env
 
 from rpg.launch.cli import main
@@ -86,3 +88,68 @@ def test_relative_cluster_root_is_one_line(capsys):
     assert main(["run_grpo_7b"], _env(DRY_RUN="1", RAY_ADDRESS=RAY, RPG_CLUSTER_ROOT="srv/rpg")) == 2
     assert capsys.readouterr().err.strip() == (
         "rpg.launch: RPG_CLUSTER_ROOT='srv/rpg' must be an absolute path (the project's checkout on the cluster nodes)")
+
+
+def _bad_files(tmp_path: Path) -> dict[str, tuple[dict[str, str], str]]:
+    """Per case: the environment of a launch whose only problem is one validation input, and the start of the
+    line the launch refuses it with."""
+    import pandas as pd
+
+    from data_files import verl_file
+
+    train = verl_file(tmp_path / "train.parquet", "math_dapo")
+    raw = tmp_path / "raw.parquet"  # the problems as downloaded: no chat prompt, no reward_model
+    pd.DataFrame({"problem": ["1+1?"], "answer": ["2"], "data_source": ["aime2025"]}).to_parquet(raw)
+    unscored = verl_file(tmp_path / "gsm8k.parquet", "gsm8k")
+    base = {"TRAIN_FILE": str(train)}
+    return {
+        "layout": ({**base, "VAL_FILES": str(raw)}, f"rpg config error: data.val_files={raw}: not in verl's layout: "
+                                                     "no column 'prompt' (data.prompt_key)"),
+        "scorer": ({**base, "VAL_FILES": str(unscored)},
+                   f"rpg config error: data.val_files={unscored}: data_source 'gsm8k' has no reward function"),
+        "empty": ({**base, "VAL_FILES": " , "}, "rpg config error: data.val_files=[]: names no file"),
+    }
+
+
+@pytest.mark.parametrize("case", ["layout", "scorer", "empty"])
+def test_dry_run_refuses_what_the_launch_refuses(case, tmp_path, monkeypatch, capsys):
+    """DRY_RUN=1 as a gate: an existing data file in the wrong layout, a data_source no reward function scores and
+    an empty list are the launch's own refusal (same line, exit 2), not a warning."""
+    env, start = _bad_files(tmp_path)[case]
+    monkeypatch.setattr(os, "execvpe", lambda *a: pytest.fail(f"the launch started the driver: {a[1]}"))
+    assert main(["run_grpo_7b"], _env(**env)) == 2
+    refused = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rpg")]
+    assert len(refused) == 1 and refused[0].startswith(start), refused
+    assert main(["run_grpo_7b"], _env(DRY_RUN="1", **env)) == 2
+    cap = capsys.readouterr()
+    assert [line for line in cap.err.splitlines() if line.startswith("rpg")] == refused
+    assert "composed and validated config" not in cap.out
+
+
+def test_dry_run_warns_of_a_path_only_the_run_node_may_hold(tmp_path, capsys):
+    """A data file that does not exist on this machine: a warning, exit 0 (it may exist only on the cluster); the
+    existing files it names besides are checked (here: fine)."""
+    from data_files import verl_file
+
+    train, missing = verl_file(tmp_path / "train.parquet", "math_dapo"), tmp_path / "elsewhere" / "aime2025.parquet"
+    assert main(["run_grpo_7b"], _env(DRY_RUN="1", TRAIN_FILE=str(train), VAL_FILES=str(missing))) == 0
+    cap = capsys.readouterr()
+    assert [line for line in cap.err.splitlines() if line.startswith("rpg") and "data." in line] == [
+        f"rpg.launch: warning: data.val_files={missing}: no such file"]
+    assert "composed and validated config" in cap.out
+
+
+@pytest.mark.parametrize("override, line", [
+    (["actor_rollout_ref.rollout.name=vllm"],
+     "rpg config error: actor_rollout_ref.rollout.name=vllm on the CPU backend needs RPG_CPU_ROLLOUT=vllm"),
+    (["trainer.n_gpus_per_node=2", "ray_kwargs.ray_init.num_gpus=1"],
+     "rpg config error: ray_kwargs.ray_init.num_gpus=1 is below the world size trainer.nnodes=1 x "
+     "trainer.n_gpus_per_node=2 = 2"),
+])
+def test_cpu_dry_run_refuses_what_the_driver_refuses_on_the_config(override, line, tiny_assets, capsys):
+    """The CPU backend's driver rules that the config and the environment decide (``config_problems``) are refused
+    by DRY_RUN=1 too (they were skipped with the rest of the driver's node checks)."""
+    env = {k: v for k, v in _env(RPG_BACKEND="cpu", DRY_RUN="1").items() if k != "RPG_CPU_ROLLOUT"}
+    assert main(["run_grpo_7b", *override], env) == 2
+    refused = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rpg")]
+    assert len(refused) == 1 and refused[0].startswith(line), refused

@@ -18,9 +18,12 @@ imports them. Each backend is the module ``rpg.backends.<name>.backend`` with:
   than from the variant (the user's overrides still win);
 * ``launch_problems(env) -> (errors, warnings)``: what this machine lacks for a launch asked by its environment
   alone, before anything is composed (a malformed variable: ``ValueError``);
+* ``config_problems(cfg, settings, environ) -> list``: the refusals of ``check_driver`` that the composed config and
+  the environment decide, wherever it runs (``DRY_RUN=1`` refuses on them too, exit 2);
 * ``node_problems(cfg, settings, environ) -> (errors, warnings)``: what this node lacks for a composed run
   (``DRY_RUN=1`` prints both as warnings);
-* ``check_driver(cfg, settings, environ)``: the driver's checks before Ray, one line each (``RPGConfigError``);
+* ``check_driver(cfg, settings, environ)``: the driver's checks before Ray, one line each (``RPGConfigError``):
+  ``config_problems`` and the errors of ``node_problems``;
 * ``rank_node_check(cfg, settings) -> (fn, args) | None``: on a Ray cluster the driver joined, what to run on each
   node that will hold a rank group, in a task holding that group's GPUs (``fn(*args)`` returns
   ``(errors, warnings)``, one line each): the node's own checks, where they hold;

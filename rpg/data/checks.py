@@ -17,10 +17,11 @@ What verl reads (``verl.utils.dataset.rl_dataset.RLHFDataset`` and the reward lo
 
 ``data_problems`` is the one check of a run's data keys (``DATA_KEYS``): the lists are not empty, every local
 file exists and passes ``file_problems`` for the reward function the run scores with (``scorer_of``). One line
-per problem naming the key and the file. It reads the config through a getter, so that the driver
-(``rpg.verl.preflight.input_path_problems``: the composed config; DRY_RUN prints the same lines as warnings)
-and the launchers before anything starts (``override_problems``: the overrides they pass, ``rpg.launch`` and
-the tiny demo) run the same check without importing torch or verl.
+per problem naming the key and the file (``Absent``: a local file that does not exist here). It reads the config
+through a getter, so that the driver (``rpg.verl.preflight.input_path_problems``: the composed config; DRY_RUN
+refuses on the same lines, an ``Absent`` one only warns) and the launchers before anything starts
+(``override_problems``: the overrides they pass, ``rpg.launch`` and the tiny demo) run the same check without
+importing torch or verl.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ from rpg.reward.sources import ANY, Scorer, is_rpg_reward, rpg_scorer, verl_scor
 DATA_KEYS = ("data.train_files", "data.val_files")
 VERL_SUFFIXES = (".parquet", ".json", ".jsonl")  # RLHFDataset._read_files_and_tokenize
 PREPARE_HINT = "prepare it with `python -m rpg.data prepare` (docs/data-and-reports.md)"
+
+
+class Absent(str):
+    """A problem line saying that a local path does not exist on this machine. The driver refuses it like any
+    other; a dry run (``rpg.launch``, DRY_RUN=1) only warns, since the path may exist where the run runs."""
 
 
 class UnreadableFile(ValueError):
@@ -72,7 +78,9 @@ def data_file_problem(key: str, value: Any) -> str | None:
     p = Path(value).expanduser()
     if p.is_file():
         return None
-    return f"{key}={value}: " + ("is a directory, expected a parquet file" if p.is_dir() else "no such file")
+    if p.is_dir():
+        return f"{key}={value}: is a directory, expected a parquet file"
+    return Absent(f"{key}={value}: no such file")
 
 
 def data_problems(get: Getter, keys: Sequence[str] = DATA_KEYS) -> list[str]:

@@ -9,10 +9,13 @@ Modes (environment variables; defaults in brackets):
 * ``DRY_RUN=1``: compose the full config with Hydra's compose API against recipe/rpg/config,
   run the driver-side checks (``rpg.verl.main.prepare_config``: the ``rpg:`` validation and
   translation, then verl 0.9.1's ``validate_config``), print it and the command, exit. No Ray,
-  no GPU. A bad value is the driver's one line (exit 2); a missing input path (data file, local
-  model, ...: ``rpg.verl.preflight``) is a warning, since a dry run may be made away from the data,
+  no GPU. A bad value is the driver's one line (exit 2), and so is every other problem of the input paths
+  (``rpg.verl.preflight.refusals``: an existing data file in the wrong layout or with a ``data_source`` no
+  reward function scores, an empty list, ...); an input path missing on this machine (data file, local
+  model, ...: ``rpg.data.checks.Absent``) is a warning, since a dry run may be made away from the data,
   and so is each refusal the driver would make on this node (no CUDA, too few GPUs, an old driver,
-  no vLLM or flash-attn: ``rpg.backends.gpu.preflight``), since it may be made on a laptop.
+  no vLLM or flash-attn: ``rpg.backends.gpu.preflight``), since it may be made on a laptop. With
+  ``RAY_ADDRESS`` the input problems stay warnings (the submission leaves them to the driver on the cluster).
 * ``RPG_BACKEND=cpu``: the same overrides on the CPU backend (``rpg.backends.cpu``) with the tiny
   model/task of ``rpg.tiny`` replacing model, data and sizes; the variant's algorithm settings stay.
   Runs through ``rpg.launch.harness`` (output in ``OUT_DIR``). World size 1 unless ``N_GPUS_PER_NODE``

@@ -5,7 +5,8 @@
 * ``describe``: ``--describe NAME [--full] [--gpu-mem-gib G] [--host-mem-gib H] [overrides]``: the variant, the
   overrides its name sets, optionally the whole resolved config, then the memory and disk estimate.
 * ``dry_run``: ``DRY_RUN=1``: the composed and validated config and the command, with what this node lacks
-  for the run (the backend's ``node_problems``) and missing input paths as warnings, then the estimate.
+  for the run (the backend's ``node_problems``) and missing input paths as warnings, then the estimate; an
+  input the driver would refuse wherever it runs (a data file in the wrong layout, ...) is its refusal, exit 2.
 * ``memory_report`` / ``memory_sizes``: ``rpg.launch.memory``'s per-GPU memory table, the host RAM per node
   and the checkpoint disk of a composed config (docs/memory.md).
 """
@@ -20,10 +21,11 @@ from pathlib import Path
 
 from rpg.backends.registry import backend
 from rpg.common.overrides import override_key
+from rpg.config import RPGConfigError
 from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME, compose, plan
 from rpg.launch.request import LaunchError, LaunchRequest, project_root
 from rpg.launch.variants import Variant, known_names, paper_refs, paper_row, parse, to_overrides
-from rpg.verl.preflight import input_path_problems
+from rpg.verl.preflight import InputPathError, input_path_problems, refusals
 
 REWARD_PATH = "reward.custom_reward_function.path"
 
@@ -148,7 +150,10 @@ def dry_run(req: LaunchRequest, v: Variant, overrides: Sequence[str], cmd: Seque
     """``DRY_RUN=1``: the variant, the command, the composed and validated config; missing input paths and what
     this node lacks for the run (the backend's ``node_problems``) as warnings; then, for a run of the variant
     itself (not the tiny task), the memory estimate (sizes: ``memory_sizes``). ``composed``: ``compose(overrides)``'s
-    result when the caller has it."""
+    result when the caller has it. The other problems of the input paths (``rpg.verl.preflight.refusals``: an
+    existing data file in the wrong layout or with a ``data_source`` no reward function scores, an empty list, ...)
+    raise ``InputPathError``, the driver's lines (exit 2; for a Ray submission they are warnings, as the launch
+    leaves them to the driver on the cluster), and so do the backend's ``config_problems`` (``RPGConfigError``)."""
     from omegaconf import OmegaConf
 
     chosen = backend(req.backend)
@@ -158,8 +163,16 @@ def dry_run(req: LaunchRequest, v: Variant, overrides: Sequence[str], cmd: Seque
     if not any(override_key(o) == REWARD_PATH for o in overrides):
         _show_cluster_reward_path(cfg, req.root, req.run_root)
     print("# command: " + " ".join(cmd[:2]) + " \\\n#   " + " \\\n#   ".join(cmd[2:]))
-    errors, warnings = chosen.node_problems(cfg, settings, req.env)
-    for problem in [*input_path_problems(cfg), *errors, *warnings]:
+    paths = input_path_problems(cfg)
+    if not req.cluster and (refused := refusals(paths)):
+        raise InputPathError(refused)
+    driver_env = {**req.env, **chosen.run_env((), base=req.env)}  # as the driver sees it (VERL_PLATFORM=cpu, ...)
+    if refused := chosen.config_problems(cfg, settings, driver_env):  # the driver's lines wherever it runs
+        error = RPGConfigError("; ".join(refused))
+        error.lines = refused
+        raise error
+    errors, warnings = chosen.node_problems(cfg, settings, driver_env)
+    for problem in [*paths, *errors, *warnings]:
         print(f"rpg.launch: warning: {problem}", file=sys.stderr, flush=True)
     print("# ---- composed and validated config (DRY_RUN=1: nothing was started) ----")
     print(OmegaConf.to_yaml(cfg, resolve=True), end="")

@@ -147,8 +147,8 @@ def compose(overrides: Sequence[str], root: Path | None = None):
     driver-side checks (``rpg.verl.main.prepare_config``: rpg validation + verl's validate_config).
 
     Returns ``(cfg, settings)``; raises the checks' errors (``RPGConfigError`` for the rpg block).
-    Input paths and this node are not checked here (``rpg.verl.preflight.input_path_problems``, the
-    backend's ``node_problems``).
+    Input paths and the backend's driver checks are not made here (``rpg.verl.preflight.input_path_problems``,
+    the backend's ``config_problems`` and ``node_problems``).
     """
     root = root or project_root()
     cfg = compose_config(overrides, root / CONFIG_DIR, CONFIG_NAME)  # an unknown key: one line (rpg.launch.config_keys)

@@ -133,7 +133,8 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
     ``check_paths=False``: the caller reports missing paths itself (``rpg.launch`` under DRY_RUN=1
     or before a Ray submission, where the files live on the cluster); the resume checkpoint is
     then not resolved either (``rpg.verl.preflight.resolve_resume``). ``check_node=False``: the
-    same for this node's checks (the backend's ``check_driver``, ``rpg.backends``: warnings under DRY_RUN=1).
+    same for this node's checks (the backend's ``check_driver``, ``rpg.backends``; under DRY_RUN=1 its
+    ``config_problems`` are refused, its ``node_problems`` are warnings).
     """
     auto_set_device(config)
     settings = validate_and_apply(config)

@@ -3,8 +3,9 @@
 A missing data file or model directory otherwise surfaces only after Ray and the workers have
 started (about a minute and a thousand log lines later; a missing model directory even as a
 misleading Hugging Face repo-id error). ``check_input_paths`` turns every such problem into one
-line naming the key and the path (``rpg.verl.main`` prints them and exits 2); ``rpg.launch`` prints the
-same problems as warnings under ``DRY_RUN=1``.
+line naming the key and the path (``rpg.verl.main`` prints them and exits 2); ``rpg.launch`` under ``DRY_RUN=1``
+refuses on the same lines (exit 2) except a local path that does not exist on its machine
+(``rpg.data.checks.Absent``: it may exist where the run runs), a warning.
 
 Keys and rules (a value containing ``://`` — hdfs://, s3://, ... — is remote and never checked):
 
@@ -44,7 +45,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rpg.data.checks import DATA_KEYS, data_problems
+from rpg.data.checks import DATA_KEYS, Absent, data_problems
 from rpg.reward.sources import reward_name_problem
 from rpg.verl.errors import ERROR_PREFIX
 from rpg.config import RPGConfigError, config_value
@@ -96,7 +97,7 @@ def model_path_problem(key: str, value: Any) -> str | None:
         return None
     if not isinstance(value, str):
         return f"{key}={value!r} is not a path"
-    return f"{key}={value}: no such file or directory (and not a Hugging Face repo id 'org/name')"
+    return Absent(f"{key}={value}: no such file or directory (and not a Hugging Face repo id 'org/name')")
 
 
 def resume_path_problem(value: Any) -> str | None:
@@ -106,7 +107,7 @@ def resume_path_problem(value: Any) -> str | None:
     if not re.fullmatch(r"global_step_\d+", Path(value).name):
         return f"{key}={value}: expected a checkpoint directory named global_step_<N>"
     if not os.path.isdir(value):
-        return f"{key}={value}: no such directory"
+        return Absent(f"{key}={value}: no such directory")
     return None
 
 
@@ -174,7 +175,8 @@ def _needs_critic(cfg) -> bool:
 
 def input_path_problems(cfg, *, use_critic: bool | None = None) -> list[str]:
     """One line per missing local input path of the composed config ``cfg``, and per problem of its data
-    files (``rpg.data.checks.data_problems``); empty: all present and usable.
+    files (``rpg.data.checks.data_problems``); empty: all present and usable. A path that does not exist on this
+    machine is an ``Absent`` line (``refusals`` leaves those out).
 
     ``use_critic=None``: ask verl (``need_critic``) whether ``critic.model.path`` is used.
     """
@@ -185,11 +187,18 @@ def input_path_problems(cfg, *, use_critic: bool | None = None) -> list[str]:
         problems.append(model_path_problem(key, _get(cfg, key)))
     reward = _get(cfg, "reward.custom_reward_function.path")
     if reward is not None and not is_remote(str(reward)) and not Path(str(reward)).expanduser().is_file():
-        problems.append(f"reward.custom_reward_function.path={reward}: no such file")
+        line = f"reward.custom_reward_function.path={reward}: no such file"
+        problems.append(line if Path(str(reward)).expanduser().exists() else Absent(line))
     problems.append(reward_name_problem(reward, _get(cfg, "reward.custom_reward_function.name")))
     if _get(cfg, "trainer.resume_mode") == "resume_path":
         problems.append(resume_path_problem(_get(cfg, "trainer.resume_from_path")))
     return [p for p in problems if p]
+
+
+def refusals(problems: list[str]) -> list[str]:
+    """The lines of ``input_path_problems`` but the ``Absent`` ones: what is wrong with what this machine holds or
+    with the values themselves (a data file in the wrong layout, an empty list, ...), refused by ``DRY_RUN=1`` too."""
+    return [p for p in problems if not isinstance(p, Absent)]
 
 
 def check_input_paths(cfg, *, use_critic: bool | None = None) -> None:

@@ -51,8 +51,18 @@ def launch_problems(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
     return vllm_cpu.problems() if vllm_cpu.rollout_of(env) == "vllm" else ([], [])
 
 
+def config_problems(cfg, settings, environ: Mapping[str, str]) -> list[str]:
+    """``check_driver``'s refusals that the config and the environment decide: ``rollout.name=vllm`` without
+    ``RPG_CPU_ROLLOUT=vllm``, a world size that is not an integer >= 1 or above the local Ray's GPUs."""
+    setting = vllm_cpu.setting_problem(cfg, environ)
+    return [*([setting] if setting else []), *world.world_problems(cfg, environ)[0]]
+
+
 def node_problems(cfg, settings, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
-    return [], []
+    """``check_driver``'s refusals that this machine decides (vLLM's CPU build, the RAM for the world size), then
+    the version notes."""
+    errors, warnings = vllm_cpu.machine_problems(cfg, environ)
+    return [*errors, *world.world_problems(cfg, environ)[1]], warnings
 
 
 def check_driver(cfg, settings, environ: Mapping[str, str] | None = None) -> None:

