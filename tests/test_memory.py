@@ -298,7 +298,8 @@ def test_separate_async_adds_the_rollout_pool_and_the_trainers_nccl_send():
 
     over = {"trainer__v1": {"trainer_mode": "separate_async"},
             "actor_rollout_ref__rollout__nnodes": 1, "actor_rollout_ref__rollout__n_gpus_per_node": 4,
-            "actor_rollout_ref__rollout__checkpoint_engine": {"backend": "nccl", "update_weights_bucket_megabytes": 1024}}
+            "actor_rollout_ref__rollout__checkpoint_engine": {"backend": "nccl",
+                                                              "update_weights_bucket_megabytes": 1024}}
     s = settings_from_config(_cfg(**over))
     assert (s.rollout_pool, s.sync_engine) == ((1, 4), "nccl")
     trainer = estimate(s, QWEN25_7B, 79.6)
@@ -312,8 +313,8 @@ def test_separate_async_adds_the_rollout_pool_and_the_trainers_nccl_send():
     # the sync: vLLM's bf16 weights (KV cache released), nccl's two buffers, the adapter's CUDA-IPC bucket
     assert sync.gib == pytest.approx(P7 * 2 / GIB + 3 * bucket + RUNTIME_OVERHEAD_GIB)
     assert pool.kv_cache_tokens == trainer.kv_cache_tokens and pool.fits
-    kept = estimate_rollout_pool(settings_from_config(_cfg(**over, actor_rollout_ref__rollout__free_cache_engine=False)),
-                                 trainer)
+    awake = settings_from_config(_cfg(**over, actor_rollout_ref__rollout__free_cache_engine=False))
+    kept = estimate_rollout_pool(awake, trainer)
     assert _term(kept.phases[1], "vLLM weights + KV cache") == pytest.approx(0.6 * 79.6)
     text = report(_cfg(**over))
     assert "on the training pool (actor, optimizer, reference, hybrid vLLM replicas)" in text

@@ -703,7 +703,7 @@ def test_async_stop_lines_say_the_run_cannot_be_resumed_instead_of_a_refused_com
     assert "resume: " not in line and not line.endswith("trainer.resume_mode=auto"), line
     assert line.endswith("cannot be resumed: trainer.v1.trainer_mode=colocate_async (the recipe has never resumed an "
                          "asynchronous run: verl restores its replay buffer's trajectories and re-issues the prompts "
-                         "in flight from TransferQueue's checkpoint (verl/trainer/ppo/v1/trainer_base.py:899-909), a "
+                         "in flight from TransferQueue's checkpoint (verl/trainer/ppo/v1/trainer_base.py:900-908), a "
                          "path not run with the RPG loss: the driver refuses trainer.resume_mode=auto with a "
                          "checkpoint); start a new run in a new output directory"), line
     cfg.trainer.v1.trainer_mode = "sync"

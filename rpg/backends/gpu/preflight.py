@@ -324,7 +324,8 @@ def gpu_problems(request: GpuRequest, probe: GpuProbe) -> list[str]:
         return [f"trainer.n_gpus_per_node={request.gpus_per_node} but {probe.visible_gpus} GPU(s) are visible on this "
                 f"node (trainer.nnodes=1): allowed 1..{probe.visible_gpus}; set N_GPUS_PER_NODE (or "
                 f"trainer.n_gpus_per_node), or make more GPUs visible (CUDA_VISIBLE_DEVICES)"]
-    if request.nnodes == 1 and request.rollout_gpus and request.gpus_per_node + request.rollout_gpus > probe.visible_gpus:
+    both = request.gpus_per_node + request.rollout_gpus
+    if request.nnodes == 1 and request.rollout_gpus and both > probe.visible_gpus:
         return [f"trainer.n_gpus_per_node={request.gpus_per_node} + actor_rollout_ref.rollout.n_gpus_per_node="
                 f"{request.rollout_gpus} (trainer.v1.trainer_mode=separate_async: a training and a rollout pool, one "
                 f"node each) but {probe.visible_gpus} GPU(s) are visible on this node: the two pools must not exceed "
