@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+from rpg.backends.gpu.settings import ENGINE_NAME as GPU_ENGINE
 from rpg.config import RPGLossConfig, RPGSettings, config_value, ulysses_sizes
 from rpg.config.access import RPGConfigError, fail as _fail
 
@@ -250,10 +251,10 @@ def check_trainer_mode(cfg, settings: RPGSettings) -> bool:
     return True
 
 
-# verl's checkpoint engines the recipe composes for a standalone rollout pool on GPUs: nccl
+# verl's checkpoint engines the recipe composes for a standalone rollout pool on GPUs: nccl, the GPU launch's
 # (verl/checkpoint_engine/nccl_checkpoint_engine.py:119); kimi, nixl, mooncake, delta_sharded are registered too but
 # not composed by the recipe
-GPU_ENGINES = ("nccl",)
+GPU_ENGINES = (GPU_ENGINE,)
 # trainer.v1.separate_async.parameter_sync_step: verl's default (verl/trainer/config/ppo_trainer.yaml)
 SYNC_STEP_DEFAULT = 4
 
