@@ -62,7 +62,8 @@ REFUSED = [
     ([ASYNC, "rpg.loss.name=verl"], f"{RC}.rollout_is=null"),
     (["rpg.loss.behavior_weight_cap=2.0"], "rpg.loss.behavior_weight_cap=2.0 is only used with a stale sampler"),
     (["rpg.loss.behavior_weight_level=sequence"], "rpg.loss.behavior_weight_level='sequence' is only used with a stale sampler"),
-    (["trainer.v1.trainer_mode=separate_async"], "trainer.v1.trainer_mode=separate_async is supported on the CPU backend only"),
+    (["trainer.v1.trainer_mode=separate_async"], "actor_rollout_ref.rollout.checkpoint_engine.backend=naive with "
+                                                 "trainer.v1.trainer_mode=separate_async on GPUs"),
     (["trainer.v1.trainer_mode=one_step_off_policy"], "rewrites the actor's loss_mode to bypass_mode"),
     (["trainer.v1.trainer_mode=fully_async_policy"], "rewrites the actor's loss_mode to bypass_mode"),
     (["trainer.v1.trainer_mode=turbo"], "trainer.v1.trainer_mode='turbo' is not supported by the RPG recipe; allowed: sync, colocate_async, separate_async"),

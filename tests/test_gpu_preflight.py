@@ -79,6 +79,25 @@ def test_a_single_node_run_asking_more_gpus_than_visible():
     assert errors(replace(GOOD, visible_gpus=4), nnodes=2) == []  # the other nodes' GPUs are not visible here
 
 
+def test_a_single_node_separate_async_run_counts_both_pools():
+    from omegaconf import OmegaConf
+
+    from rpg.backends.gpu.preflight import request_from_config
+
+    cfg = OmegaConf.create({"trainer": {"nnodes": 1, "n_gpus_per_node": 4, "v1": {"trainer_mode": "separate_async"}},
+                            "actor_rollout_ref": {"rollout": {"nnodes": 1, "n_gpus_per_node": 4}}})
+    settings = type("S", (), {"uses_rpg_actor_loss": True, "loss_name": "rpg"})()
+    request = request_from_config(cfg, settings, environ={})
+    assert request.rollout_gpus == 4
+    assert list(check(request, GOOD).errors) == []  # 4 + 4 of 8
+    (line,) = check(request, replace(GOOD, visible_gpus=6)).errors
+    assert line.startswith("trainer.n_gpus_per_node=4 + actor_rollout_ref.rollout.n_gpus_per_node=4 ") and "6" in line
+    cfg.actor_rollout_ref.rollout.nnodes = 2  # the rollout pool on nodes of its own: not this node's to count
+    assert request_from_config(cfg, settings, environ={}).rollout_gpus == 0
+    cfg.trainer.v1.trainer_mode = "sync"
+    assert request_from_config(cfg, settings, environ={}).rollout_gpus == 0
+
+
 def test_a_driver_joining_a_cluster_refuses_nothing_of_its_own_node_and_names_what_it_lacks():
     """The driver's node runs no rank: its node rules go, its missing software is a warning (verl's TaskRunner may
     land there); every GPU node is checked in full where the ranks run (``rank_node_problems``)."""

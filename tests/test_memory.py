@@ -292,6 +292,38 @@ def test_weight_sync_holds_the_bucket_and_one_full_fp32_tensor(tmp_path):
     assert sync.gib - _phase(small, "weight sync").gib == pytest.approx(1.5)
 
 
+def test_separate_async_adds_the_rollout_pool_and_the_trainers_nccl_send():
+    from rpg.launch.memory.formatting import report
+    from rpg.launch.memory.gpu import estimate_rollout_pool
+
+    over = {"trainer__v1": {"trainer_mode": "separate_async"},
+            "actor_rollout_ref__rollout__nnodes": 1, "actor_rollout_ref__rollout__n_gpus_per_node": 4,
+            "actor_rollout_ref__rollout__checkpoint_engine": {"backend": "nccl",
+                                                              "update_weights_bucket_megabytes": 1024}}
+    s = settings_from_config(_cfg(**over))
+    assert (s.rollout_pool, s.sync_engine) == ((1, 4), "nccl")
+    trainer = estimate(s, QWEN25_7B, 79.6)
+    shard, bucket = P7 * 4 / 8 / GIB, 1024 * 2**20 / GIB
+    send = _phase(trainer, "standalone weight sync (nccl send")
+    assert _term(send, "nccl send + receive buffers") == pytest.approx(2 * bucket)
+    assert send.gib == pytest.approx(3 * shard + 2 * bucket + 152064 * 3584 * 4 / GIB + RUNTIME_OVERHEAD_GIB)
+    pool = estimate_rollout_pool(s, trainer)
+    serve, sync = pool.phases
+    assert serve.gib == pytest.approx(0.6 * 79.6 + RUNTIME_OVERHEAD_GIB)  # vLLM's share: weights + KV cache
+    # the sync: vLLM's bf16 weights (KV cache released), nccl's two buffers, the adapter's CUDA-IPC bucket
+    assert sync.gib == pytest.approx(P7 * 2 / GIB + 3 * bucket + RUNTIME_OVERHEAD_GIB)
+    assert pool.kv_cache_tokens == trainer.kv_cache_tokens and pool.fits
+    awake = settings_from_config(_cfg(**over, actor_rollout_ref__rollout__free_cache_engine=False))
+    kept = estimate_rollout_pool(awake, trainer)
+    assert _term(kept.phases[1], "vLLM weights + KV cache") == pytest.approx(0.6 * 79.6)
+    text = report(_cfg(**over))
+    assert "on the training pool (actor, optimizer, reference, hybrid vLLM replicas)" in text
+    assert "standalone rollout pool (estimate): 1 x 4 = 4 GPUs beside the training pool's 8" in text
+    # the other modes: one pool
+    assert estimate_rollout_pool(settings_from_config(_cfg()), _est()) is None
+    assert "standalone" not in report(_cfg()) and not any(p.name.startswith("standalone") for p in _est().phases)
+
+
 def test_cuda_graphs_come_out_of_the_kv_cache_unless_enforce_eager(tmp_path):
     act = 4096 * (4 * 64 + 3 * 128) * 2 + 256 * 50000 * 4 * 2      # chunked prefill + sampler logits
     kv_eager = 0.6 * 79.6 * GIB - TOY_P * 2 - act

@@ -701,10 +701,11 @@ def test_async_stop_lines_say_the_run_cannot_be_resumed_instead_of_a_refused_com
     line = signal_stop_line(cfg, "SIGINT", ["recipe/rpg/main_rpg.py", "trainer.v1.trainer_mode=colocate_async"])
     assert "\n" not in line and f"last complete checkpoint {ckpt};" in line
     assert "resume: " not in line and not line.endswith("trainer.resume_mode=auto"), line
-    assert line.endswith("cannot be resumed: trainer.v1.trainer_mode=colocate_async (resuming an asynchronous run "
-                         "(verl's replay buffer, samples in flight) is not supported by the recipe yet: the driver "
-                         "refuses trainer.resume_mode=auto with a checkpoint); start a new run in a new output "
-                         "directory"), line
+    assert line.endswith("cannot be resumed: trainer.v1.trainer_mode=colocate_async (the recipe has never resumed an "
+                         "asynchronous run: verl restores its replay buffer's trajectories and re-issues the prompts "
+                         "in flight from TransferQueue's checkpoint (verl/trainer/ppo/v1/trainer_base.py:900-908), a "
+                         "path not run with the RPG loss: the driver refuses trainer.resume_mode=auto with a "
+                         "checkpoint); start a new run in a new output directory"), line
     cfg.trainer.v1.trainer_mode = "sync"
     assert signal_stop_line(cfg, "SIGINT", ["recipe/rpg/main_rpg.py"]).endswith(
         "; resume: " + shlex.join(["cd", os.getcwd()]) + f" && {sys.executable} recipe/rpg/main_rpg.py trainer.resume_mode=auto")

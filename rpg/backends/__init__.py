@@ -14,6 +14,10 @@ imports them. Each backend is the module ``rpg.backends.<name>.backend`` with:
 * ``run_env(extra_modules, base) -> dict``: the environment every process of a run gets;
 * ``run_overrides(env, overrides, *, joins_cluster) -> list``: the Hydra overrides it puts before the
   caller's ``overrides`` (which win); ``joins_cluster``: a job on a running Ray cluster;
+* ``mode_overrides(given) -> list``: what the trainer mode of ``given`` (the run's override values) needs on
+  this backend and the overrides leave unset (``trainer.v1.trainer_mode=separate_async``: its weight sync, and on
+  the CPU backend its rollout pool); the recipe's entry gets them from the launcher, a harness run through
+  ``run_overrides``;
 * ``owned_keys() -> set``: the keys ``run_overrides`` sets, which a launch takes from the backend rather
   than from the variant (the user's overrides still win);
 * ``launch_problems(env) -> (errors, warnings)``: what this machine lacks for a launch asked by its environment

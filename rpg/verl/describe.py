@@ -49,7 +49,9 @@ def _describe_async(cfg, settings: RPGSettings) -> str:
            f"old_log_probs={'rollout (bypass: pi_old := mu)' if bypass else 'recomputed (decoupled)'}")
     if mode == "separate_async":
         pool = [config_value(cfg, f"actor_rollout_ref.rollout.{k}", None) for k in ("nnodes", "n_gpus_per_node")]
-        out += (f" parameter_sync_step={config_value(cfg, f'{v1}.parameter_sync_step', 4)} rollout_pool={pool[0]}x{pool[1]}"
+        trainer = [config_value(cfg, f"trainer.{k}", 1) for k in ("nnodes", "n_gpus_per_node")]
+        out += (f" parameter_sync_step={config_value(cfg, f'{v1}.parameter_sync_step', 4)} "
+                f"trainer_pool={trainer[0]}x{trainer[1]} rollout_pool={pool[0]}x{pool[1]}"
                 f" weight_sync={config_value(cfg, 'actor_rollout_ref.rollout.checkpoint_engine.backend', None)}")
     if settings.uses_rpg_actor_loss:
         loss = settings.loss

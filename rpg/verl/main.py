@@ -48,7 +48,7 @@ from rpg.verl.errors import (ELASTIC_EXIT, ELASTIC_GROW_SUFFIX, ELASTIC_JOB_SUFF
                              RESUME_COMMAND_ENV)
 from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
 from rpg.verl.describe import describe
-from rpg.verl.checks import resume_hint
+from rpg.verl.checks import ASYNC_RESUME_WHY, resume_hint
 from rpg.verl.translate import validate_and_apply
 from rpg.verl.verl_rules import check_verl_config, check_verl_rules, set_norm_scale_factor
 
@@ -149,9 +149,8 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
         mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync")
         if mode != "sync" and OmegaConf.select(config, "trainer.resume_mode") == "resume_path":
             raise RPGConfigError(f"trainer.resume_mode=auto found a checkpoint to resume, which is not supported with "
-                                 f"trainer.v1.trainer_mode={mode} (an asynchronous run's replay buffer and samples in "
-                                 "flight are not resumed by the recipe); use trainer.resume_mode=disable or a new "
-                                 "trainer.default_local_dir")
+                                 f"trainer.v1.trainer_mode={mode} ({ASYNC_RESUME_WHY}); use "
+                                 "trainer.resume_mode=disable or a new trainer.default_local_dir")
         print(f"rpg: {note}", flush=True)  # the resume decision, every run (RESUME_LINE_STARTS)
     check_verl_rules(config)  # verl's numeric and divisibility rules its workers would hit (one line)
     use_critic = need_critic(config)

@@ -41,6 +41,10 @@ def run_overrides(env: Mapping[str, str], overrides: Iterable[str] = (), *, join
     return merge_overrides(cpu_overrides(env, nnodes, gpus, joins_cluster=joins_cluster, rollout_ranks=rollout), pool)
 
 
+def mode_overrides(given: Mapping[str, object]) -> list[str]:
+    return settings.separate_async_overrides(given)
+
+
 def owned_keys() -> set[str]:
     return {override_key(o) for o in cpu_overrides()}
 

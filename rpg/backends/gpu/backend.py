@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from rpg.backends.gpu.preflight import check_gpu_node, node_report, rank_node_problems, request_from_config
-from rpg.backends.gpu.settings import gpu_env, gpu_forwarded_overrides
+from rpg.backends.gpu.settings import gpu_env, gpu_forwarded_overrides, separate_async_overrides
+from rpg.common.overrides import values
 
 NAME = "gpu"
 TINY_TASK = False
@@ -21,8 +22,13 @@ def run_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
 
 
 def run_overrides(env: Mapping[str, str], overrides: Iterable[str] = (), *, joins_cluster: bool = False) -> list[str]:
-    """Only the external-module list, handed to every Ray process: the caller's overrides carry the GPU settings."""
-    return gpu_forwarded_overrides(env)
+    """The external-module list, handed to every Ray process, and what the trainer mode needs
+    (``mode_overrides``): the caller's overrides carry the GPU settings."""
+    return [*gpu_forwarded_overrides(env), *mode_overrides(values(list(overrides)))]
+
+
+def mode_overrides(given: Mapping[str, object]) -> list[str]:
+    return separate_async_overrides(given)
 
 
 def owned_keys() -> set[str]:

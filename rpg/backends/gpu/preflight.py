@@ -209,6 +209,9 @@ class GpuRequest:
     ulysses: tuple[str, ...] = ()  # "key=size" for every Ulysses size > 1
     rpg_loss: str | None = "rpg"  # rpg.loss.name when an RPG actor loss is used, else None
     joins_cluster: bool = False  # the driver joins a running Ray cluster instead of starting one here
+    # trainer.v1.trainer_mode=separate_async on one node: the standalone rollout pool's GPUs, which verl places on
+    # the same node as the trainer's (actor_rollout_ref.rollout.nnodes=1); 0 otherwise
+    rollout_gpus: int = 0
 
 
 def request_from_config(cfg, settings, environ: Mapping[str, str] | None = None) -> GpuRequest:
@@ -223,6 +226,9 @@ def request_from_config(cfg, settings, environ: Mapping[str, str] | None = None)
         ulysses=ulysses,
         rpg_loss=settings.loss_name if settings.uses_rpg_actor_loss else None,
         joins_cluster=bool(environ.get("RAY_ADDRESS", "").strip() or _get(cfg, "ray_kwargs.ray_init.address", None)),
+        rollout_gpus=(int(_get(cfg, "actor_rollout_ref.rollout.n_gpus_per_node", 8))
+                      if _get(cfg, "trainer.v1.trainer_mode", "sync") == "separate_async"
+                      and int(_get(cfg, "actor_rollout_ref.rollout.nnodes", 0)) == 1 else 0),
     )
 
 
@@ -318,6 +324,12 @@ def gpu_problems(request: GpuRequest, probe: GpuProbe) -> list[str]:
         return [f"trainer.n_gpus_per_node={request.gpus_per_node} but {probe.visible_gpus} GPU(s) are visible on this "
                 f"node (trainer.nnodes=1): allowed 1..{probe.visible_gpus}; set N_GPUS_PER_NODE (or "
                 f"trainer.n_gpus_per_node), or make more GPUs visible (CUDA_VISIBLE_DEVICES)"]
+    both = request.gpus_per_node + request.rollout_gpus
+    if request.nnodes == 1 and request.rollout_gpus and both > probe.visible_gpus:
+        return [f"trainer.n_gpus_per_node={request.gpus_per_node} + actor_rollout_ref.rollout.n_gpus_per_node="
+                f"{request.rollout_gpus} (trainer.v1.trainer_mode=separate_async: a training and a rollout pool, one "
+                f"node each) but {probe.visible_gpus} GPU(s) are visible on this node: the two pools must not exceed "
+                f"{probe.visible_gpus}"]
     return []
 
 

@@ -31,3 +31,19 @@ def gpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
 def gpu_forwarded_overrides(env: Mapping[str, str]) -> list[str]:
     """Hand the external-module list to every Ray process (as the CPU settings do)."""
     return forwarded_env_overrides(env, _FORWARDED)
+
+
+# verl's checkpoint engine for a standalone rollout pool on GPUs (trainer.v1.trainer_mode=separate_async): NCCL
+# broadcasts from the trainer's rank 0 to every rollout GPU (verl/checkpoint_engine/nccl_checkpoint_engine.py)
+CHECKPOINT_ENGINE, ENGINE_NAME = "actor_rollout_ref.rollout.checkpoint_engine.backend", "nccl"
+TRAINER_MODE, SEPARATE_ASYNC = "trainer.v1.trainer_mode", "separate_async"
+
+
+def separate_async_overrides(given: Mapping[str, object]) -> list[str]:
+    """What ``trainer.v1.trainer_mode=separate_async`` (in ``given``, the run's override values) needs on GPUs and
+    the overrides leave unset: verl's nccl weight sync (verl's default is naive, which its trainer refuses). The
+    rollout pool (``actor_rollout_ref.rollout.nnodes`` x ``.n_gpus_per_node``) is the user's to size: the driver
+    refuses a run without one. Nothing for another mode."""
+    if given.get(TRAINER_MODE) != SEPARATE_ASYNC or CHECKPOINT_ENGINE in given:
+        return []
+    return [f"{CHECKPOINT_ENGINE}={ENGINE_NAME}"]

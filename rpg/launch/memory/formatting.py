@@ -14,7 +14,7 @@ from typing import Any
 from rpg.launch.memory.architecture import architecture_for
 from rpg.launch.memory.common import DEFAULT_GPU_MEM_GIB, HEADROOM_FRACTION
 from rpg.launch.memory.disk import DiskEstimate, estimate_disk
-from rpg.launch.memory.gpu import MemoryEstimate, _g, cudagraph_gib, estimate
+from rpg.launch.memory.gpu import MemoryEstimate, _g, cudagraph_gib, estimate, estimate_rollout_pool
 from rpg.launch.memory.host import (DEFAULT_HOST_MEM_GIB, HOST_MEM_ENV, HostEstimate, estimate_host,
                                     host_settings_from_config)
 from rpg.launch.memory.settings import RunSettings, settings_from_config
@@ -22,7 +22,9 @@ from rpg.launch.memory.settings import RunSettings, settings_from_config
 
 def format_estimate(e: MemoryEstimate) -> str:
     s, peak = e.settings, e.peak
-    lines = [f"memory per GPU (estimate, docs/memory.md): {e.arch.name}, {e.arch.params / 1e9:.2f}B parameters, "
+    pool = (" on the training pool (actor, optimizer, reference, hybrid vLLM replicas)"
+            if s.rollout_pool[0] > 0 else "")
+    lines = [f"memory per GPU (estimate, docs/memory.md){pool}: {e.arch.name}, {e.arch.params / 1e9:.2f}B parameters, "
              f"{s.n_gpus} GPUs (FSDP shard 1/{s.fsdp_size}), GPU {e.gpu_gib:g} GiB"]
     for ph in e.phases:
         lines.append(f"  {ph.name:<52} {ph.gib:6.1f} GiB" + ("   <- peak" if ph is peak else ""))
@@ -40,6 +42,25 @@ def format_estimate(e: MemoryEstimate) -> str:
     why = "" if e.kv_fits else f"; vLLM's KV cache cannot hold one {e.vllm_max_model_len}-token sequence"
     lines.append(f"  {verdict}: peak {peak.gib:.1f} of {e.gpu_gib:g} GiB, headroom {e.headroom_gib:.1f} GiB "
                  f"(required >= {e.required_headroom_gib:.1f} GiB = {HEADROOM_FRACTION:.0%}){why}")
+    return "\n".join(lines)
+
+
+def format_rollout_pool(e: MemoryEstimate) -> str:
+    """The standalone rollout pool of ``trainer.v1.trainer_mode=separate_async`` (``estimate_rollout_pool``)."""
+    s, peak = e.settings, e.peak
+    nnodes, per_node = s.rollout_pool
+    lines = [f"memory per GPU of the standalone rollout pool (estimate): {nnodes} x {per_node} = {nnodes * per_node} "
+             f"GPUs beside the training pool's {s.n_gpus}, vLLM at TP {s.rollout_tp} (its weights + KV cache, the "
+             f"{s.sync_engine} receiver), GPU {e.gpu_gib:g} GiB"]
+    for ph in e.phases:
+        lines.append(f"  {ph.name:<52} {ph.gib:6.1f} GiB" + ("   <- peak" if ph is peak else ""))
+    lines.append(f"  peak phase, by term ({peak.name}):")
+    lines += [f"    {t.name:<70} {t.gib:6.1f}" for t in peak.terms if t.gib > 0]
+    lines.append("  vLLM KV cache and its check: as on the training pool (the same rollout settings)")
+    verdict = "FITS" if e.fits else "DOES NOT FIT"
+    lines.append(f"  {verdict}: peak {peak.gib:.1f} of {e.gpu_gib:g} GiB, headroom {e.headroom_gib:.1f} GiB "
+                 f"(required >= {e.required_headroom_gib:.1f} GiB = {HEADROOM_FRACTION:.0%}); host RAM of its nodes "
+                 "not estimated")
     return "\n".join(lines)
 
 
@@ -87,5 +108,7 @@ def report(cfg: Mapping[str, Any], gpu_gib: float = DEFAULT_GPU_MEM_GIB, host_gi
     s = settings_from_config(cfg)
     arch = architecture_for(s.model_path)
     host = estimate_host(host_settings_from_config(cfg, s), arch, DEFAULT_HOST_MEM_GIB if host_gib is None else host_gib)
-    return "\n".join((format_estimate(estimate(s, arch, gpu_gib)), format_host(host),
-                      format_disk(estimate_disk(s, arch), s)))
+    trainer = estimate(s, arch, gpu_gib)
+    pool = estimate_rollout_pool(s, trainer)
+    return "\n".join((format_estimate(trainer), *(() if pool is None else (format_rollout_pool(pool),)),
+                      format_host(host), format_disk(estimate_disk(s, arch), s)))

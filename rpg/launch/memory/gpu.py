@@ -71,6 +71,16 @@ V = vocabulary, H = hidden size, I = MLP width, L = layers)::
                      being recomputed holds its saved tensors, ~T*(18H + 6*kv + 8I) bytes (bf16 q, k, v,
                      rotated q/k, attention output, gate/up/act/product, fp32 RMSNorm inputs), plus the
                      backward's gradients of its widest tensors, ~T*(4I + 4H). Activation offload: 0.
+  standalone pool    trainer.v1.trainer_mode=separate_async adds verl's standalone rollout pool
+                     (rollout.nnodes x rollout.n_gpus_per_node GPUs, estimate_rollout_pool): on each GPU a
+                     vLLM server with the same gpu_memory_utilization share (weights P*2/TP + KV cache)
+                     and its CheckpointEngineWorker. verl's nccl engine holds a send and a receive buffer
+                     of update_weights_bucket_megabytes each on every GPU of the broadcast, while a sync
+                     runs (checkpoint_engine/nccl_checkpoint_engine.py:165-175, freed in finalize :182-193):
+                     on the trainer's rank 0 beside its parameters and optimizer states, on each rollout
+                     GPU beside vLLM's weights, the adapter's CUDA-IPC bucket and, with free_cache_engine
+                     (released for the sync, vllm_async_server.py:875-892) its KV cache freed. The trainer
+                     pool keeps its hybrid replicas (actor_rollout_ref.hybrid_engine=True).
   optimizer step     after the backward (activations freed): torch AdamW's foreach step holds one
                      temporary the size of the state shard (sqrt of exp_avg_sq), P*bytes/F.
 
@@ -153,6 +163,10 @@ def _g(n_bytes: float) -> float:
     return n_bytes / GIB
 
 
+def _largest_tensor_gib(arch: Architecture, dtype_bytes: int) -> float:
+    return _g(max(arch.vocab, arch.intermediate) * arch.hidden * dtype_bytes)
+
+
 def layer_recompute_bytes(arch: Architecture, tokens: int) -> int:
     """One decoder layer under recomputation: its saved tensors plus the backward's widest gradients."""
     h, i, kv = arch.hidden, arch.intermediate, arch.kv_heads * arch.head_dim
@@ -231,7 +245,7 @@ def estimate(s: RunSettings, arch: Architecture, gpu_gib: float = DEFAULT_GPU_ME
         Term("actor parameters", p_sync), Term("optimizer states", o_rest),
         Term("vLLM weights (bf16)", vllm_weights),
         Term(f"weight-sync bucket (update_weights_bucket_megabytes {s.bucket_mb})", _g(s.bucket_mb * 2**20)),
-        Term(f"largest gathered tensor ({b * 8}-bit full_tensor)", _g(max(arch.vocab, arch.intermediate) * arch.hidden * b)),
+        Term(f"largest gathered tensor ({b * 8}-bit full_tensor)", _largest_tensor_gib(arch, b)),
         overhead))
 
     # forward-only log-probs (old: actor with entropy; reference: CPU-offloaded weights, gathered per unit)
@@ -277,8 +291,40 @@ def estimate(s: RunSettings, arch: Architecture, gpu_gib: float = DEFAULT_GPU_ME
           - cudagraph_gib(s))
     kv_tokens = max(0, int(kv * GIB // (arch.kv_cache_bytes_per_token() / s.rollout_tp)))
     phases = (rollout, sync, logprob, update) if s.free_cache_engine else (rollout, logprob, update)
+    if s.rollout_pool[0] > 0:  # the standalone pool's sync, sent from the trainer's rank 0 (its hybrid vLLM asleep)
+        phases += (Phase(f"standalone weight sync ({s.sync_engine} send, trainer rank 0)", (
+            Term("actor parameters", p_sync), Term("optimizer states", o_rest),
+            Term(f"{s.sync_engine} send + receive buffers (2 x {s.bucket_mb} MB)", _g(2 * s.bucket_mb * 2**20)),
+            Term(f"largest gathered tensor ({b * 8}-bit full_tensor)", _largest_tensor_gib(arch, b)),
+            overhead)),)
     max_len, len_source = vllm_max_model_len(s, arch)
     return MemoryEstimate(arch=arch, settings=s, gpu_gib=gpu_gib, phases=phases, kv_cache_gib=kv,
                           kv_cache_tokens=kv_tokens, vllm_max_model_len=max_len, vllm_max_model_len_source=len_source,
                           host_ref_gib=_g(P * s.ref_param_bytes / F) if s.reference else 0.0,
                           notes=s.notes + max_model_len_notes(s, arch, max_len))
+
+
+def estimate_rollout_pool(s: RunSettings, trainer: MemoryEstimate) -> MemoryEstimate | None:
+    """Per-GPU peak of each phase on the standalone rollout pool of ``trainer.v1.trainer_mode=separate_async`` (see
+    the module docstring, "standalone pool"); None without one. ``trainer``: the trainer pool's estimate, whose
+    vLLM settings, and so KV cache, the standalone replicas share."""
+    if s.rollout_pool[0] <= 0:
+        return None
+    gpu_gib, arch = trainer.gpu_gib, trainer.arch
+    vllm_share, vllm_weights = s.rollout_util * gpu_gib, _g(arch.params * 2 / s.rollout_tp)
+    overhead = Term("runtime overhead (CUDA contexts of vLLM + its sync worker, NCCL; assumed)",
+                    RUNTIME_OVERHEAD_GIB)
+    serve = Phase("generation (standalone vLLM)", (
+        Term(f"vLLM: gpu_memory_utilization {s.rollout_util:g} x {gpu_gib:g} GiB (weights + KV cache)", vllm_share),
+        overhead))
+    kept = (Term("vLLM weights (bf16; KV cache released)", vllm_weights) if s.free_cache_engine else
+            Term("vLLM weights + KV cache (free_cache_engine=False)", vllm_share))
+    sync = Phase(f"weight sync ({s.sync_engine} receive)", (
+        kept,
+        Term(f"{s.sync_engine} send + receive buffers (2 x {s.bucket_mb} MB)", _g(2 * s.bucket_mb * 2**20)),
+        Term(f"CUDA-IPC bucket to vLLM ({s.bucket_mb} MB)", _g(s.bucket_mb * 2**20)),
+        overhead))
+    return MemoryEstimate(arch=arch, settings=s, gpu_gib=gpu_gib, phases=(serve, sync),
+                          kv_cache_gib=trainer.kv_cache_gib, kv_cache_tokens=trainer.kv_cache_tokens,
+                          vllm_max_model_len=trainer.vllm_max_model_len,
+                          vllm_max_model_len_source=trainer.vllm_max_model_len_source, host_ref_gib=0.0)

@@ -77,6 +77,10 @@ class RunSettings:
     enforce_eager: bool = False  # rollout.enforce_eager: no CUDA graphs
     entropy_compiled: bool = True  # actor.fsdp_config.use_torch_compile: torch.compile'd entropy_from_logits
     vllm_max_model_len: int | None = None  # rollout.max_model_len (None: verl uses max_position_embeddings)
+    # trainer.v1.trainer_mode=separate_async: the standalone rollout pool (rollout.nnodes, rollout.n_gpus_per_node)
+    # and its checkpoint engine; (0, 0) in the other modes
+    rollout_pool: tuple[int, int] = (0, 0)
+    sync_engine: str = "naive"
     notes: tuple[str, ...] = ()
 
     @property
@@ -130,6 +134,8 @@ def settings_from_config(cfg: Mapping[str, Any]) -> RunSettings:
     mode = str(_get(cfg, "rpg.reference.mode", ReferenceSettings().mode))
     steps = _get(cfg, "trainer.total_training_steps")
     keep = _get(cfg, "trainer.max_actor_ckpt_to_keep")
+    separate = _get(cfg, "trainer.v1.trainer_mode", "sync") == "separate_async"
+    pool = (int(_get(cfg, f"{ro}.nnodes", 0)), int(_get(cfg, f"{ro}.n_gpus_per_node", 8))) if separate else (0, 0)
     return RunSettings(
         model_path=str(_get(cfg, "actor_rollout_ref.model.path", "")),
         n_gpus=n_gpus, fsdp_size=fsdp,
@@ -165,5 +171,7 @@ def settings_from_config(cfg: Mapping[str, Any]) -> RunSettings:
         enforce_eager=bool(_get(cfg, f"{ro}.enforce_eager", False)),
         entropy_compiled=bool(_get(cfg, f"{a}.fsdp_config.use_torch_compile", True)),
         vllm_max_model_len=None if vllm_len is None else int(vllm_len),
+        rollout_pool=pool,
+        sync_engine=str(_get(cfg, f"{ro}.checkpoint_engine.backend", "naive")),
         notes=tuple(notes),
     )
