@@ -14,11 +14,14 @@ responses per step, in 4 optimizer updates of 2 prompts (the demo's mini-batches
                    old log-probs per mini-batch (``tiny_task_overrides(trainer_mode=...)``)
 
 Printed per mode (medians over steps 2..N of all rounds: step 1 includes warm-up; a 1-step run times step 1
-and says so):
+and says so, and has no wall/step):
 
-  step s       verl's ``timing_s/step``: the whole step (waiting for samples, old log-probs, the updates, the
-               weight sync), not validation or logging
-  samples/s    responses per step (prompts x n = 64) / step s
+  step s       verl's ``timing_s/step``: the step as verl times it (waiting for samples, old log-probs, the
+               updates, the weight sync; not the metrics and logging after it, nor colocate_async's generation
+               ahead once the step has ended)
+  wall/step s  the time between the console lines of consecutive steps (the harness stamps each line): all of
+               a step's cost, whatever runs outside ``timing_s/step``
+  samples/s    responses per step (prompts x n = 64) / wall/step s: the steady-state throughput
   peak PSS     the peak over the run of the summed PSS of all the run's processes (the trainer, its Ray
                workers, the rollout server(s) and Ray's daemons; shared pages split between them), sampled
                every 10 s by the harness (``rpg.launch.harness``): the run's RAM, not one process's
@@ -35,14 +38,15 @@ behaviour KL (``actor/rpg/behavior_kl_k3``) are logged and > 0.
     python benchmarks/bench_trainer_modes.py [--steps 6] [--repeats 1] [--out DIR] [--json FILE]
     python benchmarks/bench_trainer_modes.py --steps 2   # smoke (tests/test_bench_trainer_modes.py)
 
-Numbers from a shared 2-core machine are noisy; compare within one invocation only. Figures: docs/cpu-backend.md,
-"Trainer modes".
+Numbers from a shared 2-core machine are noisy; compare within one invocation only. Figures:
+docs/verl-integration.md#separate_async-cpu-backend.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import sys
@@ -59,6 +63,8 @@ BEHAVIOR_KL = "actor/rpg/behavior_kl_k3"
 SYNC_CHECKSUM = "rpg/weight_sync_checksum"  # rpg.backends.cpu.weight_sync.CHECKSUM_METRIC
 _SENT = re.compile(r"\[rpg-weight-sync\] sent \d+ buckets \(global_steps=(\d+), checksum=([-0-9.e]+)\)")
 _RECEIVED = re.compile(r"\[hf-rollout\] weights v\d+ loaded \(global_steps=(\d+), .*received_checksum=([-0-9.e]+)\)")
+# verl's console line of each step, as the harness's log stamps it: "[  113.3s] (RPGTaskRunner pid=..) step:2 - ..."
+_STEP_LINE = re.compile(r"^\[\s*([0-9.]+)s\] .*?\bstep:(\d+) - ", re.M)
 
 
 def overrides(mode: str, steps: int) -> tuple[str, list[str]]:
@@ -79,6 +85,13 @@ def per_step() -> tuple[int, int]:
     from rpg.tiny.overrides import MINI_BATCH_SIZE, ROLLOUT_N, TRAIN_BATCH_SIZE
 
     return TRAIN_BATCH_SIZE * ROLLOUT_N, TRAIN_BATCH_SIZE // MINI_BATCH_SIZE
+
+
+def step_intervals(log: str, first: int) -> list[float]:
+    """Seconds between the console lines of steps s-1 and s, for s >= max(first, 2): the wall time per step,
+    including what runs outside verl's ``timing_s/step`` (colocate_async's generation ahead, metrics, logging)."""
+    at = {int(s): float(t) for t, s in _STEP_LINE.findall(log)}
+    return [at[s] - at[s - 1] for s in sorted(at) if s >= max(first, 2) and s - 1 in at]
 
 
 def sync_problems(log: str, metrics: dict, steps: int) -> list[str]:
@@ -117,6 +130,7 @@ def measure(mode: str, steps: int, out: Path) -> dict:
     return {
         "wall_s": run.wall_time_s,
         "step_s": [t for s, t in run.series("timing_s/step") if s >= first],
+        "interval_s": step_intervals(run.log, first),
         "peak_pss_gb": run.peak_pss_bytes / 2**30,
         "series": series,
         "problems": problems,
@@ -124,9 +138,12 @@ def measure(mode: str, steps: int, out: Path) -> dict:
 
 
 def summarize(runs: list[dict]) -> dict:
-    step = statistics.median(x for r in runs for x in r["step_s"])
-    return {"runs": len(runs), "wall_s": statistics.median(r["wall_s"] for r in runs), "step_s": step,
-            "samples_per_s": per_step()[0] / step,
+    med = statistics.median
+    step = med(x for r in runs for x in r["step_s"])
+    gaps = [x for r in runs for x in r["interval_s"]]
+    interval = med(gaps) if gaps else math.nan  # a 1-step run has none
+    return {"runs": len(runs), "wall_s": med(r["wall_s"] for r in runs), "step_s": step, "interval_s": interval,
+            "samples_per_s": per_step()[0] / interval,
             "peak_pss_gb": statistics.median(r["peak_pss_gb"] for r in runs)}
 
 
@@ -145,16 +162,18 @@ def main(argv=None) -> int:
         for mode in MODES if r % 2 == 0 else MODES[::-1]:
             raw[mode].append(measure(mode, args.steps, out / f"{mode}_{r}"))
     res = {m: summarize(raw[m]) for m in MODES}
-    ratios = {m: {q: res[m][q] / res["sync"][q] for q in ("step_s", "samples_per_s", "peak_pss_gb")} for m in MODES}
+    ratios = {m: {q: res[m][q] / res["sync"][q] for q in ("step_s", "interval_s", "samples_per_s", "peak_pss_gb")}
+              for m in MODES}
     print(environment())
     print(f"medians over {args.repeats} run(s) x {base.timed_steps(args.steps)}; {per_step()[0]} responses "
           f"per step in {per_step()[1]} updates in every mode")
-    print(f"{'mode':15s} {'step s':>7s} {'samples/s':>9s} {'peak PSS GiB':>12s} {'wall s':>7s}   "
-          f"{'x sync: step':>12s} {'samples/s':>9s} {'PSS':>6s}")
+    print(f"{'mode':15s} {'step s':>6s} {'wall/step s':>11s} {'samples/s':>9s} {'peak PSS GiB':>12s} {'run s':>6s}  |"
+          f" x sync: {'step':>6s} {'wall/step':>9s} {'samples/s':>9s} {'PSS':>6s}")
     for m, q in res.items():
         x = ratios[m]
-        print(f"{m:15s} {q['step_s']:7.2f} {q['samples_per_s']:9.2f} {q['peak_pss_gb']:12.2f} {q['wall_s']:7.1f}   "
-              f"{x['step_s']:12.3f} {x['samples_per_s']:9.3f} {x['peak_pss_gb']:6.3f}")
+        print(f"{m:15s} {q['step_s']:6.2f} {q['interval_s']:11.2f} {q['samples_per_s']:9.2f} {q['peak_pss_gb']:12.2f} "
+              f"{q['wall_s']:6.1f}  |         {x['step_s']:6.3f} {x['interval_s']:9.3f} {x['samples_per_s']:9.3f} "
+              f"{x['peak_pss_gb']:6.3f}")
     for key in (STALENESS, BEHAVIOR_KL):
         for m in ("colocate_async", "separate_async"):
             vals = [f"{v:.3g}" for s, v in sorted(raw[m][0]["series"][key].items())]
