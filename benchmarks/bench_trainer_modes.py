@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -157,14 +158,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     base.check_sizes(ap, args)
     out = args.out or Path(tempfile.mkdtemp(prefix="rpg-bench-modes-"))
+    load = [os.getloadavg()[0]]  # the machine's 1-minute load average: how shared the cores were
     raw: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(args.repeats):
         for mode in MODES if r % 2 == 0 else MODES[::-1]:
             raw[mode].append(measure(mode, args.steps, out / f"{mode}_{r}"))
+    load.append(os.getloadavg()[0])
     res = {m: summarize(raw[m]) for m in MODES}
     ratios = {m: {q: res[m][q] / res["sync"][q] for q in ("step_s", "interval_s", "samples_per_s", "peak_pss_gb")}
               for m in MODES}
-    print(environment())
+    print(f"{environment()}; load average {load[0]:.1f} at the start, {load[1]:.1f} at the end")
     print(f"medians over {args.repeats} run(s) x {base.timed_steps(args.steps)}; {per_step()[0]} responses "
           f"per step in {per_step()[1]} updates in every mode")
     print(f"{'mode':15s} {'step s':>6s} {'wall/step s':>11s} {'samples/s':>9s} {'peak PSS GiB':>12s} {'run s':>6s}  |"
@@ -186,8 +189,9 @@ def main(argv=None) -> int:
               f"each of its {args.steps + 1} syncs" + (", staleness and behaviour KL > 0 from step 2" if args.steps > 1
                                                         else " (a 1-step run has no step after the first sync)"))
     if args.json:
-        args.json.write_text(json.dumps({"steps": args.steps, "environment": environment(), "raw": raw,
-                                         "medians": res, "ratios_to_sync": ratios, "problems": problems}, indent=2))
+        args.json.write_text(json.dumps({"steps": args.steps, "environment": environment(), "load_average": load,
+                                         "raw": raw, "medians": res, "ratios_to_sync": ratios, "problems": problems},
+                                        indent=2))
     return 1 if problems else 0
 
 
