@@ -145,7 +145,7 @@ def summarize(runs: list[dict]) -> dict:
     interval = med(gaps) if gaps else math.nan  # a 1-step run has none
     return {"runs": len(runs), "wall_s": med(r["wall_s"] for r in runs), "step_s": step, "interval_s": interval,
             "samples_per_s": per_step()[0] / interval,
-            "peak_pss_gb": statistics.median(r["peak_pss_gb"] for r in runs)}
+            "peak_pss_gb": med(r["peak_pss_gb"] for r in runs)}
 
 
 def main(argv=None) -> int:
