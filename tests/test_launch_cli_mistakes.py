@@ -238,6 +238,10 @@ def test_a_launcher_fresh_start_in_its_out_dir_holding_a_run_is_refused(tmp_path
     rc, err, _ = _launch([PAPER, "trainer.resume_mode=disable"], capsys, RPG_BACKEND="cpu", OUT_DIR=str(out))
     assert rc == 2 and len(err) == 1 and err[0].startswith(f"rpg.launch: {out} already holds a run"), err
     assert "OUT_DIR=" in err[0]
+    # DRY_RUN=1 is a gate: it refuses what the launch refuses, with the same line
+    rc, dry_err, _ = _launch([PAPER, "trainer.resume_mode=disable"], capsys, RPG_BACKEND="cpu", OUT_DIR=str(out),
+                             DRY_RUN="1")
+    assert rc == 2 and dry_err == err, dry_err
 
 
 def test_fresh_start_rules(tmp_path):

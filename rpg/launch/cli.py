@@ -178,6 +178,8 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
         cfg = checked_config(argv_tiny[2:], root / CONFIG_DIR)  # keys and loggers, before anything is built
         if not (req.dry or req.cluster):
             return _run_here(req, v, overrides, user, cfg)
+        if req.dry and not req.cluster:
+            _check_out_dir(req, cfg)  # what the run would refuse in its OUT_DIR, refused by the dry run too
         from rpg.tiny import build_tiny_assets
 
         build_tiny_assets()  # the input paths are then checked as a run would find them
@@ -229,6 +231,14 @@ def _check_backend(chosen, req: LaunchRequest) -> None:
         raise LaunchError("; ".join(errors))
 
 
+def _check_out_dir(req: LaunchRequest, cfg) -> None:
+    """A fresh start never overwrites the run a named ``OUT_DIR`` holds (``rpg.launch.run_dir``)."""
+    if req.out_dir is not None:
+        check_fresh_start(req.out_dir, cfg.trainer.resume_mode,
+                          checkpoint_root(req.out_dir, str(cfg.trainer.default_local_dir)),
+                          another="OUT_DIR=...; unset, a new folder per run")
+
+
 def _run_here(req: LaunchRequest, v, overrides: Sequence[str], user: Sequence[str], cfg) -> int:
     """The tiny-task run through the harness, on this machine; exit code: 0, the trainer's own (2: bad config),
     128 + signum when a stop signal ended it (one line: log, last complete checkpoint, resume command), else 1.
@@ -238,10 +248,7 @@ def _run_here(req: LaunchRequest, v, overrides: Sequence[str], user: Sequence[st
     from rpg.tiny import build_tiny_assets
 
     prefix = f"[{req.backend}]"
-    if req.out_dir is not None:  # a fresh start never overwrites the run a named folder holds
-        check_fresh_start(req.out_dir, cfg.trainer.resume_mode,
-                          checkpoint_root(req.out_dir, str(cfg.trainer.default_local_dir)),
-                          another="OUT_DIR=...; unset, a new folder per run")
+    _check_out_dir(req, cfg)
     build_tiny_assets()
     out = req.out_dir or new_run_dir(req.root / "outputs" / req.backend / v.name)
     print(describe_variant(v) + f"\n{prefix} backend={req.backend}, tiny model/task; output {out}", flush=True)
