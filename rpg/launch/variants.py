@@ -4,8 +4,10 @@ Every ``recipe/rpg/{7b,4b}/<name>.sh`` is a thin wrapper that hands its own file
 ``rpg.launch``; this module turns the name into a frozen :class:`Variant` and the variant into
 Hydra overrides on ``recipe/rpg/config/rpg_trainer.yaml`` + ``paper/default.yaml`` (verl keys + the
 ``rpg:`` block): only what the name changes. The paper's clip ratios, c and lr are read from that
-YAML (``paper_setup``), never restated here. Importing the module imports no verl, torch, Hydra or
-Ray (the YAML is read with OmegaConf, and overrides with Hydra's parser, only when a name is parsed).
+YAML (``paper_setup``), never restated here. ``rpg.launch.experiments`` writes each shipped script's
+settings (``name_settings``) into its experiment config, recipe/rpg/config/experiment/<name>.yaml.
+Importing the module imports no verl, torch, Hydra or Ray (the YAML is read with OmegaConf, and overrides
+with Hydra's parser, only when a name is parsed).
 
 Grammar (``GRAMMAR`` below is what a bad name prints)::
 
