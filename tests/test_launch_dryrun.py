@@ -181,7 +181,7 @@ def test_ray_submission_shell_path(tmp_path):
     assert "WANDB_API_KEY" not in runtime_env["env_vars"]  # secrets are never forwarded
     entry = args[args.index("--") + 1:]
     assert entry[0] == "python3" and entry[1] == str(ROOT / "recipe/rpg/main_rpg.py")
-    assert "data.train_batch_size=256" in entry and "rpg.loss.name=verl" in entry
+    assert "data.train_batch_size=256" in entry and entry[2] == "+experiment=run_grpo_7b"  # the run's settings file
     # Ray refuses a job whose runtime env and the driver's ray.init runtime env share a variable
     init_vars = {o.split("=", 1)[0].rsplit(".", 1)[1] for o in entry if o.startswith("+ray_kwargs.ray_init.runtime_env.env_vars.")}
     assert init_vars and not init_vars & set(runtime_env["env_vars"])

@@ -106,9 +106,16 @@ def test_overrides_keep_the_variants_algorithm_and_set_the_off_policy_regime(tin
         "reinforce", "False", "ufkl", "0.0001")
     assert kv["actor_rollout_ref.model.path"] == str(tiny_assets.model_dir)
     assert kv["trainer.default_local_dir"].startswith(str(tmp_path.resolve()))
-    grpo = _kv(R.spec_overrides(G.RunSpec("run_grpo_7b", 4, 1, SMALL), tmp_path))
-    assert (grpo["actor_rollout_ref.actor.kl_loss_type"], grpo["rpg.reference.mode"], grpo["actor_rollout_ref.actor.optim.lr"]) == (
-        "low_var_kl", "fixed", "0.0005")
+    from omegaconf import OmegaConf
+
+    from rpg.launch.experiments import experiment_path
+
+    grpo_overrides = R.spec_overrides(G.RunSpec("run_grpo_7b", 4, 1, SMALL), tmp_path)
+    grpo = _kv(grpo_overrides)
+    assert "+experiment=run_grpo_7b" in grpo_overrides  # a shipped script: its experiment config holds its settings
+    shipped = OmegaConf.load(experiment_path("run_grpo_7b"))
+    assert (shipped.actor_rollout_ref.actor.kl_loss_type, shipped.rpg.reference.mode) == ("low_var_kl", "fixed")
+    assert grpo["actor_rollout_ref.actor.optim.lr"] == "0.0005"
     assert grpo["actor_rollout_ref.actor.ppo_mini_batch_size"] == "4"
 
 

@@ -3,6 +3,8 @@
 Modules (nothing is imported here, so ``import rpg.launch.<x>`` stays light):
 
 * ``variants``     the run-name grammar: one parser for the 84 paper scripts (``parse``, ``to_overrides``).
+* ``experiments``  each script's settings written from its name as a Hydra experiment config
+                   (recipe/rpg/config/experiment/<run name>.yaml), which the launch composes.
 * ``cli``          ``python -m rpg.launch``: the launcher behind ``recipe/rpg/{7b,4b}/*.sh`` (local, Ray
                    job, ``DRY_RUN=1``, ``RPG_BACKEND=cpu``, ``--describe``, ``--list``); it reads the environment
                    once (``request``), plans the overrides (``plan``), builds the command (``commands``) and

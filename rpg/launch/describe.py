@@ -22,6 +22,7 @@ from pathlib import Path
 from rpg.backends.registry import backend
 from rpg.common.overrides import override_key
 from rpg.config import RPGConfigError
+from rpg.launch.experiments import EXPERIMENT_DIR, GROUP
 from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME, compose, plan
 from rpg.launch.request import LaunchError, LaunchRequest, project_root
 from rpg.launch.variants import Variant, known_names, paper_refs, paper_row, parse, to_overrides
@@ -122,6 +123,8 @@ def describe(args: list[str], env: Mapping[str, str]) -> int:
     print(describe_variant(v), flush=True)
     print(f"  overrides of the name (on {CONFIG_DIR / CONFIG_NAME}.yaml + {CONFIG_DIR / 'paper' / 'default.yaml'}):\n    "
           + " ".join(to_overrides(v)), flush=True)
+    if v.name in known_names():
+        print(f"  every setting of the name: {EXPERIMENT_DIR / v.name}.yaml (+{GROUP}={v.name})", flush=True)
     # the variant's own run on the default backend, whatever RPG_BACKEND says: the estimate is of the paper's GPUs
     req = LaunchRequest.read({k: v for k, v in env.items() if k != "RPG_BACKEND"}, project_root(), Path.cwd())
     overrides, _ = plan(req, v, rest[1:])

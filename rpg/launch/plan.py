@@ -1,5 +1,8 @@
 """A launch's Hydra overrides: the variant's, the environment's, the backend's, the user's (later wins).
 
+The variant's are ``+experiment=<run name>`` for a shipped script (its generated experiment config,
+``rpg.launch.experiments``), else the run-name grammar's own overrides.
+
 ``plan(request, variant, user)`` returns every override of the run and the Ray job's environment. On a
 backend that runs the tiny task (``TINY_TASK``: the CPU backend) the keys the backend sets are taken from it
 rather than from the variant, the tiny model/task replaces the variant's model, data and sizes (its
@@ -20,7 +23,8 @@ from rpg.common.run_env import forwarded_env_overrides
 from rpg.launch.config_keys import RECIPE_CONFIG_NAME, compose_config
 from rpg.launch.run_dir import default_checkpoint_dir
 from rpg.launch.request import DEFAULT_LOGGERS, LaunchError, LaunchRequest, project_root
-from rpg.launch.variants import TRAIN_SET, Variant, to_overrides
+from rpg.launch.experiments import variant_overrides
+from rpg.launch.variants import TRAIN_SET, Variant
 
 CONFIG_DIR, CONFIG_NAME = RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME
 # Log locations reach every Ray process through ray_kwargs.ray_init.runtime_env.env_vars (Hydra
@@ -114,7 +118,7 @@ def plan(req: LaunchRequest, v: Variant, user: Sequence[str]) -> tuple[list[str]
     from rpg.config import world_size_of
 
     check_user_overrides(user)
-    groups = [to_overrides(v), env_overrides(v, req)]
+    groups = [variant_overrides(v), env_overrides(v, req)]
     chosen = backend(req.backend)
     if chosen.TINY_TASK:
         owned = chosen.owned_keys()

@@ -4,8 +4,10 @@ Every ``recipe/rpg/{7b,4b}/<name>.sh`` is a thin wrapper that hands its own file
 ``rpg.launch``; this module turns the name into a frozen :class:`Variant` and the variant into
 Hydra overrides on ``recipe/rpg/config/rpg_trainer.yaml`` + ``paper/default.yaml`` (verl keys + the
 ``rpg:`` block): only what the name changes. The paper's clip ratios, c and lr are read from that
-YAML (``paper_setup``), never restated here. Importing the module imports no verl, torch, Hydra or
-Ray (the YAML is read with OmegaConf, and overrides with Hydra's parser, only when a name is parsed).
+YAML (``paper_setup``), never restated here. ``rpg.launch.experiments`` writes each shipped script's
+settings (``name_settings``) into its experiment config, recipe/rpg/config/experiment/<name>.yaml.
+Importing the module imports no verl, torch, Hydra or Ray (the YAML is read with OmegaConf, and overrides
+with Hydra's parser, only when a name is parsed).
 
 Grammar (``GRAMMAR`` below is what a bad name prints)::
 
@@ -36,8 +38,8 @@ from typing import Any
 from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_DIR
 from rpg.config import DIVERGENCES  # the loss library's names, declared torch-free
 
-__all__ = ["Variant", "VariantNameError", "parse", "to_overrides", "memory_overrides", "GRAMMAR", "paper_refs", "paper_row", "known_names",
-           "recipe_value"]
+__all__ = ["Variant", "VariantNameError", "parse", "to_overrides", "name_settings", "memory_overrides", "GRAMMAR",
+           "paper_refs", "paper_row", "known_names", "recipe_value"]
 
 GRAMMAR = """\
 run_<algo>_<model>[_ctx<2k|4k|8k>][_<kl><beta> | _<beta>][_rf[_clip_ppo[_<eps_low>_<eps_high>]]][_noiterref][_schedulefree][_7binstruct]
@@ -282,6 +284,12 @@ def to_overrides(v: Variant) -> list[str]:
 
     Paths, model path, cluster size, loggers and names are added by ``rpg.launch.cli``.
     """
+    return [PAPER_SETUP, *without_defaults(name_settings(v))]
+
+
+def name_settings(v: Variant) -> list[str]:
+    """Every setting the name decides, as Hydra overrides on the paper setup (values the recipe's YAML
+    already holds included): what ``to_overrides`` reduces and ``rpg.launch.experiments`` writes out."""
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     P, L, T = v.max_prompt_length, v.max_response_length, v.max_tokens_per_gpu
     ov = [
@@ -311,7 +319,7 @@ def to_overrides(v: Variant) -> list[str]:
         ov.append(f"{a}.use_kl_loss=False")
     else:
         ov += [f"{a}.use_kl_loss=True", f"{a}.kl_loss_type={v.kl_type}", f"{a}.kl_loss_coef={v.beta}"]
-    return [PAPER_SETUP, *without_defaults(ov + memory_overrides(v))]
+    return ov + memory_overrides(v)
 
 
 def without_defaults(overrides: list[str]) -> list[str]:
