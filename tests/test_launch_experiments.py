@@ -18,7 +18,7 @@ import rpg.launch.plan
 from rpg.common.overrides import parse_overrides
 from rpg.launch.experiments import EXPERIMENT_DIR, experiment_path, render_experiment, stale_files
 from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME, plan_overrides
-from rpg.launch.variants import known_names, name_settings, parse, to_overrides
+from rpg.launch.variants import known_names, name_settings, parse, recipe_value, to_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {"PATH": "/usr/bin:/bin"}
@@ -95,18 +95,50 @@ def test_file_content_is_commented_yaml_on_the_paper_setup():
     assert all(len(line) <= 120 for p in (ROOT / EXPERIMENT_DIR).glob("*.yaml") for line in p.read_text().splitlines())
 
 
-def test_every_script_composes_what_its_name_composed(monkeypatch):
-    """Before/after the move to files: for every shipped script, the launch's composed config (GPU backend: the
-    paper's run) from ``+experiment=<name>`` equals, key for key, the one from the grammar's overrides."""
+def _file_settings(name: str) -> dict:
+    """The experiment file's settings as dotted keys with their typed values (OmegaConf's YAML reading)."""
+    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / experiment_path(name)))
+    cfg.pop("defaults")
+    out = {}
+
+    def walk(node, prefix):
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[f"{prefix}{k}"] = v
+    walk(cfg, "")
+    return out
+
+
+def test_every_script_sets_what_its_name_set(monkeypatch):
+    """Before/after the move to files, every shipped script: the experiment file's settings, then the launch's
+    overrides (the command line wins), give each key the value and type the grammar's overrides gave it, or the
+    recipe's YAML where they set none, and set no other key. (That Hydra composes them so, the file under the command line: the test below, per family.)"""
     failures = []
-    with _hydra() as compose:
-        for name in known_names():
-            ov = plan_overrides(parse(name), ENV, [], root=ROOT, cwd=ROOT)[0]
-            assert ov[0] == f"+experiment={name}" and not any(o.startswith("+paper=") for o in ov), name
-            old = OmegaConf.to_yaml(compose(_grammar_plan(monkeypatch, name)), resolve=True)
-            if OmegaConf.to_yaml(compose(ov), resolve=True) != old:
-                failures.append(name)
+    for name in known_names():
+        new = parse_overrides(plan_overrides(parse(name), ENV, [], root=ROOT, cwd=ROOT)[0])
+        assert new[0].text == f"+experiment={name}" and not any(o.key == "paper" for o in new), name
+        merged = {**_file_settings(name), **{o.key: o.value for o in new[1:]}}
+        old = {o.key: o.value for o in parse_overrides(_grammar_plan(monkeypatch, name))}
+        old.pop("paper", None)  # the grammar's `+paper=default`: the file's defaults list
+        # a key the grammar left at the recipe's value: the file states that value
+        old = {**{k: recipe_value(k) for k in merged if k not in old}, **old}
+        if {k: (type(v), v) for k, v in merged.items()} != {k: (type(v), v) for k, v in old.items()}:
+            failures.append((name, [(k, merged.get(k), old.get(k)) for k in sorted({*merged, *old})
+                                    if (type(merged.get(k)), merged.get(k)) != (type(old.get(k)), old.get(k))][:4]))
     assert not failures, failures
+
+
+@pytest.mark.parametrize("name", SAMPLE)
+def test_a_script_composes_what_its_name_composed(monkeypatch, name):
+    """One script per family (the file differs from family to family only by which keys it sets): the launch's
+    composed config (GPU backend: the paper's run) from ``+experiment=<name>`` equals, key for key, the one from
+    the grammar's overrides."""
+    with _hydra() as compose:
+        old = OmegaConf.to_yaml(compose(_grammar_plan(monkeypatch, name)), resolve=True)
+        new = OmegaConf.to_yaml(compose(plan_overrides(parse(name), ENV, [], root=ROOT, cwd=ROOT)[0]), resolve=True)
+    assert new == old
 
 
 @pytest.mark.parametrize("name", ["run_grpo_7b", "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28",
