@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     import pyarrow.parquet as pq
 
     from rpg.data.checks import file_problems
-    from rpg.reward.sources import rpg_scorer
+    from rpg.reward.scored_sources import rpg_scorer
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="*", type=Path)

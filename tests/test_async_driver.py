@@ -7,7 +7,7 @@ import io
 import pytest
 
 from rpg.config import RPGConfigError
-from rpg.verl.checks import REFUSED_ASYNC
+from rpg.verl.block_checks import REFUSED_ASYNC
 
 from test_verl_config import apply
 
@@ -34,7 +34,7 @@ def test_the_trainer_class_follows_the_mode():
     from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from rpg.verl.checks import TRAINER_MODES
+    from rpg.verl.block_checks import TRAINER_MODES
     from rpg.verl.trainer import RPG_TRAINERS, RPGTrainerMixin
 
     assert set(RPG_TRAINERS) == set(TRAINER_MODES)
@@ -108,7 +108,7 @@ def test_the_uncorrected_level_is_described_as_dropped_weights():
     """behavior_weight_level=none is named for what it is in the driver's line (was: 'per none, untruncated (exact)')."""
     from test_verl_config import apply
 
-    from rpg.verl.describe import describe
+    from rpg.verl.run_banner import describe
 
     cfg, s = apply("trainer.v1.trainer_mode=colocate_async", "actor_rollout_ref.rollout.calculate_log_probs=True",
                    "rpg.loss.behavior_weight_level=none")
@@ -132,7 +132,7 @@ def test_auto_resume_that_finds_a_checkpoint_is_refused(tmp_path):
 
     def fake_resolve(config):
         calls["resolved"] = True
-        config.trainer.resume_mode = "resume_path"  # what rpg.verl.preflight.resolve_resume does on a find
+        config.trainer.resume_mode = "resume_path"  # what rpg.verl.input_paths.resolve_resume does on a find
         return "resuming"
 
     cfg, _ = apply(ASYNC)

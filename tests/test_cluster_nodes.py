@@ -51,7 +51,7 @@ def test_a_stop_wait_the_user_exported_is_passed_on_and_a_bad_one_refused():
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from rpg.verl import cluster as C  # noqa: E402
+from rpg.verl import joined_cluster as C  # noqa: E402
 from rpg.verl import node_checks as N  # noqa: E402
 from rpg.config import RPGConfigError  # noqa: E402
 

@@ -39,7 +39,7 @@ def test_rpg_config_imports_without_torch_and_nothing_above_it():
     loaded = eval(out.strip())
     assert set(MODULES) <= set(loaded)
     assert all(m == "rpg" or m.startswith("rpg.config") for m in loaded), loaded
-    assert {"rpg.config.access", "rpg.config.block", "rpg.config.kinds", "rpg.config.loss", "rpg.config.render"} <= set(MODULES)
+    assert {"rpg.config.access", "rpg.config.block", "rpg.config.kinds", "rpg.config.loss", "rpg.config.render_block"} <= set(MODULES)
 
 
 def _yaml_block() -> str:

@@ -110,7 +110,7 @@ def _wait_for(path, timeout_s: float = 60.0) -> None:
 
 def test_the_launcher_stays_torch_free_and_still_reads_the_drivers_refusal(tmp_path):
     """The harness (the tiny demo's and the variant launcher's path to the trainer) starts the trainer
-    without importing torch: it did, through rpg.verl.preflight, only to read the refusal line's prefix,
+    without importing torch: it did, through rpg.verl.input_paths, only to read the refusal line's prefix,
     which put 5-12 s of torch import on a 2-core machine before the trainer process started."""
     import subprocess
     import sys

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from rpg.backends.cpu.settings import cpu_env
+from rpg.backends.cpu.env_overrides import cpu_env
 
 
 def _probe(code: str, env: dict) -> dict:
@@ -28,7 +28,7 @@ def test_without_the_switch_nothing_is_registered():
     res = _probe(
         """
         import json, sys, verl
-        import rpg.backends.cpu.register as reg
+        import rpg.backends.cpu.external_module as reg
         from verl.plugin.platform.platform_manager import PlatformRegistry
         from verl.workers.rollout import base
         from verl.workers.rollout.replica import RolloutReplicaRegistry
@@ -44,7 +44,7 @@ def test_without_the_switch_nothing_is_registered():
             "hooks": [type(f).__name__ for f in sys.meta_path if "PostImport" in type(f).__name__],
         }))
         """,
-        {"VERL_USE_EXTERNAL_MODULES": "rpg.backends.cpu.register"},
+        {"VERL_USE_EXTERNAL_MODULES": "rpg.backends.cpu.external_module"},
     )
     assert res == {"active": False, "cpu_platform": False, "hf_adapter": False, "hf_replica": False,
                    "pg_patched": False, "replay_poll_patched": False, "bootstrap_patched": False, "hooks": []}

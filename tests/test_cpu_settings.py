@@ -1,30 +1,31 @@
-"""Unit tests of the CPU switch (settings.py) and the harness's command assembly (no processes)."""
+"""Unit tests of the CPU switch (env_overrides.py) and the harness's command assembly (no processes)."""
 
 import pytest
 
-from rpg.backends.cpu import settings
-from rpg.common.overrides import merge_overrides, override_key
+from rpg.backends.cpu import env_overrides
+from rpg.common.override_lists import merge_overrides, override_key
 from rpg.launch.harness import build_command, read_metrics
 
 
 def test_cpu_env_selects_platform_and_registration_module():
-    env = settings.cpu_env(base={})
+    env = env_overrides.cpu_env(base={})
     assert env["VERL_PLATFORM"] == "cpu"
-    assert env["VERL_USE_EXTERNAL_MODULES"] == settings.REGISTER_MODULE
+    assert env["VERL_USE_EXTERNAL_MODULES"] == env_overrides.REGISTER_MODULE
     assert env["OMP_NUM_THREADS"] == "1"
     assert env["TQ_NUM_THREADS"] == "1"  # TransferQueue's own torch thread count (default 8 -> cores)
 
 
 def test_external_modules_keeps_existing_and_extra_without_duplicates():
-    env = settings.cpu_env(["rpg.verl.register", settings.REGISTER_MODULE], base={"VERL_USE_EXTERNAL_MODULES": "a,b"})
-    assert env["VERL_USE_EXTERNAL_MODULES"] == f"{settings.REGISTER_MODULE},a,b,rpg.verl.register"
+    env = env_overrides.cpu_env(["rpg.verl.register", env_overrides.REGISTER_MODULE],
+                                base={"VERL_USE_EXTERNAL_MODULES": "a,b"})
+    assert env["VERL_USE_EXTERNAL_MODULES"] == f"{env_overrides.REGISTER_MODULE},a,b,rpg.verl.register"
 
 
 def test_cpu_overrides_cover_the_required_switches():
-    ov = settings.cpu_overrides(settings.cpu_env(base={}))
+    ov = env_overrides.cpu_overrides(env_overrides.cpu_env(base={}))
     keys = {override_key(o): o.split("=", 1)[1] for o in ov}
     assert keys["trainer.device"] == "cpu"
-    assert keys["actor_rollout_ref.rollout.name"] == settings.ROLLOUT_NAME
+    assert keys["actor_rollout_ref.rollout.name"] == env_overrides.ROLLOUT_NAME
     assert keys["actor_rollout_ref.actor.strategy"] == "fsdp2"
     assert keys["actor_rollout_ref.ref.fsdp_config.strategy"] == "fsdp2"
     assert keys["ray_kwargs.ray_init.num_gpus"] == "1"
@@ -46,9 +47,9 @@ def test_merge_overrides_rejects_non_assignments():
 
 
 def test_forwarding_keeps_a_value_with_a_quote():
-    from rpg.common.overrides import values
+    from rpg.common.override_lists import values
 
-    forwarded = values(settings.cpu_overrides({"OMP_NUM_THREADS": "1'2"}))
+    forwarded = values(env_overrides.cpu_overrides({"OMP_NUM_THREADS": "1'2"}))
     assert forwarded["ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS"] == "1'2"
 
 
@@ -99,7 +100,7 @@ def test_paths_reach_hydra_as_the_same_strings(tmp_path, monkeypatch):
     parser as those very paths (bare, ``a,b`` was a sweep: OverrideSyntaxError)."""
     from types import SimpleNamespace
 
-    from rpg.common.overrides import values
+    from rpg.common.override_lists import values
     from rpg.demo import gpu_smoke
     from rpg.launch.harness import run_trainer
     from rpg.tiny.build import TinyAssets

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from rpg.backends.cpu import settings, world
+from rpg.backends.cpu import env_overrides, world
 from rpg.config import RPGConfigError
 from rpg.launch.harness import build_command
-from rpg.common.overrides import values
+from rpg.common.override_lists import values
 
 
 def _ray(argv):
@@ -22,7 +22,7 @@ def test_ray_resources_scale_with_the_world_size():
     assert world.ray_resources(1, 1) == {"num_gpus": 1, "num_cpus": 8}  # the backend's earlier fixed values
     assert world.ray_resources(1, 2) == {"num_gpus": 2, "num_cpus": 11}  # one {"CPU": 3, "GPU": 1} bundle per rank
     assert world.ray_resources(2, 4) == {"num_gpus": 8, "num_cpus": 29}
-    ov = settings.cpu_overrides(settings.cpu_env(base={}), nnodes=2, n_gpus_per_node=2)
+    ov = env_overrides.cpu_overrides(env_overrides.cpu_env(base={}), nnodes=2, n_gpus_per_node=2)
     assert _ray(ov) == (2, 2, 4, 17)
 
 

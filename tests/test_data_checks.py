@@ -1,7 +1,7 @@
 """Every data file a run reads is checked before Ray: it exists, is readable, is in
 verl's layout (``data.prompt_key``, ``reward_model.ground_truth``, ``data_source``), every ``data_source``
 has a reward function (rpg.reward's routes, or verl's ``default_compute_score`` list when the recipe's reward
-is off), and the lists are not empty. One function (``rpg.verl.preflight.input_path_problems`` through
+is off), and the lists are not empty. One function (``rpg.verl.input_paths.input_path_problems`` through
 ``rpg.data.checks``), called by the driver, the launcher (a real launch and DRY_RUN alike: exit 2 before
 anything starts; DRY_RUN only warns of a missing file) and the tiny demo (before its assets are built). A user's
 ``reward.custom_reward_function.name`` is never replaced by the recipe's."""
@@ -20,7 +20,7 @@ from data_files import verl_file
 from hydra.core.global_hydra import GlobalHydra
 
 from rpg.config import RPGConfigError
-from rpg.verl.preflight import InputPathError, check_input_paths, input_path_problems
+from rpg.verl.input_paths import InputPathError, check_input_paths, input_path_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -96,7 +96,7 @@ def test_the_real_evaluation_files_pass_and_the_check_reads_one_column(files, mo
 
 
 def _verl_allowed() -> str:
-    from rpg.reward.sources import verl_allowed
+    from rpg.reward.scored_sources import verl_allowed
 
     return verl_allowed()
 

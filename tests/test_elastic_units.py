@@ -13,7 +13,8 @@ import pytest
 
 from rpg.common.nnodes import NodeCount, largest_fit, nnodes_for_resume, parse_nnodes, resized_values, with_nnodes
 from rpg.launch.elastic.cluster import Cluster
-from rpg.launch.elastic.plan import JOB_CONFIG_ENV, Plan, attempt_env, parse_args, set_aside_incomplete, wandb_run_id
+from rpg.launch.elastic.attempts import (JOB_CONFIG_ENV, Plan, attempt_env, parse_args, set_aside_incomplete,
+                                        wandb_run_id)
 from rpg.launch.elastic.supervisor import Supervisor
 from rpg.launch.request import DEFAULT_MAX_RESTARTS, LaunchError, LaunchRequest
 from rpg.verl.checkpoints import MARKER

@@ -23,7 +23,7 @@ from test_launch_dryrun import _env
 
 from rpg.backends.gpu import preflight as P
 from rpg.backends.gpu.preflight import GpuCheckError, GpuProbe, GpuRequest, check
-from rpg.verl.preflight import error_line
+from rpg.verl.input_paths import error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = "run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28"

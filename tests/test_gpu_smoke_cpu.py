@@ -19,7 +19,7 @@ import torch
 
 from rpg.demo import gpu_smoke as smoke, smoke_checks as checks
 from rpg.backends.gpu.preflight import GpuProbe
-from rpg.backends.gpu.settings import REGISTER_MODULE, gpu_env
+from rpg.backends.gpu.env_overrides import REGISTER_MODULE, gpu_env
 from rpg.demo.smoke_settings import (ALGORITHM, SmokeSettingsError, check_settings,
                                        gpu_overrides)
 
@@ -165,7 +165,7 @@ def test_gpu_overrides_split_micro_batches_over_the_gpus():
     assert not any("offload" in o for o in gpu_overrides("hf", 1, offload=False, mini_batch_size=2, n=8,
                                                          train_batch_size=8))
     env = gpu_env([REGISTER_MODULE], base={"VERL_USE_EXTERNAL_MODULES": "my.mod"})
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "my.mod,rpg.backends.gpu.register" and "VERL_PLATFORM" not in env
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "my.mod,rpg.backends.gpu.external_module" and "VERL_PLATFORM" not in env
     assert "VERL_USE_EXTERNAL_MODULES" not in gpu_env([], base={})
 
 

@@ -324,7 +324,7 @@ def test_the_checkpoint_folder_is_named_after_the_variant_run(tmp_path, capsys, 
 
     monkeypatch.setattr(demo, "run_trainer", fake_run)
     monkeypatch.setattr(rpg.tiny, "build_tiny_assets", lambda *a, **k: SimpleNamespace(root=tmp_path))
-    from rpg.common.overrides import values
+    from rpg.common.override_lists import values
 
     for extra, name in ((["rpg.loss.divergence=rkl"], "tiny_rpg_reinforce_rkl"), ([], "tiny_rpg_reinforce_ufkl"),
                         (["rpg.loss.form=differentiable", "rpg.loss.divergence=urkl"], "tiny_rpg_differentiable_urkl"),

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 import rpg.launch.experiments as experiments
 import rpg.launch.plan
-from rpg.common.overrides import parse_overrides
+from rpg.common.override_lists import parse_overrides
 from rpg.launch.experiments import EXPERIMENT_DIR, experiment_path, render_experiment, stale_files
 from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME, plan_overrides
 from rpg.launch.variants import known_names, name_settings, parse, recipe_value, to_overrides

@@ -318,7 +318,7 @@ def test_the_rule_catches_upward_imports(tmp_path):
     from the math up to the launcher, ``from rpg import`` of a higher module; a downward import passes."""
     files = {
         "rpg/__init__.py": "",
-        "rpg/backends/cpu/settings.py": "def f():\n    from rpg.launch import cli\n",
+        "rpg/backends/cpu/env_overrides.py": "def f():\n    from rpg.launch import cli\n",
         "rpg/losses.py": "from .launch.cli import main\nfrom rpg import divergences\n",
         "rpg/common/x.py": "from rpg import verl\n",
         "rpg/launch/cli.py": "from rpg.backends.cpu import settings\nfrom rpg.common import x\n",
@@ -327,7 +327,8 @@ def test_the_rule_catches_upward_imports(tmp_path):
     }
     plant(tmp_path, files)
     found = upward(tmp_path)
-    assert [line.split(": ")[0] for line in found] == ["rpg/backends/__init__.py:4", "rpg/backends/cpu/settings.py:2",
+    assert [line.split(": ")[0] for line in found] == ["rpg/backends/__init__.py:4",
+                                                       "rpg/backends/cpu/env_overrides.py:2",
                                                        "rpg/common/x.py:1", "rpg/losses.py:1"], found
 
 
@@ -384,7 +385,8 @@ def test_torch_free_layers_import_without_torch():
 
     light = {"rpg.config", "rpg.common", "rpg.launch"}
     mods = [m for m in map(module_of, sources()) if node_of(m) in light and not m.endswith("__main__")]
-    mods += ["rpg.backends", "rpg.backends.cpu.backend", "rpg.backends.gpu.backend", "rpg.backends.hf_rollout.register"]
+    mods += ["rpg.backends", "rpg.backends.cpu.backend", "rpg.backends.gpu.backend",
+             "rpg.backends.hf_rollout.verl_registries"]
     code = "import sys; sys.modules['torch'] = None\n" + "".join(f"import {m}\n" for m in mods)
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""The multi-node pieces without a cluster: the driver's capacity rule and lost-node reason (rpg.verl.cluster), a
+"""The multi-node pieces without a cluster: the driver's capacity rule and lost-node reason (rpg.verl.joined_cluster), a
 step saved but never logged (rpg.common.history), the CPU backend's job on a cluster and the submitted job's
 resume command and Ctrl-C (rpg.launch.cli, rpg.launch.job). The two-node runs: tests/test_multinode.py."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rpg.common import history
-from rpg.verl import cluster as C
+from rpg.verl import joined_cluster as C
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = lambda i, gpus=1.0: {"id": f"{i:02d}" * 28, "ip": f"10.0.0.{i}", "gpus": gpus}  # noqa: E731
@@ -92,7 +92,7 @@ def test_a_step_saved_but_never_logged_is_logged_on_resume(tmp_path):
 
 
 def test_cpu_overrides_for_a_cluster_job_carry_no_private_ray_resources():
-    from rpg.backends.cpu.settings import cluster_job_env, cpu_env, cpu_overrides
+    from rpg.backends.cpu.env_overrides import cluster_job_env, cpu_env, cpu_overrides
 
     ov = cpu_overrides(cpu_env(base={}), 2, 1, joins_cluster=True)
     assert "trainer.nnodes=2" in ov and "trainer.n_gpus_per_node=1" in ov

@@ -1,5 +1,5 @@
 """Every local input path is checked in the driver before Ray starts (one line, exit 2);
-Hugging Face repo ids stay allowed (rule: rpg/verl/preflight.py)."""
+Hugging Face repo ids stay allowed (rule: rpg/verl/input_paths.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from data_files import verl_file
 from hydra import compose, initialize_config_dir
 
-from rpg.verl.preflight import InputPathError, check_input_paths, input_path_problems, looks_like_hub_id
+from rpg.verl.input_paths import InputPathError, check_input_paths, input_path_problems, looks_like_hub_id
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "recipe" / "rpg" / "config"
@@ -94,7 +94,7 @@ def test_resume_path_checked_only_in_resume_path_mode(files):
 def test_driver_fails_before_ray_with_one_line(files, tmp_path):
     """main_rpg.py with a missing train file and a missing local model: rc 2, one line each, no Ray, seconds.
     On the CPU backend (this machine has no GPU: the GPU checks before Ray are tests/test_gpu_preflight.py)."""
-    from rpg.backends.cpu.settings import cpu_env
+    from rpg.backends.cpu.env_overrides import cpu_env
 
     env = {**os.environ, **cpu_env(), "PYTHONPATH": str(ROOT)}
     t0 = time.monotonic()

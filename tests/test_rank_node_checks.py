@@ -51,7 +51,7 @@ import json, ray
 import pytest
 from omegaconf import OmegaConf
 from rpg.verl import node_checks
-from rpg.verl.cluster import alive_nodes
+from rpg.verl.joined_cluster import alive_nodes
 ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
 cfg = OmegaConf.create({"trainer": {"device": "cuda", "n_gpus_per_node": 2, "nnodes": 1},
                         "actor_rollout_ref": {"rollout": {"name": "hf"}}})

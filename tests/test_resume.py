@@ -136,7 +136,7 @@ def test_auto_resume_skips_an_incomplete_newest_checkpoint_with_one_line(tmp_pat
 def test_truncated_checkpoint_is_refused_by_the_driver_before_ray(tmp_path):
     """recipe/rpg/main_rpg.py itself: exit code 2, one line naming the truncated file and the choices,
     before Ray starts (verl loaded it inside a Ray worker: a 60-line traceback)."""
-    from rpg.backends.cpu.settings import cpu_env
+    from rpg.backends.cpu.env_overrides import cpu_env
 
     root = tmp_path / "ckpt"
     _ckpt(root, 4, marker=False, tracker=True)
@@ -379,7 +379,7 @@ def test_allow_changed_settings_is_declared_once_and_checked():
 
 def test_a_resume_with_another_divergence_is_refused_by_the_driver_before_ray(tmp_path):
     """recipe/rpg/main_rpg.py itself: exit code 2 and one line naming the key, old -> new, before Ray."""
-    from rpg.backends.cpu.settings import cpu_env
+    from rpg.backends.cpu.env_overrides import cpu_env
     from rpg.verl.checkpoints import recorded_settings
 
     root = tmp_path / "ckpt"
@@ -815,7 +815,7 @@ def test_an_unknown_resume_mode_is_refused_not_read_as_auto(tmp_path, mode):
     """verl knows auto, disable and resume_path; a typo used to resume (plan) or to fail after Ray (verl)."""
     from omegaconf import OmegaConf
 
-    from rpg.verl.preflight import check_run_names
+    from rpg.verl.input_paths import check_run_names
 
     _ckpt(tmp_path / "ckpt", 4, marker=True, tracker=True)
     with pytest.raises(ResumeError, match="trainer.resume_mode=.* is invalid; allowed values: auto, disable, resume_path"):

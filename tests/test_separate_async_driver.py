@@ -10,8 +10,8 @@ import pytest
 from rpg.backends.cpu import backend as cpu_backend
 from rpg.backends.cpu import world
 from rpg.backends.gpu import backend as gpu_backend
-from rpg.backends.cpu.settings import ENGINE_MODULE, ENGINE_NAME, separate_async_overrides
-from rpg.common.overrides import values
+from rpg.backends.cpu.env_overrides import ENGINE_MODULE, ENGINE_NAME, separate_async_overrides
+from rpg.common.override_lists import values
 from rpg.config import RPGConfigError
 
 from test_verl_config import apply

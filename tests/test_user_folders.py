@@ -1,7 +1,7 @@
 """A folder the user names is where the user said: the tiny demo, the GPU smoke run, the study and the launcher
 take a relative path from the caller's folder (``rpg.common.user_paths``), every line names a path that opens
 from there, and every printed resume command (the demo's, the launcher's, the driver's: one builder,
-``rpg.common.overrides.resume_command``) works pasted in any folder, with ``trainer.resume_mode`` once."""
+``rpg.common.override_lists.resume_command``) works pasted in any folder, with ``trainer.resume_mode`` once."""
 
 from __future__ import annotations
 

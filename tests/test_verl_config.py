@@ -15,7 +15,7 @@ import rpg.verl.policy_loss
 import rpg.verl.register  # noqa: F401
 from rpg.config import DIVERGENCES, FORMS, LOSS_NAMES, RPGConfigError, parse_rpg_settings
 from rpg.verl import translate as T
-from rpg.verl.settings import POLICY_LOSS_TARGET
+from rpg.verl.loss_settings import POLICY_LOSS_TARGET
 from rpg.verl.translate import validate_and_apply
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "recipe" / "rpg" / "config"

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from rpg.backends.cpu import settings, vllm_cpu
+from rpg.backends.cpu import env_overrides, vllm_cpu
 from rpg.backends.gpu import preflight
 from rpg.backends.versions import VLLM_CPU_DISTRIBUTION, VLLM_CPU_STACK
-from rpg.common.overrides import override_key, values
+from rpg.common.override_lists import override_key, values
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_ENV = {vllm_cpu.ROLLOUT_ENV: "vllm"}
@@ -34,16 +34,16 @@ def test_rollout_switch_reads_hf_or_vllm_and_refuses_anything_else():
 
 
 def test_vllm_env_bounds_the_kv_cache_and_keeps_one_thread_and_the_users_values():
-    env = settings.cpu_env(base=VLLM_ENV)
+    env = env_overrides.cpu_env(base=VLLM_ENV)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert env["OMP_NUM_THREADS"] == "1" and env[vllm_cpu.ROLLOUT_ENV] == "vllm"
-    mine = settings.cpu_env(base={**VLLM_ENV, "VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_OMP_THREADS_BIND": "0-1"})
+    mine = env_overrides.cpu_env(base={**VLLM_ENV, "VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_OMP_THREADS_BIND": "0-1"})
     assert mine["VLLM_CPU_KVCACHE_SPACE"] == "3" and mine["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
-    assert not any(k.startswith("VLLM_") for k in settings.cpu_env(base={}))  # the HF rollout: none
+    assert not any(k.startswith("VLLM_") for k in env_overrides.cpu_env(base={}))  # the HF rollout: none
 
 
 def test_vllm_overrides_replace_the_hf_rollout_once_and_forward_the_switch():
-    ov = settings.cpu_overrides(settings.cpu_env(base=VLLM_ENV))
+    ov = env_overrides.cpu_overrides(env_overrides.cpu_env(base=VLLM_ENV))
     names = [o for o in ov if override_key(o) == "actor_rollout_ref.rollout.name"]
     assert names == ["actor_rollout_ref.rollout.name=vllm"]
     got = values(ov)
@@ -53,15 +53,15 @@ def test_vllm_overrides_replace_the_hf_rollout_once_and_forward_the_switch():
     assert got["actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"] == vllm_cpu.BUCKET_MB
     forwarded = {k.rsplit(".", 1)[1]: v for k, v in got.items() if k.startswith("ray_kwargs.ray_init.runtime_env.env_vars.")}
     assert forwarded[vllm_cpu.ROLLOUT_ENV] == "vllm" and forwarded["VLLM_CPU_KVCACHE_SPACE"] == "1"
-    assert "actor_rollout_ref.rollout.name=hf" in settings.cpu_overrides(settings.cpu_env(base={}))
+    assert "actor_rollout_ref.rollout.name=hf" in env_overrides.cpu_overrides(env_overrides.cpu_env(base={}))
 
 
 def test_the_vllm_overrides_compose_with_the_recipe_config(tiny_assets):
     from rpg.launch.plan import compose
-    from rpg.common.overrides import merge_overrides
+    from rpg.common.override_lists import merge_overrides
     from rpg.tiny.overrides import tiny_overrides
 
-    ov = merge_overrides(settings.cpu_overrides(settings.cpu_env(base=VLLM_ENV)),
+    ov = merge_overrides(env_overrides.cpu_overrides(env_overrides.cpu_env(base=VLLM_ENV)),
                          tiny_overrides(tiny_assets, algo="rpg"))
     cfg, _ = compose(ov)
     rollout = cfg.actor_rollout_ref.rollout
@@ -92,7 +92,7 @@ def test_driver_refuses_a_vllm_rollout_on_cpu_without_the_switch_or_without_vllm
 
 
 def test_driver_check_prints_one_line_per_problem(capsys):
-    from rpg.verl.preflight import error_line
+    from rpg.verl.input_paths import error_line
     from rpg.config import RPGConfigError
 
     with pytest.raises(RPGConfigError) as err:

@@ -107,7 +107,7 @@ def _patch_worker_extension(module) -> None:
 
 
 if os.environ.get(SYNC_LOG_ENV):
-    from rpg.backends.cpu.register import when_imported
+    from rpg.backends.cpu.external_module import when_imported
 
     when_imported("verl.workers.rollout.vllm_rollout.vllm_rollout", _patch_adapter)
     when_imported("verl.workers.rollout.vllm_rollout.utils", _patch_worker_extension)

@@ -4,7 +4,7 @@ Composes ``config/rpg_trainer.yaml`` (verl's installed ``ppo_trainer`` + the ``r
 hands over to ``rpg.verl.main`` (validation before Ray, RPG TaskRunner/trainer/worker).
 See docs/verl-integration.md.
 
-The command line is read first with Hydra's own parsers (``rpg.common.overrides.exit_on_bad_argv``):
+The command line is read first with Hydra's own parsers (``rpg.common.override_lists.exit_on_bad_argv``):
 an override Hydra cannot read is one line naming it, exit code 2, before verl is imported (Hydra's
 own report is three lines without the override's name, exit code 1). Hydra's flags (``--cfg job``,
 ``-m``, ``--config-name``, ``hydra.*`` overrides, ...) pass through unchanged.
@@ -14,7 +14,7 @@ import sys
 
 import hydra
 
-from rpg.common.overrides import exit_on_bad_argv
+from rpg.common.override_lists import exit_on_bad_argv
 from rpg.verl.errors import ERROR_PREFIX
 
 

@@ -43,7 +43,7 @@ import os
 from collections.abc import Mapping
 
 BACKENDS = ("gpu", "cpu")  # RPG_BACKEND values; the first is the default
-PLATFORM_ENV = "VERL_PLATFORM"  # "cpu" in every process of a CPU-backend run (rpg.backends.cpu.settings.cpu_env)
+PLATFORM_ENV = "VERL_PLATFORM"  # "cpu" in every process of a CPU-backend run (rpg.backends.cpu.env_overrides.cpu_env)
 
 
 def on_cpu_platform(environ: Mapping[str, str] | None = None) -> bool:

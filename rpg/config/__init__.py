@@ -20,7 +20,7 @@ from rpg.config.block import (ACTOR_FIELDS, BLOCK_RULES, LOSS_NAMES, OPTIMIZERS,
                               parse_rpg_settings, recorded_keys)
 from rpg.config.loss import (AGG_MODES, BEHAVIOR_LEVELS, BRANCH_RULES, DIVERGENCES, FD_CLIP_MODES, FORMS, RULES,
                              RPGLossConfig, RPGLossConfigError, Rule, loss_defaults)
-from rpg.config.render import render_rpg_block, settings_table
+from rpg.config.render_block import render_rpg_block, settings_table
 
 __all__ = [
     "ACTOR_FIELDS", "AGG_MODES", "BLOCK_RULES", "BEHAVIOR_LEVELS", "BRANCH_RULES", "DIVERGENCES", "FD_CLIP_MODES", "FORMS",

@@ -11,7 +11,7 @@ declaration derive:
 * the validation: ``parse_rpg_settings`` (unknown keys anywhere under ``rpg.`` refused, naming the keys
   allowed there; each value checked by its kind, strictly; then the rules), and the same checks when
   settings are built in code; every refusal is one ``RPGConfigError`` line naming the full key;
-* the recipe YAML's ``rpg:`` block and the docs table (``rpg.config.render``).
+* the recipe YAML's ``rpg:`` block and the docs table (``rpg.config.render_block``).
 
 How each setting reaches verl: ``rpg.verl.translate``.
 """
@@ -35,7 +35,8 @@ ACTOR_FIELDS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_m
 REFERENCE_MODES = ("sampler", "fixed", "periodic", "kl_threshold")
 RESETTING_MODES = ("periodic", "kl_threshold")  # modes that overwrite the reference with actor weights
 OPTIMIZERS = ("adamw", "schedulefree")
-RPG_MODULE, RPG_FUNCTION = "rpg.reward", "compute_score"  # the recipe's reward function (rpg.reward.sources reads it)
+# the recipe's reward function (rpg.reward.scored_sources reads it)
+RPG_MODULE, RPG_FUNCTION = "rpg.reward", "compute_score"
 RECIPE_REWARD = f"{RPG_MODULE}:{RPG_FUNCTION}"  # rpg.reward_function's value for rpg.reward's compute_score
 # the paper's Table 7 protocol: one sample per MinervaMath / OlympiadBench problem (rpg.verl.validation)
 PAPER_SAMPLES_PER_PROBLEM = (("minerva", 1), ("olympiad", 1))
@@ -204,7 +205,7 @@ def loss_key(field: str) -> str:
 
 def build_loss_config(name: str | None, values: dict) -> RPGLossConfig:
     """The ``RPGLossConfig`` the loss ``name`` runs with, from its field values (the driver's parse and every
-    worker's ``rpg.verl.settings.loss_config`` build it here, so both refuse the same inputs;
+    worker's ``rpg.verl.loss_settings.loss_config`` build it here, so both refuse the same inputs;
     ``RPGLossConfigError`` names the field). grpo_corrected's KL term w * k3 is fully differentiable
     (Sec. 2.2), so it is validated as ``form=differentiable`` (a valid form given is not used by it; an
     invalid one is still refused): a value-only ``kl_clamp`` is allowed there, as for RPG-X."""

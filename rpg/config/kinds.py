@@ -6,7 +6,7 @@ names the full key and what is allowed; ``expected`` states the same allowance f
 OmegaConf's typed configs are not used for this on purpose: they coerce ('yes' -> true) and their
 errors span several lines.
 
-``yaml_value`` writes a value as the recipe YAML states it (``rpg.config.render``).
+``yaml_value`` writes a value as the recipe YAML states it (``rpg.config.render_block``).
 """
 
 from __future__ import annotations

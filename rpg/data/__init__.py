@@ -6,7 +6,7 @@ the network: the ``datasets`` library is imported only when a hub source is actu
 """
 
 from rpg.data.prepare import Summary, prepare
-from rpg.data.sources import SOURCES, SourceSpec, get_source
+from rpg.data.hub_datasets import SOURCES, SourceSpec, get_source
 from rpg.data.template import PROMPT_PREFIX, PROMPT_SUFFIX, format_prompt, unwrap_prompt
 
 __all__ = [

@@ -9,7 +9,7 @@ from pathlib import Path
 from rpg.data.io import LOCAL_SUFFIXES
 from rpg.data.prepare import NoValidRows, Summary, prepare, reason_class
 from rpg.data.rows import EVAL_OVERLAP
-from rpg.data.sources import SOURCES
+from rpg.data.hub_datasets import SOURCES
 
 EVAL_DEFAULT = ["aime2024", "aime2025", "amc2023", "minerva", "olympiadbench"]
 TRAIN_DEFAULT = "dapo-math-17k-en"

@@ -13,12 +13,12 @@ What verl reads (``verl.utils.dataset.rl_dataset.RLHFDataset`` and the reward lo
 * the suffix: ``.parquet``, ``.json`` or ``.jsonl`` (anything else: ``Unsupported file format``);
 * ``data.prompt_key`` (default ``prompt``): a chat list of ``{"role", "content"}`` messages;
 * ``reward_model.ground_truth`` and ``data_source``: every reward manager reads them from each row, and the
-  reward function scores by ``data_source`` (``rpg.reward.sources.Scorer``).
+  reward function scores by ``data_source`` (``rpg.reward.scored_sources.Scorer``).
 
 ``data_problems`` is the one check of a run's data keys (``DATA_KEYS``): the lists are not empty, every local
 file exists and passes ``file_problems`` for the reward function the run scores with (``scorer_of``). One line
 per problem naming the key and the file (``Absent``: a local file that does not exist here). It reads the config
-through a getter, so that the driver (``rpg.verl.preflight.input_path_problems``: the composed config; DRY_RUN
+through a getter, so that the driver (``rpg.verl.input_paths.input_path_problems``: the composed config; DRY_RUN
 refuses on the same lines, an ``Absent`` one only warns) and the launchers before anything starts
 (``override_problems``: the overrides they pass, ``rpg.launch`` and the tiny demo) run the same check without
 importing torch or verl.
@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from rpg.config import RECIPE_REWARD  # rpg.reward_function's value for rpg.reward's compute_score
-from rpg.reward.sources import ANY, Scorer, is_rpg_reward, rpg_scorer, verl_scorer
+from rpg.reward.scored_sources import ANY, Scorer, is_rpg_reward, rpg_scorer, verl_scorer
 
 DATA_KEYS = ("data.train_files", "data.val_files")
 VERL_SUFFIXES = (".parquet", ".json", ".jsonl")  # RLHFDataset._read_files_and_tokenize
@@ -105,7 +105,7 @@ def data_problems(get: Getter, keys: Sequence[str] = DATA_KEYS) -> list[str]:
 
 
 def override_problems(set_values: Mapping[str, Any], default: Getter) -> list[str]:
-    """``data_problems`` of a run given as Hydra override values (``rpg.common.overrides.values``), before its
+    """``data_problems`` of a run given as Hydra override values (``rpg.common.override_lists.values``), before its
     config is composed: the data keys the overrides set (a ``${...}`` interpolation is left to the driver, which
     checks the resolved value), every other key read from them or else from ``default`` (the recipe's YAML)."""
     def get(key: str) -> Any:

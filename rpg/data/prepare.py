@@ -1,4 +1,4 @@
-"""Build one verl parquet file from a preset (rpg.data.sources) and a local file or the hub.
+"""Build one verl parquet file from a preset (rpg.data.hub_datasets) and a local file or the hub.
 
 Output: ``out`` (parquet, atomic; an existing directory or a path ending in ``/`` receives
 ``<dataset>.parquet``) and, when rows were rejected, ``<out stem>.rejects.jsonl`` with one
@@ -7,7 +7,7 @@ one is removed otherwise. ``<out stem>.rejects.jsonl`` always belongs to the par
 every row is rejected nothing is written but ``<out stem>.failed.rejects.jsonl`` (``NoValidRows`` gives the
 counts per reason and the rejected rows; the previous run's output and rejects file are kept, and said so).
 Neither output may be the input file. The ``data_source`` written must be one a reward function scores
-(``rpg.reward.sources``), unless ``any_data_source``.
+(``rpg.reward.scored_sources``), unless ``any_data_source``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 from rpg.data.io import HubLoader, read_hub, read_local, write_parquet_atomic, write_text_atomic
 from rpg.data.rows import (EVAL_OVERLAP, NUMBER_ANSWER, Layout, Reject, build_rows, dedup_key, resolve_layout,
                            select_problems)
-from rpg.data.sources import get_source
-from rpg.reward.sources import rpg_scorer
+from rpg.data.hub_datasets import get_source
+from rpg.reward.scored_sources import rpg_scorer
 
 _ANY_HINT = "pass --any-data-source when your own reward.custom_reward_function scores it"
 

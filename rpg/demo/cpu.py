@@ -18,7 +18,7 @@ complete checkpoint and the command that resumes, which works pasted in any fold
 started, ``--out`` the same directory, ``trainer.resume_mode=auto`` once); exit code 128 + signum. Before the run (the first build of the tiny
 model included) and after it, the same signals are one line saying what was being done, same exit code. A failed run exits with the trainer's code
 (2: a config the driver refused; stderr is then the driver's one line). An override Hydra cannot
-read is one line naming it, exit code 2, before anything starts (``rpg.common.overrides``).
+read is one line naming it, exit code 2, before anything starts (``rpg.common.override_lists``).
 
 Builds (or reuses) the tiny assets, runs verl's real trainer on the CPU backend, prints one
 progress line per step, the validation accuracy before and after training, and writes to the
@@ -51,7 +51,7 @@ from rpg.common.checkout import CHECKOUT
 from rpg.common.user_paths import user_folder
 from rpg.config import world_size_of
 from rpg.data.checks import override_problems
-from rpg.common.overrides import OverrideSyntaxError, resume_command, values
+from rpg.common.override_lists import OverrideSyntaxError, resume_command, values
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.demo.progress import StartupProgress, progress, val_acc
 from rpg.launch.args import OneLineParser, positive_int, read_overrides
@@ -128,7 +128,7 @@ def given_flags(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[s
 
 
 def demo_resume_command(flags: list[str], user: list[str], out: Path) -> str:
-    """This demo's command again (``rpg.common.overrides.resume_command``: from this folder, with the variables the
+    """This demo's command again (``rpg.common.override_lists.resume_command``: from this folder, with the variables the
     demo reads that were set), into ``out``, with ``trainer.resume_mode=auto`` (the demo's default is disable)
     so that it continues from the last complete checkpoint. ``flags``: ``given_flags``; ``user``: the overrides."""
     launch = shlex.join([sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), *flags])
@@ -137,8 +137,8 @@ def demo_resume_command(flags: list[str], user: list[str], out: Path) -> str:
 
 def resume_part(flags: list[str], user: list[str], out: Path, overrides: list[str]) -> str:
     """The stop line's last part: ``demo_resume_command``, or why an asynchronous run (``trainer.v1.trainer_mode``
-    in ``overrides``, the run's full list) cannot be resumed (``rpg.verl.checks.resume_hint``)."""
-    from rpg.verl.checks import resume_hint
+    in ``overrides``, the run's full list) cannot be resumed (``rpg.verl.block_checks.resume_hint``)."""
+    from rpg.verl.block_checks import resume_hint
 
     return resume_hint(values(overrides).get("trainer.v1.trainer_mode", "sync"), demo_resume_command(flags, user, out))
 
@@ -253,7 +253,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
                               trainer_mode=values(rest).get("trainer.v1.trainer_mode")),
          *algo_overrides, *gpus, *rest], [*gpus, *rest])
     stage[0] = "checking the config (nothing was started)"
-    from rpg.verl.preflight import error_line
+    from rpg.verl.input_paths import error_line
     from rpg.config import RPGConfigError
 
     run_env = {vllm_cpu.ROLLOUT_ENV: rollout}

@@ -33,13 +33,13 @@ import time
 from pathlib import Path
 
 from rpg.backends.gpu.preflight import ATTN_KEY, FLASH_ATTN, GpuProbe, GpuRequest, check
-from rpg.backends.gpu.settings import REGISTER_MODULE
+from rpg.backends.gpu.env_overrides import REGISTER_MODULE
 from rpg.demo import smoke_checks
 from rpg.demo.progress import StartupProgress, progress
 from rpg.launch.harness import TrainerRun, TrainerRunError, run_trainer
 from rpg.common.checkout import CHECKOUT
 from rpg.common.user_paths import user_folder
-from rpg.common.overrides import OverrideSyntaxError, check_user_overrides, hydra_value, values
+from rpg.common.override_lists import OverrideSyntaxError, check_user_overrides, hydra_value, values
 from rpg.demo.smoke_settings import (ALGORITHM, ROLLOUTS, SmokeSettingsError, check_settings,
                                        gpu_overrides, head_dim, head_dim_problem)
 

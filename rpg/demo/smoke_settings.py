@@ -1,5 +1,5 @@
 """The GPU smoke run's settings: its Hydra overrides and their validation (one source; the backend's
-environment is ``rpg.backends.gpu.settings``).
+environment is ``rpg.backends.gpu.env_overrides``).
 
 The run is the tiny task (rpg.tiny) through verl's real GPU path, in the regime the paper's runs
 use and nothing on CPU exercises: vLLM rollouts that sleep and wake around every update, with the

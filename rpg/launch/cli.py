@@ -10,7 +10,7 @@ Modes (environment variables; defaults in brackets):
   run the driver-side checks (``rpg.verl.main.prepare_config``: the ``rpg:`` validation and
   translation, then verl 0.9.1's ``validate_config``), print it and the command, exit. No Ray,
   no GPU. A bad value is the driver's one line (exit 2), and so is every other problem of the input paths
-  (``rpg.verl.preflight.refusals``: an existing data file in the wrong layout or with a ``data_source`` no
+  (``rpg.verl.input_paths.refusals``: an existing data file in the wrong layout or with a ``data_source`` no
   reward function scores, an empty list, ...); an input path missing on this machine (data file, local
   model, ...: ``rpg.data.checks.Absent``) is a warning, since a dry run may be made away from the data,
   and so is each refusal the driver would make on this node (no CUDA, too few GPUs, an old driver,
@@ -24,7 +24,7 @@ Modes (environment variables; defaults in brackets):
 * ``RAY_ADDRESS`` set (e.g. ``http://127.0.0.1:8265``): ``ray job submit`` to that cluster (checked first: an
   address that is not a job API's, or where no cluster answers or the token is refused, is one line,
   ``rpg.launch.ray_job_api``), with a submission id ``rpg-<time>-<hex>`` and the command that resumes it
-  (``rpg.common.overrides.resume_command``: the driver's stop line names it); ``RAY_JOB_WAIT=1`` follows the
+  (``rpg.common.override_lists.resume_command``: the driver's stop line names it); ``RAY_JOB_WAIT=1`` follows the
   job, and Ctrl-C then stops the job (``ray job stop``). With ``RPG_BACKEND=cpu`` the tiny run goes to the cluster as a CPU-backend
   job, one rank per logical GPU (the rehearsal of a multi-node launch, docs/launch-scripts.md).
   The runtime env only carries environment variables (no working-dir upload): every node needs
@@ -67,7 +67,7 @@ from pathlib import Path
 
 from rpg.backends.registry import backend
 from rpg.common.checkout import RECIPE_ENTRY
-from rpg.common.overrides import OverrideSyntaxError, resume_command, values
+from rpg.common.override_lists import OverrideSyntaxError, resume_command, values
 from rpg.config import RPGConfigError
 from rpg.launch import job
 from rpg.launch.args import read_overrides
@@ -80,9 +80,9 @@ from rpg.launch.ray_job_api import address_problem, job_api_problem
 from rpg.launch.request import ENV_VARS, RESUMED_VARS, LaunchError, LaunchRequest, project_root
 from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root
 from rpg.launch.variants import GRAMMAR, VariantNameError, parse
-from rpg.verl.checks import resume_hint
+from rpg.verl.block_checks import resume_hint
 from rpg.verl.errors import RESUME_COMMAND_ENV
-from rpg.verl.preflight import InputPathError, error_line, input_path_problems
+from rpg.verl.input_paths import InputPathError, error_line, input_path_problems
 
 
 def _check_data_files(overrides: Sequence[str]) -> None:

@@ -48,7 +48,7 @@ def ray_command(overrides: Sequence[str], req: LaunchRequest, job_env: Mapping[s
 def submission_env(cfg, req: LaunchRequest, submission: str) -> dict[str, str]:
     """The runtime environment's variables the backend adds to a tiny-task job on a running Ray cluster
     (``cluster_job_env`` of ``rpg.backends``), with torch.distributed's rendezvous file in the run's
-    checkpoint folder, which every node must see (the driver checks it: ``rpg.verl.cluster``)."""
+    checkpoint folder, which every node must see (the driver checks it: ``rpg.verl.joined_cluster``)."""
     from rpg.backends.registry import backend
 
     ckpts = str(cfg.trainer.default_local_dir)

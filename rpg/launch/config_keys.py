@@ -26,7 +26,7 @@ from pathlib import Path
 
 from rpg.config import RPGConfigError
 from rpg.launch.args import is_env_var_key
-from rpg.common.overrides import parse_one
+from rpg.common.override_lists import parse_one
 from rpg.verl.verl_rules import logger_problem
 
 RECIPE_CONFIG_NAME = "rpg_trainer"

@@ -20,13 +20,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rpg.backends.registry import backend
-from rpg.common.overrides import override_key
+from rpg.common.override_lists import override_key
 from rpg.config import RPGConfigError
 from rpg.launch.experiments import EXPERIMENT_DIR, GROUP
 from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME, compose, plan
 from rpg.launch.request import LaunchError, LaunchRequest, project_root
 from rpg.launch.variants import Variant, known_names, paper_refs, paper_row, parse, to_overrides
-from rpg.verl.preflight import InputPathError, input_path_problems, refusals
+from rpg.verl.input_paths import InputPathError, input_path_problems, refusals
 
 REWARD_PATH = "reward.custom_reward_function.path"
 
@@ -153,7 +153,7 @@ def dry_run(req: LaunchRequest, v: Variant, overrides: Sequence[str], cmd: Seque
     """``DRY_RUN=1``: the variant, the command, the composed and validated config; missing input paths and what
     this node lacks for the run (the backend's ``node_problems``) as warnings; then, for a run of the variant
     itself (not the tiny task), the memory estimate (sizes: ``memory_sizes``). ``composed``: ``compose(overrides)``'s
-    result when the caller has it. The other problems of the input paths (``rpg.verl.preflight.refusals``: an
+    result when the caller has it. The other problems of the input paths (``rpg.verl.input_paths.refusals``: an
     existing data file in the wrong layout or with a ``data_source`` no reward function scores, an empty list, ...)
     raise ``InputPathError``, the driver's lines (exit 2; for a Ray submission they are warnings, as the launch
     leaves them to the driver on the cluster), and so do the backend's ``config_problems`` (``RPGConfigError``)."""

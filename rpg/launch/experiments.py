@@ -73,7 +73,7 @@ def variant_overrides(v: Variant) -> list[str]:
 
 def experiment_settings(v: Variant) -> list[tuple[str, object]]:
     """(key, value) of every setting of the run's file, in order: model, data, the name's settings, the names."""
-    from rpg.common.overrides import parse_overrides
+    from rpg.common.override_lists import parse_overrides
 
     files = [("actor_rollout_ref.model.path", v.model),
              ("data.train_files", f"{DATA_DIR}/{TRAIN_SET}.parquet"),

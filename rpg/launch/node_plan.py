@@ -19,7 +19,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rpg.common.nnodes import GPUS_KEY, MICRO_SUFFIX, NNODES_KEY, NodeCount, resized_values
-from rpg.common.overrides import merge_overrides, values
+from rpg.common.override_lists import merge_overrides, values
 from rpg.config import RPGConfigError
 from rpg.launch.request import LaunchError, LaunchRequest
 from rpg.verl.errors import NODE_PLAN_ENV

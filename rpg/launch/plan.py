@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rpg.backends.registry import backend
-from rpg.common.overrides import check_user_overrides, hydra_list, hydra_value, merge_overrides, override_key, values
+from rpg.common.override_lists import (check_user_overrides, hydra_list, hydra_value, merge_overrides, override_key,
+                                       values)
 from rpg.common.checkout import RECIPE_CONFIG_DIR
 from rpg.common.run_env import forwarded_env_overrides
 from rpg.launch.config_keys import RECIPE_CONFIG_NAME, compose_config
@@ -153,7 +154,7 @@ def compose(overrides: Sequence[str], root: Path | None = None):
     driver-side checks (``rpg.verl.main.prepare_config``: rpg validation + verl's validate_config).
 
     Returns ``(cfg, settings)``; raises the checks' errors (``RPGConfigError`` for the rpg block).
-    Input paths and the backend's driver checks are not made here (``rpg.verl.preflight.input_path_problems``,
+    Input paths and the backend's driver checks are not made here (``rpg.verl.input_paths.input_path_problems``,
     the backend's ``config_problems`` and ``node_problems``).
     """
     root = root or project_root()

@@ -7,7 +7,7 @@ allowed, before anything is composed; the rest of the launcher reads the request
 their variables are declared: a backend reads its own (``RPG_CPU_ROLLOUT``: ``launch_problems``), the memory
 estimate its sizes (``RPG_GPU_MEM_GIB``, ``RPG_HOST_MEM_GIB``: ``rpg.launch.memory``, only for ``--describe``
 and ``DRY_RUN=1``), and a resume command repeats the variables that were set
-(``RESUMED_VARS``, ``rpg.common.overrides.resume_command``); the environment itself goes, whole, to the process the launch starts.
+(``RESUMED_VARS``, ``rpg.common.override_lists.resume_command``); the environment itself goes, whole, to the process the launch starts.
 
 Paths: a user's relative path is taken relative to the current directory (``cwd``: ``rpg.common.user_paths``,
 as the demos and the study take theirs); defaults are under the
@@ -27,7 +27,7 @@ from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
 from rpg.common.nnodes import NodeCount, parse_nnodes
 from rpg.common.user_paths import user_folder, user_path
 from rpg.common.run_env import NETWORK_ENV
-from rpg.verl.preflight import name_problem
+from rpg.verl.input_paths import name_problem
 
 # `ray job stop` SIGTERMs the driver, then SIGKILLs it after RAY_JOB_STOP_WAIT_TIME_S seconds (3 by default): Ray
 # 2.60's job supervisor reads it from its own environment (ray/dashboard/modules/job/job_supervisor.py:66 and
@@ -61,7 +61,7 @@ ENV_VARS = {
     "VERL_FILE_LOGGER_ROOT": "where verl's file logger writes", "TENSORBOARD_DIR": "TensorBoard's folder",
     "PYTHON": "the Python of the launch scripts",
 }
-# The variables a resume command repeats when set (``rpg.common.overrides.resume_command``): a dry run starts
+# The variables a resume command repeats when set (``rpg.common.override_lists.resume_command``): a dry run starts
 # nothing to resume.
 RESUMED_VARS = tuple(k for k in ENV_VARS if k != "DRY_RUN")
 # Forwarded to the Ray job when set (never secrets: log in to W&B / HF on the nodes instead).
@@ -152,7 +152,7 @@ def _path(env: Mapping[str, str], key: str, cwd: Path) -> str | None:
 
 def _run_name(env: Mapping[str, str], key: str) -> str | None:
     """PROJECT_NAME / EXP_NAME: unset -> None (the default); a name that could leave its directory
-    (checkpoints, logs) is refused (``rpg.verl.preflight.name_problem``)."""
+    (checkpoints, logs) is refused (``rpg.verl.input_paths.name_problem``)."""
     if key not in env:
         return None
     value = env[key].strip()

@@ -328,7 +328,7 @@ def without_defaults(overrides: list[str]) -> list[str]:
     say only what its name changes. Keys the YAML does not hold (verl's own defaults) are kept."""
     from omegaconf import OmegaConf
 
-    from rpg.common.overrides import parse_overrides
+    from rpg.common.override_lists import parse_overrides
 
     yaml = _recipe_yaml()
     missing = object()

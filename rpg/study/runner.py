@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from rpg.common.metrics_file import MetricsFileError, records, short
-from rpg.common.overrides import same_overrides
+from rpg.common.override_lists import same_overrides
 from rpg.study.grid import Costs, RunSpec, fmt_duration, save_json, speedup
 
 RUN_RECORD = "run.json"

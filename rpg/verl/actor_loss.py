@@ -36,7 +36,7 @@ from verl.workers.utils.losses import ppo_loss
 from rpg.behavior import behavior_metrics
 from rpg.behavior import behavior_weights as compute_behavior_weights
 from rpg.verl.policy_loss import with_behavior_weights, with_reference_log_prob
-from rpg.verl.settings import loss_config
+from rpg.verl.loss_settings import loss_config
 
 
 def _stat_aggregation(key: str) -> AggregationType | None:

@@ -3,11 +3,11 @@ launchers (``rpg.launch.harness``) match the driver's line by it and must not pa
 driver's modules before they start the trainer."""
 
 ERROR_PREFIX = "rpg config error"
-# The driver's resume decision, one line per run (``rpg.verl.preflight.resolve_resume``): the launchers that
+# The driver's resume decision, one line per run (``rpg.verl.input_paths.resolve_resume``): the launchers that
 # run the driver under the harness show it on the terminal (``rpg.launch.harness.resume_decision``)
 RESUME_LINE_STARTS = ("rpg: resuming from ", "rpg: fresh start ")
 # The command that resumes a run when a launcher knows it better than the driver's own command line (a job on a
-# Ray cluster is resumed by submitting it again): set by the launcher (``rpg.common.overrides.resume_command``),
+# Ray cluster is resumed by submitting it again): set by the launcher (``rpg.common.override_lists.resume_command``),
 # read by the driver's stop line
 RESUME_COMMAND_ENV = "RPG_RESUME_COMMAND"
 # The node counts a run submitted to a Ray cluster may take (``rpg.launch``: NNODES as given, and the counts that

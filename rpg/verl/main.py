@@ -4,7 +4,7 @@
 validate_config -> run_ppo) with two differences:
 
 1. ``rpg.verl.translate.validate_and_apply`` checks the ``rpg:`` block and writes the verl keys it
-   implies, and ``rpg.verl.preflight.check_input_paths`` checks every local input path (data
+   implies, and ``rpg.verl.input_paths.check_input_paths`` checks every local input path (data
    files, model/tokenizer directories, resume checkpoint), BEFORE verl's ``validate_config`` and
    before Ray starts (bad value -> one-line ``RPGConfigError`` naming the key, exit code 2);
 2. ``run_ppo`` gets ``RPGTaskRunner``, whose ``run`` is verl's ``TaskRunnerV1.run`` with the
@@ -46,9 +46,9 @@ from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.config import RPGConfigError, RPGSettings
 from rpg.verl.errors import (ELASTIC_EXIT, ELASTIC_GROW_SUFFIX, ELASTIC_JOB_SUFFIX, ELASTIC_STATUS_ENV, NODE_PLAN_ENV,
                              RESUME_COMMAND_ENV)
-from rpg.verl.preflight import check_input_paths, check_run_names, error_line, resolve_resume
-from rpg.verl.describe import describe
-from rpg.verl.checks import ASYNC_RESUME_WHY, resume_hint
+from rpg.verl.input_paths import check_input_paths, check_run_names, error_line, resolve_resume
+from rpg.verl.run_banner import describe
+from rpg.verl.block_checks import ASYNC_RESUME_WHY, resume_hint
 from rpg.verl.translate import validate_and_apply
 from rpg.verl.verl_rules import check_verl_config, check_verl_rules, set_norm_scale_factor
 
@@ -132,7 +132,7 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
 
     ``check_paths=False``: the caller reports missing paths itself (``rpg.launch`` under DRY_RUN=1
     or before a Ray submission, where the files live on the cluster); the resume checkpoint is
-    then not resolved either (``rpg.verl.preflight.resolve_resume``). ``check_node=False``: the
+    then not resolved either (``rpg.verl.input_paths.resolve_resume``). ``check_node=False``: the
     same for this node's checks (the backend's ``check_driver``, ``rpg.backends``; under DRY_RUN=1 its
     ``config_problems`` are refused, its ``node_problems`` are warnings).
     """
@@ -162,11 +162,11 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
 
 
 def driver_resume_command(argv: list[str]) -> str:
-    """The command that resumes this run, from any folder (``rpg.common.overrides.resume_command``: ``cd`` to
+    """The command that resumes this run, from any folder (``rpg.common.override_lists.resume_command``: ``cd`` to
     this run's folder first): the same one, with ``trainer.resume_mode=auto`` (replacing an earlier mode). What
     Hydra's override parser reads as an override is merged; anything else (Hydra's flags such as
     ``--config-name x``, other arguments) is kept as given, before the overrides."""
-    from rpg.common.overrides import is_override, resume_command
+    from rpg.common.override_lists import is_override, resume_command
 
     script, args = argv[0], argv[1:]
     kinds = [is_override(a) for a in args]
@@ -179,7 +179,7 @@ def driver_resume_command(argv: list[str]) -> str:
 
 def signal_stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
     """The one line printed when a stop signal ends the run: log, last complete checkpoint, resume command
-    (or, in an asynchronous trainer mode, why the run cannot be resumed: ``rpg.verl.checks.resume_hint``)."""
+    (or, in an asynchronous trainer mode, why the run cannot be resumed: ``rpg.verl.block_checks.resume_hint``)."""
     return run_stopped_line(config, f"stopped by {signal_name}", argv)
 
 
@@ -205,7 +205,7 @@ def run_stopped_line(config: DictConfig, stopped: str, argv: list[str], alive: i
     ckpt = last_complete(os.path.abspath(trainer.default_local_dir))  # relative: to the cwd, as verl does
     log = metrics_log(config) or "this process's output"
     # a job submitted to a Ray cluster is resumed by submitting it again: the launcher's command
-    # (rpg.common.overrides.resume_command)
+    # (rpg.common.override_lists.resume_command)
     resume = os.environ.get(RESUME_COMMAND_ENV, "").strip() or driver_resume_command(argv)
     if alive is not None and (plan := os.environ.get(NODE_PLAN_ENV, "").strip()):
         plan = json.loads(plan)
@@ -277,10 +277,10 @@ def after_ray_init(hook):
 def main_from_hydra(config: DictConfig) -> None:
     """Body of the Hydra main: one clear line on a bad ``rpg:`` value, input path or resume
     checkpoint, then exit code 2; a stop signal ends the run as ``stop_on_signals`` says. On a Ray cluster
-    the driver joined, the cluster's checks run once Ray is up (``rpg.verl.cluster``: nodes and GPUs, the
+    the driver joined, the cluster's checks run once Ray is up (``rpg.verl.joined_cluster``: nodes and GPUs, the
     checkpoint folder seen from every node; a refusal is the same one line, exit 2), and a node lost mid-run
     ends the run with the stop line (exit 1) instead of a traceback."""
-    from rpg.verl.cluster import ClusterRun, rendezvous_file
+    from rpg.verl.joined_cluster import ClusterRun, rendezvous_file
 
     cluster = ClusterRun(config)
     held = []  # this driver's hold on the checkpoint folder (rpg.verl.folder_lock), for its lifetime
@@ -324,7 +324,7 @@ def hold_checkpoint_folder(config: DictConfig) -> list:
     another run writing it is refused in one line), unless the elastic supervisor that started this driver holds
     it. Returns what keeps the hold (nothing on a private Ray: one machine, the launcher checks the folder)."""
     from rpg.verl import folder_lock
-    from rpg.verl.cluster import joined_cluster
+    from rpg.verl.joined_cluster import joined_cluster
 
     folder = os.path.abspath(str(config.trainer.default_local_dir))
     if not joined_cluster(config) or folder_lock.held_by_parent(folder):

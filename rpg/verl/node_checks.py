@@ -1,13 +1,13 @@
 """What every node of a joined Ray cluster must see as the driver does, checked once Ray is up.
 
-``rpg.verl.cluster`` probes the checkpoint folder on every node; the same holds for two more things a node reads or
-writes where the driver cannot look:
+``rpg.verl.joined_cluster`` probes the checkpoint folder on every node; the same holds for two more things a node
+reads or writes where the driver cannot look:
 
 * the metrics log's folder (verl's ``file`` logger, ``rpg.common.history.base_path``): verl's trainer process (its
   ``TaskRunner`` actor) writes the log on whichever node Ray placed it, the driver, the stop line and the reports
-  read it here: probed like the checkpoint folder (``cluster.shared_folder_problem``: a file written here, read
+  read it here: probed like the checkpoint folder (``joined_cluster.shared_folder_problem``: a file written here, read
   there);
-* the run's local inputs (``rpg.verl.preflight``'s model keys, ``actor_rollout_ref.model.path`` first, and the
+* the run's local inputs (``rpg.verl.input_paths``'s model keys, ``actor_rollout_ref.model.path`` first, and the
   data files): each rank loads the model on its node, the trainer reads the data on its own; the driver checked
   them on this node before Ray. Each node's view of each path (``path_view``: a file's size; a folder's files and
   their sizes, top level, links followed) is computed by a task pinned to the node and compared with the
@@ -32,7 +32,7 @@ from pathlib import Path
 from rpg.common.history import base_path, logs_to_file
 from rpg.common.run_env import GLOO_IFNAME
 from rpg.config import RPGConfigError, config_value
-from rpg.verl.preflight import DATA_KEYS, MODEL_KEYS, is_remote
+from rpg.verl.input_paths import DATA_KEYS, MODEL_KEYS, is_remote
 
 PROBE_TIMEOUT_S = 120.0  # a task per node: a worker process to start on each (seconds on a loaded machine)
 METRICS_KEY = "the metrics log's folder (VERL_FILE_LOGGER_ROOT)"
@@ -82,7 +82,7 @@ def on_each_node(fn: Callable, nodes: list[dict], *args, timeout_s: float = PROB
 
 
 def local_inputs(cfg) -> dict[str, str]:
-    """{key: path} of the run's inputs that are local paths on this node (``rpg.verl.preflight``'s keys): the model
+    """{key: path} of the run's inputs that are local paths on this node (``rpg.verl.input_paths``'s keys): the model
     keys and each data file; remote values and repo ids (not present here) are left out."""
     found = {}
     for key in (*MODEL_KEYS, *DATA_KEYS):
@@ -193,7 +193,7 @@ def nodes_address_problem(nodes: list[dict], timeout_s: float = PROBE_TIMEOUT_S)
 
 
 class NodeCheckError(RPGConfigError):
-    """Problems of the cluster's nodes, one line each (``rpg.verl.preflight.error_line`` prints each)."""
+    """Problems of the cluster's nodes, one line each (``rpg.verl.input_paths.error_line`` prints each)."""
 
     def __init__(self, lines: list[str]):
         super().__init__("; ".join(lines))

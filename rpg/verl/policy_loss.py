@@ -11,7 +11,7 @@ tensors by keyword. It is the single place where verl meets the loss library:
 * ``grpo_corrected``: verl's vanilla dual-clip PPO loss on A plus
   ``beta * agg_loss(grpo_corrected_kl(...))``, the importance-weighted k3 KL of Sec. 2.2.
 
-Settings: ``rpg.verl.settings.loss_config(config)`` (their path from ``rpg.loss``: ``rpg.verl.translate``).
+Settings: ``rpg.verl.loss_settings.loss_config(config)`` (their path from ``rpg.loss``: ``rpg.verl.translate``).
 
 Anchor: verl's ``ppo_loss`` passes no ``ref_log_prob``. With ``policy_loss.rpg_anchor=sampler`` the
 anchor is pi_old (the paper's iterative reference). With ``reference`` the RPG actor loss
@@ -41,7 +41,7 @@ from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla
 from rpg.losses import grpo_corrected_kl, value_clamp
 from rpg.losses import rpg_policy_loss as library_loss
 from rpg.config import RPG_LOSSES
-from rpg.verl.settings import loss_config
+from rpg.verl.loss_settings import loss_config
 
 _REFERENCE: ContextVar[Optional[torch.Tensor]] = ContextVar("rpg_ref_log_prob", default=None)
 _BEHAVIOR: ContextVar[Optional[torch.Tensor]] = ContextVar("rpg_behavior_weights", default=None)

@@ -385,6 +385,6 @@ class RPGTrainerSeparateAsync(RPGTrainerMixin, PPOTrainerSeparateAsync):
     worker_cls = RPGDetachActorWorker
 
 
-# trainer.v1.trainer_mode -> the RPG trainer class (rpg.verl.main; the modes rpg.verl.checks.TRAINER_MODES allows)
+# trainer.v1.trainer_mode -> the RPG trainer class (rpg.verl.main; the modes rpg.verl.block_checks.TRAINER_MODES allows)
 RPG_TRAINERS = {"sync": RPGTrainer, "colocate_async": RPGTrainerColocateAsync,
                 "separate_async": RPGTrainerSeparateAsync}

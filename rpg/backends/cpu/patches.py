@@ -1,7 +1,7 @@
 """The only runtime monkeypatches of verl internals in this project (CPU backend only).
 
 Each exists because verl 0.9.1 offers no hook for the behaviour; all are applied only when
-``VERL_PLATFORM=cpu`` (by rpg.backends.cpu.register), never on a GPU run. verl is pinned to
+``VERL_PLATFORM=cpu`` (by rpg.backends.cpu.external_module), never on a GPU run. verl is pinned to
 0.9.1 and the CPU e2e tests guard these.
 
 1. Process-group backend string. ``verl.utils.distributed.initialize_global_process_group_ray``

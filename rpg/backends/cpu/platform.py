@@ -6,7 +6,7 @@ fails. Registered with ``PlatformRegistry.register("cpu")`` and selected by ``VE
 
 Ray resources: verl's placement groups ask for one accelerator per worker under
 ``ray_resource_name()``. We keep the name ``"GPU"`` and start Ray with a *logical* GPU count
-(``ray_kwargs.ray_init.num_gpus``, see settings.py); Ray only counts it, nothing touches CUDA.
+(``ray_kwargs.ray_init.num_gpus``, see env_overrides.py); Ray only counts it, nothing touches CUDA.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ tests/test_vllm_cpu.py fails when one stops working or is no longer needed):
   ``Platform.is_sleep_mode_available()``, True for CUDA/ROCm/XPU only), a float32 rollout, no CUDA
   graphs, a 1 GiB KV cache (``VLLM_CPU_KVCACHE_SPACE``; unset, vLLM sizes it from host RAM) and vLLM's
   OpenMP threads left unbound so that ``OMP_NUM_THREADS=1`` holds in its worker;
-* two workarounds, applied by ``rpg.backends.cpu.register`` in every process of such a run:
+* two workarounds, applied by ``rpg.backends.cpu.external_module`` in every process of such a run:
 
   1. ``VllmCpuDistribution``: verl reads ``importlib.metadata.version("vllm")``
      (``verl/third_party/vllm/__init__.py``) and raises "vllm version None not supported" when no
@@ -162,7 +162,7 @@ def check_vllm_rollout(cfg, environ: Mapping[str, str] | None = None) -> None:
         print(f"rpg vllm-cpu check: warning: {line}", file=sys.stderr, flush=True)
     if errors:
         error = RPGConfigError("; ".join(errors))
-        error.lines = errors  # one "rpg config error: ..." line each (rpg.verl.preflight.error_line)
+        error.lines = errors  # one "rpg config error: ..." line each (rpg.verl.input_paths.error_line)
         raise error
 
 

@@ -5,7 +5,7 @@ verl moves the actor's weights to standalone replicas through a checkpoint engin
 buffers) and ``naive`` reaches colocated adapters only. This module registers ``ENGINE_NAME`` with verl's
 public registry (``CheckpointEngineRegistry.register``); verl imports it in the TaskRunner, the actor workers
 and the replicas' ``CheckpointEngineWorker`` from ``checkpoint_engine.custom_backend_module``
-(``rpg.backends.cpu.settings.ENGINE_MODULE``, set with the name by ``separate_async_overrides``).
+(``rpg.backends.cpu.env_overrides.ENGINE_MODULE``, set with the name by ``separate_async_overrides``).
 
 The bytes travel through Ray's object store, so nothing new listens on any interface. Per sync (verl's
 ``CheckpointEngineManager.update_weights`` calls, in order, ``prepare`` on every worker, ``build_topology``,
@@ -32,7 +32,7 @@ import ray
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 from verl.workers.rollout.utils import ensure_async_iterator
 
-from rpg.backends.cpu.settings import ENGINE_NAME
+from rpg.backends.cpu.env_overrides import ENGINE_NAME
 from rpg.backends.hf_rollout.server import checksum_add
 CHECKSUM_METRIC = "rpg/weight_sync_checksum"  # float64 sum of every tensor sent, in the order sent
 

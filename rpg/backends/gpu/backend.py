@@ -1,6 +1,6 @@
 """The GPU backend's interface (``rpg.backends``): verl's own CUDA path, vLLM rollouts, FSDP actors.
 
-Its settings are ``rpg.backends.gpu.settings`` (the run environment), its checks of this node
+Its settings are ``rpg.backends.gpu.env_overrides`` (the run environment), its checks of this node
 ``rpg.backends.gpu.preflight`` (CUDA, the GPUs, the driver, vLLM, flash-attn; one line each).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from rpg.backends.gpu.preflight import check_gpu_node, node_report, rank_node_problems, request_from_config
-from rpg.backends.gpu.settings import gpu_env, gpu_forwarded_overrides, separate_async_overrides
-from rpg.common.overrides import values
+from rpg.backends.gpu.env_overrides import gpu_env, gpu_forwarded_overrides, separate_async_overrides
+from rpg.common.override_lists import values
 
 NAME = "gpu"
 TINY_TASK = False

@@ -7,7 +7,7 @@ This package provides the three pieces verl's server mode expects, for tiny mode
   serves ``generate(prompt_ids, sampling_params) -> TokenOutput`` (token ids + log-probs).
   On the CPU backend the copy lives on the CPU; elsewhere, when CUDA is visible, on the GPU of
   its replica (``rollout_device``, ``HFReplica._gpu_placement``; registered for CUDA by
-  ``rpg.backends.gpu.register``). Every weight load prints the device.
+  ``rpg.backends.gpu.external_module``). Every weight load prints the device.
   Requests that arrive together are decoded as one left-padded batch with ``model.generate``
   (sampling.py: the sampling semantics, and why two runs with the same seed sample the same responses).
 * ``HFReplica`` (replica.py, a ``RolloutReplica``): launches one named server per replica.
@@ -17,9 +17,9 @@ This package provides the three pieces verl's server mode expects, for tiny mode
   and validation always sample from the current actor weights.
 
 Used by both backends: the CPU backend's ``rollout.name=hf`` and the GPU smoke run's ``ROLLOUT=hf``.
-register.py registers the pieces with verl (``register_hf_rollout``: ``HFReplica`` loaded when verl first
+verl_registries.py registers the pieces with verl (``register_hf_rollout``: ``HFReplica`` loaded when verl first
 asks for it, the adapter by its dotted path ``rpg.backends.hf_rollout.adapter.HFServerAdapter``, which verl
-imports in the actor worker); ``rpg.backends.cpu.register`` and ``rpg.backends.gpu.register`` call it.
+imports in the actor worker); ``rpg.backends.cpu.external_module`` and ``rpg.backends.gpu.external_module`` call it.
 This file names the pieces that code outside the package imports, each loaded on first use (PEP 562), so
 importing the registration costs no torch, transformers or verl worker import.
 """

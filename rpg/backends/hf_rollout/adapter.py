@@ -3,7 +3,7 @@ worker. It receives the actor's weights from verl's weight-sync path (``ActorRol
 -> ``rollout.update_weights(per-tensor generator)``), gathered to full float32 host tensors, and ships them
 to its replica's server (server.py), so training and validation always sample from the current actor weights.
 
-verl builds it from a dotted path: register.py puts ``rpg.backends.hf_rollout.adapter.HFServerAdapter`` in
+verl builds it from a dotted path: verl_registries.py puts ``rpg.backends.hf_rollout.adapter.HFServerAdapter`` in
 ``verl.workers.rollout.base._ROLLOUT_REGISTRY``.
 """
 

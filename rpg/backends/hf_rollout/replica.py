@@ -1,5 +1,5 @@
 """``HFReplica``, verl's ``RolloutReplica`` for ``rollout.name=hf`` (``RolloutReplicaRegistry``, see
-rpg/backends/cpu/register.py): it launches one named ``HFRolloutServer`` Ray actor (server.py) per replica.
+rpg/backends/cpu/external_module.py): it launches one named ``HFRolloutServer`` Ray actor (server.py) per replica.
 Off the CPU backend it places the server on the node and GPU of its replica's first worker, as verl places its
 vLLM servers (``_gpu_placement``).
 

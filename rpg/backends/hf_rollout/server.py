@@ -4,7 +4,7 @@ the policy and serves verl's server interface, ``generate(prompt_ids, sampling_p
 adapter.py), and answers verl's sleep / wake / KV-cache controls with no-ops.
 
 On the CPU backend the copy lives on the CPU; elsewhere, when CUDA is visible, on the GPU of its replica
-(``rollout_device``; replica.py places the actor; registered for CUDA by ``rpg.backends.gpu.register``).
+(``rollout_device``; replica.py places the actor; registered for CUDA by ``rpg.backends.gpu.external_module``).
 Every weight load prints the device. Requests that arrive together are decoded as one left-padded batch
 per set of sampling parameters (sampling.py), each sequence with its own seed, so a response does not
 depend on which other requests shared its batch.

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.launch.elastic.cluster import ray_cluster
-from rpg.launch.elastic.plan import parse_args, submission_id, write_json
+from rpg.launch.elastic.attempts import parse_args, submission_id, write_json
 from rpg.launch.elastic.supervisor import Supervisor, say
 
 

@@ -19,7 +19,7 @@ def ray_cluster() -> Cluster:
     import ray
     from ray.util.state import list_actors, list_placement_groups
 
-    from rpg.verl.cluster import alive_groups, free_groups
+    from rpg.verl.joined_cluster import alive_groups, free_groups
 
     def released(job_id: str | None) -> bool:
         try:  # verl's TransferQueue controller is named, and reused by the next trainer while it lives

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rpg.common.nnodes import largest_fit
 from rpg.launch.elastic.cluster import Cluster
-from rpg.launch.elastic.plan import Plan, attempt_env, set_aside_incomplete, wandb_run_id
+from rpg.launch.elastic.attempts import Plan, attempt_env, set_aside_incomplete, wandb_run_id
 from rpg.verl.errors import ELASTIC_EXIT, ELASTIC_GROW_SUFFIX, ELASTIC_JOB_SUFFIX
 
 PREFIX = "rpg.elastic:"

@@ -2,7 +2,7 @@
 
 The subprocess is ``python -m verl.trainer.main_ppo`` (or any ``entry``: a module name or a ``.py`` path such
 as ``recipe/rpg/main_rpg.py``) with the backend's environment and overrides (``rpg.backends.<name>``:
-``run_env``, ``run_overrides``; on the CPU backend ``rpg.backends.cpu.settings``: ``cpu_env()``,
+``run_env``, ``run_overrides``; on the CPU backend ``rpg.backends.cpu.env_overrides``: ``cpu_env()``,
 ``cpu_overrides()``), the caller's overrides appended (later values win), ``trainer.logger`` including
 ``file`` and ``VERL_FILE_LOGGER_PATH`` (set by ``rpg.launch.harness.run``) pointing at
 ``<output_dir>/metrics.jsonl``: verl's FileLogger writes one JSON line ``{"step": s, "data": {...}}`` per
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rpg.backends.registry import backend as select_backend
 from rpg.common import history
-from rpg.common.overrides import hydra_list, merge_overrides, values
+from rpg.common.override_lists import hydra_list, merge_overrides, values
 from rpg.launch.request import DEFAULT_LOGGERS
 
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
@@ -63,7 +63,7 @@ def build_command(
     the private local Ray its logical GPUs (``rpg.backends.cpu.world.ray_resources``; an explicit
     ``ray_kwargs.ray_init.*`` wins); on the GPU backend only the external modules are added (the caller's
     overrides carry the GPU settings). ``joins_cluster``: a job on a running Ray cluster (no private Ray's
-    resources; the environment travels in the job's runtime env, ``rpg.backends.cpu.settings.cluster_job_env``).
+    resources; the environment travels in the job's runtime env, ``rpg.backends.cpu.env_overrides.cluster_job_env``).
     """
     chosen = select_backend(backend)
     base_env = dict(os.environ if base_env is None else base_env)

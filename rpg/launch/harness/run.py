@@ -31,7 +31,7 @@ from pathlib import Path
 from rpg.backends.registry import backend as select_backend
 from rpg.common import history
 from rpg.common.metrics_file import MetricsFileError
-from rpg.common.overrides import hydra_value, values
+from rpg.common.override_lists import hydra_value, values
 from rpg.common.run_env import ray_auth_env, wandb_env
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.launch.harness.command import DEFAULT_ENTRY, build_command, entry_argv
@@ -179,7 +179,7 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
     The trainer is tethered to this process (``rpg.launch.harness.tether``: SIGTERM when it dies, even by
     SIGKILL, when no clean-up here can run) and inherits the output directory's lock, so that a
     restart into the directory is refused until the old trainer has ended."""
-    from rpg.verl.errors import ERROR_PREFIX  # not rpg.verl.preflight: that imports torch (5-12 s here)
+    from rpg.verl.errors import ERROR_PREFIX  # not rpg.verl.input_paths: that imports torch (5-12 s here)
 
     appended = run.log_file.exists() and run.log_file.stat().st_size > 0
     t0 = time.time()

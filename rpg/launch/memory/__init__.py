@@ -26,7 +26,7 @@ from rpg.launch.memory.gpu import CUDAGRAPH_GIB, RUNTIME_OVERHEAD_GIB, estimate
 from rpg.launch.memory.host import (DEFAULT_HOST_MEM_GIB, DRIVER_GIB, HOST_MEM_ENV, RAY_DAEMONS_GIB, SMALL_WORKER_GIB,
                                     TRAINER_PROCESS_GIB, VLLM_PROCESS_GIB, estimate_host, host_mem_gib,
                                     host_settings_from_config)
-from rpg.launch.memory.settings import settings_from_config
+from rpg.launch.memory.run_settings import settings_from_config
 
 __all__ = [
     "CUDAGRAPH_GIB", "DEFAULT_GPU_MEM_GIB", "DEFAULT_HOST_MEM_GIB", "DRIVER_GIB", "GIB", "GPU_MEM_ENV",

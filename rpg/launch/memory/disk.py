@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from rpg.launch.memory.architecture import Architecture
 from rpg.launch.memory.common import GB
-from rpg.launch.memory.settings import RunSettings
+from rpg.launch.memory.run_settings import RunSettings
 
 @dataclass(frozen=True)
 class DiskEstimate:

@@ -17,7 +17,7 @@ from rpg.launch.memory.disk import DiskEstimate, estimate_disk
 from rpg.launch.memory.gpu import MemoryEstimate, _g, cudagraph_gib, estimate, estimate_rollout_pool
 from rpg.launch.memory.host import (DEFAULT_HOST_MEM_GIB, HOST_MEM_ENV, HostEstimate, estimate_host,
                                     host_settings_from_config)
-from rpg.launch.memory.settings import RunSettings, settings_from_config
+from rpg.launch.memory.run_settings import RunSettings, settings_from_config
 
 
 def format_estimate(e: MemoryEstimate) -> str:

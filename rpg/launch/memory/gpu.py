@@ -96,7 +96,7 @@ from dataclasses import dataclass, field
 
 from rpg.launch.memory.architecture import Architecture
 from rpg.launch.memory.common import DEFAULT_GPU_MEM_GIB, GIB, HEADROOM_FRACTION, MemoryEstimateError
-from rpg.launch.memory.settings import RunSettings
+from rpg.launch.memory.run_settings import RunSettings
 
 RUNTIME_OVERHEAD_GIB = 3.0        # assumed: 2 CUDA contexts (trainer, vLLM) ~1, NCCL/cuBLAS ~0.5, vLLM CUDA graphs ~1.5
 CUDAGRAPH_GIB = 1.0               # assumed: vLLM's CUDA graphs (FULL_AND_PIECEWISE, up to 51 sizes), measured by vLLM at start

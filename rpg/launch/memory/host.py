@@ -1,6 +1,6 @@
 """Host RAM per node of a composed run config (verl 0.9.1, FSDP + vLLM 0.24, Ray 2.x), with its own verdict.
 
-Pure Python like the rest of this package, built on its settings, architectures and units (settings.py,
+Pure Python like the rest of this package, built on its settings, architectures and units (run_settings.py,
 architecture.py, common.py); formatting.py's ``report`` prints it between the per-GPU table and the
 checkpoint-disk lines: ``estimate_host(host_settings_from_config(cfg), arch, host_gib)``. One node holds
 G = ``trainer.n_gpus_per_node`` trainer processes and G vLLM GPU workers, plus the per-node terms; the
@@ -49,7 +49,7 @@ from typing import Any
 
 from rpg.launch.memory.architecture import Architecture
 from rpg.launch.memory.common import GB, GIB, HEADROOM_FRACTION, MemoryEstimateError, parse_gib
-from rpg.launch.memory.settings import RunSettings, _get
+from rpg.launch.memory.run_settings import RunSettings, _get
 
 DEFAULT_HOST_MEM_GIB = 2000.0   # assumed: an 8 x H100 node (2 TiB installed, ~2000 GiB reported by free -g)
 HOST_MEM_ENV = "RPG_HOST_MEM_GIB"

@@ -3,7 +3,7 @@
 verl's reward loop hands every row's ``data_source`` to the run's reward function; one it does not know
 raises ``NotImplementedError`` at the first validation, after Ray, the model load and the whole rollout
 (the trainer then dies with an unrelated TransferQueue error). ``rpg.data`` (``--data-source``) and the
-checks before Ray (``rpg.data.checks``, ``rpg.verl.preflight``) ask this module instead:
+checks before Ray (``rpg.data.checks``, ``rpg.verl.input_paths``) ask this module instead:
 
 * ``rpg_handles``: ``rpg.reward.compute_score``'s own routes (``rpg.reward.scorer_for``: the paper's rule,
   Math-Verify), then verl's ``default_compute_score`` for anything else, as ``compute_score`` does;

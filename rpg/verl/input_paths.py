@@ -23,7 +23,7 @@ Keys and rules (a value containing ``://`` — hdfs://, s3://, ... — is remote
   ``models/qwen`` that does not exist is taken for the repo id ``models/qwen`` (write
   ``./models/qwen`` to have it checked as a path);
 * ``reward.custom_reward_function.path``: an existing file when set, defining
-  ``reward.custom_reward_function.name`` (``rpg.reward.sources.reward_name_problem``: read, never run);
+  ``reward.custom_reward_function.name`` (``rpg.reward.scored_sources.reward_name_problem``: read, never run);
 * ``trainer.resume_from_path`` when ``trainer.resume_mode=resume_path``: an existing directory whose
   name is ``global_step_<N>`` (verl reads the step from it); relative to the current directory
   and ``~`` is not expanded, as verl does.
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from rpg.data.checks import DATA_KEYS, Absent, data_problems
-from rpg.reward.sources import reward_name_problem
+from rpg.reward.scored_sources import reward_name_problem
 from rpg.verl.errors import ERROR_PREFIX
 from rpg.config import RPGConfigError, config_value
 

@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from rpg.backends.gpu.settings import ENGINE_NAME as GPU_ENGINE
+from rpg.backends.gpu.env_overrides import ENGINE_NAME as GPU_ENGINE
 from rpg.config import RPGLossConfig, RPGSettings, config_value, ulysses_sizes
 from rpg.config.access import RPGConfigError, fail as _fail
 
@@ -147,7 +147,7 @@ def check_rpg_reward_kwargs(cfg) -> None:
     from omegaconf import OmegaConf
 
     import rpg.reward
-    from rpg.reward.sources import is_rpg_reward
+    from rpg.reward.scored_sources import is_rpg_reward
 
     fn = cfg.reward.get("custom_reward_function") or {}
     if is_rpg_reward(fn.get("path"), fn.get("name")):
@@ -266,7 +266,7 @@ def check_separate_async(cfg, settings: RPGSettings) -> None:
     reference copies live in the fused worker) and not lent to generation, the rollout (HF on CPU, vLLM on GPUs).
     One line each, before Ray."""
     from rpg.backends import backend_of_run
-    from rpg.backends.cpu.settings import CHECKPOINT_ENGINE, CHECKPOINT_ENGINE_ROOT, ENGINE_MODULE, ENGINE_NAME
+    from rpg.backends.cpu.env_overrides import CHECKPOINT_ENGINE, CHECKPOINT_ENGINE_ROOT, ENGINE_MODULE, ENGINE_NAME
 
     mode = "trainer.v1.trainer_mode=separate_async"
     backend = backend_of_run(cfg)

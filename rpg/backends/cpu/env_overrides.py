@@ -3,7 +3,7 @@
 Everything that runs verl on the CPU backend (recipe/rpg/tiny/run_tiny_cpu.sh, the tests, the
 RPG recipe's e2e tests and the variant launcher) takes these from here; never copy them.
 
-    from rpg.backends.cpu.settings import cpu_env, cpu_overrides
+    from rpg.backends.cpu.env_overrides import cpu_env, cpu_overrides
     env = {**os.environ, **cpu_env()}
     argv = [sys.executable, "-m", "verl.trainer.main_ppo", *cpu_overrides(), *your_overrides]
 
@@ -21,11 +21,11 @@ from rpg.backends import PLATFORM_ENV
 from rpg.backends.cpu import vllm_cpu
 from rpg.backends.cpu import world
 from rpg.backends.cpu.world import ray_resource_overrides
-from rpg.backends.hf_rollout.register import ROLLOUT_NAME
-from rpg.common.overrides import merge_overrides
+from rpg.backends.hf_rollout.verl_registries import ROLLOUT_NAME
+from rpg.common.override_lists import merge_overrides
 from rpg.common.run_env import EXTERNAL_MODULES_ENV, RUN_ENV, external_modules, forwarded_env_overrides
 
-REGISTER_MODULE = "rpg.backends.cpu.register"
+REGISTER_MODULE = "rpg.backends.cpu.external_module"
 CHECKPOINT_ENGINE_ROOT = "actor_rollout_ref.rollout.checkpoint_engine"
 CHECKPOINT_ENGINE = f"{CHECKPOINT_ENGINE_ROOT}.backend"
 # the weight sync of a standalone rollout pool (separate_async): its registered name and the module verl imports

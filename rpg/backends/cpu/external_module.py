@@ -7,7 +7,7 @@ It does nothing at all unless ``VERL_PLATFORM=cpu``: importing rpg on a GPU mach
 
 Registers, when active:
 * platform ``cpu`` (``PlatformRegistry.register``), see platform.py;
-* rollout ``hf`` (``rpg.backends.hf_rollout.register``: the replica and the worker-side adapter);
+* rollout ``hf`` (``rpg.backends.hf_rollout.verl_registries``: the replica and the worker-side adapter);
 * the FSDP/FSDP2 engines for device ``cpu`` (``EngineRegistry.register``; verl registers them for
   cuda/npu only). Importing ``verl.workers.engine`` costs ~2 s, so this registration runs right
   after that package is first imported (a standard ``sys.meta_path`` post-import hook), and
@@ -27,7 +27,7 @@ import sys
 from typing import Callable
 
 from rpg.backends import on_cpu_platform
-from rpg.backends.hf_rollout.register import register_hf_rollout
+from rpg.backends.hf_rollout.verl_registries import register_hf_rollout
 
 ACTIVE = on_cpu_platform()
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from rpg.common.run_env import EXTERNAL_MODULES_ENV, RUN_ENV, external_modules, forwarded_env_overrides
 
-REGISTER_MODULE = "rpg.backends.gpu.register"  # loaded in every process of a run with rollout.name=hf on CUDA
+REGISTER_MODULE = "rpg.backends.gpu.external_module"  # loaded in every process of a run with rollout.name=hf on CUDA
 _FORWARDED = (EXTERNAL_MODULES_ENV,)
 
 

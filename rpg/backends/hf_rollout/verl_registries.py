@@ -1,7 +1,7 @@
 """Register ``rollout.name=hf`` with verl's registries (called, never at import): the replica that launches
 the servers (``RolloutReplicaRegistry``) and the worker-side adapter (verl's adapter registry is the dict
 ``verl.workers.rollout.base._ROLLOUT_REGISTRY``: it has no register function). The CPU backend's
-``rpg.backends.cpu.register`` calls it when ``VERL_PLATFORM=cpu``; ``rpg.backends.gpu.register`` otherwise
+``rpg.backends.cpu.external_module`` calls it when ``VERL_PLATFORM=cpu``; ``rpg.backends.gpu.external_module`` otherwise
 (the server then keeps its model on the GPU).
 """
 
