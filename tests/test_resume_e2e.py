@@ -37,7 +37,7 @@ from test_resume import _Lines, _wait_until
 
 from rpg.launch.harness import read_metrics
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.resume_e2e]  # a CI stage: README's suite has no room
 ROOT = Path(__file__).resolve().parents[1]
 
 # Both forms: UFKL without clipping, sampler anchor, one step trained in 2 epochs over one mini-batch of the

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from e2e_recipe import RPG_LOSS_KEYS, assert_off_policy, at, synced_weights, weight_syncs
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.resume_e2e]  # a CI stage: README's suite has no room
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = str(ROOT / "recipe" / "rpg" / "main_rpg.py")

@@ -304,12 +304,10 @@ BUILTIN_COSTS = Costs(startup_s=76.0, step_s=4.0, update_s=0.03, val_s=3.65,
                       source="built-in (measured on an idle 2-core machine, 2 runs at a time)", jobs=2)
 
 # The staleness study's built-in costs (separate-async: a standalone rollout replica, a weight sync per step, a pi_old
-# snapshot per update): two runs of the default sizes (staleness 1 token weights, staleness 8 no weights) at once on
-# the development machine's 2 cores while other jobs kept its load average at 10-14: walls 403 s and 404 s, of them
-# start-up + shutdown 335 s and 332 s, training + validations 68 s and 73 s (steps 6.9 s at staleness 1, 8.1 s at 8:
-# +0.16 s per extra update; a validation 4.1-6.3 s). On an idle machine start-up is far shorter (the sync grid: 76 s).
-STALENESS_COSTS = Costs(startup_s=333.0, step_s=6.9, update_s=0.16, val_s=5.2,
-                        source="built-in (separate-async, measured on a loaded 2-core machine, 2 runs at a time)",
+# snapshot per update): the medians of the grid's first 34 runs of the default sizes, 2 at a time on the development
+# machine's 2 cores (``calibrate``; 2 min 15 s to 3 min per run once nothing else ran, 4-6 min under other jobs).
+STALENESS_COSTS = Costs(startup_s=134.0, step_s=3.2, update_s=0.16, val_s=2.7,
+                        source="built-in (separate-async, the medians of 34 runs on a 2-core machine, 2 at a time)",
                         jobs=2)
 
 
