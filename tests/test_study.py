@@ -119,6 +119,21 @@ def test_overrides_keep_the_variants_algorithm_and_set_the_off_policy_regime(tin
     assert grpo["actor_rollout_ref.actor.ppo_mini_batch_size"] == "4"
 
 
+def _write_plans(specs, tmp_path: Path) -> dict:
+    """Each run's trainer command (the harness's, as the study launches it) into tmp_path/plans.json; the
+    environment it runs in."""
+    from rpg.common.checkout import RECIPE_ENTRY
+    from rpg.launch.harness import build_command
+    from rpg.launch.request import project_root
+
+    plans, env = [], None
+    for spec in specs:
+        argv, env = build_command(R.spec_overrides(spec, tmp_path), entry=str(project_root() / RECIPE_ENTRY))
+        plans.append(argv[2:])
+    (tmp_path / "plans.json").write_text(json.dumps(plans))
+    return env
+
+
 def test_runs_compose_and_pass_verls_checks(tiny_assets, tmp_path):
     """The Hydra config of the fixed-reference method and of the smallest mini-batch composes and passes
     verl's validate_config on the CPU backend (no Ray). In a subprocess: the CPU platform registers at
@@ -126,16 +141,10 @@ def test_runs_compose_and_pass_verls_checks(tiny_assets, tmp_path):
     import subprocess
     import sys
 
-    from rpg.launch.harness import build_command
-    from rpg.common.checkout import RECIPE_ENTRY
     from rpg.launch.request import project_root
 
     specs = [s for s in G.grid(seeds=1) if (s.variant, s.updates) in (("run_grpo_7b", 4), ("run_rpg_7b_ufkl1e-4_rf", 16))]
-    plans, env = [], None
-    for spec in specs:
-        argv, env = build_command(R.spec_overrides(spec, tmp_path), entry=str(project_root() / RECIPE_ENTRY))
-        plans.append(argv[2:])
-    (tmp_path / "plans.json").write_text(json.dumps(plans))
+    env = _write_plans(specs, tmp_path)
     code = ("import json, sys\nfrom rpg.launch.plan import compose\nfor ov in json.load(open(sys.argv[1])):\n"
             "    cfg, _ = compose(ov)\n    print('SIZES', cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.data.train_batch_size)")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plans.json")], env=env, capture_output=True,
@@ -581,16 +590,10 @@ def test_staleness_arms_compose_and_pass_the_drivers_checks(tiny_assets, tmp_pat
     import subprocess
     import sys
 
-    from rpg.launch.harness import build_command
-    from rpg.common.checkout import RECIPE_ENTRY
     from rpg.launch.request import project_root
 
     specs = [s for s in G.staleness_grid(seeds=1) if s.staleness in (1, 8)]
-    plans, env = [], None
-    for spec in specs:
-        argv, env = build_command(R.spec_overrides(spec, tmp_path), entry=str(project_root() / RECIPE_ENTRY))
-        plans.append(argv[2:])
-    (tmp_path / "plans.json").write_text(json.dumps(plans))
+    env = _write_plans(specs, tmp_path)
     code = ("import json, sys\nfrom rpg.launch.plan import compose\nfor ov in json.load(open(sys.argv[1])):\n"
             "    cfg, s = compose(ov)\n    print('OK', cfg.trainer.v1.separate_async.parameter_sync_step,"
             " cfg.trainer.v1.sampler.max_off_policy_threshold, s.loss.behavior_weight_level,"
