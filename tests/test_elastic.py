@@ -79,10 +79,14 @@ def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster
     assert "rpg.elastic: starting on 2 node(s) x 1 GPU(s)" in text, text[-3000:]
     t_kill = time.time()
     cluster.raylet("worker").kill()
-    lost, t_lost = _next(log, r"rpg: node .* lost .*the elastic supervisor decides", proc, 0, timeout=300)
+    # the trainer hands over (verl's error names the lost node), or, when its surviving rank blocks in a collective
+    # with the dead one, the supervisor's hang watch stops it: either way the run restarts on the node left
+    lost, t_lost = _next(log, r"rpg: node .* lost .*the elastic supervisor decides|rpg\.elastic: 1 node\(s\) alive of "
+                              r"the 2 the trainer runs on for \d+ s", proc, 0, timeout=300)
     m, t_line = _next(log, r"rpg\.elastic: restart 1/3: .*", proc, lost.end())
     line = m.group(0)
-    assert "node 127.0.0.1" in line and "world size 2 x 1 -> 1 x 1" in line and "restarts left 2" in line, line
+    why = "node 127.0.0.1" if lost.group(0).startswith("rpg: node") else "the trainer waited on a lost node"
+    assert why in line and "world size 2 x 1 -> 1 x 1" in line and "restarts left 2" in line, line
     resumed = int(re.search(r"\(step (\d+)\)", line).group(1))
     assert resumed >= 2, line
     r, t_resume = _next(log, r"rpg: resuming from \S*?global_step_(\d+)", proc, m.end())
