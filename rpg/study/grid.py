@@ -304,10 +304,10 @@ BUILTIN_COSTS = Costs(startup_s=76.0, step_s=4.0, update_s=0.03, val_s=3.65,
                       source="built-in (measured on an idle 2-core machine, 2 runs at a time)", jobs=2)
 
 # The staleness study's built-in costs (separate-async: a standalone rollout replica, a weight sync per step, a pi_old
-# snapshot per update): the medians of the grid's first 34 runs of the default sizes, 2 at a time on the development
-# machine's 2 cores (``calibrate``; 2 min 15 s to 3 min per run once nothing else ran, 4-6 min under other jobs).
-STALENESS_COSTS = Costs(startup_s=134.0, step_s=3.2, update_s=0.16, val_s=2.7,
-                        source="built-in (separate-async, the medians of 34 runs on a 2-core machine, 2 at a time)",
+# snapshot per update): the medians of 61 runs of the default sizes (seeds 2 and 3 of the grid), 2 at a time on an
+# otherwise idle 2-core machine (``calibrate``): those 62 runs took 67 min 26 s, i.e. 1 h 44 min for all 96.
+STALENESS_COSTS = Costs(startup_s=96.5, step_s=2.7, update_s=0.16, val_s=2.2,
+                        source="built-in (separate-async, the medians of 61 runs on an idle 2-core machine, 2 at a time)",
                         jobs=2)
 
 
