@@ -30,10 +30,16 @@ from rpg.study.grid import (BUILTIN_COSTS, METHODS, STALENESS_ARMS, STALENESS_CO
 
 
 def _ints(text: str) -> tuple[int, ...]:
+    """Comma-separated integers, each element one (an empty value or element is refused, not dropped)."""
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        return tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _ints_or_none(text: str) -> tuple[int, ...]:
+    """As ``_ints``; an empty value is the empty axis (``--stress ''``: no stress axis)."""
+    return () if not text.strip() else _ints(text)
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -79,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--n", type=int, default=d.n, help=f"responses per prompt (default {d.n})")
     ap.add_argument("--val-n", type=int, default=d.val_n, help=f"validation samples per problem (default {d.val_n})")
     ap.add_argument("--updates", type=int, default=4, help="optimizer steps per rollout batch of the main grid (default 4)")
-    ap.add_argument("--stress", type=_ints, default=(1, 4, 16),
+    ap.add_argument("--stress", type=_ints_or_none, default=(1, 4, 16),
                     help="optimizer steps per rollout batch of the clip stress axis (default 1,4,16; '' = none)")
     ap.add_argument("--methods", type=_names, default=METHODS, help="comma-separated paper run names (default: the six methods)")
     ap.add_argument("--stress-methods", type=_names, default=STRESS_METHODS, help="run names of the stress axis")
