@@ -77,6 +77,8 @@ def _stage_on(config, mark: str) -> bool:
 
 
 def pytest_configure(config):
+    for mark, (option, what) in STAGES.items():
+        config.addinivalue_line("markers", f"{mark}: {what}; deselected unless {option} (a CI stage of .ci/run)")
     # Hydra compositions in this process parse each YAML text once (tests/yaml_memo.py: about 700
     # compositions in a suite, each re-reading the same ~33 files)
     import yaml_memo
