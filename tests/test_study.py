@@ -119,9 +119,13 @@ def test_overrides_keep_the_variants_algorithm_and_set_the_off_policy_regime(tin
     assert grpo["actor_rollout_ref.actor.ppo_mini_batch_size"] == "4"
 
 
-def _write_plans(specs, tmp_path: Path) -> dict:
-    """Each run's trainer command (the harness's, as the study launches it) into tmp_path/plans.json; the
-    environment it runs in."""
+def _composed(specs, tmp_path: Path, printed: str, timeout: int) -> list[list[str]]:
+    """Each run's trainer command (the harness's, as the study launches it) composed by ``rpg.launch.plan.compose``
+    in a subprocess (the CPU platform registers at ``import verl`` time, which must not leak into this test
+    process); per run, the values of ``printed`` (a Python expression over ``cfg`` and the RPG settings ``s``)."""
+    import subprocess
+    import sys
+
     from rpg.common.checkout import RECIPE_ENTRY
     from rpg.launch.harness import build_command
     from rpg.launch.request import project_root
@@ -131,26 +135,21 @@ def _write_plans(specs, tmp_path: Path) -> dict:
         argv, env = build_command(R.spec_overrides(spec, tmp_path), entry=str(project_root() / RECIPE_ENTRY))
         plans.append(argv[2:])
     (tmp_path / "plans.json").write_text(json.dumps(plans))
-    return env
+    code = ("import json, sys\nfrom rpg.launch.plan import compose\nfor ov in json.load(open(sys.argv[1])):\n"
+            f"    cfg, s = compose(ov)\n    print('OUT', {printed})")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plans.json")], env=env, capture_output=True,
+                       text=True, timeout=timeout, cwd=project_root())
+    assert p.returncode == 0, p.stderr[-3000:]
+    return [line.split()[1:] for line in p.stdout.splitlines() if line.startswith("OUT ")]
 
 
 def test_runs_compose_and_pass_verls_checks(tiny_assets, tmp_path):
     """The Hydra config of the fixed-reference method and of the smallest mini-batch composes and passes
     verl's validate_config on the CPU backend (no Ray). In a subprocess: the CPU platform registers at
     ``import verl`` time, which must not leak into this test process."""
-    import subprocess
-    import sys
-
-    from rpg.launch.request import project_root
-
     specs = [s for s in G.grid(seeds=1) if (s.variant, s.updates) in (("run_grpo_7b", 4), ("run_rpg_7b_ufkl1e-4_rf", 16))]
-    env = _write_plans(specs, tmp_path)
-    code = ("import json, sys\nfrom rpg.launch.plan import compose\nfor ov in json.load(open(sys.argv[1])):\n"
-            "    cfg, _ = compose(ov)\n    print('SIZES', cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.data.train_batch_size)")
-    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plans.json")], env=env, capture_output=True,
-                       text=True, timeout=300, cwd=project_root())
-    assert p.returncode == 0, p.stderr[-3000:]
-    sizes = [line.split()[1:] for line in p.stdout.splitlines() if line.startswith("SIZES ")]
+    sizes = _composed(specs, tmp_path, "cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.data.train_batch_size",
+                      timeout=300)
     assert sizes == [["4", "16"], ["1", "16"]]  # 16 prompts per batch in mini-batches of 4 and 1
 
 
@@ -431,6 +430,21 @@ def test_cli_refuses_each_bad_argument_in_one_line_also_under_dry_run(tmp_path, 
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize("flag, value", [("--staleness", ""), ("--staleness", "1,,2"), ("--staleness", "1,2,"),
+                                         ("--staleness", "a"), ("--stress", "1,,4")])
+def test_cli_refuses_an_empty_or_holed_integer_list(tmp_path, capsys, flag, value):
+    """An empty --staleness (before: the main grid, silently) or an empty element (before: dropped) is argparse's
+    usage error; ``--stress ''`` stays the empty stress axis, as its help says."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--dry-run", "--out", str(tmp_path / "s"), flag, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"error: argument {flag}: expected comma-separated integers, got {value!r}\n"), err
+    assert main(["--dry-run", "--out", str(tmp_path / "s"), "--stress", ""]) == 0
+    assert "12 runs (12 to run)" in capsys.readouterr().out  # the main grid only: no stress axis
+    assert not (tmp_path / "s").exists()
+
+
 def test_cli_refuses_an_out_that_is_a_file_and_a_render_of_no_study(fake, tmp_path, capsys):
     """Before: --out naming a file passed --dry-run, then a FileExistsError traceback; --render-only on a
     mistyped folder created it and reported "20 of 20 runs did not finish"."""
@@ -587,22 +601,10 @@ def test_staleness_grid_sets_exactly_the_mode_the_sync_step_the_threshold_and_th
 def test_staleness_arms_compose_and_pass_the_drivers_checks(tiny_assets, tmp_path):
     """Every arm at the smallest and largest staleness composes and passes the driver's checks (the RPG rules,
     check_separate_async, verl's validate_config) before Ray; in a subprocess, as test_runs_compose_..."""
-    import subprocess
-    import sys
-
-    from rpg.launch.request import project_root
-
     specs = [s for s in G.staleness_grid(seeds=1) if s.staleness in (1, 8)]
-    env = _write_plans(specs, tmp_path)
-    code = ("import json, sys\nfrom rpg.launch.plan import compose\nfor ov in json.load(open(sys.argv[1])):\n"
-            "    cfg, s = compose(ov)\n    print('OK', cfg.trainer.v1.separate_async.parameter_sync_step,"
-            " cfg.trainer.v1.sampler.max_off_policy_threshold, s.loss.behavior_weight_level,"
-            " s.loss.behavior_weight_cap,"
-            " s.loss.clip)")
-    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plans.json")], env=env, capture_output=True,
-                       text=True, timeout=600, cwd=project_root())
-    assert p.returncode == 0, p.stderr[-3000:]
-    got = [line.split()[1:] for line in p.stdout.splitlines() if line.startswith("OK ")]
+    got = _composed(specs, tmp_path, "cfg.trainer.v1.separate_async.parameter_sync_step, "
+                    "cfg.trainer.v1.sampler.max_off_policy_threshold, s.loss.behavior_weight_level, "
+                    "s.loss.behavior_weight_cap, s.loss.clip", timeout=600)
     arm = {"token": ["token", "None"], "sequence": ["sequence", "None"], "tis2": ["token", "2.0"],
            "none": ["none", "None"]}
     assert got == [[str(s.staleness), "2", *arm[s.arm], str("clip_ppo" in s.variant)] for s in specs]
