@@ -7,12 +7,24 @@ are rebuilt from the committed CSV once the plan's runs exist.
 
 from __future__ import annotations
 
+import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 
+from rpg.study import grid as G
+from rpg.study import runner as R
 from rpg.study import stats as S
+
+SMALL = G.Sizes(steps=4, test_freq=2, prompts=16, n=4, val_n=8)
+
+
+def _kv(overrides: list[str]) -> dict[str, str]:
+    from launch_expected import effective
+
+    return effective(overrides)
 
 
 # ---- statistics ----
@@ -70,3 +82,132 @@ def test_power_and_mde():
     assert S.min_detectable_effect(0.2, 12, 0.05, 0.8, sim) == pytest.approx(0.2 * mde)  # scale-free
     assert S.sign_flip_power(mde, 1.0, 12, 0.05, sim) >= 0.8 > S.sign_flip_power(mde - 0.01, 1.0, 12, 0.05, sim)
     assert S.fisher_power(0.5, 0.03, 12, 0.05) == pytest.approx(0.8189, abs=1e-4)
+
+
+# ---- the grid ----
+
+def test_each_cell_composes_its_lag_and_arm_and_nothing_else(tiny_assets, tmp_path):
+    """A cell's overrides against its method's lag-1 token cell: only the lag's two keys and its arm's keys differ
+    (run-id paths aside); the updates per version, mini-batch, batch, steps, validation and seeds are the same in
+    every cell."""
+    specs = [s for s in G.lag_grid() if s.seed == 1]
+    kv = {G.lag_cell(s).name: _kv(R.spec_overrides(s, tmp_path)) for s in specs}
+    lag = {0: {"trainer.v1.separate_async.num_warmup_batches": "0", "trainer.v1.sampler.max_off_policy_threshold": "1"},
+           1: {"trainer.v1.separate_async.num_warmup_batches": "1", "trainer.v1.sampler.max_off_policy_threshold": "2"}}
+    arm = {"token": {}, "none": {"rpg.loss.behavior_weight_level": "none"},
+           "bypass": {"algorithm.rollout_correction.bypass_mode": "true"}}
+    for spec in specs:
+        cell, this = G.lag_cell(spec), kv[G.lag_cell(spec).name]
+        same = {"trainer.v1.trainer_mode": "separate_async", "trainer.v1.separate_async.parameter_sync_step": "8",
+                "actor_rollout_ref.actor.ppo_mini_batch_size": "2", "data.train_batch_size": "16",
+                "actor_rollout_ref.rollout.n": "4", "actor_rollout_ref.rollout.val_kwargs.n": "8",
+                "trainer.total_training_steps": "24", "trainer.test_freq": "4",
+                "trainer.v1.sampler.max_off_policy_strategy": "drop", "data.seed": "1",
+                "actor_rollout_ref.rollout.seed": "1", **lag[cell.lag], **arm[cell.arm]}
+        assert {k: this.get(k) for k in same} == same, cell.name
+        base = kv["lag1-clip-token" if "-clip-" in cell.name or cell.arm == "bypass" else "lag1-noclip-token"]
+        changed = {k for k in set(this) | set(base) if this.get(k) != base.get(k)
+                   and spec.run_id not in (this.get(k) or "") and "-lag1-token-" not in (base.get(k) or "")}
+        assert changed <= set(lag[1]) | set(arm[cell.arm]), (cell.name, changed)
+
+
+def test_the_new_settings_pass_the_drivers_checks():
+    """The cells' settings the staleness study never ran, lag 0 (no prefetch, threshold 1) and bypass mode, on the CPU
+    backend's separate-async settings pass the RPG driver's checks before Ray, as tests/test_separate_async_driver.py
+    composes them (its tiny sizes: 4 mini-batches per version)."""
+    from test_separate_async_driver import OK
+    from test_verl_config import apply
+
+    for spec in (s for s in G.lag_grid(seeds=1) if s.lag == 0 or s.arm == "bypass"):
+        mode = [o for o in spec.mode_overrides() if "parameter_sync_step" not in o]
+        cfg, s = apply(*OK, *mode, "trainer.v1.separate_async.parameter_sync_step=4")
+        cell = G.lag_cell(spec)
+        assert (cfg.trainer.v1.separate_async.num_warmup_batches, cfg.trainer.v1.sampler.max_off_policy_threshold,
+                bool(cfg.algorithm.rollout_correction.bypass_mode)) == (cell.lag, cell.lag + 1, cell.arm == "bypass")
+        assert s.loss.behavior_weight_level == ("none" if cell.arm == "none" else "token")
+        assert cfg.actor_rollout_ref.actor.policy_loss.rpg_stale_sampler is True
+
+
+def test_seeds_pair_across_cells_and_the_run_order_is_the_declared_seeds():
+    specs = G.lag_grid()
+    assert len(specs) == 72 and len({s.run_id for s in specs}) == 72
+    assert [s.seed for s in specs] == [s for s in range(1, 13) for _ in range(6)]  # seed-major blocks
+    for seed in range(1, 13):
+        block = [G.lag_cell(s).name for s in specs if s.seed == seed]
+        assert sorted(block) == sorted(c.name for c in G.LAG_CELLS)  # every cell once per seed
+    assert {(s.sizes, s.updates, s.staleness) for s in specs} == {(G.LAG_SIZES, 8, 8)}
+    # the order is the declared seed's (PLAN.md): fixed, seed-dependent, and another order seed gives another order
+    assert [G.lag_cell(s).name for s in specs[:6]] == ["lag1-naive-ppo", "lag1-clip-token", "lag1-clip-none",
+                                                       "lag1-noclip-none", "lag1-noclip-token", "lag0-noclip-token"]
+    assert G.lag_grid() == specs
+    orders = {tuple(G.lag_cell(s).name for s in specs if s.seed == seed) for seed in range(1, 13)}
+    assert len(orders) > 6
+    assert [s.run_id for s in G.lag_grid(order_seed=54)] != [s.run_id for s in specs]
+    assert sorted(s.run_id for s in G.lag_grid(order_seed=54)) == sorted(s.run_id for s in specs)
+    # the other grids' run ids and labels are unchanged: their finished runs stay finished
+    assert G.RunSpec(G.STRESS_METHODS[0], 8, 1, G.STALENESS_SIZES, "token", staleness=8).run_id.startswith(
+        f"{G.STRESS_METHODS[0]}-k8-sep8-token-seed1-")
+    assert specs[-1].label.startswith("RPG-REINFORCE-UFKL") and "lag " in specs[-1].label
+
+
+def test_grid_refuses_bad_cells():
+    with pytest.raises(ValueError, match="--seeds must be >= 1"):
+        G.lag_grid(seeds=0)
+    with pytest.raises(ValueError, match="distinct"):
+        G.lag_grid(cells=(G.LAG_CELLS[0], G.LAG_CELLS[0]))
+    with pytest.raises(ValueError, match="cell x: lag must be >= 0"):
+        G.lag_grid(cells=(G.LagCell("x", G.UNCLIPPED, -1, "token"),))
+    with pytest.raises(ValueError, match="must divide --prompts 12"):
+        G.lag_grid(sizes=G.Sizes(steps=24, test_freq=4, prompts=12, n=4, val_n=8))
+
+
+def test_the_design_fits_three_hours_with_twelve_seeds_per_cell():
+    specs = G.lag_grid()
+    per_cell = {c.name: sum(1 for s in specs if G.lag_cell(s) == c) for c in G.LAG_CELLS}
+    assert set(per_cell.values()) == {12}
+    assert G.LAG_COSTS.grid_s(specs, 2) <= G.LAG_BUDGET_S == 3 * 3600
+    # a run: start-up + 24 steps x (step + 7 extra updates) + 7 validations, from the staleness grid's measured costs
+    c = G.STALENESS_COSTS
+    expected = c.startup_s + 24 * (c.step_s + 7 * c.update_s) + 7 * 2 * c.val_s
+    assert G.LAG_COSTS.run_s(specs[0]) == pytest.approx(expected)
+
+
+# ---- runs ----
+
+class LagFakeTrainer:
+    """Stands in for rpg.launch.harness.run_trainer: verl-style records of a lag run with the per-step diagnostics."""
+
+    def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None):
+        from rpg.launch.harness import TrainerRun
+
+        kv = _kv(overrides)
+        steps, seed = int(kv["trainer.total_training_steps"]), int(kv["data.seed"])
+        lag = int(kv["trainer.v1.separate_async.num_warmup_batches"])
+        out, lines = Path(output_dir), []
+        for s in range(steps + 1):
+            data = {"timing_s/step": 2.0, "actor/grad_norm": 0.5 + s, "actor/pg_clipfrac": 0.01 * s,
+                    "actor/rpg/behavior_ess": 1.0 - 0.1 * lag, "actor/rpg/behavior_log_w_m2": 0.02 * lag,
+                    "actor/rpg/behavior_weight_max": 1.0 + lag * s, "actor/rpg/behavior_kl_k3": 0.001 * lag,
+                    "actor/rpg/ratio_max": 2.0, "training/rpg/lag_versions": float(lag and s > 1),
+                    "training/rpg/lag_updates": 8.0 * lag * (s > 1)} if s else {}
+            if s % int(kv["trainer.test_freq"]) == 0 or s == steps:
+                data["val-core/math_dapo/acc/mean@8"] = round(0.3 + 0.05 * s + 0.01 * seed - 0.1 * lag, 6)
+                data["timing_s/testing"] = 1.0
+            lines.append(json.dumps({"step": s, "data": data}))
+            on_metrics(s, data)
+        (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        return TrainerRun(0, 30.0, out, out / "trainer.log", out / "metrics.jsonl", [])
+
+
+def test_a_runs_record_holds_the_machines_load(monkeypatch, tiny_assets, tmp_path):
+    import os
+
+    from rpg.launch import harness
+
+    monkeypatch.setattr(harness, "run_trainer", LagFakeTrainer())
+    spec = G.lag_grid(seeds=1, sizes=SMALL, cells=G.LAG_CELLS[:1])
+    R.run_grid(spec, tmp_path, G.LAG_COSTS)
+    rec = R.read_record(tmp_path, spec[0])
+    assert rec["status"] == "done" and rec["cpu_count"] == os.cpu_count()
+    for key in ("load_start", "load_end"):  # 1, 5 and 15 minutes
+        assert len(rec[key]) == 3 and all(isinstance(x, float) and x >= 0 for x in rec[key]), rec[key]
