@@ -10,14 +10,18 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
 
 from rpg.study import grid as G
+from rpg.study import lag as L
 from rpg.study import runner as R
 from rpg.study import stats as S
 
+ROOT = Path(__file__).resolve().parents[1]
+LAG_DIR = ROOT / "docs" / "study" / "lag"
 SMALL = G.Sizes(steps=4, test_freq=2, prompts=16, n=4, val_n=8)
 
 
@@ -211,3 +215,141 @@ def test_a_runs_record_holds_the_machines_load(monkeypatch, tiny_assets, tmp_pat
     assert rec["status"] == "done" and rec["cpu_count"] == os.cpu_count()
     for key in ("load_start", "load_end"):  # 1, 5 and 15 minutes
         assert len(rec[key]) == 3 and all(isinstance(x, float) and x >= 0 for x in rec[key]), rec[key]
+
+
+# ---- the plan, the CSV and the tables ----
+
+def test_the_plans_numbers_are_the_codes():
+    """PLAN.md's power and budget block is exactly what ``python -m rpg.study.lag`` prints."""
+    text = (LAG_DIR / "PLAN.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- BEGIN plan_numbers[^\n]*-->\n(.*?)\n<!-- END plan_numbers -->", text, re.S)
+    assert block, "PLAN.md has no plan_numbers block"
+    assert block[1] == L.plan_numbers()
+
+
+def _rows(effects: dict[str, float], seeds: int = 12, noise: float = 0.03, rng_seed: int = 3) -> list[dict]:
+    """Synthetic runs.csv rows: primary = 0.6 + a seed's block effect (SD 0.1) + the cell's planted effect + noise."""
+    rng = random.Random(rng_seed)
+    rows = []
+    for seed in range(1, seeds + 1):
+        block = rng.gauss(0, 0.1)
+        for order, c in enumerate(G.LAG_CELLS, 1):
+            y = 0.6 + block + effects.get(c.name, 0.0) + rng.gauss(0, noise)
+            rows.append({"run_id": f"{c.name}-seed{seed}", "cell": c.name, "lag": c.lag, "weights": c.arm,
+                         "clip": int("noclip" not in c.name), "seed": seed, "order": (seed - 1) * 6 + order,
+                         "status": "done", "primary": y, "final_acc": y + 0.01, "collapsed": int(y < 0.3),
+                         "collapse_reason": "final accuracy below step 0's" if y < 0.3 else "",
+                         **{name: 1.0 + 0.1 * order for name, _, _ in L.DIAGNOSTICS},
+                         "code": "abc1234", "load_start_1m": 1.5, "load_end_1m": 2.25, "cpu_count": 2,
+                         "wall_time_s": 219.5, "started": "2026-12-01 10:00:00",
+                         **{f"{L.VAL_PREFIX}{t}": y * t / 24 for t in range(0, 25, 4)}})
+    return rows
+
+
+def test_csv_round_trip_is_exact(tmp_path):
+    rows = _rows({"lag1-noclip-none": -0.2})
+    rows[3].update(status="failed", primary=None, final_acc=None, collapsed=None, collapse_reason=None)
+    path = L.write_csv(tmp_path / "runs.csv", rows)
+    back = L.read_csv(path)
+    assert back == [{k: (None if v == "" else v) for k, v in r.items()} for r in rows]
+    assert path.read_text().splitlines()[0].startswith("run_id,cell,lag,weights,clip,seed,order,status,primary")
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda t: t.replace("run_id,", "run,", 1), "missing column(s) run_id"),
+    (lambda t: t.replace(",started", ",started,extra", 1), "unknown column(s) extra"),
+    (lambda t: t.replace(",abc1234,", ",abc1234,x,", 1), ":2: "),
+    (lambda t: t.replace(",219.5,", ",fast,", 1), ":2: wall_time_s='fast' is not a number"),
+])
+def test_a_bad_csv_is_one_line_naming_file_and_line(tmp_path, edit, why):
+    path = L.write_csv(tmp_path / "runs.csv", _rows({}, seeds=1))
+    path.write_text(edit(path.read_text()))
+    with pytest.raises(L.CSVError, match=re.escape(why)) as err:
+        L.read_csv(path)
+    assert str(err.value).startswith(str(path)) and "\n" not in str(err.value)
+
+
+def test_writing_the_csv_never_drops_a_finished_run(tmp_path):
+    path = L.write_csv(tmp_path / "runs.csv", _rows({}, seeds=2))
+    fewer = [dict(r, status="todo") if r["seed"] == 2 else r for r in _rows({}, seeds=2)]
+    with pytest.raises(ValueError, match="holds 6 finished run"):
+        L.write_csv(path, fewer)
+    L.write_csv(path, _rows({}, seeds=2, rng_seed=4))  # the same runs finished: rewritten
+
+
+def _verdicts(text: str) -> dict[str, list[str]]:
+    return {ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[1:-1]]
+            for ln in text.splitlines() if re.match(r"\| [HS]\d ", ln)}
+
+
+def test_tables_detect_planted_effects_and_not_a_null_one():
+    """Planted: the lag costs the arm without weights or clip 0.2 and nothing else (H1, H2 and H3 true, H4 null)."""
+    text = L.render_tables(_rows({"lag1-noclip-none": -0.2}))
+    v = _verdicts(text)
+    for h in ("H1", "H2", "H3"):  # columns: ..., p, Holm p, verdict
+        assert v[h][-1] == "supported" and float(v[h][-3]) < 0.01 and float(v[h][-2]) <= 0.05, v[h]
+    assert v["H4"][-1] == "not supported" and float(v["H4"][-2]) > 0.05  # no effect planted
+    m = re.search(r"\| H1 \|.*?\| 12 \| (\S+) \[", text)
+    assert m and float(m[1]) == pytest.approx(0.2, abs=0.03)
+    assert "| lag1-noclip-none | 12/12 |" in text and "12 of 12" not in text and "72 of 72 runs finished" in text
+
+
+def test_tables_are_a_function_of_the_csv_and_report_missing_runs(tmp_path):
+    rows = _rows({"lag1-noclip-none": -0.2})
+    rows[1].update(status="failed", primary=None)
+    path = L.write_csv(tmp_path / "runs.csv", rows)
+    text = L.render_tables(L.read_csv(path))
+    assert text == L.render_tables(L.read_csv(path)) and "71 of 72 runs finished" in text
+    assert "* lag1-noclip-none, seed 1: failed" in text
+    assert "| H1 |" in text and re.search(r"\| H1 \|[^\n]*\| 11 \|", text)  # seed 1 left out of H1
+    with pytest.raises(ValueError, match="cell\\(s\\) lag2 are not in the plan"):
+        L.render_tables([dict(rows[0], cell="lag2")])
+
+
+def test_the_committed_tables_are_rebuilt_from_the_committed_csv():
+    csv_path = LAG_DIR / "runs.csv"
+    if not csv_path.is_file():
+        pytest.skip("docs/study/lag/runs.csv does not exist yet: the plan's runs (docs/study/lag/PLAN.md) have not run")
+    assert (LAG_DIR / "results.md").read_text(encoding="utf-8") == L.render_tables(L.read_csv(csv_path))
+
+
+def test_runs_to_csv_rows_with_metrics_collapse_and_load(monkeypatch, tiny_assets, tmp_path):
+    from rpg.launch import harness
+
+    monkeypatch.setattr(harness, "run_trainer", LagFakeTrainer())
+    specs = G.lag_grid(seeds=2, sizes=SMALL, cells=G.LAG_CELLS[:2])
+    records = R.run_grid(specs, tmp_path, G.LAG_COSTS)
+    rec = R.read_record(tmp_path, specs[0])
+    rows = L.csv_rows(tmp_path, specs, records)
+    assert [r["order"] for r in rows] == [1, 2, 3, 4] and [r["seed"] for r in rows] == [1, 1, 2, 2]
+    r0 = next(r for r in rows if r["cell"] == "lag0-noclip-token" and r["seed"] == 1)
+    r1 = next(r for r in rows if r["cell"] == "lag1-noclip-none" and r["seed"] == 1)
+    # evaluations at 0, 2, 4: the primary metric is the mean of all three; steps >= 2 only for the diagnostics
+    assert r0["primary"] == pytest.approx((0.31 + 0.41 + 0.51) / 3) and r0["final_acc"] == pytest.approx(0.51)
+    assert r1["lag_versions"] == 1.0 and r1["lag_updates"] == 8.0 and r0["lag_versions"] == 0.0
+    assert r1["behavior_weight_max"] == 5.0 and r1["grad_norm"] == pytest.approx(3.5) and r1["grad_norm_max"] == 4.5
+    assert r1["lag_versions_max"] is None  # not logged: empty, never 0
+    # lag 1 starts at 0.21 and ends at 0.41, above it: not collapsed; the load is the 1-minute average
+    assert (r1["collapsed"], r1["collapse_reason"], r1["clip"], r1["weights"]) == (0, None, 0, "none")
+    first = next(r for r in rows if r["run_id"] == specs[0].run_id)
+    assert first["load_start_1m"] == rec["load_start"][0] and first["cpu_count"] == rec["cpu_count"]
+    path = L.write_csv(tmp_path / "report" / "runs.csv", rows)
+    assert L.read_csv(path) == rows
+
+
+# ---- figures: one y-axis ----
+
+def _figures(monkeypatch) -> list:
+    from matplotlib.figure import Figure
+
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: saved.append(self))
+    return saved
+
+
+def test_the_lag_figure_puts_every_cell_on_one_y_axis(monkeypatch, tmp_path):
+    saved = _figures(monkeypatch)
+    L.render_figure(_rows({"lag1-noclip-none": -0.2}), tmp_path / "lag.png")
+    axes = saved[0].axes
+    assert len(axes) == 6 and all(axes[0].get_shared_y_axes().joined(axes[0], ax) for ax in axes)
+    assert {ax.get_ylim() for ax in axes} == {(0.0, 1.0)}
