@@ -19,6 +19,7 @@ from rpg.study import grid as G
 from rpg.study import lag as L
 from rpg.study import runner as R
 from rpg.study import stats as S
+from rpg.study.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]
 LAG_DIR = ROOT / "docs" / "study" / "lag"
@@ -353,3 +354,33 @@ def test_the_lag_figure_puts_every_cell_on_one_y_axis(monkeypatch, tmp_path):
     axes = saved[0].axes
     assert len(axes) == 6 and all(axes[0].get_shared_y_axes().joined(axes[0], ax) for ax in axes)
     assert {ax.get_ylim() for ax in axes} == {(0.0, 1.0)}
+
+
+# ---- the CLI ----
+
+def test_cli_lag_dry_run_estimate_and_refusals(tmp_path, capsys):
+    assert main(["--lag", "--dry-run", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "72 runs (72 to run); each: 24 steps of 16 prompts x 4 responses" in out and "(8 samples per problem)" in out
+    est = re.search(r"estimated time to run: (\d+)m(\d+)s with 2", out)
+    assert est and int(est[1]) * 60 + int(est[2]) == pytest.approx(G.LAG_COSTS.grid_s(G.lag_grid(), 2), abs=1)
+    assert "lag study budget 180m00s: the estimate fits" in out and not (tmp_path / "runs").exists()
+    assert main(["--lag", "--dry-run", "--out", str(tmp_path), "--cells", "lag0-noclip-token", "--seeds", "1"]) == 0
+    assert "1 runs (1 to run)" in capsys.readouterr().out
+    for flags, error in ((["--lag", "--staleness", "1"], "--lag and --staleness are two different grids"),
+                         (["--cells", "lag0-noclip-token"], "--cells selects cells of the lag study: use it with"),
+                         (["--lag", "--cells", "lag2"], "--cells lag2: expected some of lag0-noclip-token"),
+                         (["--lag", "--seeds", "0"], "--seeds must be >= 1, got 0")):
+        assert main(["--dry-run", "--out", str(tmp_path), *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"rpg.study: {error}") and err.count("\n") == 1, err
+
+
+def test_cli_render_only_from_the_csv_alone(tmp_path, capsys):
+    assert main(["--lag", "--render-only", "--report-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rpg.study: --render-only: no {tmp_path / 'runs.csv'}") and err.count("\n") == 1
+    L.write_csv(tmp_path / "runs.csv", _rows({}))
+    assert main(["--lag", "--render-only", "--report-dir", str(tmp_path), "--out", str(tmp_path / "none")]) == 0
+    assert (tmp_path / "results.md").read_text() == L.render_tables(L.read_csv(tmp_path / "runs.csv"))
+    assert (tmp_path / "lag.png").stat().st_size > 10_000 and not (tmp_path / "none").exists()
