@@ -384,3 +384,17 @@ def test_cli_render_only_from_the_csv_alone(tmp_path, capsys):
     assert main(["--lag", "--render-only", "--report-dir", str(tmp_path), "--out", str(tmp_path / "none")]) == 0
     assert (tmp_path / "results.md").read_text() == L.render_tables(L.read_csv(tmp_path / "runs.csv"))
     assert (tmp_path / "lag.png").stat().st_size > 10_000 and not (tmp_path / "none").exists()
+
+
+def test_the_pilot_figure_shares_the_y_axis_within_each_row(monkeypatch, tmp_path):
+    from rpg.study.render import staleness_figure
+
+    saved = _figures(monkeypatch)
+    specs = G.staleness_grid(seeds=1, staleness=(1, 2), sizes=G.Sizes(steps=4, test_freq=2, val_n=4))
+    runs = {s.run_id: {"val-core/math_dapo/acc/mean@4": {4: 0.3 + 0.4 * ("clip" in s.variant)},
+                       "actor/rpg/behavior_kl": {2: 0.01 * s.staleness * (1 + ("clip" in s.variant))}} for s in specs}
+    staleness_figure(tmp_path / "staleness", runs, specs, "acc/mean@4")
+    top_left, top_right, bottom_left, bottom_right = saved[0].axes  # rows: accuracy, behaviour KL
+    assert top_left.get_shared_y_axes().joined(top_left, top_right)
+    assert bottom_left.get_shared_y_axes().joined(bottom_left, bottom_right)
+    assert not top_left.get_shared_y_axes().joined(top_left, bottom_left)
