@@ -7,7 +7,10 @@ Clip) in verl's colocate-async trainer with exact, truncated (1.0, per token) an
 weights pi_old/mu, ``--seeds`` (default 3) each, into ``outputs/study_async_weights`` by default.
 ``--staleness 1,2,4,8`` runs the staleness study instead: the stress methods (RPG-Style Clip on / off) in verl's
 separate-async trainer at each staleness x behaviour-weight arm (token, sequence, tis2, none), ``--seeds`` (default 3)
-each, 8 steps by default, into ``outputs/study_staleness``. ``--dry-run`` prints the grid
+each, 8 steps by default, into ``outputs/study_staleness``. ``--lag`` runs the declared lag study
+(docs/study/lag/PLAN.md: its cells x ``--seeds``, default 12, into ``outputs/study_lag``), writes ``runs.csv`` into
+``--report-dir`` and renders ``results.md`` and ``lag.png`` from that CSV alone (``--render-only``: from the CSV,
+without runs). ``--dry-run`` prints the grid
 and its time estimate and starts nothing; ``--render-only`` renders what has finished.
 
 Every argument is checked before anything is run or written, under ``--dry-run`` too: one line
@@ -25,8 +28,10 @@ import sys
 from pathlib import Path
 
 from rpg.common.user_paths import user_folder
-from rpg.study.grid import (BUILTIN_COSTS, METHODS, STALENESS_ARMS, STALENESS_COSTS, STALENESS_SIZES, STRESS_METHODS,
-                            WEIGHT_ARMS, WEIGHTS_METHOD, Sizes, calibrate, describe, grid, staleness_grid, weights_grid)
+from rpg.study.grid import (BUILTIN_COSTS, LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, METHODS,
+                            STALENESS_ARMS, STALENESS_COSTS, STALENESS_SIZES, STRESS_METHODS, WEIGHT_ARMS,
+                            WEIGHTS_METHOD, Sizes, calibrate, describe, fmt_duration, grid, lag_grid, staleness_grid,
+                            weights_grid)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -67,23 +72,65 @@ def _no_study(out: Path, records: list[dict], found: list[dict]) -> str | None:
     return None
 
 
+def _render_lag(report_dir: Path) -> int:
+    """``--lag --render-only``: results.md and lag.png from ``report_dir``'s runs.csv alone."""
+    from rpg.study.lag import CSVError, render
+
+    csv_path = report_dir / "runs.csv"
+    if not csv_path.is_file():
+        print(f"rpg.study: --render-only: no {csv_path}: run the lag study first (python -m rpg.study --lag "
+              "--report-dir ...), or name the --report-dir that holds its runs.csv", file=sys.stderr)
+        return 2
+    try:
+        paths = render(csv_path, report_dir)
+    except (CSVError, ValueError) as err:
+        print(f"rpg.study: {err}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(p)
+    return 0
+
+
+def _finish_lag(out: Path, report_dir: Path, specs, records: list[dict]) -> int:
+    """After the lag study's runs: runs.csv (one row per run of the design) into ``report_dir``, then the tables
+    and figure from it."""
+    from rpg.study.lag import csv_rows, write_csv
+
+    try:
+        write_csv(report_dir / "runs.csv", csv_rows(out, specs, records))
+    except ValueError as err:
+        print(f"rpg.study: {err}", file=sys.stderr)
+        return 2
+    print(report_dir / "runs.csv")
+    code = _render_lag(report_dir)
+    failed = [r for r in records if r.get("status") != "done"]
+    if failed:
+        print(f"rpg.study: {len(failed)} of {len(specs)} runs did not finish (see runs.csv)", file=sys.stderr)
+        return 1
+    return code
+
+
 def parser() -> argparse.ArgumentParser:
     d = Sizes()
     ap = argparse.ArgumentParser(prog="python -m rpg.study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None,
                     help="run directory (default outputs/study; outputs/study_async_weights with --async-weights, "
-                         "outputs/study_staleness with --staleness)")
+                         "outputs/study_staleness with --staleness, outputs/study_lag with --lag)")
     ap.add_argument("--report-dir", type=Path, default=None, help="where the table/figures go (default OUT/report)")
-    ap.add_argument("--seeds", type=int, default=None, help="seeds per method (1..SEEDS; default 2, 3 with --async-weights)")
+    ap.add_argument("--seeds", type=int, default=None,
+                    help=f"seeds per method (1..SEEDS; default 2, 3 with --async-weights or --staleness, {LAG_SEEDS} "
+                         "with --lag)")
     st = STALENESS_SIZES
     ap.add_argument("--steps", type=int, default=None,
-                    help=f"training steps per run (default {d.steps}; {st.steps} with --staleness)")
+                    help=f"training steps per run (default {d.steps}; {st.steps} with --staleness, {LAG_SIZES.steps} "
+                         "with --lag)")
     ap.add_argument("--test-freq", type=int, default=None,
                     help=f"validate every K steps (default {d.test_freq}; {st.test_freq} with --staleness)")
     ap.add_argument("--prompts", type=int, default=d.prompts, help=f"prompts per rollout batch (default {d.prompts})")
     ap.add_argument("--n", type=int, default=d.n, help=f"responses per prompt (default {d.n})")
-    ap.add_argument("--val-n", type=int, default=d.val_n, help=f"validation samples per problem (default {d.val_n})")
+    ap.add_argument("--val-n", type=int, default=None,
+                    help=f"validation samples per problem (default {d.val_n}; {LAG_SIZES.val_n} with --lag)")
     ap.add_argument("--updates", type=int, default=4, help="optimizer steps per rollout batch of the main grid (default 4)")
     ap.add_argument("--stress", type=_ints_or_none, default=(1, 4, 16),
                     help="optimizer steps per rollout batch of the clip stress axis (default 1,4,16; '' = none)")
@@ -94,6 +141,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--staleness", type=_ints, default=(),
                     help=f"the staleness study at these staleness values (e.g. 1,2,4,8): the stress methods x arms "
                          f"{', '.join(STALENESS_ARMS)} in the separate-async trainer")
+    ap.add_argument("--lag", action="store_true",
+                    help=f"the declared lag study (docs/study/lag/PLAN.md): its cells x --seeds (default {LAG_SEEDS}) "
+                         "in the separate-async trainer, one CSV row per run, tables and figure from the CSV")
+    ap.add_argument("--cells", type=_names, default=None,
+                    help="with --lag: only these cells (comma-separated names; default all: "
+                         f"{', '.join(c.name for c in LAG_CELLS)})")
     ap.add_argument("--dry-run", action="store_true", help="print the grid and its time estimate; run nothing")
     ap.add_argument("--render-only", action="store_true", help="render the finished runs; run nothing")
     ap.add_argument("--retry-failed", action="store_true", help="run failed runs again")
@@ -109,15 +162,30 @@ def main(argv: list[str] | None = None) -> int:
     from rpg.launch.variants import VariantNameError
 
     # relative to the current folder, as every run folder a user names (rpg.common.user_paths)
-    name = "study_staleness" if args.staleness else "study_async_weights" if args.async_weights else "study"
+    name = ("study_lag" if args.lag else "study_staleness" if args.staleness else "study_async_weights"
+            if args.async_weights else "study")
     args.out = user_folder(args.out or Path("outputs") / name)
     try:
-        base = STALENESS_SIZES if args.staleness else Sizes()
+        base = LAG_SIZES if args.lag else STALENESS_SIZES if args.staleness else Sizes()
         sizes = Sizes(base.steps if args.steps is None else args.steps,
-                      base.test_freq if args.test_freq is None else args.test_freq, args.prompts, args.n, args.val_n)
-        if args.staleness and args.async_weights:
-            raise ValueError("--staleness and --async-weights are two different grids; choose one")
-        if args.staleness:
+                      base.test_freq if args.test_freq is None else args.test_freq, args.prompts, args.n,
+                      base.val_n if args.val_n is None else args.val_n)
+        chosen = [flag for flag, on in (("--lag", args.lag), ("--staleness", bool(args.staleness)),
+                                        ("--async-weights", args.async_weights)) if on]
+        if len(chosen) > 1:
+            two = "two " if len(chosen) == 2 else ""
+            raise ValueError(f"{' and '.join(chosen)} are {two}different grids; choose one")
+        if args.cells is not None and not args.lag:
+            raise ValueError("--cells selects cells of the lag study: use it with --lag")
+        if args.lag:
+            names = args.cells if args.cells is not None else tuple(c.name for c in LAG_CELLS)
+            bad = [n for n in names if n not in {c.name for c in LAG_CELLS}]
+            if bad or not names:
+                raise ValueError(f"--cells {','.join(bad) or '(none)'}: expected some of "
+                                 f"{', '.join(c.name for c in LAG_CELLS)}")
+            specs = lag_grid(LAG_SEEDS if args.seeds is None else args.seeds, sizes,
+                             tuple(c for c in LAG_CELLS if c.name in names))
+        elif args.staleness:
             methods = args.methods if args.methods != METHODS else STRESS_METHODS
             specs = staleness_grid(3 if args.seeds is None else args.seeds, args.staleness, sizes, methods)
         elif args.async_weights:
@@ -138,16 +206,23 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, VariantNameError) as err:
         print(f"rpg.study: {err}", file=sys.stderr)
         return 2
+    if args.lag and args.render_only:
+        return _render_lag(report_dir)
     records = [read_record(args.out, s) or {} for s in specs]
     if args.render_only and (problem := _no_study(args.out, records, all_records(args.out))):
         print(f"rpg.study: --render-only: {problem}", file=sys.stderr)
         return 2
     finished = {s.run_id for s, r in zip(specs, records) if r.get("status") == "done"}
-    costs = calibrate(all_records(args.out), STALENESS_COSTS if args.staleness else BUILTIN_COSTS)
+    costs = calibrate(all_records(args.out), LAG_COSTS if args.lag else STALENESS_COSTS if args.staleness
+                      else BUILTIN_COSTS)
     if args.dry_run:
         # a finished run whose overrides changed since (stale) would run again: count it as to run
         stale = {s.run_id for s in specs if s.run_id in finished and status(args.out, s, spec_overrides(s, args.out)) == "stale"}
         print(describe(specs, costs, finished - stale, args.jobs))
+        if args.lag:
+            est = costs.grid_s([s for s in specs if s.run_id not in finished - stale], args.jobs)
+            print(f"lag study budget {fmt_duration(LAG_BUDGET_S)}: the estimate "
+                  + ("fits" if est <= LAG_BUDGET_S else "EXCEEDS it"))
         if stale:
             print(f"{len(stale)} finished run(s) are stale (their overrides changed since they ran) and would run again; "
                   "--render-only renders them as they are")
@@ -160,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         except StudyBusyError as err:
             print(f"rpg.study: {err}", file=sys.stderr)
             return 2
+    if args.lag:
+        return _finish_lag(args.out, report_dir, specs, records)
     from rpg.study.render import render
 
     try:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rpg.launch.variants import Variant, paper_row, parse
@@ -69,6 +69,9 @@ STALENESS_ARMS: dict[str, tuple[str, ...]] = {
     "tis2": ("rpg.loss.behavior_weight_cap=2.0",),                  # min(pi_old/mu, 2) per token (verl's TIS default)
     "none": ("rpg.loss.behavior_weight_level=none",),               # no weight: biased
 }
+# The lag study's arms: the staleness arms and verl's bypass mode (old_log_probs := the sampler's log-probs, so
+# pi_old = mu, the loss's weights are 1 and the clip is centred on mu: AReaL's "naive PPO")
+LAG_ARMS: dict[str, tuple[str, ...]] = {**STALENESS_ARMS, "bypass": ("algorithm.rollout_correction.bypass_mode=true",)}
 
 
 def label_of(v: Variant) -> str:
@@ -115,26 +118,35 @@ class RunSpec:
     sizes: Sizes = field(default_factory=Sizes)
     arm: str = ""  # a key of WEIGHT_ARMS (colocate-async), of STALENESS_ARMS (separate-async), or "" (sync)
     staleness: int = 0  # separate-async: parameter_sync_step (= updates); 0: not the staleness study
+    lag: int | None = None  # separate-async, the lag study: the sampler's lag in weight versions; None: the staleness
+    #                         study's one-batch prefetch (warm-up 1, threshold 2)
 
     @property
     def label(self) -> str:
-        stale = f", staleness {self.staleness}" if self.staleness else ""
-        return label_of(parse(self.variant)) + stale + (f", {self.arm} weights" if self.arm else "")
+        if self.lag is not None:
+            stale = f", lag {self.lag} ({self.staleness} updates per version)"
+        else:
+            stale = f", staleness {self.staleness}" if self.staleness else ""
+        arm = ", bypass mode (pi_old := mu)" if self.arm == "bypass" else f", {self.arm} weights" if self.arm else ""
+        return label_of(parse(self.variant)) + stale + arm
 
     def mode_overrides(self) -> tuple[str, ...]:
         """The trainer mode's and the behaviour-weight arm's overrides (none for the sync trainer)."""
         if not self.staleness:
             return WEIGHT_ARMS[self.arm] if self.arm else ()
+        # lag L: L batches prefetched, a trajectory trained at most L versions after its dispatch (threshold L + 1)
+        warmup, threshold = (1, STALE_VERSIONS) if self.lag is None else (self.lag, self.lag + 1)
         return (SEPARATE, f"trainer.v1.separate_async.parameter_sync_step={self.staleness}",
-                "trainer.v1.separate_async.num_warmup_batches=1",
-                f"trainer.v1.sampler.max_off_policy_threshold={STALE_VERSIONS}",
-                "trainer.v1.sampler.max_off_policy_strategy=drop", *STALENESS_ARMS[self.arm])
+                f"trainer.v1.separate_async.num_warmup_batches={warmup}",
+                f"trainer.v1.sampler.max_off_policy_threshold={threshold}",
+                "trainer.v1.sampler.max_off_policy_strategy=drop", *LAG_ARMS[self.arm])
 
     @property
     def run_id(self) -> str:
         """Directory name; the sizes enter through a short hash so that a changed grid never reuses a run."""
         digest = hashlib.sha1(json.dumps(asdict(self.sizes), sort_keys=True).encode()).hexdigest()[:6]
-        arm = (f"-sep{self.staleness}" if self.staleness else "") + (f"-{self.arm}" if self.arm else "")
+        arm = ((f"-sep{self.staleness}" if self.staleness else "") + (f"-lag{self.lag}" if self.lag is not None else "")
+               + (f"-{self.arm}" if self.arm else ""))
         return f"{self.variant}-k{self.updates}{arm}-seed{self.seed}-{digest}"
 
     def study_overrides(self, assets) -> list[str]:
@@ -215,6 +227,73 @@ def staleness_grid(seeds: int = 3, staleness: tuple[int, ...] = STALENESS, sizes
     sizes.check(tuple(staleness))
     return [RunSpec(m, s, seed, sizes, arm, staleness=s) for seed in range(1, seeds + 1) for s in staleness
             for m in methods for arm in arms]
+
+
+# The lag study (``--lag``, docs/study/lag/PLAN.md): one variable, the sampler's lag in weight versions, at the same
+# LAG_UPDATES optimizer updates per version (parameter_sync_step), mini-batch (prompts / LAG_UPDATES) and total updates.
+LAG_UPDATES = 8
+LAG_SIZES = Sizes(steps=24, test_freq=4, prompts=16, n=4, val_n=8)
+LAG_SEEDS = 12
+ORDER_SEED = 53  # the declared seed of the run order within each seed (``lag_grid``)
+LAG_BUDGET_S = 3 * 3600  # the design must fit in 3 hours on 2 cores at --jobs 2
+
+
+@dataclass(frozen=True)
+class LagCell:
+    """One cell of the lag study: a method (RPG-Style Clip on or off) at a lag with a behaviour-weight arm."""
+
+    name: str
+    variant: str
+    lag: int
+    arm: str  # a key of LAG_ARMS
+
+
+CLIPPED, UNCLIPPED = STRESS_METHODS
+LAG_CELLS: tuple[LagCell, ...] = (
+    LagCell("lag0-noclip-token", UNCLIPPED, 0, "token"),  # the control: mu = pi_old, weights 1 up to rounding
+    LagCell("lag1-noclip-none", UNCLIPPED, 1, "none"),    # neither weights nor clip
+    LagCell("lag1-noclip-token", UNCLIPPED, 1, "token"),  # exact per-token weights, no clip (= pi_theta/mu unclipped)
+    LagCell("lag1-clip-none", CLIPPED, 1, "none"),
+    LagCell("lag1-clip-token", CLIPPED, 1, "token"),      # AReaL's decoupled PPO with RPG-Style Clip
+    LagCell("lag1-naive-ppo", CLIPPED, 1, "bypass"),      # the clip centred on the sampler mu, no weights
+)
+
+
+def lag_cell(spec: RunSpec, cells: tuple[LagCell, ...] = LAG_CELLS) -> LagCell:
+    """The declared cell a run of the lag study belongs to (ValueError for a run of no declared cell)."""
+    for c in cells:
+        if (c.variant, c.lag, c.arm) == (spec.variant, spec.lag, spec.arm):
+            return c
+    raise ValueError(f"{spec.run_id} is no cell of the lag study")
+
+
+def run_order_key(order_seed: int, seed: int, cell: str) -> str:
+    """Sort key of a cell within a seed's block: SHA-256 of (order seed, seed, cell name), a random permutation
+    that is a pure function of the declared seed (the same on every Python and machine)."""
+    return hashlib.sha256(f"{order_seed}:{seed}:{cell}".encode()).hexdigest()
+
+
+def lag_grid(seeds: int = LAG_SEEDS, sizes: Sizes | None = None, cells: tuple[LagCell, ...] = LAG_CELLS,
+             updates: int = LAG_UPDATES, order_seed: int = ORDER_SEED) -> list[RunSpec]:
+    """Each cell x seeds 1..seeds in the separate-async trainer, seed-major (seeds are blocks: every arm of a seed
+    shares its prompts, ``data.seed``, and the sampler's seed), the cells of each seed in the order
+    ``run_order_key`` draws from ``order_seed``. Every run has ``updates`` optimizer updates per weight version,
+    the mini-batch ``sizes.prompts / updates`` prompts and ``sizes.steps x updates`` updates in all; the cells
+    differ only in the lag and the arm."""
+    sizes = LAG_SIZES if sizes is None else sizes
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    if not cells or len({c.name for c in cells}) != len(cells):
+        raise ValueError(f"the lag study's cells must be distinct and at least one, got {[c.name for c in cells]}")
+    for c in cells:
+        if c.lag < 0 or c.arm not in LAG_ARMS:
+            raise ValueError(f"cell {c.name}: lag must be >= 0 and the arm one of {', '.join(LAG_ARMS)}, got lag "
+                             f"{c.lag}, arm {c.arm!r}")
+        parse(c.variant)
+    sizes.check((updates,))
+    return [RunSpec(c.variant, updates, seed, sizes, c.arm, staleness=updates, lag=c.lag)
+            for seed in range(1, seeds + 1)
+            for c in sorted(cells, key=lambda c: run_order_key(order_seed, seed, c.name))]
 
 
 def collapsed(val: dict[int, float], grad_norm: dict[int, float]) -> str:
@@ -309,6 +388,13 @@ BUILTIN_COSTS = Costs(startup_s=76.0, step_s=4.0, update_s=0.03, val_s=3.65,
 STALENESS_COSTS = Costs(startup_s=96.5, step_s=2.7, update_s=0.16, val_s=2.2,
                         source="built-in (separate-async, the medians of 61 runs on an idle 2-core machine, 2 at a time)",
                         jobs=2)
+
+
+# The lag study's built-in costs: the staleness grid's, with a validation at val_n 8 taken as twice its measured
+# 2.2 s at val_n 4 (not measured yet; ``calibrate`` replaces them by the medians of finished runs)
+LAG_COSTS = replace(STALENESS_COSTS, val_s=2 * STALENESS_COSTS.val_s,
+                    source="built-in (the staleness grid's separate-async medians, 2 at a time; a validation at "
+                           "val_n 8 as twice the measured 2.2 s at val_n 4)")
 
 
 def calibrate(records: list[dict], default: Costs = BUILTIN_COSTS) -> Costs:

@@ -145,7 +145,7 @@ def render(out: Path, report: Path, specs: list[RunSpec], records: list[dict], m
 
 # per-step statistics of the behaviour-weight arms: (key as logged, column, how the steps >= 2 reduce)
 BEHAVIOR_STATS = (
-    ("training/off_policy/trajectory_staleness/mean", "staleness (updates), step mean", None),
+    ("training/off_policy/trajectory_staleness/mean", "staleness (versions), step mean", None),
     ("actor/rpg/behavior_kl", "behaviour KL(mu ‖ pi_old) k1, step mean", None),
     ("actor/rpg/behavior_kl", "behaviour KL, step max", max),
     ("actor/rpg/behavior_weight_min", "applied weight min", min),
@@ -248,7 +248,8 @@ def staleness_md(path: Path, runs: dict[str, Metrics], specs: list[RunSpec], met
 
 def staleness_figure(out: Path, runs: dict[str, Metrics], specs: list[RunSpec], metric: str) -> list[Path]:
     """``staleness.png`` / ``.svg``: final accuracy (mean ± std over seeds, top) and behaviour KL (mean over seeds,
-    bottom) against staleness (log2 axis), one line per arm; one column per method (RPG-Style Clip on / off)."""
+    bottom) against staleness (log2 axis), one line per arm; one column per method (RPG-Style Clip on / off), the
+    columns on the same y-axis per row."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -258,7 +259,7 @@ def staleness_figure(out: Path, runs: dict[str, Metrics], specs: list[RunSpec], 
     labels = list(dict.fromkeys(r["label"] for r in rows))
     arms = list(dict.fromkeys(r["arm"] for r in rows))
     fig = Figure(figsize=(5.5 * len(labels), 7.5))
-    axes = fig.subplots(2, len(labels), squeeze=False)
+    axes = fig.subplots(2, len(labels), squeeze=False, sharey="row")  # one accuracy axis, one KL axis
     kl_col = STALENESS_STATS[0][1]
     for j, label in enumerate(labels):
         for arm in arms:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -126,6 +127,15 @@ def _seconds(data: dict, key: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise MetricsFileError(f"{where}: {key} must be a number of seconds, got {short(value)}")
     return float(value)
+
+
+def machine_load() -> list[float] | None:
+    """The machine's load averages over 1, 5 and 15 minutes (``os.getloadavg``), or None where there are none:
+    a run's record holds them at its start and end, with ``cpu_count``, so that load is never an unseen condition."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _code_version() -> str:
@@ -323,6 +333,7 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Pat
     record = {"run_id": spec.run_id, "variant": spec.variant, "label": spec.label, "updates": spec.updates,
               "seed": spec.seed, "steps": spec.sizes.steps, "validations": spec.sizes.validations,
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "code": _code_version(), "overrides": overrides}
+    record.update(cpu_count=os.cpu_count(), load_start=machine_load())
     watch = progress.start(index, spec)
     t0 = time.time()
     run = None
@@ -348,6 +359,7 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Pat
                       last_step=run.last_step() if run is not None else -1, error=str(err)[:400])
     finally:
         progress.finish(spec)
+    record["load_end"] = machine_load()
     save_json(d / RUN_RECORD, record)
     progress.say(f"{record['status']} {index}/{total} {spec.label} k={spec.updates} seed {spec.seed} "
                  f"in {fmt_duration(record['wall_time_s'])}" + (f": {record['error']}" if "error" in record else ""))
