@@ -269,6 +269,41 @@ def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_pa
     assert json.loads((tmp_path / "stale" / f"{specs[3].run_id}.1" / D.RUN_RECORD).read_text()) == rec  # kept
 
 
+def test_identity_is_the_settings_as_hydra_reads_them_wherever_the_folders_are(tmp_path):
+    """The study's paths relative to it, the tiny assets' by content; a value written another way is the same
+    setting, another value, key kind, order or content is not; an old record's absolute paths read the same."""
+    import shutil
+
+    from rpg.study.identity import content_digest, identity, legacy_identity
+
+    assets, out = tmp_path / "cache" / "abc123", tmp_path / "study"
+    (assets / "model").mkdir(parents=True)
+    (assets / "model" / "w.bin").write_bytes(b"w")
+    (assets / "t.parquet").write_bytes(b"t")
+    run = out / "runs" / "r1"
+    overrides = [f"a={run}/ckpts", f"m={assets}/model", f"d=[{assets}/t.parquet]", "b=1", f"x={tmp_path}/other"]
+    got = identity(overrides, out, assets)
+    model, data = content_digest(assets / "model"), content_digest(assets / "t.parquet")
+    assert got == [["a", "study:runs/r1/ckpts"], ["m", f"tiny:model@sha256:{model}"],
+                   ["d", [f"tiny:t.parquet@sha256:{data}"]], ["b", 1], ["x", f"{tmp_path}/other"]]
+    assert len(model) == len(data) == 64 and model != content_digest(assets)
+    out2, assets2 = tmp_path / "moved" / "study", tmp_path / "cache2" / "xyz"
+    shutil.copytree(assets, assets2)
+    moved = [o.replace(str(out), str(out2)).replace(str(assets), str(assets2)) for o in overrides]
+    assert identity(moved, out2, assets2) == got
+    assert identity([f"a='{run}/ckpts'", *overrides[1:]], out, assets) == got  # quoted: the same path
+    (assets2 / "t.parquet").write_bytes(b"u")  # other content under the same name
+    assert identity(moved, out2, assets2) != got
+    for other in (["b='1'"], ["+b=1"], ["b=2"]):
+        assert identity([*overrides[:3], *other, overrides[4]], out, assets) != got, other
+    assert identity([overrides[1], overrides[0], *overrides[2:]], out, assets) != got  # order
+    # a record of the code before: absolute paths of places gone; the build's folder name is its builder key
+    old = [o.replace(str(out), "/gone/study").replace(str(tmp_path / "cache"), "/gone/cache") for o in overrides]
+    assert legacy_identity(old, "r1", assets) == got
+    assert legacy_identity(old, "r2", assets) != got  # another run's folder
+    assert legacy_identity([o.replace("abc123", "def456") for o in old], "r1", assets) != got  # another build
+
+
 def _files(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
