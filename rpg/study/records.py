@@ -140,7 +140,7 @@ class Survey:
 
 
 def survey(specs: list[RunSpec], out: Path, retry_failed: bool = False) -> Survey:
-    """Each spec's overrides, identity and state in ``out`` (reads only)."""
+    """The overrides, identity and state of each run in ``out`` (reads only)."""
     out = Path(out)
     overrides = [spec_overrides(s, out) for s in specs]
     identities = [spec_identity(s, out, ov) for s, ov in zip(specs, overrides)]
