@@ -297,6 +297,9 @@ def test_identity_is_the_settings_as_hydra_reads_them_wherever_the_folders_are(t
     for other in (["b='1'"], ["+b=1"], ["b=2"]):
         assert identity([*overrides[:3], *other, overrides[4]], out, assets) != got, other
     assert identity([overrides[1], overrides[0], *overrides[2:]], out, assets) != got  # order
+    inside = out / "cache" / "abc123"  # the assets under --out: still by content
+    shutil.copytree(assets, inside)
+    assert identity([f"m={inside}/model"], out, inside) == [["m", f"tiny:model@sha256:{model}"]]
     # a record of the code before: absolute paths of places gone; the build's folder name is its builder key
     old = [o.replace(str(out), "/gone/study").replace(str(tmp_path / "cache"), "/gone/cache") for o in overrides]
     assert legacy_identity(old, "r1", assets) == got

@@ -87,10 +87,10 @@ def identity(overrides: list[str], out: Path, assets_root: Path) -> list:
 
     def fix(path: Path) -> str:
         path = path.resolve()
+        if (tiny := _tiny(path, assets_root)) is not None:  # by content, even with the cache under --out
+            return tiny
         rel = _under(path, out)
-        if rel is not None:
-            return STUDY + rel
-        return _tiny(path, assets_root) or str(path)
+        return str(path) if rel is None else STUDY + rel
 
     return _settings(overrides, fix)
 
