@@ -5,8 +5,8 @@ with ``run.json`` written last: ``status`` ``done`` (with wall time and measured
 time) or ``failed`` (with the error's last line), the overrides as launched and the run's identity
 (``rpg.study.identity``: its settings, wherever its folders are). A run whose ``run.json`` says ``done``
 with the same identity is not repeated; a failed run is repeated only with ``retry_failed``; anything else
-(interrupted, never started, settings changed since) runs from scratch: a folder with a ``run.json`` is
-moved to ``<out>/stale/`` first (``rpg.study.records``, never deleted), an interrupted run's (none) removed.
+(interrupted, never started, settings changed since) runs from scratch: a folder with a ``run.json`` is first
+moved to ``<out>/stale/`` (``rpg.study.records``; never deleted), one without (an interrupted run) is removed.
 
 One study per ``out`` at a time: ``run_grid`` holds ``<out>/.study.lock`` (an exclusive ``flock``) from
 before it removes anything until it returns; a second study on the same ``out`` is refused with one line
