@@ -139,6 +139,30 @@ def test_demo_progress_shows_ratio_range_kl_and_clip_fraction():
     assert policy_stats(verl) == "kl 2.0e-03  clipped 1.0%  kl_loss(ref) 4.0e-04"
 
 
+def test_demo_validation_accuracy_is_read_from_each_data_source_the_run_logs(capsys):
+    """Before: only val-core/math_dapo/acc/mean@N was read, so a run validating on another data source printed
+    "validation accuracy: before n/a -> after n/a" although val-core/aime2025/acc/mean@4 was logged."""
+    from rpg.demo.progress import progress, val_accs, val_summary
+
+    one = {0: {"val-core/aime2025/acc/mean@4": 0.25}, 1: {"critic/score/mean": 0.0},
+           2: {"val-core/aime2025/acc/mean@4": 0.5, "val-aux/aime2025/acc/std@4": 0.1}}
+    assert val_summary(one) == ({"aime2025": {"before": 0.25, "after": 0.5, "curve": [[0, 0.25], [2, 0.5]]}},
+                                "before 0.250 -> after 0.500")
+    two = {0: {"val-core/aime2024/acc/mean@32": 0.1, "val-core/aime2025/acc/mean@32": 0.2},
+           4: {"val-core/aime2024/acc/mean@32": 0.3, "val-core/aime2025/acc/mean@32": 0.4}}
+    assert val_summary(two)[1] == "aime2024 before 0.100 -> after 0.300; aime2025 before 0.200 -> after 0.400"
+    assert val_summary({1: {"critic/score/mean": 0.0}})[1] == (
+        "before n/a -> after n/a (no val-core/<data source>/acc/mean@N logged)")
+    assert val_accs({"val-core/x/acc/mean@1": 0.9, "val-core/x/acc/mean@4": 0.5}) == {"x": 0.5}  # the largest N
+    show = progress(4, "[tiny]")
+    show(0, one[0])
+    show(2, {**one[2], "critic/score/mean": 0.0})
+    show(0, two[0])
+    out = capsys.readouterr().out
+    assert "[tiny] validation before training: acc 0.250\n" in out and "[tiny] validation at step 2: acc 0.500\n" in out
+    assert "[tiny] validation before training: acc aime2024 0.100, aime2025 0.200\n" in out
+
+
 def test_startup_progress_names_stages_and_heartbeats(capsys):
     import time
 

@@ -3,6 +3,8 @@ launcher (``python -m rpg.launch``, every paper script) and the tiny demo (``pyt
 recipe/rpg/tiny/run_tiny_cpu.sh) alike, exit code 2; no run overwrites another; Ctrl-C at any stage is one line.
 
 * an environment variable given as an argument (``OUT=runs/x`` after the script: ``rpg.launch.args``);
+* a valid run name a swap or two from a shipped one: run as it reads, after a warning line naming the closest
+  shipped name (``rpg.launch.shipped_names``);
 * a key the composed config does not have, with the closest valid key and the ``+`` hint
   (``rpg.launch.config_keys``; it was Hydra's traceback, after Ray under the demo);
 * a logger verl does not know, from ``LOGGER`` or ``trainer.logger``, on every backend (it was verl's
@@ -86,6 +88,20 @@ def test_the_tiny_script_refuses_out_as_an_argument(tmp_path):
                        env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 2 and len(_lines(p.stderr)) == 1, p.stderr[-3000:]
     assert "OUT is an environment variable" in p.stderr and not (tmp_path / "outputs").exists()
+
+
+# ----------------------------------------------------------------------------- a name next to a shipped one
+
+
+@pytest.mark.parametrize("extra_env", [{"DRY_RUN": "1"}, {}, {"RPG_BACKEND": "cpu"}])
+def test_a_valid_name_next_to_a_shipped_one_is_named_first_with_the_closest_shipped_name(extra_env, capsys):
+    """Before: the swapped digits (0.82 for the shipped 0.28) composed eps_high 0.82 without a word. The line comes
+    first in every mode, before anything is read (here an argument the launcher then refuses)."""
+    swapped = "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.82"
+    rc, err, out = _launch([swapped, "OUT_DIR=runs/x"], capsys, **extra_env)
+    assert rc == 2 and len(err) == 2 and "OUT_DIR is an environment variable" in err[1], err
+    assert err[0] == (f"rpg.launch: warning: {swapped} is not a shipped run; closest shipped name: "
+                      "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28 (it runs as its own name reads: the settings below)")
 
 
 # ----------------------------------------------------------------------------- unknown keys

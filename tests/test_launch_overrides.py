@@ -205,15 +205,3 @@ def test_hydra_value_escapes_quotes_and_backslashes(text):
     assert values([f"k={hydra_value(text, 'MODEL_PATH')}"])["k"] == text
     assert values([f"k={hydra_list([text, '1'])}"])["k"] == [text, "1"]
     assert values([f"k={hydra_list(['a b', '1', 'true'])}"])["k"] == ["a b", "1", "true"]
-
-
-def test_same_overrides_compares_as_hydra_reads_them():
-    """One setting written two ways (a path quoted since) is the same; another value, key, order or kind is not."""
-    from rpg.common.override_lists import same_overrides
-
-    assert same_overrides(["a=/my dir/x", "b=1"], ["a='/my dir/x'", "b=1"])
-    assert not same_overrides(["a=/my dir/x"], ["a='/my dir/y'"])
-    assert not same_overrides(["a=1", "b=2"], ["b=2", "a=1"])
-    assert not same_overrides(["a=1"], ["+a=1"]) and not same_overrides(["a=1"], ["a='1'"])
-    assert not same_overrides(["a=1"], ["a=1", "b=2"])
-    assert same_overrides(["a=[x"], ["a=[x"]) and not same_overrides(["a=[x"], ["a=[y"])  # unreadable: as written

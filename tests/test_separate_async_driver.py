@@ -207,6 +207,10 @@ REFUSED = [
     ([MODE, "trainer.device=cpu", *SIZES], "actor_rollout_ref.rollout.checkpoint_engine.backend=naive"),
     ([*OK, "actor_rollout_ref.rollout.nnodes=0"], "actor_rollout_ref.rollout.nnodes=0 with"),
     ([*OK, "actor_rollout_ref.actor.ppo_mini_batch_size=4"], "data.train_batch_size=8 with"),
+    *(([*OK, f"trainer.v1.separate_async.parameter_sync_step={k}"],  # was "one weight sync every 0 updates"
+       f"trainer.v1.separate_async.parameter_sync_step={k} with trainer.v1.trainer_mode=separate_async: the optimizer "
+       "updates between two weight syncs, an integer >= 1 (data.train_batch_size=8 / "
+       "actor_rollout_ref.actor.ppo_mini_batch_size=2); set parameter_sync_step=4") for k in ("0", "-4", "True")),
     ([*OK, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64"],
      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64 with"),
     ([*OK, "actor_rollout_ref.hybrid_engine=False"], "actor_rollout_ref.hybrid_engine=False with"),

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rpg.study import grid as G
+from rpg.study import records as D
 from rpg.study import runner as R
 from rpg.study.__main__ import main
 from rpg.study.render import render
@@ -94,7 +95,7 @@ def test_overrides_keep_the_variants_algorithm_and_set_the_off_policy_regime(tin
     from rpg.launch.variants import parse
 
     spec = G.RunSpec("run_rpg_7b_ufkl1e-4_rf", 16, 3, SMALL)
-    kv = _kv(R.spec_overrides(spec, tmp_path))
+    kv = _kv(D.spec_overrides(spec, tmp_path))
     assert kv["actor_rollout_ref.actor.ppo_mini_batch_size"] == "1"  # 16 prompts / 16 optimizer steps
     assert kv["data.train_batch_size"] == "16" and kv["actor_rollout_ref.rollout.n"] == "4"
     assert kv["actor_rollout_ref.rollout.val_kwargs.n"] == "4" and kv["trainer.total_training_steps"] == "4"
@@ -110,7 +111,7 @@ def test_overrides_keep_the_variants_algorithm_and_set_the_off_policy_regime(tin
 
     from rpg.launch.experiments import experiment_path
 
-    grpo_overrides = R.spec_overrides(G.RunSpec("run_grpo_7b", 4, 1, SMALL), tmp_path)
+    grpo_overrides = D.spec_overrides(G.RunSpec("run_grpo_7b", 4, 1, SMALL), tmp_path)
     grpo = _kv(grpo_overrides)
     assert "+experiment=run_grpo_7b" in grpo_overrides  # a shipped script: its experiment config holds its settings
     shipped = OmegaConf.load(experiment_path("run_grpo_7b"))
@@ -132,7 +133,7 @@ def _composed(specs, tmp_path: Path, printed: str, timeout: int) -> list[list[st
 
     plans, env = [], None
     for spec in specs:
-        argv, env = build_command(R.spec_overrides(spec, tmp_path), entry=str(project_root() / RECIPE_ENTRY))
+        argv, env = build_command(D.spec_overrides(spec, tmp_path), entry=str(project_root() / RECIPE_ENTRY))
         plans.append(argv[2:])
     (tmp_path / "plans.json").write_text(json.dumps(plans))
     code = ("import json, sys\nfrom rpg.launch.plan import compose\nfor ov in json.load(open(sys.argv[1])):\n"
@@ -193,6 +194,7 @@ class FakeTrainer:
             lines.append(json.dumps({"step": s, "data": data}))
             on_metrics(s, data)
         (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        (out / "trainer.log").write_text(f"{exp}: {steps} steps\n")
         run = TrainerRun(0, 30.0, out, out / "trainer.log", out / "metrics.jsonl", [])
         run.metrics = {s: {} for s in range(steps + 1)}
         if exp in self.fail:
@@ -226,36 +228,145 @@ def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_pa
     assert 0 <= done["train_wall_s"] < 5  # the fake writes its records at once
 
     fake.calls.clear()
+    grid_args = ["--out", str(tmp_path), "--seeds", "2", "--stress", "1,4", "--steps", "4", "--test-freq", "2",
+                 "--methods", ",".join(G.METHODS[4:]), "--jobs", "1"]
     R.run_grid(specs, tmp_path, costs)  # nothing to do: done runs kept, the failed one not retried
     assert fake.calls == []
-    assert "8 runs: 7 finished, 1 failed (not retried without --retry-failed), 0 to run" in capsys.readouterr().out
+    start = "8 runs: 7 finished, 1 failed (not retried without --retry-failed), 0 to run"
+    assert start in capsys.readouterr().out
+    assert main(["--dry-run", *grid_args]) == 0  # the dry run says what the start does (it counted the failed one)
+    assert start in capsys.readouterr().out
     fake.fail = set()
     R.run_grid(specs, tmp_path, costs, retry_failed=True)
     assert fake.calls == [specs[1].run_id]
-    # an interrupted run (no run.json) runs again from scratch; a changed override makes a run stale
-    (R.run_dir(tmp_path, specs[2]) / R.RUN_RECORD).unlink()
-    rec = json.loads((R.run_dir(tmp_path, specs[3]) / R.RUN_RECORD).read_text())
-    rec["overrides"] = rec["overrides"][:-1]
-    G.save_json(R.run_dir(tmp_path, specs[3]) / R.RUN_RECORD, rec)
-    assert R.status(tmp_path, specs[3], R.spec_overrides(specs[3], tmp_path)) == "stale"
+    assert (f"0 failed (not retried without --retry-failed), 1 to run, 1 at a time (estimate 1m05s); output {tmp_path}; "
+            f"1 failed run(s) run again: their old folders are moved to {tmp_path / 'stale'} (kept)\n"
+            ) in capsys.readouterr().out
+    assert json.loads((tmp_path / "stale" / f"{specs[1].run_id}.1" / D.RUN_RECORD).read_text())["status"] == "failed"
+    # an interrupted run (no run.json) runs again from scratch; a changed setting makes a run stale
+    (D.run_dir(tmp_path, specs[2]) / D.RUN_RECORD).unlink()
+    rec = json.loads((D.run_dir(tmp_path, specs[3]) / D.RUN_RECORD).read_text())
+    rec["identity"] = rec["identity"][:-1]
+    G.save_json(D.run_dir(tmp_path, specs[3]) / D.RUN_RECORD, rec)
+    assert D.status(tmp_path, specs[3], D.spec_overrides(specs[3], tmp_path)) == "stale"
     # a run recorded with a path written bare is done under the same path quoted (how paths are written now)
-    rec_4 = json.loads((R.run_dir(tmp_path, specs[4]) / R.RUN_RECORD).read_text())
+    rec_4 = json.loads((D.run_dir(tmp_path, specs[4]) / D.RUN_RECORD).read_text())
     original = rec_4["overrides"]
-    assert R.status(tmp_path, specs[4], original) == "done"
+    assert D.status(tmp_path, specs[4], original) == "done"
     bare = [*rec_4["overrides"][:-1], "data.train_files=/my dir/t.parquet"]
-    rec_4["overrides"] = bare
-    G.save_json(R.run_dir(tmp_path, specs[4]) / R.RUN_RECORD, rec_4)
-    assert R.status(tmp_path, specs[4], [*bare[:-1], "data.train_files='/my dir/t.parquet'"]) == "done"
-    assert R.status(tmp_path, specs[4], [*bare[:-1], "data.train_files='/my dir/u.parquet'"]) == "stale"
-    G.save_json(R.run_dir(tmp_path, specs[4]) / R.RUN_RECORD, {**rec_4, "overrides": original})
+    legacy = {k: v for k, v in rec_4.items() if k != "identity"}  # as written before run.json held its identity
+    G.save_json(D.run_dir(tmp_path, specs[4]) / D.RUN_RECORD, {**legacy, "overrides": bare})
+    assert D.status(tmp_path, specs[4], [*bare[:-1], "data.train_files='/my dir/t.parquet'"]) == "done"
+    assert D.status(tmp_path, specs[4], [*bare[:-1], "data.train_files='/my dir/u.parquet'"]) == "stale"
+    G.save_json(D.run_dir(tmp_path, specs[4]) / D.RUN_RECORD, rec_4)
     capsys.readouterr()
-    assert main(["--dry-run", "--out", str(tmp_path), "--seeds", "2", "--stress", "1,4", "--steps", "4",
-                 "--test-freq", "2", "--methods", ",".join(G.METHODS[4:])]) == 0
+    assert main(["--dry-run", *grid_args]) == 0
     out = capsys.readouterr().out
-    assert "8 runs (2 to run)" in out and "1 finished run(s) are stale" in out  # the dry run sees it too
+    assert "8 runs (2 to run)" in out and "1 finished run(s) will be redone (their settings changed)" in out
     fake.calls.clear()
     R.run_grid(specs, tmp_path, costs)
     assert fake.calls == [specs[2].run_id, specs[3].run_id]
+    assert json.loads((tmp_path / "stale" / f"{specs[3].run_id}.1" / D.RUN_RECORD).read_text()) == rec  # kept
+
+
+def test_identity_is_the_settings_as_hydra_reads_them_wherever_the_folders_are(tmp_path):
+    """The study's paths relative to it, the tiny assets' by content; a value written another way is the same
+    setting, another value, key kind, order or content is not; an old record's absolute paths read the same."""
+    import shutil
+
+    from rpg.study.identity import content_digest, identity, legacy_identity
+
+    assets, out = tmp_path / "cache" / "abc123", tmp_path / "study"
+    (assets / "model").mkdir(parents=True)
+    (assets / "model" / "w.bin").write_bytes(b"w")
+    (assets / "t.parquet").write_bytes(b"t")
+    run = out / "runs" / "r1"
+    overrides = [f"a={run}/ckpts", f"m={assets}/model", f"d=[{assets}/t.parquet]", "b=1", f"x={tmp_path}/other"]
+    got = identity(overrides, out, assets)
+    model, data = content_digest(assets / "model"), content_digest(assets / "t.parquet")
+    assert got == [["a", "study:runs/r1/ckpts"], ["m", f"tiny:model@sha256:{model}"],
+                   ["d", [f"tiny:t.parquet@sha256:{data}"]], ["b", 1], ["x", f"{tmp_path}/other"]]
+    assert len(model) == len(data) == 64 and model != content_digest(assets)
+    out2, assets2 = tmp_path / "moved" / "study", tmp_path / "cache2" / "xyz"
+    shutil.copytree(assets, assets2)
+    moved = [o.replace(str(out), str(out2)).replace(str(assets), str(assets2)) for o in overrides]
+    assert identity(moved, out2, assets2) == got
+    assert identity([f"a='{run}/ckpts'", *overrides[1:]], out, assets) == got  # quoted: the same path
+    (assets2 / "t.parquet").write_bytes(b"u")  # other content under the same name
+    assert identity(moved, out2, assets2) != got
+    for other in (["b='1'"], ["+b=1"], ["b=2"]):
+        assert identity([*overrides[:3], *other, overrides[4]], out, assets) != got, other
+    assert identity([overrides[1], overrides[0], *overrides[2:]], out, assets) != got  # order
+    inside = out / "cache" / "abc123"  # the assets under --out: still by content
+    shutil.copytree(assets, inside)
+    assert identity([f"m={inside}/model"], out, inside) == [["m", f"tiny:model@sha256:{model}"]]
+    # a record of the code before: absolute paths of places gone; the build's folder name is its builder key
+    old = [o.replace(str(out), "/gone/study").replace(str(tmp_path / "cache"), "/gone/cache") for o in overrides]
+    assert legacy_identity(old, "r1", assets) == got
+    assert legacy_identity(old, "r2", assets) != got  # another run's folder
+    assert legacy_identity([o.replace("abc123", "def456") for o in old], "r1", assets) != got  # another build
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("written_by", ["this code", "the code before run.json held the identity"])
+def test_a_moved_study_keeps_its_finished_runs_and_a_changed_setting_moves_them_aside(written_by, fake, tiny_assets,
+                                                                                     tmp_path, monkeypatch, capsys):
+    """Before: run.json compared the overrides with their absolute paths (the run folder, the tiny assets' cache):
+    a study copied to another --out with its assets in another RPG_TINY_CACHE found every finished run stale,
+    and the next start deleted each run's folder (shutil.rmtree) as it reran it, its start line saying
+    "0 finished ... 1 to run". Now a run is the same wherever it is (the old places gone), --dry-run and
+    the start say so in the same line, and a setting that really changed moves the run to <out>/stale, files kept."""
+    import shutil
+
+    monkeypatch.setattr("rpg.study.render.render", lambda *a, **k: [])  # the report is not this test's (seconds)
+    (spec,) = G.grid(seeds=1, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[:1])
+    cache_a, cache_b = tmp_path / "cache a", tmp_path / "cache b"
+    shutil.copytree(tiny_assets.root, cache_a / tiny_assets.root.name)
+    monkeypatch.setenv("RPG_TINY_CACHE", str(cache_a))
+    args = ["--seeds", "1", "--stress", "", "--steps", "4", "--test-freq", "2", "--methods", spec.variant]
+    a, b = tmp_path / "study a", tmp_path / "elsewhere" / "study b"
+    assert main(["--out", str(a), *args]) == 0 and fake.calls == [spec.run_id]
+    rec = json.loads((D.run_dir(a, spec) / D.RUN_RECORD).read_text())
+    assert str(a) in json.dumps(rec["overrides"]) and str(cache_a) in json.dumps(rec["overrides"])  # as launched
+    assert str(tmp_path) not in json.dumps(rec["identity"])
+    if written_by != "this code":  # the overrides with their absolute paths, no identity
+        G.save_json(D.run_dir(a, spec) / D.RUN_RECORD, {k: v for k, v in rec.items() if k != "identity"})
+    shutil.copytree(a, b)
+    shutil.rmtree(a)
+    shutil.move(cache_a, cache_b)
+    monkeypatch.setenv("RPG_TINY_CACHE", str(cache_b))
+    files = _files(D.run_dir(b, spec))
+    assert set(files) == {"metrics.jsonl", "run.json", "trainer.log"}
+    fake.calls.clear()
+    capsys.readouterr()
+
+    def start() -> tuple[str, str]:
+        """(the dry run's last line, the real start's output)"""
+        assert main(["--dry-run", "--out", str(b), *args]) == 0
+        dry = capsys.readouterr().out.splitlines()[-1]
+        assert main(["--out", str(b), *args]) == 0
+        return dry, capsys.readouterr().out
+
+    dry, out = start()
+    line = (f"1 runs: 1 finished, 0 failed (not retried without --retry-failed), 0 to run, 2 at a time (estimate 0s); "
+            f"output {b}")
+    assert dry == line and f"] {line}\n" in out  # the dry run and the start agree
+    assert fake.calls == [] and _files(D.run_dir(b, spec)) == files and not (b / "stale").exists()
+
+    monkeypatch.setattr(G, "LR_SCALE", G.LR_SCALE / 2)  # a setting that changed: the run is redone
+    estimate = G.fmt_duration(G.calibrate(D.all_records(b)).grid_s([spec], 2))
+    dry, out = start()
+    line = (f"1 runs: 0 finished, 0 failed (not retried without --retry-failed), 1 to run, 2 at a time (estimate "
+            f"{estimate}); output {b}; 1 finished run(s) will be redone (their settings changed): their old folders "
+            f"are moved to {b / 'stale'} (kept)")
+    assert dry == line and f"] {line}\n" in out
+    assert f"moved {D.run_dir(b, spec)} (finished, settings changed) to {b / 'stale' / (spec.run_id + '.1')}\n" in out
+    assert fake.calls == [spec.run_id]
+    assert _files(b / "stale" / f"{spec.run_id}.1") == files  # every file of the finished run, as it was
+    assert json.loads((D.run_dir(b, spec) / D.RUN_RECORD).read_text())["status"] == "done"
 
 
 @pytest.mark.parametrize("bad, why", [
@@ -282,7 +393,7 @@ def test_a_run_whose_metrics_cannot_be_read_is_failed_naming_the_file_and_line(b
 
     monkeypatch.setattr(harness, "run_trainer", broken)
     (rec,) = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)
-    metrics = R.run_dir(tmp_path, specs[0]) / "metrics.jsonl"
+    metrics = D.run_dir(tmp_path, specs[0]) / "metrics.jsonl"
     assert rec["status"] == "failed" and re.match(rf"{re.escape(str(metrics))}:2: {why}", rec["error"]), rec
     assert rec["last_step"] == 4 and f"failed 1/1 {specs[0].label}" in capsys.readouterr().out
 
@@ -346,7 +457,7 @@ def test_an_error_stops_the_running_runs_and_leaves_no_record_for_them(tmp_path,
         R.run_grid(specs, tmp_path, G.BUILTIN_COSTS, jobs=2)
     assert stopped.is_set()  # the other running run was stopped, not left behind
     assert sorted(calls) == sorted(s.run_id for s in specs[:2])  # the queued runs never started
-    assert [R.status(tmp_path, s) for s in specs] == ["todo"] * 4  # no record: each runs again next time
+    assert [D.status(tmp_path, s) for s in specs] == ["todo"] * 4  # no record: each runs again next time
 
 
 def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
@@ -375,7 +486,7 @@ def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
     # the fake's step-0 values: clipped 0.3 (seed 1) / 0.4 (seed 2), unclipped 0.1 / 0.2 (it is not deterministic)
     assert ("determinism: the validation before training is NOT identical across the runs of each seed (largest "
             "spread within a seed 0.200; 7 runs, 2 seed(s))") in runs_md
-    n_val = R.read_record(tmp_path, specs[0])["overrides"]  # the tiny task's held-out file: its row count
+    n_val = D.read_record(tmp_path, specs[0])["overrides"]  # the tiny task's held-out file: its row count
     import pyarrow.parquet as pq
 
     rows_val = pq.ParquetFile(next(o.split("=", 1)[1] for o in n_val if o.startswith("data.val_files="))).metadata.num_rows
@@ -466,8 +577,8 @@ def test_cli_refuses_an_out_that_is_a_file_and_a_render_of_no_study(fake, tmp_pa
     assert capsys.readouterr().err == (f"rpg.study: --render-only: no study in --out {tmp_path / 's'} "
                                        f"({tmp_path / 's' / 'runs'} holds no finished or failed run): run the study first\n")
     (spec,) = G.grid(seeds=1, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[:1])
-    R.run_dir(tmp_path / "s", spec).mkdir()
-    G.save_json(R.run_dir(tmp_path / "s", spec) / R.RUN_RECORD, {"status": "failed", "run_id": spec.run_id})
+    D.run_dir(tmp_path / "s", spec).mkdir()
+    G.save_json(D.run_dir(tmp_path / "s", spec) / D.RUN_RECORD, {"status": "failed", "run_id": spec.run_id})
     other = ["--seeds", "2", "--stress", "", "--steps", "4", "--test-freq", "2", "--methods", G.METHODS[1]]
     assert main(["--render-only", "--out", str(tmp_path / "s"), *other]) == 2
     assert capsys.readouterr().err == (
@@ -518,7 +629,7 @@ def test_weights_grid_runs_each_arm_in_the_async_trainer_with_its_own_setting(ti
     # the sync grid's run ids are unchanged (no arm in them): its finished runs stay finished
     assert G.RunSpec("run_grpo_7b", 4, 1, SMALL).run_id.startswith("run_grpo_7b-k4-seed1-")
     for spec in specs[:3]:
-        kv = _kv(R.spec_overrides(spec, tmp_path))
+        kv = _kv(D.spec_overrides(spec, tmp_path))
         assert kv["trainer.v1.trainer_mode"] == "colocate_async", spec.arm
         assert kv.get("rpg.loss.behavior_weight_cap", "None") == ("1.0" if spec.arm == "truncated" else "None")
         assert kv.get("rpg.loss.behavior_weight_level", "token") == ("none" if spec.arm == "uncorrected" else "token")
@@ -583,8 +694,8 @@ def test_staleness_grid_sets_exactly_the_mode_the_sync_step_the_threshold_and_th
     for spec in [s for s in specs if s.seed == 1 and s.variant == "run_rpg_7b_ufkl1e-4_rf" and s.staleness in (1, 8)]:
         k = spec.staleness
         # against the sync trainer's run of the same method, mini-batch and seed (run-id paths aside)
-        sync = _kv(R.spec_overrides(G.RunSpec(spec.variant, k, 1, G.STALENESS_SIZES), tmp_path))
-        kv = _kv(R.spec_overrides(spec, tmp_path))
+        sync = _kv(D.spec_overrides(G.RunSpec(spec.variant, k, 1, G.STALENESS_SIZES), tmp_path))
+        kv = _kv(D.spec_overrides(spec, tmp_path))
         assert kv["actor_rollout_ref.actor.ppo_mini_batch_size"] == str(16 // k) and kv["data.train_batch_size"] == "16"
         expected = {"trainer.v1.trainer_mode": "separate_async",
                     "trainer.v1.separate_async.parameter_sync_step": str(k),

@@ -175,6 +175,22 @@ def test_typo_gets_a_suggestion():
         parse("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.29x")
 
 
+def test_a_valid_name_a_swap_from_a_shipped_one_is_named_with_the_closest_shipped_name():
+    """Before: run_..._0.2_0.82 (digits of the shipped 0.28 swapped) composed eps_high 0.82 without a word."""
+    from rpg.launch.shipped_names import edits, unshipped_note
+
+    assert (edits("0.28", "0.82"), edits("ab", "ba"), edits("kitten", "sitting"), edits("", "abc")) == (1, 1, 3, 3)
+    swapped = "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.82"
+    assert parse(swapped).eps_high == 0.82  # valid: it runs as it reads
+    assert unshipped_note(swapped) == (f"{swapped} is not a shipped run; closest shipped name: "
+                                       "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28 (it runs as its own name reads: the "
+                                       "settings below)")
+    assert unshipped_note("run_rpg_7b_ufkl1e-3").endswith("closest shipped name: run_rpg_7b_ufkl1e-4 (it runs as "
+                                                         "its own name reads: the settings below)")
+    assert all(unshipped_note(name) is None for name in known_names())
+    assert unshipped_note("run_rpg_7b_fkl1e-2_rf_clip_ppo_0.3_0.4") is None  # far from every shipped name
+
+
 def test_scripts_are_identical_thin_wrappers():
     scripts = sorted((RECIPE / "7b").glob("*.sh")) + sorted((RECIPE / "4b").glob("*.sh"))
     bodies = {p.read_text() for p in scripts}

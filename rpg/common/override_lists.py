@@ -158,21 +158,6 @@ def parse_overrides(overrides: Iterable[str], *, multirun: bool = False) -> list
     return [parse_one(o, multirun=multirun) for o in overrides]
 
 
-def same_overrides(a: Sequence[str], b: Sequence[str]) -> bool:
-    """True when ``a`` and ``b`` are the same overrides as Hydra reads them (key, kind and value, in order):
-    ``k=/my dir/x`` and ``k='/my dir/x'`` are one setting written two ways. An override Hydra cannot read is
-    compared as written."""
-    if list(a) == list(b):
-        return True
-    if len(a) != len(b):
-        return False
-    try:
-        pa, pb = parse_overrides(a), parse_overrides(b)
-    except OverrideSyntaxError:
-        return False
-    return all((x.key, x.kind, x.value) == (y.key, y.kind, y.value) for x, y in zip(pa, pb))
-
-
 def check_user_overrides(args: Sequence[str]) -> list[Parsed]:
     """A launcher's extra arguments, read before anything is built or started: Hydra overrides only
     (``OverrideSyntaxError``, one line, for a flag or for an override Hydra cannot read)."""

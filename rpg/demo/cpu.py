@@ -53,7 +53,7 @@ from rpg.config import world_size_of
 from rpg.data.checks import override_problems
 from rpg.common.override_lists import OverrideSyntaxError, resume_command, values
 from rpg.common.signals import StopSignal, raise_on_stop_signals
-from rpg.demo.progress import StartupProgress, progress, val_acc
+from rpg.demo.progress import StartupProgress, progress, val_summary
 from rpg.launch.args import OneLineParser, positive_int, read_overrides
 from rpg.launch.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, trainer_overrides
 from rpg.launch.run_dir import (METRICS_FILE, RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir,
@@ -94,12 +94,13 @@ def plot_curve(run: TrainerRun, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     train = [(s, (v + 1) / 2) for s, v in run.series("critic/score/mean")]
-    val = [(s, val_acc(d)) for s, d in sorted(run.metrics.items()) if val_acc(d) is not None]
+    val, _ = val_summary(run.metrics)
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     if train:
         ax.plot(*zip(*train), label="train accuracy (sampled, n per prompt)", alpha=0.6)
-    if val:
-        ax.plot(*zip(*val), "o-", label="validation accuracy (held-out prompts, T=1)")
+    for source, entry in val.items():
+        ax.plot(*zip(*entry["curve"]), "o-", label="validation accuracy (held-out prompts, T=1)"
+                + (f": {source}" if len(val) > 1 else ""))
     ax.set_xlabel("training step")
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)
@@ -301,15 +302,16 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     for note in run.notes:
         print(f"{PREFIX} note: {note}", flush=True)
 
-    vals = [(s, val_acc(d)) for s, d in sorted(run.metrics.items()) if val_acc(d) is not None]
+    val, val_line = val_summary(run.metrics)
+    one = next(iter(val.values())) if len(val) == 1 else {"before": None, "after": None}
     summary = {
         "algo": args.algo,
         "rollout": rollout,
         "entry": args.entry,
         "steps": run.last_step(),
-        "val_acc_before": vals[0][1] if vals and vals[0][0] == 0 else None,
-        "val_acc_after": vals[-1][1] if vals and vals[-1][0] > 0 else None,
-        "val_curve": vals,
+        "val_acc_before": one["before"],  # with one data source (each one's in val_acc)
+        "val_acc_after": one["after"],
+        "val_acc": val,  # {data source: {before, after, curve: [[step, accuracy], ...]}}
         "wall_time_s": round(run.wall_time_s, 1),
         "cpu_s": run.cpu_s,  # user + system CPU seconds of the run's processes (sampled every 0.5 s)
         "peak_pss_gb": round(run.peak_pss_bytes / 2**30, 2),
@@ -322,12 +324,11 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_curve(run, out / "training_curve.png", f"tiny task on CPU: {args.algo} ({args.entry})")
-    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     print(
         f"{PREFIX} done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s ({summary['cpu_s']:.0f} CPU-s), "
         f"peak RAM of the run's processes {summary['peak_pss_gb']:.1f} GiB (PSS; machine-wide increase "
         f"{summary['peak_system_used_gb']:.1f} GiB)\n"
-        f"{PREFIX} validation accuracy: before {fmt(summary['val_acc_before'])} -> after {fmt(summary['val_acc_after'])}\n"
+        f"{PREFIX} validation accuracy: {val_line}\n"
         f"{PREFIX} wrote {out / METRICS_FILE}, {out / 'training_curve.png'}, {out / 'summary.json'}",
         flush=True,
     )

@@ -4,23 +4,57 @@
   every ``HEARTBEAT_S`` seconds until the first metrics arrive, and the driver's resume decision;
 * ``progress``: a line per training step (train accuracy, importance-ratio range, KL estimate, clipped share,
   time) and per validation;
-* ``policy_stats``: the off-policy diagnostics of one step.
+* ``policy_stats``: the off-policy diagnostics of one step;
+* ``val_accs`` / ``val_summary``: the validation accuracy of each data source a run validates on.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
 from rpg.launch.harness import resume_decision
 
-VAL_PREFIX = "val-core/math_dapo/acc/mean@"
+# verl 0.9.1 logs validation as val-core/<data source>/acc/mean@N, one key per data source (rpg.reports.benchmarks)
+VAL_KEY = re.compile(r"val-core/(.+)/acc/mean@(\d+)")
 HEARTBEAT_S = 10.0
 
 
-def val_acc(data: dict) -> float | None:
-    keys = [k for k in data if k.startswith(VAL_PREFIX)]
-    return float(data[keys[0]]) if keys else None
+def val_accs(data: dict) -> dict[str, float]:
+    """{data source: validation accuracy} of one metrics record (``val-core/<data source>/acc/mean@N``; the
+    largest N of a source that logs several), by data source name; empty when the record holds no validation."""
+    found: dict[str, tuple[int, float]] = {}
+    for key, value in data.items():
+        m = VAL_KEY.fullmatch(key)
+        if m and (m[1] not in found or int(m[2]) > found[m[1]][0]):
+            found[m[1]] = (int(m[2]), float(value))
+    return {source: acc for source, (_, acc) in sorted(found.items())}
+
+
+def fmt_accs(accs: dict[str, float]) -> str:
+    """``0.350`` for one data source, ``aime2024 0.100, aime2025 0.200`` for several."""
+    if len(accs) == 1:
+        return f"{next(iter(accs.values())):.3f}"
+    return ", ".join(f"{source} {acc:.3f}" for source, acc in accs.items())
+
+
+def val_summary(metrics: dict[int, dict]) -> tuple[dict, str]:
+    """The validation of a run's records ``{step: data}``: ({data source: {"before": the step-0 accuracy, "after":
+    the last validation's after step 0, "curve": [[step, accuracy], ...]}}, the line ``before X -> after Y`` with
+    each data source named when there are several; ``n/a`` only for a value that was not logged)."""
+    per: dict[str, dict] = {}
+    for step, data in sorted(metrics.items()):
+        for source, acc in val_accs(data).items():
+            entry = per.setdefault(source, {"before": None, "after": None, "curve": []})
+            entry["curve"].append([step, acc])
+            entry["before" if step == 0 else "after"] = acc
+    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    if not per:
+        return per, "before n/a -> after n/a (no val-core/<data source>/acc/mean@N logged)"
+    parts = [(f"{source} " if len(per) > 1 else "") + f"before {fmt(e['before'])} -> after {fmt(e['after'])}"
+             for source, e in per.items()]
+    return per, "; ".join(parts)
 
 
 def policy_stats(data: dict) -> str:
@@ -93,9 +127,9 @@ def progress(total: int, prefix: str, startup: StartupProgress | None = None, sh
     def show(step: int, data: dict) -> None:
         if startup is not None:
             startup.finish()
-        val = val_acc(data)
-        if step == 0 and val is not None:
-            print(f"{prefix} validation before training: acc {val:.3f}", flush=True)
+        val = val_accs(data)
+        if step == 0 and val:
+            print(f"{prefix} validation before training: acc {fmt_accs(val)}", flush=True)
             return
         if "critic/score/mean" in data:
             acc = (float(data["critic/score/mean"]) + 1) / 2
@@ -105,7 +139,7 @@ def progress(total: int, prefix: str, startup: StartupProgress | None = None, sh
                 f"  {data.get('timing_s/step', float('nan')):.1f}s/step  elapsed {time.time() - t0:.0f}s",
                 flush=True,
             )
-        if val is not None:
-            print(f"{prefix} validation at step {step}: acc {val:.3f}", flush=True)
+        if val:
+            print(f"{prefix} validation at step {step}: acc {fmt_accs(val)}", flush=True)
 
     return show

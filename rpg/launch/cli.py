@@ -51,6 +51,8 @@ OUT_DIR (cpu) [a new <root>/outputs/cpu/<name>/<time>[-N]; the tiny task starts 
 Before anything starts (every mode): an environment variable given as an argument, a key the composed
 config does not have (the closest key and the ``+`` hint: ``rpg.launch.config_keys``) and a logger verl
 does not know (``LOGGER``, ``trainer.logger``) are one line each, exit 2; Ctrl-C before the run is one line.
+A valid run name that is not shipped but a swap or two from a shipped one is run as it reads, after a warning line
+naming the closest shipped name (``rpg.launch.shipped_names``).
 PROJECT_NAME and EXP_NAME name directories: '/', '\\', '.', '..' are refused (one line, exit 2).
 Relative paths given by the user are taken relative to the current directory; defaults are
 relative to the project root (``RPG_CLUSTER_ROOT`` for a Ray submission).
@@ -79,6 +81,7 @@ from rpg.launch.plan import CONFIG_DIR, TASK_VARS, plan
 from rpg.launch.ray_job_api import address_problem, job_api_problem
 from rpg.launch.request import ENV_VARS, RESUMED_VARS, LaunchError, LaunchRequest, project_root
 from rpg.launch.run_dir import RunDirError, check_fresh_start, checkpoint_root
+from rpg.launch.shipped_names import unshipped_note
 from rpg.launch.variants import GRAMMAR, VariantNameError, parse
 from rpg.verl.block_checks import resume_hint
 from rpg.verl.errors import RESUME_COMMAND_ENV
@@ -137,6 +140,8 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     if argv[0] == "--describe":
         return describe(argv[1:], env)
     v = parse(argv[0])
+    if (note := unshipped_note(v.name)) is not None:  # a valid name a swap or two from a shipped one
+        print(f"rpg.launch: warning: {note}", file=sys.stderr, flush=True)
     user = argv[1:]
     root = project_root()
     read_overrides(user, ENV_VARS, script_command(v.name, root))

@@ -28,15 +28,15 @@ marked ``READING`` in the code below and listed in docs/launch-scripts.md.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_DIR
+from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR
 from rpg.config import DIVERGENCES  # the loss library's names, declared torch-free
+from rpg.launch.shipped_names import closest_shipped, known_names
 
 __all__ = ["Variant", "VariantNameError", "parse", "to_overrides", "name_settings", "memory_overrides", "GRAMMAR",
            "paper_refs", "paper_row", "known_names", "recipe_value"]
@@ -132,7 +132,7 @@ class Variant:
 
 
 def _fail(name: str, why: str) -> VariantNameError:
-    close = difflib.get_close_matches(name, known_names(), n=3, cutoff=0.75)
+    close = closest_shipped(name)
     hint = f"\nclosest script names: {', '.join(close)}" if close else ""
     return VariantNameError(f"bad run name {name!r}: {why}{hint}\nrun names follow:\n{GRAMMAR}")
 
@@ -439,9 +439,3 @@ def paper_refs(v: Variant) -> tuple[str, ...]:
         elif v.reference == "sampler" and v.beta in (1e-3, 1e-4):
             refs.append(f"Fig. 9 (beta {v.beta:g})")
     return tuple(refs)
-
-
-def known_names() -> list[str]:
-    """Names of the scripts shipped in recipe/rpg/{7b,4b} (empty if the recipe is not next to the package)."""
-    root = CHECKOUT / RECIPE_DIR
-    return sorted(p.stem for d in ("7b", "4b") if (root / d).is_dir() for p in (root / d).glob("run_*.sh"))

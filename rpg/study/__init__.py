@@ -8,6 +8,8 @@ over seeds) and training curves with ``rpg.reports``.
 
 * ``rpg.study.grid``: methods (paper run names parsed by ``rpg.launch.variants``), the tiny-task
   adaptation, the grid, run identities and the time estimate.
+* ``rpg.study.records``: each run's folder and ``run.json``, its identity (``rpg.study.identity``: its settings
+  wherever its folders are) and what a study finds before it starts.
 * ``rpg.study.runner``: runs the grid resumably (a finished run is not repeated), with progress.
 * ``rpg.study.render``: tables and figures from the finished runs' logs.
 

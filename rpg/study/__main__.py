@@ -158,7 +158,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from rpg.study.runner import StudyBusyError, all_records, read_record, run_grid, spec_overrides, status
+    from rpg.study.records import all_records, read_record, survey
+    from rpg.study.runner import StudyBusyError, run_grid
     from rpg.launch.variants import VariantNameError
 
     # relative to the current folder, as every run folder a user names (rpg.common.user_paths)
@@ -212,20 +213,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.render_only and (problem := _no_study(args.out, records, all_records(args.out))):
         print(f"rpg.study: --render-only: {problem}", file=sys.stderr)
         return 2
-    finished = {s.run_id for s, r in zip(specs, records) if r.get("status") == "done"}
     costs = calibrate(all_records(args.out), LAG_COSTS if args.lag else STALENESS_COSTS if args.staleness
                       else BUILTIN_COSTS)
-    if args.dry_run:
-        # a finished run whose overrides changed since (stale) would run again: count it as to run
-        stale = {s.run_id for s in specs if s.run_id in finished and status(args.out, s, spec_overrides(s, args.out)) == "stale"}
-        print(describe(specs, costs, finished - stale, args.jobs))
+    if args.dry_run:  # what the real start would do, by the same survey, and its start line
+        found = survey(specs, args.out, args.retry_failed)
+        kept = {specs[i].run_id for i in range(len(specs)) if not found.runs(i)}
+        print(describe(specs, costs, kept, args.jobs, {s.run_id: st for s, st in zip(specs, found.states)}))
         if args.lag:
-            est = costs.grid_s([s for s in specs if s.run_id not in finished - stale], args.jobs)
+            est = costs.grid_s([s for s in specs if s.run_id not in kept], args.jobs)
             print(f"lag study budget {fmt_duration(LAG_BUDGET_S)}: the estimate "
                   + ("fits" if est <= LAG_BUDGET_S else "EXCEEDS it"))
-        if stale:
-            print(f"{len(stale)} finished run(s) are stale (their overrides changed since they ran) and would run again; "
-                  "--render-only renders them as they are")
+        print(found.line(costs, args.jobs))
         return 0
     command = "python -m rpg.study " + shlex.join(argv if argv is not None else sys.argv[1:])
     if not args.render_only:

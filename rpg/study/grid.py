@@ -429,13 +429,17 @@ def fmt_duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def describe(specs: list[RunSpec], costs: Costs, finished: set[str] = frozenset(), jobs: int = 1) -> str:
-    """The grid as a table with the time estimate (what ``--dry-run`` prints)."""
+def describe(specs: list[RunSpec], costs: Costs, finished: set[str] = frozenset(), jobs: int = 1,
+             states: dict[str, str] | None = None) -> str:
+    """The grid as a table with the time estimate (what ``--dry-run`` prints): ``finished`` the run ids that do
+    not run (done, or failed and not retried), ``states`` each run's state (``rpg.study.records.status``)."""
     w = max([32, *(len(spec.label) for spec in specs)])
     lines = [f"{'#':>3}  {'method':<{w}} {'steps/batch':>11} {'seed':>4}  {'estimate':>8}  status   run id"]
     todo = [spec for spec in specs if spec.run_id not in finished]
+    states = states or {}
     for i, spec in enumerate(specs, 1):
-        status = "done" if spec.run_id in finished else "to run"
+        state = states.get(spec.run_id, "done")
+        status = (state if spec.run_id in finished else "redo" if state in ("stale", "failed") else "to run")
         est = fmt_duration(costs.run_s(spec))
         lines.append(f"{i:>3}  {spec.label:<{w}} {spec.updates:>11} {spec.seed:>4}  {est:>8}  "
                      f"{status:<7}  {spec.run_id}")

@@ -28,7 +28,7 @@ from rpg.reports.logs import Metrics, check_metric, read_run
 from rpg.reports.published import TableLayout
 from rpg.reports.tables import build_table, render_latex, render_markdown
 from rpg.study.grid import COLLAPSE_FRACTION, RunSpec, collapsed, fmt_duration
-from rpg.study.runner import run_dir
+from rpg.study.records import run_dir
 from rpg.tiny.task import DATA_SOURCE
 
 VAL_COLUMN = "tiny val acc"

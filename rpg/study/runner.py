@@ -2,9 +2,11 @@
 
 Each run lives in ``<out>/runs/<run id>/`` (``metrics.jsonl``, ``trainer.log`` from the harness)
 with ``run.json`` written last: ``status`` ``done`` (with wall time and measured step/validation
-time) or ``failed`` (with the error's last line). A run whose ``run.json`` says ``done`` with the
-same overrides is not repeated; a failed run is repeated only with ``retry_failed``; anything else
-(interrupted, never started, overrides changed since) runs from scratch.
+time) or ``failed`` (with the error's last line), the overrides as launched and the run's identity
+(``rpg.study.identity``: its settings, wherever its folders are). A run whose ``run.json`` says ``done``
+with the same identity is not repeated; a failed run is repeated only with ``retry_failed``; anything else
+(interrupted, never started, settings changed since) runs from scratch: a folder with a ``run.json`` is first
+moved to ``<out>/stale/`` (``rpg.study.records``; never deleted), one without (an interrupted run) is removed.
 
 One study per ``out`` at a time: ``run_grid`` holds ``<out>/.study.lock`` (an exclusive ``flock``) from
 before it removes anything until it returns; a second study on the same ``out`` is refused with one line
@@ -15,7 +17,6 @@ runs.)
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -27,10 +28,9 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from rpg.common.metrics_file import MetricsFileError, records, short
-from rpg.common.override_lists import same_overrides
 from rpg.study.grid import Costs, RunSpec, fmt_duration, save_json, speedup
+from rpg.study.records import RUN_RECORD, move_aside, read_record, run_dir, survey
 
-RUN_RECORD = "run.json"
 STUDY_LOCK = ".study.lock"
 
 
@@ -53,57 +53,6 @@ def lock_study(out: Path):
         raise StudyBusyError(f"--out {out} is in use by another study (python -m rpg.study); wait for it to end "
                              "or choose another --out") from None
     return fh
-
-
-def run_dir(out: Path, spec: RunSpec) -> Path:
-    return Path(out) / "runs" / spec.run_id
-
-
-def read_record(out: Path, spec: RunSpec) -> dict | None:
-    path = run_dir(out, spec) / RUN_RECORD
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
-
-
-def all_records(out: Path) -> list[dict]:
-    """Records of every run under ``out`` (any grid): the measured costs for the time estimate."""
-    recs = []
-    for path in sorted((Path(out) / "runs").glob(f"*/{RUN_RECORD}")):
-        try:
-            recs.append(json.loads(path.read_text()))
-        except json.JSONDecodeError:
-            continue
-    return recs
-
-
-def spec_overrides(spec: RunSpec, out: Path) -> list[str]:
-    """All overrides of one run: what ``RPG_BACKEND=cpu`` launches for the method, then the study's."""
-    from rpg.launch.plan import plan_overrides
-    from rpg.launch.request import project_root
-    from rpg.tiny import build_tiny_assets
-    from rpg.launch.variants import parse
-
-    d = run_dir(out, spec).resolve()
-    env = {"LOGGER": "console,file", "PROJECT_NAME": "rpg_study", "EXP_NAME": spec.run_id,
-           "CKPTS_DIR": str(d / "ckpts"), "VERL_FILE_LOGGER_ROOT": str(d / "logs"), "TENSORBOARD_DIR": str(d / "tb")}
-    root = project_root()
-    overrides, _ = plan_overrides(parse(spec.variant), env, spec.study_overrides(build_tiny_assets()),
-                                    root=root, cwd=root, backend="cpu")
-    return overrides
-
-
-def status(out: Path, spec: RunSpec, overrides: list[str] | None = None) -> str:
-    """``done`` | ``failed`` | ``stale`` (done with other overrides) | ``todo``."""
-    rec = read_record(out, spec)
-    if rec is None:
-        return "todo"
-    if overrides is not None and not same_overrides(rec.get("overrides") or [], overrides):
-        return "stale"  # a setting changed (written another way, e.g. a path quoted since, is the same)
-    return rec.get("status", "todo")
 
 
 def _timing(metrics_file: Path) -> tuple[float, float, int]:
@@ -268,26 +217,26 @@ def _run_grid_locked(specs: list[RunSpec], out: Path, costs: Costs, retry_failed
                      stream) -> list[dict]:
     from rpg.common.signals import raise_on_stop_signals
 
-    plans = [(spec, spec_overrides(spec, out)) for spec in specs]
-    states = [status(out, s, ov) for s, ov in plans]
-    keep = ("done",) + (() if retry_failed else ("failed",))
-    todo = [(s, ov) for (s, ov), st in zip(plans, states) if st not in keep]
-    progress = Progress(len(specs), costs, [s for s, _ in todo], jobs, stream)
-    kept_failed = 0 if retry_failed else states.count("failed")
-    progress.say(f"{len(specs)} runs: {states.count('done')} finished, {kept_failed} failed (not retried without "
-                 f"--retry-failed), {len(todo)} to run, {jobs} at a time (estimate {fmt_duration(progress.remaining_s)}); "
-                 f"output {out}")
-    for (spec, _), st in zip(plans, states):
-        if st in keep:
+    found = survey(specs, out, retry_failed)
+    todo = [(specs[i], found.overrides[i], found.identities[i]) for i in found.todo]
+    progress = Progress(len(specs), costs, [s for s, _, _ in todo], jobs, stream)
+    progress.say(found.line(costs, jobs))
+    for i, (spec, st) in enumerate(zip(specs, found.states)):
+        if not found.runs(i):
             progress.say(f"skip {spec.label} k={spec.updates} seed {spec.seed}: {st} ({run_dir(out, spec)})")
+    for i in found.aside:
+        spec = specs[i]
+        why = {"done": "finished", "failed": "failed"}.get(found.before[i], f"{RUN_RECORD} unreadable")
+        why += ", settings changed" if found.states[i] == "stale" else ""
+        progress.say(f"moved {run_dir(out, spec)} ({why}) to {move_aside(out, spec)}")
     stop = threading.Event()
     restore = raise_on_stop_signals()
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="study-run") as pool:
             futures = []
             try:
-                for spec, overrides in todo:
-                    futures.append(pool.submit(_run_one, spec, overrides, specs.index(spec) + 1, out, progress,
+                for spec, overrides, ident in todo:
+                    futures.append(pool.submit(_run_one, spec, overrides, ident, specs.index(spec) + 1, out, progress,
                                                timeout_s, stop))
                 finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
                 for f in finished:
@@ -303,20 +252,20 @@ def _run_grid_locked(specs: list[RunSpec], out: Path, costs: Costs, retry_failed
     return [read_record(out, s) or {"run_id": s.run_id, "status": "todo"} for s in specs]
 
 
-def _run_one(spec: RunSpec, overrides: list[str], index: int, out: Path, progress: Progress, timeout_s: float,
-             stop: threading.Event) -> None:
+def _run_one(spec: RunSpec, overrides: list[str], ident: list, index: int, out: Path, progress: Progress,
+             timeout_s: float, stop: threading.Event) -> None:
     """Run one spec through the CPU harness and write its ``run.json`` (not when it was stopped).
 
     An unexpected error sets ``stop`` before it propagates, so that no queued run starts after it.
     """
     try:
-        _run_one_unguarded(spec, overrides, index, out, progress, timeout_s, stop)
+        _run_one_unguarded(spec, overrides, ident, index, out, progress, timeout_s, stop)
     except BaseException:
         stop.set()
         raise
 
 
-def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Path, progress: Progress,
+def _run_one_unguarded(spec: RunSpec, overrides: list[str], ident: list, index: int, out: Path, progress: Progress,
                        timeout_s: float, stop: threading.Event) -> None:
     from rpg.launch import harness
     from rpg.common.checkout import RECIPE_ENTRY
@@ -326,13 +275,16 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], index: int, out: Pat
         return
     total = progress.total
     d = run_dir(out, spec)
-    if d.exists():
-        shutil.rmtree(d)  # interrupted, stale or retried: start afresh
+    if (d / RUN_RECORD).exists():  # (moved at the start; a record is never deleted)
+        progress.say(f"moved {d} to {move_aside(out, spec)}")
+    elif d.exists():
+        shutil.rmtree(d)  # interrupted (no record): start afresh
     d.mkdir(parents=True)
     progress.say(f"start {index}/{total} {spec.label} k={spec.updates} seed {spec.seed} -> {d}")
     record = {"run_id": spec.run_id, "variant": spec.variant, "label": spec.label, "updates": spec.updates,
               "seed": spec.seed, "steps": spec.sizes.steps, "validations": spec.sizes.validations,
-              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "code": _code_version(), "overrides": overrides}
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "code": _code_version(), "overrides": overrides,
+              "identity": ident}
     record.update(cpu_count=os.cpu_count(), load_start=machine_load())
     watch = progress.start(index, spec)
     t0 = time.time()

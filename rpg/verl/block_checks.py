@@ -295,8 +295,12 @@ def check_separate_async(cfg, settings: RPGSettings) -> None:
         check_rollout_pool_split(cfg, *pool.values(), mode)
     k = config_value(cfg, "trainer.v1.separate_async.parameter_sync_step", SYNC_STEP_DEFAULT)
     batch, mini = config_value(cfg, "data.train_batch_size"), config_value(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size")
+    hint = f"; set parameter_sync_step={batch // mini}" if mini and batch % mini == 0 else ""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        _fail(f"trainer.v1.separate_async.parameter_sync_step={k!r} with {mode}: the optimizer updates between two "
+              f"weight syncs, an integer >= 1 (data.train_batch_size={batch} / actor_rollout_ref.actor."
+              f"ppo_mini_batch_size={mini}){hint}")
     if batch != k * mini:
-        hint = f"; set parameter_sync_step={batch // mini}" if batch % mini == 0 else ""
         _fail(f"data.train_batch_size={batch} with {mode}: it must equal trainer.v1.separate_async.parameter_sync_step"
               f"={k} x actor_rollout_ref.actor.ppo_mini_batch_size={mini} (one weight sync every {k} updates){hint}")
     world = int(config_value(cfg, "trainer.nnodes", 1)) * int(config_value(cfg, "trainer.n_gpus_per_node", 1))

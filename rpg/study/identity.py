@@ -1,0 +1,113 @@
+"""A run's identity: its settings, independent of where its folders are.
+
+A run launches with absolute paths (its folder under ``--out``, the tiny assets' build in the cache), so its
+override list changes whenever the study is copied or moved, run from another clone, or given another
+``RPG_TINY_CACHE``. The identity is that list as Hydra reads it (``[prefix + key, value]`` per override, so a
+value written bare or quoted is one setting) with every absolute path replaced by what it stands for:
+
+* a path under the study's ``--out``: ``study:<path relative to it>`` (``study:runs/<run id>/ckpts``);
+* a path under the tiny assets' build: ``tiny:<path relative to it>@sha256:<digest of its content>`` (a file's
+  bytes; a folder's files: ``rpg.verl.checkpoints.manifest``), so the same assets anywhere are the same and
+  a rebuilt model or task file is another setting.
+
+A record written before ``run.json`` held its identity (``legacy_identity``) names its folders by absolute
+path: a path with ``runs/<run id>`` in it is read as that run's folder in the study, and a path inside a
+folder named as the current build (its builder key, a hash of the builder's sources) as that file of the
+current build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rpg.common.override_lists import parse_overrides
+
+STUDY, TINY = "study:", "tiny:"
+
+_DIGESTS: dict[tuple, str] = {}  # (path, (name, size, mtime) of each file) -> content digest
+
+
+def content_digest(path: Path) -> str:
+    """sha256 of a file's bytes, or of a folder's manifest (each file's relative path, size and sha256)."""
+    from rpg.verl.checkpoints import file_digest, manifest
+
+    path = Path(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    key = (str(path), tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+    if key not in _DIGESTS:
+        if path.is_dir():
+            text = json.dumps(manifest(path), sort_keys=True).encode()
+            _DIGESTS[key] = hashlib.sha256(text).hexdigest()
+        else:
+            _DIGESTS[key] = file_digest(path)
+    return _DIGESTS[key]
+
+
+def _under(path: Path, folder: Path) -> str | None:
+    """``path`` relative to ``folder`` (POSIX), or None when it is not inside it."""
+    try:
+        return path.relative_to(folder).as_posix()
+    except ValueError:
+        return None
+
+
+def _walk(value: Any, fix) -> Any:
+    """``value`` with ``fix`` applied to each absolute path string in it (lists and dicts walked)."""
+    if isinstance(value, str):
+        return fix(Path(value)) if os.path.isabs(value) else value
+    if isinstance(value, list):
+        return [_walk(v, fix) for v in value]
+    if isinstance(value, dict):
+        return {k: _walk(v, fix) for k, v in value.items()}
+    return value
+
+
+def _tiny(path: Path, assets_root: Path) -> str | None:
+    rel = _under(path, assets_root)
+    if rel is None or not path.exists():
+        return None
+    return f"{TINY}{rel}@sha256:{content_digest(path)}"
+
+
+def _settings(overrides: list[str], fix) -> list:
+    """``[[prefix + key, value], ...]`` as Hydra reads them, each absolute path through ``fix``, JSON-normalised
+    (what ``run.json`` holds and is compared against)."""
+    pairs = [[p.prefix + p.key, _walk(p.value, fix)] for p in parse_overrides(overrides)]
+    return json.loads(json.dumps(pairs))
+
+
+def identity(overrides: list[str], out: Path, assets_root: Path) -> list:
+    """The identity of a run launched with ``overrides`` in the study ``out`` with the tiny assets' build at
+    ``assets_root`` (module docstring)."""
+    out, assets_root = Path(out).resolve(), Path(assets_root).resolve()
+
+    def fix(path: Path) -> str:
+        path = path.resolve()
+        if (tiny := _tiny(path, assets_root)) is not None:  # by content, even with the cache under --out
+            return tiny
+        rel = _under(path, out)
+        return str(path) if rel is None else STUDY + rel
+
+    return _settings(overrides, fix)
+
+
+def legacy_identity(overrides: list[str], run_id: str, assets_root: Path) -> list:
+    """The identity of a run recorded with absolute paths only (module docstring): the folders it was run in
+    need not exist any more."""
+    assets_root = Path(assets_root).resolve()
+
+    def fix(path: Path) -> str:
+        parts = path.parts
+        for i in range(len(parts) - 1):
+            if parts[i] == "runs" and parts[i + 1] == run_id:
+                return STUDY + "/".join(parts[i:])
+        if assets_root.name in parts:  # the last folder named as the current build's key
+            rest = parts[len(parts) - parts[::-1].index(assets_root.name):]
+            return _tiny(assets_root.joinpath(*rest), assets_root) or str(path)
+        return str(path)
+
+    return _settings(overrides, fix)

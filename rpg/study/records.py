@@ -1,0 +1,167 @@
+"""The study's runs on disk: each run's folder and ``run.json``, its overrides and identity, and what a study
+finds before it starts (``survey``: the same for ``--dry-run`` and the real start).
+
+A folder with a ``run.json`` is never deleted: one whose run runs again (its settings changed, or it failed
+and is retried) is moved to ``<out>/stale/<run id>.<n>`` first (``move_aside``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rpg.study.grid import Costs, RunSpec, fmt_duration
+from rpg.study.identity import identity, legacy_identity
+
+RUN_RECORD = "run.json"
+STALE_DIR = "stale"  # <out>/stale/<run id>.<n>: the folders of runs that ran again
+
+
+def run_dir(out: Path, spec: RunSpec) -> Path:
+    return Path(out) / "runs" / spec.run_id
+
+
+def read_record(out: Path, spec: RunSpec) -> dict | None:
+    path = run_dir(out, spec) / RUN_RECORD
+    if not path.is_file():
+        return None
+    try:
+        rec = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def all_records(out: Path) -> list[dict]:
+    """Records of every run under ``out`` (any grid): the measured costs for the time estimate."""
+    recs = []
+    for path in sorted((Path(out) / "runs").glob(f"*/{RUN_RECORD}")):
+        try:
+            recs.append(json.loads(path.read_text()))
+        except json.JSONDecodeError:
+            continue
+    return recs
+
+
+def _assets():
+    """The tiny assets' build (built once), its root absolute: the runs' paths and identities name it."""
+    from rpg.tiny import TinyAssets, build_tiny_assets
+
+    return TinyAssets.at(build_tiny_assets().root.resolve())
+
+
+def spec_overrides(spec: RunSpec, out: Path) -> list[str]:
+    """All overrides of one run: what ``RPG_BACKEND=cpu`` launches for the method, then the study's."""
+    from rpg.launch.plan import plan_overrides
+    from rpg.launch.request import project_root
+    from rpg.launch.variants import parse
+
+    d = run_dir(out, spec).resolve()
+    env = {"LOGGER": "console,file", "PROJECT_NAME": "rpg_study", "EXP_NAME": spec.run_id,
+           "CKPTS_DIR": str(d / "ckpts"), "VERL_FILE_LOGGER_ROOT": str(d / "logs"), "TENSORBOARD_DIR": str(d / "tb")}
+    root = project_root()
+    overrides, _ = plan_overrides(parse(spec.variant), env, spec.study_overrides(_assets()),
+                                    root=root, cwd=root, backend="cpu")
+    return overrides
+
+
+def spec_identity(spec: RunSpec, out: Path, overrides: list[str]) -> list:
+    """The identity (``rpg.study.identity``) of ``spec`` launched with ``overrides`` in ``out``."""
+    return identity(overrides, out, _assets().root)
+
+
+def status(out: Path, spec: RunSpec, overrides: list[str] | None = None) -> str:
+    """``done`` | ``failed`` | ``stale`` (recorded with other settings) | ``todo``. The settings are compared by
+    identity: the same overrides with the study or the assets elsewhere, or a value written another way (a path
+    quoted since), are the same run."""
+    return _state(read_record(out, spec), spec, None if overrides is None else spec_identity(spec, out, overrides))
+
+
+def _state(rec: dict | None, spec: RunSpec, ident: list | None) -> str:
+    if rec is None:
+        return "todo"
+    if ident is not None and recorded_identity(rec, spec) != ident:
+        return "stale"
+    return rec.get("status", "todo")
+
+
+def recorded_identity(rec: dict, spec: RunSpec) -> list | None:
+    """A record's identity: the one it holds, or its overrides' (a record written with absolute paths only);
+    None when neither can be read."""
+    from rpg.common.override_lists import OverrideSyntaxError
+
+    if isinstance(rec.get("identity"), list):
+        return rec["identity"]
+    try:
+        return legacy_identity(rec.get("overrides") or [], spec.run_id, _assets().root)
+    except (OverrideSyntaxError, TypeError):
+        return None
+
+
+@dataclass
+class Survey:
+    """What a study on ``out`` finds before it starts (``survey``): the same for ``--dry-run`` and the real start."""
+
+    out: Path
+    specs: list[RunSpec]
+    overrides: list[list[str]]
+    identities: list[list]
+    states: list[str]  # status() of each spec
+    before: list[str]  # the status its run.json records ("" without one, "unreadable")
+    retry_failed: bool
+
+    def runs(self, i: int) -> bool:
+        return self.states[i] not in (("done",) if self.retry_failed else ("done", "failed"))
+
+    @property
+    def todo(self) -> list[int]:
+        return [i for i in range(len(self.specs)) if self.runs(i)]
+
+    @property
+    def aside(self) -> list[int]:
+        """The runs that run again although their folder holds a ``run.json``: moved to ``<out>/stale`` first."""
+        return [i for i in self.todo if self.before[i]]
+
+    def line(self, costs: Costs, jobs: int) -> str:
+        """The study's start line: counts, estimate, and the runs redone with where their old folders go."""
+        kept_failed = 0 if self.retry_failed else self.states.count("failed")
+        todo = [self.specs[i] for i in self.todo]
+        text = (f"{len(self.specs)} runs: {self.states.count('done')} finished, {kept_failed} failed (not retried "
+                f"without --retry-failed), {len(todo)} to run, {jobs} at a time (estimate "
+                f"{fmt_duration(costs.grid_s(todo, jobs))}); output {self.out}")
+        before = [self.before[i] for i in self.aside]
+        what = {"done": "finished run(s) will be redone (their settings changed)", "failed": "failed run(s) run again",
+                "unreadable": f"run(s) with an unreadable {RUN_RECORD} run again"}
+        parts = [f"{before.count(k)} {text}" for k, text in what.items() if k in before]
+        if parts:
+            text += f"; {', '.join(parts)}: their old folders are moved to {self.out / STALE_DIR} (kept)"
+        return text
+
+
+def survey(specs: list[RunSpec], out: Path, retry_failed: bool = False) -> Survey:
+    """The overrides, identity and state of each run in ``out`` (reads only)."""
+    out = Path(out)
+    overrides = [spec_overrides(s, out) for s in specs]
+    identities = [spec_identity(s, out, ov) for s, ov in zip(specs, overrides)]
+    states, before = [], []
+    for spec, ident in zip(specs, identities):
+        rec = read_record(out, spec)
+        states.append(_state(rec, spec, ident))
+        if rec is None:
+            before.append("unreadable" if (run_dir(out, spec) / RUN_RECORD).exists() else "")
+        else:
+            before.append(rec["status"] if rec.get("status") in ("done", "failed") else "unreadable")
+    return Survey(out, list(specs), overrides, identities, states, before, retry_failed)
+
+
+def move_aside(out: Path, spec: RunSpec) -> Path:
+    """Move the run's folder to ``<out>/stale/<run id>.<n>`` (the first free n >= 1); returns where it went."""
+    stale = Path(out) / STALE_DIR
+    stale.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while (stale / f"{spec.run_id}.{n}").exists():
+        n += 1
+    dest = stale / f"{spec.run_id}.{n}"
+    run_dir(out, spec).rename(dest)
+    return dest
