@@ -1,8 +1,8 @@
-"""The fused losses (``rpg.losses``) equal the plain-autograd statement of the paper (``rpg.reference``).
+"""The fused losses (``rpg.losses``) equal the plain-autograd statement of the paper (``rpg.paper_losses``).
 
 Value and gradient in ``log_prob``, float64, for every divergence x form x clip setting (both branch rules, both
 readings of the clipped differentiable loss, two sets of clip widths), both anchors and every aggregation mode,
-on masked batches whose tokens fill every clip region on both sides (asserted, not assumed). The reference itself
+on masked batches whose tokens fill every clip region on both sides (asserted, not assumed). The statement itself
 is checked against the objective: its expected gradient is -grad J by exact enumeration.
 """
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from exact_enumeration import DT, Bandit, assert_close
 
-from rpg import reference
+from rpg import paper_losses
 from rpg.behavior import behavior_weights
 from rpg.losses import (AGG_MODES, DIVERGENCES, RPGLossConfig, aggregate_loss, dual_clip, grpo_corrected_kl,
                         rpg_policy_loss)
@@ -67,15 +67,15 @@ def make_batch(widths, seed=0, rows=8, width=40):
 
 
 def branch(cfg, l, l_old, adv, l_ref):
-    """Which branch of the dual clip each token takes (docs/math.md#rpg-style-clip), from the reference's pieces."""
+    """Which branch of the dual clip each token takes (docs/math.md#rpg-style-clip), from the statement's pieces."""
     w = (l - l_old).exp()
     r_ref = (l_ref - l_old).exp()
     lo, hi = 1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high
     if cfg.form == "reinforce":
-        a_reg = adv + reference.kl_weight(cfg.divergence, cfg.beta, w.clamp(lo, hi), r_ref) / w
+        a_reg = adv + paper_losses.kl_weight(cfg.divergence, cfg.beta, w.clamp(lo, hi), r_ref) / w
         return a_reg >= 0 if cfg.branch_on == "regularized" else adv > 0
     if cfg.fd_clip == "algorithm1":
-        return adv - cfg.beta * reference.phi(cfg.divergence, w / r_ref) >= 0
+        return adv - cfg.beta * paper_losses.phi(cfg.divergence, w / r_ref) >= 0
     return adv >= 0
 
 
@@ -101,8 +101,8 @@ def fused(cfg, l, l_old, adv, mask, l_ref, aggregate):
 
 def stated(cfg, l, l_old, adv, mask, l_ref, aggregate):
     lp = l.clone().requires_grad_(True)
-    out = reference.loss(cfg, lp, l_old, adv, mask, l_ref) if aggregate else \
-        reference.per_token_loss(cfg, lp, l_old, adv, l_ref) * mask
+    out = paper_losses.loss(cfg, lp, l_old, adv, mask, l_ref) if aggregate else \
+        paper_losses.per_token_loss(cfg, lp, l_old, adv, l_ref) * mask
     return out, lp
 
 
@@ -112,7 +112,7 @@ def value_and_grad(out, lp, cotangent):
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=_id)
-def test_fused_loss_equals_the_reference_in_value_and_gradient(settings):
+def test_fused_loss_equals_the_paper_statement_in_value_and_gradient(settings):
     for k, widths in enumerate(WIDTHS):
         l, l_old, adv, mask, ref = make_batch(widths, seed=k)
         cotangent = torch.randn(l.shape, generator=torch.Generator().manual_seed(k), dtype=DT)
@@ -155,7 +155,7 @@ def boundary_batch(widths, per_value=6):
 
 @pytest.mark.parametrize("divergence", DIVERGENCES)
 @pytest.mark.parametrize("branch_on", ["regularized", "raw"])
-def test_rpg_style_clip_at_the_clip_boundaries_equals_the_reference(divergence, branch_on):
+def test_rpg_style_clip_at_the_clip_boundaries_equals_the_paper_statement(divergence, branch_on):
     """w = 1-eps_low, 1+eps_high, c exactly: clipped (no gradient), as in Algorithm 2, except a positive token at
     1-eps_low (no lower cut). Not for the differentiable forms: their dual clip is App. G.1's max/min, whose gradient
     at a tie is a convention."""
@@ -188,44 +188,44 @@ def test_the_branch_rules_differ_on_these_batches():
             assert ((ups[0] != ups[1]) & (mask > 0)).any(), d
 
 
-def test_aggregation_helper_with_a_scale_equals_the_reference():
+def test_aggregation_helper_with_a_scale_equals_the_paper_statement():
     l, _, _, mask, _ = make_batch(WIDTHS[0])
     for mode in AGG_MODES:
-        assert_close(aggregate_loss(l, mask, mode, loss_scale_factor=7.0), reference.aggregate(l, mask, mode, 7.0),
+        assert_close(aggregate_loss(l, mask, mode, loss_scale_factor=7.0), paper_losses.aggregate(l, mask, mode, 7.0),
                      rtol=1e-12, atol=0.0, what=mode)
     empty = torch.zeros_like(mask)
-    assert all(float(reference.aggregate(l, empty, m)) == 0.0 == float(aggregate_loss(l, empty, m)) for m in AGG_MODES)
+    assert all(float(paper_losses.aggregate(l, empty, m)) == 0.0 == float(aggregate_loss(l, empty, m)) for m in AGG_MODES)
 
 
-def test_grpo_corrected_kl_equals_the_reference():
+def test_grpo_corrected_kl_equals_the_paper_statement():
     l, l_old, _, mask, l_ref = make_batch(WIDTHS[0])
     cotangent = torch.randn(l.shape, generator=torch.Generator().manual_seed(3), dtype=DT)
     lp = l.clone().requires_grad_(True)
     v, g = value_and_grad(grpo_corrected_kl(log_prob=lp, old_log_prob=l_old, ref_log_prob=l_ref), lp, cotangent)
     lp2 = l.clone().requires_grad_(True)
-    v_ref, g_ref = value_and_grad(reference.grpo_corrected_kl(lp2, l_old, l_ref), lp2, cotangent)
+    v_ref, g_ref = value_and_grad(paper_losses.grpo_corrected_kl(lp2, l_old, l_ref), lp2, cotangent)
     assert_close(v, v_ref, rtol=1e-10, atol=1e-12, what="grpo_corrected_kl value")
     assert_close(g, g_ref, rtol=1e-10, atol=1e-12, what="grpo_corrected_kl gradient")
 
 
-def test_dual_clip_equals_the_reference():
+def test_dual_clip_equals_the_paper_statement():
     l, l_old, adv, _, _ = make_batch(WIDTHS[1])
     for a in (adv, adv - 0.3):
         lp, lp2 = l.clone().requires_grad_(True), l.clone().requires_grad_(True)
         v, g = value_and_grad(dual_clip((lp - l_old).exp(), a, 0.1, 0.1, 3.0), lp, 1.0)
-        v_ref, g_ref = value_and_grad(reference.dual_clip((lp2 - l_old).exp(), a, 0.9, 1.1, 3.0), lp2, 1.0)
+        v_ref, g_ref = value_and_grad(paper_losses.dual_clip((lp2 - l_old).exp(), a, 0.9, 1.1, 3.0), lp2, 1.0)
         assert_close(v, v_ref, rtol=1e-12, atol=0.0, what="dual clip value")
         assert_close(g, g_ref, rtol=1e-12, atol=0.0, what="dual clip gradient")
 
 
 @pytest.mark.parametrize("level, cap", [("token", None), ("token", 1.5), ("sequence", None), ("sequence", 1.5),
                                         ("none", None)])  # RPGLossConfig refuses a cap without a weight
-def test_behaviour_weights_equal_the_reference(level, cap):
+def test_behaviour_weights_equal_the_paper_statement(level, cap):
     """rpg_policy_loss takes no behaviour weight; the glue multiplies the per-token loss by rpg.behavior's."""
     l, l_old, _, mask, _ = make_batch(WIDTHS[0], rows=6, width=5)
     l_mu = l_old + 0.2 * torch.randn(l.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
     b = behavior_weights(l_old, l_mu, mask, level, cap)
-    assert_close(b, reference.behavior_weight(l_old, l_mu, mask, level, cap), rtol=1e-12, atol=0.0, what=level)
+    assert_close(b, paper_losses.behavior_weight(l_old, l_mu, mask, level, cap), rtol=1e-12, atol=0.0, what=level)
     if cap is not None:
         assert (b[mask > 0] == cap).any() and (b[mask > 0] < cap).any(), "the cap must bind on some tokens only"
 
@@ -236,12 +236,12 @@ def test_behaviour_weights_equal_the_reference(level, cap):
 @pytest.mark.parametrize("divergence", DIVERGENCES)
 @pytest.mark.parametrize("form", ["reinforce", "differentiable"])
 @pytest.mark.parametrize("three_policy", [False, True])
-def test_the_reference_gradient_is_minus_grad_objective(divergence, form, three_policy):
+def test_the_paper_statement_gradient_is_minus_grad_objective(divergence, form, three_policy):
     """E_pi_old[grad loss_t] = -grad J at theta != theta_old (unclipped), by exact enumeration."""
     bandit = Bandit.make(seed=7)
     log_prob, old, adv, mu, ref = bandit.rows(three_policy=three_policy)
     cfg = RPGLossConfig(divergence=divergence, form=form, beta=BETA, clip=False)
-    expected_loss = (mu * reference.per_token_loss(cfg, log_prob, old, adv, ref)).sum()
+    expected_loss = (mu * paper_losses.per_token_loss(cfg, log_prob, old, adv, ref)).sum()
     anchor = bandit.pi_ref if three_policy else bandit.mu
     assert_close(bandit.grad(expected_loss), -bandit.grad(bandit.objective(divergence, BETA, anchor)),
                  what=f"{form} {divergence}")
