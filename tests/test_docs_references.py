@@ -305,7 +305,8 @@ def module_problem(ref: str) -> str | None:
         parts = r.split(".")
         for i in range(len(parts), 1, -1):  # the longest prefix that is a module, then a name in it
             prefix = ".".join(parts[:i])
-            found = [m for m in modules if _matcher(prefix, ".")(m)] if "*" in prefix else [prefix] * (prefix in modules)
+            found = ([m for m in modules if _matcher(prefix, ".")(m)] if "*" in prefix
+                     else [prefix] * (prefix in modules))
             if found:
                 lazy = set() if "*" in prefix else {"*"}  # a PEP 562 module may hold any name, not a pattern's
                 if i < len(parts) and not parts[i].startswith("__") and not any(
