@@ -30,7 +30,7 @@ import statistics
 import time
 
 VANILLA = "verl vanilla (dual-clip PPO)"
-CORE = [  # the README's table: clip on, anchor = sampler
+CORE = [  # the table of docs/losses.md#speed: clip on, anchor = sampler
     dict(form="reinforce", divergence="ufkl"), dict(form="reinforce", divergence="urkl"),
     dict(form="differentiable", divergence="ufkl"), dict(form="differentiable", divergence="urkl"),
 ]

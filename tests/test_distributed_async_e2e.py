@@ -9,7 +9,8 @@ FSDP2 ranks, 3 steps, checkpoints at steps 2 and 3. Checked:
   behind, the behaviour weights pi_old/mu in the loss;
 * the reference reset at step 2 across the two shards: the reference computes the actor's logits;
 * verl's own merger, ``python -m verl.model_merger merge --backend fsdp`` on the world-size-2 checkpoint of
-  step 2 (README, "A Hugging Face model from a checkpoint"): transformers loads the result. "The actor's
+  step 2 (docs/data-and-reports.md#evaluation-protocol-mean32-on-aimeamc-one-sample-per-problem-on-minervaolympiadbench,
+  "Evaluating a saved checkpoint"): transformers loads the result. "The actor's
   log-probs" are what the run itself computed with the actor of step 2 on a fixed batch: the reset at
   step 2 copies that actor into the reference, and step 3 logs the reference's mean next-token NLL of a
   fixed probe sequence (``rpg/ref_probe_nll``, ``rpg.verl.reference_copy``). The chain:

@@ -1,6 +1,6 @@
 """The end-to-end tests assert what the loss metrics guarantee, not what they usually show.
 
-``tests/test_verl_e2e.py::assert_step_guarantees`` checks every step of a real trainer run. Here it is fed
+``tests/e2e_recipe.py::assert_step_guarantees`` checks every step of a real trainer run. Here it is fed
 steps built from the loss library itself (``rpg.losses.rpg_policy_loss(..., aggregate=False)``) the way verl reduces a
 step's micro-batch metrics (means averaged, ``*_max`` / ``*_min`` as max / min): an on-policy first
 mini-batch (float32 recomputation noise only) and off-policy later ones, for every divergence, both

@@ -386,7 +386,7 @@ def test_the_4b_script_on_this_cuda_less_machine(data_dir):
 
 def test_tested_versions_match_the_gpu_extra_and_the_cpu_set_up():
     """verl 0.9.1's `vllm` extra (what the `gpu` extra installs) pins torch, vLLM and transformers: each
-    is in the tested set; so are README's CPU torch and the verl pin of pyproject.toml."""
+    is in the tested set; so are the CPU torch of README's Quick start and the verl pin of pyproject.toml."""
     pins = {}
     for req in importlib.metadata.requires("verl") or []:
         m = re.fullmatch(r'(torch|vllm|transformers)==([\w.]+); extra == "vllm"', req.strip())

@@ -38,7 +38,7 @@ PACKAGE = ROOT / "rpg"
 # bottom to top; inside a layer, a node may import those listed before it
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("typed configuration (torch-free: the rpg: block, RPGLossConfig and its RULES)", ("rpg.config",)),
-    ("math", ("rpg.divergences", "rpg.behavior", "rpg.loss_terms", "rpg.losses", "rpg.advantage")),
+    ("math", ("rpg.divergences", "rpg.behavior", "rpg.loss_terms", "rpg.losses", "rpg.advantage", "rpg.paper_losses")),
     ("shared pieces (overrides, run environment, signals, metrics history)", ("rpg.common",)),
     ("leaves: reward, data, the tiny task", ("rpg.reward", "rpg.data", "rpg.tiny")),
     ("backends", ("rpg.backends", "rpg.backends.hf_rollout", "rpg.backends.cpu", "rpg.backends.gpu",

@@ -5,7 +5,7 @@ break is an error) compiled once for a sequence of micro-batch shapes (dynamic, 
 Backends: every variant runs with dynamo's ``eager`` backend, i.e. the same capture, guards and
 dynamic shapes as inductor, the captured graph executed by ATen (no C++ compiler, ~1 s a variant).
 Two variants (the library's aggregated loss and the token loss that the verl glue uses) run with
-inductor, the backend the option ships with, which needs a C++ compiler (README set-up): its fused
+inductor, the backend the option ships with, which needs a C++ compiler (README's Quick start): its fused
 kernels round differently, so metrics are compared to 1e-5 there (kl_estimate is a mean of
 w - 1 - log w, a difference of nearly equal numbers); loss and gradient to 1e-6 everywhere.
 """
@@ -67,7 +67,7 @@ def test_compiled_graph_with_inductor(monkeypatch):
     try:
         compiler = get_cpp_compiler()
     except Exception as err:  # noqa: BLE001 - report inductor's own reason
-        pytest.fail(f"inductor needs a C++ compiler (install g++, see README set-up): {err}")
+        pytest.fail(f"inductor needs a C++ compiler (install g++, see README's Quick start): {err}")
     assert shutil.which(compiler) or Path(compiler).exists(), f"C++ compiler {compiler!r} not found"
     monkeypatch.setattr(inductor_config, "compile_threads", 1)  # no worker pool on a small CI machine
     library = dict(form="reinforce", divergence="ufkl", clip=True, anchor="sampler")

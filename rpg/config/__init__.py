@@ -1,16 +1,6 @@
-"""The recipe's configuration, declared once and torch-free (docs/verl-integration.md, "Config keys").
-
-* ``loss``    ``RPGLossConfig`` and its ``RULES``: every setting of one RPG loss (the loss library,
-              ``rpg.losses``, re-exports them), and the names they allow (``DIVERGENCES``, ``FORMS``, ...).
-* ``block``   ``RPGSettings``: the whole ``rpg:`` block as frozen dataclasses, each key with its default,
-              what it allows and its doc; ``parse_rpg_settings`` validates a block against it.
-* ``kinds``   what a key allows (a choice, a flag, an integer, a number, ...), checked strictly, one line.
-* ``render``  the recipe YAML's ``rpg:`` block and the docs table, written from the declaration.
-* ``access``  ``RPGConfigError`` and ``config_value``: how every layer refuses a config and reads its keys.
-
-Nothing here imports torch, verl, Ray or the recipe's driver (``rpg.verl``), launchers (``rpg.launch``)
-or backends, so that each of them can read the same declaration; omegaconf is imported only when a
-composed config is read.
+"""The recipe's configuration, declared once and torch-free: the ``rpg:`` block and ``RPGLossConfig`` with their
+rules, and what is written from them (docs/verl-integration.md#config-keys). Nothing here imports torch, verl, Ray
+or the layers above, so that each of them reads the same declaration; omegaconf only when a composed config is read.
 """
 
 from rpg.config.access import GPUS, NNODES, ULYSSES_KEYS, RPGConfigError, config_value, ulysses_sizes, world_size_of

@@ -1,4 +1,6 @@
-"""Hydra overrides for the tiny task on CPU, in two groups that callers combine:
+"""Hydra overrides for the tiny task on CPU: what makes a run the tiny task, and the demo's algorithms.
+
+Two groups that callers combine:
 
 * ``tiny_task_overrides``: what makes a run *the tiny task* (model, data, batch sizes, sampling,
   schedule). The variant launcher (``RPG_BACKEND=cpu``) takes only this group, so a paper

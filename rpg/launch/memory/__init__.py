@@ -1,20 +1,8 @@
-"""The memory plan of a composed run config (verl 0.9.1, FSDP + vLLM): per-GPU memory of each phase of a
-training step, host RAM per node and the disk the run's checkpoints take, each with its verdict, as
-``python -m rpg.launch --describe NAME`` and ``DRY_RUN=1`` print it (docs/memory.md).
+"""The memory plan of a composed run config (verl 0.9.1, FSDP + vLLM): per-GPU memory of each phase of a training
+step, host RAM per node and checkpoint disk, each with its verdict, as ``python -m rpg.launch --describe`` and
+``DRY_RUN=1`` print it (docs/memory.md). Pure Python; each module's docstring gives its formulas and sources.
 
-Pure Python (no torch, verl or omegaconf import). Each module's docstring gives its formulas and where
-verl and vLLM decide each term. The modules import each other directly and one way (common <-
-architecture, settings <- gpu, disk, host <- formatting):
-
-* ``common``        units, the default GPU size, the required headroom, ``MemoryEstimateError``, size overrides.
-* ``architecture``  model shapes: ``Architecture``, ``architecture_for(model_path)``.
-* ``settings``      the memory-relevant part of the config: ``settings_from_config(cfg)`` -> ``RunSettings``.
-* ``gpu``           the per-GPU peak of each phase: ``estimate(settings, arch, gpu_gib)``.
-* ``disk``          checkpoint disk: ``estimate_disk(settings, arch)``.
-* ``host``          host RAM per node: ``estimate_host(host_settings_from_config(cfg, settings), arch, host_gib)``.
-* ``formatting``    the text of each estimate, and ``report(cfg)``: the whole plan the launcher prints.
-
-Re-exported here: the names that code outside this package (the launcher, tests) imports.
+Re-exports the names that code outside this package imports.
 """
 
 from rpg.launch.memory.architecture import KNOWN_ARCHITECTURES, architecture_for
