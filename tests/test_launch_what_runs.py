@@ -1,9 +1,14 @@
 """The run a launch asks for is the run it shows: the launcher's header is the composed config's settings (the
-name's and the overrides'); an override that changes what the run name says gives the run a name that says it
-(trainer.experiment_name: checkpoints, logs, report labels), in one line."""
+name's, the experiment file's and the overrides'); an override that changes what the run name says gives the run a
+name that says it (trainer.experiment_name: checkpoints, logs, report labels), in one line; an edited shipped
+experiment file is named; a user's experiment file for a name without a script is composed."""
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -12,9 +17,10 @@ from test_launch_dryrun import _env
 from rpg.common.override_lists import values
 from rpg.launch.cli import main
 from rpg.launch.describe import naming_note
+from rpg.launch.experiments import EXPERIMENT_DIR, experiment_path
 from rpg.launch.plan import plan_overrides
 from rpg.launch.request import LaunchRequest
-from rpg.launch.variants import parse
+from rpg.launch.variants import known_names, parse
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "run_rpg_7b_ufkl1e-4"  # RPG-UFKL, fully differentiable, clipped, lr 1e-6
@@ -82,3 +88,45 @@ def test_a_name_given_by_the_user_is_kept_and_a_restated_or_memory_setting_renam
     assert planned(_env(), same) == (NAME, str(ROOT / "ckpts" / "rpg" / NAME), None)
     # Hydra merges a mapping into its node: each key of it counts
     assert planned(_env(), ["rpg.loss={clip:false,beta:1e-4}"])[0] == f"{NAME}+clip=false"
+
+
+def test_an_edited_shipped_experiment_file_is_shown_and_named(tmp_path):
+    """A checkout whose shipped file was edited (lr 3e-6, urkl): the run composes the file; the header shows its
+    values, and one note line names the file, the settings it changes and the check that compares it with the
+    grammar."""
+    for part in ("rpg", "recipe"):  # a copy of the checkout: the shipped files stay as they are
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    path = tmp_path / EXPERIMENT_DIR / f"{NAME}.yaml"
+    text = experiment_path(NAME).read_text()
+    assert "      lr: 1.0e-6 " in text and "    divergence: ufkl " in text
+    path.write_text(text.replace("      lr: 1.0e-6 ", "      lr: 3.0e-6 ")
+                    .replace("divergence: ufkl ", "divergence: urkl "))
+    env = {**_env(DRY_RUN="1"), "PYTHONPATH": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-m", "rpg.launch", NAME], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    header = _header(p.stdout)
+    assert header.startswith(f"# run {NAME}: RPG-UFKL") and "lr=3e-06" in header and "divergence=urkl" in header
+    assert _composed(p.stdout, LR) == 3e-6
+    assert _notes(p.stdout) == [f"{EXPERIMENT_DIR / NAME}.yaml differs from what the run name's grammar writes "
+                                "(python -m rpg.launch.experiments --check): the run composes the file, which sets "
+                                "actor_rollout_ref.actor.optim.lr=3.0e-6 (the name: 1e-06), rpg.loss.divergence=urkl "
+                                "(the name: ufkl)"]
+
+
+def test_a_users_experiment_file_for_a_name_without_a_script_is_composed(tmp_path, capsys):
+    """The user's folder on Hydra's search path (``hydra.searchpath``, the recipe's entry kept) holds
+    experiment/<name>.yaml for a grammatical name without a script: the run composes it, and says so."""
+    name = "run_rpg_7b_urkl1e-3"
+    assert name not in known_names()
+    (tmp_path / "experiment").mkdir()
+    text = experiment_path("run_rpg_7b_urkl1e-4").read_text()  # the user's file: written from a shipped one
+    (tmp_path / "experiment" / f"{name}.yaml").write_text(
+        text.replace("      lr: 1.0e-6 ", "      lr: 3.0e-6 ").replace("beta: 1.0e-4 ", "beta: 1.0e-3 "))
+    searchpath = f"hydra.searchpath=[pkg://verl.trainer.config,file://{tmp_path}]"
+    assert main([name, searchpath], _env(DRY_RUN="1")) == 0
+    out = capsys.readouterr().out
+    assert "lr=3e-06" in _header(out) and "beta=0.001" in _header(out) and _composed(out, LR) == 3e-6
+    assert "+experiment=run_rpg_7b_urkl1e-3" in out
+    assert _notes(out) == [f"{name} has no script: the run composes the experiment file experiment/{name}.yaml on "
+                           f"Hydra's search path (+experiment={name}), not the settings the grammar gives the name"]

@@ -50,7 +50,8 @@ OUT_DIR (cpu) [a new <root>/outputs/cpu/<name>/<time>[-N]; the tiny task starts 
 (trainer.resume_mode=disable), so one holding a run is refused unless trainer.resume_mode=auto continues it:
 ``rpg.launch.run_dir``].
 Every launch prints a header of the settings the run uses (read from its composed config), with a note line when
-an override changes what the run name says (the run is renamed: ``rpg.launch.plan.experiment_name``).
+an override changes what the run name says (the run is renamed: ``rpg.launch.plan.experiment_name``), when a
+shipped experiment file differs from the grammar's or a user's is composed (``rpg.launch.experiments.file_note``).
 Before anything starts (every mode): an environment variable given as an argument, a key the composed
 config does not have (the closest key and the ``+`` hint: ``rpg.launch.config_keys``) and a logger verl
 does not know (``LOGGER``, ``trainer.logger``) are one line each, exit 2; Ctrl-C before the run is one line.

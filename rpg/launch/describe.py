@@ -24,7 +24,7 @@ from pathlib import Path
 from rpg.backends.registry import backend
 from rpg.common.override_lists import override_key, values
 from rpg.config import RPGConfigError
-from rpg.launch.experiments import EXPERIMENT_DIR, GROUP
+from rpg.launch.experiments import EXPERIMENT_DIR, GROUP, file_note
 from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME, compose, experiment_name, plan
 from rpg.launch.request import LaunchError, LaunchRequest, project_root
 from rpg.launch.variants import Variant, known_names, name_changes, paper_refs, paper_row, parse, to_overrides
@@ -78,8 +78,9 @@ def _g(x) -> str:
 
 
 def launch_notes(v: Variant, req: LaunchRequest, user: Sequence[str]) -> list[str]:
-    """The header's notes: the user's overrides change what the run name says (``naming_note``)."""
-    return [note for note in (naming_note(v, req, user),) if note]
+    """The header's notes: the user's overrides change what the run name says (``naming_note``), the run composes an
+    experiment file that is not the grammar's (``rpg.launch.experiments.file_note``)."""
+    return [note for note in (naming_note(v, req, user), file_note(v, user)) if note]
 
 
 def naming_note(v: Variant, req: LaunchRequest, user: Sequence[str]) -> str | None:

@@ -131,7 +131,7 @@ def plan(req: LaunchRequest, v: Variant, user: Sequence[str]) -> tuple[list[str]
     from rpg.config import world_size_of
 
     check_user_overrides(user)
-    groups = [variant_overrides(v), env_overrides(v, req, user)]
+    groups = [variant_overrides(v, user), env_overrides(v, req, user)]
     chosen = backend(req.backend)
     if chosen.TINY_TASK:
         owned = chosen.owned_keys()
