@@ -202,7 +202,8 @@ def test_environment_defaults_and_overlong_rule(tmp_path):
     d = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in ov}
     assert d["data.val_files"] == f"['{tmp_path / 'a.parquet'}','/abs/b.parquet']"
     assert d["data.train_files"] == str(ROOT / "data" / "dapo-math-17k-en.parquet")
-    assert d["trainer.default_local_dir"] == str(ROOT / "ckpts" / "rpg" / v.name)
+    # the response length is a setting of the name (_ctx2k): the run's name says the user's value
+    assert d["trainer.default_local_dir"] == f"'{ROOT / 'ckpts' / 'rpg' / v.name}+max_response_length=4096'"
     assert d["reward.reward_kwargs.overlong_buffer_cfg.len"] == "1024"  # L/4 of the user's 4096
     assert d["trainer.logger"] == "['console','file']" and d["trainer.nnodes"] == "1"
     assert d["+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_ROOT"] == f"'{ROOT / 'logs'}'"

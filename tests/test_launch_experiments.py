@@ -44,7 +44,7 @@ def _hydra():
 def _grammar_plan(monkeypatch, name: str, backend: str | None = None) -> list[str]:
     """The launch's overrides as the grammar alone gives them (no experiment file)."""
     with monkeypatch.context() as m:
-        m.setattr(rpg.launch.plan, "variant_overrides", to_overrides)
+        m.setattr(rpg.launch.plan, "variant_overrides", lambda v, user=(): to_overrides(v))
         return plan_overrides(parse(name), ENV, [], root=ROOT, cwd=ROOT, backend=backend)[0]
 
 

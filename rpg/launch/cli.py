@@ -44,10 +44,14 @@ Other variables: MODEL_PATH [variant's HF id], DATA_DIR [<root>/data], TRAIN_FIL
 separated], CKPTS_DIR [<root>/ckpts/$PROJECT_NAME/$EXP_NAME; cpu: the run's own
 $OUT_DIR/checkpoints/$PROJECT_NAME/$EXP_NAME], NNODES [1], N_GPUS_PER_NODE [8; cpu: 1, the
 CPU backend's FSDP ranks],
-LOGGER [console,file], PROJECT_NAME [rpg], EXP_NAME [run name], RAY_JOB_WAIT [0: --no-wait],
+LOGGER [console,file], PROJECT_NAME [rpg], EXP_NAME [run name, +the named settings the overrides change],
+RAY_JOB_WAIT [0: --no-wait],
 OUT_DIR (cpu) [a new <root>/outputs/cpu/<name>/<time>[-N]; the tiny task starts fresh
 (trainer.resume_mode=disable), so one holding a run is refused unless trainer.resume_mode=auto continues it:
 ``rpg.launch.run_dir``].
+Every launch prints a header of the settings the run uses (read from its composed config), with a note line when
+an override changes what the run name says (the run is renamed: ``rpg.launch.plan.experiment_name``), when a
+shipped experiment file differs from the grammar's or a user's is composed (``rpg.launch.experiments.file_note``).
 Before anything starts (every mode): an environment variable given as an argument, a key the composed
 config does not have (the closest key and the ``+`` hint: ``rpg.launch.config_keys``) and a logger verl
 does not know (``LOGGER``, ``trainer.logger``) are one line each, exit 2; Ctrl-C before the run is one line.
@@ -75,7 +79,7 @@ from rpg.launch import job
 from rpg.launch.args import read_overrides
 from rpg.launch.commands import local_command, ray_command, ray_executable, script_command, submission_env
 from rpg.launch.config_keys import checked_config, logger_problem
-from rpg.launch.describe import describe, describe_variant, dry_run, list_table
+from rpg.launch.describe import describe, describe_variant, dry_run, launch_notes, list_table
 from rpg.launch.node_plan import plan_nodes, supervisor_prefix
 from rpg.launch.plan import CONFIG_DIR, TASK_VARS, plan
 from rpg.launch.ray_job_api import address_problem, job_api_problem
@@ -189,7 +193,7 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
 
         build_tiny_assets()  # the input paths are then checked as a run would find them
         if not req.cluster:
-            return dry_run(req, v, argv_tiny[2:], argv_tiny)
+            return dry_run(req, v, argv_tiny[2:], argv_tiny, user=user)
         overrides = argv_tiny[2:]  # a tiny-task job on the cluster (docs/launch-scripts.md, "Rehearsing")
         job_env = {**job_env, **submission_env(cfg, req, submission)}
         if not req.dry:  # the tiny task starts fresh: never over another run's checkpoints (rpg.launch.run_dir)
@@ -204,12 +208,12 @@ def _main(argv: list[str], env: dict[str, str]) -> int:
     else:
         cmd = local_command(overrides, root)
         if not req.dry:  # keys and loggers (DRY_RUN and a submission compose with the driver's checks below)
-            checked_config(overrides, root / CONFIG_DIR)
+            cfg = checked_config(overrides, root / CONFIG_DIR)
     if req.dry:
-        return dry_run(req, v, overrides, cmd, composed)
+        return dry_run(req, v, overrides, cmd, composed, user)
     if not req.cluster:  # data files and their reward: the driver's lines, exit 2, nothing started
         _check_data_files(overrides)
-    print(describe_variant(v), flush=True)
+    print(describe_variant(v, cfg, launch_notes(v, req, user)), flush=True)
     if req.cluster:
         problems = input_path_problems(cfg)
         if problems:
@@ -256,7 +260,8 @@ def _run_here(req: LaunchRequest, v, overrides: Sequence[str], user: Sequence[st
     _check_out_dir(req, cfg)
     build_tiny_assets()
     out = req.out_dir or new_run_dir(req.root / "outputs" / req.backend / v.name)
-    print(describe_variant(v) + f"\n{prefix} backend={req.backend}, tiny model/task; output {out}", flush=True)
+    print(describe_variant(v, cfg, launch_notes(v, req, user)) + f"\n{prefix} backend={req.backend}, tiny model/task; "
+          f"output {out}", flush=True)
 
     def on_line(line: str) -> None:  # the driver's resume decision, on the terminal (--echo shows everything)
         if not req.echo and (decision := resume_decision(line)) is not None:

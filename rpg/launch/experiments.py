@@ -2,9 +2,10 @@
 
 The run-name grammar (``rpg.launch.variants``) stays the one source: ``render_experiment(v)`` writes every
 setting the name decides (``name_settings``), the model, the data files and the run's name, each with a
-short comment, on top of the paper setup (``paper/default.yaml``). The launcher composes a shipped run with
-``+experiment=<run name>`` (``variant_overrides``); ``python recipe/rpg/main_rpg.py +experiment=<run name>``
-composes the same run. A test checks that every file is what this module writes.
+short comment, on top of the paper setup (``paper/default.yaml``). The launcher composes a shipped run, or a
+name whose file the user wrote (``user_file``), with ``+experiment=<run name>`` (``variant_overrides``);
+``python recipe/rpg/main_rpg.py +experiment=<run name>`` composes the same run. A test checks that every file is
+what this module writes.
 
     python -m rpg.launch.experiments --write    # (re)write the file of every shipped script
     python -m rpg.launch.experiments --check    # exit 1 naming each file that differs (or is missing / extra)
@@ -13,6 +14,7 @@ composes the same run. A test checks that every file is what this module writes.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_DIR
@@ -65,10 +67,71 @@ def experiment_path(name: str) -> Path:
     return CHECKOUT / EXPERIMENT_DIR / f"{name}.yaml"
 
 
-def variant_overrides(v: Variant) -> list[str]:
-    """The overrides that give a run its name's settings: ``+experiment=<name>`` for a shipped script (its file),
-    the grammar's overrides for any other name the grammar reads (no file is shipped for it)."""
-    return [f"+{GROUP}={v.name}"] if v.name in known_names() else to_overrides(v)
+def variant_overrides(v: Variant, user: Sequence[str] = ()) -> list[str]:
+    """The overrides that give a run its settings: ``+experiment=<name>`` for a shipped script (its file) or a
+    name whose file the user wrote (``user_file``), the grammar's overrides for any other name it reads."""
+    return [f"+{GROUP}={v.name}"] if v.name in known_names() or user_file(v.name, user) else to_overrides(v)
+
+
+def user_file(name: str, user: Sequence[str] = ()) -> bool:
+    """Whether Hydra finds ``experiment/<name>.yaml`` on the recipe config's search path, with the user's
+    ``hydra.searchpath`` override if any (Hydra's config loader: where ``+experiment=<name>`` is read from). Such a
+    search path replaces the recipe's: ``hydra.searchpath=[pkg://verl.trainer.config,file://<folder>]`` adds a
+    folder holding ``experiment/<name>.yaml``. A search path Hydra refuses is left to the composition's line."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+    from hydra.errors import HydraException
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    from rpg.common.override_lists import override_key
+    from rpg.launch.config_keys import RECIPE_CONFIG_NAME
+
+    searchpath = [o for o in user if override_key(o) == "hydra.searchpath"][-1:]
+    caller = get_gh_backup()  # a caller's own Hydra initialisation is restored after
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CHECKOUT / RECIPE_CONFIG_DIR), version_base=None):
+            return name in GlobalHydra.instance().config_loader().get_group_options(
+                GROUP, ObjectType.CONFIG, RECIPE_CONFIG_NAME, searchpath)
+    except HydraException:
+        return False
+    finally:
+        restore_gh_from_backup(caller)
+
+
+def file_note(v: Variant, user: Sequence[str] = ()) -> str | None:
+    """One line when the run composes an experiment file that is not what the grammar writes for its name: a
+    shipped file that differs (``stale_files``' comparison; the settings it gives otherwise named), or a file the
+    user wrote for a name without a script."""
+    if v.name in known_names():
+        if not _differs(v.name):
+            return None
+        path = experiment_path(v.name)
+        changed = file_changes(v, path) if path.is_file() else []
+        return (f"{EXPERIMENT_DIR / v.name}.yaml differs from what the run name's grammar writes (python -m "
+                f"rpg.launch.experiments --check): the run composes the file"
+                + (f", which sets {', '.join(changed)}" if changed else ""))
+    if user_file(v.name, user):
+        return (f"{v.name} has no script: the run composes the experiment file {GROUP}/{v.name}.yaml on Hydra's search "
+                f"path (+{GROUP}={v.name}), not the settings the grammar gives the name")
+    return None
+
+
+def file_changes(v: Variant, path: Path) -> list[str]:
+    """``key=value (the name: value)`` of each setting the name decides that the experiment file at ``path`` gives
+    another value (the file is read as the run's composition read it)."""
+    from omegaconf import OmegaConf
+
+    from rpg.common.override_lists import parse_overrides
+
+    loaded = OmegaConf.load(path)
+    out = []
+    for p in parse_overrides(name_settings(v)):
+        x = OmegaConf.select(loaded, p.key, default=None)
+        if isinstance(x, bool) != isinstance(p.value, bool) or x != p.value:
+            out.append(f"{p.key}={x if OmegaConf.is_config(x) else yaml_value(x)} (the name: {p.value_text})")
+    return out
 
 
 def experiment_settings(v: Variant) -> list[tuple[str, object]]:
@@ -148,11 +211,15 @@ def stale_files() -> list[str]:
     """What differs from the grammar's output: each shipped run's file that is missing or not what
     ``render_experiment`` writes, and each file without a shipped script (paths relative to the checkout)."""
     names = known_names()
-    problems = [f"{EXPERIMENT_DIR / n}.yaml" for n in names
-                if not experiment_path(n).is_file() or experiment_path(n).read_text() != render_experiment(parse(n))]
+    problems = [f"{EXPERIMENT_DIR / n}.yaml" for n in names if _differs(n)]
     folder = CHECKOUT / EXPERIMENT_DIR
     extra = sorted(p.stem for p in folder.glob("*.yaml") if p.stem not in names) if folder.is_dir() else []
     return problems + [f"{EXPERIMENT_DIR / n}.yaml (no script)" for n in extra]
+
+
+def _differs(name: str) -> bool:
+    """The shipped run's file is missing or not what ``render_experiment`` writes."""
+    return not experiment_path(name).is_file() or experiment_path(name).read_text() != render_experiment(parse(name))
 
 
 def write_all() -> list[Path]:

@@ -25,7 +25,7 @@ from rpg.launch.config_keys import RECIPE_CONFIG_NAME, compose_config
 from rpg.launch.run_dir import default_checkpoint_dir
 from rpg.launch.request import DEFAULT_LOGGERS, LaunchError, LaunchRequest, project_root
 from rpg.launch.experiments import variant_overrides
-from rpg.launch.variants import TRAIN_SET, Variant
+from rpg.launch.variants import TRAIN_SET, Variant, changed_name, name_changes
 
 CONFIG_DIR, CONFIG_NAME = RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME
 # Log locations reach every Ray process through ray_kwargs.ray_init.runtime_env.env_vars (Hydra
@@ -37,11 +37,23 @@ TASK_VARS = ("MODEL_PATH", "DATA_DIR", "TRAIN_FILE", "VAL_FILES")  # the run's m
 GPU_DEFAULT_GPUS_PER_NODE = 8  # the paper's nodes: 8 GPUs each
 
 
-def env_overrides(v: Variant, req: LaunchRequest) -> list[str]:
-    """Overrides derived from the environment (paths, cluster, loggers, names). Default paths are under
-    ``req.run_root``: the checkout the driver runs from."""
+def experiment_name(v: Variant, req: LaunchRequest, user: Sequence[str]) -> str:
+    """The run's ``trainer.experiment_name`` (and its checkpoint and TensorBoard folders): ``EXP_NAME``; else the
+    run name followed by the settings the name says that the user's overrides change
+    (``run_rpg_7b_ufkl1e-4+divergence=urkl,clip=false``: ``rpg.launch.variants.changed_name``), so the folders, logs
+    and report labels say what runs. A user's ``trainer.experiment_name`` override wins (the folders keep the name)."""
+    if req.experiment:
+        return req.experiment
+    if "trainer.experiment_name" in values(user):
+        return v.name
+    return changed_name(v, name_changes(v, list(user)))
+
+
+def env_overrides(v: Variant, req: LaunchRequest, user: Sequence[str] = ()) -> list[str]:
+    """Overrides derived from the environment (paths, cluster, loggers, names: ``experiment_name``). Default paths
+    are under ``req.run_root``: the checkout the driver runs from."""
     root = req.run_root
-    project, exp = req.project or "rpg", req.experiment or v.name
+    project, exp = req.project or "rpg", experiment_name(v, req, user)
     data_dir = Path(req.data_dir) if req.data_dir else root / "data"
     train = req.train_file or str(data_dir / f"{TRAIN_SET}.parquet")
     val = list(req.val_files) if req.val_files is not None else [str(data_dir / f"{s}.parquet") for s in v.val_sets]
@@ -119,7 +131,7 @@ def plan(req: LaunchRequest, v: Variant, user: Sequence[str]) -> tuple[list[str]
     from rpg.config import world_size_of
 
     check_user_overrides(user)
-    groups = [variant_overrides(v), env_overrides(v, req)]
+    groups = [variant_overrides(v, user), env_overrides(v, req, user)]
     chosen = backend(req.backend)
     if chosen.TINY_TASK:
         owned = chosen.owned_keys()
