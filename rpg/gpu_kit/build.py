@@ -73,6 +73,8 @@ EXCLUDE = {
     "py-spy": "Ray dashboard's stack sampling (ray[default])",
     "virtualenv": "Ray's runtime_env virtualenv/pip (ray[default]); the runs set env_vars only",
     "pytest-rerunfailures": "verl-core's test extra; not used by this project's tests",
+    "pytest-asyncio": "verl-core's test extra; no GPU test is a coroutine (a plugin pytest loads: one for another "
+                      "pytest would stop the GPU tests)",
 }
 # Members of a wheel a run never loads (fnmatch on the path in the wheel).
 TRIM = {
@@ -298,7 +300,7 @@ def write_carry(wheels: dict[str, Path], versions: dict[str, str], out: Path, ma
         manifest = {"target": {"python": TARGET_PYTHON, "implementation": "cp", "platform": "manylinux x86_64"},
                     "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **manifest,
                     "carry": {"file": CARRY_FILE, "bytes": archive.stat().st_size, "sha256": sha256(archive)},
-                    "working_tree_bytes": travelling_tree_bytes(), "wheels": entries, "trim": trim}
+                    "wheels": entries, "trim": trim}
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if out.exists():
             shutil.rmtree(out)
@@ -396,6 +398,7 @@ def build(python: str, args) -> int:
             "on_the_node": sel.have, "excluded": sel.excluded, "only_needed_by_excluded": sel.unreached,
         }, args.preset)
     manifest["build_s"] = round(time.time() - started, 1)
+    manifest["working_tree_bytes"] = travelling_tree_bytes()  # once the carry is in its ignored folder
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     size, tree, entries = manifest["carry"]["bytes"], manifest["working_tree_bytes"], manifest["wheels"]
     mib = size / 2**20
@@ -417,7 +420,7 @@ def build(python: str, args) -> int:
                   file=sys.stderr)
         return 1
     call = device_call(out)
-    say("the device call (docs/gpu-smoke.md, 'The GPU kit'):")
+    say("the device call (docs/gpu-smoke.md#the-gpu-kit):")
     print(f"  command:   {call['command']}\n  carry:     {json.dumps(call['carry'])}\n  timeout_s: {call['timeout_s']}")
     return 0
 
