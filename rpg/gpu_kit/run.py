@@ -201,9 +201,10 @@ def _smoke(rollout: str):
         if rollout == "vllm" and not ctx.available("vllm"):
             return ("vLLM is not installed: the kit carries no vLLM (its wheels with their dependencies are about "
                     "500 MiB, over what one device call carries); install the gpu extra on a node with network")
-        per_run = max(30, int((run.box_s - 30) / 2))  # two runs (the first and the resumed) inside the box
+        # each of its two runs (the first, the resumed) may take what is left of the box: the smoke run stops a
+        # first run that takes it all itself, the box stops the rest
         argv = [ctx.python, "-m", "rpg.demo.gpu_smoke", "--rollout", rollout, "--out", str(run.work),
-                "--timeout", str(per_run)]
+                "--timeout", str(max(10, int(run.box_s - 15)))]
         if not ctx.available("flash_attn"):
             from rpg.backends.gpu.preflight import ATTN_KEY
 
@@ -220,13 +221,13 @@ STEPS = [
     Step("install", 90, "the carry's wheels and the project installed offline; pip check", _install, read_result),
     Step("environment", 45, "GPU, driver, CUDA, package versions; verl loads the RPG losses", _environment,
          read_result),
-    Step("gpu_tests", 150, "tests/gpu: bf16 losses on CUDA, compiled loss, offloaded reference copy, schedule-free "
+    Step("gpu_tests", 120, "tests/gpu: bf16 losses on CUDA, compiled loss, offloaded reference copy, schedule-free "
          "with offload", _gpu_tests, parse_pytest),
     Step("bench_losses", 90, "RPG losses vs verl's vanilla loss on CUDA: time, memory, eager and compiled", _bench,
          parse_bench),
     Step("smoke_hf", 200, "verl's GPU path with the HF rollout: bf16 FSDP2 actor, offload, schedule-free, "
          "reference reset, checkpoint and resume", _smoke("hf"), parse_smoke, grace_s=45),
-    Step("model_step", 60, "RPG steps of a 0.1 B-parameter Qwen2-shaped model (random weights) in bf16",
+    Step("model_step", 45, "RPG steps of a 0.1 B-parameter Qwen2-shaped model (random weights) in bf16",
          _model_step, read_result),
     Step("smoke_vllm", 240, "the smoke run with vLLM: sleep/wake, weight sync through CUDA IPC", _smoke("vllm"),
          parse_smoke, grace_s=45),
