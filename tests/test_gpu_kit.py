@@ -171,3 +171,14 @@ def test_run_refuses_an_unknown_step_or_box(tmp_path):
         p = subprocess.run([sys.executable, "-m", "rpg.gpu_kit.run", "--out", str(tmp_path), *args],
                            capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert p.returncode == 2 and line in p.stderr, p.stderr
+
+
+def test_a_subset_of_steps_runs_after_the_install(tmp_path):
+    stand_ins = tmp_path / "stand_ins.json"
+    stand_ins.write_text(json.dumps({name: STAND_INS[name] for name in ("install", "model_step")}))
+    for extra, names in (([], ["install", "model_step"]), (["--installed"], ["model_step"])):
+        out = tmp_path / f"out{len(extra)}"
+        subprocess.run([sys.executable, "-m", "rpg.gpu_kit.run", "--out", str(out), "--work", str(tmp_path / "work"),
+                        "--steps", "model_step", "--stand-ins", str(stand_ins), *extra], capture_output=True,
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+        assert [s["name"] for s in json.loads((out / "summary.json").read_text())["steps"]] == names

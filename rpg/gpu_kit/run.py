@@ -4,7 +4,8 @@
     python3 -m rpg.gpu_kit.run --out DIR [--carry .gpu_kit] [--site .gpu_kit_site] [--budget 450]
                                [--steps NAME,...] [--box NAME=SECONDS] [--installed] [--stand-ins FILE]
 
-Steps (``STEPS``; ``--steps`` runs a subset, e.g. a rerun of the ones that failed):
+Steps (``STEPS``; ``--steps`` runs a subset, e.g. a rerun of the ones that failed, always with ``install``
+unless ``--installed``: it only checks a site that holds the same carry):
 
 1. ``install``: the carry into ``--site`` (``rpg.gpu_kit.install``); ``--installed`` skips it (packages
    installed with ``pip install -e ".[gpu]"``);
@@ -391,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in chosen if n not in names]
     if unknown or not chosen:
         ap.error(f"--steps: unknown step(s) {', '.join(unknown) or '(none given)'}; allowed: {', '.join(names)}")
+    if not args.installed and "install" not in chosen:  # a fresh node has no site; a warm one keeps it (fast)
+        chosen.insert(0, "install")
     stand_ins = json.loads(args.stand_ins.read_text()) if args.stand_ins else None
     if stand_ins is not None:
         bad = [k for k, v in stand_ins.items() if k not in names or not (isinstance(v, list) and v)]
