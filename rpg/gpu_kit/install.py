@@ -1,0 +1,144 @@
+"""Install the GPU kit's carry offline: its wheels and this checkout into a target folder, then pip's check of
+what the carried packages require against what the node has.
+
+    python3 -m rpg.gpu_kit.install [--carry .gpu_kit] [--site .gpu_kit_site] [--result FILE]
+
+Steps: the carry's sha256 against its manifest (a truncated transfer is named, not installed); its wheels
+with ``pip install --no-index --no-deps --target SITE`` (skipped when SITE already holds this carry); the
+project from the checkout (``--no-build-isolation``: setuptools from the node), so that verl finds the
+``verl.plugins`` entry point that registers the RPG losses; ``pip check`` with ``PYTHONPATH=CHECKOUT:SITE``,
+its lines about carried packages sorted into expected (a requirement the build excluded) and problems.
+Exit 0, or 1 with one line per problem. A run uses ``PYTHONPATH=CHECKOUT:SITE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from rpg.common.checkout import CHECKOUT
+from rpg.gpu_kit import CARRY_DIR, MANIFEST, SITE_DIR
+from rpg.gpu_kit.build import canonical, sha256
+
+STATE = ".rpg-gpu-kit.json"  # in SITE: the sha256 of the carry installed there
+PROJECT = "rpg-verl"
+PIP_INSTALL = ["-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+               "--disable-pip-version-check", "--upgrade"]
+
+
+def run_env(site: Path, checkout: Path = CHECKOUT) -> dict[str, str]:
+    """The environment of everything run after the install: this checkout first, then the carry, then the node's."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout), str(site), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _pip(python: str, args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([python, *args], capture_output=True, text=True, env=env)
+
+
+def sort_pip_check(lines: list[str], carried: set[str], excluded: set[str]) -> tuple[list[str], list[str]]:
+    """pip check's lines about a carried package -> (expected: a requirement the build excluded, problems)."""
+    expected, problems = [], []
+    for line in lines:
+        words = line.split()
+        if len(words) < 4 or canonical(words[0]) not in carried:
+            continue  # the node's own packages: not this kit's business
+        m = re.search(r" requires (\S+), which is not installed", line)
+        if m and canonical(m.group(1)) in excluded:
+            expected.append(line)
+        else:
+            problems.append(line)
+    return expected, problems
+
+
+def install_wheels(archive: Path, site: Path, python: str = sys.executable) -> int | str:
+    """The archive's wheels into a new ``site`` (an old one is removed): their count, or the problem."""
+    if site.exists():
+        shutil.rmtree(site)
+    site.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix="rpg-gpu-kit-") as tmp:
+        with tarfile.open(archive, "r:xz") as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(tmp, filter="data")
+            else:  # an interpreter without extraction filters; the archive is the kit's own
+                tar.extractall(tmp)
+        wheels = sorted(str(p) for p in Path(tmp).glob("*.whl"))
+        done = _pip(python, [*PIP_INSTALL, "--target", str(site), *wheels])
+        if done.returncode != 0:
+            return f"pip install of the carry's {len(wheels)} wheels failed: {done.stderr.strip()[-1500:]}"
+    return len(wheels)
+
+
+def install(carry: Path, site: Path, python: str = sys.executable, checkout: Path = CHECKOUT) -> dict:
+    """The whole install (module docstring): a result with ``problems`` (empty when it all went in) and ``line``."""
+    t0 = time.time()
+    manifest_path = carry / MANIFEST
+    if not manifest_path.is_file():
+        return {"problems": [f"{manifest_path}: no such file; build the carry (python -m rpg.gpu_kit.build) and "
+                             f"carry {CARRY_DIR}"]}
+    manifest = json.loads(manifest_path.read_text())
+    archive = carry / manifest["carry"]["file"]
+    if not archive.is_file():
+        return {"problems": [f"{archive}: no such file"]}
+    digest = sha256(archive)
+    if digest != manifest["carry"]["sha256"]:
+        return {"problems": [f"{archive}: sha256 {digest} differs from the manifest's {manifest['carry']['sha256']} "
+                             f"({archive.stat().st_size} of {manifest['carry']['bytes']} bytes): a truncated or "
+                             f"stale carry"]}
+    result: dict = {"site": str(site), "carry_bytes": manifest["carry"]["bytes"], "wheels": len(manifest["wheels"]),
+                    "built_at": manifest.get("built_at"), "problems": []}
+    state = site / STATE
+    if state.is_file() and json.loads(state.read_text()).get("sha256") == digest:
+        result["wheels_installed"] = "already there (same carry)"
+    else:
+        installed = install_wheels(archive, site, python)
+        if isinstance(installed, str):
+            result["problems"].append(installed)
+            return result
+        state.write_text(json.dumps({"sha256": digest, "built_at": manifest.get("built_at")}) + "\n")
+        result["wheels_installed"] = installed
+    done = _pip(python, [*PIP_INSTALL, "--no-build-isolation", "--target", str(site), str(checkout)])
+    project = done.returncode == 0
+    if not project:
+        result["problems"].append(f"pip install of the project from {checkout} failed: {done.stderr.strip()[-1500:]}")
+    check = _pip(python, ["-m", "pip", "check", "--disable-pip-version-check"], env=run_env(site, checkout))
+    carried = set(manifest["wheels"]) | {PROJECT}
+    excluded = set(manifest["excluded"]) | set(manifest["only_needed_by_excluded"])
+    expected, problems = sort_pip_check(check.stdout.splitlines(), carried, excluded)
+    result["pip_check_expected"] = expected
+    result["problems"] += [f"pip check: {line}" for line in problems]
+    result["seconds"] = round(time.time() - t0, 1)
+    result["line"] = (f"{result['wheels_installed']} wheels into {site}; project "
+                      f"{'installed' if project else 'NOT installed'}; pip check: "
+                      f"{len(problems)} problem(s), {len(expected)} expected (excluded packages)")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--carry", type=Path, default=CHECKOUT / CARRY_DIR, help=f"the carry (default {CARRY_DIR})")
+    ap.add_argument("--site", type=Path, default=CHECKOUT / SITE_DIR, help=f"target folder (default {SITE_DIR})")
+    ap.add_argument("--result", type=Path, default=None, help="write the result as JSON here")
+    args = ap.parse_args(argv)
+    result = install(args.carry.resolve(), args.site.resolve())
+    if args.result:
+        args.result.write_text(json.dumps(result, indent=1) + "\n")
+    for line in result["problems"]:
+        print(f"rpg.gpu_kit.install: {line}", file=sys.stderr)
+    if "line" in result:
+        print(f"rpg.gpu_kit.install: {result['line']}")
+    return 1 if result["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

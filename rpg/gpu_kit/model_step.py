@@ -1,0 +1,161 @@
+"""A few RPG training steps of a Qwen2-shaped model of about 0.1 B parameters in bf16, on the path verl's actor
+takes: bf16 autocast over float32 weights, SDPA attention, float32 log-probs from verl's ``logprobs_from_logits``,
+the loss verl's registry returns for ``loss_mode=rpg`` (RPG-REINFORCE-UFKL with RPG-Style Clip), schedule-free
+AdamW. The weights are random (the model is built locally from a config, nothing is downloaded): it shows
+the step runs, its time and its peak memory at this size, not learning.
+
+    python3 -m rpg.gpu_kit.model_step [--device cuda] [--layers 12 --hidden 768 --batch 8 --prompt 256
+                                      --response 256 --steps 3] [--result FILE]
+
+Each step recomputes the log-probs of the same batch, whose sampler log-probs were computed before the first
+update (their dtype is reported: float32 from flash-attn's kernel, else what verl's fallback returns for bf16
+logits). It fails (exit 1, one line each) on a non-finite loss or gradient norm, a zero gradient at the first
+step (every ratio is 1 there, nothing is clipped) or parameters the steps left unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def qwen2_config(layers: int, hidden: int, vocab: int):
+    from transformers import Qwen2Config
+
+    heads = hidden // 64
+    return Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
+                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 3),
+                       max_position_embeddings=4096, tie_word_embeddings=True)
+
+
+def actor_config():
+    """verl's actor config for the RPG loss as the recipe sets it (sampler anchor, RPG-Style Clip on)."""
+    from verl.workers.config.actor import ActorConfig
+
+    from rpg.verl.policy_config import RPGPolicyLossConfig
+
+    loss = RPGPolicyLossConfig(loss_mode="rpg", rpg_anchor="sampler",
+                               rpg_loss={"form": "reinforce", "divergence": "ufkl", "clip": True})
+    return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2,
+                       clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0, loss_agg_mode="token-mean",
+                       policy_loss=loss)
+
+
+def run(args) -> dict:
+    import schedulefree
+    import torch
+    from transformers import AutoModelForCausalLM
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.utils.torch_functional import logprobs_from_logits
+
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    config = qwen2_config(args.layers, args.hidden, args.vocab)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, args.vocab, (args.batch, args.prompt + args.response), generator=g).to(device)
+    lengths = torch.randint(args.response // 2, args.response + 1, (args.batch,), generator=g)
+    mask = (torch.arange(args.response).unsqueeze(0) < lengths.unsqueeze(1)).float().to(device)
+    advantages = (torch.randint(0, 2, (args.batch, 1), generator=g).float() * 2 - 1).expand(-1, args.response)
+    advantages = advantages.contiguous().to(device)
+    loss_fn, cfg = get_policy_loss_fn("rpg"), actor_config()
+
+    def log_probs():
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            logits = model(input_ids=ids).logits[:, args.prompt - 1:-1]
+            return logprobs_from_logits(logits, ids[:, args.prompt:])
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    with torch.no_grad():
+        old = log_probs().float()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = schedulefree.AdamWScheduleFree(model.parameters(), lr=args.lr, warmup_steps=0)
+    opt.train()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    steps, problems = [], []
+    for k in range(1, args.steps + 1):
+        sync()
+        t0 = time.perf_counter()
+        lp = log_probs()
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            loss, metrics = loss_fn(old_log_prob=old, log_prob=lp, advantages=advantages, response_mask=mask,
+                                    loss_agg_mode="token-mean", config=cfg)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        seconds = time.perf_counter() - t0
+        value = float(loss.detach())
+        steps.append({"step": k, "loss": value, "grad_norm": grad_norm, "seconds": round(seconds, 4),
+                      "max_abs_log_ratio": float(((lp.detach().float() - old).abs() * mask).max()),
+                      "log_prob_dtype": str(lp.dtype).replace("torch.", ""), "loss_metrics": metrics})
+        if not (math.isfinite(value) and math.isfinite(grad_norm)):
+            problems.append(f"step {k}: loss {value}, gradient norm {grad_norm}: not finite")
+        elif k == 1 and grad_norm == 0:  # every ratio is 1 here: no token is clipped
+            problems.append("step 1: the gradient is zero")
+    changed = max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before))
+    if not changed > 0:
+        problems.append(f"the parameters are unchanged after {args.steps} step(s)")
+    timed = [s["seconds"] for s in steps[1:]] or [steps[0]["seconds"]]
+    tokens = args.batch * (args.prompt + args.response)
+    result = {
+        "model": f"Qwen2-shaped, random weights (built locally, not trained): {args.layers} layers, hidden "
+                 f"{args.hidden}, vocabulary {args.vocab}",
+        "parameters": n_params, "device": torch.cuda.get_device_name() if device.type == "cuda" else args.device,
+        "torch": torch.__version__, "precision": "bf16 autocast, float32 weights and optimizer state",
+        "attention": "sdpa", "batch": f"{args.batch} x ({args.prompt} prompt + {args.response} response) tokens",
+        "loss": "verl registry loss_mode=rpg (RPG-REINFORCE-UFKL, RPG-Style Clip, sampler anchor)",
+        "optimizer": f"schedulefree.AdamWScheduleFree lr {args.lr}", "steps": steps,
+        "max_abs_parameter_change": changed, "step_s_median_after_first": round(statistics.median(timed), 4),
+        "tokens_per_s": round(tokens / statistics.median(timed)),
+        "problems": problems,
+    }
+    if device.type == "cuda":
+        result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    result["line"] = (f"{n_params / 1e6:.0f} M parameters (random), {tokens} tokens: "
+                      f"{result['step_s_median_after_first'] * 1e3:.0f} ms per step after the first"
+                      + (f", peak {result['peak_memory_gib']} GiB" if "peak_memory_gib" in result else "")
+                      + "; losses " + ", ".join(f"{s['loss']:.4g}" for s in steps))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--hidden", type=int, default=768, help="a multiple of 64 (head size 64)")
+    ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--response", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--result", type=Path, default=None, help="write the result as JSON here")
+    args = ap.parse_args(argv)
+    for name in ("layers", "hidden", "vocab", "batch", "prompt", "response", "steps"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1")
+    if args.hidden % 64:
+        ap.error(f"--hidden must be a multiple of 64 (head size 64), got {args.hidden}")
+    result = run(args)
+    if args.result:
+        args.result.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    for line in result["problems"]:
+        print(f"rpg.gpu_kit.model_step: {line}", file=sys.stderr)
+    return 1 if result["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
