@@ -17,6 +17,7 @@ import pytest
 
 from rpg.study import grid as G
 from rpg.study import lag as L
+from rpg.study import records as Rec
 from rpg.study import runner as R
 from rpg.study import stats as S
 from rpg.study.__main__ import main
@@ -96,7 +97,7 @@ def test_each_cell_composes_its_lag_and_arm_and_nothing_else(tiny_assets, tmp_pa
     (run-id paths aside); the updates per version, mini-batch, batch, steps, validation and seeds are the same in
     every cell."""
     specs = [s for s in G.lag_grid() if s.seed == 1]
-    kv = {G.lag_cell(s).name: _kv(R.spec_overrides(s, tmp_path)) for s in specs}
+    kv = {G.lag_cell(s).name: _kv(Rec.spec_overrides(s, tmp_path)) for s in specs}
     lag = {0: {"trainer.v1.separate_async.num_warmup_batches": "0", "trainer.v1.sampler.max_off_policy_threshold": "1"},
            1: {"trainer.v1.separate_async.num_warmup_batches": "1", "trainer.v1.sampler.max_off_policy_threshold": "2"}}
     arm = {"token": {}, "none": {"rpg.loss.behavior_weight_level": "none"},
@@ -212,7 +213,7 @@ def test_a_runs_record_holds_the_machines_load(monkeypatch, tiny_assets, tmp_pat
     monkeypatch.setattr(harness, "run_trainer", LagFakeTrainer())
     spec = G.lag_grid(seeds=1, sizes=SMALL, cells=G.LAG_CELLS[:1])
     R.run_grid(spec, tmp_path, G.LAG_COSTS)
-    rec = R.read_record(tmp_path, spec[0])
+    rec = Rec.read_record(tmp_path, spec[0])
     assert rec["status"] == "done" and rec["cpu_count"] == os.cpu_count()
     for key in ("load_start", "load_end"):  # 1, 5 and 15 minutes
         assert len(rec[key]) == 3 and all(isinstance(x, float) and x >= 0 for x in rec[key]), rec[key]
@@ -320,7 +321,7 @@ def test_runs_to_csv_rows_with_metrics_collapse_and_load(monkeypatch, tiny_asset
     monkeypatch.setattr(harness, "run_trainer", LagFakeTrainer())
     specs = G.lag_grid(seeds=2, sizes=SMALL, cells=G.LAG_CELLS[:2])
     records = R.run_grid(specs, tmp_path, G.LAG_COSTS)
-    rec = R.read_record(tmp_path, specs[0])
+    rec = Rec.read_record(tmp_path, specs[0])
     rows = L.csv_rows(tmp_path, specs, records)
     assert [r["order"] for r in rows] == [1, 2, 3, 4] and [r["seed"] for r in rows] == [1, 1, 2, 2]
     r0 = next(r for r in rows if r["cell"] == "lag0-noclip-token" and r["seed"] == 1)

@@ -186,7 +186,7 @@ def csv_rows(out: Path, specs: list[RunSpec], records: list[dict]) -> list[dict]
     from rpg.launch.variants import parse
     from rpg.reports.logs import read_run
     from rpg.study.render import _val_key, metric_of
-    from rpg.study.runner import run_dir
+    from rpg.study.records import run_dir
 
     rows = []
     for order, (spec, rec) in enumerate(zip(specs, records), 1):
