@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                   "rpg.backends.registry")),
     ("verl glue and the driver", ("rpg.verl",)),
     ("launch", ("rpg.launch",)),
-    ("applications", ("rpg.reports", "rpg.demo", "rpg.study")),
+    ("applications", ("rpg.reports", "rpg.demo", "rpg.study", "rpg.gpu_kit")),
 ]
 RANK = {node: (layer, pos) for layer, (_, nodes) in enumerate(LAYERS) for pos, node in enumerate(nodes)}
 MAX_LINES = 450
@@ -67,6 +67,8 @@ def module_of(path: Path, root: Path = ROOT) -> str:
 UNREAD_IMPORTS = {
     ("rpg/verl/translate.py", "module_name"): "the module of a run's rpg.reward_function (a user's module, or the "
     "default rpg.reward, a lower layer): configuration data, not a module of the driver",
+    ("rpg/gpu_kit/probe.py", "module or dist.replace('-', '_')"): "the third-party packages the GPU kit's probe "
+    "reports (its PACKAGES table): none of them a module of the house",
 }
 
 

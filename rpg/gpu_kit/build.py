@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpg.common.checkout import CHECKOUT
-from rpg.gpu_kit import CARRY_DIR, CARRY_FILE, MANIFEST
+from rpg.gpu_kit import CARRY_DIR, CARRY_FILE, DEFAULT_BUDGET_S, MANIFEST
 
 try:
     from packaging.requirements import Requirement
@@ -330,7 +330,6 @@ def travelling_tree_bytes(root: Path = CHECKOUT) -> int | None:
 
 def device_call(out: Path) -> dict:
     """The device call that runs the kit (the lead's ``run`` tool: command, carry, timeout)."""
-    from rpg.gpu_kit.run import DEFAULT_BUDGET_S
 
     rel = os.path.relpath(out, CHECKOUT)
     carry = [rel] if not rel.startswith("..") else []

@@ -45,9 +45,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rpg.common.checkout import CHECKOUT
-from rpg.gpu_kit import CARRY_DIR, SITE_DIR
+from rpg.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, SITE_DIR
 
-DEFAULT_BUDGET_S = 450  # a device call's command: budget + 30 s; with the machine's start, a rerun still fits 15 min
 MIN_BOX_S = 20.0
 LOG_CAP_BYTES = 15 * 2**20  # a file back from the device machine: at most 16 MiB
 TAIL_LINES = 40

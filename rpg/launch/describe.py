@@ -27,7 +27,8 @@ from rpg.config import RPGConfigError
 from rpg.launch.experiments import EXPERIMENT_DIR, GROUP, file_note
 from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME, compose, experiment_name, plan
 from rpg.launch.request import LaunchError, LaunchRequest, project_root
-from rpg.launch.variants import Variant, known_names, name_changes, paper_refs, paper_row, parse, to_overrides
+from rpg.launch.name_changes import name_changes
+from rpg.launch.variants import Variant, known_names, paper_refs, paper_row, parse, to_overrides
 from rpg.verl.input_paths import InputPathError, input_path_problems, refusals
 
 REWARD_PATH = "reward.custom_reward_function.path"

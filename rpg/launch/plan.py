@@ -25,7 +25,8 @@ from rpg.launch.config_keys import RECIPE_CONFIG_NAME, compose_config
 from rpg.launch.run_dir import default_checkpoint_dir
 from rpg.launch.request import DEFAULT_LOGGERS, LaunchError, LaunchRequest, project_root
 from rpg.launch.experiments import variant_overrides
-from rpg.launch.variants import TRAIN_SET, Variant, changed_name, name_changes
+from rpg.launch.name_changes import changed_name, name_changes
+from rpg.launch.variants import TRAIN_SET, Variant
 
 CONFIG_DIR, CONFIG_NAME = RECIPE_CONFIG_DIR, RECIPE_CONFIG_NAME
 # Log locations reach every Ray process through ray_kwargs.ray_init.runtime_env.env_vars (Hydra
@@ -40,7 +41,7 @@ GPU_DEFAULT_GPUS_PER_NODE = 8  # the paper's nodes: 8 GPUs each
 def experiment_name(v: Variant, req: LaunchRequest, user: Sequence[str]) -> str:
     """The run's ``trainer.experiment_name`` (and its checkpoint and TensorBoard folders): ``EXP_NAME``; else the
     run name followed by the settings the name says that the user's overrides change
-    (``run_rpg_7b_ufkl1e-4+divergence=urkl,clip=false``: ``rpg.launch.variants.changed_name``), so the folders, logs
+    (``run_rpg_7b_ufkl1e-4+divergence=urkl,clip=false``: ``rpg.launch.name_changes``), so the folders, logs
     and report labels say what runs. A user's ``trainer.experiment_name`` override wins (the folders keep the name)."""
     if req.experiment:
         return req.experiment

@@ -1,22 +1,10 @@
 """The study's grid: methods, the tiny-task adaptation of their paper settings, run identities, cost.
 
-Methods are paper run names, parsed by ``rpg.launch.variants`` (the one source of truth for every
-algorithm setting); a run's overrides are exactly what ``RPG_BACKEND=cpu`` would launch for that
-name (``rpg.launch.plan.plan_overrides(..., backend="cpu")``: the variant's algorithm settings, the CPU
-backend, the tiny task) followed by the study's own overrides, which win:
-
-* **Sizes**: ``prompts`` prompts per rollout batch, ``n`` responses each, validation
-  ``val_n`` samples per held-out problem (``rpg.tiny.overrides.tiny_task_overrides``).
-* **Off-policy regime**: ``updates`` optimizer steps per rollout batch, i.e. the actor's
-  mini-batch is ``prompts / updates`` prompts (the paper: 512 / 32 = 16 steps per batch).
-* **Learning rate**: the paper's learning rate times ``LR_SCALE`` (1e-6 -> 5e-4, the tiny
-  demo's rate; RPG-REINFORCE's 5e-7 -> 2.5e-4: the paper's ratio between methods is kept). A
-  0.34M-parameter model does not move at 1e-6 in a few dozen steps.
-* **Warm-up**: none (the paper's 10 warm-up steps would be a large part of a short run).
-* **Seed**: ``data.seed`` (prompt order) and the rollout's sampling seed.
-
-Everything else (losses, KL form and coefficient, reference, clip ranges, advantage estimator,
-DAPO dynamic sampling and overlong shaping, weight decay, gradient clipping) is the paper
+A method is a paper run name (``rpg.launch.variants``, the one source of every algorithm setting); a run's overrides
+are what ``RPG_BACKEND=cpu`` launches for that name (``rpg.launch.plan.plan_overrides``), then the study's own:
+sizes (prompts, responses, validation samples), the off-policy regime (``updates`` optimizer steps per rollout
+batch), the paper's learning rate times ``LR_SCALE`` (a 0.34M-parameter model does not move at 1e-6; the ratio
+between methods is kept), no warm-up, and the seed (``data.seed`` and the rollout's). Everything else is the paper
 variant's own setting.
 """
 
