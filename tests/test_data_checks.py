@@ -152,7 +152,7 @@ NULL_ANSWERS = [None if i % 3 == 0 else str(i) for i in range(30)]  # 10 of 30 r
     (["7", "", " \t", "8"], "null, empty or blank in 2 of 4 rows (row indices 1, 2)"),
 ], ids=["null", "integer", "blank"])
 def test_rows_without_a_text_answer_are_refused_naming_the_rows(files, key, answers, what):
-    """Issue 52 item 2: null answers passed (10 of 30 problems dropped from validation, the run exited 0), integer
+    """Null answers passed (10 of 30 problems dropped from validation, the run exited 0), integer
     answers passed and the run died after Ray (``Received an empty list as keys``)."""
     path = answers_file(files / "answers.parquet", answers, "math_dapo")
     assert input_path_problems(_applied(files, f"{key}=['{path}']")) == [
@@ -248,7 +248,7 @@ def test_dry_run_refuses_on_each_problem(files, capsys):
 
 
 def test_dry_run_refuses_null_and_integer_answers_in_one_line_each(files, capsys):
-    """Issue 52 item 2, as the red team ran it: DRY_RUN=1 passed both files; now exit 2 and one line per file naming
+    """As a user ran it: DRY_RUN=1 passed both files; now exit 2 and one line per file naming
     the file, the column, the first rows and the count (the driver's own check: rpg.data.checks.data_problems)."""
     from rpg.launch.cli import main
 
