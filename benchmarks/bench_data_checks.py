@@ -1,5 +1,5 @@
-"""The cost of the data-file check before Ray (``rpg.data.checks.file_problems``: a parquet file's footer and
-its ``data_source`` column) against reading the whole file (``pyarrow.parquet.read_table``, the least verl's
+"""The cost of the data-file check before Ray (``rpg.data.checks.file_problems``: a parquet file's footer, its
+``data_source`` column and the leaf ``reward_model.ground_truth``) against reading the whole file (``pyarrow.parquet.read_table``, the least verl's
 loader does), per file, measured in one run, with the ratio check / full read.
 
     python benchmarks/bench_data_checks.py [--repeats 20] [--train-rows 13900] [FILE.parquet ...]

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hydra import compose, initialize_config_dir
-from data_files import verl_file
+from data_files import answers_file, verl_file
 from hydra.core.global_hydra import GlobalHydra
 
 from rpg.config import RPGConfigError
@@ -81,11 +81,11 @@ def test_the_real_evaluation_files_pass_and_the_check_reads_one_column(files, mo
     vals = [str(SHARED / n) for n in ("aime-2024.parquet", "aime25.parquet", "amc-23.parquet")]
     cfg = _applied(files, f"data.val_files=[{','.join(vals)}]")
     read = []
-    real = pq.read_table
-    monkeypatch.setattr(pq, "read_table", lambda path, **kw: read.append((Path(path).name, kw)) or real(path, **kw))
+    real = pq.ParquetFile.read
+    monkeypatch.setattr(pq.ParquetFile, "read", lambda self, **kw: read.append(kw) or real(self, **kw))
     assert input_path_problems(cfg) == []
-    # the footer (read_metadata) and the data_source column of each file, never the rows' other columns
-    assert read == [(n, {"columns": ["data_source"]}) for n in ("train.parquet", *(Path(v).name for v in vals))]
+    # the footer, the data_source column and the answers of each file, never the other columns
+    assert read == [{"columns": ["data_source", "reward_model.ground_truth"]}] * (1 + len(vals))
     monkeypatch.undo()
     # amc-23.parquet's data_source is 'amc_23': rpg.reward routes amc*, verl's default_compute_score does not
     cfg = _applied(files, f"data.val_files=[{','.join(vals)}]", "rpg.reward_function=null")
@@ -140,6 +140,51 @@ def test_rows_without_a_data_source_are_counted(files):
                              "reward_model": [{"ground_truth": "1"}] * 2}), path)
     assert input_path_problems(_applied(files, f"data.val_files=['{path}']")) == [
         f"data.val_files={path}: 1 of 2 rows have no data_source (null); every row needs one (its reward function)"]
+
+
+NULL_ANSWERS = [None if i % 3 == 0 else str(i) for i in range(30)]  # 10 of 30 rows, as the red team's file
+
+
+@pytest.mark.parametrize("key", ["data.val_files", "data.train_files"])
+@pytest.mark.parametrize("answers, what", [
+    (NULL_ANSWERS, "null, empty or blank in 10 of 30 rows (row indices 0, 3, 6, 9, 12, ...)"),
+    (list(range(30)), "int64 (not text) in 30 of 30 rows (row indices 0, 1, 2, 3, 4, ...)"),
+    (["7", "", " \t", "8"], "null, empty or blank in 2 of 4 rows (row indices 1, 2)"),
+], ids=["null", "integer", "blank"])
+def test_rows_without_a_text_answer_are_refused_naming_the_rows(files, key, answers, what):
+    """Null answers passed (10 of 30 problems dropped from validation, the run exited 0), integer
+    answers passed and the run died after Ray (``Received an empty list as keys``)."""
+    path = answers_file(files / "answers.parquet", answers, "math_dapo")
+    assert input_path_problems(_applied(files, f"{key}=['{path}']")) == [
+        f"{key}={path}: reward_model.ground_truth is {what}: rpg.reward.compute_score scores each response against "
+        "its row's answer, a string that is not blank; write one in every row (python -m rpg.data prepare does), or "
+        "score the rows with your own reward.custom_reward_function"]
+
+
+def test_answers_are_checked_in_json_and_map_layouts_and_left_to_a_users_own_function(files):
+    jsonl = files / "v.jsonl"
+    jsonl.write_text("".join('{"data_source": "aime2025", "prompt": [{"role": "user", "content": "x"}], '
+                             f'"reward_model": {{"ground_truth": {a}}}}}\n' for a in ("null", '"3"', "null")))
+    assert input_path_problems(_applied(files, f"data.val_files=['{jsonl}']")) == [
+        f"data.val_files={jsonl}: reward_model.ground_truth is null, empty or blank in 2 of 3 rows (row indices 0, "
+        "2): rpg.reward.compute_score scores each response against its row's answer, a string that is not blank; "
+        "write one in every row (python -m rpg.data prepare does), or score the rows with your own "
+        "reward.custom_reward_function"]
+    mapped = files / "map.parquet"
+    pq.write_table(pa.table({"data_source": ["aime2025"] * 2, "prompt": [[{"role": "user", "content": "x"}]] * 2,
+                             "reward_model": pa.array([[("ground_truth", "1")], [("style", "rule")]],
+                                                      pa.map_(pa.string(), pa.string()))}), mapped)
+    problems = input_path_problems(_applied(files, f"data.val_files=['{mapped}']"))
+    assert problems == [f"data.val_files={mapped}: reward_model.ground_truth is null, empty or blank in 1 of 2 rows "
+                        f"(row indices 1){problems[0].split('(row indices 1)')[1]}"]
+    # verl's default_compute_score compares strings too; a user's own function is given what the row holds
+    ints = answers_file(files / "ints.parquet", [1, 2], "aime2025")
+    assert "int64 (not text)" in input_path_problems(
+        _applied(files, f"data.val_files=['{ints}']", "rpg.reward_function=null"))[0]
+    own = files / "my_reward.py"
+    own.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
+    assert input_path_problems(_applied(files, f"data.val_files=['{ints}']", f"reward.custom_reward_function.path={own}",
+                                        "reward.custom_reward_function.name=score")) == []
 
 
 @pytest.mark.parametrize("override, problem", [
@@ -200,6 +245,27 @@ def test_dry_run_refuses_on_each_problem(files, capsys):
     assert refused[0].startswith(f"rpg config error: data.train_files={raw}: not in verl's layout: no column 'prompt'")
     assert refused[1] == ("rpg config error: data.val_files=[]: names no file; verl reads at least one "
                           "(a path or a list of paths)")
+
+
+def test_dry_run_refuses_null_and_integer_answers_in_one_line_each(files, capsys):
+    """As a user ran it: DRY_RUN=1 passed both files; now exit 2 and one line per file naming
+    the file, the column, the first rows and the count (the driver's own check: rpg.data.checks.data_problems)."""
+    from rpg.launch.cli import main
+
+    nulls = answers_file(files / "nulls.parquet", NULL_ANSWERS)
+    ints = answers_file(files / "ints.parquet", list(range(1, 31)), "math_dapo")
+    for env, key, path, what in [
+        ({"VAL_FILES": str(nulls)}, "data.val_files", nulls, "null, empty or blank in 10 of 30 rows (row indices 0, "
+                                                           "3, 6, 9, 12, ...)"),
+        ({"TRAIN_FILE": str(ints)}, "data.train_files", ints, "int64 (not text) in 30 of 30 rows (row indices 0, 1, "
+                                                            "2, 3, 4, ...)")]:
+        base = {"TRAIN_FILE": str(files / "train.parquet"), "VAL_FILES": str(files / "val.parquet")}
+        assert main(["run_grpo_7b"], _env(DRY_RUN="1", **{**base, **env})) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rpg config error:")]
+        assert err == [f"rpg config error: {key}={path}: reward_model.ground_truth is {what}: rpg.reward.compute_score "
+                       "scores each response against its row's answer, a string that is not blank; write one in every "
+                       "row (python -m rpg.data prepare does), or score the rows with your own "
+                       "reward.custom_reward_function"]
 
 
 def test_a_real_launch_is_refused_before_anything_starts(files, capsys, monkeypatch):

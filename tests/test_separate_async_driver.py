@@ -17,7 +17,9 @@ from rpg.config import RPGConfigError
 from test_verl_config import apply
 
 MODE = "trainer.v1.trainer_mode=separate_async"
-CPU = ["trainer.device=cpu", *separate_async_overrides(values([MODE]))]
+# what the CPU backend's launch sets for the mode, and its rollout's tensor parallel size (verl's default is 2)
+CPU = ["trainer.device=cpu", *separate_async_overrides(values([MODE])),
+       "actor_rollout_ref.rollout.tensor_model_parallel_size=1"]
 # the tiny task's sizes: 8 prompts = 4 mini-batches of 2, 8 responses each, log-probs per mini-batch
 SIZES = ["trainer.n_gpus_per_node=1", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=8",
          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",

@@ -3,9 +3,11 @@
 A wrong data file otherwise fails after Ray, the model load and the whole validation before training:
 ``KeyError: 'prompt'`` at the first training batch (a raw problem/answer file), a TransferQueue error at the
 first validation (a ``data_source`` the reward function does not know), ``Unable to concatenate an empty
-list of datasets`` (no file at all). ``file_problems`` reads what decides this, cheaply: a parquet file's
-schema (its footer) and its ``data_source`` column, never the other columns (the three evaluation files: a
-few milliseconds each, docs/data-and-reports.md). A ``.json`` / ``.jsonl`` file (verl reads those too, with
+list of datasets`` (no file at all), a row whose answer is null or not text scored by no one (the reward
+function raises: the row drops out of validation, or every row does and TransferQueue fails on an empty list).
+``file_problems`` reads what decides this, cheaply: a parquet file's schema (its footer), its ``data_source``
+column and the leaf ``reward_model.ground_truth``, never the other columns (the three evaluation files: about a
+millisecond each, docs/data-and-reports.md). A ``.json`` / ``.jsonl`` file (verl reads those too, with
 ``datasets``' JSON loader) has no footer and is read whole.
 
 What verl reads (``verl.utils.dataset.rl_dataset.RLHFDataset`` and the reward loop's managers):
@@ -13,7 +15,9 @@ What verl reads (``verl.utils.dataset.rl_dataset.RLHFDataset`` and the reward lo
 * the suffix: ``.parquet``, ``.json`` or ``.jsonl`` (anything else: ``Unsupported file format``);
 * ``data.prompt_key`` (default ``prompt``): a chat list of ``{"role", "content"}`` messages;
 * ``reward_model.ground_truth`` and ``data_source``: every reward manager reads them from each row, and the
-  reward function scores by ``data_source`` (``rpg.reward.scored_sources.Scorer``).
+  reward function scores by ``data_source`` (``rpg.reward.scored_sources.Scorer``), against the answer: a string
+  that is not blank for ``rpg.reward`` and verl's scorers (``answer_problem``; a user's own function is given
+  what the row holds).
 
 ``data_problems`` is the one check of a run's data keys (``DATA_KEYS``): the lists are not empty, every local
 file exists and passes ``file_problems`` for the reward function the run scores with (``scorer_of``). One line
@@ -29,7 +33,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -38,6 +42,7 @@ from rpg.reward.scored_sources import ANY, Scorer, is_rpg_reward, rpg_scorer, ve
 
 DATA_KEYS = ("data.train_files", "data.val_files")
 VERL_SUFFIXES = (".parquet", ".json", ".jsonl")  # RLHFDataset._read_files_and_tokenize
+ANSWER_COLUMN = "reward_model.ground_truth"  # each row's answer, which the reward function scores against
 PREPARE_HINT = "prepare it with `python -m rpg.data prepare` (docs/data-and-reports.md)"
 
 
@@ -122,24 +127,58 @@ def list_problem(key: str, value) -> str | None:
     return None
 
 
-def read_layout(path: str | Path) -> tuple[pa.Schema, int, pa.Array | None]:
-    """(schema, rows, ``data_source`` column or None) of a data file; ``UnreadableFile`` if pyarrow cannot read
-    it. A parquet file: the footer and one column only."""
+class Layout(NamedTuple):
+    """What the checks read of a data file: its schema and row count, its ``data_source`` column and its answers
+    (``reward_model.ground_truth``, one value per row; each None when the file has no such column)."""
+
+    schema: pa.Schema
+    rows: int
+    data_source: pa.ChunkedArray | None
+    answers: pa.ChunkedArray | None
+
+
+def read_layout(path: str | Path) -> Layout:
+    """The file's ``Layout``; ``UnreadableFile`` if pyarrow cannot read it. A parquet file: the footer and two
+    columns only, ``data_source`` and the leaf ``reward_model.ground_truth`` (a map ``reward_model``: the whole)."""
     import pyarrow.parquet as pq
 
     path = Path(path)
     try:
         if path.suffix.lower() == ".parquet":
-            meta = pq.read_metadata(path)
-            schema = meta.schema.to_arrow_schema()
-            column = (pq.read_table(path, columns=["data_source"]).column("data_source")
-                      if "data_source" in schema.names else None)
-            return schema, meta.num_rows, column
-        table = _read_json(path)
+            with pq.ParquetFile(path) as pf:
+                schema, rows = pf.schema_arrow, pf.metadata.num_rows
+                columns = [*(["data_source"] if "data_source" in schema.names else []),
+                           *([leaf] if (leaf := _answer_path(schema)) is not None else [])]
+                table = pf.read(columns=columns)  # a struct's leaf comes back inside its struct
+        else:
+            table = _read_json(path)
+            schema, rows = table.schema, table.num_rows
     except (pa.ArrowException, OSError, ValueError) as err:
         raise UnreadableFile(" ".join(str(err).split()) or type(err).__name__) from None
     column = table.column("data_source") if "data_source" in table.column_names else None
-    return table.schema, table.num_rows, column
+    answers = _answers(table.column("reward_model")) if _answer_path(schema) is not None else None
+    return Layout(schema, rows, column, answers)
+
+
+def _answer_path(schema: pa.Schema) -> str | None:
+    """The column to read for the answers: the leaf of a struct ``reward_model``, a map ``reward_model`` whole;
+    None without one (``layout_problems`` names it)."""
+    if "reward_model" not in schema.names:
+        return None
+    t = schema.field("reward_model").type
+    if pa.types.is_struct(t) and t.get_field_index("ground_truth") >= 0:
+        return ANSWER_COLUMN
+    return "reward_model" if pa.types.is_map(t) else None
+
+
+def _answers(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The answer of each row: the ``ground_truth`` of a struct or map ``reward_model`` column (null where the row's
+    ``reward_model`` is null or, in a map, lacks the key)."""
+    import pyarrow.compute as pc
+
+    if pa.types.is_struct(column.type):
+        return pc.struct_field(column, "ground_truth")
+    return pc.map_lookup(column, pa.scalar("ground_truth", column.type.key_type), "first")
 
 
 def _read_json(path: Path) -> pa.Table:
@@ -197,7 +236,7 @@ def file_problems(key: str, path: str, *, scorer: Scorer, prompt_key: str = "pro
         return [f"{where}: verl reads {', '.join(VERL_SUFFIXES[:-1])} and {VERL_SUFFIXES[-1]} data files, "
                 f"not {suffix or 'a file without a suffix'!r}"]
     try:
-        schema, rows, column = read_layout(Path(path).expanduser())  # as the existence check (data_file_problem)
+        schema, rows, column, answers = read_layout(Path(path).expanduser())  # as data_file_problem, ~ expanded
     except UnreadableFile as err:
         kind = "parquet" if suffix == ".parquet" else "JSON"
         return [f"{where}: not a readable {kind} file ({err})"]
@@ -216,7 +255,38 @@ def file_problems(key: str, path: str, *, scorer: Scorer, prompt_key: str = "pro
         what = f"data_source {unscored[0]!r} has" if len(unscored) == 1 else \
             f"data_source values {', '.join(map(repr, unscored))} have"
         problems.append(f"{where}: {what} no reward function: {scorer.name} handles {scorer.allowed}; {scorer.hint}")
+    if scorer.text_answers and answers is not None and (answer := answer_problem(answers, rows)) is not None:
+        problems.append(f"{where}: {answer}: {scorer.name} scores each response against its row's answer, a "
+                        "string that is not blank; write one in every row (python -m rpg.data prepare does), or "
+                        "score the rows with your own reward.custom_reward_function")
     return problems
+
+
+SHOWN_ROWS = 5  # row indices a refusal names before "..."
+
+
+def answer_problem(answers: pa.ChunkedArray, rows: int) -> str | None:
+    """What is wrong with the answers of a file (``reward_model.ground_truth``, one per row), naming the column,
+    the first ``SHOWN_ROWS`` bad rows (0-based, in the file's order) and their count; None when every row holds
+    text that is not blank. A column that is not text (integers, lists, ...) is wrong in every row."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    kind = answers.type
+    if pa.types.is_dictionary(kind) or pa.types.is_string_view(kind):  # as plain strings, for the string kernels
+        kind = kind.value_type if pa.types.is_dictionary(kind) else pa.large_string()
+        answers = answers.cast(kind)
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        what, bad = ("null" if pa.types.is_null(kind) else f"{kind} (not text)"), np.arange(rows)
+    else:
+        # blank: empty, or whitespace only (utf8_is_space is false on an empty string); null: no answer at all
+        blank = pc.or_(pc.equal(pc.utf8_length(answers), 0), pc.utf8_is_space(answers))
+        if not answers.null_count and not pc.any(blank).as_py():
+            return None
+        bad = np.flatnonzero(pc.fill_null(blank, True).to_numpy())
+        what = "null, empty or blank"
+    shown = ", ".join(str(i) for i in bad[:SHOWN_ROWS]) + (", ..." if len(bad) > SHOWN_ROWS else "")
+    return f"{ANSWER_COLUMN} is {what} in {len(bad)} of {rows} rows (row indices {shown})"
 
 
 def _distinct(column) -> list:

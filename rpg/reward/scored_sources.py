@@ -92,24 +92,27 @@ def is_rpg_reward(path: str | None, name: str | None) -> bool:
 @dataclass(frozen=True)
 class Scorer:
     """The reward function that scores a run's rows, for the checks' messages: ``name``, the ``data_source``
-    values it ``handles`` (None: any, a user's own function), what it allows and how to change it."""
+    values it ``handles`` (None: any, a user's own function), what it allows and how to change it, and whether
+    each row's ``reward_model.ground_truth`` must be text that is not blank (``text_answers``: ``rpg.reward``
+    raises on anything else, verl's scorers compare strings; a user's own function is given what the row holds)."""
 
     name: str
     handles: Callable[[str], bool] | None
     allowed: str = ""
     hint: str = ""
+    text_answers: bool = False
 
     def unscored(self, data_sources) -> list[str]:
         return [] if self.handles is None else [ds for ds in data_sources if not self.handles(ds)]
 
 
 def rpg_scorer(hint: str) -> Scorer:
-    return Scorer(f"{RPG_MODULE}.{RPG_FUNCTION}", rpg_handles, rpg_allowed(), hint)
+    return Scorer(f"{RPG_MODULE}.{RPG_FUNCTION}", rpg_handles, rpg_allowed(), hint, text_answers=True)
 
 
 def verl_scorer(why: str, hint: str) -> Scorer:
     """verl's ``default_compute_score``; ``why``: the setting that chose it, for the message."""
-    return Scorer(f"verl's {VERL_FUNCTION} {why}".rstrip(), verl_handles, verl_allowed(), hint)
+    return Scorer(f"verl's {VERL_FUNCTION} {why}".rstrip(), verl_handles, verl_allowed(), hint, text_answers=True)
 
 
 ANY = Scorer("your reward function", None)

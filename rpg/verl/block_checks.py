@@ -291,8 +291,7 @@ def check_separate_async(cfg, settings: RPGSettings) -> None:
             _fail(f"{key}={value!r} with {mode}: the standalone rollout pool needs an integer >= 1 ("
                   + ("its nodes and GPUs per node, beside the trainer's trainer.nnodes x trainer.n_gpus_per_node)"
                      if gpu else "one logical GPU per rollout rank)"))
-    if gpu:
-        check_rollout_pool_split(cfg, *pool.values(), mode)
+    check_rollout_pool_split(cfg, *pool.values(), mode)
     k = config_value(cfg, "trainer.v1.separate_async.parameter_sync_step", SYNC_STEP_DEFAULT)
     batch, mini = config_value(cfg, "data.train_batch_size"), config_value(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size")
     hint = f"; set parameter_sync_step={batch // mini}" if mini and batch % mini == 0 else ""
@@ -311,6 +310,11 @@ def check_separate_async(cfg, settings: RPGSettings) -> None:
         if isinstance(size, int) and size > 0 and rows % size:
             _fail(f"{key}={size} with {mode}: its log-probs are computed per mini-batch, {rows} sequences per rank "
                   f"(ppo_mini_batch_size={mini} x rollout.n / {world} ranks); set a divisor of {rows}")
+    # verl/trainer/ppo/v1/trainer_separate_async.py:71-76: the standalone rollout never pauses to free the GPUs
+    if config_value(cfg, "reward.reward_model.enable", False) and not config_value(
+            cfg, "reward.reward_model.enable_resource_pool", False):
+        _fail(f"reward.reward_model.enable_resource_pool=False with {mode} and a reward model: verl does not colocate "
+              "it in this mode (its standalone rollout never pauses to free the GPUs); set it to True")
     if not config_value(cfg, "actor_rollout_ref.hybrid_engine", True):
         _fail(f"actor_rollout_ref.hybrid_engine=False with {mode} is not supported by the recipe (not run; the "
               "reference copies of rpg.reference.mode periodic|kl_threshold need the fused worker); leave it True")
@@ -337,9 +341,10 @@ VLLM_CPU_STANDALONE = ("its standalone vLLM replicas were never run in the vLLM-
 
 
 def check_rollout_pool_split(cfg, nnodes: int, gpus_per_node: int, mode: str) -> None:
-    """verl's standalone pool on GPUs: ``nnodes x n_gpus_per_node`` GPUs in replicas of TP x DP x PP GPUs each
-    (verl/workers/rollout/llm_server.py:434-460 floors the count of replicas, so a remainder would sit idle), each
-    replica's placement group on whole nodes or within one (verl/workers/rollout/replica.py:113-117, 198-201)."""
+    """verl's standalone pool: ``nnodes x n_gpus_per_node`` GPUs (the CPU backend's logical ones) in replicas of
+    TP x DP x PP GPUs each (verl/workers/rollout/llm_server.py:434-460 floors the count of replicas, so a remainder
+    would sit idle, and a pool smaller than one replica has none), each replica's placement group on whole nodes
+    or within one (verl/workers/rollout/replica.py:113-117, 198-201)."""
     r = "actor_rollout_ref.rollout"
     sizes = {key: config_value(cfg, f"{r}.{key}", 1) for key in
              ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")}

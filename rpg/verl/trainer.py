@@ -31,6 +31,9 @@ Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is 
 * ``_init_dataloader``: the validation loader sets verl's per-row ``__rollout_n__`` from
   ``rpg.validation.samples_per_problem`` (paper Table 7: one sample per Minerva/OlympiadBench problem
   next to mean@32 on AIME/AMC; ``rpg.verl.validation``).
+* ``_val_metrics_update``: ``val-aux/<data_source>/unscored_rows`` and ``unscored_samples`` (the validation
+  rows whose reward function raised or rollout failed, which verl leaves out with a traceback) and a warning
+  line when there are any (``rpg.verl.validation``).
 
 Per-step metrics added: ``rpg/ref_reset`` (0/1), ``rpg/ref_resets_total``,
 ``rpg/ref_steps_since_reset``, ``rpg/ref_kl``, ``rpg/ref_kl_ema`` and, with
@@ -64,7 +67,7 @@ from rpg.common.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoint_digests import REFERENCE_DIR, join_reports
 from rpg.verl.checkpoints import recorded_settings, write_marker
 from rpg.config import parse_rpg_settings
-from rpg.verl.validation import SamplesPerSource
+from rpg.verl.validation import SamplesPerSource, unscored_by_source, unscored_metrics, unscored_warnings
 from rpg.verl.worker import RPGActorRolloutRefWorker, RPGDetachActorWorker
 
 logger = logging.getLogger(__name__)
@@ -164,6 +167,18 @@ class RPGTrainerMixin:
         if rule:
             self.val_dataloader = SamplesPerSource(self.val_dataloader, rule,
                                                    self.config.actor_rollout_ref.rollout.val_kwargs.n)
+
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
+                            expected_acc_counts=None):
+        """verl's validation metrics, plus the rows not scored per data source (``rpg.verl.validation``): a
+        metric at every validation and a warning line when a row lost a sample."""
+        metrics = super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
+                                              expected_acc_counts=expected_acc_counts)
+        counts = unscored_by_source(expected_acc_counts or {}, data_sources, sample_uids,
+                                    reward_extra_infos_dict.get("acc"))
+        for line in unscored_warnings(counts, self.global_steps):
+            print(line, flush=True)
+        return {**metrics, **unscored_metrics(counts)}
 
     # ------------------------------------------------------------------ init / resume
     def _resumed_folder(self) -> str | None:

@@ -13,11 +13,20 @@ wraps the validation dataloader and adds that column from ``rpg.validation.sampl
 ``{prefix: n}`` with the data source compared in lower case (as ``rpg.reward`` routes it); rows of
 other sources get ``actor_rollout_ref.rollout.val_kwargs.n``. Sampling settings (temperature, top_p,
 top_k) stay ``val_kwargs`` for every row: verl has one set per validation.
+
+Rows not scored: a sample whose reward function raised (or whose rollout failed) never reaches the validation
+batch; verl logs a traceback and computes the data source's metrics without it (its ``acc`` counts each missing
+sample as 0, a wrong answer; the other variables average the samples that came back). ``unscored_by_source``
+counts them per data source from what verl's ``_val_metrics_update`` receives (the rows asked, with their sample
+counts, and the samples that came back); the trainer logs ``val-aux/<data_source>/unscored_rows`` and
+``.../unscored_samples`` at every validation (0 when every sample was scored) and prints ``unscored_warnings``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,3 +59,59 @@ class SamplesPerSource:
             counts = [samples_for(ds, self.rule, self.default_n) for ds in sources]
             # object dtype, as verl's collate_fn stores non-tensor columns
             yield {**batch, ROLLOUT_N_KEY: np.array(counts, dtype=object)}
+
+
+@dataclass(frozen=True)
+class Unscored:
+    """One data source's validation rows (problems) and samples, and how many of them were not scored: a row is
+    unscored when fewer of its samples came back than it asked for. ``acc_logged``: some sample of the source
+    came back with an ``acc`` (verl then counts the missing samples as acc 0)."""
+
+    rows: int
+    of_rows: int
+    samples: int
+    of_samples: int
+    acc_logged: bool
+
+
+def unscored_by_source(expected: Mapping[tuple[str, str], int], data_sources: Sequence, sample_uids: Sequence,
+                       acc: Sequence | None = None) -> dict[str, Unscored]:
+    """Per data source, the rows and samples not scored. ``expected``: ``{(data_source, uid): samples asked}`` for
+    every row submitted (verl's ``expected_acc_counts``); ``data_sources``, ``sample_uids``: one entry per sample
+    that came back; ``acc``: its ``acc`` (None where the reward function gave none), when any sample has one."""
+    got = Counter(zip(map(str, data_sources), map(str, sample_uids)))
+    with_acc = {str(ds) for ds, a in zip(data_sources, acc or ()) if a is not None}
+    out: dict[str, list[int]] = {}
+    for (ds, uid), n in expected.items():
+        missing = max(int(n) - got[(str(ds), str(uid))], 0)
+        counts = out.setdefault(str(ds), [0, 0, 0, 0])
+        counts[0] += missing > 0
+        counts[1] += 1
+        counts[2] += missing
+        counts[3] += int(n)
+    return {ds: Unscored(*c, acc_logged=ds in with_acc) for ds, c in out.items()}
+
+
+def unscored_metrics(counts: Mapping[str, Unscored]) -> dict[str, int]:
+    """``val-aux/<data_source>/unscored_rows`` and ``.../unscored_samples`` for every data source validated."""
+    metrics = {}
+    for ds, u in counts.items():
+        metrics[f"val-aux/{ds}/unscored_rows"] = u.rows
+        metrics[f"val-aux/{ds}/unscored_samples"] = u.samples
+    return metrics
+
+
+def unscored_warnings(counts: Mapping[str, Unscored], step: int) -> list[str]:
+    """One warning line per data source with a row not scored at the validation of ``step``."""
+    lines = []
+    for ds, u in counts.items():
+        if not u.rows:
+            continue
+        effect = (f"verl's val-core/{ds}/acc counts the missing samples as wrong (acc 0) and averages its other "
+                  "variables over the scored ones" if u.acc_logged else
+                  f"verl's metrics of {ds} average the scored samples only" if u.samples < u.of_samples else
+                  f"verl logs no metric of {ds}")
+        lines.append(f"rpg: warning: validation at step {step}: {u.rows} of {u.of_rows} {ds} rows not scored "
+                     f"({u.samples} of {u.of_samples} samples missing: their reward function raised or their "
+                     f"rollout failed, tracebacks above); {effect}; logged as val-aux/{ds}/unscored_rows")
+    return lines

@@ -6,7 +6,11 @@ run reach the workers unchecked and fail there, a minute after Ray started (a Na
 torch's optimizer, a mini-batch the workers cannot split), or run silently wrong (no step at all, a batch
 padded with empty sequences). ``check_verl_rules`` refuses each with ONE line naming the key, its value
 and what is allowed (``RPGConfigError``: exit 2, ``DRY_RUN=1`` too). Each rule cites the verl (or torch)
-source line it restates; verl's own checks are not repeated here.
+source line it restates; verl's own checks are not repeated here. Among them, what verl's v1 trainer asserts 30-50 s
+into a run: its replay buffer's ``trainer.v1.sampler`` values and DAPO settings (``check_v1_trainer``), the rollout
+replicas inside the trainer's ranks (``check_hybrid_rollout``), the engine worker's batch keys and checkpoint
+engine (``check_engine_worker_batches``), and, in ``check_verl_config``, the config dataclasses verl builds only
+after Ray (``worker_dataclasses``). The sweep of verl's asserts on these keys: docs/verl-integration.md.
 
 Sizes (verl 0.9.1, v1 trainer and engine workers):
 
@@ -20,6 +24,7 @@ Sizes (verl 0.9.1, v1 trainer and engine workers):
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from typing import Any
 
@@ -89,6 +94,168 @@ def logger_problem(value, source: str = "trainer.logger") -> str | None:
             f"allowed: {', '.join(allowed)}")
 
 
+def _one_of(cfg, key: str, allowed: tuple[str, ...], default: str) -> str:
+    """The value of ``key``, refused unless one of ``allowed`` (with the closest one as a hint)."""
+    value = config_value(cfg, key, default)
+    if value not in allowed:
+        close = difflib.get_close_matches(str(value), allowed, n=1, cutoff=0.6)
+        _fail(key, value, f"one of {', '.join(allowed)}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return value
+
+
+SAMPLER = "trainer.v1.sampler"
+OFF_POLICY_STRATEGIES = ("drop", "wait")  # verl/trainer/ppo/v1/replay_buffer.py:175
+FILTER = "algorithm.filter_groups"
+
+
+def check_v1_trainer(cfg) -> None:
+    """verl's v1 trainer and its replay buffer (``trainer_base._build_replay_buffer``: built in every mode, sync too),
+    each rule one that verl asserts after Ray, in the TaskRunner or a worker, 30-50 s into a run. A custom sampler
+    (``trainer.v1.sampler.custom_sampler``) is the user's own class: its arguments are left to it."""
+    mode = config_value(cfg, "trainer.v1.trainer_mode", "sync")
+    batch = _positive_int(cfg, "data.train_batch_size")
+    custom = config_value(cfg, f"{SAMPLER}.custom_sampler.path") and config_value(cfg, f"{SAMPLER}.custom_sampler.name")
+    dapo = bool(config_value(cfg, f"{FILTER}.enable", False))
+    if not custom:
+        # replay_buffer.py:165-169: an integer > 0 (versions a sample may span) or null (no staleness control)
+        _positive_int(cfg, f"{SAMPLER}.max_off_policy_threshold", allow_none=True)
+        _one_of(cfg, f"{SAMPLER}.max_off_policy_strategy", OFF_POLICY_STRATEGIES, "drop")
+        if dapo:
+            # trainer_base.py:194-196 (_resolve_filter_groups_metric): the reward metric the groups are filtered by
+            if not config_value(cfg, f"{FILTER}.metric"):
+                _fail(f"{FILTER}.metric", config_value(cfg, f"{FILTER}.metric"), f"a reward metric name (e.g. acc) "
+                      f"with {FILTER}.enable=True")
+            # trainer_base.py:198-203: the metric is needed when the group finishes, before the replay buffer samples
+            if config_value(cfg, "reward.reward_model.enable", False) and not config_value(
+                    cfg, "reward.reward_model.enable_resource_pool", False):
+                _fail(f"{FILTER}.enable", True, "False with a colocated reward model (reward.reward_model.enable=True, "
+                      "enable_resource_pool=False), which scores after the replay buffer samples; or set "
+                      "reward.reward_model.enable_resource_pool=True")
+            # replay_buffer.py:195-197: sync DAPO's bound on the prompt batches in flight
+            if mode == "sync":
+                _positive_int(cfg, f"{FILTER}.max_inflight_gen_batches")
+            check_filter_metric(cfg)
+    # trainer_base.py:727-738 sets data.gen_batch_size=1 in the asynchronous modes, with DAPO and with
+    # sync_refill_failed_groups; otherwise a step fetches train_batch_size prompts in whole gen_batch_size
+    # fetches (trainer_base.py:1479-1489: a ValueError otherwise)
+    exact = mode != "sync" or dapo or config_value(cfg, f"{SAMPLER}.sync_refill_failed_groups", False)
+    gen = _positive_int(cfg, "data.gen_batch_size", allow_none=True)
+    if not exact and gen is not None and batch % gen:
+        _fail("data.gen_batch_size", gen, f"a divisor of data.train_batch_size={batch} (each step fetches its "
+              "prompts in whole gen_batch_size batches) or null")
+    # trainer_base.py:822-827: a standalone reward model's pool
+    if config_value(cfg, "reward.reward_model.enable_resource_pool", False):
+        _positive_int(cfg, "reward.reward_model.nnodes")
+        _positive_int(cfg, "reward.reward_model.n_gpus_per_node")
+    # trainer_base.py:290-298: nsys profiling of the workers needs their nsight options
+    if config_value(cfg, "global_profiler.steps") is not None and config_value(cfg, "global_profiler.tool") == "nsys":
+        key = "global_profiler.global_tool_config.nsys.worker_nsight_options"
+        if config_value(cfg, key) is None:
+            _fail(key, None, "the workers' nsight options (a mapping) with global_profiler.tool=nsys and "
+                  "global_profiler.steps set")
+    # trainer_base.py:130 reads the mode's parameter_sync_step (1 when unset), :535 asserts it divides the batch
+    # (separate_async: rpg.verl.block_checks.check_separate_async, train_batch_size = k x ppo_mini_batch_size)
+    if mode != "separate_async" and config_value(cfg, f"trainer.v1.{mode}.parameter_sync_step") is not None:
+        k = _positive_int(cfg, f"trainer.v1.{mode}.parameter_sync_step")
+        if batch % k:
+            _fail(f"trainer.v1.{mode}.parameter_sync_step", k, f"a divisor of data.train_batch_size={batch}")
+
+
+# rpg.reward.compute_score's numeric keys (rpg/reward/__init__.py), which verl's reward managers put in each row's
+# reward_extra_info; "reward", verl's own (replay_buffer.py:32, FILTER_GROUPS_REWARD_METRIC: the summed reward)
+RPG_REWARD_METRICS = ("reward", "score", "acc", "scorer_failed")
+OVERLONG = "reward.reward_kwargs.overlong_buffer_cfg"
+
+
+def check_filter_metric(cfg) -> None:
+    """DAPO's ``algorithm.filter_groups.metric`` is read from each finished trajectory's ``reward_extra_info``
+    (replay_buffer.py:295-307: a ``RuntimeError`` at the first finished group when a row lacks it). With the recipe's
+    ``rpg.reward`` those keys are known (plus the DAPO manager's overlong ones when it logs them); a user's own
+    function's keys are not."""
+    from rpg.reward.scored_sources import is_rpg_reward
+
+    fn = "reward.custom_reward_function"
+    if not is_rpg_reward(config_value(cfg, f"{fn}.path"), config_value(cfg, f"{fn}.name")):
+        return
+    allowed = RPG_REWARD_METRICS
+    if (config_value(cfg, "reward.reward_manager.name") == "dapo" and config_value(cfg, f"{OVERLONG}.enable", False)
+            and config_value(cfg, f"{OVERLONG}.log", False)):
+        allowed += ("overlong_reward", "overlong")  # verl/experimental/reward_loop/reward_manager/dapo.py:114-117
+    _one_of(cfg, f"{FILTER}.metric", allowed, "acc")
+
+
+def check_overlong_buffer(cfg) -> None:
+    """verl's DAPO reward manager with the overlong penalty on (verl/experimental/reward_loop/reward_manager/
+    dapo.py:39-50, when the reward loop starts after Ray): a buffer of 1 to ``max_resp_len`` tokens."""
+    if config_value(cfg, "reward.reward_manager.name") != "dapo" or not config_value(cfg, f"{OVERLONG}.enable", False):
+        return
+    top = _positive_int(cfg, "reward.reward_kwargs.max_resp_len")
+    length = _positive_int(cfg, f"{OVERLONG}.len")
+    if length > top:
+        _fail(f"{OVERLONG}.len", length, f"at most reward.reward_kwargs.max_resp_len={top} (the buffer ends at the "
+              "longest response)")
+
+
+def check_hybrid_rollout(cfg) -> None:
+    """The rollout replicas built inside the trainer's ranks (every mode: the hybrid engine; ``separate_async`` keeps
+    them beside its standalone pool): verl/workers/engine_workers.py:655-661 asserts that the trainer's world size
+    splits into replicas of TP x DP x PP ranks, in each actor worker, after Ray and the model load."""
+    n_gpus = _positive_int(cfg, "trainer.n_gpus_per_node") * _positive_int(cfg, "trainer.nnodes")
+    sizes = {f"{R}.{k}": _positive_int(cfg, f"{R}.{k}") for k in
+             ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size")}
+    replica = math.prod(sizes.values())
+    if n_gpus % replica:
+        split = " x ".join(f"{k.rsplit('.', 1)[1]}={v}" for k, v in sizes.items())
+        key = next(k for k, v in sizes.items() if v > 1)
+        _fail(key, sizes[key], f"sizes whose replica ({split} = {replica} ranks) divides the trainer's "
+              f"{n_gpus} ranks (trainer.nnodes x trainer.n_gpus_per_node): verl builds the rollout replicas inside "
+              "the trainer's ranks")
+
+
+def check_engine_worker_batches(cfg) -> None:
+    """What verl's v1 engine worker asserts when it builds the actor (verl/workers/engine_workers.py:616-637),
+    beyond verl's validate_config, which accepts the deprecated global micro-batch keys these workers never read."""
+    dynamic = config_value(cfg, f"{A}.use_dynamic_bsz", False)
+    rollout_dynamic = config_value(cfg, f"{R}.log_prob_use_dynamic_bsz", False)
+    if bool(dynamic) != bool(rollout_dynamic):  # :616, one engine computes the log-probs and trains
+        _fail(f"{R}.log_prob_use_dynamic_bsz", rollout_dynamic, f"{A}.use_dynamic_bsz={dynamic!r} (the actor's engine "
+              "computes the log-probs too)")
+    if dynamic:  # :633-634
+        _positive_int(cfg, f"{A}.ppo_max_token_len_per_gpu")
+        _positive_int(cfg, f"{R}.log_prob_max_token_len_per_gpu")
+    else:  # :636-637
+        for key, legacy in ((f"{A}.ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size"),
+                            (f"{R}.log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size")):
+            value = config_value(cfg, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                _fail(key, value, f"an integer >= 1 without {A}.use_dynamic_bsz (verl's v1 engine worker reads it; "
+                      f"the deprecated {legacy} is not read)")
+    if not config_value(cfg, f"{R}.checkpoint_engine.custom_backend_module"):
+        # :679-687: each actor worker builds the checkpoint engine named here (separate_async: its own rules,
+        # rpg.verl.block_checks.check_separate_async); a backend no verl module registers fails there
+        _one_of(cfg, f"{R}.checkpoint_engine.backend", verl_checkpoint_backends(), "naive")
+
+
+@functools.lru_cache(maxsize=1)
+def verl_checkpoint_backends() -> tuple[str, ...]:
+    """The backends verl's checkpoint engines register (``@CheckpointEngineRegistry.register("...")`` in the
+    modules of ``verl.checkpoint_engine``), read from the installed verl's code: importing them needs each one's own
+    packages (cupy, mooncake, ...), which only the nodes that use it have."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    folder = Path(importlib.util.find_spec("verl.checkpoint_engine").origin).parent
+    names: dict[str, None] = {}
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "CheckpointEngineRegistry"
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                names[node.args[0].value] = None
+    return tuple(sorted(names))
+
+
 def check_verl_rules(cfg) -> None:
     """Every rule below, in this order; the first broken one raises ``RPGConfigError`` (one line)."""
     check_unread_grad_clip(cfg)
@@ -127,14 +294,16 @@ def check_verl_rules(cfg) -> None:
     if (mini * n) % dp:
         _fail(f"{A}.ppo_mini_batch_size", mini, f"a value whose mini-batch of {mini} x rollout.n={n} responses "
               f"divides over the {dp} data-parallel ranks (n_gpus {n_gpus} / Ulysses size {sp})")
+    check_v1_trainer(cfg)
+    check_hybrid_rollout(cfg)
+    check_engine_worker_batches(cfg)
+    check_overlong_buffer(cfg)
     if config_value(cfg, f"{A}.use_dynamic_bsz", False):
-        _positive_int(cfg, f"{A}.ppo_max_token_len_per_gpu")
-        _positive_int(cfg, f"{R}.log_prob_max_token_len_per_gpu", allow_none=True)
         return
     # verl/workers/engine/utils.py:125: a rank's share of a mini-batch (update) or of the whole batch
     # (log-probs) is split into micro-batches of exactly micro_batch_size_per_gpu
-    micro = _positive_int(cfg, f"{A}.ppo_micro_batch_size_per_gpu", allow_none=True)
-    if micro is not None and (mini * n // dp) % micro:
+    micro = _positive_int(cfg, f"{A}.ppo_micro_batch_size_per_gpu")
+    if (mini * n // dp) % micro:
         _fail(f"{A}.ppo_micro_batch_size_per_gpu", micro, f"a divisor of the {mini * n // dp} responses of a "
               f"mini-batch per data-parallel rank (ppo_mini_batch_size {mini} x rollout.n {n} / {dp} ranks)")
     for side in (R, F):
@@ -184,12 +353,54 @@ def set_norm_scale_factor(cfg, use_critic: bool) -> list[str]:
 def check_verl_config(cfg, use_reference_policy: bool, use_critic: bool) -> None:
     """verl's own driver check (``verl.utils.config.validate_config``), its refusal as one line: it raises
     ``AssertionError`` or ``ValueError`` with verl's message, or Hydra's ``InstantiationException`` when a
-    config dataclass's ``__post_init__`` refuses (``omega_conf_to_dataclass``); the text may span lines."""
+    config dataclass's ``__post_init__`` refuses (``omega_conf_to_dataclass``); the text may span lines. Then the
+    config dataclasses verl builds only after Ray (``worker_dataclasses``), each built here the same way."""
     from hydra.errors import InstantiationException
-    from verl.utils.config import validate_config
+    from omegaconf.errors import OmegaConfBaseException
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     try:
         validate_config(config=cfg, use_reference_policy=use_reference_policy, use_critic=use_critic)
     except (AssertionError, ValueError, InstantiationException) as e:
         text = " ".join(str(e).split()) or type(e).__name__
         raise RPGConfigError(f"verl's validate_config refused the config: {text}") from None
+    for key, node in worker_dataclasses(cfg, use_reference_policy):
+        try:
+            omega_conf_to_dataclass(node)
+        except (AssertionError, ValueError, TypeError, NotImplementedError, InstantiationException,
+                OmegaConfBaseException) as e:
+            text = " ".join(str(e).split("\n")[0].split()) if isinstance(e, OmegaConfBaseException) else \
+                " ".join(str(e).split())
+            text = text or type(e).__name__
+            raise RPGConfigError(f"{key}: verl's config dataclass refused it (after Ray, otherwise): {text}") from None
+
+
+def worker_dataclasses(cfg, use_reference_policy: bool) -> list[tuple[str, object]]:
+    """(key, config node) of each config dataclass verl builds after Ray from keys a user sets, whose
+    ``__post_init__`` checks values that ``validate_config`` never builds:
+
+    * ``actor_rollout_ref.rollout`` (``RolloutConfig``: the agent loop, every rollout replica and actor worker,
+      verl/workers/engine_workers.py:651), its ``checkpoint_engine`` (trainer_base.py:381, engine_workers.py:679);
+    * ``actor_rollout_ref.ref`` with a reference model, after the worker's renames of its log-prob keys
+      (engine_workers.py:531-538, then ``ActorConfig`` at :553);
+    * ``trainer.v1.separate_async.hybrid_rollout`` in that mode (trainer_separate_async.py:86).
+
+    ``actor_rollout_ref.model`` (``HFModelConfig``) is not built here: it loads the model's files
+    (``rpg.verl.input_paths`` checks the path)."""
+    from omegaconf import OmegaConf, open_dict
+
+    nodes = [("actor_rollout_ref.rollout", OmegaConf.select(cfg, R)),
+             ("actor_rollout_ref.rollout.checkpoint_engine", OmegaConf.select(cfg, f"{R}.checkpoint_engine"))]
+    if use_reference_policy:
+        ref = OmegaConf.create(OmegaConf.to_container(OmegaConf.select(cfg, F), resolve=True))
+        with open_dict(ref):  # engine_workers.py:531-538, as the worker does it
+            ref.ppo_mini_batch_size = config_value(cfg, f"{A}.ppo_mini_batch_size")
+            ref.ppo_micro_batch_size = ref.pop("log_prob_micro_batch_size", None)
+            ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
+            ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
+            ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
+        nodes.append((F, ref))
+    if config_value(cfg, "trainer.v1.trainer_mode", "sync") == "separate_async":
+        nodes.append(("trainer.v1.separate_async.hybrid_rollout",
+                      OmegaConf.select(cfg, "trainer.v1.separate_async.hybrid_rollout")))
+    return [(key, node) for key, node in nodes if node is not None and "_target_" in node]
