@@ -69,7 +69,10 @@ def _cfg(tmp_path: Path, *overrides: str):
     base = [f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files=['{tmp_path / 'val.parquet'}']",
             f"actor_rollout_ref.model.path={tmp_path / 'model'}", "trainer.device=cpu",
             f"trainer.default_local_dir={tmp_path / 'ckpt'}", "trainer.resume_mode=auto",
-            "trainer.n_gpus_per_node=1"]  # the stand-in checkpoints are world-size-1 saves
+            "trainer.n_gpus_per_node=1",  # the stand-in checkpoints are world-size-1 saves
+            # a world-size-1 run's sizes (verl's engine workers assert them: rpg.verl.verl_rules)
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+            "actor_rollout_ref.actor.use_dynamic_bsz=true"]
     with initialize_config_dir(config_dir=str(ROOT / "recipe" / "rpg" / "config"), version_base=None):
         return compose(config_name="rpg_trainer", overrides=[*base, *overrides])
 
@@ -458,8 +461,10 @@ def test_output_dirs_are_unique_within_a_second(tmp_path, monkeypatch):
     from rpg.launch.request import LaunchRequest
 
     req = LaunchRequest.read({"RPG_BACKEND": "cpu"}, tmp_path, tmp_path)
+    with initialize_config_dir(config_dir=str(ROOT / "recipe" / "rpg" / "config"), version_base=None):
+        cfg = compose(config_name="rpg_trainer", overrides=[f"+experiment={v.name}"])  # what the header reads
     for _ in range(3):
-        assert launch._run_here(req, v, [], [], cfg=None) == 0
+        assert launch._run_here(req, v, [], [], cfg=cfg) == 0
     assert len(set(seen)) == 3 and all(p.is_dir() for p in seen), seen
 
 
