@@ -363,6 +363,46 @@ sys.exit(1)
     assert "grown at a checkpoint: world size 1 x 1 -> 2 x 1" in out
 
 
+LAST_STEP_TRAINER = """
+import json, sys, time, zipfile
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from rpg.verl.checkpoints import write_marker
+calls = Path(sys.argv[0]).with_suffix(".calls")
+with calls.open("a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+if len(calls.read_text().splitlines()) > 1:
+    sys.exit(0)
+time.sleep(0.5)
+d = Path({ck!r}) / "global_step_{step}"
+(d / "actor").mkdir(parents=True)
+with zipfile.ZipFile(d / "data.pt", "w") as z:
+    z.writestr("x", "y")
+write_marker(d, {step}, None, last_step={last})
+time.sleep(1.5)  # verl validates and logs the last step after saving it
+"""
+
+
+@pytest.mark.parametrize("step, last, grows", [(1, 2, True), (2, 2, False)])
+def test_no_grow_once_the_last_step_is_saved(tmp_path, capsys, step, last, grows):
+    """A second node frees up while the trainer runs at 1: a checkpoint before the run's last step grows the run;
+    the last step's checkpoint does not (the trainer only validates and ends: stopping it would only log and
+    validate that step again on more nodes)."""
+    script = tmp_path / "trainer.py"
+    script.write_text(LAST_STEP_TRAINER.format(root=str(ROOT), ck=str(tmp_path / "ck"), step=step, last=last))
+    assert _supervisor(_plan(tmp_path, script, restarts=0), alive=[2], free=[1, 2]).run() == 0
+    calls = _calls(script)
+    out = capsys.readouterr().out
+    assert "growing at the next checkpoint" in out
+    if grows:
+        assert len(calls) == 2 and "trainer.nnodes=2" in calls[1], out
+        assert "grown at a checkpoint: world size 1 x 1 -> 2 x 1" in out
+    else:
+        assert len(calls) == 1 and "grown" not in out, out
+        assert "2 node(s) can hold the run now (it runs on 1), but its last step is saved (global_step_2): it " \
+               "ends on 1" in out, out
+
+
 # ----------------------------------------------------------------------------- the launcher
 
 

@@ -18,14 +18,16 @@ can hold. Only ``trainer.nnodes`` and the per-GPU micro-batches change between c
   resharded to the new world size as any resume is) with one line: why, the node, world size old -> new, the step
   resumed, the logged steps trained again, restarts left. Otherwise: the trainer's stop line (its resume command
   asks for an ``NNODES`` the cluster can hold), exit 1.
-* **Nodes back**: when the free nodes and the trainer's own can hold a larger count, the supervisor waits for the
-  next complete checkpoint, stops the trainer (SIGTERM, after a grow request the trainer reads: one neutral line)
-  and restarts it at the larger count, one line saying so.
+* **Nodes back**: when the nodes can hold a larger count (each alive node counted once: its GPUs free, or held by
+  the running trainer's placement groups: ``cluster.run_nodes``), the supervisor waits for the next complete
+  checkpoint, stops the trainer (SIGTERM, after a grow request the trainer reads: one neutral line) and restarts it
+  at the larger count, one line saying so; not when that checkpoint is the run's last step (its marker's
+  ``last_step``: the trainer only validates and ends).
 * **Before every start**, step folders above the last complete checkpoint without its marker (a save cut short)
   are renamed ``global_step_N.incomplete-aK``, never deleted: saving into one again would mix two world sizes.
 * **Stopped** (``ray job stop``: SIGTERM to the job's processes): the trainer prints its stop line; the supervisor
   waits for it and exits 128 + signum, restarting nothing.
 
-Modules: ``plan`` (the command line, each attempt's command and environment, the checkpoint folder's state),
+Modules: ``attempts`` (the command line, each attempt's command and environment, the checkpoint folder's state),
 ``cluster`` (what the supervisor asks of Ray), ``supervisor`` (the decisions), ``__main__`` (the entrypoint).
 """

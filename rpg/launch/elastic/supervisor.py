@@ -127,10 +127,13 @@ class Supervisor:
         return self.child.returncode
 
     def run_child(self, nnodes: int) -> tuple[int, str | None]:
-        """Wait for the trainer; returns its exit code and why the supervisor stopped it ("grow", "hang") or None."""
-        from rpg.verl.checkpoints import last_complete
+        """Wait for the trainer; returns its exit code and why the supervisor stopped it ("grow", "hang") or None.
+        A larger count grows the run at the next complete checkpoint, unless that checkpoint is the run's last
+        step (the trainer then only validates and ends: nothing is left to train on more nodes)."""
+        from rpg.verl.checkpoints import is_last_step, last_complete
 
         mark = None  # the last complete checkpoint when a larger count became possible
+        ending = False  # the last step is saved: no grow any more
         short_since = None  # since when fewer nodes are alive than the trainer runs on
         while (rc := self.child.poll()) is None:
             time.sleep(self.poll_s)
@@ -140,11 +143,18 @@ class Supervisor:
                 say(f"{alive} node(s) alive of the {nnodes} the trainer runs on for {self.hang_s:.0f} s and it has not "
                     "stopped (waiting on a lost node): stopping it")
                 return self.stop_child(), "hang"
+            if ending:
+                continue
             bigger = self.choose(self.job_id())
             if bigger is None or bigger <= nnodes:
                 mark = None
                 continue
             latest = last_complete(self.plan.folder)
+            if is_last_step(latest):
+                ending = True
+                say(f"{bigger} node(s) can hold the run now (it runs on {nnodes}), but its last step is saved "
+                    f"({latest.name}): it ends on {nnodes}")
+                continue
             if mark is None:
                 mark = (latest,)
                 say(f"{bigger} node(s) can hold the run now (it runs on {nnodes}): growing at the next checkpoint")
