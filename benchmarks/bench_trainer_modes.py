@@ -31,9 +31,10 @@ the same cores: the ratios say what the modes cost here, not the overlap a separ
 
 Checked (exit 1 after the table when one fails; a failed run raises first): each run reaches step N; in
 separate_async the rollout pool's weights equal the actor's at every sync (the actor's ``[rpg-weight-sync]
-sent`` checksum at the start and after each step equals the rollout server's ``received_checksum``, and is the
-step's ``rpg/weight_sync_checksum``), and from step 2 on (after the first sync) the trajectory staleness and the
-behaviour KL (``actor/rpg/behavior_kl_k3``) are logged and > 0.
+sent`` digest at the start and after each step equals the ``received_digest`` of the standalone rollout server's
+line, ``pool=standalone``; the digest binds each tensor's name, shape and bytes: ``rpg.backends.weight_digest``;
+its first 12 hex digits are the step's ``rpg/weight_sync_checksum``), and from step 2 on (after the first sync) the
+trajectory staleness and the behaviour KL (``actor/rpg/behavior_kl_k3``) are logged and > 0.
 
     python benchmarks/bench_trainer_modes.py [--steps 6] [--repeats 1] [--out DIR] [--json FILE]
     python benchmarks/bench_trainer_modes.py --steps 2   # smoke (tests/test_bench_trainer_modes.py)
@@ -61,9 +62,8 @@ from bench_async_cpu import environment  # noqa: E402
 MODES = ("sync", "colocate_async", "separate_async")
 STALENESS = "training/off_policy/trajectory_staleness/max"
 BEHAVIOR_KL = "actor/rpg/behavior_kl_k3"
-SYNC_CHECKSUM = "rpg/weight_sync_checksum"  # rpg.backends.cpu.weight_sync.CHECKSUM_METRIC
-_SENT = re.compile(r"\[rpg-weight-sync\] sent \d+ buckets \(global_steps=(\d+), checksum=([-0-9.e]+)\)")
-_RECEIVED = re.compile(r"\[hf-rollout\] weights v\d+ loaded \(global_steps=(\d+), .*received_checksum=([-0-9.e]+)\)")
+SYNC_CHECKSUM = "rpg/weight_sync_checksum"  # rpg.backends.weight_digest.CHECKSUM_METRIC
+STANDALONE_REPLICAS = 1  # the CPU backend's standalone pool (rpg.backends.cpu.world.SEPARATE_ASYNC_POOL): one rank
 # verl's console line of each step, as the harness's log stamps it: "[  113.3s] (RPGTaskRunner pid=..) step:2 - ..."
 _STEP_LINE = re.compile(r"^\[\s*([0-9.]+)s\] .*?\bstep:(\d+) - ", re.M)
 
@@ -96,18 +96,12 @@ def step_intervals(log: str, first: int) -> list[float]:
 
 
 def sync_problems(log: str, metrics: dict, steps: int) -> list[str]:
-    """What is wrong with separate_async's weight syncs: one at the start and one after each step, each received
-    by the rollout server with the checksum the actor sent, and logged as the step's ``rpg/weight_sync_checksum``."""
-    sent = [(int(g), float(c)) for g, c in _SENT.findall(log)]
-    received = {(int(g), float(c)) for g, c in _RECEIVED.findall(log)}
-    out = []
-    if [g for g, _ in sent] != list(range(steps + 1)):
-        out.append(f"weight syncs sent at global_steps {[g for g, _ in sent]}, expected 0..{steps}")
-    out += [f"sync at global_steps={g}: the rollout server did not read back checksum {c!r}"
-            for g, c in sent if (g, c) not in received]
-    out += [f"step {g}: {SYNC_CHECKSUM}={metrics.get(g, {}).get(SYNC_CHECKSUM)} != the sent {c!r}"
-            for g, c in sent if g >= 1 and metrics.get(g, {}).get(SYNC_CHECKSUM) != c]
-    return out
+    """What is wrong with separate_async's weight syncs (``rpg.backends.weight_digest.sync_problems``): one at the
+    start and one after each step, each loaded by the standalone rollout replica with the digest the actor sent,
+    and logged as the step's ``rpg/weight_sync_checksum``."""
+    from rpg.backends.weight_digest import sync_problems as problems
+
+    return problems(log, metrics, steps, replicas=STANDALONE_REPLICAS)
 
 
 def off_policy_problems(metrics: dict, steps: int) -> list[str]:

@@ -12,19 +12,15 @@ from test_bench_trainer import _load, run_benchmark
 
 
 def test_the_checks_find_a_wrong_sync_and_an_on_policy_step():
-    """The benchmark's checks can fail: a checksum the server did not read back, a missing sync, a step-2 KL of 0."""
+    """The benchmark's checks can fail: the standalone replica's load missing at a sync (the hybrid server's line at
+    the same step does not stand in for it), a step-2 KL of 0. The digests' check: tests/test_weight_digest.py."""
+    from test_weight_digest import _log
+
     bench = _load("bench_trainer_modes")
-    sent = "[rpg-weight-sync] sent 3 buckets (global_steps={}, checksum={})"
-    got = "[hf-rollout] weights v{} loaded (global_steps={}, checksum=1.0, batches since last: [], device=cpu, " \
-          "received_checksum={})"
-    log = "\n".join([sent.format(0, 1.5), got.format(1, 0, 1.5), sent.format(1, 2.5), got.format(2, 1, 2.5)])
-    metrics = {1: {bench.SYNC_CHECKSUM: 2.5}}
-    assert bench.sync_problems(log, metrics, 1) == []
-    assert bench.sync_problems(log.replace("received_checksum=2.5", "received_checksum=2.25"), metrics, 1) == [
-        "sync at global_steps=1: the rollout server did not read back checksum 2.5"]
-    assert bench.sync_problems(log, metrics, 2)[0] == "weight syncs sent at global_steps [0, 1], expected 0..2"
-    assert bench.sync_problems(log, {1: {bench.SYNC_CHECKSUM: 2.0}}, 1) == [
-        "step 1: rpg/weight_sync_checksum=2.0 != the sent 2.5"]
+    log, metrics = _log(2)
+    assert bench.sync_problems(log, metrics, 2) == []
+    assert bench.sync_problems(*_log(2, drop=("standalone", 0)), 2) == [
+        "sync at global_steps=0: no weight load of standalone replica 0 in the log"]
     ok = {s: {bench.STALENESS: 1.0, bench.BEHAVIOR_KL: 1e-3} for s in (1, 2)}
     assert bench.off_policy_problems(ok, 2) == []
     assert bench.off_policy_problems({**ok, 2: {bench.STALENESS: 1.0, bench.BEHAVIOR_KL: 0.0}}, 2) == [

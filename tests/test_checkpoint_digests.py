@@ -91,7 +91,9 @@ def test_the_trainers_save_asks_the_ranks_and_hashes_no_shard_itself(tmp_path, m
     assert by_rank == {"model_world_size_1_rank_0.pt", "reference_rank_0.pt"}, hashed
     for step in (2, 3):
         d = tmp_path / f"global_step_{step}"
-        assert json.loads((d / MARKER).read_text())["files"] == manifest(d)  # same record as one process hashing all
+        record = json.loads((d / MARKER).read_text())
+        assert record["files"] == manifest(d)  # same record as one process hashing all
+        assert record["last_step"] == 4  # the run's last step: 2 epochs of 2 steps before total_training_steps=5
 
 
 def test_a_file_changed_after_its_rank_hashed_it_is_caught_at_the_resume(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rpg.backends.hf_rollout import HFRolloutServer, HFServerAdapter
+from rpg.backends.weight_digest import WeightDigest, loaded_digests
 from rpg.tiny.build import _prompt_ids
 
 
@@ -18,7 +19,7 @@ def server(tiny_assets):
     from verl.workers.config import HFModelConfig, RolloutConfig
 
     rc = RolloutConfig(name="hf", prompt_length=64, response_length=8, tensor_model_parallel_size=1)
-    return HFRolloutServer(rc, HFModelConfig(path=str(tiny_assets.model_dir)))
+    return HFRolloutServer(rc, HFModelConfig(path=str(tiny_assets.model_dir)), replica_rank=0, pool="hybrid")
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,7 @@ def test_rejects_multimodal_input(server, prompts):
         asyncio.run(server.generate("r", prompts[0], {}, image_data=[object()]))
 
 
-def test_weight_sync_through_the_adapter_changes_generation(server, prompts):
+def test_weight_sync_through_the_adapter_changes_generation(server, prompts, capsys):
     class _Remote:
         def __init__(self, fn):
             self.remote = fn
@@ -117,6 +118,11 @@ def test_weight_sync_through_the_adapter_changes_generation(server, prompts):
         new = {k: v for k, v in new.items() if k != "lm_head.weight"}  # tied to the embedding
         asyncio.run(adapter.update_weights(iter(new.items()), global_steps=3))
         assert server.global_steps == 3
+        # the load's line names the pool and replica, and the digest of the weights read back: those sent
+        sent = WeightDigest()
+        for name, t in new.items():
+            sent.add(name, t)
+        assert loaded_digests(capsys.readouterr().out) == [("3", "hybrid", 0, sent.hexdigest())]
         assert asyncio.run(server.get_weights_checksum()) != before
         assert torch.equal(server.model.model.layers[1].mlp.down_proj.weight, torch.zeros_like(new["model.layers.1.mlp.down_proj.weight"]))
         with pytest.raises(ValueError, match="unexpected"):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rpg.common.nnodes import NodeCount, largest_fit, nnodes_for_resume, parse_nnodes, resized_values, with_nnodes
-from rpg.launch.elastic.cluster import Cluster
+from rpg.launch.elastic.cluster import Cluster, counting_cluster, run_nodes
 from rpg.launch.elastic.attempts import (JOB_CONFIG_ENV, Plan, attempt_env, parse_args, set_aside_incomplete,
                                         wandb_run_id)
 from rpg.launch.elastic.supervisor import Supervisor
@@ -182,16 +182,85 @@ def _calls(script: Path) -> list[list[str]]:
     return [json.loads(x) for x in script.with_suffix(".calls").read_text().splitlines()]
 
 
-def _supervisor(plan: Plan, alive: list[int], free: list[int] | None = None, released: bool = True) -> Supervisor:
-    """A supervisor of fake trainers on a fake cluster: ``alive`` and ``free`` (default: ``alive``) are the node
-    counts it reports, one per question (the last one repeats)."""
+def _supervisor(plan: Plan, alive: list[int], free: list[int] | None = None, released: bool = True,
+                cluster: Cluster | None = None) -> Supervisor:
+    """A supervisor of fake trainers on a fake cluster: ``alive`` and ``free`` (default: ``alive``: the nodes that
+    can hold the run) are the node counts it reports, one per question (the last one repeats)."""
     def answers(values: list[int]):
         left = list(values)
-        return lambda _gpus: left.pop(0) if len(left) > 1 else left[0]
+        return lambda *_: left.pop(0) if len(left) > 1 else left[0]
 
-    cluster = Cluster(answers(alive), answers(alive if free is None else free), lambda _job: released)
+    cluster = cluster or Cluster(answers(alive), answers(alive if free is None else free), lambda _job: released)
     return Supervisor(plan, cluster, {}, settle_s=0, wait_for_nodes_s=0.2, release_timeout_s=0.2, hang_s=0.3,
                       poll_s=0.05)
+
+
+HEAD, WORKER, WORKER_BACK = "aa" * 28, "bb" * 28, "cc" * 28  # Ray node ids (hex); a node back has a new id
+
+
+def _group(state: str, *nodes: str, gpus: float = 1.0) -> dict:
+    """A placement group record as ``list_placement_groups(detail=True)`` gives it: one bundle per node ('' while
+    pending)."""
+    return {"placement_group_id": "pg", "creator_job_id": "01000000", "state": state,
+            "bundles": [{"bundle_id": {"bundle_index": i}, "unit_resources": {"CPU": 3.0, "GPU": gpus}, "node_id": n}
+                        for i, n in enumerate(nodes)]}
+
+
+@pytest.mark.parametrize("alive, free, groups, want", [
+    # the run restarted on the one node left: before its trainer's groups exist the node is free, after it holds
+    # them; one node either way (free + the running trainer's count said 2)
+    ([HEAD], {HEAD: {"GPU": 1.0}}, [], 1),
+    ([HEAD], {HEAD: {"GPU": 1.0}}, [_group("PENDING", "")], 1),
+    ([HEAD], {HEAD: {"GPU": 0.0}}, [_group("CREATED", HEAD)], 1),
+    ([HEAD], {HEAD: {"GPU": 1.0}}, [_group("CREATED", HEAD)], 1),  # read as the group is created: still one node
+    # the lost node: dead in Ray's node table, its last resource report still there: never counted
+    ([HEAD], {HEAD: {"GPU": 0.0}, WORKER: {"GPU": 1.0}}, [_group("CREATED", HEAD)], 1),
+    ([HEAD], {HEAD: {"GPU": 0.0}, WORKER: {"GPU": 0.0}}, [_group("RESCHEDULING", HEAD, WORKER)], 1),
+    # the node back, free: the run can take both
+    ([HEAD, WORKER_BACK], {HEAD: {"GPU": 0.0}, WORKER_BACK: {"GPU": 1.0}}, [_group("CREATED", HEAD)], 2),
+    # another job's GPUs are not the run's; a removed group holds nothing
+    ([HEAD, WORKER_BACK], {HEAD: {"GPU": 0.0}, WORKER_BACK: {"GPU": 0.0}}, [_group("CREATED", HEAD)], 1),
+    ([HEAD], {HEAD: {"GPU": 0.0}}, [_group("REMOVED", HEAD)], 0),
+])
+def test_each_node_that_can_hold_the_run_is_counted_once(alive, free, groups, want):
+    assert run_nodes(alive, free, groups, gpus=1) == want
+
+
+def test_a_rank_group_of_several_gpus_counts_the_trainers_own_and_the_free_ones_of_a_node():
+    two = {HEAD: {"GPU": 1.0}, WORKER: {"GPU": 1.0}}
+    assert run_nodes([HEAD, WORKER], two, [_group("CREATED", HEAD)], gpus=2) == 1  # HEAD: 1 free + 1 the trainer's
+    assert run_nodes([HEAD, WORKER], two, [], gpus=2) == 0
+
+
+def test_a_run_restarted_on_the_node_left_sees_no_larger_count_before_its_groups_exist(tmp_path, capsys):
+    """Ray's state as it was after a node loss: the worker dead, its last report still in the available resources;
+    the new trainer joins Ray (its job id written) and creates its group a few questions later. The supervisor
+    counts one node throughout: no grow announced, the trainer runs to its end once."""
+    script = tmp_path / "trainer.py"
+    script.write_text("""
+import json, os, sys, time
+from pathlib import Path
+calls = Path(sys.argv[0]).with_suffix(".calls")
+with calls.open("a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+Path(os.environ["RPG_ELASTIC_STATUS"]).with_suffix(".job").write_text("01000000")
+time.sleep(1.0)
+""")
+    asked = []
+
+    def groups_of(job_id):
+        asked.append(job_id)
+        return [] if len(asked) < 4 else [_group("CREATED", HEAD)]
+
+    def available():
+        return {HEAD: {"GPU": 1.0 if len(asked) < 4 else 0.0}, WORKER: {"GPU": 1.0}}
+
+    nodes = [{"id": HEAD, "ip": "10.0.0.1", "gpus": 1.0}]
+    cluster = counting_cluster(lambda: nodes, available, groups_of, lambda _job: True)
+    assert _supervisor(_plan(tmp_path, script), [], cluster=cluster).run() == 0
+    assert len(_calls(script)) == 1 and set(asked) == {"01000000"} and len(asked) > 4, asked
+    out = capsys.readouterr().out
+    assert "starting on 1 node(s)" in out and "can hold the run now" not in out, out
 
 
 def test_a_node_loss_restarts_the_trainer_at_the_size_that_remains(tmp_path, capsys):
@@ -292,6 +361,46 @@ sys.exit(1)
     out = capfd.readouterr().out
     assert "GROW-REQUEST=True" in out and "growing at the next checkpoint" in out
     assert "grown at a checkpoint: world size 1 x 1 -> 2 x 1" in out
+
+
+LAST_STEP_TRAINER = """
+import json, sys, time, zipfile
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from rpg.verl.checkpoints import write_marker
+calls = Path(sys.argv[0]).with_suffix(".calls")
+with calls.open("a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+if len(calls.read_text().splitlines()) > 1:
+    sys.exit(0)
+time.sleep(0.5)
+d = Path({ck!r}) / "global_step_{step}"
+(d / "actor").mkdir(parents=True)
+with zipfile.ZipFile(d / "data.pt", "w") as z:
+    z.writestr("x", "y")
+write_marker(d, {step}, None, last_step={last})
+time.sleep(1.5)  # verl validates and logs the last step after saving it
+"""
+
+
+@pytest.mark.parametrize("step, last, grows", [(1, 2, True), (2, 2, False)])
+def test_no_grow_once_the_last_step_is_saved(tmp_path, capsys, step, last, grows):
+    """A second node frees up while the trainer runs at 1: a checkpoint before the run's last step grows the run;
+    the last step's checkpoint does not (the trainer only validates and ends: stopping it would only log and
+    validate that step again on more nodes)."""
+    script = tmp_path / "trainer.py"
+    script.write_text(LAST_STEP_TRAINER.format(root=str(ROOT), ck=str(tmp_path / "ck"), step=step, last=last))
+    assert _supervisor(_plan(tmp_path, script, restarts=0), alive=[2], free=[1, 2]).run() == 0
+    calls = _calls(script)
+    out = capsys.readouterr().out
+    assert "growing at the next checkpoint" in out
+    if grows:
+        assert len(calls) == 2 and "trainer.nnodes=2" in calls[1], out
+        assert "grown at a checkpoint: world size 1 x 1 -> 2 x 1" in out
+    else:
+        assert len(calls) == 1 and "grown" not in out, out
+        assert "2 node(s) can hold the run now (it runs on 1), but its last step is saved (global_step_2): it " \
+               "ends on 1" in out, out
 
 
 # ----------------------------------------------------------------------------- the launcher

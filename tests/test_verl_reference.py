@@ -161,9 +161,10 @@ def _saving_trainer(tmp_path, keep):
     t = _trainer(tmp_path, update_every=3)
     t.config = OmegaConf.create({
         "trainer": {"default_local_dir": str(tmp_path), "resume_mode": "auto", "default_hdfs_dir": None,
-                    "max_actor_ckpt_to_keep": keep},
+                    "max_actor_ckpt_to_keep": keep, "total_epochs": 2},
         "actor_rollout_ref": {"actor": {"checkpoint": {}}},
     })
+    t.total_training_steps, t.steps_per_epoch = 5, 2  # as verl's _create_dataloader sets them: the epochs end at 4
     t.actor_rollout_wg = RetainingWorkerGroup()
     t.use_critic, t.trainer_mode, t.schedule_free = False, "sync", False
     t.train_dataloader = SimpleNamespace(state_dict=lambda: {})

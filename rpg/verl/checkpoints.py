@@ -151,13 +151,15 @@ def manifest(folder: str | os.PathLike, known: dict[str, dict] | None = None) ->
 
 
 def write_marker(folder: str | os.PathLike, step: int, settings: dict | None = None,
-                 known: dict[str, dict] | None = None) -> Path:
-    """Declare ``folder`` complete: the marker (step, manifest with digests, the run's RPG settings),
-    written to a temporary name and renamed. Call it once the save has returned (the files are whole).
-    ``known``: digests computed where the files were written (``manifest``)."""
+                 known: dict[str, dict] | None = None, last_step: int | None = None) -> Path:
+    """Declare ``folder`` complete: the marker (step, manifest with digests, the run's RPG settings, the run's
+    last training step when known: ``is_last_step``), written to a temporary name and renamed. Call it once the
+    save has returned (the files are whole). ``known``: digests computed where the files were written
+    (``manifest``)."""
     folder = Path(folder)
     tmp, final = folder / f"{MARKER}.tmp", folder / MARKER
-    record = {"global_step": step, "digest": DIGEST, "files": manifest(folder, known), "settings": settings}
+    record = {"global_step": step, "digest": DIGEST, "files": manifest(folder, known), "settings": settings,
+              "last_step": last_step}
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(tmp, final)
     return final
@@ -218,6 +220,17 @@ def read_marker(folder: str | os.PathLike) -> dict | None:
         return record
     except (ValueError, KeyError, TypeError):
         raise ValueError(f"{marker}: unreadable") from None
+
+
+def is_last_step(folder: str | os.PathLike | None) -> bool:
+    """Whether ``folder`` is a checkpoint of its run's last training step (its marker's ``last_step``, which the
+    trainer records); False when that is not recorded or the marker is unreadable."""
+    try:
+        record = None if folder is None else read_marker(folder)
+    except ValueError:
+        return False
+    last = None if record is None else record.get("last_step")
+    return isinstance(last, int) and isinstance(record.get("global_step"), int) and record["global_step"] >= last
 
 
 @dataclass(frozen=True)

@@ -61,13 +61,6 @@ def alive_groups(gpus: int) -> int:
     return len(node_checks.group_nodes(alive_nodes(), gpus))
 
 
-def free_groups(gpus: int) -> int:
-    """How many alive nodes have ``gpus`` GPUs free now (Ray's available resources: not held by any job)."""
-    from ray._private.state import available_resources_per_node
-
-    return sum(1 for free in available_resources_per_node().values() if free.get("GPU", 0) >= gpus)
-
-
 def capacity_problem(nodes: list[dict], nnodes: int, gpus_per_node: int) -> str | None:
     """Why ``nodes`` cannot hold ``nnodes`` x ``gpus_per_node`` ranks (one line naming the counts), or None."""
     fitting = node_checks.group_nodes(nodes, gpus_per_node)

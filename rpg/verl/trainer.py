@@ -307,7 +307,13 @@ class RPGTrainerMixin:
         # process wrote are hashed here: rpg.verl.checkpoint_digests), and the run's RPG settings; both checked by
         # the driver before a resume
         known = join_reports(self.actor_rollout_wg.rpg_checkpoint_digests(folder))
-        write_marker(folder, self.global_steps, recorded_settings(self.config), known=known)
+        write_marker(folder, self.global_steps, recorded_settings(self.config), known=known,
+                     last_step=self._last_step())
+
+    def _last_step(self) -> int:
+        """The run's last training step: verl's loop (``fit``) ends after ``total_training_steps`` or when the
+        epochs run out (``steps_per_epoch x total_epochs``), whichever comes first."""
+        return min(int(self.total_training_steps), int(self.steps_per_epoch) * int(self.config.trainer.total_epochs))
 
     def _save_reference_state(self) -> None:
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")

@@ -15,8 +15,9 @@ The bytes travel through Ray's object store, so nothing new listens on any inter
   ``build_topology`` hands both to every worker;
 * every actor rank drains the weight generator (``full_tensor()`` of an FSDP2 shard is a collective);
   rank 0 ``ray.put``s buckets of up to ``bucket_size`` bytes of ``(name, tensor)`` and posts their
-  references under the key, and returns ``{CHECKSUM_METRIC: named_checksum}`` of what it sent (verl logs it
-  with the step's metrics);
+  references under the key, prints the digest of what it sent (``rpg.backends.weight_digest``; the HF rollout
+  server prints the digest of what it loaded, naming its pool and replica) and returns it as the float
+  ``{CHECKSUM_METRIC: digest_metric(digest)}`` (verl logs it with the step's metrics);
 * each replica's worker awaits the references and yields ``(name, tensor)`` to its server adapter;
 * ``finalize``: rank 0 drops the post, so the buckets are freed.
 """
@@ -33,8 +34,7 @@ from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegist
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from rpg.backends.cpu.env_overrides import ENGINE_NAME
-from rpg.backends.hf_rollout.server import checksum_add
-CHECKSUM_METRIC = "rpg/weight_sync_checksum"  # float64 sum of every tensor sent, in the order sent
+from rpg.backends.weight_digest import CHECKSUM_METRIC, WeightDigest, digest_metric
 
 
 class Mailbox:
@@ -95,12 +95,12 @@ class ObjectStoreCheckpointEngine(CheckpointEngine):
         self._peer = {}
 
     async def send_weights(self, weights, global_steps: int | None = None) -> dict:
-        refs, bucket, size, checksum = [], [], 0, 0.0
+        refs, bucket, size, digest = [], [], 0, WeightDigest()
         async for name, tensor in ensure_async_iterator(weights):  # every rank: the gather is collective
             if not self.is_master:
                 continue
             tensor = tensor.detach().to("cpu")
-            checksum = checksum_add(checksum, tensor)
+            digest.add(name, tensor)
             bucket.append((name, tensor))
             size += tensor.nbytes
             if size >= self.bucket_size:
@@ -111,9 +111,10 @@ class ObjectStoreCheckpointEngine(CheckpointEngine):
         if bucket:
             refs.append(ray.put(bucket))
         await self._mailbox.post.remote(self._peer["key"], refs)
-        print(f"[rpg-weight-sync] sent {len(refs)} buckets (global_steps={global_steps}, checksum={checksum!r})",
-              flush=True)
-        return {CHECKSUM_METRIC: checksum}
+        sent = digest.hexdigest()
+        print(f"[rpg-weight-sync] sent {len(refs)} buckets (global_steps={global_steps}, tensors={len(digest)}, "
+              f"digest={sent})", flush=True)
+        return {CHECKSUM_METRIC: digest_metric(sent)}
 
     async def receive_weights(self, global_steps: int | None = None):
         refs = await self._peer["mailbox"].fetch.remote(self._peer["key"])

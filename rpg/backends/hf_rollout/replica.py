@@ -41,7 +41,8 @@ class HFReplica(RolloutReplica):
         server = (
             ray.remote(HFRolloutServer)
             .options(name=name, num_cpus=0, max_concurrency=self.max_concurrency, **placement)
-            .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+            .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank,
+                    pool=self.rollout_mode.value)
         )
         await server.ready.remote()
         self.servers = [server]

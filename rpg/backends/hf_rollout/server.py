@@ -24,6 +24,7 @@ from verl.workers.rollout.replica import TokenOutput
 
 from rpg.backends import PLATFORM_ENV, on_cpu_platform
 from rpg.backends.hf_rollout.sampling import _limit, generate_batch, row_seed
+from rpg.backends.weight_digest import WeightDigest
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +39,6 @@ _BATCH_MAX_WAIT_S = 0.3
 def server_name(replica_rank: int, suffix: str = "") -> str:
     """Ray actor name of the HF rollout server of one replica."""
     return f"rpg_hf_rollout_server_{replica_rank}{suffix}"
-
-
-def checksum_add(total: float, tensor: torch.Tensor) -> float:
-    """``total`` plus the float64 sum of ``tensor``: the weight sync's fingerprint, summed in the order the tensors
-    were sent (rpg.backends.cpu.weight_sync on the actor's side, ``load_weights`` on the server's)."""
-    return total + float(tensor.double().sum().item())
 
 
 def rollout_device(platform: str | None = None, cuda_available: bool | None = None) -> torch.device:
@@ -63,12 +58,14 @@ def rollout_device(platform: str | None = None, cuda_available: bool | None = No
 class HFRolloutServer:
     """Token-in/token-out generation with a HuggingFace causal LM (see module docstring)."""
 
-    def __init__(self, config: RolloutConfig, model_config: Any, replica_rank: int = 0):
+    def __init__(self, config: RolloutConfig, model_config: Any, replica_rank: int, pool: str):
+        """``pool``: verl's rollout mode of the replica (``RolloutMode``: hybrid, colocated, standalone), named with
+        ``replica_rank`` in every weight load's line."""
         from transformers import AutoModelForCausalLM, GenerationConfig
 
         self.config: RolloutConfig = omega_conf_to_dataclass(config)
         self.model_config: HFModelConfig = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
-        self.replica_rank = replica_rank
+        self.replica_rank, self.pool = replica_rank, pool
         self.seed = int(getattr(self.config, "seed", 0) or 0) + replica_rank
         self.device = rollout_device()
         self.model = AutoModelForCausalLM.from_pretrained(
@@ -135,13 +132,13 @@ class HFRolloutServer:
             self.weight_version += 1
             self._draws = {}
             loaded = self.model.state_dict()
-            received = 0.0  # the model's weights read back under the names received, in their order
+            received = WeightDigest()  # the model's weights read back under the names received
             for name in state_dict:
-                received = checksum_add(received, loaded[name])
+                received.add(name, loaded[name])
             print(
                 f"[hf-rollout] weights v{self.weight_version} loaded (global_steps={global_steps}, "
                 f"checksum={self._checksum():.6f}, batches since last: {self.batch_sizes[-50:]}, device={self.device}, "
-                f"received_checksum={received!r})",
+                f"pool={self.pool}, replica={self.replica_rank}, received_digest={received.hexdigest()})",
                 flush=True,
             )
             self.batch_sizes = []

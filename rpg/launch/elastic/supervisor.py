@@ -65,10 +65,20 @@ class Supervisor:
         except Exception:  # noqa: BLE001 - the GCS or the dashboard did not answer this time: ask again later
             return None
 
-    def choose(self, running: int = 0) -> int | None:
-        """The largest allowed count the nodes with free GPUs can hold, with the ``running`` trainer's own."""
-        free = self._count(self.cluster.free_groups)
-        return None if free is None else largest_fit(self.plan.sizes, free + running)
+    def choose(self, job_id: str | None = None) -> int | None:
+        """The largest allowed count the nodes can hold: the alive nodes with free GPUs and, with ``job_id``, those
+        the running trainer's Ray job holds, each node once (``rpg.launch.elastic.cluster.run_nodes``)."""
+        nodes = self._count(lambda gpus: self.cluster.run_groups(gpus, job_id))
+        return None if nodes is None else largest_fit(self.plan.sizes, nodes)
+
+    def job_id(self) -> str | None:
+        """The running trainer's Ray job (written by the trainer once Ray is up), or None before."""
+        if self.status is None:
+            return None
+        try:
+            return self.status.with_suffix(ELASTIC_JOB_SUFFIX).read_text().strip() or None
+        except OSError:  # not written yet
+            return None
 
     def wait_for_size(self, timeout_s: float) -> int | None:
         deadline = time.time() + timeout_s
@@ -79,8 +89,7 @@ class Supervisor:
     def wait_released(self) -> bool:
         """Whether the last trainer's Ray job is gone (none of its workers writes into the checkpoint folder any
         more), within ``release_timeout_s``."""
-        job = self.status.with_suffix(ELASTIC_JOB_SUFFIX) if self.status is not None else None
-        job_id = job.read_text().strip() if job is not None and job.is_file() else None
+        job_id = self.job_id()
         deadline = time.time() + self.release_timeout_s
         while True:
             try:
@@ -118,10 +127,13 @@ class Supervisor:
         return self.child.returncode
 
     def run_child(self, nnodes: int) -> tuple[int, str | None]:
-        """Wait for the trainer; returns its exit code and why the supervisor stopped it ("grow", "hang") or None."""
-        from rpg.verl.checkpoints import last_complete
+        """Wait for the trainer; returns its exit code and why the supervisor stopped it ("grow", "hang") or None.
+        A larger count grows the run at the next complete checkpoint, unless that checkpoint is the run's last
+        step (the trainer then only validates and ends: nothing is left to train on more nodes)."""
+        from rpg.verl.checkpoints import is_last_step, last_complete
 
         mark = None  # the last complete checkpoint when a larger count became possible
+        ending = False  # the last step is saved: no grow any more
         short_since = None  # since when fewer nodes are alive than the trainer runs on
         while (rc := self.child.poll()) is None:
             time.sleep(self.poll_s)
@@ -131,11 +143,18 @@ class Supervisor:
                 say(f"{alive} node(s) alive of the {nnodes} the trainer runs on for {self.hang_s:.0f} s and it has not "
                     "stopped (waiting on a lost node): stopping it")
                 return self.stop_child(), "hang"
-            bigger = self.choose(running=nnodes)
+            if ending:
+                continue
+            bigger = self.choose(self.job_id())
             if bigger is None or bigger <= nnodes:
                 mark = None
                 continue
             latest = last_complete(self.plan.folder)
+            if is_last_step(latest):
+                ending = True
+                say(f"{bigger} node(s) can hold the run now (it runs on {nnodes}), but its last step is saved "
+                    f"({latest.name}): it ends on {nnodes}")
+                continue
             if mark is None:
                 mark = (latest,)
                 say(f"{bigger} node(s) can hold the run now (it runs on {nnodes}): growing at the next checkpoint")
