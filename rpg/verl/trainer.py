@@ -31,6 +31,8 @@ Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is 
 * ``_init_dataloader``: the validation loader sets verl's per-row ``__rollout_n__`` from
   ``rpg.validation.samples_per_problem`` (paper Table 7: one sample per Minerva/OlympiadBench problem
   next to mean@32 on AIME/AMC; ``rpg.verl.validation``).
+* the hooks of ``rpg.verl.run_order.RunOrderMixin``: a batch in the prompts' fetch order, validation metrics of
+  samples in a canonical order, the lag of the samples and the behaviour weights' step statistics.
 
 Per-step metrics added: ``rpg/ref_reset`` (0/1), ``rpg/ref_resets_total``,
 ``rpg/ref_steps_since_reset``, ``rpg/ref_kl``, ``rpg/ref_kl_ema`` and, with
@@ -64,6 +66,7 @@ from rpg.common.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoint_digests import REFERENCE_DIR, join_reports
 from rpg.verl.checkpoints import recorded_settings, write_marker
 from rpg.config import parse_rpg_settings
+from rpg.verl.run_order import RunOrderMixin
 from rpg.verl.validation import SamplesPerSource
 from rpg.verl.worker import RPGActorRolloutRefWorker, RPGDetachActorWorker
 
@@ -133,10 +136,11 @@ class ReferenceSchedule:
         self.resets = int(state["resets"])
 
 
-class RPGTrainerMixin:
+class RPGTrainerMixin(RunOrderMixin):
     """RPG's schedules and hooks (module docstring), on top of one of verl's v1 trainers (``RPGTrainer``:
-    sync, ``RPGTrainerColocateAsync``: colocate_async). Placed first in the bases, so each hook's
-    ``super()`` call reaches that verl trainer's own hook."""
+    sync, ``RPGTrainerColocateAsync``: colocate_async), and ``RunOrderMixin``'s (the batch order, the lag and the
+    behaviour weights' step statistics). Placed first in the bases, so each hook's ``super()`` call reaches that
+    verl trainer's own hook."""
 
     def __init__(self, config):
         super().__init__(config)
