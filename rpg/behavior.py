@@ -76,3 +76,38 @@ def behavior_metrics(old_log_prob: torch.Tensor, behavior_log_prob: torch.Tensor
         "rpg/behavior_weight_min": float(w.min()),
         "rpg/behavior_weight_capped_frac": capped,
     }
+
+
+# Step-level statistics of the untruncated per-token weights w = pi_old/mu (every arm alike: they describe how far
+# the sampler is from pi_old, not what the arm applies). Kept as sums so that a step of several mini-batches
+# (separate_async) gives the statistic of all its tokens, not a mean of per-mini-batch values.
+STEP_SUMS = ("tokens", "w", "w2", "log_w2")  # N, sum w, sum w^2, sum (log w)^2 over the valid tokens
+
+
+def behavior_step_sums(old_log_prob: torch.Tensor, behavior_log_prob: torch.Tensor, response_mask: torch.Tensor,
+                       log_ratio_guard: float = 60.0) -> dict[str, float]:
+    """``STEP_SUMS`` of one batch (float64; valid tokens only); w carries the loss's guard |log w| <= guard."""
+    valid = response_mask != 0
+    log_w = (old_log_prob.detach() - behavior_log_prob.detach())[valid].double()
+    w = log_w.clamp(-log_ratio_guard, log_ratio_guard).exp()
+    return {"tokens": float(valid.sum()), "w": float(w.sum()), "w2": float((w * w).sum()),
+            "log_w2": float((log_w * log_w).sum())}
+
+
+def add_step_sums(total: dict[str, float] | None, part: dict[str, float]) -> dict[str, float]:
+    """``total`` + ``part``, key by key (``total`` None: a copy of ``part``)."""
+    return dict(part) if total is None else {k: total[k] + part[k] for k in STEP_SUMS}
+
+
+def behavior_step_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """From a step's ``STEP_SUMS``:
+
+    ess:      (sum w)^2 / (N sum w^2), the effective sample size of the weights as a fraction of the N tokens,
+              in (0, 1]; 1 exactly when every w is equal (mu = pi_old);
+    log_w_m2: mean (log pi_old - log mu)^2, the second moment of the log weight (M2PO's statistic); 0 when
+              mu = pi_old.
+    A step without valid tokens has neither (empty dict)."""
+    n = sums["tokens"]
+    if n == 0:
+        return {}
+    return {"rpg/behavior_ess": sums["w"] ** 2 / (n * sums["w2"]), "rpg/behavior_log_w_m2": sums["log_w2"] / n}

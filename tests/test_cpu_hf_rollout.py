@@ -170,3 +170,82 @@ def test_seeded_sampler_follows_the_warped_distribution():
     torch.testing.assert_close(counts / 4000, torch.softmax(logits[0] / 2.0, -1), atol=0.03, rtol=0)
     top2 = SeededRowSampler(gens, temperature=1.0, top_k=2, top_p=1.0)
     assert {int(top2(None, logits).argmax()) for _ in range(200)} == {1, 2}
+
+
+def _keyed(server, requests, **params):
+    """``requests``: (prompt, sample_key) pairs, sent together as the agent loop sends them."""
+    async def go():
+        return await asyncio.gather(*[server.generate(f"r{i}", p, dict(params), sample_key=k)
+                                      for i, (p, k) in enumerate(requests)])
+
+    return [o.token_ids for o in asyncio.run(go())]
+
+
+def test_a_keyed_sample_is_the_same_on_every_replica_and_at_any_arrival_order(server, prompts):
+    """The agent loop's sample key (dispatch step, row, sample index) seeds a sample: another replica (whose own
+    seed differs by its rank), another arrival order or other batch neighbours draw the same tokens; another
+    sample index or step draws a new sample; the keyless path still depends on the replica."""
+    from verl.workers.config import HFModelConfig, RolloutConfig
+
+    other = HFRolloutServer(RolloutConfig(name="hf", prompt_length=64, response_length=8, tensor_model_parallel_size=1),
+                            HFModelConfig(path=str(server.model_config.local_path)), replica_rank=1)
+    requests = [(p, (3, row, s)) for row, p in enumerate(prompts) for s in range(3)]
+    first = _keyed(server, requests, temperature=1.0)
+    order = list(reversed(range(len(requests))))
+    assert [_keyed(other, [requests[i] for i in order], temperature=1.0)[j] for j in order] == first
+    assert [_keyed(other, [r], temperature=1.0)[0] for r in requests] == first  # one request per batch
+    assert len({tuple(t) for t in first[:3]}) > 1  # samples 0, 1, 2 of a prompt differ
+    assert _keyed(server, [(p, (4, row, s)) for p, (_, row, s) in requests], temperature=1.0) != first
+    server._draws, other._draws = {}, {}
+    assert [o.token_ids for o in _gen(server, prompts, temperature=1.0)] != \
+        [o.token_ids for o in _gen(other, prompts, temperature=1.0)]
+
+
+def test_the_agent_loop_passes_its_sample_key_and_is_registered_with_verl():
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    from rpg.backends.hf_rollout.agent_loop import SampleKeyAgentLoop, _WithSampleKey, sample_key
+    from rpg.backends.hf_rollout.verl_registries import AGENT_LOOP, AGENT_LOOP_FQN, register_hf_rollout
+
+    register_hf_rollout()
+    assert _agent_loop_registry[AGENT_LOOP] == {"_target_": AGENT_LOOP_FQN}
+    module, name = AGENT_LOOP_FQN.rsplit(".", 1)
+    assert getattr(__import__(module, fromlist=[name]), name) is SampleKeyAgentLoop
+    fields = {"global_steps": 7, "index": 12, "session_id": 3, "uid": "p7-0", "raw_prompt": []}
+    assert sample_key(fields) == (7, 12, 3)
+    assert sample_key({**fields, "index": None}) == (7, None, 3)
+
+    class _Client:
+        calls = []
+        name = "client"
+
+        async def generate(self, request_id, **kwargs):
+            self.calls.append((request_id, kwargs))
+            return "out"
+
+    client = _WithSampleKey(_Client(), (7, 12, 3))
+    assert asyncio.run(client.generate("r", prompt_ids=[1], sampling_params={})) == "out"
+    assert _Client.calls == [("r", {"prompt_ids": [1], "sampling_params": {}, "sample_key": (7, 12, 3)})]
+    assert client.name == "client"
+
+
+def test_full_determinism_decodes_each_sequence_alone(tiny_assets, prompts):
+    """verl's rollout.full_determinism: requests that arrive together give exactly (log-probs included) what each
+    gives alone, so the timing of requests, which decides a batch's make-up, cannot change a number."""
+    from verl.workers.config import HFModelConfig, RolloutConfig
+
+    rc = RolloutConfig(name="hf", prompt_length=64, response_length=8, tensor_model_parallel_size=1,
+                       full_determinism=True)
+    strict = HFRolloutServer(rc, HFModelConfig(path=str(tiny_assets.model_dir)))
+    assert strict.one_per_decode
+    requests = [(p, (1, row, s)) for row, p in enumerate(prompts) for s in range(2)]
+
+    async def together():
+        return await asyncio.gather(*[strict.generate(f"r{i}", p, {"temperature": 1.0}, sample_key=k)
+                                      for i, (p, k) in enumerate(requests)])
+
+    async def alone(p, k):
+        return await strict.generate("r", p, {"temperature": 1.0}, sample_key=k)
+
+    got = [(o.token_ids, o.log_probs) for o in asyncio.run(together())]
+    assert got == [(o.token_ids, o.log_probs) for o in (asyncio.run(alone(p, k)) for p, k in requests)]

@@ -34,6 +34,8 @@ Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is 
 * ``_val_metrics_update``: ``val-aux/<data_source>/unscored_rows`` and ``unscored_samples`` (the validation
   rows whose reward function raised or rollout failed, which verl leaves out with a traceback) and a warning
   line when there are any (``rpg.verl.validation``).
+* the hooks of ``rpg.verl.run_order.RunOrderMixin``: a batch in the prompts' fetch order, validation metrics of
+  samples in a canonical order, the lag of the samples and the behaviour weights' step statistics.
 
 Per-step metrics added: ``rpg/ref_reset`` (0/1), ``rpg/ref_resets_total``,
 ``rpg/ref_steps_since_reset``, ``rpg/ref_kl``, ``rpg/ref_kl_ema`` and, with
@@ -67,6 +69,7 @@ from rpg.common.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoint_digests import REFERENCE_DIR, join_reports
 from rpg.verl.checkpoints import recorded_settings, write_marker
 from rpg.config import parse_rpg_settings
+from rpg.verl.run_order import RunOrderMixin
 from rpg.verl.validation import SamplesPerSource, unscored_by_source, unscored_metrics, unscored_warnings
 from rpg.verl.worker import RPGActorRolloutRefWorker, RPGDetachActorWorker
 
@@ -136,10 +139,11 @@ class ReferenceSchedule:
         self.resets = int(state["resets"])
 
 
-class RPGTrainerMixin:
+class RPGTrainerMixin(RunOrderMixin):
     """RPG's schedules and hooks (module docstring), on top of one of verl's v1 trainers (``RPGTrainer``:
-    sync, ``RPGTrainerColocateAsync``: colocate_async). Placed first in the bases, so each hook's
-    ``super()`` call reaches that verl trainer's own hook."""
+    sync, ``RPGTrainerColocateAsync``: colocate_async), and ``RunOrderMixin``'s (the batch order, the lag and the
+    behaviour weights' step statistics). Placed first in the bases, so each hook's ``super()`` call reaches that
+    verl trainer's own hook."""
 
     def __init__(self, config):
         super().__init__(config)

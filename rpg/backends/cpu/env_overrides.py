@@ -21,7 +21,7 @@ from rpg.backends import PLATFORM_ENV
 from rpg.backends.cpu import vllm_cpu
 from rpg.backends.cpu import world
 from rpg.backends.cpu.world import ray_resource_overrides
-from rpg.backends.hf_rollout.verl_registries import ROLLOUT_NAME
+from rpg.backends.hf_rollout.verl_registries import AGENT_LOOP, ROLLOUT_NAME
 from rpg.common.override_lists import merge_overrides
 from rpg.common.run_env import EXTERNAL_MODULES_ENV, RUN_ENV, external_modules, forwarded_env_overrides
 
@@ -104,6 +104,8 @@ def cpu_overrides(env: Mapping[str, str] | None = None, nnodes: int = 1, n_gpus_
         "actor_rollout_ref.rollout.mode=async",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.agent.num_workers=1",
+        # each request carries its sample's identity, which seeds it on whichever server (hf_rollout/agent_loop.py)
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP}",
         f"{CHECKPOINT_ENGINE}=naive",
         # one reward worker (each is a ~300 MB Ray process) and one TransferQueue storage unit
         # (the default 8 units each hold a CPU and the v1 trainer hangs waiting for them)

@@ -21,12 +21,8 @@ Registers, when active:
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import sys
-from typing import Callable
-
 from rpg.backends import on_cpu_platform
+from rpg.common.import_hooks import when_imported
 from rpg.backends.hf_rollout.verl_registries import register_hf_rollout
 
 ACTIVE = on_cpu_platform()
@@ -47,36 +43,6 @@ def register_engines(engine_pkg=None) -> None:
         for backend in ("fsdp", "fsdp2"):
             if "cpu" not in EngineRegistry._engines.get(model_type, {}).get(backend, {}):
                 EngineRegistry.register(model_type=model_type, backend=backend, device="cpu")(cls)
-
-
-class _PostImportHook(importlib.abc.MetaPathFinder):
-    """Run ``callback(module)`` right after ``fullname`` has been imported for the first time."""
-
-    def __init__(self, fullname: str, callback: Callable):
-        self.fullname, self.callback = fullname, callback
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.fullname:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module, callback = spec.loader.exec_module, self.callback
-
-        def exec_then_register(module):
-            exec_module(module)
-            callback(module)
-
-        spec.loader.exec_module = exec_then_register
-        return spec
-
-
-def when_imported(fullname: str, callback: Callable) -> None:
-    if fullname in sys.modules:
-        callback(sys.modules[fullname])
-    else:
-        sys.meta_path.insert(0, _PostImportHook(fullname, callback))
 
 
 def register() -> None:

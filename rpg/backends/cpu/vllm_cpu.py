@@ -87,6 +87,7 @@ def vllm_overrides() -> list[str]:
     """Hydra overrides that replace the HF rollout by verl's vLLM rollout (after ``cpu_overrides``)."""
     return [
         "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent",  # verl's (the sample key is hf's)
         # vLLM refuses sleep mode on CPU (vllm/config/model.py); verl's sleep/wake calls then reach
         # CPUWorker.sleep/wake_up (vllm/v1/worker/cpu_worker.py), which log and ignore them
         "+actor_rollout_ref.rollout.enable_sleep_mode=False",

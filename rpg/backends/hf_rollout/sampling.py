@@ -10,12 +10,13 @@ distribution *before* top-k/top-p filtering, i.e. what verl's actor recomputes (
 logits by the same temperature), so ``training/rollout_probs_diff_*`` measures real mismatch.
 
 Reproducible sampling: every sequence draws from its own random generator, seeded by
-(rollout seed, training step of the loaded weights, prompt, how many samples of that prompt were
-drawn since those weights were loaded). A response therefore does not depend on which other
-requests happened to share its decode batch (request timing varies from run to run); two runs
-with the same seed and weights sample the same responses (up to the order of identical prompts),
-and so does a run resumed from a checkpoint at the steps after the checkpoint. (verl still orders
-a training batch by completion, so mini-batch membership, and hence later updates, can differ.)
+``HFRolloutServer.request_seed`` (the rollout seed, the sample's identity and its prompt), so the random
+numbers of a response do not depend on which other requests shared its decode batch, nor on the replica.
+The numbers the model computes do, slightly: on CPU a batched matrix product's result for one row depends on
+the batch's size and the row's place in it (measured on the tiny model: log-probs move by up to 2e-6 between
+a sequence decoded alone and in a batch; a token changes only when its random number falls that close to a
+boundary of the cumulative distribution). ``rollout.full_determinism=True`` (verl's key) decodes every sequence
+alone: the same numbers whatever the timing, at the cost of batching (server.py).
 """
 
 from __future__ import annotations

@@ -6,8 +6,18 @@ adapter.py), and answers verl's sleep / wake / KV-cache controls with no-ops.
 On the CPU backend the copy lives on the CPU; elsewhere, when CUDA is visible, on the GPU of its replica
 (``rollout_device``; replica.py places the actor; registered for CUDA by ``rpg.backends.gpu.external_module``).
 Every weight load prints the device. Requests that arrive together are decoded as one left-padded batch
-per set of sampling parameters (sampling.py), each sequence with its own seed, so a response does not
-depend on which other requests shared its batch.
+per set of sampling parameters (sampling.py), each sequence with its own seed, so a response's random numbers
+do not depend on which other requests shared its batch.
+
+With verl's ``rollout.full_determinism=True`` every sequence is decoded alone instead: a batched product's
+numbers depend on the batch's size and a row's place in it (sampling.py), so only a batch of one gives a sequence
+the same log-probs (and, at a boundary, the same token) whatever the requests' timing.
+
+A request's seed: with a ``sample_key`` (what the agent loop of agent_loop.py sends: the prompt's dispatch step,
+dataset row and sample index), ``row_seed(rollout.seed, "sample", sample_key, prompt)``, the same on every replica
+and at any arrival order, so whichever server answers draws the same random numbers for that sample; without one
+(a direct caller), the older per-server scheme: ``rollout.seed + replica_rank``, the loaded weights and a count
+of the prompt's draws since they were loaded.
 """
 
 from __future__ import annotations
@@ -66,7 +76,9 @@ class HFRolloutServer:
         self.config: RolloutConfig = omega_conf_to_dataclass(config)
         self.model_config: HFModelConfig = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
         self.replica_rank, self.pool = replica_rank, pool
-        self.seed = int(getattr(self.config, "seed", 0) or 0) + replica_rank
+        self.base_seed = int(getattr(self.config, "seed", 0) or 0)  # keyed requests: the same on every replica
+        self.one_per_decode = bool(getattr(self.config, "full_determinism", False))
+        self.seed = self.base_seed + replica_rank
         self.device = rollout_device()
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_config.local_path, dtype=torch.float32, attn_implementation="sdpa"
@@ -96,15 +108,14 @@ class HFRolloutServer:
         sampling_params: dict[str, Any],
         image_data: Any = None,
         video_data: Any = None,
+        sample_key: tuple | list | None = None,
         **kwargs: Any,
     ) -> TokenOutput:
         if image_data is not None or video_data is not None or kwargs.get("audio_data") is not None:
             raise ValueError("rollout.name=hf serves text-only models; got image/video/audio data")
         fut = asyncio.get_running_loop().create_future()
         prompt = tuple(map(int, prompt_ids))
-        draw = self._draws.get(prompt, 0)
-        self._draws[prompt] = draw + 1
-        seed = row_seed(self.seed, self._weights_key(), prompt, draw)
+        seed = self.request_seed(prompt, sample_key)
         self._queue.append((list(prompt), dict(sampling_params), fut, seed))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain())
@@ -143,6 +154,14 @@ class HFRolloutServer:
             )
             self.batch_sizes = []
             return self.weight_version
+
+    def request_seed(self, prompt: tuple[int, ...], sample_key: tuple | list | None = None) -> int:
+        """The seed of one request's sampling (module docstring); a keyless request counts a draw."""
+        if sample_key is not None:
+            return row_seed(self.base_seed, "sample", tuple(sample_key), prompt)
+        draw = self._draws.get(prompt, 0)
+        self._draws[prompt] = draw + 1
+        return row_seed(self.seed, self._weights_key(), prompt, draw)
 
     def _weights_key(self) -> tuple:
         """Which weights are loaded: the trainer's global step when known (stable across resume)."""
@@ -215,7 +234,10 @@ class HFRolloutServer:
                     _limit(p, self.response_length),
                 )
                 groups.setdefault(key, []).append(item)
-            for key, items in groups.items():
+            # full determinism: one sequence per decode (batch invariance; sampling.py), else one batch per group
+            decodes = [([it], key) for key, items in groups.items() for it in items] if self.one_per_decode \
+                else [(items, key) for key, items in groups.items()]
+            for items, key in decodes:
                 try:
                     async with self._get_lock():
                         outs = await asyncio.to_thread(

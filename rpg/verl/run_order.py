@@ -1,0 +1,183 @@
+"""What makes a run repeat itself, and what the sampler's lag was: ``RunOrderMixin``, hooks of the RPG trainers
+(``rpg.verl.trainer``), on the pieces below.
+
+* **Prompt uids from the dataloader's order.** verl gives each prompt a random ``uuid4`` (``trainer_base.py:1476``)
+  and its replay buffer returns a batch in the order the rollouts finished (``replay_buffer.py:394-406``, the
+  TransferQueue snapshot): the mini-batches (``engine_workers.py:271-277``, consecutive slices) and every sum over
+  the batch then follow completion order. ``prompt_uid(step, n)`` names the n-th prompt fetched at ``step``
+  instead, and ``sample_order`` sorts a batch by (step, n, sample, output): the same order in every run.
+* **Validation in a canonical order.** verl collects validation samples in completion order too
+  (``trainer_base.py:1076-1118``) and its bootstrap ``best@N``/``maj@N`` draw by position with a fixed seed
+  (``metric_utils.py:835-840``), and its means add per-prompt values in that order. ``canonical_validation``
+  orders prompts and their samples by what the metrics read, so equal samples give equal metrics.
+* **The lag.** ``LagBook`` keeps the optimizer updates done when each weight version was published
+  (version v = the weights after step v, synced to the rollout at the end of step v); a sample generated with
+  version v and trained at step g, whose pi_old is version g-1 (the weights at the step's start), is
+  ``g-1-v`` versions and ``updates(g-1) - updates(v)`` optimizer updates behind pi_old.
+
+Per-step metrics of the mixin: ``training/rpg/lag_{versions,updates}_{mean,max}`` (mean and max over the step's
+samples: the mean over its equal-sized mini-batches of their mean lag, and the largest lag any mini-batch had; 0
+in sync) and, with a stale sampler, ``actor/rpg/behavior_ess`` and ``actor/rpg/behavior_log_w_m2`` over all the
+step's response tokens (``rpg.behavior.behavior_step_metrics``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import transfer_queue as tq
+from tensordict import NonTensorStack
+
+from rpg.behavior import add_step_sums, behavior_step_metrics, behavior_step_sums
+
+PROMPT_UID = re.compile(r"p(\d+)-(\d+)")
+
+
+def prompt_uid(step: int, n: int) -> str:
+    """The uid of the n-th prompt fetched at ``step`` (no ``_``: verl's keys are ``{uid}_{sample}_{output}``)."""
+    return f"p{step}-{n}"
+
+
+def sample_order(key: str) -> tuple[int, int, int, int]:
+    """Sort key of a trajectory key ``{uid}_{sample}_{output}`` whose uid is a ``prompt_uid``."""
+    uid, sample, output = key.rsplit("_", 2)
+    match = PROMPT_UID.fullmatch(uid)
+    if match is None:
+        raise ValueError(f"trajectory key {key!r}: its prompt uid is not one of the RPG trainer's (p<step>-<n>), so "
+                         "the batch has no order independent of rollout completion")
+    return int(match[1]), int(match[2]), int(sample), int(output)
+
+
+def sorted_positions(keys: list[str]) -> list[int]:
+    """Positions of ``keys`` in ``sample_order``."""
+    return sorted(range(len(keys)), key=lambda i: sample_order(keys[i]))
+
+
+def _value_key(value) -> tuple[str, str]:
+    return type(value).__name__, repr(value)
+
+
+def canonical_validation(data_sources: list, sample_uids: list, infos: dict[str, list], turns: list):
+    """The arguments of verl's ``_val_metrics_update`` reordered: prompts (uids) by (data source, their sorted
+    samples), each prompt's samples by their values (every field of ``infos``), so the order no longer depends
+    on which rollout finished first. Uids are random per run (verl's ``_validate``), so they take no part in the
+    order; prompts whose samples are equal give equal per-prompt metrics, whatever their relative order."""
+    n = len(sample_uids)
+    names = sorted(infos)
+    if any(len(infos[k]) != n for k in names) or len(data_sources) != n or (turns and len(turns) != n):
+        raise ValueError("validation samples: data sources, uids, reward fields and turns differ in length")
+
+    def sample_key(i):
+        return tuple(_value_key(infos[k][i]) for k in names) + ((_value_key(turns[i]),) if turns else ())
+
+    groups: dict[tuple, list[int]] = {}
+    for i in range(n):
+        groups.setdefault((str(data_sources[i]), str(sample_uids[i])), []).append(i)
+    ordered = sorted(((src, sorted(sample_key(i) for i in members)), sorted(members, key=sample_key))
+                     for (src, _), members in groups.items())
+    order = [i for _, members in ordered for i in members]
+    pick = lambda seq: [seq[i] for i in order]  # noqa: E731
+    return pick(data_sources), pick(sample_uids), {k: pick(v) for k, v in infos.items()}, pick(turns) if turns else []
+
+
+class LagBook:
+    """Optimizer updates done at each published weight version, and the lag of the samples a step trains on."""
+
+    def __init__(self, version: int):
+        self.updates = 0  # optimizer updates since ``version`` (the run's first weights in this process)
+        self.at_version = {version: 0}
+
+    def add_updates(self, n: int) -> None:
+        self.updates += n
+
+    def publish(self, version: int) -> None:
+        """The weights after ``self.updates`` updates become ``version`` (the step's end)."""
+        self.at_version[version] = self.updates
+
+    def lags(self, step: int, versions: list[int]) -> tuple[list[int], list[int]]:
+        """(versions behind, updates behind) pi_old of samples generated with ``versions`` and trained at ``step``."""
+        old = step - 1
+        missing = sorted({v for v in versions if v not in self.at_version} | ({old} - set(self.at_version)))
+        if missing:
+            raise ValueError(f"step {step}: samples generated with weight versions {missing} this process never "
+                             f"published (known: {sorted(self.at_version)}); their lag cannot be counted")
+        return [old - v for v in versions], [self.at_version[old] - self.at_version[v] for v in versions]
+
+
+def lag_metrics(versions_behind: list[int], updates_behind: list[int]) -> dict[str, float]:
+    """``training/rpg/lag_{versions,updates}_{mean,max}`` over a step's samples (empty list: nothing)."""
+    if not versions_behind:
+        return {}
+    out = {}
+    for name, values in (("versions", versions_behind), ("updates", updates_behind)):
+        out[f"training/rpg/lag_{name}_mean"] = sum(values) / len(values)
+        out[f"training/rpg/lag_{name}_max"] = float(max(values))
+    return out
+
+
+class RunOrderMixin:
+    """Trainer hooks (module docstring); a base of ``rpg.verl.trainer.RPGTrainerMixin``, before verl's trainer."""
+
+    _lag_book: LagBook | None = None  # set when the first weights are published (on_init_end)
+    _uid_step, _uid_count = None, 0  # the step the last prompt was fetched at, prompts fetched at it so far
+
+    def _fetch_one_gen_batch(self):
+        """verl's fetch, with uids from the dataloader's order (``prompt_uid``) instead of random ones."""
+        batch = super()._fetch_one_gen_batch()
+        if self._uid_step != self.global_steps:
+            self._uid_step, self._uid_count = self.global_steps, 0
+        batch["uid"] = NonTensorStack(*(prompt_uid(self.global_steps, self._uid_count + i) for i in range(len(batch))))
+        self._uid_count += len(batch)
+        return batch
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        """The sampled batch in ``sample_order``, not in the order its rollouts finished, before verl's balancing
+        (deterministic given its input: ``get_seqlen_balanced_partitions`` sorts each partition)."""
+        batch.reorder(sorted_positions(batch.keys))
+        return super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
+
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
+                            expected_acc_counts=None):
+        """verl's validation metrics of the samples in ``canonical_validation``'s order."""
+        data_sources, sample_uids, reward_extra_infos_dict, sample_turns = canonical_validation(
+            data_sources, sample_uids, reward_extra_infos_dict, sample_turns)
+        return super()._val_metrics_update(data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
+                                           expected_acc_counts=expected_acc_counts)
+
+    def on_init_end(self):
+        self._lag_book = LagBook(self.global_steps)  # verl's on_init_end publishes these weights as this version
+        super().on_init_end()
+
+    def step(self, metrics: dict, timing_raw: dict):
+        self._step_lags, self._step_behavior = ([], []), None
+        batch = super().step(metrics, timing_raw)
+        metrics.update(lag_metrics(*self._step_lags))
+        if self._step_behavior is not None:
+            metrics.update({f"actor/{k}": v for k, v in behavior_step_metrics(self._step_behavior).items()})
+        self._lag_book.publish(self.global_steps)  # verl's on_step_end syncs these weights as this version
+        return batch
+
+    def _compute_old_log_prob(self, batch, metrics: dict):
+        """verl's pi_old, then this mini-batch's lag (from the weight version each sample was generated with, verl's
+        ``min_global_steps`` tag) and, with a stale sampler, its behaviour-weight sums."""
+        batch = super()._compute_old_log_prob(batch, metrics)
+        versions = [tag["min_global_steps"] for tag in batch.tags if not tag.get("is_padding", False)]
+        behind = self._lag_book.lags(self.global_steps, versions)
+        self._step_lags = (self._step_lags[0] + behind[0], self._step_lags[1] + behind[1])
+        if self.trainer_mode != "sync":  # a stale sampler: the driver requires rollout log-probs then
+            fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                   select_fields=fields).to_padded_tensor()
+            sums = behavior_step_sums(data["old_log_probs"], data["rollout_log_probs"], data["response_mask"],
+                                      self.rpg.loss.log_ratio_guard)
+            self._step_behavior = add_step_sums(self._step_behavior, sums)
+        return batch
+
+    def _update_actor(self, batch, metrics: dict):
+        """verl's actor update, its optimizer updates counted as verl's loop runs them (``train_mini_batch``: the
+        batch in slices of ``ppo_mini_batch_size`` x n sequences, ``ppo_epochs`` times)."""
+        batch = super()._update_actor(batch, metrics)
+        actor = self.config.actor_rollout_ref.actor
+        self._lag_book.add_updates(len(batch) // (actor.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n)
+                                   * actor.ppo_epochs)
+        return batch
