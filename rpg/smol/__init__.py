@@ -2,6 +2,7 @@
 partly solve (``task``), for runs of verl's real trainer with a real tokenizer, chat template and response lengths.
 """
 
-from rpg.smol.asset import SmolAssetError, SmolAssets, build_smol_assets, build_smol_model
+from rpg.smol.asset import SmolAssetError, build_smol_model
+from rpg.smol.build import SmolAssets, build_smol_assets
 
 __all__ = ["SmolAssetError", "SmolAssets", "build_smol_assets", "build_smol_model"]
