@@ -29,7 +29,8 @@ def build_lock(cache_root: Path, log: Callable[[str], None], what: str):
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log(f"waiting for another process that is building {what} ({cache_root / LOCK_FILE})")
+            log(f"before building {what}: waiting for another process's build in this cache to end "
+                f"({cache_root / LOCK_FILE})")
             fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

@@ -141,17 +141,19 @@ def require_gguf() -> None:
 
 
 @contextlib.contextmanager
-def _hub_offline():
-    """``HF_HUB_OFFLINE=1`` for the build (restored after): transformers never asks the model hub."""
-    saved = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
+def _offline_and_quiet():
+    """``HF_HUB_OFFLINE=1`` (transformers never asks the model hub) and ``TQDM_DISABLE=1`` (the build's own lines
+    say what it does, not transformers' progress bars) for the build; the environment restored after."""
+    saved = {name: os.environ.get(name) for name in ("HF_HUB_OFFLINE", "TQDM_DISABLE")}
+    os.environ.update({name: "1" for name in saved})
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _gguf_special_ids(path: Path) -> dict[str, int]:
@@ -173,31 +175,25 @@ def convert(gguf_path: Path, out: Path) -> dict:
     template); returns what ``build.json`` records about the model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     folder, name = str(gguf_path.parent), gguf_path.name
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # the build's own lines say what it does
-    try:
-        with _hub_offline():
-            tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
-                                                         local_files_only=True)
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
+    with _offline_and_quiet():
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, local_files_only=True)
     special = _gguf_special_ids(gguf_path)
     if "eos" not in special:
         raise SmolAssetError(f"{gguf_path}: no tokenizer.ggml.eos_token_id in its metadata")
     tok.eos_token = tok.convert_ids_to_tokens(special["eos"])  # module docstring: transformers reads <|im_start|>
     tok.pad_token = tok.convert_ids_to_tokens(special.get("pad", special["eos"]))
+    tok.clean_up_tokenization_spaces = False  # the GGUF reader sets True, which is for WordPiece, not this BPE
     if not tok.chat_template:
         raise SmolAssetError(f"{gguf_path}: the GGUF file has no chat template")
     gen = model.generation_config
     gen.eos_token_id, gen.pad_token_id = tok.eos_token_id, tok.pad_token_id
     model.config.eos_token_id, model.config.pad_token_id = tok.eos_token_id, tok.pad_token_id
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+    with _offline_and_quiet():
+        model.save_pretrained(out, safe_serialization=True)
+        tok.save_pretrained(out)
     return {"n_params": sum(p.numel() for p in model.parameters()), "vocab_size": model.config.vocab_size,
             "eos_token": tok.eos_token, "pad_token": tok.pad_token, "dtype": "float32"}
 
