@@ -22,8 +22,10 @@ MAX_PROMPT_LENGTH = 128  # the task's longest prompt with the chat template is 1
 MAX_RESPONSE_LENGTH = 192
 # Tokens per micro-batch of the log-prob passes and the update. verl packs a micro-batch's sequences into one
 # row (use_remove_padding); on CPU transformers' sdpa attention then runs over the whole row with a
-# block-diagonal mask, so its cost per token grows with the row's length, while the row's matmuls want many
-# tokens: TOKEN_BUDGET is the measured balance (benchmarks/bench_smol_base.py --forward).
+# block-diagonal mask, so its cost per token grows with the row's length (about 69k x row length FLOPs per token
+# for this model, against 270M for its matrix products: +26 % at 1024 tokens, +200 % for a step's 32 sequences of
+# 250 tokens in one row), while the matrix products want rows of hundreds of tokens. benchmarks/bench_smol_base.py
+# --forward times the alternatives.
 TOKEN_BUDGET = 1024
 LR = 1e-5
 STEPS = 18
