@@ -69,9 +69,10 @@ class SeededRowSampler(LogitsProcessor):
 LOGITS_BUDGET_BYTES = 2 << 30
 
 
-def chunk_rows(n_prompts: int, max_new_tokens: int, vocab_size: int, budget: int = LOGITS_BUDGET_BYTES) -> int:
-    """Prompts per ``generate`` call: all ``n_prompts`` when their logits fit ``budget``, else the size of
-    equal chunks that do (at least one prompt)."""
+def chunk_rows(n_prompts: int, max_new_tokens: int, vocab_size: int, budget: int | None = None) -> int:
+    """Prompts per ``generate`` call: all ``n_prompts`` when their logits fit ``budget`` (default
+    LOGITS_BUDGET_BYTES), else the size of equal chunks that do (at least one prompt)."""
+    budget = LOGITS_BUDGET_BYTES if budget is None else budget
     fits = max(1, budget // (max(1, max_new_tokens) * vocab_size * 4))
     chunks = -(-n_prompts // fits)
     return -(-n_prompts // chunks)
