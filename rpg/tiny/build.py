@@ -17,18 +17,16 @@ Everything is seeded; the build is deterministic on a given machine and torch ve
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rpg.common.build_cache import build_once
 from rpg.common.checkout import checkout_root
 from rpg.tiny import task
 
@@ -101,56 +99,19 @@ def build_tiny_assets(cache_root: Path | str | None = None, force: bool = False,
     """Return the tiny assets, building them first if this builder version has not built them yet.
 
     A build prints progress lines on stderr (unless ``quiet``), each starting with the caller's ``prefix``
-    (the GPU smoke run's own): each stage and the warm-up's loss about every 10 % of its steps.
-
-    Concurrent calls (pytest-xdist workers, two launchers started together) are safe: one process
-    builds, under an exclusive lock on ``<cache_root>/.build.lock`` (released by the kernel if it
-    dies), into a temporary directory published by one rename; the others wait for the lock and
-    then find the build complete. Without the lock each would spend a build's minute of CPU, and one
-    finishing late could delete a build another process was already using.
+    (the GPU smoke run's own): each stage and the warm-up's loss about every 10 % of its steps. Concurrent
+    calls are safe, and a build is published only when complete (``rpg.common.build_cache.build_once``).
     """
     cache_root = Path(cache_root) if cache_root is not None else default_cache_root()
     assets = TinyAssets.at(cache_root / builder_key())
-    if assets.complete() and not force:
-        return assets
-    cache_root.mkdir(parents=True, exist_ok=True)
+
     def log(message: str) -> None:
         if not quiet:
             print(f"{prefix} {message}", file=sys.stderr, flush=True)
 
-    with _build_lock(cache_root, log):
-        if assets.complete() and not force:  # built by the process we waited for
-            return assets
-        for stale in cache_root.glob(".build-*"):  # left by a builder that was killed (we hold the lock)
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache_root))
-        log(f"building the tiny model and task once (cached in {assets.root})")
-        try:
-            _build_into(tmp, log)
-            if assets.root.exists():  # an incomplete or forced-out build (no one else builds: the lock)
-                shutil.rmtree(assets.root)
-            os.replace(tmp, assets.root)  # atomic publish
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    build_once(cache_root, assets.root, assets.complete, lambda tmp: _build_into(tmp, log), log,
+               "the tiny model and task", force=force)
     return assets
-
-
-@contextlib.contextmanager
-def _build_lock(cache_root: Path, log):
-    """An exclusive ``flock`` on ``cache_root/.build.lock`` (blocking; one line when it has to wait)."""
-    import fcntl
-
-    with open(cache_root / ".build.lock", "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"waiting for another process that is building the tiny assets ({cache_root / '.build.lock'})")
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,12 +40,11 @@ TRAIN_BATCH_SIZE = 8  # prompts per rollout batch
 MINI_BATCH_SIZE = 2  # prompts per optimizer step: 4 off-policy-weighted updates per rollout batch
 ROLLOUT_N = 8  # responses per prompt (a group)
 
-_DEMO = [  # both demo algorithms: no warm-up, no weight decay, plain reward manager, names
+_DEMO = [  # both demo algorithms: no warm-up, no weight decay, plain reward manager
     "actor_rollout_ref.actor.entropy_coeff=0",
     "actor_rollout_ref.actor.optim.weight_decay=0.0",
     "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
     "reward.reward_manager.name=naive",
-    "trainer.project_name=rpg_tiny",
 ]
 
 TINY_ALGORITHMS: dict[str, tuple[str, list[str]]] = {
@@ -139,35 +138,37 @@ def tiny_task_overrides(
     ]
 
 
-def tiny_algorithm(algo: str, lr: float = 5e-4) -> tuple[str, list[str]]:
-    """(trainer entry, overrides) of a demo algorithm; ValueError names the allowed values."""
+def tiny_algorithm(algo: str, lr: float = 5e-4, model: str = "tiny") -> tuple[str, list[str]]:
+    """(trainer entry, overrides) of a demo algorithm, named for ``model`` (``trainer.project_name=rpg_<model>``,
+    ``experiment_name``); ValueError names the allowed values."""
     if algo not in TINY_ALGORITHMS:
-        raise ValueError(f"tiny demo algo={algo!r} is invalid: expected one of {tuple(TINY_ALGORITHMS)}")
+        raise ValueError(f"{model} demo algo={algo!r} is invalid: expected one of {tuple(TINY_ALGORITHMS)}")
     entry, overrides = TINY_ALGORITHMS[algo]
-    return entry, with_experiment_name([*_DEMO, f"actor_rollout_ref.actor.optim.lr={lr}", *overrides])
+    return entry, with_experiment_name([*_DEMO, f"trainer.project_name=rpg_{model}",
+                                        f"actor_rollout_ref.actor.optim.lr={lr}", *overrides], model=model)
 
 
-def experiment_name(overrides: list[str]) -> str:
-    """The run's name, from what it runs (the final overrides): ``tiny_rpg_<form>_<divergence>`` for the RPG
-    loss (``tiny_rpg_reinforce_ufkl``: the demo's default), ``tiny_<adv_estimator>`` for verl's own loss
-    (``tiny_grpo``), else ``tiny_<loss name>``. It names the checkpoint folder
-    ``checkpoints/rpg_tiny/<name>``: a variant never writes into another variant's folder."""
+def experiment_name(overrides: list[str], model: str = "tiny") -> str:
+    """The run's name, from what it runs (the final overrides) and its ``model``: ``tiny_rpg_<form>_<divergence>``
+    for the RPG loss (``tiny_rpg_reinforce_ufkl``: the demo's default), ``tiny_<adv_estimator>`` for verl's own
+    loss (``tiny_grpo``), else ``tiny_<loss name>`` (``smol_...`` on SmolLM2). It names the checkpoint folder
+    ``checkpoints/rpg_<model>/<name>``: a variant never writes into another variant's folder."""
     v = values(overrides)
     loss = str(v.get("rpg.loss.name", RPGSettings().loss_name))
     if loss == "rpg":
-        return "_".join(["tiny_rpg", *(str(v[k]) for k in ("rpg.loss.form", "rpg.loss.divergence") if k in v)])
+        return "_".join([f"{model}_rpg", *(str(v[k]) for k in ("rpg.loss.form", "rpg.loss.divergence") if k in v)])
     if loss == "verl":
-        return f"tiny_{v.get('algorithm.adv_estimator', 'verl')}"
-    return f"tiny_{loss}"
+        return f"{model}_{v.get('algorithm.adv_estimator', 'verl')}"
+    return f"{model}_{loss}"
 
 
-def with_experiment_name(overrides: list[str], user: list[str] = ()) -> list[str]:
+def with_experiment_name(overrides: list[str], user: list[str] = (), model: str = "tiny") -> list[str]:
     """``overrides`` with ``trainer.experiment_name`` derived from them (``experiment_name``; replacing an
     earlier derived one), unless the ``user``'s overrides set it (a name the user chose wins)."""
     if "trainer.experiment_name" in values(list(user)):
         return list(overrides)
     rest = [o for o in overrides if override_key(o) != "trainer.experiment_name"]  # the others as written
-    return [*rest, f"trainer.experiment_name={experiment_name(overrides)}"]
+    return [*rest, f"trainer.experiment_name={experiment_name(overrides, model)}"]
 
 
 def tiny_overrides(

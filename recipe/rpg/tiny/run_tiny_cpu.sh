@@ -18,7 +18,10 @@ ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 PYTHON="${PYTHON:-python}"
-ARGS=(--algo "${ALGO:-rpg}" --steps "${STEPS:-30}" --test-freq "${TEST_FREQ:-10}")
+ARGS=(--algo "${ALGO:-rpg}")
+if [[ -n "${MODEL:-}" ]]; then ARGS+=(--model "$MODEL"); fi  # tiny (default) or smol: SmolLM2 (docs/smol.md)
+if [[ -n "${STEPS:-}" ]]; then ARGS+=(--steps "$STEPS"); fi  # default 30 (smol 18)
+if [[ -n "${TEST_FREQ:-}" ]]; then ARGS+=(--test-freq "$TEST_FREQ"); fi  # default 10 (smol 6)
 if [[ -n "${ENTRY:-}" ]]; then ARGS+=(--entry "$ENTRY"); fi
 if [[ -n "${OUT:-}" ]]; then ARGS+=(--out "$OUT"); fi
 if [[ -n "${ROLLOUT:-}" ]]; then ARGS+=(--rollout "$ROLLOUT"); fi

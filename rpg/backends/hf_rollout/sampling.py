@@ -63,6 +63,22 @@ class SeededRowSampler(LogitsProcessor):
         return out.scatter_(1, token.unsqueeze(-1), 0.0)
 
 
+# The most raw logits one ``model.generate`` call keeps (prompts x new tokens x vocabulary, float32: transformers
+# holds every step's for the log-probs). A 49k-token vocabulary makes that 38 MB per response of 192 tokens, so a
+# validation of 256 prompts decoded at once would hold 9.7 GB; larger batches are decoded in equal chunks. Each
+# response has its own generator (module docstring), so chunking changes no response.
+LOGITS_BUDGET_BYTES = 2 << 30
+
+
+def chunk_rows(n_prompts: int, max_new_tokens: int, vocab_size: int, budget: int | None = None) -> int:
+    """Prompts per ``generate`` call: all ``n_prompts`` when their logits fit ``budget`` (default
+    LOGITS_BUDGET_BYTES), else the size of equal chunks that do (at least one prompt)."""
+    budget = LOGITS_BUDGET_BYTES if budget is None else budget
+    fits = max(1, budget // (max(1, max_new_tokens) * vocab_size * 4))
+    chunks = -(-n_prompts // fits)
+    return -(-n_prompts // chunks)
+
+
 def _limit(sampling_params: dict[str, Any], default: int) -> int:
     for key in ("max_tokens", "max_new_tokens"):
         if sampling_params.get(key) is not None:
@@ -95,6 +111,12 @@ def generate_batch(
     limits = [max(0, min(max_tokens, max_model_len - len(p))) for p in prompts]
     if max(limits) == 0:
         return [TokenOutput(token_ids=[], log_probs=[], stop_reason="length") for _ in prompts]
+    rows = chunk_rows(len(prompts), max(limits), model.get_output_embeddings().weight.shape[0])
+    if rows < len(prompts):  # LOGITS_BUDGET_BYTES
+        return [out for i in range(0, len(prompts), rows) for out in generate_batch(
+            model, prompts[i : i + rows], temperature, top_p, top_k, max_tokens,
+            None if seeds is None else seeds[i : i + rows], eos_ids=eos_ids, pad_id=pad_id,
+            max_model_len=max_model_len, device=device, global_steps=global_steps)]
     width = max(map(len, prompts))
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -119,10 +141,10 @@ def generate_batch(
         logits_processor=processors,
     )
     new = out.sequences[:, width:]
-    logits = torch.stack(out.logits, dim=1).float()  # raw (unprocessed) logits [B, T, V]
-    if not greedy:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, new[:, : logits.shape[1]].unsqueeze(-1)).squeeze(-1)
+    scale = 1.0 if greedy else temperature
+    # raw (unprocessed) logits [B, V] per step, one step at a time (no [B, T, V] copies)
+    logp = torch.stack([torch.log_softmax(step.float() / scale, dim=-1).gather(-1, new[:, t : t + 1]).squeeze(-1)
+                        for t, step in enumerate(out.logits)], dim=1)
     results = []
     for i in range(len(prompts)):
         toks = new[i].tolist()[: limits[i]]

@@ -1,0 +1,199 @@
+"""SmolLM2-135M-Instruct before any training, on the held-out problems of its arithmetic task (rpg.smol.task):
+accuracy by the paper's reward and how often it answers in the asked format, greedy and at temperature 1.
+
+    python benchmarks/bench_smol_base.py [--problems 256] [--max-new-tokens 192] [--modes greedy,sample]
+        [--threads N] [--json FILE]
+    python benchmarks/bench_smol_base.py --problems 4 --max-new-tokens 16   # smoke (tests/test_smol_e2e.py)
+    python benchmarks/bench_smol_base.py --forward [--budgets 512,1024,2048]   # the log-prob pass's packing
+
+What a validation of the demo's run (``--model smol``) sees: the validation file's prompts through the model's chat
+template as verl applies it (``verl.utils.tokenizer.chat_template.apply_chat_template``), decoded by the HF
+rollout's own ``generate_batch`` (its seeded per-response sampler at temperature 1, as the run's validation; greedy
+as well), the response read back with the special tokens skipped and scored by ``rpg.reward.compute_score``. Per
+mode: accuracy (+1 answers), the answer-line rate (an ``Answer:`` line the paper's rule reads, right or wrong),
+the boxed rate (a ``\\boxed{...}``), the share cut at ``--max-new-tokens``, the mean response length, accuracy per
+kind of problem, and decoding throughput. The figures of record are in docs/smol.md.
+
+``--forward``: what verl's log-prob pass costs for one rollout batch (8 prompts x 4 responses of the task, lengths
+drawn like a run's) by how its micro-batches are formed. verl removes the padding and packs a micro-batch's
+sequences into one row (``use_remove_padding``); on CPU, transformers' sdpa attention then runs over the whole row
+with a block-diagonal mask (its cost per token grows with the row), and the log-softmax and entropy over the 49k
+vocabulary follow. Timed: the whole batch in one row (``log_prob_micro_batch_size_per_gpu`` = the batch), rows of
+at most B tokens (``use_dynamic_bsz``, ``log_prob_max_token_len_per_gpu=B``), one row per sequence, and the padded
+batch (no packing) as the model's own forward; each as forward + log-prob + entropy, no gradient.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+BOXED = re.compile(r"\\boxed\{[^{}]*\}")
+MODES = {"greedy": 0.0, "sample": 1.0}
+
+
+def prompt_ids(tok, row) -> list[int]:
+    """The prompt's token ids as verl renders them (its chat-template helper, a generation prompt added)."""
+    from verl.utils.tokenizer.chat_template import apply_chat_template
+
+    ids = apply_chat_template(tok, list(row["prompt"]), tokenize=True, add_generation_prompt=True)
+    if hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def evaluate(model, tok, rows, kinds, temperature: float, max_new_tokens: int, seed: int = 0) -> dict:
+    import torch
+
+    from rpg.backends.hf_rollout.sampling import generate_batch, row_seed
+    from rpg.reward import compute_score
+
+    prompts = [prompt_ids(tok, r) for r in rows]
+    eos = {int(tok.eos_token_id)}
+    seeds = None if temperature <= 0 else [row_seed(seed, i) for i in range(len(prompts))]
+    t0 = time.time()
+    outs = generate_batch(model, prompts, temperature, 1.0, -1, max_new_tokens, seeds, eos_ids=eos,
+                          pad_id=int(tok.pad_token_id), max_model_len=max(map(len, prompts)) + max_new_tokens,
+                          device=torch.device("cpu"), global_steps=None)
+    wall = time.time() - t0
+    acc, answer_line, boxed, cut, lengths, by_kind, texts = 0, 0, 0, 0, [], defaultdict(list), []
+    for row, kind, out in zip(rows, kinds, outs):
+        text = tok.decode(out.token_ids, skip_special_tokens=True)
+        score = compute_score(row["data_source"], text, row["reward_model"]["ground_truth"])
+        acc += score["acc"]
+        answer_line += score["pred"] != "[INVALID]"
+        boxed += bool(BOXED.search(text))
+        cut += out.stop_reason == "length"
+        lengths.append(len(out.token_ids))
+        by_kind[kind].append(score["acc"])
+        texts.append(text)
+    n = len(rows)
+    return {"temperature": temperature, "problems": n, "accuracy": acc / n, "answer_line_rate": answer_line / n,
+            "boxed_rate": boxed / n, "cut_at_limit": cut / n, "mean_response_tokens": sum(lengths) / n,
+            "accuracy_by_kind": {k: sum(v) / len(v) for k, v in sorted(by_kind.items())},
+            "decode_s": round(wall, 1), "tokens_per_s": round(sum(lengths) / wall, 1), "examples": texts[:3]}
+
+
+def forward_costs(model, budgets: list[int], seed: int = 0) -> dict:
+    """Seconds of the log-prob pass over one rollout batch per way of forming micro-batches (module docstring)."""
+    import torch
+
+    from rpg.smol.overrides import MAX_RESPONSE_LENGTH, ROLLOUT_N, TRAIN_BATCH_SIZE
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    n = TRAIN_BATCH_SIZE * ROLLOUT_N  # prompts of about 100 tokens (the task: 98-114), responses of 40 to the limit
+    lengths = [100 + int(x) for x in torch.randint(40, MAX_RESPONSE_LENGTH + 1, (n,), generator=g)]
+    seqs = [torch.randint(3, vocab, (length,), generator=g) for length in lengths]
+
+    def log_probs_and_entropy(logits, ids):
+        logp = torch.log_softmax(logits.float(), -1)
+        return logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+    def packed(group):  # one row, positions restarting per sequence (verl's remove-padding input)
+        ids = torch.cat(group).unsqueeze(0)
+        pos = torch.cat([torch.arange(len(s)) for s in group]).unsqueeze(0)
+        return log_probs_and_entropy(model(input_ids=ids, position_ids=pos).logits[0], ids[0])
+
+    def padded(group):
+        width = max(map(len, group))
+        ids = torch.zeros(len(group), width, dtype=torch.long)
+        mask = torch.zeros(len(group), width, dtype=torch.long)
+        for i, s in enumerate(group):
+            ids[i, : len(s)], mask[i, : len(s)] = s, 1
+        return log_probs_and_entropy(model(input_ids=ids, attention_mask=mask).logits, ids)
+
+    def by_tokens(cap):
+        out, cur, total = [], [], 0
+        for s in seqs:
+            if cur and total + len(s) > cap:
+                out.append(cur)
+                cur, total = [], 0
+            cur.append(s)
+            total += len(s)
+        return out + [cur]
+
+    arms = [("one row (the whole batch)", packed, [seqs]),
+            *[(f"rows of <= {b} tokens", packed, by_tokens(b)) for b in budgets],
+            ("one row per sequence", packed, [[s] for s in seqs]),
+            ("padded batch (no packing)", padded, [seqs])]
+    out = {"sequences": n, "tokens": sum(lengths)}
+    with torch.no_grad():
+        for name, fn, groups in arms:
+            t0 = time.time()
+            for group in groups:
+                fn(group)
+            out[name] = round(time.time() - t0, 2)
+            print(f"{name:28s} {out[name]:6.1f}s  ({len(groups)} forwards)", flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--problems", type=int, default=256, help="held-out problems (default 256: the validation file)")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="response limit (default: the demo's data.max_response_length)")
+    ap.add_argument("--modes", default="greedy,sample", help="greedy and/or sample (temperature 1)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--forward", action="store_true", help="time the log-prob pass's packings instead")
+    ap.add_argument("--budgets", default="512,1024,2048", help="token budgets per row for --forward")
+    args = ap.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        ap.error(f"--modes {args.modes!r}: expected greedy and/or sample")
+
+    import pandas as pd
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rpg.smol import build_smol_assets, task
+    from rpg.smol.overrides import MAX_RESPONSE_LENGTH
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    max_new = args.max_new_tokens or MAX_RESPONSE_LENGTH
+    assets = build_smol_assets()
+    rows = pd.read_parquet(assets.val_file).to_dict("records")
+    if not 1 <= args.problems <= len(rows):
+        ap.error(f"--problems {args.problems}: expected 1..{len(rows)} (the validation file's problems)")
+    rows = rows[: args.problems]
+    _, val = task.split()
+    kinds = [val[int(r["extra_info"]["source_index"])].kind for r in rows]
+    tok = AutoTokenizer.from_pretrained(assets.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(assets.model_dir, dtype=torch.float32).eval()
+    if args.forward:
+        budgets = [int(b) for b in args.budgets.split(",") if b]
+        print(f"the log-prob pass over one rollout batch, {torch.get_num_threads()} torch threads", flush=True)
+        figures = forward_costs(model, budgets)
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        return 0
+    print(f"SmolLM2-135M-Instruct, {len(rows)} held-out problems, responses up to {max_new} tokens, "
+          f"{torch.get_num_threads()} torch threads", flush=True)
+    results = {}
+    for mode in modes:
+        r = results[mode] = evaluate(model, tok, rows, kinds, MODES[mode], max_new)
+        print(f"{mode:6s} (T={r['temperature']:g}): accuracy {r['accuracy']:.3f}  answer line "
+              f"{r['answer_line_rate']:.3f}"
+              f"  boxed {r['boxed_rate']:.3f}  cut at {max_new} tokens {r['cut_at_limit']:.3f}  mean length "
+              f"{r['mean_response_tokens']:.0f} tokens  decoding {r['decode_s']:.0f}s ({r['tokens_per_s']:.0f} "
+              f"tokens/s)", flush=True)
+        print("        by kind: " + "  ".join(f"{k} {v:.2f}" for k, v in r["accuracy_by_kind"].items()), flush=True)
+        print(f"        first response: {r['examples'][0][-300:]!r}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"max_new_tokens": max_new, **results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

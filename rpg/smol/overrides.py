@@ -1,0 +1,58 @@
+"""Hydra overrides of a CPU run on SmolLM2-135M-Instruct and its arithmetic task (the demo's ``--model smol``).
+
+The tiny task's settings (``rpg.tiny.overrides.tiny_task_overrides``: data files, model, schedule, sampling at
+temperature 1 in training and validation, one pass of several mini-batches per rollout batch) with this model's
+sizes: rollout batches of ``TRAIN_BATCH_SIZE`` prompts x ``ROLLOUT_N`` responses, mini-batches of
+``MINI_BATCH_SIZE`` prompts (``TRAIN_BATCH_SIZE / MINI_BATCH_SIZE`` optimizer steps per rollout batch: the
+off-policy regime), one response per validation prompt, and the paper's micro-batching by token budget
+(``use_dynamic_bsz``; ``TOKEN_BUDGET`` below says why its value).
+"""
+
+from __future__ import annotations
+
+from rpg.common.override_lists import merge_overrides
+from rpg.tiny.overrides import check_world_size as _check_world_size
+from rpg.tiny.overrides import tiny_task_overrides
+
+TRAIN_BATCH_SIZE = 8  # prompts per rollout batch
+MINI_BATCH_SIZE = 2  # prompts per optimizer step: 4 updates per rollout batch
+ROLLOUT_N = 4  # responses per prompt (a group)
+VAL_N = 1  # responses per validation prompt
+MAX_PROMPT_LENGTH = 128  # the task's longest prompt with the chat template is 114 tokens (tested)
+MAX_RESPONSE_LENGTH = 192
+# Tokens per micro-batch of the log-prob passes and the update. verl packs a micro-batch's sequences into one
+# row (use_remove_padding); on CPU transformers' sdpa attention then runs over the whole row with a
+# block-diagonal mask, so its cost per token grows with the row's length (about 69k x row length FLOPs per token
+# for this model, against 270M for its matrix products: +26 % at 1024 tokens, +200 % for a step's 32 sequences of
+# 250 tokens in one row), while the matrix products want rows of hundreds of tokens. benchmarks/bench_smol_base.py
+# --forward times the alternatives.
+TOKEN_BUDGET = 1024
+LR = 1e-5
+STEPS = 18
+TEST_FREQ = 6
+
+
+def check_world_size(world_size: int) -> None:
+    """ValueError (one line) unless ``world_size`` ranks split a mini-batch evenly."""
+    _check_world_size(world_size, MINI_BATCH_SIZE, ROLLOUT_N)
+
+
+def smol_task_overrides(assets, steps: int = STEPS, test_freq: int = TEST_FREQ, world_size: int = 1,
+                        trainer_mode: str | None = None, max_response_length: int = MAX_RESPONSE_LENGTH,
+                        train_batch_size: int = TRAIN_BATCH_SIZE) -> list[str]:
+    """Model, data, sizes, sampling and schedule of the SmolLM2 task (no algorithm settings); ``assets`` a
+    ``rpg.smol.build.SmolAssets``."""
+    base = tiny_task_overrides(assets, steps, test_freq, train_batch_size, ROLLOUT_N, VAL_N, MINI_BATCH_SIZE,
+                               world_size, trainer_mode)
+    budget = max(TOKEN_BUDGET, MAX_PROMPT_LENGTH + max_response_length)  # a micro-batch holds any one sequence
+    a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    return merge_overrides(base, [
+        f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
+        f"data.max_response_length={max_response_length}",
+        f"{a}.use_dynamic_bsz=True",
+        f"{a}.ppo_max_token_len_per_gpu={budget}",
+        f"{r}.log_prob_use_dynamic_bsz=True",
+        f"{r}.log_prob_max_token_len_per_gpu={budget}",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+        f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={budget}",
+    ])
