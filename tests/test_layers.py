@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("typed configuration (torch-free: the rpg: block, RPGLossConfig and its RULES)", ("rpg.config",)),
     ("math", ("rpg.divergences", "rpg.behavior", "rpg.loss_terms", "rpg.losses", "rpg.advantage", "rpg.paper_losses")),
     ("shared pieces (overrides, run environment, signals, metrics history)", ("rpg.common",)),
-    ("leaves: reward, data, the tiny task", ("rpg.reward", "rpg.data", "rpg.tiny")),
+    ("leaves: reward, data, the tiny task and SmolLM2's", ("rpg.reward", "rpg.data", "rpg.tiny", "rpg.smol")),
     ("backends", ("rpg.backends", "rpg.backends.hf_rollout", "rpg.backends.cpu", "rpg.backends.gpu",
                   "rpg.backends.registry")),
     ("verl glue and the driver", ("rpg.verl",)),
