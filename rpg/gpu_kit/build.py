@@ -304,6 +304,7 @@ def write_carry(wheels: dict[str, Path], versions: dict[str, str], out: Path, ma
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if out.exists():
             shutil.rmtree(out)
+        stage.chmod(0o755)  # mkdtemp's folder is private; the carry is an ordinary folder
         stage.rename(out)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
