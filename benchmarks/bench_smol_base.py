@@ -143,6 +143,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=None,
                     help="response limit (default: the demo's data.max_response_length)")
     ap.add_argument("--modes", default="greedy,sample", help="greedy and/or sample (temperature 1)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="the sample mode's temperature (default 1, as "
+                    "the run's validation)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--forward", action="store_true", help="time the log-prob pass's packings instead")
@@ -182,7 +184,7 @@ def main(argv=None) -> int:
           f"{torch.get_num_threads()} torch threads", flush=True)
     results = {}
     for mode in modes:
-        r = results[mode] = evaluate(model, tok, rows, kinds, MODES[mode], max_new)
+        r = results[mode] = evaluate(model, tok, rows, kinds, args.temperature if mode == "sample" else 0.0, max_new)
         print(f"{mode:6s} (T={r['temperature']:g}): accuracy {r['accuracy']:.3f}  answer line "
               f"{r['answer_line_rate']:.3f}"
               f"  boxed {r['boxed_rate']:.3f}  cut at {max_new} tokens {r['cut_at_limit']:.3f}  mean length "
