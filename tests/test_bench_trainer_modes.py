@@ -20,7 +20,7 @@ def test_the_checks_find_a_wrong_sync_and_an_on_policy_step():
     log, metrics = _log(2)
     assert bench.sync_problems(log, metrics, 2) == []
     assert bench.sync_problems(*_log(2, drop=("standalone", 0)), 2) == [
-        "sync at global_steps=0: no weight load of standalone replica 0 in the log"]
+        "sync at global_steps=0: no weight load of standalone replica 1 in the log"]
     ok = {s: {bench.STALENESS: 1.0, bench.BEHAVIOR_KL: 1e-3} for s in (1, 2)}
     assert bench.off_policy_problems(ok, 2) == []
     assert bench.off_policy_problems({**ok, 2: {bench.STALENESS: 1.0, bench.BEHAVIOR_KL: 0.0}}, 2) == [

@@ -69,14 +69,15 @@ def _digests(n: int) -> list[str]:
 
 def _log(steps: int, drop: tuple[str, int] | None = None) -> tuple[str, dict]:
     """A separate_async run's lines: a sync at the start and after each step, each loaded by the standalone
-    replica; the hybrid server loads at the start and at step 2 (validation) too. ``drop``: (pool, step) left out."""
-    lines, version = [], {"hybrid": 0, "standalone": 0}
+    replica (verl numbers it after the hybrid one: 1); the hybrid server loads at the start and at step 2
+    (validation) too. ``drop``: (pool, step) left out."""
+    lines, version, rank = [], {"hybrid": 0, "standalone": 0}, {"hybrid": 0, "standalone": 1}
     for g, d in enumerate(_digests(steps + 1)):
         lines.append(SENT.format(g, d))
         for pool in ("hybrid", "standalone") if g in (0, 2) else ("standalone",):
             version[pool] += 1
             if drop != (pool, g):
-                lines.append(LOADED.format(version[pool], g, pool, 0, d))
+                lines.append(LOADED.format(version[pool], g, pool, rank[pool], d))
     metrics = {g: {CHECKSUM_METRIC: digest_metric(d)} for g, d in enumerate(_digests(steps + 1)) if g}
     return "\n".join(lines), metrics
 
@@ -86,21 +87,25 @@ def test_the_check_passes_a_whole_log_and_needs_the_standalone_load_at_every_syn
     assert sync_problems(log, metrics, 3, replicas=1) == []
     for step in (0, 2):  # the hybrid server loaded the same weights then: it does not stand in for the standalone one
         assert sync_problems(*_log(3, drop=("standalone", step)), 3, replicas=1) == [
-            f"sync at global_steps={step}: no weight load of standalone replica 0 in the log"]
+            f"sync at global_steps={step}: no weight load of standalone replica 1 in the log"]
         assert sync_problems(*_log(3, drop=("hybrid", step)), 3, replicas=1) == []
     assert sync_problems(log, metrics, 3, replicas=2) == [
-        f"sync at global_steps={g}: no weight load of standalone replica 1 in the log" for g in range(4)]
+        "weight loads of standalone replica(s) [1] in the log, expected 2 replica(s)"]
+    two = log + "\n" + "\n".join(LOADED.format(9, g, "standalone", 2, d) for g, d in enumerate(_digests(4)) if g != 3)
+    assert sync_problems(two, metrics, 3, replicas=2) == [
+        "sync at global_steps=3: no weight load of standalone replica 2 in the log"]
+    no_standalone = "\n".join(x for x in log.splitlines() if "pool=standalone" not in x)
+    assert sync_problems(no_standalone, metrics, 3, replicas=1)[0] == \
+        "weight loads of standalone replica(s) [] in the log, expected 1 replica(s)"
 
 
 def test_the_check_names_a_wrong_digest_a_missing_sync_and_a_wrong_metric():
     log, metrics = _log(2)
     d1, wrong = _digests(3)[1], "f" * 64
-    bad = log.replace(f"pool=standalone, replica=0, received_digest={d1}", f"pool=standalone, replica=0, "
+    bad = log.replace(f"pool=standalone, replica=1, received_digest={d1}", f"pool=standalone, replica=1, "
                                                                            f"received_digest={wrong}")
     assert sync_problems(bad, metrics, 2, replicas=1) == [
-        f"sync at global_steps=1: standalone replica 0 loaded digest {wrong[:12]}..., the actor sent {d1[:12]}..."]
+        f"sync at global_steps=1: standalone replica 1 loaded digest {wrong[:12]}..., the actor sent {d1[:12]}..."]
     assert sync_problems(log, metrics, 3, replicas=1) == ["weight syncs sent at global_steps [0, 1, 2], expected 0..3"]
     assert sync_problems(log, {**metrics, 2: {CHECKSUM_METRIC: 2.0}}, 2, replicas=1) == [
         f"step 2: {CHECKSUM_METRIC}=2.0 != {digest_metric(_digests(3)[2])!r}, the sent digest's"]
-    assert sync_problems(log.replace("replica=0", "replica=1"), metrics, 2, replicas=1)[-1] == \
-        "weight loads of standalone replica(s) [1], expected replicas 0..0"

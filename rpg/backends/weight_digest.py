@@ -65,28 +65,30 @@ def loaded_digests(log: str) -> list[tuple[str, str, int, str]]:
 
 def sync_problems(log: str, metrics: dict, steps: int, replicas: int) -> list[str]:
     """What is wrong with the weight syncs of a ``separate_async`` run of ``steps`` steps whose standalone rollout
-    pool has ``replicas`` replicas (one line each): one sync sent at the start and one after each step; at each,
-    every standalone replica printed a load of exactly the digest sent (the hybrid servers' loads, at the start
-    and at validation steps, do not count for it); each step's ``CHECKSUM_METRIC`` is the sent digest's
+    pool has ``replicas`` replicas (one line each): one sync sent at the start and one after each step; the
+    standalone replicas' lines name ``replicas`` replicas (verl numbers them after the hybrid ones), and at each
+    sync every one of them printed a load of exactly the digest sent (the hybrid servers' loads, at the start and
+    at validation steps, do not count for it); each step's ``CHECKSUM_METRIC`` is the sent digest's
     ``digest_metric``. ``metrics``: step -> that step's metrics."""
     sent = sent_digests(log)
     loads: dict[tuple[str, int], list[str]] = {}
     for g, pool, replica, d in loaded_digests(log):
         if pool == "standalone":
             loads.setdefault((g, replica), []).append(d)
+    named = sorted({r for _, r in loads})
     out = []
     if [g for g, _ in sent] != list(range(steps + 1)):
         out.append(f"weight syncs sent at global_steps {[g for g, _ in sent]}, expected 0..{steps}")
+    if len(named) != replicas:
+        out.append(f"weight loads of standalone replica(s) {named} in the log, expected {replicas} replica(s)")
     for g, d in sent:
-        for r in range(replicas):
+        for r in named:
             got = loads.get((str(g), r))
             if not got:
                 out.append(f"sync at global_steps={g}: no weight load of standalone replica {r} in the log")
             elif any(x != d for x in got):
                 out.append(f"sync at global_steps={g}: standalone replica {r} loaded digest "
                            f"{', '.join(x[:12] for x in got)}..., the actor sent {d[:12]}...")
-    if extra := sorted({r for _, r in loads if r >= replicas}):
-        out.append(f"weight loads of standalone replica(s) {extra}, expected replicas 0..{replicas - 1}")
     out += [f"step {g}: {CHECKSUM_METRIC}={metrics.get(g, {}).get(CHECKSUM_METRIC)} != {digest_metric(d)!r}, the "
             "sent digest's" for g, d in sent if g >= 1 and metrics.get(g, {}).get(CHECKSUM_METRIC) != digest_metric(d)]
     return out
