@@ -5,8 +5,23 @@ standard library and pip only (docs/gpu-smoke.md, "The GPU kit").
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 CARRY_DIR = ".gpu_kit"  # the carry, relative to the checkout (ignored by git; the device call carries it)
 SITE_DIR = ".gpu_kit_site"  # where the run installs the carry (ignored; kept on a node between calls)
 MANIFEST = "manifest.json"
 CARRY_FILE = "wheels.tar.xz"
 DEFAULT_BUDGET_S = 450  # a device call's command: budget + 30 s; with the machine's start, a rerun still fits 15 min
+
+
+def report(result: dict, path: Path | None, program: str) -> int:
+    """A check's result as JSON (on stdout, and in ``path`` when given), each problem one line on stderr; exit 1 when
+    there is any."""
+    if path:
+        path.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    for line in result["problems"]:
+        print(f"{program}: {line}", file=sys.stderr)
+    return 1 if result["problems"] else 0

@@ -16,12 +16,13 @@ step (every ratio is 1 there, nothing is clipped) or parameters the steps left u
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from rpg.gpu_kit import report
 
 
 def qwen2_config(layers: int, hidden: int, vocab: int):
@@ -148,13 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--{name} must be >= 1")
     if args.hidden % 64:
         ap.error(f"--hidden must be a multiple of 64 (head size 64), got {args.hidden}")
-    result = run(args)
-    if args.result:
-        args.result.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
-    for line in result["problems"]:
-        print(f"rpg.gpu_kit.model_step: {line}", file=sys.stderr)
-    return 1 if result["problems"] else 0
+    return report(run(args), args.result, "rpg.gpu_kit.model_step")
 
 
 if __name__ == "__main__":

@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata as md
-import json
 import platform
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from rpg.gpu_kit import report
 
 # distribution -> module a run imports (None: reported, not required)
 PACKAGES = {
@@ -97,13 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--result", type=Path, default=None, help="write the result as JSON here")
     args = ap.parse_args(argv)
-    result = probe()
-    if args.result:
-        args.result.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
-    for line in result["problems"]:
-        print(f"rpg.gpu_kit.probe: {line}", file=sys.stderr)
-    return 1 if result["problems"] else 0
+    return report(probe(), args.result, "rpg.gpu_kit.probe")
 
 
 if __name__ == "__main__":
