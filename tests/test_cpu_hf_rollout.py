@@ -210,7 +210,8 @@ def test_a_keyed_sample_is_the_same_on_every_replica_and_at_any_arrival_order(se
     from verl.workers.config import HFModelConfig, RolloutConfig
 
     other = HFRolloutServer(RolloutConfig(name="hf", prompt_length=64, response_length=8, tensor_model_parallel_size=1),
-                            HFModelConfig(path=str(server.model_config.local_path)), replica_rank=1)
+                            HFModelConfig(path=str(server.model_config.local_path)), replica_rank=1,
+                            pool="standalone")
     requests = [(p, (3, row, s)) for row, p in enumerate(prompts) for s in range(3)]
     first = _keyed(server, requests, temperature=1.0)
     order = list(reversed(range(len(requests))))
@@ -258,7 +259,7 @@ def test_full_determinism_decodes_each_sequence_alone(tiny_assets, prompts):
 
     rc = RolloutConfig(name="hf", prompt_length=64, response_length=8, tensor_model_parallel_size=1,
                        full_determinism=True)
-    strict = HFRolloutServer(rc, HFModelConfig(path=str(tiny_assets.model_dir)))
+    strict = HFRolloutServer(rc, HFModelConfig(path=str(tiny_assets.model_dir)), replica_rank=0, pool="hybrid")
     assert strict.one_per_decode
     requests = [(p, (1, row, s)) for row, p in enumerate(prompts) for s in range(2)]
 
