@@ -63,6 +63,8 @@ STAGES = {
     "bench": ("--bench", "a minimal smoke run of every benchmark under benchmarks/ (benchmarks/README.md)"),
     "resume_e2e": ("--resume-e2e", "verl's trainer stopped and resumed on CPU: a closed terminal, a periodic "
                                    "reference's run resumed (slow trainer launches)"),
+    "repro": ("--repro", "the tiny demo twice in sync mode with the same seed: the same metrics at every step "
+                         "(two trainer launches)"),
 }
 VLLM_CPU_MARK = "vllm_cpu"
 
