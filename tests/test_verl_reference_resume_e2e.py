@@ -15,9 +15,8 @@ The reference of step 4 is the step-2 copy in both runs (the step-4 reset happen
 step), so its outputs must be identical: compared through ``rpg/ref_probe_nll`` (mean NLL of a
 fixed probe sequence under the reference, float64 from float32 logits). Exact equality is
 expected: the resumed reference holds bit-identical float32 shards and runs the same forward on the
-same machine with the same thread count. (Only quantities of the restored state are compared: the
-HF rollout samples reproducibly per sequence, but verl's replay buffer orders a batch by completion,
-so the weights after a resumed update need not match bit for bit.)
+same machine with the same thread count. (Only quantities of the restored state are compared, not the
+weights after a resumed update.)
 """
 
 from __future__ import annotations
@@ -133,9 +132,8 @@ def test_resumed_reference_outputs_equal_the_uninterrupted_runs(uninterrupted, t
     assert at(resumed, 4, "rpg/ref_actor_logit_diff_post") == 0.0
     # the data order and the actor were restored too: step 4 sees the prompts the uninterrupted run saw,
     # starting from the step-3 weights (the resumed run's first sync == the uninterrupted sync after step 3);
-    # the rollout seeds each sequence by step, so step 4 samples the same responses. The weights after
-    # step 4 are not compared: verl's v1 replay buffer orders a batch by rollout completion, so which
-    # responses share a mini-batch varies from run to run.
+    # the rollout seeds each sequence by its identity, so step 4 samples the same responses. The weights after
+    # step 4 are not compared.
     assert rollout_prompts(tmp_path / "rollouts", 4) == rollout_prompts(ckpt.parent / "rollouts", 4)
     after_step_3 = synced_weights(first)["3"]  # the sync that follows step 3's update
     assert weight_syncs(resumed)[0][1] == pytest.approx(after_step_3, rel=0, abs=1e-6)

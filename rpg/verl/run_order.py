@@ -104,8 +104,8 @@ class LagBook:
         return [old - v for v in versions], [self.at_version[old] - self.at_version[v] for v in versions]
 
 
-def lag_metrics(versions_behind: list[int], updates_behind: list[int]) -> dict[str, float]:
-    """``training/rpg/lag_{versions,updates}_{mean,max}`` over a step's samples (empty list: nothing)."""
+def lag_metrics(versions_behind, updates_behind) -> dict[str, float]:
+    """``training/rpg/lag_{versions,updates}_{mean,max}`` over a step's samples (none: nothing)."""
     if not versions_behind:
         return {}
     out = {}
@@ -120,13 +120,16 @@ class RunOrderMixin:
 
     _lag_book: LagBook | None = None  # set when the first weights are published (on_init_end)
     _uid_step, _uid_count = None, 0  # the step the last prompt was fetched at, prompts fetched at it so far
+    _step_lags: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # this step's samples: versions, updates behind
+    _step_behavior: dict | None = None  # this step's rpg.behavior.STEP_SUMS (a stale sampler only)
 
     def _fetch_one_gen_batch(self):
         """verl's fetch, with uids from the dataloader's order (``prompt_uid``) instead of random ones."""
         batch = super()._fetch_one_gen_batch()
         if self._uid_step != self.global_steps:
             self._uid_step, self._uid_count = self.global_steps, 0
-        batch["uid"] = NonTensorStack(*(prompt_uid(self.global_steps, self._uid_count + i) for i in range(len(batch))))
+        n = self._uid_count
+        batch["uid"] = NonTensorStack(*(prompt_uid(self.global_steps, n + i) for i in range(len(batch))))
         self._uid_count += len(batch)
         return batch
 
@@ -149,7 +152,7 @@ class RunOrderMixin:
         super().on_init_end()
 
     def step(self, metrics: dict, timing_raw: dict):
-        self._step_lags, self._step_behavior = ([], []), None
+        self._step_lags, self._step_behavior = ((), ()), None
         batch = super().step(metrics, timing_raw)
         metrics.update(lag_metrics(*self._step_lags))
         if self._step_behavior is not None:
@@ -163,7 +166,7 @@ class RunOrderMixin:
         batch = super()._compute_old_log_prob(batch, metrics)
         versions = [tag["min_global_steps"] for tag in batch.tags if not tag.get("is_padding", False)]
         behind = self._lag_book.lags(self.global_steps, versions)
-        self._step_lags = (self._step_lags[0] + behind[0], self._step_lags[1] + behind[1])
+        self._step_lags = (self._step_lags[0] + tuple(behind[0]), self._step_lags[1] + tuple(behind[1]))
         if self.trainer_mode != "sync":  # a stale sampler: the driver requires rollout log-probs then
             fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
