@@ -21,8 +21,8 @@ Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is 
   unless the reference equals the saved actor (last reset == this step), the reference shards;
   after verl's save, the reference state of every checkpoint whose actor verl's retention
   (``trainer.max_actor_ckpt_to_keep``) deleted is deleted too; last, the completion marker
-  (``rpg.verl.checkpoints.MARKER``: the files, their sizes and digests, the run's RPG settings) that a
-  resume requires; each rank's files are hashed by that rank (``rpg_checkpoint_digests``), the trainer hashes
+  (``rpg.verl.checkpoints.MARKER``: the files, their sizes and digests, the run's RPG settings, the run's last
+  step) that a resume requires; each rank's files are hashed by that rank (``rpg_checkpoint_digests``), the trainer hashes
   only its own (``data.pt``, the JSON files).
 * ``on_init_end``: schedule-free -> train mode (y) after a resume; reference restored from the
   checkpoint (see docs/verl-integration.md, "Resume"); then verl's rollout weight sync.
