@@ -86,8 +86,9 @@ def test_a_name_given_by_the_user_is_kept_and_a_restated_or_memory_setting_renam
     same = ["rpg.loss.divergence=ufkl", "actor_rollout_ref.actor.optim.lr=1e-6",
             "actor_rollout_ref.rollout.gpu_memory_utilization=0.5", "trainer.total_training_steps=7"]
     assert planned(_env(), same) == (NAME, str(ROOT / "ckpts" / "rpg" / NAME), None)
-    # Hydra merges a mapping into its node: each key of it counts
-    assert planned(_env(), ["rpg.loss={clip:false,beta:1e-4}"])[0] == f"{NAME}+clip=false"
+    # Hydra merges a mapping into its node: each key of it counts (a list in it is no setting of the name)
+    mappings = ["rpg.loss={clip:false,beta:1e-4}", "actor_rollout_ref.actor={checkpoint:{save_contents:[model]}}"]
+    assert planned(_env(), mappings)[0] == f"{NAME}+clip=false"
 
 
 def test_an_edited_shipped_experiment_file_is_shown_and_named(tmp_path):

@@ -345,12 +345,13 @@ def name_changes(v: Variant, overrides: list[str]) -> list[tuple[str, str]]:
             continue
         leaves = [(p.key, p.value, p.value_text)]
         if isinstance(p.value, dict):
-            leaves = [(f"{p.key}.{k}", x, yaml_value(x)) for k, x in _flat(p.value)]
+            leaves = [(f"{p.key}.{k}", x, None) for k, x in _flat(p.value)]
         for key, value, text in leaves:
             if key in named:
                 changed.pop(key, None)  # its place: where it was last set
                 if isinstance(value, bool) != isinstance(named[key], bool) or value != named[key]:
-                    changed[key] = text
+                    changed[key] = text if text is not None else str(value) if isinstance(value, list) \
+                        else yaml_value(value)
     return list(changed.items())
 
 
