@@ -22,7 +22,7 @@ from e2e_recipe import network_address, network_listeners, ray_client, reachable
 from rpg.launch.harness import run_trainer
 from rpg.tiny.overrides import tiny_algorithm, tiny_overrides
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]  # a CI stage: README's suite keeps two trainer runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
