@@ -108,7 +108,8 @@ def test_each_cell_composes_its_lag_and_arm_and_nothing_else(tiny_assets, tmp_pa
                 "actor_rollout_ref.actor.ppo_mini_batch_size": "2", "data.train_batch_size": "16",
                 "actor_rollout_ref.rollout.n": "4", "actor_rollout_ref.rollout.val_kwargs.n": "8",
                 "trainer.total_training_steps": "24", "trainer.test_freq": "4",
-                "trainer.v1.sampler.max_off_policy_strategy": "drop", "data.seed": "1",
+                "trainer.v1.sampler.max_off_policy_strategy": "drop", "algorithm.filter_groups.enable": "false",
+                "data.seed": "1",
                 "actor_rollout_ref.rollout.seed": "1", **lag[cell.lag], **arm[cell.arm]}
         assert {k: this.get(k) for k in same} == same, cell.name
         base = kv["lag1-clip-token" if "-clip-" in cell.name or cell.arm == "bypass" else "lag1-noclip-token"]
@@ -131,6 +132,7 @@ def test_the_new_settings_pass_the_drivers_checks():
         assert (cfg.trainer.v1.separate_async.num_warmup_batches, cfg.trainer.v1.sampler.max_off_policy_threshold,
                 bool(cfg.algorithm.rollout_correction.bypass_mode)) == (cell.lag, cell.lag + 1, cell.arm == "bypass")
         assert s.loss.behavior_weight_level == ("none" if cell.arm == "none" else "token")
+        assert cfg.algorithm.filter_groups.enable is False  # no refill at the current version, none without end
         assert cfg.actor_rollout_ref.actor.policy_loss.rpg_stale_sampler is True
 
 

@@ -212,6 +212,15 @@ def fake(monkeypatch, tiny_assets):
     return trainer
 
 
+def test_a_failed_runs_record_says_why_before_the_logs_last_line():
+    """A run killed at the study's timeout records the timeout, not only the stop line it printed on SIGTERM (which
+    named the resume it cannot make)."""
+    stop = "rpg: stopped by SIGTERM; ...; cannot be resumed: trainer.v1.trainer_mode=separate_async"
+    assert R._failure(f"trainer timed out after 1800 s; log: x\n--- last lines ---\n{stop}") == \
+        f"timed out after 1800 s: {stop}"
+    assert R._failure("trainer stopped by SIGKILL; log: x") == "stopped by SIGKILL"
+
+
 def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_path, capsys):
     specs = G.grid(seeds=2, updates=4, stress=(1, 4), sizes=SMALL, methods=G.METHODS[4:])
     costs = G.BUILTIN_COSTS
@@ -220,7 +229,7 @@ def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_pa
     assert len(fake.calls) == len(specs) == 8
     assert [r["status"] for r in records].count("failed") == 1
     failed = records[1]
-    assert failed["error"] == "ValueError: loss is nan" and failed["last_step"] == 4
+    assert failed["error"] == "exited with code 1: ValueError: loss is nan" and failed["last_step"] == 4
     out = capsys.readouterr().out
     assert "step 2/4  reward -0.500  kl(old,new) 1.0e-03  val acc 0.220" in out and "failed 2/8" in out
     done = records[0]
@@ -479,7 +488,7 @@ def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
     assert rows["RPG-REINFORCE-UFKL, 1 step/batch [2 seeds]"][0] == "**0.3900 ± 0.0707**"
     runs_md = (tmp_path / "report" / "runs.md").read_text()
     assert "python -m rpg.study --x" in runs_md
-    assert "RPG-REINFORCE-UFKL (no clip) k=4 seed 2: failed at step 4: ValueError: loss is nan" in runs_md
+    assert "RPG-REINFORCE-UFKL (no clip) k=4 seed 2: failed at step 4: exited with code 1: ValueError: loss is nan" in runs_md
     row = rf"\| {specs.index(unclipped_k4_seed2) + 1} \| RPG-REINFORCE-UFKL \(no clip\) \| 4 \| 2 \| failed \| \d+s \|"
     assert re.search(row, runs_md), runs_md  # the wall time is the machine's: any whole number of seconds
     assert "7 of 8 runs finished" in runs_md

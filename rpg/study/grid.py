@@ -124,10 +124,14 @@ class RunSpec:
             return WEIGHT_ARMS[self.arm] if self.arm else ()
         # lag L: L batches prefetched, a trajectory trained at most L versions after its dispatch (threshold L + 1)
         warmup, threshold = (1, STALE_VERSIONS) if self.lag is None else (self.lag, self.lag + 1)
+        # The lag study without DAPO's filter (docs/study/lag/DEVIATIONS.md): verl 0.9.1's V1 replay buffer refills a
+        # filtered group at the current version (a lag of 0 inside a lag-1 cell) and, ignoring max_num_gen_batches
+        # (trainer_base.py:205-211), refills without end once every group of a collapsed policy scores alike.
+        no_filter = () if self.lag is None else ("algorithm.filter_groups.enable=false",)
         return (SEPARATE, f"trainer.v1.separate_async.parameter_sync_step={self.staleness}",
                 f"trainer.v1.separate_async.num_warmup_batches={warmup}",
                 f"trainer.v1.sampler.max_off_policy_threshold={threshold}",
-                "trainer.v1.sampler.max_off_policy_strategy=drop", *LAG_ARMS[self.arm])
+                "trainer.v1.sampler.max_off_policy_strategy=drop", *no_filter, *LAG_ARMS[self.arm])
 
     @property
     def run_id(self) -> str:

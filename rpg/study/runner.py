@@ -194,6 +194,16 @@ class RunWatch:
         return max(a.values()) - min(a.values()) if len(a) > 1 else fallback
 
 
+def _failure(message: str) -> str:
+    """Why the trainer failed (the harness's first line: exit code, timeout, signal) and the log's last line:
+    ``exited with code 1: ValueError: loss is nan``; ``timed out after 1800 s: <the stop line>``."""
+    lines = [ln for ln in message.splitlines() if ln.strip()]
+    if not lines:
+        return message[-400:]
+    why = lines[0].split("; log: ")[0].removeprefix("trainer ")
+    return (why if len(lines) == 1 else f"{why}: {lines[-1]}")[:400]
+
+
 def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: bool = False, timeout_s: float = 1800.0,
              jobs: int = 1, stream=None) -> list[dict]:
     """Run every spec that is not finished, ``jobs`` at a time; returns the records of all specs.
@@ -303,9 +313,8 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], ident: list, index: 
             progress.say(f"stopped {index}/{total} {spec.label} k={spec.updates} seed {spec.seed} (no record: it runs "
                          "again next time)")
             return
-        last = [ln for ln in str(err).splitlines() if ln.strip()]
         record.update(status="failed", wall_time_s=round(time.time() - t0, 1),
-                      last_step=err.run.last_step(), error=(last[-1] if last else str(err))[-400:])
+                      last_step=err.run.last_step(), error=_failure(str(err)))
     except MetricsFileError as err:  # its metrics.jsonl cannot be read (one line, file:line first): not usable
         record.update(status="failed", wall_time_s=round(time.time() - t0, 1),
                       last_step=run.last_step() if run is not None else -1, error=str(err)[:400])
