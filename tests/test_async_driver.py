@@ -35,6 +35,7 @@ def test_the_trainer_class_follows_the_mode():
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
     from rpg.verl.block_checks import TRAINER_MODES
+    from rpg.verl.refill_limit import RefillLimitMixin
     from rpg.verl.run_order import RunOrderMixin
     from rpg.verl.trainer import RPG_TRAINERS, RPGTrainerMixin
 
@@ -42,9 +43,9 @@ def test_the_trainer_class_follows_the_mode():
     assert issubclass(RPG_TRAINERS["sync"], PPOTrainerSync)
     cls = RPG_TRAINERS["colocate_async"]
     assert issubclass(cls, PPOTrainerColocateAsync) and not issubclass(cls, PPOTrainerSync)
-    # RPG's hooks (the run order's among them) first, then verl's colocate-async hooks (nothing of the sync trainer
-    # in between)
-    assert cls.__mro__[1:4] == (RPGTrainerMixin, RunOrderMixin, PPOTrainerColocateAsync)
+    # RPG's hooks (the refill limit's and the run order's among them) first, then verl's colocate-async hooks
+    # (nothing of the sync trainer in between)
+    assert cls.__mro__[1:5] == (RPGTrainerMixin, RefillLimitMixin, RunOrderMixin, PPOTrainerColocateAsync)
     for hook in ("on_step_end", "on_sample_end", "on_train_begin", "get_llm_client"):
         assert getattr(cls, hook) is getattr(PPOTrainerColocateAsync, hook), hook
 

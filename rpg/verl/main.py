@@ -47,6 +47,7 @@ from rpg.config import RPGConfigError, RPGSettings
 from rpg.verl.errors import (ELASTIC_EXIT, ELASTIC_GROW_SUFFIX, ELASTIC_JOB_SUFFIX, ELASTIC_STATUS_ENV, NODE_PLAN_ENV,
                              RESUME_COMMAND_ENV)
 from rpg.verl.input_paths import check_input_paths, check_run_names, error_line, resolve_resume
+from rpg.verl.refill_limit import refill_limit_reason
 from rpg.verl.run_banner import describe
 from rpg.verl.block_checks import ASYNC_RESUME_WHY, resume_hint
 from rpg.verl.translate import validate_and_apply
@@ -279,7 +280,8 @@ def main_from_hydra(config: DictConfig) -> None:
     checkpoint, then exit code 2; a stop signal ends the run as ``stop_on_signals`` says. On a Ray cluster
     the driver joined, the cluster's checks run once Ray is up (``rpg.verl.joined_cluster``: nodes and GPUs, the
     checkpoint folder seen from every node; a refusal is the same one line, exit 2), and a node lost mid-run
-    ends the run with the stop line (exit 1) instead of a traceback."""
+    ends the run with the stop line (exit 1) instead of a traceback; so do DAPO's refills beyond
+    ``algorithm.filter_groups.max_num_gen_batches`` (``rpg.verl.refill_limit``: the stop line says why)."""
     from rpg.verl.joined_cluster import ClusterRun, rendezvous_file
 
     cluster = ClusterRun(config)
@@ -304,7 +306,12 @@ def main_from_hydra(config: DictConfig) -> None:
             ray.shutdown()
             print(error_line(e), file=sys.stderr, flush=True)
             sys.exit(2)
-        except Exception as e:  # noqa: BLE001 - re-raised unless a node or a process of the run was lost
+        except Exception as e:  # noqa: BLE001 - re-raised unless the refill limit, or a node or process was lost
+            if (why := refill_limit_reason(e)) is not None:  # the trainer's own stop (rpg.verl.refill_limit)
+                line = run_stopped_line(config, why, list(sys.argv))
+                ray.shutdown()
+                print(line, file=sys.stderr, flush=True)
+                sys.exit(1)
             reason = cluster.lost_reason(e)
             if reason is None:
                 raise

@@ -36,6 +36,8 @@ Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is 
   line when there are any (``rpg.verl.validation``).
 * the hooks of ``rpg.verl.run_order.RunOrderMixin``: a batch in the prompts' fetch order, validation metrics of
   samples in a canonical order, the lag of the samples and the behaviour weights' step statistics.
+* the hooks of ``rpg.verl.refill_limit.RefillLimitMixin``: DAPO's refills of a training batch counted, and the run
+  stopped once they would go beyond ``algorithm.filter_groups.max_num_gen_batches`` generation batches.
 
 Per-step metrics added: ``rpg/ref_reset`` (0/1), ``rpg/ref_resets_total``,
 ``rpg/ref_steps_since_reset``, ``rpg/ref_kl``, ``rpg/ref_kl_ema`` and, with
@@ -69,6 +71,7 @@ from rpg.common.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoint_digests import REFERENCE_DIR, join_reports
 from rpg.verl.checkpoints import recorded_settings, write_marker
 from rpg.config import parse_rpg_settings
+from rpg.verl.refill_limit import RefillLimitMixin
 from rpg.verl.run_order import RunOrderMixin
 from rpg.verl.validation import SamplesPerSource, unscored_by_source, unscored_metrics, unscored_warnings
 from rpg.verl.worker import RPGActorRolloutRefWorker, RPGDetachActorWorker
@@ -139,10 +142,11 @@ class ReferenceSchedule:
         self.resets = int(state["resets"])
 
 
-class RPGTrainerMixin(RunOrderMixin):
+class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin):
     """RPG's schedules and hooks (module docstring), on top of one of verl's v1 trainers (``RPGTrainer``:
-    sync, ``RPGTrainerColocateAsync``: colocate_async), and ``RunOrderMixin``'s (the batch order, the lag and the
-    behaviour weights' step statistics). Placed first in the bases, so each hook's ``super()`` call reaches that
+    sync, ``RPGTrainerColocateAsync``: colocate_async), ``RefillLimitMixin``'s (DAPO's refills of a training batch
+    within ``max_num_gen_batches``) and ``RunOrderMixin``'s (the batch order, the lag and the behaviour weights' step
+    statistics). Placed first in the bases, so each hook's ``super()`` call reaches that
     verl trainer's own hook."""
 
     def __init__(self, config):
