@@ -90,6 +90,10 @@ ON_SYNC = [
      "algorithm.filter_groups.enable=True is invalid: expected False with a colocated reward model"),
     (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_inflight_gen_batches=0"],
      "algorithm.filter_groups.max_inflight_gen_batches=0 is invalid: expected an integer >= 1"),
+    *[(["algorithm.filter_groups.enable=true", f"algorithm.filter_groups.max_num_gen_batches={v}"],
+       f"algorithm.filter_groups.max_num_gen_batches={shown} is invalid: expected an integer >= 0: the generation "
+       "batches of data.train_batch_size prompts DAPO's refills may dispatch per training batch (0: no limit)")
+      for v, shown in (("-1", "-1"), ("2.5", "2.5"), ("true", "True"), ("twenty", "'twenty'"))],
     (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=accuracy"],
      "algorithm.filter_groups.metric='accuracy' is invalid: expected one of reward, score, acc, scorer_failed"),
     (["reward.reward_manager.name=dapo", "reward.reward_kwargs.overlong_buffer_cfg.enable=true",
@@ -181,6 +185,7 @@ def test_each_swept_rule_is_one_line_too(base, overrides, message):
 @pytest.mark.parametrize("base,overrides", [
     (SYNC, [f"{S}.max_off_policy_threshold=null", f"{S}.max_off_policy_strategy=wait", "+data.gen_batch_size=4",
             "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_inflight_gen_batches=2",
+            "algorithm.filter_groups.max_num_gen_batches=20",
             "+trainer.v1.sync.parameter_sync_step=2", f"{R}.checkpoint_engine.backend=nccl"]),
     (SYNC, [*TWO_RANKS, f"{R}.tensor_model_parallel_size=2"]),
     (SEPARATE, [*TWO_RANKS, f"{R}.tensor_model_parallel_size=2", f"{R}.n_gpus_per_node=2"]),
@@ -213,3 +218,20 @@ def test_dry_run_refuses_the_red_teams_typo_in_one_line(tmp_path):
         f"rpg config error: {S}.max_off_policy_strategy='dorp' is invalid: expected one of drop, wait (did you mean "
         "'drop'?)"], p.stderr[-2000:]
     assert "validated config" not in p.stdout
+
+
+@pytest.mark.parametrize("overrides,warned", [
+    (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=0"], True),
+    (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=20"], False),
+    (["algorithm.filter_groups.enable=false", "algorithm.filter_groups.max_num_gen_batches=0"], False),
+], ids=["filter-no-limit", "filter-limit", "no-filter"])
+def test_dapos_filter_without_a_limit_is_one_warning(overrides, warned, capsys):
+    """verl's replay buffer refills DAPO's dropped groups without end; max_num_gen_batches=0 (no limit, the
+    rpg.verl.refill_limit count) is allowed, said in one line before Ray."""
+    prepare(*SYNC, *overrides)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "max_num_gen_batches" in ln]
+    assert lines == ([
+        "rpg: warning: algorithm.filter_groups.max_num_gen_batches=0 with algorithm.filter_groups.enable=True: no "
+        "limit on DAPO's refills, so a step whose groups all score alike (data too hard or too easy for the policy, "
+        "a collapsed policy) samples without end; set algorithm.filter_groups.max_num_gen_batches=<n> to stop the run "
+        "after n generation batches of refills per training batch"] if warned else [])

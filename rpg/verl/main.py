@@ -51,7 +51,7 @@ from rpg.verl.refill_limit import refill_limit_reason
 from rpg.verl.run_banner import describe
 from rpg.verl.block_checks import ASYNC_RESUME_WHY, resume_hint
 from rpg.verl.translate import validate_and_apply
-from rpg.verl.verl_rules import check_verl_config, check_verl_rules, set_norm_scale_factor
+from rpg.verl.verl_rules import check_verl_config, check_verl_rules, set_norm_scale_factor, unbounded_refills
 
 
 # The body of verl 0.9.1's TaskRunnerV1.run that RPGTaskRunner.run repeats (sha256 of its source, first
@@ -154,6 +154,8 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
                                  "trainer.resume_mode=disable or a new trainer.default_local_dir")
         print(f"rpg: {note}", flush=True)  # the resume decision, every run (RESUME_LINE_STARTS)
     check_verl_rules(config)  # verl's numeric and divisibility rules its workers would hit (one line)
+    if (warning := unbounded_refills(config)) is not None:  # DAPO's filter without max_num_gen_batches
+        print(f"rpg: warning: {warning}", file=sys.stderr, flush=True)
     use_critic = need_critic(config)
     for note in set_norm_scale_factor(config, use_critic=use_critic):  # seq-mean-token-sum-norm's constant
         print(f"rpg: {note}", flush=True)

@@ -134,6 +134,11 @@ def check_v1_trainer(cfg) -> None:
             # replay_buffer.py:195-197: sync DAPO's bound on the prompt batches in flight
             if mode == "sync":
                 _positive_int(cfg, f"{FILTER}.max_inflight_gen_batches")
+            # verl ignores it (trainer_base.py:205-211); the RPG trainers honour it (rpg.verl.refill_limit)
+            limit = config_value(cfg, f"{FILTER}.max_num_gen_batches", 0)
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+                _fail(f"{FILTER}.max_num_gen_batches", limit, "an integer >= 0: the generation batches of "
+                      "data.train_batch_size prompts DAPO's refills may dispatch per training batch (0: no limit)")
             check_filter_metric(cfg)
     # trainer_base.py:727-738 sets data.gen_batch_size=1 in the asynchronous modes, with DAPO and with
     # sync_refill_failed_groups; otherwise a step fetches train_batch_size prompts in whole gen_batch_size
@@ -159,6 +164,19 @@ def check_v1_trainer(cfg) -> None:
         k = _positive_int(cfg, f"trainer.v1.{mode}.parameter_sync_step")
         if batch % k:
             _fail(f"trainer.v1.{mode}.parameter_sync_step", k, f"a divisor of data.train_batch_size={batch}")
+
+
+def unbounded_refills(cfg) -> str | None:
+    """The driver's warning (one line) when DAPO's filter runs in verl's replay buffer without a limit on its refills
+    (``algorithm.filter_groups.max_num_gen_batches=0``, ``rpg.verl.refill_limit``); None otherwise."""
+    from rpg.verl.refill_limit import LIMIT_KEY, refill_book
+
+    book = refill_book(cfg)
+    if book is None or book.limit > 0:
+        return None
+    return (f"{LIMIT_KEY}=0 with {FILTER}.enable=True: no limit on DAPO's refills, so a step whose groups all score "
+            f"alike (data too hard or too easy for the policy, a collapsed policy) samples without end; set "
+            f"{LIMIT_KEY}=<n> to stop the run after n generation batches of refills per training batch")
 
 
 # rpg.reward.compute_score's numeric keys (rpg/reward/__init__.py), which verl's reward managers put in each row's
