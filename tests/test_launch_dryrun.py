@@ -50,6 +50,7 @@ def _check_composed(cfg, row) -> None:
     assert (a.optim.optimizer_impl == "schedulefree") == (row["optimizer"] == "schedulefree")
     assert cfg.actor_rollout_ref.model.path == row["model"]
     assert cfg.algorithm.filter_groups.enable == row["filtering"] and cfg.algorithm.filter_groups.metric == "acc"
+    assert cfg.algorithm.filter_groups.max_num_gen_batches == 20  # the authors' scripts (rpg.verl.refill_limit)
     ob = cfg.reward.reward_kwargs.overlong_buffer_cfg
     assert ob.enable == row["overlong"] and ob.len == cfg.data.max_response_length // 4 and ob.penalty_factor == 1.0
     assert cfg.reward.reward_kwargs.max_resp_len == cfg.data.max_response_length
