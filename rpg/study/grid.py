@@ -4,8 +4,7 @@ A method is a paper run name (``rpg.launch.variants``, the one source of every a
 are what ``RPG_BACKEND=cpu`` launches for that name (``rpg.launch.plan.plan_overrides``), then the study's own:
 sizes (prompts, responses, validation samples), the off-policy regime (``updates`` optimizer steps per rollout
 batch), the paper's learning rate times ``LR_SCALE`` (a 0.34M-parameter model does not move at 1e-6; the ratio
-between methods is kept), no warm-up, and the seed (``data.seed`` and the rollout's). Everything else is the paper
-variant's own setting.
+between methods is kept), no warm-up, and the seed (``data.seed`` and the rollout's); the rest is the variant's.
 """
 
 from __future__ import annotations
@@ -124,9 +123,8 @@ class RunSpec:
             return WEIGHT_ARMS[self.arm] if self.arm else ()
         # lag L: L batches prefetched, a trajectory trained at most L versions after its dispatch (threshold L + 1)
         warmup, threshold = (1, STALE_VERSIONS) if self.lag is None else (self.lag, self.lag + 1)
-        # The lag study without DAPO's filter (docs/study/lag/DEVIATIONS.md): verl 0.9.1's V1 replay buffer refills a
-        # filtered group at the current version (a lag of 0 inside a lag-1 cell) and, ignoring max_num_gen_batches
-        # (trainer_base.py:205-211), refills without end once every group of a collapsed policy scores alike.
+        # no DAPO filter in the lag study: its refills sample at the current version, without end on a collapse (why:
+        # docs/study/lag/DEVIATIONS.md)
         no_filter = () if self.lag is None else ("algorithm.filter_groups.enable=false",)
         return (SEPARATE, f"trainer.v1.separate_async.parameter_sync_step={self.staleness}",
                 f"trainer.v1.separate_async.num_warmup_batches={warmup}",
