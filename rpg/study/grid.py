@@ -123,7 +123,7 @@ class RunSpec:
             return WEIGHT_ARMS[self.arm] if self.arm else ()
         # lag L: L batches prefetched, a trajectory trained at most L versions after its dispatch (threshold L + 1)
         warmup, threshold = (1, STALE_VERSIONS) if self.lag is None else (self.lag, self.lag + 1)
-        # no DAPO filter in the lag study (its refills: at the current version; on a collapse, without end; DEVIATIONS.md)
+        # lag study: no DAPO filter (refills at the current version, endless on a collapse: DEVIATIONS.md)
         no_filter = () if self.lag is None else ("algorithm.filter_groups.enable=false",)
         return (SEPARATE, f"trainer.v1.separate_async.parameter_sync_step={self.staleness}",
                 f"trainer.v1.separate_async.num_warmup_batches={warmup}",
