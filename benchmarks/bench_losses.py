@@ -99,7 +99,7 @@ def make_step(variant: dict | None, inputs, compiled: bool = False, glue: bool =
             return glue_loss(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
                              loss_agg_mode="token-mean", config=config)
     else:
-        from rpg.losses import RPGLossConfig, rpg_policy_loss
+        from rpg.math.losses import RPGLossConfig, rpg_policy_loss
 
         cfg = RPGLossConfig(**_lib_kwargs(variant), compile=compiled)
         anchor = ref if variant.get("anchor") == "reference" else None

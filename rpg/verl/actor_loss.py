@@ -11,7 +11,7 @@ model; the KL is inside the RPG loss and verl's own KL term must not be added.
 
 Stale sampler (``policy_loss.rpg_stale_sampler``, set by the driver for ``trainer.v1.trainer_mode=colocate_async`` and ``separate_async``):
 the micro-batch's samples come from the rollout policy mu, whose log-probs it holds as ``rollout_log_probs``.
-``rpg_actor_loss`` computes the behaviour weights b = pi_old/mu per token (``rpg.behavior``; level and
+``rpg_actor_loss`` computes the behaviour weights b = pi_old/mu per token (``rpg.math.behavior``; level and
 truncation from ``rpg.loss.behavior_weight_level``/``_cap``) and hands them to the policy loss for the
 call (``with_behavior_weights``), which multiplies each token's reward and KL terms by them; it adds the
 ``rpg/behavior_*`` metrics (behaviour KL, the weights' mean/max/min). In verl's bypass mode
@@ -33,8 +33,8 @@ from tensordict import TensorDict
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.losses import ppo_loss
 
-from rpg.behavior import behavior_metrics
-from rpg.behavior import behavior_weights as compute_behavior_weights
+from rpg.math.behavior import behavior_metrics
+from rpg.math.behavior import behavior_weights as compute_behavior_weights
 from rpg.verl.policy_loss import with_behavior_weights, with_reference_log_prob
 from rpg.verl.loss_settings import loss_config
 

@@ -63,7 +63,7 @@ _BLOCK = 4 << 20
 ALLOW_CHANGED = next(k.path for k in declared_keys() if k.name == "allow_changed_settings")  # its config key
 # what a checkpoint records of the run besides the rpg: block's recorded keys (rpg.config.recorded_keys):
 # verl's keys that change the estimator: the advantage, verl's loss keys (rpg.loss.name=verl variants), the
-# trainer mode (colocate_async weights each token by pi_old/mu, sync does not: rpg.behavior), the
+# trainer mode (colocate_async weights each token by pi_old/mu, sync does not: rpg.math.behavior), the
 # advantage's normalisation, a KL penalty in the reward, verl's rollout correction (its IS/RS weights)
 VERL_RUN_KEYS = ("algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode",
                  "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.kl_loss_type",

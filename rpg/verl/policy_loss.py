@@ -4,7 +4,7 @@ Registered as verl loss modes ``rpg`` and ``grpo_corrected`` (``rpg.verl.registe
 verl's own ``ppo_loss`` (``verl.workers.utils.losses``), which hands over the padded micro-batch
 tensors by keyword. It is the single place where verl meets the loss library:
 
-* ``rpg``: the per-token matrix of ``rpg.losses.rpg_policy_loss(..., aggregate=False)``
+* ``rpg``: the per-token matrix of ``rpg.math.losses.rpg_policy_loss(..., aggregate=False)``
   (RPG-{F,R,UF,UR}KL, fully differentiable or REINFORCE-style, with or without RPG-Style Clip;
   docs/math.md), aggregated with verl's ``agg_loss(..., **config.global_batch_info)`` so that the
   summed micro-batch losses equal the global mini-batch loss (verl's normalisation contract).
@@ -21,7 +21,7 @@ for the duration of verl's call, and the exact three-policy weights are used
 
 Weights: ``rollout_is_weights`` (verl's rollout correction, pi_old/pi_rollout) multiply the per-token
 loss as in verl's vanilla loss. With a stale sampler the RPG actor loss hands over its own behaviour
-weights b = pi_old/mu instead (``with_behavior_weights``, ``rpg.behavior``), computed from the micro-batch's
+weights b = pi_old/mu instead (``with_behavior_weights``, ``rpg.math.behavior``), computed from the micro-batch's
 ``rollout_log_probs``; both at once is an error (a weight applied twice). Either multiplies the whole
 per-token loss, reward and KL term alike, and the loss's metrics become b-weighted means, i.e. estimates under
 pi_old, the distribution they describe (self-normalised over the micro-batch here; the RPG actor loss turns them
@@ -38,8 +38,8 @@ import torch
 
 from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla
 
-from rpg.losses import grpo_corrected_kl, value_clamp
-from rpg.losses import rpg_policy_loss as library_loss
+from rpg.math.losses import grpo_corrected_kl, value_clamp
+from rpg.math.losses import rpg_policy_loss as library_loss
 from rpg.config import RPG_LOSSES
 from rpg.verl.loss_settings import loss_config
 

@@ -8,7 +8,7 @@ imports verl: the driver, the TaskRunner (advantage estimators run there) and ev
   -> ``rpg.verl.policy_loss.rpg_policy_loss`` (called by verl's ``ppo_loss``; settings from
   ``RPGPolicyLossConfig``).
 * advantage estimators (``algorithm.adv_estimator``): ``rpg`` (R - group mean, no std; singleton
-  group -> R) and ``rpg_batchmean`` (R - batch mean), via ``rpg.advantage.outcome_advantage``.
+  group -> R) and ``rpg_batchmean`` (R - batch mean), via ``rpg.math.advantage.outcome_advantage``.
 
 It imports torch, verl's ``core_algos`` and the loss library only, never verl's trainer/worker stack.
 """
@@ -24,7 +24,7 @@ from rpg.config import RPG_LOSSES
 
 
 def _outcome(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, mode: str):
-    from rpg.advantage import outcome_advantage
+    from rpg.math.advantage import outcome_advantage
 
     if mode == "group" and index is None:
         raise ValueError("algorithm.adv_estimator=rpg needs the prompt uid index (group baseline)")

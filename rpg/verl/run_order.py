@@ -18,7 +18,7 @@
 Per-step metrics of the mixin: ``training/rpg/lag_{versions,updates}_{mean,max}`` (mean and max over the step's
 samples: the mean over its equal-sized mini-batches of their mean lag, and the largest lag any mini-batch had; 0
 in sync) and, with a stale sampler, ``actor/rpg/behavior_ess`` and ``actor/rpg/behavior_log_w_m2`` over all the
-step's response tokens (``rpg.behavior.behavior_step_metrics``).
+step's response tokens (``rpg.math.behavior.behavior_step_metrics``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import re
 import transfer_queue as tq
 from tensordict import NonTensorStack
 
-from rpg.behavior import add_step_sums, behavior_step_metrics, behavior_step_sums
+from rpg.math.behavior import add_step_sums, behavior_step_metrics, behavior_step_sums
 
 PROMPT_UID = re.compile(r"p(\d+)-(\d+)")
 
@@ -121,7 +121,7 @@ class RunOrderMixin:
     _lag_book: LagBook | None = None  # set when the first weights are published (on_init_end)
     _uid_step, _uid_count = None, 0  # the step the last prompt was fetched at, prompts fetched at it so far
     _step_lags: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # this step's samples: versions, updates behind
-    _step_behavior: dict | None = None  # this step's rpg.behavior.STEP_SUMS (a stale sampler only)
+    _step_behavior: dict | None = None  # this step's rpg.math.behavior.STEP_SUMS (a stale sampler only)
 
     def _fetch_one_gen_batch(self):
         """verl's fetch, with uids from the dataloader's order (``prompt_uid``) instead of random ones."""

@@ -64,7 +64,7 @@ from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
-from rpg.behavior import behavior_weights
+from rpg.math.behavior import behavior_weights
 from rpg.common.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoint_digests import REFERENCE_DIR, join_reports
 from rpg.verl.checkpoints import recorded_settings, write_marker

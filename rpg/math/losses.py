@@ -15,7 +15,7 @@ torch-free in ``rpg.config.loss`` and re-exported here. ``ref_log_prob=None`` ma
 policy (the paper's iterative reference); a given ``ref_log_prob`` uses the exact three-policy
 weights (docs/math.md#three-policies), so a fixed or periodically reset reference stays gradient-correct.
 
-Per-token losses (w = pi_theta/pi_old, A = advantage, C_D and kappa_D from ``rpg.divergences``):
+Per-token losses (w = pi_theta/pi_old, A = advantage, C_D and kappa_D from ``rpg.math.divergences``):
 
 * form="reinforce", clip=False (Table 2 / App. F):   loss_t = -SG(w*A + C_D(w)) * l_t
   gradient: -(w*A + C_D(w)) * grad l_t, whose expectation under pi_old is exactly -grad J.
@@ -39,7 +39,7 @@ sane training; ``rpg/log_ratio_guard_frac`` reports how often it did. ``kl_clamp
 default) is a value-only guard on kappa for the differentiable form; it never zeroes gradients
 (unlike verl's and the authors' clamp of the KL term to [-10, 10]).
 
-Execution: each loss is one autograd node over ``rpg.loss_terms.loss_terms`` (value, closed-form
+Execution: each loss is one autograd node over ``rpg.math.loss_terms.loss_terms`` (value, closed-form
 slope d loss_t / d l_t and metric statistics in one pass; backward = grad * slope), with one host
 sync for the metrics. ``compile=True`` runs that pass as one torch.compile graph (inductor,
 fullgraph, dynamic shapes: one compilation per configuration for all micro-batch shapes).
@@ -54,11 +54,11 @@ import types
 
 import torch
 
-# the declaration of the settings (torch-free), re-exported: ``from rpg.losses import RPGLossConfig``
+# the declaration of the settings (torch-free), re-exported: ``from rpg.math.losses import RPGLossConfig``
 from rpg.config.loss import (AGG_MODES, BEHAVIOR_LEVELS, BRANCH_RULES, DIVERGENCES, FD_CLIP_MODES, FORMS,  # noqa: F401
                              RULES, RPGLossConfig, RPGLossConfigError, Rule, loss_defaults)
-from rpg.divergences import kl_surrogate
-from rpg.loss_terms import EXTREMES, VALID_COUNTS, WEIGHTED_SUMS, agg_weights, loss_terms
+from rpg.math.divergences import kl_surrogate
+from rpg.math.loss_terms import EXTREMES, VALID_COUNTS, WEIGHTED_SUMS, agg_weights, loss_terms
 
 
 # --------------------------------------------------------------------------- helpers

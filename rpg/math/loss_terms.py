@@ -1,15 +1,15 @@
 """The RPG losses in closed form: per-token value, per-token slope d(value)/dl, metric sums.
 
 Pure torch, no autograd and no host sync: ``loss_terms`` is one straight-line graph, run eagerly or
-compiled (``rpg.losses`` wraps it in an autograd function whose backward is ``grad * slope``).
+compiled (``rpg.math.losses`` wraps it in an autograd function whose backward is ``grad * slope``).
 Every per-token loss of docs/math.md depends on l = log pi_theta(o_t|h_t) alone, so its gradient is
 slope_t * grad l_t; the slopes below are the derivatives that autograd would take, written out
 (the exact-gradient tests in tests/test_losses_*.py check them against enumeration).
 
-Notation as in ``rpg.divergences``: w = exp(l - l_old), r_ref = exp(l_ref - l_old), A = advantage,
+Notation as in ``rpg.math.divergences``: w = exp(l - l_old), r_ref = exp(l_ref - l_old), A = advantage,
 C_D(x) = ``kl_weight`` (linear in beta, so K = -C_D is ``kl_weight`` with -beta, no negation pass),
 kappa_D = ``kl_surrogate``, d(beta*kappa_D)/dl = -C_D(w) = K(w). Both log-ratios are clamped to
-+-guard in value; their derivative is taken as 1 (the straight-through guard of ``rpg.losses``).
++-guard in value; their derivative is taken as 1 (the straight-through guard of ``rpg.math.losses``).
 
 ==========================  =====================================  ====================================
 form, clip                  value_t                                slope_t = d value_t / d l_t
@@ -31,9 +31,9 @@ import math
 
 import torch
 
-from rpg.divergences import kl_phi, kl_surrogate, kl_weight
+from rpg.math.divergences import kl_phi, kl_surrogate, kl_weight
 
-# order of the statistics vector returned by ``loss_terms`` (read back by ``rpg.losses``): weighted
+# order of the statistics vector returned by ``loss_terms`` (read back by ``rpg.math.losses``): weighted
 # sums, then extremes (the last one only with a reference anchor), then counts (the last three only with clip)
 WEIGHTED_SUMS = ("n", "ratio", "kl", "neg_reg_adv", "log_ratio")  # sum_t m_t * quantity_t
 EXTREMES = ("log_ratio", "neg_log_ratio", "reg_adv_abs", "ref_log_ratio_abs")  # max over valid tokens
@@ -125,7 +125,7 @@ def loss_terms(cfg, agg: str | None, log_prob, old_log_prob, advantages, mask, r
     agg=None: out = per-token loss [B, T] (0 where mask == 0) and slope its derivative in l.
     agg=<verl mode>: out = the aggregated scalar sum_t a_t*value_t and slope = a_t*slope_t.
     stats: float64 vector, WEIGHTED_SUMS then EXTREMES then VALID_COUNTS (one host read-back).
-    Inputs are float32 or wider (``rpg.losses`` upcasts), all [B, T].
+    Inputs are float32 or wider (``rpg.math.losses`` upcasts), all [B, T].
 
     Statistics are taken as soon as their tensor exists, and a tensor is dropped (or overwritten in
     place) once nothing needs it: the eager peak memory stays at verl's vanilla loss's level.
