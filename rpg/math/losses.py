@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import types
 
 import torch
@@ -58,7 +57,8 @@ import torch
 from rpg.config.loss import (AGG_MODES, BEHAVIOR_LEVELS, BRANCH_RULES, DIVERGENCES, FD_CLIP_MODES, FORMS,  # noqa: F401
                              RULES, RPGLossConfig, RPGLossConfigError, Rule, loss_defaults)
 from rpg.math.divergences import kl_surrogate
-from rpg.math.loss_terms import EXTREMES, VALID_COUNTS, WEIGHTED_SUMS, agg_weights, loss_terms
+from rpg.math.loss_stats import loss_metrics
+from rpg.math.loss_terms import agg_weights, loss_terms
 
 
 # --------------------------------------------------------------------------- helpers
@@ -156,15 +156,13 @@ _COMPILED_COUNT = itertools.count()
 
 @functools.lru_cache(maxsize=None)
 def _compiled_terms(cfg: RPGLossConfig, agg: str | None, backend: str):
-    """``loss_terms`` for one configuration as a compiled graph (fullgraph: a graph break is an error).
-
-    Dynamo caches graphs per code object and allows 8 per object; a fresh code object per
-    configuration gives each its own cache, so a process running several configurations (tests,
-    benchmarks) never hits that limit, and one configuration compiles once for all shapes (below).
-    """
+    """``loss_terms`` for one configuration as one compiled graph for every shape (fullgraph: a graph break is an
+    error)."""
     def terms(log_prob, old_log_prob, advantages, mask, ref_log_prob):
         return loss_terms(cfg, agg, log_prob, old_log_prob, advantages, mask, ref_log_prob)
 
+    # dynamo keeps 8 graphs per code object (recompile_limit), then runs the 9th configuration eagerly without a
+    # word: a code object per configuration gives each its own cache (the tests and benchmarks compile dozens)
     name = f"rpg_loss_terms_{next(_COMPILED_COUNT)}"
     fresh = types.FunctionType(terms.__code__.replace(co_name=name), terms.__globals__, name, None, terms.__closure__)
     compiled = torch.compile(fresh, backend=backend, fullgraph=True, dynamic=True)
@@ -201,7 +199,7 @@ def _token_terms(cfg: RPGLossConfig, aggregate: bool, log_prob, old_log_prob, ad
     # only log_prob receives a gradient (the other inputs get None in backward: no detach needed)
     out, stats = _ClosedFormLoss.apply(up(log_prob), terms, up(old_log_prob), up(advantages), up(response_mask),
                                        up(ref_log_prob))
-    return out, _metrics(cfg, ref_log_prob is not None, stats.tolist())
+    return out, loss_metrics(stats.tolist(), cfg.log_ratio_guard, ref_log_prob is not None)
 
 
 # --------------------------------------------------------------------------- public API
@@ -250,45 +248,3 @@ def grpo_corrected_kl(
     w = torch.exp(_StraightThroughClamp.apply(l - l_old, log_ratio_guard))
     log_r_ref = (l_ref - l_old).clamp(-log_ratio_guard, log_ratio_guard)
     return kl_surrogate("urkl", w, l - l_ref, torch.exp(log_r_ref))
-
-
-# --------------------------------------------------------------------------- metrics
-
-
-METRIC_NAMES = ("ratio_mean", "ratio_max", "ratio_min", "log_ratio_mean", "log_ratio_abs_max", "kl_estimate",
-                "reg_adv_mean", "reg_adv_abs_max", "clipfrac", "clipfrac_high", "clipfrac_low", "clipfrac_dual",
-                "active_frac", "log_ratio_guard_frac")
-
-
-def _metrics(cfg: RPGLossConfig, with_ref: bool, stats: list[float]) -> dict[str, float]:
-    """The statistics vector of ``loss_terms`` (already on the host) as ``rpg/*`` metrics.
-
-    Means are mask-weighted over valid tokens; fractions count tokens with a non-zero mask (equal
-    to the weighted ones for 0/1 masks); extremes are over valid tokens. A' = W/w is saturated at
-    +-1e30 so that its statistics stay finite for w -> 0. With a reference anchor,
-    ``rpg/ref_old_logp_absdiff_max`` = max |l_ref - l_old| (0 right after a reference reset).
-    """
-    n_sums, n_extremes = len(WEIGHTED_SUMS), 4 if with_ref else 3
-    s = dict(zip(WEIGHTED_SUMS, stats[:n_sums]))
-    e = dict(zip(EXTREMES, stats[n_sums : n_sums + n_extremes]))
-    c = dict(zip(VALID_COUNTS, stats[n_sums + n_extremes :]))
-    names = METRIC_NAMES + (("ref_old_logp_absdiff_max",) if with_ref else ())
-    n_valid = c["valid"]
-    if n_valid == 0:  # nothing valid: every statistic is 0
-        return {f"rpg/{k}": 0.0 for k in names}
-    n = s["n"] if s["n"] != 0 else 1.0
-    guard = cfg.log_ratio_guard
-    lw_max, lw_min = e["log_ratio"], -e["neg_log_ratio"]
-    active = c.get("active", n_valid)
-    high, low = c.get("clip_high", 0.0), c.get("clip_low", 0.0)
-    out = {
-        "ratio_mean": s["ratio"] / n, "ratio_max": math.exp(min(lw_max, guard)), "ratio_min": math.exp(max(lw_min, -guard)),
-        "log_ratio_mean": s["log_ratio"] / n, "log_ratio_abs_max": max(abs(lw_max), abs(lw_min)),
-        "kl_estimate": s["kl"] / n, "reg_adv_mean": -s["neg_reg_adv"] / n, "reg_adv_abs_max": e["reg_adv_abs"],
-        "clipfrac": (n_valid - active) / n_valid, "clipfrac_high": high / n_valid, "clipfrac_low": low / n_valid,
-        "clipfrac_dual": (n_valid - active - high - low) / n_valid, "active_frac": active / n_valid,
-        "log_ratio_guard_frac": c["guarded"] / n_valid,
-    }
-    if with_ref:
-        out["ref_old_logp_absdiff_max"] = e["ref_log_ratio_abs"]
-    return {f"rpg/{k}": float(v) for k, v in out.items()}
