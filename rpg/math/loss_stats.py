@@ -58,9 +58,9 @@ class LossStatistics:
     def loss(self, w: torch.Tensor, weight: torch.Tensor, regions: tuple | None) -> None:
         """w, the REINFORCE weight W (A' = W/w) and the clip's (active, high, low) flags, if any."""
         self.sums["ratio"] = self._dot(w)
-        reg_adv = (weight / w).clamp(-1e30, 1e30)  # W stays finite where C/w overflows (w -> 0)
+        reg_adv = (weight / w).clamp_(-1e30, 1e30)  # W stays finite where C/w overflows (w -> 0)
         self.sums["reg_adv"] = self._dot(reg_adv)
-        self.extremes["reg_adv_abs"] = torch.where(self.valid, reg_adv, 0.0).abs().amax()
+        self.extremes["reg_adv_abs"] = torch.where(self.valid, reg_adv, 0.0).abs_().amax()
         for name, flags in zip(("active", "clip_high", "clip_low"), regions or ()):
             self.counts[name] = self._count(flags)
 

@@ -23,12 +23,13 @@ def reinforce(cfg, l, w, log_w, adv, r_ref, log_r_ref):
     W = w·A + C(w̄) with w̄ = clip(w, 1−ε_low, 1+ε_high), value −(x·A + C(w̄))·l (−W·l where active, Algorithm 2's
     constant elsewhere), slope −W·active, the branch on the sign of A' = W/w (``branch_on="raw"``: of A)."""
     C = kl_weight(cfg.divergence, cfg.beta, *kl_ratio(cfg, w, log_w), r_ref, log_r_ref)
-    W = w * adv + C
+    W = torch.addcmul(C, w, adv)  # w·A + C
     slope = -W
     if not cfg.clip:
         return slope * l, slope, W, None
     x, active, high, low = dual_clip_ratio(W >= 0 if cfg.branch_on == "regularized" else adv > 0, w, cfg)
-    return -(x * adv + C) * l, slope * active, W, (active, high, low)
+    value = -torch.addcmul(C, x, adv).mul_(l)  # −(x·A + C)·l: −W·l where active (x = w)
+    return value, slope * active, W, (active, high, low)
 
 
 def kl_ratio(cfg, w, log_w):
@@ -50,7 +51,9 @@ def differentiable(cfg, w, log_w, kappa, adv, r_ref, log_r_ref):
     if not cfg.clip:
         return cfg.beta * kappa - wa, -W, W, None
     x, active, high, low = dual_clip_ratio(adv >= 0, w, cfg)
-    return cfg.beta * kappa - x * adv, -(wa * active + C), W, (active, high, low)
+    value = torch.addcmul(cfg.beta * kappa, x, adv, value=-1.0)  # β·κ − x·A
+    slope = -torch.addcmul(C, wa, active)  # −(w·A·active + C)
+    return value, slope, W, (active, high, low)
 
 
 def algorithm1(cfg, w, log_w, log_rho, adv, r_ref, log_r_ref):
