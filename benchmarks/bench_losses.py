@@ -32,7 +32,7 @@ import statistics
 import time
 
 VANILLA = "verl vanilla (dual-clip PPO)"
-CORE = [  # the table of docs/losses.md#speed: clip on, anchor = sampler
+CORE = [  # the table of benchmarks/README.md#bench_lossespy: clip on, anchor = sampler
     dict(form="reinforce", divergence="ufkl"), dict(form="reinforce", divergence="urkl"),
     dict(form="differentiable", divergence="ufkl"), dict(form="differentiable", divergence="urkl"),
 ]

@@ -2,7 +2,7 @@
 times the top-level aten operators of verl's vanilla dual-clip PPO loss with its metrics, counted the same way
 (``benchmarks/bench_losses.count_ops``, torch.profiler, 4 x 1024 tokens), and holds at most ``MEMORY_BUDGET`` times
 its peak tensor bytes (the profiler's allocation events). Both are deterministic, so they are tests; each is an upper
-bound with a margin over today's figures (docs/losses.md#speed), not a freeze of them: a clearer
+bound with a margin over today's figures (benchmarks/README.md#bench_lossespy), not a freeze of them: a clearer
 statement of a loss may spend a few operators. Times are the benchmark's, not asserted here."""
 
 import importlib.util

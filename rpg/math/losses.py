@@ -1,48 +1,14 @@
-"""RPG policy losses: exact, off-policy-correct surrogates for KL-regularized policy gradients.
-
-Public API (imports torch and the torch-free ``rpg.config``):
+"""RPG policy losses: ``rpg_policy_loss`` (every row of docs/math.md#per-token-losses) and ``grpo_corrected_kl``.
 
     config = RPGLossConfig(divergence="ufkl", form="reinforce", beta=1e-4, clip=True)
     loss, metrics = rpg_policy_loss(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, config=config)
-    loss_mat, _ = rpg_policy_loss(..., aggregate=False)   # the same loss per token, before aggregation
-    kl_tok = grpo_corrected_kl(log_prob=lp, old_log_prob=old, ref_log_prob=ref)
+    kl_tok = grpo_corrected_kl(log_prob=lp, old_log_prob=old, ref_log_prob=ref)   # w·k3(π_ref/πθ) per token
 
-Tensors are keyword-only (the same names as verl's policy losses), all [batch, response_len].
-``RPGLossConfig`` declares every setting of the loss once: type, default, meaning (field
-metadata ``doc``) and its validation rules (``RULES``); the recipe derives its ``rpg.loss`` keys,
-the driver's checks and the settings table of docs/verl-integration.md from it. It is declared
-torch-free in ``rpg.config.loss`` and re-exported here. ``ref_log_prob=None`` makes the KL anchor the sampling
-policy (the paper's iterative reference); a given ``ref_log_prob`` uses the exact three-policy
-weights (docs/math.md#three-policies), so a fixed or periodically reset reference stays gradient-correct.
-
-Per-token losses (w = pi_theta/pi_old, A = advantage, C_D and kappa_D from ``rpg.math.divergences``):
-
-* form="reinforce", clip=False (Table 2 / App. F):   loss_t = -SG(w*A + C_D(w)) * l_t
-  gradient: -(w*A + C_D(w)) * grad l_t, whose expectation under pi_old is exactly -grad J.
-* form="reinforce", clip=True (RPG-Style Clip, Eq. (4.1), Algorithm 2 with Remark F.2):
-  w_bar = clip(w, 1-eps1, 1+eps2), C = C_D(w_bar), A' = A + C/w, W = w*A + C.
-  Active iff (A' >= 0 and w < 1+eps2) or (A' < 0 and 1-eps1 < w < c):
-  loss_t = -W * l_t there; elsewhere Algorithm 2's constant value (no gradient).
-  Gradient-identical to dual-clip PPO with advantage SG(A') (docs/math.md#rpg-style-clip, T20).
-* form="differentiable", clip=False (Tables 1/4):     loss_t = -w*A + beta*kappa_D(w)
-  gradient: identical to the unclipped REINFORCE one, token by token.
-* form="differentiable", clip=True, fd_clip="reward" (default; the authors' released loss):
-  loss_t = DualClip(w, A) + beta*kappa_D(w)   (ratio clip on the reward part; KL unclipped)
-* form="differentiable", fd_clip="algorithm1" (paper-literal Algorithm 1, rkl/urkl only):
-  loss_t = DualClip(w, A_hat(theta)), A_hat = A - beta*phi_D(rho), gradient through both.
-  Exact only in expectation (per token it adds a zero-mean +beta*w*grad l; T25 in docs/math.md).
-
-Numerical guard (explicit, documented, value-only): log-ratios are clamped to
-+-``log_ratio_guard`` (default 60, i.e. w in [1e-26, 1e26]) with a straight-through estimator,
-so values stay finite in float32/bf16 while the gradient keeps its direction. It never acts in
-sane training; ``rpg/log_ratio_guard_frac`` reports how often it did. ``kl_clamp`` (off by
-default) is a value-only guard on kappa for the differentiable form; it never zeroes gradients
-(unlike verl's and the authors' clamp of the KL term to [-10, 10]).
-
-Execution: each loss is one autograd node over ``rpg.math.loss_terms.loss_terms`` (value, closed-form
-slope d loss_t / d l_t and metric statistics in one pass; backward = grad * slope), with one host
-sync for the metrics. ``compile=True`` runs that pass as one torch.compile graph (inductor,
-fullgraph, dynamic shapes: one compilation per configuration for all micro-batch shapes).
+Tensors are keyword-only, [batch, response_len], named as in verl's policy losses. ``ref_log_prob=None`` anchors the
+KL on π_old (the iterative reference); a given one uses the three-policy weights (docs/math.md#three-policies). Each
+loss is one autograd node over ``rpg.math.loss_terms`` (backward: grad·slope), eager or compiled (``compile=True``),
+its metrics read back with one host sync; log-ratios carry a value-only guard (docs/math.md#numerical-guards).
+``RPGLossConfig``, declared torch-free in ``rpg.config.loss``, is re-exported here.
 """
 
 from __future__ import annotations
@@ -65,7 +31,8 @@ from rpg.math.loss_terms import agg_weights, loss_terms
 
 
 def _check_inputs(log_prob, old_log_prob, advantages, response_mask, ref_log_prob) -> None:
-    named = {"log_prob": log_prob, "old_log_prob": old_log_prob, "advantages": advantages, "response_mask": response_mask}
+    named = {"log_prob": log_prob, "old_log_prob": old_log_prob, "advantages": advantages,
+             "response_mask": response_mask}
     if ref_log_prob is not None:
         named["ref_log_prob"] = ref_log_prob
     for name, t in named.items():
@@ -75,7 +42,8 @@ def _check_inputs(log_prob, old_log_prob, advantages, response_mask, ref_log_pro
         raise ValueError(f"log_prob must be 2-D [batch, response_len], got shape {tuple(log_prob.shape)}")
     for name, t in named.items():
         if t.shape != log_prob.shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)} but log_prob has shape {tuple(log_prob.shape)}; they must match")
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but log_prob has shape {tuple(log_prob.shape)}; "
+                             "they must match")
         if name != "response_mask" and not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
 
@@ -92,7 +60,8 @@ def dual_clip(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: 
     return torch.where(adv < 0, torch.minimum(ppo, -adv * c), ppo)
 
 
-def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, loss_scale_factor: float | None = None) -> torch.Tensor:
+def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str,
+                   loss_scale_factor: float | None = None) -> torch.Tensor:
     """Aggregate a per-token loss like verl's ``agg_loss`` with dp_size=1 (local batch = global batch).
 
     token-mean: sum(loss*m)/sum(m); token-sum: sum(loss*m); seq-mean-token-mean: mean over
