@@ -8,7 +8,7 @@ Files: the ones given, else the real evaluation files in ``../shared/data`` next
 AIME25, AMC23 in the authors' 32-copies layout), plus a training file of ``--train-rows`` rows written with
 ``rpg.data``'s writer (the size of DAPO-Math-17k English). Medians over ``--repeats`` runs, after one warm-up
 (the page cache holds the files: the figures are CPU cost, not disk reads). A shared machine is noisy:
-compare the ratios of one invocation. Figures: docs/data-and-reports.md, "Checks before Ray".
+compare the ratios of one invocation. Figures: benchmarks/README.md#bench_data_checkspy.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ PPO, with its metrics) on the same tensors, measured in one run: operator count,
     python benchmarks/bench_losses.py --device cuda --reps 40  # CUDA events, max_memory_allocated
     python benchmarks/bench_losses.py --variants all           # every form/divergence/clip/anchor
     python benchmarks/bench_losses.py --batch 2 --length 64 --reps 1   # smoke (tests/test_bench_losses.py)
+    python benchmarks/bench_losses.py --baseline ../other-checkout      # this tree's losses against another's
 
 Every candidate returns its loss and its metrics as floats (so each pays its host syncs); RPG rows
 use ``rpg_policy_loss`` (eager) or the same with ``RPGLossConfig(compile=True)`` (torch.compile,
@@ -19,7 +20,8 @@ inductor), plus one row through the verl glue (``rpg.verl.policy_loss.rpg_policy
 * memory: peak bytes of live tensors during one forward+backward above what existed before it.
   CUDA: ``torch.cuda.max_memory_allocated``. CPU: the profiler's allocation events (allocator-exact;
   the resident set size would also count the C allocator's caching).
-Printed ratios are against verl's vanilla loss.
+Printed ratios are against verl's vanilla loss; with ``--baseline DIR`` a second table gives each RPG row's
+time against the same loss of another checkout's library (before/after a change), timed in the same passes.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import statistics
 import time
 
 VANILLA = "verl vanilla (dual-clip PPO)"
-CORE = [  # the table of docs/losses.md#speed: clip on, anchor = sampler
+CORE = [  # the table of benchmarks/README.md#bench_lossespy: clip on, anchor = sampler
     dict(form="reinforce", divergence="ufkl"), dict(form="reinforce", divergence="urkl"),
     dict(form="differentiable", divergence="ufkl"), dict(form="differentiable", divergence="urkl"),
 ]
@@ -80,8 +82,35 @@ def _lib_kwargs(variant: dict) -> dict:
     return {k: v for k, v in variant.items() if k != "anchor"}
 
 
-def make_step(variant: dict | None, inputs, compiled: bool = False, glue: bool = False):
-    """A closure running one forward+backward (loss and metrics as floats); variant None = vanilla."""
+def load_library(checkout: str):
+    """The loss library (``RPGLossConfig``, ``rpg_policy_loss``) of another checkout of this project, loaded beside
+    this tree's: its ``rpg`` modules are imported from ``checkout``, then taken out of ``sys.modules`` again (its
+    functions keep their own module globals)."""
+    import importlib
+    import sys
+
+    def ours():
+        return [name for name in sys.modules if name == "rpg" or name.startswith("rpg.")]
+
+    saved = {name: sys.modules.pop(name) for name in ours()}
+    sys.path.insert(0, checkout)
+    try:
+        for name in ("rpg.math.losses", "rpg.losses"):  # the library's module, after and before rpg/math/
+            try:
+                return importlib.import_module(name)
+            except ModuleNotFoundError:
+                continue
+        raise SystemExit(f"--baseline {checkout}: neither rpg/math/losses.py nor rpg/losses.py is there")
+    finally:
+        sys.path.remove(checkout)
+        for name in ours():
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def make_step(variant: dict | None, inputs, compiled: bool = False, glue: bool = False, lib=None):
+    """A closure running one forward+backward (loss and metrics as floats); variant None = vanilla; ``lib``: the
+    loss library to run (``load_library``; default this tree's)."""
     log_prob0, old, adv, mask, ref = inputs
     if variant is None:
         from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
@@ -99,14 +128,15 @@ def make_step(variant: dict | None, inputs, compiled: bool = False, glue: bool =
             return glue_loss(old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
                              loss_agg_mode="token-mean", config=config)
     else:
-        from rpg.losses import RPGLossConfig, rpg_policy_loss
+        if lib is None:
+            import rpg.math.losses as lib
 
-        cfg = RPGLossConfig(**_lib_kwargs(variant), compile=compiled)
+        cfg = lib.RPGLossConfig(**_lib_kwargs(variant), compile=compiled)
         anchor = ref if variant.get("anchor") == "reference" else None
 
         def loss_fn(lp):
-            return rpg_policy_loss(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, config=cfg,
-                                   ref_log_prob=anchor)
+            return lib.rpg_policy_loss(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, config=cfg,
+                                       ref_log_prob=anchor)
 
     def step(lp):
         loss, metrics = loss_fn(lp)
@@ -198,6 +228,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads on CPU (CPU time is per thread)")
     ap.add_argument("--variants", choices=("core", "all"), default="core", help="core: the 4 clip-on sampler losses")
     ap.add_argument("--no-compiled", action="store_true", help="skip the torch.compile rows")
+    ap.add_argument("--baseline", metavar="DIR", help="another checkout of this project: its losses are timed in the "
+                    "same passes and each RPG row's time is printed against its own")
     args = ap.parse_args()
     for flag in ("batch", "length", "reps", "threads"):
         if getattr(args, flag) < 1:
@@ -218,6 +250,9 @@ def main() -> None:
     inputs = make_inputs(args.batch, args.length, args.device)
     steps = {name: make_step(v, inputs, compiled=c, glue=g) for name, (v, c, g) in candidates.items()}
     memory = {name: peak_bytes(once, args.device) for name, once in steps.items()}
+    base = load_library(args.baseline) if args.baseline else None
+    before = {} if base is None else {name: (v, c) for name, (v, c, g) in candidates.items() if v is not None and not g}
+    steps.update({(name, "before"): make_step(v, inputs, compiled=c, lib=base) for name, (v, c) in before.items()})
     times = time_passes(steps, args.reps, args.device)
 
     where = f"CUDA ({torch.cuda.get_device_name()}), CUDA events" if args.device == "cuda" else \
@@ -230,6 +265,16 @@ def main() -> None:
         t = statistics.median(times[name])
         o = f"{ops[name]:4d} {ops[name] / o_ref:9.2f}" if name in ops else f"{'-':>4s} {'-':>9s}"
         print(f"{name:62s} {o} {1e3 * t:8.3f} {t / t_ref:10.2f} {memory[name] / 2**20:9.1f} {memory[name] / m_ref:9.2f}")
+    if before:
+        print(f"\nagainst --baseline {args.baseline}, timed in the same passes (ops at 4 x 1024 tokens):")
+        print(f"{'loss':62s} {'ops before':>10s} {'ops':>4s} {'before ms':>9s} {'ms':>8s} {'after/before':>12s}")
+        ratios = []
+        for name, (v, c) in before.items():
+            t_before, t = statistics.median(times[(name, "before")]), statistics.median(times[name])
+            ratios.append(t / t_before)
+            o = f"{count_ops(make_step(v, small, lib=base)):10d} {ops[name]:4d}" if not c else f"{'-':>10s} {'-':>4s}"
+            print(f"{name:62s} {o} {1e3 * t_before:9.3f} {1e3 * t:8.3f} {t / t_before:12.3f}")
+        print(f"{'geometric mean':62s} {'':10s} {'':4s} {'':9s} {'':8s} {statistics.geometric_mean(ratios):12.3f}")
 
 
 if __name__ == "__main__":

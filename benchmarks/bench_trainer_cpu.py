@@ -24,7 +24,7 @@ rounds), and the peak system-wide used-memory increase. Printed ratios:
         (tests/test_bench_trainer.py; rpg_sampler is bench_async_cpu.py's rpg_sync, run by its smoke test)
 
 Numbers from a shared 2-core machine are noisy (other processes compete); compare within one
-invocation only. Figures: docs/verl-integration.md, "Measurement".
+invocation only. Figures: benchmarks/README.md#bench_trainer_cpupy.
 """
 
 from __future__ import annotations

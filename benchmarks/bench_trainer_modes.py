@@ -40,7 +40,7 @@ trajectory staleness and the behaviour KL (``actor/rpg/behavior_kl_k3``) are log
     python benchmarks/bench_trainer_modes.py --steps 2   # smoke (tests/test_bench_trainer_modes.py)
 
 Numbers from a shared 2-core machine are noisy; compare within one invocation only. Figures:
-docs/verl-integration.md#separate_async-cpu-backend.
+benchmarks/README.md#bench_trainer_modespy.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """RPG: Regularized Policy Gradient for LLM reasoning, as a verl recipe.
 
-`rpg.losses` is the exact loss library (imports only torch). The verl glue lives in
+`rpg.math.losses` is the exact loss library (imports only torch). The verl glue lives in
 separate modules so the math stays importable and testable without Ray or a GPU.
 """
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rpg.losses import RPGLossConfig, rpg_policy_loss
+from rpg.math.losses import RPGLossConfig, rpg_policy_loss
 
 DT = torch.float64
 

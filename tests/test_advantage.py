@@ -6,7 +6,7 @@ import pytest
 import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-from rpg.advantage import batch_mean_advantage, group_mean_advantage, outcome_advantage
+from rpg.math.advantage import batch_mean_advantage, group_mean_advantage, outcome_advantage
 
 
 def test_t28_group_sums_vanish_and_singletons_keep_their_reward():

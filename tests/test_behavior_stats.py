@@ -1,4 +1,4 @@
-"""The behaviour weights' per-step diagnostics (rpg.behavior): effective sample size and the log weight's second
+"""The behaviour weights' per-step diagnostics (rpg.math.behavior): effective sample size and the log weight's second
 moment over a step's tokens, against hand computations; the largest applied weight respects the arm's cap."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from rpg.behavior import add_step_sums, behavior_metrics, behavior_step_metrics, behavior_step_sums, behavior_weights
+from rpg.math.behavior import (add_step_sums, behavior_metrics, behavior_step_metrics, behavior_step_sums,
+                               behavior_weights)
 
 
 def _logs(*rows):

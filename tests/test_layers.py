@@ -38,7 +38,7 @@ PACKAGE = ROOT / "rpg"
 # bottom to top; inside a layer, a node may import those listed before it
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("typed configuration (torch-free: the rpg: block, RPGLossConfig and its RULES)", ("rpg.config",)),
-    ("math", ("rpg.divergences", "rpg.behavior", "rpg.loss_terms", "rpg.losses", "rpg.advantage", "rpg.paper_losses")),
+    ("math: the paper's formulas (torch only)", ("rpg.math",)),
     ("shared pieces (overrides, run environment, signals, metrics history)", ("rpg.common",)),
     ("leaves: reward, data, the tiny task and SmolLM2's", ("rpg.reward", "rpg.data", "rpg.tiny", "rpg.smol")),
     ("backends", ("rpg.backends", "rpg.backends.hf_rollout", "rpg.backends.cpu", "rpg.backends.gpu",
@@ -321,7 +321,7 @@ def test_the_rule_catches_upward_imports(tmp_path):
     files = {
         "rpg/__init__.py": "",
         "rpg/backends/cpu/env_overrides.py": "def f():\n    from rpg.launch import cli\n",
-        "rpg/losses.py": "from .launch.cli import main\nfrom rpg import divergences\n",
+        "rpg/math/losses.py": "from ..launch.cli import main\nfrom rpg.math import divergences\n",
         "rpg/common/x.py": "from rpg import verl\n",
         "rpg/launch/cli.py": "from rpg.backends.cpu import settings\nfrom rpg.common import x\n",
         "rpg/backends/__init__.py": "import importlib\n_M = {'c': 'cli'}\n"
@@ -331,7 +331,7 @@ def test_the_rule_catches_upward_imports(tmp_path):
     found = upward(tmp_path)
     assert [line.split(": ")[0] for line in found] == ["rpg/backends/__init__.py:4",
                                                        "rpg/backends/cpu/env_overrides.py:2",
-                                                       "rpg/common/x.py:1", "rpg/losses.py:1"], found
+                                                       "rpg/common/x.py:1", "rpg/math/losses.py:1"], found
 
 
 def test_the_checks_read_lazy_loaders(tmp_path):

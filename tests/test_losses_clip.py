@@ -10,7 +10,7 @@ import pytest
 import torch
 from exact_enumeration import DT, Bandit, assert_close
 
-from rpg.losses import RPGLossConfig, dual_clip, rpg_policy_loss
+from rpg.math.losses import RPGLossConfig, dual_clip, rpg_policy_loss
 
 EPS_LO, EPS_HI, C = 0.2, 0.28, 10.0
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import rpg.losses as L
+import rpg.math.losses as L
 
 _spec = importlib.util.spec_from_file_location("bench_losses", Path(__file__).parents[1] / "benchmarks" / "bench_losses.py")
 bench = importlib.util.module_from_spec(_spec)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from exact_enumeration import DT, Bandit, assert_close, kl, ukl
 
-from rpg.divergences import k3, kl_weight
-from rpg.losses import RPGLossConfig
+from rpg.math.divergences import k3, kl_weight
+from rpg.math.losses import RPGLossConfig
 
 BETA = 0.37  # large, so a wrong KL term cannot hide behind a small coefficient
 NORMALIZED = [("fkl", 1.0), ("rkl", 1.0), ("ufkl", 1.0), ("urkl", 1.0), ("ufkl", 2.5), ("urkl", 2.5)]
@@ -157,7 +157,7 @@ def test_t25_algorithm1_exact_in_expectation_but_not_per_sample(divergence):
     assert_close(b.grad(b.expected_loss(alg1)), -b.grad(b.objective(divergence, BETA)), what="T25 expectation")
     # Per outcome, the Algorithm-1 gradient exceeds the exact one by +beta * w * grad log pi.
     log_prob, old, adv, mask, _ = b.rows()
-    from rpg.losses import rpg_policy_loss
+    from rpg.math.losses import rpg_policy_loss
 
     exact = cfg(divergence, "differentiable")
     for x in range(b.z.numel()):

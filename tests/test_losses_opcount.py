@@ -1,19 +1,23 @@
-"""Operator and memory budget: forward+backward of every RPG loss (with its metrics) launches at most as many
-top-level aten operators as verl's vanilla dual-clip PPO loss with its metrics, counted the same way
-(``benchmarks/bench_losses.count_ops``, torch.profiler, 4 x 1024 tokens). Operator counts are
-deterministic, so this is a test, and so are peak tensor bytes from the profiler's allocation events (at most
-1.10x vanilla's); times are measured by the benchmark, not here."""
+"""Operator and memory budgets: forward+backward of every RPG loss with its metrics launches at most ``OPS_BUDGET``
+times the top-level aten operators of verl's vanilla dual-clip PPO loss with its metrics, counted the same way
+(``benchmarks/bench_losses.count_ops``, torch.profiler, 4 x 1024 tokens), and holds at most ``MEMORY_BUDGET`` times
+its peak tensor bytes (the profiler's allocation events). Both are deterministic, so they are tests; each is an upper
+bound with a margin over today's figures (benchmarks/README.md#bench_lossespy), not a freeze of them: a clearer
+statement of a loss may spend a few operators. Times are the benchmark's, not asserted here."""
 
 import importlib.util
 from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("bench_losses", Path(__file__).parents[1] / "benchmarks" / "bench_losses.py")
+_spec = importlib.util.spec_from_file_location("bench_losses",
+                                               Path(__file__).parents[1] / "benchmarks" / "bench_losses.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
 INPUTS = bench.make_inputs(4, 1024)
+OPS_BUDGET = 1.2  # today at most 0.96 (90 of vanilla's 94: reinforce urkl, clip, reference anchor)
+MEMORY_BUDGET = 1.1  # today at most 1.02
 
 
 @pytest.fixture(scope="module")
@@ -24,15 +28,17 @@ def vanilla_ops():
 
 
 @pytest.mark.parametrize("variant", bench.VARIANTS, ids=bench.label)
-def test_rpg_loss_costs_at_most_vanilla_ops(variant, vanilla_ops):
+def test_rpg_loss_ops_within_budget(variant, vanilla_ops):
     n = bench.count_ops(bench.make_step(variant, INPUTS))
-    assert n <= vanilla_ops, f"{bench.label(variant)}: {n} aten ops > verl vanilla's {vanilla_ops}"
+    assert n <= OPS_BUDGET * vanilla_ops, \
+        f"{bench.label(variant)}: {n} aten ops > {OPS_BUDGET} x verl vanilla's {vanilla_ops}"
 
 
-def test_verl_glue_costs_at_most_vanilla_ops(vanilla_ops):
+def test_verl_glue_ops_within_budget(vanilla_ops):
     variant = dict(form="reinforce", divergence="ufkl", clip=True, anchor="sampler")
     n = bench.count_ops(bench.make_step(variant, INPUTS, glue=True))
-    assert n <= vanilla_ops, f"rpg.verl.policy_loss.rpg_policy_loss: {n} aten ops > verl vanilla's {vanilla_ops}"
+    assert n <= OPS_BUDGET * vanilla_ops, \
+        f"rpg.verl.policy_loss.rpg_policy_loss: {n} aten ops > {OPS_BUDGET} x verl vanilla's {vanilla_ops}"
 
 
 def test_count_ops_counts_what_runs():
@@ -66,7 +72,8 @@ def vanilla_peak():
 
 
 @pytest.mark.parametrize("variant", bench.VARIANTS, ids=bench.label)
-def test_rpg_loss_peak_memory_at_most_vanilla(variant, vanilla_peak):
-    """Peak live tensor bytes (profiler allocation events: deterministic) <= 1.10x verl vanilla's."""
+def test_rpg_loss_peak_memory_within_budget(variant, vanilla_peak):
+    """Peak live tensor bytes (profiler allocation events: deterministic)."""
     peak = bench.peak_bytes(bench.make_step(variant, MEMORY_INPUTS), "cpu")
-    assert peak <= 1.10 * vanilla_peak, f"{bench.label(variant)}: {peak} bytes > 1.10 x vanilla's {vanilla_peak}"
+    assert peak <= MEMORY_BUDGET * vanilla_peak, \
+        f"{bench.label(variant)}: {peak} bytes > {MEMORY_BUDGET} x vanilla's {vanilla_peak}"

@@ -8,7 +8,7 @@ import torch
 from exact_enumeration import DT, assert_close
 from verl.trainer.ppo.core_algos import agg_loss
 
-from rpg.losses import AGG_MODES, RPGLossConfig, aggregate_loss, rpg_policy_loss
+from rpg.math.losses import AGG_MODES, RPGLossConfig, aggregate_loss, rpg_policy_loss
 
 V, T = 3, 2  # vocabulary and length of the autoregressive toy
 

@@ -1,4 +1,4 @@
-"""The fused losses (``rpg.losses``) equal the plain-autograd statement of the paper (``rpg.paper_losses``).
+"""The fused losses (``rpg.math.losses``) equal the plain-autograd statement of the paper (``rpg.math.paper_losses``).
 
 Value and gradient in ``log_prob``, float64, for every divergence x form x clip setting (both branch rules, both
 readings of the clipped differentiable loss, two sets of clip widths), both anchors and every aggregation mode,
@@ -13,9 +13,9 @@ import pytest
 import torch
 from exact_enumeration import DT, Bandit, assert_close
 
-from rpg import paper_losses
-from rpg.behavior import behavior_weights
-from rpg.losses import (AGG_MODES, DIVERGENCES, RPGLossConfig, aggregate_loss, dual_clip, grpo_corrected_kl,
+from rpg.math import paper_losses
+from rpg.math.behavior import behavior_weights
+from rpg.math.losses import (AGG_MODES, DIVERGENCES, RPGLossConfig, aggregate_loss, dual_clip, grpo_corrected_kl,
                         rpg_policy_loss)
 
 BETA = 0.5  # large, so that every KL term moves values, gradients and branches well above rounding
@@ -222,7 +222,7 @@ def test_dual_clip_equals_the_paper_statement():
 @pytest.mark.parametrize("level, cap", [("token", None), ("token", 1.5), ("sequence", None), ("sequence", 1.5),
                                         ("none", None)])  # RPGLossConfig refuses a cap without a weight
 def test_behaviour_weights_equal_the_paper_statement(level, cap):
-    """rpg_policy_loss takes no behaviour weight; the glue multiplies the per-token loss by rpg.behavior's."""
+    """rpg_policy_loss takes no behaviour weight; the glue multiplies the per-token loss by rpg.math.behavior's."""
     l, l_old, _, mask, _ = make_batch(WIDTHS[0], rows=6, width=5)
     l_mu = l_old + 0.2 * torch.randn(l.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
     b = behavior_weights(l_old, l_mu, mask, level, cap)

@@ -219,7 +219,7 @@ def test_variants_module_imports_no_heavy_packages():
 def test_the_grammars_divergences_are_the_loss_librarys():
     """rpg.launch.variants reads the divergence names from their torch-free declaration (rpg.config), the one
     the loss library implements."""
-    from rpg.divergences import DIVERGENCES
+    from rpg.math.divergences import DIVERGENCES
     from rpg.launch.variants import DIVERGENCES as NAMES
 
     assert NAMES is DIVERGENCES

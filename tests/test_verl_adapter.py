@@ -20,7 +20,7 @@ from verl.workers.config.actor import ActorConfig
 from verl.workers.utils.losses import ppo_loss
 
 import rpg.verl.register  # noqa: F401
-from rpg.losses import RPGLossConfig, aggregate_loss, grpo_corrected_kl, rpg_policy_loss
+from rpg.math.losses import RPGLossConfig, aggregate_loss, grpo_corrected_kl, rpg_policy_loss
 from rpg.verl.actor_loss import rpg_actor_loss
 from rpg.verl.policy_config import RPGPolicyLossConfig
 

@@ -5,9 +5,9 @@ does (field metadata ``doc``); ``RULES`` says what each field allows, checked in
 The recipe's ``rpg.loss`` keys, their checks, the YAML block and the docs table derive from it
 (``rpg.config.block``, ``rpg.config.render_block``; how the values reach the loss: ``rpg.verl.translate``).
 
-The loss itself (``rpg.losses``) needs torch; this declaration does not, so that the launchers, the
+The loss itself (``rpg.math.losses``) needs torch; this declaration does not, so that the launchers, the
 variant-name grammar (``rpg.launch.variants``) and the config checks read the same names and rules
-without importing torch. ``rpg.losses`` re-exports every name here (``from rpg.losses import
+without importing torch. ``rpg.math.losses`` re-exports every name here (``from rpg.math.losses import
 RPGLossConfig`` is the library's documented spelling).
 """
 
@@ -16,14 +16,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-# KL regularizers of the RPG losses: rpg.divergences implements each one (normalized fkl/rkl,
+# KL regularizers of the RPG losses: rpg.math.divergences implements each one (normalized fkl/rkl,
 # unnormalized k3-style ufkl/urkl), rpg.launch.variants spells them in the paper scripts' names
 DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
 FORMS = ("reinforce", "differentiable")
 BRANCH_RULES = ("regularized", "raw")
 FD_CLIP_MODES = ("reward", "algorithm1")
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-# behaviour weight pi_old/mu of a stale sampler, per token or per response, or none (rpg.behavior applies it)
+# behaviour weight pi_old/mu of a stale sampler, per token or per response, or none (rpg.math.behavior applies it)
 BEHAVIOR_LEVELS = ("token", "sequence", "none")
 
 

@@ -1,25 +1,12 @@
 """Actor losses installed with verl's ``set_loss_fn`` (worker side): verl's own ``ppo_loss``, wrapped.
 
-verl's ``ppo_loss`` (``verl/workers/utils/losses.py``) does everything an actor loss does
-(global-batch normalisation, padding, the registered policy loss, entropy, metrics) but calls the
-registered policy loss without ``ref_log_prob``. The RPG losses with a reference anchor need it, so
-``rpg_actor_loss`` wraps ``ppo_loss`` rather than copying it: it pads the micro-batch's
-``ref_log_prob`` as ``ppo_loss`` pads its fields and hands it to ``rpg.verl.policy_loss`` for the
-duration of the call (``with_reference_log_prob``). The config it gets has ``use_kl_loss=False``
-(``with_kl_loss``): the driver sets ``use_kl_loss=True`` only so that verl builds the reference
-model; the KL is inside the RPG loss and verl's own KL term must not be added.
-
-Stale sampler (``policy_loss.rpg_stale_sampler``, set by the driver for ``trainer.v1.trainer_mode=colocate_async`` and ``separate_async``):
-the micro-batch's samples come from the rollout policy mu, whose log-probs it holds as ``rollout_log_probs``.
-``rpg_actor_loss`` computes the behaviour weights b = pi_old/mu per token (``rpg.behavior``; level and
-truncation from ``rpg.loss.behavior_weight_level``/``_cap``) and hands them to the policy loss for the
-call (``with_behavior_weights``), which multiplies each token's reward and KL terms by them; it adds the
-``rpg/behavior_*`` metrics (behaviour KL, the weights' mean/max/min). In verl's bypass mode
-``old_log_probs`` is ``rollout_log_probs`` and b = 1 exactly.
-
-``verl_loss_with_sampler_kl`` is for ``rpg.loss.name=verl`` with a KL loss against the sampling
-policy (REINFORCE++ in the paper's scripts): no reference model is built and verl's ``ppo_loss``
-runs with ``ref_log_prob := old_log_probs``.
+verl's ``ppo_loss`` (``verl/workers/utils/losses.py``: global-batch normalisation, padding, the registered policy
+loss, entropy, metrics) calls the policy loss without ``ref_log_prob``. ``rpg_actor_loss`` wraps it rather than
+copying it: it pads the micro-batch's ``ref_log_prob`` and, with a stale sampler μ (colocate_async, separate_async),
+the behaviour weights b = π_old/μ from ``rollout_log_probs`` (``rpg.math.behavior``), and hands both to
+``rpg.verl.policy_loss`` for the call; verl's own KL term stays off (``with_kl_loss``: the driver sets
+``use_kl_loss=True`` only so that verl builds the reference). In verl's bypass mode π_old = μ and b = 1 exactly.
+``verl_loss_with_sampler_kl``: ``rpg.loss.name=verl`` with a KL loss on the sampler (ref := old_log_probs).
 """
 
 from __future__ import annotations
@@ -33,8 +20,8 @@ from tensordict import TensorDict
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.losses import ppo_loss
 
-from rpg.behavior import behavior_metrics
-from rpg.behavior import behavior_weights as compute_behavior_weights
+from rpg.math.behavior import behavior_metrics
+from rpg.math.behavior import behavior_weights as compute_behavior_weights
 from rpg.verl.policy_loss import with_behavior_weights, with_reference_log_prob
 from rpg.verl.loss_settings import loss_config
 

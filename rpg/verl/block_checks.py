@@ -1,17 +1,10 @@
 """The driver's checks of the ``rpg:`` settings against verl's own keys, before Ray (one line each).
 
-``rpg.verl.translate.apply_to_verl_config`` runs them before it writes any verl key:
-
-* the trainer: verl's v1 trainer in ``sync``, ``colocate_async`` or ``separate_async`` mode (``check_trainer``),
-  and in the asynchronous modes everything that keeps the loss exact under a stale sampler mu (the weights
-  pi_old/mu applied once, by the RPG loss or by verl's rollout correction, never twice, never dropped);
-  ``separate_async`` as the recipe runs it (``check_separate_async``: the weight sync, the rollout pool);
-* reference copies (``rpg.reference.mode`` periodic or kl_threshold copy rank-local actor shards into the
-  reference, ``check_reference_copies``): the same engine and the same shard layout on both sides, no LoRA,
-  no Ulysses sequence parallelism and no fused kernels (no logits) under the probe of
-  ``rpg.reference.log_weight_diff``;
-* the reward: a function name needs its path, ``rpg.reward``'s options are valid.
-
+``rpg.verl.translate.apply_to_verl_config`` runs them before it writes any verl key: the trainer mode and, with a
+stale sampler μ, what keeps the loss exact (the weights π_old/μ applied once, never dropped; ``check_trainer``,
+``check_separate_async``); the reference copies (the same engine and shard layout on both sides, no LoRA, and the
+probe of ``rpg.reference.log_weight_diff`` without Ulysses sequence parallelism or fused kernels;
+``check_reference_copies``); the reward (a function name needs its path; ``rpg.reward``'s options).
 ``resume_hint``: what a stop line says about resuming, in every trainer mode.
 """
 

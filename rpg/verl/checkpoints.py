@@ -1,35 +1,12 @@
-"""Which checkpoint a run resumes from, decided before Ray starts (docs/verl-integration.md, "Resume").
+"""Which checkpoint a run resumes from, decided before Ray from the disk only (no Ray, no tensor loaded).
 
-verl 0.9.1 resumes (``trainer.resume_mode=auto``) from the step in its tracker file
-``<default_local_dir>/latest_checkpointed_iteration.txt``, written after a save returned; when the
-tracker or its ``global_step_N`` is missing it trains from step 0 — over the run's existing
-checkpoints — and a missing ``data.pt`` silently restarts the data order. This module decides,
-from the disk only (no Ray, no tensor loaded), what the driver resumes from:
-
-* complete checkpoint: ``global_step_N`` holding ``MARKER``, which ``RPGTrainer`` writes (write,
-  then rename) after verl's save returned, listing every file with its size and SHA-256 digest (each
-  computed by the process that wrote the file: ``rpg.verl.checkpoint_digests``) and the run's RPG settings (``recorded_settings``); all listed files must still be there with that
-  size (verl's retention deletes ``actor/`` of old ones: no longer resumable). A folder without the
-  marker (verl's own trainer, or a run from before the marker) counts as complete only when verl's
-  tracker names it and it has ``actor/`` and ``data.pt``;
-* verified: the checkpoint to be resumed has every listed file's digest equal to the marker's (a
-  flipped byte, or a same-size file from another save, is named and never loaded). A marker from
-  before the digests (sizes only) is accepted with a note saying its contents were not verified;
-* intact: every ``.pt`` file the resume loads (actor, critic, reference shards, ``data.pt``) is a
-  whole zip archive (torch's format): its central directory reads and every member lies inside
-  the file. Reading the central directory touches a few KB, never the tensors;
-* ``auto`` follows verl's tracker: the checkpoint it names; if that one is missing, incomplete or
-  corrupted, the newest complete, verified checkpoint below the tracker's step (one line says which
-  and why). A ``global_step_N`` above the tracker's step (another run's, e.g. one with
-  ``resume_mode=disable``, or a save that did not finish) is never resumed: the line names it as
-  ignored. No tracker: the newest complete, verified checkpoint, saying so. No checkpoint at all:
-  from scratch; folders or a tracker but none usable: refuse (training from step 0 would overwrite
-  them);
-* ``resume_path``: that folder, complete, verified and intact, or refuse;
-* settings: the resumed checkpoint's recorded RPG settings must equal the run's (refused: one line
-  naming each differing key, old -> new), unless ``rpg.resume.allow_changed_settings=true``.
-
-A refusal is ONE line naming the directory or file and the choices (``ResumeError``, exit code 2).
+verl resumes from the step its tracker (``latest_checkpointed_iteration.txt``) names and, when the tracker or its
+folder is missing, trains from step 0 over the run's checkpoints. ``plan_resume`` decides instead. A checkpoint is
+complete when it holds ``MARKER`` (written by ``RPGTrainer`` after verl's save: every file with its size and SHA-256,
+the run's RPG settings) and every listed file, verified when each digest matches, intact when every ``.pt`` it loads
+is a whole zip archive. ``auto`` takes the tracker's checkpoint or the newest good one below it, ``resume_path`` that
+folder; other RPG settings than the checkpoint's are refused unless ``rpg.resume.allow_changed_settings=true``. Each
+rule and its line: docs/verl-integration.md#resume. A refusal is ONE line (``ResumeError``, exit code 2).
 """
 
 from __future__ import annotations
@@ -63,7 +40,7 @@ _BLOCK = 4 << 20
 ALLOW_CHANGED = next(k.path for k in declared_keys() if k.name == "allow_changed_settings")  # its config key
 # what a checkpoint records of the run besides the rpg: block's recorded keys (rpg.config.recorded_keys):
 # verl's keys that change the estimator: the advantage, verl's loss keys (rpg.loss.name=verl variants), the
-# trainer mode (colocate_async weights each token by pi_old/mu, sync does not: rpg.behavior), the
+# trainer mode (colocate_async weights each token by pi_old/mu, sync does not: rpg.math.behavior), the
 # advantage's normalisation, a KL penalty in the reward, verl's rollout correction (its IS/RS weights)
 VERL_RUN_KEYS = ("algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss.loss_mode",
                  "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.kl_loss_type",
@@ -240,8 +217,8 @@ class Inspection:
 
 
 def inspect(folder: str | os.PathLike, tracked: bool = False, verify: bool = True) -> Inspection:
-    """Is ``folder`` a complete, intact checkpoint (module docstring)? ``verify``: also compare every
-    file's digest with the marker's (reads every byte: ``file_digest``).
+    """Is ``folder`` a complete, intact checkpoint (docs/verl-integration.md#resume)? ``verify``: also compare
+    every file's digest with the marker's (reads every byte: ``file_digest``).
 
     ``tracked``: verl's tracker names this folder (accepted without the marker).
     """
@@ -374,7 +351,7 @@ def _join(*parts: str | None) -> str:
 def plan_resume(mode: str, default_local_dir: str, resume_from_path: str | None = None,
                 settings: dict | None = None, allow_changed: bool = False, world_size: int | None = None,
                 strategy: str = "fsdp2") -> ResumePlan:
-    """What the run resumes from (module docstring); ``ResumeError`` when it cannot continue.
+    """What the run resumes from (docs/verl-integration.md#resume); ``ResumeError`` when it cannot continue.
     ``settings``: the run's ``recorded_settings`` (None: not compared). ``world_size``, ``strategy``: the
     run's world size and actor strategy (None: not compared; ``rpg.verl.resume_world_size``)."""
     if (why := resume_mode_problem(mode)) is not None:  # never read a typo as auto

@@ -1,41 +1,12 @@
-"""Local input paths of a run, checked in the driver before Ray starts (``rpg.verl.main``).
+"""A run's local input paths, checked in the driver before Ray starts (``rpg.verl.main``), one line per problem.
 
-A missing data file or model directory otherwise surfaces only after Ray and the workers have
-started (about a minute and a thousand log lines later; a missing model directory even as a
-misleading Hugging Face repo-id error). ``check_input_paths`` turns every such problem into one
-line naming the key and the path (``rpg.verl.main`` prints them and exits 2); ``rpg.launch`` under ``DRY_RUN=1``
-refuses on the same lines (exit 2) except a local path that does not exist on its machine
-(``rpg.data.checks.Absent``: it may exist where the run runs), a warning.
-
-Keys and rules (a value containing ``://`` — hdfs://, s3://, ... — is remote and never checked):
-
-* data files: ``data.train_files``, ``data.val_files`` (a path or a non-empty list) must be existing
-  files that verl can read, in its layout, each ``data_source`` scored by the run's reward function
-  (``rpg.data.checks.data_problems``: the footer's schema and the ``data_source`` column; the same
-  function checks the launchers' overrides before anything starts);
-* model-like keys: ``actor_rollout_ref.model.path``, ``.tokenizer_path``, ``.hf_config_path``,
-  ``data.tokenizer`` (and ``critic.model.path`` when a critic is used) are either a local path or
-  a Hugging Face repo id. An existing path is fine. A value that does not exist is accepted only
-  when it is shaped like a repo id: ``name`` or ``org/name`` (one slash at most), each part made
-  of letters, digits, ``_ . -``, starting and ending with a letter or digit, no ``..``. A value
-  that *looks local* — starts with ``/``, ``~``, ``./`` or ``../``, contains ``\\``, has two or
-  more slashes, or is otherwise not repo-id shaped — must exist. Consequence: a relative path
-  ``models/qwen`` that does not exist is taken for the repo id ``models/qwen`` (write
-  ``./models/qwen`` to have it checked as a path);
-* ``reward.custom_reward_function.path``: an existing file when set, defining
-  ``reward.custom_reward_function.name`` (``rpg.reward.scored_sources.reward_name_problem``: read, never run);
-* ``trainer.resume_from_path`` when ``trainer.resume_mode=resume_path``: an existing directory whose
-  name is ``global_step_<N>`` (verl reads the step from it); relative to the current directory
-  and ``~`` is not expanded, as verl does.
-
-``resolve_resume`` (driver only, after the paths and the ``rpg:`` block were applied) decides what
-the run resumes from (``rpg.verl.checkpoints``: the checkpoint verl's tracker names, complete, intact
-and verified by its digests, trained with the same RPG settings, or one line refusing) and pins it:
-``resume_mode=auto`` becomes ``resume_path`` with that folder, so verl loads exactly it. Its line (resuming
-from which checkpoint and why, what was skipped and why, or a fresh start and why) is printed by the driver
-for every run and shown by the launchers on the terminal (``rpg.verl.errors.RESUME_LINE_STARTS``).
-``check_run_names``: ``trainer.project_name`` and ``trainer.experiment_name`` name directories
-(checkpoints, logs) and must stay inside them: no path separator, not ``.``/``..``, not empty.
+Without the check a missing data file or model directory surfaces after Ray and the workers started (a missing
+model directory as a misleading Hugging Face repo-id error). ``check_input_paths`` names the key and the path of
+each problem (the driver prints them and exits 2; under ``DRY_RUN=1`` a path absent from this machine is a warning,
+it may exist where the run runs): the data files (``rpg.data.checks.data_problems``), the model-like keys (a local
+path or a hub repo id, ``model_path_problem``), the custom reward function's file and the resume folder.
+``resolve_resume`` pins the checkpoint a resume loads (``rpg.verl.checkpoints``); ``check_run_names`` keeps
+``trainer.project_name`` and ``trainer.experiment_name`` one directory level each.
 """
 
 from __future__ import annotations
@@ -83,7 +54,8 @@ def is_remote(value: str) -> bool:
 
 
 def looks_like_hub_id(value: str) -> bool:
-    """``name`` or ``org/name`` as the Hugging Face hub accepts it (see the module docstring)."""
+    """``name`` or ``org/name`` as the Hugging Face hub accepts it: one slash at most, each part made of letters,
+    digits and ``_ . -``, starting and ending with a letter or digit, no ``..``."""
     return bool(_HUB_ID.match(value)) and ".." not in value
 
 
@@ -92,7 +64,10 @@ def _exists(value: str) -> bool:
 
 
 def model_path_problem(key: str, value: Any) -> str | None:
-    """None if ``value`` is remote, an existing path or a repo id; else the one-line reason."""
+    """None if ``value`` is remote (contains ``://``), an existing path or shaped like a repo id
+    (``looks_like_hub_id``); else the one-line reason. A value that looks local (starts with ``/``, ``~``, ``./``
+    or ``../``, contains ``\\``, has two slashes or more) must exist: a relative ``models/qwen`` that does not exist
+    is taken for the repo id ``models/qwen`` (write ``./models/qwen`` to have it checked as a path)."""
     if value is None or (isinstance(value, str) and (is_remote(value) or _exists(value) or looks_like_hub_id(value))):
         return None
     if not isinstance(value, str):
@@ -133,7 +108,8 @@ def check_run_names(cfg) -> None:
 
 def resolve_resume(cfg) -> str | None:
     """Decide the checkpoint the run resumes from (``rpg.verl.checkpoints.plan_resume``) and pin it in
-    ``cfg`` (``resume_mode=resume_path``); returns the line to print (None: no resume).
+    ``cfg`` (``resume_mode=resume_path``); returns the line to print (None: no resume), which the driver prints for
+    every run and the launchers show (``rpg.verl.errors.RESUME_LINE_STARTS``).
     Raises ``ResumeError`` (one line) when the run cannot continue where it stopped."""
     from omegaconf import OmegaConf
 
@@ -176,7 +152,15 @@ def _needs_critic(cfg) -> bool:
 def input_path_problems(cfg, *, use_critic: bool | None = None) -> list[str]:
     """One line per missing local input path of the composed config ``cfg``, and per problem of its data
     files (``rpg.data.checks.data_problems``); empty: all present and usable. A path that does not exist on this
-    machine is an ``Absent`` line (``refusals`` leaves those out).
+    machine is an ``Absent`` line (``refusals`` leaves those out). Remote values (``://``) are never checked.
+
+    * ``data.train_files``, ``data.val_files`` (a path or a non-empty list): files verl can read, in its layout, each
+      ``data_source`` scored by the run's reward function;
+    * ``actor_rollout_ref.model.path``, ``.tokenizer_path``, ``.hf_config_path``, ``data.tokenizer`` (and
+      ``critic.model.path`` with a critic): ``model_path_problem``;
+    * ``reward.custom_reward_function.path`` when set: an existing file defining ``.name`` (read, never run);
+    * ``trainer.resume_from_path`` with ``resume_mode=resume_path``: an existing ``global_step_<N>`` directory (verl
+      reads the step from its name), relative to the current directory, ``~`` not expanded (as verl does).
 
     ``use_critic=None``: ask verl (``need_critic``) whether ``critic.model.path`` is used.
     """

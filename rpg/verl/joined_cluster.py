@@ -1,26 +1,13 @@
-"""A run on a Ray cluster it joined (``ray job submit``, ``RAY_ADDRESS``): what the driver checks once Ray is up,
-before verl builds anything, and what it says when a node of the run is lost.
+"""A run on a Ray cluster it joined (``ray job submit``, ``RAY_ADDRESS``): the driver's checks once Ray is up, and
+its line when a node of the run is lost.
 
-verl's trainer assumes its cluster can serve the run and that every node writes checkpoints to one folder; when
-either is false it finds out late: too few logical GPUs is verl's "Total available GPUs ..." traceback, too few
-nodes with ``trainer.n_gpus_per_node`` GPUs each is a placement group that waits forever, a checkpoint folder
-local to each node is a checkpoint that the resume (run anywhere) cannot find. So, after ``ray.init`` (Ray's
-post-init hook, ``checks_after_ray_init``), on a cluster the driver joined:
-
-* ``capacity_problem``: alive nodes that hold ``n_gpus_per_node`` logical GPUs each >= ``trainer.nnodes``, and
-  their GPUs >= ``trainer.nnodes x trainer.n_gpus_per_node`` (verl places one placement group of
-  ``n_gpus_per_node`` bundles per node); one line naming the counts otherwise;
-* ``shared_folder_problem`` (several nodes): a file the driver writes into ``trainer.default_local_dir`` is read
-  back by a task pinned to each alive node (``NodeAffinitySchedulingStrategy``, soft=False); a node that does not
-  find it, or finds other bytes, is named in one line with the key; then the metrics log's folder and the run's
-  local inputs, and each node's address as torch's gloo picks it (``rpg.verl.node_checks``).
-
-A refusal is an ``RPGConfigError``: the driver's one line, exit 2 (``rpg.verl.main``).
-
-A node lost mid-run (its raylet gone: the machine, the network, a preemption) ends the ranks on it; verl's next
-``ray.get`` on them raises one of Ray's lost-process errors (``LOST``) in the driver. ``lost_reason`` recognises
-it and names the nodes that were alive at the start and are not any more; the driver then prints its usual stop
-line (last complete checkpoint, the resume command) instead of a traceback (``rpg.verl.main``).
+verl finds a cluster that cannot serve the run late: too few GPUs is a traceback, too few nodes a placement group
+that waits forever, a checkpoint folder local to each node a checkpoint the resume cannot find. So, after
+``ray.init`` and before verl builds anything (``checks_after_ray_init``): ``capacity_problem`` (``trainer.nnodes``
+alive nodes with ``n_gpus_per_node`` GPUs each) and, on several nodes, ``shared_folder_problem`` (a file the driver
+writes into ``trainer.default_local_dir``, read back on each node) and ``rpg.verl.node_checks``; a refusal is one
+line, exit 2. A node lost mid-run (one of Ray's ``LOST`` errors in the driver): ``ClusterRun.lost_reason`` names the
+nodes gone, and the driver prints its stop line instead of a traceback.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Driver and TaskRunner of the RPG recipe (``recipe/rpg/main_rpg.py`` is a thin Hydra shell).
 
-``main_from_hydra(config)`` mirrors verl's ``verl.trainer.main_ppo.main`` (auto_set_device ->
-validate_config -> run_ppo) with two differences:
-
-1. ``rpg.verl.translate.validate_and_apply`` checks the ``rpg:`` block and writes the verl keys it
-   implies, and ``rpg.verl.input_paths.check_input_paths`` checks every local input path (data
-   files, model/tokenizer directories, resume checkpoint), BEFORE verl's ``validate_config`` and
-   before Ray starts (bad value -> one-line ``RPGConfigError`` naming the key, exit code 2);
-2. ``run_ppo`` gets ``RPGTaskRunner``, whose ``run`` is verl's ``TaskRunnerV1.run`` with the
-   trainer class ``RPGTrainer`` (``trainer.v1.trainer_mode=sync``), ``RPGTrainerColocateAsync``
-   (``colocate_async``) or ``RPGTrainerSeparateAsync`` (``separate_async``): RPG's hooks on verl's own class for that mode (verl compares the mode's name
-   to pick the replay buffer, so no new trainer name is registered), and
-   verl's file logger pointed at a new segment of the run's metrics history for the duration of
-   ``fit`` (``log_segment``: a resume never truncates the history; ``rpg.common.history``).
-
-Before Ray, ``prepare_config`` also pins the checkpoint a resume loads (``rpg.verl.checkpoints``:
-the newest complete one, or one line refusing). SIGHUP, SIGINT and SIGTERM stop the run: Ray is
-shut down and one line says where the metrics and the last complete checkpoint are and how to
-resume (``stop_on_signals``; exit code 128 + signum).
+``main_from_hydra(config)`` is verl's ``verl.trainer.main_ppo.main`` (auto_set_device -> validate_config -> run_ppo)
+with checks before Ray: ``prepare_config`` applies the ``rpg:`` block (``rpg.verl.translate``), checks every local
+input path (``rpg.verl.input_paths``) and pins the checkpoint a resume loads (``rpg.verl.checkpoints``), all before
+verl's ``validate_config``; a bad value is one line naming the key, exit code 2. ``run_ppo`` gets ``RPGTaskRunner``:
+verl's ``TaskRunnerV1`` with the RPG trainer of ``trainer.v1.trainer_mode`` and verl's file logger on a new segment
+of the run's metrics history (a resume never truncates it). SIGHUP, SIGINT and SIGTERM stop the run: Ray is shut
+down and one line says where the metrics and the last complete checkpoint are and how to resume (128 + signum).
 """
 
 from __future__ import annotations

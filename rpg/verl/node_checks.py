@@ -1,24 +1,13 @@
-"""What every node of a joined Ray cluster must see as the driver does, checked once Ray is up.
+"""What every node of a joined Ray cluster must see as the driver does, checked once Ray is up (one line each).
 
-``rpg.verl.joined_cluster`` probes the checkpoint folder on every node; the same holds for two more things a node
-reads or writes where the driver cannot look:
-
-* the metrics log's folder (verl's ``file`` logger, ``rpg.common.history.base_path``): verl's trainer process (its
-  ``TaskRunner`` actor) writes the log on whichever node Ray placed it, the driver, the stop line and the reports
-  read it here: probed like the checkpoint folder (``joined_cluster.shared_folder_problem``: a file written here, read
-  there);
-* the run's local inputs (``rpg.verl.input_paths``'s model keys, ``actor_rollout_ref.model.path`` first, and the
-  data files): each rank loads the model on its node, the trainer reads the data on its own; the driver checked
-  them on this node before Ray. Each node's view of each path (``path_view``: a file's size; a folder's files and
-  their sizes, top level, links followed) is computed by a task pinned to the node and compared with the
-  driver's (``inputs_problem``): missing there, or other files or sizes, is one line naming the key, the path,
-  the node and the way out. Remote values (``hdfs://``, ...) and Hugging Face repo ids are not local paths: not
-  probed;
-* each node's own address as torch's gloo would pick it (``address_view``: the hostname's resolution, and
-  GLOO_SOCKET_IFNAME in the job's environment): a node Ray reaches at a routable address whose hostname resolves
-  to a loopback one (127.0.1.1 on many images) would bind its gloo groups (verl's ``cpu:gloo``) there, and
-  ``init_process_group`` would wait for its timeout; refused with the fix (``address_problem``). Nodes that Ray
-  itself reaches on loopback (one machine: the rehearsal of docs/launch-scripts.md) are not refused.
+Besides the checkpoint folder (``rpg.verl.joined_cluster``), a task pinned to each node (``on_each_node``) checks:
+the metrics log's folder (verl's ``file`` logger writes it where Ray placed the TaskRunner, the driver and the
+reports read it here: probed like the checkpoint folder); the run's local inputs (the model keys of
+``rpg.verl.input_paths`` and the data files; each node's ``path_view``, sizes of a file or of a folder's top-level
+files, must equal the driver's: ``inputs_problem``; remote values and hub repo ids are not probed); each node's
+address as torch's gloo picks it (a hostname resolving to loopback on a node Ray reaches at a routable address would
+make ``init_process_group`` wait for its timeout: ``address_problem``); the backend's own checks of a rank's node
+(``rank_nodes_problems``).
 """
 
 from __future__ import annotations

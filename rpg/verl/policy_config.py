@@ -25,7 +25,7 @@ class RPGPolicyLossConfig(PolicyLossConfig):
     rpg_sampler_kl: rpg.loss.name=verl only: verl's KL loss against pi_old (ref_log_prob := old_log_probs)
     rpg_stale_sampler: the samples come from a stale policy mu (trainer.v1.trainer_mode=colocate_async or separate_async): the
                     RPG actor loss weights every token by pi_old/mu from the micro-batch's rollout_log_probs
-                    (rpg.behavior; set by the driver, never by hand)
+                    (rpg.math.behavior; set by the driver, never by hand)
     """
 
     rpg_loss: dict[str, Any] = field(default_factory=dict)

@@ -1,31 +1,13 @@
 """``rpg_policy_loss``: the RPG losses with verl's policy-loss signature (import-light: torch + core_algos).
 
-Registered as verl loss modes ``rpg`` and ``grpo_corrected`` (``rpg.verl.register``) and called by
-verl's own ``ppo_loss`` (``verl.workers.utils.losses``), which hands over the padded micro-batch
-tensors by keyword. It is the single place where verl meets the loss library:
-
-* ``rpg``: the per-token matrix of ``rpg.losses.rpg_policy_loss(..., aggregate=False)``
-  (RPG-{F,R,UF,UR}KL, fully differentiable or REINFORCE-style, with or without RPG-Style Clip;
-  docs/math.md), aggregated with verl's ``agg_loss(..., **config.global_batch_info)`` so that the
-  summed micro-batch losses equal the global mini-batch loss (verl's normalisation contract).
-* ``grpo_corrected``: verl's vanilla dual-clip PPO loss on A plus
-  ``beta * agg_loss(grpo_corrected_kl(...))``, the importance-weighted k3 KL of Sec. 2.2.
-
-Settings: ``rpg.verl.loss_settings.loss_config(config)`` (their path from ``rpg.loss``: ``rpg.verl.translate``).
-
-Anchor: verl's ``ppo_loss`` passes no ``ref_log_prob``. With ``policy_loss.rpg_anchor=sampler`` the
-anchor is pi_old (the paper's iterative reference). With ``reference`` the RPG actor loss
-(``rpg.verl.actor_loss``) hands the reference's log-probs over through ``with_reference_log_prob``
-for the duration of verl's call, and the exact three-policy weights are used
-(docs/math.md#three-policies).
-
-Weights: ``rollout_is_weights`` (verl's rollout correction, pi_old/pi_rollout) multiply the per-token
-loss as in verl's vanilla loss. With a stale sampler the RPG actor loss hands over its own behaviour
-weights b = pi_old/mu instead (``with_behavior_weights``, ``rpg.behavior``), computed from the micro-batch's
-``rollout_log_probs``; both at once is an error (a weight applied twice). Either multiplies the whole
-per-token loss, reward and KL term alike, and the loss's metrics become b-weighted means, i.e. estimates under
-pi_old, the distribution they describe (self-normalised over the micro-batch here; the RPG actor loss turns them
-into shares of the mini-batch's mean, ``rpg.verl.actor_loss._global_means``).
+Registered as verl's loss modes (``rpg.verl.register``) and called by verl's ``ppo_loss`` with the padded
+micro-batch: ``rpg`` is the per-token loss of ``rpg.math.losses.rpg_policy_loss(..., aggregate=False)``
+(docs/math.md#per-token-losses) aggregated by verl's ``agg_loss(..., **config.global_batch_info)``, so that the
+micro-batch losses sum to the mini-batch's; ``grpo_corrected`` is verl's vanilla dual-clip PPO loss plus
+β·``agg_loss(grpo_corrected_kl(...))`` (Sec. 2.2). The KL anchor is π_old (``policy_loss.rpg_anchor=sampler``) or the
+reference whose log-probs the RPG actor loss hands over (``with_reference_log_prob``; docs/math.md#three-policies).
+One token weight multiplies the whole per-token loss: verl's ``rollout_is_weights`` or the behaviour weights
+b = π_old/μ (``with_behavior_weights``), never both.
 """
 
 from __future__ import annotations
@@ -38,8 +20,8 @@ import torch
 
 from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla
 
-from rpg.losses import grpo_corrected_kl, value_clamp
-from rpg.losses import rpg_policy_loss as library_loss
+from rpg.math.losses import grpo_corrected_kl, value_clamp
+from rpg.math.losses import rpg_policy_loss as library_loss
 from rpg.config import RPG_LOSSES
 from rpg.verl.loss_settings import loss_config
 
@@ -109,7 +91,10 @@ def rpg_policy_loss(
 
     Returns ``(loss, metrics)``: a scalar that keeps the graph, normalised with
     ``config.global_batch_info``, and a flat dict of floats (``rpg/*`` keys of the loss library
-    plus verl-compatible ``actor/pg_clipfrac`` and ``actor/ppo_kl``).
+    plus verl-compatible ``actor/pg_clipfrac`` and ``actor/ppo_kl``). Settings:
+    ``rpg.verl.loss_settings.loss_config(config)``. With token weights the metrics are weighted means, estimates
+    under π_old, self-normalised over the micro-batch here (the RPG actor loss turns them into shares of the
+    mini-batch's mean, ``rpg.verl.actor_loss._global_means``).
     """
     if config is None:
         raise ValueError("rpg_policy_loss needs verl's actor config (config=None)")

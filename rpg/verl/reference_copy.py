@@ -1,24 +1,9 @@
 """Shard-local reference <- actor copies for FSDP1 / FSDP2 modules, and what the reference computes.
 
-Pure torch (no verl import), used by ``rpg.verl.worker`` on every rank and tested directly on a
-2-rank gloo group (tests/test_verl_reference_fsdp.py).
-
-**Why the gathered parameters are released first.** A forward leaves some FSDP units *unsharded*:
-FSDP1 never frees the root unit's gathered flat parameter after a forward (it expects a backward
-to follow; the root unit holds the embeddings, final norm and lm_head), and with
-``reshard_after_forward=False`` no unit frees its gathered parameters (FSDP1 SHARD_GRAD_OP, FSDP2).
-The reference only runs no-grad forwards, so nothing ever frees them:
-
-* FSDP1 reuses such a gathered buffer on the next forward without gathering again, so a copy
-  into the local shards (``named_parameters()`` shows the shards) would not reach the reference's
-  outputs: the reference would keep computing with the old root weights;
-* FSDP2 registers the gathered full tensors as the module's parameters while unsharded, so the
-  local "shards" have the full shapes and no longer match the actor's.
-
-``release_gathered_params`` puts every unit of a module back into its sharded state and frees the
-gathered buffers (FSDP2: the public ``FSDPModule.reshard``; FSDP1: the unit's flat-parameter
-handle, as verl's own engine does for the root after an eval forward when ``fsdp_size > 1``);
-the next forward then gathers the copied shards.
+Pure torch (no verl import), used by ``rpg.verl.worker`` on every rank and tested on a 2-rank gloo group
+(tests/test_verl_reference_fsdp.py). A copy goes into each rank's local shards, after ``release_gathered_params``
+has put every FSDP unit back into its sharded state (a no-grad forward leaves some gathered); ``max_shard_diff``,
+``probe_logits`` and ``next_token_nll`` measure actor and reference on their shards and on a fixed probe sequence.
 """
 
 from __future__ import annotations
@@ -40,7 +25,13 @@ def local_shard(p: torch.Tensor) -> torch.Tensor:
 def release_gathered_params(module: torch.nn.Module) -> int:
     """Reshard every FSDP1/FSDP2 unit of ``module`` and free its gathered parameters.
 
-    Idempotent; a no-op for units that are already sharded. Returns the number of units visited.
+    A forward leaves some units unsharded: FSDP1 never frees the root unit's gathered flat parameter (it expects a
+    backward; the root holds the embeddings, final norm and lm_head), and with ``reshard_after_forward=False`` no
+    unit frees its own (FSDP1 SHARD_GRAD_OP, FSDP2). The reference runs no-grad forwards only, so nothing frees
+    them: FSDP1 would reuse the stale gathered buffer (a copy into the shards would not reach the outputs), FSDP2
+    registers the full tensors as the parameters (the "shards" would have the full shapes). FSDP2: the public
+    ``FSDPModule.reshard``; FSDP1: the unit's flat-parameter handle, as verl's engine does for the root after an eval
+    forward. Idempotent; a no-op for units that are already sharded. Returns the number of units visited.
     """
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP

@@ -1,16 +1,12 @@
-"""Register RPG with verl's registries. Idempotent and import-light (torch + core_algos only).
+"""Register RPG with verl's registries: idempotent and import-light (torch, verl's ``core_algos`` and the loss library).
 
-Imported by the ``verl.plugins`` entry point (pyproject.toml) in every process that
-imports verl: the driver, the TaskRunner (advantage estimators run there) and every Ray worker
-(policy losses run there).
+Imported through the ``verl.plugins`` entry point (pyproject.toml) in every process that imports verl: the driver,
+the TaskRunner (advantage estimators run there) and every Ray worker (policy losses run there).
 
-* policy losses (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``rpg``, ``grpo_corrected``
-  -> ``rpg.verl.policy_loss.rpg_policy_loss`` (called by verl's ``ppo_loss``; settings from
-  ``RPGPolicyLossConfig``).
-* advantage estimators (``algorithm.adv_estimator``): ``rpg`` (R - group mean, no std; singleton
-  group -> R) and ``rpg_batchmean`` (R - batch mean), via ``rpg.advantage.outcome_advantage``.
-
-It imports torch, verl's ``core_algos`` and the loss library only, never verl's trainer/worker stack.
+* policy losses (``actor_rollout_ref.actor.policy_loss.loss_mode``): ``rpg``, ``grpo_corrected`` ->
+  ``rpg.verl.policy_loss.rpg_policy_loss``;
+* advantage estimators (``algorithm.adv_estimator``): ``rpg`` (R − group mean, no std; a singleton group keeps R)
+  and ``rpg_batchmean`` (R − batch mean), by ``rpg.math.advantage.outcome_advantage``.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from rpg.config import RPG_LOSSES
 
 
 def _outcome(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, mode: str):
-    from rpg.advantage import outcome_advantage
+    from rpg.math.advantage import outcome_advantage
 
     if mode == "group" and index is None:
         raise ValueError("algorithm.adv_estimator=rpg needs the prompt uid index (group baseline)")

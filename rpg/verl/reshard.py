@@ -1,33 +1,13 @@
-"""Loading an FSDP2 checkpoint saved at another world size (docs/verl-integration.md, "Resume at another world size").
+"""Loading an FSDP2 checkpoint saved at another world size (docs/verl-integration.md#resume-at-another-world-size).
 
-verl 0.9.1's ``FSDPCheckpointManager`` (the one the v1 engine workers' FSDP engine builds) saves, per rank r
-of a world size S, ``model_world_size_S_rank_r.pt`` (the module's ``state_dict()``: FSDP2 DTensors),
-``optim_world_size_S_rank_r.pt`` (``optimizer.state_dict()``: parameter-index keys, DTensor states) and
-``extra_state_world_size_S_rank_r.pt`` (lr scheduler, the rank's RNG), and loads only the files of its own
-world size. ``ReshardingCheckpointManager`` (installed on the actor's engine by ``rpg.verl.worker``) loads
-the files of the current world size through verl's own ``load_checkpoint``; for another world size it:
-
-1. maps every saved rank's files (``torch.load(mmap=True)``: only the bytes it touches are read);
-2. rebuilds each sharded tensor's full tensor from the saved ranks' local tensors by their DTensor
-   placements (``full_tensor``: Shard(d) mesh dims concatenated in mesh order, Replicate dims read once;
-   FSDP2 shards dim 0 as ``torch.chunk`` does, so the full tensor is the rank-ordered concatenation);
-3. cuts this rank's piece on the CPU as ``distribute_tensor`` would on the *current* parameter's mesh and
-   placements (``local_piece``; no communication: every rank holds the full tensor) and moves only that piece to
-   the parameter's device (``distribute_tensor`` would first move the whole tensor to the mesh's device: each
-   rank would push the whole model and optimizer state to its GPU to keep 1/W of it);
-4. hands verl's own load calls (``module.load_state_dict``, ``optimizer.load_state_dict``,
-   ``lr_scheduler.load_state_dict``) state dicts of exactly the layout a same-world-size checkpoint has.
-
-No collective runs, so no rank can wait on another, and one full tensor lives at a time (peak: the
-mapped files plus one full tensor). Not torch's ``set_model_state_dict``/``set_optimizer_state_dict``
-with ``full_state_dict=True, broadcast_from_rank0=True``: rank 0 would hold the whole model and optimizer
-state at once and broadcast it, and the optimizer path first runs one ``step()`` with lr 0 on zero
-gradients to create the state (``_init_optim_state``); here no optimizer step runs, and the state dicts
-are loaded by the same calls as a same-world-size checkpoint.
-
-The RNG states are per rank and have no counterpart at another world size: they are not restored (the
-ranks keep the state they started with; the driver says so). Nothing in the recipe's update draws
-from them (no dropout in training; rollouts seed their own sampling).
+verl 0.9.1's ``FSDPCheckpointManager`` saves per rank r of world size S
+``{model,optim,extra_state}_world_size_S_rank_r.pt`` (DTensor state dicts) and loads only its own world size's.
+``ReshardingCheckpointManager`` (installed by ``rpg.verl.worker``) loads another world size's without a collective:
+it maps every saved rank's files (``torch.load(mmap=True)``), rebuilds each full tensor from the saved placements
+(``full_tensor``), cuts this rank's piece on the CPU as ``distribute_tensor`` would on the current mesh
+(``local_piece``; only that piece reaches the device) and hands verl's own ``load_state_dict`` calls state dicts of a
+same-world-size layout: one full tensor at a time, no optimizer step (torch's ``set_*_state_dict`` with
+``broadcast_from_rank0`` would hold the whole state on rank 0). The per-rank RNG states are not restored.
 """
 
 from __future__ import annotations
@@ -158,8 +138,9 @@ def resharded_optimizer_state(saved: list[dict], optimizer) -> dict:
 
 
 def load_resharded(manager, folder: str, saved_world_size: int) -> None:
-    """What ``FSDPCheckpointManager.load_checkpoint`` does, from the files of ``saved_world_size``
-    (module docstring). ``manager``: verl's manager (model, optimizer, lr scheduler, contents to load)."""
+    """What ``FSDPCheckpointManager.load_checkpoint`` does, from the files of ``saved_world_size``: every saved rank's
+    files mapped, each entry's full tensor rebuilt and this rank's piece cut (``full_tensor``, ``local_piece``), then
+    verl's own load calls. ``manager``: verl's manager (model, optimizer, lr scheduler, contents to load)."""
     if manager.should_load_model:
         saved = load_all(folder, "model", saved_world_size)
         manager.model.load_state_dict(resharded_state_dict(saved, manager.model.state_dict()))

@@ -1,20 +1,13 @@
 """Resuming at another world size, decided before Ray from the disk only (no tensor read; no torch import).
 
-verl 0.9.1 names an FSDP checkpoint's files by the world size that saved them
-(``{model,optim,extra_state}_world_size_S_rank_r.pt``) and loads only those of its own world size: a
-checkpoint saved at S resumed at W != S failed in a worker, after start-up, with ``FileNotFoundError``.
-The workers of this recipe load such a checkpoint resharded (``rpg.verl.reshard``); this module says,
-before Ray, whether that can work and what it does (one line, added to the resume decision):
-
-* resharded: an FSDP2 save (its model shards are DTensors that carry their placement; at world size 1 a
-  shard is the full tensor; verl's ``actor/fsdp_config.json``, when there, says ``FSDP_version`` 2) loaded by
-  an FSDP2 run, every saved rank's model, optimizer and extra-state file
-  present, the reference shards (``rpg_reference/reference_rank_r.pt``) of every saved rank saved as
-  DTensors; the model, optimizer state, lr schedule and reference are resharded, the per-rank RNG state
-  is not restored (a rank's RNG has no counterpart at another world size);
-* refused (one line naming both world sizes and the way out): an FSDP1 save or an FSDP1 run (flat
-  parameters whose layout depends on the world size), a saved rank's file missing, a critic, reference
-  shards without their placement.
+verl 0.9.1 names an FSDP checkpoint's files by the world size that saved them and loads only its own
+(``{model,optim,extra_state}_world_size_S_rank_r.pt``); this recipe's workers load another world size's resharded
+(``rpg.verl.reshard``). ``world_size_change`` says before Ray whether that can work, in one line added to the resume
+decision: resharded for an FSDP2 save (DTensor shards that carry their placement; verl's ``fsdp_config.json`` says
+``FSDP_version`` 2) loaded by an FSDP2 run with every saved rank's files and reference shards present, the per-rank
+RNG state not restored; refused, naming both world sizes and the way out, for FSDP1 on either side (flat
+parameters laid out by the world size), a saved rank's file missing, a critic, or reference shards without their
+placement.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
-"""What makes a run repeat itself, and what the sampler's lag was: ``RunOrderMixin``, hooks of the RPG trainers
-(``rpg.verl.trainer``), on the pieces below.
+"""What makes a run repeat itself, and how far behind its sampler was: ``RunOrderMixin``, hooks of the RPG trainers.
 
-* **Prompt uids from the dataloader's order.** verl gives each prompt a random ``uuid4`` (``trainer_base.py:1476``)
-  and its replay buffer returns a batch in the order the rollouts finished (``replay_buffer.py:394-406``, the
-  TransferQueue snapshot): the mini-batches (``engine_workers.py:271-277``, consecutive slices) and every sum over
-  the batch then follow completion order. ``prompt_uid(step, n)`` names the n-th prompt fetched at ``step``
-  instead, and ``sample_order`` sorts a batch by (step, n, sample, output): the same order in every run.
-* **Validation in a canonical order.** verl collects validation samples in completion order too
-  (``trainer_base.py:1076-1118``) and its bootstrap ``best@N``/``maj@N`` draw by position with a fixed seed
-  (``metric_utils.py:835-840``), and its means add per-prompt values in that order. ``canonical_validation``
-  orders prompts and their samples by what the metrics read, so equal samples give equal metrics.
-* **The lag.** ``LagBook`` keeps the optimizer updates done when each weight version was published
-  (version v = the weights after step v, synced to the rollout at the end of step v); a sample generated with
-  version v and trained at step g, whose pi_old is version g-1 (the weights at the step's start), is
-  ``g-1-v`` versions and ``updates(g-1) - updates(v)`` optimizer updates behind pi_old.
-
-Per-step metrics of the mixin: ``training/rpg/lag_{versions,updates}_{mean,max}`` (mean and max over the step's
-samples: the mean over its equal-sized mini-batches of their mean lag, and the largest lag any mini-batch had; 0
-in sync) and, with a stale sampler, ``actor/rpg/behavior_ess`` and ``actor/rpg/behavior_log_w_m2`` over all the
-step's response tokens (``rpg.behavior.behavior_step_metrics``).
+verl names each prompt by a random ``uuid4`` and its replay buffer returns a batch in the order the rollouts
+finished, so mini-batches, sums and validation metrics follow completion order. The mixin names the n-th prompt
+fetched at a step ``prompt_uid(step, n)`` and orders a batch by (step, n, sample, output) (``sample_order``), and
+hands verl's validation metrics their samples in a canonical order (``canonical_validation``): the same order, and
+equal metrics for equal samples, in every run. ``LagBook`` counts how many weight versions and optimizer updates
+each sample's weights were behind π_old: ``training/rpg/lag_{versions,updates}_{mean,max}`` (0 in sync), and with a
+stale sampler ``actor/rpg/behavior_ess`` and ``actor/rpg/behavior_log_w_m2`` over the step's tokens.
 """
 
 from __future__ import annotations
@@ -28,13 +16,16 @@ import re
 import transfer_queue as tq
 from tensordict import NonTensorStack
 
-from rpg.behavior import add_step_sums, behavior_step_metrics, behavior_step_sums
+from rpg.math.behavior import add_step_sums, behavior_step_metrics, behavior_step_sums
 
 PROMPT_UID = re.compile(r"p(\d+)-(\d+)")
 
 
 def prompt_uid(step: int, n: int) -> str:
-    """The uid of the n-th prompt fetched at ``step`` (no ``_``: verl's keys are ``{uid}_{sample}_{output}``)."""
+    """The uid of the n-th prompt fetched at ``step`` (no ``_``: verl's keys are ``{uid}_{sample}_{output}``), in place
+    of verl's random ``uuid4`` (``trainer_base.py:1476``): its replay buffer returns a batch in the order the
+    rollouts finished (``replay_buffer.py:394-406``) and the mini-batches are consecutive slices of it
+    (``engine_workers.py:271-277``)."""
     return f"p{step}-{n}"
 
 
@@ -61,7 +52,9 @@ def canonical_validation(data_sources: list, sample_uids: list, infos: dict[str,
     """The arguments of verl's ``_val_metrics_update`` reordered: prompts (uids) by (data source, their sorted
     samples), each prompt's samples by their values (every field of ``infos``), so the order no longer depends
     on which rollout finished first. Uids are random per run (verl's ``_validate``), so they take no part in the
-    order; prompts whose samples are equal give equal per-prompt metrics, whatever their relative order."""
+    order; prompts whose samples are equal give equal per-prompt metrics, whatever their relative order. (verl
+    collects them in completion order, ``trainer_base.py:1076-1118``, and its bootstrap ``best@N``/``maj@N`` draw by
+    position with a fixed seed, ``metric_utils.py:835-840``.)"""
     n = len(sample_uids)
     names = sorted(infos)
     if any(len(infos[k]) != n for k in names) or len(data_sources) != n or (turns and len(turns) != n):
@@ -81,7 +74,11 @@ def canonical_validation(data_sources: list, sample_uids: list, infos: dict[str,
 
 
 class LagBook:
-    """Optimizer updates done at each published weight version, and the lag of the samples a step trains on."""
+    """Optimizer updates done at each published weight version, and the lag of the samples a step trains on.
+
+    Version v = the weights after step v, synced to the rollout at its end; a sample generated with version v and
+    trained at step g, whose π_old is version g-1, is ``g-1-v`` versions and ``updates(g-1) - updates(v)`` optimizer
+    updates behind π_old."""
 
     def __init__(self, version: int):
         self.updates = 0  # optimizer updates since ``version`` (the run's first weights in this process)
@@ -105,7 +102,8 @@ class LagBook:
 
 
 def lag_metrics(versions_behind, updates_behind) -> dict[str, float]:
-    """``training/rpg/lag_{versions,updates}_{mean,max}`` over a step's samples (none: nothing)."""
+    """``training/rpg/lag_{versions,updates}_{mean,max}`` over a step's samples (none: nothing): the mean over its
+    equal-sized mini-batches of their mean lag, and the largest lag any mini-batch had."""
     if not versions_behind:
         return {}
     out = {}
@@ -116,12 +114,13 @@ def lag_metrics(versions_behind, updates_behind) -> dict[str, float]:
 
 
 class RunOrderMixin:
-    """Trainer hooks (module docstring); a base of ``rpg.verl.trainer.RPGTrainerMixin``, before verl's trainer."""
+    """The run order and the lag (module docstring); a base of ``rpg.verl.trainer.RPGTrainerMixin``, before verl's
+    trainer."""
 
     _lag_book: LagBook | None = None  # set when the first weights are published (on_init_end)
     _uid_step, _uid_count = None, 0  # the step the last prompt was fetched at, prompts fetched at it so far
     _step_lags: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # this step's samples: versions, updates behind
-    _step_behavior: dict | None = None  # this step's rpg.behavior.STEP_SUMS (a stale sampler only)
+    _step_behavior: dict | None = None  # this step's rpg.math.behavior.STEP_SUMS (a stale sampler only)
 
     def _fetch_one_gen_batch(self):
         """verl's fetch, with uids from the dataloader's order (``prompt_uid``) instead of random ones."""

@@ -1,50 +1,12 @@
-"""``RPGTrainer``: verl 0.9.1's v1 synchronous trainer (``PPOTrainerSync``) plus RPG's schedules;
-``RPGTrainerColocateAsync`` and ``RPGTrainerSeparateAsync``: the same on verl's ``PPOTrainerColocateAsync`` and
-``PPOTrainerSeparateAsync`` (all ``RPGTrainerMixin``).
+"""The RPG trainers: verl 0.9.1's v1 trainers with RPG's reference schedule, schedule-free switches and checkpoints.
 
-Hooks used (all public/overridable in verl's v1 ``PPOTrainer``; no verl file is patched):
-
-* ``_init_resource_pool_mgr``: swap the actor/rollout/ref worker class for the mode's ``worker_cls``
-  (``RPGActorRolloutRefWorker``; ``RPGDetachActorWorker`` in separate_async, where verl swaps in its
-  ``DetachActorWorker`` first).
-* ``_compute_ref_log_prob`` (reference modes only): after verl's computation, log
-  ``rpg/ref_kl`` = token-mean k3 estimate of KL(pi_old || pi_ref) on the batch (samples from
-  pi_old); the ``kl_threshold`` schedule averages it over every mini-batch of the step (separate_async
-  runs ``parameter_sync_step`` of them, each with its own reference log-probs).
-* ``step``: after verl's step (rollout -> old/ref log-probs -> advantage -> actor update), run the
-  reference schedule: ``periodic`` copies actor -> reference when ``global_steps % K == 0``;
-  ``kl_threshold`` keeps ``ema = d*ema + (1-d)*ref_kl`` and copies (and resets ema to 0) when
-  ``ema > kappa``. Resetting inside ``step`` (before verl saves a checkpoint) makes the saved
-  reference state match the saved actor.
-* ``_save_checkpoint``: schedule-free -> eval (averaged x) weights are saved; then back to train.
-  Reference modes that reset also write ``rpg_reference.json`` (last reset step, EMA, count) and,
-  unless the reference equals the saved actor (last reset == this step), the reference shards;
-  after verl's save, the reference state of every checkpoint whose actor verl's retention
-  (``trainer.max_actor_ckpt_to_keep``) deleted is deleted too; last, the completion marker
-  (``rpg.verl.checkpoints.MARKER``: the files, their sizes and digests, the run's RPG settings, the run's last
-  step) that a resume requires; each rank's files are hashed by that rank (``rpg_checkpoint_digests``), the trainer hashes
-  only its own (``data.pt``, the JSON files).
-* ``on_init_end``: schedule-free -> train mode (y) after a resume; reference restored from the
-  checkpoint (see docs/verl-integration.md, "Resume"); then verl's rollout weight sync.
-* ``on_validate_begin/end``: schedule-free -> validation generates with the eval (x) weights:
-  sleep replicas, switch, re-sync rollout weights; and back to train (y) afterwards.
-* ``_init_dataloader``: the validation loader sets verl's per-row ``__rollout_n__`` from
-  ``rpg.validation.samples_per_problem`` (paper Table 7: one sample per Minerva/OlympiadBench problem
-  next to mean@32 on AIME/AMC; ``rpg.verl.validation``).
-* ``_val_metrics_update``: ``val-aux/<data_source>/unscored_rows`` and ``unscored_samples`` (the validation
-  rows whose reward function raised or rollout failed, which verl leaves out with a traceback) and a warning
-  line when there are any (``rpg.verl.validation``).
-* the hooks of ``rpg.verl.run_order.RunOrderMixin``: a batch in the prompts' fetch order, validation metrics of
-  samples in a canonical order, the lag of the samples and the behaviour weights' step statistics.
-* the hooks of ``rpg.verl.refill_limit.RefillLimitMixin``: DAPO's refills of a training batch counted, and the run
-  stopped once they would go beyond ``algorithm.filter_groups.max_num_gen_batches`` generation batches.
-
-Per-step metrics added: ``rpg/ref_reset`` (0/1), ``rpg/ref_resets_total``,
-``rpg/ref_steps_since_reset``, ``rpg/ref_kl``, ``rpg/ref_kl_ema`` and, with
-``rpg.reference.log_weight_diff``, before/after the copy: ``rpg/ref_actor_weight_diff_pre``/``_post``
-(max |actor-ref| over the shards) and ``rpg/ref_actor_logit_diff_pre``/``_post`` (max |logit
-difference| on a fixed probe sequence: what the reference computes), plus ``rpg/ref_probe_nll``
-(the step's reference's mean NLL of the probe: a fingerprint of its outputs, e.g. across a resume).
+``RPGTrainer``, ``RPGTrainerColocateAsync`` and ``RPGTrainerSeparateAsync`` are verl's ``PPOTrainerSync``,
+``PPOTrainerColocateAsync`` and ``PPOTrainerSeparateAsync`` with ``RPGTrainerMixin``'s hooks, each an overridable
+method of verl's v1 ``PPOTrainer`` (no verl file is patched), ``rpg.verl.run_order.RunOrderMixin``'s and
+``rpg.verl.refill_limit.RefillLimitMixin``'s (DAPO's refills within ``max_num_gen_batches``). The
+reference schedule: ``periodic`` copies actor -> reference when ``global_steps % K == 0``; ``kl_threshold`` keeps
+ema = d·ema + (1 − d)·ref_kl, ref_kl the token-mean k3 estimate of KL(π_old‖π_ref), and copies (ema := 0) when
+ema > κ. The metrics they log: docs/verl-integration.md#metrics-per-step-besides-verls-usual-ones.
 """
 
 from __future__ import annotations
@@ -66,7 +28,7 @@ from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
-from rpg.behavior import behavior_weights
+from rpg.math.behavior import behavior_weights
 from rpg.common.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoint_digests import REFERENCE_DIR, join_reports
 from rpg.verl.checkpoints import recorded_settings, write_marker
@@ -143,7 +105,7 @@ class ReferenceSchedule:
 
 
 class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin):
-    """RPG's schedules and hooks (module docstring), on top of one of verl's v1 trainers (``RPGTrainer``:
+    """RPG's schedules and hooks (the methods below), on top of one of verl's v1 trainers (``RPGTrainer``:
     sync, ``RPGTrainerColocateAsync``: colocate_async), ``RefillLimitMixin``'s (DAPO's refills of a training batch
     within ``max_num_gen_batches``) and ``RunOrderMixin``'s (the batch order, the lag and the behaviour weights' step
     statistics). Placed first in the bases, so each hook's ``super()`` call reaches that
@@ -162,6 +124,8 @@ class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin):
     worker_cls = RPGActorRolloutRefWorker  # the actor/rollout/ref worker of this trainer's mode
 
     def _init_resource_pool_mgr(self):
+        """The mode's RPG worker in place of verl's actor/rollout/ref worker class (``RPGActorRolloutRefWorker``;
+        ``RPGDetachActorWorker`` in separate_async, where verl swaps in its ``DetachActorWorker`` first)."""
         super()._init_resource_pool_mgr()
         for role in list(self.role_worker_mapping):
             if role in _ACTOR_ROLES:
@@ -200,6 +164,8 @@ class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin):
         return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
 
     def on_init_end(self):
+        """Schedule-free back to train mode (y) after a resume, the reference restored from the checkpoint
+        (docs/verl-integration.md#resume), then verl's rollout weight sync."""
         if self.schedule_free:
             # a resumed checkpoint holds eval (x) weights and eval-mode param groups; back to y
             self.actor_rollout_wg.sf_set_mode("train")
@@ -228,6 +194,9 @@ class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin):
 
     # ------------------------------------------------------------------ step
     def _compute_ref_log_prob(self, batch, metrics: dict):
+        """Reference modes: after verl's computation, ``rpg/ref_kl`` = the token-mean k3 estimate of KL(π_old‖π_ref) on
+        the batch; ``kl_threshold`` averages it over every mini-batch of the step (separate_async runs
+        ``parameter_sync_step`` of them, each with its own reference log-probs)."""
         batch = super()._compute_ref_log_prob(batch, metrics)
         # a stale sampler (colocate_async): the tokens come from mu; weighted by pi_old/mu they estimate KL(pi_old || pi_ref)
         stale = self.trainer_mode != "sync"  # verl's attribute; the driver requires rollout log-probs then
@@ -244,6 +213,8 @@ class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin):
         return batch
 
     def step(self, metrics: dict, timing_raw: dict):
+        """verl's step (rollout -> old/ref log-probs -> advantage -> actor update), then the reference schedule: a
+        copy inside ``step``, before verl saves a checkpoint, makes the saved reference match the saved actor."""
         self._ref_kl_parts = []  # the schedule reads every mini-batch of this step (separate_async: several)
         batch = super().step(metrics, timing_raw)
         if self.rpg.reference.resets:
@@ -283,6 +254,12 @@ class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin):
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self):
+        """verl's save with the schedule-free eval (x) weights, then back to train. Reference modes that reset also
+        write ``rpg_reference.json`` (last reset step, EMA, count) and, unless the reference equals the saved actor,
+        its shards; after verl's save the reference state of each checkpoint whose actor verl's retention
+        (``trainer.max_actor_ckpt_to_keep``) deleted goes too; last the completion marker
+        (``rpg.verl.checkpoints.MARKER``), each rank's files hashed by that rank (``rpg_checkpoint_digests``), the
+        trainer's own here."""
         if self.rpg.reference.resets:
             self._save_reference_state()
         if not self.schedule_free:
@@ -385,11 +362,13 @@ class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin):
         return super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
 
     def on_validate_begin(self):
+        """Schedule-free: validation generates with the eval (x) weights (replicas asleep, switched, re-synced)."""
         super().on_validate_begin()
         if self.schedule_free:
             self._sf_switch("eval")
 
     def on_validate_end(self):
+        """Schedule-free: back to the train (y) weights."""
         if self.schedule_free:
             self._sf_switch("train")
         super().on_validate_end()

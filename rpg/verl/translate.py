@@ -1,28 +1,11 @@
-"""The ``rpg:`` settings written into verl's keys (driver, before Ray): ``apply_to_verl_config``.
+"""The ``rpg:`` settings written into verl's keys in the driver, before Ray: ``apply_to_verl_config``.
 
-How each setting reaches verl (``apply_to_verl_config``):
-
-* ``rpg.loss.*`` -> ``actor_rollout_ref.actor.policy_loss`` becomes an ``RPGPolicyLossConfig``
-  (``_target_`` override, verl's own mechanism for typed loss settings) whose ``rpg_loss`` mapping
-  carries the ``loss_fields()`` to the actor workers (workers only see ``actor_rollout_ref``); the
-  clip ratios and the aggregation stay verl's own actor keys (``ACTOR_FIELDS``). ``loss_config``
-  builds the exact ``RPGLossConfig`` from that actor config: the driver calls it before Ray and
-  each worker calls it in the loss, so both reject the same inputs (one validator: the library's
-  ``RULES``). ``loss_mode`` = ``rpg`` or ``grpo_corrected``: registered policy losses.
-* ``rpg.reference.mode`` -> whether verl builds a reference model: ``sampler`` keeps
-  ``actor.use_kl_loss=False`` and ``algorithm.use_kl_in_reward=False`` (no reference worker, no
-  extra forward pass; the loss anchors on ``old_log_probs``); other modes set
-  ``actor.use_kl_loss=True`` only so that verl builds the reference and fills ``ref_log_prob``
-  (verl's own KL term is not used: the RPG actor loss replaces ``ppo_loss``).
-* ``rpg.optimizer=schedulefree`` -> ``actor.optim.optimizer_impl=schedulefree``,
-  ``actor.optim.optimizer=AdamWScheduleFree`` (verl's ``build_optimizer``); constant lr schedule.
-* ``rpg.validation.samples_per_problem`` -> read by ``RPGTrainer`` (``rpg.verl.validation``): validation
-  rows whose data source starts with a key get that many samples, the others ``val_kwargs.n``.
-* ``rpg.resume.allow_changed_settings`` -> read by the driver's resume check (``rpg.verl.checkpoints``):
-  a checkpoint records the run's RPG settings (``resume_keys()`` there); a resume with other values is
-  refused (one line naming each key, old -> new) unless this is true.
-
-The checks against verl's own keys run first (``rpg.verl.block_checks``); every refusal is one line.
+``rpg.loss.*`` becomes verl's typed policy-loss config (``RPGPolicyLossConfig`` through a ``_target_`` override),
+which carries the loss fields to the actor workers; ``loss_config`` builds the same ``RPGLossConfig`` from it in the
+driver and in every worker, so both refuse the same inputs (one validator, ``RULES``). ``rpg.reference.mode`` decides
+whether verl builds a reference model, ``rpg.optimizer=schedulefree`` sets verl's optimizer keys, and the trainer and
+the driver's resume check read ``rpg.validation`` and ``rpg.resume``. The checks against verl's own keys
+(``rpg.verl.block_checks``) run first; every refusal is one line.
 """
 
 from __future__ import annotations
@@ -45,6 +28,18 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
 
     Mutates ``cfg`` (a composed Hydra DictConfig). Raises ``RPGConfigError`` on conflicts. Returns
     ``settings`` whose ``loss`` is, for the RPG losses, the exact config the workers will build.
+
+    * ``rpg.loss.*`` -> ``actor_rollout_ref.actor.policy_loss``: an ``RPGPolicyLossConfig`` whose ``rpg_loss``
+      mapping carries ``loss_fields()`` (workers only see ``actor_rollout_ref``); the clip ratios and the aggregation
+      stay verl's own actor keys (``ACTOR_FIELDS``); ``loss_mode`` = ``rpg`` or ``grpo_corrected``.
+    * ``rpg.reference.mode``: ``sampler`` keeps ``actor.use_kl_loss=False`` and ``algorithm.use_kl_in_reward=False``
+      (no reference worker, no extra forward; the loss anchors on ``old_log_probs``); the other modes set
+      ``actor.use_kl_loss=True`` only so that verl builds the reference and fills ``ref_log_prob`` (the RPG actor
+      loss keeps verl's own KL term off).
+    * ``rpg.optimizer=schedulefree`` -> ``actor.optim.optimizer_impl=schedulefree``,
+      ``actor.optim.optimizer=AdamWScheduleFree`` (verl's ``build_optimizer``), a constant lr schedule.
+    * ``rpg.validation.samples_per_problem`` is read by ``RPGTrainer`` (``rpg.verl.validation``) and
+      ``rpg.resume.allow_changed_settings`` by the driver's resume check (``rpg.verl.checkpoints``).
     """
     from omegaconf import open_dict
 

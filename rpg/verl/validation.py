@@ -1,25 +1,12 @@
-"""Samples per validation problem, chosen by data source (the paper's Table 7 protocol).
+"""Samples per validation problem by data source (the paper's Table 7 protocol), and the rows left unscored.
 
-The paper reports AIME24/AIME25/AMC23 as mean@32 but MinervaMath / OlympiadBench (Table 7) from
-**one sample per problem**: every Table 7 value is a multiple of 1/272 (Minerva) or 1/674
-(OlympiadBench), while every AIME value is a multiple of 1/960 = 1/(30·32). One 4K run evaluates
-both, so the number of samples must depend on the row's data source.
-
-verl 0.9.1's v1 trainer has the hook: a validation batch may carry a per-row ``__rollout_n__``
-(``trainer_base._validate`` reads it for the expected sample counts and ``agent_loop_tq._run_prompt``
-samples that many responses for the row, all under the row's uid, so verl's
-``process_validation_metrics`` logs ``acc/mean@<n>`` per data source). :class:`SamplesPerSource`
-wraps the validation dataloader and adds that column from ``rpg.validation.samples_per_problem``:
-``{prefix: n}`` with the data source compared in lower case (as ``rpg.reward`` routes it); rows of
-other sources get ``actor_rollout_ref.rollout.val_kwargs.n``. Sampling settings (temperature, top_p,
-top_k) stay ``val_kwargs`` for every row: verl has one set per validation.
-
-Rows not scored: a sample whose reward function raised (or whose rollout failed) never reaches the validation
-batch; verl logs a traceback and computes the data source's metrics without it (its ``acc`` counts each missing
-sample as 0, a wrong answer; the other variables average the samples that came back). ``unscored_by_source``
-counts them per data source from what verl's ``_val_metrics_update`` receives (the rows asked, with their sample
-counts, and the samples that came back); the trainer logs ``val-aux/<data_source>/unscored_rows`` and
-``.../unscored_samples`` at every validation (0 when every sample was scored) and prints ``unscored_warnings``.
+The paper reports AIME24/AIME25/AMC23 as mean@32 but MinervaMath and OlympiadBench from one sample per problem (every
+Table 7 value is a multiple of 1/272 or 1/674, every AIME value of 1/960 = 1/(30·32)); one run evaluates both.
+``SamplesPerSource`` sets verl 0.9.1's per-row ``__rollout_n__`` from ``rpg.validation.samples_per_problem``
+(``{prefix: n}``, the data source compared in lower case; other rows get ``val_kwargs.n``), so verl logs
+``acc/mean@<n>`` per data source. A sample whose reward function raised or whose rollout failed never reaches verl's
+metrics (its ``acc`` counts it as 0): ``unscored_by_source`` counts such rows and samples per data source, logged as
+``val-aux/<data_source>/unscored_rows`` and ``.../unscored_samples`` with a warning line (``unscored_warnings``).
 """
 
 from __future__ import annotations
@@ -43,7 +30,10 @@ def samples_for(data_source: str, rule: Mapping[str, int], default_n: int) -> in
 
 
 class SamplesPerSource:
-    """Iterable over the validation dataloader's batches with ``__rollout_n__`` set per row."""
+    """Iterable over the validation dataloader's batches with ``__rollout_n__`` set per row (verl's
+    ``trainer_base._validate`` reads it for the expected sample counts, ``agent_loop_tq._run_prompt`` samples that
+    many responses under the row's uid); sampling settings stay ``val_kwargs`` for every row (one set per validation
+    in verl)."""
 
     def __init__(self, loader: Iterable[dict], rule: Mapping[str, int], default_n: int) -> None:
         self.loader, self.rule, self.default_n = loader, dict(rule), int(default_n)

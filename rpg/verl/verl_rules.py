@@ -1,24 +1,13 @@
 """verl 0.9.1's numeric and divisibility rules, applied in the driver before Ray (``rpg.verl.main``).
 
-verl's own driver check (``verl.utils.config.validate_config``, which ``prepare_config`` calls after this)
-builds the actor's config dataclass and checks the micro-batch settings, but several values that cannot
-run reach the workers unchecked and fail there, a minute after Ray started (a NaN learning rate in
-torch's optimizer, a mini-batch the workers cannot split), or run silently wrong (no step at all, a batch
-padded with empty sequences). ``check_verl_rules`` refuses each with ONE line naming the key, its value
-and what is allowed (``RPGConfigError``: exit 2, ``DRY_RUN=1`` too). Each rule cites the verl (or torch)
-source line it restates; verl's own checks are not repeated here. Among them, what verl's v1 trainer asserts 30-50 s
-into a run: its replay buffer's ``trainer.v1.sampler`` values and DAPO settings (``check_v1_trainer``), the rollout
-replicas inside the trainer's ranks (``check_hybrid_rollout``), the engine worker's batch keys and checkpoint
-engine (``check_engine_worker_batches``), and, in ``check_verl_config``, the config dataclasses verl builds only
-after Ray (``worker_dataclasses``). The sweep of verl's asserts on these keys: docs/verl-integration.md.
-
-Sizes (verl 0.9.1, v1 trainer and engine workers):
-
-* a step trains on ``data.train_batch_size`` prompts x ``rollout.n`` responses, split into mini-batches of
-  ``actor.ppo_mini_batch_size`` x ``rollout.n`` responses (``trainer/ppo/v1/trainer_base.py:1829-1830``);
-* each mini-batch is divided over the actor's data-parallel ranks, ``n_gpus / ulysses_sequence_parallel_size``
-  (``workers/engine/fsdp/transformer_impl.py:651-652``), and each rank's share into micro-batches of
-  ``ppo_micro_batch_size_per_gpu`` unless ``use_dynamic_bsz`` (``workers/engine/utils.py:123-128``).
+Values that verl's ``validate_config`` lets through fail in a worker a minute after Ray started (a NaN learning
+rate, a mini-batch the workers cannot split), or run silently wrong (no step, a batch padded with empty sequences);
+``check_verl_rules`` refuses each with ONE line naming the key, its value and what is allowed (exit 2, ``DRY_RUN=1``
+too), each rule citing the verl or torch line it restates. Sizes: a step trains on ``data.train_batch_size`` prompts
+x ``rollout.n`` responses in mini-batches of ``actor.ppo_mini_batch_size`` x ``rollout.n``
+(``trainer/ppo/v1/trainer_base.py:1829-1830``), each divided over ``n_gpus / ulysses_sequence_parallel_size``
+data-parallel ranks (``workers/engine/fsdp/transformer_impl.py:651-652``) and into micro-batches of
+``ppo_micro_batch_size_per_gpu`` unless ``use_dynamic_bsz`` (``workers/engine/utils.py:123-128``).
 """
 
 from __future__ import annotations
@@ -275,7 +264,11 @@ def verl_checkpoint_backends() -> tuple[str, ...]:
 
 
 def check_verl_rules(cfg) -> None:
-    """Every rule below, in this order; the first broken one raises ``RPGConfigError`` (one line)."""
+    """Every rule below, in this order; the first broken one raises ``RPGConfigError`` (one line). Among them, what
+    verl's v1 trainer asserts 30-50 s into a run: its replay buffer's ``trainer.v1.sampler`` and DAPO settings
+    (``check_v1_trainer``), the rollout replicas inside the trainer's ranks (``check_hybrid_rollout``), the engine
+    worker's batch keys and checkpoint engine (``check_engine_worker_batches``); ``check_verl_config`` then builds the
+    config dataclasses verl builds only after Ray. The sweep of verl's asserts: docs/verl-integration.md."""
     check_unread_grad_clip(cfg)
     # verl/utils/tracking.py Tracking.__init__ asserts each trainer.logger name, in the TaskRunner after Ray
     if (why := logger_problem(config_value(cfg, "trainer.logger"))) is not None:

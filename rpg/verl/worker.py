@@ -1,31 +1,12 @@
-"""``RPGActorRolloutRefWorker``: verl's fused actor/rollout/ref worker plus what RPG needs.
+"""``RPGActorRolloutRefWorker``: verl's fused actor/rollout/ref worker plus what RPG needs on every rank.
 
-Swapped in by ``RPGTrainer._init_resource_pool_mgr`` (the pattern verl's own separate-async
-trainer uses with ``DetachActorWorker``). Additions:
-
-* loss install (``init_model``): for ``policy_loss.loss_mode`` in {rpg, grpo_corrected} the actor
-  loss becomes ``rpg.verl.actor_loss.rpg_actor_loss`` (verl's ``ppo_loss`` handing
-  ``ref_log_prob`` to the registered RPG policy loss, verl's own KL term off); for
-  ``rpg.loss.name=verl`` with a KL loss anchored on pi_old it becomes
-  ``verl_loss_with_sampler_kl``. Otherwise verl's ``ppo_loss`` stays.
-* reference weight copy (``sync_ref_from_actor``, ONE_TO_ALL): each rank copies its local shards
-  of the actor parameters into the reference model's shards (FSDP1 flat params or FSDP2 DTensor
-  local tensors; actor and reference are built by verl from the same model with the same
-  strategy, world size and FSDP layout -- validated by the driver, checked again here), after
-  releasing the gathered parameters a forward left behind (``rpg.verl.reference_copy``).
-  Diagnostics: ``ref_actor_weight_diff`` = max |actor - ref| over local shards,
-  ``ref_actor_probe`` = max |logit_actor - logit_ref| and the reference's NLL on a fixed probe
-  sequence (what the reference computes);
-  ``save_reference``/``load_reference`` persist the reference shards in a checkpoint (as DTensors:
-  loadable at another world size); ``rpg_checkpoint_digests`` hashes the checkpoint files this rank wrote.
-* checkpoints at another world size (``init_model``): the actor engine's checkpoint manager becomes
-  ``rpg.verl.reshard.ReshardingCheckpointManager`` (verl's, plus loading another world size's shards).
-* ``RPGDetachActorWorker`` (``trainer.v1.trainer_mode=separate_async``): the same on verl's ``DetachActorWorker``,
-  whose host snapshot of pi_old is made a real copy (``rpg.verl.snapshot``: on the CPU backend verl's aliases
-  the live weights).
-* schedule-free modes (``sf_set_mode``, ONE_TO_ALL): ``AdamWScheduleFree`` is switched to train
-  mode once the model is built (its ``step()`` refuses to run otherwise) and stays there; the
-  trainer switches to eval (averaged x weights) only around validation and checkpoint saving.
+Swapped in by ``RPGTrainer._init_resource_pool_mgr`` (as verl's separate-async trainer swaps in
+``DetachActorWorker``). It installs the RPG actor loss (``rpg.verl.actor_loss``) and a checkpoint manager that loads
+another world size's shards (``rpg.verl.reshard``); copies the actor's local shards into the reference's
+(``sync_ref_from_actor``: same model, strategy, world size and FSDP layout, checked by the driver and here;
+``rpg.verl.reference_copy``), measures the copy, saves and loads the reference's shards and hashes the checkpoint
+files this rank wrote; switches the schedule-free optimizer between train (y) and eval (x) weights. The same on
+verl's ``DetachActorWorker``: ``RPGDetachActorWorker`` (separate_async, a π_old snapshot that owns its memory).
 """
 
 from __future__ import annotations
@@ -57,11 +38,15 @@ def is_schedule_free(optimizer) -> bool:
 
 
 class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
-    """See module docstring."""
+    """verl's ``ActorRolloutRefWorker`` plus the RPG loss, the reference copy and the schedule-free switch."""
 
     # ------------------------------------------------------------------ model / loss
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
+        """verl's model, then: the resharding checkpoint manager; the actor loss (``policy_loss.loss_mode`` rpg or
+        grpo_corrected: ``rpg_actor_loss``; ``rpg.loss.name=verl`` with a KL loss on π_old:
+        ``verl_loss_with_sampler_kl``; otherwise verl's ``ppo_loss``); a schedule-free optimizer in train mode (its
+        ``step()`` refuses otherwise), where it stays but around validation and checkpoint saves."""
         super().init_model()
         if "actor" not in self.role:
             return
@@ -128,7 +113,9 @@ class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_ref_from_actor(self) -> int:
-        """reference <- actor (current module weights), shard by shard. Returns #tensors copied."""
+        """reference <- actor (current module weights), shard by shard (FSDP1 flat parameters or FSDP2 DTensors'
+        local tensors), after releasing the gathered parameters a forward left behind (``rpg.verl.reference_copy``).
+        Returns #tensors copied."""
         return copy_actor_to_reference(*self._modules())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

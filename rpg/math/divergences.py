@@ -1,28 +1,12 @@
-"""Per-token KL pieces of the RPG objectives (docs/math.md, App. D-F). Pure torch.
+"""The per-token KL pieces of the RPG objectives J = E_πθ[R] − β·D, in three-policy form (docs/math.md, App. D-F).
 
-Notation (per response token t, all tensors [batch, response_len]):
+w = exp(l − l_old), r_ref = exp(l_ref − l_old) (1 when the anchor a is π_old), log ρ = l − l_ref:
 
-    l      = log pi_theta(o_t | h_t)                 (differentiable)
-    l_old  = log mu(o_t | h_t)   sampling policy     (data)
-    l_ref  = log a(o_t | h_t)    KL anchor           (data; a = mu for the iterative reference)
-    w      = exp(l - l_old)      importance ratio pi_theta / mu
-    r_ref  = exp(l_ref - l_old)  anchor / sampler    (theta-free; 1 when a = mu)
-    log_rho = l - l_ref          log pi_theta / a
+* ``kl_surrogate`` κ_D: E_π_old[κ_D] = D, and its autograd gradient is ∇D (the fully differentiable losses);
+* ``kl_weight`` C_D(x) = −β·x·φ_D(x/r_ref): the REINFORCE weight W = w·A + C_D(w) gives −E_π_old[W·∇l] = −∇J;
+* ``kl_phi`` φ_D (Algorithm 1) and ``k3(y) = y − 1 − log y``.
 
-The objective is J = E_{pi_theta}[R] - beta * D(pi_theta, a), estimated from samples of mu.
-Every divergence below is handled in the general three-policy form (docs/math.md#three-policies:
-sampler mu, anchor a); with a = mu it reduces exactly to the paper's two-policy formulas.
-
-Two families of per-token quantities are needed:
-
-* ``kl_surrogate`` kappa_D: the fully differentiable regularizer. ``E_mu[kappa_D]`` equals
-  D (in value, with Z = 1) and its autograd gradient equals grad D, for every theta.
-* ``kl_weight`` C_D(x): the KL part of the REINFORCE weight, so that the exact per-token
-  weight is ``W = w * A + C_D(w)`` and ``-grad J = -E_mu[W * grad l]``. It is evaluated at a
-  ratio x (the ratio w itself, or its clipped value for RPG-Style Clip, Remark F.2).
-
-They are linked by ``d(beta * kappa_D)/dl = -C_D(w)``: the differentiable and the
-REINFORCE-style losses have identical per-token gradients when nothing is clipped.
+d(β·κ_D)/dl = −C_D(w): unclipped, both forms have the same gradient token by token.
 """
 
 from __future__ import annotations
@@ -63,7 +47,8 @@ def kl_surrogate(divergence: str, w: torch.Tensor, log_rho: torch.Tensor, r_ref:
 
 
 def kl_weight(
-    divergence: str, beta: float, x: torch.Tensor, log_x: torch.Tensor, r_ref: torch.Tensor | float, log_r_ref: torch.Tensor | float
+    divergence: str, beta: float, x: torch.Tensor, log_x: torch.Tensor | None, r_ref: torch.Tensor | float,
+    log_r_ref: torch.Tensor | float,
 ) -> torch.Tensor:
     """KL component C_D of the REINFORCE weight, evaluated at ratio x.
 

@@ -1,71 +1,38 @@
-"""RPG policy losses: exact, off-policy-correct surrogates for KL-regularized policy gradients.
-
-Public API (imports torch and the torch-free ``rpg.config``):
+"""RPG policy losses: ``rpg_policy_loss`` (every row of docs/math.md#per-token-losses) and ``grpo_corrected_kl``.
 
     config = RPGLossConfig(divergence="ufkl", form="reinforce", beta=1e-4, clip=True)
     loss, metrics = rpg_policy_loss(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, config=config)
-    loss_mat, _ = rpg_policy_loss(..., aggregate=False)   # the same loss per token, before aggregation
-    kl_tok = grpo_corrected_kl(log_prob=lp, old_log_prob=old, ref_log_prob=ref)
+    kl_tok = grpo_corrected_kl(log_prob=lp, old_log_prob=old, ref_log_prob=ref)   # w·k3(π_ref/πθ) per token
 
-Tensors are keyword-only (the same names as verl's policy losses), all [batch, response_len].
-``RPGLossConfig`` declares every setting of the loss once: type, default, meaning (field
-metadata ``doc``) and its validation rules (``RULES``); the recipe derives its ``rpg.loss`` keys,
-the driver's checks and the settings table of docs/verl-integration.md from it. It is declared
-torch-free in ``rpg.config.loss`` and re-exported here. ``ref_log_prob=None`` makes the KL anchor the sampling
-policy (the paper's iterative reference); a given ``ref_log_prob`` uses the exact three-policy
-weights (docs/math.md#three-policies), so a fixed or periodically reset reference stays gradient-correct.
-
-Per-token losses (w = pi_theta/pi_old, A = advantage, C_D and kappa_D from ``rpg.divergences``):
-
-* form="reinforce", clip=False (Table 2 / App. F):   loss_t = -SG(w*A + C_D(w)) * l_t
-  gradient: -(w*A + C_D(w)) * grad l_t, whose expectation under pi_old is exactly -grad J.
-* form="reinforce", clip=True (RPG-Style Clip, Eq. (4.1), Algorithm 2 with Remark F.2):
-  w_bar = clip(w, 1-eps1, 1+eps2), C = C_D(w_bar), A' = A + C/w, W = w*A + C.
-  Active iff (A' >= 0 and w < 1+eps2) or (A' < 0 and 1-eps1 < w < c):
-  loss_t = -W * l_t there; elsewhere Algorithm 2's constant value (no gradient).
-  Gradient-identical to dual-clip PPO with advantage SG(A') (docs/math.md#rpg-style-clip, T20).
-* form="differentiable", clip=False (Tables 1/4):     loss_t = -w*A + beta*kappa_D(w)
-  gradient: identical to the unclipped REINFORCE one, token by token.
-* form="differentiable", clip=True, fd_clip="reward" (default; the authors' released loss):
-  loss_t = DualClip(w, A) + beta*kappa_D(w)   (ratio clip on the reward part; KL unclipped)
-* form="differentiable", fd_clip="algorithm1" (paper-literal Algorithm 1, rkl/urkl only):
-  loss_t = DualClip(w, A_hat(theta)), A_hat = A - beta*phi_D(rho), gradient through both.
-  Exact only in expectation (per token it adds a zero-mean +beta*w*grad l; T25 in docs/math.md).
-
-Numerical guard (explicit, documented, value-only): log-ratios are clamped to
-+-``log_ratio_guard`` (default 60, i.e. w in [1e-26, 1e26]) with a straight-through estimator,
-so values stay finite in float32/bf16 while the gradient keeps its direction. It never acts in
-sane training; ``rpg/log_ratio_guard_frac`` reports how often it did. ``kl_clamp`` (off by
-default) is a value-only guard on kappa for the differentiable form; it never zeroes gradients
-(unlike verl's and the authors' clamp of the KL term to [-10, 10]).
-
-Execution: each loss is one autograd node over ``rpg.loss_terms.loss_terms`` (value, closed-form
-slope d loss_t / d l_t and metric statistics in one pass; backward = grad * slope), with one host
-sync for the metrics. ``compile=True`` runs that pass as one torch.compile graph (inductor,
-fullgraph, dynamic shapes: one compilation per configuration for all micro-batch shapes).
+Tensors are keyword-only, [batch, response_len], named as in verl's policy losses. ``ref_log_prob=None`` anchors the
+KL on π_old (the iterative reference); a given one uses the three-policy weights (docs/math.md#three-policies). Each
+loss is one autograd node over ``rpg.math.loss_terms`` (backward: grad·slope), eager or compiled (``compile=True``),
+its metrics read back with one host sync; log-ratios carry a value-only guard (docs/math.md#numerical-guards).
+``RPGLossConfig``, declared torch-free in ``rpg.config.loss``, is re-exported here.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import math
 import types
 
 import torch
 
-# the declaration of the settings (torch-free), re-exported: ``from rpg.losses import RPGLossConfig``
+# the declaration of the settings (torch-free), re-exported: ``from rpg.math.losses import RPGLossConfig``
 from rpg.config.loss import (AGG_MODES, BEHAVIOR_LEVELS, BRANCH_RULES, DIVERGENCES, FD_CLIP_MODES, FORMS,  # noqa: F401
                              RULES, RPGLossConfig, RPGLossConfigError, Rule, loss_defaults)
-from rpg.divergences import kl_surrogate
-from rpg.loss_terms import EXTREMES, VALID_COUNTS, WEIGHTED_SUMS, agg_weights, loss_terms
+from rpg.math.divergences import kl_surrogate
+from rpg.math.loss_stats import loss_metrics
+from rpg.math.loss_terms import agg_weights, loss_terms
 
 
 # --------------------------------------------------------------------------- helpers
 
 
 def _check_inputs(log_prob, old_log_prob, advantages, response_mask, ref_log_prob) -> None:
-    named = {"log_prob": log_prob, "old_log_prob": old_log_prob, "advantages": advantages, "response_mask": response_mask}
+    named = {"log_prob": log_prob, "old_log_prob": old_log_prob, "advantages": advantages,
+             "response_mask": response_mask}
     if ref_log_prob is not None:
         named["ref_log_prob"] = ref_log_prob
     for name, t in named.items():
@@ -75,7 +42,8 @@ def _check_inputs(log_prob, old_log_prob, advantages, response_mask, ref_log_pro
         raise ValueError(f"log_prob must be 2-D [batch, response_len], got shape {tuple(log_prob.shape)}")
     for name, t in named.items():
         if t.shape != log_prob.shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)} but log_prob has shape {tuple(log_prob.shape)}; they must match")
+            raise ValueError(f"{name} has shape {tuple(t.shape)} but log_prob has shape {tuple(log_prob.shape)}; "
+                             "they must match")
         if name != "response_mask" and not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
 
@@ -92,7 +60,8 @@ def dual_clip(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: 
     return torch.where(adv < 0, torch.minimum(ppo, -adv * c), ppo)
 
 
-def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, loss_scale_factor: float | None = None) -> torch.Tensor:
+def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str,
+                   loss_scale_factor: float | None = None) -> torch.Tensor:
     """Aggregate a per-token loss like verl's ``agg_loss`` with dp_size=1 (local batch = global batch).
 
     token-mean: sum(loss*m)/sum(m); token-sum: sum(loss*m); seq-mean-token-mean: mean over
@@ -156,15 +125,13 @@ _COMPILED_COUNT = itertools.count()
 
 @functools.lru_cache(maxsize=None)
 def _compiled_terms(cfg: RPGLossConfig, agg: str | None, backend: str):
-    """``loss_terms`` for one configuration as a compiled graph (fullgraph: a graph break is an error).
-
-    Dynamo caches graphs per code object and allows 8 per object; a fresh code object per
-    configuration gives each its own cache, so a process running several configurations (tests,
-    benchmarks) never hits that limit, and one configuration compiles once for all shapes (below).
-    """
+    """``loss_terms`` for one configuration as one compiled graph for every shape (fullgraph: a graph break is an
+    error)."""
     def terms(log_prob, old_log_prob, advantages, mask, ref_log_prob):
         return loss_terms(cfg, agg, log_prob, old_log_prob, advantages, mask, ref_log_prob)
 
+    # dynamo keeps 8 graphs per code object (recompile_limit), then runs the 9th configuration eagerly without a
+    # word: a code object per configuration gives each its own cache (the tests and benchmarks compile dozens)
     name = f"rpg_loss_terms_{next(_COMPILED_COUNT)}"
     fresh = types.FunctionType(terms.__code__.replace(co_name=name), terms.__globals__, name, None, terms.__closure__)
     compiled = torch.compile(fresh, backend=backend, fullgraph=True, dynamic=True)
@@ -201,7 +168,7 @@ def _token_terms(cfg: RPGLossConfig, aggregate: bool, log_prob, old_log_prob, ad
     # only log_prob receives a gradient (the other inputs get None in backward: no detach needed)
     out, stats = _ClosedFormLoss.apply(up(log_prob), terms, up(old_log_prob), up(advantages), up(response_mask),
                                        up(ref_log_prob))
-    return out, _metrics(cfg, ref_log_prob is not None, stats.tolist())
+    return out, loss_metrics(stats.tolist(), cfg.log_ratio_guard, ref_log_prob is not None)
 
 
 # --------------------------------------------------------------------------- public API
@@ -250,45 +217,3 @@ def grpo_corrected_kl(
     w = torch.exp(_StraightThroughClamp.apply(l - l_old, log_ratio_guard))
     log_r_ref = (l_ref - l_old).clamp(-log_ratio_guard, log_ratio_guard)
     return kl_surrogate("urkl", w, l - l_ref, torch.exp(log_r_ref))
-
-
-# --------------------------------------------------------------------------- metrics
-
-
-METRIC_NAMES = ("ratio_mean", "ratio_max", "ratio_min", "log_ratio_mean", "log_ratio_abs_max", "kl_estimate",
-                "reg_adv_mean", "reg_adv_abs_max", "clipfrac", "clipfrac_high", "clipfrac_low", "clipfrac_dual",
-                "active_frac", "log_ratio_guard_frac")
-
-
-def _metrics(cfg: RPGLossConfig, with_ref: bool, stats: list[float]) -> dict[str, float]:
-    """The statistics vector of ``loss_terms`` (already on the host) as ``rpg/*`` metrics.
-
-    Means are mask-weighted over valid tokens; fractions count tokens with a non-zero mask (equal
-    to the weighted ones for 0/1 masks); extremes are over valid tokens. A' = W/w is saturated at
-    +-1e30 so that its statistics stay finite for w -> 0. With a reference anchor,
-    ``rpg/ref_old_logp_absdiff_max`` = max |l_ref - l_old| (0 right after a reference reset).
-    """
-    n_sums, n_extremes = len(WEIGHTED_SUMS), 4 if with_ref else 3
-    s = dict(zip(WEIGHTED_SUMS, stats[:n_sums]))
-    e = dict(zip(EXTREMES, stats[n_sums : n_sums + n_extremes]))
-    c = dict(zip(VALID_COUNTS, stats[n_sums + n_extremes :]))
-    names = METRIC_NAMES + (("ref_old_logp_absdiff_max",) if with_ref else ())
-    n_valid = c["valid"]
-    if n_valid == 0:  # nothing valid: every statistic is 0
-        return {f"rpg/{k}": 0.0 for k in names}
-    n = s["n"] if s["n"] != 0 else 1.0
-    guard = cfg.log_ratio_guard
-    lw_max, lw_min = e["log_ratio"], -e["neg_log_ratio"]
-    active = c.get("active", n_valid)
-    high, low = c.get("clip_high", 0.0), c.get("clip_low", 0.0)
-    out = {
-        "ratio_mean": s["ratio"] / n, "ratio_max": math.exp(min(lw_max, guard)), "ratio_min": math.exp(max(lw_min, -guard)),
-        "log_ratio_mean": s["log_ratio"] / n, "log_ratio_abs_max": max(abs(lw_max), abs(lw_min)),
-        "kl_estimate": s["kl"] / n, "reg_adv_mean": -s["neg_reg_adv"] / n, "reg_adv_abs_max": e["reg_adv_abs"],
-        "clipfrac": (n_valid - active) / n_valid, "clipfrac_high": high / n_valid, "clipfrac_low": low / n_valid,
-        "clipfrac_dual": (n_valid - active - high - low) / n_valid, "active_frac": active / n_valid,
-        "log_ratio_guard_frac": c["guarded"] / n_valid,
-    }
-    if with_ref:
-        out["ref_old_logp_absdiff_max"] = e["ref_log_ratio_abs"]
-    return {f"rpg/{k}": float(v) for k, v in out.items()}

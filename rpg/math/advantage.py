@@ -30,7 +30,8 @@ def group_mean_advantage(scores: torch.Tensor, index: Sequence) -> torch.Tensor:
     group = torch.tensor([ids.setdefault(g, len(ids)) for g in list(index)], dtype=torch.long, device=scores.device)
     n_groups = len(ids)
     sums = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, group, scores)
-    counts = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, group, torch.ones_like(scores))
+    counts = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, group,
+                                                                                        torch.ones_like(scores))
     means = torch.where(counts > 1, sums / counts, torch.zeros_like(sums))
     return scores - means[group]
 
