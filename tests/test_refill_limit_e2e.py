@@ -40,8 +40,8 @@ def test_a_run_whose_groups_all_score_alike_stops_at_the_refill_limit(cpu_traine
     # verl's own warning stays (docs/verl-integration.md): it ignores the key, the RPG trainer reads it
     assert any("max_num_gen_batches=2 is ignored by the built-in V1 ReplayBuffer" in line for line in lines)
     assert stops[0].startswith(
-        "rpg: stopped at step 1: DAPO's dynamic sampling needed more than algorithm.filter_groups.max_num_gen_batches=2 "
-        "generation batches of data.train_batch_size=8 prompts to fill one training batch (16 prompts refilled = "
+        "rpg: stopped at step 1: DAPO's dynamic sampling needed more than algorithm.filter_groups.max_num_gen_batches=2"
+        " generation batches of data.train_batch_size=8 prompts to fill one training batch (16 prompts refilled = "
         "2 x 8, and 8 more asked for): its filter drops a group whose responses all have the same acc"), stops[0]
     assert "; Ray shut down; metrics log " in stops[0] and "resume: " in stops[0]
     assert not any("training/global_step" in m for m in run.metrics.values())  # no step trained
