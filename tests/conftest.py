@@ -65,7 +65,8 @@ STAGES = {
                                    "reference's run resumed (slow trainer launches)"),
     "trainer_e2e": ("--trainer-e2e", "verl's trainer end to end on the paths beside README's suite's two runs: verl's "
                                      "stock GRPO (weight sync, processes, Ray's token), GRPO with the corrected KL, "
-                                     "REINFORCE++ with DAPO's filter (three trainer launches)"),
+                                     "REINFORCE++ with DAPO's filter, a run stopped at DAPO's refill limit (four "
+                                     "trainer launches)"),
     "repro": ("--repro", "the tiny demo twice in sync mode with the same seed: the same metrics at every step "
                          "(two trainer launches)"),
     "gpu_kit": ("--gpu-kit", "the GPU kit built against the package registry for Python 3.12 and torch 2.11.0 "

@@ -72,9 +72,10 @@ class RefillBook:
     def reason(self, asked: int) -> str:
         stale = (" (stale groups' refills count too: trainer.v1.sampler.max_off_policy_strategy=drop)"
                  if self.stale_too else "")
+        count = f"{self.prompts} prompts refilled = {self.gen_batches:g} x {self.batch}, and {asked} more asked for"
         return (f"stopped at step {self.step}: DAPO's dynamic sampling needed more than {LIMIT_KEY}={self.limit} "
                 f"generation batches of data.train_batch_size={self.batch} prompts to fill one training batch "
-                f"({self.prompts} prompts refilled = {self.gen_batches:g} x {self.batch}, and {asked} more asked for){stale}: "
+                f"({count}){stale}: "
                 f"its filter drops a group whose responses all have the same {self.metric}, and nearly every group "
                 "scored alike (the data is too hard or too easy for the policy, or the policy collapsed); raise "
                 f"{LIMIT_KEY} or set it to 0 for no limit")

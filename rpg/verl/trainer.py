@@ -108,8 +108,7 @@ class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin):
     """RPG's schedules and hooks (the methods below), on top of one of verl's v1 trainers (``RPGTrainer``:
     sync, ``RPGTrainerColocateAsync``: colocate_async), ``RefillLimitMixin``'s (DAPO's refills of a training batch
     within ``max_num_gen_batches``) and ``RunOrderMixin``'s (the batch order, the lag and the behaviour weights' step
-    statistics). Placed first in the bases, so each hook's ``super()`` call reaches that
-    verl trainer's own hook."""
+    statistics). Placed first in the bases, so each hook's ``super()`` call reaches that verl trainer's own hook."""
 
     def __init__(self, config):
         super().__init__(config)
