@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-
+from rpg.study.methods import label_of, method_run, setting
 
 LR_SCALE = 500.0  # tiny lr = paper lr x 500 (1e-6 -> 5e-4, the tiny demo's learning rate)
 
