@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The paper scripts' runner: `recipe/rpg/launch.sh RUN [hydra overrides]` runs
 #   python recipe/rpg/main_rpg.py +experiment=RUN [hydra overrides]
-# RUN's settings: recipe/rpg/config/experiment/RUN.yaml. With RAY_ADDRESS set, the run is submitted to that Ray
-# cluster instead (python -m rpg.cluster RUN, the opt-in cluster layer). docs/launch-scripts.md.
+# RUN's settings: its experiment file (in recipe/rpg/config/experiment/). With RAY_ADDRESS set, the run is submitted
+# to that Ray cluster instead (python -m rpg.cluster RUN, the opt-in cluster layer). docs/launch-scripts.md.
 set -euo pipefail
 run="$1"
 shift
