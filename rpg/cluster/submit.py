@@ -71,8 +71,9 @@ def ray_executable(env: Mapping[str, str]) -> str:
 def ray_command(overrides: Sequence[str], req: Request, job: Job, job_env: Mapping[str, str],
                 submission_id: str | None = None, supervisor: Sequence[str] = ()) -> list[str]:
     """``ray job submit`` of the driver's command, run by ``supervisor`` (a command the driver's is appended to:
-    the elastic supervisor, ``rpg.cluster.node_plan.supervisor_prefix``) when given."""
-    runtime_env = {"env_vars": {"PYTHONUNBUFFERED": "1", STOP_WAIT_VAR: str(job.stop_wait_s), **job_env}}
+    the elastic supervisor, ``rpg.cluster.node_plan.supervisor_prefix``) when given; the job's variables: the
+    forwarded ones (``job.env``), then ``job_env``."""
+    runtime_env = {"env_vars": {"PYTHONUNBUFFERED": "1", STOP_WAIT_VAR: str(job.stop_wait_s), **job.env, **job_env}}
     cmd = [ray_executable(req.env), "job", "submit", "--address", job.address, "--runtime-env-json",
            json.dumps(runtime_env)]
     if submission_id is not None:
@@ -159,7 +160,7 @@ def submit(name: str, user: list[str], env: dict[str, str]) -> int:
             raise LaunchError(why)
         print(f"rpg.launch: warning: {why} (DRY_RUN=1: nothing is submitted)", file=sys.stderr, flush=True)
     # the driver's stop line names this command (rpg.verl.main.run_stopped_line)
-    job_env = {**job.env, LAUNCHED_ENV: "1",
+    job_env = {LAUNCHED_ENV: "1",
                RESUME_COMMAND_ENV: resume_command(script_command(name, req.cwd), user, str(req.cwd), env, RESUMED_VARS)}
     if chosen.TINY_TASK:  # the rehearsal as a job on the cluster
         from rpg.backends.harness import build_command
