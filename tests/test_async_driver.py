@@ -90,7 +90,7 @@ SCRIPT = "run_rpg_4b_ctx2k_ufkl1e-4"
 
 
 def _dry_run(capsys, tmp_path, *overrides):
-    from rpg.launch.cli import main
+    from launching import launch as main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from rpg.launch.commands import STOP_WAIT_S, STOP_WAIT_VAR, ray_command
-from rpg.launch.plan import plan_overrides
-from rpg.launch.request import LaunchError, LaunchRequest
-from rpg.launch.variants import parse
+from launching import planned
+
+from rpg.cluster.submit import STOP_WAIT_S, STOP_WAIT_VAR, Job, ray_command
+from rpg.launch.environment import LaunchError, Request
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _job_env_vars(**env) -> dict:
     env = {"PATH": os.environ.get("PATH", ""), "RAY_ADDRESS": "http://127.0.0.1:8265", **env}
-    ov, job_env = plan_overrides(parse("run_grpo_7b"), env, [], root=ROOT, cwd=ROOT)
-    cmd = ray_command(ov, LaunchRequest.read(env, ROOT, ROOT), job_env)
+    ov = planned("run_grpo_7b", env, cluster=True)
+    cmd = ray_command(ov, Request.read(env, ROOT, ROOT, cluster=True), Job.read(env), {})
     return json.loads(cmd[cmd.index("--runtime-env-json") + 1])["env_vars"]
 
 

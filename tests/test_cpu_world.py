@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from rpg.backends.cpu import env_overrides, world
 from rpg.config import RPGConfigError
-from rpg.launch.harness import build_command
+from rpg.backends.harness import build_command
 from rpg.common.override_lists import values
 
 
@@ -92,11 +92,10 @@ def test_tiny_demo_refuses_a_world_size_it_cannot_split_in_one_line(argv, capsys
 
 
 def test_launcher_cpu_world_size_from_the_environment(tiny_assets, tmp_path):
-    from rpg.launch.plan import plan_overrides
-    from rpg.launch.request import LaunchError, project_root
-    from rpg.launch.variants import parse
+    from launching import planned
 
-    v, root = parse("run_grpo_7b"), project_root()
+    from rpg.launch.environment import LaunchError
+
     env = {"PATH": "/usr/bin"}
     for extra_env, user, (nnodes, gpus, micro) in [
         ({}, [], (1, 1, 16)),  # the GPU default of 8 ranks per node is not the CPU backend's
@@ -104,14 +103,14 @@ def test_launcher_cpu_world_size_from_the_environment(tiny_assets, tmp_path):
         ({"N_GPUS_PER_NODE": "2", "NNODES": "2"}, [], (2, 2, 4)),
         ({"N_GPUS_PER_NODE": "2"}, ["trainer.n_gpus_per_node=4"], (1, 4, 4)),  # the user's override wins
     ]:
-        ov, _ = plan_overrides(v, {**env, **extra_env}, user, root=root, cwd=tmp_path, backend="cpu")
+        ov = planned("run_grpo_7b", {**env, **extra_env}, user, cwd=tmp_path, backend="cpu")
         argv, _ = build_command(ov, base_env={})
         got = values(argv[3:])
         assert (got.get("trainer.nnodes"), got.get("trainer.n_gpus_per_node"),
                 got["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"]) == (nnodes, gpus, micro)
         assert got["ray_kwargs.ray_init.num_gpus"] == nnodes * gpus
     with pytest.raises(LaunchError, match="world size 3"):
-        plan_overrides(v, {**env, "N_GPUS_PER_NODE": "3"}, [], root=root, cwd=tmp_path, backend="cpu")
+        planned("run_grpo_7b", {**env, "N_GPUS_PER_NODE": "3"}, [], cwd=tmp_path, backend="cpu")
 
 
 def test_verl_rules_refuse_a_world_size_that_is_not_a_positive_integer():

@@ -228,7 +228,7 @@ def test_the_driver_refuses_before_ray(files, monkeypatch):
 
 
 def _env(**kw) -> dict[str, str]:
-    from test_launch_dryrun import _env as launch_env
+    from launching import env as launch_env
 
     return launch_env(**kw)
 
@@ -236,7 +236,7 @@ def _env(**kw) -> dict[str, str]:
 def test_dry_run_refuses_on_each_problem(files, capsys):
     """Both problems are the launch's refusal, one line each, exit 2 (tests/test_launch_paths.py: the same lines
     as the launch's)."""
-    from rpg.launch.cli import main
+    from launching import launch as main
 
     raw = raw_file(files / "raw.parquet")
     assert main(["run_grpo_7b"], _env(DRY_RUN="1", TRAIN_FILE=str(raw), VAL_FILES=" , ")) == 2
@@ -250,7 +250,7 @@ def test_dry_run_refuses_on_each_problem(files, capsys):
 def test_dry_run_refuses_null_and_integer_answers_in_one_line_each(files, capsys):
     """As a user ran it: DRY_RUN=1 passed both files; now exit 2 and one line per file naming
     the file, the column, the first rows and the count (the driver's own check: rpg.data.checks.data_problems)."""
-    from rpg.launch.cli import main
+    from launching import launch as main
 
     nulls = answers_file(files / "nulls.parquet", NULL_ANSWERS)
     ints = answers_file(files / "ints.parquet", list(range(1, 31)), "math_dapo")
@@ -269,7 +269,7 @@ def test_dry_run_refuses_null_and_integer_answers_in_one_line_each(files, capsys
 
 
 def test_a_real_launch_is_refused_before_anything_starts(files, capsys, monkeypatch):
-    from rpg.launch.cli import main
+    from launching import launch as main
 
     started = []
     monkeypatch.setattr(os, "execvpe", lambda *a: started.append(a))
@@ -348,7 +348,7 @@ def test_a_reward_name_its_file_does_not_define_is_refused(files):
 
 
 def test_the_launcher_refuses_a_reward_name_without_a_path(capsys):
-    from rpg.launch.cli import main
+    from launching import launch as main
 
     assert main(["run_grpo_7b", "reward.custom_reward_function.name=my_score"], _env(DRY_RUN="1")) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -46,7 +46,7 @@ WORKER_ONLY_BEFORE = [  # each passed DRY_RUN and failed 45-52 s into a launch, 
 
 @pytest.mark.parametrize("overrides,line", WORKER_ONLY_BEFORE, ids=[" ".join(o) for o, _ in WORKER_ONLY_BEFORE])
 def test_dry_run_of_a_4b_script_rejects_what_a_worker_would(overrides, line, capsys, tmp_path):
-    from rpg.launch.cli import main
+    from launching import launch as main
 
     with contextlib.redirect_stdout(io.StringIO()):
         code = main([SCRIPT, *overrides], {"DRY_RUN": "1", "DATA_DIR": str(tmp_path)})
@@ -72,7 +72,7 @@ PAPER_DRY_RUN_REFUSALS = [  # each passed DRY_RUN ("validated") and could not ru
 @pytest.mark.parametrize("override,line", PAPER_DRY_RUN_REFUSALS, ids=[o for o, _ in PAPER_DRY_RUN_REFUSALS])
 def test_dry_run_of_a_4b_script_applies_verls_numeric_rules(override, line, capsys, tmp_path):
     """DRY_RUN=1 on a paper script: exit 2 and ONE line naming the key and what is allowed, before Ray."""
-    from rpg.launch.cli import main
+    from launching import launch as main
 
     with contextlib.redirect_stdout(io.StringIO()) as out:
         code = main([SCRIPT, override], {"DRY_RUN": "1", "DATA_DIR": str(tmp_path)})
@@ -168,21 +168,20 @@ def test_a_paper_script_clips_with_the_key_verl_reads():
     longer sets the unread actor.grad_clip (it keeps verl's own default); verl's dataclass carries the 1.0."""
     from verl.utils.config import omega_conf_to_dataclass
 
-    from rpg.launch.plan import compose, plan_overrides
-    from rpg.launch.request import project_root
-    from rpg.launch.variants import parse
+    from launching import ROOT as root, planned
 
-    root = project_root()
-    overrides, _ = plan_overrides(parse(SCRIPT), {"DATA_DIR": "data"}, [], root=root, cwd=root)
+    from rpg.launch.plan import compose
+
+    overrides = planned(SCRIPT, {"DATA_DIR": "data"})
     with contextlib.redirect_stdout(io.StringIO()):
-        cfg, _ = compose(overrides, root)
+        cfg, _ = compose(overrides)
     assert cfg.actor_rollout_ref.actor.optim.clip_grad == 1.0
     assert omega_conf_to_dataclass(cfg.actor_rollout_ref.actor.optim).clip_grad == 1.0
     paper = (root / "recipe" / "rpg" / "config" / "paper" / "default.yaml").read_text()
     assert "grad_clip" not in paper
     with contextlib.redirect_stdout(io.StringIO()):  # the old key with the same value as clip_grad: nothing to say
-        compose([*overrides, "actor_rollout_ref.actor.grad_clip=1.0"], root)
-        compose([*overrides, "actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.actor.grad_clip=0.5"], root)
+        compose([*overrides, "actor_rollout_ref.actor.grad_clip=1.0"])
+        compose([*overrides, "actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.actor.grad_clip=0.5"])
 
 
 # ----------------------------------------------------------------------------- seq-mean-token-sum-norm's constant
@@ -193,7 +192,7 @@ NORM = "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm"
 def test_the_driver_sets_the_norm_scale_factor_to_the_response_length_and_says_so(capsys, tmp_path):
     """Unset, verl divides by each micro-batch's longest response (split-dependent: tests/test_dp_equivalence.py's
     negative control); the driver (prepare_config, DRY_RUN too) writes data.max_response_length into it, one line."""
-    from rpg.launch.cli import main
+    from launching import launch as main
 
     code = main([SCRIPT, NORM, "data.max_response_length=1024"], {"DRY_RUN": "1", "DATA_DIR": str(tmp_path)})
     out = capsys.readouterr().out

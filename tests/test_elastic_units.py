@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from rpg.common.nnodes import NodeCount, largest_fit, nnodes_for_resume, parse_nnodes, resized_values, with_nnodes
-from rpg.launch.elastic.cluster import Cluster, counting_cluster, run_nodes
-from rpg.launch.elastic.attempts import (JOB_CONFIG_ENV, Plan, attempt_env, parse_args, set_aside_incomplete,
+from rpg.cluster.elastic.cluster import Cluster, counting_cluster, run_nodes
+from rpg.cluster.elastic.attempts import (JOB_CONFIG_ENV, Plan, attempt_env, parse_args, set_aside_incomplete,
                                         wandb_run_id)
-from rpg.launch.elastic.supervisor import Supervisor
-from rpg.launch.request import DEFAULT_MAX_RESTARTS, LaunchError, LaunchRequest
+from rpg.cluster.elastic.supervisor import Supervisor
+from rpg.launch.environment import DEFAULT_MAX_RESTARTS, LaunchError, Request
 from rpg.verl.checkpoints import MARKER
 from rpg.verl.errors import ELASTIC_EXIT, ELASTIC_STATUS_ENV
 
@@ -37,18 +37,17 @@ def test_nnodes_refuses_anything_else_in_one_line(raw):
     assert str(e.value).startswith(f"NNODES={raw!r} is invalid") and "\n" not in str(e.value)
 
 
-def test_launch_request_reads_elastic_nnodes_and_the_restart_budget():
-    cluster = {"RAY_ADDRESS": "http://127.0.0.1:8265"}
-    req = LaunchRequest.read({**cluster, "NNODES": "1:4"}, ROOT, ROOT)
+def test_the_request_reads_elastic_nnodes_and_the_restart_budget():
+    req = Request.read({"NNODES": "1:4"}, ROOT, cluster=True)
     assert (req.nnodes, req.elastic, req.max_restarts) == (4, True, DEFAULT_MAX_RESTARTS)
-    assert LaunchRequest.read({**cluster, "NNODES": "1:4", "RPG_MAX_RESTARTS": "0"}, ROOT, ROOT).max_restarts == 0
-    assert not LaunchRequest.read({"NNODES": "2"}, ROOT, ROOT).elastic
-    for env, says in [({"NNODES": "1:2"}, "needs a Ray cluster (RAY_ADDRESS)"),
-                      ({**cluster, "NNODES": "2", "RPG_MAX_RESTARTS": "1"}, "applies to an elastic run only"),
-                      ({"RPG_MAX_RESTARTS": "1"}, "applies to an elastic run only"),
-                      ({**cluster, "NNODES": "1:2", "RPG_MAX_RESTARTS": "-1"}, "expected an integer >= 0")]:
+    assert Request.read({"NNODES": "1:4", "RPG_MAX_RESTARTS": "0"}, ROOT, cluster=True).max_restarts == 0
+    assert not Request.read({"NNODES": "2"}, ROOT).elastic
+    for env, cluster, says in [({"NNODES": "1:2"}, False, "needs a Ray cluster (RAY_ADDRESS)"),
+                               ({"NNODES": "2", "RPG_MAX_RESTARTS": "1"}, True, "applies to an elastic run only"),
+                               ({"RPG_MAX_RESTARTS": "1"}, False, "applies to an elastic run only"),
+                               ({"NNODES": "1:2", "RPG_MAX_RESTARTS": "-1"}, True, "expected an integer >= 0")]:
         with pytest.raises(LaunchError, match=says.replace("(", r"\(").replace(")", r"\)")):
-            LaunchRequest.read(env, ROOT, ROOT)
+            Request.read(env, ROOT, cluster=cluster)
 
 
 def _sequences_per_step(values: dict, micro: str) -> int:
@@ -410,11 +409,9 @@ def test_no_grow_once_the_last_step_is_saved(tmp_path, capsys, step, last, grows
 
 
 def _launch(capsys, *argv: str, **env: str):
-    from test_launch_dryrun import _env
+    from launching import env as _env, launch
 
-    from rpg.launch.cli import main
-
-    rc = main(list(argv), _env(DRY_RUN="1", RAY_ADDRESS="http://127.0.0.1:9", **env))
+    rc = launch(list(argv), _env(DRY_RUN="1", RAY_ADDRESS="http://127.0.0.1:9", **env))
     cap = capsys.readouterr()
     return rc, [x for x in cap.err.splitlines() if x.startswith("rpg.launch: ")], cap.out
 
@@ -432,12 +429,12 @@ def test_an_elastic_submission_runs_the_supervisor_with_the_counts_that_keep_the
     skipped = [x for x in err if "NNODES=1:4: 3 node(s) skipped" in x]
     assert len(skipped) == 1 and "24 data-parallel ranks" in skipped[0], err  # 32 x 16 responses over 24 ranks
     command = out[out.index("# command:"):out.index("# ----")]
-    assert "rpg.launch.elastic \\\n#   --nnodes \\\n#   1:4 \\\n#   --sizes \\\n#   1,2,4" in command, command
+    assert "rpg.cluster.elastic \\\n#   --nnodes \\\n#   1:4 \\\n#   --sizes \\\n#   1,2,4" in command, command
     assert "--max-restarts \\\n#   2 \\\n#   -- \\\n#" in command
     plan = re.search(r'"RPG_NODE_PLAN": "(.*?)"}', command).group(1).replace('\\"', '"')
     assert json.loads(plan) == {"nnodes": "1:4", "sizes": [1, 2, 4]}
     rc, err, out = _launch(capsys, PAPER, NNODES="2")  # a fixed count: the counts a stop line may ask for
-    assert rc == 0 and "rpg.launch.elastic" not in out
+    assert rc == 0 and "rpg.cluster.elastic" not in out
     assert '{\\"nnodes\\": \\"2\\", \\"sizes\\": [1, 2]}' in out
 
 
@@ -459,7 +456,7 @@ def test_what_an_elastic_run_cannot_do_is_refused_before_it_is_queued(capsys, en
 
 FOLLOWER = """
 import signal, sys
-from rpg.launch.job import follow
+from rpg.cluster.job import follow
 sys.exit(follow([{tail!r}], {{}}, "http://127.0.0.1:9", "rpg-x", {detach}))
 """
 TAIL = """#!{python}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_launch_dryrun import _env
+from launching import env as _env
 
 from rpg.backends.gpu import preflight as P
 from rpg.backends.gpu.preflight import GpuCheckError, GpuProbe, GpuRequest, check
@@ -268,12 +268,13 @@ def test_the_probe_finds_the_compiler_triton_would_use(tmp_path):
 @pytest.fixture
 def data_dir(tmp_path) -> Path:
     """Valid data files under the names the launcher expects for the 4B script."""
-    from rpg.launch.variants import TRAIN_SET, parse
+    from rpg.launch.experiments import find
 
+    files = find(SCRIPT).settings
     row = pd.DataFrame({"prompt": [[{"role": "user", "content": "1+1?"}]], "data_source": ["aime2024"],
                         "reward_model": [{"ground_truth": "2"}]})
-    for name in (TRAIN_SET, *parse(SCRIPT).val_sets):
-        row.to_parquet(tmp_path / f"{name}.parquet")
+    for name in (files["data.train_files"], *files["data.val_files"]):
+        row.to_parquet(tmp_path / Path(name).name)
     return tmp_path
 
 
@@ -282,12 +283,11 @@ def _hydra_config(env: dict, *user: str):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from rpg.launch.plan import CONFIG_DIR, plan_overrides
-    from rpg.launch.variants import parse
+    from launching import planned
 
-    overrides, _ = plan_overrides(parse(SCRIPT), env, list(user), root=ROOT, cwd=ROOT)
+    overrides = planned(SCRIPT, env, list(user))
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / CONFIG_DIR), version_base=None):
+    with initialize_config_dir(config_dir=str(ROOT / "recipe/rpg/config"), version_base=None):
         return compose(config_name="rpg_trainer", overrides=overrides)
 
 
@@ -340,7 +340,7 @@ def test_the_driver_exits_2_before_ray_with_one_line_each(data_dir, monkeypatch,
 
 
 def test_dry_run_warns_and_exits_0(data_dir, monkeypatch, capsys):
-    from rpg.launch.cli import main
+    from launching import launch as main
 
     node = replace(NO_CUDA, versions={"torch": "2.12.0"})
     monkeypatch.setattr(GpuProbe, "of_this_node", staticmethod(lambda: node))

@@ -174,7 +174,7 @@ def test_both_runs_compose_and_pass_verls_config_checks(tiny_assets, tmp_path):
     recipe's config and pass rpg's and verl's driver-side checks, for 1 GPU and data parallel 2."""
     import argparse
 
-    from rpg.launch.harness import build_command
+    from rpg.backends.harness import build_command
     from rpg.launch.plan import compose
 
     for gpus, first in ((1, True), (2, False)):
@@ -239,7 +239,7 @@ class FakeRuns:
         self.metrics, self.calls, self.device = [first, resumed], [], device
 
     def __call__(self, overrides, *, output_dir, **kw):
-        from rpg.launch.harness import TrainerRun
+        from rpg.backends.harness import TrainerRun
 
         self.calls.append((list(overrides), kw))
         m = self.metrics[len(self.calls) - 1]

@@ -1,17 +1,17 @@
 """A mistyped command line is refused before anything starts, in one line that says what was meant, by the
-launcher (``python -m rpg.launch``, every paper script) and the tiny demo (``python -m rpg.demo.cpu``,
+launch (every paper script: ``recipe/rpg/main_rpg.py +experiment=<run>``) and the tiny demo (``python -m rpg.demo.cpu``,
 recipe/rpg/tiny/run_tiny_cpu.sh) alike, exit code 2; no run overwrites another; Ctrl-C at any stage is one line.
 
 * an environment variable given as an argument (``OUT=runs/x`` after the script: ``rpg.launch.args``);
-* a valid run name a swap or two from a shipped one: run as it reads, after a warning line naming the closest
-  shipped name (``rpg.launch.shipped_names``);
+* a run name without an experiment file (a swap of two characters of a shipped one): the closest shipped name
+  (``rpg.launch.experiments``);
 * a key the composed config does not have, with the closest valid key and the ``+`` hint
   (``rpg.launch.config_keys``; it was Hydra's traceback, after Ray under the demo);
 * a logger verl does not know, from ``LOGGER`` or ``trainer.logger``, on every backend (it was verl's
   AssertionError after Ray and the workers; with ``RPG_BACKEND=cpu`` ``LOGGER`` was dropped silently);
 * ``--steps``/``STEPS`` below 1 (a ValueError traceback);
 * a fresh start in an output folder that holds a run (it replaced its checkpoints and metrics), and the
-  checkpoint folder's name follows the variant run (``rpg.launch.run_dir``, ``rpg.tiny.overrides``);
+  checkpoint folder's name follows the variant run (``rpg.backends.harness.run_dir``, ``rpg.tiny.overrides``);
 * Ctrl-C before the trainer starts (the tiny model's first build included: a 24-line traceback).
 
 Nothing here starts a trainer; each test is at most a composition of the config (about a second).
@@ -29,7 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_launch_dryrun import _env
+from launching import env as _env, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = "run_rpg_4b_ctx4k_ufkl1e-4_rf_clip_ppo_0.2_0.28"
@@ -49,9 +49,7 @@ def _demo(argv, capsys):
 
 
 def _launch(argv, capsys, **env):
-    from rpg.launch.cli import main
-
-    rc = main(argv, _env(**env))
+    rc = launch(argv, _env(**env))
     cap = capsys.readouterr()
     return rc, _lines(cap.err), cap.out
 
@@ -94,14 +92,14 @@ def test_the_tiny_script_refuses_out_as_an_argument(tmp_path):
 
 
 @pytest.mark.parametrize("extra_env", [{"DRY_RUN": "1"}, {}, {"RPG_BACKEND": "cpu"}])
-def test_a_valid_name_next_to_a_shipped_one_is_named_first_with_the_closest_shipped_name(extra_env, capsys):
-    """Before: the swapped digits (0.82 for the shipped 0.28) composed eps_high 0.82 without a word. The line comes
-    first in every mode, before anything is read (here an argument the launcher then refuses)."""
+def test_a_name_next_to_a_shipped_one_is_refused_naming_the_closest_shipped_name(extra_env, capsys):
+    """Before: the swapped digits (0.82 for the shipped 0.28) composed eps_high 0.82 after a warning. A run is its
+    experiment file: the name without one is refused in one line, in every mode, before anything is read."""
     swapped = "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.82"
     rc, err, out = _launch([swapped, "OUT_DIR=runs/x"], capsys, **extra_env)
-    assert rc == 2 and len(err) == 2 and "OUT_DIR is an environment variable" in err[1], err
-    assert err[0] == (f"rpg.launch: warning: {swapped} is not a shipped run; closest shipped name: "
-                      "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28 (it runs as its own name reads: the settings below)")
+    assert rc == 2 and len(err) == 1 and out == "", err
+    assert err[0].startswith(f"rpg.launch: no run {swapped}: ") and \
+        "closest shipped: run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28;" in err[0]
 
 
 # ----------------------------------------------------------------------------- unknown keys
@@ -173,8 +171,8 @@ def test_a_logger_with_the_cpu_backend_under_dry_run_is_checked_after_the_platfo
                PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **extra_env)
     for key in ("VERL_PLATFORM", "VERL_USE_EXTERNAL_MODULES"):
         env.pop(key, None)
-    p = subprocess.run([sys.executable, "-m", "rpg.launch", "run_grpo_7b"], env=env, cwd=tmp_path, text=True,
-                       capture_output=True, timeout=300)
+    p = subprocess.run(["bash", str(ROOT / "recipe/rpg/7b/run_grpo_7b.sh")], env={**env, "PYTHON": sys.executable},
+                       cwd=tmp_path, text=True, capture_output=True, timeout=300)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert "composed and validated config" in p.stdout
 
@@ -182,7 +180,7 @@ def test_a_logger_with_the_cpu_backend_under_dry_run_is_checked_after_the_platfo
 def test_the_demo_refuses_an_unknown_logger_and_keeps_a_known_one(tmp_path, capsys):
     rc, err, _ = _demo(["--out", tmp_path / "o", "trainer.logger=[console,file,tensorbord]"], capsys)
     assert rc == 2 and len(err) == 1 and "'tensorbord' (did you mean 'tensorboard'?)" in err[0], err
-    from rpg.launch.harness import build_command
+    from rpg.backends.harness import build_command
 
     argv, _ = build_command(["trainer.logger=[console,wandb]"], base_env={})  # the harness adds its file logger
     assert argv[-1] == "trainer.logger=['console','wandb','file']"
@@ -190,10 +188,9 @@ def test_the_demo_refuses_an_unknown_logger_and_keeps_a_known_one(tmp_path, caps
 
 def test_launcher_keeps_the_users_loggers_on_the_cpu_backend(tmp_path, monkeypatch):
     """``LOGGER`` was replaced by console,file with RPG_BACKEND=cpu when it lacked 'file'."""
-    from rpg.launch import harness
-    from rpg.launch.cli import main
+    from rpg.backends import harness
 
-    seen = []
+    main, seen = launch, []
     monkeypatch.setattr(harness, "run_trainer", lambda overrides, **kw: seen.append(list(overrides)) or
                         harness.TrainerRun(0, 0.0, Path(kw["output_dir"]), tmp_path / "l", tmp_path / "m", []))
     assert main([PAPER], _env(RPG_BACKEND="cpu", LOGGER="console,tensorboard", OUT_DIR=str(tmp_path / "o"))) == 0
@@ -245,7 +242,7 @@ def test_a_fresh_start_in_a_folder_holding_a_run_is_refused_naming_it_and_the_wa
 
 
 def test_a_launcher_fresh_start_in_its_out_dir_holding_a_run_is_refused(tmp_path, capsys, monkeypatch):
-    from rpg.launch import harness
+    from rpg.backends import harness
 
     monkeypatch.setattr(harness, "run_trainer", lambda *a, **k: pytest.fail("started"))
     out = tmp_path / "D"
@@ -261,7 +258,7 @@ def test_a_launcher_fresh_start_in_its_out_dir_holding_a_run_is_refused(tmp_path
 
 
 def test_fresh_start_rules(tmp_path):
-    from rpg.launch.run_dir import RunDirError, check_fresh_start, run_found
+    from rpg.backends.harness.run_dir import RunDirError, check_fresh_start, run_found
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -293,7 +290,7 @@ def test_a_run_folder_with_a_broken_metrics_line_is_refused_naming_the_file_and_
     """The folder check reads metrics.jsonl by the one reader's rules (rpg.common.metrics_file): a broken line
     before the last is refused naming the file and line, never skipped (it used to be: steps 0..2 of the
     lines around it were reported, or none, as if the file held nothing)."""
-    from rpg.launch.run_dir import RunDirError, check_fresh_start
+    from rpg.backends.harness.run_dir import RunDirError, check_fresh_start
 
     out = tmp_path / "D"
     out.mkdir()
@@ -310,7 +307,7 @@ def test_a_run_folder_with_a_broken_metrics_line_is_refused_naming_the_file_and_
 
 
 def test_the_folder_check_reads_the_metrics_segments_and_skips_only_a_cut_last_line(tmp_path):
-    from rpg.launch.run_dir import RunDirError, check_fresh_start, run_found
+    from rpg.backends.harness.run_dir import RunDirError, check_fresh_start, run_found
 
     out = tmp_path / "D"
     out.mkdir()
@@ -382,13 +379,13 @@ def test_ctrl_c_during_the_first_tiny_build_is_one_line(tmp_path, capsys, monkey
 
 
 def test_ctrl_c_in_the_launcher_before_the_run_is_one_line(capsys, monkeypatch):
-    import rpg.launch.cli as cli
+    import rpg.launch.plan
 
     def interrupted(*a, **k):
         os.kill(os.getpid(), signal.SIGINT)
         raise AssertionError("not interrupted")
 
-    monkeypatch.setattr(cli, "plan", interrupted)
+    monkeypatch.setattr(rpg.launch.plan, "plan", interrupted)
     try:
         rc, err, _ = _launch([PAPER], capsys, RPG_BACKEND="cpu")
     except KeyboardInterrupt:
@@ -402,7 +399,7 @@ def test_ctrl_c_in_the_launcher_before_the_run_is_one_line(capsys, monkeypatch):
 def test_wandb_as_the_user_asked(tmp_path):
     """Every local run had WANDB_MODE=disabled, whatever the user set or trainer.logger asked: a run with
     wandb wrote no W&B run, without a word. (A W&B run folder really written: tests/test_launch_cpu_e2e.py.)"""
-    from rpg.launch.harness import build_command
+    from rpg.backends.harness import build_command
     from rpg.common.run_env import wandb_env
 
     _, env = build_command([], base_env={"WANDB_MODE": "offline"})
@@ -417,10 +414,7 @@ def test_wandb_as_the_user_asked(tmp_path):
 def test_data_and_model_variables_a_tiny_task_launch_does_not_use_are_named(capsys):
     """RPG_BACKEND=cpu trains the tiny task with its own model and data: TRAIN_FILE or MODEL_PATH given with it
     are named in one warning line, never dropped silently."""
-    from rpg.launch.cli import main
-
-    assert main([PAPER], _env(RPG_BACKEND="cpu", DRY_RUN="1", TRAIN_FILE="mine.parquet", MODEL_PATH="org/m")) == 0
+    assert launch([PAPER], _env(RPG_BACKEND="cpu", DRY_RUN="1", TRAIN_FILE="mine.parquet", MODEL_PATH="org/m")) == 0
     warned = [ln for ln in _lines(capsys.readouterr().err) if "not used" in ln]
-    assert warned == ["rpg.launch: warning: MODEL_PATH, TRAIN_FILE not used: RPG_BACKEND=cpu trains the tiny task "
-                      "(its own model and data); to train yours, override data.train_files / "
-                      "actor_rollout_ref.model.path"], warned
+    assert warned == ["rpg.launch: warning: MODEL_PATH, TRAIN_FILE not used: RPG_BACKEND=cpu trains its own model and "
+                      "task; to train yours, override data.train_files / actor_rollout_ref.model.path"], warned

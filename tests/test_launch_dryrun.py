@@ -1,6 +1,6 @@
-"""Launcher: every shipped script composes and passes the driver-side checks (rpg validation +
-verl 0.9.1's validate_config) with the expected settings; the shell path (DRY_RUN=1 bash script.sh),
-environment handling, Ray submission command and error messages."""
+"""Every shipped script composes and passes the driver-side checks (rpg validation + verl 0.9.1's validate_config)
+with the expected settings; the shell path (DRY_RUN=1 bash script.sh), environment handling, Ray submission command
+and error messages."""
 
 from __future__ import annotations
 
@@ -15,31 +15,25 @@ from pathlib import Path
 
 import pytest
 from launch_expected import ALL_ROWS
+from launching import env as _env, launch as main, planned
 
-from rpg.launch.cli import main
-from rpg.launch.commands import ray_command
-from rpg.launch.plan import compose, plan_overrides
-from rpg.launch.request import LaunchRequest, project_root
-from rpg.launch.variants import parse
+from rpg.cluster.submit import Job, ray_command
+from rpg.launch.environment import Request
+from rpg.launch.plan import compose
 
 ROOT = Path(__file__).resolve().parents[1]
-CLEAN_ENV_KEYS = ("MODEL_PATH", "RPG_GPU_MEM_GIB", "RPG_HOST_MEM_GIB", "DATA_DIR", "TRAIN_FILE", "VAL_FILES", "CKPTS_DIR",
-                  "NNODES", "N_GPUS_PER_NODE",
-                  "RAY_ADDRESS", "LOGGER", "PROJECT_NAME", "EXP_NAME", "DRY_RUN", "RPG_BACKEND", "OUT_DIR",
-                  "RPG_CLUSTER_ROOT", "RAY_JOB_WAIT", "VERL_FILE_LOGGER_ROOT", "TENSORBOARD_DIR")
+VAL_SETS = {"main": ["aime2024", "aime2025", "amc2023"], "4k": ["aime2024", "aime2025", "amc2023", "minerva",
+                                                                 "olympiadbench"]}
 
 
-def _env(**kw) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in CLEAN_ENV_KEYS}
-    env.update(kw)
-    return env
+def _val_sets(name: str) -> list[str]:
+    return VAL_SETS["4k" if "_ctx4k" in name else "main"]
 
 
 def _check_composed(cfg, row) -> None:
     from verl.trainer.ppo.utils import need_reference_policy
 
     a, r, pl = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor.policy_loss
-    v = parse(row["name"])
     assert cfg.trainer.total_training_steps == 400 and cfg.trainer.total_epochs >= 100
     assert (cfg.trainer.test_freq, cfg.trainer.val_before_train) == (10, True)
     assert (r.val_kwargs.n, r.val_kwargs.temperature, r.val_kwargs.top_p, r.val_kwargs.do_sample) == (32, 1.0, 1.0, True)
@@ -59,7 +53,7 @@ def _check_composed(cfg, row) -> None:
     assert cfg.reward.custom_reward_function.name == "compute_score"
     assert cfg.algorithm.use_kl_in_reward is False
     stems = [Path(p).stem for p in cfg.data.val_files]
-    assert stems == list(v.val_sets) and Path(cfg.data.train_files).name == "dapo-math-17k-en.parquet"
+    assert stems == _val_sets(row["name"]) and Path(cfg.data.train_files).name == "dapo-math-17k-en.parquet"
     assert cfg.trainer.experiment_name == row["name"] and cfg.trainer.default_local_dir.endswith(row["name"])
     if row["name"].startswith("run_rpg_4b") or "_4b_" in row["name"]:
         assert cfg.data.apply_chat_template_kwargs.enable_thinking is False
@@ -92,11 +86,11 @@ def _check_composed(cfg, row) -> None:
 
 
 def _memory_fits(cfg) -> str | None:
-    """rpg.launch.memory's estimate on an 80 GB GPU (79.6 GiB) with the documented 10% headroom, vLLM's KV
+    """rpg.memory's estimate on an 80 GB GPU (79.6 GiB) with the documented 10% headroom, vLLM's KV
     cache holding one max_model_len sequence, and the host RAM of a default node (docs/memory.md)."""
     from omegaconf import OmegaConf
 
-    from rpg.launch.memory import (DEFAULT_GPU_MEM_GIB, DEFAULT_HOST_MEM_GIB, architecture_for, estimate, estimate_host,
+    from rpg.memory import (DEFAULT_GPU_MEM_GIB, DEFAULT_HOST_MEM_GIB, architecture_for, estimate, estimate_host,
                                    host_settings_from_config, settings_from_config)
 
     plain = OmegaConf.to_container(cfg, resolve=True)
@@ -113,12 +107,10 @@ def test_every_script_composes_and_validates():
     """All 84 scripts in one process: Hydra compose + rpg validation + verl's validate_config, and
     the memory estimate fits an 80 GB GPU with the documented headroom (KV check included) and the
     host RAM of a default node."""
-    root = project_root()
     failures = []
     for row in ALL_ROWS:
-        overrides, _ = plan_overrides(parse(row["name"]), _env(), [], root=root, cwd=root)
         with contextlib.redirect_stdout(io.StringIO()):
-            cfg, _ = compose(overrides, root)
+            cfg, _ = compose(planned(row["name"], _env()))
         try:
             _check_composed(cfg, row)
         except AssertionError as e:  # collect, so one run shows every mismatch
@@ -189,37 +181,36 @@ def test_ray_submission_shell_path(tmp_path):
 
 
 def test_ray_command_cluster_root_and_wait():
-    v = parse("run_rpg_7b_ufkl1e-4")
     env = _env(RAY_ADDRESS="http://127.0.0.1:8265", RPG_CLUSTER_ROOT="/srv/rpg", RAY_JOB_WAIT="1")
-    ov, job_env = plan_overrides(v, env, [], root=ROOT, cwd=ROOT)
-    cmd = ray_command(ov, LaunchRequest.read(env, ROOT, ROOT), job_env)
+    ov = planned("run_rpg_7b_ufkl1e-4", env, cluster=True)
+    req = Request.read(env, ROOT, Path("/srv/rpg"), cluster=True)
+    cmd = ray_command(ov, req, Job.read(env), {})
     assert "--no-wait" not in cmd and cmd[cmd.index("--") + 2] == "/srv/rpg/recipe/rpg/main_rpg.py"
 
 
 def test_environment_defaults_and_overlong_rule(tmp_path):
-    v = parse("run_rpg_4b_ctx2k_ufkl1e-4")
-    ov, job_env = plan_overrides(v, _env(VAL_FILES="a.parquet, /abs/b.parquet"), ["data.max_response_length=4096"],
-                                 root=ROOT, cwd=tmp_path)
+    name = "run_rpg_4b_ctx2k_ufkl1e-4"
+    ov = planned(name, _env(VAL_FILES="a.parquet, /abs/b.parquet"), ["data.max_response_length=4096"], cwd=tmp_path)
     d = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in ov}
     assert d["data.val_files"] == f"['{tmp_path / 'a.parquet'}','/abs/b.parquet']"
     assert d["data.train_files"] == str(ROOT / "data" / "dapo-math-17k-en.parquet")
-    # the response length is a setting of the name (_ctx2k): the run's name says the user's value
-    assert d["trainer.default_local_dir"] == f"'{ROOT / 'ckpts' / 'rpg' / v.name}+max_response_length=4096'"
+    # the response length is a setting of the run's file (_ctx2k): the run's name says the user's value
+    assert d["trainer.default_local_dir"] == f"'{ROOT / 'ckpts' / 'rpg' / name}+max_response_length=4096'"
     assert d["reward.reward_kwargs.overlong_buffer_cfg.len"] == "1024"  # L/4 of the user's 4096
     assert d["trainer.logger"] == "['console','file']" and d["trainer.nnodes"] == "1"
     assert d["+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_ROOT"] == f"'{ROOT / 'logs'}'"
-    assert "VERL_FILE_LOGGER_ROOT" not in job_env  # Ray refuses the same variable in job and ray.init envs
-    ov2, _ = plan_overrides(v, _env(), ["reward.reward_kwargs.overlong_buffer_cfg.len=100"], root=ROOT, cwd=ROOT)
+    ov2 = planned(name, _env(), ["reward.reward_kwargs.overlong_buffer_cfg.len=100"])
     assert "reward.reward_kwargs.overlong_buffer_cfg.len=100" in ov2
 
 
 @pytest.mark.parametrize("argv, env, msg", [
-    (["run_rpg_7b_nope"], {}, "run_<algo>_<model>"),
+    (["run_rpg_7b_nope"], {}, "no run run_rpg_7b_nope: no experiment/run_rpg_7b_nope.yaml"),
     (["run_grpo_7b", "notanoverride"], {}, "key=value"),
     (["run_grpo_7b"], {"NNODES": "two"}, "NNODES='two' is invalid"),
     (["run_grpo_7b"], {"RPG_BACKEND": "tpu"}, "allowed values: gpu, cpu"),
+    (["run_grpo_7b"], {"RPG_CPU_MODEL": "big"}, "RPG_CPU_MODEL='big' is invalid; allowed values: tiny, smol"),
     (["run_grpo_7b"], {"DRY_RUN": "maybe"}, "DRY_RUN='maybe' is invalid"),
-    (["--describe"], {}, "one run name"),
+    (["--describe"], {}, "--describe describes a run: add +experiment=<run>"),
 ])
 def test_errors_are_one_clear_message(argv, env, msg, capsys):
     assert main(argv, _env(**env)) == 2
@@ -229,7 +220,7 @@ def test_errors_are_one_clear_message(argv, env, msg, capsys):
 def test_local_run_refuses_missing_data(tmp_path, capsys):
     assert main(["run_grpo_7b"], _env(DATA_DIR=str(tmp_path))) == 2
     err = capsys.readouterr().err.splitlines()  # the driver's lines (rpg.data.checks), one per missing file
-    names = ["dapo-math-17k-en", *parse("run_grpo_7b").val_sets]
+    names = ["dapo-math-17k-en", *_val_sets("run_grpo_7b")]
     assert [line.split("=", 1)[1].split(":")[0] for line in err] == [str(tmp_path / f"{n}.parquet") for n in names]
     assert all(line.startswith("rpg config error: data.") for line in err) and "python -m rpg.data prepare-all" in err[-1]
 
@@ -238,26 +229,26 @@ def test_rpg_validation_errors_surface_in_dry_run():
     from rpg.config import RPGConfigError
 
     with pytest.raises(RPGConfigError, match="rpg.loss.divergence='js'"):
-        ov, _ = plan_overrides(parse("run_rpg_7b_ufkl1e-4"), _env(), ["rpg.loss.divergence=js"], root=ROOT, cwd=ROOT)
+        ov = planned("run_rpg_7b_ufkl1e-4", _env(), ["rpg.loss.divergence=js"])
         with contextlib.redirect_stdout(io.StringIO()):
-            compose(ov, ROOT)
+            compose(ov)
 
 
-def test_describe_and_list(capsys):
-    assert main(["--describe", "run_rpg_7b_rkl1e-4_rf"], _env()) == 0
+def test_describe(capsys):
+    assert main(["run_rpg_7b_rkl1e-4_rf", "--describe"], _env()) == 0
     out = capsys.readouterr().out
-    assert "unclipped RPG-REINFORCE" in out and "lr=5e-07" in out
-    assert main(["--list"], _env()) == 0
-    table = capsys.readouterr().out
-    assert table.count("\n| `run_") == len(ALL_ROWS)
+    assert "unclipped RPG-REINFORCE" in out and "lr=5e-07" in out and "memory per GPU" in out
 
 
-def test_describe_shows_the_names_overrides_and_full_config_on_request(capsys):
+def test_describe_shows_the_files_settings_and_full_config_on_request(capsys):
     name = "run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28"
-    assert main(["--describe", name], _env()) == 0
+    assert main([name, "--describe"], _env()) == 0
     out = capsys.readouterr().out
-    assert "overrides of the name" in out and "+paper=default" in out and "rpg.loss.divergence=urkl" in out
-    assert "data.train_batch_size" not in out  # a paper constant: in the paper setup, not in the overrides
-    assert main(["--describe", name, "--full"], _env()) == 0
+    assert f"settings of recipe/rpg/config/experiment/{name}.yaml" in out and "rpg.loss.divergence=urkl" in out
+    assert "data.train_batch_size" not in out  # a paper constant: in the paper setup, not in the file
+    assert main([name, "--describe", "--full", "--gpu-mem-gib", "139.8"], _env()) == 0
     full = capsys.readouterr().out
     assert "# ---- the full resolved config" in full and "train_batch_size: 512" in full and "divergence: urkl" in full
+    assert "GPU 139.8 GiB" in full
+    assert main([name, "--full"], _env()) == 2
+    assert capsys.readouterr().err.strip() == "rpg.launch: --full goes with --describe (the run's memory plan)"

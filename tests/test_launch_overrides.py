@@ -4,8 +4,8 @@
 * README's list form ``data.val_files=[data/aime2024.parquet,data/aime2025.parquet]`` works in the
   launcher's data-file check (it used ``ast.literal_eval`` and crashed with a SyntaxError);
 * an override Hydra cannot read is ONE line naming it with Hydra's reason, exit code 2, at every entry
-  point (python -m rpg.launch and the paper scripts, python -m rpg.demo.cpu and the tiny
-  script, recipe/rpg/main_rpg.py), before anything starts; Hydra's own flags still work;
+  point (the paper scripts and recipe/rpg/main_rpg.py, a Ray submission, python -m rpg.demo.cpu and the tiny
+  script), before anything starts; Hydra's own flags still work;
 * the launchers keep the driver's exit code when it refuses a config, and their stderr is the
   driver's one line (the real driver process; it refuses before Ray, in seconds).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from data_files import verl_file
-from test_launch_dryrun import _env
+from launching import env as _env, launch
 
 from rpg.common.override_lists import (OverrideSyntaxError, bad_override_line, merge_overrides, override_key, parse_one,
                                   value_of, values)
@@ -83,7 +83,7 @@ def test_a_sweep_is_refused_where_a_run_takes_one_value():
 
 def test_readme_list_form_in_the_data_file_check(tmp_path, monkeypatch):
     from rpg.data.checks import override_problems
-    from rpg.launch.variants import recipe_value
+    from rpg.launch.experiments import recipe_value
 
     def problems(overrides):
         return override_problems(values(overrides), recipe_value)
@@ -101,13 +101,11 @@ def test_readme_list_form_in_the_data_file_check(tmp_path, monkeypatch):
 def test_launcher_names_the_missing_files_of_readmes_list_form(tmp_path, monkeypatch, capsys):
     """No DRY_RUN: the launcher checks the data files before exec'ing the driver (it crashed with a raw
     SyntaxError traceback on this valid Hydra list); the driver's lines (rpg.data.checks), exit 2."""
-    from rpg.launch.cli import main
-
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
     verl_file(tmp_path / "data" / "aime2024.parquet")
     verl_file(tmp_path / "train.parquet", "math_dapo")
-    rc = main(["run_grpo_7b", README_VAL], _env(TRAIN_FILE=str(tmp_path / "train.parquet")))
+    rc = launch(["run_grpo_7b", README_VAL], _env(TRAIN_FILE=str(tmp_path / "train.parquet")))
     err = _lines(capsys.readouterr().err)
     assert rc == 2 and err == ["rpg config error: data.val_files[1]=data/aime2025.parquet: no such file. Prepare data "
                                "files with `python -m rpg.data prepare-all --out-dir data/` (docs/data-and-reports.md)"]
@@ -118,20 +116,19 @@ def test_launcher_names_the_missing_files_of_readmes_list_form(tmp_path, monkeyp
 
 @pytest.mark.parametrize("extra_env", [{}, {"DRY_RUN": "1"}, {"RPG_BACKEND": "cpu"}, {"RPG_BACKEND": "cpu", "DRY_RUN": "1"},
                                        {"RAY_ADDRESS": "http://127.0.0.1:8265"}])
-def test_rpg_launch_syntax_error_is_one_line(extra_env, capsys):
-    from rpg.launch.cli import main
-
-    assert main(["run_rpg_7b_ufkl1e-4", "trainer.save_freq=5", BAD], _env(**extra_env)) == 2
+def test_launch_syntax_error_is_one_line(extra_env, capsys):
+    assert launch(["run_rpg_7b_ufkl1e-4", "trainer.save_freq=5", BAD], _env(**extra_env)) == 2
     cap = capsys.readouterr()
     err = _lines(cap.err)
-    assert len(err) == 1 and err[0].startswith(f"rpg.launch: Hydra cannot parse the override {BAD!r}: no viable"), cap.err
+    assert len(err) == 1 and err[0].startswith(f"rpg config error: Hydra cannot parse the override {BAD!r}: no viable"), \
+        cap.err
     assert "[cpu]" not in cap.out  # nothing was started
 
 
 def test_paper_script_syntax_error_is_one_line(tmp_path):
     p = _run(["bash", str(ROOT / "recipe" / "rpg" / "4b" / "run_rpg_4b_ctx2k_ufkl1e-4.sh"), BAD], tmp_path, DRY_RUN="1")
     assert p.returncode == 2 and _lines(p.stderr) == [_lines(p.stderr)[0]], p.stderr[-3000:]
-    assert _lines(p.stderr)[0].startswith(f"rpg.launch: Hydra cannot parse the override {BAD!r}")
+    assert _lines(p.stderr)[0].startswith(f"rpg config error: Hydra cannot parse the override {BAD!r}")
 
 
 def test_tiny_launcher_syntax_error_is_one_line_before_anything_starts(tmp_path, capsys):
@@ -178,7 +175,7 @@ def test_tiny_launcher_keeps_the_drivers_exit_code_and_line(tiny_assets, tmp_pat
 
 
 def test_cpu_backend_launcher_keeps_the_drivers_exit_code_and_line(tiny_assets, tmp_path):
-    p = _run([sys.executable, "-m", "rpg.launch", "run_rpg_7b_ufkl1e-4", "rpg.loss.divergence=js"], tmp_path,
+    p = _run(["bash", str(ROOT / "recipe/rpg/7b/run_rpg_7b_ufkl1e-4.sh"), "rpg.loss.divergence=js"], tmp_path,
              RPG_BACKEND="cpu", OUT_DIR=str(tmp_path / "out"))
     assert p.returncode == 2 and _lines(p.stderr) == [DIVERGENCE_LINE], p.stderr[-3000:]
     assert DIVERGENCE_LINE in (tmp_path / "out" / "trainer.log").read_text()

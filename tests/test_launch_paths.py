@@ -9,13 +9,10 @@ import shlex
 from pathlib import Path
 
 import pytest
-from test_launch_dryrun import _env
+from launching import env as _env, launch as main, planned
 
-from rpg.launch.cli import main
-from rpg.launch.commands import ray_command
-from rpg.launch.plan import plan_overrides
-from rpg.launch.request import LaunchRequest
-from rpg.launch.variants import parse
+from rpg.cluster.submit import Job, ray_command
+from rpg.launch.environment import Request
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = "http://127.0.0.1:8265"
@@ -23,7 +20,7 @@ DIVERGENCE_LINE = "rpg config error: rpg.loss.divergence='js' is invalid: expect
 
 
 def _answering_ray(tmp_path: Path) -> dict[str, str]:
-    """PATH with a `ray` whose job API answers (a submission asks `ray job list` first: rpg.launch.ray_job_api)."""
+    """PATH with a `ray` whose job API answers (a submission asks `ray job list` first: rpg.cluster.ray_job_api)."""
     (tmp_path / "ray").write_text("#!/bin/sh\nexit 0\n")
     (tmp_path / "ray").chmod(0o755)
     return {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
@@ -50,19 +47,20 @@ def test_dry_run_warns_about_a_missing_local_model(tmp_path, capsys):
 
 
 def test_every_default_path_follows_the_cluster_root():
-    v = parse("run_rpg_7b_ufkl1e-4")
+    name = "run_rpg_7b_ufkl1e-4"
     env = _env(RAY_ADDRESS=RAY, RPG_CLUSTER_ROOT="/srv/rpg")
-    ov, job_env = plan_overrides(v, env, [], root=ROOT, cwd=ROOT)
+    ov = planned(name, env, cluster=True)
     d = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in ov}
     assert d["data.train_files"] == "/srv/rpg/data/dapo-math-17k-en.parquet"
     assert d["data.val_files"].startswith("['/srv/rpg/data/aime2024.parquet',")
-    assert d["trainer.default_local_dir"] == f"/srv/rpg/ckpts/rpg/{v.name}"
+    assert d["trainer.default_local_dir"] == f"/srv/rpg/ckpts/rpg/{name}"
     assert d["+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_ROOT"] == "'/srv/rpg/logs'"
-    assert d["+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR"] == f"'/srv/rpg/tensorboard_log/rpg/{v.name}'"
+    assert d["+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR"] == f"'/srv/rpg/tensorboard_log/rpg/{name}'"
     # (the `ray` CLI itself runs here, so cmd[0] may be this checkout's venv; nothing after it may be)
-    assert str(ROOT) not in " ".join(ray_command(ov, LaunchRequest.read(env, ROOT, ROOT), job_env)[1:])
+    req = Request.read(env, ROOT, Path("/srv/rpg"), cluster=True)
+    assert str(ROOT) not in " ".join(ray_command(ov, req, Job.read(env), {})[1:])
     # without RAY_ADDRESS the cluster root plays no part
-    ov_local, _ = plan_overrides(v, _env(RPG_CLUSTER_ROOT="/srv/rpg"), [], root=ROOT, cwd=ROOT)
+    ov_local = planned(name, _env(RPG_CLUSTER_ROOT="/srv/rpg"))
     assert "/srv/rpg" not in " ".join(ov_local)
 
 

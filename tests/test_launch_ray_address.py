@@ -1,9 +1,9 @@
-"""``python -m rpg.launch`` with ``RAY_ADDRESS``: an address that is not a Ray job API, no cluster there, or one
+"""A paper script with ``RAY_ADDRESS`` (``python -m rpg.cluster``): an address that is not a Ray job API, no cluster there, or one
 that refuses this client's token is one line on stderr (exit 2) before anything is submitted, instead of
 ``ray job submit``'s tracebacks (63 to 126 lines); under DRY_RUN=1 a cluster that does not answer is a
 warning (the dry run works away from the cluster), a malformed address still an error.
 
-The cluster is asked through the same ``ray`` executable the submission uses (``rpg.launch.ray_job_api``):
+The cluster is asked through the same ``ray`` executable the submission uses (``rpg.cluster.ray_job_api``):
 here a stub on PATH that fails the way Ray 2.60's CLI does (its last lines, checked by hand against a real
 ``ray start --head`` with token authentication), and the real ``ray`` for a port where nothing listens."""
 
@@ -15,10 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_launch_dryrun import _env
+from launching import env as _env, launch as main
 
-from rpg.launch import ray_job_api
-from rpg.launch.cli import main
+from rpg.cluster import ray_job_api
 
 ROOT = Path(__file__).resolve().parents[1]
 NOWHERE = "http://127.0.0.1:9"  # the discard port: nothing listens
@@ -65,10 +64,10 @@ def _stub_calls(tmp_path: Path) -> list[str]:
 
 
 def _launch(*args: str, **env: str) -> subprocess.CompletedProcess:
-    """``python -m rpg.launch`` in a process of its own (without DRY_RUN it execs ``ray job submit``)."""
-    full = _env(PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env)
-    return subprocess.run([sys.executable, "-m", "rpg.launch", *args], env=full, cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    """A paper script in a process of its own (without DRY_RUN it execs ``ray job submit``)."""
+    full = _env(PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", PYTHON=sys.executable, **env)
+    return subprocess.run(["bash", str(ROOT / "recipe/rpg/7b" / f"{args[0]}.sh"), *args[1:]], env=full, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("address", ["notaurl", "127.0.0.1:8265", "ray://10.0.0.1:10001", "http://", "ftp://h:8265",

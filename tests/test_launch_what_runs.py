@@ -1,26 +1,22 @@
-"""The run a launch asks for is the run it shows: the launcher's header is the composed config's settings (the
-name's, the experiment file's and the overrides'); an override that changes what the run name says gives the run a
-name that says it (trainer.experiment_name: checkpoints, logs, report labels), in one line; an edited shipped
-experiment file is named; a user's experiment file for a name without a script is composed."""
+"""The run a launch asks for is the run it shows: the launch's header is the composed config's settings (the
+experiment file's and the overrides'); an override that changes what the run's file says gives the run a name that
+says it (trainer.experiment_name: checkpoints, logs, report labels), in one line; an edited shipped experiment file
+is named; a user's experiment file for a run without a script is composed, and said."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
-from test_launch_dryrun import _env
+from launching import env as _env, launch as main, planned
 
 from rpg.common.override_lists import values
-from rpg.launch.cli import main
 from rpg.launch.describe import naming_note
-from rpg.launch.experiments import EXPERIMENT_DIR, experiment_path
-from rpg.launch.plan import plan_overrides
-from rpg.launch.request import LaunchRequest
-from rpg.launch.variants import known_names, parse
+from rpg.launch.environment import Request
+from rpg.launch.experiments import EXPERIMENT_DIR, find, shipped_names
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "run_rpg_7b_ufkl1e-4"  # RPG-UFKL, fully differentiable, clipped, lr 1e-6
@@ -59,7 +55,7 @@ def test_an_override_of_what_the_name_says_is_shown_and_renames_the_run(capsys):
     assert header.startswith(f"# run {new} (from {NAME}: RPG-UFKL")
     assert "divergence=urkl" in header and "clip=False" in header  # the composed settings, as the driver's line
     assert "ufkl" not in header.replace(NAME, "") and "clip=True" not in header
-    assert _notes(out) == [f"rpg.loss.divergence=urkl, rpg.loss.clip=false change what the run name {NAME} says: "
+    assert _notes(out) == [f"rpg.loss.divergence=urkl, rpg.loss.clip=false change what the run {NAME} says: "
                            f"the run is named {new} (trainer.experiment_name: its checkpoint folder, logs and report "
                            "labels; EXP_NAME=... names it otherwise)"]
     assert _composed(out, "trainer.experiment_name") == new
@@ -67,61 +63,60 @@ def test_an_override_of_what_the_name_says_is_shown_and_renames_the_run(capsys):
 
 
 def test_a_name_given_by_the_user_is_kept_and_a_restated_or_memory_setting_renames_nothing():
-    v = parse(NAME)
+    exp = find(NAME)
 
-    def planned(env, user):
-        ov = values(plan_overrides(v, env, user, root=ROOT, cwd=ROOT)[0])
-        note = naming_note(v, LaunchRequest.read(env, ROOT, ROOT), user)
+    def named(env, user):
+        ov = values(planned(NAME, env, user))
+        note = naming_note(exp, Request.read(env, ROOT), user)
         return ov["trainer.experiment_name"], ov["trainer.default_local_dir"], note
 
     lr = ["actor_rollout_ref.actor.optim.lr=3e-6"]
-    assert planned(_env(), lr)[:2] == (f"{NAME}+lr=3e-6", str(ROOT / "ckpts" / "rpg" / f"{NAME}+lr=3e-6"))
-    name, ckpts, note = planned(_env(EXP_NAME="mine"), lr)
+    assert named(_env(), lr)[:2] == (f"{NAME}+lr=3e-6", str(ROOT / "ckpts" / "rpg" / f"{NAME}+lr=3e-6"))
+    name, ckpts, note = named(_env(EXP_NAME="mine"), lr)
     assert (name, ckpts) == ("mine", str(ROOT / "ckpts" / "rpg" / "mine"))
-    assert note == (f"actor_rollout_ref.actor.optim.lr=3e-6 changes what the run name {NAME} says; the run keeps the "
+    assert note == (f"actor_rollout_ref.actor.optim.lr=3e-6 changes what the run {NAME} says; the run keeps the "
                     "name you gave it (EXP_NAME=mine)")
-    name, _, note = planned(_env(), [*lr, "trainer.experiment_name=mine"])
+    name, _, note = named(_env(), [*lr, "trainer.experiment_name=mine"])
     assert name == "mine" and note.endswith("the run keeps the name you gave it (trainer.experiment_name=mine)")
-    # the name's own value, a memory-only setting, a key the name does not decide: the name still says it all
+    # the file's own value, a memory-only setting, a key the file does not set: the name still says it all
     same = ["rpg.loss.divergence=ufkl", "actor_rollout_ref.actor.optim.lr=1e-6",
             "actor_rollout_ref.rollout.gpu_memory_utilization=0.5", "trainer.total_training_steps=7"]
-    assert planned(_env(), same) == (NAME, str(ROOT / "ckpts" / "rpg" / NAME), None)
+    assert named(_env(), same) == (NAME, str(ROOT / "ckpts" / "rpg" / NAME), None)
     # Hydra merges a mapping into its node: each key of it counts (a list in it is no setting of the name)
     mappings = ["rpg.loss={clip:false,beta:1e-4}", "actor_rollout_ref.actor={checkpoint:{save_contents:[model]}}"]
-    assert planned(_env(), mappings)[0] == f"{NAME}+clip=false"
+    assert named(_env(), mappings)[0] == f"{NAME}+clip=false"
 
 
 def test_an_edited_shipped_experiment_file_is_shown_and_named(tmp_path):
     """A checkout whose shipped file was edited (lr 3e-6, urkl): the run composes the file; the header shows its
-    values, and one note line names the file, the settings it changes and the check that compares it with the
-    grammar."""
+    values, and one note line names the file and the check that compares it with the generator's."""
     for part in ("rpg", "recipe"):  # a copy of the checkout: the shipped files stay as they are
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     path = tmp_path / EXPERIMENT_DIR / f"{NAME}.yaml"
-    text = experiment_path(NAME).read_text()
+    text = path.read_text()
     assert "      lr: 1.0e-6 " in text and "    divergence: ufkl " in text
-    path.write_text(text.replace("      lr: 1.0e-6 ", "      lr: 3.0e-6 ")
-                    .replace("divergence: ufkl ", "divergence: urkl "))
+    path.write_text(text.replace("      lr: 1.0e-6 ", "      lr: 3.0e-6 ").replace("divergence: ufkl ", "divergence: urkl "))
     env = {**_env(DRY_RUN="1"), "PYTHONPATH": str(tmp_path)}
-    p = subprocess.run([sys.executable, "-m", "rpg.launch", NAME], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=300)
+    p = subprocess.run([sys.executable, str(tmp_path / "recipe/rpg/main_rpg.py"), f"+experiment={NAME}"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     header = _header(p.stdout)
     assert header.startswith(f"# run {NAME}: RPG-UFKL") and "lr=3e-06" in header and "divergence=urkl" in header
     assert _composed(p.stdout, LR) == 3e-6
-    assert _notes(p.stdout) == [f"{EXPERIMENT_DIR / NAME}.yaml differs from what the run name's grammar writes "
-                                "(python -m rpg.launch.experiments --check): the run composes the file, which sets "
-                                "actor_rollout_ref.actor.optim.lr=3.0e-6 (the name: 1e-06), rpg.loss.divergence=urkl "
-                                "(the name: ufkl)"]
+    assert _notes(p.stdout) == [f"{EXPERIMENT_DIR / NAME}.yaml was edited after scripts/experiments.py wrote it "
+                                "(python scripts/experiments.py --check compares): the run composes the file as it is"]
+    from rpg.launch.experiments import file_note
+
+    assert file_note(find(NAME)) is None  # the shipped file as written: no note
 
 
-def test_a_users_experiment_file_for_a_name_without_a_script_is_composed(tmp_path, capsys):
+def test_a_users_experiment_file_for_a_run_without_a_script_is_composed(tmp_path, capsys):
     """The user's folder on Hydra's search path (``hydra.searchpath``, the recipe's entry kept) holds
-    experiment/<name>.yaml for a grammatical name without a script: the run composes it, and says so."""
+    experiment/<name>.yaml for a run without a script: the run composes it, and says so."""
     name = "run_rpg_7b_urkl1e-3"
-    assert name not in known_names()
+    assert name not in shipped_names()
     (tmp_path / "experiment").mkdir()
-    text = experiment_path("run_rpg_7b_urkl1e-4").read_text()  # the user's file: written from a shipped one
+    text = (ROOT / EXPERIMENT_DIR / "run_rpg_7b_urkl1e-4.yaml").read_text()  # the user's file: a shipped one, edited
     (tmp_path / "experiment" / f"{name}.yaml").write_text(
         text.replace("      lr: 1.0e-6 ", "      lr: 3.0e-6 ").replace("beta: 1.0e-4 ", "beta: 1.0e-3 "))
     searchpath = f"hydra.searchpath=[pkg://verl.trainer.config,file://{tmp_path}]"
@@ -129,5 +124,7 @@ def test_a_users_experiment_file_for_a_name_without_a_script_is_composed(tmp_pat
     out = capsys.readouterr().out
     assert "lr=3e-06" in _header(out) and "beta=0.001" in _header(out) and _composed(out, LR) == 3e-6
     assert "+experiment=run_rpg_7b_urkl1e-3" in out
-    assert _notes(out) == [f"{name} has no script: the run composes the experiment file experiment/{name}.yaml on "
-                           f"Hydra's search path (+experiment={name}), not the settings the grammar gives the name"]
+    assert _notes(out) == [f"the run composes your experiment file {tmp_path / 'experiment' / name}.yaml "
+                           f"(+experiment={name})"]
+    assert main([name], _env(DRY_RUN="1")) == 2  # without the folder on the search path: no such run
+    assert capsys.readouterr().err.startswith(f"rpg.launch: no run {name}: no experiment/{name}.yaml in ")

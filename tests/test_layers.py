@@ -44,7 +44,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("backends", ("rpg.backends", "rpg.backends.hf_rollout", "rpg.backends.cpu", "rpg.backends.gpu",
                   "rpg.backends.registry")),
     ("verl glue and the driver", ("rpg.verl",)),
-    ("launch", ("rpg.launch",)),
+    ("beside the driver: the memory plan, the harness that runs the driver in a subprocess",
+     ("rpg.memory", "rpg.backends.harness")),
+    ("launch: a paper run's entry on one node", ("rpg.launch",)),
+    ("the cluster layer (opt-in): Ray jobs, node plans, the elastic supervisor", ("rpg.cluster",)),
     ("applications", ("rpg.reports", "rpg.demo", "rpg.study", "rpg.gpu_kit")),
 ]
 RANK = {node: (layer, pos) for layer, (_, nodes) in enumerate(LAYERS) for pos, node in enumerate(nodes)}
@@ -53,7 +56,7 @@ MAX_LINES = 450
 
 def node_of(module: str) -> str:
     parts = module.split(".")
-    if len(parts) >= 3 and parts[1] == "backends" and parts[2] in ("hf_rollout", "cpu", "gpu", "registry"):
+    if len(parts) >= 3 and parts[1] == "backends" and parts[2] in ("hf_rollout", "cpu", "gpu", "registry", "harness"):
         return ".".join(parts[:3])
     return ".".join(parts[:2]) if len(parts) > 1 else module
 
@@ -379,13 +382,13 @@ def test_files_stay_readable(path):
 
 
 def test_torch_free_layers_import_without_torch():
-    """The configuration, the shared pieces, the backends' interfaces (their settings and checks before Ray) and
-    the launcher never import torch: a launch answers in a second, and the driver's checks run before any model
+    """The configuration, the shared pieces, the backends' interfaces (their settings and checks before Ray), the
+    launch, the memory plan and the cluster layer never import torch: a launch answers in a second, and the driver's checks run before any model
     is touched (``import torch`` takes 5-12 s on a loaded machine)."""
     import subprocess
     import sys
 
-    light = {"rpg.config", "rpg.common", "rpg.launch"}
+    light = {"rpg.config", "rpg.common", "rpg.launch", "rpg.memory", "rpg.cluster"}
     mods = [m for m in map(module_of, sources()) if node_of(m) in light and not m.endswith("__main__")]
     mods += ["rpg.backends", "rpg.backends.cpu.backend", "rpg.backends.gpu.backend",
              "rpg.backends.hf_rollout.verl_registries"]

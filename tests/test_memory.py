@@ -1,4 +1,4 @@
-"""rpg.launch.memory: each term of the per-GPU memory estimate and of the checkpoint-disk estimate against
+"""rpg.memory: each term of the per-GPU memory estimate and of the checkpoint-disk estimate against
 numbers computed by hand from the public model configs, the offload switches, the verdict, and the
 launcher's --describe / DRY_RUN output. (Every shipped script fitting an 80 GB GPU is checked in
 tests/test_launch_dryrun.py, which composes all 84 scripts once.)"""
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from rpg.launch.memory import (
+from rpg.memory import (
     CUDAGRAPH_GIB,
     DEFAULT_GPU_MEM_GIB,
     DEFAULT_HOST_MEM_GIB,
@@ -293,8 +293,8 @@ def test_weight_sync_holds_the_bucket_and_one_full_fp32_tensor(tmp_path):
 
 
 def test_separate_async_adds_the_rollout_pool_and_the_trainers_nccl_send():
-    from rpg.launch.memory.formatting import report
-    from rpg.launch.memory.gpu import estimate_rollout_pool
+    from rpg.memory.formatting import report
+    from rpg.memory.gpu import estimate_rollout_pool
 
     over = {"trainer__v1": {"trainer_mode": "separate_async"},
             "actor_rollout_ref__rollout__nnodes": 1, "actor_rollout_ref__rollout__n_gpus_per_node": 4,
@@ -450,52 +450,52 @@ def _clean_env(**kw):
 
 
 def test_describe_prints_estimate_and_disk(capsys):
-    from rpg.launch.cli import main
+    from launching import launch as main
 
-    assert main(["--describe", "run_grpo_7b", "--gpu-mem-gib", "80"], _clean_env()) == 0
+    assert main(["run_grpo_7b", "--describe", "--gpu-mem-gib", "80"], _clean_env()) == 0
     out = capsys.readouterr().out
     assert "GRPO" in out and "GPU 80 GiB" in out and "FITS: peak" in out
     assert "gpu_memory_utilization 0.6 x 80 GiB" in out
     assert "reference model: CPU-offloaded" in out and "checkpoint disk (estimate): 91.4 GB per checkpoint" in out
     # the authors' 0.85 as an override: the verdict flips
-    assert main(["--describe", "run_grpo_7b", "actor_rollout_ref.rollout.gpu_memory_utilization=0.85"],
+    assert main(["run_grpo_7b", "--describe", "actor_rollout_ref.rollout.gpu_memory_utilization=0.85"],
                 _clean_env()) == 0
     assert "DOES NOT FIT" in capsys.readouterr().out
 
 
 def test_describe_errors_are_one_line(capsys):
-    from rpg.launch.cli import main
+    from launching import launch as main
 
-    assert main(["--describe", "run_grpo_7b", "--gpu-mem-gib", "lots"], _clean_env()) == 2
+    assert main(["run_grpo_7b", "--describe", "--gpu-mem-gib", "lots"], _clean_env()) == 2
     assert "--gpu-mem-gib='lots' is invalid" in capsys.readouterr().err
-    assert main(["--describe", "run_grpo_7b", "--gpu-mem-gib"], _clean_env()) == 2
+    assert main(["run_grpo_7b", "--describe", "--gpu-mem-gib"], _clean_env()) == 2
     assert "--gpu-mem-gib needs a value" in capsys.readouterr().err
     assert main(["run_grpo_7b"], _clean_env(DRY_RUN="1", RPG_GPU_MEM_GIB="0")) == 2
     assert "RPG_GPU_MEM_GIB='0' is invalid" in capsys.readouterr().err
-    assert main(["--describe", "run_grpo_7b"], _clean_env(MODEL_PATH="someone/Model-9B")) == 2
+    assert main(["run_grpo_7b", "--describe"], _clean_env(MODEL_PATH="someone/Model-9B")) == 2
     err = capsys.readouterr().err
     assert "no architecture for model 'someone/Model-9B'" in err and err.count("\n") == 1
 
 
 def test_describe_4b_8k_shows_host_verdict_and_kv_check(capsys):
-    from rpg.launch.cli import main
+    from launching import launch as main
 
     name = "run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28"
-    assert main(["--describe", name], _clean_env()) == 0
+    assert main([name, "--describe"], _clean_env()) == 0
     out = capsys.readouterr().out
     assert "KV cache check: max_model_len 40960 (rollout.max_model_len unset: the model's max_position_embeddings)" in out
     assert "sequences of that length: OK" in out and "host RAM per node (estimate" in out
     assert "host RAM FITS: " in out and f"of {DEFAULT_HOST_MEM_GIB:g} GiB" in out
-    assert main(["--describe", name, "--host-mem-gib=64"], _clean_env()) == 0
+    assert main([name, "--describe", "--host-mem-gib=64"], _clean_env()) == 0
     assert "host RAM DOES NOT FIT: " in capsys.readouterr().out
-    assert main(["--describe", name, "--host-mem-gib", "x"], _clean_env()) == 2
+    assert main([name, "--describe", "--host-mem-gib", "x"], _clean_env()) == 2
     assert "--host-mem-gib='x' is invalid" in capsys.readouterr().err
     assert main([name], _clean_env(DRY_RUN="1", RPG_HOST_MEM_GIB="-5")) == 2
     assert "RPG_HOST_MEM_GIB='-5' is invalid" in capsys.readouterr().err
 
 
 def test_dry_run_prints_estimate_for_the_gpu_size(capsys):
-    from rpg.launch.cli import main
+    from launching import launch as main
 
     assert main(["run_rpg_4b_ctx8k_ufkl1e-4"], _clean_env(DRY_RUN="1", RPG_GPU_MEM_GIB="139.8")) == 0
     out = capsys.readouterr().out
@@ -516,7 +516,7 @@ def test_the_memory_modules_import_one_way():
     import ast
     from pathlib import Path
 
-    import rpg.launch.memory as memory
+    import rpg.memory as memory
 
     package = Path(memory.__file__).parent
 
@@ -529,9 +529,9 @@ def test_the_memory_modules_import_one_way():
 
     for module in ("common", "architecture", "run_settings", "gpu", "disk"):
         found = imported(module)
-        assert not {m for m in found if m.startswith(("rpg.launch.memory.host", "rpg.launch.memory.formatting"))}, found
-    assert not {m for m in imported("host") if m.startswith("rpg.launch.memory.formatting")}
+        assert not {m for m in found if m.startswith(("rpg.memory.host", "rpg.memory.formatting"))}, found
+    assert not {m for m in imported("host") if m.startswith("rpg.memory.formatting")}
     modules = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
     assert {"common", "architecture", "run_settings", "gpu", "disk", "host", "formatting"} <= set(modules), modules
     for module in modules:
-        assert "rpg.launch.memory" not in imported(module), module
+        assert "rpg.memory" not in imported(module), module

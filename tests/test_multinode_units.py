@@ -1,6 +1,6 @@
 """The multi-node pieces without a cluster: the driver's capacity rule and lost-node reason (rpg.verl.joined_cluster), a
 step saved but never logged (rpg.common.history), the CPU backend's job on a cluster and the submitted job's
-resume command and Ctrl-C (rpg.launch.cli, rpg.launch.job). The two-node runs: tests/test_multinode.py."""
+resume command and Ctrl-C (rpg.cluster.submit, rpg.cluster.job). The two-node runs: tests/test_multinode.py."""
 
 from __future__ import annotations
 
@@ -160,7 +160,7 @@ def test_a_cpu_backend_job_is_submitted_with_its_environment_and_resume_command(
 def test_ctrl_c_while_waiting_for_a_job_stops_the_job(tmp_path):
     bin_dir, record = _stub_ray(tmp_path, submit_sleeps=120)
     env = _launch_env(bin_dir, RAY_ADDRESS="http://127.0.0.1:8265", RAY_JOB_WAIT="1", DATA_DIR=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "rpg.launch", "run_grpo_7b"], env=env, cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "rpg.cluster", "run_grpo_7b"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     t0 = time.time()
     while not any(c[:2] == ["job", "submit"] for c in _calls(record)):
@@ -179,12 +179,12 @@ def test_a_fresh_cpu_job_over_another_runs_checkpoints_is_refused_before_submitt
     bin_dir, record = _stub_ray(tmp_path)
     (tmp_path / "ck" / "global_step_2").mkdir(parents=True)
     env = _launch_env(bin_dir, RPG_BACKEND="cpu", RAY_ADDRESS="http://127.0.0.1:8265", CKPTS_DIR=str(tmp_path / "ck"))
-    p = subprocess.run([sys.executable, "-m", "rpg.launch", "run_rpg_7b_ufkl1e-4"], env=env, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "rpg.cluster", "run_rpg_7b_ufkl1e-4"], env=env, capture_output=True,
                        text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 2 and not [c for c in _calls(record) if c[:2] == ["job", "submit"]]
     line = p.stderr.strip().splitlines()[-1]
     assert line.startswith(f"rpg.launch: {tmp_path / 'ck'} already holds a run (checkpoints ")
     assert "CKPTS_DIR=... or EXP_NAME=..." in line and "trainer.resume_mode=auto" in line
-    p = subprocess.run([sys.executable, "-m", "rpg.launch", "run_rpg_7b_ufkl1e-4", "trainer.resume_mode=auto"],
+    p = subprocess.run([sys.executable, "-m", "rpg.cluster", "run_rpg_7b_ufkl1e-4", "trainer.resume_mode=auto"],
                        env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]  # continuing it is submitted

@@ -403,8 +403,8 @@ def test_a_resume_with_another_divergence_is_refused_by_the_driver_before_ray(tm
 def test_a_cpu_runs_checkpoints_live_under_its_output_directory(tmp_path, monkeypatch):
     """RPG_BACKEND=cpu: trainer.default_local_dir was <root>/ckpts/rpg/<name> whatever OUT_DIR was, one
     folder shared by every CPU run of a variant; now the run's own, under OUT_DIR (CKPTS_DIR still wins)."""
-    from rpg.launch import harness
-    from rpg.launch.cli import main
+    from rpg.backends import harness
+    from launching import launch as main
 
     seen = []
 
@@ -418,10 +418,10 @@ def test_a_cpu_runs_checkpoints_live_under_its_output_directory(tmp_path, monkey
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CKPTS_DIR", "OUT_DIR")}
     name = "run_rpg_7b_ufkl1e-4"
     for out in ("a", "b"):
-        assert main([name], env={**env, "RPG_BACKEND": "cpu", "OUT_DIR": str(tmp_path / out)}) == 0
+        assert main([name], {**env, "RPG_BACKEND": "cpu", "OUT_DIR": str(tmp_path / out)}) == 0
     assert [harness.checkpoint_dir(r) for r in seen] == [tmp_path / o / "checkpoints" / "rpg" / name for o in "ab"]
-    assert main([name], env={**env, "RPG_BACKEND": "cpu", "OUT_DIR": str(tmp_path / "c"),
-                             "CKPTS_DIR": str(tmp_path / "mine")}) == 0
+    assert main([name], {**env, "RPG_BACKEND": "cpu", "OUT_DIR": str(tmp_path / "c"),
+                         "CKPTS_DIR": str(tmp_path / "mine")}) == 0
     assert harness.checkpoint_dir(seen[-1]) == tmp_path / "mine"
 
 
@@ -431,10 +431,10 @@ def test_a_cpu_runs_checkpoints_live_under_its_output_directory(tmp_path, monkey
 @pytest.mark.parametrize("key, value", [("EXP_NAME", "../../x"), ("PROJECT_NAME", "a/b"), ("EXP_NAME", ".."),
                                         ("EXP_NAME", " "), ("PROJECT_NAME", "a\\b")])
 def test_run_names_that_leave_their_directory_are_refused(key, value, capsys):
-    from rpg.launch.cli import main
+    from launching import launch as main
 
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RPG_BACKEND")}
-    rc = main(["run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"], env={**env, "DRY_RUN": "1", key: value})
+    rc = main(["run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"], {**env, "DRY_RUN": "1", key: value})
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and key in err[0] and "must stay inside it" in err[0], err
 
@@ -445,8 +445,9 @@ def test_driver_refuses_names_that_leave_their_directory(tmp_path):
 
 
 def test_output_dirs_are_unique_within_a_second(tmp_path, monkeypatch):
-    from rpg.launch import cli as launch
-    from rpg.launch import harness
+    from rpg.backends import harness
+    from rpg.launch import rehearsal
+    from rpg.launch.environment import Request
 
     seen = []
 
@@ -457,14 +458,12 @@ def test_output_dirs_are_unique_within_a_second(tmp_path, monkeypatch):
 
     monkeypatch.setattr(harness, "run_trainer", fake_run)
     monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20260101-000000")  # the same second
-    v = launch.parse("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28")
-    from rpg.launch.request import LaunchRequest
-
-    req = LaunchRequest.read({"RPG_BACKEND": "cpu"}, tmp_path, tmp_path)
+    name = "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"
+    req = Request.read({"RPG_BACKEND": "cpu"}, tmp_path)
     with initialize_config_dir(config_dir=str(ROOT / "recipe" / "rpg" / "config"), version_base=None):
-        cfg = compose(config_name="rpg_trainer", overrides=[f"+experiment={v.name}"])  # what the header reads
+        cfg = compose(config_name="rpg_trainer", overrides=[f"+experiment={name}"])  # its resume mode and folder
     for _ in range(3):
-        assert launch._run_here(req, v, [], [], cfg=cfg) == 0
+        assert rehearsal.rehearse(req, name, [], [], f"run {name}", cfg, "bash x.sh") == 0
     assert len(set(seen)) == 3 and all(p.is_dir() for p in seen), seen
 
 
@@ -495,7 +494,7 @@ def _steps(steps) -> str:
 
 
 def test_resumed_run_appends_to_the_history_and_says_which_steps_it_replaced(tmp_path):
-    from rpg.launch.harness import read_metrics, run_trainer
+    from rpg.backends.harness import read_metrics, run_trainer
 
     entry, out = _entry(tmp_path, "entry.py", _LOGGER), tmp_path / "out"
     run_trainer([_steps(range(0, 11))], output_dir=out, entry=entry, timeout_s=60)  # killed at 10, checkpoint 8
@@ -512,7 +511,7 @@ def test_resumed_run_appends_to_the_history_and_says_which_steps_it_replaced(tmp
 
 
 def test_a_training_step_lost_between_checkpoint_and_log_is_one_warning(tmp_path):
-    from rpg.launch.harness import run_trainer
+    from rpg.backends.harness import run_trainer
 
     entry, out = _entry(tmp_path, "entry.py", _LOGGER), tmp_path / "out"
     run_trainer([_steps(range(0, 8))], output_dir=out, entry=entry, timeout_s=60)  # saved 8, killed before its log
@@ -522,7 +521,7 @@ def test_a_training_step_lost_between_checkpoint_and_log_is_one_warning(tmp_path
 
 
 def test_leftover_segment_of_a_killed_launcher_is_folded_at_the_next_start(tmp_path):
-    from rpg.launch.harness import fold_segments, read_metrics
+    from rpg.backends.harness import fold_segments, read_metrics
 
     out = tmp_path / "out"
     out.mkdir()
@@ -540,7 +539,7 @@ def test_a_broken_middle_line_is_named_and_never_folded_away(tmp_path):
     """Only the last line may be cut by a kill; a broken line before it is one error naming the file and
     line, and no segment is rewritten or removed (before: the line was skipped and the fold deleted it)."""
     from rpg.common.metrics_file import MetricsFileError
-    from rpg.launch.harness import fold_segments, run_trainer, TrainerRunError
+    from rpg.backends.harness import fold_segments, run_trainer, TrainerRunError
 
     out = tmp_path / "out"
     out.mkdir()
@@ -561,7 +560,7 @@ def test_a_broken_middle_line_is_named_and_never_folded_away(tmp_path):
 def test_two_runs_in_one_output_directory_are_refused(tmp_path):
     import threading
 
-    from rpg.launch.harness import TrainerRunError, run_trainer
+    from rpg.backends.harness import TrainerRunError, run_trainer
 
     entry = _entry(tmp_path, "slow.py", "import time\ntime.sleep(30)\n")
     stop = threading.Event()
@@ -741,16 +740,16 @@ _SLOW_TO_STOP = """
 
 _LAUNCHER = """
 import sys
-from rpg.launch.harness import run_trainer
+from rpg.backends.harness import run_trainer
 run_trainer([sys.argv[3]], output_dir=sys.argv[2], entry=sys.argv[1], timeout_s=600)
 """
 
 
 def test_a_launcher_killed_with_sigkill_still_stops_its_trainer(tmp_path):
-    """kill -9 of the launcher runs no clean-up at all: the kernel's parent-death signal (rpg.launch.harness.tether)
+    """kill -9 of the launcher runs no clean-up at all: the kernel's parent-death signal (rpg.backends.harness.tether)
     stops the trainer, and the directory stays locked until the trainer has ended (a restart into it is
     refused meanwhile, then accepted). Before: the trainer trained on unseen into the directory."""
-    from rpg.launch.harness import TrainerRunError, run_trainer
+    from rpg.backends.harness import TrainerRunError, run_trainer
 
     entry, out, flag = _entry(tmp_path, "slow_to_stop.py", _SLOW_TO_STOP), tmp_path / "out", tmp_path / "flag"
     # TMPDIR: the killed launcher cannot remove the run's Ray temp dir; it lands in tmp_path, not in /tmp
@@ -794,8 +793,8 @@ def test_drivers_resume_command_keeps_flags_and_other_arguments():
 def test_a_stop_signal_before_the_monitor_exists_still_cleans_up(tmp_path, monkeypatch):
     """A SIGTERM can land between starting the trainer and creating its monitor: the trainer (and its
     group) is still terminated, the Ray temp dir removed, and the run reports the signal."""
-    from rpg.launch import harness
-    from rpg.launch.harness import run as harness_run
+    from rpg.backends import harness
+    from rpg.backends.harness import run as harness_run
 
     entry = _entry(tmp_path, "slow.py", "import time\ntime.sleep(60)\n")
     real, calls = harness_run.Monitor, []
@@ -838,7 +837,7 @@ def test_every_run_prints_its_resume_decision_and_the_launchers_show_it(tmp_path
     none of it (trainer.log only). Now one line per run, which both launchers put on the terminal."""
     from rpg.demo.cpu import PREFIX, STARTUP_STAGES
     from rpg.demo.progress import StartupProgress
-    from rpg.launch.harness import resume_decision
+    from rpg.backends.harness import resume_decision
 
     _prepare(_cfg(tmp_path, "trainer.resume_mode=disable"))
     lines = [ln for ln in capsys.readouterr().out.splitlines() if resume_decision(ln)]
@@ -863,8 +862,8 @@ def test_every_run_prints_its_resume_decision_and_the_launchers_show_it(tmp_path
 
 
 def test_the_cpu_launcher_shows_the_resume_decision(tmp_path, capsys, monkeypatch):
-    from rpg.launch import harness
-    from rpg.launch.cli import main
+    from rpg.backends import harness
+    from launching import launch as main
 
     def fake_run(overrides, *, output_dir, on_line=None, **kwargs):
         on_line("rpg: resuming from /x/global_step_2: step 2, named by verl's tracker\n")
@@ -874,7 +873,7 @@ def test_the_cpu_launcher_shows_the_resume_decision(tmp_path, capsys, monkeypatc
 
     monkeypatch.setattr(harness, "run_trainer", fake_run)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CKPTS_DIR", "LOGGER", "DRY_RUN")}
-    assert main(["run_rpg_7b_ufkl1e-4"], env={**env, "RPG_BACKEND": "cpu", "OUT_DIR": str(tmp_path / "o")}) == 0
+    assert main(["run_rpg_7b_ufkl1e-4"], {**env, "RPG_BACKEND": "cpu", "OUT_DIR": str(tmp_path / "o")}) == 0
     out = capsys.readouterr().out
     assert "[cpu] resuming from /x/global_step_2: step 2, named by verl's tracker\n" in out and "anything" not in out
 
@@ -925,15 +924,14 @@ def test_a_resume_compares_the_keys_declared_recorded_and_no_others(tmp_path):
 
 
 def test_a_stopped_cpu_launch_prints_a_resume_command_that_runs_the_same_launch(tmp_path, monkeypatch, capsys):
-    """``RPG_BACKEND=cpu python -m rpg.launch NAME`` stopped by a signal: its resume command goes back to the folder
+    """``RPG_BACKEND=cpu`` of a paper script stopped by a signal: its resume command goes back to the folder
     it was launched from (relative paths mean the same), repeats the variables the user set (RPG_BACKEND=cpu first of
     all: without it the same command starts a GPU launch), names the run's folder and keeps the user's overrides
     with trainer.resume_mode=auto."""
     import shlex
 
-    from rpg.launch import harness
-    from rpg.launch.cli import main
-    from test_launch_dryrun import _env
+    from rpg.backends import harness
+    from launching import env as _env, launch as main
 
     out = tmp_path / "o u t"
 
@@ -957,5 +955,5 @@ def test_a_stopped_cpu_launch_prints_a_resume_command_that_runs_the_same_launch(
     assert words[:3] == ["cd", str(here), "&&"], words
     assert words[3:8] == ["RPG_BACKEND=cpu", "CKPTS_DIR=ck", "LOGGER=console,file", f"OUT_DIR={out}",
                           "CPU_TIMEOUT=900"], words
-    assert words[8:] == [sys.executable, "-m", "rpg.launch", "run_rpg_7b_ufkl1e-4", "trainer.save_freq=1",
+    assert words[8:] == ["bash", str(ROOT / "recipe/rpg/7b/run_rpg_7b_ufkl1e-4.sh"), "trainer.save_freq=1",
                          "trainer.resume_mode=auto"], words

@@ -116,20 +116,19 @@ def test_every_paper_script_on_gpus_with_nccl_passes_or_is_refused_in_one_line()
     import io
 
     from launch_expected import ALL_ROWS
-    from rpg.launch.plan import compose, plan_overrides
-    from rpg.launch.request import project_root
-    from rpg.launch.variants import parse
+    from launching import ROOT as root, planned
 
-    root = project_root()
+    from rpg.launch.plan import compose
+
     user = [MODE, "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=8",
             "actor_rollout_ref.rollout.calculate_log_probs=True"]
     env = {"PATH": "", "HOME": str(root)}
     passed, failures = 0, []
     for row in ALL_ROWS:
-        overrides, _ = plan_overrides(parse(row["name"]), env, user, root=root, cwd=root, backend="gpu")
+        overrides = planned(row["name"], env, user, backend="gpu")
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                cfg, _ = compose(overrides, root)
+                cfg, _ = compose(overrides)
         except RPGConfigError as e:
             line = str(e)
             if row["optimizer"] == "schedulefree":

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from e2e_recipe import assert_step_guarantees
 
-from rpg.launch.harness import read_metrics
+from rpg.backends.harness import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "recipe" / "rpg" / "smol" / "run_smol_cpu.sh"

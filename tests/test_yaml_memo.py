@@ -7,8 +7,8 @@ import io
 import yaml_memo
 from omegaconf import OmegaConf
 
-from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME
-from rpg.launch.request import project_root
+from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR
+from rpg.launch.experiments import CONFIG_NAME
 
 
 def test_installed_in_the_test_process():
@@ -33,7 +33,7 @@ def test_a_load_equals_a_fresh_parse_and_shares_nothing(tmp_path):
 def _compose(overrides):
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(project_root() / CONFIG_DIR), version_base=None):
+    with initialize_config_dir(config_dir=str(CHECKOUT / RECIPE_CONFIG_DIR), version_base=None):
         return compose(config_name=CONFIG_NAME, overrides=overrides)
 
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Shared launcher of recipe/rpg/{7b,4b}/*.sh: `python -m rpg.launch <run name> [hydra overrides]`.
-# A run's settings come from its name alone (rpg/launch/variants.py), written out in
-# recipe/rpg/config/experiment/<run name>.yaml (composed with +experiment=<run name>); show them with
-#   python -m rpg.launch --describe <run name>
-# Environment (MODEL_PATH, DATA_DIR, CKPTS_DIR, NNODES, RAY_ADDRESS, DRY_RUN, RPG_BACKEND, ...):
-# docs/launch-scripts.md.
+# The paper scripts' runner: `recipe/rpg/launch.sh RUN [hydra overrides]` runs
+#   python recipe/rpg/main_rpg.py +experiment=RUN [hydra overrides]
+# RUN's settings: its experiment file (in recipe/rpg/config/experiment/). With RAY_ADDRESS set, the run is submitted
+# to that Ray cluster instead (python -m rpg.cluster RUN, the opt-in cluster layer). docs/launch-scripts.md.
 set -euo pipefail
-exec "${PYTHON:-python3}" -m rpg.launch "$@"
+if [[ $# -lt 1 ]]; then echo "usage: recipe/rpg/launch.sh RUN [hydra overrides]" >&2; exit 2; fi
+run="$1"
+shift
+if [[ -n "${RAY_ADDRESS:-}" ]]; then exec "${PYTHON:-python3}" -m rpg.cluster "$run" "$@"; fi
+exec "${PYTHON:-python3}" "$(dirname "$0")/main_rpg.py" "+experiment=$run" "$@"

@@ -41,7 +41,7 @@ DASHBOARD_HOST="${DASHBOARD_HOST:-127.0.0.1}"
 DASHBOARD_PORT="${DASHBOARD_PORT:-8265}"
 # `submit` counts the alive nodes with GPUs with it (standard library only, run by path): one line
 # instead of Ray's tracebacks when no cluster answers or it refuses this client.
-NODES_PY="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/rpg/launch/ray_job_api.py"
+NODES_PY="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/rpg/cluster/ray_job_api.py"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 

@@ -20,11 +20,11 @@ Python literal) and let invalid ones through to a traceback after Ray started.
   ``trainer.resume_mode=auto`` once.
 * ``hydra_value`` / ``hydra_list``: the one way the project writes a string (or a list of strings) into an
   override so that Hydra reads back that same string (never an int, a bool or an interpolation).
-* ``split_hydra_argv`` / ``exit_on_bad_argv``: a Hydra app's command line (flags such as ``--cfg job``,
+* ``split_hydra_argv`` / ``bad_override_line``: a Hydra app's command line (flags such as ``--cfg job``,
   ``-m``, ``--config-name``, then overrides), read with Hydra's own argument parser, checked before
   ``hydra.main`` runs (``recipe/rpg/main_rpg.py``).
 
-Used by every launcher (``rpg.launch.cli``, the CPU harness and ``rpg.demo.cpu``, the GPU
+Used by every launcher (``rpg.launch.entry``, the CPU harness and ``rpg.demo.cpu``, the GPU
 smoke run, the study) and by the driver's entry script.
 """
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -264,12 +263,3 @@ def bad_override_line(argv: Sequence[str]) -> str | None:
     except OverrideSyntaxError as e:
         return str(e)
     return None
-
-
-def exit_on_bad_argv(argv: Sequence[str], prefix: str) -> None:
-    """Before ``hydra.main``: an override it cannot read is ``<prefix>: <one line>`` on stderr and exit
-    code 2 (Hydra's own report is three lines, exit code 1, without the override's name)."""
-    line = bad_override_line(argv)
-    if line is not None:
-        print(f"{prefix}: {line}", file=sys.stderr, flush=True)
-        sys.exit(2)

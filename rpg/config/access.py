@@ -1,6 +1,6 @@
 """How every layer refuses a config and reads its keys: ``RPGConfigError``, ``config_value``.
 
-The driver's checks (``rpg.verl``), the launchers (``rpg.launch``) and the backends' checks before Ray
+The driver's checks (``rpg.verl``), the launch (``rpg.launch``) and the backends' checks before Ray
 (``rpg.backends``) refuse a config with the same one-line error and read a composed config's keys the same
 way. Torch-free, and omegaconf is imported only when a key is read, so that a launcher pays for neither.
 """

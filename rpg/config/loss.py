@@ -6,7 +6,7 @@ The recipe's ``rpg.loss`` keys, their checks, the YAML block and the docs table 
 (``rpg.config.block``, ``rpg.config.render_block``; how the values reach the loss: ``rpg.verl.translate``).
 
 The loss itself (``rpg.math.losses``) needs torch; this declaration does not, so that the launchers, the
-variant-name grammar (``rpg.launch.variants``) and the config checks read the same names and rules
+run-name grammar (scripts/experiments.py) and the config checks read the same names and rules
 without importing torch. ``rpg.math.losses`` re-exports every name here (``from rpg.math.losses import
 RPGLossConfig`` is the library's documented spelling).
 """
@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable
 
 # KL regularizers of the RPG losses: rpg.math.divergences implements each one (normalized fkl/rkl,
-# unnormalized k3-style ufkl/urkl), rpg.launch.variants spells them in the paper scripts' names
+# unnormalized k3-style ufkl/urkl), scripts/experiments.py spells them in the paper scripts' names
 DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
 FORMS = ("reinforce", "differentiable")
 BRANCH_RULES = ("regularized", "raw")

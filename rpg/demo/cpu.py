@@ -60,10 +60,11 @@ from rpg.common.override_lists import OverrideSyntaxError, resume_command, value
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.demo.progress import StartupProgress, progress, val_summary
 from rpg.launch.args import OneLineParser, positive_int, read_overrides
-from rpg.launch.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, trainer_overrides
-from rpg.launch.run_dir import (METRICS_FILE, RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir,
+from rpg.backends.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, trainer_overrides
+from rpg.backends.harness.run_dir import (METRICS_FILE, RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir,
                                  new_run_dir)
-from rpg.launch.variants import recipe_value
+from rpg.launch.experiments import recipe_value
+from rpg.launch.rehearsal import CpuModel
 
 COMMAND = "bash recipe/rpg/tiny/run_tiny_cpu.sh"
 PREFIX = "[tiny]"  # every line of the demo (``[smol]`` on SmolLM2, once the command line is read)
@@ -213,60 +214,6 @@ def _checked(overrides: list[str], entry: str, recipe: bool, root: Path, env: di
     return cfg.trainer.resume_mode, str(cfg.trainer.default_local_dir)
 
 
-class DemoModel:
-    """What the demo runs on one model (``--model``): its defaults, where its assets are and will be, how they are
-    built, its task's overrides. ``tiny``: ``rpg.tiny``; ``smol``: ``rpg.smol``."""
-
-    def __init__(self, name: str):
-        self.name, self.prefix, self.command = name, f"[{name}]", COMMANDS[name]
-        if name == "smol":
-            from rpg.smol import overrides as smol
-
-            self.steps, self.test_freq, self.lr = smol.STEPS, smol.TEST_FREQ, smol.LR
-            self.task = "SmolLM2-135M-Instruct, arithmetic"
-        else:
-            self.steps, self.test_freq, self.lr = 30, 10, 5e-4
-            self.task = "tiny task"
-
-    def check_world_size(self, world_size: int) -> None:
-        if self.name == "smol":
-            from rpg.smol.overrides import check_world_size
-        else:
-            from rpg.tiny.overrides import check_world_size
-        check_world_size(world_size)
-
-    def planned(self):
-        """The assets' paths before they are built (the keys are checked first; a first build takes a minute)."""
-        if self.name == "smol":
-            from rpg.smol.build import planned_assets
-
-            return planned_assets()
-        from rpg.tiny.build import TinyAssets, builder_key, default_cache_root
-
-        return TinyAssets.at(default_cache_root() / builder_key())
-
-    def task_overrides(self, planned, **kw) -> list[str]:
-        if self.name == "smol":
-            from rpg.smol.overrides import smol_task_overrides
-
-            return smol_task_overrides(planned, **kw)
-        from rpg.tiny.overrides import tiny_task_overrides
-
-        return tiny_task_overrides(planned, **kw)
-
-    def build(self):
-        """(the assets, the folder to show); ``rpg.smol.SmolAssetError`` when SmolLM2 cannot be built."""
-        if self.name == "smol":
-            from rpg.smol import build_smol_assets
-
-            assets = build_smol_assets(prefix=self.prefix)
-            return assets, assets.model_dir
-        import rpg.tiny
-
-        assets = rpg.tiny.build_tiny_assets()
-        return assets, assets.root
-
-
 def _main(argv: list[str] | None, stage: list[str]) -> int:
     from rpg.smol import SmolAssetError
     from rpg.tiny.overrides import tiny_algorithm, with_experiment_name
@@ -280,7 +227,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
             raise
         return e.code
     flags = given_flags(ap, args)  # as given (the resume command repeats them)
-    model = DemoModel(args.model)
+    model = CpuModel(args.model)
     stage[1] = prefix = model.prefix
     args.steps = args.steps or model.steps
     args.test_freq = args.test_freq or model.test_freq
@@ -288,7 +235,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     if args.out is not None:  # where the user is (rpg.common.user_paths): every line names it absolute
         args.out = user_folder(args.out)
     try:  # before the assets and the trainer: a typo is one line, not a traceback minutes later
-        read_overrides(rest, ENV_VARS, model.command)
+        read_overrides(rest, ENV_VARS, COMMANDS[model.name])
         rollout = args.rollout or vllm_cpu.rollout_of()
         gpus = [] if args.gpus is None else [f"trainer.n_gpus_per_node={args.gpus}"]  # a user's override wins
         nnodes, per_node = world_size_of(values([*gpus, *rest]))
@@ -329,7 +276,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
         resume_mode, ckpts = _checked(overrides, entry, args.entry == algo_entry, root, run_env)
         if args.out is not None:
             check_fresh_start(args.out, resume_mode, checkpoint_root(args.out, ckpts),
-                              another=f"OUT=... {model.command}, or --out; unset, a new folder per run")
+                              another=f"OUT=... {COMMANDS[model.name]}, or --out; unset, a new folder per run")
     except RunDirError as e:
         print(f"{prefix} {e}", file=sys.stderr, flush=True)
         return 2
@@ -341,7 +288,8 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
                 "published only when complete: nothing half-built is kept)")
     t0 = time.time()
     try:
-        assets, shown = model.build()
+        assets = model.build()
+        shown = model.folder(assets)
     except SmolAssetError as e:
         print(f"{prefix} {e}", file=sys.stderr, flush=True)
         return 2

@@ -36,7 +36,7 @@ from rpg.backends.gpu.preflight import ATTN_KEY, FLASH_ATTN, GpuProbe, GpuReques
 from rpg.backends.gpu.env_overrides import REGISTER_MODULE
 from rpg.demo import smoke_checks
 from rpg.demo.progress import StartupProgress, progress
-from rpg.launch.harness import TrainerRun, TrainerRunError, run_trainer
+from rpg.backends.harness import TrainerRun, TrainerRunError, run_trainer
 from rpg.common.checkout import CHECKOUT
 from rpg.common.user_paths import user_folder
 from rpg.common.override_lists import OverrideSyntaxError, check_user_overrides, hydra_value, values

@@ -26,10 +26,10 @@ from pathlib import Path
 
 from rpg.config import RPGConfigError
 from rpg.launch.args import is_env_var_key
+from rpg.launch.experiments import CONFIG_NAME
 from rpg.common.override_lists import parse_one
 from rpg.verl.verl_rules import logger_problem
 
-RECIPE_CONFIG_NAME = "rpg_trainer"
 _NOT_OVERRIDABLE = re.compile(r"Could not override '([^']+)'")
 _APPEND_EXISTS = re.compile(r"Could not append to config\. An item is already at '([^']+)'")
 _DELETE_MISSING = re.compile(r"Could not delete from config\. (?:The value of )?'([^']+)'")
@@ -92,7 +92,7 @@ def _describe(kind: str, text: str, paths: list[str]) -> str:
     return line + f"; to add a new key write +{p.key}={p.value_text}"
 
 
-def compose_config(overrides: Sequence[str], config_dir: Path | str, config_name: str):
+def compose_config(overrides: Sequence[str], config_dir: Path | str, config_name: str = CONFIG_NAME):
     """The config ``hydra.main`` would compose from ``config_dir/config_name.yaml`` and ``overrides``;
     ``ConfigKeyError`` (one line naming every unknown key, the closest valid one and the ``+`` hint) when
     Hydra refuses an override's key, ``RPGConfigError`` (Hydra's message on one line) for any other
@@ -122,7 +122,7 @@ def compose_config(overrides: Sequence[str], config_dir: Path | str, config_name
     return cfg
 
 
-def checked_config(overrides: Sequence[str], config_dir: Path | str, config_name: str = RECIPE_CONFIG_NAME):
+def checked_config(overrides: Sequence[str], config_dir: Path | str, config_name: str = CONFIG_NAME):
     """``compose_config``, then ``trainer.logger`` against verl's list (``logger_problem``): what the launchers
     check before anything starts (the rest of the driver's checks run in the driver, before Ray)."""
     from omegaconf import OmegaConf

@@ -1,22 +1,15 @@
-"""What the launcher prints about a run before or instead of starting it.
+"""What the launch prints about a run before or instead of starting it.
 
-* ``describe_variant``: the run name's paper row and the settings the run uses (model, loss, schedule: its
-  composed config), printed before every launch, with ``launch_notes`` (``naming_note``: the name a run gets when
-  the user's overrides change what its name says); ``list_table``: the shipped scripts (``--list``;
-  docs/launch-scripts.md is written from it).
-* ``describe``: ``--describe NAME [--full] [--gpu-mem-gib G] [--host-mem-gib H] [overrides]``: the variant, the
-  overrides its name sets, optionally the whole resolved config, then the memory and disk estimate.
-* ``dry_run``: ``DRY_RUN=1``: the composed and validated config and the command, with what this node lacks
-  for the run (the backend's ``node_problems``) and missing input paths as warnings, then the estimate; an
-  input the driver would refuse wherever it runs (a data file in the wrong layout, ...) is its refusal, exit 2.
-* ``memory_report`` / ``memory_sizes``: ``rpg.launch.memory``'s per-GPU memory table, the host RAM per node
-  and the checkpoint disk of a composed config (docs/memory.md).
+* ``header``: the run's description (its experiment file's first comment lines) and the settings it uses, read
+  from its composed config, with ``notes`` (a rename for the overrides, a file other than the generated one);
+* ``describe``: ``--describe [--full] [--gpu-mem-gib G] [--host-mem-gib H]``: the header, the file's settings,
+  optionally the whole resolved config, then the memory plan (``rpg.memory``, docs/memory.md);
+* ``dry_run``: ``DRY_RUN=1``: the composed and checked config and the command; what this node lacks and missing
+  input paths as warnings, every other refusal of the driver its one line (exit 2).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,20 +17,18 @@ from pathlib import Path
 from rpg.backends.registry import backend
 from rpg.common.override_lists import override_key, values
 from rpg.config import RPGConfigError
-from rpg.launch.experiments import EXPERIMENT_DIR, GROUP, file_note
-from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME, compose, experiment_name, plan
-from rpg.launch.request import LaunchError, LaunchRequest, project_root
-from rpg.launch.name_changes import name_changes
-from rpg.launch.variants import Variant, known_names, paper_refs, paper_row, parse, to_overrides
+from rpg.launch.environment import LaunchError, Request
+from rpg.launch.experiments import Experiment, file_note, name_changes
 from rpg.verl.input_paths import InputPathError, input_path_problems, refusals
 
 REWARD_PATH = "reward.custom_reward_function.path"
+MEMORY_FLAGS = {"--gpu-mem-gib": "the GPU's memory in GiB (e.g. --gpu-mem-gib 80)",
+                "--host-mem-gib": "the node's RAM in GiB (e.g. --host-mem-gib 1024)"}
 
 
-def describe_variant(v: Variant, cfg, notes: Sequence[str] = ()) -> str:
-    """The header of a launch: the run name's paper row, then the settings the run uses, read from its composed
-    config ``cfg`` (the name's, or its experiment file's, and the overrides': what the driver is given), then
-    ``notes`` (``launch_notes``), a line each."""
+def header(exp: Experiment | None, cfg, notes: Sequence[str] = ()) -> str:
+    """The header of a launch: the run's description, then the settings it uses, read from its composed config
+    ``cfg`` (the experiment file's and the overrides': what the driver is given), then ``notes``, a line each."""
     from omegaconf import OmegaConf
 
     def get(key: str):
@@ -53,12 +44,14 @@ def describe_variant(v: Variant, cfg, notes: Sequence[str] = ()) -> str:
         form, clip, beta, kl_type = get("rpg.loss.form"), get("rpg.loss.clip"), get("rpg.loss.beta"), None
         kl = beta != 0
         divergence = get("rpg.loss.divergence") if kl else None
-    row = f"{paper_row(v)} [{', '.join(paper_refs(v)) or 'not in the paper'}]"
-    name = get("trainer.experiment_name")
+    name, run = get("trainer.experiment_name"), exp.name if exp is not None else None
+    row = exp.row if exp is not None else ""
     low, high = _g(get(f"{a}.clip_ratio_low")), _g(get(f"{a}.clip_ratio_high"))
     eps = f"({low}, {high})" + ("" if clip else " unused: unclipped")
+    said = f": {row}" if row else ""
+    first = f"run {name}{said}" if run in (None, name) else f"run {name} (from {run}{said})"
     lines = [
-        f"run {v.name}: {row}" if name == v.name else f"run {name} (from {v.name}: {row})",
+        first,
         f"  model {get('actor_rollout_ref.model.path')} (prompt {get('data.max_prompt_length')} + response "
         f"{get('data.max_response_length')})",
         f"  loss {loss}:{form} divergence={divergence} beta={_g(beta)} kl_type={kl_type} clip={clip} eps={eps} "
@@ -68,8 +61,7 @@ def describe_variant(v: Variant, cfg, notes: Sequence[str] = ()) -> str:
         f"overlong={get('reward.reward_kwargs.overlong_buffer_cfg.enable')} "
         f"(buffer {get('reward.reward_kwargs.overlong_buffer_cfg.len')})",
     ]
-    if v.irregular:
-        lines.append(f"  irregular name: {v.irregular}")
+    lines += [f"  {line}" for line in (exp.description[1:] if exp is not None else ()) if line]
     return "\n".join(lines + [f"  note: {note}" for note in notes])
 
 
@@ -78,52 +70,38 @@ def _g(x) -> str:
     return f"{x:g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
 
 
-def launch_notes(v: Variant, req: LaunchRequest, user: Sequence[str]) -> list[str]:
-    """The header's notes: the user's overrides change what the run name says (``naming_note``), the run composes an
-    experiment file that is not the grammar's (``rpg.launch.experiments.file_note``)."""
-    return [note for note in (naming_note(v, req, user), file_note(v, user)) if note]
+def launch_notes(exp: Experiment | None, req: Request, user: Sequence[str]) -> list[str]:
+    """The header's notes: the user's overrides change what the run's file says (``naming_note``), the run
+    composes a file other than the generated one (``rpg.launch.experiments.file_note``)."""
+    if exp is None:
+        return []
+    return [note for note in (naming_note(exp, req, user), file_note(exp)) if note]
 
 
-def naming_note(v: Variant, req: LaunchRequest, user: Sequence[str]) -> str | None:
-    """One line when the user's overrides change a setting the run name says (``name_changes``): the name the run
-    gets for it (``rpg.launch.plan.experiment_name``), or the name the user gave it, kept."""
-    changes = name_changes(v, list(user))
+def naming_note(exp: Experiment, req: Request, user: Sequence[str]) -> str | None:
+    """One line when the user's overrides change a setting the run's file states: the name the run gets for it,
+    or the name the user gave it, kept."""
+    from rpg.launch.plan import experiment_name
+
+    changes = name_changes(exp, user)
     if not changes:
         return None
-    said = f"{', '.join(f'{k}={text}' for k, text in changes)} change{'s' * (len(changes) == 1)} what the run name " \
-           f"{v.name} says"
-    given = values(user).get("trainer.experiment_name")
-    if req.experiment or given is not None:
-        mine = f"EXP_NAME={req.experiment}" if req.experiment else f"trainer.experiment_name={given}"
-        return f"{said}; the run keeps the name you gave it ({mine})"
-    return (f"{said}: the run is named {experiment_name(v, req, user)} (trainer.experiment_name: its checkpoint "
+    said = (f"{', '.join(f'{k}={text}' for k, text in changes)} change{'s' * (len(changes) == 1)} what the run "
+            f"{exp.name} says")
+    given = values(list(user)).get("trainer.experiment_name")
+    if (mine := req.env.get("EXP_NAME", "").strip()) or given is not None:
+        kept = f"EXP_NAME={mine}" if mine else f"trainer.experiment_name={given}"
+        return f"{said}; the run keeps the name you gave it ({kept})"
+    return (f"{said}: the run is named {experiment_name(exp, req, user)} (trainer.experiment_name: its checkpoint "
             "folder, logs and report labels; EXP_NAME=... names it otherwise)")
 
 
-def list_table() -> str:
-    """Markdown table of the shipped scripts (docs/launch-scripts.md is written from it)."""
-    rows = ["| script | paper row | reported in | divergence / form | clip (eps) | beta | lr | optimizer | model | reference |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
-    for name in known_names():
-        v = parse(name)
-        form = v.form if v.divergence is None else f"{v.divergence} / {v.form}"
-        clip = f"{v.eps_low:g}/{v.eps_high:g}" if v.clip else "none"
-        rows.append(f"| `{name}` | {paper_row(v)} | {', '.join(paper_refs(v)) or '-'} | {form} | {clip} | {v.beta:g} | "
-                    f"{v.lr:g} | {v.optimizer} | {v.model.split('/')[-1]} | {v.reference} |")
-    return "\n".join(rows)
-
-
 def memory_report(cfg, sizes: tuple[float, float], *, unavailable_ok: bool = False) -> str:
-    """rpg.launch.memory's per-GPU memory table, host RAM per node and checkpoint-disk lines for a composed
-    config; sizes = (GPU, node RAM) in GiB.
-
-    An estimate that cannot be made (unknown model, ...) raises ``LaunchError`` (one line), or with
-    ``unavailable_ok`` (DRY_RUN: the config itself is valid) returns that line as a note.
-    """
+    """The memory plan of a composed config (``rpg.memory.report``); sizes = (GPU, node RAM) in GiB. An estimate
+    that cannot be made (unknown model, ...) is ``LaunchError``, or with ``unavailable_ok`` a note."""
     from omegaconf import OmegaConf
 
-    from rpg.launch.memory import MemoryEstimateError
-    from rpg.launch.memory import report
+    from rpg.memory import MemoryEstimateError, report
 
     try:
         return report(OmegaConf.to_container(cfg, resolve=True), *sizes)
@@ -133,57 +111,62 @@ def memory_report(cfg, sizes: tuple[float, float], *, unavailable_ok: bool = Fal
         raise LaunchError(str(e)) from None
 
 
-def memory_sizes(env: Mapping[str, str], gpu_cli: str | None = None, host_cli: str | None = None) -> tuple[float, float]:
-    """(GPU, node RAM) of the estimate in GiB: ``--gpu-mem-gib`` / ``--host-mem-gib`` if given, else
-    ``RPG_GPU_MEM_GIB`` / ``RPG_HOST_MEM_GIB``, else the defaults."""
-    from rpg.launch.memory import GPU_MEM_ENV, MemoryEstimateError, gpu_mem_gib
-    from rpg.launch.memory import HOST_MEM_ENV, host_mem_gib
+def memory_sizes(env: Mapping[str, str], flags: Mapping[str, str] | None = None) -> tuple[float, float]:
+    """(GPU, node RAM) of the estimate in GiB: ``--gpu-mem-gib`` / ``--host-mem-gib``, else ``RPG_GPU_MEM_GIB`` /
+    ``RPG_HOST_MEM_GIB``, else the defaults."""
+    from rpg.memory import GPU_MEM_ENV, HOST_MEM_ENV, MemoryEstimateError, gpu_mem_gib, host_mem_gib
 
+    flags = flags or {}
     try:
-        gpu = gpu_mem_gib(gpu_cli, "--gpu-mem-gib") if gpu_cli is not None else gpu_mem_gib(env.get(GPU_MEM_ENV), GPU_MEM_ENV)
-        host = (host_mem_gib(host_cli, "--host-mem-gib") if host_cli is not None
+        gpu = (gpu_mem_gib(flags["--gpu-mem-gib"], "--gpu-mem-gib") if "--gpu-mem-gib" in flags
+               else gpu_mem_gib(env.get(GPU_MEM_ENV), GPU_MEM_ENV))
+        host = (host_mem_gib(flags["--host-mem-gib"], "--host-mem-gib") if "--host-mem-gib" in flags
                 else host_mem_gib(env.get(HOST_MEM_ENV), HOST_MEM_ENV))
     except MemoryEstimateError as e:
         raise LaunchError(str(e)) from None
     return gpu, host
 
 
-def describe(args: list[str], env: Mapping[str, str]) -> int:
-    """``--describe NAME [--full] [--gpu-mem-gib G] [--host-mem-gib H] [overrides]``: the variant, the
-    overrides its name sets (the rest is the recipe YAML and the paper setup), with ``--full`` the whole
-    resolved config, then the memory and disk estimate of the config the launcher would compose
-    (environment and overrides included)."""
-    cli: dict[str, str | None] = {"--gpu-mem-gib": None, "--host-mem-gib": None}
-    examples = {"--gpu-mem-gib": "the GPU's memory in GiB (e.g. --gpu-mem-gib 80)",
-                "--host-mem-gib": "the node's RAM in GiB (e.g. --host-mem-gib 1024)"}
-    rest, full = [], False
-    it = iter(args)
+def split_flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """``--describe``, ``--full`` and the memory flags (``--gpu-mem-gib G`` or ``--gpu-mem-gib=G``) apart from the
+    rest of the command line."""
+    flags, rest = {}, []
+    it = iter(argv)
     for a in it:
-        flag = a.split("=", 1)[0]
-        if a == "--full":
-            full = True
-        elif flag in cli:
-            cli[flag] = a.split("=", 1)[1] if "=" in a else next(it, None)
-            if cli[flag] is None:
-                raise LaunchError(f"{flag} needs a value, {examples[flag]}")
+        flag, eq, value = a.partition("=")
+        if a in ("--describe", "--full"):
+            flags[a] = ""
+        elif flag in MEMORY_FLAGS:
+            value = value if eq else next(it, None)
+            if value is None:
+                raise LaunchError(f"{flag} needs a value, {MEMORY_FLAGS[flag]}")
+            flags[flag] = value
         else:
             rest.append(a)
-    if not rest or rest[0].startswith("-"):
-        raise LaunchError("--describe takes one run name (then optionally --full, --gpu-mem-gib G, --host-mem-gib H "
-                          "and Hydra overrides)")
-    sizes = memory_sizes(env, cli["--gpu-mem-gib"], cli["--host-mem-gib"])
-    v = parse(rest[0])
-    # the variant's own run on the default backend, whatever RPG_BACKEND says: the estimate is of the paper's GPUs
-    req = LaunchRequest.read({k: v for k, v in env.items() if k != "RPG_BACKEND"}, project_root(), Path.cwd())
-    overrides, _ = plan(req, v, rest[1:])
+    if flags and "--describe" not in flags:
+        raise LaunchError(f"{', '.join(flags)} {'go' if len(flags) > 1 else 'goes'} with --describe (the run's "
+                          "memory plan)")
+    return flags, rest
+
+
+def describe(exp: Experiment, req: Request, overrides: Sequence[str], flags: Mapping[str, str]) -> int:
+    """``--describe``: the header, the experiment file's settings, with ``--full`` the whole resolved config, then
+    the memory plan of the config the launch composes (the environment and the overrides included), on the GPU
+    backend whatever ``RPG_BACKEND`` says: the plan is of the paper's GPUs."""
+    import contextlib
+    import io
+
+    from rpg.launch.plan import compose
+
+    sizes = memory_sizes(req.env, flags)
     with contextlib.redirect_stdout(io.StringIO()):  # the driver checks' own report
-        cfg, _ = compose(overrides, req.root)
-    print(describe_variant(v, cfg), flush=True)
-    print(f"  overrides of the name (on {CONFIG_DIR / CONFIG_NAME}.yaml + {CONFIG_DIR / 'paper' / 'default.yaml'}):\n    "
-          + " ".join(to_overrides(v)), flush=True)
-    if v.name in known_names():
-        print(f"  every setting of the name: {EXPERIMENT_DIR / v.name}.yaml (+{GROUP}={v.name})", flush=True)
-    if full:
+        cfg, _ = compose(overrides)
+    print(header(exp, cfg), flush=True)
+    if exp.path is not None:
+        shown = exp.path.relative_to(req.run_root) if exp.path.is_relative_to(req.run_root) else exp.path
+        print(f"  settings of {shown} (on recipe/rpg/config/paper/default.yaml):\n    "
+              + "\n    ".join(f"{k}={v}" for k, v in exp.settings.items()), flush=True)
+    if "--full" in flags:
         from omegaconf import OmegaConf
 
         print("# ---- the full resolved config (as the driver hands it to verl) ----")
@@ -192,34 +175,35 @@ def describe(args: list[str], env: Mapping[str, str]) -> int:
     return 0
 
 
-def _show_cluster_reward_path(cfg, root: Path, run_root: Path) -> None:
-    """The recipe's default reward file is found by import where the driver runs, i.e. under
-    ``RPG_CLUSTER_ROOT`` on the cluster: show that path rather than this checkout's."""
+def _show_cluster_reward_path(cfg, root: Path) -> None:
+    """The recipe's default reward file is found by import where the driver runs, i.e. under ``RPG_CLUSTER_ROOT``
+    on the cluster: show that path rather than this checkout's."""
     from omegaconf import OmegaConf
+
+    from rpg.common.checkout import CHECKOUT
 
     path = OmegaConf.select(cfg, REWARD_PATH)
-    if run_root != root and isinstance(path, str) and Path(path).is_relative_to(root):
-        OmegaConf.update(cfg, REWARD_PATH, str(run_root / Path(path).relative_to(root)))
+    if root != CHECKOUT and isinstance(path, str) and Path(path).is_relative_to(CHECKOUT):
+        OmegaConf.update(cfg, REWARD_PATH, str(root / Path(path).relative_to(CHECKOUT)))
 
 
-def dry_run(req: LaunchRequest, v: Variant, overrides: Sequence[str], cmd: Sequence[str], composed=None,
+def dry_run(req: Request, exp: Experiment | None, overrides: Sequence[str], cmd: Sequence[str], composed=None,
             user: Sequence[str] = ()) -> int:
-    """``DRY_RUN=1``: the header (with the notes on the user's overrides ``user``), the command, the composed and
-    validated config; missing input paths and what this node lacks for the run (the backend's ``node_problems``) as
-    warnings; then, for a run of the variant itself (not the tiny task), the memory estimate (sizes:
-    ``memory_sizes``). ``composed``: ``compose(overrides)``'s result when the caller has it. The other problems of
-    the input paths (``rpg.verl.input_paths.refusals``: an existing data file in the wrong layout or with a
-    ``data_source`` no reward function scores, an empty list, ...) raise ``InputPathError``, the driver's lines
-    (exit 2; for a Ray submission they are warnings, as the launch leaves them to the driver on the cluster), and
-    so do the backend's ``config_problems`` (``RPGConfigError``)."""
+    """``DRY_RUN=1``: the header, the command, the composed and checked config; missing input paths and what this
+    node lacks for the run (the backend's ``node_problems``) as warnings; then, for a run on the GPU backend, the
+    memory plan. Every other problem of the input paths (``rpg.verl.input_paths.refusals``) is the driver's line
+    (``InputPathError``, exit 2; a warning for a Ray job, which the driver on the cluster checks), and so are the
+    backend's ``config_problems``. ``composed``: ``compose(overrides)``'s result when the caller has it."""
     from omegaconf import OmegaConf
+
+    from rpg.launch.plan import compose
 
     chosen = backend(req.backend)
     sizes = None if chosen.TINY_TASK else memory_sizes(req.env)
-    cfg, settings = composed or compose(overrides, req.root)
-    print(f"# {describe_variant(v, cfg, launch_notes(v, req, user))}".replace("\n", "\n# "))
+    cfg, settings = composed or compose(overrides)
+    print(f"# {header(exp, cfg, launch_notes(exp, req, user))}".replace("\n", "\n# "))
     if not any(override_key(o) == REWARD_PATH for o in overrides):
-        _show_cluster_reward_path(cfg, req.root, req.run_root)
+        _show_cluster_reward_path(cfg, req.run_root)
     print("# command: " + " ".join(cmd[:2]) + " \\\n#   " + " \\\n#   ".join(cmd[2:]))
     paths = input_path_problems(cfg)
     if not req.cluster and (refused := refusals(paths)):

@@ -1,259 +1,227 @@
-"""Each shipped paper run's settings as a Hydra experiment config: ``recipe/rpg/config/experiment/<run name>.yaml``.
+"""A run's experiment file, ``recipe/rpg/config/experiment/<run>.yaml``: the run's settings on the paper setup.
 
-The run-name grammar (``rpg.launch.variants``) stays the one source: ``render_experiment(v)`` writes every
-setting the name decides (``name_settings``), the model, the data files and the run's name, each with a
-short comment, on top of the paper setup (``paper/default.yaml``). The launcher composes a shipped run, or a
-name whose file the user wrote (``user_file``), with ``+experiment=<run name>`` (``variant_overrides``);
-``python recipe/rpg/main_rpg.py +experiment=<run name>`` composes the same run. A test checks that every file is
-what this module writes.
-
-    python -m rpg.launch.experiments --write    # (re)write the file of every shipped script
-    python -m rpg.launch.experiments --check    # exit 1 naming each file that differs (or is missing / extra)
+The file is the run: ``+experiment=<run>`` composes it (a new run is a new file, in the recipe's folder or in a
+folder on ``hydra.searchpath``). Read here as the launch reads it: where Hydra finds it, what its first comment
+lines say of the run, whether it is the file ``scripts/experiments.py`` wrote (the digest on its last line), and
+what a user's overrides change of the settings it states (the run is then named for them).
 """
 
 from __future__ import annotations
 
-import sys
+import difflib
+import functools
+import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_DIR
-from rpg.config.kinds import yaml_value
-from rpg.launch.variants import (PAPER_SETUP, TRAIN_SET, Variant, known_names, name_settings, paper_refs, paper_row,
-                                 parse, to_overrides)
 
 GROUP = "experiment"
 EXPERIMENT_DIR = RECIPE_CONFIG_DIR / GROUP  # relative to the checkout
-DATA_DIR = "data"  # `python -m rpg.data prepare-all` writes the sets here; relative paths resolve from the working dir
-
-_A, _R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-NOTES = {  # a comment per key: what it is and where the paper states it
-    "actor_rollout_ref.model.path": "Hugging Face id or a local folder (the launcher: MODEL_PATH)",
-    "data.train_files": "DAPO-Math-17k, English (Sec. 5), relative to the working folder",
-    "data.val_files": "AIME 2024/2025, AMC 2023 (+ Minerva, OlympiadBench at 4K: Table 7); mean@32",
-    "data.max_prompt_length": "the name's context (_ctx2k|_ctx4k|_ctx8k; 7b: 2K)",
-    "data.max_response_length": "L_max: the same context",
-    "data.apply_chat_template_kwargs.enable_thinking": "Qwen3's chat template with thinking off",
-    f"{_A}.ppo_max_token_len_per_gpu": "micro-batch token budget (packing only, not the math)",
-    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "the same budget",
-    f"{_R}.log_prob_max_token_len_per_gpu": "the same budget",
-    f"{_R}.max_num_batched_tokens": "prompt + response",
-    f"{_A}.clip_ratio_low": "eps_low: PPO clip / RPG-Style Clip (Eq. 4.1)",
-    f"{_A}.clip_ratio_high": "eps_high",
-    f"{_A}.clip_ratio_c": "dual-clip c",
-    f"{_A}.optim.lr": "App. H: 1e-6; the authors' 7B RPG-REINFORCE scripts: 5e-7",
-    "reward.reward_kwargs.overlong_buffer_cfg.enable": "DAPO's overlong reward shaping",
-    "reward.reward_kwargs.overlong_buffer_cfg.len": "buffer L_max / 4",
-    "algorithm.adv_estimator": "rpg: R - group mean (no std); grpo; reinforce_plus_plus(_baseline)",
-    "algorithm.norm_adv_by_std_in_grpo": "divide by the group's std (GRPO, DAPO)",
-    "algorithm.filter_groups.enable": "DAPO's dynamic sampling",
-    "rpg.loss.name": "rpg: the RPG losses; verl: verl's own actor loss",
-    "rpg.reference.mode": "sampler: the iterative reference (pi_old); fixed: the initial model",
-    "rpg.optimizer": "adamw, or schedulefree (_schedulefree)",
-    "rpg.loss.divergence": "the KL of the name (unused when beta = 0)",
-    "rpg.loss.form": "reinforce: RPG-REINFORCE (_rf); differentiable: the fully differentiable loss",
-    "rpg.loss.beta": "KL coefficient beta",
-    "rpg.loss.clip": "RPG-Style Clip (_rf_clip_ppo)",
-    f"{_A}.use_kl_loss": "verl's KL loss (rfpp, rfppb, grpo); RPG's KL is in its loss",
-    f"{_A}.kl_loss_type": "k1 (kl) or k3 (low_var_kl)",
-    f"{_A}.kl_loss_coef": "KL coefficient",
-    f"{_R}.gpu_memory_utilization": "memory only: vLLM's share of each GPU (docs/memory.md)",
-    "trainer.project_name": "the launcher: PROJECT_NAME",
-    "trainer.experiment_name": "the launcher: EXP_NAME",
-}
+CONFIG_NAME = "rpg_trainer"  # recipe/rpg/config/rpg_trainer.yaml, the config main_rpg.py composes
+DIGEST = "# written by scripts/experiments.py; sha256 of the lines above: "  # the last line of a generated file
+NEAR_EDITS = 2  # a name within this many single-character edits of a shipped one is named as its likely typo
+# Settings of a file that say where the run reads and writes, not what it runs: an override of one keeps the name
+FILE_ONLY = frozenset({"actor_rollout_ref.model.path", "data.train_files", "data.val_files", "trainer.project_name",
+                       "trainer.experiment_name"})
+# Settings that pack micro-batches or size vLLM's share of a GPU: memory and speed, never the math
+MEMORY_KEYS = frozenset({"actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                         "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+                         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+                         "actor_rollout_ref.rollout.max_num_batched_tokens",
+                         "actor_rollout_ref.rollout.gpu_memory_utilization"})
 
 
-def experiment_path(name: str) -> Path:
-    return CHECKOUT / EXPERIMENT_DIR / f"{name}.yaml"
+class ExperimentError(ValueError):
+    """No experiment file for a run name (one line: the closest shipped names)."""
 
 
-def variant_overrides(v: Variant, user: Sequence[str] = ()) -> list[str]:
-    """The overrides that give a run its settings: ``+experiment=<name>`` for a shipped script (its file) or a
-    name whose file the user wrote (``user_file``), the grammar's overrides for any other name it reads."""
-    return [f"+{GROUP}={v.name}"] if v.name in known_names() or user_file(v.name, user) else to_overrides(v)
+@dataclass(frozen=True)
+class Experiment:
+    """A run: its name, the file Hydra composes for it, the settings the file states (dotted keys, the paper
+    setup's not included) and the overrides that compose it (``+experiment=<name>``)."""
+
+    name: str
+    path: Path | None
+    settings: dict[str, Any] = field(default_factory=dict)
+    overrides: tuple[str, ...] = ()
+    description: tuple[str, ...] = ()  # the file's first comment lines: "<name>: <paper row> [<tables>]", ...
+
+    @property
+    def row(self) -> str:
+        """What the first description line says of the run after its name (its paper row), or ""."""
+        first = self.description[0] if self.description else ""
+        return first.removeprefix(f"{self.name}: ") if first.startswith(f"{self.name}: ") else ""
 
 
-def user_file(name: str, user: Sequence[str] = ()) -> bool:
-    """Whether Hydra finds ``experiment/<name>.yaml`` on the recipe config's search path, with the user's
-    ``hydra.searchpath`` override if any (Hydra's config loader: where ``+experiment=<name>`` is read from). Such a
-    search path replaces the recipe's: ``hydra.searchpath=[pkg://verl.trainer.config,file://<folder>]`` adds a
-    folder holding ``experiment/<name>.yaml``. A search path Hydra refuses is left to the composition's line."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.object_type import ObjectType
-    from hydra.errors import HydraException
-    from hydra.initialize import get_gh_backup, restore_gh_from_backup
-
-    from rpg.common.override_lists import override_key
-    from rpg.launch.config_keys import RECIPE_CONFIG_NAME
-
-    searchpath = [o for o in user if override_key(o) == "hydra.searchpath"][-1:]
-    caller = get_gh_backup()  # a caller's own Hydra initialisation is restored after
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CHECKOUT / RECIPE_CONFIG_DIR), version_base=None):
-            return name in GlobalHydra.instance().config_loader().get_group_options(
-                GROUP, ObjectType.CONFIG, RECIPE_CONFIG_NAME, searchpath)
-    except HydraException:
-        return False
-    finally:
-        restore_gh_from_backup(caller)
+def shipped_names() -> list[str]:
+    """The runs of the recipe's experiment folder."""
+    return sorted(p.stem for p in (CHECKOUT / EXPERIMENT_DIR).glob("*.yaml"))
 
 
-def file_note(v: Variant, user: Sequence[str] = ()) -> str | None:
-    """One line when the run composes an experiment file that is not what the grammar writes for its name: a
-    shipped file that differs (``stale_files``' comparison; the settings it gives otherwise named), or a file the
-    user wrote for a name without a script."""
-    if v.name in known_names():
-        if not _differs(v.name):
-            return None
-        path = experiment_path(v.name)
-        changed = file_changes(v, path) if path.is_file() else []
-        return (f"{EXPERIMENT_DIR / v.name}.yaml differs from what the run name's grammar writes (python -m "
-                f"rpg.launch.experiments --check): the run composes the file"
-                + (f", which sets {', '.join(changed)}" if changed else ""))
-    if user_file(v.name, user):
-        return (f"{v.name} has no script: the run composes the experiment file {GROUP}/{v.name}.yaml on Hydra's search "
-                f"path (+{GROUP}={v.name}), not the settings the grammar gives the name")
-    return None
+def edits(a: str, b: str) -> int:
+    """Single-character edits from ``a`` to ``b``: insert, delete, substitute, or swap two adjacent characters."""
+    before, prev = None, list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        row = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                row[j] = min(row[j], before[j - 2] + 1)
+        before, prev = prev, row
+    return prev[-1]
 
 
-def file_changes(v: Variant, path: Path) -> list[str]:
-    """``key=value (the name: value)`` of each setting the name decides that the experiment file at ``path`` gives
-    another value (the file is read as the run's composition read it)."""
+def closest_shipped(name: str) -> list[str]:
+    """The shipped names at the fewest ``edits`` when that is at most ``NEAR_EDITS``, else difflib's best three."""
+    shipped = [s for s in shipped_names() if s != name]
+    near = sorted((edits(name, s), s) for s in shipped)
+    if near and near[0][0] <= NEAR_EDITS:
+        return [s for d, s in near if d == near[0][0]]
+    return difflib.get_close_matches(name, shipped, n=3, cutoff=0.75)
+
+
+def search_folders(user: Sequence[str] = ()) -> list[Path]:
+    """Where Hydra looks for ``experiment/<name>.yaml``, in its order: the recipe's config folder, then each
+    ``file://`` folder of ``hydra.searchpath`` (the user's override, else rpg_trainer.yaml's)."""
     from omegaconf import OmegaConf
 
     from rpg.common.override_lists import parse_overrides
 
-    loaded = OmegaConf.load(path)
+    given = [p.value for p in parse_overrides(user) if p.key == "hydra.searchpath"][-1:]
+    searchpath = given[0] if given else OmegaConf.select(_trainer_yaml(), "hydra.searchpath", default=[])
+    extra = [Path(str(s).removeprefix("file://")) for s in searchpath or [] if str(s).startswith("file://")]
+    return [CHECKOUT / RECIPE_CONFIG_DIR, *extra]
+
+
+def find(name: str, user: Sequence[str] = ()) -> Experiment:
+    """The run ``name``'s experiment file on Hydra's search path (``ExperimentError`` naming the closest shipped
+    names when there is none)."""
+    for folder in search_folders(user):
+        path = folder / GROUP / f"{name}.yaml"
+        if path.is_file():
+            return load(path, name)
+    close = closest_shipped(name)
+    hint = f"; closest shipped: {', '.join(close)}" if close else ""
+    raise ExperimentError(f"no run {name}: no {GROUP}/{name}.yaml in {RECIPE_CONFIG_DIR} or a folder of "
+                          f"hydra.searchpath{hint}; a new run is a new file there (a copy of a shipped one, edited)")
+
+
+def load(path: Path, name: str | None = None) -> Experiment:
+    """The experiment file at ``path`` (its name: the file's stem)."""
+    from omegaconf import OmegaConf
+
+    text = path.read_text()
+    loaded = OmegaConf.to_container(OmegaConf.load(path))
+    loaded.pop("defaults", None)
+    name = name or path.stem
+    return Experiment(name, path, dict(_leaves(loaded)), (f"+{GROUP}={name}",), _description(text))
+
+
+def _leaves(node: dict, prefix: str = ""):
+    for k, v in node.items():
+        if isinstance(v, dict) and v:
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _description(text: str) -> tuple[str, ...]:
+    """The comment lines after ``# @package ...`` up to the first bare ``#`` or the first setting."""
     out = []
-    for p in parse_overrides(name_settings(v)):
-        x = OmegaConf.select(loaded, p.key, default=None)
-        if isinstance(x, bool) != isinstance(p.value, bool) or x != p.value:
-            out.append(f"{p.key}={x if OmegaConf.is_config(x) else yaml_value(x)} (the name: {p.value_text})")
-    return out
+    for line in text.splitlines():
+        if line.startswith("# @package"):
+            continue
+        if not line.startswith("# "):
+            break
+        out.append(line[2:].strip())
+    return tuple(out)
 
 
-def experiment_settings(v: Variant) -> list[tuple[str, object]]:
-    """(key, value) of every setting of the run's file, in order: model, data, the name's settings, the names."""
+def digest(text: str) -> str:
+    """The digest line's value for a file whose lines before it are ``text``."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def file_note(exp: Experiment) -> str | None:
+    """One line when the run composes a file other than the one ``scripts/experiments.py`` wrote for a paper script:
+    an edited shipped file (its digest line no longer matches), or a file of the user's."""
+    if exp.path is None:
+        return None
+    shown = exp.path.relative_to(CHECKOUT) if exp.path.is_relative_to(CHECKOUT) else exp.path
+    if exp.path.parent != CHECKOUT / EXPERIMENT_DIR or not list((CHECKOUT / RECIPE_DIR).glob(f"*/{exp.name}.sh")):
+        return f"the run composes your experiment file {shown} (+{GROUP}={exp.name})"
+    body, _, last = exp.path.read_text().rstrip("\n").rpartition("\n")
+    if last == DIGEST + digest(body + "\n"):
+        return None
+    return (f"{shown} was edited after scripts/experiments.py wrote it (python scripts/experiments.py --check "
+            "compares): the run composes the file as it is")
+
+
+def name_changes(exp: Experiment, overrides: Sequence[str]) -> list[tuple[str, str]]:
+    """(key, value as written) of each setting the file states (not ``FILE_ONLY`` or ``MEMORY_KEYS``) that
+    ``overrides`` (Hydra's parser; a later one wins) give another value; a mapping on a parent key
+    (``rpg.loss={clip:false}``, merged by Hydra) counts for each key in it."""
     from rpg.common.override_lists import parse_overrides
+    from rpg.config.kinds import yaml_value
 
-    files = [("actor_rollout_ref.model.path", v.model),
-             ("data.train_files", f"{DATA_DIR}/{TRAIN_SET}.parquet"),
-             ("data.val_files", [f"{DATA_DIR}/{s}.parquet" for s in v.val_sets])]
-    names = [("trainer.project_name", "rpg"), ("trainer.experiment_name", v.name)]
-    return [*files, *((p.key, p.value) for p in parse_overrides(name_settings(v))), *names]
-
-
-WIDTH, COMMENT_COLUMN = 118, 56  # the longest line; where a note starts
-
-
-def _commented(text: str, note: str | None) -> list[str]:
-    """``text`` with ``note`` after it at ``COMMENT_COLUMN``, or on a line of its own above it when too long."""
-    if not note:
-        return [text]
-    column = max(COMMENT_COLUMN, len(text) + 2)
-    if column + 2 + len(note) <= WIDTH:
-        return [f"{text.ljust(column)}# {note}"]
-    indent = text[:len(text) - len(text.lstrip())]
-    return [f"{indent}# {note}", text]
+    named = {k: v for k, v in exp.settings.items() if k not in FILE_ONLY | MEMORY_KEYS}
+    changed: dict[str, str] = {}
+    for p in parse_overrides(list(overrides)):
+        if p.kind == "DEL":
+            continue
+        leaves = [(p.key, p.value, p.value_text)]
+        if isinstance(p.value, dict):
+            leaves = [(f"{p.key}.{k}", x, None) for k, x in _leaves(p.value)]
+        for key, value, text in leaves:
+            if key in named:
+                changed.pop(key, None)  # its place: where it was last set
+                if isinstance(value, bool) != isinstance(named[key], bool) or value != named[key]:
+                    changed[key] = text if text is not None else str(value) if isinstance(value, list) \
+                        else yaml_value(value)
+    return list(changed.items())
 
 
-def render_experiment(v: Variant) -> str:
-    """The run's experiment config: a header naming the run and its paper row, ``defaults`` (the paper setup),
-    then every setting nested by key, each with its note."""
-    refs = ", ".join(paper_refs(v)) or "not in the paper"
-    script = RECIPE_DIR / ("4b" if v.model_tag == "4b" else "7b") / f"{v.name}.sh"
-    paper = PAPER_SETUP.removeprefix("+").split("=")
-    header = [
-        "# @package _global_",
-        f"# {v.name}: {paper_row(v)} [{refs}]",
-        *([f"# irregular name: {v.irregular}"] if v.irregular else []),
-        "# Written by `python -m rpg.launch.experiments --write` from the run name (rpg/launch/variants.py); a test",
-        "# checks. Launched by its script (which adds paths, cluster size, loggers):",
-        f"#   {script}",
-        "# or from the checkout, the same settings:",
-        f"#   python {RECIPE_DIR}/main_rpg.py +{GROUP}={v.name}",
-        "defaults:",
-        f"  - /{paper[0]}: {paper[1]}  # recipe/rpg/config/paper/default.yaml: the setup every paper run shares",
-        "  - _self_",
-    ]
-    tree: dict = {}
-    for key, value in experiment_settings(v):
-        *parents, leaf = key.split(".")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = (key, value)
-    lines: list[str] = []
+def changed_name(exp: Experiment, changes: list[tuple[str, str]]) -> str:
+    """The run name followed by the settings ``changes`` give it, each key by its shortest dotted tail no other
+    setting of the file ends with: ``run_rpg_7b_ufkl1e-4+divergence=urkl,clip=false``."""
+    if not changes:
+        return exp.name
 
-    def emit(node: dict, depth: int) -> None:
-        for part, child in node.items():
-            indent = "  " * depth
-            if isinstance(child, dict):
-                lines.append(f"{indent}{part}:")
-                emit(child, depth + 1)
-            else:
-                key, value = child
-                if isinstance(value, list):  # one item a line
-                    lines.extend(_commented(f"{indent}{part}:", NOTES.get(key)))
-                    lines.extend(f"{indent}  - {yaml_value(x)}" for x in value)
-                else:
-                    lines.extend(_commented(f"{indent}{part}: {yaml_value(value)}", NOTES.get(key)))
+    def short(key: str) -> str:
+        parts = key.split(".")
+        for n in range(1, len(parts)):
+            tail = ".".join(parts[-n:])
+            if sum(k == tail or k.endswith("." + tail) for k in exp.settings) == 1:
+                return tail
+        return key
 
-    for part, child in tree.items():
-        lines.append("")
-        emit({part: child}, 0)
-    return "\n".join(header + lines) + "\n"
+    return f"{exp.name}+" + ",".join(f"{short(k)}={text}" for k, text in changes)
 
 
-def stale_files() -> list[str]:
-    """What differs from the grammar's output: each shipped run's file that is missing or not what
-    ``render_experiment`` writes, and each file without a shipped script (paths relative to the checkout)."""
-    names = known_names()
-    problems = [f"{EXPERIMENT_DIR / n}.yaml" for n in names if _differs(n)]
-    folder = CHECKOUT / EXPERIMENT_DIR
-    extra = sorted(p.stem for p in folder.glob("*.yaml") if p.stem not in names) if folder.is_dir() else []
-    return problems + [f"{EXPERIMENT_DIR / n}.yaml (no script)" for n in extra]
+@functools.lru_cache(maxsize=1)
+def _trainer_yaml():
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(CHECKOUT / RECIPE_CONFIG_DIR / f"{CONFIG_NAME}.yaml")
 
 
-def _differs(name: str) -> bool:
-    """The shipped run's file is missing or not what ``render_experiment`` writes."""
-    return not experiment_path(name).is_file() or experiment_path(name).read_text() != render_experiment(parse(name))
+@functools.lru_cache(maxsize=1)
+def recipe_yaml():
+    """rpg_trainer.yaml's own keys merged with the paper setup (verl's defaults not read); read once."""
+    from omegaconf import OmegaConf
+
+    base = _trainer_yaml().copy()
+    base.pop("defaults", None)
+    base.pop("hydra", None)
+    return OmegaConf.merge(base, OmegaConf.load(CHECKOUT / RECIPE_CONFIG_DIR / "paper" / "default.yaml"))
 
 
-def write_all() -> list[Path]:
-    """(Re)write every shipped run's file; remove files without a script. Returns the files written."""
-    folder = CHECKOUT / EXPERIMENT_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    names = known_names()
-    for p in folder.glob("*.yaml"):
-        if p.stem not in names:
-            p.unlink()
-    written = []
-    for n in names:
-        path, text = experiment_path(n), render_experiment(parse(n))
-        if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
-            written.append(path)
-    return written
+def recipe_value(key: str) -> Any:
+    """``key``'s value in ``recipe_yaml`` (plain Python), None when it sets none."""
+    from omegaconf import OmegaConf
 
-
-def main(argv: list[str]) -> int:
-    if argv == ["--write"]:
-        written = write_all()
-        print(f"{len(written)} of {len(known_names())} experiment files written under {EXPERIMENT_DIR}")
-        return 0
-    if argv == ["--check"]:
-        stale = stale_files()
-        for line in stale:
-            print(f"rpg.launch.experiments: differs from the run name's settings: {line}", file=sys.stderr)
-        if stale:
-            print("rpg.launch.experiments: regenerate with python -m rpg.launch.experiments --write", file=sys.stderr)
-        return 1 if stale else 0
-    print("usage: python -m rpg.launch.experiments --write | --check", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    value = OmegaConf.select(recipe_yaml(), key, default=None)
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value

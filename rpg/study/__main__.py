@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from rpg.study.records import all_records, read_record, survey
     from rpg.study.runner import StudyBusyError, run_grid
-    from rpg.launch.variants import VariantNameError
+    from rpg.launch.experiments import ExperimentError
 
     # relative to the current folder, as every run folder a user names (rpg.common.user_paths)
     name = ("study_lag" if args.lag else "study_staleness" if args.staleness else "study_async_weights"
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         report_dir = user_folder(args.report_dir) if args.report_dir else args.out / "report"
         for flag, path in (("--out", args.out), ("--report-dir", report_dir)):
             _folder(flag, path)
-    except (ValueError, VariantNameError) as err:
+    except (ValueError, ExperimentError) as err:
         print(f"rpg.study: {err}", file=sys.stderr)
         return 2
     if args.lag and args.render_only:

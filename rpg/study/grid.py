@@ -1,7 +1,7 @@
 """The study's grid: methods, the tiny-task adaptation of their paper settings, run identities, cost.
 
-A method is a paper run name (``rpg.launch.variants``, the one source of every algorithm setting); a run's overrides
-are what ``RPG_BACKEND=cpu`` launches for that name (``rpg.launch.plan.plan_overrides``), then the study's own:
+A method is a paper run (its experiment file, ``rpg.launch.experiments``: every algorithm setting); a run's overrides
+are what ``RPG_BACKEND=cpu`` launches for that run (``rpg.launch.plan.plan``), then the study's own:
 sizes (prompts, responses, validation samples), the off-policy regime (``updates`` optimizer steps per rollout
 batch), the paper's learning rate times ``LR_SCALE`` (a 0.34M-parameter model does not move at 1e-6; the ratio
 between methods is kept), no warm-up, and the seed (``data.seed`` and the rollout's); the rest is the variant's.
@@ -15,7 +15,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from rpg.launch.variants import Variant, paper_row, parse
+from rpg.study.methods import label_of, method_run, setting
 
 LR_SCALE = 500.0  # tiny lr = paper lr x 500 (1e-6 -> 5e-4, the tiny demo's learning rate)
 
@@ -59,11 +59,6 @@ STALENESS_ARMS: dict[str, tuple[str, ...]] = {
 # The lag study's arms: the staleness arms and verl's bypass mode (old_log_probs := the sampler's log-probs, so
 # pi_old = mu, the loss's weights are 1 and the clip is centred on mu: AReaL's "naive PPO")
 LAG_ARMS: dict[str, tuple[str, ...]] = {**STALENESS_ARMS, "bypass": ("algorithm.rollout_correction.bypass_mode=true",)}
-
-
-def label_of(v: Variant) -> str:
-    """Table row / legend name: the paper's method label, '(no clip)' for unclipped RPG-REINFORCE."""
-    return paper_row(v) + (" (no clip)" if v.form == "reinforce" and not v.clip else "")
 
 
 @dataclass(frozen=True)
@@ -115,7 +110,7 @@ class RunSpec:
         else:
             stale = f", staleness {self.staleness}" if self.staleness else ""
         arm = ", bypass mode (pi_old := mu)" if self.arm == "bypass" else f", {self.arm} weights" if self.arm else ""
-        return label_of(parse(self.variant)) + stale + arm
+        return label_of(self.variant) + stale + arm
 
     def mode_overrides(self) -> tuple[str, ...]:
         """The trainer mode's and the behaviour-weight arm's overrides (none for the sync trainer)."""
@@ -142,12 +137,12 @@ class RunSpec:
         """The study's overrides (after the variant's and the CPU backend's; these win)."""
         from rpg.tiny.overrides import tiny_task_overrides
 
-        v, s = parse(self.variant), self.sizes
+        lr, s = setting(self.variant, "actor_rollout_ref.actor.optim.lr"), self.sizes
         return [
             *tiny_task_overrides(assets, steps=s.steps, test_freq=s.test_freq, train_batch_size=s.prompts,
                                  n=s.n, val_n=s.val_n, mini_batch_size=s.prompts // self.updates,
                                  trainer_mode="separate_async" if self.staleness else None),
-            f"actor_rollout_ref.actor.optim.lr={v.lr * LR_SCALE:g}",
+            f"actor_rollout_ref.actor.optim.lr={lr * LR_SCALE:g}",
             "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
             f"data.seed={self.seed}",
             f"actor_rollout_ref.rollout.seed={self.seed}",
@@ -168,7 +163,7 @@ def grid(seeds: int = 2, updates: int = 4, stress: tuple[int, ...] = (1, 4, 16),
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     for name in (*methods, *stress_methods):
-        parse(name)  # a bad name fails here with the grammar
+        method_run(name)  # a name without a run fails here, with the closest names
     sizes.check((updates, *stress))
     specs: dict[tuple[str, int, int], RunSpec] = {}
     for seed in range(1, seeds + 1):
@@ -189,7 +184,7 @@ def weights_grid(seeds: int = 3, updates: int = 4, sizes: Sizes = Sizes(), metho
     bad = [a for a in arms if a not in WEIGHT_ARMS]
     if bad or not arms:
         raise ValueError(f"behaviour-weight arms {bad or '(none)'} are unknown: expected some of {', '.join(WEIGHT_ARMS)}")
-    parse(method)
+    method_run(method)
     sizes.check((updates,))
     return [RunSpec(method, updates, seed, sizes, arm) for seed in range(1, seeds + 1) for arm in arms]
 
@@ -212,7 +207,7 @@ def staleness_grid(seeds: int = 3, staleness: tuple[int, ...] = STALENESS, sizes
     if bad or not arms:
         raise ValueError(f"staleness arms {bad or '(none)'} are unknown: expected some of {', '.join(STALENESS_ARMS)}")
     for name in methods:
-        parse(name)
+        method_run(name)
     sizes.check(tuple(staleness))
     return [RunSpec(m, s, seed, sizes, arm, staleness=s) for seed in range(1, seeds + 1) for s in staleness
             for m in methods for arm in arms]
@@ -278,7 +273,7 @@ def lag_grid(seeds: int = LAG_SEEDS, sizes: Sizes | None = None, cells: tuple[La
         if c.lag < 0 or c.arm not in LAG_ARMS:
             raise ValueError(f"cell {c.name}: lag must be >= 0 and the arm one of {', '.join(LAG_ARMS)}, got lag "
                              f"{c.lag}, arm {c.arm!r}")
-        parse(c.variant)
+        method_run(c.variant)
     sizes.check((updates,))
     return [RunSpec(c.variant, updates, seed, sizes, c.arm, staleness=updates, lag=c.lag)
             for seed in range(1, seeds + 1)

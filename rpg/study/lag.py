@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rpg.study import stats
+from rpg.study.methods import clipped
 from rpg.study.grid import (LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, RunSpec, collapsed,
                             fmt_duration, lag_cell, lag_grid)
 
@@ -182,8 +183,7 @@ def _diagnostic(m: dict, keys: tuple[str, ...], reduce) -> float | None:
 
 def csv_rows(out: Path, specs: list[RunSpec], records: list[dict]) -> list[dict]:
     """One row per run of ``specs`` (in run order), finished or not, from its folder's metrics and run.json."""
-    from rpg.launch.run_dir import METRICS_FILE
-    from rpg.launch.variants import parse
+    from rpg.backends.harness.run_dir import METRICS_FILE
     from rpg.reports.logs import read_run
     from rpg.study.render import _val_key, metric_of
     from rpg.study.records import run_dir
@@ -193,7 +193,7 @@ def csv_rows(out: Path, specs: list[RunSpec], records: list[dict]) -> list[dict]
         s = spec.sizes
         load_start, load_end = rec.get("load_start") or [None], rec.get("load_end") or [None]
         row = {"run_id": spec.run_id, "cell": lag_cell(spec).name, "lag": spec.lag, "weights": spec.arm,
-               "clip": int(parse(spec.variant).clip), "seed": spec.seed, "order": order,
+               "clip": int(clipped(spec.variant)), "seed": spec.seed, "order": order,
                "status": rec.get("status", "todo"), "code": rec.get("code"), "load_start_1m": load_start[0],
                "load_end_1m": load_end[0], "cpu_count": rec.get("cpu_count"), "wall_time_s": rec.get("wall_time_s"),
                "started": rec.get("started")}

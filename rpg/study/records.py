@@ -53,17 +53,15 @@ def _assets():
 
 def spec_overrides(spec: RunSpec, out: Path) -> list[str]:
     """All overrides of one run: what ``RPG_BACKEND=cpu`` launches for the method, then the study's."""
-    from rpg.launch.plan import plan_overrides
-    from rpg.launch.request import project_root
-    from rpg.launch.variants import parse
+    from rpg.common.checkout import CHECKOUT
+    from rpg.launch.environment import Request
+    from rpg.launch.plan import plan
+    from rpg.study.methods import method_run
 
     d = run_dir(out, spec).resolve()
-    env = {"LOGGER": "console,file", "PROJECT_NAME": "rpg_study", "EXP_NAME": spec.run_id,
+    env = {"LOGGER": "console,file", "PROJECT_NAME": "rpg_study", "EXP_NAME": spec.run_id, "RPG_BACKEND": "cpu",
            "CKPTS_DIR": str(d / "ckpts"), "VERL_FILE_LOGGER_ROOT": str(d / "logs"), "TENSORBOARD_DIR": str(d / "tb")}
-    root = project_root()
-    overrides, _ = plan_overrides(parse(spec.variant), env, spec.study_overrides(_assets()),
-                                    root=root, cwd=root, backend="cpu")
-    return overrides
+    return plan(method_run(spec.variant), Request.read(env, CHECKOUT), spec.study_overrides(_assets()))
 
 
 def spec_identity(spec: RunSpec, out: Path, overrides: list[str]) -> list:

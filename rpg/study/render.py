@@ -22,7 +22,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from rpg.launch.run_dir import METRICS_FILE
+from rpg.backends.harness.run_dir import METRICS_FILE
 from rpg.reports.figures import ENTROPY_KEY, LENGTH_KEY, REWARD_KEY, Panel, plot_curves
 from rpg.reports.logs import Metrics, check_metric, read_run
 from rpg.reports.published import TableLayout
@@ -58,12 +58,12 @@ def stress_label(spec: RunSpec) -> str:
 
 def stress_styles(specs: list[RunSpec]) -> dict[str, dict]:
     """One colour per steps-per-batch value; solid = clipped, dashed = unclipped (the method compared)."""
-    from rpg.launch.variants import parse
+    from rpg.study.methods import clipped
 
     ks = sorted({s.updates for s in specs})
     palette = ("tab:blue", "tab:orange", "tab:red", "tab:green", "tab:purple", "tab:brown")
     return {stress_label(s): {"color": palette[ks.index(s.updates) % len(palette)],
-                              "linestyle": "-" if parse(s.variant).clip else "--"} for s in specs}
+                              "linestyle": "-" if clipped(s.variant) else "--"} for s in specs}
 
 
 def _layout(title: str) -> TableLayout:

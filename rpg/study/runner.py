@@ -89,10 +89,10 @@ def machine_load() -> list[float] | None:
 
 def _code_version() -> str:
     """``git describe`` of the checkout the run used (``+dirty`` with uncommitted changes), or ``unknown``."""
-    from rpg.launch.request import project_root
+    from rpg.common.checkout import CHECKOUT
 
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty=+dirty"], cwd=project_root(),
+        out = subprocess.run(["git", "describe", "--always", "--dirty=+dirty"], cwd=CHECKOUT,
                              capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -277,9 +277,8 @@ def _run_one(spec: RunSpec, overrides: list[str], ident: list, index: int, out: 
 
 def _run_one_unguarded(spec: RunSpec, overrides: list[str], ident: list, index: int, out: Path, progress: Progress,
                        timeout_s: float, stop: threading.Event) -> None:
-    from rpg.launch import harness
-    from rpg.common.checkout import RECIPE_ENTRY
-    from rpg.launch.request import project_root
+    from rpg.backends import harness
+    from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
 
     if stop.is_set():
         return
@@ -300,7 +299,7 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], ident: list, index: 
     t0 = time.time()
     run = None
     try:
-        run = harness.run_trainer(overrides, output_dir=d, entry=str(project_root() / RECIPE_ENTRY), timeout_s=timeout_s,
+        run = harness.run_trainer(overrides, output_dir=d, entry=str(CHECKOUT / RECIPE_ENTRY), timeout_s=timeout_s,
                                   on_metrics=watch.on_metrics, stop=stop)
         step_s, val_s, _ = _timing(run.metrics_file)
         # runs at a time as this run experienced it (a lone last run of a --jobs 2 grid is 1, not 2)

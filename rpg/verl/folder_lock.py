@@ -7,7 +7,7 @@ refused in one line naming who holds it. The holder is not detached: it ends wit
 (Ray's ownership), so a driver that exits, is killed, or loses its connection frees the folder by itself. It is
 placed on the node of its driver (a holder on a node that dies would free the folder while the driver runs).
 
-The elastic supervisor (``rpg.launch.elastic``) holds the folder for the whole run, across the trainers it
+The elastic supervisor (``rpg.cluster.elastic``) holds the folder for the whole run, across the trainers it
 starts one after another; it hands each of them the holder's token (``TOKEN_ENV``), with which the trainer
 recognises its own supervisor's hold instead of refusing.
 """

@@ -332,7 +332,7 @@ def hold_checkpoint_folder(config: DictConfig) -> list:
 
 
 def hand_over(config: DictConfig, status: Path, reason: str, stop_line: str) -> None:
-    """The elastic supervisor's record of a node loss (``rpg.launch.elastic``): why, the stop line it prints if the
+    """The elastic supervisor's record of a node loss (``rpg.cluster.elastic``): why, the stop line it prints if the
     run does not go on, the metrics history and the training steps it logged (written, then renamed)."""
     from rpg.common.history import logged_training_steps
 

@@ -165,7 +165,7 @@ def address_problem(nodes: list[dict], answers: list[dict]) -> str | None:
         return (f"node {node['ip']} (id {node['id'][:12]}): its hostname {seen['hostname']} {resolves}; torch's gloo "
                 f"process groups (verl's cpu:gloo) would bind there and the ranks on other nodes could not connect "
                 f"(init_process_group waits until its timeout): export {GLOO_IFNAME} (and NCCL_SOCKET_IFNAME) naming "
-                f"the interface of the node's cluster address, e.g. {GLOO_IFNAME}=eth0, before launching (rpg.launch "
+                f"the interface of the node's cluster address, e.g. {GLOO_IFNAME}=eth0, before launching (rpg.cluster "
                 "passes them to the job), or make the hostname resolve to that address (/etc/hosts)")
     return None
 

@@ -3,8 +3,8 @@
 Pure Python (no torch, verl or omegaconf import): ``estimate(settings_from_config(cfg), arch, gpu_gib)``
 takes the composed config as a plain nested mapping (``OmegaConf.to_container(cfg, resolve=True)``),
 the model's architecture (``architecture_for(model_path)``, architecture.py) and the GPU's memory, and returns the
-peak per-GPU memory of each phase of a training step and the headroom. ``python -m rpg.launch
---describe NAME`` and ``DRY_RUN=1`` print it (docs/memory.md).
+peak per-GPU memory of each phase of a training step and the headroom. A paper script's ``--describe``
+and ``DRY_RUN=1`` print it (docs/memory.md).
 
 Every term, and where verl 0.9.1 decides it (paths under ``verl/``; P = parameters, F = FSDP shard
 group size = all GPUs unless ``fsdp_size`` is set, T = tokens of one micro-batch on one GPU,
@@ -94,9 +94,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rpg.launch.memory.architecture import Architecture
-from rpg.launch.memory.common import DEFAULT_GPU_MEM_GIB, GIB, HEADROOM_FRACTION, MemoryEstimateError
-from rpg.launch.memory.run_settings import RunSettings
+from rpg.memory.architecture import Architecture
+from rpg.memory.common import DEFAULT_GPU_MEM_GIB, GIB, HEADROOM_FRACTION, MemoryEstimateError
+from rpg.memory.run_settings import RunSettings
 
 RUNTIME_OVERHEAD_GIB = 3.0        # assumed: 2 CUDA contexts (trainer, vLLM) ~1, NCCL/cuBLAS ~0.5, vLLM CUDA graphs ~1.5
 CUDAGRAPH_GIB = 1.0               # assumed: vLLM's CUDA graphs (FULL_AND_PIECEWISE, up to 51 sizes), measured by vLLM at start

@@ -53,8 +53,8 @@ class Plan:
 
 
 def parse_args(argv: Sequence[str]) -> Plan:
-    p = argparse.ArgumentParser(prog="python -m rpg.launch.elastic",
-                                description="the elastic supervisor of a Ray job (rpg.launch.elastic)")
+    p = argparse.ArgumentParser(prog="python -m rpg.cluster.elastic",
+                                description="the elastic supervisor of a Ray job (rpg.cluster.elastic)")
     p.add_argument("--nnodes", required=True, help="MIN:MAX")
     p.add_argument("--sizes", required=True, help="the node counts in [MIN, MAX] the run may take, comma separated")
     p.add_argument("--max-restarts", type=int, required=True)

@@ -47,9 +47,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rpg.launch.memory.architecture import Architecture
-from rpg.launch.memory.common import GB, GIB, HEADROOM_FRACTION, MemoryEstimateError, parse_gib
-from rpg.launch.memory.run_settings import RunSettings, _get
+from rpg.memory.architecture import Architecture
+from rpg.memory.common import GB, GIB, HEADROOM_FRACTION, MemoryEstimateError, parse_gib
+from rpg.memory.run_settings import RunSettings, _get
 
 DEFAULT_HOST_MEM_GIB = 2000.0   # assumed: an 8 x H100 node (2 TiB installed, ~2000 GiB reported by free -g)
 HOST_MEM_ENV = "RPG_HOST_MEM_GIB"

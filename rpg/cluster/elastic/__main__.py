@@ -1,4 +1,4 @@
-"""``python -m rpg.launch.elastic``: the entrypoint of a Ray job submitted with ``NNODES=MIN:MAX`` (the package's
+"""``python -m rpg.cluster.elastic``: the entrypoint of a Ray job submitted with ``NNODES=MIN:MAX`` (the package's
 text). Exit code: the trainer's (0 when the run finished), 1 when it stopped after a node loss it could not
 recover from (the trainer's stop line printed last), 2 when another run holds the checkpoint folder, 128 + signum
 after ``ray job stop``."""
@@ -12,9 +12,9 @@ import time
 from collections.abc import Sequence
 
 from rpg.common.signals import StopSignal, raise_on_stop_signals
-from rpg.launch.elastic.cluster import ray_cluster
-from rpg.launch.elastic.attempts import parse_args, submission_id, write_json
-from rpg.launch.elastic.supervisor import Supervisor, say
+from rpg.cluster.elastic.cluster import ray_cluster
+from rpg.cluster.elastic.attempts import parse_args, submission_id, write_json
+from rpg.cluster.elastic.supervisor import Supervisor, say
 
 
 def main(argv: Sequence[str] | None = None) -> int:

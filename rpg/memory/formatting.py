@@ -1,6 +1,6 @@
 """The memory plan as text: the per-GPU table with vLLM's KV-cache check (``format_estimate``), host RAM per
 node (``format_host``), the checkpoint disk (``format_disk``), and ``report``, the whole plan the launcher
-prints for a composed config (``python -m rpg.launch --describe NAME`` and ``DRY_RUN=1``; docs/memory.md).
+prints for a composed config (a paper script's ``--describe`` and ``DRY_RUN=1``; docs/memory.md).
 
 Only this module imports every estimate, so the imports go one way: gpu.py and disk.py import nothing of
 host.py, and no estimate imports this module.
@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rpg.launch.memory.architecture import architecture_for
-from rpg.launch.memory.common import DEFAULT_GPU_MEM_GIB, HEADROOM_FRACTION
-from rpg.launch.memory.disk import DiskEstimate, estimate_disk
-from rpg.launch.memory.gpu import MemoryEstimate, _g, cudagraph_gib, estimate, estimate_rollout_pool
-from rpg.launch.memory.host import (DEFAULT_HOST_MEM_GIB, HOST_MEM_ENV, HostEstimate, estimate_host,
+from rpg.memory.architecture import architecture_for
+from rpg.memory.common import DEFAULT_GPU_MEM_GIB, HEADROOM_FRACTION
+from rpg.memory.disk import DiskEstimate, estimate_disk
+from rpg.memory.gpu import MemoryEstimate, _g, cudagraph_gib, estimate, estimate_rollout_pool
+from rpg.memory.host import (DEFAULT_HOST_MEM_GIB, HOST_MEM_ENV, HostEstimate, estimate_host,
                                     host_settings_from_config)
-from rpg.launch.memory.run_settings import RunSettings, settings_from_config
+from rpg.memory.run_settings import RunSettings, settings_from_config
 
 
 def format_estimate(e: MemoryEstimate) -> str:

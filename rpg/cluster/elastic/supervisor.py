@@ -1,4 +1,4 @@
-"""The elastic supervisor's decisions (``rpg.launch.elastic``): start the trainer at a node count, restart it after
+"""The elastic supervisor's decisions (``rpg.cluster.elastic``): start the trainer at a node count, restart it after
 a node loss, grow it when nodes come back, stop when it cannot go on."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rpg.common.nnodes import largest_fit
-from rpg.launch.elastic.cluster import Cluster
-from rpg.launch.elastic.attempts import Plan, attempt_env, set_aside_incomplete, wandb_run_id
+from rpg.cluster.elastic.cluster import Cluster
+from rpg.cluster.elastic.attempts import Plan, attempt_env, set_aside_incomplete, wandb_run_id
 from rpg.verl.errors import ELASTIC_EXIT, ELASTIC_GROW_SUFFIX, ELASTIC_JOB_SUFFIX
 
 PREFIX = "rpg.elastic:"
@@ -67,7 +67,7 @@ class Supervisor:
 
     def choose(self, job_id: str | None = None) -> int | None:
         """The largest allowed count the nodes can hold: the alive nodes with free GPUs and, with ``job_id``, those
-        the running trainer's Ray job holds, each node once (``rpg.launch.elastic.cluster.run_nodes``)."""
+        the running trainer's Ray job holds, each node once (``rpg.cluster.elastic.cluster.run_nodes``)."""
         nodes = self._count(lambda gpus: self.cluster.run_groups(gpus, job_id))
         return None if nodes is None else largest_fit(self.plan.sizes, nodes)
 

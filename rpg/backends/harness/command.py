@@ -4,7 +4,7 @@ The subprocess is ``python -m verl.trainer.main_ppo`` (or any ``entry``: a modul
 as ``recipe/rpg/main_rpg.py``) with the backend's environment and overrides (``rpg.backends.<name>``:
 ``run_env``, ``run_overrides``; on the CPU backend ``rpg.backends.cpu.env_overrides``: ``cpu_env()``,
 ``cpu_overrides()``), the caller's overrides appended (later values win), ``trainer.logger`` including
-``file`` and ``VERL_FILE_LOGGER_PATH`` (set by ``rpg.launch.harness.run``) pointing at
+``file`` and ``VERL_FILE_LOGGER_PATH`` (set by ``rpg.backends.harness.run``) pointing at
 ``<output_dir>/metrics.jsonl``: verl's FileLogger writes one JSON line ``{"step": s, "data": {...}}`` per
 ``logger.log`` call (the validation before training is logged at step 0).
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 from rpg.backends.registry import backend as select_backend
 from rpg.common import history
 from rpg.common.override_lists import hydra_list, merge_overrides, values
-from rpg.launch.request import DEFAULT_LOGGERS
-
+from rpg.verl.errors import LAUNCHED_ENV
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
+DEFAULT_LOGGERS = ("console", "file")  # a run's loggers when none are given: the harness reads the file's
 
 
 def entry_argv(entry: str) -> list[str]:
@@ -67,7 +67,8 @@ def build_command(
     """
     chosen = select_backend(backend)
     base_env = dict(os.environ if base_env is None else base_env)
-    env = {**base_env, **chosen.run_env(extra_modules, base=base_env)}
+    # the launch's checks are the caller's: main_rpg.py runs the command line as it is (rpg.launch.entry)
+    env = {**base_env, **chosen.run_env(extra_modules, base=base_env), LAUNCHED_ENV: "1"}
     overrides = list(overrides)
     ov = _with_file_logger(merge_overrides(chosen.run_overrides(env, overrides, joins_cluster=joins_cluster), overrides))
     return [sys.executable, *entry_argv(entry), *ov], env

@@ -1,7 +1,7 @@
 """Is there a Ray job API at ``RAY_ADDRESS``, and does it let this client in? Asked before anything is submitted.
 
-``python -m rpg.launch`` (with ``RAY_ADDRESS``) and ``recipe/rpg/ray_cluster.sh submit`` hand the address to the
-``ray`` CLI, which answers a mistyped address, a cluster that is not there or a missing token with tracebacks
+``python -m rpg.cluster`` (a paper script with ``RAY_ADDRESS``) and ``recipe/rpg/ray_cluster.sh submit`` hand the
+address to the ``ray`` CLI, which answers a mistyped address, a cluster that is not there or a missing token with tracebacks
 (63 to 126 lines). Here the address is read first (only the dashboard's job API, ``http(s)://HOST:PORT``: Ray
 takes anything else for a GCS address), then the same ``ray`` executable is asked (``ray job list``: Ray's
 own address reading, token lookup and version check, as ``ray job submit`` does them), for at most

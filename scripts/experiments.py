@@ -1,45 +1,37 @@
-"""Paper run names -> typed variants -> Hydra overrides (the ONE source of truth for every script).
+#!/usr/bin/env python
+"""The shipped runs' experiment files, written from their names: ``recipe/rpg/config/experiment/<run>.yaml``.
 
-Every ``recipe/rpg/{7b,4b}/<name>.sh`` is a thin wrapper that hands its own file name to
-``rpg.launch``; this module turns the name into a frozen :class:`Variant` and the variant into
-Hydra overrides on ``recipe/rpg/config/rpg_trainer.yaml`` + ``paper/default.yaml`` (verl keys + the
-``rpg:`` block): only what the name changes. The paper's clip ratios, c and lr are read from that
-YAML (``paper_setup``), never restated here. ``rpg.launch.experiments`` writes each shipped script's
-settings (``name_settings``) into its experiment config, recipe/rpg/config/experiment/<name>.yaml.
-Importing the module imports no verl, torch, Hydra or Ray (the YAML is read with OmegaConf, and overrides
-with Hydra's parser, only when a name is parsed).
+Each paper script's name (``recipe/rpg/{7b,4b}/<run>.sh``) reads as a grammar (``GRAMMAR``; the readings of the
+authors' names and of what the paper leaves open are marked READING below and listed in docs/launch-scripts.md).
+This script writes, for each, the file the run composes: the settings its name decides, each with a short note,
+its model, data files and name, on the paper setup (``paper/default.yaml``). The files are the runs' source of
+truth (a new run is a new file); this generator keeps the shipped ones consistent, and
+``tests/test_launch_experiments.py`` checks that it reproduces them.
 
-Grammar (``GRAMMAR`` below is what a bad name prints)::
-
-    run_<algo>_<model>[_ctx<2k|4k|8k>][_<kl><beta> | _<beta>][_rf[_clip_ppo[_<eps_low>_<eps_high>]]]
-        [_noiterref][_schedulefree][_7binstruct]
-
-    algo   grpo | dapo | rfpp (REINFORCE++) | rfppb (REINFORCE++-Baseline) | rpg
-    model  7b (Qwen/Qwen2.5-Math-7B, 2K context; + _7binstruct -> Qwen/Qwen2.5-7B-Instruct)
-           4b (Qwen/Qwen3-4B; needs _ctx2k|_ctx4k|_ctx8k)
-    kl     fkl | rkl | ufkl | urkl, followed by beta (e.g. ufkl1e-4); rpg only
-    beta   alone (e.g. _1e-4): the k1 KL-loss coefficient of rfpp / rfppb (required there)
-    _rf    RPG-REINFORCE without clipping; _rf_clip_ppo_<lo>_<hi>: with RPG-Style Clip
-    _noiterref  fixed initial-model reference instead of the iterative one (rpg, rfpp, rfppb)
-
-Readings of the authors' run names (their 7B scripts) and of what the paper leaves open are
-marked ``READING`` in the code below and listed in docs/launch-scripts.md.
+    python scripts/experiments.py --write    # (re)write the file of every shipped script
+    python scripts/experiments.py --check    # exit 1 naming each file that differs or is missing
+    python scripts/experiments.py --table    # the table of every script (docs/launch-scripts.md, section 8)
 """
 
 from __future__ import annotations
 
-import functools
+import difflib
 import re
+import sys
 from dataclasses import dataclass
-from pathlib import PurePath
-from typing import Any
+from pathlib import Path, PurePath
 
-from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR
+from rpg.common.checkout import CHECKOUT, RECIPE_DIR
 from rpg.config import DIVERGENCES  # the loss library's names, declared torch-free
-from rpg.launch.shipped_names import closest_shipped, known_names
+from rpg.config.kinds import yaml_value
+from rpg.launch.experiments import DIGEST, EXPERIMENT_DIR, GROUP, digest, recipe_yaml
 
-__all__ = ["Variant", "VariantNameError", "parse", "to_overrides", "name_settings", "memory_overrides", "GRAMMAR",
-           "paper_refs", "paper_row", "known_names", "recipe_value", "name_changes", "changed_name"]
+
+def known_names() -> list[str]:
+    """Names of the scripts shipped in recipe/rpg/{7b,4b}."""
+    root = CHECKOUT / RECIPE_DIR
+    return sorted(p.stem for d in ("7b", "4b") if (root / d).is_dir() for p in (root / d).glob("run_*.sh"))
+
 
 GRAMMAR = """\
 run_<algo>_<model>[_ctx<2k|4k|8k>][_<kl><beta> | _<beta>][_rf[_clip_ppo[_<eps_low>_<eps_high>]]][_noiterref][_schedulefree][_7binstruct]
@@ -132,7 +124,7 @@ class Variant:
 
 
 def _fail(name: str, why: str) -> VariantNameError:
-    close = closest_shipped(name)
+    close = difflib.get_close_matches(name, known_names(), n=3, cutoff=0.75)
     hint = f"\nclosest script names: {', '.join(close)}" if close else ""
     return VariantNameError(f"bad run name {name!r}: {why}{hint}\nrun names follow:\n{GRAMMAR}")
 
@@ -195,7 +187,8 @@ def parse(name: str) -> Variant:
     if g["rf"] and not kl:
         raise _fail(name, "_rf needs a divergence and coefficient first, e.g. run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28")
     if g["noiterref"] and (algo in ("grpo", "dapo") or beta is None):
-        raise _fail(name, "_noiterref needs a KL term against an iterative reference (rpg with a divergence, rfpp, rfppb)")
+        raise _fail(name, "_noiterref needs a KL term against an iterative reference (rpg with a divergence, rfpp, "
+                          "rfppb)")
 
     # --- family settings (paper Sec. 5 and App. H; the authors' 7B scripts, recipe/rpg/7b/ in
     # github.com/complex-reasoning/RPG)
@@ -247,7 +240,8 @@ def parse(name: str) -> Variant:
                 else:
                     eps_low, eps_high = float(g["lo"]), float(g["hi"])
                     if not (0 < eps_low < 1 and eps_high > 0):
-                        raise _fail(name, f"clip ratios need 0 < eps_low < 1 and eps_high > 0, got {g['lo']}, {g['hi']}")
+                        raise _fail(name, f"clip ratios need 0 < eps_low < 1 and eps_high > 0, got {g['lo']}, "
+                                          f"{g['hi']}")
             else:
                 # READING: `_rf` without clip_ppo = the unclipped RPG-REINFORCE loss (paper Table 2 /
                 # App. F), with beta active (the authors' in-reward 1e-4 length penalty is not reproduced).
@@ -274,7 +268,6 @@ def _b(x: bool) -> str:
     return "True" if x else "False"
 
 
-RECIPE_CONFIG = CHECKOUT / RECIPE_CONFIG_DIR
 PAPER_SETUP = "+paper=default"  # recipe/rpg/config/paper/default.yaml: the setup every paper run shares
 
 
@@ -282,7 +275,7 @@ def to_overrides(v: Variant) -> list[str]:
     """Hydra overrides for the variant: the paper's shared setup (``PAPER_SETUP``), then what the name
     changes, minus any value the recipe's YAML already states (``without_defaults``).
 
-    Paths, model path, cluster size, loggers and names are added by ``rpg.launch.cli``.
+    Paths, cluster size, loggers and names are the launch's (``rpg.launch.environment``).
     """
     return [PAPER_SETUP, *without_defaults(name_settings(v))]
 
@@ -313,7 +306,8 @@ def name_settings(v: Variant) -> list[str]:
     if v.loss == "rpg":
         ov += [
             f"rpg.loss.divergence={v.divergence or 'ufkl'}",  # beta = 0: the divergence is unused
-            f"rpg.loss.form={v.form}", f"rpg.loss.beta={v.beta}", f"rpg.loss.clip={_b(v.clip)}", f"{a}.use_kl_loss=False",
+            f"rpg.loss.form={v.form}", f"rpg.loss.beta={v.beta}", f"rpg.loss.clip={_b(v.clip)}",
+            f"{a}.use_kl_loss=False",
         ]
     elif v.kl_type is None:
         ov.append(f"{a}.use_kl_loss=False")
@@ -330,7 +324,7 @@ def without_defaults(overrides: list[str]) -> list[str]:
 
     from rpg.common.override_lists import parse_overrides
 
-    yaml = _recipe_yaml()
+    yaml = recipe_yaml()
     missing = object()
     kept = []
     for parsed in parse_overrides(overrides):
@@ -341,33 +335,12 @@ def without_defaults(overrides: list[str]) -> list[str]:
     return kept
 
 
-@functools.lru_cache(maxsize=1)
-def _recipe_yaml():
-    """rpg_trainer.yaml's own keys merged with the paper setup (verl's defaults are not needed here);
-    read once (callers only read it)."""
-    from omegaconf import OmegaConf
-
-    base = OmegaConf.load(RECIPE_CONFIG / "rpg_trainer.yaml")
-    base.pop("defaults", None)
-    base.pop("hydra", None)
-    return OmegaConf.merge(base, OmegaConf.load(RECIPE_CONFIG / "paper" / "default.yaml"))
-
-
-def recipe_value(key: str) -> Any:
-    """``key``'s value in the recipe's YAML (``_recipe_yaml``; plain Python), None when it sets none: what a
-    run's config holds for a key its overrides do not set, unless verl's own defaults set it."""
-    from omegaconf import OmegaConf
-
-    value = OmegaConf.select(_recipe_yaml(), key, default=None)
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-
-
 def paper_setup() -> dict:
     """The paper's values the variant grammar starts from, as the recipe's YAML states them (one place):
     clip ratios (eps_low, eps_high), the dual-clip c and the learning rate."""
     from omegaconf import OmegaConf
 
-    actor = _recipe_yaml().actor_rollout_ref.actor
+    actor = recipe_yaml().actor_rollout_ref.actor
     return {"clip_ratio_low": actor.clip_ratio_low, "clip_ratio_high": actor.clip_ratio_high,
             "clip_ratio_c": actor.clip_ratio_c, "lr": OmegaConf.select(actor, "optim.lr")}
 
@@ -378,7 +351,7 @@ def paper_setup() -> dict:
 # GPU's total memory for vLLM's weights + KV cache). Memory only, never the math. verl 0.9.1 keeps the
 # actor's fp32 parameter shard and AdamW states on the GPU while vLLM is awake, so the authors' 0.85
 # leaves no room on 8 x 80 GB (Qwen2.5-7B: ~80 GiB of 79.6). These leave >= 10% of an 80 GB GPU free
-# in every phase (`python -m rpg.launch --describe NAME`; rpg.launch.memory; docs/memory.md).
+# in every phase (a script's --describe; rpg.memory; docs/memory.md).
 GPU_MEMORY_UTILIZATION = {"7b": 0.6, "7binstruct": 0.6, "4b": 0.7}
 
 
@@ -439,3 +412,174 @@ def paper_refs(v: Variant) -> tuple[str, ...]:
         elif v.reference == "sampler" and v.beta in (1e-3, 1e-4):
             refs.append(f"Fig. 9 (beta {v.beta:g})")
     return tuple(refs)
+
+
+# ----------------------------------------------------------------------------- the experiment files
+
+TRAIN_DATA = f"data/{TRAIN_SET}.parquet"  # under the checkout (the launch: DATA_DIR replaces the folder)
+_A, _R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+NOTES = {  # a comment per key: what it is and where the paper states it
+    "actor_rollout_ref.model.path": "Hugging Face id or a local folder",
+    "data.train_files": "DAPO-Math-17k, English (Sec. 5); relative: under the checkout",
+    "data.val_files": "AIME 2024/2025, AMC 2023 (+ Minerva, OlympiadBench at 4K: Table 7); mean@32",
+    "data.max_prompt_length": "the name's context (_ctx2k|_ctx4k|_ctx8k; 7b: 2K)",
+    "data.max_response_length": "L_max: the same context",
+    "data.apply_chat_template_kwargs.enable_thinking": "Qwen3's chat template with thinking off",
+    f"{_A}.ppo_max_token_len_per_gpu": "micro-batch token budget (packing only, not the math)",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "the same budget",
+    f"{_R}.log_prob_max_token_len_per_gpu": "the same budget",
+    f"{_R}.max_num_batched_tokens": "prompt + response",
+    f"{_A}.clip_ratio_low": "eps_low: PPO clip / RPG-Style Clip (Eq. 4.1)",
+    f"{_A}.clip_ratio_high": "eps_high",
+    f"{_A}.clip_ratio_c": "dual-clip c",
+    f"{_A}.optim.lr": "App. H: 1e-6; the authors' 7B RPG-REINFORCE scripts: 5e-7",
+    "reward.reward_kwargs.overlong_buffer_cfg.enable": "DAPO's overlong reward shaping",
+    "reward.reward_kwargs.overlong_buffer_cfg.len": "buffer L_max / 4",
+    "algorithm.adv_estimator": "rpg: R - group mean (no std); grpo; reinforce_plus_plus(_baseline)",
+    "algorithm.norm_adv_by_std_in_grpo": "divide by the group's std (GRPO, DAPO)",
+    "algorithm.filter_groups.enable": "DAPO's dynamic sampling",
+    "rpg.loss.name": "rpg: the RPG losses; verl: verl's own actor loss",
+    "rpg.reference.mode": "sampler: the iterative reference (pi_old); fixed: the initial model",
+    "rpg.optimizer": "adamw, or schedulefree (_schedulefree)",
+    "rpg.loss.divergence": "the KL of the name (unused when beta = 0)",
+    "rpg.loss.form": "reinforce: RPG-REINFORCE (_rf); differentiable: the fully differentiable loss",
+    "rpg.loss.beta": "KL coefficient beta",
+    "rpg.loss.clip": "RPG-Style Clip (_rf_clip_ppo)",
+    f"{_A}.use_kl_loss": "verl's KL loss (rfpp, rfppb, grpo); RPG's KL is in its loss",
+    f"{_A}.kl_loss_type": "k1 (kl) or k3 (low_var_kl)",
+    f"{_A}.kl_loss_coef": "KL coefficient",
+    f"{_R}.gpu_memory_utilization": "memory only: vLLM's share of each GPU (docs/memory.md)",
+    "trainer.project_name": "the checkpoint and log folders' names",
+    "trainer.experiment_name": "the run's name in them",
+}
+
+
+def experiment_path(name: str) -> Path:
+    return CHECKOUT / EXPERIMENT_DIR / f"{name}.yaml"
+
+
+def experiment_settings(v: Variant) -> list[tuple[str, object]]:
+    """(key, value) of every setting of the run's file, in order: model, data, the name's settings, the names."""
+    from rpg.common.override_lists import parse_overrides
+
+    files = [("actor_rollout_ref.model.path", v.model), ("data.train_files", TRAIN_DATA),
+             ("data.val_files", [f"data/{s}.parquet" for s in v.val_sets])]
+    names = [("trainer.project_name", "rpg"), ("trainer.experiment_name", v.name)]
+    return [*files, *((p.key, p.value) for p in parse_overrides(name_settings(v))), *names]
+
+
+WIDTH, COMMENT_COLUMN = 118, 56  # the longest line; where a note starts
+
+
+def _commented(text: str, note: str | None) -> list[str]:
+    """``text`` with ``note`` after it at ``COMMENT_COLUMN``, or on a line of its own above it when too long."""
+    if not note:
+        return [text]
+    column = max(COMMENT_COLUMN, len(text) + 2)
+    if column + 2 + len(note) <= WIDTH:
+        return [f"{text.ljust(column)}# {note}"]
+    indent = text[:len(text) - len(text.lstrip())]
+    return [f"{indent}# {note}", text]
+
+
+def render_experiment(v: Variant) -> str:
+    """The run's experiment config: its description (the launch header shows it), ``defaults`` (the paper
+    setup), every setting nested by key with its note, and the digest line (the launch names an edited file)."""
+    refs = ", ".join(paper_refs(v)) or "not in the paper"
+    script = RECIPE_DIR / ("4b" if v.model_tag == "4b" else "7b") / f"{v.name}.sh"
+    paper = PAPER_SETUP.removeprefix("+").split("=")
+    header = [
+        "# @package _global_",
+        f"# {v.name}: {paper_row(v)} [{refs}]",
+        *([f"# irregular name: {v.irregular}"] if v.irregular else []),
+        "#",
+        "# The run's settings on the setup every paper run shares; a new run is a new file (a copy, edited). Run:",
+        f"#   {script}",
+        f"#   python {RECIPE_DIR}/main_rpg.py +{GROUP}={v.name}",
+        "defaults:",
+        f"  - /{paper[0]}: {paper[1]}  # recipe/rpg/config/paper/default.yaml: the setup every paper run shares",
+        "  - _self_",
+    ]
+    tree: dict = {}
+    for key, value in experiment_settings(v):
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = (key, value)
+    lines: list[str] = []
+
+    def emit(node: dict, depth: int) -> None:
+        for part, child in node.items():
+            indent = "  " * depth
+            if isinstance(child, dict):
+                lines.append(f"{indent}{part}:")
+                emit(child, depth + 1)
+            else:
+                key, value = child
+                if isinstance(value, list):  # one item a line
+                    lines.extend(_commented(f"{indent}{part}:", NOTES.get(key)))
+                    lines.extend(f"{indent}  - {yaml_value(x)}" for x in value)
+                else:
+                    lines.extend(_commented(f"{indent}{part}: {yaml_value(value)}", NOTES.get(key)))
+
+    for part, child in tree.items():
+        lines.append("")
+        emit({part: child}, 0)
+    body = "\n".join(header + lines) + "\n"
+    return body + DIGEST + digest(body) + "\n"
+
+
+def stale_files() -> list[str]:
+    """Each shipped run's file that is missing or not what ``render_experiment`` writes (relative paths); files
+    of other runs (a user's) are theirs."""
+    return [f"{EXPERIMENT_DIR / n}.yaml" for n in known_names()
+            if not experiment_path(n).is_file() or experiment_path(n).read_text() != render_experiment(parse(n))]
+
+
+def write_all() -> list[Path]:
+    """(Re)write every shipped run's file. Returns the files written."""
+    (CHECKOUT / EXPERIMENT_DIR).mkdir(parents=True, exist_ok=True)
+    written = []
+    for n in known_names():
+        path, text = experiment_path(n), render_experiment(parse(n))
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+            written.append(path)
+    return written
+
+
+def list_table() -> str:
+    """Markdown table of the shipped scripts (docs/launch-scripts.md, section 8)."""
+    rows = ["| script | paper row | reported in | divergence / form | clip (eps) | beta | lr | optimizer | model | "
+            "reference |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in known_names():
+        v = parse(name)
+        form = v.form if v.divergence is None else f"{v.divergence} / {v.form}"
+        clip = f"{v.eps_low:g}/{v.eps_high:g}" if v.clip else "none"
+        rows.append(f"| `{name}` | {paper_row(v)} | {', '.join(paper_refs(v)) or '-'} | {form} | {clip} | {v.beta:g} | "
+                    f"{v.lr:g} | {v.optimizer} | {v.model.split('/')[-1]} | {v.reference} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--write"]:
+        written = write_all()
+        print(f"{len(written)} of {len(known_names())} experiment files written under {EXPERIMENT_DIR}")
+        return 0
+    if argv == ["--check"]:
+        stale = stale_files()
+        for line in stale:
+            print(f"scripts/experiments.py: differs from what the run name writes: {line}", file=sys.stderr)
+        if stale:
+            print("scripts/experiments.py: regenerate with python scripts/experiments.py --write", file=sys.stderr)
+        return 1 if stale else 0
+    if argv == ["--table"]:
+        print(list_table())
+        return 0
+    print("usage: python scripts/experiments.py --write | --check | --table", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -5,7 +5,7 @@ for the largest of them the cluster can still hold. ``NNODES=MIN:MAX`` (elastic)
 pass them, each at the same global batch (``rpg.common.nnodes.resized_values``); a count that does not (verl's
 divisibility rules: 24 ranks do not split a mini-batch of 32 prompts x 16 responses evenly; a per-GPU
 micro-batch that does not re-split) is skipped with one warning line, and none at all is refused. The job's
-entrypoint is then the elastic supervisor (``rpg.launch.elastic``) around the trainer's command.
+entrypoint is then the elastic supervisor (``rpg.cluster.elastic``) around the trainer's command.
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ import json
 import sys
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from rpg.common.nnodes import GPUS_KEY, MICRO_SUFFIX, NNODES_KEY, NodeCount, resized_values
 from rpg.common.override_lists import merge_overrides, values
 from rpg.config import RPGConfigError
-from rpg.launch.request import LaunchError, LaunchRequest
+from rpg.launch.environment import LaunchError, Request
 from rpg.verl.errors import NODE_PLAN_ENV
 
 
@@ -77,7 +76,7 @@ def node_sizes(cfg: DictConfig, count: NodeCount) -> list[int]:
     return sizes
 
 
-def check_elastic(cfg: DictConfig, req: LaunchRequest, user: Sequence[str]) -> None:
+def check_elastic(cfg: DictConfig, req: Request, user: Sequence[str]) -> None:
     """What an elastic run needs beyond its sizes: a resumable trainer mode, and NNODES as the one node count."""
     if NNODES_KEY in values(list(user)):
         raise LaunchError(f"NNODES={req.node_count} and the override {NNODES_KEY}=... both set the node count; an "
@@ -106,15 +105,16 @@ def check_reshardable(cfg: DictConfig, count: NodeCount) -> None:
                           f"use NNODES=MIN:MAX with MIN = MAX")
 
 
-def plan_nodes(overrides: Sequence[str], req: LaunchRequest, user: Sequence[str], root: Path):
+def plan_nodes(overrides: Sequence[str], req: Request, user: Sequence[str]):
     """The job's node count and its allowed sizes, its overrides (an elastic run: at the largest allowed count, where
     it starts when the nodes are there), the composed and checked config (``rpg.launch.plan.compose``) and the job
     environment's ``NODE_PLAN_ENV``. The sizes are judged on the config as composed, before the driver's checks,
     which then run at the size the job is submitted with."""
+    from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR
     from rpg.launch.config_keys import compose_config
-    from rpg.launch.plan import CONFIG_DIR, CONFIG_NAME, compose
+    from rpg.launch.plan import compose
 
-    raw = compose_config(overrides, root / CONFIG_DIR, CONFIG_NAME)
+    raw = compose_config(overrides, CHECKOUT / RECIPE_CONFIG_DIR)
     count = req.node_count or NodeCount(int(raw.trainer.nnodes), int(raw.trainer.nnodes), False)
     if count.elastic:
         check_elastic(raw, req, user)
@@ -125,10 +125,10 @@ def plan_nodes(overrides: Sequence[str], req: LaunchRequest, user: Sequence[str]
         changed = resized_values(_world_values(raw), max(sizes))
         overrides = merge_overrides(list(overrides), [f"{k}={v}" for k, v in changed.items()])
     env = {NODE_PLAN_ENV: json.dumps({"nnodes": str(count), "sizes": sizes})}
-    return list(overrides), compose(overrides, root), count, sizes, env
+    return list(overrides), compose(overrides), count, sizes, env
 
 
 def supervisor_prefix(python: str, count: NodeCount, sizes: Sequence[int], max_restarts: int) -> list[str]:
     """The elastic supervisor's command, to which the trainer's (PYTHON main_rpg.py OVERRIDES) is appended."""
-    return [python, "-m", "rpg.launch.elastic", "--nnodes", str(count), "--sizes", ",".join(map(str, sizes)),
+    return [python, "-m", "rpg.cluster.elastic", "--nnodes", str(count), "--sizes", ",".join(map(str, sizes)),
             "--max-restarts", str(max_restarts), "--"]

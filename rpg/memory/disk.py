@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rpg.launch.memory.architecture import Architecture
-from rpg.launch.memory.common import GB
-from rpg.launch.memory.run_settings import RunSettings
+from rpg.memory.architecture import Architecture
+from rpg.memory.common import GB
+from rpg.memory.run_settings import RunSettings
 
 @dataclass(frozen=True)
 class DiskEstimate:

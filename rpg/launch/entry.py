@@ -1,0 +1,172 @@
+"""A paper run's launch, in the driver's own process: ``python recipe/rpg/main_rpg.py +experiment=<run> [overrides]``
+(what every paper script runs, through recipe/rpg/launch.sh).
+
+``main`` reads the command line and the environment once (``rpg.launch.environment``), composes the run and checks
+it before anything starts, prints its header, then gives the driver its overrides; or it answers itself:
+``DRY_RUN=1`` (the run checked and printed), ``--describe`` (the run and its memory plan), ``RPG_BACKEND=cpu`` (a
+rehearsal on the CPU backend: ``rpg.launch.rehearsal``). A bad input is one line, exit 2. Without
+``+experiment=<run>`` main_rpg.py is verl's plain driver (``DRY_RUN=1`` still composes, checks and prints), and
+with Hydra's own flags (``--cfg job``, ``--help``, ``-m``) the command line goes to Hydra as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from rpg.backends.registry import backend
+from rpg.common.override_lists import OverrideSyntaxError, bad_override_line, is_override
+from rpg.config import RPGConfigError
+from rpg.verl.errors import ERROR_PREFIX, LAUNCHED_ENV
+from rpg.verl.input_paths import error_line
+
+GROUP_PREFIX = "+experiment="
+
+
+def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int | list[str]:
+    """An exit code (the launch answered, or refused in one line), or the command line the driver runs."""
+    from rpg.backends.harness.run_dir import RunDirError
+    from rpg.common.signals import StopSignal, raise_on_stop_signals
+    from rpg.launch.environment import LaunchError
+    from rpg.launch.experiments import ExperimentError
+
+    env = dict(os.environ if env is None else env)
+    handlers = raise_on_stop_signals()  # Ctrl-C (or SIGHUP/SIGTERM) before the run: one line, 128 + signum
+    try:
+        return _main(list(argv), env)
+    except StopSignal as e:  # during a rehearsal the harness handles it (its stop line) and returns
+        handlers.hold()
+        print(f"rpg.launch: stopped by {e.name} before the run started (nothing was started)", file=sys.stderr,
+              flush=True)
+        return e.code
+    except (LaunchError, ExperimentError, OverrideSyntaxError, RunDirError) as e:
+        print(f"rpg.launch: {e}", file=sys.stderr)
+        return 2
+    except RPGConfigError as e:  # from the driver's checks (compose): the driver's own line
+        print(error_line(e), file=sys.stderr)
+        return 2
+    finally:
+        handlers()
+
+
+def run_name(argv: Sequence[str]) -> str | None:
+    """The run ``+experiment=<run>`` names (the last one), or None."""
+    names = [a[len(GROUP_PREFIX):] for a in argv if a.startswith(GROUP_PREFIX)]
+    return names[-1] if names else None
+
+
+def _main(argv: list[str], env: dict[str, str]) -> int | list[str]:
+    from rpg.launch.describe import split_flags
+
+    if env.get(LAUNCHED_ENV):  # a launcher made these checks (the harness, the cluster layer)
+        return argv
+    flags, argv = split_flags(argv)
+    if (line := bad_override_line(argv)) is not None:  # before verl is imported: Hydra's own report is 3 lines
+        print(f"{ERROR_PREFIX}: {line}", file=sys.stderr, flush=True)
+        return 2
+    name = run_name(argv)
+    if not flags and any(not is_override(a) for a in argv):
+        return argv  # Hydra's own flags: Hydra reads the command line as it is
+    if name is None:
+        if flags:
+            from rpg.launch.environment import LaunchError
+
+            raise LaunchError("--describe describes a run: add +experiment=<run>")
+        return _plain(argv, env)
+    return launch(name, [a for a in argv if not a.startswith(GROUP_PREFIX)], env, flags)
+
+
+def _plain(argv: list[str], env: dict[str, str]) -> int | list[str]:
+    """main_rpg.py without a run: verl's plain driver; ``DRY_RUN=1`` composes, checks and prints the config."""
+    from rpg.launch.environment import Request, flag
+
+    if not flag(env, "DRY_RUN"):
+        return argv
+    from rpg.common.override_lists import check_user_overrides
+    from rpg.launch.describe import dry_run
+    from rpg.launch.plan import local_command
+
+    check_user_overrides(argv)
+    req = Request.read(env, Path.cwd())
+    return dry_run(req, None, argv, local_command(argv))
+
+
+def launch(name: str, user: list[str], env: dict[str, str], flags: Mapping[str, str] = ()) -> int | list[str]:
+    """The run ``name`` with the user's overrides ``user`` (see the module's text)."""
+    from rpg.launch import experiments, rehearsal
+    from rpg.launch.args import read_overrides
+    from rpg.launch.config_keys import checked_config, logger_problem
+    from rpg.launch.describe import describe, dry_run, header, launch_notes
+    from rpg.launch.environment import TASK_VARS, VARIABLES, LaunchError, Request
+    from rpg.launch.plan import local_command, plan, script_command
+
+    exp = experiments.find(name, user)
+    read_overrides(user, {k: what for k, (_, what) in VARIABLES.items()}, script_command(name))
+    req = Request.read(env, Path.cwd())
+    if flags:  # the paper's run on GPUs, whatever RPG_BACKEND says
+        gpu = Request.read({k: v for k, v in env.items() if k != "RPG_BACKEND"}, req.cwd)
+        return describe(exp, gpu, plan(exp, gpu, user), flags)
+    if env.get("RPG_CLUSTER_ROOT", "").strip():
+        print("rpg.launch: warning: RPG_CLUSTER_ROOT is ignored without RAY_ADDRESS (a run on this machine, from this "
+              "checkout)", file=sys.stderr)
+    chosen = backend(req.backend)
+    if chosen.TINY_TASK and req.dry:
+        rehearsal.import_platform(req)
+    if (loggers := req.loggers()) is not None and (why := logger_problem(list(loggers), "LOGGER")) is not None:
+        raise LaunchError(why)
+    check_backend(chosen, req)
+    if not chosen.TINY_TASK and env.get("RPG_CPU_MODEL", "").strip():
+        print("rpg.launch: warning: RPG_CPU_MODEL is ignored without RPG_BACKEND=cpu (the model of a CPU rehearsal)",
+              file=sys.stderr)
+    if chosen.TINY_TASK and (unused := [k for k in TASK_VARS if env.get(k, "").strip()]):
+        print(f"rpg.launch: warning: {', '.join(unused)} not used: RPG_BACKEND={req.backend} trains its own model and "
+              "task; to train yours, override data.train_files / actor_rollout_ref.model.path", file=sys.stderr)
+    overrides = plan(exp, req, user)
+    if chosen.TINY_TASK:
+        from rpg.backends.harness import build_command
+        from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_ENTRY
+
+        argv, _ = build_command(overrides, entry=str(CHECKOUT / RECIPE_ENTRY), base_env=env, backend=req.backend)
+        cfg = checked_config(argv[2:], CHECKOUT / RECIPE_CONFIG_DIR)  # keys and loggers, before anything is built
+        if not req.dry:
+            return rehearsal.rehearse(req, name, overrides, user, header(exp, cfg, launch_notes(exp, req, user)),
+                                      cfg, script_command(name, req.cwd))
+        rehearsal.check_out_dir(req, cfg)  # what the run would refuse in its OUT_DIR, refused by the dry run too
+        rehearsal.build(req)  # the input paths are then checked as the run finds them
+        return dry_run(req, exp, argv[2:], argv, user=user)
+    if req.dry:
+        return dry_run(req, exp, overrides, local_command(overrides), user=user)
+    cfg = _checked(overrides)
+    print(header(exp, cfg, launch_notes(exp, req, user)), flush=True)
+    return overrides
+
+
+def _checked(overrides: Sequence[str]):
+    """The composed config (keys, loggers: ``rpg.launch.config_keys``), its input paths checked as the driver
+    will (data files and their reward, local models: one line each, exit 2, nothing started)."""
+    from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR
+    from rpg.launch.config_keys import checked_config
+    from rpg.verl.input_paths import InputPathError, input_path_problems
+
+    cfg = checked_config(overrides, CHECKOUT / RECIPE_CONFIG_DIR)
+    if problems := input_path_problems(cfg):
+        raise InputPathError(problems)
+    return cfg
+
+
+def check_backend(chosen, req) -> None:
+    """The backend's checks of the launch environment (``launch_problems``): a bad value is one line (exit 2);
+    what this machine lacks is one line too, a warning under DRY_RUN=1; a version note, a warning."""
+    from rpg.launch.environment import LaunchError
+
+    try:
+        errors, warnings = chosen.launch_problems(req.env)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    for line in [*warnings, *(errors if req.dry else [])]:
+        print(f"rpg.launch: warning: {line}", file=sys.stderr)
+    if errors and not req.dry:
+        raise LaunchError("; ".join(errors))
+
