@@ -18,7 +18,7 @@ generation and training take turns in both modes; what differs is the one-batch 
 that continues from the previous step's resume) and the replay buffer's bookkeeping.
 
     python benchmarks/bench_async_cpu.py [--steps 8] [--repeats 1] [--out DIR] [--json FILE]
-    python benchmarks/bench_async_cpu.py --steps 1   # smoke: both modes run (tests/test_bench_async.py)
+    python benchmarks/bench_async_cpu.py --steps 1   # smoke: both modes run (tests/benchmarks/test_bench_async.py)
 
 Numbers from a shared 2-core machine are noisy; compare within one invocation only.
 """

@@ -5,8 +5,9 @@ the other, and printed with the ratio this / baseline.
 
     python benchmarks/bench_cpu_speed.py --baseline ../rpg-main [--baseline-python ../rpg-main/.venv/bin/python]
         [--suite] [--repeats 1] [--steps 30] [--json FILE]
-    python benchmarks/bench_cpu_speed.py --steps 2 --suite --suite-args tests/test_docs_references.py   # smoke: this
-        tree alone (no --baseline: no ratios), a 2-step main command, one test file (tests/test_bench_cpu_speed.py)
+    python benchmarks/bench_cpu_speed.py --steps 2 --suite --suite-args tests/project/test_docs_references.py
+        # smoke: this tree alone (no --baseline: no ratios), a 2-step main command, one test file
+        # (tests/benchmarks/test_bench_cpu_speed.py)
 
 The baseline is a checkout of the commit to compare with (``git worktree add ../rpg-main main``) with its
 own environment (the editable install of a virtual environment points at one tree: Ray workers import

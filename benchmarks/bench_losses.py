@@ -4,7 +4,7 @@ PPO, with its metrics) on the same tensors, measured in one run: operator count,
     python benchmarks/bench_losses.py                          # 64 x 8192 tokens, float32, CPU
     python benchmarks/bench_losses.py --device cuda --reps 40  # CUDA events, max_memory_allocated
     python benchmarks/bench_losses.py --variants all           # every form/divergence/clip/anchor
-    python benchmarks/bench_losses.py --batch 2 --length 64 --reps 1   # smoke (tests/test_bench_losses.py)
+    python benchmarks/bench_losses.py --batch 2 --length 64 --reps 1   # smoke (tests/benchmarks/test_bench_losses.py)
     python benchmarks/bench_losses.py --baseline ../other-checkout      # this tree's losses against another's
 
 Every candidate returns its loss and its metrics as floats (so each pays its host syncs); RPG rows
@@ -13,7 +13,7 @@ inductor), plus one row through the verl glue (``rpg.verl.policy_loss.rpg_policy
 
 * ops: top-level aten operators of one forward+backward (torch.profiler; an aten op counts when no
   other aten op encloses it, so an op and its internal calls count once), at 4 x 1024 tokens,
-  counted the same way for every candidate (``count_ops``; tests/test_losses_opcount.py asserts
+  counted the same way for every candidate (``count_ops``; tests/math/test_losses_opcount.py asserts
   RPG <= vanilla for every variant). Not given for compiled rows (their graph runs fused kernels).
 * time: median over ``--reps`` round-robin passes in one process. CPU: thread CPU time (torch
   intra-op threads = ``--threads``). CUDA: CUDA events around each pass.

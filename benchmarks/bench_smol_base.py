@@ -3,7 +3,7 @@ accuracy by the paper's reward and how often it answers in the asked format, gre
 
     python benchmarks/bench_smol_base.py [--problems 256] [--max-new-tokens 192] [--modes greedy,sample]
         [--threads N] [--json FILE]
-    python benchmarks/bench_smol_base.py --problems 4 --max-new-tokens 16   # smoke (tests/test_smol_e2e.py)
+    python benchmarks/bench_smol_base.py --problems 4 --max-new-tokens 16   # smoke (tests/e2e/test_smol_e2e.py)
     python benchmarks/bench_smol_base.py --forward [--budgets 512,1024,2048]   # the log-prob pass's packing
 
 What a validation of the demo's run (``--model smol``) sees: the validation file's prompts through the model's chat

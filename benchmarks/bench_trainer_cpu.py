@@ -21,7 +21,7 @@ rounds), and the peak system-wide used-memory increase. Printed ratios:
 
     python benchmarks/bench_trainer_cpu.py [--steps 6] [--repeats 2] [--arms A,B] [--out DIR] [--json FILE]
     python benchmarks/bench_trainer_cpu.py --steps 1 --repeats 1 --arms grpo_ref,grpo_stock   # smoke
-        (tests/test_bench_trainer.py; rpg_sampler is bench_async_cpu.py's rpg_sync, run by its smoke test)
+        (tests/benchmarks/test_bench_trainer.py; rpg_sampler is bench_async_cpu.py's rpg_sync, run by its smoke test)
 
 Numbers from a shared 2-core machine are noisy (other processes compete); compare within one
 invocation only. Figures: benchmarks/README.md#bench_trainer_cpupy.

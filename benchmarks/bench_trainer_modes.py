@@ -37,7 +37,7 @@ its first 12 hex digits are the step's ``rpg/weight_sync_checksum``), and from s
 trajectory staleness and the behaviour KL (``actor/rpg/behavior_kl_k3``) are logged and > 0.
 
     python benchmarks/bench_trainer_modes.py [--steps 6] [--repeats 1] [--out DIR] [--json FILE]
-    python benchmarks/bench_trainer_modes.py --steps 2   # smoke (tests/test_bench_trainer_modes.py)
+    python benchmarks/bench_trainer_modes.py --steps 2   # smoke (tests/benchmarks/test_bench_trainer_modes.py)
 
 Numbers from a shared 2-core machine are noisy; compare within one invocation only. Figures:
 benchmarks/README.md#bench_trainer_modespy.

@@ -2,7 +2,8 @@
 """The file table of docs/architecture.md, written from each module's docstring: one row per file of ``rpg/``.
 
     python scripts/architecture_table.py --write    # rewrite the table in docs/architecture.md
-    python scripts/architecture_table.py --check    # exit 1 when the table differs (tests/test_architecture_doc.py)
+    python scripts/architecture_table.py --check    # exit 1 when the table differs
+                                                    # (tests/project/test_architecture_doc.py)
 
 A row's text is the first sentence of the module's docstring's first paragraph (the whole paragraph when it has
 no full stop followed by a capital).

@@ -6,7 +6,7 @@ authors' names and of what the paper leaves open are marked READING below and li
 This script writes, for each, the file the run composes: the settings its name decides, each with a short note,
 its model, data files and name, on the paper setup (``paper/default.yaml``). The files are the runs' source of
 truth (a new run is a new file); this generator keeps the shipped ones consistent, and
-``tests/test_launch_experiments.py`` checks that it reproduces them.
+``tests/launch/test_launch_experiments.py`` checks that it reproduces them.
 
     python scripts/experiments.py --write    # (re)write the file of every shipped script
     python scripts/experiments.py --check    # exit 1 naming each file that differs or is missing

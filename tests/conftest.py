@@ -19,12 +19,17 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-
+# tests/<folder>/ mirrors the package (docs/testing.md#layout); helpers are in tests/support/ (pyproject's
+# pythonpath), and a test module may import another's fixtures and builders by its module name, as it could when
+# tests/ was one folder: every test folder is on the path after support/ (test basenames are unique: test_layout.py)
+sys.path.extend(str(d) for d in sorted(Path(__file__).parent.iterdir())
+                if d.is_dir() and d.name not in ("support", "__pycache__") and str(d) not in sys.path)
 
 
 
@@ -89,7 +94,7 @@ def _stage_on(config, mark: str) -> bool:
 def pytest_configure(config):
     for mark, (option, what) in STAGES.items():
         config.addinivalue_line("markers", f"{mark}: {what}; deselected unless {option} (a CI stage of .ci/run)")
-    # Hydra compositions in this process parse each YAML text once (tests/yaml_memo.py: about 700
+    # Hydra compositions in this process parse each YAML text once (tests/support/yaml_memo.py: about 700
     # compositions in a suite, each re-reading the same ~33 files)
     import yaml_memo
 

@@ -24,7 +24,7 @@ lines. Exit 0 when every step passed or was skipped for a reason of its own (vLL
 else 1.
 
 ``--stand-ins FILE`` (JSON ``{step: argv}``) replaces steps' commands, for walking the kit on a machine without
-a GPU (tests/test_gpu_kit.py); ``{python}`` in an argv is this interpreter. Each step's process gets
+a GPU (tests/gpu_kit/test_gpu_kit.py); ``{python}`` in an argv is this interpreter. Each step's process gets
 ``RPG_GPU_KIT_RESULT`` (a JSON result file it may write), ``RPG_GPU_KIT_WORK`` (its folder) and
 ``RPG_GPU_KIT_BOX_S``.
 """

@@ -4,7 +4,7 @@ Symbols of docs/math.md: l = log πθ, w = exp(l − l_old), r_ref = exp(l_ref �
 C = C_D and κ = κ_D (``rpg.math.divergences``; d(β·κ)/dl = −C(w)), W = w·A + C the REINFORCE weight, x the
 dual-clipped ratio (w where the token is active, else the clip constant). Every loss depends on l alone, so its
 gradient is slope_t·∇l_t: ``rpg.math.losses`` runs ``loss_terms`` as one autograd node whose backward is
-grad·slope, eagerly or compiled. The exact-gradient tests (tests/test_losses_*.py) and the plain-autograd statement
+grad·slope, eagerly or compiled. The exact-gradient tests (tests/math/test_losses_*.py) and the plain-autograd statement
 (``rpg.math.paper_losses``) check each slope. Log-ratios are clamped to ±guard in value with derivative 1.
 """
 

@@ -2,7 +2,7 @@
 
 Formulas and symbols are those of docs/math.md: l = log πθ, w = πθ/π_old, r_ref = a/π_old (1 when the anchor a is
 π_old), ρ = w/r_ref, A the advantage, SG = ``detach``. ``rpg.math.losses`` computes the same losses fused (closed-form
-slopes, metrics, one pass); tests/test_paper_losses.py checks that both agree in value and gradient. No
+slopes, metrics, one pass); tests/math/test_paper_losses.py checks that both agree in value and gradient. No
 numerical guard (log_ratio_guard, kl_clamp) is stated here: inputs must lie inside them.
 """
 

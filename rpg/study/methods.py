@@ -8,7 +8,7 @@ import functools
 from rpg.launch.experiments import Experiment
 
 # The unclipped RPG-REINFORCE-UFKL, which no paper script runs: the paper setup with the settings its name reads as
-# (the overrides scripts/experiments.py gives the name: tests/test_study.py checks), and the model and data a file
+# (the overrides scripts/experiments.py gives the name: tests/study/test_study.py checks), and the model and data a file
 # would state. The overrides are the runs' identity (rpg.study.identity): they stay as the study first ran them.
 UNSHIPPED: dict[str, tuple[str, ...]] = {
     "run_rpg_7b_ufkl1e-4_rf": (

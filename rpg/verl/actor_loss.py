@@ -77,7 +77,7 @@ def _global_means(metrics: dict, config, data: TensorDict, weights) -> None:
     mean over the data-parallel *global* mini-batch, ``S / N * dp_size`` (N: verl's all-reduced ``batch_num_tokens``),
     marked SUM. verl's reduction (``Metric.aggregate_dp``: the mean over ranks of each micro-batch's value, then
     the aggregation over micro-batches) then logs ``sum S / N``, the token mean of the whole mini-batch, the same
-    for every micro-batch size and world size, as the loss itself (tests/test_dp_equivalence.py). Without this,
+    for every micro-batch size and world size, as the loss itself (tests/verl/test_dp_equivalence.py). Without this,
     verl averages the micro-batch means: a mean of means that changes with the split. With weights w the
     weighted means are ``sum w x / N``: the importance-weighted (unbiased, not self-normalised) estimate under
     pi_old; a self-normalised global mean needs the global sum of w, which no micro-batch holds. A micro-batch

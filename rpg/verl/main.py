@@ -44,7 +44,7 @@ from rpg.verl.verl_rules import check_verl_config, check_verl_rules, set_norm_sc
 
 
 # The body of verl 0.9.1's TaskRunnerV1.run that RPGTaskRunner.run repeats (sha256 of its source, first
-# 16 hex digits; tests/test_verl_config.py recomputes it from the installed verl, so a verl whose run()
+# 16 hex digits; tests/verl/test_verl_config.py recomputes it from the installed verl, so a verl whose run()
 # changed fails that test instead of silently diverging from this copy).
 VERL_TASK_RUNNER_RUN_SHA256 = "69dc336177c55680"
 

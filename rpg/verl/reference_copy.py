@@ -1,7 +1,7 @@
 """Shard-local reference <- actor copies for FSDP1 / FSDP2 modules, and what the reference computes.
 
 Pure torch (no verl import), used by ``rpg.verl.worker`` on every rank and tested on a 2-rank gloo group
-(tests/test_verl_reference_fsdp.py). A copy goes into each rank's local shards, after ``release_gathered_params``
+(tests/verl/test_verl_reference_fsdp.py). A copy goes into each rank's local shards, after ``release_gathered_params``
 has put every FSDP unit back into its sharded state (a no-grad forward leaves some gathered); ``max_shard_diff``,
 ``probe_logits`` and ``next_token_nll`` measure actor and reference on their shards and on a fixed probe sequence.
 """

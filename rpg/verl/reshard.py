@@ -65,8 +65,8 @@ def full_tensor(pieces: list) -> torch.Tensor:
 def local_piece(full: torch.Tensor, target) -> torch.Tensor:
     """This rank's piece of ``full`` as the DTensor ``target`` (of the current world size) is cut, on the CPU where
     ``full`` lies; the piece alone is copied to the device of ``target``'s local tensor (the whole tensor never
-    leaves the CPU). The cut is ``distribute_tensor``'s (tests/test_reshard_cpu_cut.py compares them): for each mesh
-    dimension in order, ``Shard(d)`` keeps this rank's coordinate's ``torch.chunk`` along ``d`` (empty past the
+    leaves the CPU). The cut is ``distribute_tensor``'s (tests/verl/test_reshard_cpu_cut.py compares them): for each
+    mesh dimension in order, ``Shard(d)`` keeps this rank's coordinate's ``torch.chunk`` along ``d`` (empty past the
     last chunk), ``Replicate`` keeps all; the piece's shape must be ``target``'s local shape."""
     from torch.distributed.tensor import Replicate, Shard
 

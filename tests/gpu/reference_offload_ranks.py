@@ -3,7 +3,7 @@
 Run as ``python tests/gpu/reference_offload_ranks.py WORLD OUT.json [cpu]`` (``cpu``: a dry run of the
 logic with gloo and no offload, not a test). Each rank runs:
 
-1. the CPU scenario's cases (tests/fsdp_reference_ranks.py, imported, not copied) on its GPU:
+1. the CPU scenario's cases (tests/support/fsdp_reference_ranks.py, imported, not copied) on its GPU:
    there the forward-only reference keeps its parameters on the CPU as verl 0.9.1's does
    (FSDP1: ``CPUOffload(offload_params=True)``; FSDP2: ``CPUOffloadPolicy(pin_memory=True)``,
    verl/workers/engine/fsdp/transformer_impl.py:432-433 and :459-463);
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.dirname(TESTS), TESTS]
+sys.path[:0] = [os.path.dirname(TESTS), os.path.join(TESTS, "support")]
 
 import fsdp_reference_ranks as cpu_scenario  # noqa: E402
 

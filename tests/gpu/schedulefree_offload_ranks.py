@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.dirname(TESTS), TESTS]
+sys.path[:0] = [os.path.dirname(TESTS), os.path.join(TESTS, "support")]
 
 import fsdp_reference_ranks as scenario  # noqa: E402  (the tiny model and FSDP wrapping of the CPU tests)
 

@@ -1,8 +1,8 @@
 """The losses on CUDA: every variant from bf16 inputs against float64 (the cases and the tolerance
-derived from bf16's precision are those of tests/test_losses_bf16.py, which runs them on the CPU), the
+derived from bf16's precision are those of tests/math/test_losses_bf16.py, which runs them on the CPU), the
 registered loss called as verl calls it (float32 log-probs from bf16 logits, inside autocast(cuda, bf16)),
 and the compiled loss (``rpg.loss.compile=true``, inductor: Triton kernels on CUDA) against the
-eager one (tests/test_losses_compiled.py's comparison, which runs inductor on the CPU).
+eager one (tests/math/test_losses_compiled.py's comparison, which runs inductor on the CPU).
 
 Compiled vs eager tolerances are the CPU inductor test's: loss and gradient 1e-6 relative, metrics
 1e-5 (fused kernels sum in another order; the KL estimate is a mean of w - 1 - log w)."""

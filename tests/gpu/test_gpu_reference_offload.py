@@ -2,7 +2,7 @@
 them (FSDP2's pinned CPUOffloadPolicy for the forward-only reference; the actor's offloaded after its update
 by verl's functions in one case), checked by what the reference computes:
 its logits on a probe sequence equal the actor's after each copy (the CPU version:
-tests/test_verl_reference_fsdp.py). One run of tests/gpu/reference_offload_ranks.py per world size
+tests/verl/test_verl_reference_fsdp.py). One run of tests/gpu/reference_offload_ranks.py per world size
 (1 GPU; 2 GPUs = data parallel, when visible)."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Schedule-free AdamW on CUDA with verl's parameter and optimizer offload: the train/eval switch
 done on offloaded tensors gives the weights the resident run gets, and a checkpoint saved in eval
 mode resumes to the same training (tests/gpu/schedulefree_offload_ranks.py; one run per world
-size). The CPU versions: tests/test_offload_sync.py (the switch waits for offload copies) and the
-schedule-free e2e run of tests/test_verl_e2e.py (eval-mode checkpoint)."""
+size). The CPU versions: tests/verl/test_offload_sync.py (the switch waits for offload copies) and the
+schedule-free e2e run of tests/e2e/test_verl_e2e.py (eval-mode checkpoint)."""
 
 from __future__ import annotations
 

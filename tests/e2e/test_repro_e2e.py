@@ -1,0 +1,70 @@
+"""End-to-end: the tiny demo (``python -m rpg.demo.cpu``, what recipe/rpg/tiny/run_tiny_cpu.sh runs) twice in sync
+mode with the same seed gives the same metrics at every step, validations included (before training, mid-run and
+at the end), to the last bit.
+
+What makes it repeat (docs/testing.md, "Reproducible runs"): the batch in the prompts' fetch order, not in the
+order rollouts finished (``rpg.verl.run_order``); each sample's random numbers from its identity, whichever
+rollout server answers (``rpg.backends.hf_rollout``); verl's ``rollout.full_determinism``, which decodes every
+sequence alone (a batched product's numbers depend on the batch on CPU); validation metrics of the samples in a
+canonical order (verl's bootstrap ``best@N`` / ``maj@N`` draw by position with a fixed seed,
+``verl/trainer/ppo/metric_utils.py:835``, so they repeat once the order does). Only what measures the machine
+differs: times, throughput, memory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rpg.backends.harness import read_metrics
+
+pytestmark = [pytest.mark.e2e, pytest.mark.repro]  # a CI stage: two trainer runs do not fit README's suite
+ROOT = Path(__file__).resolve().parents[2]
+STEPS, TEST_FREQ = 4, 2  # validations before training, after step 2 and after step 4
+# what measures the machine, not the run: wall times, throughput, memory (actor/perf/cpu_memory_used_gb), MFU
+MACHINE = re.compile(r"(^|/)(timing_s|timing_per_token_ms|perf)/")
+
+
+def _demo(out: Path) -> dict[int, dict]:
+    cmd = [sys.executable, "-m", "rpg.demo.cpu", "--steps", str(STEPS), "--test-freq", str(TEST_FREQ),
+           "--out", str(out), "actor_rollout_ref.rollout.full_determinism=True"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return read_metrics(out / "metrics.jsonl")
+
+
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def test_two_sync_runs_with_the_same_seed_log_the_same_metrics(tmp_path):
+    assert_same_runs(_demo(tmp_path / "first"), _demo(tmp_path / "second"))
+
+
+def assert_same_runs(first: dict[int, dict], second: dict[int, dict]) -> None:
+    assert sorted(first) == sorted(second) == list(range(STEPS + 1))
+    compared = 0
+    for step in first:
+        keys = {k for k in first[step] if not MACHINE.search(k)}
+        assert keys == {k for k in second[step] if not MACHINE.search(k)}, step
+        differ = {k: (first[step][k], second[step][k]) for k in sorted(keys)
+                  if not _same(first[step][k], second[step][k])}
+        assert not differ, f"step {step}: {differ}"
+        compared += len(keys)
+    # what the comparison covered: each validation (verl's bootstrap best@N / maj@N included), every update
+    for step in (0, TEST_FREQ, STEPS):
+        assert any(k.startswith("val-core/") and "/best@" in k for k in first[step])
+    for step in range(1, STEPS + 1):
+        for key in ("actor/grad_norm", "actor/rpg/ratio_max", "actor/pg_loss", "critic/score/mean",
+                    "training/rollout_probs_diff_max", "training/rpg/lag_versions_max"):
+            assert key in first[step], (step, key)
+        assert first[step]["training/rpg/lag_versions_max"] == first[step]["training/rpg/lag_updates_max"] == 0
+    assert first[STEPS]["actor/rpg/ratio_max"] != 1.0  # off-policy mini-batches: membership matters
+    assert compared > 100 * (STEPS + 1) // 2

@@ -1,0 +1,184 @@
+"""The GPU kit's cheap parts (rpg.gpu_kit; docs/gpu-smoke.md, "The GPU kit"): which resolved packages it
+carries, a wheel trimmed and stored, pip check's lines sorted, and ``run`` walked with a stand-in for each step
+(the order, the time box that kills a step and its children, the summary rewritten after each step, a failing
+step followed by the next, a step the budget leaves no time for). The build against the package registry, the
+offline install and the steps' real outputs: the gpu_kit stage (tests/gpu_kit/test_gpu_kit_stage.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from rpg.gpu_kit import build, install, run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def item(name: str, version: str, *requires: str) -> dict:
+    """One entry of pip's installation report."""
+    return {"metadata": {"name": name, "version": version, "requires_dist": list(requires)},
+            "download_info": {"url": f"https://example.invalid/{name}-{version}-py3-none-any.whl"}}
+
+
+def test_the_carry_is_what_the_roots_reach_for_the_node_less_what_it_has_or_is_excluded():
+    items = [
+        item("app", "1", "lib[fast]>=1", "old-shim; python_version < '3.12'", "winonly; sys_platform == 'win32'",
+             "logger"),
+        item("lib", "2", "speedup; extra == 'fast'", "docs; extra == 'docs'", "numpy"),
+        item("speedup", "1"), item("docs", "1"), item("old-shim", "1"), item("winonly", "1"),
+        item("logger", "3", "logger-helper", "shared"), item("logger-helper", "1"), item("shared", "1"),
+        item("numpy", "2"), item("Transformers", "5.10.4", "numpy"),
+    ]
+    sel = build.select(items, ["app", "transformers"], have={"numpy": "2", "transformers": "5.17.0"},
+                       exclude={"logger": "never imported"}, carry_anyway={"transformers": "outside a range"})
+    # the extra asked for is followed, the other not; markers are the node's (3.12, Linux)
+    assert sorted(sel.carry) == ["app", "lib", "speedup", "transformers"]
+    assert sel.have == ["numpy"] and sel.excluded == {"logger": "never imported"}
+    # resolved, but needed only through the excluded package (or through markers false on the node)
+    assert sel.unreached == ["docs", "logger-helper", "old-shim", "shared", "winonly"]
+    assert sel.carry["transformers"]["metadata"]["version"] == "5.10.4"
+
+
+def test_a_requirement_missing_from_the_resolution_is_refused():
+    with pytest.raises(build.BuildError, match="lib is required but not in pip's resolution"):
+        build.select([item("app", "1", "lib")], ["app"], have={})
+
+
+def test_the_node_list_reads_pip_freeze():
+    have = build.read_have("# comment\nTorch==2.11.0\nhuggingface_hub==1.33.0\nsix\n"
+                           "mypkg @ file:///x/mypkg.whl\n-e git+https://example.invalid/x\n")
+    assert have == {"torch": "2.11.0", "huggingface-hub": "1.33.0", "six": None, "mypkg": None}
+    shipped = build.read_have(build.HAVE_FILE.read_text())
+    assert shipped["torch"] == "2.11.0" and "verl" not in shipped and "ray" not in shipped
+
+
+def make_wheel(folder: Path, name: str, files: dict[str, bytes], modes: dict[str, int] | None = None) -> Path:
+    """A minimal valid wheel (py3-none-any) holding ``files``, with its RECORD."""
+    dist = f"{name}-1.0.dist-info"
+    members = {**files, f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
+               f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{path},,\n" for path in members) + f"{dist}/RECORD,,\n"
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for member, data in {**members, f"{dist}/RECORD": record.encode()}.items():
+            info = zipfile.ZipInfo(member)
+            info.external_attr = ((modes or {}).get(member, 0o644) | 0o100000) << 16
+            z.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
+    return path
+
+
+def test_a_trimmed_wheel_is_stored_without_its_dropped_members_and_keeps_its_mode_bits(tmp_path):
+    w = make_wheel(tmp_path, "kitpkg", {"kitpkg/__init__.py": b"X = 1\n", "kitpkg/jars/big.jar": b"0" * 5000,
+                                        "kitpkg/bin/server": b"#!/bin/sh\n"}, modes={"kitpkg/bin/server": 0o755})
+    removed = build.restore(w, ["kitpkg/jars/*"])
+    assert removed == ["kitpkg/jars/big.jar"]
+    with zipfile.ZipFile(w) as z:
+        names = z.namelist()
+        assert "kitpkg/jars/big.jar" not in names and "kitpkg/__init__.py" in names
+        assert all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist())
+        assert (z.getinfo("kitpkg/bin/server").external_attr >> 16) & 0o777 == 0o755
+        record = z.read("kitpkg-1.0.dist-info/RECORD").decode()
+    assert "jars/big.jar" not in record and "kitpkg/__init__.py" in record
+
+
+def test_pip_check_lines_about_carried_packages_are_sorted_into_expected_and_problems():
+    lines = ["verl 0.9.1 requires wandb, which is not installed.",
+             "verl 0.9.1 has requirement transformers<5.11,>=5.5.3, but you have transformers 5.17.0.",
+             "ray 2.60.0 requires py-spy, which is not installed.",
+             "botorch 0.18.1 requires gpytorch, which is not installed."]  # the node's own: not the kit's
+    expected, problems = install.sort_pip_check(lines, carried={"verl", "ray"}, excluded={"wandb", "py-spy"})
+    assert expected == [lines[0], lines[2]] and problems == [lines[1]]
+
+
+STAND_INS = {
+    "install": ["{python}", "-c", "import json, os; json.dump({'line': 'stand-in', 'problems': []}, "
+                "open(os.environ['RPG_GPU_KIT_RESULT'], 'w'))"],
+    "environment": ["{python}", "-c", "import sys; print('no GPU here', file=sys.stderr); sys.exit(3)"],
+    # sees the summary as the kit wrote it before this step: the earlier steps' results
+    "gpu_tests": ["{python}", "-c", "import os, shutil; shutil.copy(os.path.join(os.environ['KIT_OUT'], "
+                  "'summary.json'), os.path.join(os.environ['RPG_GPU_KIT_WORK'], 'seen.json')); "
+                  "print('=' * 10, '5 passed, 2 skipped in 1.00s', '=' * 10)"],
+    # past its box: killed with the child it started
+    "bench_losses": ["{python}", "-c", "import os, subprocess, sys, time; "
+                     "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+                     "open(os.path.join(os.environ['RPG_GPU_KIT_WORK'], 'child'), 'w').write(str(p.pid)); "
+                     "print('started', flush=True); time.sleep(120)"],
+    "smoke_hf": ["{python}", "-c", "import json, os; json.dump({'failures': [], 'run 1': {'steps': [1, 2, 3, 4], "
+                 "'wall_time_s': 50.0}, 'run 2 (resumed)': {'steps': [5, 6], 'wall_time_s': 30.0}, "
+                 "'device_peak_mib': {'0': 2048.0}}, open(os.path.join(os.environ['RPG_GPU_KIT_WORK'], "
+                 "'summary.json'), 'w'))"],
+    "model_step": ["{python}", "-c", "import json, os; json.dump({'line': 'step', 'problems': ['loss nan']}, "
+                   "open(os.environ['RPG_GPU_KIT_RESULT'], 'w'))"],
+}
+
+
+def test_run_walks_every_step_with_stand_ins(tmp_path):
+    out, stand_ins = tmp_path / "out", tmp_path / "stand_ins.json"
+    stand_ins.write_text(json.dumps(STAND_INS))
+    env = {**os.environ, "KIT_OUT": str(out), "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "rpg.gpu_kit.run", "--out", str(out), "--work", str(tmp_path / "work"),
+                        "--stand-ins", str(stand_ins), "--box", "bench_losses=3", "--budget", "300"],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    steps = {s["name"]: s for s in summary["steps"]}
+    assert list(steps) == [s.name for s in run.STEPS] and summary["finished"] and not summary["all_passed"]
+    status = {name: s["status"] for name, s in steps.items()}
+    assert status == {"install": "passed", "environment": "failed", "gpu_tests": "passed", "bench_losses": "timed_out",
+                      "smoke_hf": "passed", "model_step": "failed", "smoke_vllm": "skipped"}
+    assert steps["environment"]["reason"].startswith("exit code 3") and "no GPU here" in steps["environment"]["tail"]
+    assert steps["gpu_tests"]["result"]["counts"] == {"passed": 5, "skipped": 2}
+    assert steps["bench_losses"]["box_s"] == 3 and 3 <= steps["bench_losses"]["seconds"] < 20
+    child = Path("/proc", (tmp_path / "work" / "bench_losses" / "child").read_text(), "status")
+    # the step's process group was killed, its child too (gone, or a zombie its new parent has not reaped)
+    assert not child.exists() or "\nState:\tZ" in child.read_text()
+    assert steps["smoke_hf"]["result"]["line"].startswith("run 1: 4 steps in 50.0 s; run 2 (resumed): 2 steps")
+    assert steps["model_step"]["reason"] == "loss nan"
+    assert "vLLM is not installed" in steps["smoke_vllm"]["reason"] and steps["smoke_vllm"]["fine"]
+    seen = json.loads((tmp_path / "work" / "gpu_tests" / "seen.json").read_text())["steps"]
+    seen = {s["name"]: s["status"] for s in seen}
+    assert seen == {"install": "passed", "environment": "failed", "gpu_tests": "running", "bench_losses": "pending",
+                    "smoke_hf": "pending", "model_step": "pending", "smoke_vllm": "pending"}
+    assert sorted(f.name for f in out.iterdir()) == sorted(["summary.json"] + [f"{n}.log" for n in status
+                                                                               if n != "smoke_vllm"])
+    assert "bench_losses: TIMED_OUT" in p.stdout and "NOT all steps passed" in p.stdout
+
+
+def test_a_step_the_budget_leaves_too_little_time_for_is_skipped_with_that_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr(run, "MIN_BOX_S", 2.0)
+    sleeper = run.Step("sleeper", 3.0, "sleeps", lambda ctx, r: [sys.executable, "-c", "import time; time.sleep(1.5)"],
+                       lambda ctx, r: {}, grace_s=0.5)
+    late = run.Step("late", 30.0, "never starts", lambda ctx, r: [sys.executable, "-c", "pass"], lambda ctx, r: {},
+                    grace_s=0.5)
+    ctx = run.Context(out=tmp_path / "out", work=tmp_path / "work", carry=tmp_path, site=tmp_path / "site",
+                      installed=True)
+    assert run.run_kit(ctx, [sleeper, late], budget_s=9.0) == 1
+    steps = json.loads((tmp_path / "out" / "summary.json").read_text())["steps"]
+    assert steps[0]["status"] == "passed" and steps[0]["box_s"] == 3
+    assert steps[1]["status"] == "skipped" and steps[1]["reason"].startswith("not started: ")
+    assert steps[1]["reason"].endswith("s of the 9 s budget left") and steps[1]["fine"] is False
+
+
+def test_run_refuses_an_unknown_step_or_box(tmp_path):
+    for args, line in ((["--steps", "gpu_tests,nope"], "--steps: unknown step(s) nope"),
+                       (["--box", "nope=3"], "--box nope=3: a step name"), (["--box", "smoke_hf=x"], "--box")):
+        p = subprocess.run([sys.executable, "-m", "rpg.gpu_kit.run", "--out", str(tmp_path), *args],
+                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert p.returncode == 2 and line in p.stderr, p.stderr
+
+
+def test_a_subset_of_steps_runs_after_the_install(tmp_path):
+    stand_ins = tmp_path / "stand_ins.json"
+    stand_ins.write_text(json.dumps({name: STAND_INS[name] for name in ("install", "model_step")}))
+    for extra, names in (([], ["install", "model_step"]), (["--installed"], ["model_step"])):
+        out = tmp_path / f"out{len(extra)}"
+        subprocess.run([sys.executable, "-m", "rpg.gpu_kit.run", "--out", str(out), "--work", str(tmp_path / "work"),
+                        "--steps", "model_step", "--stand-ins", str(stand_ins), *extra], capture_output=True,
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+        assert [s["name"] for s in json.loads((out / "summary.json").read_text())["steps"]] == names

@@ -1,0 +1,32 @@
+"""The suite's own order (tests/conftest.py): files with end-to-end runs are handed out first and xdist
+keeps that order, the vllm_cpu tests leave visibly; all from conftest's one hook of each name (two
+hooks of the same name in conftest once made the later silently replace the earlier, and the trainer
+launches ran last)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# a collection in a child process, reporting the collected files in order and xdist's reorder switch
+PROBE = """
+import sys, pytest
+class Probe:
+    def pytest_collection_finish(self, session):
+        print("FILES", *dict.fromkeys(item.nodeid.split("::")[0] for item in session.items))
+        print("REORDER", session.config.option.loadscopereorder)
+sys.exit(pytest.main(["-p", "no:cacheprovider", "--collect-only", *sys.argv[1:]], plugins=[Probe()]))
+"""
+
+
+def test_e2e_files_come_first_xdist_keeps_the_order_and_vllm_cpu_tests_leave():
+    files = ["tests/math/test_losses_defaults.py", "tests/e2e/test_async_e2e.py", "tests/e2e/test_vllm_cpu.py"]
+    out = subprocess.run([sys.executable, "-c", PROBE, *files], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "FILES tests/e2e/test_async_e2e.py tests/math/test_losses_defaults.py\n" in out.stdout, out.stdout[-2000:]
+    assert "REORDER False" in out.stdout  # xdist's loadfile would reorder files by test count
+    assert re.search(r"\b\d+ deselected\b", out.stdout) and "vllm_cpu tests: deselected" in out.stdout
