@@ -365,20 +365,26 @@ def _script(env: dict) -> tuple[int, float, str]:
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA: the launch would train")
-def test_the_4b_script_on_this_cuda_less_machine(data_dir):
+def test_the_4b_script_on_this_cuda_less_machine(data_dir, capsys):
     """The launch a user makes on a CPU login node: exit 2 within a minute, before Ray, one line naming
-    CUDA; with DRY_RUN=1 the same line as a warning and exit 0; on the CPU backend no such line."""
+    CUDA; with DRY_RUN=1 the same line as a warning and exit 0; on the CPU backend no such line. The shell
+    script once (what a user runs); its dry runs in this process, with this node's real probe (the shell's
+    DRY_RUN=1 path: tests/launch/test_launch_dryrun.py)."""
+    from launching import launch
+
     env = _env(DATA_DIR=str(data_dir), PYTHON=sys.executable)
     env.pop("VERL_PLATFORM", None)
     code, seconds, out = _script(env)
     assert code == 2 and seconds < 60, out[-3000:]
     assert "Started a local Ray instance" not in out and "ray init kwargs" not in out
     assert re.search(r"^rpg gpu check: trainer\.device=cuda but CUDA is not available: ", out, re.M), out[-3000:]
-    code, _, out = _script({**env, "DRY_RUN": "1"})
-    assert code == 0, out[-3000:]
-    assert re.search(r"^rpg\.launch: warning: trainer\.device=cuda but CUDA is not available: ", out, re.M)
-    code, _, out = _script({**env, "DRY_RUN": "1", "RPG_BACKEND": "cpu"})  # the CPU backend: not checked
-    assert code == 0 and "CUDA is not available" not in out and "rpg gpu check" not in out, out[-3000:]
+    capsys.readouterr()
+    assert launch([SCRIPT], {**env, "DRY_RUN": "1"}) == 0
+    out = capsys.readouterr().err
+    assert re.search(r"^rpg\.launch: warning: trainer\.device=cuda but CUDA is not available: ", out, re.M), out
+    assert launch([SCRIPT], {**env, "DRY_RUN": "1", "RPG_BACKEND": "cpu"}) == 0  # the CPU backend: not checked
+    cap = capsys.readouterr()
+    assert "CUDA is not available" not in cap.err + cap.out and "rpg gpu check" not in cap.err + cap.out, cap.err
 
 
 # ----------------------------------------------------------------------------- the tested versions, defined once

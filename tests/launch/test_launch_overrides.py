@@ -153,31 +153,34 @@ def test_driver_entry_syntax_error_is_one_line_before_verl_is_imported(tmp_path)
     assert _lines(p.stderr)[0].startswith(f"rpg config error: Hydra cannot parse the override {BAD!r}: no viable")
     p = _run([sys.executable, entry, "data.val_files=a.parquet,b.parquet"], tmp_path)
     assert p.returncode == 2 and len(_lines(p.stderr)) == 1 and "is a sweep" in p.stderr, p.stderr[-3000:]
-    # Hydra's flags and hydra.* overrides still reach Hydra: the composed config is printed, nothing runs
-    p = _run([sys.executable, entry, "--cfg", "job", "hydra.run.dir=.", README_VAL,
-              "trainer.total_training_steps=7"], tmp_path)
+    # Hydra's flags and hydra.* overrides still reach Hydra: the composed config's package is printed (only it),
+    # nothing runs (one process: each imports verl)
+    p = _run([sys.executable, entry, "--cfg", "job", "--package", "data", "hydra.run.dir=.", README_VAL,
+              "data.max_prompt_length=7"], tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "- data/aime2024.parquet" in p.stdout and "total_training_steps: 7" in p.stdout
-    p = _run([sys.executable, entry, "--cfg", "job", "--package", "trainer", "trainer.project_name=x"], tmp_path)
-    assert p.returncode == 0 and "project_name: x" in p.stdout, p.stderr[-3000:]
+    assert "- data/aime2024.parquet" in p.stdout and "max_prompt_length: 7" in p.stdout, p.stdout[-3000:]
+    assert not re.search(r"^(trainer|actor_rollout_ref):", p.stdout, re.M), p.stdout[-3000:]
 
 
 # ----------------------------------------------------------------------------- the driver's exit code
 
 
-def test_tiny_launcher_keeps_the_drivers_exit_code_and_line(tiny_assets, tmp_path):
-    """The real driver (recipe/rpg/main_rpg.py on the CPU backend) refuses before Ray: exit code 2 and its
-    one line is the launcher's whole stderr (the launcher printed 'FAILED' and the log's last 60 lines)."""
-    p = _run([sys.executable, "-m", "rpg.demo.cpu", "--out", str(tmp_path / "out"), "--steps", "1",
-              "rpg.loss.divergence=js"], tmp_path)
-    assert p.returncode == 2 and _lines(p.stderr) == [DIVERGENCE_LINE], p.stderr[-3000:]
+def test_tiny_launcher_keeps_the_drivers_exit_code_and_line(tiny_assets, tmp_path, capsys, monkeypatch):
+    """The real driver (recipe/rpg/main_rpg.py on the CPU backend, its own process) refuses before Ray: exit code
+    2 and its one line is the launcher's whole stderr (the launcher printed 'FAILED' and the log's last 60 lines).
+    The launchers in this process (``python -m rpg.demo.cpu`` exits with what ``main`` returns)."""
+    from rpg.demo.cpu import main
+
+    monkeypatch.setenv("RPG_TINY_CACHE", str(tiny_assets.root.parent))
+    assert main(["--out", str(tmp_path / "out"), "--steps", "1", "rpg.loss.divergence=js"]) == 2
+    assert _lines(capsys.readouterr().err) == [DIVERGENCE_LINE]
     assert DIVERGENCE_LINE in (tmp_path / "out" / "trainer.log").read_text()
 
 
-def test_cpu_backend_launcher_keeps_the_drivers_exit_code_and_line(tiny_assets, tmp_path):
-    p = _run(["bash", str(ROOT / "recipe/rpg/7b/run_rpg_7b_ufkl1e-4.sh"), "rpg.loss.divergence=js"], tmp_path,
-             RPG_BACKEND="cpu", OUT_DIR=str(tmp_path / "out"))
-    assert p.returncode == 2 and _lines(p.stderr) == [DIVERGENCE_LINE], p.stderr[-3000:]
+def test_cpu_backend_launcher_keeps_the_drivers_exit_code_and_line(tiny_assets, tmp_path, capsys):
+    environ = _env(RPG_BACKEND="cpu", OUT_DIR=str(tmp_path / "out"), RPG_TINY_CACHE=str(tiny_assets.root.parent))
+    assert launch(["run_rpg_7b_ufkl1e-4", "rpg.loss.divergence=js"], environ) == 2
+    assert _lines(capsys.readouterr().err) == [DIVERGENCE_LINE]
     assert DIVERGENCE_LINE in (tmp_path / "out" / "trainer.log").read_text()
 
 
