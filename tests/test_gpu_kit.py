@@ -91,9 +91,34 @@ def test_pip_check_lines_about_carried_packages_are_sorted_into_expected_and_pro
     lines = ["verl 0.9.1 requires wandb, which is not installed.",
              "verl 0.9.1 has requirement transformers<5.11,>=5.5.3, but you have transformers 5.17.0.",
              "ray 2.60.0 requires py-spy, which is not installed.",
-             "botorch 0.18.1 requires gpytorch, which is not installed."]  # the node's own: not the kit's
-    expected, problems = install.sort_pip_check(lines, carried={"verl", "ray"}, excluded={"wandb", "py-spy"})
-    assert expected == [lines[0], lines[2]] and problems == [lines[1]]
+             "botorch 0.18.1 requires gpytorch, which is not installed.",  # the node's own: not the kit's
+             "lightning 2.6 has requirement numpy<2.6, but you have numpy 2.6.0.",  # the node's own as well
+             # a node's package broken by the carry's version, which shadows the node's
+             "pytest 9.1.1 has requirement packaging>=26, but you have packaging 25.0."]
+    expected, problems = install.sort_pip_check(lines, carried={"verl", "ray", "packaging"},
+                                                excluded={"wandb", "py-spy"})
+    assert expected == [lines[0], lines[2]] and problems == [lines[1], lines[5]]
+
+
+def test_the_build_names_requirements_on_a_node_package_whose_version_it_does_not_know():
+    items = [item("tensordict", "0.10.0", "pyvers<0.2.0,>=0.1.0", "packaging", "numpy"),
+             item("pyvers", "0.1.0", "packaging<26.0,>=25.0"), item("packaging", "25.0"), item("numpy", "2"),
+             item("old", "1", "six>=2; python_version < '3.8'"), item("six", "1")]
+    sel = build.select(items, ["tensordict", "old"], have={"packaging": None, "numpy": None, "six": None},
+                       carry_anyway={})
+    # packaging without a version on the node: pyvers' range cannot be checked by the resolution
+    assert build.unverified(sel, {"packaging": None, "numpy": None, "six": None}) == [
+        "pyvers 0.1.0 requires packaging<26.0,>=25.0; the node list gives no version of packaging"]
+    # with the node's version listed, nothing is left unverified (pip's resolution used it as a constraint)
+    sel = build.select(items, ["tensordict"], have={"packaging": "26.3", "numpy": None}, carry_anyway={})
+    assert build.unverified(sel, {"packaging": "26.3", "numpy": None}) == []
+
+
+def test_the_node_list_gives_packagings_version_and_the_carry_its_own():
+    """The node's packaging 26.3 is outside pyvers 0.1.0's range (tensordict 0.10.0 <- verl 0.9.1): the build carries
+    packaging (25.x, the CPU environment's), which comes first on the run's path."""
+    assert build.read_have(build.HAVE_FILE.read_text())["packaging"] == "26.3"
+    assert "packaging" in build.CARRY_ANYWAY
 
 
 STAND_INS = {
