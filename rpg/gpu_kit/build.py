@@ -403,8 +403,10 @@ def build(python: str, args) -> int:
             print(f"  {item['metadata']['name']}=={item['metadata']['version']}"
                   + (f"  (carried anyway: {CARRY_ANYWAY[name]})" if name in CARRY_ANYWAY else ""))
         unchecked = unverified(sel, have)
-        for line in unchecked:
-            say(f"unverified (the node's pip check decides): {line}")
+        if unchecked:
+            names = sorted({line.rsplit(" of ", 1)[1] for line in unchecked}, key=str.lower)
+            say(f"{len(unchecked)} requirements of carried packages on node packages the node list gives no version "
+                f"of (the node's pip check decides; manifest.json's unverified): {', '.join(names)}")
         if args.resolve_only:
             return 0
         dl = scratch / "wheels"
