@@ -153,7 +153,11 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     summary = json.loads((out / "summary.json").read_text())
     steps = {s["name"]: s for s in summary["steps"]}
-    assert list(steps) == [s.name for s in run.STEPS] and summary["finished"] and not summary["all_passed"]
+    assert list(steps) == [s.name for s in run.STEPS if s.name != "smoke_resume"]
+    assert summary["finished"] and not summary["all_passed"]
+    (not_run,) = summary["not_run"]  # the resume has a call of its own: listed, with why
+    assert not_run["name"] == "smoke_resume" and not_run["reason"].startswith("not a default step: its second")
+    assert "not run: smoke_resume: not a default step" in p.stdout
     status = {name: s["status"] for name, s in steps.items()}
     assert status == {"install": "passed", "environment": "failed", "gpu_tests": "passed", "bench_losses": "timed_out",
                       "smoke_hf": "passed", "model_step": "failed", "smoke_vllm": "skipped"}
@@ -173,6 +177,44 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert sorted(f.name for f in out.iterdir()) == sorted(["summary.json"] + [f"{n}.log" for n in status
                                                                                if n != "smoke_vllm"])
     assert "bench_losses: TIMED_OUT" in p.stdout and "NOT all steps passed" in p.stdout
+
+
+def smoke_folder(folder: Path, steps: list[int], failures: list[str]) -> Path:
+    """A smoke run's output as rpg.demo.gpu_smoke leaves it: summary.json and run 1's last checkpoint."""
+    (folder / "ckpt" / f"global_step_{steps[-1]}").mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"run 1": {"steps": steps}, "failures": failures}))
+    return folder / "ckpt" / f"global_step_{steps[-1]}"
+
+
+def test_smoke_resume_resumes_the_newest_passed_run_1_and_says_when_there_is_none(tmp_path):
+    checkout = tmp_path / "checkout"
+    ctx = run.Context(out=tmp_path / "out", work=checkout / "outputs" / "gpu_kit" / "20261126-150000",
+                      carry=tmp_path, site=tmp_path / "site", installed=True, checkout=checkout)
+    step = next(s for s in run.STEPS if s.name == "smoke_resume")
+    r = run.StepRun(step, 240, tmp_path / "log", tmp_path / "work", tmp_path / "result.json")
+    assert step.command(ctx, r).startswith("no checkpoint of a passed smoke_hf run 1 on this node")
+    older = smoke_folder(checkout / "outputs" / "gpu_kit" / "20261126-140000" / "smoke_hf", [1, 2, 3, 4], [])
+    smoke_folder(checkout / "outputs" / "gpu_kit" / "20261126-141000" / "smoke_hf", [1, 2, 3, 4], ["step 3: nan"])
+    argv = step.command(ctx, r)  # an earlier call's (the newest whose run 1 passed)
+    assert argv[argv.index("--resume-from") + 1] == str(older) and "--resume-steps" not in argv
+    here = smoke_folder(ctx.work / "smoke_hf", [1, 2, 3, 4], [])
+    argv = step.command(ctx, r)  # this call's own
+    assert argv[argv.index("--resume-from") + 1] == str(here)
+    hf = next(s for s in run.STEPS if s.name == "smoke_hf").command(ctx, r)
+    assert hf[hf.index("--resume-steps") + 1] == "0"  # run 1 alone
+
+
+def test_the_smoke_runs_trainer_logs_come_back_with_the_kits_output(tmp_path):
+    (tmp_path / "work" / "first").mkdir(parents=True)
+    (tmp_path / "work" / "first" / "trainer.log").write_text("Started a local Ray instance.\n")
+    (tmp_path / "work" / "summary.json").write_text(json.dumps({"run 1": {"steps": [1], "wall_time_s": 9.0},
+                                                                "failures": []}))
+    (tmp_path / "out").mkdir()
+    ctx = run.Context(out=tmp_path / "out", work=tmp_path, carry=tmp_path, site=tmp_path, installed=True)
+    step = next(s for s in run.STEPS if s.name == "smoke_hf")
+    result = run.parse_smoke(ctx, run.StepRun(step, 270, tmp_path / "log", tmp_path / "work", tmp_path / "r.json"))
+    assert result["problems"] == [] and result["line"].startswith("run 1: 1 steps in 9.0 s")
+    assert (tmp_path / "out" / "smoke_hf.first.trainer.log").read_text() == "Started a local Ray instance.\n"
 
 
 def test_a_step_the_budget_leaves_too_little_time_for_is_skipped_with_that_reason(tmp_path, monkeypatch):
