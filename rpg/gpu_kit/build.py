@@ -404,7 +404,7 @@ def build(python: str, args) -> int:
                   + (f"  (carried anyway: {CARRY_ANYWAY[name]})" if name in CARRY_ANYWAY else ""))
         unchecked = unverified(sel, have)
         if unchecked:
-            names = sorted({line.rsplit(" of ", 1)[1] for line in unchecked}, key=str.lower)
+            names = sorted({canonical(line.rsplit(" of ", 1)[1]) for line in unchecked})
             say(f"{len(unchecked)} requirements of carried packages on node packages the node list gives no version "
                 f"of (the node's pip check decides; manifest.json's unverified): {', '.join(names)}")
         if args.resolve_only:
