@@ -2,7 +2,7 @@
 (what recipe/rpg/tiny/run_tiny_gpu.sh calls; docs/gpu-smoke.md).
 
     python -m rpg.demo.gpu_smoke [--rollout vllm|hf] [--gpus 1] [--steps 4] [--resume-steps 2]
-                                     [--no-offload] [--out DIR] [key=value ...]
+                                     [--resume-from DIR/ckpt/global_step_N] [--no-offload] [--out DIR] [key=value ...]
 
 Two runs of the RPG recipe (RPG-REINFORCE-UFKL with RPG-Style Clip, 4 mini-batches per rollout
 batch) with the settings of rpg.demo.smoke_settings (vLLM or HF rollout, FSDP2 actor in bf16,
@@ -10,15 +10,18 @@ offload, periodic reference reset, schedule-free AdamW):
 
 1. ``--steps`` steps from the tiny model, validating before and after, saving a checkpoint at
    the last step;
-2. a resume from that checkpoint for ``--resume-steps`` more steps.
+2. a resume from that checkpoint for ``--resume-steps`` more steps (0: none). ``--resume-from`` runs
+   only this one, from the checkpoint of an earlier run 1 with the same settings (the GPU kit's
+   ``smoke_resume``, after its ``smoke_hf`` ran run 1 alone).
 
 It prints a progress line per step, then the time per phase (verl's ``timing_s/*``), the actor's
 peak GPU memory (verl's ``actor/perf/max_memory_*_gb``) and the node's peak GPU memory in use
 (nvidia-smi, vLLM's memory included), and checks (rpg.demo.smoke_checks): no non-finite metric,
 the importance ratio leaves 1 and the KL estimate leaves 0, each update changes the actor, each
 reference reset makes the reference compute what the actor computes, and the resumed run goes on
-from the checkpoint's step. Each failure is one line; exit 1 if any, 2 for a bad setting (before
-anything starts), 0 otherwise. Every ``key=value`` argument is passed to Hydra last (both runs).
+from the checkpoint's step. Each run's checks and figures go to ``summary.json`` as soon as it ends
+(a run stopped later keeps the earlier one's). Each failure is one line; exit 1 if any, 2 for a bad
+setting (before anything starts), 0 otherwise. Every ``key=value`` argument is passed to Hydra last (both runs).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from rpg.demo.smoke_settings import (ALGORITHM, ROLLOUTS, SmokeSettingsError, ch
 
 PREFIX = "[gpu-smoke]"
 STARTUP_STAGES = (
+    ("ray init kwargs:", "driver checks done; starting Ray (ray.init: GCS, dashboard process, raylet)"),  # verl's print
     ("Started a local Ray instance", "Ray started; starting the trainer process"),
     ("TaskRunner pid=", "trainer process up; building datasets, TransferQueue and the trainer"),
     ("create worker group", "starting the FSDP2 actor worker(s) on the GPU(s)"),
@@ -53,6 +57,12 @@ STARTUP_STAGES = (
     ("all initialize finished", "all workers ready; validating before training"),
 )
 NVIDIA_SMI_EVERY_S = 2.0
+# The run's private Ray (rpg.backends.harness) without the dashboard's web modules: nobody browses it, and ray.init
+# waits for the dashboard process to publish its address (up to RAY_DASHBOARD_STARTUP_TIMEOUT_S, 60 s) after it
+# started its 9 module processes (Ray 2.60). On a 2-core CPU machine ray.init took 59.6 s with them, 38.7-48.0 s
+# without; on an H200 node 60 s of the 79 s before "Ray started" were inside ray.init (docs/gpu-smoke.md).
+PRIVATE_RAY = ["+ray_kwargs.ray_init.include_dashboard=False"]
+DEFAULT_STEPS = 4
 
 
 def say(text: str) -> None:
@@ -113,7 +123,8 @@ def preflight(rollout: str, gpus: int, user: list[str], probe: GpuProbe | None =
 
 
 def smoke_overrides(assets, args, *, first: bool, ckpt: Path) -> list[str]:
-    """All overrides of run 1 (``first``) or of the resumed run 2, before the user's."""
+    """All overrides of run 1 (``first``) or of the resumed run 2, before the user's. Run 2 resumes from
+    ``args.resume_from`` when given, else from run 1's last checkpoint in ``ckpt``; both save into ``ckpt``."""
     from rpg.tiny.overrides import MINI_BATCH_SIZE, ROLLOUT_N, TRAIN_BATCH_SIZE, tiny_algorithm, tiny_task_overrides
 
     total = args.steps if first else args.steps + args.resume_steps
@@ -122,14 +133,29 @@ def smoke_overrides(assets, args, *, first: bool, ckpt: Path) -> list[str]:
     gpu = gpu_overrides(args.rollout, args.gpus, offload=not args.no_offload, mini_batch_size=MINI_BATCH_SIZE,
                         n=ROLLOUT_N, train_batch_size=TRAIN_BATCH_SIZE)
     run = [f"trainer.default_local_dir={hydra_value(str(ckpt), 'trainer.default_local_dir')}",
-           f"trainer.save_freq={total}", "trainer.max_actor_ckpt_to_keep=2"]
+           f"trainer.save_freq={total}", "trainer.max_actor_ckpt_to_keep=2", *PRIVATE_RAY]
     if first:
         run += ["trainer.resume_mode=disable", "trainer.val_before_train=True"]
     else:
-        resume_from = hydra_value(str(ckpt / f"global_step_{args.steps}"), "trainer.resume_from_path")
+        source = getattr(args, "resume_from", None) or ckpt / f"global_step_{args.steps}"
+        resume_from = hydra_value(str(source), "trainer.resume_from_path")
         run += ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={resume_from}",
                 "trainer.val_before_train=False"]
     return [*task, *algo, *ALGORITHM, *gpu, *run]
+
+
+def resume_source(path: Path, resume_steps: int) -> tuple[Path, int]:
+    """(the checkpoint folder, its step) of ``--resume-from``: an existing ``global_step_N`` folder (verl's name),
+    N >= 1; SmokeSettingsError (one line) otherwise."""
+    step = path.name.removeprefix("global_step_")
+    if not (path.name.startswith("global_step_") and step.isdigit() and int(step) >= 1):
+        raise SmokeSettingsError(f"--resume-from {path}: expected a checkpoint folder named global_step_N (N >= 1), "
+                                 "as run 1 saves it under <out>/ckpt")
+    if not path.is_dir():
+        raise SmokeSettingsError(f"--resume-from {path}: no such folder (run 1 saves it under <out>/ckpt)")
+    if resume_steps < 1:
+        raise SmokeSettingsError(f"--resume-from {path} with RESUME_STEPS={resume_steps}: expected >= 1 step to resume")
+    return path.resolve(), int(step)
 
 
 def _one_run(name: str, overrides: list[str], out: Path, args, total: int) -> TrainerRun:
@@ -153,8 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rollout", default="vllm", help=f"rollout engine, one of {ROLLOUTS} (default vllm)")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs of this node to train on (data parallel; default 1)")
-    ap.add_argument("--steps", type=int, default=4, help="steps of the first run, checkpointed at its end (default 4)")
-    ap.add_argument("--resume-steps", type=int, default=2, help="steps of the resumed run (default 2)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps of the first run, checkpointed at its end (default 4; with --resume-from: its N)")
+    ap.add_argument("--resume-steps", type=int, default=2, help="steps of the resumed run (default 2; 0: none)")
+    ap.add_argument("--resume-from", type=Path, default=None, metavar="CKPT",
+                    help="run only the resumed run, from this checkpoint of an earlier run 1 with the same settings "
+                         "(its <out>/ckpt/global_step_N; N is the step it resumes from)")
     ap.add_argument("--no-offload", action="store_true",
                     help="keep the actor's parameters and optimizer state on the GPU (verl 0.9.1 keeps the "
                          "forward-only reference on the CPU either way)")
@@ -167,6 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     args, user = ap.parse_known_args(argv)
     try:
         check_user_overrides(user)  # Hydra's grammar: a typo is one line here, not a traceback after Ray started
+        if args.resume_from is not None:
+            args.resume_from, step = resume_source(args.resume_from, args.resume_steps)
+            if args.steps not in (None, step):
+                raise SmokeSettingsError(f"--steps {args.steps} with --resume-from {args.resume_from}: the checkpoint "
+                                         f"is step {step}; leave --steps out")
+            args.steps = step
+        args.steps = DEFAULT_STEPS if args.steps is None else args.steps
         check_settings(args.rollout, args.gpus, args.steps, args.resume_steps, MINI_BATCH_SIZE, ROLLOUT_N)
         preflight(args.rollout, args.gpus, user)
     except (SmokeSettingsError, OverrideSyntaxError) as e:
@@ -182,49 +219,67 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PREFIX} {assets.model_dir}: {problem}", file=sys.stderr)
         return 2
     ckpt = out / "ckpt"
+    plan = [] if args.resume_from else [("run 1", True, args.steps)]
+    if args.resume_steps:
+        plan.append(("run 2 (resumed)", False, args.steps + args.resume_steps))
+    what = (f"a resume from {args.resume_from} (step {args.steps}) for {args.resume_steps}" if args.resume_from else
+            f"{args.steps} steps" + (f" + a resume for {args.resume_steps}" if args.resume_steps else " (no resume)"))
     say(f"assets {assets.root}; rollout={args.rollout}, {args.gpus} GPU(s), offload={not args.no_offload}; "
-        f"{args.steps} steps + a resume for {args.resume_steps}; output {out}")
+        f"{what}; output {out}")
     memory = GpuMemoryPeak()
-    runs: dict[str, TrainerRun] = {}
-    failures: list[str] = []
-    try:
-        for name, first, total in (("run 1", True, args.steps), ("run 2 (resumed)", False, args.steps + args.resume_steps)):
-            ov = [*smoke_overrides(assets, args, first=first, ckpt=ckpt), *user]
-            runs[name] = _one_run(name, ov, out / ("first" if first else "resumed"), args, total)
-    except TrainerRunError as e:
-        failures.append(f"{name} failed: {str(e).splitlines()[0]} (log tail above)")
-        print(e, file=sys.stderr)
-    finally:
-        device_peak = memory.stop()
-
     report: dict = {"rollout": args.rollout, "gpus": args.gpus, "offload": not args.no_offload,
-                    "output_dir": str(out), "device_peak_mib": device_peak}
-    if len(runs) == 2:
-        (first_run, resumed) = runs.values()
-        s1, s2 = smoke_checks.training_steps(first_run.metrics), smoke_checks.training_steps(resumed.metrics)
-        if s1 != list(range(1, args.steps + 1)):
-            failures.append(f"run 1 trained steps {s1}, expected 1..{args.steps}")
-        failures += smoke_checks.check_training(first_run.metrics, s1)
-        failures += smoke_checks.resumed_from(resumed.metrics, args.steps)
-        failures += smoke_checks.check_training(resumed.metrics, s2)
-        if args.rollout == "hf":
-            failures += smoke_checks.hf_rollout_on_gpu(first_run.log) + smoke_checks.hf_rollout_on_gpu(resumed.log)
-        for name, run, steps in (("run 1", first_run, s1), ("run 2 (resumed)", resumed, s2)):
+                    "output_dir": str(out), "runs": [name for name, _, _ in plan], "device_peak_mib": {}}
+    failures: list[str] = []
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        for name, first, total in plan:
+            ov = [*smoke_overrides(assets, args, first=first, ckpt=ckpt), *user]
+            try:
+                run = _one_run(name, ov, out / ("first" if first else "resumed"), args, total)
+            except TrainerRunError as e:
+                failures.append(f"{name} failed: {str(e).splitlines()[0]} (log tail above)")
+                print(e, file=sys.stderr)
+                break
+            failures += run_checks(run, args, first)
+            steps = smoke_checks.training_steps(run.metrics)
             say(f"{name}: {len(steps)} steps in {run.wall_time_s:.0f} s")
             for line in smoke_checks.summary_lines(run.metrics, steps):
                 say(f"  {line}")
             report[name] = {"steps": steps, "wall_time_s": round(run.wall_time_s, 1),
                             "phases_s": smoke_checks.phase_times(run.metrics, steps),
                             **{key: smoke_checks.peak(run.metrics, key) for _, key in smoke_checks.MEMORY}}
+            write_report(out, report, failures, memory.peak_mib)  # kept if a later run is stopped
+    finally:
+        device_peak = memory.stop()
     for gpu, mib in sorted(device_peak.items()):
         say(f"GPU {gpu}: peak memory in use {mib / 1024:.2f} GiB (nvidia-smi, every process)")
-    report["failures"] = failures
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_report(out, report, failures, device_peak)
     for line in failures:
         print(f"{PREFIX} FAILED: {line}", file=sys.stderr)
     say(("FAILED" if failures else "passed") + f"; wrote {out / 'summary.json'}")
     return 1 if failures else 0
+
+
+def run_checks(run: TrainerRun, args, first: bool) -> list[str]:
+    """The failures of one finished run: run 1 trained steps 1..``args.steps``, the resumed run went on from the
+    checkpoint's step; each with finite metrics, a ratio and a KL that left 1 and 0, updates and reference resets
+    that changed something (``rpg.demo.smoke_checks``), and with the HF rollout its weights on the GPU."""
+    steps = smoke_checks.training_steps(run.metrics)
+    failures = []
+    if first and steps != list(range(1, args.steps + 1)):
+        failures.append(f"run 1 trained steps {steps}, expected 1..{args.steps}")
+    if not first:
+        failures += smoke_checks.resumed_from(run.metrics, args.steps)
+    failures += smoke_checks.check_training(run.metrics, steps)
+    if args.rollout == "hf":
+        failures += smoke_checks.hf_rollout_on_gpu(run.log)
+    return failures
+
+
+def write_report(out: Path, report: dict, failures: list[str], device_peak: dict[int, float]) -> None:
+    """``out/summary.json``: the runs so far, their failures and the peak GPU memory seen so far."""
+    data = {**report, "device_peak_mib": dict(device_peak), "failures": list(failures)}
+    (out / "summary.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":

@@ -60,8 +60,9 @@ def check_settings(rollout: str, gpus: int, steps: int, resume_steps: int, mini_
     if steps < REFERENCE_EVERY:
         raise SmokeSettingsError(
             f"STEPS={steps} is invalid: expected >= {REFERENCE_EVERY} (the reference is reset every {REFERENCE_EVERY} steps)")
-    if resume_steps < 1:
-        raise SmokeSettingsError(f"RESUME_STEPS={resume_steps} is invalid: expected an integer >= 1")
+    if resume_steps < 0:
+        raise SmokeSettingsError(
+            f"RESUME_STEPS={resume_steps} is invalid: expected an integer >= 0 (0: no resumed run)")
     if (mini_batch_size * n) % gpus:
         raise SmokeSettingsError(
             f"GPUS={gpus} is invalid: a mini-batch of {mini_batch_size} prompts x {n} samples = "

@@ -13,7 +13,9 @@ CARRY_DIR = ".gpu_kit"  # the carry, relative to the checkout (ignored by git; t
 SITE_DIR = ".gpu_kit_site"  # where the run installs the carry (ignored; kept on a node between calls)
 MANIFEST = "manifest.json"
 CARRY_FILE = "wheels.tar.xz"
-DEFAULT_BUDGET_S = 450  # a device call's command: budget + 30 s; with the machine's start, a rerun still fits 15 min
+# a device call's command: budget + 30 s. The default steps took 390 s on an H200 node; with the machine's start
+# (about 35 s) a second call (smoke_resume, or a rerun) still fits a 15-minute lease
+DEFAULT_BUDGET_S = 450
 
 
 def report(result: dict, path: Path | None, program: str) -> int:

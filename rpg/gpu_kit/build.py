@@ -62,6 +62,9 @@ BUILT_HERE = {"antlr4-python3-runtime==4.9.3": "hydra-core 1.3 and omegaconf 2.3
 CARRY_ANYWAY = {
     "transformers": "verl 0.9.1 requires transformers>=5.5.3,<5.11 (the node has 5.17.0)",
     "tokenizers": "transformers 5.10 requires tokenizers>=0.22,<=0.23.0 (the node has 0.23.2)",
+    # verl 0.9.1 takes tensordict >=0.8,<=0.10 (!=0.9.0); 0.9.1 and 0.10.0 require pyvers <0.2, whose only release
+    # 0.1.0 requires packaging <26; 0.8.3 needs no pyvers but is not the tensordict the project's tests run with
+    "packaging": "pyvers 0.1.0 (tensordict 0.10.0's) requires packaging>=25,<26 (the node has 26.3)",
 }
 # Required by a dependency but never imported by the kit's runs (the GPU tests, the loss benchmark, the smoke
 # run with the console logger, the model step); a package only these need is left out with them.
@@ -216,6 +219,21 @@ def select(items: list[dict], roots: list[str], have: dict[str, str | None],
             sel.carry[name] = by_name[name]
     sel.unreached = sorted(set(by_name) - reached - set(sel.excluded))
     return sel
+
+
+def unverified(sel: Selection, have: dict[str, str | None]) -> list[str]:
+    """The carried packages' requirements (markers for the node) on a package the node has at a version the node
+    list does not give: pip's resolution could not check them; the node's ``pip check`` does (``rpg.gpu_kit.install``
+    reports a broken one). One line each."""
+    lines = []
+    for name, item in sorted(sel.carry.items()):
+        for text in item["metadata"].get("requires_dist") or []:
+            req = Requirement(text)
+            dep = canonical(req.name)
+            if req.specifier and _wanted(req, ()) and dep in have and have[dep] is None and dep not in sel.carry:
+                lines.append(f"{item['metadata']['name']} {item['metadata']['version']} requires {req.name}"
+                             f"{req.specifier}; the node list gives no version of {req.name}")
+    return lines
 
 
 def sha256(path: Path) -> str:
@@ -384,6 +402,11 @@ def build(python: str, args) -> int:
         for name, item in sel.carry.items():
             print(f"  {item['metadata']['name']}=={item['metadata']['version']}"
                   + (f"  (carried anyway: {CARRY_ANYWAY[name]})" if name in CARRY_ANYWAY else ""))
+        unchecked = unverified(sel, have)
+        if unchecked:
+            names = sorted({canonical(line.rsplit(" of ", 1)[1]) for line in unchecked})
+            say(f"{len(unchecked)} requirements of carried packages on node packages the node list gives no version "
+                f"of (the node's pip check decides; manifest.json's unverified): {', '.join(names)}")
         if args.resolve_only:
             return 0
         dl = scratch / "wheels"
@@ -396,6 +419,7 @@ def build(python: str, args) -> int:
             "requirements": requirements, "pins": pins, "have_file": str(args.have),
             "resolved": {canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in items},
             "on_the_node": sel.have, "excluded": sel.excluded, "only_needed_by_excluded": sel.unreached,
+            "unverified": unchecked,
         }, args.preset)
     manifest["build_s"] = round(time.time() - started, 1)
     manifest["working_tree_bytes"] = travelling_tree_bytes()  # once the carry is in its ignored folder

@@ -47,12 +47,19 @@ def _pip(python: str, args: list[str], env: dict | None = None) -> subprocess.Co
 
 
 def sort_pip_check(lines: list[str], carried: set[str], excluded: set[str]) -> tuple[list[str], list[str]]:
-    """pip check's lines about a carried package -> (expected: a requirement the build excluded, problems)."""
+    """pip check's lines about a carried package, or about a node's package whose requirement a carried one breaks
+    (the carry comes first on the path: it shadows the node's version) -> (expected: a requirement the build
+    excluded, problems)."""
     expected, problems = [], []
     for line in lines:
         words = line.split()
-        if len(words) < 4 or canonical(words[0]) not in carried:
-            continue  # the node's own packages: not this kit's business
+        if len(words) < 4:
+            continue
+        if canonical(words[0]) not in carried:
+            shadowing = re.search(r", but you have (\S+) ", line)
+            if shadowing and canonical(shadowing.group(1)) in carried:
+                problems.append(line)
+            continue  # else the node's own packages among themselves: not this kit's business
         m = re.search(r" requires (\S+), which is not installed", line)
         if m and canonical(m.group(1)) in excluded:
             expected.append(line)

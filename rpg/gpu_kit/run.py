@@ -4,18 +4,22 @@
     python3 -m rpg.gpu_kit.run --out DIR [--carry .gpu_kit] [--site .gpu_kit_site] [--budget 450]
                                [--steps NAME,...] [--box NAME=SECONDS] [--installed] [--stand-ins FILE]
 
-Steps (``STEPS``; ``--steps`` runs a subset, e.g. a rerun of the ones that failed, always with ``install``
-unless ``--installed``: it only checks a site that holds the same carry):
+Steps (``STEPS``, in order of value; ``--steps`` runs a subset, e.g. a rerun of the ones that failed, always with
+``install`` unless ``--installed``: it only checks a site that holds the same carry):
 
 1. ``install``: the carry into ``--site`` (``rpg.gpu_kit.install``); ``--installed`` skips it (packages
    installed with ``pip install -e ".[gpu]"``);
 2. ``environment``: the GPU, driver, versions, that verl loads the RPG losses (``rpg.gpu_kit.probe``);
 3. ``gpu_tests``: ``pytest -m gpu tests/gpu`` without the smoke run (step 5 runs it);
 4. ``bench_losses``: ``benchmarks/bench_losses.py --device cuda``, the RPG losses against verl's vanilla loss;
-5. ``smoke_hf``: ``rpg.demo.gpu_smoke --rollout hf`` (SDPA attention without flash-attn);
+5. ``smoke_hf``: run 1 of ``rpg.demo.gpu_smoke --rollout hf`` (SDPA attention without flash-attn), with its checks;
 6. ``model_step``: RPG steps of a 0.1 B-parameter Qwen2-shaped model with random weights (``rpg.gpu_kit.model_step``);
-7. ``smoke_vllm``: the smoke run with vLLM, skipped with its reason when vLLM is not installed.
+7. ``smoke_resume``: the resumed run from ``smoke_hf``'s checkpoint (this call's, else the newest passed one under
+   ``outputs/gpu_kit`` of this checkout): not a default step, as its second trainer start-up does not fit the
+   default budget; a second call ``--steps smoke_resume`` on the same node runs it;
+8. ``smoke_vllm``: run 1 with vLLM, skipped with its reason when vLLM is not installed.
 
+A step not run (not a default step, not in ``--steps``) is listed in the summary's ``not_run`` with why.
 A step gets ``min(its box, what is left of --budget)``; one that would get less than its box and less than
 ``MIN_BOX_S`` is skipped with that reason. Past its box the step's process group gets SIGTERM, then SIGKILL
 after the step's grace, and it is recorded as timed out. Each step's output goes to ``OUT/<name>.log``;
@@ -79,6 +83,7 @@ class Step:
     parse: Callable[[Context, "StepRun"], dict]
     grace_s: float = 15.0
     skip_is_fine: bool = True  # a skip for the step's own reason (not the budget) leaves the exit code 0
+    not_default: str = ""  # why a plain call does not run it (empty: a default step)
 
 
 @dataclass
@@ -157,8 +162,19 @@ def parse_bench(ctx: Context, run: StepRun) -> dict:
     return result
 
 
+TRAINER_LOG_CAP_BYTES = 4 * 2**20
+
+
 def parse_smoke(ctx: Context, run: StepRun) -> dict:
-    """rpg.demo.gpu_smoke's summary.json (its failures are the step's problems)."""
+    """rpg.demo.gpu_smoke's summary.json (its failures are the step's problems); each run's trainer log is copied
+    into OUT as ``<step>.<first|resumed>.trainer.log`` (capped: its first MiB and its end), the driver's and Ray's
+    start-up lines included."""
+    for which in ("first", "resumed"):
+        log = run.work / which / "trainer.log"
+        if log.is_file():
+            copy = ctx.out / f"{run.step.name}.{which}.trainer.log"
+            copy.write_bytes(log.read_bytes())
+            cap_log(copy, TRAINER_LOG_CAP_BYTES)
     path = run.work / "summary.json"
     if not path.is_file():
         return {"problems": [f"the smoke run wrote no {path.name}"]}
@@ -196,15 +212,45 @@ def _bench(ctx: Context, run: StepRun):
     return [ctx.python, "benchmarks/bench_losses.py", "--device", "cuda"]
 
 
-def _smoke(rollout: str):
+def resume_checkpoint(ctx: Context) -> Path | None:
+    """The checkpoint ``smoke_resume`` resumes: the last one of ``smoke_hf``'s run 1 in this call's work folder, else
+    in the newest earlier one under ``outputs/gpu_kit`` of the checkout (a second call on the same node), whose
+    run 1 passed its checks (its summary.json: run 1 and no failure)."""
+    def passed(folder: Path) -> Path | None:
+        summary = folder / "summary.json"
+        try:
+            data = json.loads(summary.read_text())
+        except (OSError, ValueError):
+            return None
+        if "run 1" not in data or data.get("failures"):
+            return None
+        steps = data["run 1"].get("steps") or []
+        ckpt = folder / "ckpt" / f"global_step_{steps[-1]}" if steps else None
+        return ckpt if ckpt is not None and ckpt.is_dir() else None
+
+    here = passed(ctx.work / "smoke_hf")
+    if here is not None:
+        return here
+    earlier = sorted(ctx.checkout.glob("outputs/gpu_kit/*/smoke_hf"), key=lambda p: p.parent.name, reverse=True)
+    return next((ckpt for folder in earlier if (ckpt := passed(folder)) is not None), None)
+
+
+def _smoke(rollout: str, resume: bool = False):
     def command(ctx: Context, run: StepRun):
         if rollout == "vllm" and not ctx.available("vllm"):
             return ("vLLM is not installed: the kit carries no vLLM (its wheels with their dependencies are about "
                     "500 MiB, over what one device call carries); install the gpu extra on a node with network")
-        # each of its two runs (the first, the resumed) may take what is left of the box: the smoke run stops a
-        # first run that takes it all itself, the box stops the rest
+        # run 1 alone (its checks written when it ends); the resume is its own step, with a trainer start-up of its own
         argv = [ctx.python, "-m", "rpg.demo.gpu_smoke", "--rollout", rollout, "--out", str(run.work),
                 "--timeout", str(max(10, int(run.box_s - 15)))]
+        if resume:
+            ckpt = resume_checkpoint(ctx)
+            if ckpt is None:
+                return ("no checkpoint of a passed smoke_hf run 1 on this node (this call's or under outputs/gpu_kit): "
+                        "run smoke_hf first")
+            argv += ["--resume-from", str(ckpt)]
+        else:
+            argv += ["--resume-steps", "0"]
         if not ctx.available("flash_attn"):
             from rpg.backends.gpu.preflight import ATTN_KEY
 
@@ -217,20 +263,28 @@ def _model_step(ctx: Context, run: StepRun):
     return [ctx.python, "-m", "rpg.gpu_kit.model_step", "--device", "cuda", "--result", str(run.result_file)]
 
 
+# Boxes: about 1.1-2x what each step took on an NVIDIA H200 node (16 cores; docs/gpu-smoke.md#what-has-run-on-a-gpu):
+# install 10.4 s (5.2 s again), environment 18.4, gpu_tests 73.8, bench_losses 25.2, smoke_hf's run 1 about 240
+# (79 s of start-up before Ray, 166 s to all workers, validation, 4 steps, validation, checkpoint), model_step 16.4:
+# 390 s in all, within DEFAULT_BUDGET_S. The resumed run needs a second start-up (about 170 s), hence its own call.
 STEPS = [
-    Step("install", 90, "the carry's wheels and the project installed offline; pip check", _install, read_result),
+    Step("install", 60, "the carry's wheels and the project installed offline; pip check", _install, read_result),
     Step("environment", 45, "GPU, driver, CUDA, package versions; verl loads the RPG losses", _environment,
          read_result),
     Step("gpu_tests", 120, "tests/gpu: bf16 losses on CUDA, compiled loss, offloaded reference copy, schedule-free "
          "with offload", _gpu_tests, parse_pytest),
-    Step("bench_losses", 90, "RPG losses vs verl's vanilla loss on CUDA: time, memory, eager and compiled", _bench,
+    Step("bench_losses", 60, "RPG losses vs verl's vanilla loss on CUDA: time, memory, eager and compiled", _bench,
          parse_bench),
-    Step("smoke_hf", 200, "verl's GPU path with the HF rollout: bf16 FSDP2 actor, offload, schedule-free, "
-         "reference reset, checkpoint and resume", _smoke("hf"), parse_smoke, grace_s=45),
+    Step("smoke_hf", 270, "verl's GPU path with the HF rollout, run 1: bf16 FSDP2 actor, offload, schedule-free, "
+         "reference reset, validation, checkpoint", _smoke("hf"), parse_smoke, grace_s=45),
     Step("model_step", 45, "RPG steps of a 0.1 B-parameter Qwen2-shaped model (random weights) in bf16",
          _model_step, read_result),
-    Step("smoke_vllm", 240, "the smoke run with vLLM: sleep/wake, weight sync through CUDA IPC", _smoke("vllm"),
-         parse_smoke, grace_s=45),
+    Step("smoke_resume", 240, "the HF smoke run's resumed run from smoke_hf's checkpoint", _smoke("hf", resume=True),
+         parse_smoke, grace_s=45, skip_is_fine=False,
+         not_default="its second trainer start-up (about 170 s) does not fit one call after the others; run it in a "
+                     "second call on the same node: --steps smoke_resume"),
+    Step("smoke_vllm", 300, "the smoke run's run 1 with vLLM: sleep/wake, weight sync through CUDA IPC",
+         _smoke("vllm"), parse_smoke, grace_s=45),
 ]
 
 
@@ -323,7 +377,9 @@ def run_step(ctx: Context, step: Step, box_s: float, env: dict, argv_override: l
     return record
 
 
-def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[str, list[str]] | None = None) -> int:
+def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[str, list[str]] | None = None,
+            not_run: dict[str, str] | None = None) -> int:
+    """The steps in order; ``not_run``: {step: why it is not run}, listed in the summary."""
     ctx.out.mkdir(parents=True, exist_ok=True)
     ctx.work.mkdir(parents=True, exist_ok=True)
     stand_ins = stand_ins or {}
@@ -334,6 +390,7 @@ def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[st
         "checkout": str(ctx.checkout), "work": str(ctx.work), "site": None if ctx.installed else str(ctx.site),
         "stand_ins": sorted(stand_ins), "finished": False,
         "steps": [{"name": s.name, "what": s.what, "status": "pending"} for s in steps],
+        "not_run": [{"name": name, "reason": why} for name, why in (not_run or {}).items()],
     }
     path = ctx.out / "summary.json"
     write_json(path, summary)
@@ -362,6 +419,8 @@ def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[st
     ok = all(s["status"] == "passed" or (s["status"] == "skipped" and s.get("fine")) for s in summary["steps"])
     summary["all_passed"] = ok
     write_json(path, summary)
+    for entry in summary["not_run"]:
+        say(f"not run: {entry['name']}: {entry['reason']}")
     say(f"{'all steps passed' if ok else 'NOT all steps passed'} in {summary['seconds']} s; {path}")
     return 0 if ok else 1
 
@@ -387,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stand-ins", type=Path, default=None, help="JSON {step: argv} replacing steps' commands")
     args = ap.parse_args(argv)
     names = [s.name for s in STEPS]
-    chosen = names if args.steps is None else [n.strip() for n in args.steps.split(",") if n.strip()]
+    chosen = ([s.name for s in STEPS if not s.not_default] if args.steps is None
+              else [n.strip() for n in args.steps.split(",") if n.strip()])
     unknown = [n for n in chosen if n not in names]
     if unknown or not chosen:
         ap.error(f"--steps: unknown step(s) {', '.join(unknown) or '(none given)'}; allowed: {', '.join(names)}")
@@ -414,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context(out=args.out.resolve(), work=work.resolve(), carry=args.carry.resolve(), site=args.site.resolve(),
                   installed=args.installed)
     steps = [replace(s, box_s=boxes.get(s.name, s.box_s)) for s in STEPS if s.name in chosen]
-    return run_kit(ctx, steps, args.budget, stand_ins)
+    not_run = {s.name: (f"not a default step: {s.not_default}" if s.not_default and args.steps is None
+                        else "not in --steps") for s in STEPS if s.name not in chosen}
+    return run_kit(ctx, steps, args.budget, stand_ins, not_run)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ model. What needs a GPU is in tests/gpu/ (docs/gpu-smoke.md)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -149,7 +150,7 @@ def test_parse_nvidia_smi():
     (("vllm", 0, 4, 2), "GPUS=0 is invalid"),
     (("vllm", 3, 4, 2), "expected a divisor of 16"),
     (("vllm", 1, 1, 2), "STEPS=1 is invalid"),
-    (("hf", 1, 4, 0), "RESUME_STEPS=0 is invalid"),
+    (("hf", 1, 4, -1), "RESUME_STEPS=-1 is invalid"),
 ])
 def test_bad_settings_are_one_line(args, fragment):
     with pytest.raises(SmokeSettingsError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
@@ -195,6 +196,9 @@ def test_both_runs_compose_and_pass_verls_config_checks(tiny_assets, tmp_path):
             assert cfg.trainer.resume_from_path == str(tmp_path / "ckpt" / "global_step_4")
             assert cfg.trainer.total_training_steps == 6 and cfg.trainer.save_freq == 6
         assert f"{ALGORITHM[0]}" in argv
+        # verl's run_ppo hands ray_kwargs.ray_init to ray.init as keyword arguments: the private Ray starts no
+        # dashboard modules
+        assert cfg.ray_kwargs.ray_init.include_dashboard is False
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -205,6 +209,8 @@ def test_both_runs_compose_and_pass_verls_config_checks(tiny_assets, tmp_path):
     (["foo"], "Hydra cannot parse the override 'foo'"),
     (["--bogus"], "unrecognised arguments"),
     (["--gpus", "64"], "GPUS=64 is invalid"),  # 64 does not divide 16 sequences
+    (["--resume-from", "nowhere/ckpt/global_step_4"], "--resume-from nowhere/ckpt/global_step_4: no such folder"),
+    (["--resume-from", "."], "expected a checkpoint folder named global_step_N"),
 ])
 def test_cli_refuses_bad_input_with_one_line_and_exit_2(argv, fragment, capsys):
     assert smoke.main(argv) == 2
@@ -239,10 +245,12 @@ class FakeRuns:
         self.metrics, self.calls, self.device = [first, resumed], [], device
 
     def __call__(self, overrides, *, output_dir, **kw):
-        from rpg.backends.harness import TrainerRun
+        from rpg.backends.harness import TrainerRun, TrainerRunError
 
         self.calls.append((list(overrides), kw))
         m = self.metrics[len(self.calls) - 1]
+        if m is None:  # stopped (a time box's SIGTERM)
+            raise TrainerRunError("trainer stopped by SIGTERM; log: trainer.log", None)
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "trainer.log").write_text(
             f"[hf-rollout] weights v1 loaded (global_steps=0, checksum=1.0, batches since last: [], device={self.device})\n")
@@ -268,6 +276,45 @@ def test_main_runs_then_resumes_and_passes(monkeypatch, tmp_path, tiny_assets, c
     out = capsys.readouterr().out
     assert "weight sync:    0.50 s/step" in out and "passed" in out
     assert (tmp_path / "summary.json").exists()
+
+
+def test_run_1_alone_is_checked_and_reported(monkeypatch, tmp_path, tiny_assets, capsys):
+    """--resume-steps 0 (the GPU kit's smoke_hf): run 1 with its checks, no resumed run."""
+    fake = FakeRuns(good_run([1, 2, 3, 4]), None)
+    assert run_main(monkeypatch, tmp_path, tiny_assets, fake, "--resume-steps", "0") == 0
+    assert len(fake.calls) == 1 and "trainer.resume_mode=disable" in fake.calls[0][0]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["runs"] == ["run 1"] and summary["run 1"]["steps"] == [1, 2, 3, 4] and summary["failures"] == []
+    assert "4 steps (no resume)" in capsys.readouterr().out
+
+
+def test_run_1s_results_stay_when_the_resumed_run_is_stopped(monkeypatch, tmp_path, tiny_assets, capsys):
+    first = good_run([1, 2, 3, 4])
+    first[3]["actor/pg_loss"] = float("nan")
+    fake = FakeRuns(first, None)
+    assert run_main(monkeypatch, tmp_path, tiny_assets, fake) == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["run 1"]["steps"] == [1, 2, 3, 4] and "run 2 (resumed)" not in summary
+    assert [f.split(":")[0] for f in summary["failures"]] == ["step 3", "run 2 (resumed) failed"]
+
+
+def test_resume_from_runs_only_the_resumed_run_from_that_checkpoint(monkeypatch, tmp_path, tiny_assets):
+    """--resume-from (the GPU kit's smoke_resume): run 2 alone, from an earlier run 1's checkpoint, into its own
+    output folder; the checkpoint's step is run 1's --steps."""
+    source = tmp_path / "earlier" / "ckpt" / "global_step_4"
+    source.mkdir(parents=True)
+    out = tmp_path / "resume"
+    fake = FakeRuns(good_run([5, 6]), None)
+    monkeypatch.setattr(smoke, "preflight", lambda *a: None)
+    monkeypatch.setattr(smoke, "run_trainer", fake)
+    monkeypatch.setattr("rpg.tiny.build_tiny_assets", lambda prefix="[tiny]": tiny_assets)
+    assert smoke.main(["--rollout", "hf", "--out", str(out), "--echo", "--resume-from", str(source)]) == 0
+    (ov, _), = fake.calls
+    assert f"trainer.resume_from_path={source}" in ov and f"trainer.default_local_dir={out / 'ckpt'}" in ov
+    assert "trainer.total_training_steps=6" in ov
+    assert json.loads((out / "summary.json").read_text())["runs"] == ["run 2 (resumed)"]
+    # the checkpoint names the step: a different --steps is one line
+    assert smoke.main(["--rollout", "hf", "--out", str(out), "--resume-from", str(source), "--steps", "6"]) == 2
 
 
 def test_main_fails_with_one_line_per_problem(monkeypatch, tmp_path, tiny_assets, capsys):

@@ -91,9 +91,34 @@ def test_pip_check_lines_about_carried_packages_are_sorted_into_expected_and_pro
     lines = ["verl 0.9.1 requires wandb, which is not installed.",
              "verl 0.9.1 has requirement transformers<5.11,>=5.5.3, but you have transformers 5.17.0.",
              "ray 2.60.0 requires py-spy, which is not installed.",
-             "botorch 0.18.1 requires gpytorch, which is not installed."]  # the node's own: not the kit's
-    expected, problems = install.sort_pip_check(lines, carried={"verl", "ray"}, excluded={"wandb", "py-spy"})
-    assert expected == [lines[0], lines[2]] and problems == [lines[1]]
+             "botorch 0.18.1 requires gpytorch, which is not installed.",  # the node's own: not the kit's
+             "lightning 2.6 has requirement numpy<2.6, but you have numpy 2.6.0.",  # the node's own as well
+             # a node's package broken by the carry's version, which shadows the node's
+             "pytest 9.1.1 has requirement packaging>=26, but you have packaging 25.0."]
+    expected, problems = install.sort_pip_check(lines, carried={"verl", "ray", "packaging"},
+                                                excluded={"wandb", "py-spy"})
+    assert expected == [lines[0], lines[2]] and problems == [lines[1], lines[5]]
+
+
+def test_the_build_names_requirements_on_a_node_package_whose_version_it_does_not_know():
+    items = [item("tensordict", "0.10.0", "pyvers<0.2.0,>=0.1.0", "packaging", "numpy"),
+             item("pyvers", "0.1.0", "packaging<26.0,>=25.0"), item("packaging", "25.0"), item("numpy", "2"),
+             item("old", "1", "six>=2; python_version < '3.8'"), item("six", "1")]
+    sel = build.select(items, ["tensordict", "old"], have={"packaging": None, "numpy": None, "six": None},
+                       carry_anyway={})
+    # packaging without a version on the node: pyvers' range cannot be checked by the resolution
+    assert build.unverified(sel, {"packaging": None, "numpy": None, "six": None}) == [
+        "pyvers 0.1.0 requires packaging<26.0,>=25.0; the node list gives no version of packaging"]
+    # with the node's version listed, nothing is left unverified (pip's resolution used it as a constraint)
+    sel = build.select(items, ["tensordict"], have={"packaging": "26.3", "numpy": None}, carry_anyway={})
+    assert build.unverified(sel, {"packaging": "26.3", "numpy": None}) == []
+
+
+def test_the_node_list_gives_packagings_version_and_the_carry_its_own():
+    """The node's packaging 26.3 is outside pyvers 0.1.0's range (tensordict 0.10.0 <- verl 0.9.1): the build carries
+    packaging (25.x, the CPU environment's), which comes first on the run's path."""
+    assert build.read_have(build.HAVE_FILE.read_text())["packaging"] == "26.3"
+    assert "packaging" in build.CARRY_ANYWAY
 
 
 STAND_INS = {
@@ -128,7 +153,11 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     summary = json.loads((out / "summary.json").read_text())
     steps = {s["name"]: s for s in summary["steps"]}
-    assert list(steps) == [s.name for s in run.STEPS] and summary["finished"] and not summary["all_passed"]
+    assert list(steps) == [s.name for s in run.STEPS if s.name != "smoke_resume"]
+    assert summary["finished"] and not summary["all_passed"]
+    (not_run,) = summary["not_run"]  # the resume has a call of its own: listed, with why
+    assert not_run["name"] == "smoke_resume" and not_run["reason"].startswith("not a default step: its second")
+    assert "not run: smoke_resume: not a default step" in p.stdout
     status = {name: s["status"] for name, s in steps.items()}
     assert status == {"install": "passed", "environment": "failed", "gpu_tests": "passed", "bench_losses": "timed_out",
                       "smoke_hf": "passed", "model_step": "failed", "smoke_vllm": "skipped"}
@@ -148,6 +177,44 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert sorted(f.name for f in out.iterdir()) == sorted(["summary.json"] + [f"{n}.log" for n in status
                                                                                if n != "smoke_vllm"])
     assert "bench_losses: TIMED_OUT" in p.stdout and "NOT all steps passed" in p.stdout
+
+
+def smoke_folder(folder: Path, steps: list[int], failures: list[str]) -> Path:
+    """A smoke run's output as rpg.demo.gpu_smoke leaves it: summary.json and run 1's last checkpoint."""
+    (folder / "ckpt" / f"global_step_{steps[-1]}").mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"run 1": {"steps": steps}, "failures": failures}))
+    return folder / "ckpt" / f"global_step_{steps[-1]}"
+
+
+def test_smoke_resume_resumes_the_newest_passed_run_1_and_says_when_there_is_none(tmp_path):
+    checkout = tmp_path / "checkout"
+    ctx = run.Context(out=tmp_path / "out", work=checkout / "outputs" / "gpu_kit" / "20261126-150000",
+                      carry=tmp_path, site=tmp_path / "site", installed=True, checkout=checkout)
+    step = next(s for s in run.STEPS if s.name == "smoke_resume")
+    r = run.StepRun(step, 240, tmp_path / "log", tmp_path / "work", tmp_path / "result.json")
+    assert step.command(ctx, r).startswith("no checkpoint of a passed smoke_hf run 1 on this node")
+    older = smoke_folder(checkout / "outputs" / "gpu_kit" / "20261126-140000" / "smoke_hf", [1, 2, 3, 4], [])
+    smoke_folder(checkout / "outputs" / "gpu_kit" / "20261126-141000" / "smoke_hf", [1, 2, 3, 4], ["step 3: nan"])
+    argv = step.command(ctx, r)  # an earlier call's (the newest whose run 1 passed)
+    assert argv[argv.index("--resume-from") + 1] == str(older) and "--resume-steps" not in argv
+    here = smoke_folder(ctx.work / "smoke_hf", [1, 2, 3, 4], [])
+    argv = step.command(ctx, r)  # this call's own
+    assert argv[argv.index("--resume-from") + 1] == str(here)
+    hf = next(s for s in run.STEPS if s.name == "smoke_hf").command(ctx, r)
+    assert hf[hf.index("--resume-steps") + 1] == "0"  # run 1 alone
+
+
+def test_the_smoke_runs_trainer_logs_come_back_with_the_kits_output(tmp_path):
+    (tmp_path / "work" / "first").mkdir(parents=True)
+    (tmp_path / "work" / "first" / "trainer.log").write_text("Started a local Ray instance.\n")
+    (tmp_path / "work" / "summary.json").write_text(json.dumps({"run 1": {"steps": [1], "wall_time_s": 9.0},
+                                                                "failures": []}))
+    (tmp_path / "out").mkdir()
+    ctx = run.Context(out=tmp_path / "out", work=tmp_path, carry=tmp_path, site=tmp_path, installed=True)
+    step = next(s for s in run.STEPS if s.name == "smoke_hf")
+    result = run.parse_smoke(ctx, run.StepRun(step, 270, tmp_path / "log", tmp_path / "work", tmp_path / "r.json"))
+    assert result["problems"] == [] and result["line"].startswith("run 1: 1 steps in 9.0 s")
+    assert (tmp_path / "out" / "smoke_hf.first.trainer.log").read_text() == "Started a local Ray instance.\n"
 
 
 def test_a_step_the_budget_leaves_too_little_time_for_is_skipped_with_that_reason(tmp_path, monkeypatch):
