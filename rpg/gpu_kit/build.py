@@ -12,31 +12,27 @@
    ``EXCLUDE`` (never imported by the kit's runs; a package only they need goes too) and plus ``CARRY_ANYWAY``
    (the node has a version outside a requirement's range).
 3. Download each as pip resolved it (sha256 checked against the resolution's), build the source-only ones
-   (``BUILT_HERE``), remove ``TRIM``'s members (RECORD rewritten to match), store the wheels uncompressed and
-   pack them with xz: one stream over all of them compresses about twice as well as the wheels' own zip.
+   (``BUILT_HERE``), then trim and pack them (``rpg.gpu_kit.pack``).
 4. Write ``manifest.json`` (what was carried, excluded and why, the sizes) and print the device call.
 """
 
 from __future__ import annotations
 
 import argparse
-import fnmatch
-import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpg.common.checkout import CHECKOUT
-from rpg.gpu_kit import CARRY_DIR, CARRY_FILE, DEFAULT_BUDGET_S, MANIFEST
+from rpg.gpu_kit import CARRY_DIR, CARRY_FILE, DEFAULT_BUDGET_S, MANIFEST, TARGET_PYTHON
+from rpg.gpu_kit.pack import sha256, write_carry
 
 try:
     from packaging.requirements import Requirement
@@ -44,7 +40,6 @@ except ImportError:  # a bare interpreter: pip's own copy of packaging
     from pip._vendor.packaging.requirements import Requirement
 
 HAVE_FILE = Path(__file__).with_name("gpu_image.txt")
-TARGET_PYTHON = "3.12"
 # pip matches platform tags literally: every manylinux tag a glibc 2.39 x86_64 node accepts
 PLATFORMS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64"] + [
     f"manylinux_2_{n}_x86_64" for n in range(5, 40)]
@@ -78,15 +73,6 @@ EXCLUDE = {
     "pytest-rerunfailures": "verl-core's test extra; not used by this project's tests",
     "pytest-asyncio": "verl-core's test extra; no GPU test is a coroutine (a plugin pytest loads: one for another "
                       "pytest would stop the GPU tests)",
-}
-# Members of a wheel a run never loads (fnmatch on the path in the wheel).
-TRIM = {
-    "ray": [
-        "ray/jars/*",  # Java workers
-        "ray/dashboard/client/build/*",  # the dashboard's web pages (the runs start no dashboard UI)
-        # Ray's libraries verl does not import
-        "ray/rllib/*", "ray/tune/*", "ray/train/*", "ray/serve/*", "ray/llm/*", "ray/data/*",
-    ],
 }
 
 
@@ -236,14 +222,6 @@ def unverified(sel: Selection, have: dict[str, str | None]) -> list[str]:
     return lines
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def download(python: str, items: dict[str, dict], find_links: Path, dest: Path) -> dict[str, Path]:
     """Each item's wheel as pip resolved it ({name: path}), its sha256 checked against the resolution's."""
     specs = [f"{i['metadata']['name']}=={i['metadata']['version']}" for i in items.values()]
@@ -262,71 +240,6 @@ def download(python: str, items: dict[str, dict], find_links: Path, dest: Path) 
             raise BuildError(f"{filename}: sha256 {sha256(path)} differs from the resolution's {want}")
         wheels[name] = path
     return wheels
-
-
-def restore(wheel: Path, drop: list[str]) -> list[str]:
-    """Rewrite ``wheel`` in place with its members stored uncompressed, those matching ``drop`` removed and
-    RECORD rewritten without them; returns the removed paths."""
-    removed = []
-    tmp = wheel.with_name(wheel.name + ".tmp")
-    with zipfile.ZipFile(wheel) as z, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as out:
-        for info in z.infolist():
-            if any(fnmatch.fnmatch(info.filename, p) for p in drop):
-                removed.append(info.filename)
-        gone = set(removed)
-        for info in z.infolist():
-            if info.filename in gone:
-                continue
-            data = z.read(info.filename)
-            if gone and info.filename.endswith(".dist-info/RECORD"):
-                lines = data.decode().splitlines(keepends=True)
-                data = "".join(x for x in lines if x.split(",", 1)[0] not in gone).encode()
-            out.writestr(info, data, compress_type=zipfile.ZIP_STORED)  # keeps the mode bits (executables)
-    tmp.replace(wheel)
-    return removed
-
-
-def pack(wheels: list[Path], archive: Path, preset: int = 9) -> None:
-    """The wheels in one xz-compressed tar, in name order, with fixed owners and times (same input, same bytes)."""
-    with tarfile.open(archive, "w:xz", preset=preset) as tar:
-        for w in sorted(wheels, key=lambda p: p.name):
-            info = tar.gettarinfo(str(w), arcname=w.name)
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = 0
-            with open(w, "rb") as f:
-                tar.addfile(info, f)
-
-
-def write_carry(wheels: dict[str, Path], versions: dict[str, str], out: Path, manifest: dict, preset: int = 9,
-                trim: dict[str, list[str]] = TRIM) -> dict:
-    """Trim and store each wheel (``restore``), pack them into ``out/wheels.tar.xz`` and write ``out/manifest.json``
-    (``manifest`` plus the carry's file, size, sha256 and each wheel's sizes); ``out`` is replaced as a whole."""
-    entries = {}
-    for name, path in sorted(wheels.items()):
-        size = path.stat().st_size
-        removed = restore(path, trim.get(name, []))
-        entries[name] = {"wheel": path.name, "version": versions[name], "wheel_bytes": size,
-                         "stored_bytes": path.stat().st_size, "removed_members": len(removed)}
-        if name in CARRY_ANYWAY:
-            entries[name]["carried_anyway"] = CARRY_ANYWAY[name]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".gpu_kit.", dir=out.parent))
-    try:
-        pack(list(wheels.values()), stage / CARRY_FILE, preset)
-        archive = stage / CARRY_FILE
-        manifest = {"target": {"python": TARGET_PYTHON, "implementation": "cp", "platform": "manylinux x86_64"},
-                    "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **manifest,
-                    "carry": {"file": CARRY_FILE, "bytes": archive.stat().st_size, "sha256": sha256(archive)},
-                    "wheels": entries, "trim": trim}
-        (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        stage.chmod(0o755)  # mkdtemp's folder is private; the carry is an ordinary folder
-        stage.rename(out)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    return manifest
 
 
 def travelling_tree_bytes(root: Path = CHECKOUT) -> int | None:
@@ -420,7 +333,7 @@ def build(python: str, args) -> int:
             "resolved": {canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in items},
             "on_the_node": sel.have, "excluded": sel.excluded, "only_needed_by_excluded": sel.unreached,
             "unverified": unchecked,
-        }, args.preset)
+        }, args.preset, carried_anyway=CARRY_ANYWAY)
     manifest["build_s"] = round(time.time() - started, 1)
     manifest["working_tree_bytes"] = travelling_tree_bytes()  # once the carry is in its ignored folder
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -440,8 +353,8 @@ def build(python: str, args) -> int:
                         f"a device call sends")
     if problems:
         for p in problems:
-            print(f"rpg.gpu_kit.build: {p}; exclude or trim more (EXCLUDE, TRIM in rpg/gpu_kit/build.py)",
-                  file=sys.stderr)
+            print(f"rpg.gpu_kit.build: {p}; exclude or trim more (EXCLUDE in rpg/gpu_kit/build.py, "
+                  f"TRIM in rpg/gpu_kit/pack.py)", file=sys.stderr)
         return 1
     call = device_call(out)
     say("the device call (docs/gpu-smoke.md#the-gpu-kit):")

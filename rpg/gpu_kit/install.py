@@ -27,7 +27,8 @@ from pathlib import Path
 
 from rpg.common.checkout import CHECKOUT
 from rpg.gpu_kit import CARRY_DIR, MANIFEST, SITE_DIR
-from rpg.gpu_kit.build import canonical, sha256
+from rpg.gpu_kit.build import canonical
+from rpg.gpu_kit.pack import sha256
 
 STATE = ".rpg-gpu-kit.json"  # in SITE: the sha256 of the carry installed there
 PROJECT = "rpg-verl"

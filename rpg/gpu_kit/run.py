@@ -4,21 +4,8 @@
     python3 -m rpg.gpu_kit.run --out DIR [--carry .gpu_kit] [--site .gpu_kit_site] [--budget 450]
                                [--steps NAME,...] [--box NAME=SECONDS] [--installed] [--stand-ins FILE]
 
-Steps (``STEPS``, in order of value; ``--steps`` runs a subset, e.g. a rerun of the ones that failed, always with
-``install`` unless ``--installed``: it only checks a site that holds the same carry):
-
-1. ``install``: the carry into ``--site`` (``rpg.gpu_kit.install``); ``--installed`` skips it (packages
-   installed with ``pip install -e ".[gpu]"``);
-2. ``environment``: the GPU, driver, versions, that verl loads the RPG losses (``rpg.gpu_kit.probe``);
-3. ``gpu_tests``: ``pytest -m gpu tests/gpu`` without the smoke run (step 5 runs it);
-4. ``bench_losses``: ``benchmarks/bench_losses.py --device cuda``, the RPG losses against verl's vanilla loss;
-5. ``smoke_hf``: run 1 of ``rpg.demo.gpu_smoke --rollout hf`` (SDPA attention without flash-attn), with its checks;
-6. ``model_step``: RPG steps of a 0.1 B-parameter Qwen2-shaped model with random weights (``rpg.gpu_kit.model_step``);
-7. ``smoke_resume``: the resumed run from ``smoke_hf``'s checkpoint (this call's, else the newest passed one under
-   ``outputs/gpu_kit`` of this checkout): not a default step, as its second trainer start-up does not fit the
-   default budget; a second call ``--steps smoke_resume`` on the same node runs it;
-8. ``smoke_vllm``: run 1 with vLLM, skipped with its reason when vLLM is not installed.
-
+The steps are ``rpg.gpu_kit.steps``'s ``STEPS``; ``--steps`` runs a subset, e.g. a rerun of the ones that failed,
+always with ``install`` unless ``--installed`` (it only checks a site that holds the same carry).
 A step not run (not a default step, not in ``--steps``) is listed in the summary's ``not_run`` with why.
 A step gets ``min(its box, what is left of --budget)``; one that would get less than its box and less than
 ``MIN_BOX_S`` is skipped with that reason. Past its box the step's process group gets SIGTERM, then SIGKILL
@@ -36,256 +23,22 @@ a GPU (tests/gpu_kit/test_gpu_kit.py); ``{python}`` in an argv is this interpret
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from rpg.common.checkout import CHECKOUT
 from rpg.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, SITE_DIR
+from rpg.gpu_kit.steps import STEPS, Context, Step, StepRun, cap_log
 
 MIN_BOX_S = 20.0
-LOG_CAP_BYTES = 15 * 2**20  # a file back from the device machine: at most 16 MiB
 TAIL_LINES = 40
 PREFIX = "[gpu-kit]"
-
-
-@dataclass
-class Context:
-    out: Path
-    work: Path
-    carry: Path
-    site: Path
-    installed: bool
-    python: str = sys.executable
-    checkout: Path = CHECKOUT
-
-    def available(self, module: str) -> bool:
-        """``module`` importable by the steps: in this interpreter or in the carry's site."""
-        if importlib.util.find_spec(module) is not None:
-            return True
-        return not self.installed and ((self.site / module).is_dir() or any(self.site.glob(f"{module}*.so")))
-
-
-@dataclass
-class Step:
-    name: str
-    box_s: float
-    what: str
-    command: Callable[[Context, "StepRun"], "list[str] | str"]  # argv, or the reason it is skipped
-    parse: Callable[[Context, "StepRun"], dict]
-    grace_s: float = 15.0
-    skip_is_fine: bool = True  # a skip for the step's own reason (not the budget) leaves the exit code 0
-    not_default: str = ""  # why a plain call does not run it (empty: a default step)
-
-
-@dataclass
-class StepRun:
-    step: Step
-    box_s: float
-    log: Path
-    work: Path
-    result_file: Path
-
-
-# ----------------------------------------------------------------------------- parsing each step's output
-
-def read_result(ctx: Context, run: StepRun) -> dict:
-    """The JSON result the step wrote (install, environment, model step)."""
-    if not run.result_file.is_file():
-        return {"problems": [f"the step wrote no result ({run.result_file.name})"]}
-    return json.loads(run.result_file.read_text())
-
-
-PYTEST_FINAL = re.compile(r"^=+ (.+?) in [\d.]+s(?: \([\d:]+\))? =+$")
-PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed|warnings?)")
-
-
-def parse_pytest(ctx: Context, run: StepRun) -> dict:
-    """Counts from pytest's last line, and its short summary's FAILED/ERROR lines."""
-    text = run.log.read_text(errors="replace") if run.log.is_file() else ""
-    counts: dict[str, int] = {}
-    failures = []
-    for line in text.splitlines():
-        m = PYTEST_FINAL.match(line.strip())
-        if m:
-            counts = {("error" if kind.startswith("error") else kind.rstrip("s") if kind.startswith("warning")
-                       else kind): int(n) for n, kind in PYTEST_COUNT.findall(m.group(1))}
-        if line.startswith(("FAILED ", "ERROR ")):
-            failures.append(line[:400])
-    result: dict = {"counts": counts, "failures": failures, "problems": []}
-    if not counts:
-        result["problems"].append("pytest printed no final count (killed, or it did not start)")
-    elif counts.get("failed") or counts.get("error"):
-        result["problems"].append(f"{counts.get('failed', 0)} failed, {counts.get('error', 0)} error(s)"
-                                  + (f": {failures[0]}" if failures else ""))
-    elif not counts.get("passed"):
-        result["problems"].append("no test passed")
-    result["line"] = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no count"
-    return result
-
-
-BENCH_HEADER = re.compile(r"^loss\s+ops\s+ops ratio\s+time ms\s+time ratio\s+peak MiB\s+mem ratio$")
-
-
-def parse_bench(ctx: Context, run: StepRun) -> dict:
-    """benchmarks/bench_losses.py's table: {row: {ops, ops_ratio, time_ms, time_ratio, peak_mib, mem_ratio}}."""
-    lines = run.log.read_text(errors="replace").splitlines() if run.log.is_file() else []
-    start = next((i for i, line in enumerate(lines) if BENCH_HEADER.match(line.strip())), None)
-    rows: dict[str, dict] = {}
-    if start is not None:
-        for line in lines[start + 1:]:
-            cells = line.rsplit(maxsplit=6)
-            if len(cells) != 7:
-                break
-            try:
-                values = [None if c == "-" else float(c) for c in cells[1:]]
-            except ValueError:
-                break
-            rows[cells[0].strip()] = dict(zip(("ops", "ops_ratio", "time_ms", "time_ratio", "peak_mib", "mem_ratio"),
-                                              values))
-    result: dict = {"setting": lines[start - 1] if start else None, "rows": rows, "problems": []}
-    if not rows:
-        result["problems"].append("no table rows in the benchmark's output")
-        return result
-    eager = [r["time_ratio"] for n, r in rows.items() if n.startswith("rpg ") and "[" not in n]
-    compiled = [r["time_ratio"] for n, r in rows.items() if n.endswith("[compiled]")]
-    result["line"] = "; ".join(f"{what} RPG time {min(v):.2f}-{max(v):.2f} x vanilla" for what, v in
-                               (("eager", eager), ("compiled", compiled)) if v)
-    return result
-
-
-TRAINER_LOG_CAP_BYTES = 4 * 2**20
-
-
-def parse_smoke(ctx: Context, run: StepRun) -> dict:
-    """rpg.demo.gpu_smoke's summary.json (its failures are the step's problems); each run's trainer log is copied
-    into OUT as ``<step>.<first|resumed>.trainer.log`` (capped: its first MiB and its end), the driver's and Ray's
-    start-up lines included."""
-    for which in ("first", "resumed"):
-        log = run.work / which / "trainer.log"
-        if log.is_file():
-            copy = ctx.out / f"{run.step.name}.{which}.trainer.log"
-            copy.write_bytes(log.read_bytes())
-            cap_log(copy, TRAINER_LOG_CAP_BYTES)
-    path = run.work / "summary.json"
-    if not path.is_file():
-        return {"problems": [f"the smoke run wrote no {path.name}"]}
-    summary = json.loads(path.read_text())
-    summary["problems"] = list(summary.get("failures", []))
-    parts = [f"{name}: {len(r.get('steps', []))} steps in {r.get('wall_time_s')} s" for name, r in summary.items()
-             if name.startswith("run ") and isinstance(r, dict)]
-    peaks = summary.get("device_peak_mib") or {}
-    summary["line"] = "; ".join(parts + [f"GPU {g} peak {float(m) / 1024:.2f} GiB" for g, m in peaks.items()])
-    return summary
-
-
-# ----------------------------------------------------------------------------- the steps
-
-def _install(ctx: Context, run: StepRun):
-    if ctx.installed:
-        return "--installed: the packages are installed (pip install -e \".[gpu]\")"
-    return [ctx.python, "-m", "rpg.gpu_kit.install", "--carry", str(ctx.carry), "--site", str(ctx.site),
-            "--result", str(run.result_file)]
-
-
-def _environment(ctx: Context, run: StepRun):
-    return [ctx.python, "-m", "rpg.gpu_kit.probe", "--result", str(run.result_file)]
-
-
-def _gpu_tests(ctx: Context, run: StepRun):
-    argv = [ctx.python, "-m", "pytest", "-m", "gpu", "tests/gpu", "--ignore=tests/gpu/test_gpu_smoke.py",
-            "-v", "-rfEs", "-p", "no:cacheprovider", "--color=no"]
-    if ctx.available("xdist"):  # the compiled-loss cases compile one by one: 8 workers share the node's cores
-        argv += ["-n", "8"]
-    return argv
-
-
-def _bench(ctx: Context, run: StepRun):
-    return [ctx.python, "benchmarks/bench_losses.py", "--device", "cuda"]
-
-
-def resume_checkpoint(ctx: Context) -> Path | None:
-    """The checkpoint ``smoke_resume`` resumes: the last one of ``smoke_hf``'s run 1 in this call's work folder, else
-    in the newest earlier one under ``outputs/gpu_kit`` of the checkout (a second call on the same node), whose
-    run 1 passed its checks (its summary.json: run 1 and no failure)."""
-    def passed(folder: Path) -> Path | None:
-        summary = folder / "summary.json"
-        try:
-            data = json.loads(summary.read_text())
-        except (OSError, ValueError):
-            return None
-        if "run 1" not in data or data.get("failures"):
-            return None
-        steps = data["run 1"].get("steps") or []
-        ckpt = folder / "ckpt" / f"global_step_{steps[-1]}" if steps else None
-        return ckpt if ckpt is not None and ckpt.is_dir() else None
-
-    here = passed(ctx.work / "smoke_hf")
-    if here is not None:
-        return here
-    earlier = sorted(ctx.checkout.glob("outputs/gpu_kit/*/smoke_hf"), key=lambda p: p.parent.name, reverse=True)
-    return next((ckpt for folder in earlier if (ckpt := passed(folder)) is not None), None)
-
-
-def _smoke(rollout: str, resume: bool = False):
-    def command(ctx: Context, run: StepRun):
-        if rollout == "vllm" and not ctx.available("vllm"):
-            return ("vLLM is not installed: the kit carries no vLLM (its wheels with their dependencies are about "
-                    "500 MiB, over what one device call carries); install the gpu extra on a node with network")
-        # run 1 alone (its checks written when it ends); the resume is its own step, with a trainer start-up of its own
-        argv = [ctx.python, "-m", "rpg.demo.gpu_smoke", "--rollout", rollout, "--out", str(run.work),
-                "--timeout", str(max(10, int(run.box_s - 15)))]
-        if resume:
-            ckpt = resume_checkpoint(ctx)
-            if ckpt is None:
-                return ("no checkpoint of a passed smoke_hf run 1 on this node (this call's or under outputs/gpu_kit): "
-                        "run smoke_hf first")
-            argv += ["--resume-from", str(ckpt)]
-        else:
-            argv += ["--resume-steps", "0"]
-        if not ctx.available("flash_attn"):
-            from rpg.backends.gpu.preflight import ATTN_KEY
-
-            argv.append(f"+{ATTN_KEY}=sdpa")
-        return argv
-    return command
-
-
-def _model_step(ctx: Context, run: StepRun):
-    return [ctx.python, "-m", "rpg.gpu_kit.model_step", "--device", "cuda", "--result", str(run.result_file)]
-
-
-# Boxes: about 1.1-2x what each step took on an NVIDIA H200 node (16 cores; docs/gpu-smoke.md#what-has-run-on-a-gpu):
-# install 10.4 s (5.2 s again), environment 18.4, gpu_tests 73.8, bench_losses 25.2, smoke_hf's run 1 about 240
-# (79 s of start-up before Ray, 166 s to all workers, validation, 4 steps, validation, checkpoint), model_step 16.4:
-# 390 s in all, within DEFAULT_BUDGET_S. The resumed run needs a second start-up (about 170 s), hence its own call.
-STEPS = [
-    Step("install", 60, "the carry's wheels and the project installed offline; pip check", _install, read_result),
-    Step("environment", 45, "GPU, driver, CUDA, package versions; verl loads the RPG losses", _environment,
-         read_result),
-    Step("gpu_tests", 120, "tests/gpu: bf16 losses on CUDA, compiled loss, offloaded reference copy, schedule-free "
-         "with offload", _gpu_tests, parse_pytest),
-    Step("bench_losses", 60, "RPG losses vs verl's vanilla loss on CUDA: time, memory, eager and compiled", _bench,
-         parse_bench),
-    Step("smoke_hf", 270, "verl's GPU path with the HF rollout, run 1: bf16 FSDP2 actor, offload, schedule-free, "
-         "reference reset, validation, checkpoint", _smoke("hf"), parse_smoke, grace_s=45),
-    Step("model_step", 45, "RPG steps of a 0.1 B-parameter Qwen2-shaped model (random weights) in bf16",
-         _model_step, read_result),
-    Step("smoke_resume", 240, "the HF smoke run's resumed run from smoke_hf's checkpoint", _smoke("hf", resume=True),
-         parse_smoke, grace_s=45, skip_is_fine=False,
-         not_default="its second trainer start-up (about 170 s) does not fit one call after the others; run it in a "
-                     "second call on the same node: --steps smoke_resume"),
-    Step("smoke_vllm", 300, "the smoke run's run 1 with vLLM: sleep/wake, weight sync through CUDA IPC",
-         _smoke("vllm"), parse_smoke, grace_s=45),
-]
 
 
 # ----------------------------------------------------------------------------- the runner
@@ -303,17 +56,6 @@ def tail(path: Path, n: int = TAIL_LINES) -> list[str]:
     with open(path, "rb") as f:
         f.seek(max(0, path.stat().st_size - 64 * 1024))
         return f.read().decode(errors="replace").splitlines()[-n:]
-
-
-def cap_log(path: Path, limit: int = LOG_CAP_BYTES) -> None:
-    """Keep a log under what comes back from the device machine: its first MiB and its end."""
-    if not path.is_file() or path.stat().st_size <= limit:
-        return
-    with open(path, "rb") as f:
-        head = f.read(2**20)
-        f.seek(path.stat().st_size - (limit - 2**20 - 200))
-        end = f.read()
-    path.write_bytes(head + b"\n[... the middle of this log was cut by rpg.gpu_kit.run ...]\n" + end)
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from rpg.gpu_kit import build, install, run
+from rpg.gpu_kit import build, install, pack, run
+from rpg.gpu_kit import steps as kit_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,7 +77,7 @@ def make_wheel(folder: Path, name: str, files: dict[str, bytes], modes: dict[str
 def test_a_trimmed_wheel_is_stored_without_its_dropped_members_and_keeps_its_mode_bits(tmp_path):
     w = make_wheel(tmp_path, "kitpkg", {"kitpkg/__init__.py": b"X = 1\n", "kitpkg/jars/big.jar": b"0" * 5000,
                                         "kitpkg/bin/server": b"#!/bin/sh\n"}, modes={"kitpkg/bin/server": 0o755})
-    removed = build.restore(w, ["kitpkg/jars/*"])
+    removed = pack.restore(w, ["kitpkg/jars/*"])
     assert removed == ["kitpkg/jars/big.jar"]
     with zipfile.ZipFile(w) as z:
         names = z.namelist()
@@ -153,7 +154,7 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     summary = json.loads((out / "summary.json").read_text())
     steps = {s["name"]: s for s in summary["steps"]}
-    assert list(steps) == [s.name for s in run.STEPS if s.name != "smoke_resume"]
+    assert list(steps) == [s.name for s in kit_steps.STEPS if s.name != "smoke_resume"]
     assert summary["finished"] and not summary["all_passed"]
     (not_run,) = summary["not_run"]  # the resume has a call of its own: listed, with why
     assert not_run["name"] == "smoke_resume" and not_run["reason"].startswith("not a default step: its second")
@@ -188,10 +189,10 @@ def smoke_folder(folder: Path, steps: list[int], failures: list[str]) -> Path:
 
 def test_smoke_resume_resumes_the_newest_passed_run_1_and_says_when_there_is_none(tmp_path):
     checkout = tmp_path / "checkout"
-    ctx = run.Context(out=tmp_path / "out", work=checkout / "outputs" / "gpu_kit" / "20261126-150000",
-                      carry=tmp_path, site=tmp_path / "site", installed=True, checkout=checkout)
-    step = next(s for s in run.STEPS if s.name == "smoke_resume")
-    r = run.StepRun(step, 240, tmp_path / "log", tmp_path / "work", tmp_path / "result.json")
+    ctx = kit_steps.Context(out=tmp_path / "out", work=checkout / "outputs" / "gpu_kit" / "20261126-150000",
+                            carry=tmp_path, site=tmp_path / "site", installed=True, checkout=checkout)
+    step = next(s for s in kit_steps.STEPS if s.name == "smoke_resume")
+    r = kit_steps.StepRun(step, 240, tmp_path / "log", tmp_path / "work", tmp_path / "result.json")
     assert step.command(ctx, r).startswith("no checkpoint of a passed smoke_hf run 1 on this node")
     older = smoke_folder(checkout / "outputs" / "gpu_kit" / "20261126-140000" / "smoke_hf", [1, 2, 3, 4], [])
     smoke_folder(checkout / "outputs" / "gpu_kit" / "20261126-141000" / "smoke_hf", [1, 2, 3, 4], ["step 3: nan"])
@@ -200,7 +201,7 @@ def test_smoke_resume_resumes_the_newest_passed_run_1_and_says_when_there_is_non
     here = smoke_folder(ctx.work / "smoke_hf", [1, 2, 3, 4], [])
     argv = step.command(ctx, r)  # this call's own
     assert argv[argv.index("--resume-from") + 1] == str(here)
-    hf = next(s for s in run.STEPS if s.name == "smoke_hf").command(ctx, r)
+    hf = next(s for s in kit_steps.STEPS if s.name == "smoke_hf").command(ctx, r)
     assert hf[hf.index("--resume-steps") + 1] == "0"  # run 1 alone
 
 
@@ -210,21 +211,23 @@ def test_the_smoke_runs_trainer_logs_come_back_with_the_kits_output(tmp_path):
     (tmp_path / "work" / "summary.json").write_text(json.dumps({"run 1": {"steps": [1], "wall_time_s": 9.0},
                                                                 "failures": []}))
     (tmp_path / "out").mkdir()
-    ctx = run.Context(out=tmp_path / "out", work=tmp_path, carry=tmp_path, site=tmp_path, installed=True)
-    step = next(s for s in run.STEPS if s.name == "smoke_hf")
-    result = run.parse_smoke(ctx, run.StepRun(step, 270, tmp_path / "log", tmp_path / "work", tmp_path / "r.json"))
+    ctx = kit_steps.Context(out=tmp_path / "out", work=tmp_path, carry=tmp_path, site=tmp_path, installed=True)
+    step = next(s for s in kit_steps.STEPS if s.name == "smoke_hf")
+    r = kit_steps.StepRun(step, 270, tmp_path / "log", tmp_path / "work", tmp_path / "r.json")
+    result = kit_steps.parse_smoke(ctx, r)
     assert result["problems"] == [] and result["line"].startswith("run 1: 1 steps in 9.0 s")
     assert (tmp_path / "out" / "smoke_hf.first.trainer.log").read_text() == "Started a local Ray instance.\n"
 
 
 def test_a_step_the_budget_leaves_too_little_time_for_is_skipped_with_that_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(run, "MIN_BOX_S", 2.0)
-    sleeper = run.Step("sleeper", 3.0, "sleeps", lambda ctx, r: [sys.executable, "-c", "import time; time.sleep(1.5)"],
-                       lambda ctx, r: {}, grace_s=0.5)
-    late = run.Step("late", 30.0, "never starts", lambda ctx, r: [sys.executable, "-c", "pass"], lambda ctx, r: {},
-                    grace_s=0.5)
-    ctx = run.Context(out=tmp_path / "out", work=tmp_path / "work", carry=tmp_path, site=tmp_path / "site",
-                      installed=True)
+    sleeper = kit_steps.Step("sleeper", 3.0, "sleeps",
+                             lambda ctx, r: [sys.executable, "-c", "import time; time.sleep(1.5)"],
+                             lambda ctx, r: {}, grace_s=0.5)
+    late = kit_steps.Step("late", 30.0, "never starts", lambda ctx, r: [sys.executable, "-c", "pass"],
+                          lambda ctx, r: {}, grace_s=0.5)
+    ctx = kit_steps.Context(out=tmp_path / "out", work=tmp_path / "work", carry=tmp_path, site=tmp_path / "site",
+                            installed=True)
     assert run.run_kit(ctx, [sleeper, late], budget_s=9.0) == 1
     steps = json.loads((tmp_path / "out" / "summary.json").read_text())["steps"]
     assert steps[0]["status"] == "passed" and steps[0]["box_s"] == 3

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from test_gpu_kit import make_wheel
 
-from rpg.gpu_kit import CARRY_FILE, MANIFEST, build, install, run
+from rpg.gpu_kit import CARRY_FILE, MANIFEST, build, install, pack, run
+from rpg.gpu_kit import steps as kit_steps
 
 pytestmark = pytest.mark.gpu_kit
 
@@ -113,7 +114,7 @@ def test_a_carry_installs_offline_once_and_a_truncated_one_is_refused(tmp_path):
                                                        "kitpkg/jars/big.jar": b"0" * 5000}),
               "kitdep": make_wheel(tmp_path, "kitdep", {"kitdep.py": b"Y = 2\n"})}
     carry = tmp_path / "carry"
-    manifest = build.write_carry(wheels, {"kitpkg": "1.0", "kitdep": "1.0"}, carry,
+    manifest = pack.write_carry(wheels, {"kitpkg": "1.0", "kitdep": "1.0"}, carry,
                                  {"excluded": {"wandb": "why"}, "only_needed_by_excluded": []}, preset=1,
                                  trim={"kitpkg": ["kitpkg/jars/*"]})
     with tarfile.open(carry / CARRY_FILE) as tar:
@@ -136,9 +137,9 @@ def test_a_carry_installs_offline_once_and_a_truncated_one_is_refused(tmp_path):
     assert install.install(tmp_path / "nothing", site)["problems"][0].endswith("carry .gpu_kit")
 
 
-def step_run(name: str, tmp_path: Path, log: Path) -> run.StepRun:
-    step = next(s for s in run.STEPS if s.name == name)
-    return run.StepRun(step, step.box_s, log, tmp_path, tmp_path / "result.json")
+def step_run(name: str, tmp_path: Path, log: Path) -> kit_steps.StepRun:
+    step = next(s for s in kit_steps.STEPS if s.name == name)
+    return kit_steps.StepRun(step, step.box_s, log, tmp_path, tmp_path / "result.json")
 
 
 def test_pytest_output_is_read_from_a_real_run(tmp_path):
@@ -150,7 +151,7 @@ def test_pytest_output_is_read_from_a_real_run(tmp_path):
         subprocess.run([sys.executable, "-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider", "--color=no",
                         "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)], stdout=f,
                        stderr=subprocess.STDOUT, cwd=tmp_path)
-    result = run.parse_pytest(None, step_run("gpu_tests", tmp_path, log))
+    result = kit_steps.parse_pytest(None, step_run("gpu_tests", tmp_path, log))
     assert result["counts"] == {"failed": 1, "passed": 1, "skipped": 1}, log.read_text()[-2000:]
     assert result["failures"] and result["failures"][0].startswith("FAILED test_x.py::test_bad")
     assert result["problems"][0].startswith("1 failed, 0 error(s): FAILED test_x.py::test_bad")
@@ -162,7 +163,7 @@ def test_the_loss_benchmark_table_is_read_from_a_real_run(tmp_path):
         p = subprocess.run([sys.executable, "benchmarks/bench_losses.py", "--batch", "2", "--length", "64", "--reps",
                             "1"], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, timeout=900)
     assert p.returncode == 0, log.read_text()[-3000:]
-    result = run.parse_bench(None, step_run("bench_losses", tmp_path, log))
+    result = kit_steps.parse_bench(None, step_run("bench_losses", tmp_path, log))
     rows = result["rows"]
     assert result["problems"] == [] and len(rows) == 1 + 4 + 1 + 4, rows
     assert rows["verl vanilla (dual-clip PPO)"]["time_ratio"] == 1.0 and result["setting"].startswith("2 x 64 tokens")
