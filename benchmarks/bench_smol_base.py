@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct before any training, on the held-out problems of its arithmetic task (rpg.smol.task):
 accuracy by the paper's reward and how often it answers in the asked format, greedy and at temperature 1.
 
-    python benchmarks/bench_smol_base.py [--problems 256] [--max-new-tokens 192] [--modes greedy,sample]
+    python benchmarks/bench_smol_base.py [--problems N] [--max-new-tokens 96] [--modes greedy,sample]
         [--seeds 0] [--threads N] [--json FILE]
     python benchmarks/bench_smol_base.py --modes sample --seeds 0,1   # the evaluation's own noise
     python benchmarks/bench_smol_base.py --problems 4 --max-new-tokens 16   # smoke (tests/test_smol_e2e.py)
@@ -154,7 +154,7 @@ def forward_costs(model, budgets: list[int], seed: int = 0) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--problems", type=int, default=256, help="held-out problems (default 256: the validation file)")
+    ap.add_argument("--problems", type=int, default=None, help="held-out problems (default: the validation file's)")
     ap.add_argument("--max-new-tokens", type=int, default=None,
                     help="response limit (default: the demo's data.max_response_length)")
     ap.add_argument("--modes", default="greedy,sample", help="greedy and/or sample (at --temperature)")
@@ -189,9 +189,9 @@ def main(argv=None) -> int:
     max_new = args.max_new_tokens or MAX_RESPONSE_LENGTH
     assets = build_smol_assets()
     rows = pd.read_parquet(assets.val_file).to_dict("records")
-    if not 1 <= args.problems <= len(rows):
+    if args.problems is not None and not 1 <= args.problems <= len(rows):
         ap.error(f"--problems {args.problems}: expected 1..{len(rows)} (the validation file's problems)")
-    rows = rows[: args.problems]
+    rows = rows[: args.problems or len(rows)]
     _, val = task.split()
     kinds = [val[int(r["extra_info"]["source_index"])].kind for r in rows]
     tok = AutoTokenizer.from_pretrained(assets.model_dir)
