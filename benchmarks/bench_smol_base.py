@@ -1,8 +1,9 @@
 """SmolLM2-135M-Instruct before any training, on the held-out problems of its arithmetic task (rpg.smol.task):
 accuracy by the paper's reward and how often it answers in the asked format, greedy and at temperature 1.
 
-    python benchmarks/bench_smol_base.py [--problems 256] [--max-new-tokens 192] [--modes greedy,sample]
-        [--threads N] [--json FILE]
+    python benchmarks/bench_smol_base.py [--problems N] [--max-new-tokens 96] [--modes greedy,sample]
+        [--seeds 0] [--threads N] [--json FILE]
+    python benchmarks/bench_smol_base.py --modes sample --seeds 0,1   # the evaluation's own noise
     python benchmarks/bench_smol_base.py --problems 4 --max-new-tokens 16   # smoke (tests/e2e/test_smol_e2e.py)
     python benchmarks/bench_smol_base.py --forward [--budgets 512,1024,2048]   # the log-prob pass's packing
 
@@ -13,6 +14,11 @@ as well), the response read back with the special tokens skipped and scored by `
 mode: accuracy (+1 answers), the answer-line rate (an ``Answer:`` line the paper's rule reads, right or wrong),
 the boxed rate (a ``\\boxed{...}``), the share cut at ``--max-new-tokens``, the mean response length, accuracy per
 kind of problem, and decoding throughput. The figures of record are in docs/smol.md.
+
+``--seeds 0,1``: the sample mode once per sampling seed, on the same problems and weights: the evaluation's own
+noise, what two validations of unchanged weights differ by. Printed: each accuracy, their largest difference, and
+the binomial standard error of one evaluation's accuracy, sqrt(p (1 - p) / n) with p their mean, and of a difference
+of two, sqrt(2) times that (independent samples of the same responses' distribution).
 
 ``--forward``: what verl's log-prob pass costs for one rollout batch (8 prompts x 4 responses of the task, lengths
 drawn like a run's) by how its micro-batches are formed. verl removes the padding and packs a micro-batch's
@@ -83,6 +89,15 @@ def evaluate(model, tok, rows, kinds, temperature: float, max_new_tokens: int, s
             "decode_s": round(wall, 1), "tokens_per_s": round(sum(lengths) / wall, 1), "examples": texts[:3]}
 
 
+def noise(accuracies: list[float], problems: int) -> dict:
+    """The evaluation's own noise from the accuracies of evaluations of the same weights on ``problems`` problems
+    with different sampling seeds (module docstring)."""
+    p = sum(accuracies) / len(accuracies)
+    se = (p * (1 - p) / problems) ** 0.5
+    return {"accuracies": accuracies, "problems": problems, "mean": p,
+            "largest_difference": max(accuracies) - min(accuracies), "se_one": se, "se_difference": se * 2**0.5}
+
+
 def forward_costs(model, budgets: list[int], seed: int = 0) -> dict:
     """Seconds of the log-prob pass over one rollout batch per way of forming micro-batches (module docstring)."""
     import torch
@@ -139,12 +154,14 @@ def forward_costs(model, budgets: list[int], seed: int = 0) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--problems", type=int, default=256, help="held-out problems (default 256: the validation file)")
+    ap.add_argument("--problems", type=int, default=None, help="held-out problems (default: the validation file's)")
     ap.add_argument("--max-new-tokens", type=int, default=None,
                     help="response limit (default: the demo's data.max_response_length)")
-    ap.add_argument("--modes", default="greedy,sample", help="greedy and/or sample (temperature 1)")
+    ap.add_argument("--modes", default="greedy,sample", help="greedy and/or sample (at --temperature)")
     ap.add_argument("--temperature", type=float, default=1.0, help="the sample mode's temperature (default 1, as "
                     "the run's validation)")
+    ap.add_argument("--seeds", default="0", help="the sample mode's sampling seeds, comma-separated (two or more: "
+                    "the evaluation's noise)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--forward", action="store_true", help="time the log-prob pass's packings instead")
@@ -153,6 +170,12 @@ def main(argv=None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
         ap.error(f"--modes {args.modes!r}: expected greedy and/or sample")
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        seeds = []
+    if not seeds or len(set(seeds)) != len(seeds):
+        ap.error(f"--seeds {args.seeds!r}: expected distinct integers, comma-separated")
 
     import pandas as pd
     import torch
@@ -166,9 +189,9 @@ def main(argv=None) -> int:
     max_new = args.max_new_tokens or MAX_RESPONSE_LENGTH
     assets = build_smol_assets()
     rows = pd.read_parquet(assets.val_file).to_dict("records")
-    if not 1 <= args.problems <= len(rows):
+    if args.problems is not None and not 1 <= args.problems <= len(rows):
         ap.error(f"--problems {args.problems}: expected 1..{len(rows)} (the validation file's problems)")
-    rows = rows[: args.problems]
+    rows = rows[: args.problems or len(rows)]
     _, val = task.split()
     kinds = [val[int(r["extra_info"]["source_index"])].kind for r in rows]
     tok = AutoTokenizer.from_pretrained(assets.model_dir)
@@ -182,16 +205,28 @@ def main(argv=None) -> int:
         return 0
     print(f"SmolLM2-135M-Instruct, {len(rows)} held-out problems, responses up to {max_new} tokens, "
           f"{torch.get_num_threads()} torch threads", flush=True)
-    results = {}
-    for mode in modes:
-        r = results[mode] = evaluate(model, tok, rows, kinds, args.temperature if mode == "sample" else 0.0, max_new)
-        print(f"{mode:6s} (T={r['temperature']:g}): accuracy {r['accuracy']:.3f}  answer line "
+    results, runs = {}, [("greedy", "greedy", 0)] if "greedy" in modes else []
+    if "sample" in modes:  # "sample" is the first seed's figures; "sample_seed<s>" each further seed's
+        runs += [("sample" if i == 0 else f"sample_seed{s}", "sample", s) for i, s in enumerate(seeds)]
+    for name, mode, seed in runs:
+        temperature = args.temperature if mode == "sample" else 0.0
+        r = results[name] = evaluate(model, tok, rows, kinds, temperature, max_new, seed=seed)
+        r["seed"] = seed if mode == "sample" else None
+        label = f"seed {seed}, " if mode == "sample" and len(seeds) > 1 else ""
+        print(f"{mode:6s} ({label}T={r['temperature']:g}): accuracy {r['accuracy']:.3f}  answer line "
               f"{r['answer_line_rate']:.3f}"
               f"  boxed {r['boxed_rate']:.3f}  cut at {max_new} tokens {r['cut_at_limit']:.3f}  mean length "
               f"{r['mean_response_tokens']:.0f} tokens  decoding {r['decode_s']:.0f}s ({r['tokens_per_s']:.0f} "
               f"tokens/s)", flush=True)
         print("        by kind: " + "  ".join(f"{k} {v:.2f}" for k, v in r["accuracy_by_kind"].items()), flush=True)
         print(f"        first response: {r['examples'][0][-300:]!r}", flush=True)
+    if "sample" in modes and len(seeds) > 1:
+        n = results["noise"] = noise([results[name]["accuracy"] for name, mode, _ in runs if mode == "sample"],
+                                     len(rows))
+        print(f"noise: {len(seeds)} evaluations of the same weights (seeds {args.seeds}), accuracy "
+              f"{' '.join(f'{a:.3f}' for a in n['accuracies'])}: largest difference {n['largest_difference']:.3f}; "
+              f"binomial SE of one evaluation {n['se_one']:.3f}, of a difference {n['se_difference']:.3f}",
+              flush=True)
     if args.json:
         args.json.write_text(json.dumps({"max_new_tokens": max_new, **results}, indent=2) + "\n")
     return 0

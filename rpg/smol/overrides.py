@@ -18,8 +18,8 @@ TRAIN_BATCH_SIZE = 8  # prompts per rollout batch
 MINI_BATCH_SIZE = 2  # prompts per optimizer step: 4 updates per rollout batch
 ROLLOUT_N = 4  # responses per prompt (a group)
 VAL_N = 1  # responses per validation prompt
-MAX_PROMPT_LENGTH = 128  # the task's longest prompt with the chat template is 114 tokens (tested)
-MAX_RESPONSE_LENGTH = 192
+MAX_PROMPT_LENGTH = 224  # the task's longest prompt (the worked example's turns, the problem's) is 203 tokens (tested)
+MAX_RESPONSE_LENGTH = 96  # the base model's answers: 40 tokens on average; "17 + 8 = 25.\nAnswer: 25" is 16
 # Tokens per micro-batch of the log-prob passes and the update. verl packs a micro-batch's sequences into one
 # row (use_remove_padding); on CPU transformers' sdpa attention then runs over the whole row with a
 # block-diagonal mask, so its cost per token grows with the row's length (about 69k x row length FLOPs per token

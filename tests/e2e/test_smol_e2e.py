@@ -110,15 +110,19 @@ def test_two_steps_of_the_one_command(smol, tmp_path):
 
 @pytest.mark.bench
 def test_bench_smol_base_smoke(smol, tmp_path):
-    """benchmarks/bench_smol_base.py on 4 problems, 16 new tokens, both modes: its figures are read back."""
+    """benchmarks/bench_smol_base.py on 4 problems, 16 new tokens, both modes, the sample mode with two seeds (the
+    evaluation's noise): its figures are read back."""
     report = tmp_path / "base.json"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_smol_base.py"), "--problems", "4",
-                        "--max-new-tokens", "16", "--json", str(report)], capture_output=True, text=True,
-                       timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                        "--max-new-tokens", "16", "--seeds", "0,1", "--json", str(report)], capture_output=True,
+                       text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     figures = json.loads(report.read_text())
     for mode in ("greedy", "sample"):
         r = figures[mode]
         assert r["problems"] == 4 and 0 <= r["accuracy"] <= r["answer_line_rate"] <= 1
         assert 0 < r["mean_response_tokens"] <= 16
-        assert f"{mode:6s} (T=" in p.stdout
+        assert f"{mode:6s} (" in p.stdout
+    noise = figures["noise"]
+    assert noise["accuracies"] == [figures["sample"]["accuracy"], figures["sample_seed1"]["accuracy"]]
+    assert figures["sample_seed1"]["seed"] == 1 and noise["problems"] == 4 and "noise: 2 evaluations" in p.stdout

@@ -5,7 +5,7 @@ and the compiled loss (``rpg.loss.compile=true``, inductor: Triton kernels on CU
 eager one (tests/math/test_losses_compiled.py's comparison, which runs inductor on the CPU).
 
 Compiled vs eager tolerances are the CPU inductor test's: loss and gradient within the float32 rounding
-bound of each token's terms (tests/test_losses_compiled.py: no relative bound holds where Algorithm 1's slope
+bound of each token's terms (tests/math/test_losses_compiled.py: no relative bound holds where Algorithm 1's slope
 w (beta - A_hat) cancels), metrics 1e-5 (fused kernels sum in another order; the KL estimate is a mean of
 w - 1 - log w)."""
 

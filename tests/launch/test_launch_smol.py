@@ -83,7 +83,8 @@ def test_a_dry_run_of_a_paper_script_on_smollm2(tmp_path):
                        capture_output=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     assets = planned_assets()
-    assert f"# run {NAME}: RPG-REINFORCE-UFKL" in p.stdout and f"model {assets.model_dir} (prompt 128" in p.stdout
+    assert f"# run {NAME}: RPG-REINFORCE-UFKL" in p.stdout
+    assert f"model {assets.model_dir} (prompt {smol.MAX_PROMPT_LENGTH}" in p.stdout
     assert "composed and validated config" in p.stdout and "no such file" not in p.stderr
     import pandas as pd
 

@@ -1,0 +1,32 @@
+"""benchmarks/bench_smol_base.py's evaluation noise (``--seeds``): its arithmetic and its argument check (no model;
+the ``bench`` stage smoke-runs the benchmark itself, tests/e2e/test_smol_e2e.py)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_smol_base", ROOT / "benchmarks" / "bench_smol_base.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_noise_is_the_evaluations_spread_and_the_binomial_standard_errors(bench):
+    n = bench.noise([0.2, 0.25], 200)
+    assert n["mean"] == pytest.approx(0.225) and n["largest_difference"] == pytest.approx(0.05)
+    assert n["se_one"] == pytest.approx((0.225 * 0.775 / 200) ** 0.5)
+    assert n["se_difference"] == pytest.approx(n["se_one"] * 2**0.5)
+    assert bench.noise([0.0, 0.0, 0.0], 50)["se_one"] == 0.0  # every answer wrong: no spread to estimate
+
+
+@pytest.mark.parametrize("seeds", ["0,0", "a", ""])
+def test_bad_seeds_are_one_line_before_any_model(bench, seeds, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--seeds", seeds])
+    assert e.value.code == 2 and "--seeds" in capsys.readouterr().err
