@@ -14,7 +14,7 @@ SITE_DIR = ".gpu_kit_site"  # where the run installs the carry (ignored; kept on
 MANIFEST = "manifest.json"
 CARRY_FILE = "wheels.tar.xz"
 TARGET_PYTHON = "3.12"  # the node's Python (CPython)
-# a device call's command: budget + 30 s. The default steps took 390 s on an H200 node; with the machine's start
+# a device call's command: budget + 30 s. The default steps took 328-390 s on an H200 node; with the machine's start
 # (about 35 s) a second call (smoke_resume, or a rerun) still fits a 15-minute lease
 DEFAULT_BUDGET_S = 450
 

@@ -171,6 +171,16 @@ def say(text: str) -> None:
     print(f"{PREFIX} {text}", flush=True)
 
 
+INSTALLED_STACK = ("verl", "ray", "hydra", "transformers", "tensordict")  # what every trainer step imports
+
+
+def missing_stack() -> list[str]:
+    """The modules of ``INSTALLED_STACK`` this interpreter cannot import (``--installed`` runs with no carry)."""
+    import importlib.util
+
+    return [name for name in INSTALLED_STACK if importlib.util.find_spec(name) is None]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="summary.json and the steps' logs (the device call's $OUT)")
@@ -212,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--box {text}: a step name ({', '.join(names)}) and a positive number of seconds")
     if args.budget < MIN_BOX_S:
         ap.error(f"--budget must be >= {MIN_BOX_S:g} s")
+    missing = missing_stack() if args.installed else []
+    if missing:  # without it each step would fail on its own ModuleNotFoundError
+        ap.error(f"--installed: {', '.join(missing)} cannot be imported by {sys.executable}; "
+                 f"leave out --installed to install the carry (a warm node keeps its site: seconds)")
     work = args.work or CHECKOUT / "outputs" / "gpu_kit" / time.strftime("%Y%m%d-%H%M%S")
     ctx = Context(out=args.out.resolve(), work=work.resolve(), carry=args.carry.resolve(), site=args.site.resolve(),
                   installed=args.installed)

@@ -246,10 +246,10 @@ def _model_step(ctx: Context, run: StepRun):
     return [ctx.python, "-m", "rpg.gpu_kit.model_step", "--device", "cuda", "--result", str(run.result_file)]
 
 
-# Boxes: about 1.1-2x what each step took on an NVIDIA H200 node (16 cores; docs/gpu-smoke.md#what-has-run-on-a-gpu):
-# install 10.4 s (5.2 s again), environment 18.4, gpu_tests 73.8, bench_losses 25.2, smoke_hf's run 1 about 240
-# (79 s of start-up before Ray, 166 s to all workers, validation, 4 steps, validation, checkpoint), model_step 16.4:
-# 390 s in all, within DEFAULT_BUDGET_S. The resumed run needs a second start-up (about 170 s), hence its own call.
+# Boxes: about 1.1-2x what each step took on an NVIDIA H200 node (16 cores; docs/gpu-smoke.md#what-has-run-on-a-gpu),
+# the slower of two kit runs: install 10.4 s (5.2 s again), environment 18.4, gpu_tests 73.8, bench_losses 34.7,
+# smoke_hf's run 1 186-240 (start-up to all workers 107-166 s, validation, 4 steps, validation, checkpoint),
+# model_step 16.6: 328-390 s in all, within DEFAULT_BUDGET_S. The resumed run (a second trainer start-up, 137 s in all there) does not fit after them: its own call.
 STEPS = [
     Step("install", 60, "the carry's wheels and the project installed offline; pip check", _install, read_result),
     Step("environment", 45, "GPU, driver, CUDA, package versions; verl loads the RPG losses", _environment,
@@ -264,7 +264,7 @@ STEPS = [
          _model_step, read_result),
     Step("smoke_resume", 240, "the HF smoke run's resumed run from smoke_hf's checkpoint", _smoke("hf", resume=True),
          parse_smoke, grace_s=45, skip_is_fine=False,
-         not_default="its second trainer start-up (about 170 s) does not fit one call after the others; run it in a "
+         not_default="its run (137 s on an H200) does not fit the budget after the others (328 s); run it in a "
                      "second call on the same node: --steps smoke_resume"),
     Step("smoke_vllm", 300, "the smoke run's run 1 with vLLM: sleep/wake, weight sync through CUDA IPC",
          _smoke("vllm"), parse_smoke, grace_s=45),

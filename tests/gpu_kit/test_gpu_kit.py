@@ -157,7 +157,7 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert list(steps) == [s.name for s in kit_steps.STEPS if s.name != "smoke_resume"]
     assert summary["finished"] and not summary["all_passed"]
     (not_run,) = summary["not_run"]  # the resume has a call of its own: listed, with why
-    assert not_run["name"] == "smoke_resume" and not_run["reason"].startswith("not a default step: its second")
+    assert not_run["name"] == "smoke_resume" and not_run["reason"].startswith("not a default step: its run")
     assert "not run: smoke_resume: not a default step" in p.stdout
     status = {name: s["status"] for name, s in steps.items()}
     assert status == {"install": "passed", "environment": "failed", "gpu_tests": "passed", "bench_losses": "timed_out",
@@ -252,3 +252,12 @@ def test_a_subset_of_steps_runs_after_the_install(tmp_path):
                         "--steps", "model_step", "--stand-ins", str(stand_ins), *extra], capture_output=True,
                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
         assert [s["name"] for s in json.loads((out / "summary.json").read_text())["steps"]] == names
+
+
+def test_installed_without_the_stack_is_one_line(tmp_path, monkeypatch):
+    # a node's own python without the carry's packages: one line naming them, not a traceback in each step
+    assert run.missing_stack() == []  # this venv has the stack: the real check passes here
+    monkeypatch.setattr(run, "missing_stack", lambda: ["verl", "hydra"])
+    with pytest.raises(SystemExit) as stop:
+        run.main(["--out", str(tmp_path / "out"), "--installed", "--steps", "smoke_resume"])
+    assert stop.value.code == 2 and not (tmp_path / "out").exists()
