@@ -18,9 +18,11 @@ from collections.abc import Mapping
 
 
 ROLLOUTS = ("vllm", "hf")
+MODEL_PATH_KEY = "actor_rollout_ref.model.path"
 REFERENCE_EVERY = 2  # rpg.reference.update_every: the first reset happens at step 2
-# vLLM's share of each GPU (weights + KV cache of a 0.4 M-parameter model: a few MiB; the rest is
-# headroom); a fraction, so it also fits a GPU that another process is using
+# vLLM's share of each GPU (weights + KV cache of a 0.4 M-parameter model: a few MiB; SmolLM2-135M in bf16: 0.27 GB
+# of weights, 1.9 GB for 256 sequences of 320 tokens at 30 layers x 3 KV heads x 64; the rest is headroom); a
+# fraction, so it also fits a GPU that another process is using
 GPU_MEMORY_UTILIZATION = 0.3
 
 # What the smoke run exercises on top of the tiny demo's RPG algorithm (rpg.tiny.overrides).
@@ -30,6 +32,19 @@ ALGORITHM = [
     "rpg.reference.log_weight_diff=True",  # rpg/ref_actor_{weight,logit}_diff_{pre,post}: what the copy did
     "rpg.optimizer=schedulefree",
 ]
+
+
+def smoke_sizes(model: str) -> dict[str, int]:
+    """The rollout batch (``train_batch_size`` prompts x ``n``), mini-batch and, for SmolLM2, micro-batch token
+    budget of the smoke run on ``model`` (``rpg.launch.rehearsal.CpuModel``'s name): the tiny demo's sizes, or
+    ``rpg.smol.overrides.GPU_SIZES``; keywords of the model's task overrides."""
+    if model == "smol":
+        from rpg.smol.overrides import GPU_SIZES
+
+        return dict(GPU_SIZES)
+    from rpg.tiny.overrides import MINI_BATCH_SIZE, ROLLOUT_N, TRAIN_BATCH_SIZE
+
+    return {"train_batch_size": TRAIN_BATCH_SIZE, "n": ROLLOUT_N, "mini_batch_size": MINI_BATCH_SIZE}
 
 
 class SmokeSettingsError(ValueError):
