@@ -1,4 +1,4 @@
-"""CLI: the tiny task through verl's real GPU path, "run this first on a new node"
+"""CLI: the tiny task (or SmolLM2's) through verl's real GPU path, "run this first on a new node"
 (what recipe/rpg/tiny/run_tiny_gpu.sh calls; docs/gpu-smoke.md).
 
     python -m rpg.demo.gpu_smoke [--model tiny|smol] [--rollout vllm|hf] [--gpus 1] [--steps 4] [--resume-steps 2]
@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-offload", action="store_true",
                     help="keep the actor's parameters and optimizer state on the GPU (verl 0.9.1 keeps the "
                          "forward-only reference on the CPU either way)")
-    ap.add_argument("--lr", type=float, default=None, help="learning rate (default the CPU demo's: tiny 5e-4, smol 1e-5)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="learning rate (default the CPU demo's: tiny 5e-4, smol 1e-5)")
     ap.add_argument("--out", type=Path, default=None,
                     help="output dir, relative to the current folder (default outputs/<model>_gpu/<time> in the "
                          "checkout)")

@@ -1,8 +1,8 @@
 """The GPU smoke run's settings: its Hydra overrides and their validation (one source; the backend's
 environment is ``rpg.backends.gpu.env_overrides``).
 
-The run is the tiny task (rpg.tiny) through verl's real GPU path, in the regime the paper's runs
-use and nothing on CPU exercises: vLLM rollouts that sleep and wake around every update, with the
+The run is the tiny task (rpg.tiny), or SmolLM2's (rpg.smol), through verl's real GPU path, in the regime the
+paper's runs use and nothing on CPU exercises: vLLM rollouts that sleep and wake around every update, with the
 actor's weights synced into them after every step; an FSDP2 actor computing in bf16 (verl's
 default mixed precision, float32 master weights); the actor's parameters and optimizer state
 offloaded to the CPU between uses (``offload=True``); the reference on the CPU whatever ``offload``
@@ -86,10 +86,11 @@ def check_settings(rollout: str, gpus: int, steps: int, resume_steps: int, mini_
 
 def gpu_overrides(rollout: str, gpus: int, *, offload: bool = True, mini_batch_size: int, n: int,
                   train_batch_size: int) -> list[str]:
-    """Hydra overrides that put the tiny task on ``gpus`` GPUs of one node (after the task's own).
+    """Hydra overrides that put the task on ``gpus`` GPUs of one node (after the task's own).
 
     Per-GPU micro-batches: one mini-batch (``mini_batch_size * n`` sequences) split evenly over the
-    data-parallel ranks, one micro-batch each; the log-prob passes take the whole batch per rank.
+    data-parallel ranks, one micro-batch each; the log-prob passes take the whole batch per rank (SmolLM2's task
+    micro-batches by a token budget instead: ``use_dynamic_bsz``, which verl then reads in place of these).
     """
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     ov = [

@@ -386,7 +386,8 @@ def test_main_on_smol_builds_smollm2_or_only_its_task_when_given_the_model(monke
     monkeypatch.setattr(smoke, "preflight", lambda *a: None)
     monkeypatch.setattr(rpg.smol, "build_smol_assets", build)
     (tmp_path / "cache").mkdir()
-    LlamaConfig(hidden_size=576, num_attention_heads=9, head_dim=64).save_pretrained(planned_assets(tmp_path / "cache").model_dir)
+    smol = LlamaConfig(hidden_size=576, num_attention_heads=9, head_dim=64)  # SmolLM2-135M's head size
+    smol.save_pretrained(planned_assets(tmp_path / "cache").model_dir)
     fake = FakeRuns(good_run([1, 2, 3, 4]), None, device="cuda:0")
     monkeypatch.setattr(smoke, "run_trainer", fake)
     argv = ["--model", "smol", "--rollout", "hf", "--resume-steps", "0", "--echo"]
