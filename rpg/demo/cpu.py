@@ -63,12 +63,13 @@ from rpg.launch.args import OneLineParser, positive_int, read_overrides
 from rpg.backends.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, trainer_overrides
 from rpg.backends.harness.run_dir import (METRICS_FILE, RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir,
                                  new_run_dir)
+from rpg.launch.environment import CPU_MODELS
 from rpg.launch.experiments import recipe_value
 from rpg.launch.rehearsal import CpuModel
 
 COMMAND = "bash recipe/rpg/tiny/run_tiny_cpu.sh"
 PREFIX = "[tiny]"  # every line of the demo (``[smol]`` on SmolLM2, once the command line is read)
-MODELS = ("tiny", "smol")
+MODELS = CPU_MODELS  # the models a CPU run and the GPU smoke run train (rpg.launch.rehearsal.CpuModel)
 COMMANDS = {"tiny": COMMAND, "smol": "bash recipe/rpg/smol/run_smol_cpu.sh"}
 # run_tiny_cpu.sh's variables and the flag of this module each one sets (declared once: the usage, and the
 # one-line refusal of ``OUT=runs/x`` given as an argument, read them here; a test checks the script against it)

@@ -1,14 +1,20 @@
-"""CLI: the tiny task through verl's real GPU path, "run this first on a new node"
+"""CLI: the tiny task (or SmolLM2's) through verl's real GPU path, "run this first on a new node"
 (what recipe/rpg/tiny/run_tiny_gpu.sh calls; docs/gpu-smoke.md).
 
-    python -m rpg.demo.gpu_smoke [--rollout vllm|hf] [--gpus 1] [--steps 4] [--resume-steps 2]
+    python -m rpg.demo.gpu_smoke [--model tiny|smol] [--rollout vllm|hf] [--gpus 1] [--steps 4] [--resume-steps 2]
                                      [--resume-from DIR/ckpt/global_step_N] [--no-offload] [--out DIR] [key=value ...]
+
+``--model tiny`` (default): the tiny model and task (``rpg.tiny``); ``--model smol``: SmolLM2-135M-Instruct and its
+arithmetic task (``rpg.smol``, built as for the CPU demo; ``actor_rollout_ref.model.path=`` another copy of the
+model, the wheel then not needed), with the CPU run's prompt and response lengths and its GPU sizes
+(``rpg.demo.smoke_settings.smoke_sizes``). The model and task are chosen as by the CPU demo
+(``rpg.launch.rehearsal.CpuModel``).
 
 Two runs of the RPG recipe (RPG-REINFORCE-UFKL with RPG-Style Clip, 4 mini-batches per rollout
 batch) with the settings of rpg.demo.smoke_settings (vLLM or HF rollout, FSDP2 actor in bf16,
 offload, periodic reference reset, schedule-free AdamW):
 
-1. ``--steps`` steps from the tiny model, validating before and after, saving a checkpoint at
+1. ``--steps`` steps from the model, validating before and after, saving a checkpoint at
    the last step;
 2. a resume from that checkpoint for ``--resume-steps`` more steps (0: none). ``--resume-from`` runs
    only this one, from the checkpoint of an earlier run 1 with the same settings (the GPU kit's
@@ -43,8 +49,11 @@ from rpg.backends.harness import TrainerRun, TrainerRunError, run_trainer
 from rpg.common.checkout import CHECKOUT
 from rpg.common.user_paths import user_folder
 from rpg.common.override_lists import OverrideSyntaxError, check_user_overrides, hydra_value, values
-from rpg.demo.smoke_settings import (ALGORITHM, ROLLOUTS, SmokeSettingsError, check_settings,
-                                       gpu_overrides, head_dim, head_dim_problem)
+from rpg.demo.smoke_settings import (ALGORITHM, MODEL_PATH_KEY, ROLLOUTS, SmokeSettingsError, check_settings,
+                                       gpu_overrides, head_dim, head_dim_problem, smoke_sizes)
+from rpg.launch.args import OneLineParser
+from rpg.launch.environment import CPU_MODELS as MODELS
+from rpg.launch.rehearsal import CpuModel
 
 PREFIX = "[gpu-smoke]"
 STARTUP_STAGES = (
@@ -63,6 +72,9 @@ NVIDIA_SMI_EVERY_S = 2.0
 # without; on an H200 node 60 s of the 79 s before "Ray started" were inside ray.init (docs/gpu-smoke.md).
 PRIVATE_RAY = ["+ray_kwargs.ray_init.include_dashboard=False"]
 DEFAULT_STEPS = 4
+# run_tiny_gpu.sh's variables and the flag each one sets (a bad value's line names both)
+SCRIPT_ENV = {"--model": "MODEL", "--rollout": "ROLLOUT", "--gpus": "GPUS", "--steps": "STEPS",
+              "--resume-steps": "RESUME_STEPS", "--out": "OUT"}
 
 
 def say(text: str) -> None:
@@ -123,15 +135,18 @@ def preflight(rollout: str, gpus: int, user: list[str], probe: GpuProbe | None =
 
 
 def smoke_overrides(assets, args, *, first: bool, ckpt: Path) -> list[str]:
-    """All overrides of run 1 (``first``) or of the resumed run 2, before the user's. Run 2 resumes from
-    ``args.resume_from`` when given, else from run 1's last checkpoint in ``ckpt``; both save into ``ckpt``."""
-    from rpg.tiny.overrides import MINI_BATCH_SIZE, ROLLOUT_N, TRAIN_BATCH_SIZE, tiny_algorithm, tiny_task_overrides
+    """All overrides of run 1 (``first``) or of the resumed run 2, before the user's: ``args.model``'s task with the
+    smoke run's sizes for it. Run 2 resumes from ``args.resume_from`` when given, else from run 1's last checkpoint
+    in ``ckpt``; both save into ``ckpt``."""
+    from rpg.tiny.overrides import tiny_algorithm
 
+    model = CpuModel(getattr(args, "model", "tiny"))
+    sizes = smoke_sizes(model.name)
     total = args.steps if first else args.steps + args.resume_steps
-    task = tiny_task_overrides(assets, steps=total, test_freq=total)
-    _, algo = tiny_algorithm("rpg", lr=args.lr)
-    gpu = gpu_overrides(args.rollout, args.gpus, offload=not args.no_offload, mini_batch_size=MINI_BATCH_SIZE,
-                        n=ROLLOUT_N, train_batch_size=TRAIN_BATCH_SIZE)
+    task = model.task_overrides(assets, steps=total, test_freq=total, **sizes)
+    _, algo = tiny_algorithm("rpg", lr=args.lr, model=model.name)
+    gpu = gpu_overrides(args.rollout, args.gpus, offload=not args.no_offload, mini_batch_size=sizes["mini_batch_size"],
+                        n=sizes["n"], train_batch_size=sizes["train_batch_size"])
     run = [f"trainer.default_local_dir={hydra_value(str(ckpt), 'trainer.default_local_dir')}",
            f"trainer.save_freq={total}", "trainer.max_actor_ckpt_to_keep=2", *PRIVATE_RAY]
     if first:
@@ -173,10 +188,27 @@ def _one_run(name: str, overrides: list[str], out: Path, args, total: int) -> Tr
             startup.finish()
 
 
-def main(argv: list[str] | None = None) -> int:
-    from rpg.tiny.overrides import MINI_BATCH_SIZE, RECIPE_ENTRY, ROLLOUT_N
+def model_config(path: str) -> dict:
+    """The HF config of the model a user gave (``actor_rollout_ref.model.path``: a folder, or a hub name read from
+    the hub as verl will); SmokeSettingsError (one line) when it cannot be read."""
+    from transformers import AutoConfig
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    try:
+        return AutoConfig.from_pretrained(path).to_dict()
+    except Exception as e:  # noqa: BLE001 - a missing folder, no hub, a bad name: one line whatever the cause
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise SmokeSettingsError(f"{MODEL_PATH_KEY}={path}: cannot read its config ({type(e).__name__}: {first})") \
+            from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rpg.smol import SmolAssetError
+    from rpg.tiny.overrides import RECIPE_ENTRY
+
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, prefix=PREFIX,
+                       env_of=SCRIPT_ENV)
+    ap.add_argument("--model", default="tiny", choices=MODELS,
+                    help="tiny (default): the tiny model and task; smol: SmolLM2-135M-Instruct and arithmetic")
     ap.add_argument("--rollout", default="vllm", help=f"rollout engine, one of {ROLLOUTS} (default vllm)")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs of this node to train on (data parallel; default 1)")
     ap.add_argument("--steps", type=int, default=None,
@@ -188,13 +220,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-offload", action="store_true",
                     help="keep the actor's parameters and optimizer state on the GPU (verl 0.9.1 keeps the "
                          "forward-only reference on the CPU either way)")
-    ap.add_argument("--lr", type=float, default=5e-4, help="learning rate (default 5e-4, the tiny demo's)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="learning rate (default the CPU demo's: tiny 5e-4, smol 1e-5)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="output dir, relative to the current folder (default outputs/tiny_gpu/<time> in the checkout)")
+                    help="output dir, relative to the current folder (default outputs/<model>_gpu/<time> in the "
+                         "checkout)")
     ap.add_argument("--entry", default=str(CHECKOUT / RECIPE_ENTRY), help="trainer script (default the RPG recipe)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed (each run)")
     ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
-    args, user = ap.parse_known_args(argv)
+    try:
+        args, user = ap.parse_known_args(argv)
+    except SystemExit as e:  # --help (0) or a bad flag's one line (2: OneLineParser)
+        return e.code
+    model, sizes = CpuModel(args.model), smoke_sizes(args.model)
+    args.lr = model.lr if args.lr is None else args.lr
     try:
         check_user_overrides(user)  # Hydra's grammar: a typo is one line here, not a traceback after Ray started
         if args.resume_from is not None:
@@ -204,19 +243,25 @@ def main(argv: list[str] | None = None) -> int:
                                          f"is step {step}; leave --steps out")
             args.steps = step
         args.steps = DEFAULT_STEPS if args.steps is None else args.steps
-        check_settings(args.rollout, args.gpus, args.steps, args.resume_steps, MINI_BATCH_SIZE, ROLLOUT_N)
+        check_settings(args.rollout, args.gpus, args.steps, args.resume_steps, sizes["mini_batch_size"], sizes["n"])
         preflight(args.rollout, args.gpus, user)
     except (SmokeSettingsError, OverrideSyntaxError) as e:
         print(f"{PREFIX} {e}", file=sys.stderr)
         return 2
 
-    from rpg.tiny import build_tiny_assets
-
-    out = user_folder(args.out or CHECKOUT / "outputs" / "tiny_gpu" / time.strftime("%Y%m%d-%H%M%S"))
-    assets = build_tiny_assets(prefix=PREFIX)
-    problem = head_dim_problem(head_dim(json.loads((assets.model_dir / "config.json").read_text())))
+    out = user_folder(args.out or CHECKOUT / "outputs" / f"{model.name}_gpu" / time.strftime("%Y%m%d-%H%M%S"))
+    user_model = values(user).get(MODEL_PATH_KEY)  # another copy of the model: SmolLM2's wheel is not needed
+    try:
+        assets = model.build(prefix=PREFIX, model=user_model is None)
+        hf_config = (model_config(str(user_model)) if user_model is not None
+                     else json.loads((assets.model_dir / "config.json").read_text()))
+    except (SmolAssetError, SmokeSettingsError) as e:
+        print(f"{PREFIX} {e}", file=sys.stderr)
+        return 2
+    shown = user_model if user_model is not None else model.folder(assets)
+    problem = head_dim_problem(head_dim(hf_config))
     if problem:
-        print(f"{PREFIX} {assets.model_dir}: {problem}", file=sys.stderr)
+        print(f"{PREFIX} {shown}: {problem}", file=sys.stderr)
         return 2
     ckpt = out / "ckpt"
     plan = [] if args.resume_from else [("run 1", True, args.steps)]
@@ -224,10 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         plan.append(("run 2 (resumed)", False, args.steps + args.resume_steps))
     what = (f"a resume from {args.resume_from} (step {args.steps}) for {args.resume_steps}" if args.resume_from else
             f"{args.steps} steps" + (f" + a resume for {args.resume_steps}" if args.resume_steps else " (no resume)"))
-    say(f"assets {assets.root}; rollout={args.rollout}, {args.gpus} GPU(s), offload={not args.no_offload}; "
-        f"{what}; output {out}")
+    say(f"{model.task}: {shown}; rollout={args.rollout}, {args.gpus} GPU(s), offload={not args.no_offload}; "
+        f"{sizes['train_batch_size']} prompts x {sizes['n']} per step; {what}; output {out}")
     memory = GpuMemoryPeak()
-    report: dict = {"rollout": args.rollout, "gpus": args.gpus, "offload": not args.no_offload,
+    report: dict = {"model": args.model, "rollout": args.rollout, "gpus": args.gpus, "offload": not args.no_offload,
                     "output_dir": str(out), "runs": [name for name, _, _ in plan], "device_peak_mib": {}}
     failures: list[str] = []
     out.mkdir(parents=True, exist_ok=True)

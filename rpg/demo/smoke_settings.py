@@ -1,8 +1,8 @@
 """The GPU smoke run's settings: its Hydra overrides and their validation (one source; the backend's
 environment is ``rpg.backends.gpu.env_overrides``).
 
-The run is the tiny task (rpg.tiny) through verl's real GPU path, in the regime the paper's runs
-use and nothing on CPU exercises: vLLM rollouts that sleep and wake around every update, with the
+The run is the tiny task (rpg.tiny), or SmolLM2's (rpg.smol), through verl's real GPU path, in the regime the
+paper's runs use and nothing on CPU exercises: vLLM rollouts that sleep and wake around every update, with the
 actor's weights synced into them after every step; an FSDP2 actor computing in bf16 (verl's
 default mixed precision, float32 master weights); the actor's parameters and optimizer state
 offloaded to the CPU between uses (``offload=True``); the reference on the CPU whatever ``offload``
@@ -18,9 +18,11 @@ from collections.abc import Mapping
 
 
 ROLLOUTS = ("vllm", "hf")
+MODEL_PATH_KEY = "actor_rollout_ref.model.path"
 REFERENCE_EVERY = 2  # rpg.reference.update_every: the first reset happens at step 2
-# vLLM's share of each GPU (weights + KV cache of a 0.4 M-parameter model: a few MiB; the rest is
-# headroom); a fraction, so it also fits a GPU that another process is using
+# vLLM's share of each GPU (weights + KV cache of a 0.4 M-parameter model: a few MiB; SmolLM2-135M in bf16: 0.27 GB
+# of weights, 1.9 GB for 256 sequences of 320 tokens at 30 layers x 3 KV heads x 64; the rest is headroom); a
+# fraction, so it also fits a GPU that another process is using
 GPU_MEMORY_UTILIZATION = 0.3
 
 # What the smoke run exercises on top of the tiny demo's RPG algorithm (rpg.tiny.overrides).
@@ -30,6 +32,19 @@ ALGORITHM = [
     "rpg.reference.log_weight_diff=True",  # rpg/ref_actor_{weight,logit}_diff_{pre,post}: what the copy did
     "rpg.optimizer=schedulefree",
 ]
+
+
+def smoke_sizes(model: str) -> dict[str, int]:
+    """The rollout batch (``train_batch_size`` prompts x ``n``), mini-batch and, for SmolLM2, micro-batch token
+    budget of the smoke run on ``model`` (``rpg.launch.rehearsal.CpuModel``'s name): the tiny demo's sizes, or
+    ``rpg.smol.overrides.GPU_SIZES``; keywords of the model's task overrides."""
+    if model == "smol":
+        from rpg.smol.overrides import GPU_SIZES
+
+        return dict(GPU_SIZES)
+    from rpg.tiny.overrides import MINI_BATCH_SIZE, ROLLOUT_N, TRAIN_BATCH_SIZE
+
+    return {"train_batch_size": TRAIN_BATCH_SIZE, "n": ROLLOUT_N, "mini_batch_size": MINI_BATCH_SIZE}
 
 
 class SmokeSettingsError(ValueError):
@@ -71,10 +86,11 @@ def check_settings(rollout: str, gpus: int, steps: int, resume_steps: int, mini_
 
 def gpu_overrides(rollout: str, gpus: int, *, offload: bool = True, mini_batch_size: int, n: int,
                   train_batch_size: int) -> list[str]:
-    """Hydra overrides that put the tiny task on ``gpus`` GPUs of one node (after the task's own).
+    """Hydra overrides that put the task on ``gpus`` GPUs of one node (after the task's own).
 
     Per-GPU micro-batches: one mini-batch (``mini_batch_size * n`` sequences) split evenly over the
-    data-parallel ranks, one micro-batch each; the log-prob passes take the whole batch per rank.
+    data-parallel ranks, one micro-batch each; the log-prob passes take the whole batch per rank (SmolLM2's task
+    micro-batches by a token budget instead: ``use_dynamic_bsz``, which verl then reads in place of these).
     """
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     ov = [

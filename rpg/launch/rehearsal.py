@@ -24,8 +24,9 @@ SMOL_TEST_FREQ = STEPS  # SmolLM2's validation takes minutes: before training an
 
 
 class CpuModel:
-    """A model and task a CPU run trains (``tiny``: ``rpg.tiny``; ``smol``: ``rpg.smol``): its defaults, where its
-    assets are before they are built, how they are built, its task's overrides (no algorithm settings)."""
+    """A model and task a CPU run trains (``tiny``: ``rpg.tiny``; ``smol``: ``rpg.smol``), and the GPU smoke run
+    (``rpg.demo.gpu_smoke --model``): its defaults, where its assets are before they are built, how they are built,
+    its task's overrides (no algorithm settings)."""
 
     def __init__(self, name: str):
         self.name, self.prefix = name, f"[{name}]"
@@ -64,15 +65,17 @@ class CpuModel:
 
         return tiny_task_overrides(planned, **kw)
 
-    def build(self):
-        """The assets, built once; ``rpg.smol.SmolAssetError`` when SmolLM2 cannot be built."""
+    def build(self, prefix: str | None = None, model: bool = True):
+        """The assets, built once, the progress lines led by ``prefix`` (default the model's); ``model=False``:
+        SmolLM2's task files alone (a run given the model elsewhere). ``rpg.smol.SmolAssetError`` when SmolLM2
+        cannot be built."""
         if self.name == "smol":
             from rpg.smol import build_smol_assets
 
-            return build_smol_assets(prefix=self.prefix)
+            return build_smol_assets(prefix=prefix or self.prefix, model=model)
         import rpg.tiny
 
-        return rpg.tiny.build_tiny_assets()
+        return rpg.tiny.build_tiny_assets(prefix=prefix or self.prefix)
 
     def folder(self, assets) -> Path:
         """The assets' folder to show: the model's (SmolLM2), or the whole build's (the tiny task)."""

@@ -57,11 +57,13 @@ def _write_task(out: Path) -> None:
 
 
 def build_smol_assets(cache_root: Path | str | None = None, wheel: Path | str | None = None, quiet: bool = False,
-                      prefix: str = "[smol]") -> SmolAssets:
-    """The model (``build_smol_model``) and the task's train and validation files, each built once."""
+                      prefix: str = "[smol]", model: bool = True) -> SmolAssets:
+    """The model (``build_smol_model``; not with ``model=False``: a run given another copy of it) and the task's
+    train and validation files, each built once."""
     cache_root = Path(cache_root) if cache_root is not None else default_cache_root()
     assets = planned_assets(cache_root)
-    build_smol_model(cache_root, wheel, quiet=quiet, prefix=prefix)
+    if model:
+        build_smol_model(cache_root, wheel, quiet=quiet, prefix=prefix)
 
     def log(message: str) -> None:
         if not quiet:

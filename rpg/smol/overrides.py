@@ -30,6 +30,15 @@ TOKEN_BUDGET = 1024
 LR = 1e-5
 STEPS = 18
 TEST_FREQ = 6
+# The GPU smoke run's sizes (python -m rpg.demo.gpu_smoke --model smol; docs/gpu-smoke.md), the prompt and response
+# lengths above kept: 32 prompts x 8 responses per rollout batch (256 sequences for vLLM at once; the smoke run's 6
+# steps read 192 of the 256 training problems, one pass), 4 mini-batches of 8 prompts (the CPU run's off-policy
+# regime; 64 sequences, split by any GPU count dividing 64), and micro-batches of up to 16384 tokens: a mini-batch
+# holds at most 64 x (203 + 96) = 19.1k tokens, about 15.6k with the base model's 40-token responses, so an update
+# takes one or two, whose float32 logits over the 49k vocabulary (3.2 GB) fit any GPU the smoke run targets.
+# (TOKEN_BUDGET's reason, attention over a whole packed row on CPU, does not hold for flash-attention's
+# variable-length kernels, which attend within each sequence.)
+GPU_SIZES = {"train_batch_size": 32, "n": 8, "mini_batch_size": 8, "token_budget": 16384}
 
 
 def check_world_size(world_size: int) -> None:
@@ -39,12 +48,13 @@ def check_world_size(world_size: int) -> None:
 
 def smol_task_overrides(assets, steps: int = STEPS, test_freq: int = TEST_FREQ, world_size: int = 1,
                         trainer_mode: str | None = None, max_response_length: int = MAX_RESPONSE_LENGTH,
-                        train_batch_size: int = TRAIN_BATCH_SIZE) -> list[str]:
+                        train_batch_size: int = TRAIN_BATCH_SIZE, n: int = ROLLOUT_N,
+                        mini_batch_size: int = MINI_BATCH_SIZE, token_budget: int = TOKEN_BUDGET) -> list[str]:
     """Model, data, sizes, sampling and schedule of the SmolLM2 task (no algorithm settings); ``assets`` a
-    ``rpg.smol.build.SmolAssets``."""
-    base = tiny_task_overrides(assets, steps, test_freq, train_batch_size, ROLLOUT_N, VAL_N, MINI_BATCH_SIZE,
+    ``rpg.smol.build.SmolAssets``; the sizes default to the CPU run's (``GPU_SIZES``: the GPU smoke run's)."""
+    base = tiny_task_overrides(assets, steps, test_freq, train_batch_size, n, VAL_N, mini_batch_size,
                                world_size, trainer_mode)
-    budget = max(TOKEN_BUDGET, MAX_PROMPT_LENGTH + max_response_length)  # a micro-batch holds any one sequence
+    budget = max(token_budget, MAX_PROMPT_LENGTH + max_response_length)  # a micro-batch holds any one sequence
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     return merge_overrides(base, [
         f"data.max_prompt_length={MAX_PROMPT_LENGTH}",

