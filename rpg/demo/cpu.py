@@ -193,7 +193,8 @@ def _parser() -> OneLineParser:
                          "micro-batches are split to suit (1, 2, 4, 8 or 16; default 1 or trainer.n_gpus_per_node=N)")
     ap.add_argument("--entry", default=None, help="trainer module or .py script (default: the algorithm's)")
     ap.add_argument("--extra-module", action="append", default=[], help="also load this module in every process")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is killed")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds before the run is killed (default: the model's, tiny 1800, smol 14400)")
     ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
     return ap
 
@@ -233,6 +234,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     args.steps = args.steps or model.steps
     args.test_freq = args.test_freq or model.test_freq
     args.lr = model.lr if args.lr is None else args.lr
+    args.timeout = model.timeout_s if args.timeout is None else args.timeout
     if args.out is not None:  # where the user is (rpg.common.user_paths): every line names it absolute
         args.out = user_folder(args.out)
     try:  # before the assets and the trainer: a typo is one line, not a traceback minutes later

@@ -35,9 +35,11 @@ class CpuModel:
 
             self.steps, self.test_freq, self.lr = smol.STEPS, smol.TEST_FREQ, smol.LR
             self.task = "SmolLM2-135M-Instruct, arithmetic"
+            self.timeout_s = smol.TIMEOUT_S
         else:
             self.steps, self.test_freq, self.lr = 30, 10, 5e-4
             self.task = "tiny task"
+            self.timeout_s = 1800.0  # the default run takes about 2.5 minutes; the limit stops a hung one
 
     def check_world_size(self, world_size: int) -> None:
         if self.name == "smol":

@@ -30,6 +30,10 @@ TOKEN_BUDGET = 1024
 LR = 1e-5
 STEPS = 18
 TEST_FREQ = 6
+# The trainer's time limit, there to stop a hung run: the default run measured about 200 s per step and 500 s per
+# validation of the 200 problems on 2 loaded cores (docs/smol.md, "Cost"): about 90 minutes with start-up; the
+# tiny model's 30 minutes stopped it at step 6
+TIMEOUT_S = 4 * 3600.0
 # The GPU smoke run's sizes (python -m rpg.demo.gpu_smoke --model smol; docs/gpu-smoke.md), the prompt and response
 # lengths above kept: 32 prompts x 8 responses per rollout batch (256 sequences for vLLM at once; the smoke run's 6
 # steps read 192 of the 256 training problems, one pass), 4 mini-batches of 8 prompts (the CPU run's off-policy

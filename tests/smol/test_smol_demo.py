@@ -28,16 +28,17 @@ def started(monkeypatch, tmp_path):
     from rpg.tiny.build import TinyAssets, builder_key, default_cache_root
 
     def fake_run(overrides, **kw):
-        raise Started(overrides)
+        raise Started(overrides, kw)
 
     monkeypatch.setattr(demo, "run_trainer", fake_run)
     monkeypatch.setattr(rpg.smol, "build_smol_assets", lambda *a, **k: planned_assets())
     monkeypatch.setattr(rpg.tiny, "build_tiny_assets", lambda *a, **k: TinyAssets.at(default_cache_root() / builder_key()))
 
-    def run(*argv):
+    def run(*argv, field=None):
+        """The overrides' values, or ``field`` of the trainer call's other arguments (``timeout_s``, ...)."""
         with pytest.raises(Started) as e:
             demo.main(["--out", str(tmp_path / "o"), "--echo", *argv])
-        return values(e.value.args[0])
+        return values(e.value.args[0]) if field is None else e.value.args[1][field]
 
     return run
 
@@ -75,6 +76,15 @@ def test_the_users_values_win_and_the_tiny_run_keeps_its_own(started):
     assert (tiny["actor_rollout_ref.actor.optim.lr"], tiny["data.max_response_length"]) == (5e-4, 16)
     assert (tiny["trainer.project_name"], tiny["trainer.experiment_name"]) == ("rpg_tiny", "tiny_rpg_reinforce_ufkl")
     assert "actor_rollout_ref.actor.use_dynamic_bsz" not in tiny
+
+
+def test_each_model_has_its_own_time_limit_and_the_users_wins(started):
+    # the tiny run's 30 minutes stopped the default smol run (about 90 minutes) at step 6
+    from rpg.smol import overrides as smol
+
+    assert started("--model", "smol", field="timeout_s") == smol.TIMEOUT_S > 1800.0
+    assert started(field="timeout_s") == 1800.0
+    assert started("--model", "smol", "--timeout", "60", field="timeout_s") == 60.0
 
 
 def test_the_smol_script_is_the_demo_with_model_smol(tmp_path):
