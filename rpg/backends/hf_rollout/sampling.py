@@ -140,11 +140,15 @@ def shared_prefix_length(prompts: list[list[int]]) -> int:
 
 
 def prefix_cache(model: Any, prefix: list[int], device: torch.device) -> Any:
-    """A ``DynamicCache`` filled by one forward over ``prefix`` (one row; logits of its last token only)."""
+    """A ``DynamicCache`` filled by one forward over ``prefix`` (one row; logits of its last token only where the
+    model's forward takes ``logits_to_keep``, as transformers' causal LMs do)."""
+    import inspect
+
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    model(input_ids=torch.tensor([prefix], device=device), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    model(input_ids=torch.tensor([prefix], device=device), past_key_values=cache, use_cache=True, **last)
     return cache
 
 
