@@ -6,6 +6,7 @@ accuracy by the paper's reward and how often it answers in the asked format, gre
     python benchmarks/bench_smol_base.py --modes sample --seeds 0,1   # the evaluation's own noise
     python benchmarks/bench_smol_base.py --problems 4 --max-new-tokens 16   # smoke (tests/e2e/test_smol_e2e.py)
     python benchmarks/bench_smol_base.py --forward [--budgets 512,1024,2048]   # the log-prob pass's packing
+    python benchmarks/bench_smol_base.py --prefix 32,100   # decoding with the prompts' shared prefix and without
 
 What a validation of the demo's run (``--model smol``) sees: the validation file's prompts through the model's chat
 template as verl applies it (``verl.utils.tokenizer.chat_template.apply_chat_template``), decoded by the HF
@@ -27,6 +28,12 @@ with a block-diagonal mask (its cost per token grows with the row), and the log-
 vocabulary follow. Timed: the whole batch in one row (``log_prob_micro_batch_size_per_gpu`` = the batch), rows of
 at most B tokens (``use_dynamic_bsz``, ``log_prob_max_token_len_per_gpu=B``), one row per sequence, and the padded
 batch (no packing) as the model's own forward; each as forward + log-prob + entropy, no gradient.
+
+``--prefix 32,100``: the HF rollout's shared prompt prefix (rpg/backends/hf_rollout/sampling.py) on the first 32,
+then the first 100 validation prompts, one decode batch each as a validation decodes them (the sample mode, its first
+seed): without the shared prefix, then with it. Printed per batch: the common prefix, tokens/s of each and their
+ratio, how many responses are identical and the largest log-prob difference before a response's first differing
+token, and the 1-minute load average at each decode's start (the machine is shared).
 """
 
 from __future__ import annotations
@@ -87,6 +94,50 @@ def evaluate(model, tok, rows, kinds, temperature: float, max_new_tokens: int, s
             "boxed_rate": boxed / n, "cut_at_limit": cut / n, "mean_response_tokens": sum(lengths) / n,
             "accuracy_by_kind": {k: sum(v) / len(v) for k, v in sorted(by_kind.items())},
             "decode_s": round(wall, 1), "tokens_per_s": round(sum(lengths) / wall, 1), "examples": texts[:3]}
+
+
+def prefix_gain(model, tok, rows, sizes: list[int], temperature: float, max_new_tokens: int, seed: int = 0) -> dict:
+    """Decoding the first ``n`` prompts for each ``n`` of ``sizes`` without, then with the shared prefix (module
+    docstring)."""
+    import os
+
+    import torch
+
+    from rpg.backends.hf_rollout.sampling import generate_batch, row_seed, shared_prefix_length
+
+    eos, figures = {int(tok.eos_token_id)}, {}
+    for n in sizes:
+        prompts = [prompt_ids(tok, r) for r in rows[:n]]
+        seeds = None if temperature <= 0 else [row_seed(seed, i) for i in range(n)]
+        arms = {}
+        for name, share in (("unshared", False), ("shared", True)):
+            load = os.getloadavg()[0]
+            t0 = time.time()
+            outs = generate_batch(model, prompts, temperature, 1.0, -1, max_new_tokens, seeds, eos_ids=eos,
+                                  pad_id=int(tok.pad_token_id), max_model_len=max(map(len, prompts)) + max_new_tokens,
+                                  device=torch.device("cpu"), global_steps=None, share_prefix=share)
+            wall = time.time() - t0
+            tokens = sum(len(o.token_ids) for o in outs)
+            arms[name] = {"decode_s": round(wall, 1), "tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
+                          "load_1min": load, "outputs": outs}
+        a, b = arms["unshared"].pop("outputs"), arms["shared"].pop("outputs")
+        diffs = [0.0]
+        for x, y in zip(a, b):  # log-probs of the same tokens: up to each pair's first differing token
+            same = next((j for j, (s, t) in enumerate(zip(x.token_ids, y.token_ids)) if s != t),
+                        min(len(x.token_ids), len(y.token_ids)))
+            diffs += [abs(p - q) for p, q in zip(x.log_probs[:same], y.log_probs[:same])]
+        r = figures[str(n)] = {
+            "prompts": n, "prompt_tokens": [min(map(len, prompts)), max(map(len, prompts))],
+            "shared_prefix": shared_prefix_length(prompts), **arms,
+            "ratio": round(arms["shared"]["tokens_per_s"] / arms["unshared"]["tokens_per_s"], 2),
+            "identical_responses": sum(x.token_ids == y.token_ids for x, y in zip(a, b)),
+            "max_abs_logprob_diff": max(diffs)}
+        print(f"{n} prompts ({r['prompt_tokens'][0]}-{r['prompt_tokens'][1]} tokens, {r['shared_prefix']} shared): "
+              + "  ".join(f"{k} {v['decode_s']:.0f}s {v['tokens_per_s']:.1f} tokens/s (load {v['load_1min']:.1f})"
+                          for k, v in arms.items())
+              + f"  ratio {r['ratio']:.2f}; identical responses {r['identical_responses']}/{n}, largest log-prob "
+              f"difference {r['max_abs_logprob_diff']:.1e}", flush=True)
+    return figures
 
 
 def noise(accuracies: list[float], problems: int) -> dict:
@@ -166,6 +217,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--forward", action="store_true", help="time the log-prob pass's packings instead")
     ap.add_argument("--budgets", default="512,1024,2048", help="token budgets per row for --forward")
+    ap.add_argument("--prefix", default=None, help="prompt counts, comma-separated: decode the first N validation "
+                    "prompts with and without the shared prefix instead")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
@@ -176,6 +229,14 @@ def main(argv=None) -> int:
         seeds = []
     if not seeds or len(set(seeds)) != len(seeds):
         ap.error(f"--seeds {args.seeds!r}: expected distinct integers, comma-separated")
+    sizes = []
+    if args.prefix is not None:
+        try:
+            sizes = [int(x) for x in args.prefix.split(",")]
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
+            ap.error(f"--prefix {args.prefix!r}: expected prompt counts >= 1, comma-separated")
 
     import pandas as pd
     import torch
@@ -192,6 +253,8 @@ def main(argv=None) -> int:
     if args.problems is not None and not 1 <= args.problems <= len(rows):
         ap.error(f"--problems {args.problems}: expected 1..{len(rows)} (the validation file's problems)")
     rows = rows[: args.problems or len(rows)]
+    if sizes and max(sizes) > len(rows):
+        ap.error(f"--prefix {args.prefix}: expected counts up to {len(rows)} (the problems)")
     _, val = task.split()
     kinds = [val[int(r["extra_info"]["source_index"])].kind for r in rows]
     tok = AutoTokenizer.from_pretrained(assets.model_dir)
@@ -202,6 +265,16 @@ def main(argv=None) -> int:
         figures = forward_costs(model, budgets)
         if args.json:
             args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        return 0
+    if sizes:
+        import transformers
+
+        print(f"shared prompt prefix, responses up to {max_new} tokens at T={args.temperature:g}, "
+              f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, transformers "
+              f"{transformers.__version__}", flush=True)
+        figures = prefix_gain(model, tok, rows, sizes, args.temperature, max_new, seed=seeds[0])
+        if args.json:
+            args.json.write_text(json.dumps({"max_new_tokens": max_new, **figures}, indent=2) + "\n")
         return 0
     print(f"SmolLM2-135M-Instruct, {len(rows)} held-out problems, responses up to {max_new} tokens, "
           f"{torch.get_num_threads()} torch threads", flush=True)

@@ -30,3 +30,10 @@ def test_bad_seeds_are_one_line_before_any_model(bench, seeds, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--seeds", seeds])
     assert e.value.code == 2 and "--seeds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("prefix", ["0", "a", "", "4,-1"])
+def test_bad_prefix_counts_are_one_line_before_any_model(bench, prefix, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--prefix", prefix])
+    assert e.value.code == 2 and "--prefix" in capsys.readouterr().err

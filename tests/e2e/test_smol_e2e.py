@@ -126,3 +126,17 @@ def test_bench_smol_base_smoke(smol, tmp_path):
     noise = figures["noise"]
     assert noise["accuracies"] == [figures["sample"]["accuracy"], figures["sample_seed1"]["accuracy"]]
     assert figures["sample_seed1"]["seed"] == 1 and noise["problems"] == 4 and "noise: 2 evaluations" in p.stdout
+
+
+@pytest.mark.bench
+def test_bench_smol_prefix_smoke(smol, tmp_path):
+    """benchmarks/bench_smol_base.py --prefix on 3 prompts, 8 new tokens: the task's prompts share their system turn
+    and worked example, and the shared decode gives the unshared responses (log-probs within float32 rounding)."""
+    report = tmp_path / "prefix.json"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_smol_base.py"), "--prefix", "3",
+                        "--max-new-tokens", "8", "--json", str(report)], capture_output=True, text=True,
+                       timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    r = json.loads(report.read_text())["3"]
+    assert r["shared_prefix"] >= 100 and r["identical_responses"] == 3 and r["max_abs_logprob_diff"] < 1e-4
+    assert r["ratio"] > 0 and "ratio" in p.stdout

@@ -9,6 +9,10 @@ Every weight load prints the device. Requests that arrive together are decoded a
 per set of sampling parameters (sampling.py), each sequence with its own seed, so a response's random numbers
 do not depend on which other requests shared its batch.
 
+The prompts' common prefix (a chat template's system turn, a worked example) is computed once per decode batch and
+its key/value cache shared by every row (sampling.py); verl's ``rollout.enable_prefix_caching`` (default True, vLLM's
+switch for its own prefix cache) turns that off.
+
 With verl's ``rollout.full_determinism=True`` every sequence is decoded alone instead: a batched product's
 numbers depend on the batch's size and a row's place in it (sampling.py), so only a batch of one gives a sequence
 the same log-probs (and, at a boundary, the same token) whatever the requests' timing.
@@ -33,7 +37,7 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.replica import TokenOutput
 
 from rpg.backends import PLATFORM_ENV, on_cpu_platform
-from rpg.backends.hf_rollout.sampling import _limit, generate_batch, row_seed
+from rpg.backends.hf_rollout.sampling import _limit, generate_batch, row_seed, shared_prefix_support
 from rpg.backends.weight_digest import WeightDigest
 
 logger = logging.getLogger(__name__)
@@ -83,6 +87,12 @@ class HFRolloutServer:
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_config.local_path, dtype=torch.float32, attn_implementation="sdpa"
         ).to(self.device).eval()
+        self.share_prefix = bool(getattr(self.config, "enable_prefix_caching", True))
+        why_not = shared_prefix_support(self.model) if self.share_prefix else None
+        if why_not:
+            print(f"[hf-rollout] rollout.enable_prefix_caching: no shared prompt prefix with this model ({why_not})",
+                  flush=True)
+            self.share_prefix = False
         gen_cfg = self.model.generation_config or GenerationConfig()
         tok = self.model_config.tokenizer
         eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else tok.eos_token_id
@@ -268,4 +278,5 @@ class HFRolloutServer:
         return generate_batch(
             self.model, prompts, temperature, top_p, top_k, max_tokens, seeds, eos_ids=self.eos_ids,
             pad_id=self.pad_id, max_model_len=self.max_model_len, device=self.device, global_steps=self.global_steps,
+            share_prefix=self.share_prefix,
         )
