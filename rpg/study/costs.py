@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from rpg.study.grid import RunSpec
-
+# (``RunSpec`` in the annotations: rpg.study.grid's, which imports this module)
 
 # Grid throughput with J runs at a time relative to one at a time (2 cores; a run alone leaves ~40 % of
 # them idle while its Ray processes start one after another). Measured: two runs started 20 s apart took
@@ -151,11 +148,12 @@ def describe(specs: list[RunSpec], costs: Costs, finished: set[str] = frozenset(
         est = fmt_duration(costs.run_s(spec))
         lines.append(f"{i:>3}  {spec.label:<{w}} {spec.updates:>11} {spec.seed:>4}  {est:>8}  "
                      f"{status:<7}  {spec.run_id}")
-    from rpg.study.grid import Sizes
-
-    s = specs[0].sizes if specs else Sizes()
-    lines.append(f"{len(specs)} runs ({len(todo)} to run); each: {s.steps} steps of {s.prompts} prompts x {s.n} "
-                 f"responses, {s.schedule()}")
+    if specs:
+        s = specs[0].sizes
+        lines.append(f"{len(specs)} runs ({len(todo)} to run); each: {s.steps} steps of {s.prompts} prompts x {s.n} "
+                     f"responses, {s.schedule()}")
+    else:
+        lines.append("0 runs (0 to run)")
     from rpg.study.methods import label_of
 
     methods = "".join(f", {label_of(name)} {x:+.1f}s per step" for name, x in costs.method_step_s)

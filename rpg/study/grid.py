@@ -15,6 +15,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rpg.smol import overrides as smol
+from rpg.smol.task import N_VAL
 from rpg.study.methods import label_of, method_run, setting
 
 LR_SCALE = 500.0  # tiny lr = paper lr x 500 (1e-6 -> 5e-4, the tiny demo's learning rate)
@@ -143,8 +145,6 @@ class RunSpec:
     def study_overrides(self, assets) -> list[str]:
         """The study's overrides (after the variant's and the CPU backend's; these win)."""
         if self.model == "smol":
-            from rpg.study.smol import smol_overrides
-
             return smol_overrides(self, assets)
         from rpg.tiny.overrides import tiny_task_overrides
 
@@ -322,6 +322,63 @@ def save_json(path: Path, obj) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj, indent=1) + "\n")
     tmp.replace(path)
+
+
+# ----------------------------------------------------------------------------- SmolLM2 (``--model smol``)
+
+# The SmolLM2 comparison's schedule and learning-rate rule (its design, costs and report: ``rpg.study.smol``)
+LR_KEY = "actor_rollout_ref.actor.optim.lr"
+LR_ANCHOR = "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"  # the SmolLM2 run's method, at its learning rate smol.LR
+ROLLOUT_SEED = 1  # every run's rollout seed: the validation's sampling random numbers the same in every run
+
+
+def lr_scale() -> float:
+    """The learning-rate rule: every method at its paper learning rate x (smol.LR / the anchor's paper learning
+    rate), so the SmolLM2 run's method keeps the run's 1e-5 and the methods' ratios are the paper's (as LR_SCALE for
+    the tiny model)."""
+    return smol.LR / setting(LR_ANCHOR, LR_KEY)
+
+
+@dataclass(frozen=True)
+class SmolSizes(Sizes):
+    """The SmolLM2 run's sizes (``rpg.smol.overrides``: 8 prompts x 4 responses, mini-batches of 2 prompts, one response
+    per validation problem) and this design's schedule: ``steps``, validation every ``test_freq`` steps and at the
+    last on ``val_problems`` held-out problems, none before training."""
+
+    steps: int = 2
+    test_freq: int = 2
+    prompts: int = smol.TRAIN_BATCH_SIZE
+    n: int = smol.ROLLOUT_N
+    val_n: int = smol.VAL_N
+    val_problems: int = N_VAL
+    val_before: bool = False
+
+    def check(self, updates: tuple[int, ...]) -> None:
+        super().check(updates)
+        if not 1 <= self.val_problems <= N_VAL:
+            raise ValueError(f"--val-problems must be 1..{N_VAL} (the task's held-out problems), got {self.val_problems}")
+
+    def schedule(self) -> str:
+        when = f"every {self.test_freq} steps and at the last" if self.test_freq < self.steps else "at the last step"
+        return (f"validation {when} ({'also' if self.val_before else 'none'} before training) on {self.val_problems} "
+                f"of the {N_VAL} held-out problems, {self.val_n} response each")
+
+
+def smol_overrides(spec: RunSpec, assets) -> list[str]:
+    """The study's overrides of a SmolLM2 run (after the method's and the rehearsal's; these win): the task at the
+    design's schedule, the learning rate by ``lr_scale``, no warm-up, the seeds, the names."""
+    s = spec.sizes
+    return [
+        *smol.smol_task_overrides(assets, steps=s.steps, test_freq=s.test_freq),
+        f"trainer.val_before_train={s.val_before}",
+        f"data.val_max_samples={s.val_problems}",
+        f"{LR_KEY}={setting(spec.variant, LR_KEY) * lr_scale():g}",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        f"data.seed={spec.seed}",
+        f"actor_rollout_ref.rollout.seed={ROLLOUT_SEED}",
+        "trainer.project_name=rpg_study",
+        f"trainer.experiment_name={spec.run_id}",
+    ]
 
 
 # the cost model lives in rpg.study.costs; its names stay importable from here (the grids', the docs' and the

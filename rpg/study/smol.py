@@ -1,8 +1,9 @@
 """The SmolLM2 comparison (``python -m rpg.study --model smol``, docs/study/smol/PLAN.md): three of the paper's methods
 on SmolLM2-135M-Instruct and its arithmetic task (``rpg.smol``, docs/smol.md) at the SmolLM2 run's sizes.
 
-* the design: ``SMOL_METHODS``, ``SmolSizes`` (``SMOL_SIZES``), the learning-rate rule ``lr_scale``, ``smol_grid``
-  (seeds as blocks, the run order within a seed drawn from ``SMOL_ORDER_SEED``) and ``smol_overrides``;
+* the design: ``SMOL_METHODS``, ``SMOL_SIZES`` and ``smol_grid`` (seeds as blocks, the run order within a seed
+  drawn from ``SMOL_ORDER_SEED``); a run's sizes, learning-rate rule and overrides are ``rpg.study.grid``'s
+  (``SmolSizes``, ``lr_scale``, ``smol_overrides``);
 * its cost, ``smol_costs``, from the measured figures below; ``plan_numbers``, the plan's generated block
   (``python -m rpg.study.smol`` prints it);
 * ``csv_rows`` / ``write_csv`` / ``read_csv`` (``runs.csv``) and ``render`` (``results.md``, ``smol.png``) from the
@@ -15,7 +16,6 @@ import math
 import statistics
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 from rpg.smol import overrides as smol
@@ -23,53 +23,19 @@ from rpg.smol.task import N_VAL
 from rpg.study import declared, stats
 from rpg.study.costs import Costs, fmt_duration
 from rpg.study.declared import CSVError, Contrast, Schema, evaluated_steps, fmt, mean_of  # noqa: F401 (CSVError)
-from rpg.study.grid import RunSpec, Sizes, run_order_key
+from rpg.study.grid import (LR_ANCHOR, LR_KEY, ROLLOUT_SEED, RunSpec, SmolSizes, lr_scale,  # noqa: F401
+                            run_order_key, smol_overrides)
 from rpg.study.methods import label_of, method_run, setting
 
 # The methods (paper run names) and their short names in the CSV and the contrasts
 SMOL_METHODS: tuple[str, ...] = ("run_grpo_7b", "run_rpg_7b_ufkl1e-4", "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28")
 CELLS = {"run_grpo_7b": "grpo", "run_rpg_7b_ufkl1e-4": "rpg-ufkl",
          "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28": "rpg-rf-clip"}
-LR_KEY = "actor_rollout_ref.actor.optim.lr"
-LR_ANCHOR = "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"  # the SmolLM2 run's method, at its learning rate smol.LR
 UPDATES = smol.TRAIN_BATCH_SIZE // smol.MINI_BATCH_SIZE  # optimizer steps per rollout batch: 4
 SMOL_SEEDS = 3
 SMOL_ORDER_SEED = 60  # the declared seed of the run order within each seed (run_order_key)
-ROLLOUT_SEED = 1  # every run's rollout seed: the validation's sampling random numbers the same in every run
 SMOL_BUDGET_S = 3 * 3600  # the design must fit in 3 hours on 2 cores, one run at a time
 SMOL_TIMEOUT_S = 3600.0  # --timeout's default for this model: about three times a run's estimate
-
-
-def lr_scale() -> float:
-    """The learning-rate rule: every method at its paper learning rate x (smol.LR / the anchor's paper learning
-    rate), so the SmolLM2 run's method keeps the run's 1e-5 and the methods' ratios are the paper's (as LR_SCALE for
-    the tiny model)."""
-    return smol.LR / setting(LR_ANCHOR, LR_KEY)
-
-
-@dataclass(frozen=True)
-class SmolSizes(Sizes):
-    """The SmolLM2 run's sizes (``rpg.smol.overrides``: 8 prompts x 4 responses, mini-batches of 2 prompts, one response
-    per validation problem) and this design's schedule: ``steps``, validation every ``test_freq`` steps and at the
-    last on ``val_problems`` held-out problems, none before training."""
-
-    steps: int = 2
-    test_freq: int = 2
-    prompts: int = smol.TRAIN_BATCH_SIZE
-    n: int = smol.ROLLOUT_N
-    val_n: int = smol.VAL_N
-    val_problems: int = N_VAL
-    val_before: bool = False
-
-    def check(self, updates: tuple[int, ...]) -> None:
-        super().check(updates)
-        if not 1 <= self.val_problems <= N_VAL:
-            raise ValueError(f"--val-problems must be 1..{N_VAL} (the task's held-out problems), got {self.val_problems}")
-
-    def schedule(self) -> str:
-        when = f"every {self.test_freq} steps and at the last" if self.test_freq < self.steps else "at the last step"
-        return (f"validation {when} ({'also' if self.val_before else 'none'} before training) on {self.val_problems} "
-                f"of the {N_VAL} held-out problems, {self.val_n} response each")
 
 
 SMOL_SIZES = SmolSizes()
@@ -90,23 +56,6 @@ def smol_grid(seeds: int = SMOL_SEEDS, sizes: SmolSizes = SMOL_SIZES, methods: t
     sizes.check((UPDATES,))
     return [RunSpec(m, UPDATES, seed, sizes, model="smol") for seed in range(1, seeds + 1)
             for m in sorted(methods, key=lambda m: run_order_key(order_seed, seed, CELLS[m]))]
-
-
-def smol_overrides(spec: RunSpec, assets) -> list[str]:
-    """The study's overrides of a SmolLM2 run (after the method's and the rehearsal's; these win): the task at the
-    design's schedule, the learning rate by ``lr_scale``, no warm-up, the seeds, the names."""
-    s = spec.sizes
-    return [
-        *smol.smol_task_overrides(assets, steps=s.steps, test_freq=s.test_freq),
-        f"trainer.val_before_train={s.val_before}",
-        f"data.val_max_samples={s.val_problems}",
-        f"{LR_KEY}={setting(spec.variant, LR_KEY) * lr_scale():g}",
-        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
-        f"data.seed={spec.seed}",
-        f"actor_rollout_ref.rollout.seed={ROLLOUT_SEED}",
-        "trainer.project_name=rpg_study",
-        f"trainer.experiment_name={spec.run_id}",
-    ]
 
 
 def built() -> bool:
