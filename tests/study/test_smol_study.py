@@ -335,3 +335,26 @@ def test_the_committed_tables_are_rebuilt_from_the_committed_csv():
         pytest.skip("docs/study/smol/runs.csv does not exist yet: the plan's runs (docs/study/smol/PLAN.md) have not "
                     "run")
     assert (SMOL_DIR / "results.md").read_text(encoding="utf-8") == S.render_tables(S.read_csv(csv_path))
+
+
+def test_a_smol_runs_identity_names_its_assets_by_content(tmp_path):
+    """SmolLM2's model and task folders enter a run's identity by content, each under its own prefix, wherever the
+    cache is (``rpg.study.identity``; the tiny assets' ``tiny:`` unchanged)."""
+    from rpg.study.identity import identity
+
+    def ident(cache: Path, weights: bytes) -> dict:
+        model, task = cache / "smollm2-135m-instruct-k1", cache / "smol-task-k2"
+        for folder, name, data in ((model, "model.safetensors", weights), (task, "val.parquet", b"v")):
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(data)
+        out = tmp_path / "out"
+        overrides = [f"actor_rollout_ref.model.path={model}", f"data.val_files={task / 'val.parquet'}",
+                     f"trainer.default_local_dir={out / 'runs' / 'r' / 'ckpts'}"]
+        return dict(identity(overrides, out, {"smol-model:": model, "smol-task:": task}))
+
+    here = ident(tmp_path / "a", b"w")
+    assert here["actor_rollout_ref.model.path"].startswith("smol-model:.@sha256:")
+    assert here["data.val_files"].startswith("smol-task:val.parquet@sha256:")
+    assert here["trainer.default_local_dir"] == "study:runs/r/ckpts"
+    assert ident(tmp_path / "b", b"w") == here  # another cache, the same files: the same run
+    assert ident(tmp_path / "c", b"x")["actor_rollout_ref.model.path"] != here["actor_rollout_ref.model.path"]
