@@ -174,7 +174,8 @@ def parser() -> argparse.ArgumentParser:
                          "SmolLM2 comparison (docs/study/smol/PLAN.md; --seeds default 3, --steps "
                          f"{SMOL_SIZES.steps}, one run at a time, into outputs/study_smol)")
     ap.add_argument("--val-problems", type=int, default=None,
-                    help=f"with --model smol: held-out problems per validation (default {SMOL_SIZES.val_problems})")
+                    help=f"with --model smol: held-out problems per validation (default {SMOL_SIZES.val_problems}, all; "
+                         "fewer are drawn by verl by data.seed, so each seed validates on its own subset)")
     ap.add_argument("--dry-run", action="store_true", help="print the grid and its time estimate; run nothing")
     ap.add_argument("--render-only", action="store_true", help="render the finished runs; run nothing")
     ap.add_argument("--retry-failed", action="store_true", help="run failed runs again")
