@@ -10,13 +10,15 @@ separate-async trainer at each staleness x behaviour-weight arm (token, sequence
 each, 8 steps by default, into ``outputs/study_staleness``. ``--lag`` runs the declared lag study
 (docs/study/lag/PLAN.md: its cells x ``--seeds``, default 12, into ``outputs/study_lag``), writes ``runs.csv`` into
 ``--report-dir`` and renders ``results.md`` and ``lag.png`` from that CSV alone (``--render-only``: from the CSV,
-without runs). ``--dry-run`` prints the grid
+without runs). ``--model smol`` runs the declared SmolLM2 comparison instead (docs/study/smol/PLAN.md: GRPO, RPG-UFKL
+and RPG-REINFORCE-UFKL with RPG-Style Clip on SmolLM2-135M-Instruct, ``--seeds`` (default 3) each, one run at a time,
+into ``outputs/study_smol``), its CSV, tables and figure as the lag study's. ``--dry-run`` prints the grid
 and its time estimate and starts nothing; ``--render-only`` renders what has finished.
 
 Every argument is checked before anything is run or written, under ``--dry-run`` too: one line
 (``rpg.study: ...``), exit 2: counts >= 1 (``--seeds 0`` is not the default), ``--timeout`` a finite
-number of seconds > 0, ``--out`` / ``--report-dir`` not a file (nor under one); ``--render-only`` on a
-folder without a study (or with another grid's runs only) says so and creates nothing.
+number of seconds > 0, ``--out`` / ``--report-dir`` not a file (nor under one), no option of another grid or
+model; ``--render-only`` on a folder without a study (or with another grid's runs only) says so and creates nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from rpg.study.grid import (BUILTIN_COSTS, LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, L
                             STALENESS_ARMS, STALENESS_COSTS, STALENESS_SIZES, STRESS_METHODS, WEIGHT_ARMS,
                             WEIGHTS_METHOD, Sizes, calibrate, describe, fmt_duration, grid, lag_grid, staleness_grid,
                             weights_grid)
+from rpg.study.smol import (SMOL_BUDGET_S, SMOL_METHODS, SMOL_SEEDS, SMOL_SIZES, SMOL_TIMEOUT_S, SmolSizes, smol_costs,
+                            smol_grid)
+from rpg.study.smol import build_assets as build_smol
+from rpg.study.smol import built as smol_built
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -72,17 +78,32 @@ def _no_study(out: Path, records: list[dict], found: list[dict]) -> str | None:
     return None
 
 
-def _render_lag(report_dir: Path) -> int:
-    """``--lag --render-only``: results.md and lag.png from ``report_dir``'s runs.csv alone."""
-    from rpg.study.lag import CSVError, render
+def _declared(args):
+    """The declared study that ``args`` run (its module: ``csv_rows``, ``write_csv``, ``render``) and its flag, or
+    None for the other grids."""
+    if args.lag:
+        from rpg.study import lag
 
+        return lag, "--lag"
+    if args.model == "smol":
+        from rpg.study import smol
+
+        return smol, "--model smol"
+    return None
+
+
+def _render_declared(study, report_dir: Path) -> int:
+    """``--render-only`` of a declared study: its tables and figure from ``report_dir``'s runs.csv alone."""
+    from rpg.study.declared import CSVError
+
+    module, flag = study
     csv_path = report_dir / "runs.csv"
     if not csv_path.is_file():
-        print(f"rpg.study: --render-only: no {csv_path}: run the lag study first (python -m rpg.study --lag "
+        print(f"rpg.study: --render-only: no {csv_path}: run the study first (python -m rpg.study {flag} "
               "--report-dir ...), or name the --report-dir that holds its runs.csv", file=sys.stderr)
         return 2
     try:
-        paths = render(csv_path, report_dir)
+        paths = module.render(csv_path, report_dir)
     except (CSVError, ValueError) as err:
         print(f"rpg.study: {err}", file=sys.stderr)
         return 2
@@ -91,18 +112,17 @@ def _render_lag(report_dir: Path) -> int:
     return 0
 
 
-def _finish_lag(out: Path, report_dir: Path, specs, records: list[dict]) -> int:
-    """After the lag study's runs: runs.csv (one row per run of the design) into ``report_dir``, then the tables
+def _finish_declared(study, out: Path, report_dir: Path, specs, records: list[dict]) -> int:
+    """After a declared study's runs: runs.csv (one row per run of the design) into ``report_dir``, then the tables
     and figure from it."""
-    from rpg.study.lag import csv_rows, write_csv
-
+    module, _ = study
     try:
-        write_csv(report_dir / "runs.csv", csv_rows(out, specs, records))
+        module.write_csv(report_dir / "runs.csv", module.csv_rows(out, specs, records))
     except ValueError as err:
         print(f"rpg.study: {err}", file=sys.stderr)
         return 2
     print(report_dir / "runs.csv")
-    code = _render_lag(report_dir)
+    code = _render_declared(study, report_dir)
     failed = [r for r in records if r.get("status") != "done"]
     if failed:
         print(f"rpg.study: {len(failed)} of {len(specs)} runs did not finish (see runs.csv)", file=sys.stderr)
@@ -127,15 +147,17 @@ def parser() -> argparse.ArgumentParser:
                          "with --lag)")
     ap.add_argument("--test-freq", type=int, default=None,
                     help=f"validate every K steps (default {d.test_freq}; {st.test_freq} with --staleness)")
-    ap.add_argument("--prompts", type=int, default=d.prompts, help=f"prompts per rollout batch (default {d.prompts})")
-    ap.add_argument("--n", type=int, default=d.n, help=f"responses per prompt (default {d.n})")
+    ap.add_argument("--prompts", type=int, default=None, help=f"prompts per rollout batch (default {d.prompts})")
+    ap.add_argument("--n", type=int, default=None, help=f"responses per prompt (default {d.n})")
     ap.add_argument("--val-n", type=int, default=None,
                     help=f"validation samples per problem (default {d.val_n}; {LAG_SIZES.val_n} with --lag)")
-    ap.add_argument("--updates", type=int, default=4, help="optimizer steps per rollout batch of the main grid (default 4)")
-    ap.add_argument("--stress", type=_ints_or_none, default=(1, 4, 16),
+    ap.add_argument("--updates", type=int, default=None,
+                    help="optimizer steps per rollout batch of the main grid (default 4)")
+    ap.add_argument("--stress", type=_ints_or_none, default=None,
                     help="optimizer steps per rollout batch of the clip stress axis (default 1,4,16; '' = none)")
-    ap.add_argument("--methods", type=_names, default=METHODS, help="comma-separated paper run names (default: the six methods)")
-    ap.add_argument("--stress-methods", type=_names, default=STRESS_METHODS, help="run names of the stress axis")
+    ap.add_argument("--methods", type=_names, default=METHODS,
+                    help="comma-separated paper run names (default: the six methods; the three with --model smol)")
+    ap.add_argument("--stress-methods", type=_names, default=None, help="run names of the stress axis")
     ap.add_argument("--async-weights", action="store_true",
                     help=f"the behaviour-weight grid: arms {', '.join(WEIGHT_ARMS)} in the colocate-async trainer")
     ap.add_argument("--staleness", type=_ints, default=(),
@@ -147,13 +169,87 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cells", type=_names, default=None,
                     help="with --lag: only these cells (comma-separated names; default all: "
                          f"{', '.join(c.name for c in LAG_CELLS)})")
+    ap.add_argument("--model", default="tiny",
+                    help="what the runs train: tiny (default: the tiny model and task), or smol: the declared "
+                         "SmolLM2 comparison (docs/study/smol/PLAN.md; --seeds default 3, --steps "
+                         f"{SMOL_SIZES.steps}, one run at a time, into outputs/study_smol)")
+    ap.add_argument("--val-problems", type=int, default=None,
+                    help=f"with --model smol: held-out problems per validation (default {SMOL_SIZES.val_problems}, all; "
+                         "fewer are drawn by verl by data.seed, so each seed validates on its own subset)")
     ap.add_argument("--dry-run", action="store_true", help="print the grid and its time estimate; run nothing")
     ap.add_argument("--render-only", action="store_true", help="render the finished runs; run nothing")
     ap.add_argument("--retry-failed", action="store_true", help="run failed runs again")
-    ap.add_argument("--jobs", type=int, default=2,
-                    help="runs at a time (default 2: on 2 cores a run alone leaves them ~40%% idle during its start-up)")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before one run is killed (default 1800)")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="runs at a time (default 2: on 2 cores a tiny run alone leaves them ~40%% idle during its "
+                         "start-up; 1 with --model smol, the only value: a SmolLM2 run keeps both cores busy and peaks "
+                         "at about 10 GiB of memory)")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help=f"seconds before one run is killed (default 1800; {SMOL_TIMEOUT_S:.0f} with --model smol)")
     return ap
+
+
+def _smol_grid(args) -> list:
+    """The SmolLM2 comparison's runs from ``args`` (ValueError, one line, for an option it does not take)."""
+    from rpg.smol import overrides as smol
+
+    other = [flag for flag, on in (("--lag", args.lag), ("--staleness", bool(args.staleness)),
+                                   ("--async-weights", args.async_weights), ("--cells", args.cells is not None)) if on]
+    if other:
+        raise ValueError(f"{other[0]} is a study of the tiny model; --model smol runs the methods comparison "
+                         "(docs/study/smol/PLAN.md)")
+    fixed = [flag for flag, value in (("--prompts", args.prompts), ("--n", args.n), ("--val-n", args.val_n),
+                                      ("--updates", args.updates), ("--stress", args.stress),
+                                      ("--stress-methods", args.stress_methods)) if value is not None]
+    if fixed:
+        raise ValueError(f"{fixed[0]}: --model smol runs at the SmolLM2 run's sizes ({smol.TRAIN_BATCH_SIZE} prompts "
+                         f"x {smol.ROLLOUT_N} responses, mini-batches of {smol.MINI_BATCH_SIZE} prompts, "
+                         f"{smol.VAL_N} response per validation problem: rpg.smol.overrides)")
+    if args.jobs not in (None, 1):
+        raise ValueError(f"--jobs {args.jobs}: --model smol runs one at a time (a SmolLM2 run keeps both cores busy "
+                         "and peaks at about 10 GiB of memory)")
+    steps = SMOL_SIZES.steps if args.steps is None else args.steps
+    sizes = SmolSizes(steps=steps, test_freq=steps if args.test_freq is None else args.test_freq,
+                      val_problems=SMOL_SIZES.val_problems if args.val_problems is None else args.val_problems)
+    return smol_grid(SMOL_SEEDS if args.seeds is None else args.seeds, sizes,
+                     SMOL_METHODS if args.methods == METHODS else args.methods)
+
+
+def _tiny_grid(args) -> list:
+    """The tiny model's grids from ``args``: the main grid, --async-weights, --staleness or --lag."""
+    d = Sizes()
+    base = LAG_SIZES if args.lag else STALENESS_SIZES if args.staleness else d
+    sizes = Sizes(base.steps if args.steps is None else args.steps,
+                  base.test_freq if args.test_freq is None else args.test_freq,
+                  d.prompts if args.prompts is None else args.prompts, d.n if args.n is None else args.n,
+                  base.val_n if args.val_n is None else args.val_n)
+    updates = 4 if args.updates is None else args.updates
+    if args.val_problems is not None:
+        raise ValueError("--val-problems sets SmolLM2's validation: use it with --model smol")
+    chosen = [flag for flag, on in (("--lag", args.lag), ("--staleness", bool(args.staleness)),
+                                    ("--async-weights", args.async_weights)) if on]
+    if len(chosen) > 1:
+        two = "two " if len(chosen) == 2 else ""
+        raise ValueError(f"{' and '.join(chosen)} are {two}different grids; choose one")
+    if args.cells is not None and not args.lag:
+        raise ValueError("--cells selects cells of the lag study: use it with --lag")
+    if args.lag:
+        names = args.cells if args.cells is not None else tuple(c.name for c in LAG_CELLS)
+        bad = [n for n in names if n not in {c.name for c in LAG_CELLS}]
+        if bad or not names:
+            raise ValueError(f"--cells {','.join(bad) or '(none)'}: expected some of "
+                             f"{', '.join(c.name for c in LAG_CELLS)}")
+        return lag_grid(LAG_SEEDS if args.seeds is None else args.seeds, sizes,
+                        tuple(c for c in LAG_CELLS if c.name in names))
+    if args.staleness:
+        methods = args.methods if args.methods != METHODS else STRESS_METHODS
+        return staleness_grid(3 if args.seeds is None else args.seeds, args.staleness, sizes, methods)
+    if args.async_weights:
+        if args.methods != METHODS and len(args.methods) != 1:
+            raise ValueError(f"--async-weights runs one method; --methods names {len(args.methods)}")
+        method = args.methods[0] if args.methods != METHODS else WEIGHTS_METHOD
+        return weights_grid(3 if args.seeds is None else args.seeds, updates, sizes, method)
+    return grid(2 if args.seeds is None else args.seeds, updates, (1, 4, 16) if args.stress is None else args.stress,
+                sizes, args.methods, STRESS_METHODS if args.stress_methods is None else args.stress_methods)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,83 +258,67 @@ def main(argv: list[str] | None = None) -> int:
     from rpg.study.runner import StudyBusyError, run_grid
     from rpg.launch.experiments import ExperimentError
 
+    on_smol = args.model == "smol"
     # relative to the current folder, as every run folder a user names (rpg.common.user_paths)
-    name = ("study_lag" if args.lag else "study_staleness" if args.staleness else "study_async_weights"
-            if args.async_weights else "study")
+    name = ("study_smol" if on_smol else "study_lag" if args.lag else "study_staleness" if args.staleness
+            else "study_async_weights" if args.async_weights else "study")
     args.out = user_folder(args.out or Path("outputs") / name)
     try:
-        base = LAG_SIZES if args.lag else STALENESS_SIZES if args.staleness else Sizes()
-        sizes = Sizes(base.steps if args.steps is None else args.steps,
-                      base.test_freq if args.test_freq is None else args.test_freq, args.prompts, args.n,
-                      base.val_n if args.val_n is None else args.val_n)
-        chosen = [flag for flag, on in (("--lag", args.lag), ("--staleness", bool(args.staleness)),
-                                        ("--async-weights", args.async_weights)) if on]
-        if len(chosen) > 1:
-            two = "two " if len(chosen) == 2 else ""
-            raise ValueError(f"{' and '.join(chosen)} are {two}different grids; choose one")
-        if args.cells is not None and not args.lag:
-            raise ValueError("--cells selects cells of the lag study: use it with --lag")
-        if args.lag:
-            names = args.cells if args.cells is not None else tuple(c.name for c in LAG_CELLS)
-            bad = [n for n in names if n not in {c.name for c in LAG_CELLS}]
-            if bad or not names:
-                raise ValueError(f"--cells {','.join(bad) or '(none)'}: expected some of "
-                                 f"{', '.join(c.name for c in LAG_CELLS)}")
-            specs = lag_grid(LAG_SEEDS if args.seeds is None else args.seeds, sizes,
-                             tuple(c for c in LAG_CELLS if c.name in names))
-        elif args.staleness:
-            methods = args.methods if args.methods != METHODS else STRESS_METHODS
-            specs = staleness_grid(3 if args.seeds is None else args.seeds, args.staleness, sizes, methods)
-        elif args.async_weights:
-            if args.methods != METHODS and len(args.methods) != 1:
-                raise ValueError(f"--async-weights runs one method; --methods names {len(args.methods)}")
-            method = args.methods[0] if args.methods != METHODS else WEIGHTS_METHOD
-            specs = weights_grid(3 if args.seeds is None else args.seeds, args.updates, sizes, method)
-        else:
-            specs = grid(2 if args.seeds is None else args.seeds, args.updates, args.stress, sizes, args.methods,
-                         args.stress_methods)
-        if args.jobs < 1:
-            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-        if not (math.isfinite(args.timeout) and args.timeout > 0):
-            raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout:g}")
+        if args.model not in ("tiny", "smol"):
+            raise ValueError(f"--model {args.model}: expected tiny or smol")
+        specs = _smol_grid(args) if on_smol else _tiny_grid(args)
+        jobs = args.jobs if args.jobs is not None else 1 if on_smol else 2
+        timeout = args.timeout if args.timeout is not None else SMOL_TIMEOUT_S if on_smol else 1800.0
+        if jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {jobs}")
+        if not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"--timeout must be a finite number of seconds > 0, got {timeout:g}")
         report_dir = user_folder(args.report_dir) if args.report_dir else args.out / "report"
         for flag, path in (("--out", args.out), ("--report-dir", report_dir)):
             _folder(flag, path)
     except (ValueError, ExperimentError) as err:
         print(f"rpg.study: {err}", file=sys.stderr)
         return 2
-    if args.lag and args.render_only:
-        return _render_lag(report_dir)
+    study = _declared(args)
+    if study and args.render_only:
+        return _render_declared(study, report_dir)
     records = [read_record(args.out, s) or {} for s in specs]
     if args.render_only and (problem := _no_study(args.out, records, all_records(args.out))):
         print(f"rpg.study: --render-only: {problem}", file=sys.stderr)
         return 2
-    costs = calibrate(all_records(args.out), LAG_COSTS if args.lag else STALENESS_COSTS if args.staleness
-                      else BUILTIN_COSTS)
+    budget = LAG_BUDGET_S if args.lag else SMOL_BUDGET_S if on_smol else None
+    costs = calibrate(all_records(args.out), smol_costs(specs[0].sizes.val_problems) if on_smol else LAG_COSTS
+                      if args.lag else STALENESS_COSTS if args.staleness else BUILTIN_COSTS)
     if args.dry_run:  # what the real start would do, by the same survey, and its start line
         found = survey(specs, args.out, args.retry_failed)
         kept = {specs[i].run_id for i in range(len(specs)) if not found.runs(i)}
-        print(describe(specs, costs, kept, args.jobs, {s.run_id: st for s, st in zip(specs, found.states)}))
-        if args.lag:
-            est = costs.grid_s([s for s in specs if s.run_id not in kept], args.jobs)
-            print(f"lag study budget {fmt_duration(LAG_BUDGET_S)}: the estimate "
-                  + ("fits" if est <= LAG_BUDGET_S else "EXCEEDS it"))
-        print(found.line(costs, args.jobs))
+        print(describe(specs, costs, kept, jobs, {s.run_id: st for s, st in zip(specs, found.states)}))
+        if budget is not None:
+            est = costs.grid_s([s for s in specs if s.run_id not in kept], jobs)
+            print(f"{'lag' if args.lag else 'smol'} study budget {fmt_duration(budget)}: the estimate "
+                  + ("fits" if est <= budget else "EXCEEDS it"))
+        if on_smol and not smol_built():
+            print("SmolLM2 is not built yet: the study builds it before its first run (docs/smol.md, The model)")
+        print(found.line(costs, jobs))
         return 0
     command = "python -m rpg.study " + shlex.join(argv if argv is not None else sys.argv[1:])
     if not args.render_only:
+        from rpg.smol import SmolAssetError
+
         try:
-            records = run_grid(specs, args.out, costs, retry_failed=args.retry_failed, timeout_s=args.timeout,
-                               jobs=args.jobs)
-        except StudyBusyError as err:
+            if on_smol:
+                build_smol()
+            records = run_grid(specs, args.out, costs, retry_failed=args.retry_failed, timeout_s=timeout, jobs=jobs)
+        except (StudyBusyError, SmolAssetError) as err:  # another study on --out; SmolLM2 cannot be built
             print(f"rpg.study: {err}", file=sys.stderr)
             return 2
-    if args.lag:
-        return _finish_lag(args.out, report_dir, specs, records)
+    if study:
+        return _finish_declared(study, args.out, report_dir, specs, records)
     from rpg.study.render import render
 
     try:
-        paths = render(args.out, report_dir, specs, records, args.updates, command.strip())
+        paths = render(args.out, report_dir, specs, records, 4 if args.updates is None else args.updates,
+                       command.strip())
     except ValueError as err:
         print(f"rpg.study: {err}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""The study's grid: methods, the tiny-task adaptation of their paper settings, run identities, cost.
+"""The study's grid: methods, the tiny-task adaptation of their paper settings, run identities (the cost model:
+``rpg.study.costs``).
 
 A method is a paper run (its experiment file, ``rpg.launch.experiments``: every algorithm setting); a run's overrides
 are what ``RPG_BACKEND=cpu`` launches for that run (``rpg.launch.plan.plan``), then the study's own:
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rpg.smol import overrides as smol
+from rpg.smol.task import N_VAL
 from rpg.study.methods import label_of, method_run, setting
 
 LR_SCALE = 500.0  # tiny lr = paper lr x 500 (1e-6 -> 5e-4, the tiny demo's learning rate)
@@ -70,6 +72,7 @@ class Sizes:
     prompts: int = 16
     n: int = 4
     val_n: int = 4
+    val_before = True  # a validation before training (a class constant, not a field: the run ids hash the fields)
 
     def check(self, updates: tuple[int, ...]) -> None:
         for name in ("steps", "test_freq", "prompts", "n", "val_n"):
@@ -80,10 +83,14 @@ class Sizes:
             raise ValueError(f"optimizer steps per rollout batch {bad} must divide --prompts {self.prompts} "
                              "(the mini-batch is prompts / steps prompts)")
 
+    def schedule(self) -> str:
+        """When and how a run validates (``--dry-run``'s line)."""
+        return f"validation every {self.test_freq} steps ({self.val_n} samples per problem)"
+
     @property
     def validations(self) -> int:
-        """Validation passes: before training, every test_freq steps, and at the last step."""
-        return 1 + self.steps // self.test_freq + (1 if self.steps % self.test_freq else 0)
+        """Validation passes: before training (``val_before``), every test_freq steps, and at the last step."""
+        return int(self.val_before) + self.steps // self.test_freq + (1 if self.steps % self.test_freq else 0)
 
 
 # The staleness study's sizes (fewer steps than the main grid: 96 runs must fit in 2 hours on 2 cores, docs/study.md)
@@ -102,6 +109,7 @@ class RunSpec:
     staleness: int = 0  # separate-async: parameter_sync_step (= updates); 0: not the staleness study
     lag: int | None = None  # separate-async, the lag study: the sampler's lag in weight versions; None: the staleness
     #                         study's one-batch prefetch (warm-up 1, threshold 2)
+    model: str = "tiny"  # what a run trains: the tiny model and task, or SmolLM2 (``rpg.study.smol``)
 
     @property
     def label(self) -> str:
@@ -131,10 +139,13 @@ class RunSpec:
         digest = hashlib.sha1(json.dumps(asdict(self.sizes), sort_keys=True).encode()).hexdigest()[:6]
         arm = ((f"-sep{self.staleness}" if self.staleness else "") + (f"-lag{self.lag}" if self.lag is not None else "")
                + (f"-{self.arm}" if self.arm else ""))
-        return f"{self.variant}-k{self.updates}{arm}-seed{self.seed}-{digest}"
+        model = "" if self.model == "tiny" else f"-{self.model}"
+        return f"{self.variant}{model}-k{self.updates}{arm}-seed{self.seed}-{digest}"
 
     def study_overrides(self, assets) -> list[str]:
         """The study's overrides (after the variant's and the CPU backend's; these win)."""
+        if self.model == "smol":
+            return smol_overrides(self, assets)
         from rpg.tiny.overrides import tiny_task_overrides
 
         lr, s = setting(self.variant, "actor_rollout_ref.actor.optim.lr"), self.sizes
@@ -307,139 +318,70 @@ def collapsed(val: dict[int, float], grad_norm: dict[int, float]) -> str:
 COLLAPSE_FRACTION = 0.5
 
 
-# ----------------------------------------------------------------------------- cost
-
-
-# Grid throughput with J runs at a time relative to one at a time (2 cores; a run alone leaves ~40 % of
-# them idle while its Ray processes start one after another). Measured: two runs started 20 s apart took
-# 3m07s together vs ~3m54s one after the other (idle 2-core machine).
-PARALLEL_SPEEDUP = {1: 1.0, 2: 1.25}
-
-
-def speedup(jobs: int) -> float:
-    """Throughput factor of ``jobs`` concurrent runs (beyond 2 jobs no more is assumed on 2 cores)."""
-    return PARALLEL_SPEEDUP.get(jobs, PARALLEL_SPEEDUP[max(PARALLEL_SPEEDUP)])
-
-
-@dataclass(frozen=True)
-class Costs:
-    """Seconds per run: start-up + shutdown, one training step with one update, each extra update, one validation.
-
-    The figures are walls measured with ``jobs`` runs at a time (each run slower, the grid faster).
-    """
-
-    startup_s: float
-    step_s: float
-    update_s: float
-    val_s: float
-    source: str
-    jobs: int = 1
-
-    def run_s(self, spec: RunSpec) -> float:
-        """One run's wall time with ``self.jobs`` runs at a time."""
-        s = spec.sizes
-        return self.startup_s + s.steps * (self.step_s + (spec.updates - 1) * self.update_s) + s.validations * self.val_s
-
-    def remaining_s(self, spec: RunSpec, step: int) -> float:
-        """What is left of one run after its record for ``step`` (-1: not started yet: the whole run)."""
-        if step < 0:
-            return self.run_s(spec)
-        s = spec.sizes
-        vals_left = sum(1 for t in range(step + 1, s.steps + 1) if t % s.test_freq == 0 or t == s.steps)
-        return (s.steps - step) * (self.step_s + (spec.updates - 1) * self.update_s) + vals_left * self.val_s
-
-    def grid_s(self, specs: list[RunSpec], jobs: int) -> float:
-        """Wall time of ``specs`` run ``jobs`` at a time: the one-at-a-time total / speedup(jobs).
-
-        The measured walls are converted to one-at-a-time walls first (x speedup(self.jobs) / self.jobs).
-        """
-        alone = sum(self.run_s(s) for s in specs) * speedup(self.jobs) / self.jobs
-        return alone / speedup(max(1, min(jobs, len(specs))))  # fewer runs than jobs: only they overlap
-
-
-# Measured on the development machine (2 cores, idle but for a few short tests), with the default
-# --jobs 2: the 20 runs of seeds 3-4 of the default sizes took 27 min 43 s; medians over them:
-# start-up + shutdown 76 s (Ray and seven processes that each import verl, ~5 s apiece), a
-# training step 4.0 s, a validation (30 problems x 4 samples) 3.65 s, each slower than a run alone
-# (a 16-step run alone: 117 s, of it 55 s start-up). Replaced by the figures of finished runs in
-# the output directory when there are any.
-BUILTIN_COSTS = Costs(startup_s=76.0, step_s=4.0, update_s=0.03, val_s=3.65,
-                      source="built-in (measured on an idle 2-core machine, 2 runs at a time)", jobs=2)
-
-# The staleness study's built-in costs (separate-async: a standalone rollout replica, a weight sync per step, a pi_old
-# snapshot per update): the medians of 61 runs of the default sizes (seeds 2 and 3 of the grid), 2 at a time on an
-# otherwise idle 2-core machine (``calibrate``): those 62 runs took 67 min 26 s, i.e. 1 h 44 min for all 96.
-STALENESS_COSTS = Costs(startup_s=96.5, step_s=2.7, update_s=0.16, val_s=2.2,
-                        source="built-in (separate-async, the medians of 61 runs on an idle 2-core machine, 2 at a time)",
-                        jobs=2)
-
-
-# The lag study's built-in costs: the staleness grid's, with a validation at val_n 8 taken as twice its measured
-# 2.2 s at val_n 4 (not measured yet; ``calibrate`` replaces them by the medians of finished runs)
-LAG_COSTS = replace(STALENESS_COSTS, val_s=2 * STALENESS_COSTS.val_s,
-                    source="built-in (the staleness grid's separate-async medians, 2 at a time; a validation at "
-                           "val_n 8 as twice the measured 2.2 s at val_n 4)")
-
-
-def calibrate(records: list[dict], default: Costs = BUILTIN_COSTS) -> Costs:
-    """Costs from finished runs' records; the built-in figures when there are none.
-
-    A record has the run's ``wall_time_s``, ``train_wall_s`` (wall time from the first metrics
-    record, the validation before training, to the last), summed ``val_time_s``, ``steps``,
-    ``validations``, ``updates`` and ``jobs`` (runs at a time; 1 when absent). Start-up +
-    shutdown = wall - train; one step = (train - the validations after step 0) / steps, which
-    includes the trainer's overhead between steps. Medians over the runs made at the most common
-    ``jobs`` (walls at different concurrency do not mix).
-    """
-    done = [r for r in records if r.get("status") == "done" and r.get("steps") and "train_wall_s" in r]
-    if not done:
-        return default
-    counts: dict[int, int] = {}
-    for r in done:
-        counts[int(r.get("jobs", 1))] = counts.get(int(r.get("jobs", 1)), 0) + 1
-    jobs = max(counts, key=lambda j: (counts[j], -j))
-    done = [r for r in done if int(r.get("jobs", 1)) == jobs]
-    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    val = med([r["val_time_s"] / max(1, r["validations"]) for r in done])
-    startup = med([r["wall_time_s"] - r["train_wall_s"] for r in done])
-    step = med([(r["train_wall_s"] - (r["validations"] - 1) * val) / r["steps"]
-                - (r["updates"] - 1) * default.update_s for r in done])
-    return Costs(max(0.0, startup), max(0.0, step), default.update_s, val, jobs=jobs,
-                 source=f"measured from {len(done)} finished run(s) in this output directory, {jobs} at a time")
-
-
-def fmt_duration(seconds: float) -> str:
-    seconds = int(math.ceil(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
-
-
-def describe(specs: list[RunSpec], costs: Costs, finished: set[str] = frozenset(), jobs: int = 1,
-             states: dict[str, str] | None = None) -> str:
-    """The grid as a table with the time estimate (what ``--dry-run`` prints): ``finished`` the run ids that do
-    not run (done, or failed and not retried), ``states`` each run's state (``rpg.study.records.status``)."""
-    w = max([32, *(len(spec.label) for spec in specs)])
-    lines = [f"{'#':>3}  {'method':<{w}} {'steps/batch':>11} {'seed':>4}  {'estimate':>8}  status   run id"]
-    todo = [spec for spec in specs if spec.run_id not in finished]
-    states = states or {}
-    for i, spec in enumerate(specs, 1):
-        state = states.get(spec.run_id, "done")
-        status = (state if spec.run_id in finished else "redo" if state in ("stale", "failed") else "to run")
-        est = fmt_duration(costs.run_s(spec))
-        lines.append(f"{i:>3}  {spec.label:<{w}} {spec.updates:>11} {spec.seed:>4}  {est:>8}  "
-                     f"{status:<7}  {spec.run_id}")
-    s = specs[0].sizes if specs else Sizes()
-    lines.append(
-        f"{len(specs)} runs ({len(todo)} to run); each: {s.steps} steps of "
-        f"{s.prompts} prompts x {s.n} responses, validation every {s.test_freq} steps ({s.val_n} samples per problem)"
-    )
-    lines.append(f"estimated time to run: {fmt_duration(costs.grid_s(todo, jobs))} with {jobs} run(s) at a time "
-                 f"(costs {costs.source}: start-up {costs.startup_s:.0f}s, step {costs.step_s:.1f}s + "
-                 f"{costs.update_s:.2f}s per extra update, validation {costs.val_s:.1f}s per run; "
-                 f"{jobs} at a time x{speedup(jobs):.2f} the throughput of one)")
-    return "\n".join(lines)
-
-
 def save_json(path: Path, obj) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj, indent=1) + "\n")
     tmp.replace(path)
+
+
+# ----------------------------------------------------------------------------- SmolLM2 (``--model smol``)
+
+# The SmolLM2 comparison's schedule and learning-rate rule (its design, costs and report: ``rpg.study.smol``)
+LR_KEY = "actor_rollout_ref.actor.optim.lr"
+LR_ANCHOR = "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"  # the SmolLM2 run's method, at its learning rate smol.LR
+ROLLOUT_SEED = 1  # every run's rollout seed: the validation's sampling random numbers the same in every run
+
+
+def lr_scale() -> float:
+    """The learning-rate rule: every method at its paper learning rate x (smol.LR / the anchor's paper learning
+    rate), so the SmolLM2 run's method keeps the run's 1e-5 and the methods' ratios are the paper's (as LR_SCALE for
+    the tiny model)."""
+    return smol.LR / setting(LR_ANCHOR, LR_KEY)
+
+
+@dataclass(frozen=True)
+class SmolSizes(Sizes):
+    """The SmolLM2 run's sizes (``rpg.smol.overrides``: 8 prompts x 4 responses, mini-batches of 2 prompts, one response
+    per validation problem) and this design's schedule: ``steps``, validation every ``test_freq`` steps and at the
+    last on ``val_problems`` held-out problems, none before training."""
+
+    steps: int = 2
+    test_freq: int = 2
+    prompts: int = smol.TRAIN_BATCH_SIZE
+    n: int = smol.ROLLOUT_N
+    val_n: int = smol.VAL_N
+    val_problems: int = N_VAL
+    val_before: bool = False
+
+    def check(self, updates: tuple[int, ...]) -> None:
+        super().check(updates)
+        if not 1 <= self.val_problems <= N_VAL:
+            raise ValueError(f"--val-problems must be 1..{N_VAL} (the task's held-out problems), got {self.val_problems}")
+
+    def schedule(self) -> str:
+        when = f"every {self.test_freq} steps and at the last" if self.test_freq < self.steps else "at the last step"
+        return (f"validation {when} ({'also' if self.val_before else 'none'} before training) on {self.val_problems} "
+                f"of the {N_VAL} held-out problems, {self.val_n} response each")
+
+
+def smol_overrides(spec: RunSpec, assets) -> list[str]:
+    """The study's overrides of a SmolLM2 run (after the method's and the rehearsal's; these win): the task at the
+    design's schedule, the learning rate by ``lr_scale``, no warm-up, the seeds, the names."""
+    s = spec.sizes
+    return [
+        *smol.smol_task_overrides(assets, steps=s.steps, test_freq=s.test_freq),
+        f"trainer.val_before_train={s.val_before}",
+        f"data.val_max_samples={s.val_problems}",
+        f"{LR_KEY}={setting(spec.variant, LR_KEY) * lr_scale():g}",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        f"data.seed={spec.seed}",
+        f"actor_rollout_ref.rollout.seed={ROLLOUT_SEED}",
+        "trainer.project_name=rpg_study",
+        f"trainer.experiment_name={spec.run_id}",
+    ]
+
+
+# the cost model lives in rpg.study.costs; its names stay importable from here (the grids', the docs' and the
+# tests' ``rpg.study.grid.LAG_COSTS`` ...)
+from rpg.study.costs import (BUILTIN_COSTS, LAG_COSTS, PARALLEL_SPEEDUP, STALENESS_COSTS, Costs,  # noqa: E402,F401
+                             calibrate, describe, fmt_duration, speedup)

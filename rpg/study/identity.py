@@ -8,7 +8,8 @@ value written bare or quoted is one setting) with every absolute path replaced b
 * a path under the study's ``--out``: ``study:<path relative to it>`` (``study:runs/<run id>/ckpts``);
 * a path under the tiny assets' build: ``tiny:<path relative to it>@sha256:<digest of its content>`` (a file's
   bytes; a folder's files: ``rpg.verl.checkpoints.manifest``), so the same assets anywhere are the same and
-  a rebuilt model or task file is another setting.
+  a rebuilt model or task file is another setting; SmolLM2's model and task folders the same way, each under its
+  own prefix (``smol-model:``, ``smol-task:``; ``rpg.study.records``).
 
 A record written before ``run.json`` held its identity (``legacy_identity``) names its folders by absolute
 path: a path with ``runs/<run id>`` in it is read as that run's folder in the study, and a path inside a
@@ -66,11 +67,18 @@ def _walk(value: Any, fix) -> Any:
     return value
 
 
+def _asset(path: Path, roots: dict[str, Path]) -> str | None:
+    """``<prefix><path relative to its root>@sha256:<content digest>`` for an existing path under one of ``roots``
+    (prefix -> folder), else None."""
+    for prefix, root in roots.items():
+        rel = _under(path, root)
+        if rel is not None and path.exists():
+            return f"{prefix}{rel}@sha256:{content_digest(path)}"
+    return None
+
+
 def _tiny(path: Path, assets_root: Path) -> str | None:
-    rel = _under(path, assets_root)
-    if rel is None or not path.exists():
-        return None
-    return f"{TINY}{rel}@sha256:{content_digest(path)}"
+    return _asset(path, {TINY: assets_root})
 
 
 def _settings(overrides: list[str], fix) -> list:
@@ -80,15 +88,17 @@ def _settings(overrides: list[str], fix) -> list:
     return json.loads(json.dumps(pairs))
 
 
-def identity(overrides: list[str], out: Path, assets_root: Path) -> list:
+def identity(overrides: list[str], out: Path, assets_root: Path | dict[str, Path]) -> list:
     """The identity of a run launched with ``overrides`` in the study ``out`` with the tiny assets' build at
-    ``assets_root`` (module docstring)."""
-    out, assets_root = Path(out).resolve(), Path(assets_root).resolve()
+    ``assets_root``, or the assets' folders by prefix (``{"smol-model:": folder, ...}``) (module docstring)."""
+    out = Path(out).resolve()
+    roots = ({k: Path(v).resolve() for k, v in assets_root.items()} if isinstance(assets_root, dict)
+             else {TINY: Path(assets_root).resolve()})
 
     def fix(path: Path) -> str:
         path = path.resolve()
-        if (tiny := _tiny(path, assets_root)) is not None:  # by content, even with the cache under --out
-            return tiny
+        if (asset := _asset(path, roots)) is not None:  # by content, even with the cache under --out
+            return asset
         rel = _under(path, out)
         return str(path) if rel is None else STUDY + rel
 

@@ -8,14 +8,15 @@
 
 from __future__ import annotations
 
-import csv
 import math
 import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from rpg.study import stats
+from rpg.study import declared, stats
+from rpg.study.declared import (VAL_PREFIX, Contrast, CSVError, Result, Schema,  # noqa: F401 (this study's names)
+                                evaluated_steps, test_contrast)
+from rpg.study.declared import fmt as _f, fmt_ci as _ci, mean_of as _mean
 from rpg.study.methods import clipped
 from rpg.study.grid import (LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, RunSpec, collapsed,
                             fmt_duration, lag_cell, lag_grid)
@@ -30,24 +31,6 @@ PILOT_SD = 0.064
 PILOT_SAMPLES = 120
 PILOT_ACC = 0.6
 VAL_PROBLEMS = 30
-
-
-@dataclass(frozen=True)
-class Contrast:
-    """A hypothesis as a contrast: per seed s, d_s = sum over cells of coefficient x primary metric; the claim is
-    mean(d_s) > 0 (one-sided)."""
-
-    name: str
-    claim: str
-    terms: tuple[tuple[str, int], ...]  # (cell name, coefficient)
-
-    def sd_factor(self) -> float:
-        """SD of d_s / SD of one run's metric, runs independent given the seed: sqrt(sum of coefficients^2)."""
-        return math.sqrt(sum(a * a for _, a in self.terms))
-
-    def formula(self) -> str:
-        return " ".join(f"{'+' if a > 0 else '-'} {c}" if abs(a) == 1 else f"{a:+d} {c}" for c, a in self.terms
-                        ).lstrip("+ ")
 
 
 HYPOTHESES: tuple[Contrast, ...] = (
@@ -152,16 +135,7 @@ FLOAT_COLUMNS = ("primary", "final_acc", *(d[0] for d in DIAGNOSTICS), "load_sta
 COLUMNS = ("run_id", "cell", "lag", "weights", "clip", "seed", "order", "status", "primary", "final_acc", "collapsed",
            "collapse_reason", *(d[0] for d in DIAGNOSTICS), "code", "load_start_1m", "load_end_1m", "cpu_count",
            "wall_time_s", "started")
-VAL_PREFIX = "val_acc_step_"  # then one column per evaluated step: the held-out accuracy there
-
-
-class CSVError(ValueError):
-    """runs.csv cannot be read: one line naming the file (and line) and what is wrong."""
-
-
-def evaluated_steps(steps: int, test_freq: int) -> list[int]:
-    """Steps verl validates at: 0 (before training), every test_freq, and the last."""
-    return sorted({0, steps, *range(test_freq, steps + 1, test_freq)})
+SCHEMA = Schema(COLUMNS, INT_COLUMNS, FLOAT_COLUMNS)
 
 
 def primary_metric(val: dict[int, float], steps: int, test_freq: int) -> float | None:
@@ -209,111 +183,17 @@ def csv_rows(out: Path, specs: list[RunSpec], records: list[dict]) -> list[dict]
     return rows
 
 
-def _cell_text(value) -> str:
-    if value is None:
-        return ""
-    return repr(float(value)) if isinstance(value, float) else str(value)
-
-
 def write_csv(path: Path, rows: list[dict]) -> Path:
-    """``rows`` as runs.csv (floats as repr: read back exactly; None as empty). A finished run the file already
-    holds must be finished in ``rows`` too: ValueError otherwise (a study rendered from the wrong --out would
-    drop it)."""
-    path = Path(path)
-    if path.is_file():
-        done = {r["run_id"] for r in rows if r.get("status") == "done"}
-        lost = [r["run_id"] for r in read_csv(path) if r["status"] == "done" and r["run_id"] not in done]
-        if lost:
-            raise ValueError(f"{path} holds {len(lost)} finished run(s) that this study's --out lacks ({lost[0]}, "
-                             "...): name the --out that holds them, or move the file away")
-    steps = sorted({int(k[len(VAL_PREFIX):]) for r in rows for k in r if k.startswith(VAL_PREFIX)})
-    header = [*COLUMNS, *(f"{VAL_PREFIX}{t}" for t in steps)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(header)
-        for r in rows:
-            w.writerow([_cell_text(r.get(k)) for k in header])
-    tmp.replace(path)
-    return path
+    """``rows`` as the lag study's runs.csv (``rpg.study.declared.write_csv``)."""
+    return declared.write_csv(path, rows, SCHEMA)
 
 
 def read_csv(path: Path) -> list[dict]:
-    """runs.csv's rows with typed values (int / float columns, None for empty cells); CSVError naming the file and
-    line for an unknown or missing column, a row of the wrong length or a value of the wrong type."""
-    path = Path(path)
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None:
-            raise CSVError(f"{path}: empty (expected the header {','.join(COLUMNS[:3])},...)")
-        missing = [c for c in COLUMNS if c not in header]
-        unknown = [c for c in header if c not in COLUMNS and not (c.startswith(VAL_PREFIX)
-                                                                  and c[len(VAL_PREFIX):].isdigit())]
-        if missing or unknown:
-            raise CSVError(f"{path}:1: " + (f"missing column(s) {', '.join(missing)}" if missing else
-                                            f"unknown column(s) {', '.join(unknown)}"))
-        rows = []
-        for line, cells in enumerate(reader, 2):
-            if len(cells) != len(header):
-                raise CSVError(f"{path}:{line}: {len(cells)} values for {len(header)} columns")
-            row = {}
-            for key, text in zip(header, cells):
-                try:
-                    if text == "":
-                        row[key] = None
-                    elif key in INT_COLUMNS:
-                        row[key] = int(text)
-                    elif key in FLOAT_COLUMNS or key.startswith(VAL_PREFIX):
-                        row[key] = float(text)
-                    else:
-                        row[key] = text
-                except ValueError:
-                    raise CSVError(f"{path}:{line}: {key}={text!r} is not a number") from None
-            rows.append(row)
-    return rows
+    """The lag study's runs.csv, typed (``rpg.study.declared.read_csv``)."""
+    return declared.read_csv(path, SCHEMA)
 
 
 # ----------------------------------------------------------------------------- analysis
-
-
-@dataclass(frozen=True)
-class Result:
-    contrast: Contrast
-    seeds: tuple[int, ...]  # the seeds with every cell of the contrast finished
-    d: tuple[float, ...]
-    p: float | None
-    ci: tuple[float, float] | None
-
-    @property
-    def mean(self) -> float | None:
-        return statistics.fmean(self.d) if self.d else None
-
-
-def test_contrast(rows: list[dict], contrast: Contrast) -> Result:
-    """The contrast's per-seed values over the seeds whose runs of its cells all finished with a primary metric,
-    its exact one-sided sign-flip p-value and the 95 % interval of the mean shift (``rpg.study.stats``)."""
-    by = {(r["cell"], r["seed"]): r["primary"] for r in rows if r["status"] == "done" and r["primary"] is not None}
-    seeds = sorted({r["seed"] for r in rows})
-    seeds = tuple(s for s in seeds if all((c, s) in by for c, _ in contrast.terms))
-    d = tuple(sum(a * by[(c, s)] for c, a in contrast.terms) for s in seeds)
-    if not d:
-        return Result(contrast, seeds, d, None, None)
-    return Result(contrast, seeds, d, stats.sign_flip_p(d), stats.sign_flip_ci(d, 0.95))
-
-
-def _f(x, fmt: str = ".3f") -> str:
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
-
-
-def _ci(ci) -> str:
-    return "—" if ci is None else f"[{_f(ci[0])}, {_f(ci[1])}]"
-
-
-def _mean(xs: list) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.fmean(xs) if xs else None
 
 
 CELL_STATS = (("behavior_ess", "ESS"), ("behavior_log_w_m2", "M2 of log w"), ("behavior_weight_max", "max weight"),

@@ -44,11 +44,26 @@ def all_records(out: Path) -> list[dict]:
     return recs
 
 
-def _assets():
-    """The tiny assets' build (built once), its root absolute: the runs' paths and identities name it."""
+def _assets(model: str = "tiny"):
+    """What a run of ``model`` reads, its paths absolute (the runs' overrides and identities name them): the tiny
+    assets' build (built once); SmolLM2's model and task folders where they are planned (the study builds them
+    before its first run: ``rpg.study.smol.build_assets``; a dry run builds nothing)."""
+    if model == "smol":
+        from rpg.smol.build import SmolAssets, planned_assets
+
+        planned = planned_assets()
+        return SmolAssets(planned.model_dir.resolve(), planned.task_dir.resolve())
     from rpg.tiny import TinyAssets, build_tiny_assets
 
     return TinyAssets.at(build_tiny_assets().root.resolve())
+
+
+def _asset_roots(model: str):
+    """The folders a run's identity names by content (``rpg.study.identity``)."""
+    assets = _assets(model)
+    if model == "smol":
+        return {"smol-model:": assets.model_dir, "smol-task:": assets.task_dir}
+    return assets.root
 
 
 def spec_overrides(spec: RunSpec, out: Path) -> list[str]:
@@ -61,12 +76,14 @@ def spec_overrides(spec: RunSpec, out: Path) -> list[str]:
     d = run_dir(out, spec).resolve()
     env = {"LOGGER": "console,file", "PROJECT_NAME": "rpg_study", "EXP_NAME": spec.run_id, "RPG_BACKEND": "cpu",
            "CKPTS_DIR": str(d / "ckpts"), "VERL_FILE_LOGGER_ROOT": str(d / "logs"), "TENSORBOARD_DIR": str(d / "tb")}
-    return plan(method_run(spec.variant), Request.read(env, CHECKOUT), spec.study_overrides(_assets()))
+    if spec.model != "tiny":  # the rehearsal's switch (rpg.launch.rehearsal): its model, task and sizes
+        env["RPG_CPU_MODEL"] = spec.model
+    return plan(method_run(spec.variant), Request.read(env, CHECKOUT), spec.study_overrides(_assets(spec.model)))
 
 
 def spec_identity(spec: RunSpec, out: Path, overrides: list[str]) -> list:
     """The identity (``rpg.study.identity``) of ``spec`` launched with ``overrides`` in ``out``."""
-    return identity(overrides, out, _assets().root)
+    return identity(overrides, out, _asset_roots(spec.model))
 
 
 def status(out: Path, spec: RunSpec, overrides: list[str] | None = None) -> str:

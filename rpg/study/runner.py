@@ -292,6 +292,7 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], ident: list, index: 
     progress.say(f"start {index}/{total} {spec.label} k={spec.updates} seed {spec.seed} -> {d}")
     record = {"run_id": spec.run_id, "variant": spec.variant, "label": spec.label, "updates": spec.updates,
               "seed": spec.seed, "steps": spec.sizes.steps, "validations": spec.sizes.validations,
+              "val_before": spec.sizes.val_before, "model": spec.model,
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "code": _code_version(), "overrides": overrides,
               "identity": ident}
     record.update(cpu_count=os.cpu_count(), load_start=machine_load())

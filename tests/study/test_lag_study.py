@@ -225,10 +225,11 @@ def test_a_runs_record_holds_the_machines_load(monkeypatch, tiny_assets, tmp_pat
 
 def test_the_plans_numbers_are_the_codes():
     """PLAN.md's power and budget block is exactly what ``python -m rpg.study.lag`` prints."""
-    text = (LAG_DIR / "PLAN.md").read_text(encoding="utf-8")
-    block = re.search(r"<!-- BEGIN plan_numbers[^\n]*-->\n(.*?)\n<!-- END plan_numbers -->", text, re.S)
-    assert block, "PLAN.md has no plan_numbers block"
-    assert block[1] == L.plan_numbers()
+    from rpg.study.declared import generated_block
+
+    block = generated_block((LAG_DIR / "PLAN.md").read_text(encoding="utf-8"), "plan_numbers")
+    assert block is not None, "PLAN.md has no plan_numbers block"
+    assert block == L.plan_numbers()
 
 
 def _rows(effects: dict[str, float], seeds: int = 12, noise: float = 0.03, rng_seed: int = 3) -> list[dict]:

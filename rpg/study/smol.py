@@ -1,0 +1,336 @@
+"""The SmolLM2 comparison (``python -m rpg.study --model smol``, docs/study/smol/PLAN.md): three of the paper's methods
+on SmolLM2-135M-Instruct and its arithmetic task (``rpg.smol``, docs/smol.md) at the SmolLM2 run's sizes.
+
+* the design: ``SMOL_METHODS``, ``SMOL_SIZES`` and ``smol_grid`` (seeds as blocks, the run order within a seed
+  drawn from ``SMOL_ORDER_SEED``); a run's sizes, learning-rate rule and overrides are ``rpg.study.grid``'s
+  (``SmolSizes``, ``lr_scale``, ``smol_overrides``);
+* its cost, ``smol_costs``, from the measured figures below; ``plan_numbers``, the plan's generated block
+  (``python -m rpg.study.smol`` prints it);
+* ``csv_rows`` / ``write_csv`` / ``read_csv`` (``runs.csv``) and ``render`` (``results.md``, ``smol.png``) from the
+  CSV alone.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import warnings
+from pathlib import Path
+
+from rpg.smol import overrides as smol
+from rpg.smol.task import N_VAL
+from rpg.study import declared, stats
+from rpg.study.costs import Costs, fmt_duration
+from rpg.study.declared import CSVError, Contrast, Schema, evaluated_steps, fmt, mean_of  # noqa: F401 (CSVError)
+from rpg.study.grid import (LR_ANCHOR, LR_KEY, ROLLOUT_SEED, RunSpec, SmolSizes, lr_scale,  # noqa: F401
+                            run_order_key, smol_overrides)
+from rpg.study.methods import label_of, method_run, setting
+
+# The methods (paper run names) and their short names in the CSV and the contrasts
+SMOL_METHODS: tuple[str, ...] = ("run_grpo_7b", "run_rpg_7b_ufkl1e-4", "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28")
+CELLS = {"run_grpo_7b": "grpo", "run_rpg_7b_ufkl1e-4": "rpg-ufkl",
+         "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28": "rpg-rf-clip"}
+UPDATES = smol.TRAIN_BATCH_SIZE // smol.MINI_BATCH_SIZE  # optimizer steps per rollout batch: 4
+SMOL_SEEDS = 3
+SMOL_ORDER_SEED = 60  # the declared seed of the run order within each seed (run_order_key)
+SMOL_BUDGET_S = 3 * 3600  # the design must fit in 3 hours on 2 cores, one run at a time
+SMOL_TIMEOUT_S = 3600.0  # --timeout's default for this model: about three times a run's estimate
+
+
+SMOL_SIZES = SmolSizes()
+
+
+def smol_grid(seeds: int = SMOL_SEEDS, sizes: SmolSizes = SMOL_SIZES, methods: tuple[str, ...] = SMOL_METHODS,
+              order_seed: int = SMOL_ORDER_SEED) -> list[RunSpec]:
+    """Each method x seeds 1..seeds on SmolLM2, seed-major (a seed's methods share its prompts, ``data.seed``), the
+    methods of each seed in the order ``run_order_key`` draws from ``order_seed``."""
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    bad = [m for m in methods if m not in SMOL_METHODS]
+    if bad or not methods or len(set(methods)) != len(methods):
+        raise ValueError(f"--methods {','.join(bad) or ','.join(methods) or '(none)'}: --model smol compares some of "
+                         f"{', '.join(SMOL_METHODS)} (each once)")
+    for m in methods:
+        method_run(m)
+    sizes.check((UPDATES,))
+    return [RunSpec(m, UPDATES, seed, sizes, model="smol") for seed in range(1, seeds + 1)
+            for m in sorted(methods, key=lambda m: run_order_key(order_seed, seed, CELLS[m]))]
+
+
+def built() -> bool:
+    """Whether SmolLM2's model and task files are built (a folder is published only when complete)."""
+    from rpg.smol.build import planned_assets
+
+    assets = planned_assets()
+    return assets.model_dir.is_dir() and assets.task_complete()
+
+
+def build_assets() -> None:
+    """SmolLM2's model and task files, built once before the study's first run (``rpg.smol.SmolAssetError``, one
+    line, when they cannot be)."""
+    from rpg.smol import build_smol_assets
+
+    build_smol_assets(prefix="[study]")
+
+
+# ----------------------------------------------------------------------------- cost
+
+# Measured on the SmolLM2 CPU run (python -m rpg.demo.cpu --model smol: RPG-REINFORCE-UFKL with RPG-Style Clip at these
+# sizes) on the 2-core development machine on 2026-11-26, load average 2.5-6 (light work beside it): 45 s from the
+# launch to the trainer's workers ready; steps 1-5 (medians): generation 60.6 s, old log-probs 35.3 s, update (4
+# mini-batches) 104.1 s, weight sync 2.2 s, the step 203.0 s; the validation before training, 200 problems, 514 s.
+MEASURED_STARTUP_S = 45.0
+SHUTDOWN_S = 30.0  # assumed: the trainer's and Ray's shutdown (not measured on this model)
+MEASURED_STEP_S = 203.0
+MEASURED_GEN_S = 60.6
+MEASURED_LOG_PROB_S = 35.3
+MEASURED_VAL_S_PER_PROBLEM = 514.0 / 200
+# Assumed, not measured: the share of groups DAPO's filter keeps (a right and a wrong response among 4). At the base
+# model's accuracy, about 0.15-0.2 on this task, 1 - 0.8^4 - 0.2^4 = 0.59 of the groups of a prompt answered right
+# one time in five hold both; prompts the model never solves lower it.
+KEPT_GROUPS = 0.5
+
+
+def method_step_s(name: str) -> float:
+    """What a method's step adds to the measured one: a fixed reference's log-probs (one more forward over the batch,
+    as the old log-probs), and DAPO's refills (generation of 1 / KEPT_GROUPS - 1 more batches)."""
+    extra = MEASURED_LOG_PROB_S if setting(name, "rpg.reference.mode") == "fixed" else 0.0
+    if setting(name, "algorithm.filter_groups.enable"):
+        extra += MEASURED_GEN_S * (1 / KEPT_GROUPS - 1)
+    return extra
+
+
+def smol_costs(val_problems: int = SMOL_SIZES.val_problems) -> Costs:
+    """The built-in costs of a SmolLM2 run, one at a time (every run has UPDATES updates per step: the measured step
+    holds them)."""
+    return Costs(startup_s=MEASURED_STARTUP_S + SHUTDOWN_S, step_s=MEASURED_STEP_S, update_s=0.0,
+                 val_s=MEASURED_VAL_S_PER_PROBLEM * val_problems, jobs=1,
+                 method_step_s=tuple((m, method_step_s(m)) for m in SMOL_METHODS),
+                 source="built-in (the SmolLM2 run's measured start-up, step and validation; the methods' extra "
+                        "passes and DAPO's refills derived, rpg.study.smol)")
+
+
+# ----------------------------------------------------------------------------- the plan's numbers
+
+BASE_ACC = 0.145  # the base model's validation accuracy on the 200 problems (the SmolLM2 run's validation before training)
+POWER = 0.8
+
+
+def interval_level(n: int) -> float:
+    """The interval reported for n seeds: 95 %, or the widest level whose exact sign-flip interval is finite,
+    1 - 2^(1 - n) (75 % with 3 seeds: the range of the d_s), when 95 % is not."""
+    return min(0.95, 1 - 2.0 ** (1 - n))
+
+
+def _fits(seeds: int, problems: int) -> tuple[int, float]:
+    """The most steps (and their estimate) of the design with ``seeds`` and ``problems`` within the budget."""
+    best = (0, 0.0)
+    for steps in range(1, 100):
+        sizes = SmolSizes(steps=steps, test_freq=steps, val_problems=problems)
+        est = smol_costs(problems).grid_s(smol_grid(seeds, sizes), 1)
+        if est > SMOL_BUDGET_S:
+            return best
+        best = (steps, est)
+    return best
+
+
+def plan_numbers(seeds: int = SMOL_SEEDS, sizes: SmolSizes = SMOL_SIZES, sim: stats.PowerSim = stats.PowerSim()) -> str:
+    """The plan's budget, learning rates and precision, as markdown (docs/study/smol/PLAN.md holds it)."""
+    specs, c = smol_grid(seeds, sizes), smol_costs(sizes.val_problems)
+    total = c.grid_s(specs, 1)
+    lrs = ", ".join(f"{label_of(m)} {setting(m, LR_KEY) * lr_scale():g}" for m in SMOL_METHODS)
+    lines = ["| design | value |", "|---|---|",
+             f"| methods x seeds = runs | {len(SMOL_METHODS)} x {seeds} = {len(specs)} |",
+             f"| learning rate (paper x {lr_scale():g}) | {lrs} |"]
+    for m in SMOL_METHODS:
+        spec = next(s for s in specs if s.variant == m)
+        lines.append(f"| one run, {label_of(m)} | {c.run_s(spec):.0f} s = {c.startup_s:.0f} s start-up and shutdown + "
+                     f"{sizes.steps} steps x ({c.step_s:.1f} s + {method_step_s(m):.1f} s) + {sizes.validations} "
+                     f"validation(s) x {c.val_s:.0f} s |")
+    alpha = 2.0 ** -seeds
+    sd1 = math.sqrt(BASE_ACC * (1 - BASE_ACC) / sizes.val_problems)
+    lines += [
+        f"| estimated time, one run at a time | {fmt_duration(total)} = {total / 3600:.2f} h (budget "
+        f"{SMOL_BUDGET_S / 3600:g} h) |",
+        f"| smallest one-sided p, exact sign-flip test | {seeds} seeds: 1/{2 ** seeds} = {alpha:.4g} |",
+        f"| widest finite exact interval | {seeds} seeds: {100 * interval_level(seeds):g} % |",
+        f"| SD of one evaluation, binomial at p = {BASE_ACC:g}, {sizes.val_problems} problems | {sd1:.3f}; of the "
+        f"difference of two independent evaluations {sd1 * math.sqrt(2):.3f} |",
+        f"| effect detected with power {POWER:g} at p <= 1/{2 ** seeds} ({seeds} seeds, evaluation noise alone) | "
+        f"{stats.min_detectable_effect(sd1 * math.sqrt(2), seeds, alpha, POWER, sim):.3f} |",
+        "", "| seeds | problems per evaluation | most steps within the budget | estimate |", "|---|---|---|---|"]
+    for n in (3, 4, 5):
+        for problems in (100, N_VAL):
+            steps, est = _fits(n, problems)
+            lines.append(f"| {n} | {problems} | {steps} | {fmt_duration(est) if steps else '—'} |")
+    lines += ["", f"Effect: the smallest true mean of d_s that the one-sided exact sign-flip test finds at p <= "
+                  f"1/{2 ** seeds} with power {POWER:g}", f"({sim.sims} simulated data sets of normal d_s, seed "
+                  f"{sim.seed}), from the binomial noise of the evaluations alone (a lower bound)."]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the CSV and its tables
+
+# (column, metric key): per run the mean over its training steps
+DIAGNOSTICS: tuple[tuple[str, str], ...] = (
+    ("train_score", "critic/score/mean"), ("response_length", "response_length/mean"),
+    ("response_clip_ratio", "response_length/clip_ratio"), ("entropy", "actor/entropy"), ("ppo_kl", "actor/ppo_kl"),
+    ("clipfrac", "actor/pg_clipfrac"), ("grad_norm", "actor/grad_norm"),
+    ("refill_gen_batches", "training/rpg/refill_gen_batches"), ("step_s", "timing_s/step"))
+COLUMNS = ("run_id", "cell", "method", "lr", "seed", "order", "status", "primary", *(d[0] for d in DIAGNOSTICS),
+           "code", "load_start_1m", "load_end_1m", "cpu_count", "wall_time_s", "started")
+SCHEMA = Schema(COLUMNS, ints=("seed", "order", "cpu_count"),
+                floats=("lr", "primary", *(d[0] for d in DIAGNOSTICS), "load_start_1m", "load_end_1m", "wall_time_s"))
+
+# The declared comparisons (PLAN.md): d_s per seed; one-sided in the paper's direction where it has one
+CONTRASTS: tuple[tuple[Contrast, bool], ...] = (
+    (Contrast("C1", "RPG-REINFORCE-UFKL with RPG-Style Clip above GRPO", (("rpg-rf-clip", 1), ("grpo", -1))), False),
+    (Contrast("C2", "RPG-UFKL above GRPO", (("rpg-ufkl", 1), ("grpo", -1))), False),
+    (Contrast("C3", "RPG-REINFORCE-UFKL with RPG-Style Clip and RPG-UFKL differ", (("rpg-rf-clip", 1),
+                                                                                  ("rpg-ufkl", -1))), True),
+)
+
+
+def csv_rows(out: Path, specs: list[RunSpec], records: list[dict]) -> list[dict]:
+    """One row per run of ``specs`` (in run order), finished or not, from its folder's metrics and run.json."""
+    from rpg.backends.harness.run_dir import METRICS_FILE
+    from rpg.reports.logs import read_run
+    from rpg.study.records import run_dir
+    from rpg.study.render import _val_key, metric_of
+
+    rows = []
+    for order, (spec, rec) in enumerate(zip(specs, records), 1):
+        s = spec.sizes
+        load_start, load_end = rec.get("load_start") or [None], rec.get("load_end") or [None]
+        row = {"run_id": spec.run_id, "cell": CELLS[spec.variant], "method": spec.variant,
+               "lr": setting(spec.variant, LR_KEY) * lr_scale(), "seed": spec.seed, "order": order,
+               "status": rec.get("status", "todo"), "code": rec.get("code"), "load_start_1m": load_start[0],
+               "load_end_1m": load_end[0], "cpu_count": rec.get("cpu_count"), "wall_time_s": rec.get("wall_time_s"),
+               "started": rec.get("started")}
+        if row["status"] == "done":
+            with warnings.catch_warnings():  # without a validation before training, step 1 is the first by design
+                if not s.val_before:
+                    warnings.filterwarnings("ignore", r".*the log starts at step 1, not 0", UserWarning)
+                m = read_run(run_dir(out, spec) / METRICS_FILE)
+            val = {t: float(v) for t, v in m.get(_val_key(metric_of(spec)), {}).items()}
+            row["primary"] = val.get(s.steps)  # the last evaluation's
+            row.update({name: mean_of([float(v) for t, v in m.get(key, {}).items() if t >= 1])
+                        for name, key in DIAGNOSTICS})
+            row.update({f"{declared.VAL_PREFIX}{t}": val.get(t)
+                        for t in evaluated_steps(s.steps, s.test_freq, s.val_before)})
+        rows.append(row)
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict]) -> Path:
+    return declared.write_csv(path, rows, SCHEMA)
+
+
+def read_csv(path: Path) -> list[dict]:
+    return declared.read_csv(path, SCHEMA)
+
+
+def p_value(d: tuple[float, ...], two_sided: bool) -> float:
+    """The exact sign-flip p-value of d: one-sided (mean > 0), or two-sided, min(1, 2 min(p(d), p(-d)))."""
+    p = stats.sign_flip_p(d)
+    return min(1.0, 2 * min(p, stats.sign_flip_p([-x for x in d]))) if two_sided else p
+
+
+TABLE_STATS = (("train_score", "train score"), ("response_length", "length"), ("response_clip_ratio", "cut at limit"),
+               ("entropy", "entropy"), ("ppo_kl", "KL(old‖new)"), ("clipfrac", "clip frac"),
+               ("grad_norm", "grad norm"), ("refill_gen_batches", "refill batches"), ("step_s", "s/step"))
+
+
+def render_tables(rows: list[dict], source: str = "runs.csv") -> str:
+    """results.md: the methods' table and the declared contrasts, from the CSV's rows alone."""
+    unknown = sorted({r["cell"] for r in rows} - set(CELLS.values()))
+    if unknown:
+        raise ValueError(f"{source}: cell(s) {', '.join(unknown)} are not in the plan's design")
+    done = [r for r in rows if r["status"] == "done"]
+    seeds = sorted({r["seed"] for r in rows})
+    codes = sorted({r["code"] for r in done if r["code"]})
+    out = [f"# SmolLM2 comparison: results (generated from {source} by `python -m rpg.study --model smol "
+           "--render-only`; do not edit)", "",
+           f"{len(done)} of {len(rows)} runs finished; code: {', '.join(codes) or '—'}.", "",
+           "## Methods (primary: held-out accuracy at the last evaluation; diagnostics: per-run means over the "
+           "training steps, then the mean over the method's runs)", "",
+           "| method | lr | runs | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± SD | "
+           + " | ".join(c for _, c in TABLE_STATS) + " | load at start (mean, max) |",
+           "|---|---|---|" + "---|" * (len(seeds) + 1 + len(TABLE_STATS)) + "---|"]
+    for method in SMOL_METHODS:
+        mine = [r for r in rows if r["method"] == method]
+        if not mine:
+            continue
+        ok = [r for r in mine if r["status"] == "done"]
+        by_seed = {r["seed"]: r["primary"] for r in ok}
+        prim = [v for v in by_seed.values() if v is not None]
+        sd = statistics.stdev(prim) if len(prim) > 1 else None
+        loads = [r["load_start_1m"] for r in mine if r["load_start_1m"] is not None]
+        out.append(f"| {label_of(method)} | {fmt(mine[0]['lr'], 'g')} | {len(ok)}/{len(mine)} | "
+                   + " | ".join(fmt(by_seed.get(s)) for s in seeds) + f" | {fmt(mean_of(prim))} ± {fmt(sd)} | "
+                   + " | ".join(fmt(mean_of([r[k] for r in ok]), ".3g") for k, _ in TABLE_STATS)
+                   + f" | {fmt(mean_of(loads), '.2f')}, {fmt(max(loads) if loads else None, '.2f')} |")
+    results = [(declared.test_contrast(rows, c, interval_level(max(1, len(seeds)))), two) for c, two in CONTRASTS]
+    ps = [None if r.p is None else p_value(r.d, two) for r, two in results]
+    adjusted = stats.holm([1.0 if p is None else p for p in ps])
+    out += ["", "## Declared contrasts (paired by seed; exact sign-flip tests; Holm over the three; descriptive: with "
+                f"{len(seeds)} seeds the smallest one-sided p is 1/{2 ** len(seeds)})", "",
+            "| contrast | claim | d_s | seeds | per seed | mean d_s [exact interval] | p | Holm p |",
+            "|---|---|---|---|---|---|---|---|"]
+    for (r, two), p, adj in zip(results, ps, adjusted):
+        level = f"{100 * interval_level(len(r.d)):g} % " if r.d else ""
+        out.append(f"| {r.contrast.name} | {r.contrast.claim} | {r.contrast.formula()} | {len(r.d)} | "
+                   f"{', '.join(fmt(x, '+.3f') for x in r.d) or '—'} | {fmt(r.mean)} {level}{declared.fmt_ci(r.ci)} | "
+                   f"{fmt(p, '.4g')} ({'two-sided' if two else 'one-sided'}) | "
+                   f"{fmt(adj if p is not None else None, '.4g')} |")
+    missing = [f"* {label_of(r['method'])}, seed {r['seed']}: {r['status']}" for r in rows if r["status"] != "done"]
+    if missing:
+        out += ["", "Runs not finished (their seeds leave the contrasts that need them):", ""] + missing
+    return "\n".join(out) + "\n"
+
+
+def render_figure(rows: list[dict], path: Path) -> Path:
+    """smol.png: each method's held-out accuracy at the last evaluation, a thin line per seed joining its methods
+    (the pairs the contrasts compare) and each method's mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
+    methods = [m for m in SMOL_METHODS if any(r["method"] == m for r in rows)]
+    done = {(r["method"], r["seed"]): r["primary"] for r in rows if r["status"] == "done" and r["primary"] is not None}
+    for seed in sorted({r["seed"] for r in rows}):
+        pts = [(i, done[(m, seed)]) for i, m in enumerate(methods) if (m, seed) in done]
+        ax.plot([i for i, _ in pts], [v for _, v in pts], color="tab:gray", alpha=0.5, marker="o", linewidth=0.8)
+    means = [(i, mean_of([v for (m2, _), v in done.items() if m2 == m])) for i, m in enumerate(methods)]
+    means = [(i, v) for i, v in means if v is not None]
+    ax.plot([i for i, _ in means], [v for _, v in means], color="tab:blue", marker="D", markersize=8, linestyle="none",
+            label="mean over seeds")
+    ax.set_xticks(range(len(methods)), [label_of(m) for m in methods], fontsize=8)
+    ax.set_xlim(-0.5, len(methods) - 0.5)
+    ax.set_ylim(0, max([0.5, *(v + 0.05 for v in done.values())]))
+    ax.set_ylabel("held-out accuracy, last evaluation")
+    ax.set_title(f"SmolLM2-135M-Instruct: {len(done)} runs (a grey line per seed)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return Path(path)
+
+
+def render(csv_path: Path, report_dir: Path) -> list[Path]:
+    """results.md and smol.png in ``report_dir`` from ``csv_path`` alone."""
+    rows = read_csv(csv_path)
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    md = report_dir / "results.md"
+    md.write_text(render_tables(rows, Path(csv_path).name), encoding="utf-8")
+    return [md, render_figure(rows, report_dir / "smol.png")]
+
+
+if __name__ == "__main__":  # the plan's numbers
+    print(plan_numbers())
+    sys.exit(0)
