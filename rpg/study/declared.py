@@ -171,3 +171,14 @@ def generated_block(text: str, name: str) -> str | None:
     what the code that generates it must print exactly (the plan's test)."""
     found = re.search(rf"<!-- BEGIN {re.escape(name)}\b[^\n]*-->\n(.*?)\n<!-- END {re.escape(name)} -->", text, re.S)
     return found[1] if found else None
+
+
+def render_report(csv_path: Path, report_dir: Path, read, tables, figure, figure_name: str) -> list[Path]:
+    """A declared study's ``results.md`` (``tables(rows, csv name)``) and figure (``figure(rows, path)``) in
+    ``report_dir``, from the rows ``read(csv_path)`` returns alone."""
+    rows = read(csv_path)
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    md = report_dir / "results.md"
+    md.write_text(tables(rows, Path(csv_path).name), encoding="utf-8")
+    return [md, figure(rows, report_dir / figure_name)]

@@ -323,12 +323,7 @@ def render_figure(rows: list[dict], path: Path) -> Path:
 
 def render(csv_path: Path, report_dir: Path) -> list[Path]:
     """results.md and smol.png in ``report_dir`` from ``csv_path`` alone."""
-    rows = read_csv(csv_path)
-    report_dir = Path(report_dir)
-    report_dir.mkdir(parents=True, exist_ok=True)
-    md = report_dir / "results.md"
-    md.write_text(render_tables(rows, Path(csv_path).name), encoding="utf-8")
-    return [md, render_figure(rows, report_dir / "smol.png")]
+    return declared.render_report(csv_path, report_dir, read_csv, render_tables, render_figure, "smol.png")
 
 
 if __name__ == "__main__":  # the plan's numbers
