@@ -56,6 +56,52 @@ def test_vllm_overrides_replace_the_hf_rollout_once_and_forward_the_switch():
     assert "actor_rollout_ref.rollout.name=hf" in env_overrides.cpu_overrides(env_overrides.cpu_env(base={}))
 
 
+BUCKET_KEY = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
+
+
+def _model(folder: Path, shapes: dict[str, tuple[int, ...]], **files) -> Path:
+    """A model folder whose safetensors files (one per keyword, else model.safetensors) hold zeros of ``shapes``."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    for name, part in (files or {"model": shapes}).items():
+        save_file({k: torch.zeros(v, dtype=torch.bfloat16) for k, v in part.items()}, folder / f"{name}.safetensors")
+    return folder
+
+
+def test_the_weight_sync_bucket_holds_the_models_largest_tensor(tmp_path, monkeypatch):
+    # verl's shared-memory sender cannot split a tensor: SmolLM2's 49152 x 576 float32 embedding (108 MB) failed
+    # the first sync in a 64 MB bucket. Sized by the float32 the actor sends, whatever the file's dtype (bf16 here)
+    monkeypatch.setattr(vllm_cpu, "BUCKET_MB", 1)
+    big = _model(tmp_path / "big", {}, a={"embed": (1024, 300), "norm": (300,)}, b={"mlp": (1024, 513)})
+    assert vllm_cpu.largest_tensor_bytes(big) == 1024 * 513 * 4  # over both shards
+    assert vllm_cpu.bucket_megabytes(big) == 3  # 2.004 MiB, rounded up to whole MB
+    small = _model(tmp_path / "small", {"w": (16, 16)})
+    assert vllm_cpu.bucket_megabytes(small) == 1  # the floor
+    for other in ("HuggingFaceTB/SmolLM2-135M-Instruct", str(tmp_path / "missing"), None):
+        assert vllm_cpu.largest_tensor_bytes(other) is None and vllm_cpu.bucket_megabytes(other) == 1
+
+
+def test_the_backends_overrides_size_the_bucket_by_the_runs_model(tmp_path, monkeypatch):
+    from rpg.backends.cpu import backend
+
+    monkeypatch.setattr(vllm_cpu, "BUCKET_MB", 1)
+    big = _model(tmp_path / "big", {"embed": (1024, 1024)})  # 4 MiB in float32
+    env = env_overrides.cpu_env(base=VLLM_ENV)
+    assert values(backend.run_overrides(env, [f"actor_rollout_ref.model.path={big}"]))[BUCKET_KEY] == 4
+    assert values(backend.run_overrides(env, []))[BUCKET_KEY] == 1
+    # the harness puts the run's overrides after the backend's: a bucket the user sets wins
+    from rpg.backends.harness import trainer_overrides
+
+    got = values(trainer_overrides([f"actor_rollout_ref.model.path={big}", f"{BUCKET_KEY}=7"], base_env=env))
+    assert got[BUCKET_KEY] == 7
+    assert values(trainer_overrides([f"actor_rollout_ref.model.path={big}"], base_env=env))[BUCKET_KEY] == 4
+    # the HF rollout has no such bucket
+    assert BUCKET_KEY not in values(backend.run_overrides(env_overrides.cpu_env(base={}),
+                                                         [f"actor_rollout_ref.model.path={big}"]))
+
+
 def test_the_vllm_overrides_compose_with_the_recipe_config(tiny_assets):
     from rpg.launch.plan import compose
     from rpg.common.override_lists import merge_overrides

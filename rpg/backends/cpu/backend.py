@@ -27,7 +27,8 @@ def run_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
 def run_overrides(env: Mapping[str, str], overrides: Iterable[str] = (), *, joins_cluster: bool = False) -> list[str]:
     """``cpu_overrides`` for the world size ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` of ``overrides``
     (default 1 x 1; a bad value is left to the driver's one line), which sizes the private local Ray; with
-    ``trainer.v1.trainer_mode=separate_async`` also its standalone rollout pool (``settings.separate_async_overrides``)."""
+    ``trainer.v1.trainer_mode=separate_async`` also its standalone rollout pool (``settings.separate_async_overrides``);
+    ``actor_rollout_ref.model.path`` sizes the vLLM rollout's weight-sync bucket (``vllm_cpu.bucket_megabytes``)."""
     given = values(list(overrides))
     try:
         nnodes, gpus = world_size_of(given)
@@ -38,7 +39,9 @@ def run_overrides(env: Mapping[str, str], overrides: Iterable[str] = (), *, join
         rollout = world.rollout_ranks_of({**given, **values(pool)})
     except ValueError:
         rollout = 0
-    return merge_overrides(cpu_overrides(env, nnodes, gpus, joins_cluster=joins_cluster, rollout_ranks=rollout), pool)
+    model = given.get("actor_rollout_ref.model.path")
+    return merge_overrides(cpu_overrides(env, nnodes, gpus, joins_cluster=joins_cluster, rollout_ranks=rollout,
+                                         model_path=None if model is None else str(model)), pool)
 
 
 def mode_overrides(given: Mapping[str, object]) -> list[str]:

@@ -64,11 +64,12 @@ def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
 
 
 def cpu_overrides(env: Mapping[str, str] | None = None, nnodes: int = 1, n_gpus_per_node: int = 1, *,
-                  joins_cluster: bool = False, rollout_ranks: int = 0) -> list[str]:
+                  joins_cluster: bool = False, rollout_ranks: int = 0, model_path: str | None = None) -> list[str]:
     """Hydra overrides that make verl's trainer run on the CPU backend (any model size).
 
     ``env`` (default: ``cpu_env()``) supplies the values forwarded to Ray workers; with
-    ``RPG_CPU_ROLLOUT=vllm`` in it, verl's vLLM rollout replaces the HF one (``vllm_cpu.vllm_overrides``).
+    ``RPG_CPU_ROLLOUT=vllm`` in it, verl's vLLM rollout replaces the HF one (``vllm_cpu.vllm_overrides``; its
+    weight-sync bucket holds the largest tensor of the model at ``model_path``, ``actor_rollout_ref.model.path``).
     ``nnodes`` x ``n_gpus_per_node`` is the world size (FSDP ranks, gloo): the private local Ray gets
     that many *logical* GPUs and the CPUs their placement needs (``rpg.backends.cpu.world.ray_resources``;
     the harness reads both from the run's overrides), plus ``rollout_ranks`` for a standalone rollout pool.
@@ -115,7 +116,7 @@ def cpu_overrides(env: Mapping[str, str] | None = None, nnodes: int = 1, n_gpus_
         "data.dataloader_num_workers=0",
     ]
     if vllm_cpu.rollout_of(env) == "vllm":
-        ov = merge_overrides(ov, vllm_cpu.vllm_overrides())  # rollout.name=vllm in place of hf
+        ov = merge_overrides(ov, vllm_cpu.vllm_overrides(model_path))  # rollout.name=vllm in place of hf
     return ov if joins_cluster else ov + forwarded_env_overrides(env, _FORWARDED)
 
 

@@ -52,6 +52,7 @@ ROLLOUTS = ("hf", "vllm")
 SETUP_HINT = "bash scripts/setup_vllm_cpu.sh (docs/cpu-backend.md#vllm-rollouts-verls-own-with-vllms-cpu-build)"
 KVCACHE_GIB = "1"  # vLLM's KV cache in GiB; unset, it took 16.6 GiB of a 24 GiB machine
 BUCKET_MB = 64  # shared-memory bucket of the weight sync (verl's default 2048 MB is a 2 GiB /dev/shm file)
+ACTOR_BYTES_PER_ELEMENT = 4  # the CPU backend's actor holds and sends float32 parameters (env_overrides.cpu_overrides)
 
 
 
@@ -83,8 +84,41 @@ def vllm_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 FORWARDED = (ROLLOUT_ENV, "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
 
 
-def vllm_overrides() -> list[str]:
-    """Hydra overrides that replace the HF rollout by verl's vLLM rollout (after ``cpu_overrides``)."""
+def largest_tensor_bytes(model_path: str | os.PathLike | None) -> int | None:
+    """Bytes of the largest tensor of the model at ``model_path`` as the actor sends it (float32), read from the
+    headers of its ``*.safetensors`` files (no tensor is loaded); None for a hub name or a folder without them."""
+    from pathlib import Path
+
+    folder = Path(model_path).expanduser() if model_path else None
+    files = sorted(folder.glob("*.safetensors")) if folder is not None and folder.is_dir() else []
+    if not files:
+        return None
+    from safetensors import safe_open
+
+    largest = 0
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                numel = 1
+                for size in f.get_slice(name).get_shape():
+                    numel *= size
+                largest = max(largest, numel)
+    return largest * ACTOR_BYTES_PER_ELEMENT
+
+
+def bucket_megabytes(model_path: str | os.PathLike | None) -> int:
+    """The weight sync's bucket in MB: ``BUCKET_MB``, or the model's largest tensor rounded up to whole MB when it
+    is larger. verl's shared-memory sender (the CPU platform has no IPC) cannot split a tensor over buckets: one
+    larger than the bucket fails the first sync (``bucketed_weight_transfer.py``, "is too large to fit in the
+    bucket"; SmolLM2-135M's 49152 x 576 embedding is 108 MB in float32). A model verl reads from the hub keeps
+    ``BUCKET_MB`` (verl's line then names the key to raise)."""
+    largest = largest_tensor_bytes(model_path)
+    return BUCKET_MB if largest is None else max(BUCKET_MB, -(-largest // 2**20))
+
+
+def vllm_overrides(model_path: str | os.PathLike | None = None) -> list[str]:
+    """Hydra overrides that replace the HF rollout by verl's vLLM rollout (after ``cpu_overrides``); ``model_path``
+    (``actor_rollout_ref.model.path``) sizes the weight sync's bucket (``bucket_megabytes``)."""
     return [
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent",  # verl's (the sample key is hf's)
@@ -95,7 +129,7 @@ def vllm_overrides() -> list[str]:
         "actor_rollout_ref.rollout.dtype=float32",
         # no CUDA graphs or torch.compile on CPU
         "actor_rollout_ref.rollout.enforce_eager=True",
-        f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={BUCKET_MB}",
+        f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={bucket_megabytes(model_path)}",
     ]
 
 
