@@ -59,7 +59,7 @@ from rpg.data.checks import override_problems
 from rpg.common.override_lists import OverrideSyntaxError, resume_command, values
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.demo.progress import StartupProgress, progress, val_summary
-from rpg.launch.args import OneLineParser, positive_int, read_overrides
+from rpg.launch.args import OneLineParser, positive_int, positive_seconds, read_overrides
 from rpg.backends.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, trainer_overrides
 from rpg.backends.harness.run_dir import (METRICS_FILE, RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir,
                                  new_run_dir)
@@ -193,7 +193,7 @@ def _parser() -> OneLineParser:
                          "micro-batches are split to suit (1, 2, 4, 8 or 16; default 1 or trainer.n_gpus_per_node=N)")
     ap.add_argument("--entry", default=None, help="trainer module or .py script (default: the algorithm's)")
     ap.add_argument("--extra-module", action="append", default=[], help="also load this module in every process")
-    ap.add_argument("--timeout", type=float, default=None,
+    ap.add_argument("--timeout", type=positive_seconds, default=None,
                     help="seconds before the run is killed (default: the model's, tiny 1800, smol 14400)")
     ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
     return ap

@@ -51,7 +51,7 @@ from rpg.common.user_paths import user_folder
 from rpg.common.override_lists import OverrideSyntaxError, check_user_overrides, hydra_value, values
 from rpg.demo.smoke_settings import (ALGORITHM, MODEL_PATH_KEY, ROLLOUTS, SmokeSettingsError, check_settings,
                                        gpu_overrides, head_dim, head_dim_problem, smoke_sizes)
-from rpg.launch.args import OneLineParser
+from rpg.launch.args import OneLineParser, positive_seconds
 from rpg.launch.environment import CPU_MODELS as MODELS
 from rpg.launch.rehearsal import CpuModel
 
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="output dir, relative to the current folder (default outputs/<model>_gpu/<time> in the "
                          "checkout)")
     ap.add_argument("--entry", default=str(CHECKOUT / RECIPE_ENTRY), help="trainer script (default the RPG recipe)")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is killed (each run)")
+    ap.add_argument("--timeout", type=positive_seconds, default=1800.0, help="seconds before a run is killed (each run)")
     ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
     try:
         args, user = ap.parse_known_args(argv)

@@ -18,6 +18,7 @@ instead of the usage block; ``positive_int``: an argparse type for counts (``--s
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -62,6 +63,18 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r} (expected an integer >= 1)") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected an integer >= 1")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0 (a time limit; 0, a negative number or nan would end a run
+    at once or never)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value: {text!r} (expected a number of seconds > 0)") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected a finite number of seconds > 0")
     return value
 
 

@@ -95,3 +95,15 @@ def test_the_smol_script_is_the_demo_with_model_smol(tmp_path):
     assert p.returncode == 2 and len(err) == 1, p.stderr[-3000:]
     assert err[0].startswith("[smol] OUT is an environment variable")
     assert err[0].endswith("OUT=runs/x bash recipe/rpg/smol/run_smol_cpu.sh ...")
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "x"])
+def test_a_time_limit_that_would_end_a_run_at_once_or_never_is_one_line(value, capsys, tmp_path):
+    import rpg.demo.cpu as demo
+    import rpg.demo.gpu_smoke as gpu_smoke
+
+    for main in (demo.main, gpu_smoke.main):
+        assert main(["--out", str(tmp_path / "o"), "--model", "smol", "--timeout", value]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "argument --timeout" in err and "seconds > 0" in err, err
+    assert not (tmp_path / "o").exists()

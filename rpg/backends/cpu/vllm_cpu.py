@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import math
 import os
 import re
 import sys
@@ -98,11 +99,7 @@ def largest_tensor_bytes(model_path: str | os.PathLike | None) -> int | None:
     largest = 0
     for path in files:
         with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                numel = 1
-                for size in f.get_slice(name).get_shape():
-                    numel *= size
-                largest = max(largest, numel)
+            largest = max([largest, *(math.prod(f.get_slice(name).get_shape()) for name in f.keys())])
     return largest * ACTOR_BYTES_PER_ELEMENT
 
 
