@@ -1,20 +1,14 @@
 """benchmarks/bench_smol_base.py's evaluation noise (``--seeds``): its arithmetic and its argument check (no model;
 the ``bench`` stage smoke-runs the benchmark itself, tests/e2e/test_smol_e2e.py)."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
+from benchmarks_module import load_benchmark
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_smol_base", ROOT / "benchmarks" / "bench_smol_base.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_smol_base")
 
 
 def test_the_noise_is_the_evaluations_spread_and_the_binomial_standard_errors(bench):

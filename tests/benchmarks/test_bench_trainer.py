@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks_module import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -27,16 +29,7 @@ def run_benchmark(name: str, args: list[str], tiny_assets, timeout_s: float = 12
 
 
 def _load(name: str):
-    import importlib.util
-
-    saved = list(sys.path)  # bench_async_cpu puts benchmarks/ on it to import bench_trainer_cpu
-    try:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path[:] = saved
-    return module
+    return load_benchmark(name)  # bench_async_cpu puts benchmarks/ on sys.path to import bench_trainer_cpu
 
 
 @pytest.mark.bench
