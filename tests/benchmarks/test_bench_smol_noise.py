@@ -1,10 +1,10 @@
 """benchmarks/bench_smol_base.py's evaluation noise (``--seeds``): its arithmetic and its argument check (no model;
 the ``bench`` stage smoke-runs the benchmark itself, tests/e2e/test_smol_e2e.py)."""
 
-
 import pytest
 
 from benchmarks_module import load_benchmark
+
 
 @pytest.fixture(scope="module")
 def bench():
