@@ -763,7 +763,8 @@ def test_a_launcher_killed_with_sigkill_still_stops_its_trainer(tmp_path):
         (trainer,) = [c for c in psutil.Process(launcher.pid).children() if "python" in c.name()]
         launcher.kill()
         launcher.wait(10)
-        _wait_until(lambda: flag.exists(), "the trainer's SIGTERM", 30)
+        # the content, not the file: write_text creates the file before it writes (CI read '' in between once)
+        _wait_until(lambda: flag.exists() and flag.read_text() != "", "the trainer's SIGTERM", 30)
         assert flag.read_text() == "SIGTERM"
         with pytest.raises(TrainerRunError, match="in use by another run"):  # the old trainer is still stopping
             run_trainer([f"+rpg_test.flag={tmp_path / 'unused'}"], output_dir=out, entry=entry, timeout_s=60)
