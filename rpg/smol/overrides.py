@@ -28,11 +28,10 @@ MAX_RESPONSE_LENGTH = 96  # the base model's answers: 40 tokens on average; "17 
 # --forward times the alternatives.
 TOKEN_BUDGET = 1024
 LR = 1e-5
-STEPS = 18
-TEST_FREQ = 6
-# The trainer's time limit, there to stop a hung run: the default run measured about 200 s per step and 500 s per
-# validation of the 200 problems on 2 loaded cores (docs/smol.md, "Cost"): about 90 minutes with start-up; the
-# tiny model's 30 minutes stopped it at step 6
+STEPS = 8  # with three validations of the 200 problems, the run fits 40 minutes on 2 cores (docs/smol.md, Cost)
+TEST_FREQ = 4
+# The trainer's time limit, there to stop a hung run, not to bound a slow machine's (the tiny model's 30 minutes
+# stopped an earlier 18-step default at step 6 on a loaded machine)
 TIMEOUT_S = 4 * 3600.0
 # The GPU smoke run's sizes (python -m rpg.demo.gpu_smoke --model smol; docs/gpu-smoke.md), the prompt and response
 # lengths above kept: 32 prompts x 8 responses per rollout batch (256 sequences for vLLM at once; the smoke run's 6

@@ -27,7 +27,7 @@ from rpg.data.template import format_prompt
 
 DATA_SOURCE = "math_dapo"
 SEED = 2026
-N_TRAIN = 256  # a run of 18 steps reads 144 prompts; the small kinds' pairs bound the total (tests/smol/test_smol_task.py)
+N_TRAIN = 256  # the default run of 8 steps reads 64 prompts, the GPU smoke run's 6 steps 192; the small kinds' pairs bound the total (tests/smol/test_smol_task.py)
 N_VAL = 200
 
 # kind -> (operation, range of a, range of b (inclusive), word problem?); the share of each kind in MIX. A
