@@ -18,7 +18,7 @@ TRAIN_BATCH_SIZE = 8  # prompts per rollout batch
 MINI_BATCH_SIZE = 2  # prompts per optimizer step: 4 updates per rollout batch
 ROLLOUT_N = 4  # responses per prompt (a group)
 VAL_N = 1  # responses per validation prompt
-MAX_PROMPT_LENGTH = 160  # the task's longest prompt (system turn, the worked example's turns, the problem's) is 146 tokens (tested)
+MAX_PROMPT_LENGTH = 224  # the task's longest prompt (the worked example's turns, the problem's) is 203 tokens (tested)
 MAX_RESPONSE_LENGTH = 96  # the base model's answers: 40 tokens on average; "17 + 8 = 25.\nAnswer: 25" is 16
 # Tokens per micro-batch of the log-prob passes and the update. verl packs a micro-batch's sequences into one
 # row (use_remove_padding); on CPU transformers' sdpa attention then runs over the whole row with a
@@ -37,8 +37,8 @@ TIMEOUT_S = 4 * 3600.0
 # lengths above kept: 32 prompts x 8 responses per rollout batch (256 sequences for vLLM at once; the smoke run's 6
 # steps read 192 of the 256 training problems, one pass), 4 mini-batches of 8 prompts (the CPU run's off-policy
 # regime; 64 sequences, split by any GPU count dividing 64), and micro-batches of up to 16384 tokens: a mini-batch
-# holds at most 64 x (146 + 96) = 15.5k tokens, about 11.8k with the base model's 40-token responses, so an update
-# takes one, whose float32 logits over the 49k vocabulary (3.2 GB) fit any GPU the smoke run targets.
+# holds at most 64 x (203 + 96) = 19.1k tokens, about 15.6k with the base model's 40-token responses, so an update
+# takes one or two, whose float32 logits over the 49k vocabulary (3.2 GB) fit any GPU the smoke run targets.
 # (TOKEN_BUDGET's reason, attention over a whole packed row on CPU, does not hold for flash-attention's
 # variable-length kernels, which attend within each sequence.)
 GPU_SIZES = {"train_batch_size": 32, "n": 8, "mini_batch_size": 8, "token_budget": 16384}

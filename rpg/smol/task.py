@@ -4,11 +4,9 @@ Each problem is one operation on two integers, written plainly ("What is $17 + 8
 ("Mia has 17 stickers. She gets 8 more. How many stickers does she have now?"); the kinds, their operands' ranges
 and their shares are ``KINDS`` and ``MIX`` (small operands, some two-digit ones: docs/smol.md gives the base model's
 accuracy on them). The user turn is the paper's template around the problem (``rpg.data.template.format_prompt``:
-reason step by step, the last line ``Answer: $Answer``), after one worked example as an earlier user and assistant
-turn (``EXAMPLE``: ``What is $2 + 3$?`` answered ``2 + 3 = 5.`` then ``Answer: 5``): the format the paper's rule
-reads, shown once, which this model follows far more often than the template's words alone. The example's turn is
-the bare problem, not the template again: the template's 60 words once per prompt, not twice (146 tokens instead
-of 203 for a prompt with the chat template's system turn; 88 % of a step's tokens were the prompt's). The ground truth is the
+reason step by step, the last line ``Answer: $Answer``), after one worked example in the same template
+(``EXAMPLE``: ``2 + 3 = 5.`` then ``Answer: 5``) as an earlier user and assistant turn: the format the paper's rule
+reads, shown once, which this model follows far more often than the template's words alone. The ground truth is the
 integer's decimal string; rows carry ``data_source="math_dapo"``, so ``rpg.reward`` scores them by the paper's rule
 (the last ``Answer:`` line, +1 / -1). The rows are ``rpg.data.rows.build_rows``'s, the layout of the project's
 prepared data, with the example's two turns before the problem's.
@@ -140,8 +138,8 @@ def split(seed: int = SEED, n_train: int = N_TRAIN, n_val: int = N_VAL,
 
 
 def example_turns() -> list[dict]:
-    """The worked example: its bare problem as a user turn, the assistant's answer in the paper's format."""
-    return [{"role": "user", "content": EXAMPLE.text()},
+    """The worked example as a user turn in the paper's template and the assistant's answer in the paper's format."""
+    return [{"role": "user", "content": format_prompt(EXAMPLE.text())},
             {"role": "assistant", "content": reference_response(EXAMPLE)}]
 
 

@@ -53,7 +53,7 @@ def test_the_smol_run_has_its_models_sizes_schedule_and_names(started):
     assert (v["data.train_files"], v["data.val_files"]) == (str(planned.train_file), str(planned.val_file))
     assert (v["data.train_batch_size"], v["actor_rollout_ref.rollout.n"]) == (8, 4)
     assert v["actor_rollout_ref.actor.ppo_mini_batch_size"] == 2  # 4 updates per rollout batch: off-policy
-    assert (v["data.max_prompt_length"], v["data.max_response_length"]) == (160, 96)
+    assert (v["data.max_prompt_length"], v["data.max_response_length"]) == (224, 96)
     assert v["actor_rollout_ref.rollout.val_kwargs.n"] == 1
     assert v["actor_rollout_ref.rollout.val_kwargs.temperature"] == 1.0
     for key in ("actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"):

@@ -97,13 +97,12 @@ def test_rows_are_the_projects_layout_in_the_papers_template(splits, tmp_path):
         assert row.reward_model["ground_truth"] == str(p.answer) and row.extra_info["split"] == "test"
 
 
-def test_the_worked_example_is_a_bare_problem_answered_in_the_papers_format():
-    """The example's user turn is a problem of the task without the template (the problem's turn holds it, once);
-    its assistant turn is an answer the paper's rule scores +1."""
+def test_the_worked_example_is_the_papers_template_and_format():
+    """The example's user turn is the paper's template around a problem of the task; its assistant turn is an
+    answer the paper's rule scores +1."""
     user, assistant = task.example_turns()
     assert (user["role"], assistant["role"]) == ("user", "assistant")
-    assert user["content"] == task.EXAMPLE.text() == "What is $2 + 3$?"
-    assert unwrap_prompt(user["content"]) is None
+    assert unwrap_prompt(user["content"]) == task.EXAMPLE.text() == "What is $2 + 3$?"
     assert assistant["content"] == "2 + 3 = 5.\nAnswer: 5"
     assert compute_score(task.DATA_SOURCE, assistant["content"], str(task.EXAMPLE.answer))["score"] == 1.0
 

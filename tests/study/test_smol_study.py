@@ -78,7 +78,7 @@ def test_each_methods_overrides_keep_its_algorithm_and_put_smol_in_place(tmp_pat
                     "data.train_batch_size": str(smol.TRAIN_BATCH_SIZE),
                     "actor_rollout_ref.actor.ppo_mini_batch_size": str(smol.MINI_BATCH_SIZE),
                     "actor_rollout_ref.rollout.n": str(smol.ROLLOUT_N), "actor_rollout_ref.rollout.val_kwargs.n": "1",
-                    "data.max_response_length": "96", "data.max_prompt_length": "160",
+                    "data.max_response_length": "96", "data.max_prompt_length": "224",
                     "actor_rollout_ref.actor.use_dynamic_bsz": "True", "trainer.total_training_steps": "2",
                     "trainer.test_freq": "2", "trainer.val_before_train": "False", "data.val_max_samples": "200",
                     "actor_rollout_ref.actor.optim.lr": f"{PAPER_LR[spec.variant] * 20:g}",

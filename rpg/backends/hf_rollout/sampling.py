@@ -18,9 +18,8 @@ transformers 5.10's ``generate`` numbers the tokens by the mask's cumulative sum
 the last of them, :542, each new one the last plus one, :937), and the attention hides every key whose mask is 0
 (masking_utils.py:164), so the numbers move only at float32 rounding (other batch shapes, another summation order),
 as in any batch (below); ``shared_prefix_support`` names the models where that does not hold (a sliding window counts
-cache slots). On SmolLM2's task with its example's turn in the template too (prompts of 186-203 tokens, 155 shared;
-2 CPU cores, responses up to 32 tokens): 1.31 times the tokens/s for 32 prompts, 1.43 for 100, the same responses,
-log-probs within 2.4e-5 (docs/smol.md).
+cache slots). On SmolLM2's task (prompts of 186-203 tokens, 155 shared; 2 CPU cores, responses up to 32 tokens):
+1.31 times the tokens/s for 32 prompts, 1.43 for 100, the same responses, log-probs within 2.4e-5 (docs/smol.md).
 Off: verl's ``rollout.enable_prefix_caching=False``.
 
 Reproducible sampling: every sequence draws from its own random generator, seeded by
