@@ -28,8 +28,8 @@ MAX_RESPONSE_LENGTH = 96  # the base model's answers: 40 tokens on average; "17 
 # --forward times the alternatives.
 TOKEN_BUDGET = 1024
 LR = 1e-5
-STEPS = 8  # with three validations of the 200 problems, the run fits 40 minutes on 2 cores (docs/smol.md, Cost)
-TEST_FREQ = 4
+STEPS = 6  # with three validations of the 200 problems, the run fits 40 minutes on 2 cores (docs/smol.md, Cost)
+TEST_FREQ = 3
 # The trainer's time limit, there to stop a hung run, not to bound a slow machine's (the tiny model's 30 minutes
 # stopped an earlier 18-step default at step 6 on a loaded machine)
 TIMEOUT_S = 4 * 3600.0

@@ -6,9 +6,11 @@ and their shares are ``KINDS`` and ``MIX`` (small operands, some two-digit ones:
 accuracy on them). The user turn is the paper's template around the problem (``rpg.data.template.format_prompt``:
 reason step by step, the last line ``Answer: $Answer``), after one worked example in the same template
 (``EXAMPLE``: ``2 + 3 = 5.`` then ``Answer: 5``) as an earlier user and assistant turn: the format the paper's rule
-reads, shown once, which this model follows far more often than the template's words alone. The ground truth is the
-integer's decimal string; rows carry ``data_source="math_dapo"``, so ``rpg.reward`` scores them by the paper's rule
-(the last ``Answer:`` line, +1 / -1). The rows are ``rpg.data.rows.build_rows``'s, the layout of the project's
+reads, shown once, which this model follows far more often than the template's words alone. The example's turn
+holds the template too: with its bare problem instead (57 of the prompt's 186-203 tokens fewer) the base model
+answered 1 of 200 validation problems right, imitating the example only where the turns match (docs/smol.md).
+The ground truth is the integer's decimal string; rows carry ``data_source="math_dapo"``, so ``rpg.reward`` scores
+them by the paper's rule (the last ``Answer:`` line, +1 / -1). The rows are ``rpg.data.rows.build_rows``'s, the layout of the project's
 prepared data, with the example's two turns before the problem's.
 
 Train and validation are disjoint in the arithmetic itself: no (operation, operands) pair of one split is in the
@@ -25,7 +27,7 @@ from rpg.data.template import format_prompt
 
 DATA_SOURCE = "math_dapo"
 SEED = 2026
-N_TRAIN = 256  # the default run of 8 steps reads 64 prompts, the GPU smoke run's 6 steps 192; the small kinds' pairs bound the total (tests/smol/test_smol_task.py)
+N_TRAIN = 256  # the default run reads 48 (6 steps), the GPU smoke run 192; the small kinds' pairs bound the total
 N_VAL = 200
 
 # kind -> (operation, range of a, range of b (inclusive), word problem?); the share of each kind in MIX. A
