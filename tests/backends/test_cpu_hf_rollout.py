@@ -88,6 +88,27 @@ def test_concurrent_requests_are_batched(server, prompts):
     assert sum(server.batch_sizes) == 16 and len(server.batch_sizes) < 16
 
 
+def test_requests_arriving_over_most_of_a_second_are_one_decode_batch(server, prompts):
+    """The agent loop sends a validation's requests a few ms apart (SmolLM2's 200 took about 0.75 s on 2 cores):
+    they are decoded as one batch, not one generate loop per part that arrived (server.py, _BATCH_MAX_WAIT_S)."""
+    from rpg.backends.hf_rollout.server import _BATCH_MAX_WAIT_S, _BATCH_QUIET_S
+
+    gap, n = 0.02, 40  # 0.8 s in all, each gap well inside the quiet time
+    assert gap < _BATCH_QUIET_S and (n - 1) * gap < _BATCH_MAX_WAIT_S
+
+    async def go():
+        tasks = []
+        for i in range(n):
+            tasks.append(asyncio.ensure_future(server.generate(f"s{i}", prompts[i % len(prompts)],
+                                                               {"temperature": 1.0, "max_tokens": 2})))
+            await asyncio.sleep(gap)
+        return await asyncio.gather(*tasks)
+
+    server.batch_sizes = []
+    assert len(asyncio.run(go())) == n
+    assert server.batch_sizes == [n]
+
+
 def test_rejects_multimodal_input(server, prompts):
     with pytest.raises(ValueError, match="text-only"):
         asyncio.run(server.generate("r", prompts[0], {}, image_data=[object()]))

@@ -42,12 +42,14 @@ from rpg.backends.weight_digest import WeightDigest
 
 logger = logging.getLogger(__name__)
 
-# Collect requests until none arrived for _BATCH_QUIET_S, or _BATCH_MAX_WAIT_S after the first one.
-# The agent loop sends a step's requests one by one over a few hundred ms on a busy machine; with
-# 10 ms / 100 ms a step's 64 requests were often decoded in 5-7 separate batches (one generate loop
-# each), so a little more patience makes a step's generation cheaper.
-_BATCH_QUIET_S = 0.05
-_BATCH_MAX_WAIT_S = 0.3
+# Collect requests until none arrived for _BATCH_QUIET_S, or _BATCH_MAX_WAIT_S after the first one. The agent
+# loop sends a batch's requests one by one, a few ms apart on 2 busy cores, and every decode batch costs a whole
+# generate loop (up to the response limit) whatever its size: with 10 ms / 100 ms a tiny step's 64 requests were
+# decoded in 5-7 batches; with 50 ms / 300 ms SmolLM2's 200 validation requests (about 0.75 s to arrive) in two,
+# 81 + 119, three generate loops of 96 tokens instead of two (a 200-problem validation took 455 s instead of
+# about 300). Two seconds of waiting at most is little against one decoding step of a batch (0.4-1.5 s on CPU).
+_BATCH_QUIET_S = 0.1
+_BATCH_MAX_WAIT_S = 2.0
 
 
 def server_name(replica_rank: int, suffix: str = "") -> str:
