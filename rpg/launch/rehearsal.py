@@ -83,6 +83,21 @@ class CpuModel:
         """The assets' folder to show: the model's (SmolLM2), or the whole build's (the tiny task)."""
         return assets.model_dir if self.name == "smol" else assets.root
 
+    def run_env(self, overrides: Sequence[str], base: dict | None = None) -> dict[str, str]:
+        """Environment variables of a run with ``overrides``: for SmolLM2, ``OMP_NUM_THREADS`` by
+        ``rpg.smol.overrides.omp_threads`` from this process's cores, its trainer mode and world size, unless
+        ``base`` (default ``os.environ``) sets it (the CPU backend forwards the user's value); none for the tiny
+        model (the backend's one thread per process)."""
+        base = os.environ if base is None else base
+        if self.name != "smol" or "OMP_NUM_THREADS" in base:
+            return {}
+        from rpg.smol.overrides import omp_threads
+
+        v = values(list(overrides))
+        world = int(v.get("trainer.nnodes") or 1) * int(v.get("trainer.n_gpus_per_node") or 1)
+        threads = omp_threads(len(os.sched_getaffinity(0)), v.get("trainer.v1.trainer_mode"), world)
+        return {"OMP_NUM_THREADS": str(threads)}
+
 
 def _world(req: Request, model: CpuModel) -> list[str]:
     """The world size: 1 x 1 unless the environment sets ``NNODES`` / ``N_GPUS_PER_NODE`` (the GPU default of 8
@@ -169,7 +184,8 @@ def rehearse(req: Request, name: str, overrides: Sequence[str], user: Sequence[s
 
     try:
         run = run_trainer(overrides, output_dir=out, entry=str(CHECKOUT / RECIPE_ENTRY), timeout_s=req.timeout_s,
-                          echo=req.echo, on_line=on_line, backend=req.backend)
+                          echo=req.echo, on_line=on_line, backend=req.backend,
+                          env=CpuModel(req.cpu_model).run_env(overrides, req.env))
     except TrainerRunError as e:
         # the variables the user set (RPG_BACKEND=cpu among them), the run's folder, the same overrides
         again = resume_command(resume, user, str(req.cwd), {**req.env, "OUT_DIR": str(out)}, RESUMED_VARS)

@@ -44,6 +44,21 @@ TIMEOUT_S = 4 * 3600.0
 GPU_SIZES = {"train_batch_size": 32, "n": 8, "mini_batch_size": 8, "token_budget": 16384}
 
 
+# Torch's threads per Ray process. The CPU backend gives every process one (OMP_NUM_THREADS=1,
+# rpg.backends.cpu.env_overrides: several processes share the cores, and the tiny model's products are too small
+# to split). In the sync trainer this model's phases run one after another (the rollout decodes while the actor
+# waits, then the actor computes while the rollout waits), each a product big enough for every core: with one
+# thread the rollout server and the actor each kept one of the 2 cores busy and the other idle (a 200-problem
+# validation 455 s, a step 193 s; docs/smol.md gives both with all cores). Elsewhere (colocate_async,
+# separate_async: rollout and training overlap) or with several ranks, the cores are shared out.
+def omp_threads(cores: int, trainer_mode: str | None = None, world_size: int = 1) -> int:
+    """Torch's threads for each of a SmolLM2 run's processes on ``cores`` cores: all of a rank's share
+    (``cores // world_size``) in the sync trainer, else 1."""
+    if (trainer_mode or "sync") != "sync":
+        return 1
+    return max(1, cores // max(1, world_size))
+
+
 def check_world_size(world_size: int) -> None:
     """ValueError (one line) unless ``world_size`` ranks split a mini-batch evenly."""
     _check_world_size(world_size, MINI_BATCH_SIZE, ROLLOUT_N)

@@ -279,6 +279,7 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], ident: list, index: 
                        timeout_s: float, stop: threading.Event) -> None:
     from rpg.backends import harness
     from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
+    from rpg.launch.rehearsal import CpuModel
 
     if stop.is_set():
         return
@@ -301,7 +302,8 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], ident: list, index: 
     run = None
     try:
         run = harness.run_trainer(overrides, output_dir=d, entry=str(CHECKOUT / RECIPE_ENTRY), timeout_s=timeout_s,
-                                  on_metrics=watch.on_metrics, stop=stop)
+                                  on_metrics=watch.on_metrics, stop=stop,
+                                  env=CpuModel(spec.model).run_env(overrides))  # SmolLM2's threads
         step_s, val_s, _ = _timing(run.metrics_file)
         # runs at a time as this run experienced it (a lone last run of a --jobs 2 grid is 1, not 2)
         overlap = watch.concurrency()

@@ -107,3 +107,15 @@ def test_a_time_limit_that_would_end_a_run_at_once_or_never_is_one_line(value, c
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "argument --timeout" in err and "seconds > 0" in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_the_smol_run_gives_its_processes_every_core_and_the_tiny_run_one(started, monkeypatch):
+    """The demo's trainer environment: SmolLM2's OMP_NUM_THREADS (rpg.smol.overrides.omp_threads), the tiny model
+    none of its own (the CPU backend's 1); a user's OMP_NUM_THREADS is left to the backend, which forwards it."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cores = str(len(os.sched_getaffinity(0)))
+    assert started("--model", "smol", field="env")["OMP_NUM_THREADS"] == cores
+    assert started("--model", "smol", "trainer.v1.trainer_mode=colocate_async", field="env")["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in started(field="env")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert "OMP_NUM_THREADS" not in started("--model", "smol", field="env")

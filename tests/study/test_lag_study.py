@@ -185,7 +185,7 @@ def test_the_design_fits_three_hours_with_twelve_seeds_per_cell():
 class LagFakeTrainer:
     """Stands in for rpg.backends.harness.run_trainer: verl-style records of a lag run with the per-step diagnostics."""
 
-    def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None):
+    def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None, env=None):
         from rpg.backends.harness import TrainerRun
 
         kv = _kv(overrides)

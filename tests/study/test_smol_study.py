@@ -6,6 +6,7 @@ plan's generated numbers, the per-run CSV and the tables and figure rebuilt from
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from pathlib import Path
@@ -215,12 +216,14 @@ class SmolFakeTrainer:
 
     def __init__(self):
         self.calls: list[dict] = []
+        self.envs: list[dict | None] = []
 
-    def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None):
+    def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None, env=None):
         from rpg.backends.harness import TrainerRun
 
         kv = _kv(overrides)
         self.calls.append(kv)
+        self.envs.append(env)
         steps, seed, lr = int(kv["trainer.total_training_steps"]), int(kv["data.seed"]), float(
             kv["actor_rollout_ref.actor.optim.lr"])
         out, lines = Path(output_dir), []
@@ -239,9 +242,12 @@ class SmolFakeTrainer:
 def test_runs_to_csv_rows_and_the_records_calibration(monkeypatch, tmp_path):
     from rpg.backends import harness
 
-    monkeypatch.setattr(harness, "run_trainer", SmolFakeTrainer())
+    monkeypatch.setattr(harness, "run_trainer", fake := SmolFakeTrainer())
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     specs = S.smol_grid(seeds=2)
     records = R.run_grid(specs, tmp_path, S.smol_costs())
+    # every run in the sync trainer with all of this process's cores (rpg.smol.overrides.omp_threads)
+    assert fake.envs == [{"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}] * len(specs)
     assert all(r["status"] == "done" and r["val_before"] is False and r["model"] == "smol" for r in records)
     rows = S.csv_rows(tmp_path, specs, records)
     assert [r["order"] for r in rows] == list(range(1, 7)) and [r["seed"] for r in rows] == [1, 1, 1, 2, 2, 2]

@@ -164,7 +164,7 @@ class FakeTrainer:
         self.calls: list[str] = []
         self.fail = fail
 
-    def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None):
+    def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None, env=None):
         from rpg.backends.harness import TrainerRun, TrainerRunError
 
         kv = _kv(overrides)
@@ -447,7 +447,7 @@ def test_an_error_stops_the_running_runs_and_leaves_no_record_for_them(tmp_path,
     specs = G.grid(seeds=2, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:])
     calls, stopped = [], threading.Event()
 
-    def trainer(overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None):
+    def trainer(overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None, env=None):
         exp = _kv(overrides)["trainer.experiment_name"]
         calls.append(exp)
         if exp == specs[0].run_id:  # runs until stopped, like a trainer
