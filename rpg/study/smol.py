@@ -76,16 +76,17 @@ def build_assets() -> None:
 
 # ----------------------------------------------------------------------------- cost
 
-# Measured on the SmolLM2 CPU run (python -m rpg.demo.cpu --model smol: RPG-REINFORCE-UFKL with RPG-Style Clip at these
-# sizes) on the 2-core development machine on 2026-11-26, load average 2.5-6 (light work beside it): 45 s from the
-# launch to the trainer's workers ready; steps 1-5 (medians): generation 60.6 s, old log-probs 35.3 s, update (4
-# mini-batches) 104.1 s, weight sync 2.2 s, the step 203.0 s; the validation before training, 200 problems, 514 s.
-MEASURED_STARTUP_S = 45.0
+# Measured on the SmolLM2 CPU run (bash recipe/rpg/smol/run_smol_cpu.sh: RPG-REINFORCE-UFKL with RPG-Style Clip at
+# these sizes, torch on both cores; docs/smol/default-run-metrics.jsonl) on the 2-core development machine on
+# 2026-11-26, alone: 36 s from the launch to the trainer's workers ready; steps 1-6 (medians): generation 39.9 s,
+# old log-probs 21.1 s, update (4 mini-batches) 65.6 s, weight sync 2.2 s, the step 133.1 s; the three validations
+# of the 200 problems 384, 357 and 367 s (their median).
+MEASURED_STARTUP_S = 36.0
 SHUTDOWN_S = 30.0  # assumed: the trainer's and Ray's shutdown (not measured on this model)
-MEASURED_STEP_S = 203.0
-MEASURED_GEN_S = 60.6
-MEASURED_LOG_PROB_S = 35.3
-MEASURED_VAL_S_PER_PROBLEM = 514.0 / 200
+MEASURED_STEP_S = 133.1
+MEASURED_GEN_S = 39.9
+MEASURED_LOG_PROB_S = 21.1
+MEASURED_VAL_S_PER_PROBLEM = 367.0 / 200
 # Assumed, not measured: the share of groups DAPO's filter keeps (a right and a wrong response among 4). At the base
 # model's accuracy, about 0.15-0.2 on this task, 1 - 0.8^4 - 0.2^4 = 0.59 of the groups of a prompt answered right
 # one time in five hold both; prompts the model never solves lower it.
@@ -113,7 +114,7 @@ def smol_costs(val_problems: int = SMOL_SIZES.val_problems) -> Costs:
 
 # ----------------------------------------------------------------------------- the plan's numbers
 
-BASE_ACC = 0.145  # the base model's validation accuracy on the 200 problems (the SmolLM2 run's validation before training)
+BASE_ACC = 0.150  # the base model's validation accuracy on the 200 problems (the SmolLM2 run's validation before training)
 POWER = 0.8
 
 
