@@ -274,7 +274,8 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     from rpg.verl.input_paths import error_line
     from rpg.config import RPGConfigError
 
-    run_env = {vllm_cpu.ROLLOUT_ENV: rollout, **model.run_env(overrides)}
+    run_env = {vllm_cpu.ROLLOUT_ENV: rollout}
+    run_env.update(model.run_env(overrides, {**os.environ, **run_env}))
     try:
         resume_mode, ckpts = _checked(overrides, entry, args.entry == algo_entry, root, run_env)
         if args.out is not None:

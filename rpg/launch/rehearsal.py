@@ -84,12 +84,15 @@ class CpuModel:
         return assets.model_dir if self.name == "smol" else assets.root
 
     def run_env(self, overrides: Sequence[str], base: dict | None = None) -> dict[str, str]:
-        """Environment variables of a run with ``overrides``: for SmolLM2, ``OMP_NUM_THREADS`` by
+        """Environment variables of a run with ``overrides``: for SmolLM2 on the HF rollout, ``OMP_NUM_THREADS`` by
         ``rpg.smol.overrides.omp_threads`` from this process's cores, its trainer mode and world size, unless
         ``base`` (default ``os.environ``) sets it (the CPU backend forwards the user's value); none for the tiny
-        model (the backend's one thread per process)."""
+        model (the backend's one thread per process) nor for verl's vLLM rollout (``RPG_CPU_ROLLOUT=vllm`` in
+        ``base``: its CPU settings are measured with one thread, ``rpg.backends.cpu.vllm_cpu``)."""
+        from rpg.backends.cpu import vllm_cpu
+
         base = os.environ if base is None else base
-        if self.name != "smol" or "OMP_NUM_THREADS" in base:
+        if self.name != "smol" or "OMP_NUM_THREADS" in base or vllm_cpu.rollout_of(base) == "vllm":
             return {}
         from rpg.smol.overrides import omp_threads
 

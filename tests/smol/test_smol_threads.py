@@ -26,8 +26,9 @@ def test_run_env_sets_the_threads_of_a_smol_run_from_its_overrides():
     assert smol.run_env(["trainer.nnodes=1", f"trainer.n_gpus_per_node={cores}"], base={}) == {"OMP_NUM_THREADS": "1"}
 
 
-def test_the_users_threads_win_and_the_tiny_model_sets_none():
+def test_the_users_threads_win_and_the_tiny_model_and_the_vllm_rollout_set_none():
     assert CpuModel("smol").run_env([], base={"OMP_NUM_THREADS": "3"}) == {}
+    assert CpuModel("smol").run_env([], base={"RPG_CPU_ROLLOUT": "vllm"}) == {}
     assert CpuModel("tiny").run_env([], base={}) == {}
 
 
