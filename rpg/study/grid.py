@@ -345,8 +345,8 @@ class SmolSizes(Sizes):
     per validation problem) and this design's schedule: ``steps``, validation every ``test_freq`` steps and at the
     last on ``val_problems`` held-out problems, none before training."""
 
-    steps: int = 4
-    test_freq: int = 4
+    steps: int = 3
+    test_freq: int = 3
     prompts: int = smol.TRAIN_BATCH_SIZE
     n: int = smol.ROLLOUT_N
     val_n: int = smol.VAL_N

@@ -87,18 +87,20 @@ MEASURED_STEP_S = 133.1
 MEASURED_GEN_S = 39.9
 MEASURED_LOG_PROB_S = 21.1
 MEASURED_VAL_S_PER_PROBLEM = 367.0 / 200
-# Assumed, not measured: the share of groups DAPO's filter keeps (a right and a wrong response among 4). At the base
-# model's accuracy, about 0.15-0.2 on this task, 1 - 0.8^4 - 0.2^4 = 0.59 of the groups of a prompt answered right
-# one time in five hold both; prompts the model never solves lower it.
-KEPT_GROUPS = 0.5
+# DAPO's refills: generation batches beyond the first per step, where the filter keeps only groups holding a right and
+# a wrong response. Measured on this study's first run (RPG-REINFORCE-UFKL, seed 1, started at 4 steps per run and
+# stopped after step 2, before any validation, when its steps showed that 4 steps do not fit the budget; it starts
+# afresh): 3 and 2 refill batches (training/rpg/refill_gen_batches) at steps 1 and 2, their mean. (Assumed before it:
+# half the groups kept, one refill.)
+REFILL_BATCHES = 2.5
 
 
 def method_step_s(name: str) -> float:
     """What a method's step adds to the measured one: a fixed reference's log-probs (one more forward over the batch,
-    as the old log-probs), and DAPO's refills (generation of 1 / KEPT_GROUPS - 1 more batches)."""
+    as the old log-probs), and DAPO's refills (generation of REFILL_BATCHES more batches)."""
     extra = MEASURED_LOG_PROB_S if setting(name, "rpg.reference.mode") == "fixed" else 0.0
     if setting(name, "algorithm.filter_groups.enable"):
-        extra += MEASURED_GEN_S * (1 / KEPT_GROUPS - 1)
+        extra += MEASURED_GEN_S * REFILL_BATCHES
     return extra
 
 

@@ -80,8 +80,8 @@ def test_each_methods_overrides_keep_its_algorithm_and_put_smol_in_place(tmp_pat
                     "actor_rollout_ref.actor.ppo_mini_batch_size": str(smol.MINI_BATCH_SIZE),
                     "actor_rollout_ref.rollout.n": str(smol.ROLLOUT_N), "actor_rollout_ref.rollout.val_kwargs.n": "1",
                     "data.max_response_length": "96", "data.max_prompt_length": "224",
-                    "actor_rollout_ref.actor.use_dynamic_bsz": "True", "trainer.total_training_steps": "4",
-                    "trainer.test_freq": "4", "trainer.val_before_train": "False", "data.val_max_samples": "200",
+                    "actor_rollout_ref.actor.use_dynamic_bsz": "True", "trainer.total_training_steps": "3",
+                    "trainer.test_freq": "3", "trainer.val_before_train": "False", "data.val_max_samples": "200",
                     "actor_rollout_ref.actor.optim.lr": f"{PAPER_LR[spec.variant] * 20:g}",
                     "actor_rollout_ref.actor.optim.lr_warmup_steps": "0", "data.seed": str(spec.seed),
                     "actor_rollout_ref.rollout.seed": "1", "trainer.experiment_name": spec.run_id}
@@ -123,16 +123,16 @@ def test_costs_and_the_budget():
     c = S.smol_costs()
     by = {s.variant: s for s in S.smol_grid(seeds=1)}
     start, step, val = 36.0 + 30.0, 133.1, 367.0
-    assert c.run_s(by["run_grpo_7b"]) == pytest.approx(start + 4 * (step + 21.1) + val)  # + the reference's pass
-    for m in S.SMOL_METHODS[1:]:  # + DAPO's refills: one more generation batch at half the groups kept
-        assert c.run_s(by[m]) == pytest.approx(start + 4 * (step + 39.9) + val)
+    assert c.run_s(by["run_grpo_7b"]) == pytest.approx(start + 3 * (step + 21.1) + val)  # + the reference's pass
+    for m in S.SMOL_METHODS[1:]:  # + DAPO's refills: 2.5 more generation batches per step, as measured
+        assert c.run_s(by[m]) == pytest.approx(start + 3 * (step + 2.5 * 39.9) + val)
     specs = S.smol_grid()
     assert c.grid_s(specs, 1) == pytest.approx(sum(c.run_s(s) for s in specs))
     assert c.grid_s(specs, 1) <= S.SMOL_BUDGET_S == 3 * 3600
     assert S.smol_costs(100).val_s == pytest.approx(183.5)
-    # a fifth step of every run would not fit: the design's steps are the most that do
-    five = S.smol_grid(sizes=S.SmolSizes(steps=5, test_freq=5))
-    assert c.grid_s(five, 1) > S.SMOL_BUDGET_S
+    # a fourth step of every run would not fit: the design's steps are the most that do
+    four = S.smol_grid(sizes=S.SmolSizes(steps=4, test_freq=4))
+    assert c.grid_s(four, 1) > S.SMOL_BUDGET_S
     assert S.interval_level(3) == 0.75 and S.interval_level(5) == 0.9375 and S.interval_level(12) == 0.95
 
 
@@ -154,7 +154,7 @@ def test_calibration_without_a_validation_before_training_and_per_method():
 def test_cli_dry_run_estimate_and_nothing_created(tmp_path, capsys):
     assert main(["--model", "smol", "--dry-run", "--out", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out
-    assert "9 runs (9 to run); each: 4 steps of 8 prompts x 4 responses, validation at the last step (none before " \
+    assert "9 runs (9 to run); each: 3 steps of 8 prompts x 4 responses, validation at the last step (none before " \
            "training) on 200 of the 200 held-out problems, 1 response each" in out
     est = re.search(r"estimated time to run: (\d+)m(\d+)s with 1 run\(s\)", out)
     assert est and int(est[1]) * 60 + int(est[2]) == pytest.approx(S.smol_costs().grid_s(S.smol_grid(), 1), abs=1)
@@ -252,9 +252,9 @@ def test_runs_to_csv_rows_and_the_records_calibration(monkeypatch, tmp_path):
     rows = S.csv_rows(tmp_path, specs, records)
     assert [r["order"] for r in rows] == list(range(1, 7)) and [r["seed"] for r in rows] == [1, 1, 1, 2, 2, 2]
     grpo = next(r for r in rows if r["cell"] == "grpo" and r["seed"] == 2)
-    assert grpo["primary"] == pytest.approx(0.15 + 0.02 + 1000 * 2e-5) == grpo[f"{DC.VAL_PREFIX}4"]
+    assert grpo["primary"] == pytest.approx(0.15 + 0.02 + 1000 * 2e-5) == grpo[f"{DC.VAL_PREFIX}3"]
     assert f"{DC.VAL_PREFIX}0" not in grpo  # no validation before training
-    assert grpo["step_s"] == 202.5 and grpo["grad_norm"] == 1.25 and grpo["lr"] == pytest.approx(2e-5)
+    assert grpo["step_s"] == 202.0 and grpo["grad_norm"] == 1.0 and grpo["lr"] == pytest.approx(2e-5)
     assert grpo["refill_gen_batches"] is None  # not logged: empty, never 0
     path = S.write_csv(tmp_path / "report" / "runs.csv", rows)
     assert S.read_csv(path) == rows
