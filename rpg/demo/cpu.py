@@ -178,8 +178,11 @@ def _parser() -> OneLineParser:
                        epilog=f"environment ({COMMAND} passes the first ones as flags):\n{env_help}")
     ap.add_argument("--model", default="tiny", choices=MODELS,
                     help="tiny (default): the tiny model and task; smol: SmolLM2-135M-Instruct and arithmetic")
-    ap.add_argument("--steps", type=positive_int, default=None, help="training steps (default 30; smol 18)")
-    ap.add_argument("--test-freq", type=positive_int, default=None, help="validate every K steps (default 10; smol 6)")
+    tiny, smol = CpuModel("tiny"), CpuModel("smol")
+    ap.add_argument("--steps", type=positive_int, default=None,
+                    help=f"training steps (default {tiny.steps}; smol {smol.steps})")
+    ap.add_argument("--test-freq", type=positive_int, default=None,
+                    help=f"validate every K steps (default {tiny.test_freq}; smol {smol.test_freq})")
     ap.add_argument("--out", type=Path, default=None,
                     help="output dir, relative to the current folder (default: a new outputs/<model>_cpu/<time>[-N] in "
                          "the checkout); one holding a run is refused "

@@ -128,7 +128,9 @@ def launch(name: str, user: list[str], env: dict[str, str], flags: Mapping[str, 
         from rpg.backends.harness import build_command
         from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_ENTRY
 
-        argv, _ = build_command(overrides, entry=str(CHECKOUT / RECIPE_ENTRY), base_env=env, backend=req.backend)
+        # the model's own variables (SmolLM2's threads), as rehearse() gives them to the run: the dry run shows them
+        run_env = {**env, **rehearsal.CpuModel(req.cpu_model).run_env(overrides, env)}
+        argv, _ = build_command(overrides, entry=str(CHECKOUT / RECIPE_ENTRY), base_env=run_env, backend=req.backend)
         cfg = checked_config(argv[2:], CHECKOUT / RECIPE_CONFIG_DIR)  # keys and loggers, before anything is built
         if not req.dry:
             return rehearsal.rehearse(req, name, overrides, user, header(exp, cfg, launch_notes(exp, req, user)),

@@ -28,7 +28,7 @@ MAX_RESPONSE_LENGTH = 96  # the base model's answers: 40 tokens on average; "17 
 # --forward times the alternatives.
 TOKEN_BUDGET = 1024
 LR = 1e-5
-STEPS = 6  # with three validations of the 200 problems, the run fits 40 minutes on 2 cores (docs/smol.md, Cost)
+STEPS = 6  # with three validations of the 200 problems: 32 min 47 s on 2 cores (docs/smol.md, Cost)
 TEST_FREQ = 3
 # The trainer's time limit, there to stop a hung run, not to bound a slow machine's (the tiny model's 30 minutes
 # stopped an earlier 18-step default at step 6 on a loaded machine)
@@ -48,8 +48,8 @@ GPU_SIZES = {"train_batch_size": 32, "n": 8, "mini_batch_size": 8, "token_budget
 # rpg.backends.cpu.env_overrides: several processes share the cores, and the tiny model's products are too small
 # to split). In the sync trainer this model's phases run one after another (the rollout decodes while the actor
 # waits, then the actor computes while the rollout waits), each a product big enough for every core: with one
-# thread the rollout server and the actor each kept one of the 2 cores busy and the other idle (a 200-problem
-# validation 455 s, a step 193 s; docs/smol.md gives both with all cores). Elsewhere (colocate_async,
+# thread the rollout server and the actor each kept one of the 2 cores busy and the other idle (the first step 193
+# s against 131 s with both cores; docs/smol.md, Cost). Elsewhere (colocate_async,
 # separate_async: rollout and training overlap) or with several ranks, the cores are shared out.
 def omp_threads(cores: int, trainer_mode: str | None = None, world_size: int = 1) -> int:
     """Torch's threads for each of a SmolLM2 run's processes on ``cores`` cores: all of a rank's share

@@ -10,8 +10,8 @@ reads, shown once, which this model follows far more often than the template's w
 holds the template too: with its bare problem instead (57 of the prompt's 186-203 tokens fewer) the base model
 answered 1 of 200 validation problems right, imitating the example only where the turns match (docs/smol.md).
 The ground truth is the integer's decimal string; rows carry ``data_source="math_dapo"``, so ``rpg.reward`` scores
-them by the paper's rule (the last ``Answer:`` line, +1 / -1). The rows are ``rpg.data.rows.build_rows``'s, the layout of the project's
-prepared data, with the example's two turns before the problem's.
+them by the paper's rule (the last ``Answer:`` line, +1 / -1). The rows are ``rpg.data.rows.build_rows``'s, the
+layout of the project's prepared data, with the example's two turns before the problem's.
 
 Train and validation are disjoint in the arithmetic itself: no (operation, operands) pair of one split is in the
 other or is the example's (``Problem.key``; ``a + b`` and ``b + a`` are one pair), whatever its wording.

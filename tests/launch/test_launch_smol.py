@@ -86,6 +86,9 @@ def test_a_dry_run_of_a_paper_script_on_smollm2(tmp_path):
     assert f"# run {NAME}: RPG-REINFORCE-UFKL" in p.stdout
     assert f"model {assets.model_dir} (prompt {smol.MAX_PROMPT_LENGTH}" in p.stdout
     assert "composed and validated config" in p.stdout and "no such file" not in p.stderr
+    # the dry run shows the threads the run gets (rpg.smol.overrides.omp_threads: every core, the sync trainer)
+    if "OMP_NUM_THREADS" not in env:
+        assert f"env_vars.OMP_NUM_THREADS='{len(os.sched_getaffinity(0))}'" in p.stdout, p.stdout[-3000:]
     import pandas as pd
 
     tokenizer = AutoTokenizer.from_pretrained(assets.model_dir)

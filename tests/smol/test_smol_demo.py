@@ -113,6 +113,7 @@ def test_the_smol_run_gives_its_processes_every_core_and_the_tiny_run_one(starte
     """The demo's trainer environment: SmolLM2's OMP_NUM_THREADS (rpg.smol.overrides.omp_threads), the tiny model
     none of its own (the CPU backend's 1); a user's OMP_NUM_THREADS is left to the backend, which forwards it."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("RPG_CPU_ROLLOUT", raising=False)
     cores = str(len(os.sched_getaffinity(0)))
     assert started("--model", "smol", field="env")["OMP_NUM_THREADS"] == cores
     assert started("--model", "smol", "trainer.v1.trainer_mode=colocate_async", field="env")["OMP_NUM_THREADS"] == "1"

@@ -32,11 +32,14 @@ def test_the_users_threads_win_and_the_tiny_model_and_the_vllm_rollout_set_none(
     assert CpuModel("tiny").run_env([], base={}) == {}
 
 
-def test_the_backends_environment_forwards_the_runs_threads():
-    """What run_env returns reaches every Ray process: the CPU backend's environment takes OMP_NUM_THREADS from
-    the run's environment (and forwards it through ray_init.runtime_env, cpu_overrides)."""
-    from rpg.backends.cpu.env_overrides import cpu_env, cpu_overrides
+def test_the_trainer_command_forwards_the_runs_threads_to_every_ray_process():
+    """What run_env returns, given to the harness as the run's environment (run_trainer's env), is the trainer's
+    OMP_NUM_THREADS and reaches every Ray process through ray_init.runtime_env."""
+    from rpg.backends.harness import build_command
 
-    env = cpu_env(base={"OMP_NUM_THREADS": "2"})
-    assert env["OMP_NUM_THREADS"] == "2"
-    assert "+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='2'" in cpu_overrides(env)
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RPG_CPU_ROLLOUT")}
+    run_env = CpuModel("smol").run_env([], base=base)
+    argv, env = build_command([], entry="recipe/rpg/main_rpg.py", base_env={**base, **run_env}, backend="cpu")
+    cores = str(len(os.sched_getaffinity(0)))
+    assert env["OMP_NUM_THREADS"] == cores
+    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='{cores}'" in argv

@@ -244,6 +244,7 @@ def test_runs_to_csv_rows_and_the_records_calibration(monkeypatch, tmp_path):
 
     monkeypatch.setattr(harness, "run_trainer", fake := SmolFakeTrainer())
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("RPG_CPU_ROLLOUT", raising=False)
     specs = S.smol_grid(seeds=2)
     records = R.run_grid(specs, tmp_path, S.smol_costs())
     # every run in the sync trainer with all of this process's cores (rpg.smol.overrides.omp_threads)
