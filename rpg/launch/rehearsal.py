@@ -94,11 +94,12 @@ class CpuModel:
         base = os.environ if base is None else base
         if self.name != "smol" or "OMP_NUM_THREADS" in base or vllm_cpu.rollout_of(base) == "vllm":
             return {}
+        from rpg.config import world_size_of
         from rpg.smol.overrides import omp_threads
 
         v = values(list(overrides))
-        world = int(v.get("trainer.nnodes") or 1) * int(v.get("trainer.n_gpus_per_node") or 1)
-        threads = omp_threads(len(os.sched_getaffinity(0)), v.get("trainer.v1.trainer_mode"), world)
+        nnodes, gpus = world_size_of(v)
+        threads = omp_threads(len(os.sched_getaffinity(0)), v.get("trainer.v1.trainer_mode"), nnodes * gpus)
         return {"OMP_NUM_THREADS": str(threads)}
 
 
