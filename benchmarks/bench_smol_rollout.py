@@ -20,6 +20,8 @@ held-out problems, one response each at temperature 1: a validation-sized batch)
   phases          verl's ``timing_s/{gen,old_log_prob,update_actor,update_weights,step}`` of every step (step 1
                   includes each rollout's first-call warm-up)
   peak PSS        the peak of the summed PSS of all the run's processes (the demo's ``summary.json``)
+  threads         each run's ``OMP_NUM_THREADS`` (``summary.json``): the HF rollout's SmolLM2 run takes the cores,
+                  the vLLM rollout one thread per process (docs/smol.md, Cost)
 
 Numbers from a shared machine move with its load: the load average is printed before each run; compare within one
 invocation only. Figures of record: docs/smol.md, "HF and vLLM rollouts on CPU".
@@ -96,6 +98,7 @@ def arm_figures(out: Path, encode, max_response_length: int) -> dict:
         "peak_system_used_gb": summary["peak_system_used_gb"],
         "wall_time_s": summary["wall_time_s"],
         "cpu_s": summary["cpu_s"],
+        "omp_num_threads": summary.get("omp_num_threads"),  # torch's threads per process (the rollouts' may differ)
     }
 
 
@@ -220,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     for rollout, c in context.items():
         if rollout in figures:
             print(f"{rollout}: load average {c['load_average_before']:.1f} at its start; "
+                  f"OMP_NUM_THREADS {figures[rollout]['omp_num_threads']}; "
                   + ", ".join(f"{n} {v}" for n, v in c["versions"].items()))
     print(f"load average after: {context['load_average_after']:.1f}; {os.cpu_count()} CPUs; runs in {out}")
     print("\n".join(table(figures, ratios)))

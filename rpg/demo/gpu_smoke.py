@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="output dir, relative to the current folder (default outputs/<model>_gpu/<time> in the "
                          "checkout)")
     ap.add_argument("--entry", default=str(CHECKOUT / RECIPE_ENTRY), help="trainer script (default the RPG recipe)")
-    ap.add_argument("--timeout", type=positive_seconds, default=1800.0, help="seconds before a run is killed (each run)")
+    ap.add_argument("--timeout", type=positive_seconds, default=1800.0,
+                    help="seconds before a run is killed (each run)")
     ap.add_argument("--echo", action="store_true", help="show the trainer's full output")
     try:
         args, user = ap.parse_known_args(argv)

@@ -116,7 +116,7 @@ def smol_costs(val_problems: int = SMOL_SIZES.val_problems) -> Costs:
 
 # ----------------------------------------------------------------------------- the plan's numbers
 
-BASE_ACC = 0.150  # the base model's validation accuracy on the 200 problems (the SmolLM2 run's validation before training)
+BASE_ACC = 0.150  # the base model's accuracy on the 200 problems (the SmolLM2 run's validation before training)
 POWER = 0.8
 
 

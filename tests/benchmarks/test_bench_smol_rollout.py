@@ -26,7 +26,8 @@ def _encode(text):  # a stand-in tokenizer: one token per word
     return text.split()
 
 
-def _run(out: Path, gen_s: float, tokens: int, phases: dict, testing_s: float, outputs: list[str], pss: float):
+def _run(out: Path, gen_s: float, tokens: int, phases: dict, testing_s: float, outputs: list[str], pss: float,
+         threads: str = "1"):
     """A run's folder as the demo leaves it: FileLogger records, summary.json, verl's validation dump."""
     out.mkdir(parents=True)
     step = {"timing_s/gen": gen_s, "timing_per_token_ms/gen": gen_s * 1000 / tokens, "response_length/mean": tokens / 32,
@@ -37,7 +38,7 @@ def _run(out: Path, gen_s: float, tokens: int, phases: dict, testing_s: float, o
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (out / "summary.json").write_text(json.dumps({"val_acc_before": 0.2, "val_acc_after": 0.25, "peak_pss_gb": pss,
                                                   "peak_system_used_gb": pss + 1, "wall_time_s": 600.0,
-                                                  "cpu_s": 900.0}))
+                                                  "cpu_s": 900.0, "omp_num_threads": threads}))
     dump = out / "val_generations"
     dump.mkdir()
     (dump / "0.jsonl").write_text(json.dumps({"output": "never read"}) + "\n")  # the untimed validation before
@@ -52,11 +53,12 @@ def test_validation_tokens_count_the_end_of_turn_of_every_response_that_ended(be
 def test_figures_and_ratios_from_two_runs(bench, tmp_path):
     phases_hf = {"gen": 40.0, "old_log_prob": 30.0, "update_actor": 80.0, "update_weights": 1.0, "step": 160.0}
     phases_vllm = {"gen": 10.0, "old_log_prob": 30.0, "update_actor": 80.0, "update_weights": 4.0, "step": 130.0}
-    _run(tmp_path / "hf", 40.0, 1200, phases_hf, testing_s=100.0, outputs=["x y", "x y z w"], pss=10.0)
+    _run(tmp_path / "hf", 40.0, 1200, phases_hf, testing_s=100.0, outputs=["x y", "x y z w"], pss=10.0, threads="2")
     _run(tmp_path / "vllm", 10.0, 1000, phases_vllm, testing_s=20.0, outputs=["x", "x y z w"], pss=8.0)
     hf = bench.arm_figures(tmp_path / "hf", _encode, max_response_length=4)
     vllm = bench.arm_figures(tmp_path / "vllm", _encode, max_response_length=4)
     assert sorted(hf["steps"]) == [1, 2]
+    assert (hf["omp_num_threads"], vllm["omp_num_threads"]) == ("2", "1")  # each run's own, from its summary.json
     s = hf["steps"][2]
     assert s["gen_tok_s"] == pytest.approx(1200 / 40.0) and s["gen_tokens"] == 1200
     assert (s["gen"], s["old_log_prob"], s["update_actor"], s["step"]) == (40.0, 30.0, 80.0, 160.0)

@@ -85,7 +85,8 @@ def test_two_steps_of_the_one_command(smol, tmp_path):
     (e2e_recipe.assert_step_guarantees; whether a ratio leaves 1 depends on a mixed-reward group in an early
     mini-batch, which a base model's 2 steps need not have)."""
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHON": sys.executable, "STEPS": "2", "TEST_FREQ": "1", "OUT": str(out)}
+    env = {**{k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RPG_CPU_ROLLOUT")},
+           "PYTHON": sys.executable, "STEPS": "2", "TEST_FREQ": "1", "OUT": str(out)}
     p = subprocess.run(["bash", str(SCRIPT), "data.max_response_length=48", "data.val_max_samples=16"],
                        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1500)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
@@ -95,6 +96,7 @@ def test_two_steps_of_the_one_command(smol, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"] == "smol" and summary["steps"] == 2
     assert summary["val_acc_before"] is not None and summary["val_acc_after"] is not None
+    assert summary["omp_num_threads"] == str(len(os.sched_getaffinity(0)))  # the HF rollout's sync run: every core
     assert (out / "training_curve.png").stat().st_size > 0
     run = SimpleNamespace(metrics=read_metrics(out / "metrics.jsonl"), log=(out / "trainer.log").read_text())
     assert sorted(s for s, d in run.metrics.items() if "critic/score/mean" in d) == [1, 2]

@@ -79,6 +79,8 @@ def test_a_dry_run_of_a_paper_script_on_smollm2(tmp_path):
 
     env = _env(DRY_RUN="1", RPG_BACKEND="cpu", RPG_CPU_MODEL="smol", PYTHON=sys.executable,
                PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    for key in ("OMP_NUM_THREADS", "RPG_CPU_ROLLOUT"):  # the threads' default: the HF rollout, no user's value
+        env.pop(key, None)
     p = subprocess.run(["bash", str(ROOT / "recipe/rpg/7b" / f"{NAME}.sh")], env=env, cwd=tmp_path, text=True,
                        capture_output=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -87,8 +89,7 @@ def test_a_dry_run_of_a_paper_script_on_smollm2(tmp_path):
     assert f"model {assets.model_dir} (prompt {smol.MAX_PROMPT_LENGTH}" in p.stdout
     assert "composed and validated config" in p.stdout and "no such file" not in p.stderr
     # the dry run shows the threads the run gets (rpg.smol.overrides.omp_threads: every core, the sync trainer)
-    if "OMP_NUM_THREADS" not in env:
-        assert f"env_vars.OMP_NUM_THREADS='{len(os.sched_getaffinity(0))}'" in p.stdout, p.stdout[-3000:]
+    assert f"env_vars.OMP_NUM_THREADS='{len(os.sched_getaffinity(0))}'" in p.stdout, p.stdout[-3000:]
     import pandas as pd
 
     tokenizer = AutoTokenizer.from_pretrained(assets.model_dir)

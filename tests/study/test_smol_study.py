@@ -136,6 +136,26 @@ def test_costs_and_the_budget():
     assert S.interval_level(3) == 0.75 and S.interval_level(5) == 0.9375 and S.interval_level(12) == 0.95
 
 
+def test_the_built_in_costs_are_the_committed_runs_figures():
+    """The costs (rpg.study.smol) and the base accuracy are read off the SmolLM2 run's committed metrics
+    (docs/smol/default-run-metrics.jsonl): the medians of steps 1-6 to 0.1 s, the validation at step 6 (the median
+    of the three: 357 s at step 3 and 384 s before training, untimed in the metrics), the accuracy at step 0."""
+    import statistics
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "smol" / "default-run-metrics.jsonl"
+    records = {r["step"]: r["data"] for r in map(json.loads, path.read_text().splitlines())}
+
+    def median(key):
+        return round(statistics.median(d[key] for s, d in records.items() if 1 <= s <= 6), 1)
+
+    assert (median("timing_s/step"), median("timing_s/gen"), median("timing_s/old_log_prob")) == (
+        S.MEASURED_STEP_S, S.MEASURED_GEN_S, S.MEASURED_LOG_PROB_S)
+    testing = {s: d["timing_s/testing"] for s, d in records.items() if "timing_s/testing" in d}
+    assert sorted(testing) == [3, 6] and testing[3] < testing[6] < 384
+    assert round(testing[6]) == S.MEASURED_VAL_S_PER_PROBLEM * 200
+    assert records[0]["val-core/math_dapo/acc/mean@1"] == S.BASE_ACC
+
+
 def test_calibration_without_a_validation_before_training_and_per_method():
     """The first record of a run without a validation before training is step 1's: the span to the last record holds
     steps 2..T and every validation, and the start-up is what is left after step 1."""

@@ -21,7 +21,8 @@ PYTHON="${PYTHON:-python}"
 ARGS=(--algo "${ALGO:-rpg}")
 if [[ -n "${MODEL:-}" ]]; then ARGS+=(--model "$MODEL"); fi  # tiny (default) or smol: SmolLM2 (docs/smol.md)
 if [[ -n "${STEPS:-}" ]]; then ARGS+=(--steps "$STEPS"); fi  # default 30 (smol: rpg.smol.overrides.STEPS)
-if [[ -n "${TEST_FREQ:-}" ]]; then ARGS+=(--test-freq "$TEST_FREQ"); fi  # default 10 (smol: rpg.smol.overrides.TEST_FREQ)
+# TEST_FREQ: default 10 (smol: rpg.smol.overrides.TEST_FREQ)
+if [[ -n "${TEST_FREQ:-}" ]]; then ARGS+=(--test-freq "$TEST_FREQ"); fi
 if [[ -n "${ENTRY:-}" ]]; then ARGS+=(--entry "$ENTRY"); fi
 if [[ -n "${OUT:-}" ]]; then ARGS+=(--out "$OUT"); fi
 if [[ -n "${ROLLOUT:-}" ]]; then ARGS+=(--rollout "$ROLLOUT"); fi

@@ -47,7 +47,9 @@ logger = logging.getLogger(__name__)
 # generate loop (up to the response limit) whatever its size: with 10 ms / 100 ms a tiny step's 64 requests were
 # decoded in 5-7 batches; with 50 ms / 300 ms SmolLM2's 200 validation requests (about 0.75 s to arrive) in two,
 # 81 + 119: three generate loops of 96 tokens instead of two (docs/smol.md, Cost). Two seconds of waiting at most
-# is little against one generate loop (96 decoding steps of 0.4-1.5 s each on CPU).
+# is little against one generate loop (96 decoding steps of 0.4-1.5 s each on CPU). A burst (any model's sync step
+# or validation) closes 0.1 s after its last request; the 2 s bound binds only while requests keep arriving (the
+# asynchronous trainer modes' streams).
 _BATCH_QUIET_S = 0.1
 _BATCH_MAX_WAIT_S = 2.0
 
