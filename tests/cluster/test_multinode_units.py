@@ -68,6 +68,92 @@ def test_lost_reason_names_the_nodes_gone_since_the_start(monkeypatch):
     assert run.lost_reason(_Wrapped(ValueError("a bug")), wait_s=0) is None  # not ours: the traceback stays
 
 
+class _Alive:
+    """The alive nodes read by the node watch: ``readings`` in turn, then the last one for ever; a reading that is an
+    exception is raised (the GCS gone)."""
+
+    def __init__(self, *readings):
+        self.readings, self.calls = list(readings), 0
+
+    def __call__(self):
+        self.calls += 1
+        reading = self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+        if isinstance(reading, BaseException):
+            raise reading
+        return reading
+
+
+def _watch(alive, held=lambda: {NODE(2)["id"]}):
+    stops = []
+    return C.NodeWatch([NODE(1), NODE(2), NODE(3)], held, lambda: stops.append(1), alive=alive), stops
+
+
+def test_the_node_watch_stops_the_trainer_once_when_a_node_holding_part_of_the_run_is_lost(capsys):
+    watch, stops = _watch(_Alive([NODE(1), NODE(2), NODE(3)], [NODE(1), NODE(2), NODE(3)], [NODE(1), NODE(3)]))
+    assert watch.check() and watch.check() and not stops and capsys.readouterr().err == ""  # all alive: nothing
+    assert not watch.check() and stops == [1]  # node 2 gone, it held part of the run: stopped, the watch ends
+    assert capsys.readouterr().err == (f"rpg: node 10.0.0.2 (id {NODE(2)['id'][:12]}) lost and it held part of this "
+                                       "run: stopping the trainer\n")
+
+
+def test_the_node_watch_goes_on_when_the_lost_node_held_nothing_of_the_run(capsys):
+    watch, stops = _watch(_Alive([NODE(1), NODE(2)], [NODE(1), NODE(2)], [NODE(1)]))  # node 3 then node 2 lost
+    assert watch.check() and not stops
+    assert capsys.readouterr().err == (f"rpg: node 10.0.0.3 (id {NODE(3)['id'][:12]}) lost; it held nothing of this "
+                                       "run: the run goes on\n")
+    assert watch.check() and capsys.readouterr().err == ""  # node 3 judged once
+    assert not watch.check() and stops == [1] and "10.0.0.2" in capsys.readouterr().err
+
+
+def test_the_node_watch_stops_the_trainer_when_ray_cannot_say_what_the_node_held(capsys):
+    def state_api_down():
+        raise ConnectionError("the dashboard does not answer")
+
+    watch, stops = _watch(_Alive([NODE(1), NODE(3)]), held=state_api_down)
+    assert not watch.check() and stops == [1]
+    assert capsys.readouterr().err == (f"rpg: node 10.0.0.2 (id {NODE(2)['id'][:12]}) lost and Ray's state API could "
+                                       "not tell what it held (ConnectionError: the dashboard does not answer): "
+                                       "stopping the trainer\n")
+
+
+def test_the_node_watch_ends_quietly_when_the_gcs_is_gone_or_it_is_stopped(monkeypatch, capsys):
+    watch, stops = _watch(_Alive(ConnectionError("GCS gone")))
+    assert not watch.check() and not stops
+    alive = _Alive([NODE(1), NODE(2), NODE(3)], [NODE(1)])
+    watch, stops = _watch(alive)
+    watch.stop()  # before the thread's first reading
+    watch.begin()
+    watch._thread.join(timeout=5)
+    assert not watch._thread.is_alive() and alive.calls == 0
+    monkeypatch.setattr(C, "WATCH_POLL_S", 0.01)  # the thread: two readings, the second finds node 2 lost
+    watch, stops = _watch(_Alive([NODE(1), NODE(2), NODE(3)], [NODE(1), NODE(3)]))
+    watch.begin()._thread.join(timeout=5)
+    assert stops == [1] and not watch._thread.is_alive()
+    watch, stops = _watch(_Alive([NODE(1)]))  # stopped while it asked Ray what the lost node held: no trainer stop
+    watch.held = lambda: (watch._stop.set(), {NODE(2)["id"]})[1]
+    assert not watch.check() and not stops
+    assert "10.0.0.2" in capsys.readouterr().err  # only the first thread's line
+
+
+def test_the_node_watch_runs_only_on_a_joined_cluster_of_several_nodes(monkeypatch):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"ray_kwargs": {"ray_init": {}}})
+    run = C.ClusterRun(cfg)
+    run.start_nodes = [NODE(1), NODE(2)]
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert run.node_watch("01000000", lambda: None) is None  # a private Ray: one machine
+    monkeypatch.setenv("RAY_ADDRESS", "http://10.0.0.1:8265")
+    run.start_nodes = [NODE(1)]
+    assert run.node_watch("01000000", lambda: None) is None
+    run.start_nodes = [NODE(1), NODE(2)]
+    monkeypatch.setattr(C, "WATCH_POLL_S", 3600.0)
+    watch = run.node_watch("01000000", lambda: None)
+    assert watch is not None and watch._thread.is_alive()
+    watch.stop()
+    assert not watch._thread.is_alive()
+
+
 def test_a_step_saved_but_never_logged_is_logged_on_resume(tmp_path):
     base = tmp_path / "logs" / "rpg" / "run.jsonl"
     base.parent.mkdir(parents=True)
