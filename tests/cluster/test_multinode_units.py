@@ -154,6 +154,63 @@ def test_the_node_watch_runs_only_on_a_joined_cluster_of_several_nodes(monkeypat
     assert not watch._thread.is_alive()
 
 
+def test_the_driver_stops_a_trainer_waiting_on_a_lost_node_with_the_stop_line(monkeypatch, capsys, tmp_path):
+    """verl's TaskRunner waits for a lost node's groups for ever (``run_ppo``'s ``ray.get`` has no timeout): the
+    driver's node watch kills it by name (its ``ray.get`` then raises ``ActorDiedError``) and the driver prints the
+    stop line naming the node. Ray is faked: ``run_ppo`` runs Ray's post-init hooks, then blocks until the trainer is
+    killed (at most 10 s: without the watch the test fails instead of hanging)."""
+    import threading
+
+    import ray
+    import ray.exceptions as rx
+    from ray._private import worker as ray_worker
+    from recipe_config import compose_cfg
+
+    import rpg.verl.main as driver
+
+    killed, names = threading.Event(), []
+    alive = _Alive([NODE(1), NODE(2)], [NODE(1), NODE(2)], [NODE(1)])
+
+    def run_ppo(config, task_runner_class):
+        names.append(task_runner_class._default_options.get("name"))
+        for hook in list(ray_worker._post_init_hooks):
+            hook()
+        if not killed.wait(10):
+            raise AssertionError("the TaskRunner was never stopped: the driver waits for ever")
+        raise rx.ActorDiedError()
+
+    def kill(handle, no_restart):
+        assert handle == ("actor", names[0]) and no_restart
+        killed.set()
+
+    def checks(run):
+        run.start_nodes = alive()
+
+    monkeypatch.setenv("RAY_ADDRESS", "http://10.0.0.1:8265")
+    monkeypatch.setattr(C, "WATCH_POLL_S", 0.05)
+    monkeypatch.setattr(C, "alive_nodes", alive)
+    monkeypatch.setattr(C, "job_nodes", lambda job_id: {NODE(2)["id"]} if job_id == "02000000" else set())
+    monkeypatch.setattr(C.ClusterRun, "checks_after_ray_init", checks)
+    monkeypatch.setattr(driver, "hold_checkpoint_folder", lambda config: [])
+    monkeypatch.setattr(driver, "prepare_config", lambda config: None)
+    monkeypatch.setattr(driver, "run_ppo", run_ppo)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("Ctx", (), {"get_job_id": lambda self: "02000000"})())
+    monkeypatch.setattr(ray, "get_actor", lambda name: ("actor", name))
+    monkeypatch.setattr(ray, "kill", kill)
+    monkeypatch.setattr(sys, "argv", ["main_rpg.py", "trainer.v1.trainer_mode=sync"])
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_cfg("trainer.default_local_dir=ckpt")
+    t0 = time.time()
+    with pytest.raises(SystemExit) as code:
+        driver.main_from_hydra(cfg)
+    err = capsys.readouterr().err.strip().splitlines()
+    node = f"node 10.0.0.2 (id {NODE(2)['id'][:12]}) lost"
+    assert code.value.code == 1 and killed.is_set() and time.time() - t0 < 10, err
+    assert names[0].startswith("rpg_task_runner_") and len(names[0]) == len("rpg_task_runner_") + 8
+    assert err[0] == f"rpg: {node} and it held part of this run: stopping the trainer", err
+    assert len(err) == 2 and err[1].startswith(f"rpg: stopped: {node} (ActorDiedError); Ray shut down; "), err
+
+
 def test_a_step_saved_but_never_logged_is_logged_on_resume(tmp_path):
     base = tmp_path / "logs" / "rpg" / "run.jsonl"
     base.parent.mkdir(parents=True)
