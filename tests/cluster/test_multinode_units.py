@@ -1,6 +1,7 @@
-"""The multi-node pieces without a cluster: the driver's capacity rule and lost-node reason (rpg.verl.joined_cluster), a
-step saved but never logged (rpg.common.history), the CPU backend's job on a cluster and the submitted job's
-resume command and Ctrl-C (rpg.cluster.submit, rpg.cluster.job). The two-node runs: tests/e2e/test_multinode.py."""
+"""The multi-node pieces without a cluster: the driver's capacity rule, lost-node reason and node watch
+(rpg.verl.joined_cluster), a step saved but never logged (rpg.common.history), the CPU backend's job on a cluster
+and the submitted job's resume command and Ctrl-C (rpg.cluster.submit, rpg.cluster.job). The two-node runs:
+tests/e2e/test_multinode.py."""
 
 from __future__ import annotations
 
