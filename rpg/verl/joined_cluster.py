@@ -1,13 +1,15 @@
-"""A run on a Ray cluster it joined (``ray job submit``, ``RAY_ADDRESS``): the driver's checks once Ray is up, and
-its line when a node of the run is lost.
+"""A run on a Ray cluster it joined (``ray job submit``, ``RAY_ADDRESS``): the driver's checks once Ray is up, its
+watch of the nodes, and its line when a node of the run is lost.
 
 verl finds a cluster that cannot serve the run late: too few GPUs is a traceback, too few nodes a placement group
 that waits forever, a checkpoint folder local to each node a checkpoint the resume cannot find. So, after
 ``ray.init`` and before verl builds anything (``checks_after_ray_init``): ``capacity_problem`` (``trainer.nnodes``
 alive nodes with ``n_gpus_per_node`` GPUs each) and, on several nodes, ``shared_folder_problem`` (a file the driver
 writes into ``trainer.default_local_dir``, read back on each node) and ``rpg.verl.node_checks``; a refusal is one
-line, exit 2. A node lost mid-run (one of Ray's ``LOST`` errors in the driver): ``ClusterRun.lost_reason`` names the
-nodes gone, and the driver prints its stop line instead of a traceback.
+line, exit 2. A node lost mid-run: verl's TaskRunner may wait for it forever (its replay buffer polls for groups
+that no live worker finishes), so ``NodeWatch`` stops the TaskRunner when a lost node held part of the run; the
+driver then sees one of Ray's ``LOST`` errors, ``ClusterRun.lost_reason`` names the nodes gone, and the driver prints
+its stop line instead of a traceback.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -41,6 +45,100 @@ def alive_nodes() -> list[dict]:
 
     return [{"id": n["NodeID"], "ip": n["NodeManagerAddress"], "gpus": float(n["Resources"].get("GPU", 0))}
             for n in ray.nodes() if n.get("Alive")]
+
+
+def gone_nodes(start: list[dict], alive: list[dict]) -> list[dict]:
+    """The nodes of ``start`` (``alive_nodes`` records) that are not in ``alive``."""
+    ids = {n["id"] for n in alive}
+    return [n for n in start if n["id"] not in ids]
+
+
+def node_names(nodes: list[dict]) -> str:
+    """``nodes`` as the driver's lines name them: ``10.0.0.2 (id 1a2b...)``, comma-separated."""
+    return ", ".join(f"{n['ip']} (id {n['id'][:12]})" for n in nodes)
+
+
+def job_nodes(job_id: str) -> set[str]:
+    """The nodes (ids) that hold or held part of Ray job ``job_id``: its actors in any state (those on a lost node
+    are dead by the time this asks) and the bundles of its placement groups. Raises when Ray's state API cannot
+    answer."""
+    import ray
+    from ray.util.state import list_actors, list_placement_groups
+
+    # this driver's cluster by its GCS address: without one the state API looks for Ray instances on this machine
+    gcs = ray.get_runtime_context().gcs_address
+    actors = list_actors(address=gcs, filters=[("job_id", "=", job_id)], detail=True, limit=10_000,
+                         raise_on_missing_output=False)
+    groups = list_placement_groups(address=gcs, filters=[("creator_job_id", "=", job_id)], detail=True, limit=1000,
+                                   raise_on_missing_output=False)
+    held = {a.get("node_id") for a in actors}
+    held |= {b.get("node_id") for g in groups for b in g.get("bundles") or []}
+    return held - {None, ""}
+
+
+WATCH_POLL_S = 2.0  # between two readings of the alive nodes (after Ray's health check has marked a node dead)
+
+
+class NodeWatch:
+    """A daemon thread that reads the alive nodes (``alive``, default ``alive_nodes``) every ``WATCH_POLL_S``. A node
+    of ``start`` gone that held part of the run (``held()``: node ids; when it raises, taken as held: a hang is worse
+    than a stop): one stderr line, then ``on_lost()``, once, and the watch ends. A lost node that held nothing: one
+    line, and the watch goes on with the others. It ends quietly on ``stop()`` or when ``alive`` raises (the GCS
+    gone: the driver's ``ray.get`` sees that)."""
+
+    def __init__(self, start: list[dict], held: Callable[[], set[str]], on_lost: Callable[[], None],
+                 alive: Callable[[], list[dict]] | None = None):
+        self.start, self.held, self.on_lost, self.alive = list(start), held, on_lost, alive
+        self.seen: set[str] = set()  # lost nodes already judged
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rpg-node-watch", daemon=True)
+
+    def begin(self) -> NodeWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(WATCH_POLL_S) and self.check():
+            pass
+
+    def check(self) -> bool:
+        """One reading; False once the watch is done (the trainer stopped, the GCS gone, ``stop()``)."""
+        try:
+            alive = self.alive() if self.alive is not None else alive_nodes()
+            lost = [n for n in gone_nodes(self.start, alive) if n["id"] not in self.seen]
+        except Exception:  # noqa: BLE001 - the GCS itself is gone: the driver's ray.get raises
+            return False
+        if not lost:
+            return True
+        self.seen.update(n["id"] for n in lost)
+        try:
+            held, unknown = self.held(), None
+        except Exception as e:  # noqa: BLE001 - Ray's state API did not answer: stop rather than hang
+            held, unknown = set(), f"{type(e).__name__}: {e}".splitlines()[0][:200]
+        if self._stop.is_set():
+            return False
+        part = lost if unknown else [n for n in lost if n["id"] in held]
+        if rest := [n for n in lost if n not in part]:
+            _say(f"rpg: node {node_names(rest)} lost; it held nothing of this run: the run goes on")
+        if not part:
+            return True
+        what = (f"Ray's state API could not tell what it held ({unknown})" if unknown
+                else "it held part of this run")
+        _say(f"rpg: node {node_names(part)} lost and {what}: stopping the trainer")
+        try:
+            self.on_lost()
+        except Exception as e:  # noqa: BLE001 - e.g. the trainer already gone with the node: the driver sees that
+            _say(f"rpg: could not stop the trainer ({type(e).__name__}: {e})".splitlines()[0])
+        return False
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def alive_groups(gpus: int) -> int:
@@ -168,18 +266,23 @@ class ClusterRun:
             kinds.append(type(seen).__name__)
             seen = getattr(seen, "cause", None) or seen.__cause__
         kind = next((k for k in kinds if k in LOST), kinds[0] if kinds else "?")
-        start = {n["id"]: n["ip"] for n in self.start_nodes}
-        gone: list[str] = []
-        deadline = time.time() + (wait_s if len(start) > 1 else 0.0)
-        while start:
+        gone: list[dict] = []
+        deadline = time.time() + (wait_s if len(self.start_nodes) > 1 else 0.0)
+        while self.start_nodes:
             try:
-                alive = {n["id"] for n in alive_nodes()}
+                gone = gone_nodes(self.start_nodes, alive_nodes())
             except Exception:  # noqa: BLE001 - the GCS itself is gone: say what is known
                 break
-            gone = [f"{ip} (id {nid[:12]})" for nid, ip in start.items() if nid not in alive]
             if gone or time.time() > deadline:
                 break
             time.sleep(2.0)
         if gone:
-            return f"node {', '.join(gone)} lost ({kind})"
+            return f"node {node_names(gone)} lost ({kind})"
         return f"a process of the run lost ({kind})" if kind in LOST else None
+
+    def node_watch(self, job_id: str, on_lost: Callable[[], None]) -> NodeWatch | None:
+        """On a cluster the driver joined with several nodes at the start: a started ``NodeWatch`` over them, judging a
+        lost node by what Ray job ``job_id`` (this driver's) holds there (``job_nodes``); else None."""
+        if not joined_cluster(self.config) or len(self.start_nodes) < 2:
+            return None
+        return NodeWatch(self.start_nodes, lambda: job_nodes(job_id), on_lost).begin()

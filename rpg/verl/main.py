@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shlex
 import sys
 from pathlib import Path
@@ -271,18 +272,29 @@ def main_from_hydra(config: DictConfig) -> None:
     checkpoint, then exit code 2; a stop signal ends the run as ``stop_on_signals`` says. On a Ray cluster
     the driver joined, the cluster's checks run once Ray is up (``rpg.verl.joined_cluster``: nodes and GPUs, the
     checkpoint folder seen from every node; a refusal is the same one line, exit 2), and a node lost mid-run
-    ends the run with the stop line (exit 1) instead of a traceback; so do DAPO's refills beyond
+    ends the run with the stop line (exit 1) instead of a traceback (the driver watches the nodes and stops the
+    TaskRunner, which may otherwise wait for the lost node forever: ``NodeWatch``); so do DAPO's refills beyond
     ``algorithm.filter_groups.max_num_gen_batches`` (``rpg.verl.refill_limit``: the stop line says why)."""
     from rpg.verl.joined_cluster import ClusterRun, rendezvous_file
 
     cluster = ClusterRun(config)
     held = []  # this driver's hold on the checkpoint folder (rpg.verl.folder_lock), for its lifetime
+    # named so the node watch can stop it (a job's default Ray namespace is its own; the suffix anyway)
+    runner = f"rpg_task_runner_{secrets.token_hex(4)}"
+    watches = []  # the driver's watch of the nodes (rpg.verl.joined_cluster.NodeWatch), while run_ppo runs
+
+    def stop_runner():  # its ray.get in run_ppo then raises ActorDiedError: the node-lost path below
+        with contextlib.suppress(ValueError):  # no such actor: it is already gone (with the node)
+            ray.kill(ray.get_actor(runner), no_restart=True)
 
     def after_init():
         cluster.checks_after_ray_init()
         held.extend(hold_checkpoint_folder(config))
+        job = ray.get_runtime_context().get_job_id()
         if (status := os.environ.get(ELASTIC_STATUS_ENV, "").strip()):  # whose Ray job the supervisor waits for
-            Path(status).with_suffix(ELASTIC_JOB_SUFFIX).write_text(ray.get_runtime_context().get_job_id())
+            Path(status).with_suffix(ELASTIC_JOB_SUFFIX).write_text(job)
+        if (watch := cluster.node_watch(job, stop_runner)) is not None:
+            watches.append(watch)
 
     with stop_on_signals(config), _removed(rendezvous_file()):
         try:
@@ -291,8 +303,12 @@ def main_from_hydra(config: DictConfig) -> None:
             print(error_line(e), file=sys.stderr)
             sys.exit(2)
         try:
-            with after_ray_init(after_init):
-                run_ppo(config, task_runner_class=ray.remote(RPGTaskRunner))
+            try:
+                with after_ray_init(after_init):
+                    run_ppo(config, task_runner_class=ray.remote(name=runner)(RPGTaskRunner))
+            finally:
+                for watch in watches:
+                    watch.stop()
         except RPGConfigError as e:  # the cluster's checks, right after ray.init
             ray.shutdown()
             print(error_line(e), file=sys.stderr, flush=True)

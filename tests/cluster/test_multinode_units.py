@@ -1,6 +1,7 @@
-"""The multi-node pieces without a cluster: the driver's capacity rule and lost-node reason (rpg.verl.joined_cluster), a
-step saved but never logged (rpg.common.history), the CPU backend's job on a cluster and the submitted job's
-resume command and Ctrl-C (rpg.cluster.submit, rpg.cluster.job). The two-node runs: tests/e2e/test_multinode.py."""
+"""The multi-node pieces without a cluster: the driver's capacity rule, lost-node reason and node watch
+(rpg.verl.joined_cluster), a step saved but never logged (rpg.common.history), the CPU backend's job on a cluster
+and the submitted job's resume command and Ctrl-C (rpg.cluster.submit, rpg.cluster.job). The two-node runs:
+tests/e2e/test_multinode.py."""
 
 from __future__ import annotations
 
@@ -66,6 +67,149 @@ def test_lost_reason_names_the_nodes_gone_since_the_start(monkeypatch):
     monkeypatch.setattr(C, "alive_nodes", lambda: [NODE(1), NODE(2)])  # a worker died, every node alive
     assert run.lost_reason(err, wait_s=0) == "a process of the run lost (ActorDiedError)"
     assert run.lost_reason(_Wrapped(ValueError("a bug")), wait_s=0) is None  # not ours: the traceback stays
+
+
+class _Alive:
+    """The alive nodes read by the node watch: ``readings`` in turn, then the last one for ever; a reading that is an
+    exception is raised (the GCS gone)."""
+
+    def __init__(self, *readings):
+        self.readings, self.calls = list(readings), 0
+
+    def __call__(self):
+        self.calls += 1
+        reading = self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+        if isinstance(reading, BaseException):
+            raise reading
+        return reading
+
+
+def _watch(alive, held=lambda: {NODE(2)["id"]}):
+    stops = []
+    return C.NodeWatch([NODE(1), NODE(2), NODE(3)], held, lambda: stops.append(1), alive=alive), stops
+
+
+def test_the_node_watch_stops_the_trainer_once_when_a_node_holding_part_of_the_run_is_lost(capsys):
+    watch, stops = _watch(_Alive([NODE(1), NODE(2), NODE(3)], [NODE(1), NODE(2), NODE(3)], [NODE(1), NODE(3)]))
+    assert watch.check() and watch.check() and not stops and capsys.readouterr().err == ""  # all alive: nothing
+    assert not watch.check() and stops == [1]  # node 2 gone, it held part of the run: stopped, the watch ends
+    assert capsys.readouterr().err == (f"rpg: node 10.0.0.2 (id {NODE(2)['id'][:12]}) lost and it held part of this "
+                                       "run: stopping the trainer\n")
+
+
+def test_the_node_watch_goes_on_when_the_lost_node_held_nothing_of_the_run(capsys):
+    watch, stops = _watch(_Alive([NODE(1), NODE(2)], [NODE(1), NODE(2)], [NODE(1)]))  # node 3 then node 2 lost
+    assert watch.check() and not stops
+    assert capsys.readouterr().err == (f"rpg: node 10.0.0.3 (id {NODE(3)['id'][:12]}) lost; it held nothing of this "
+                                       "run: the run goes on\n")
+    assert watch.check() and capsys.readouterr().err == ""  # node 3 judged once
+    assert not watch.check() and stops == [1] and "10.0.0.2" in capsys.readouterr().err
+
+
+def test_the_node_watch_stops_the_trainer_when_ray_cannot_say_what_the_node_held(capsys):
+    def state_api_down():
+        raise ConnectionError("the dashboard does not answer")
+
+    watch, stops = _watch(_Alive([NODE(1), NODE(3)]), held=state_api_down)
+    assert not watch.check() and stops == [1]
+    assert capsys.readouterr().err == (f"rpg: node 10.0.0.2 (id {NODE(2)['id'][:12]}) lost and Ray's state API could "
+                                       "not tell what it held (ConnectionError: the dashboard does not answer): "
+                                       "stopping the trainer\n")
+
+
+def test_the_node_watch_ends_quietly_when_the_gcs_is_gone_or_it_is_stopped(monkeypatch, capsys):
+    watch, stops = _watch(_Alive(ConnectionError("GCS gone")))
+    assert not watch.check() and not stops
+    alive = _Alive([NODE(1), NODE(2), NODE(3)], [NODE(1)])
+    watch, stops = _watch(alive)
+    watch.stop()  # before the thread's first reading
+    watch.begin()
+    watch._thread.join(timeout=5)
+    assert not watch._thread.is_alive() and alive.calls == 0
+    monkeypatch.setattr(C, "WATCH_POLL_S", 0.01)  # the thread: two readings, the second finds node 2 lost
+    watch, stops = _watch(_Alive([NODE(1), NODE(2), NODE(3)], [NODE(1), NODE(3)]))
+    watch.begin()._thread.join(timeout=5)
+    assert stops == [1] and not watch._thread.is_alive()
+    watch, stops = _watch(_Alive([NODE(1)]))  # stopped while it asked Ray what the lost node held: no trainer stop
+    watch.held = lambda: (watch._stop.set(), {NODE(2)["id"]})[1]
+    assert not watch.check() and not stops
+    assert "10.0.0.2" in capsys.readouterr().err  # only the first thread's line
+
+
+def test_the_node_watch_runs_only_on_a_joined_cluster_of_several_nodes(monkeypatch):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"ray_kwargs": {"ray_init": {}}})
+    run = C.ClusterRun(cfg)
+    run.start_nodes = [NODE(1), NODE(2)]
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert run.node_watch("01000000", lambda: None) is None  # a private Ray: one machine
+    monkeypatch.setenv("RAY_ADDRESS", "http://10.0.0.1:8265")
+    run.start_nodes = [NODE(1)]
+    assert run.node_watch("01000000", lambda: None) is None
+    run.start_nodes = [NODE(1), NODE(2)]
+    monkeypatch.setattr(C, "WATCH_POLL_S", 3600.0)
+    watch = run.node_watch("01000000", lambda: None)
+    assert watch is not None and watch._thread.is_alive()
+    watch.stop()
+    assert not watch._thread.is_alive()
+
+
+def test_the_driver_stops_a_trainer_waiting_on_a_lost_node_with_the_stop_line(monkeypatch, capsys, tmp_path):
+    """verl's TaskRunner waits for a lost node's groups for ever (``run_ppo``'s ``ray.get`` has no timeout): the
+    driver's node watch kills it by name (its ``ray.get`` then raises ``ActorDiedError``) and the driver prints the
+    stop line naming the node. Ray is faked: ``run_ppo`` runs Ray's post-init hooks, then blocks until the trainer is
+    killed (at most 10 s: without the watch the test fails instead of hanging)."""
+    import threading
+
+    import ray
+    import ray.exceptions as rx
+    from ray._private import worker as ray_worker
+    from recipe_config import compose_cfg
+
+    import rpg.verl.main as driver
+
+    killed, names = threading.Event(), []
+    alive = _Alive([NODE(1), NODE(2)], [NODE(1), NODE(2)], [NODE(1)])
+
+    def run_ppo(config, task_runner_class):
+        names.append(task_runner_class._default_options.get("name"))
+        for hook in list(ray_worker._post_init_hooks):
+            hook()
+        if not killed.wait(10):
+            raise AssertionError("the TaskRunner was never stopped: the driver waits for ever")
+        raise rx.ActorDiedError()
+
+    def kill(handle, no_restart):
+        assert handle == ("actor", names[0]) and no_restart
+        killed.set()
+
+    def checks(run):
+        run.start_nodes = alive()
+
+    monkeypatch.setenv("RAY_ADDRESS", "http://10.0.0.1:8265")
+    monkeypatch.setattr(C, "WATCH_POLL_S", 0.05)
+    monkeypatch.setattr(C, "alive_nodes", alive)
+    monkeypatch.setattr(C, "job_nodes", lambda job_id: {NODE(2)["id"]} if job_id == "02000000" else set())
+    monkeypatch.setattr(C.ClusterRun, "checks_after_ray_init", checks)
+    monkeypatch.setattr(driver, "hold_checkpoint_folder", lambda config: [])
+    monkeypatch.setattr(driver, "prepare_config", lambda config: None)
+    monkeypatch.setattr(driver, "run_ppo", run_ppo)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("Ctx", (), {"get_job_id": lambda self: "02000000"})())
+    monkeypatch.setattr(ray, "get_actor", lambda name: ("actor", name))
+    monkeypatch.setattr(ray, "kill", kill)
+    monkeypatch.setattr(sys, "argv", ["main_rpg.py", "trainer.v1.trainer_mode=sync"])
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_cfg("trainer.default_local_dir=ckpt")
+    t0 = time.time()
+    with pytest.raises(SystemExit) as code:
+        driver.main_from_hydra(cfg)
+    err = capsys.readouterr().err.strip().splitlines()
+    node = f"node 10.0.0.2 (id {NODE(2)['id'][:12]}) lost"
+    assert code.value.code == 1 and killed.is_set() and time.time() - t0 < 10, err
+    assert names[0].startswith("rpg_task_runner_") and len(names[0]) == len("rpg_task_runner_") + 8
+    assert err[0] == f"rpg: {node} and it held part of this run: stopping the trainer", err
+    assert len(err) == 2 and err[1].startswith(f"rpg: stopped: {node} (ActorDiedError); Ray shut down; "), err
 
 
 def test_a_step_saved_but_never_logged_is_logged_on_resume(tmp_path):
