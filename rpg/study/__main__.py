@@ -39,6 +39,9 @@ from rpg.study.smol import (SMOL_BUDGET_S, SMOL_METHODS, SMOL_SEEDS, SMOL_SIZES,
 from rpg.study.smol import build_assets as build_smol
 from rpg.study.smol import built as smol_built
 
+# why the SmolLM2 comparison runs one at a time (docs/smol.md, Cost: the run's peak PSS)
+SMOL_ONE_AT_A_TIME = "a SmolLM2 run keeps both cores busy and peaks at about 13.4 GiB of memory"
+
 
 def _ints(text: str) -> tuple[int, ...]:
     """Comma-separated integers, each element one (an empty value or element is refused, not dropped)."""
@@ -181,8 +184,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--retry-failed", action="store_true", help="run failed runs again")
     ap.add_argument("--jobs", type=int, default=None,
                     help="runs at a time (default 2: on 2 cores a tiny run alone leaves them ~40%% idle during its "
-                         "start-up; 1 with --model smol, the only value: a SmolLM2 run keeps both cores busy and peaks "
-                         "at about 10 GiB of memory)")
+                         f"start-up; 1 with --model smol, the only value: {SMOL_ONE_AT_A_TIME})")
     ap.add_argument("--timeout", type=float, default=None,
                     help=f"seconds before one run is killed (default 1800; {SMOL_TIMEOUT_S:.0f} with --model smol)")
     return ap
@@ -205,8 +207,7 @@ def _smol_grid(args) -> list:
                          f"x {smol.ROLLOUT_N} responses, mini-batches of {smol.MINI_BATCH_SIZE} prompts, "
                          f"{smol.VAL_N} response per validation problem: rpg.smol.overrides)")
     if args.jobs not in (None, 1):
-        raise ValueError(f"--jobs {args.jobs}: --model smol runs one at a time (a SmolLM2 run keeps both cores busy "
-                         "and peaks at about 10 GiB of memory)")
+        raise ValueError(f"--jobs {args.jobs}: --model smol runs one at a time ({SMOL_ONE_AT_A_TIME})")
     steps = SMOL_SIZES.steps if args.steps is None else args.steps
     sizes = SmolSizes(steps=steps, test_freq=steps if args.test_freq is None else args.test_freq,
                       val_problems=SMOL_SIZES.val_problems if args.val_problems is None else args.val_problems)
