@@ -176,8 +176,6 @@ README_CITATION = re.compile(
 # what a reference may name although the tree does not hold it, by prefix -> why; one-letter names (rpg.x,
 # rpg/a/b.py) are placeholders of examples, <...>, {a,b}, [optional] and * are patterns
 NOT_IN_TREE = {
-    "docs/study/smol/runs.csv": "written by python -m rpg.study --model smol once the declared runs have run; its "
-                                "plan names it first",
     "rpg.loss.divergance": "the mistyped key that the docs and the launcher show being refused",
 }
 
