@@ -338,7 +338,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
         "algo": args.algo,
         "rollout": rollout,
         # torch's threads per process, as the backend passes them (rpg.backends.cpu.env_overrides)
-        "omp_num_threads": run_env.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or "1",
+        "omp_num_threads": run_env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1")),
         "entry": args.entry,
         "steps": run.last_step(),
         "val_acc_before": one["before"],  # with one data source (each one's in val_acc)
