@@ -181,17 +181,44 @@ def _calls(script: Path) -> list[list[str]]:
     return [json.loads(x) for x in script.with_suffix(".calls").read_text().splitlines()]
 
 
-def _supervisor(plan: Plan, alive: list[int], free: list[int] | None = None, released: bool = True,
-                cluster: Cluster | None = None) -> Supervisor:
+def _supervisor(plan: Plan, alive, free=None, released: bool = True, cluster: Cluster | None = None,
+                hang_s: float = 60.0) -> Supervisor:
     """A supervisor of fake trainers on a fake cluster: ``alive`` and ``free`` (default: ``alive``: the nodes that
-    can hold the run) are the node counts it reports, one per question (the last one repeats)."""
-    def answers(values: list[int]):
+    can hold the run) are the node counts it reports: a function, or a list answered one per question (the last one
+    repeats). The hang watch waits ``hang_s`` (long, unless a test is about it: a fake trainer slow to start on a
+    loaded machine is not a hang)."""
+    def answers(values):
+        if callable(values):
+            return values
         left = list(values)
         return lambda *_: left.pop(0) if len(left) > 1 else left[0]
 
     cluster = cluster or Cluster(answers(alive), answers(alive if free is None else free), lambda _job: released)
-    return Supervisor(plan, cluster, {}, settle_s=0, wait_for_nodes_s=0.2, release_timeout_s=0.2, hang_s=0.3,
+    return Supervisor(plan, cluster, {}, settle_s=0, wait_for_nodes_s=0.2, release_timeout_s=0.2, hang_s=hang_s,
                       poll_s=0.05)
+
+
+def _once_started(script: Path, before: int, after: int):
+    """A node count that is ``before`` until the fake trainer has run (written its call), ``after`` from then on: the
+    count changes after the trainer started, however slowly it starts."""
+    return lambda *_: after if script.with_suffix(".calls").exists() else before
+
+
+def _free_once_announced(script: Path, before: int = 1, after: int = 2):
+    """Free nodes for a grow: ``before`` until the trainer has run, then ``after``; from the second ``after`` answer
+    on, the file ``<script>.announced`` exists (the supervisor announced the grow on the first one), and the fake
+    trainer waits for it before it saves: the checkpoint comes after the announcement, as in a real run, whose
+    checkpoints are minutes apart."""
+    answered = []
+
+    def free(*_):
+        if not script.with_suffix(".calls").exists():
+            return before
+        answered.append(after)
+        if len(answered) >= 2:
+            script.with_suffix(".announced").touch()
+        return after
+    return free
 
 
 HEAD, WORKER, WORKER_BACK = "aa" * 28, "bb" * 28, "cc" * 28  # Ray node ids (hex); a node back has a new id
@@ -266,7 +293,7 @@ def test_a_node_loss_restarts_the_trainer_at_the_size_that_remains(tmp_path, cap
     script = _fake_trainer(tmp_path, [ELASTIC_EXIT, 0])
     ck = tmp_path / "ck" / "global_step_2"
     (ck / "actor").mkdir(parents=True)
-    assert _supervisor(_plan(tmp_path, script), alive=[2, 2, 1]).run() == 0
+    assert _supervisor(_plan(tmp_path, script), alive=_once_started(script, 2, 1)).run() == 0
     first, second = _calls(script)
     assert "trainer.nnodes=2" in first and not any(a.startswith("trainer.resume_mode") for a in first)
     assert "trainer.nnodes=1" in second and "trainer.resume_mode=auto" in second
@@ -279,7 +306,7 @@ def test_a_node_loss_restarts_the_trainer_at_the_size_that_remains(tmp_path, cap
 
 def test_with_the_budget_spent_the_trainers_stop_line_ends_the_run(tmp_path, capsys):
     script = _fake_trainer(tmp_path, [ELASTIC_EXIT])
-    assert _supervisor(_plan(tmp_path, script, restarts=0), alive=[2, 1]).run() == 1
+    assert _supervisor(_plan(tmp_path, script, restarts=0), alive=_once_started(script, 2, 1)).run() == 1
     captured = capsys.readouterr()
     assert "restart budget spent" in captured.out
     assert captured.err.strip() == "rpg: stopped: node 10.0.0.2 lost; resume: NNODES=1:2 bash x.sh"
@@ -289,7 +316,7 @@ def test_with_the_budget_spent_the_trainers_stop_line_ends_the_run(tmp_path, cap
 def test_a_restart_waits_for_the_old_trainers_ray_job_to_be_gone_or_stops(tmp_path, capsys):
     """Never a second trainer beside the first one's workers: a Ray job not gone in time stops the run."""
     script = _fake_trainer(tmp_path, [ELASTIC_EXIT, 0])
-    assert _supervisor(_plan(tmp_path, script), alive=[2, 1], released=False).run() == 1
+    assert _supervisor(_plan(tmp_path, script), alive=_once_started(script, 2, 1), released=False).run() == 1
     captured = capsys.readouterr()
     assert "Ray job was not gone within" in captured.out and "rpg: stopped: node 10.0.0.2 lost" in captured.err
     assert len(_calls(script)) == 1
@@ -308,7 +335,9 @@ with calls.open("a") as f:
 if len(calls.read_text().splitlines()) == 1:
     time.sleep(60)  # hangs; SIGTERM's default action ends it
 """)
-    assert _supervisor(_plan(tmp_path, script), alive=[2, 2, 2, 1], free=[2, 0, 0, 0, 1]).run() == 0
+    # one node alive once the trainer runs (it holds the run's GPUs: none free); its own nodes free after it stops
+    started = _once_started(script, 2, 1)
+    assert _supervisor(_plan(tmp_path, script), alive=started, free=started, hang_s=0.3).run() == 0
     first, second = _calls(script)
     assert "trainer.nnodes=2" in first and "trainer.nnodes=1" in second and "trainer.resume_mode=auto" in second
     out = capsys.readouterr().out
@@ -347,7 +376,8 @@ def stop(*_):
     print("GROW-REQUEST=" + str(status.with_suffix(".grow").is_file()), flush=True)
     sys.exit(143)
 signal.signal(signal.SIGTERM, stop)
-time.sleep(0.5)
+while not Path(sys.argv[0]).with_suffix(".announced").exists():
+    time.sleep(0.02)
 d = Path({str(ck)!r}) / "global_step_1"
 (d / "actor").mkdir(parents=True)
 with zipfile.ZipFile(d / "data.pt", "w") as z:
@@ -357,7 +387,7 @@ time.sleep(60)
 sys.exit(1)
 """)
     plan = _plan(tmp_path, script, restarts=0, nnodes=2)
-    assert _supervisor(plan, alive=[2], free=[1, 1, 1, 2]).run() == 0
+    assert _supervisor(plan, alive=[2], free=_free_once_announced(script)).run() == 0
     first, second = _calls(script)
     assert "trainer.nnodes=1" in first and "trainer.nnodes=2" in second and "trainer.resume_mode=auto" in second
     out = capfd.readouterr().out
@@ -375,13 +405,14 @@ with calls.open("a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
 if len(calls.read_text().splitlines()) > 1:
     sys.exit(0)
-time.sleep(0.5)
+while not Path(sys.argv[0]).with_suffix(".announced").exists():
+    time.sleep(0.02)
 d = Path({ck!r}) / "global_step_{step}"
 (d / "actor").mkdir(parents=True)
 with zipfile.ZipFile(d / "data.pt", "w") as z:
     z.writestr("x", "y")
 write_marker(d, {step}, None, last_step={last})
-time.sleep(1.5)  # verl validates and logs the last step after saving it
+time.sleep({wait})  # verl validates and logs the last step after saving it (a grow stops it before)
 """
 
 
@@ -391,8 +422,9 @@ def test_no_grow_once_the_last_step_is_saved(tmp_path, capsys, step, last, grows
     the last step's checkpoint does not (the trainer only validates and ends: stopping it would only log and
     validate that step again on more nodes)."""
     script = tmp_path / "trainer.py"
-    script.write_text(LAST_STEP_TRAINER.format(root=str(ROOT), ck=str(tmp_path / "ck"), step=step, last=last))
-    assert _supervisor(_plan(tmp_path, script, restarts=0), alive=[2], free=[1, 2]).run() == 0
+    script.write_text(LAST_STEP_TRAINER.format(root=str(ROOT), ck=str(tmp_path / "ck"), step=step, last=last,
+                                               wait=60 if grows else 1.5))
+    assert _supervisor(_plan(tmp_path, script, restarts=0), alive=[2], free=_free_once_announced(script)).run() == 0
     calls = _calls(script)
     out = capsys.readouterr().out
     assert "growing at the next checkpoint" in out
