@@ -17,7 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from multinode import SUBMISSION, LoopbackCluster, finish, loopback_cluster, loopback_marks, run_processes, steps, submit, wait_for
+from multinode import (SUBMISSION, LoopbackCluster, assert_run_gone, finish, loopback_cluster, loopback_marks,
+                       run_processes, steps, submit, wait_for)
 
 pytestmark = loopback_marks(pytest.mark)
 
@@ -113,8 +114,9 @@ def _held(submission: str, attempt: int):
 
 def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster, tmp_path):
     """The node returns at a known step, whatever the machine's speed: once the run restarted on the node left has
-    saved a step, its training loop is held (SIGSTOP) while the node comes back and the supervisor sees it, so the
-    next checkpoint after the held one, a step before the last, is where it grows."""
+    saved a step, its training loop is held (SIGSTOP) while the node comes back and the supervisor sees it, so it
+    grows at a checkpoint after the held one (the next, unless the trainer saved again before the supervisor looked),
+    a step before the last."""
     from rpg.verl.checkpoints import MARKER, is_last_step, last_complete
 
     log = tmp_path / "elastic.log"
@@ -154,7 +156,10 @@ def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster
               proc, r.end(), timeout=120)
     g, _ = _next(log, r"rpg\.elastic: grown at a checkpoint: world size 1 x 1 -> 2 x 1; resuming \S+ \(step (\d+)\)",
                  proc, r.end())
-    assert int(g.group(1)) == held + 1, (g.group(0), held)
+    # the first checkpoint after the held one, or a later one when the trainer saved again before the supervisor's
+    # next look (a poll every 2 s, Ray's state API slow on a loaded machine); never the last step
+    grown = int(g.group(1))
+    assert held + 1 <= grown < STEPS, (g.group(0), held)
     rc, text = finish(proc, log)
     assert rc == 0, text[-6000:]
     assert len(re.findall(_HOLDS_THE_RUN, text)) == 1, text[-6000:]  # no grow announced at the last step either
@@ -169,16 +174,16 @@ def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster
     redone = json.loads(re.search(r"trained again( \[[\d, ]+\])?;", line).group(1) or "[]")
     assert [s for s in segs[0] if s > resumed] == redone, (segs, line)  # the restart line named what is re-trained
     sizes = _world_sizes(ck)
-    want = {n: 2 if n <= resumed or n > held + 1 else 1 for n in range(1, STEPS + 1)}
+    want = {n: 2 if n <= resumed or n > grown else 1 for n in range(1, STEPS + 1)}
     assert sizes == want, (sizes, resumed, held)
     assert is_last_step(ck / f"global_step_{STEPS}") and not is_last_step(ck / f"global_step_{STEPS - 1}")
-    time.sleep(5)
-    assert run_processes(submission) == []  # the supervisor, its lock holder, every trainer: all gone
+    assert_run_gone(submission)  # the supervisor, its lock holder, every trainer: all gone
     record = json.loads((ck / ".rpg_elastic" / "supervisor.json").read_text())
     assert record["submission"] == submission and record["pid"] > 0
     print(f"node loss -> the restart's trainer on Ray {t_joined - t_kill:.1f} s (Ray's health check, the handover, "
           f"settle, resources released, a new driver) -> step {resumed + 1} saved {t_step - t_joined:.1f} s (workers, "
-          f"resharded load, rollout, update); grown at step {held + 1}; world sizes per step {sorted(sizes.items())}")
+          f"resharded load, rollout, update); grown at step {grown} (held at {held}); world sizes per step "
+          f"{sorted(sizes.items())}")
 
 
 def _step(checkpoint: Path | None) -> int:
@@ -202,5 +207,4 @@ def test_with_no_restart_left_a_lost_node_stops_the_run_with_a_resume_command_th
         assert re.search(r"rpg\.elastic: 1 node\(s\) alive of the 2 the trainer runs on for \d+ s", text), text[-5000:]
     resume = stops[0].split("; resume: ", 1)[1]
     assert " NNODES=1:2 " in resume and "trainer.resume_mode=auto" in resume, resume  # 1 node alive >= MIN
-    time.sleep(5)
-    assert run_processes(submission) == []
+    assert_run_gone(submission)

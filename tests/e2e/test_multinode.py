@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from multinode import (SCRIPT, SUBMISSION, finish, loopback_cluster, loopback_marks, run_processes, steps,
-                       submit, training, wait_for)
+from multinode import (SCRIPT, SUBMISSION, assert_run_gone, finish, loopback_cluster, loopback_marks, steps, submit,
+                       training, wait_for)
 
 pytestmark = loopback_marks(pytest.mark)
 
@@ -72,7 +72,7 @@ def test_the_tiny_run_on_two_nodes_submitted_as_users_submit(cluster, tmp_path):
     assert {p.name for p in actor.glob("model_world_size_2_rank_*.pt")} == {"model_world_size_2_rank_0.pt",
                                                                           "model_world_size_2_rank_1.pt"}
     assert steps(cluster.shared / "logs", "twonodes") == [[1, 2]]
-    assert run_processes(submission) == []
+    assert_run_gone(submission)
 
 
 def test_a_cluster_with_too_few_nodes_is_refused_in_one_line(cluster, tmp_path):
@@ -121,8 +121,7 @@ def test_a_node_lost_mid_run_stops_with_the_stop_line_and_the_resume_loses_no_st
     assert "trainer.resume_mode=auto" in resume and SCRIPT in resume and "RPG_BACKEND=cpu" in resume, resume
     assert " NNODES=1 " in resume, resume  # was NNODES=2 (ray_cluster.sh counted): the command fits what is alive
     assert stop_s < 120, f"stopped {stop_s:.0f} s after the node loss"
-    time.sleep(5)
-    assert run_processes(submission) == []  # nothing of the run left on the surviving node (nor anywhere)
+    assert_run_gone(submission)  # nothing of the run left on the surviving node (nor anywhere)
     # the cluster restarted to two nodes, the printed command resumes from that checkpoint
     cluster.stop_node("worker")
     cluster.start_node("worker")
@@ -155,6 +154,5 @@ def test_ctrl_c_on_submit_stops_the_job_with_the_stop_line(cluster, tmp_path):
     assert len(stops) == 1 and re.search(r"step:1 ", logs.stdout), logs.stdout[-4000:]
     status = cluster.run(["ray", "job", "status", "--address", cluster.address, submission])
     assert f"Job '{submission}' was stopped" in status.stdout + status.stderr  # Ray's word for STOPPED
-    time.sleep(5)
-    assert run_processes(submission) == []
+    assert_run_gone(submission)
     print(f"Ctrl-C to the end of the launcher: {time.time() - t0:.1f} s")

@@ -234,6 +234,15 @@ def run_processes(submission: str) -> list[psutil.Process]:
     return found
 
 
+def assert_run_gone(submission: str, timeout_s: float = 60.0) -> None:
+    """Every process of the job ends within ``timeout_s`` once its submission returned: Ray tears a finished job's
+    actors down after the job's status is final, so a check at one instant could see one still exiting."""
+    deadline = time.time() + timeout_s
+    while (left := run_processes(submission)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not left, [(p.pid, p.cmdline()) for p in left if p.is_running()]
+
+
 def submit(cluster: LoopbackCluster, log: Path, *overrides: str, **env: str) -> subprocess.Popen:
     """``ray_cluster.sh submit`` of the tiny run with RPG_BACKEND=cpu, waiting for the job (its logs tailed into
     ``log``), as a user would run it in a terminal (its own process group: a Ctrl-C reaches all of it)."""

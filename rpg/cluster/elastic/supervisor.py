@@ -146,7 +146,9 @@ class Supervisor:
             if ending:
                 continue
             bigger = self.choose(self.job_id())
-            if bigger is None or bigger <= nnodes:
+            if bigger is None:  # Ray's state API did not answer this time: nothing changed, the grow stays announced
+                continue
+            if bigger <= nnodes:
                 mark = None
                 continue
             latest = last_complete(self.plan.folder)
