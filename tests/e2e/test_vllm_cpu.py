@@ -281,8 +281,8 @@ def test_nothing_is_left_behind_and_the_kv_cache_is_bounded(runs):
         assert not [n for n in run.leftover_shm if (Path(SHM_DIR) / n).exists()], run.leftover_shm
         # VLLM_CPU_KVCACHE_SPACE=1: without it vLLM's KV cache alone took 16.6 GiB of this 24 GiB machine
         assert run.peak_pss_bytes < 12 * 2**30, run.peak_pss_bytes / 2**30
-    # needed: vLLM's processes are killed when Ray ends the run, so their queues' files outlive them
-    assert any(name.startswith("psm_") for run, _ in (runs["a"], runs["b"]) for name in run.leftover_shm)
+    # whether vLLM's queues outlive a run follows how its processes end (killed by Ray, or their __del__ ran first):
+    # the removal itself is tested on a planted file (tests/backends/test_vllm_cpu_settings.py)
     # vLLM's ZMQ socket files (VLLM_RPC_BASE_PATH, by default the temp dir: 7 a run were left there) went
     # with the runs' private directories
     sockets = [p for p in runs["tmp"].rglob("*") if p.is_socket()]
