@@ -567,7 +567,9 @@ def test_two_runs_in_one_output_directory_are_refused(tmp_path):
     first = threading.Thread(target=lambda: run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=60,
                                                         stop=stop, check=False), daemon=True)
     first.start()
-    time.sleep(1.0)
+    # the first run holds the directory once its trainer started (its log is opened after the lock is taken)
+    _wait_until(lambda: (tmp_path / "out" / "trainer.log").exists() or not first.is_alive(), "the first run", 60)
+    assert first.is_alive()
     with pytest.raises(TrainerRunError, match="in use by another run"):
         run_trainer([], output_dir=tmp_path / "out", entry=entry, timeout_s=60)
     stop.set()
@@ -730,7 +732,9 @@ _SLOW_TO_STOP = """
 
     def stop(signum, frame):  # like the RPG driver: SIGTERM -> shut Ray down (a few seconds) -> exit
         flag.write_text(signal.Signals(signum).name)
-        time.sleep(3)
+        t0 = time.time()  # stopping until the test has seen the directory refused (the release file), 60 s at most
+        while not flag.with_suffix(".release").exists() and time.time() - t0 < 60:
+            time.sleep(0.05)
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -768,6 +772,7 @@ def test_a_launcher_killed_with_sigkill_still_stops_its_trainer(tmp_path):
         assert flag.read_text() == "SIGTERM"
         with pytest.raises(TrainerRunError, match="in use by another run"):  # the old trainer is still stopping
             run_trainer([f"+rpg_test.flag={tmp_path / 'unused'}"], output_dir=out, entry=entry, timeout_s=60)
+        flag.with_suffix(".release").touch()  # the old trainer's stop ends
         _wait_until(lambda: not trainer.is_running() or trainer.status() == psutil.STATUS_ZOMBIE, "its end", 30)
     finally:
         for p in [launcher] + ([trainer] if trainer is not None else []):
