@@ -172,10 +172,13 @@ def test_startup_progress_names_stages_and_heartbeats(capsys):
     progress = StartupProgress(STARTUP_STAGES, PREFIX, heartbeat_s=0.2)
     progress.on_line("(RPGTaskRunner pid=1) something")  # the Ray stage line was skipped: still reported
     progress.on_line("unrelated output")
-    time.sleep(1.5)
+    printed, t0 = "", time.time()
+    while "waiting (" not in printed and time.time() - t0 < 60:  # the first heartbeat (due 0.2 s after the line)
+        time.sleep(0.05)
+        printed += capsys.readouterr().out
     progress.finish()
     progress.on_line(STARTUP_STAGES[-1][0])  # after the first metrics: silent
-    out = capsys.readouterr().out.splitlines()
+    out = (printed + capsys.readouterr().out).splitlines()
     assert STARTUP_STAGES[1][1] in out[0] and out[0].startswith(PREFIX)
     assert any("waiting (" + STARTUP_STAGES[1][1] in line for line in out[1:])
     assert not any(STARTUP_STAGES[-1][1] in line for line in out)
