@@ -29,23 +29,31 @@ from rpg.common.override_lists import parse_overrides
 
 STUDY, TINY = "study:", "tiny:"
 
-_DIGESTS: dict[tuple, str] = {}  # (path, (name, size, mtime) of each file) -> content digest
+_DIGESTS: dict[tuple, str] = {}  # (path, (name, inode, size, mtime, ctime) of each file) -> content digest
+RACY_S = 2.0  # a file changed this recently is hashed again each time (git's "racy clean" rule)
 
 
 def content_digest(path: Path) -> str:
-    """sha256 of a file's bytes, or of a folder's manifest (each file's relative path, size and sha256)."""
+    """sha256 of a file's bytes, or of a folder's manifest (each file's relative path, size and sha256). Memoized
+    by each file's inode, size and times; a file changed within ``RACY_S`` is never memoized, since a rewrite of the
+    same size within one timestamp tick leaves them all as they were."""
+    import time
+
     from rpg.verl.checkpoints import file_digest, manifest
 
     path = Path(path)
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    key = (str(path), tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
-    if key not in _DIGESTS:
-        if path.is_dir():
-            text = json.dumps(manifest(path), sort_keys=True).encode()
-            _DIGESTS[key] = hashlib.sha256(text).hexdigest()
-        else:
-            _DIGESTS[key] = file_digest(path)
-    return _DIGESTS[key]
+    stats = [(str(p), p.stat()) for p in files]
+    key = (str(path), tuple((name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) for name, st in stats))
+    if key in _DIGESTS:
+        return _DIGESTS[key]
+    if path.is_dir():
+        digest = hashlib.sha256(json.dumps(manifest(path), sort_keys=True).encode()).hexdigest()
+    else:
+        digest = file_digest(path)
+    if all(time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_S * 1e9 for _, st in stats):
+        _DIGESTS[key] = digest
+    return digest
 
 
 def _under(path: Path, folder: Path) -> str | None:

@@ -275,6 +275,25 @@ def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_pa
     assert json.loads((tmp_path / "stale" / f"{specs[3].run_id}.1" / D.RUN_RECORD).read_text()) == rec  # kept
 
 
+def test_a_content_digest_follows_a_rewrite_of_the_same_size_and_time(tmp_path):
+    """The memo of ``content_digest`` never serves a file rewritten with the same size and modification time (a
+    rewrite within one timestamp tick, or a copy that kept the time): the digest is of the bytes now there."""
+    import hashlib
+    import os
+
+    from rpg.study.identity import content_digest
+
+    f = tmp_path / "t.parquet"
+    f.write_bytes(b"t")
+    old = os.stat(f)
+    os.utime(f, ns=(old.st_atime_ns - 10**10, old.st_mtime_ns - 10**10))  # older than the racy window: memoized
+    assert content_digest(f) == hashlib.sha256(b"t").hexdigest()
+    before = os.stat(f)
+    f.write_bytes(b"u")
+    os.utime(f, ns=(before.st_atime_ns, before.st_mtime_ns))  # the same size and modification time as before
+    assert content_digest(f) == hashlib.sha256(b"u").hexdigest()
+
+
 def test_identity_is_the_settings_as_hydra_reads_them_wherever_the_folders_are(tmp_path):
     """The study's paths relative to it, the tiny assets' by content; a value written another way is the same
     setting, another value, key kind, order or content is not; an old record's absolute paths read the same."""
