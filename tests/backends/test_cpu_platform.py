@@ -62,7 +62,11 @@ def test_with_the_switch_platform_engine_rollout_and_gloo_work():
         from verl.workers.rollout.base import get_rollout_class
         from verl.workers.rollout.replica import get_rollout_replica_class
         from verl.workers import engine_workers
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517", RANK="0", WORLD_SIZE="1")
+        import socket
+        with socket.socket() as probe:  # a port free now: another checkout's run of this test may hold a fixed one
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
         engine_workers.initialize_global_process_group_ray(timeout_second=None)
         from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
         kw = dict(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,

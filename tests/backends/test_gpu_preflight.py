@@ -366,7 +366,7 @@ def _script(env: dict) -> tuple[int, float, str]:
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA: the launch would train")
 def test_the_4b_script_on_this_cuda_less_machine(data_dir, capsys):
-    """The launch a user makes on a CPU login node: exit 2 within a minute, before Ray, one line naming
+    """The launch a user makes on a CPU login node: exit 2 before Ray, one line naming
     CUDA; with DRY_RUN=1 the same line as a warning and exit 0; on the CPU backend no such line. The shell
     script once (what a user runs); its dry runs in this process, with this node's real probe (the shell's
     DRY_RUN=1 path: tests/launch/test_launch_dryrun.py)."""
@@ -375,7 +375,8 @@ def test_the_4b_script_on_this_cuda_less_machine(data_dir, capsys):
     env = _env(DATA_DIR=str(data_dir), PYTHON=sys.executable)
     env.pop("VERL_PLATFORM", None)
     code, seconds, out = _script(env)
-    assert code == 2 and seconds < 60, out[-3000:]
+    assert code == 2, out[-3000:]  # a hang is killed after 90 s (rc -9); no bound on the time: CI's load varies
+    print(f"the 4B script's refusal: {seconds:.1f} s")
     assert "Started a local Ray instance" not in out and "ray init kwargs" not in out
     assert re.search(r"^rpg gpu check: trainer\.device=cuda but CUDA is not available: ", out, re.M), out[-3000:]
     capsys.readouterr()
