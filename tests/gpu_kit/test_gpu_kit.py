@@ -220,19 +220,21 @@ def test_the_smoke_runs_trainer_logs_come_back_with_the_kits_output(tmp_path):
 
 
 def test_a_step_the_budget_leaves_too_little_time_for_is_skipped_with_that_reason(tmp_path, monkeypatch):
-    monkeypatch.setattr(run, "MIN_BOX_S", 2.0)
-    sleeper = kit_steps.Step("sleeper", 3.0, "sleeps",
-                             lambda ctx, r: [sys.executable, "-c", "import time; time.sleep(1.5)"],
+    # the sleeper gets its whole box while the kit's start took under 1.5 s (13 - 0.5 - 5 - 6), and 3.5 s to spare;
+    # after its 2.5 s at most 13 - 2.5 - 0.5 - 5 = 5 s could be a box: under MIN_BOX_S, so "late" never starts
+    monkeypatch.setattr(run, "MIN_BOX_S", 6.0)
+    sleeper = kit_steps.Step("sleeper", 6.0, "sleeps",
+                             lambda ctx, r: [sys.executable, "-c", "import time; time.sleep(2.5)"],
                              lambda ctx, r: {}, grace_s=0.5)
     late = kit_steps.Step("late", 30.0, "never starts", lambda ctx, r: [sys.executable, "-c", "pass"],
                           lambda ctx, r: {}, grace_s=0.5)
     ctx = kit_steps.Context(out=tmp_path / "out", work=tmp_path / "work", carry=tmp_path, site=tmp_path / "site",
                             installed=True)
-    assert run.run_kit(ctx, [sleeper, late], budget_s=9.0) == 1
+    assert run.run_kit(ctx, [sleeper, late], budget_s=13.0) == 1
     steps = json.loads((tmp_path / "out" / "summary.json").read_text())["steps"]
-    assert steps[0]["status"] == "passed" and steps[0]["box_s"] == 3
+    assert steps[0]["status"] == "passed" and steps[0]["box_s"] == 6
     assert steps[1]["status"] == "skipped" and steps[1]["reason"].startswith("not started: ")
-    assert steps[1]["reason"].endswith("s of the 9 s budget left") and steps[1]["fine"] is False
+    assert steps[1]["reason"].endswith("s of the 13 s budget left") and steps[1]["fine"] is False
 
 
 def test_run_refuses_an_unknown_step_or_box(tmp_path):
