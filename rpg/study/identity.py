@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,6 @@ def content_digest(path: Path) -> str:
     """sha256 of a file's bytes, or of a folder's manifest (each file's relative path, size and sha256). Memoized
     by each file's inode, size and times; a file changed within ``RACY_S`` is never memoized, since a rewrite of the
     same size within one timestamp tick leaves them all as they were."""
-    import time
-
     from rpg.verl.checkpoints import file_digest, manifest
 
     path = Path(path)

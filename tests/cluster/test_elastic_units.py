@@ -349,7 +349,7 @@ if len(calls.read_text().splitlines()) == 1:
 def test_below_min_the_run_stops_and_other_exits_are_the_trainers_own(tmp_path, capsys):
     script = _fake_trainer(tmp_path, [ELASTIC_EXIT])
     # two nodes until the trainer has run (a slow start of it is not read as a node lost), one after its exit
-    nodes = lambda *_: 1 if script.with_suffix(".calls").exists() else 2  # noqa: E731
+    nodes = _once_started(script, 2, 1)
     cluster = Cluster(nodes, nodes, lambda _job: True)
     assert _supervisor(_plan(tmp_path, script, low=2, sizes=(2,)), alive=[], cluster=cluster).run() == 1
     assert "fewer than 2 node(s)" in capsys.readouterr().out and len(_calls(script)) == 1
