@@ -9,7 +9,8 @@ Registers, when active:
 * platform ``cpu`` (``PlatformRegistry.register``), see platform.py;
 * rollout ``hf`` (``rpg.backends.hf_rollout.verl_registries``: the replica and the worker-side adapter);
 * the FSDP/FSDP2 engines for device ``cpu`` (``EngineRegistry.register``; verl registers them for
-  cuda/npu only). Importing ``verl.workers.engine`` costs ~2 s, so this registration runs right
+  cuda/npu only): the language model's is ``tree_engine.PrefixTreeEngine`` (verl's, each micro-batch computed
+  as a prefix tree). Importing ``verl.workers.engine`` costs ~2 s, so this registration runs right
   after that package is first imported (a standard ``sys.meta_path`` post-import hook), and
   processes that never build an engine do not pay for it;
 * the four monkeypatches in patches.py (the replay-buffer one when ``verl.trainer.ppo.v1.replay_buffer``
@@ -35,9 +36,11 @@ def register_engines(engine_pkg=None) -> None:
 
     from rpg.backends.cpu.patches import patch_fsdp2_unpinned_offload
 
+    from rpg.backends.cpu.tree_engine import PrefixTreeEngine
+
     patch_fsdp2_unpinned_offload(transformer_impl)
     for model_type, cls in (
-        ("language_model", transformer_impl.FSDPEngineWithLMHead),
+        ("language_model", PrefixTreeEngine),
         ("value_model", transformer_impl.FSDPEngineWithValueHead),
     ):
         for backend in ("fsdp", "fsdp2"):
