@@ -62,15 +62,14 @@ def _decode(model, tok, prompts, temperature, share, seeds=None, top_p=1.0, top_
 
 
 def _spy(model, monkeypatch):
-    """Each generate call's rows and the length of the cache it was given (0: none)."""
-    calls, generate = [], model.generate
+    """Each decode chunk's rows and the length of the prefix cache it was given (0: none)."""
+    calls, decode = [], sampling.decode_chunk
 
-    def spy(**kw):
-        past = kw.get("past_key_values")
-        calls.append((len(kw["input_ids"]), 0 if past is None else past.get_seq_length()))
-        return generate(**kw)
+    def spy(model, prompts, limits, temperature, top_p, top_k, seeds, shared, cache, **kw):
+        calls.append((len(prompts), 0 if cache is None else cache.get_seq_length()))
+        return decode(model, prompts, limits, temperature, top_p, top_k, seeds, shared, cache, **kw)
 
-    monkeypatch.setattr(model, "generate", spy)
+    monkeypatch.setattr(sampling, "decode_chunk", spy)
     return calls
 
 
@@ -112,7 +111,7 @@ def test_a_shared_prefix_gives_the_unshared_tokens_and_log_probs(model, tok, sha
     want = _decode(model, tok, shared_prompts, temperature, False, top_p=top_p, top_k=top_k)
     assert calls == [(4, shared), (4, 0)]
     _same(got, want)
-    assert {o.stop_reason for o in got} == {"completed"} and len({len(o.token_ids) for o in got}) > 1
+    assert "completed" in {o.stop_reason for o in got} and len({len(o.token_ids) for o in got}) > 1  # rows leave
     for p, o in zip(shared_prompts, got):
         lp = _teacher_forced(model, p, o.token_ids, temperature if temperature > 0 else 1.0)
         torch.testing.assert_close(torch.tensor(o.log_probs), lp, atol=LOGP_ATOL, rtol=0)
@@ -136,15 +135,15 @@ def test_a_batch_of_one_and_a_batch_without_a_common_prefix_decode_as_before(mod
 
 
 def test_chunked_batches_share_the_prefix_computed_once(model, tok, shared_prompts, monkeypatch):
-    """Over LOGITS_BUDGET_BYTES: equal chunks, one forward over the prefix for all of them, every chunk given its
+    """Over KV_BUDGET_BYTES: equal chunks, one forward over the prefix for all of them, every chunk given its
     cache, and the responses of the whole batch decoded in one call."""
     requests, seeds = shared_prompts * 2, list(range(8))
     whole = _decode(model, tok, requests, 1.0, True, seeds=seeds)
     prefixes, fill = [], sampling.prefix_cache
     monkeypatch.setattr(sampling, "prefix_cache", lambda m, p, d: prefixes.append(len(p)) or fill(m, p, d))
     calls = _spy(model, monkeypatch)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    monkeypatch.setattr(sampling, "LOGITS_BUDGET_BYTES", 3 * 8 * vocab * 4)  # 3 responses of 8 tokens
+    width = max(map(len, requests)) + 8
+    monkeypatch.setattr(sampling, "KV_BUDGET_BYTES", 3 * width * sampling.kv_bytes_per_token(model))  # 3 rows
     chunked = _decode(model, tok, requests, 1.0, True, seeds=seeds)
     shared = sampling.shared_prefix_length(requests)
     assert prefixes == [shared] and calls == [(3, shared), (3, shared), (2, shared)]

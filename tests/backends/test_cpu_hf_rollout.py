@@ -187,21 +187,23 @@ def test_sampling_does_not_depend_on_the_batch_a_request_lands_in(server, prompt
         server.seed = seed
 
 
-def test_a_batch_over_the_logits_budget_is_decoded_in_equal_chunks_with_the_same_responses(server, prompts,
-                                                                                           monkeypatch):
-    """Prompts x new tokens x vocabulary over LOGITS_BUDGET_BYTES: equal chunks, and every response and log-prob
-    as decoded in one call (each row has its own generator)."""
+def test_a_batch_over_the_cache_budget_is_decoded_in_equal_chunks_with_the_same_responses(server, prompts,
+                                                                                          monkeypatch):
+    """Rows x (prompt width + new tokens) of keys and values over KV_BUDGET_BYTES: equal chunks, and every response and
+    log-prob as decoded in one call (each row has its own draws)."""
     from rpg.backends.hf_rollout import sampling
 
-    assert sampling.chunk_rows(256, 192, 49152) == 52 and sampling.chunk_rows(32, 192, 49152) == 32
-    assert sampling.chunk_rows(5, 10, 100, budget=8000) == 2 and sampling.chunk_rows(3, 10, 100, budget=1) == 1
+    assert sampling.chunk_rows(400, 299 * 46080) == 200 and sampling.chunk_rows(200, 299 * 46080) == 200
+    assert sampling.chunk_rows(5, 10, budget=25) == 2 and sampling.chunk_rows(3, 10, budget=1) == 1
+    tiny = server.model.config
+    assert sampling.kv_bytes_per_token(server.model) == 2 * tiny.num_hidden_layers * tiny.num_key_value_heads * (
+        tiny.hidden_size // tiny.num_attention_heads) * 4
     requests, seeds = prompts * 2, list(range(8))
     whole = server._generate_batch(requests, 1.0, 1.0, -1, 8, seeds=seeds)
-    calls = []
-    generate = server.model.generate
-    monkeypatch.setattr(server.model, "generate", lambda **kw: calls.append(len(kw["input_ids"])) or generate(**kw))
-    vocab = server.model.get_output_embeddings().weight.shape[0]
-    monkeypatch.setattr(sampling, "LOGITS_BUDGET_BYTES", 3 * 8 * vocab * 4)  # 3 responses of 8 tokens
+    calls, decode = [], sampling.decode_chunk
+    monkeypatch.setattr(sampling, "decode_chunk", lambda m, p, *a, **kw: calls.append(len(p)) or decode(m, p, *a, **kw))
+    width = max(map(len, requests)) + 8
+    monkeypatch.setattr(sampling, "KV_BUDGET_BYTES", 3 * width * sampling.kv_bytes_per_token(server.model))
     chunked = server._generate_batch(requests, 1.0, 1.0, -1, 8, seeds=seeds)
     assert calls == [3, 3, 2]
     assert [o.token_ids for o in chunked] == [o.token_ids for o in whole]
@@ -209,19 +211,24 @@ def test_a_batch_over_the_logits_budget_is_decoded_in_equal_chunks_with_the_same
         torch.testing.assert_close(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5, rtol=0)
 
 
-def test_seeded_sampler_follows_the_warped_distribution():
-    """Inverse-CDF draws with per-row generators reproduce the softmax frequencies (and top-k)."""
-    from rpg.backends.hf_rollout import SeededRowSampler
+def test_the_row_sampler_follows_the_warped_distribution_and_a_row_its_own_draws():
+    """Inverse-CDF draws reproduce the softmax frequencies (and top-k); each row's token is what its draw gives
+    whatever the other rows are; a seed's draws are its generator's first numbers, one per step."""
+    from rpg.backends.hf_rollout import RowSampler
+    from rpg.backends.hf_rollout.sampling import draws
 
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]])
-    gens = [torch.Generator().manual_seed(7)]
-    sampler = SeededRowSampler(gens, temperature=2.0, top_k=-1, top_p=1.0)
-    counts = torch.zeros(4)
-    for _ in range(4000):
-        counts[sampler(None, logits).argmax()] += 1
+    u = draws([7], 4000)[0]
+    picks = RowSampler(temperature=2.0, top_k=-1, top_p=1.0)(logits.expand(4000, -1), u)
+    counts = torch.bincount(picks, minlength=4).float()
     torch.testing.assert_close(counts / 4000, torch.softmax(logits[0] / 2.0, -1), atol=0.03, rtol=0)
-    top2 = SeededRowSampler(gens, temperature=1.0, top_k=2, top_p=1.0)
-    assert {int(top2(None, logits).argmax()) for _ in range(200)} == {1, 2}
+    top2 = RowSampler(temperature=1.0, top_k=2, top_p=1.0)(logits.expand(200, -1), u[:200])
+    assert set(top2.tolist()) == {1, 2}
+    mixed = torch.stack([logits[0], logits[0].flip(0)])
+    sampler = RowSampler(temperature=1.0, top_k=-1, top_p=1.0)
+    assert sampler(mixed, u[:2])[0] == sampler(logits, u[:1])[0]
+    g = torch.Generator().manual_seed(7)
+    assert torch.equal(draws([7], 5)[0], torch.cat([torch.rand(1, generator=g) for _ in range(5)]))
 
 
 def _keyed(server, requests, **params):

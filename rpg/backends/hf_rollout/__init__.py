@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-_HOMES = {"HFServerAdapter": "adapter", "HFReplica": "replica", "SeededRowSampler": "sampling",
+_HOMES = {"HFServerAdapter": "adapter", "HFReplica": "replica", "RowSampler": "sampling",
           "HFRolloutServer": "server", "rollout_device": "server"}
 __all__ = sorted(_HOMES)
 

@@ -1,6 +1,8 @@
-"""How the HF rollout server decodes one batch of requests: ``generate_batch``, one greedy ``model.generate`` over
-the prompts' common prefix computed once, whose last logits processor, ``SeededRowSampler``, does the sampling, with
-one random generator per sequence (seeded by ``row_seed``).
+"""How the HF rollout server decodes one batch of requests: ``generate_batch``, the prompts' common prefix computed
+once, then ``decode_chunk``'s own loop: one forward over the rows' own prompt tokens, then one decoding step at a time
+over the rows still decoding (a row leaves the batch, and its cache, after its EOS token or at its limit), every row
+sampled at once by ``RowSampler`` from its own random generator (seeded by ``row_seed``). The keys and values are
+written in place into a buffer per layer (``_BufferLayer``), not concatenated at every step.
 
 Sampling semantics (vLLM's, as verl sends them): ``temperature`` (0 = greedy), ``top_p`` (1 =
 off), ``top_k`` (-1 or 0 = off), ``max_tokens``/``max_new_tokens`` (default: the rollout's
@@ -11,12 +13,10 @@ logits by the same temperature), so ``training/rollout_probs_diff_*`` measures r
 
 Shared prefix: prompts that begin with the same ``MIN_SHARED_PREFIX`` or more tokens (a chat template's system turn,
 a worked example) have that prefix's keys and values computed once per batch, by one forward into a ``DynamicCache``
-repeated per row and given to ``generate`` as ``past_key_values`` (transformers' prompt-cache reuse). A row is
-[prefix | padding | its own tokens], the attention mask 0 on the padding. It is the row alone, position for position:
-transformers 5.10's ``generate`` numbers the tokens by the mask's cumulative sum minus one
-(``GenerationMixin._prepare_position_ids_for_generation``, generation/utils.py:721; the tokens after the cache take
-the last of them, :542, each new one the last plus one, :937), and the attention hides every key whose mask is 0
-(masking_utils.py:164), so the numbers move only at float32 rounding (other batch shapes, another summation order),
+written into every row's cache. A row is [prefix | padding | its own tokens], the attention mask 0 on the padding. It
+is the row alone, position for position: each token's position is the count of mask-1 tokens before it (as
+transformers' ``generate`` numbers them), each new token the last position plus one, and the attention hides every key
+whose mask is 0 (masking_utils.py:164), so the numbers move only at float32 rounding (other batch shapes, another summation order),
 as in any batch (below); ``shared_prefix_support`` names the models where that does not hold (a sliding window counts
 cache slots). On SmolLM2's task (prompts of 186-203 tokens, 155 shared; 2 CPU cores, responses up to 32 tokens):
 1.31 times the tokens/s for 32 prompts, 1.43 for 100, the same responses, log-probs within 2.4e-5 (docs/smol.md).
@@ -41,7 +41,8 @@ from typing import Any
 import torch
 
 from verl.workers.rollout.replica import TokenOutput
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessorList
+from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 
@@ -50,45 +51,53 @@ def row_seed(*parts) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") >> 1
 
 
-class SeededRowSampler(LogitsProcessor):
-    """Sampling with one generator per row, as the last logits processor of a *greedy* generate.
+class RowSampler:
+    """Sampling of every row of a decode step at once, row ``i`` with its own uniform draw ``u[i]``.
 
-    Applies temperature, top-k and top-p with transformers' own warpers, draws u ~ U(0, 1) from
-    the row's generator and takes the inverse CDF of the warped distribution; it returns scores
-    that are 0 at the drawn token and -inf elsewhere, so greedy selection picks exactly that token.
+    Applies temperature, top-k and top-p with transformers' own warpers, then takes the inverse CDF of the warped
+    distribution at ``u`` (scaled by the total, so the index is valid and its probability > 0). Each row's draws
+    come from its own generator (``draws``), so a row's tokens do not depend on the other rows.
     """
 
-    def __init__(self, generators: list[torch.Generator], temperature: float, top_k: int, top_p: float):
-        self.generators = generators
+    def __init__(self, temperature: float, top_k: int, top_p: float):
         self.warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
         if top_k > 0:
             self.warpers.append(TopKLogitsWarper(top_k=top_k))
         if top_p < 1.0:
             self.warpers.append(TopPLogitsWarper(top_p=top_p))
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        probs = torch.softmax(self.warpers(input_ids, scores).float(), dim=-1)
-        cdf = probs.cumsum(dim=-1)
-        # the generators are CPU ones (seeded per row, see module docstring); the draws follow the scores
-        u = torch.cat([torch.rand(1, generator=g, dtype=cdf.dtype) for g in self.generators]).to(cdf.device)
-        # u * total < total = cdf[-1], so the index is valid and its probability is > 0
-        token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter_(1, token.unsqueeze(-1), 0.0)
+    def __call__(self, scores: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        cdf = torch.softmax(self.warpers(None, scores.float()), dim=-1).cumsum(dim=-1)
+        u = u.to(device=cdf.device, dtype=cdf.dtype)
+        return torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
 
 
-# The most raw logits one ``model.generate`` call keeps (prompts x new tokens x vocabulary, float32: transformers
-# holds every step's for the log-probs). A 49k-token vocabulary makes that 38 MB per response of 192 tokens, so a
-# validation of 256 prompts decoded at once would hold 9.7 GB; larger batches are decoded in equal chunks. Each
-# response has its own generator (module docstring), so chunking changes no response.
-LOGITS_BUDGET_BYTES = 2 << 30
+def draws(seeds: list[int], steps: int) -> torch.Tensor:
+    """[rows, steps] uniforms, row ``i`` the first ``steps`` draws of a CPU generator seeded ``seeds[i]`` (one draw
+    per decoding step, whether or not the row still decodes: a response's numbers never depend on the others')."""
+    return torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(s)) for s in seeds])
 
 
-def chunk_rows(n_prompts: int, max_new_tokens: int, vocab_size: int, budget: int | None = None) -> int:
-    """Prompts per ``generate`` call: all ``n_prompts`` when their logits fit ``budget`` (default
-    LOGITS_BUDGET_BYTES), else the size of equal chunks that do (at least one prompt)."""
-    budget = LOGITS_BUDGET_BYTES if budget is None else budget
-    fits = max(1, budget // (max(1, max_new_tokens) * vocab_size * 4))
+# The most key/value cache one decode chunk holds (rows x (prompt width + new tokens) x layers x 2 x KV heads x head
+# size, in the model's dtype): SmolLM2-135M in float32 takes 46 kB per token, so a validation of 200 prompts of up to
+# 203 tokens with up to 96 new ones holds 2.8 GB in one chunk. Larger batches are decoded in equal chunks; each
+# response has its own draws, so chunking changes no response.
+KV_BUDGET_BYTES = 4 << 30
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """Key and value bytes one token adds to the cache, over all layers."""
+    cfg = model.config.get_text_config()
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * kv_heads * head * next(model.parameters()).element_size()
+
+
+def chunk_rows(n_prompts: int, row_bytes: int, budget: int | None = None) -> int:
+    """Prompts per decode chunk: all ``n_prompts`` when ``n_prompts * row_bytes`` fits ``budget`` (default
+    KV_BUDGET_BYTES), else the size of equal chunks that do (at least one prompt)."""
+    budget = KV_BUDGET_BYTES if budget is None else budget
+    fits = max(1, budget // max(1, row_bytes))
     chunks = -(-n_prompts // fits)
     return -(-n_prompts // chunks)
 
@@ -180,14 +189,64 @@ def generate_batch(
         return [TokenOutput(token_ids=[], log_probs=[], stop_reason="length") for _ in prompts]
     shared = shared_prefix_length(prompts) if share_prefix else 0
     cache = prefix_cache(model, prompts[0][:shared], device) if shared else None
-    rows = chunk_rows(len(prompts), max(limits), model.get_output_embeddings().weight.shape[0])
-    return [out for i in range(0, len(prompts), rows) for out in _decode(  # chunks: LOGITS_BUDGET_BYTES
+    width = max(map(len, prompts)) + max(limits)
+    rows = chunk_rows(len(prompts), width * kv_bytes_per_token(model))
+    return [out for i in range(0, len(prompts), rows) for out in decode_chunk(  # chunks: KV_BUDGET_BYTES
         model, prompts[i : i + rows], limits[i : i + rows], temperature, top_p, top_k,
         None if seeds is None else seeds[i : i + rows], shared, cache, eos_ids=eos_ids, pad_id=pad_id,
         device=device, global_steps=global_steps)]
 
 
-def _decode(
+class _BufferLayer(DynamicLayer):
+    """A full-attention cache layer whose keys and values are written in place into a buffer of ``capacity``
+    positions (transformers' ``DynamicLayer`` concatenates, copying the whole cache at every decoding step)."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity, self.length = capacity, 0
+
+    def allocate(self, like: torch.Tensor, rows: int) -> None:
+        _, heads, _, size = like.shape
+        self.dtype, self.device = like.dtype, like.device
+        self.buffers = [like.new_empty(rows, heads, self.capacity, size) for _ in range(2)]
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.allocate(key_states, key_states.shape[0])
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        for buffer, states in zip(self.buffers, (key_states, value_states)):
+            buffer[:, :, self.length : end] = states
+        self.length = end
+        self.keys, self.values = (b[:, :, :end] for b in self.buffers)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.buffers = [b[indices] for b in self.buffers]
+        self.keys, self.values = (b[:, :, : self.length] for b in self.buffers)
+
+
+def _row_cache(model: Any, rows: int, capacity: int, prefix: Any) -> Any:
+    """A ``DynamicCache`` of ``_BufferLayer``s for ``rows`` rows, each holding ``prefix``'s keys and values (one row)
+    first, when given."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    cache.layers = [_BufferLayer(capacity) for _ in cache.layers]
+    if prefix is not None:
+        for layer, shared in zip(cache.layers, prefix.layers, strict=True):
+            layer.allocate(shared.keys, rows)
+            layer.update(shared.keys.expand(rows, -1, -1, -1), shared.values.expand(rows, -1, -1, -1))
+    return cache
+
+
+def decode_chunk(
     model: Any,
     prompts: list[list[int]],
     limits: list[int],
@@ -203,61 +262,55 @@ def _decode(
     device: torch.device,
     global_steps: int | None,
 ) -> list[TokenOutput]:
-    """One ``model.generate`` call over ``prompts``, whose first ``shared`` tokens are in ``cache`` (one row)."""
-    import copy
-
-    from transformers import GenerationConfig
-
-    # [prefix | padding | suffix]: the padding between the shared prefix and each row's own tokens (left padding when
-    # nothing is shared); its attention mask is 0, and generate counts positions from the mask (module docstring)
+    """Decode ``prompts``, whose first ``shared`` tokens are in ``cache`` (one row): a forward over the rows' own
+    prompt tokens, then one decoding step at a time over the rows still decoding. A row leaves the batch (and its
+    cache rows) after its EOS token or at its limit; each step samples every row at once (``RowSampler``, the row's
+    own draws) and keeps the log-prob of the token drawn (temperature-scaled, before top-k/top-p)."""
+    # [prefix | padding | own tokens]: the padding between the shared prefix and each row's own tokens (left padding
+    # when nothing is shared) has mask 0, and each token's position counts the mask before it (module docstring)
     width = shared + max(len(p) - shared for p in prompts)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    ids[:, :shared] = torch.tensor(prompts[0][:shared], dtype=torch.long)
     mask[:, :shared] = 1
     for i, p in enumerate(prompts):
         ids[i, width - len(p) + shared :] = torch.tensor(p[shared:], dtype=torch.long)
         mask[i, width - len(p) + shared :] = 1
-    past = None
-    if shared:  # transformers' prompt-cache reuse: a copy per call (generate appends to it), one row per prompt
-        past = copy.deepcopy(cache)
-        past.batch_repeat_interleave(len(prompts))
+    positions = (mask.cumsum(-1) - 1).clamp_(min=0)
+    steps = max(limits)
+    past = _row_cache(model, len(prompts), width + steps, cache)
     greedy = temperature <= 0.0
-    gen_cfg = GenerationConfig(  # greedy selection; sampling (if any) is done by SeededRowSampler
-        max_new_tokens=max(limits),
-        do_sample=False,
-        eos_token_id=sorted(eos_ids),
-        pad_token_id=pad_id,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    processors = LogitsProcessorList()
-    if not greedy:
-        generators = [torch.Generator().manual_seed(s) for s in seeds]
-        processors.append(SeededRowSampler(generators, temperature, top_k, top_p))
-    out = model.generate(
-        input_ids=ids.to(device), attention_mask=mask.to(device), past_key_values=past, generation_config=gen_cfg,
-        logits_processor=processors,
-    )
-    new = out.sequences[:, width:]
+    sampler, u = (None, None) if greedy else (RowSampler(temperature, top_k, top_p), draws(seeds, steps))
     scale = 1.0 if greedy else temperature
-    # raw (unprocessed) logits [B, V] per step, one step at a time (no [B, T, V] copies)
-    logp = torch.stack([torch.log_softmax(step.float() / scale, dim=-1).gather(-1, new[:, t : t + 1]).squeeze(-1)
-                        for t, step in enumerate(out.logits)], dim=1)
-    results = []
-    for i in range(len(prompts)):
-        toks = new[i].tolist()[: limits[i]]
-        stop = "length"
-        for j, t in enumerate(toks):
-            if t in eos_ids:
-                toks, stop = toks[: j + 1], "completed"
-                break
-        results.append(
-            TokenOutput(
-                token_ids=toks,
-                log_probs=logp[i, : len(toks)].tolist(),
-                stop_reason=stop,
-                extra_fields={"global_steps": global_steps},
-            )
-        )
-    return results
+    active = torch.arange(len(prompts))  # each row's prompt
+    left = torch.tensor(limits)
+    tokens: list[list[int]] = [[] for _ in prompts]
+    log_probs: list[list[float]] = [[] for _ in prompts]
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long)
+    mask, last = mask.to(device), positions[:, -1].to(device)
+    logits = model(input_ids=ids[:, shared:].to(device), attention_mask=mask, position_ids=positions[:, shared:].to(
+        device), past_key_values=past, use_cache=True, logits_to_keep=1).logits[:, -1]
+    for t in range(steps):
+        scores = logits.float()
+        token = (scores.argmax(-1) if greedy else sampler(scores, u[active, t])).cpu()
+        lp = torch.log_softmax(scores / scale, dim=-1).gather(-1, token.to(device).unsqueeze(-1)).squeeze(-1).cpu()
+        for row, tok, value in zip(active.tolist(), token.tolist(), lp.tolist()):
+            tokens[row].append(tok)
+            log_probs[row].append(value)
+        left = left - 1
+        going = ~(torch.isin(token, eos) | (left == 0))
+        if not bool(going.any()):
+            break
+        if not bool(going.all()):
+            keep = going.nonzero().squeeze(-1)
+            active, left, token = active[keep], left[keep], token[keep]
+            keep = keep.to(device)
+            mask, last = mask[keep], last[keep]
+            for layer in past.layers:
+                layer.batch_select_indices(keep)
+        mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
+        last = last + 1
+        logits = model(input_ids=token.to(device).unsqueeze(-1), attention_mask=mask, position_ids=last.unsqueeze(-1),
+                       past_key_values=past, use_cache=True).logits[:, -1]
+    return [TokenOutput(token_ids=tokens[i], log_probs=log_probs[i],
+                        stop_reason="completed" if tokens[i] and tokens[i][-1] in eos_ids else "length",
+                        extra_fields={"global_steps": global_steps}) for i in range(len(prompts))]
