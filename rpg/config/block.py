@@ -170,8 +170,8 @@ class RPGSettings(_Checked):
         "OlympiadBench problem (acc/mean@1); null = val_kwargs.n for every set", recorded=False,
         key="validation.samples_per_problem")
     allow_changed_settings: bool = setting(
-        False, Flag(), "a checkpoint records the run's RPG settings; a resume with other values is refused before Ray "
-                       "(one line naming each key, old -> new) unless this is true", recorded=False,
+        False, Flag(), "a checkpoint records the run's RPG settings, model and lengths; a resume with other values is "
+                       "refused before Ray (one line naming each key, old -> new) unless this is true", recorded=False,
         key="resume.allow_changed_settings")
 
     RULES: ClassVar[tuple[BlockRule, ...]] = (

@@ -26,9 +26,11 @@ def _list_rejects(summary: Summary, show: int) -> None:
 
 
 def _report(summary: Summary, show: int) -> None:
-    """The rejected rows (``_list_rejects``), then the summary line."""
+    """The rejected rows (``_list_rejects``), then the summary line (and the relabelling's, if any)."""
     _list_rejects(summary, show)
     print(summary.line())
+    if (relabelled := summary.relabel_line()) is not None:
+        print(f"warning: {relabelled}", file=sys.stderr)
 
 
 def _report_overlap(train: Summary, evals: list[Summary], dropped: bool) -> None:
@@ -100,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                    "scores (rpg.reward, verl's default_compute_score)")
     p.add_argument("--any-data-source", action="store_true",
                    help="write a --data-source no built-in reward function scores (your own reward.custom_reward_function does)")
+    p.add_argument("--relabel", action="store_true",
+                   help="write input rows labelled with another benchmark's data_source as this preset's (refused "
+                        "without it: the reports would file their results under this benchmark)")
     p.add_argument("--copies", type=int, help="rows per problem; 1 (default) for val_kwargs.n=32, 32 = authors' layout")
     p.add_argument("--show-rejects", type=int, default=20,
                    help="rejected rows to print, plain duplicates counted only (all go to *.rejects.jsonl)")
@@ -127,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.dataset, args.out, input_path=args.input, hf_name=args.hf, hf_config=args.hf_config,
                 hf_split=args.split, copies=args.copies, data_source=args.data_source,
                 problem_key=args.problem_key, answer_key=args.answer_key, any_data_source=args.any_data_source,
+                relabel=args.relabel,
             )
             _report(summary, args.show_rejects)
         else:

@@ -13,7 +13,30 @@ columns that exist.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+# the paper's benchmarks, and the one a data_source names (case and punctuation ignored): the reports file a run's
+# val-core/<data_source>/... under it (rpg.reports.benchmarks), ``prepare`` keeps an input's (rpg.data.prepare)
+BENCHMARKS = ("AIME24", "AIME25", "AMC23", "Minerva", "OlympiadBench")
+
+
+def benchmark_named(data_source: str) -> str | None:
+    """``math_dapo`` (the authors' AIME24 file) or containing ``aime24``/``aime2024`` -> AIME24; containing
+    ``aime25``/``aime2025`` -> AIME25; ``amc`` -> AMC23; ``minerva`` -> Minerva; ``olympiad`` -> OlympiadBench;
+    anything else None."""
+    s = re.sub(r"[^a-z0-9]", "", data_source.lower())
+    if s == "mathdapo" or "aime24" in s or "aime2024" in s:
+        return "AIME24"
+    if "aime25" in s or "aime2025" in s:
+        return "AIME25"
+    if "amc" in s:
+        return "AMC23"
+    if "minerva" in s:
+        return "Minerva"
+    if "olympiad" in s:
+        return "OlympiadBench"
+    return None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ one is removed otherwise. ``<out stem>.rejects.jsonl`` always belongs to the par
 every row is rejected nothing is written but ``<out stem>.failed.rejects.jsonl`` (``NoValidRows`` gives the
 counts per reason and the rejected rows; the previous run's output and rejects file are kept, and said so).
 Neither output may be the input file. The ``data_source`` written must be one a reward function scores
-(``rpg.reward.scored_sources``), unless ``any_data_source``.
+(``rpg.reward.scored_sources``), unless ``any_data_source``; input rows labelled with a ``data_source`` of another
+benchmark (``rpg.data.hub_datasets.benchmark_named``; a training set's: of any benchmark) are refused unless
+``relabel`` (the reports would file their results under the written one's column).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from rpg.data.io import HubLoader, read_hub, read_local, write_parquet_atomic, write_text_atomic
 from rpg.data.rows import (EVAL_OVERLAP, NUMBER_ANSWER, Layout, Reject, build_rows, dedup_key, resolve_layout,
                            select_problems)
-from rpg.data.hub_datasets import get_source
+from rpg.data.hub_datasets import benchmark_named, get_source
 from rpg.reward.scored_sources import rpg_scorer
 
 _ANY_HINT = "pass --any-data-source when your own reward.custom_reward_function scores it"
@@ -40,6 +42,8 @@ class Summary:
     columns: str = ""  # the columns read (``Layout.describe``)
     keys: frozenset[str] = frozenset()  # the ``dedup_key`` of each problem written
     numbers: list[float] = field(default_factory=list)  # answers stored as integral floats (written as integers)
+    relabelled: dict[str, int] = field(default_factory=dict)  # {input data_source: rows} written as another (relabel)
+    data_source: str = ""  # the data_source written
 
     def line(self) -> str:
         """One summary line: rows read (and the columns used), written, rejected with reasons (and where they all are)."""
@@ -52,6 +56,14 @@ class Summary:
             f"({self.problems} problems) to {self.out}, rejected {len(self.rejects)} ({reason_counts(self.rejects)})"
             f"{where}{numbers}"
         )
+
+
+    def relabel_line(self) -> str | None:
+        """The line that says the input's rows were relabelled (``relabel``); None when none was."""
+        if not self.relabelled:
+            return None
+        return (f"{self.dataset}: relabelled the rows of {self.source} labelled {_labels(self.relabelled)} as "
+                f"data_source {self.data_source!r} (--relabel): their results count as this benchmark's")
 
 
 class NoValidRows(ValueError):
@@ -95,6 +107,21 @@ def check_data_source(data_source: str) -> None:
                          f"{scorer.allowed}; {scorer.hint}")
 
 
+def _labels(counts: dict[str, int]) -> str:
+    return ", ".join(f"{v!r} ({benchmark_named(v) or 'no benchmark'}, {n} rows)" for v, n in counts.items())
+
+
+def foreign_sources(records, columns, written: str, split: str) -> dict[str, int]:
+    """{data_source: rows} of the input rows labelled for another benchmark than the ``written`` data_source names
+    (a training set's: for any benchmark); a value equal to ``written`` (any case) or naming the same benchmark
+    (the authors' ``math_dapo`` AIME24 file for ``aime2024``, ``amc_23`` for ``amc2023``) is its own."""
+    if "data_source" not in columns:
+        return {}
+    want = benchmark_named(written) if split == "test" else None
+    found = Counter(r["data_source"] for r in records if isinstance(r, dict) and isinstance(r.get("data_source"), str))
+    return {v: n for v, n in found.items() if v.lower() != written.lower() and benchmark_named(v) != want}
+
+
 def prepare(
     dataset: str,
     out: str | Path,
@@ -109,9 +136,11 @@ def prepare(
     hub_loader: HubLoader | None = None,
     any_data_source: bool = False,
     exclude: Mapping[str, str] | None = None,
+    relabel: bool = False,
 ) -> Summary:
     """Read, check, deduplicate and write one dataset. Local ``input_path`` wins over the hub. ``exclude``:
-    ``{dedup_key: file}`` of evaluation sets' problems, rejected from this (training) set."""
+    ``{dedup_key: file}`` of evaluation sets' problems, rejected from this (training) set. ``relabel``: write rows
+    labelled for another benchmark (``foreign_sources``) as this one (else ValueError, one line)."""
     spec = get_source(dataset)
     if not str(out).strip():
         raise ValueError("--out is an empty path; give a .parquet file or a directory")
@@ -131,6 +160,13 @@ def prepare(
         name = hf_name or spec.hf_name
         records, columns = read_hub(name, hf_config or spec.hf_config, hf_split or spec.hf_split, hub_loader)
         source, lines = f"hf:{name}", None
+    written = data_source or spec.data_source
+    foreign = foreign_sources(records, columns, written, spec.split)
+    if foreign and not relabel:
+        what = benchmark_named(written) if spec.split == "test" else "a training set"
+        raise ValueError(f"{source}: its rows are labelled data_source {_labels(foreign)}, but {dataset} writes "
+                         f"{written!r} ({what}); prepare their benchmark's preset (python -m rpg.data list), or pass "
+                         f"--relabel to write them as {written!r}")
     try:
         layout = resolve_layout(columns, spec.problem_keys, spec.answer_keys, problem_key, answer_key)
     except ValueError as err:
@@ -149,7 +185,7 @@ def prepare(
             f"nothing written" + (f" ({' and '.join(kept)} of the previous run kept)" if kept else "")
             + (f"; every rejected row in {failed}" if rejects else ""),
             Summary(dataset, source, str(out), n_read, 0, 0, rejects, layout.describe()))
-    rows = build_rows(problems, data_source or spec.data_source, spec.split, spec.default_copies if copies is None else copies)
+    rows = build_rows(problems, written, spec.split, spec.default_copies if copies is None else copies)
     write_parquet_atomic(rows, out)
     if rejects:
         _write_rejects(rejects, rp)
@@ -158,7 +194,7 @@ def prepare(
             stale.unlink()
     return Summary(dataset, source, str(out), n_read, len(problems), len(rows), rejects, layout.describe(),
                    frozenset(dedup_key(p.problem) for p in problems),
-                   [p.number for p in problems if p.number is not None])
+                   [p.number for p in problems if p.number is not None], foreign, written)
 
 
 def _check_not_the_input(out: Path, rejects: Path, input_path: Path) -> None:

@@ -87,14 +87,42 @@ def install_wheels(archive: Path, site: Path, python: str = sys.executable) -> i
     return len(wheels)
 
 
+# what install() reads of the manifest rpg.gpu_kit.pack writes: {key: (its type(s), what it holds)}
+MANIFEST_KEYS = {"carry": (dict, "an object with file, sha256 and bytes"), "wheels": (dict, "an object"),
+                 "excluded": ((dict, list), "an object or a list"),
+                 "only_needed_by_excluded": ((dict, list), "an object or a list")}
+CARRY_KEYS = {"file": (str, "a file name"), "sha256": (str, "a sha256 digest"), "bytes": (int, "an integer")}
+
+
+def manifest_problem(path: Path) -> tuple[dict, str | None]:
+    """(the manifest, None), or ({}, one line naming ``path`` and what is wrong with it)."""
+    again = f"build the carry again (python -m rpg.gpu_kit.build) and carry {CARRY_DIR}"
+    if not path.is_file():
+        return {}, f"{path}: no such file; build the carry (python -m rpg.gpu_kit.build) and carry {CARRY_DIR}"
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, OSError) as e:  # JSONDecodeError, UnicodeDecodeError, unreadable
+        return {}, f"{path}: not a readable JSON file ({e}); {again}"
+    if not isinstance(manifest, dict):
+        return {}, f"{path}: a JSON {type(manifest).__name__}, not an object; {again}"
+    for key, (kind, what) in MANIFEST_KEYS.items():
+        if not isinstance(manifest.get(key), kind):
+            wrong = f"no {key!r} key ({what})" if key not in manifest else f"{key!r} is not {what}"
+            return {}, f"{path}: {wrong}; {again}"
+    for key, (kind, what) in CARRY_KEYS.items():
+        value = manifest["carry"].get(key)
+        if not isinstance(value, kind) or isinstance(value, bool) or value == "":
+            wrong = f"no carry.{key} ({what})" if key not in manifest["carry"] else f"carry.{key} is not {what}"
+            return {}, f"{path}: {wrong}; {again}"
+    return manifest, None
+
+
 def install(carry: Path, site: Path, python: str = sys.executable, checkout: Path = CHECKOUT) -> dict:
     """The whole install (module docstring): a result with ``problems`` (empty when it all went in) and ``line``."""
     t0 = time.time()
-    manifest_path = carry / MANIFEST
-    if not manifest_path.is_file():
-        return {"problems": [f"{manifest_path}: no such file; build the carry (python -m rpg.gpu_kit.build) and "
-                             f"carry {CARRY_DIR}"]}
-    manifest = json.loads(manifest_path.read_text())
+    manifest, problem = manifest_problem(carry / MANIFEST)
+    if problem:
+        return {"problems": [problem]}
     archive = carry / manifest["carry"]["file"]
     if not archive.is_file():
         return {"problems": [f"{archive}: no such file"]}

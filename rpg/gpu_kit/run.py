@@ -9,10 +9,14 @@ always with ``install`` unless ``--installed`` (it only checks a site that holds
 A step not run (not a default step, not in ``--steps``) is listed in the summary's ``not_run`` with why.
 A step gets ``min(its box, what is left of --budget)``; one that would get less than its box and less than
 ``MIN_BOX_S`` is skipped with that reason. Past its box the step's process group gets SIGTERM, then SIGKILL
-after the step's grace, and it is recorded as timed out. Each step's output goes to ``OUT/<name>.log``;
-``OUT/summary.json`` holds each step's status, seconds, its parsed result and, for a failure, the log's last
-lines. Exit 0 when every step passed or was skipped for a reason of its own (vLLM absent, ``--installed``),
-else 1.
+after the step's grace (at once for what is left of it once the step's own process has exited), and it is
+recorded as timed out. Each run of the kit has an id, its start time (``-2``, ... when OUT holds a run of that
+second): each step's output goes to ``OUT/<name>.<run id>.log``, read by the step's parser alone, so a rerun
+into the same OUT reports its own output; ``OUT/summary.json`` (the run id, each step's status, seconds, PID,
+log, its parsed result and, for a failure, the log's last lines) describes the latest run, the one before is
+kept as ``OUT/summary.<its run id>.json``. SIGHUP, SIGINT or SIGTERM to the kit stops the running step's process
+group the same way, records it as stopped and the steps after it as not started, and exits 128 + the signal.
+Exit 0 when every step passed or was skipped for a reason of its own (vLLM absent, ``--installed``), else 1.
 
 ``--stand-ins FILE`` (JSON ``{step: argv}``) replaces steps' commands, for walking the kit on a machine without
 a GPU (tests/gpu_kit/test_gpu_kit.py); ``{python}`` in an argv is this interpreter. Each step's process gets
@@ -23,8 +27,11 @@ a GPU (tests/gpu_kit/test_gpu_kit.py); ``{python}`` in an argv is this interpret
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,9 +39,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from rpg.backends.harness.reaping import exited_unreaped
 from rpg.common.checkout import CHECKOUT
+from rpg.common.signals import raise_on_stop_signals
 from rpg.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, SITE_DIR
 from rpg.gpu_kit.steps import STEPS, Context, Step, StepRun, cap_log
+from rpg.launch.args import OneLineParser, positive_seconds
 
 MIN_BOX_S = 20.0
 TAIL_LINES = 40
@@ -59,23 +69,42 @@ def tail(path: Path, n: int = TAIL_LINES) -> list[str]:
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM to the step's process group, SIGKILL after ``grace_s`` (the step started it: its pgid is its pid)."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+    """SIGTERM to the step's process group (the step started it: its pgid is its pid); once the step's own process
+    has exited, or after ``grace_s``, SIGKILL to what is left of the group. The step is reaped only then, so that
+    its pid, the group's id, is never another process's when signalled."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    if exited_unreaped(proc.pid, grace_s) is not None:  # None: reaped already, the pid no longer ours
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10.0)
+
+
+def _wait(proc: subprocess.Popen, box_s: float, stop: list[int]) -> str:
+    """How the step ended: "exited", "timed_out" (still running after ``box_s``) or "stopped" (``stop`` holds the
+    signal the kit got; looked at every 0.1 s)."""
+    deadline = time.monotonic() + box_s
+    while not stop:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return "timed_out"
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
+            proc.wait(timeout=min(0.1, left))
+            return "exited"
         except subprocess.TimeoutExpired:
-            continue
+            pass
+    return "stopped"
 
 
-def run_step(ctx: Context, step: Step, box_s: float, env: dict, argv_override: list[str] | None) -> dict:
+def run_step(ctx: Context, step: Step, box_s: float, env: dict, argv_override: list[str] | None,
+             stop: list[int] | None = None, on_start=None) -> dict:
+    """One step: ``stop`` holds the stop signal the kit got (empty until then), ``on_start(pid)`` is called once
+    the step's process is started."""
+    stop = [] if stop is None else stop
     work = ctx.work / step.name
     work.mkdir(parents=True, exist_ok=True)
-    run = StepRun(step, box_s, ctx.out / f"{step.name}.log", work, work / "result.json")
+    run = StepRun(step, box_s, ctx.out / f"{step.name}.{ctx.run_id}.log", work, work / f"result.{ctx.run_id}.json")
     record: dict = {"box_s": round(box_s)}
     argv = argv_override if argv_override is not None else step.command(ctx, run)
     if isinstance(argv, str):
@@ -85,16 +114,16 @@ def run_step(ctx: Context, step: Step, box_s: float, env: dict, argv_override: l
                 "RPG_GPU_KIT_BOX_S": str(int(box_s))}
     record["command"] = " ".join(argv)
     t0 = time.time()
-    with open(run.log, "ab") as log:
-        log.write(f"{PREFIX} {step.name}: {record['command']}\n".encode())
+    with open(run.log, "xb") as log:  # a new file: the run id is new in OUT
+        log.write(f"{PREFIX} run {ctx.run_id} {step.name}: {record['command']}\n".encode())
         log.flush()
         proc = subprocess.Popen(argv, cwd=ctx.checkout, env=step_env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            proc.wait(timeout=box_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        record["pid"] = proc.pid  # its process group's id too
+        if on_start is not None:
+            on_start(proc.pid)
+        ended = _wait(proc, box_s, stop)
+        if ended != "exited":
             _kill_group(proc, step.grace_s)
     record["seconds"] = round(time.time() - t0, 1)
     record["returncode"] = proc.returncode
@@ -104,7 +133,10 @@ def run_step(ctx: Context, step: Step, box_s: float, env: dict, argv_override: l
     except Exception as e:  # noqa: BLE001 - an unreadable output is the step's failure, not the kit's
         result = {"problems": [f"its output could not be read: {type(e).__name__}: {e}"]}
     problems = result.get("problems") or []
-    if timed_out:
+    if ended == "stopped":
+        record.update(status="stopped", reason=f"the kit got {signal.Signals(stop[0]).name}: the step's process "
+                                               f"group was stopped")
+    elif ended == "timed_out":
         record.update(status="timed_out", reason=f"still running after its {box_s:.0f} s box: stopped")
     elif proc.returncode != 0:
         record.update(status="failed", reason=f"exit code {proc.returncode}" + (f": {problems[0]}" if problems else ""))
@@ -119,50 +151,99 @@ def run_step(ctx: Context, step: Step, box_s: float, env: dict, argv_override: l
     return record
 
 
+def _first_free(base: str, taken) -> str:
+    """``base``, else ``base-2``, ``base-3``, ...: the first of them for which ``taken`` is false."""
+    return next(c for n in itertools.count(1) if not taken(c := base if n == 1 else f"{base}-{n}"))
+
+
+def start_run(out: Path) -> tuple[str, str | None]:
+    """This run's id (its start time) and the name under which the previous run's ``summary.json`` in ``out`` is
+    kept (``summary.<its run id>.json``; None: there was none)."""
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    kept = None
+    previous = out / "summary.json"
+    if previous.is_file():
+        try:
+            old = json.loads(previous.read_text()).get("run_id")
+        except (ValueError, AttributeError):  # not JSON, or not an object
+            old = None
+        if not (isinstance(old, str) and re.fullmatch(r"[\w-]+", old)):  # a summary of an older kit: no run id
+            old = f"before-{stamp}"
+        kept = f"summary.{_first_free(old, lambda c: (out / f'summary.{c}.json').exists())}.json"
+        os.replace(previous, out / kept)
+    names = [p.name for p in out.iterdir()]  # a run of this second already there (its logs, its summary)
+    return _first_free(stamp, lambda c: any(f".{c}." in name for name in names)), kept
+
+
 def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[str, list[str]] | None = None,
-            not_run: dict[str, str] | None = None) -> int:
-    """The steps in order; ``not_run``: {step: why it is not run}, listed in the summary."""
-    ctx.out.mkdir(parents=True, exist_ok=True)
+            not_run: dict[str, str] | None = None, kept: str | None = None) -> int:
+    """The steps in order; ``not_run``: {step: why it is not run}, listed in the summary; ``kept``: where
+    ``start_run`` kept the previous summary (when ``ctx.run_id`` is empty, this call starts the run itself)."""
+    if not ctx.run_id:
+        ctx.run_id, kept = start_run(ctx.out)
     ctx.work.mkdir(parents=True, exist_ok=True)
     stand_ins = stand_ins or {}
     t0 = time.time()
     deadline = t0 + budget_s
     summary: dict = {
-        "kit": "rpg.gpu_kit.run", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "budget_s": budget_s,
-        "checkout": str(ctx.checkout), "work": str(ctx.work), "site": None if ctx.installed else str(ctx.site),
-        "stand_ins": sorted(stand_ins), "finished": False,
+        "kit": "rpg.gpu_kit.run", "run_id": ctx.run_id, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "budget_s": budget_s, "checkout": str(ctx.checkout), "work": str(ctx.work),
+        "site": None if ctx.installed else str(ctx.site), "stand_ins": sorted(stand_ins),
+        "previous_summary": kept, "finished": False,
         "steps": [{"name": s.name, "what": s.what, "status": "pending"} for s in steps],
         "not_run": [{"name": name, "reason": why} for name, why in (not_run or {}).items()],
     }
     path = ctx.out / "summary.json"
     write_json(path, summary)
+    say(f"run {ctx.run_id}: logs {ctx.out}/<step>.{ctx.run_id}.log"
+        + (f"; the previous run's summary is kept as {kept}" if kept else ""))
     from rpg.gpu_kit.install import run_env
 
     env = run_env(ctx.site, ctx.checkout) if not ctx.installed else dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
-    for i, step in enumerate(steps):
-        entry = summary["steps"][i]
-        left = deadline - time.time()
-        box = min(step.box_s, left - step.grace_s - 5)
-        if box < min(step.box_s, MIN_BOX_S):
-            entry.update(status="skipped", reason=f"not started: {max(0, left):.0f} s of the {budget_s:.0f} s budget "
-                                                  f"left", fine=False)
-        else:
-            say(f"{i + 1}/{len(steps)} {step.name} (box {box:.0f} s): {step.what}")
-            entry.update(status="running")
+    # SIGHUP/SIGINT/SIGTERM only recorded (never raised mid-way): the running step is stopped, the rest not started
+    handlers = raise_on_stop_signals()
+    handlers.hold()
+    stop = handlers.received
+    try:
+        for i, step in enumerate(steps):
+            entry = summary["steps"][i]
+            left = deadline - time.time()
+            box = min(step.box_s, left - step.grace_s - 5)
+            if stop:
+                entry.update(status="skipped", reason=f"not started: the kit got {signal.Signals(stop[0]).name}",
+                             fine=False)
+            elif box < min(step.box_s, MIN_BOX_S):
+                entry.update(status="skipped", reason=f"not started: {max(0, left):.0f} s of the {budget_s:.0f} s "
+                                                      f"budget left", fine=False)
+            else:
+                say(f"{i + 1}/{len(steps)} {step.name} (box {box:.0f} s): {step.what}")
+
+                def started(pid: int, entry: dict = entry, name: str = step.name) -> None:
+                    entry.update(status="running", pid=pid, log=f"{name}.{ctx.run_id}.log")
+                    write_json(path, summary)
+
+                entry.update(run_step(ctx, step, box, env, stand_ins.get(step.name), stop, started))
+            line = entry.get("result", {}).get("line") or entry.get("reason", "")
+            say(f"{i + 1}/{len(steps)} {step.name}: {entry['status'].upper()}"
+                + (f" in {entry['seconds']} s" if "seconds" in entry else "") + (f": {line}" if line else ""))
             write_json(path, summary)
-            entry.update(run_step(ctx, step, box, env, stand_ins.get(step.name)))
-        line = entry.get("result", {}).get("line") or entry.get("reason", "")
-        say(f"{i + 1}/{len(steps)} {step.name}: {entry['status'].upper()}"
-            + (f" in {entry['seconds']} s" if "seconds" in entry else "") + (f": {line}" if line else ""))
-        write_json(path, summary)
+    finally:
+        handlers()
     summary["finished"] = True
     summary["seconds"] = round(time.time() - t0, 1)
-    ok = all(s["status"] == "passed" or (s["status"] == "skipped" and s.get("fine")) for s in summary["steps"])
+    ok = not stop and all(s["status"] == "passed" or (s["status"] == "skipped" and s.get("fine"))
+                          for s in summary["steps"])
     summary["all_passed"] = ok
+    if stop:
+        summary["stopped_by"] = signal.Signals(stop[0]).name
     write_json(path, summary)
     for entry in summary["not_run"]:
         say(f"not run: {entry['name']}: {entry['reason']}")
+    if stop:
+        say(f"stopped by {summary['stopped_by']} after {summary['seconds']} s; {path}")
+        return 128 + stop[0]
     say(f"{'all steps passed' if ok else 'NOT all steps passed'} in {summary['seconds']} s; {path}")
     return 0 if ok else 1
 
@@ -182,13 +263,13 @@ def missing_stack() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, prefix=PREFIX)
     ap.add_argument("--out", type=Path, required=True, help="summary.json and the steps' logs (the device call's $OUT)")
     ap.add_argument("--carry", type=Path, default=CHECKOUT / CARRY_DIR, help=f"the carry (default {CARRY_DIR})")
     ap.add_argument("--site", type=Path, default=CHECKOUT / SITE_DIR, help=f"install target (default {SITE_DIR})")
     ap.add_argument("--work", type=Path, default=None,
                     help="the steps' own outputs (default outputs/gpu_kit/<time> in the checkout)")
-    ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help=f"seconds for all steps "
+    ap.add_argument("--budget", type=positive_seconds, default=DEFAULT_BUDGET_S, help=f"seconds for all steps "
                     f"(default {DEFAULT_BUDGET_S})")
     ap.add_argument("--steps", default=None, help="comma-separated subset, in the kit's order "
                     f"({','.join(s.name for s in STEPS)})")
@@ -214,25 +295,26 @@ def main(argv: list[str] | None = None) -> int:
     boxes = {}
     for text in args.box:
         name, _, seconds = text.partition("=")
-        try:
-            boxes[name] = float(seconds)
-        except ValueError:
-            ap.error(f"--box {text}: STEP=SECONDS, SECONDS a number")
-        if name not in names or boxes[name] <= 0:
+        if name not in names:
             ap.error(f"--box {text}: a step name ({', '.join(names)}) and a positive number of seconds")
+        try:
+            boxes[name] = positive_seconds(seconds)
+        except argparse.ArgumentTypeError as e:
+            ap.error(f"--box {text}: SECONDS {e}")
     if args.budget < MIN_BOX_S:
         ap.error(f"--budget must be >= {MIN_BOX_S:g} s")
     missing = missing_stack() if args.installed else []
     if missing:  # without it each step would fail on its own ModuleNotFoundError
         ap.error(f"--installed: {', '.join(missing)} cannot be imported by {sys.executable}; "
                  f"leave out --installed to install the carry (a warm node keeps its site: seconds)")
-    work = args.work or CHECKOUT / "outputs" / "gpu_kit" / time.strftime("%Y%m%d-%H%M%S")
+    run_id, kept = start_run(args.out.resolve())
+    work = args.work or CHECKOUT / "outputs" / "gpu_kit" / run_id
     ctx = Context(out=args.out.resolve(), work=work.resolve(), carry=args.carry.resolve(), site=args.site.resolve(),
-                  installed=args.installed)
+                  installed=args.installed, run_id=run_id)
     steps = [replace(s, box_s=boxes.get(s.name, s.box_s)) for s in STEPS if s.name in chosen]
     not_run = {s.name: (f"not a default step: {s.not_default}" if s.not_default and args.steps is None
                         else "not in --steps") for s in STEPS if s.name not in chosen}
-    return run_kit(ctx, steps, args.budget, stand_ins, not_run)
+    return run_kit(ctx, steps, args.budget, stand_ins, not_run, kept)
 
 
 if __name__ == "__main__":

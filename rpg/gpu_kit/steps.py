@@ -38,6 +38,7 @@ class Context:
     installed: bool
     python: str = sys.executable
     checkout: Path = CHECKOUT
+    run_id: str = ""  # this run of the kit: its start time (rpg.gpu_kit.run.start_run), in its files' names
 
     def available(self, module: str) -> bool:
         """``module`` importable by the steps: in this interpreter or in the carry's site."""
@@ -150,12 +151,12 @@ TRAINER_LOG_CAP_BYTES = 4 * 2**20
 
 def parse_smoke(ctx: Context, run: StepRun) -> dict:
     """rpg.demo.gpu_smoke's summary.json (its failures are the step's problems); each run's trainer log is copied
-    into OUT as ``<step>.<first|resumed>.trainer.log`` (capped: its first MiB and its end), the driver's and Ray's
-    start-up lines included."""
+    beside the step's log as ``<step>.<run id>.<first|resumed>.trainer.log`` (capped: its first MiB and its end),
+    the driver's and Ray's start-up lines included."""
     for which in ("first", "resumed"):
         log = run.work / which / "trainer.log"
         if log.is_file():
-            copy = ctx.out / f"{run.step.name}.{which}.trainer.log"
+            copy = run.log.with_name(f"{run.log.name.removesuffix('.log')}.{which}.trainer.log")
             copy.write_bytes(log.read_bytes())
             cap_log(copy, TRAINER_LOG_CAP_BYTES)
     path = run.work / "summary.json"

@@ -1,23 +1,17 @@
 """Map verl validation metric keys to the paper's benchmarks.
 
 verl 0.9.1 logs validation as ``val-core/{data_source}/acc/mean@N`` (and ``val-aux/...``), one key
-per data source. The benchmark of a data source is found by name (case and punctuation ignored):
-
-* ``math_dapo`` (the authors' AIME24 file), anything containing ``aime24``/``aime2024`` -> AIME24
-* containing ``aime25``/``aime2025`` -> AIME25
-* containing ``amc`` -> AMC23;  ``minerva`` -> Minerva;  ``olympiad`` -> OlympiadBench
-
-``source_map`` ({data_source: benchmark}) overrides or extends this; the value ``ignore`` (or ``-``)
-drops a data source.
+per data source. The benchmark of a data source is found by name (``math_dapo``, the authors' AIME24 file's, and
+``aime24*`` -> AIME24, ``amc*`` -> AMC23, ...: ``rpg.data.hub_datasets.benchmark_named``, which ``rpg.data prepare``
+keeps for its inputs too). ``source_map`` ({data_source: benchmark}) overrides or extends this; the value
+``ignore`` (or ``-``) drops a data source.
 """
 
 from __future__ import annotations
 
-import re
-
+from rpg.data.hub_datasets import BENCHMARKS, benchmark_named
 from rpg.reports.logs import Metrics
 
-BENCHMARKS = ("AIME24", "AIME25", "AMC23", "Minerva", "OlympiadBench")
 # The statistic the paper reports per benchmark: mean@32 on AIME/AMC (every value k/960 or k/1280);
 # one sample per problem on Minerva / OlympiadBench (Table 7: every value k/272 or k/674), which the
 # recipe logs as acc/mean@1 (rpg.validation.samples_per_problem).
@@ -34,18 +28,7 @@ def benchmark_of(data_source: str, source_map: dict[str, str] | None = None) -> 
         if bench not in BENCHMARKS:
             raise ValueError(f"source map {data_source}={bench}: benchmark must be one of {BENCHMARKS} or {IGNORE}")
         return bench
-    s = re.sub(r"[^a-z0-9]", "", data_source.lower())
-    if s == "mathdapo" or "aime24" in s or "aime2024" in s:
-        return "AIME24"
-    if "aime25" in s or "aime2025" in s:
-        return "AIME25"
-    if "amc" in s:
-        return "AMC23"
-    if "minerva" in s:
-        return "Minerva"
-    if "olympiad" in s:
-        return "OlympiadBench"
-    return None
+    return benchmark_named(data_source)
 
 
 def benchmark_series(

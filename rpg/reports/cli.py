@@ -57,6 +57,9 @@ def add_tables_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--table", required=True, choices=sorted(TABLES))
     ap.add_argument("--format", default="markdown", choices=["markdown", "latex"])
     ap.add_argument("--last-step", default="400", help="step of 'Last' (default 400) or 'final'")
+    ap.add_argument("--allow-unequal-steps", action="store_true",
+                    help="average seeds of a label that end at different steps (refused without it); the cells are "
+                         "marked ‡ and a note names the steps")
     ap.add_argument("--out", help="write the table here instead of stdout")
 
 
@@ -73,7 +76,8 @@ def run_tables(args: argparse.Namespace) -> int:
     try:
         runs = load_runs(args.runs)
         check_metric(runs, args.metric or {PAPER_METRIC[b] for b in get_layout(args.table).benchmarks})
-        td = build_table(runs, args.table, args.metric, parse_last_step(args.last_step), parse_source_map(args.source_map))
+        td = build_table(runs, args.table, args.metric, parse_last_step(args.last_step), parse_source_map(args.source_map),
+                         allow_unequal_steps=args.allow_unequal_steps)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -3,7 +3,9 @@
 Six panels on a 2 x 3 grid: mean@32 on AIME24, AIME25 and AMC23 (top row), reward, entropy and
 response length (bottom row), each with its y-axis label and "Step" on the x-axis. One line per
 run label; runs sharing a label are seeds of one method and are drawn as their mean with a shaded
-band of ± one sample standard deviation (where at least two runs have the step).
+band of ± one sample standard deviation (where at least two runs have the step). Seeds that end at
+different steps say so in the legend (``RPG (n=1 after step 120)``: each point after step 120 is one run's)
+and in a warning naming each run's last step.
 
 The x-axis ends at the Last step (``last_step``, default: the largest step any run logged; later
 points are not drawn) and that step is marked with a dotted vertical line; on the validation panels each label's value at
@@ -67,6 +69,13 @@ def seed_band(series_list: list[dict[int, float]]) -> tuple[list[int], list[floa
     return steps, means, stds
 
 
+def fewer_runs(ends: list[int]) -> str | None:
+    """``"n=2 after step 120, n=1 after step 200"``: how many of a label's runs each stretch of its line averages,
+    from each run's last drawn step; None when they all end at one step."""
+    cuts = sorted(set(ends))[:-1]
+    return ", ".join(f"n={sum(e > c for e in ends)} after step {c}" for c in cuts) or None
+
+
 def drop_nonfinite(series: dict[int, float]) -> tuple[dict[int, float], list[str]]:
     """(the finite points, ``"step S (nan|inf|-inf)"`` for each point left out): a line cannot show
     NaN or ±inf, and matplotlib would leave them out without a word."""
@@ -107,22 +116,33 @@ def plot_curves(
     labels: dict[str, list[Metrics]] = {}
     for label, metrics in runs:
         labels.setdefault(label, []).append(metrics)
-    data = {}
+    data = {}  # (panel, label) -> {run index: its finite points}
     for p in panels:
         for lab, ms in labels.items():
-            kept = []
-            for series in (_series(m, p, metric, source_map) for m in ms):
+            kept = {}
+            for k, series in enumerate(_series(m, p, metric, source_map) for m in ms):
                 finite, dropped = drop_nonfinite(series)
                 if dropped:
                     warnings.append(f"run {lab!r}: panel {p.title!r}: non-finite values not drawn: {', '.join(dropped)}")
                 if finite:
-                    kept.append(finite)
+                    kept[k] = finite
             data[(p, lab)] = kept
     if last_step is None:
-        last_step = max((max(s) for sl in data.values() for s in sl), default=None)
+        last_step = max((max(s) for sl in data.values() for s in sl.values()), default=None)
     else:  # the axis ends at the Last step: later points are not drawn
-        data = {k: [c for c in ({s: v for s, v in series.items() if s <= last_step} for series in sl) if c]
-                for k, sl in data.items()}
+        data = {key: {k: c for k, c in ((k, {s: v for s, v in series.items() if s <= last_step})
+                                        for k, series in sl.items()) if c}
+                for key, sl in data.items()}
+    ends: dict[str, dict[int, int]] = {}  # label -> {run index: its last drawn step, over the panels}
+    for lab, ms in labels.items():
+        drawn = [(k, [max(data[(p, lab)][k]) for p in panels if k in data[(p, lab)]]) for k in range(len(ms))]
+        ends[lab] = {k: max(last) for k, last in drawn if last}
+    fewer = {lab: fewer_runs(list(e.values())) for lab, e in ends.items()}
+    for lab, note in fewer.items():
+        if note is not None:
+            runs_at = ", ".join(f"#{k + 1} at step {e}" for k, e in ends[lab].items())
+            warnings.append(f"run {lab!r}: its runs end at different steps ({runs_at}); its line averages fewer runs "
+                            f"after the earliest ({note}: the legend says so)")
 
     ncols = min(NCOLS, len(panels))
     nrows = math.ceil(len(panels) / ncols)
@@ -135,7 +155,7 @@ def plot_curves(
     for ax, panel in zip(axes, panels):
         drawn = 0
         for i, (label, ms) in enumerate(labels.items()):
-            series_list = data[(panel, label)]
+            series_list = list(data[(panel, label)].values())
             if len(series_list) < len(ms):
                 warnings.append(f"run {label!r}: no data for panel {panel.title!r}"
                                 + (f" in {len(ms) - len(series_list)} of {len(ms)} runs" if len(ms) > 1 else ""))
@@ -144,7 +164,8 @@ def plot_curves(
             steps, mean, std = seed_band(series_list)
             style = {"color": colors[i % len(colors)], **(styles or {}).get(label, {})}
             color = style["color"]
-            name = label if len(ms) == 1 or same_seeds else f"{label} (mean ± std, {len(ms)} seeds)"
+            says = ([] if len(ms) == 1 or same_seeds else [f"mean ± std, {len(ms)} seeds"]) + [fewer[label] or ""]
+            name = f"{label} ({'; '.join(filter(None, says))})" if any(says) else label
             (line,) = ax.plot(steps, mean, linewidth=1.4, label=name,
                               marker="o" if panel.validation else None, markersize=2.5, **style)
             handles.setdefault(name, line)
@@ -163,7 +184,7 @@ def plot_curves(
         ax.grid(alpha=0.3, linestyle="--")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if last_step is not None:
-            first = min((min(s) for sl in data.values() for s in sl), default=0)
+            first = min((min(s) for sl in data.values() for s in sl.values()), default=0)
             ax.set_xlim(min(0, first), last_step + 0.02 * max(1, last_step - min(0, first)))  # room for the marker
             ax.axvline(last_step, color="0.35", linestyle=":", linewidth=1.0)
         if not drawn:

@@ -12,7 +12,10 @@
   name, e.g. ``RPG-REINFORCE-URKL``); unmatched runs get empty paper cells and a warning.
 * Runs sharing a label are seeds of one method (``rpg.reports.runs`` lets only a given label be
   shared; default labels are told apart): the row shows mean ± std (sample std, ddof 1)
-  of the per-run Last / Best, and Δ is taken from the mean.
+  of the per-run Last / Best, and Δ is taken from the mean. Seeds that end at different steps (a run
+  stopped at 120 beside one of 400: Last at ``final`` averages step 120 with step 400, Best a max over
+  120 steps with one over 400) are refused in one line naming the runs and their last steps, unless
+  ``allow_unequal_steps``: then each such cell is marked ‡ and a note names the steps.
 * As in the paper, the best value of each of our columns is bold and the second best underlined
   (italic in Markdown, which has no underline); ties share the mark. A column needs two rows for
   a best mark and three for a second-best mark.
@@ -40,6 +43,7 @@ class Cell:
     paper: PublishedValue | None
     std: float | None = None  # sample std over the runs (None: a single run)
     n: int = 1  # runs with a value behind ``ours``
+    steps: str | None = None  # the runs' last steps when they differ (allow_unequal_steps): the cell is marked
 
     @property
     def delta(self) -> float | None:
@@ -56,6 +60,7 @@ class TableData:
     rows: list[tuple[str, dict[tuple[str, str], Cell]]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    step_notes: list[str] = field(default_factory=list)  # the cells over runs at different steps (marked ‡)
     has_paper: bool = True  # the table has published numbers (paper and Δ columns are shown)
 
     def marks(self) -> dict[tuple[int, str, str], str]:
@@ -117,6 +122,19 @@ def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
     return sum(values) / len(values), (math.nan if len(values) > 1 else None)
 
 
+def end_step(series: dict[int, float], last_step: int | None) -> int | None:
+    """The last evaluated step a run's Best covers (its Last's step when ``last_step`` is None)."""
+    return max((s for s in series if last_step is None or s <= last_step), default=None)
+
+
+def _unequal(ends: list[tuple[str, int]], stat: str, last_step: int | None) -> str | None:
+    """``"#1 at step 400, #2 at step 120"`` when a cell's runs end at different steps; None when they agree. A
+    Last at a fixed step is at that step in every run with a value (the others are left out, with a warning)."""
+    if len({e for _, e in ends}) < 2 or (stat == "last" and last_step is not None):
+        return None
+    return ", ".join(f"{name} at step {e}" for name, e in ends)
+
+
 def build_table(
     runs: list[tuple[str, Metrics]],
     table: str | TableLayout,
@@ -124,10 +142,12 @@ def build_table(
     last_step: int | None = 400,
     source_map: dict[str, str] | None = None,
     published: dict | None = None,
+    allow_unequal_steps: bool = False,
 ) -> TableData:
     """``metric`` None = the paper's statistic per benchmark (``PAPER_METRIC``: acc/mean@32 on AIME/AMC,
     acc/mean@1 on Minerva/OlympiadBench; acc/mean@32 for a column that is not a paper benchmark);
-    a string = that metric for every column."""
+    a string = that metric for every column. ``allow_unequal_steps``: average seeds that end at different
+    steps (cells marked); without it ValueError, one line."""
     layout = table if isinstance(table, TableLayout) else get_layout(table)
     published = load_published() if published is None else published
     methods = {m.lower(): m for m in methods_of(layout.number, published)}
@@ -135,6 +155,7 @@ def build_table(
     td = TableData(layout.number, layout.title, layout.benchmarks, _metric_label(metric_of), last_step,
                    has_paper=bool(methods))
     flagged = {}
+    unequal: dict[tuple[str, str], list[str]] = {}  # (label, the runs' steps) -> the cells
     by_label: dict[str, list[Metrics]] = {}
     for label, metrics in runs:  # runs sharing a label are seeds of one method (first-seen order)
         by_label.setdefault(label, []).append(metrics)
@@ -146,6 +167,7 @@ def build_table(
                 f"(label runs as METHOD=PATH, methods: {', '.join(methods.values())})"
             )
         values: dict[tuple[str, str], list[float]] = {(b, st): [] for b in layout.benchmarks for st in STATS}
+        ends: dict[str, list[tuple[str, int]]] = {b: [] for b in layout.benchmarks}  # (run, end_step) per column
         for k, metrics in enumerate(seed_runs):
             name = label if len(seed_runs) == 1 else f"{label} #{k + 1}"
             series = {m: _columns(metrics, layout, m, source_map) for m in sorted(set(metric_of.values()))}
@@ -156,6 +178,8 @@ def build_table(
                     where = f"val-core/{layout.sources[bench]}/{m}" if layout.sources else f"val-core/<data_source>/{m}"
                     td.warnings.append(f"run {name!r}: no {where} for {bench}")
                 last, best = last_and_best(s, last_step)
+                if (end := end_step(s, last_step)) is not None:
+                    ends[bench].append((name, end))
                 skipped = nan_steps(s, last_step)
                 if skipped and best is not None and not math.isnan(best):
                     td.warnings.append(f"run {name!r}: {bench} ({ds}) is nan at step{'s' * (len(skipped) > 1)} "
@@ -172,12 +196,22 @@ def build_table(
         for (bench, stat), vals in values.items():
             paper = published.get((layout.number, method, bench, stat)) if method else None
             mean, std = _mean_std(vals)
-            cells[(bench, stat)] = Cell(mean, paper, std, len(vals))
+            steps = _unequal(ends[bench], stat, last_step)
+            cells[(bench, stat)] = Cell(mean, paper, std, len(vals), steps)
+            if steps is not None:
+                unequal.setdefault((label, steps), []).append(f"{bench} {stat.capitalize()}")
             if 0 < len(vals) < len(seed_runs):
                 td.warnings.append(f"{label!r} {bench} {stat.capitalize()}: mean over {len(vals)} of {len(seed_runs)} runs")
             if paper is not None and paper.flag:
                 flagged[(method, bench, stat)] = paper
         td.rows.append((label, cells))
+    mixed = [f"{label!r} ({', '.join(where)}): {steps}" for (label, steps), where in unequal.items()]
+    if mixed and not allow_unequal_steps:
+        raise ValueError(f"runs of one label end at different steps, and their mean would mix them: {'; '.join(mixed)}; "
+                         "pass --last-step N (a step every run evaluated), or --allow-unequal-steps to report them "
+                         "(the cells marked ‡)")
+    td.step_notes += [f"mean over runs that end at different steps: {m}" for m in mixed]
+    td.warnings += td.step_notes
     for (method, bench, stat), p in flagged.items():
         td.notes.append(f"{method} {bench} {stat.capitalize()} = {p.value:.4f} [{p.flag}]: {p.note}")
     return td
@@ -212,9 +246,10 @@ def _fmt_paper(p: PublishedValue | None, flag_mark: str) -> str:
     return f"{p.value:.4f}" + (flag_mark if p.flag else "")
 
 
-def _fmt_ours(c: Cell, pm: str = " ± ") -> str:
-    """The value, with ± std when it is a mean over several runs."""
-    return _fmt(c.ours) + (f"{pm}{_fmt(c.std)}" if c.ours is not None and c.std is not None else "")
+def _fmt_ours(c: Cell, pm: str = " ± ", unequal: str = " ‡") -> str:
+    """The value, with ± std when it is a mean over several runs, marked when they end at different steps."""
+    return (_fmt(c.ours) + (f"{pm}{_fmt(c.std)}" if c.ours is not None and c.std is not None else "")
+            + (unequal if c.steps is not None else ""))
 
 
 def _caption(td: TableData) -> str:
@@ -251,9 +286,9 @@ def render_markdown(td: TableData) -> str:
                     ours = wrap[marks[(i, bench, stat)]].format(ours)
                 out += [ours, _fmt_paper(c.paper, " ⚠"), _fmt_delta(c.delta)] if td.has_paper else [ours]
         lines.append("| " + " | ".join(out) + " |")
-    if td.notes:
+    if td.notes or td.step_notes:
         lines.append("")
-        lines += [f"⚠ {n}" for n in td.notes]
+        lines += [f"⚠ {n}" for n in td.notes] + [f"‡ {n}" for n in td.step_notes]
     return "\n".join(lines) + "\n"
 
 
@@ -302,7 +337,7 @@ def render_latex(td: TableData) -> str:
         for bench in td.benchmarks:
             for stat in STATS:
                 c = cells[(bench, stat)]
-                ours = _fmt_ours(c, r" $\pm$ ").replace("—", "--")
+                ours = _fmt_ours(c, r" $\pm$ ", r"$^\ddagger$").replace("—", "--")
                 if (i, bench, stat) in marks:
                     ours = wrap[marks[(i, bench, stat)]].format(ours)
                 if td.has_paper:
@@ -312,8 +347,9 @@ def render_latex(td: TableData) -> str:
                     out.append(ours)
         lines.append(" & ".join(out) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}}"]
-    if td.notes:
+    if td.notes or td.step_notes:
         lines.append(r"\par\smallskip\footnotesize")
         lines += [r"$^\dagger$ " + latex_escape(n) + r"\par" for n in td.notes]
+        lines += [r"$^\ddagger$ " + latex_escape(n) + r"\par" for n in td.step_notes]
     lines.append(r"\end{table}")
     return "\n".join(lines) + "\n"

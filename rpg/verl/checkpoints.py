@@ -3,10 +3,11 @@
 verl resumes from the step its tracker (``latest_checkpointed_iteration.txt``) names and, when the tracker or its
 folder is missing, trains from step 0 over the run's checkpoints. ``plan_resume`` decides instead. A checkpoint is
 complete when it holds ``MARKER`` (written by ``RPGTrainer`` after verl's save: every file with its size and SHA-256,
-the run's RPG settings) and every listed file, verified when each digest matches, intact when every ``.pt`` it loads
-is a whole zip archive. ``auto`` takes the tracker's checkpoint or the newest good one below it, ``resume_path`` that
-folder; other RPG settings than the checkpoint's are refused unless ``rpg.resume.allow_changed_settings=true``. Each
-rule and its line: docs/verl-integration.md#resume. A refusal is ONE line (``ResumeError``, exit code 2).
+the run's RPG settings, model and lengths) and every listed file, verified when each digest matches, intact when
+every ``.pt`` it loads is a whole zip archive. ``auto`` takes the tracker's checkpoint or the newest good one below it,
+``resume_path`` that folder; other settings than the checkpoint's are refused unless
+``rpg.resume.allow_changed_settings=true``. Each rule and its line: docs/verl-integration.md#resume. A refusal is ONE
+line (``ResumeError``, exit code 2).
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ VERL_RUN_KEYS = ("algorithm.adv_estimator", "actor_rollout_ref.actor.policy_loss
                  "algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algorithm.kl_ctrl.type", "algorithm.kl_ctrl.kl_coef",
                  *(f"algorithm.rollout_correction.{k}" for k in ("rollout_is", "rollout_is_threshold", "rollout_rs",
                                                                   "rollout_rs_threshold", "bypass_mode", "loss_type")))
+# what a checkpoint records of the run's model and lengths: weights continued as another model, with another
+# tokenizer or at another context length are another experiment (verl's tokenizer_path null: the model's)
+RUN_KEYS = ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path", "data.max_prompt_length",
+            "data.max_response_length")
+# a local model folder is also recorded by its config.json's digest (None: a hub id or a remote path), so that
+# another model copied to the same path is told apart
+MODEL_CONFIG = f"{DIGEST}(actor_rollout_ref.model.path/config.json)"
 
 
 class ResumeError(RPGConfigError):
@@ -64,22 +72,36 @@ class ResumePlan:
 
 
 def resume_keys() -> tuple[str, ...]:
-    """The config keys a checkpoint records: the ``rpg:`` block's keys declared ``recorded`` (with the
-    loss's verl actor keys; derived: a new ``RPGLossConfig`` field is recorded at once) and
-    ``VERL_RUN_KEYS``. Not recorded: logging, validation and resume settings, paths, sizes, the lr."""
-    return (*recorded_keys(), *VERL_RUN_KEYS)
+    """What a checkpoint records and a resume compares: the ``rpg:`` block's keys declared ``recorded`` (with
+    the loss's verl actor keys; derived: a new ``RPGLossConfig`` field is recorded at once), ``VERL_RUN_KEYS``,
+    ``RUN_KEYS`` and ``MODEL_CONFIG``. Not recorded: logging, validation and resume settings, data and output
+    paths, batch sizes, the lr."""
+    return (*recorded_keys(), *VERL_RUN_KEYS, *RUN_KEYS, MODEL_CONFIG)
+
+
+def model_config_digest(cfg) -> str | None:
+    """``DIGEST`` of ``config.json`` in the local folder ``actor_rollout_ref.model.path``; None when the path is
+    remote, a hub id or has no ``config.json`` here."""
+    path = config_value(cfg, "actor_rollout_ref.model.path")
+    found = None if path is None or "://" in str(path) else Path(str(path)).expanduser() / "config.json"
+    return file_digest(found) if found is not None and found.is_file() else None
 
 
 def recorded_settings(cfg) -> dict:
     """{key: value} of ``resume_keys()`` in the run's config, as the driver applied it (the trainer
     records it at save; the driver compares it before Ray: the same config both times)."""
-    return {key: config_value(cfg, key) for key in resume_keys()}
+    return {key: model_config_digest(cfg) if key == MODEL_CONFIG else config_value(cfg, key) for key in resume_keys()}
 
 
 def settings_changes(saved: dict, current: dict) -> list[str]:
     """``key: old -> new`` for every recorded key whose value differs (a key the checkpoint did not
-    record, e.g. one added since, is not compared)."""
+    record, e.g. one added since, is not compared: ``unrecorded_keys``)."""
     return [f"{k}: {saved[k]!r} -> {current.get(k)!r}" for k in saved if k in current and saved[k] != current[k]]
+
+
+def unrecorded_keys(saved: dict, current: dict) -> list[str]:
+    """The keys of ``current`` that a checkpoint's ``saved`` settings lack (written before they were recorded)."""
+    return [k for k in current if k not in saved]
 
 
 # ----------------------------------------------------------------------------- writing
@@ -322,10 +344,13 @@ def _settings_note(folder: Path, settings: dict | None, allow_changed: bool) -> 
     if not isinstance(saved, dict):
         return f"{folder} records no RPG settings (written before they were): not compared"
     changes = settings_changes(saved, settings)
+    missing = unrecorded_keys(saved, settings)
+    unknown = (f"{folder} records no {', '.join(missing)} (written before they were): not compared"
+               if missing else None)
     if not changes:
-        return None
+        return unknown
     if allow_changed:
-        return f"settings changed since {folder} ({ALLOW_CHANGED}=true): {', '.join(changes)}"
+        return _join(f"settings changed since {folder} ({ALLOW_CHANGED}=true): {', '.join(changes)}", unknown)
     raise ResumeError(f"{folder} was trained with other RPG settings: {', '.join(changes)}; resume with the "
                       f"checkpoint's values, or set {ALLOW_CHANGED}=true to continue it with the new ones, or "
                       f"trainer.resume_mode=disable (another trainer.default_local_dir) to train from step 0")

@@ -1,7 +1,8 @@
 """``python -m rpg.data`` never guesses: a templated problem is recognised
 whatever its line endings and surrounding whitespace, several candidate columns stop with one line naming
 them and the option that chooses one, a ``--data-source`` no reward function scores is refused, a corrupt
-input names its file, and the small cases of ``prepare-all --datasets``, duplicated JSON keys, an all-rejected
+input names its file, an input labelled for another benchmark keeps its label (or ``--relabel`` says it does not),
+and the small cases of ``prepare-all --datasets``, duplicated JSON keys, an all-rejected
 run and an empty ``--out`` are each one line or a correct result."""
 
 from __future__ import annotations
@@ -222,3 +223,58 @@ def test_an_empty_path_option_is_refused(tmp_path, capsys, monkeypatch, args):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "an empty path" in err.splitlines()[-1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
+# ----------------------------------------------------------------------------- a file keeps its benchmark
+
+
+@pytest.mark.skipif(not (SHARED / "aime25.parquet").is_file(), reason=f"the authors' aime25.parquet not found in {SHARED}")
+def test_the_aime25_file_is_not_written_as_aime2024_unless_relabel_says_so(tmp_path, capsys):
+    """`prepare aime2024 --input aime25.parquet` wrote 30 AIME 2025 problems labelled aime2024 without a word (the
+    tables then put AIME25 results in the AIME24 column): one line naming both, nothing written; --relabel writes
+    them, saying so in one line."""
+    src, out = SHARED / "aime25.parquet", tmp_path / "x.parquet"
+    rc, stdout, err = _cli(capsys, "prepare", "aime2024", "--input", str(src), "--out", str(out))
+    assert rc == 2 and not out.exists() and stdout == ""
+    assert err.splitlines() == [
+        f"error: {src}: its rows are labelled data_source 'aime2025' (AIME25, 960 rows), but aime2024 writes "
+        "'aime2024' (AIME24); prepare their benchmark's preset (python -m rpg.data list), or pass --relabel to write "
+        "them as 'aime2024'"]
+    rc, stdout, err = _cli(capsys, "prepare", "aime2024", "--input", str(src), "--out", str(out), "--relabel")
+    assert rc == 0 and "wrote 30 rows (30 problems)" in stdout
+    assert err.splitlines() == [f"warning: aime2024: relabelled the rows of {src} labelled 'aime2025' (AIME25, 960 "
+                                "rows) as data_source 'aime2024' (--relabel): their results count as this benchmark's"]
+    assert set(pq.read_table(out, columns=["data_source"]).column("data_source").to_pylist()) == {"aime2024"}
+
+
+@pytest.mark.parametrize("dataset,labels,refused", [
+    ("aime2024", ["aime2024", "aime2024", "aime2025"], {"aime2025": 1}),  # one foreign row is enough
+    ("aime2024", ["math_dapo"] * 3, {}),  # the authors' AIME24 file (reports: math_dapo -> AIME24)
+    ("amc2023", ["amc_23"] * 3, {}),  # the authors' AMC23 file
+    ("aime2025", ["AIME2025"] * 3, {}),  # any case
+    ("minerva", ["olympiadbench"] * 3, {"olympiadbench": 3}),
+    ("dapo-math-17k-en", ["math_dapo", "aime2024", "amc2023"], {"aime2024": 1, "amc2023": 1}),  # a test set as training
+    ("dapo-math-17k-en", ["some_math_set"] * 3, {}),  # a training set of no benchmark: the preset's label
+])
+def test_rows_labelled_for_another_benchmark_are_refused(tmp_path, dataset, labels, refused):
+    """A built frame (verl's layout, with a data_source column): rows naming the benchmark the preset writes (or,
+    for a training preset, none) are prepared; others refused in one line naming each label with its count,
+    unless relabel, which the summary records."""
+    from rpg.data.hub_datasets import benchmark_named
+    from rpg.data.rows import Problem, build_rows
+
+    rows = build_rows([Problem(f"What is {i}+2?", str(i + 2), i) for i in range(len(labels))], "x", "test")
+    for row, label in zip(rows, labels):
+        row["data_source"] = label
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    if not refused:
+        assert prepare(dataset, tmp_path / "o.parquet", input_path=src).relabel_line() is None
+        return
+    with pytest.raises(ValueError) as err:
+        prepare(dataset, tmp_path / "o.parquet", input_path=src)
+    named = ", ".join(f"{v!r} ({benchmark_named(v)}, {n} rows)" for v, n in refused.items())
+    assert str(err.value).startswith(f"{src}: its rows are labelled data_source {named}, but {dataset} writes ")
+    assert "\n" not in str(err.value) and not (tmp_path / "o.parquet").exists()
+    s = prepare(dataset, tmp_path / "o.parquet", input_path=src, relabel=True)
+    assert s.relabelled == refused and s.rows_written == len(labels)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -175,8 +177,10 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     seen = {s["name"]: s["status"] for s in seen}
     assert seen == {"install": "passed", "environment": "failed", "gpu_tests": "running", "bench_losses": "pending",
                     "smoke_hf": "pending", "model_step": "pending", "smoke_vllm": "pending"}
-    assert sorted(f.name for f in out.iterdir()) == sorted(["summary.json"] + [f"{n}.log" for n in status
+    rid = summary["run_id"]  # each step's output in a file of this run's own
+    assert sorted(f.name for f in out.iterdir()) == sorted(["summary.json"] + [f"{n}.{rid}.log" for n in status
                                                                                if n != "smoke_vllm"])
+    assert steps["gpu_tests"]["log"] == f"gpu_tests.{rid}.log" and summary["previous_summary"] is None
     assert "bench_losses: TIMED_OUT" in p.stdout and "NOT all steps passed" in p.stdout
 
 
@@ -213,10 +217,10 @@ def test_the_smoke_runs_trainer_logs_come_back_with_the_kits_output(tmp_path):
     (tmp_path / "out").mkdir()
     ctx = kit_steps.Context(out=tmp_path / "out", work=tmp_path, carry=tmp_path, site=tmp_path, installed=True)
     step = next(s for s in kit_steps.STEPS if s.name == "smoke_hf")
-    r = kit_steps.StepRun(step, 270, tmp_path / "log", tmp_path / "work", tmp_path / "r.json")
+    r = kit_steps.StepRun(step, 270, tmp_path / "out" / "smoke_hf.R1.log", tmp_path / "work", tmp_path / "r.json")
     result = kit_steps.parse_smoke(ctx, r)
     assert result["problems"] == [] and result["line"].startswith("run 1: 1 steps in 9.0 s")
-    assert (tmp_path / "out" / "smoke_hf.first.trainer.log").read_text() == "Started a local Ray instance.\n"
+    assert (tmp_path / "out" / "smoke_hf.R1.first.trainer.log").read_text() == "Started a local Ray instance.\n"
 
 
 def test_a_step_the_budget_leaves_too_little_time_for_is_skipped_with_that_reason(tmp_path, monkeypatch):
@@ -263,3 +267,130 @@ def test_installed_without_the_stack_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as stop:
         run.main(["--out", str(tmp_path / "out"), "--installed", "--steps", "smoke_resume"])
     assert stop.value.code == 2 and not (tmp_path / "out").exists()
+
+
+def bench_stand_in(ratio: str) -> list[str]:
+    """benchmarks/bench_losses.py's table with one eager RPG row whose time ratio is ``ratio``."""
+    table = ["64 x 8192 tokens, float32", "loss  ops  ops ratio  time ms  time ratio  peak MiB  mem ratio",
+             "vanilla  10  1.00  2.00  1.00  3.0  1.00", f"rpg ufkl  10  1.00  2.00  {ratio}  3.0  0.80"]
+    return ["{python}", "-c", f"print({chr(10).join(table)!r})"]
+
+
+def test_a_rerun_into_the_same_out_reports_its_own_output(tmp_path, capsys):
+    """The docs' rerun of a failed step into the same --out: the second summary is the second run's (9.99, no
+    failure), each run's logs and summary kept."""
+    out, summaries = tmp_path / "out", []
+    failed = ["FAILED tests/gpu/test_x.py::test_a - boom", "= 1 failed, 4 passed in 1.00s ="]
+    for ratio, pytest_lines in (("1.50", failed), ("9.99", ["= 5 passed in 1.00s ="])):
+        stand_ins = tmp_path / f"stand_ins_{ratio}.json"
+        stand_ins.write_text(json.dumps({"gpu_tests": ["{python}", "-c", f"print({chr(10).join(pytest_lines)!r})"],
+                                         "bench_losses": bench_stand_in(ratio)}))
+        run.main(["--out", str(out), "--work", str(tmp_path / "work"), "--installed", "--steps",
+                  "gpu_tests,bench_losses", "--stand-ins", str(stand_ins)])
+        summaries.append(json.loads((out / "summary.json").read_text()))
+    first, second = ({s["name"]: s for s in summary["steps"]} for summary in summaries)
+    assert first["bench_losses"]["result"]["line"] == "eager RPG time 1.50-1.50 x vanilla"
+    assert first["gpu_tests"]["result"]["failures"] == ["FAILED tests/gpu/test_x.py::test_a - boom"]
+    assert second["bench_losses"]["result"]["line"] == "eager RPG time 9.99-9.99 x vanilla"
+    assert second["gpu_tests"]["status"] == "passed" and second["gpu_tests"]["result"]["failures"] == []
+    # the summary names its run and the logs it read; the first run's logs and summary are kept
+    (id1, id2), names = (s["run_id"] for s in summaries), {f.name for f in out.iterdir()}
+    assert id1 != id2 and second["bench_losses"]["log"] == f"bench_losses.{id2}.log"
+    assert summaries[1]["previous_summary"] == f"summary.{id1}.json"
+    assert json.loads((out / f"summary.{id1}.json").read_text()) == summaries[0]
+    assert names == {"summary.json", f"summary.{id1}.json"} | {f"{n}.{i}.log" for n in ("gpu_tests", "bench_losses")
+                                                               for i in (id1, id2)}
+    assert "1.50" in (out / f"bench_losses.{id1}.log").read_text()
+
+
+def live_members(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` that are not zombies (/proc/<pid>/stat: state, ppid, pgrp)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # ended meanwhile
+            continue
+        state, _, pgrp = text[text.rindex(")") + 2:].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def poll(ready, what: str, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not ready():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds:.0f} s"
+        time.sleep(0.05)
+
+
+# the step and a child of it, in the step's process group; their pids written once both run
+SLEEPER = ["{python}", "-c", "import os, subprocess, sys, time; "
+           "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+           "w = os.environ['RPG_GPU_KIT_WORK']; open(os.path.join(w, 'pids.tmp'), 'w').write("
+           "f'{os.getpid()} {os.getpgrp()} {p.pid}'); os.replace(os.path.join(w, 'pids.tmp'), "
+           "os.path.join(w, 'pids')); time.sleep(60)"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_ends_the_running_steps_process_group_and_says_so(tmp_path, sig):
+    out, stand_ins = tmp_path / "out", tmp_path / "stand_ins.json"
+    stand_ins.write_text(json.dumps({"gpu_tests": SLEEPER, "bench_losses": ["{python}", "-c", "pass"]}))
+    pids = tmp_path / "work" / "gpu_tests" / "pids"
+    with open(tmp_path / "kit.log", "wb") as log:
+        kit = subprocess.Popen([sys.executable, "-m", "rpg.gpu_kit.run", "--out", str(out), "--work",
+                                str(tmp_path / "work"), "--installed", "--steps", "gpu_tests,bench_losses",
+                                "--stand-ins", str(stand_ins)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    step = None
+    try:
+        poll(lambda: pids.exists() or kit.poll() is not None, "the step's start")
+        step, pgid, child = (int(x) for x in pids.read_text().split())
+        assert pgid == step and child in live_members(step)
+        kit.send_signal(sig)
+        assert kit.wait(timeout=60) == 128 + sig, (tmp_path / "kit.log").read_text()
+        poll(lambda: not live_members(step), "the step's process group's end")  # the child gets its signal last
+    finally:
+        if kit.poll() is None:
+            kit.kill()
+            kit.wait()
+        if step is not None and live_members(step):  # without the fix: the step we started lives on
+            os.killpg(step, signal.SIGKILL)
+    summary = json.loads((out / "summary.json").read_text())
+    steps = {s["name"]: s for s in summary["steps"]}
+    assert summary["finished"] and summary["stopped_by"] == sig.name and summary["all_passed"] is False
+    assert steps["gpu_tests"]["status"] == "stopped" and steps["gpu_tests"]["pid"] == step
+    assert steps["gpu_tests"]["reason"] == f"the kit got {sig.name}: the step's process group was stopped"
+    assert steps["bench_losses"] == {**steps["bench_losses"], "status": "skipped",
+                                     "reason": f"not started: the kit got {sig.name}"}
+    assert f"stopped by {sig.name}" in (tmp_path / "kit.log").read_text()
+
+
+def test_a_budget_or_box_that_is_not_a_finite_positive_number_is_refused_before_any_step(tmp_path, capsys):
+    stand_ins = tmp_path / "stand_ins.json"
+    stand_ins.write_text(json.dumps({"model_step": ["{python}", "-c", "pass"]}))
+    for args, option in ((["--budget", "nan"], "argument --budget: 'nan'"), (["--budget", "inf"], "--budget: 'inf'"),
+                         (["--box", "model_step=nan"], "--box model_step=nan: SECONDS 'nan'"),
+                         (["--box", "model_step=inf"], "--box model_step=inf: SECONDS 'inf'")):
+        with pytest.raises(SystemExit) as stop:
+            run.main(["--out", str(tmp_path / "out"), "--installed", "--steps", "model_step", "--stand-ins",
+                      str(stand_ins), *args])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.count("\n") == 1 and option in err, err
+        assert "expected a finite number of seconds > 0" in err and not (tmp_path / "out").exists()
+
+
+def test_a_malformed_carry_manifest_is_one_line_naming_it(tmp_path, capsys):
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    for text, wrong in (("{", "not a readable JSON file (Expecting property name"),
+                        ('{"wheels": {}}', "no 'carry' key (an object with file, sha256 and bytes)"),
+                        ('{"carry": {"file": "w.tar.xz"}, "wheels": {}, "excluded": {}, "only_needed_by_excluded": []}',
+                         "no carry.sha256")):
+        (carry / "manifest.json").write_text(text)
+        (problem,) = install.install(carry, tmp_path / "site")["problems"]
+        assert problem.startswith(f"{carry / 'manifest.json'}: {wrong}") and problem.endswith("carry .gpu_kit")
+        assert install.main(["--carry", str(carry), "--site", str(tmp_path / "site")]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"rpg.gpu_kit.install: {carry / 'manifest.json'}: {wrong}")
+    assert not (tmp_path / "site").exists()

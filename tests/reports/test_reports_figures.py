@@ -124,3 +124,32 @@ def test_fig4_layout_labels_xlim_last_marker_and_seed_band(tmp_path, monkeypatch
     assert len(val.collections) == 1  # one std band (RPG has two seeds, GRPO one)
     band = val.collections[0].get_paths()[0].vertices
     assert band[:, 1].max() == pytest.approx(0.31 + 0.1 / 2 ** 0.5, abs=1e-6)  # mean + sample std (ddof 1)
+
+
+def test_a_seed_stopped_early_is_counted_in_the_legend(tmp_path, monkeypatch):
+    """Two seeds of RPG, one stopped at step 50: the legend said "mean ± std over 2 seeds" while after step 50 the
+    line is one seed's; now its entry says n=1 after step 50, and a warning names each run's last step."""
+    from matplotlib.figure import Figure
+
+    figs = []
+    orig = Figure.savefig
+
+    def keep(self, *a, **k):
+        figs.append(self)
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    logs = read_run(_jsonl(tmp_path / "a.jsonl"))
+    stopped = {k: {s: v + 0.1 for s, v in series.items() if s <= 50} for k, series in logs.items()}
+    _, warns = plot_curves([("RPG", logs), ("RPG", stopped)], tmp_path / "f")
+    assert warns == ["run 'RPG': its runs end at different steps (#1 at step 100, #2 at step 50); its line averages "
+                     "fewer runs after the earliest (n=1 after step 50: the legend says so)"]
+    legend = figs[0].legends[0]
+    assert legend.get_title().get_text() == "mean ± std over 2 seeds"
+    assert [t.get_text() for t in legend.get_texts()][0] == "RPG (n=1 after step 50)"
+    _, warns = plot_curves([("RPG", logs), ("RPG", stopped), ("GRPO", logs)], tmp_path / "g")
+    assert [t.get_text() for t in figs[-1].legends[0].get_texts()][:2] == [
+        "RPG (mean ± std, 2 seeds; n=1 after step 50)", "GRPO"]
+    from rpg.reports.figures import fewer_runs
+
+    assert fewer_runs([400, 120, 200]) == "n=2 after step 120, n=1 after step 200" and fewer_runs([9, 9]) is None

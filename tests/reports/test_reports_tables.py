@@ -299,9 +299,10 @@ def test_seeds_sharing_a_label_give_mean_and_sample_std():
     rows = _md_rows(md, marks=True)
     assert rows["GRPO"][0] == "0.4000 ± 0.2000" and rows["DAPO"][0] == "**0.5000**"
     assert r"0.4000 $\pm$ 0.2000" in render_latex(td)
-    # a seed without the step: the mean is over the runs that have it, with a warning
+    # a seed without the step: the mean is over the runs that have it, with a warning (its Best ends at step 390:
+    # allowed, that cell is marked)
     partial = _runs_with_last({"GRPO": [0.2, 0.4]}) + [("GRPO", {"val-core/aime2024/acc/mean@32": {0: 0.0, 390: 0.9}})]
-    td = build_table(partial, "6")
+    td = build_table(partial, "6", allow_unequal_steps=True)
     assert dict(td.rows)["GRPO"][("AIME24", "last")].n == 2
     assert any("GRPO #3" in w and "no value at step 400" in w for w in td.warnings)
     assert any("'GRPO' AIME24 Last: mean over 2 of 3 runs" in w for w in td.warnings)
@@ -337,3 +338,47 @@ def test_authors_mean_at_1_layout_is_named_in_the_error(tmp_path, capsys):
     assert main_tables([str(log), "--table", "3"]) == 2
     assert "use --metric acc/mean@1" in capsys.readouterr().err
     assert main_tables([str(log), "--table", "3", "--metric", "acc/mean@1"]) == 0
+
+
+def _stopped_seed() -> list[tuple[str, dict]]:
+    """Two seeds of RPG: one of 400 steps (AIME24 0.6 at step 400), one stopped at step 120 (0.32 there)."""
+    full = {s: 0.2 + s / 1000 for s in range(0, 401, 10)}
+    stopped = {s: 0.2 + s / 1000 for s in range(0, 121, 10)}
+    return [("RPG", {"val-core/aime2024/acc/mean@32": full}), ("RPG", {"val-core/aime2024/acc/mean@32": stopped})]
+
+
+def test_seeds_that_end_at_different_steps_are_refused_unless_allowed_and_then_marked(tmp_path, capsys):
+    """--last-step final averaged step 400 of one seed with step 120 of the other (Last = 0.4600 ± 0.1980), and
+    Best over 400 steps with Best over 120, without a word: one line naming the runs and their last steps;
+    --allow-unequal-steps reports them, each such cell marked ‡ with a note; a step both runs evaluated is fine."""
+    runs = _stopped_seed()
+    with pytest.raises(ValueError) as err:
+        build_table(runs, "6", last_step=None)
+    assert str(err.value).startswith("runs of one label end at different steps, and their mean would mix them: "
+                                     "'RPG' (AIME24 Last, AIME24 Best): RPG #1 at step 400, RPG #2 at step 120; ")
+    assert "--allow-unequal-steps" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"'RPG' \(AIME24 Best\): RPG #1 at step 400, RPG #2 at step 120;"):
+        build_table(runs, "6")  # Last at step 400: only run #1 has it (warned); Best still over unequal spans
+    td = build_table(runs, "6", last_step=None, allow_unequal_steps=True)
+    last = dict(td.rows)["RPG"][("AIME24", "last")]
+    assert (last.ours, last.n) == (pytest.approx(0.46), 2) and last.steps == "RPG #1 at step 400, RPG #2 at step 120"
+    md = render_markdown(td)
+    assert _md_rows(md)["RPG"][0] == "0.4600 ± 0.1980 ‡"
+    note = "mean over runs that end at different steps: 'RPG' (AIME24 Last, AIME24 Best): RPG #1 at step 400, RPG #2 at step 120"
+    assert f"‡ {note}" in md.splitlines() and note in td.warnings
+    assert r"0.4600 $\pm$ 0.1980$^\ddagger$" in render_latex(td)
+    same = build_table(runs, "6", last_step=120)
+    assert not same.step_notes and dict(same.rows)["RPG"][("AIME24", "last")].steps is None
+    # the command line: exit 2, one error line; the option prints the table and the warning
+    logs = []
+    for k, (_, metrics) in enumerate(runs):
+        path = tmp_path / f"seed{k}.jsonl"
+        path.write_text("".join(f'{{"step": {s}, "data": {{"val-core/aime2024/acc/mean@32": {v}}}}}\n'
+                                for s, v in metrics["val-core/aime2024/acc/mean@32"].items()))
+        logs.append(f"RPG={path}")
+    assert main_tables([*logs, "--table", "6", "--last-step", "final"]) == 2
+    err_lines = capsys.readouterr().err.splitlines()
+    assert len(err_lines) == 1 and err_lines[0].startswith("error: runs of one label end at different steps")
+    assert main_tables([*logs, "--table", "6", "--last-step", "final", "--allow-unequal-steps"]) == 0
+    cap = capsys.readouterr()
+    assert "0.4600 ± 0.1980 ‡" in cap.out and f"warning: {note}" in cap.err.splitlines()

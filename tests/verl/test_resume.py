@@ -929,6 +929,60 @@ def test_a_resume_compares_the_keys_declared_recorded_and_no_others(tmp_path):
     assert changed.trainer.resume_from_path == str(d)
 
 
+def test_a_resume_of_another_model_tokenizer_or_length_is_refused_before_ray(tmp_path):
+    """run_grpo_7b_7binstruct pointed at run_grpo_7b's checkpoints (Qwen2.5-Math-7B weights continued as the
+    Instruct model) or a ctx4k checkpoint resumed at ctx8k: refused in one line naming each key, old -> new,
+    before Ray; another config.json at the same model path too (its digest); allowed with
+    rpg.resume.allow_changed_settings=true."""
+    from rpg.verl.checkpoints import MODEL_CONFIG, RUN_KEYS, recorded_settings, resume_keys
+
+    assert set(RUN_KEYS) | {MODEL_CONFIG} <= set(resume_keys())
+    math, instruct = tmp_path / "Qwen2.5-Math-7B", tmp_path / "Qwen2.5-7B-Instruct"
+    for folder, arch in ((math, "math"), (instruct, "instruct")):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"name": arch}))
+    d = _ckpt(tmp_path / "ckpt", 2, tracker=True)
+    saved = recorded_settings(_applied_cfg(tmp_path, f"actor_rollout_ref.model.path={math}"))
+    assert saved[MODEL_CONFIG] is not None and saved["data.max_response_length"] is not None
+    write_marker(d, 2, saved)
+    refusals = {f"actor_rollout_ref.model.path={instruct}": f"actor_rollout_ref.model.path: '{math}' -> '{instruct}'",
+                f"actor_rollout_ref.model.tokenizer_path={instruct}":
+                    f"actor_rollout_ref.model.tokenizer_path: None -> '{instruct}'",
+                f"data.max_response_length={2 * saved['data.max_response_length']}":
+                    f"data.max_response_length: {saved['data.max_response_length']} -> "
+                    f"{2 * saved['data.max_response_length']}",
+                f"data.max_prompt_length={2 * saved['data.max_prompt_length']}": "data.max_prompt_length: "}
+    for override, named in refusals.items():
+        with pytest.raises(ResumeError) as err:
+            _prepare(_cfg(tmp_path, f"actor_rollout_ref.model.path={math}", override))
+        msg = str(err.value)
+        assert "\n" not in msg and msg.startswith(f"{d} was trained with other RPG settings: ") and named in msg, msg
+        assert "rpg.resume.allow_changed_settings=true" in msg
+    (math / "config.json").write_text(json.dumps({"name": "another model copied to the same path"}))
+    with pytest.raises(ResumeError, match=rf"{MODEL_CONFIG.replace('(', '.').replace(')', '.')}: '[0-9a-f]{{64}}' -> "):
+        _prepare(_cfg(tmp_path, f"actor_rollout_ref.model.path={math}"))
+    allowed = _cfg(tmp_path, f"actor_rollout_ref.model.path={instruct}", "rpg.resume.allow_changed_settings=true")
+    _prepare(allowed)
+    assert allowed.trainer.resume_from_path == str(d)
+
+
+def test_an_old_marker_without_the_model_and_lengths_resumes_saying_what_it_cannot_compare(tmp_path, capsys):
+    """A marker written before the model, tokenizer and lengths were recorded resumes (nothing to compare them
+    with) and the resume line names each key it could not compare; one line."""
+    from rpg.verl.checkpoints import MODEL_CONFIG, RUN_KEYS, recorded_settings
+
+    d = _ckpt(tmp_path / "ckpt", 2, tracker=True)
+    saved = recorded_settings(_applied_cfg(tmp_path))
+    write_marker(d, 2, {k: v for k, v in saved.items() if k not in (*RUN_KEYS, MODEL_CONFIG)})
+    capsys.readouterr()
+    cfg = _cfg(tmp_path, "data.max_response_length=64")
+    _prepare(cfg)
+    assert cfg.trainer.resume_from_path == str(d)
+    note = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
+    assert len(note) == 1 and note[0].endswith(
+        f"; {d} records no {', '.join((*RUN_KEYS, MODEL_CONFIG))} (written before they were): not compared"), note
+
+
 def test_a_stopped_cpu_launch_prints_a_resume_command_that_runs_the_same_launch(tmp_path, monkeypatch, capsys):
     """``RPG_BACKEND=cpu`` of a paper script stopped by a signal: its resume command goes back to the folder
     it was launched from (relative paths mean the same), repeats the variables the user set (RPG_BACKEND=cpu first of

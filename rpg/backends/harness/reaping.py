@@ -78,14 +78,14 @@ def terminate_group(proc: subprocess.Popen, wait_s: float = 15.0) -> None:
     the trainer is still running; the trainer is reaped only after that, so its pid, the group's id, is
     never another process's when signalled."""
     os.kill(proc.pid, signal.SIGTERM)  # not Popen.send_signal: its poll() could reap the trainer first
-    exited = _exited_unreaped(proc.pid, wait_s)
+    exited = exited_unreaped(proc.pid, wait_s)
     if exited is not None:  # None: reaped elsewhere, its pid no longer ours to signal
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM if exited else signal.SIGKILL)
     proc.wait(timeout=wait_s)
 
 
-def _exited_unreaped(pid: int, wait_s: float) -> bool | None:
+def exited_unreaped(pid: int, wait_s: float) -> bool | None:
     """Whether child ``pid`` exits within ``wait_s``, left unreaped (``waitid`` with ``WNOWAIT``, so its pid
     stays taken); None if it was reaped already."""
     deadline = time.time() + wait_s
