@@ -4,8 +4,8 @@ The tiny task's settings (``rpg.tiny.overrides.tiny_task_overrides``: data files
 temperature 1 in training and validation, one pass of several mini-batches per rollout batch) with this model's
 sizes: rollout batches of ``TRAIN_BATCH_SIZE`` prompts x ``ROLLOUT_N`` responses, mini-batches of
 ``MINI_BATCH_SIZE`` prompts (``TRAIN_BATCH_SIZE / MINI_BATCH_SIZE`` optimizer steps per rollout batch: the
-off-policy regime), one response per validation prompt, and the paper's micro-batching by token budget
-(``use_dynamic_bsz``; ``TOKEN_BUDGET`` below says why its value).
+off-policy regime), one response per validation prompt, and micro-batching by token budget (``use_dynamic_bsz``;
+``cpu_token_budgets`` below says why a whole mini-batch, and a whole rollout batch, per micro-batch on CPU).
 """
 
 from __future__ import annotations
@@ -20,13 +20,6 @@ ROLLOUT_N = 4  # responses per prompt (a group)
 VAL_N = 1  # responses per validation prompt
 MAX_PROMPT_LENGTH = 224  # the task's longest prompt (the worked example's turns, the problem's) is 203 tokens (tested)
 MAX_RESPONSE_LENGTH = 96  # the base model's answers: 40 tokens on average; "17 + 8 = 25.\nAnswer: 25" is 16
-# Tokens per micro-batch of the log-prob passes and the update. verl packs a micro-batch's sequences into one
-# row (use_remove_padding); on CPU transformers' sdpa attention then runs over the whole row with a
-# block-diagonal mask, so its cost per token grows with the row's length (about 69k x row length FLOPs per token
-# for this model, against 270M for its matrix products: +26 % at 1024 tokens, +200 % for a step's 32 sequences of
-# 250 tokens in one row), while the matrix products want rows of hundreds of tokens. benchmarks/bench_smol_base.py
-# --forward times the alternatives.
-TOKEN_BUDGET = 1024
 LR = 1e-5
 STEPS = 6  # with three validations of the 200 problems: 32 min 47 s on 2 cores (docs/smol.md, Cost)
 TEST_FREQ = 3
@@ -39,8 +32,8 @@ TIMEOUT_S = 4 * 3600.0
 # regime; 64 sequences, split by any GPU count dividing 64), and micro-batches of up to 16384 tokens: a mini-batch
 # holds at most 64 x (203 + 96) = 19.1k tokens, about 15.6k with the base model's 40-token responses, so an update
 # takes one or two, whose float32 logits over the 49k vocabulary (3.2 GB) fit any GPU the smoke run targets.
-# (TOKEN_BUDGET's reason, attention over a whole packed row on CPU, does not hold for flash-attention's
-# variable-length kernels, which attend within each sequence.)
+# (The CPU budgets' reason, the prefix tree, is the CPU engine's: on a GPU verl's packed forward with flash-attention's
+# variable-length kernels computes each sequence whole.)
 GPU_SIZES = {"train_batch_size": 32, "n": 8, "mini_batch_size": 8, "token_budget": 16384}
 
 
@@ -59,6 +52,20 @@ def omp_threads(cores: int, trainer_mode: str | None = None, world_size: int = 1
     return max(1, cores // max(1, world_size))
 
 
+# Tokens per micro-batch on CPU. The CPU backend's actor computes a micro-batch as a prefix tree
+# (rpg.backends.cpu.tree_engine): each distinct prefix once, so a group's prompt once for its responses and the
+# prompts' common 155-token opening once for all. The more of a batch one micro-batch holds, the less it computes: a
+# mini-batch of 2 prompts x 4 responses (about 1,750 tokens) is about 460 distinct ones, a rollout batch (about 7,000)
+# about 1,300. So the update takes a whole mini-batch per micro-batch and the log-prob passes a whole rollout batch
+# (budgets counted in the sequences' own tokens, at their longest: prompt and response limits).
+def cpu_token_budgets(train_batch_size: int, n: int, mini_batch_size: int, max_response_length: int,
+                      world_size: int = 1) -> tuple[int, int]:
+    """(update, log-prob) tokens per micro-batch per rank: a rank's share of a mini-batch and of a rollout batch."""
+    longest = MAX_PROMPT_LENGTH + max_response_length
+    per_rank = lambda prompts: -(-prompts * n // max(1, world_size)) * longest  # noqa: E731
+    return per_rank(mini_batch_size), per_rank(train_batch_size)
+
+
 def check_world_size(world_size: int) -> None:
     """ValueError (one line) unless ``world_size`` ranks split a mini-batch evenly."""
     _check_world_size(world_size, MINI_BATCH_SIZE, ROLLOUT_N)
@@ -67,20 +74,24 @@ def check_world_size(world_size: int) -> None:
 def smol_task_overrides(assets, steps: int = STEPS, test_freq: int = TEST_FREQ, world_size: int = 1,
                         trainer_mode: str | None = None, max_response_length: int = MAX_RESPONSE_LENGTH,
                         train_batch_size: int = TRAIN_BATCH_SIZE, n: int = ROLLOUT_N,
-                        mini_batch_size: int = MINI_BATCH_SIZE, token_budget: int = TOKEN_BUDGET) -> list[str]:
+                        mini_batch_size: int = MINI_BATCH_SIZE, token_budget: int | None = None) -> list[str]:
     """Model, data, sizes, sampling and schedule of the SmolLM2 task (no algorithm settings); ``assets`` a
-    ``rpg.smol.build.SmolAssets``; the sizes default to the CPU run's (``GPU_SIZES``: the GPU smoke run's)."""
+    ``rpg.smol.build.SmolAssets``; the sizes default to the CPU run's (``GPU_SIZES``: the GPU smoke run's, whose
+    ``token_budget`` serves every pass; None: ``cpu_token_budgets``)."""
     base = tiny_task_overrides(assets, steps, test_freq, train_batch_size, n, VAL_N, mini_batch_size,
                                world_size, trainer_mode)
-    budget = max(token_budget, MAX_PROMPT_LENGTH + max_response_length)  # a micro-batch holds any one sequence
+    update, log_prob = ((token_budget, token_budget) if token_budget is not None else
+                        cpu_token_budgets(train_batch_size, n, mini_batch_size, max_response_length, world_size))
+    longest = MAX_PROMPT_LENGTH + max_response_length  # a micro-batch holds any one sequence
+    update, log_prob = max(update, longest), max(log_prob, longest)
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     return merge_overrides(base, [
         f"data.max_prompt_length={MAX_PROMPT_LENGTH}",
         f"data.max_response_length={max_response_length}",
         f"{a}.use_dynamic_bsz=True",
-        f"{a}.ppo_max_token_len_per_gpu={budget}",
+        f"{a}.ppo_max_token_len_per_gpu={update}",
         f"{r}.log_prob_use_dynamic_bsz=True",
-        f"{r}.log_prob_max_token_len_per_gpu={budget}",
+        f"{r}.log_prob_max_token_len_per_gpu={log_prob}",
         "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
-        f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={budget}",
+        f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={log_prob}",
     ])

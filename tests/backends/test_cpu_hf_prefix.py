@@ -221,3 +221,23 @@ def test_full_determinism_still_decodes_each_sequence_alone_with_a_shared_prefix
 
     got = [(o.token_ids, o.log_probs) for o in asyncio.run(together())]
     assert got == [(o.token_ids, o.log_probs) for o in (asyncio.run(alone(p, k)) for p, k in requests)]
+
+
+def test_the_grouped_head_attention_decodes_as_transformers_sdpa():
+    """rpg.backends.hf_rollout.attention on a random Llama with grouped key/value heads (SmolLM2's layout): the same
+    tokens and log-probs as transformers' sdpa, shared prefix and padding included, greedy and sampled."""
+    from rpg.backends.hf_rollout import attention
+
+    g = torch.Generator().manual_seed(2)
+    head = torch.randint(2, 64, (20,), generator=g).tolist()
+    prompts = [head + torch.randint(2, 64, (k,), generator=g).tolist() for k in (1, 6, 3)] + [[5, 9, 11]]
+    kw = dict(eos_ids={1}, pad_id=0, max_model_len=128, device=torch.device("cpu"), global_steps=None)
+    runs = []
+    for name in ("sdpa", attention.register()):
+        model = _random_llama()
+        model.set_attn_implementation(name)
+        assert model.config._attn_implementation == name
+        runs.append([sampling.generate_batch(model, prompts, t, 1.0, -1, 10, s, **kw)
+                     for t, s in ((0.0, None), (1.0, [1, 2, 3, 4]))])
+    for got, want in zip(*runs):
+        _same(got, want, atol=1e-6)

@@ -178,3 +178,35 @@ def test_read_positions_are_verls_response_slice():
     assert (reads.starts, reads.ends) == ([6, 5], [9, 6])
     values = prefix_tree.packed_values([torch.tensor([1.0, 2.0, 3.0]), torch.tensor([4.0])], [10, 7], reads)
     assert values.tolist() == [0.0] * 6 + [1.0, 2.0, 3.0, 0.0] + [0.0] * 5 + [4.0, 0.0]
+
+
+def test_a_text_micro_batch_takes_the_tree_and_others_verls_step():
+    """What verl's v1 workers send (each sample's empty multi-modal inputs among the keys) is covered; the cases the tree does not
+    cover are named, and RPG_CPU_PREFIX_TREE=0 turns it off."""
+    from verl.utils import tensordict_utils as tu
+
+    _, tree_engine = engines(smol_shaped_llama())
+    td = micro_batch(groups())
+    tu.assign_non_tensor_stack(td, "multi_modal_inputs", [{} for _ in range(len(td))])
+    assert tree_engine.uncovered(td) is None
+    for flag in ("use_fused_kernels", "calculate_sum_pi_squared", "distillation_use_topk"):
+        other = micro_batch(groups())
+        tu.assign_non_tensor(other, **{flag: True})
+        assert tree_engine.uncovered(other) == flag
+    tree_engine.ulysses_sequence_parallel_size = 2
+    assert tree_engine.uncovered(td) == "sequence parallelism"
+    tree_engine.ulysses_sequence_parallel_size = 1
+    tree_engine.module = smol_shaped_llama()
+    tree_engine.module.config.layer_types = ["sliding_attention", "full_attention"]
+    assert "sliding" in tree_engine.uncovered(td)
+
+
+def test_the_switch(monkeypatch):
+    from rpg.backends.cpu import tree_engine
+
+    assert tree_engine.enabled({}) and not tree_engine.enabled({tree_engine.ENV: "0"})
+    with pytest.raises(ValueError, match="RPG_CPU_PREFIX_TREE='yes': allowed 0"):
+        tree_engine.enabled({tree_engine.ENV: "yes"})
+    monkeypatch.setenv(tree_engine.ENV, "0")
+    _, engine = engines(smol_shaped_llama())
+    assert engine.uncovered(micro_batch(groups())) == "RPG_CPU_PREFIX_TREE=0"

@@ -58,9 +58,11 @@ def test_the_smol_run_has_its_models_sizes_schedule_and_names(started):
     assert v["actor_rollout_ref.rollout.val_kwargs.temperature"] == 1.0
     for key in ("actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"):
         assert v[key] is True
-    for key in ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-                "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"):
-        assert v[key] == smol.TOKEN_BUDGET
+    # the prefix tree: a whole mini-batch per update micro-batch, a whole rollout batch per log-prob micro-batch
+    assert v["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == 2 * 4 * (224 + 96)
+    for key in ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+                "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"):
+        assert v[key] == 8 * 4 * (224 + 96)
     assert (v["trainer.total_training_steps"], v["trainer.test_freq"]) == (smol.STEPS, smol.TEST_FREQ)
     assert v["actor_rollout_ref.actor.optim.lr"] == smol.LR
     assert (v["rpg.loss.form"], v["rpg.loss.divergence"], v["rpg.loss.clip"]) == ("reinforce", "ufkl", True)

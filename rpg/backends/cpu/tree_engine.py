@@ -23,6 +23,7 @@ import torch
 from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.dataset_utils import DatasetPadMode
 from verl.utils.device import get_device_id
+from verl.utils.model import extract_multi_modal_inputs
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.engine.utils import detach_tree
 
@@ -61,7 +62,7 @@ class PrefixTreeEngine(FSDPEngineWithLMHead):
         if tu.get_non_tensor_data(data=micro_batch, key="pad_mode", default=DatasetPadMode.NO_PADDING) \
                 != DatasetPadMode.NO_PADDING:
             return "a padded layout"
-        if micro_batch.get("multi_modal_inputs", None) is not None:
+        if extract_multi_modal_inputs(micro_batch.get("multi_modal_inputs", [])):
             return "multi-modal inputs"
         if not micro_batch["input_ids"].is_nested or micro_batch["position_ids"].dim() != 2:
             return "3-D position ids"

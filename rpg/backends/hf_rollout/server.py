@@ -91,6 +91,10 @@ class HFRolloutServer:
         self.model = AutoModelForCausalLM.from_pretrained(
             self.model_config.local_path, dtype=torch.float32, attn_implementation="sdpa"
         ).to(self.device).eval()
+        if self.device.type == "cpu":  # the grouped key/value heads as they are (attention.py)
+            from rpg.backends.hf_rollout import attention
+
+            self.model.set_attn_implementation(attention.register())
         self.share_prefix = bool(getattr(self.config, "enable_prefix_caching", True))
         why_not = shared_prefix_support(self.model) if self.share_prefix else None
         if why_not:
