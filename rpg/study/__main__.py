@@ -37,8 +37,8 @@ import sys
 from pathlib import Path
 
 from rpg.common.user_paths import user_folder
-from rpg.study.grid import (BUILTIN_COSTS, LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, LAG_UPDATES, METHODS,
-                            STALENESS_ARMS, STALENESS_COSTS, STALENESS_SIZES, STRESS_METHODS, WEIGHT_ARMS,
+from rpg.study.grid import (BUILTIN_COSTS, LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, LAG_UPDATES,
+                            METHODS, STALENESS_ARMS, STALENESS_COSTS, STALENESS_SIZES, STRESS_METHODS, WEIGHT_ARMS,
                             WEIGHTS_METHOD, Sizes, calibrate, describe, fmt_duration, grid, lag_grid, staleness_grid,
                             weights_grid)
 from rpg.study.smol import (SMOL_BUDGET_S, SMOL_METHODS, SMOL_SEEDS, SMOL_SIZES, SMOL_TIMEOUT_S, SmolSizes, smol_costs,
@@ -142,9 +142,9 @@ def _finish_declared(study, out: Path, report_dir: Path, specs, records: list[di
 
 def _design(study, args, specs, report_dir: Path) -> str | None:
     """The ``design`` of a declared study's runs.csv rows (``rpg.study.declared.Design.label``; None for the other
-    grids), after its checks (ValueError, one line): ``--exploratory`` only with a declared study; an option the plan fixes otherwise only with it; a
-    runs.csv in ``report_dir`` of another design, or with finished runs this grid lacks, refused before any run
-    (``rpg.study.declared.check_report``)."""
+    grids), after its checks (ValueError, one line): ``--exploratory`` only with a declared study; an option the
+    plan fixes otherwise only with it; a runs.csv in ``report_dir`` of another design, or with finished runs this
+    grid lacks, refused before any run (``rpg.study.declared.check_report``)."""
     from rpg.study.declared import check_report
 
     if study is None:

@@ -112,8 +112,8 @@ class Design:
         runs = sorted((r["seed"], r["cell"]) for r in rows)
         want = sorted((s, c) for s in range(1, self.seeds + 1) for c in self.cells)
         if runs != want:
-            raise ValueError(f"{source}: {len(runs)} rows called {DECLARED}, not the {len(want)} runs the plan declares "
-                             f"({self.seeds} seeds x {len(self.cells)} cells, {self.plan}), each once")
+            raise ValueError(f"{source}: {len(runs)} rows called {DECLARED}, not the {len(want)} runs the plan "
+                             f"declares ({self.seeds} seeds x {len(self.cells)} cells, {self.plan}), each once")
         return label
 
     def note(self, label: str) -> list[str]:

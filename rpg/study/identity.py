@@ -166,13 +166,14 @@ def code_state(outputs: tuple[Path, ...] = ()) -> dict[str, str | None]:
     untracked = _git("ls-files", "--others", "--exclude-standard", "-z", *spec)
     if commit is None or diff is None or untracked is None:
         return {"code": describe.decode().strip() if describe else "unknown", "commit": None, "changes": None}
+    from rpg.verl.checkpoints import file_digest
 
     h, dirty = hashlib.sha256(diff), bool(diff)
     for name in sorted(n for n in untracked.decode(errors="surrogateescape").split("\0") if n):
         dirty = True
         path = CHECKOUT / name
         h.update(name.encode(errors="surrogateescape") + b"\0")
-        h.update(path.read_bytes() if path.is_file() and not path.is_symlink() else b"")
+        h.update((file_digest(path) if path.is_file() and not path.is_symlink() else "").encode() + b"\0")
     return {"code": describe.decode().strip() if describe else commit.decode().strip()[:7],
             "commit": commit.decode().strip(), "changes": h.hexdigest() if dirty else None}
 

@@ -53,10 +53,11 @@ def test_a_declared_study_refuses_an_undeclared_design_in_one_line(tmp_path, cap
     assert not (tmp_path / "s").exists()
 
 
-def test_the_declared_design_in_another_order_is_the_declared_design(tmp_path, capsys):
-    cells = ",".join(reversed(ALL_CELLS.split(",")))
-    assert main(["--lag", "--dry-run", "--out", str(tmp_path), "--cells", cells, "--seeds", "12", "--steps", "24"]) == 0
-    assert capsys.readouterr().out.startswith("design: declared (docs/study/lag/PLAN.md)\n")
+def test_the_declared_values_named_in_another_order_are_the_declared_design():
+    specs = G.lag_grid(12, G.Sizes(steps=24, test_freq=4, prompts=16, n=4, val_n=8), tuple(reversed(G.LAG_CELLS)))
+    assert L.DESIGN.label(L.chosen(specs), exploratory=False) == DECLARED
+    assert S.DESIGN.label(S.chosen(S.smol_grid(methods=tuple(reversed(S.SMOL_METHODS)))), False) == DECLARED
+    assert L.DESIGN.label(L.chosen(specs), exploratory=True) == "exploratory: the declared values"
 
 
 HOW = ("--seeds 1 (declared 12); --cells lag0-noclip-token,lag1-noclip-none (declared " + ALL_CELLS + "); --steps 4 "
