@@ -12,8 +12,15 @@ each, 8 steps by default, into ``outputs/study_staleness``. ``--lag`` runs the d
 ``--report-dir`` and renders ``results.md`` and ``lag.png`` from that CSV alone (``--render-only``: from the CSV,
 without runs). ``--model smol`` runs the declared SmolLM2 comparison instead (docs/study/smol/PLAN.md: GRPO, RPG-UFKL
 and RPG-REINFORCE-UFKL with RPG-Style Clip on SmolLM2-135M-Instruct, ``--seeds`` (default 3) each, one run at a time,
-into ``outputs/study_smol``), its CSV, tables and figure as the lag study's. ``--dry-run`` prints the grid
-and its time estimate and starts nothing; ``--render-only`` renders what has finished.
+into ``outputs/study_smol``), its CSV, tables and figure as the lag study's. A declared study runs the design its plan
+declares: another value of an option that shapes its runs (``--seeds``, ``--steps``, ``--val-n``, ``--cells`` ...)
+is refused in one line naming the declared value, unless ``--exploratory``, which the start's design line, every
+runs.csv row and results.md say (no verdict). ``--dry-run`` prints the grid and its time estimate and starts
+nothing; ``--render-only`` renders what has finished.
+
+A finished run is reused only when made with this start's settings, code (commit and uncommitted changes) and torch
+threads per process; one made by other code or threads stops the start (and the dry run) with one line naming it,
+unless ``--rerun-other-code`` runs it again (its folder moved to ``<out>/stale``, kept).
 
 Every argument is checked before anything is run or written, under ``--dry-run`` too: one line
 (``rpg.study: ...``), exit 2: counts >= 1 (``--seeds 0`` is not the default), ``--timeout`` a finite
@@ -30,8 +37,8 @@ import sys
 from pathlib import Path
 
 from rpg.common.user_paths import user_folder
-from rpg.study.grid import (BUILTIN_COSTS, LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, METHODS,
-                            STALENESS_ARMS, STALENESS_COSTS, STALENESS_SIZES, STRESS_METHODS, WEIGHT_ARMS,
+from rpg.study.grid import (BUILTIN_COSTS, LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, LAG_UPDATES,
+                            METHODS, STALENESS_ARMS, STALENESS_COSTS, STALENESS_SIZES, STRESS_METHODS, WEIGHT_ARMS,
                             WEIGHTS_METHOD, Sizes, calibrate, describe, fmt_duration, grid, lag_grid, staleness_grid,
                             weights_grid)
 from rpg.study.smol import (SMOL_BUDGET_S, SMOL_METHODS, SMOL_SEEDS, SMOL_SIZES, SMOL_TIMEOUT_S, SmolSizes, smol_costs,
@@ -115,12 +122,12 @@ def _render_declared(study, report_dir: Path) -> int:
     return 0
 
 
-def _finish_declared(study, out: Path, report_dir: Path, specs, records: list[dict]) -> int:
-    """After a declared study's runs: runs.csv (one row per run of the design) into ``report_dir``, then the tables
-    and figure from it."""
+def _finish_declared(study, out: Path, report_dir: Path, specs, records: list[dict], design: str) -> int:
+    """After a declared study's runs: runs.csv (one row per run of the grid, of ``design``) into ``report_dir``, then
+    the tables and figure from it."""
     module, _ = study
     try:
-        module.write_csv(report_dir / "runs.csv", module.csv_rows(out, specs, records))
+        module.write_csv(report_dir / "runs.csv", module.csv_rows(out, specs, records, design))
     except ValueError as err:
         print(f"rpg.study: {err}", file=sys.stderr)
         return 2
@@ -131,6 +138,25 @@ def _finish_declared(study, out: Path, report_dir: Path, specs, records: list[di
         print(f"rpg.study: {len(failed)} of {len(specs)} runs did not finish (see runs.csv)", file=sys.stderr)
         return 1
     return code
+
+
+def _design(study, args, specs, report_dir: Path) -> str | None:
+    """The ``design`` of a declared study's runs.csv rows (``rpg.study.declared.Design.label``; None for the other
+    grids), after its checks (ValueError, one line): ``--exploratory`` only with a declared study; an option the
+    plan fixes otherwise only with it; a runs.csv in ``report_dir`` of another design, or with finished runs this
+    grid lacks, refused before any run (``rpg.study.declared.check_report``)."""
+    from rpg.study.declared import check_report
+
+    if study is None:
+        if args.exploratory:
+            raise ValueError("--exploratory: only a declared study (--lag, --model smol) has a design to depart "
+                             "from; the other grids are exploratory already")
+        return None
+    module, _ = study
+    label = module.DESIGN.label(module.chosen(specs), args.exploratory)
+    if not args.render_only:
+        check_report(report_dir / "runs.csv", module.SCHEMA, label, {s.run_id for s in specs})
+    return label
 
 
 def parser() -> argparse.ArgumentParser:
@@ -182,6 +208,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dry-run", action="store_true", help="print the grid and its time estimate; run nothing")
     ap.add_argument("--render-only", action="store_true", help="render the finished runs; run nothing")
     ap.add_argument("--retry-failed", action="store_true", help="run failed runs again")
+    ap.add_argument("--rerun-other-code", action="store_true",
+                    help="run again the finished runs made by other code (another commit, or other uncommitted "
+                         "changes) or another torch thread count (without it the start refuses; never reused)")
+    ap.add_argument("--exploratory", action="store_true",
+                    help="with --lag or --model smol: run another design than the plan's, said in every output "
+                         "(without it the study refuses an option the plan fixes otherwise)")
     ap.add_argument("--jobs", type=int, default=None,
                     help="runs at a time (default 2: on 2 cores a tiny run alone leaves them ~40%% idle during its "
                          f"start-up; 1 with --model smol, the only value: {SMOL_ONE_AT_A_TIME})")
@@ -234,6 +266,13 @@ def _tiny_grid(args) -> list:
     if args.cells is not None and not args.lag:
         raise ValueError("--cells selects cells of the lag study: use it with --lag")
     if args.lag:
+        other = [flag for flag, value in (("--updates", args.updates), ("--stress", args.stress),
+                                          ("--stress-methods", args.stress_methods),
+                                          ("--methods", None if args.methods == METHODS else args.methods))
+                 if value is not None]
+        if other:
+            raise ValueError(f"{other[0]} sets another grid; the lag study's cells fix its methods and "
+                             f"{LAG_UPDATES} updates per weight version (docs/study/lag/PLAN.md)")
         names = args.cells if args.cells is not None else tuple(c.name for c in LAG_CELLS)
         bad = [n for n in names if n not in {c.name for c in LAG_CELLS}]
         if bad or not names:
@@ -256,7 +295,7 @@ def _tiny_grid(args) -> list:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from rpg.study.records import all_records, read_record, survey
-    from rpg.study.runner import StudyBusyError, run_grid
+    from rpg.study.runner import OtherRunsError, StudyBusyError, run_grid
     from rpg.launch.experiments import ExperimentError
 
     on_smol = args.model == "smol"
@@ -277,10 +316,11 @@ def main(argv: list[str] | None = None) -> int:
         report_dir = user_folder(args.report_dir) if args.report_dir else args.out / "report"
         for flag, path in (("--out", args.out), ("--report-dir", report_dir)):
             _folder(flag, path)
+        study = _declared(args)
+        design = _design(study, args, specs, report_dir)
     except (ValueError, ExperimentError) as err:
         print(f"rpg.study: {err}", file=sys.stderr)
         return 2
-    study = _declared(args)
     if study and args.render_only:
         return _render_declared(study, report_dir)
     records = [read_record(args.out, s) or {} for s in specs]
@@ -291,8 +331,10 @@ def main(argv: list[str] | None = None) -> int:
     costs = calibrate(all_records(args.out), smol_costs(specs[0].sizes.val_problems) if on_smol else LAG_COSTS
                       if args.lag else STALENESS_COSTS if args.staleness else BUILTIN_COSTS)
     if args.dry_run:  # what the real start would do, by the same survey, and its start line
-        found = survey(specs, args.out, args.retry_failed)
+        found = survey(specs, args.out, args.retry_failed, args.rerun_other_code, (report_dir,))
         kept = {specs[i].run_id for i in range(len(specs)) if not found.runs(i)}
+        if study:
+            print(study[0].DESIGN.line(design))
         print(describe(specs, costs, kept, jobs, {s.run_id: st for s, st in zip(specs, found.states)}))
         if budget is not None:
             est = costs.grid_s([s for s in specs if s.run_id not in kept], jobs)
@@ -301,20 +343,27 @@ def main(argv: list[str] | None = None) -> int:
         if on_smol and not smol_built():
             print("SmolLM2 is not built yet: the study builds it before its first run (docs/smol.md, The model)")
         print(found.line(costs, jobs))
+        if refusal := found.refusal():
+            print(f"rpg.study: {refusal}", file=sys.stderr)
+            return 2
         return 0
     command = "python -m rpg.study " + shlex.join(argv if argv is not None else sys.argv[1:])
     if not args.render_only:
         from rpg.smol import SmolAssetError
 
+        if study:
+            print(study[0].DESIGN.line(design), flush=True)
         try:
             if on_smol:
                 build_smol()
-            records = run_grid(specs, args.out, costs, retry_failed=args.retry_failed, timeout_s=timeout, jobs=jobs)
-        except (StudyBusyError, SmolAssetError) as err:  # another study on --out; SmolLM2 cannot be built
+            records = run_grid(specs, args.out, costs, retry_failed=args.retry_failed, timeout_s=timeout, jobs=jobs,
+                               rerun_other=args.rerun_other_code, outputs=(report_dir,))
+        # another study on --out; finished runs there of other code or threads; SmolLM2 cannot be built
+        except (StudyBusyError, OtherRunsError, SmolAssetError) as err:
             print(f"rpg.study: {err}", file=sys.stderr)
             return 2
     if study:
-        return _finish_declared(study, args.out, report_dir, specs, records)
+        return _finish_declared(study, args.out, report_dir, specs, records, design)
     from rpg.study.render import render
 
     try:

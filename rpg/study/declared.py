@@ -2,8 +2,12 @@
 per seed, and the plan's generated blocks; the lag study (``rpg.study.lag``) and the SmolLM2 comparison
 (``rpg.study.smol``) each give their columns and contrasts.
 
+* ``Design``: what the plan fixes; a study of other values is refused in one line naming the option and the declared
+  value, or runs as exploratory (``--exploratory``), which every output says: the start's design line, each row's
+  ``design`` column, results.md's header (no verdict).
 * ``Schema`` / ``write_csv`` / ``read_csv``: ``runs.csv`` read back exactly (floats as repr, None as empty), one line
-  naming the file and line for a bad file, and a finished run never dropped by a rewrite.
+  naming the file and line for a bad file, and a finished run never dropped by a rewrite nor mixed with another
+  design's. A file written before a column was added reads as the plan's value (``Schema.added``).
 * ``Contrast`` / ``test_contrast``: a contrast over cells per seed, its exact sign-flip p-value and interval
   (``rpg.study.stats``).
 * ``generated_block``: the text between a plan's ``<!-- BEGIN name ... -->`` and ``<!-- END name -->`` markers.
@@ -21,6 +25,7 @@ from pathlib import Path
 from rpg.study import stats
 
 VAL_PREFIX = "val_acc_step_"  # then one column per evaluated step: the held-out accuracy there
+DECLARED, EXPLORATORY = "declared", "exploratory"  # runs.csv's design column: DECLARED, or "exploratory: <how>"
 
 
 class CSVError(ValueError):
@@ -30,11 +35,93 @@ class CSVError(ValueError):
 @dataclass(frozen=True)
 class Schema:
     """A study's CSV columns: every one in ``columns`` (in order), the integer and float ones typed on reading, then
-    a ``VAL_PREFIX<step>`` column per evaluated step."""
+    a ``VAL_PREFIX<step>`` column per evaluated step. ``added``: (column, value) of the columns added after files
+    were written without them; such a file reads as it is, each of its rows with the value given here."""
 
     columns: tuple[str, ...]
     ints: tuple[str, ...]
     floats: tuple[str, ...]
+    added: tuple[tuple[str, object], ...] = ()
+
+
+def _shown(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def _same(a, b) -> bool:
+    """Option values compared as the plan reads them: names (a tuple) as a set, anything else as it is."""
+    return set(a) == set(b) if isinstance(a, tuple) and isinstance(b, tuple) else a == b
+
+
+@dataclass(frozen=True)
+class Design:
+    """What a declared study's plan fixes: ``options``, (command-line option, declared value) of every option that
+    shapes its runs (a tuple of names compared as a set), and ``columns``, (runs.csv column, declared value) of every
+    run; its runs are ``seeds`` x ``cells`` (runs.csv's seed and cell columns)."""
+
+    name: str  # "the lag study"
+    flag: str  # the command line's option that runs it: "--lag"
+    plan: str  # the plan's path in the checkout
+    options: tuple[tuple[str, object], ...]
+    columns: tuple[tuple[str, object], ...]
+    seeds: int
+    cells: tuple[str, ...]
+
+    def deviations(self, chosen: dict[str, object]) -> list[tuple[str, object, object]]:
+        """(option, chosen value, declared value) of each option ``chosen`` sets otherwise than the plan."""
+        return [(opt, chosen[opt], value) for opt, value in self.options if not _same(chosen[opt], value)]
+
+    def label(self, chosen: dict[str, object], exploratory: bool) -> str:
+        """runs.csv's ``design`` value for a study of ``chosen``: DECLARED, or ``exploratory: <each option that
+        differs>`` with ``exploratory``; ValueError (one line, naming the option and the declared value) for a
+        design the plan does not declare without it."""
+        devs = self.deviations(chosen)
+        if devs and not exploratory:
+            opt, value, declared = devs[0]
+            raise ValueError(f"{opt} {_shown(value)}: {self.name} declares {_shown(declared)} ({self.plan}); run the "
+                             "declared design, or add --exploratory (its plan line, runs.csv and results.md then say "
+                             "so; no verdict)")
+        if not exploratory:
+            return DECLARED
+        how = "; ".join(f"{o} {_shown(v)} (declared {_shown(d)})" for o, v, d in devs) or "the declared values"
+        return f"{EXPLORATORY}: {how}"
+
+    def line(self, label: str) -> str:
+        """The start's design line (``--dry-run`` prints it too)."""
+        if label == DECLARED:
+            return f"design: declared ({self.plan})"
+        return (f"design: EXPLORATORY, not a test of {self.plan}: {label.split(': ', 1)[1]}; runs.csv and results.md "
+                "say so and give no verdict")
+
+    def check_rows(self, rows: list[dict], source: str) -> str:
+        """The one design of runs.csv's ``rows`` (their ``design`` column); ValueError (one line) for rows of two
+        designs, or rows called declared that are not the plan's ``seeds`` x ``cells`` at its ``columns``' values."""
+        labels = sorted({str(r["design"]) for r in rows})
+        if len(labels) > 1:
+            raise ValueError(f"{source}: rows of {len(labels)} designs ({' | '.join(labels)}): one runs.csv holds one")
+        label = labels[0] if labels else DECLARED
+        if label != DECLARED:
+            if not label.startswith(f"{EXPLORATORY}: "):
+                raise ValueError(f"{source}: design {label!r}: expected {DECLARED} or '{EXPLORATORY}: ...'")
+            return label
+        for col, value in self.columns:
+            bad = next((r for r in rows if r[col] != value), None)
+            if bad is not None:
+                raise ValueError(f"{source}: run {bad['run_id']} has {col} {bad[col]}, not the declared {value} "
+                                 f"({self.plan}), yet its design is {DECLARED}")
+        runs = sorted((r["seed"], r["cell"]) for r in rows)
+        want = sorted((s, c) for s in range(1, self.seeds + 1) for c in self.cells)
+        if runs != want:
+            raise ValueError(f"{source}: {len(runs)} rows called {DECLARED}, not the {len(want)} runs the plan "
+                             f"declares ({self.seeds} seeds x {len(self.cells)} cells, {self.plan}), each once")
+        return label
+
+    def note(self, label: str) -> list[str]:
+        """results.md's lines under its title: none for the declared design, else what makes it exploratory."""
+        if label == DECLARED:
+            return []
+        return [f"**EXPLORATORY, not the declared design** of {self.plan}: {label.split(': ', 1)[1]}. Every p-value "
+                "below is descriptive: no test of the plan's hypotheses, no verdict.", ""]
 
 
 def evaluated_steps(steps: int, test_freq: int, before: bool = True) -> list[int]:
@@ -48,17 +135,31 @@ def _cell_text(value) -> str:
     return repr(float(value)) if isinstance(value, float) else str(value)
 
 
-def write_csv(path: Path, rows: list[dict], schema: Schema) -> Path:
-    """``rows`` as runs.csv (floats as repr: read back exactly; None as empty). A finished run the file already
-    holds must be finished in ``rows`` too: ValueError otherwise (a study rendered from the wrong --out would
-    drop it)."""
+def check_report(path: Path, schema: Schema, design: str, done: set[str]) -> None:
+    """Whether runs.csv rows of ``design`` whose finished runs are ``done`` may replace ``path``: ValueError (one line)
+    when it holds another design's rows, or a finished run not finished in ``done`` (a study rendered from the wrong
+    --out would drop it). A study checks it before its runs with every run it plans as ``done``."""
     path = Path(path)
-    if path.is_file():
-        done = {r["run_id"] for r in rows if r.get("status") == "done"}
-        lost = [r["run_id"] for r in read_csv(path, schema) if r["status"] == "done" and r["run_id"] not in done]
-        if lost:
-            raise ValueError(f"{path} holds {len(lost)} finished run(s) that this study's --out lacks ({lost[0]}, "
-                             "...): name the --out that holds them, or move the file away")
+    if not path.is_file():
+        return
+    old = read_csv(path, schema)
+    if old and design not in {r["design"] for r in old}:
+        raise ValueError(f"{path} holds the runs of another design ({old[0]['design']}; this study: {design}): name "
+                         "another --report-dir, or move the file away")
+    lost = [r["run_id"] for r in old if r["status"] == "done" and r["run_id"] not in done]
+    if lost:
+        raise ValueError(f"{path} holds {len(lost)} finished run(s) that this study's --out lacks ({lost[0]}, "
+                         "...): name the --out that holds them, or move the file away")
+
+
+def write_csv(path: Path, rows: list[dict], schema: Schema) -> Path:
+    """``rows`` as runs.csv (floats as repr: read back exactly; None as empty), after ``check_report``."""
+    path = Path(path)
+    designs = {r.get("design") for r in rows}
+    if len(designs) > 1:
+        raise ValueError(f"{path}: rows of {len(designs)} designs: one runs.csv holds one")
+    if rows:
+        check_report(path, schema, rows[0].get("design"), {r["run_id"] for r in rows if r.get("status") == "done"})
     steps = sorted({int(k[len(VAL_PREFIX):]) for r in rows for k in r if k.startswith(VAL_PREFIX)})
     header = [*schema.columns, *(f"{VAL_PREFIX}{t}" for t in steps)]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,7 +182,8 @@ def read_csv(path: Path, schema: Schema) -> list[dict]:
         header = next(reader, None)
         if header is None:
             raise CSVError(f"{path}: empty (expected the header {','.join(schema.columns[:3])},...)")
-        missing = [c for c in schema.columns if c not in header]
+        added = dict(schema.added)
+        missing = [c for c in schema.columns if c not in header and c not in added]
         unknown = [c for c in header if c not in schema.columns and not (c.startswith(VAL_PREFIX)
                                                                          and c[len(VAL_PREFIX):].isdigit())]
         if missing or unknown:
@@ -91,7 +193,7 @@ def read_csv(path: Path, schema: Schema) -> list[dict]:
         for line, cells in enumerate(reader, 2):
             if len(cells) != len(header):
                 raise CSVError(f"{path}:{line}: {len(cells)} values for {len(header)} columns")
-            row = {}
+            row = {c: added[c] for c in schema.columns if c not in header}
             for key, text in zip(header, cells):
                 try:
                     if text == "":

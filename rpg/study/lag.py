@@ -1,6 +1,7 @@
 """The lag study's declared analysis (docs/study/lag/PLAN.md): hypotheses, power, the per-run CSV, tables and figure.
 
 * ``plan_numbers``: the plan's budget and power table (``python -m rpg.study.lag`` prints it; the plan holds it).
+* ``DESIGN`` / ``chosen``: what the plan fixes, and what a grid of runs sets (``rpg.study.declared.Design``).
 * ``csv_rows`` / ``write_csv`` / ``read_csv``: one row per run of the design (``runs.csv``), from the run folders.
 * ``render``: ``results.md`` (per-cell table, the hypotheses' tests, secondary contrasts, collapses) and ``lag.png``,
   from the CSV alone.
@@ -14,11 +15,11 @@ import sys
 from pathlib import Path
 
 from rpg.study import declared, stats
-from rpg.study.declared import (VAL_PREFIX, Contrast, CSVError, Result, Schema,  # noqa: F401 (this study's names)
-                                evaluated_steps, test_contrast)
+from rpg.study.declared import (DECLARED, VAL_PREFIX, Contrast, CSVError, Design, Result,  # noqa: F401
+                                Schema, evaluated_steps, test_contrast)
 from rpg.study.declared import fmt as _f, fmt_ci as _ci, mean_of as _mean
 from rpg.study.methods import clipped
-from rpg.study.grid import (LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, RunSpec, collapsed,
+from rpg.study.grid import (LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, RunSpec, Sizes, collapsed,
                             fmt_duration, lag_cell, lag_grid)
 
 ALPHA = 0.05  # family-wise, one-sided, Holm over the primary hypotheses
@@ -31,6 +32,27 @@ PILOT_SD = 0.064
 PILOT_SAMPLES = 120
 PILOT_ACC = 0.6
 VAL_PROBLEMS = 30
+
+
+def _options(seeds: int, cells: tuple[str, ...], s: Sizes) -> dict[str, object]:
+    return {"--seeds": seeds, "--cells": cells, "--steps": s.steps, "--test-freq": s.test_freq, "--prompts": s.prompts,
+            "--n": s.n, "--val-n": s.val_n}
+
+
+def _columns(s: Sizes) -> dict[str, int]:
+    """A run's design columns in runs.csv: its steps, evaluations and validation samples."""
+    return {"steps": s.steps, "test_freq": s.test_freq, "val_problems": VAL_PROBLEMS, "val_n": s.val_n}
+
+
+DESIGN = Design("the lag study", "--lag", "docs/study/lag/PLAN.md",
+                tuple(_options(LAG_SEEDS, tuple(c.name for c in LAG_CELLS), LAG_SIZES).items()),
+                tuple(_columns(LAG_SIZES).items()), LAG_SEEDS, tuple(c.name for c in LAG_CELLS))
+
+
+def chosen(specs: list[RunSpec]) -> dict[str, object]:
+    """The design options of the grid ``specs`` (``DESIGN.options``' keys)."""
+    names = {lag_cell(s).name for s in specs}
+    return _options(max(s.seed for s in specs), tuple(c.name for c in LAG_CELLS if c.name in names), specs[0].sizes)
 
 
 HYPOTHESES: tuple[Contrast, ...] = (
@@ -133,9 +155,11 @@ DIAGNOSTICS: tuple[tuple[str, object, tuple[str, ...]], ...] = (
 INT_COLUMNS = ("lag", "clip", "seed", "order", "collapsed", "cpu_count")
 FLOAT_COLUMNS = ("primary", "final_acc", *(d[0] for d in DIAGNOSTICS), "load_start_1m", "load_end_1m", "wall_time_s")
 COLUMNS = ("run_id", "cell", "lag", "weights", "clip", "seed", "order", "status", "primary", "final_acc", "collapsed",
-           "collapse_reason", *(d[0] for d in DIAGNOSTICS), "code", "load_start_1m", "load_end_1m", "cpu_count",
-           "wall_time_s", "started")
-SCHEMA = Schema(COLUMNS, INT_COLUMNS, FLOAT_COLUMNS)
+           "collapse_reason", *(d[0] for d in DIAGNOSTICS), "code", "threads", "load_start_1m", "load_end_1m",
+           "cpu_count", "wall_time_s", "started", "design", *(c for c, _ in DESIGN.columns))
+# added after the study's runs: its runs.csv reads as the plan's design, threads not recorded
+SCHEMA = Schema(COLUMNS, (*INT_COLUMNS, *(c for c, _ in DESIGN.columns)), FLOAT_COLUMNS,
+                added=(("threads", None), ("design", DECLARED), *DESIGN.columns))
 
 
 def primary_metric(val: dict[int, float], steps: int, test_freq: int) -> float | None:
@@ -155,8 +179,9 @@ def _diagnostic(m: dict, keys: tuple[str, ...], reduce) -> float | None:
     return None
 
 
-def csv_rows(out: Path, specs: list[RunSpec], records: list[dict]) -> list[dict]:
-    """One row per run of ``specs`` (in run order), finished or not, from its folder's metrics and run.json."""
+def csv_rows(out: Path, specs: list[RunSpec], records: list[dict], design: str = DECLARED) -> list[dict]:
+    """One row per run of ``specs`` (in run order), finished or not, from its folder's metrics and run.json;
+    ``design``: the study's (``DESIGN.label``)."""
     from rpg.backends.harness.run_dir import METRICS_FILE
     from rpg.reports.logs import read_run
     from rpg.study.render import _val_key, metric_of
@@ -170,7 +195,7 @@ def csv_rows(out: Path, specs: list[RunSpec], records: list[dict]) -> list[dict]
                "clip": int(clipped(spec.variant)), "seed": spec.seed, "order": order,
                "status": rec.get("status", "todo"), "code": rec.get("code"), "load_start_1m": load_start[0],
                "load_end_1m": load_end[0], "cpu_count": rec.get("cpu_count"), "wall_time_s": rec.get("wall_time_s"),
-               "started": rec.get("started")}
+               "started": rec.get("started"), "threads": rec.get("threads"), "design": design, **_columns(s)}
         if row["status"] == "done":
             m = read_run(run_dir(out, spec) / METRICS_FILE)
             val = {t: float(v) for t, v in m.get(_val_key(metric_of(spec)), {}).items()}
@@ -208,8 +233,9 @@ def render_tables(rows: list[dict], source: str = "runs.csv") -> str:
     unknown = sorted({r["cell"] for r in rows} - set(cells))
     if unknown:
         raise ValueError(f"{source}: cell(s) {', '.join(unknown)} are not in the plan's design")
-    out = [f"# Lag study: results (generated from {source} by `python -m rpg.study --lag --render-only`; do not edit)",
-           ""]
+    design = DESIGN.check_rows(rows, source)
+    out = [f"# Lag study: {'results' if design == DECLARED else 'EXPLORATORY results'} (generated from {source} by "
+           "`python -m rpg.study --lag --render-only`; do not edit)", "", *DESIGN.note(design)]
     done = [r for r in rows if r["status"] == "done"]
     codes = sorted({r["code"] for r in done if r["code"]})
     out += [f"{len(done)} of {len(rows)} runs finished; code: {', '.join(codes) or '—'}.", "",
@@ -235,7 +261,8 @@ def render_tables(rows: list[dict], source: str = "runs.csv") -> str:
             "| hypothesis | claim | d_s | seeds | mean d_s [95 % CI] | p | Holm p | verdict |",
             "|---|---|---|---|---|---|---|---|"]
     for r, adj in zip(results, adjusted):
-        verdict = "—" if r.p is None else "supported" if adj <= ALPHA else "not supported"
+        verdict = ("—" if r.p is None else "none (exploratory)" if design != DECLARED else "supported"
+                   if adj <= ALPHA else "not supported")
         out.append(f"| {r.contrast.name} | {r.contrast.claim} | {r.contrast.formula()} | {len(r.d)} | "
                    f"{_f(r.mean)} {_ci(r.ci)} | {_f(r.p, '.4g')} | {_f(adj if r.p is not None else None, '.4g')} | "
                    f"{verdict} |")
@@ -290,6 +317,8 @@ def render_figure(rows: list[dict], path: Path) -> Path:
             ax.set_ylabel("held-out accuracy")
         if i // cols == math.ceil(len(cells) / cols) - 1:
             ax.set_xlabel("step")
+    if DESIGN.check_rows(rows, str(path)) != DECLARED:
+        fig.suptitle(f"EXPLORATORY, not the design of {DESIGN.plan}", color="tab:red")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return Path(path)

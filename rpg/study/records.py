@@ -1,18 +1,25 @@
 """The study's runs on disk: each run's folder and ``run.json``, its overrides and identity, and what a study
 finds before it starts (``survey``: the same for ``--dry-run`` and the real start).
 
-A folder with a ``run.json`` is never deleted: one whose run runs again (its settings changed, or it failed
-and is retried) is moved to ``<out>/stale/<run id>.<n>`` first (``move_aside``).
+A folder with a ``run.json`` is never deleted: one whose run runs again (its settings changed, it failed and is
+retried, or it was made by other code or threads and ``--rerun-other-code`` says to redo it) is moved to
+``<out>/stale/<run id>.<n>`` first (``move_aside``).
+
+A finished run is reused only when it was made with this start's settings (its identity), code (the commit and any
+uncommitted changes, ``rpg.study.identity.code_state``) and torch threads per process (``threads_of``): a finished
+run of other code or threads is named at the start, and the start refuses (``Survey.refusal``) unless told to
+redo it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from rpg.study.grid import Costs, RunSpec, fmt_duration
-from rpg.study.identity import identity, legacy_identity
+from rpg.study.identity import code_state, identity, legacy_identity, other_code
 
 RUN_RECORD = "run.json"
 STALE_DIR = "stale"  # <out>/stale/<run id>.<n>: the folders of runs that ran again
@@ -81,6 +88,33 @@ def spec_overrides(spec: RunSpec, out: Path) -> list[str]:
     return plan(method_run(spec.variant), Request.read(env, CHECKOUT), spec.study_overrides(_assets(spec.model)))
 
 
+def run_env(spec: RunSpec, overrides: list[str]) -> dict[str, str]:
+    """The environment variables a run is launched with besides the study's own (SmolLM2's torch threads:
+    ``rpg.launch.rehearsal.CpuModel.run_env``)."""
+    from rpg.launch.rehearsal import CpuModel
+
+    return CpuModel(spec.model).run_env(overrides)
+
+
+def threads_of(env: dict[str, str]) -> str:
+    """Torch's threads per process of a run launched with ``env`` from this process: ``OMP_NUM_THREADS`` as the CPU
+    backend passes it (``rpg.backends.cpu.env_overrides.cpu_env``: the user's value, else one)."""
+    from rpg.backends.cpu.env_overrides import cpu_env
+
+    return cpu_env(base={**os.environ, **env})["OMP_NUM_THREADS"]
+
+
+def other_run(rec: dict, code: dict, threads: str) -> str | None:
+    """Why a finished run's record ``rec`` was made by other code (``rpg.study.identity.other_code``) or with other
+    threads than ``code`` and ``threads`` give now, or None."""
+    why = [w for w in (other_code(rec, code),) if w]
+    if rec.get("threads") is None:
+        why.append(f"threads not recorded, now {threads}")
+    elif str(rec["threads"]) != threads:
+        why.append(f"threads {rec['threads']}, now {threads}")
+    return "; ".join(why) or None
+
+
 def spec_identity(spec: RunSpec, out: Path, overrides: list[str]) -> list:
     """The identity (``rpg.study.identity``) of ``spec`` launched with ``overrides`` in ``out``."""
     return identity(overrides, out, _asset_roots(spec.model))
@@ -122,12 +156,29 @@ class Survey:
     specs: list[RunSpec]
     overrides: list[list[str]]
     identities: list[list]
-    states: list[str]  # status() of each spec
+    states: list[str]  # status() of each spec, or "other": finished with these settings by other code or threads
     before: list[str]  # the status its run.json records ("" without one, "unreadable")
     retry_failed: bool
+    threads: list[str]  # each run's torch threads per process (``threads_of``)
+    others: list[str | None]  # why a run is "other" (``other_run``), else None
+    rerun_other: bool = False
 
     def runs(self, i: int) -> bool:
+        if self.states[i] == "other":
+            return self.rerun_other
         return self.states[i] not in (("done",) if self.retry_failed else ("done", "failed"))
+
+    def refusal(self) -> str | None:
+        """The line a start without ``--rerun-other-code`` stops with when a finished run of other code or threads is
+        in ``out`` (it is never reused in silence), else None."""
+        other = [i for i, st in enumerate(self.states) if st == "other"]
+        if not other or self.rerun_other:
+            return None
+        first = self.specs[other[0]].run_id
+        return (f"{len(other)} finished run(s) in --out {self.out} were made by other code or threads, not reused: "
+                f"{first}: {self.others[other[0]]}{'; ...' if len(other) > 1 else ''}; --rerun-other-code runs them "
+                f"again (their folders moved to {self.out / STALE_DIR}, kept), or start from the code and threads "
+                "that made them")
 
     @property
     def todo(self) -> list[int]:
@@ -145,29 +196,36 @@ class Survey:
         text = (f"{len(self.specs)} runs: {self.states.count('done')} finished, {kept_failed} failed (not retried "
                 f"without --retry-failed), {len(todo)} to run, {jobs} at a time (estimate "
                 f"{fmt_duration(costs.grid_s(todo, jobs))}); output {self.out}")
-        before = [self.before[i] for i in self.aside]
-        what = {"done": "finished run(s) will be redone (their settings changed)", "failed": "failed run(s) run again",
-                "unreadable": f"run(s) with an unreadable {RUN_RECORD} run again"}
+        before = [self.before[i] if self.states[i] != "other" else "other" for i in self.aside]
+        what = {"done": "finished run(s) will be redone (their settings changed)",
+                "other": "finished run(s) of other code or threads will be redone (--rerun-other-code)",
+                "failed": "failed run(s) run again", "unreadable": f"run(s) with an unreadable {RUN_RECORD} run again"}
         parts = [f"{before.count(k)} {text}" for k, text in what.items() if k in before]
         if parts:
             text += f"; {', '.join(parts)}: their old folders are moved to {self.out / STALE_DIR} (kept)"
         return text
 
 
-def survey(specs: list[RunSpec], out: Path, retry_failed: bool = False) -> Survey:
-    """The overrides, identity and state of each run in ``out`` (reads only)."""
+def survey(specs: list[RunSpec], out: Path, retry_failed: bool = False, rerun_other: bool = False,
+           outputs: tuple[Path, ...] = ()) -> Survey:
+    """The overrides, identity, threads and state of each run in ``out`` against the code now (reads only;
+    ``outputs``: the study's other folders, ``--report-dir``, which are no code: ``code_state``)."""
     out = Path(out)
     overrides = [spec_overrides(s, out) for s in specs]
     identities = [spec_identity(s, out, ov) for s, ov in zip(specs, overrides)]
-    states, before = [], []
-    for spec, ident in zip(specs, identities):
+    threads = [threads_of(run_env(s, ov)) for s, ov in zip(specs, overrides)]
+    code = code_state((out, *outputs)) if specs else {}
+    states, before, others = [], [], []
+    for spec, ident, n in zip(specs, identities, threads):
         rec = read_record(out, spec)
-        states.append(_state(rec, spec, ident))
+        st = _state(rec, spec, ident)
+        others.append(other_run(rec, code, n) if st == "done" else None)
+        states.append("other" if others[-1] else st)
         if rec is None:
             before.append("unreadable" if (run_dir(out, spec) / RUN_RECORD).exists() else "")
         else:
             before.append(rec["status"] if rec.get("status") in ("done", "failed") else "unreadable")
-    return Survey(out, list(specs), overrides, identities, states, before, retry_failed)
+    return Survey(out, list(specs), overrides, identities, states, before, retry_failed, threads, others, rerun_other)
 
 
 def move_aside(out: Path, spec: RunSpec) -> Path:

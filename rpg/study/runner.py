@@ -2,9 +2,11 @@
 
 Each run lives in ``<out>/runs/<run id>/`` (``metrics.jsonl``, ``trainer.log`` from the harness)
 with ``run.json`` written last: ``status`` ``done`` (with wall time and measured step/validation
-time) or ``failed`` (with the error's last line), the overrides as launched and the run's identity
-(``rpg.study.identity``: its settings, wherever its folders are). A run whose ``run.json`` says ``done``
-with the same identity is not repeated; a failed run is repeated only with ``retry_failed``; anything else
+time) or ``failed`` (with the error's last line), the overrides as launched, the run's identity
+(``rpg.study.identity``: its settings, wherever its folders are), its code (commit and uncommitted changes) and torch
+threads per process. A run whose ``run.json`` says ``done`` with the same identity, code and threads is not
+repeated; one with the same identity made by other code or threads stops the start (``OtherRunsError``, one line)
+unless ``rerun_other`` redoes it; a failed run is repeated only with ``retry_failed``; anything else
 (interrupted, never started, settings changed since) runs from scratch: a folder with a ``run.json`` is first
 moved to ``<out>/stale/`` (``rpg.study.records``; never deleted), one without (an interrupted run) is removed.
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -29,13 +30,18 @@ from pathlib import Path
 
 from rpg.common.metrics_file import MetricsFileError, records, short
 from rpg.study.grid import Costs, RunSpec, fmt_duration, save_json, speedup
-from rpg.study.records import RUN_RECORD, move_aside, read_record, run_dir, survey
+from rpg.study.identity import code_state
+from rpg.study.records import RUN_RECORD, move_aside, read_record, run_dir, run_env, survey, threads_of
 
 STUDY_LOCK = ".study.lock"
 
 
 class StudyBusyError(RuntimeError):
     """Another study holds the output directory (one line)."""
+
+
+class OtherRunsError(RuntimeError):
+    """Finished runs in the output directory were made by other code or threads (one line: ``Survey.refusal``)."""
 
 
 def lock_study(out: Path):
@@ -85,18 +91,6 @@ def machine_load() -> list[float] | None:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
-
-
-def _code_version() -> str:
-    """``git describe`` of the checkout the run used (``+dirty`` with uncommitted changes), or ``unknown``."""
-    from rpg.common.checkout import CHECKOUT
-
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty=+dirty"], cwd=CHECKOUT,
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() or "unknown"
 
 
 class Progress:
@@ -205,29 +199,34 @@ def _failure(message: str) -> str:
 
 
 def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: bool = False, timeout_s: float = 1800.0,
-             jobs: int = 1, stream=None) -> list[dict]:
+             jobs: int = 1, stream=None, rerun_other: bool = False, outputs: tuple[Path, ...] = ()) -> list[dict]:
     """Run every spec that is not finished, ``jobs`` at a time; returns the records of all specs.
 
     Runs start in grid order. An interrupt (Ctrl-C, SIGTERM, SIGHUP) or an unexpected error stops every
     running trainer (its processes are cleaned up by the harness) and leaves no record for it, so
     that the next call runs it again; finished runs keep their records. StudyBusyError (nothing touched)
-    when another study runs on ``out``.
+    when another study runs on ``out``; OtherRunsError (nothing touched) when a finished run there was made by other
+    code or threads and ``rerun_other`` is off. ``outputs``: the study's folders besides ``out`` (its report), which
+    are no code (``rpg.study.identity.code_state``).
     """
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
     out = Path(out)
     study_lock = lock_study(out)  # before anything is read, wiped or run
     try:
-        return _run_grid_locked(specs, out, costs, retry_failed, timeout_s, jobs, stream)
+        return _run_grid_locked(specs, out, costs, retry_failed, timeout_s, jobs, stream, rerun_other,
+                                (out, *outputs))
     finally:
         study_lock.close()
 
 
 def _run_grid_locked(specs: list[RunSpec], out: Path, costs: Costs, retry_failed: bool, timeout_s: float, jobs: int,
-                     stream) -> list[dict]:
+                     stream, rerun_other: bool, outputs: tuple[Path, ...]) -> list[dict]:
     from rpg.common.signals import raise_on_stop_signals
 
-    found = survey(specs, out, retry_failed)
+    found = survey(specs, out, retry_failed, rerun_other, outputs)
+    if refusal := found.refusal():
+        raise OtherRunsError(refusal)
     todo = [(specs[i], found.overrides[i], found.identities[i]) for i in found.todo]
     progress = Progress(len(specs), costs, [s for s, _, _ in todo], jobs, stream)
     progress.say(found.line(costs, jobs))
@@ -237,7 +236,7 @@ def _run_grid_locked(specs: list[RunSpec], out: Path, costs: Costs, retry_failed
     for i in found.aside:
         spec = specs[i]
         why = {"done": "finished", "failed": "failed"}.get(found.before[i], f"{RUN_RECORD} unreadable")
-        why += ", settings changed" if found.states[i] == "stale" else ""
+        why += {"stale": ", settings changed", "other": f", {found.others[i]}"}.get(found.states[i], "")
         progress.say(f"moved {run_dir(out, spec)} ({why}) to {move_aside(out, spec)}")
     stop = threading.Event()
     restore = raise_on_stop_signals()
@@ -247,7 +246,7 @@ def _run_grid_locked(specs: list[RunSpec], out: Path, costs: Costs, retry_failed
             try:
                 for spec, overrides, ident in todo:
                     futures.append(pool.submit(_run_one, spec, overrides, ident, specs.index(spec) + 1, out, progress,
-                                               timeout_s, stop))
+                                               timeout_s, stop, outputs))
                 finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
                 for f in finished:
                     f.result()  # the first unexpected error (a failed trainer is a record, not an error)
@@ -263,23 +262,22 @@ def _run_grid_locked(specs: list[RunSpec], out: Path, costs: Costs, retry_failed
 
 
 def _run_one(spec: RunSpec, overrides: list[str], ident: list, index: int, out: Path, progress: Progress,
-             timeout_s: float, stop: threading.Event) -> None:
+             timeout_s: float, stop: threading.Event, outputs: tuple[Path, ...]) -> None:
     """Run one spec through the CPU harness and write its ``run.json`` (not when it was stopped).
 
     An unexpected error sets ``stop`` before it propagates, so that no queued run starts after it.
     """
     try:
-        _run_one_unguarded(spec, overrides, ident, index, out, progress, timeout_s, stop)
+        _run_one_unguarded(spec, overrides, ident, index, out, progress, timeout_s, stop, outputs)
     except BaseException:
         stop.set()
         raise
 
 
 def _run_one_unguarded(spec: RunSpec, overrides: list[str], ident: list, index: int, out: Path, progress: Progress,
-                       timeout_s: float, stop: threading.Event) -> None:
+                       timeout_s: float, stop: threading.Event, outputs: tuple[Path, ...]) -> None:
     from rpg.backends import harness
     from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
-    from rpg.launch.rehearsal import CpuModel
 
     if stop.is_set():
         return
@@ -291,19 +289,19 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], ident: list, index: 
         shutil.rmtree(d)  # interrupted (no record): start afresh
     d.mkdir(parents=True)
     progress.say(f"start {index}/{total} {spec.label} k={spec.updates} seed {spec.seed} -> {d}")
+    env = run_env(spec, overrides)  # SmolLM2's threads
     record = {"run_id": spec.run_id, "variant": spec.variant, "label": spec.label, "updates": spec.updates,
               "seed": spec.seed, "steps": spec.sizes.steps, "validations": spec.sizes.validations,
               "val_before": spec.sizes.val_before, "model": spec.model,
-              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "code": _code_version(), "overrides": overrides,
-              "identity": ident}
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), **code_state(outputs), "threads": threads_of(env),
+              "overrides": overrides, "identity": ident}
     record.update(cpu_count=os.cpu_count(), load_start=machine_load())
     watch = progress.start(index, spec)
     t0 = time.time()
     run = None
     try:
         run = harness.run_trainer(overrides, output_dir=d, entry=str(CHECKOUT / RECIPE_ENTRY), timeout_s=timeout_s,
-                                  on_metrics=watch.on_metrics, stop=stop,
-                                  env=CpuModel(spec.model).run_env(overrides))  # SmolLM2's threads
+                                  on_metrics=watch.on_metrics, stop=stop, env=env)
         step_s, val_s, _ = _timing(run.metrics_file)
         # runs at a time as this run experienced it (a lone last run of a --jobs 2 grid is 1, not 2)
         overlap = watch.concurrency()

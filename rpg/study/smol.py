@@ -3,7 +3,8 @@ on SmolLM2-135M-Instruct and its arithmetic task (``rpg.smol``, docs/smol.md) at
 
 * the design: ``SMOL_METHODS``, ``SMOL_SIZES`` and ``smol_grid`` (seeds as blocks, the run order within a seed
   drawn from ``SMOL_ORDER_SEED``); a run's sizes, learning-rate rule and overrides are ``rpg.study.grid``'s
-  (``SmolSizes``, ``lr_scale``, ``smol_overrides``);
+  (``SmolSizes``, ``lr_scale``, ``smol_overrides``); ``DESIGN`` / ``chosen``: what the plan fixes and what a grid sets
+  (``rpg.study.declared.Design``);
 * its cost, ``smol_costs``, from the measured figures below; ``plan_numbers``, the plan's generated block
   (``python -m rpg.study.smol`` prints it);
 * ``csv_rows`` / ``write_csv`` / ``read_csv`` (``runs.csv``) and ``render`` (``results.md``, ``smol.png``) from the
@@ -22,7 +23,8 @@ from rpg.smol import overrides as smol
 from rpg.smol.task import N_VAL
 from rpg.study import declared, stats
 from rpg.study.costs import Costs, fmt_duration
-from rpg.study.declared import CSVError, Contrast, Schema, evaluated_steps, fmt, mean_of  # noqa: F401 (CSVError)
+from rpg.study.declared import (DECLARED, CSVError, Contrast, Design, Schema, evaluated_steps, fmt,  # noqa: F401
+                                mean_of)
 from rpg.study.grid import (LR_ANCHOR, LR_KEY, ROLLOUT_SEED, RunSpec, SmolSizes, lr_scale,  # noqa: F401
                             run_order_key, smol_overrides)
 from rpg.study.methods import label_of, method_run, setting
@@ -39,6 +41,27 @@ SMOL_TIMEOUT_S = 3600.0  # --timeout's default for this model: about three times
 
 
 SMOL_SIZES = SmolSizes()
+
+
+def _options(seeds: int, methods: tuple[str, ...], s: SmolSizes) -> dict[str, object]:
+    return {"--seeds": seeds, "--methods": methods, "--steps": s.steps, "--test-freq": s.test_freq,
+            "--val-problems": s.val_problems}
+
+
+def _columns(s: SmolSizes) -> dict[str, int]:
+    """A run's design columns in runs.csv: its steps, evaluations and validation samples."""
+    return {"steps": s.steps, "test_freq": s.test_freq, "val_problems": s.val_problems, "val_n": s.val_n}
+
+
+DESIGN = Design("the SmolLM2 comparison", "--model smol", "docs/study/smol/PLAN.md",
+                tuple(_options(SMOL_SEEDS, SMOL_METHODS, SMOL_SIZES).items()), tuple(_columns(SMOL_SIZES).items()),
+                SMOL_SEEDS, tuple(CELLS[m] for m in SMOL_METHODS))
+
+
+def chosen(specs: list[RunSpec]) -> dict[str, object]:
+    """The design options of the grid ``specs`` (``DESIGN.options``' keys)."""
+    names = {s.variant for s in specs}
+    return _options(max(s.seed for s in specs), tuple(m for m in SMOL_METHODS if m in names), specs[0].sizes)
 
 
 def smol_grid(seeds: int = SMOL_SEEDS, sizes: SmolSizes = SMOL_SIZES, methods: tuple[str, ...] = SMOL_METHODS,
@@ -182,9 +205,12 @@ DIAGNOSTICS: tuple[tuple[str, str], ...] = (
     ("clipfrac", "actor/pg_clipfrac"), ("grad_norm", "actor/grad_norm"),
     ("refill_gen_batches", "training/rpg/refill_gen_batches"), ("step_s", "timing_s/step"))
 COLUMNS = ("run_id", "cell", "method", "lr", "seed", "order", "status", "primary", *(d[0] for d in DIAGNOSTICS),
-           "code", "load_start_1m", "load_end_1m", "cpu_count", "wall_time_s", "started")
-SCHEMA = Schema(COLUMNS, ints=("seed", "order", "cpu_count"),
-                floats=("lr", "primary", *(d[0] for d in DIAGNOSTICS), "load_start_1m", "load_end_1m", "wall_time_s"))
+           "code", "threads", "load_start_1m", "load_end_1m", "cpu_count", "wall_time_s", "started", "design",
+           *(c for c, _ in DESIGN.columns))
+# added after the study's runs: its runs.csv reads as the plan's design, threads not recorded in it
+SCHEMA = Schema(COLUMNS, ints=("seed", "order", "cpu_count", *(c for c, _ in DESIGN.columns)),
+                floats=("lr", "primary", *(d[0] for d in DIAGNOSTICS), "load_start_1m", "load_end_1m", "wall_time_s"),
+                added=(("threads", None), ("design", DECLARED), *DESIGN.columns))
 
 # The declared comparisons (PLAN.md): d_s per seed; one-sided in the paper's direction where it has one
 CONTRASTS: tuple[tuple[Contrast, bool], ...] = (
@@ -195,8 +221,9 @@ CONTRASTS: tuple[tuple[Contrast, bool], ...] = (
 )
 
 
-def csv_rows(out: Path, specs: list[RunSpec], records: list[dict]) -> list[dict]:
-    """One row per run of ``specs`` (in run order), finished or not, from its folder's metrics and run.json."""
+def csv_rows(out: Path, specs: list[RunSpec], records: list[dict], design: str = DECLARED) -> list[dict]:
+    """One row per run of ``specs`` (in run order), finished or not, from its folder's metrics and run.json;
+    ``design``: the study's (``DESIGN.label``)."""
     from rpg.backends.harness.run_dir import METRICS_FILE
     from rpg.reports.logs import read_run
     from rpg.study.records import run_dir
@@ -210,7 +237,7 @@ def csv_rows(out: Path, specs: list[RunSpec], records: list[dict]) -> list[dict]
                "lr": setting(spec.variant, LR_KEY) * lr_scale(), "seed": spec.seed, "order": order,
                "status": rec.get("status", "todo"), "code": rec.get("code"), "load_start_1m": load_start[0],
                "load_end_1m": load_end[0], "cpu_count": rec.get("cpu_count"), "wall_time_s": rec.get("wall_time_s"),
-               "started": rec.get("started")}
+               "started": rec.get("started"), "threads": rec.get("threads"), "design": design, **_columns(s)}
         if row["status"] == "done":
             with warnings.catch_warnings():  # without a validation before training, step 1 is the first by design
                 if not s.val_before:
@@ -250,11 +277,12 @@ def render_tables(rows: list[dict], source: str = "runs.csv") -> str:
     unknown = sorted({r["cell"] for r in rows} - set(CELLS.values()))
     if unknown:
         raise ValueError(f"{source}: cell(s) {', '.join(unknown)} are not in the plan's design")
+    design = DESIGN.check_rows(rows, source)
     done = [r for r in rows if r["status"] == "done"]
     seeds = sorted({r["seed"] for r in rows})
     codes = sorted({r["code"] for r in done if r["code"]})
-    out = [f"# SmolLM2 comparison: results (generated from {source} by `python -m rpg.study --model smol "
-           "--render-only`; do not edit)", "",
+    out = [f"# SmolLM2 comparison: {'results' if design == DECLARED else 'EXPLORATORY results'} (generated from "
+           f"{source} by `python -m rpg.study --model smol --render-only`; do not edit)", "", *DESIGN.note(design),
            f"{len(done)} of {len(rows)} runs finished; code: {', '.join(codes) or '—'}.", "",
            "## Methods (primary: held-out accuracy at the last evaluation; diagnostics: per-run means over the "
            "training steps, then the mean over the method's runs)", "",
@@ -319,6 +347,8 @@ def render_figure(rows: list[dict], path: Path) -> Path:
     ax.set_title(f"SmolLM2-135M-Instruct: {len(done)} runs (a grey line per seed)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    if DESIGN.check_rows(rows, str(path)) != DECLARED:
+        fig.suptitle(f"EXPLORATORY, not the design of {DESIGN.plan}", color="tab:red")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return Path(path)

@@ -246,7 +246,8 @@ def _rows(effects: dict[str, float], seeds: int = 12, noise: float = 0.03, rng_s
                          "collapse_reason": "final accuracy below step 0's" if y < 0.3 else "",
                          **{name: 1.0 + 0.1 * order for name, _, _ in L.DIAGNOSTICS},
                          "code": "abc1234", "load_start_1m": 1.5, "load_end_1m": 2.25, "cpu_count": 2,
-                         "wall_time_s": 219.5, "started": "2026-12-01 10:00:00",
+                         "wall_time_s": 219.5, "started": "2026-12-01 10:00:00", "threads": "1",
+                         "design": L.DECLARED, **dict(L.DESIGN.columns),
                          **{f"{L.VAL_PREFIX}{t}": y * t / 24 for t in range(0, 25, 4)}})
     return rows
 
@@ -369,8 +370,13 @@ def test_cli_lag_dry_run_estimate_and_refusals(tmp_path, capsys):
     est = re.search(r"estimated time to run: (\d+)m(\d+)s with 2", out)
     assert est and int(est[1]) * 60 + int(est[2]) == pytest.approx(G.LAG_COSTS.grid_s(G.lag_grid(), 2), abs=1)
     assert "lag study budget 180m00s: the estimate fits" in out and not (tmp_path / "runs").exists()
-    assert main(["--lag", "--dry-run", "--out", str(tmp_path), "--cells", "lag0-noclip-token", "--seeds", "1"]) == 0
-    assert "1 runs (1 to run)" in capsys.readouterr().out
+    assert "design: declared (docs/study/lag/PLAN.md)\n" in out
+    assert main(["--lag", "--dry-run", "--out", str(tmp_path), "--cells", "lag0-noclip-token", "--seeds", "1",
+                 "--exploratory"]) == 0
+    out = capsys.readouterr().out
+    assert "1 runs (1 to run)" in out and out.startswith(
+        "design: EXPLORATORY, not a test of docs/study/lag/PLAN.md: --seeds 1 (declared 12); --cells lag0-noclip-token "
+        "(declared lag0-noclip-token,lag1-noclip-none,")
     for flags, error in ((["--lag", "--staleness", "1"], "--lag and --staleness are two different grids"),
                          (["--cells", "lag0-noclip-token"], "--cells selects cells of the lag study: use it with"),
                          (["--lag", "--cells", "lag2"], "--cells lag2: expected some of lag0-noclip-token"),

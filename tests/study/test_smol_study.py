@@ -180,10 +180,15 @@ def test_cli_dry_run_estimate_and_nothing_created(tmp_path, capsys):
     assert est and int(est[1]) * 60 + int(est[2]) == pytest.approx(S.smol_costs().grid_s(S.smol_grid(), 1), abs=1)
     assert "GRPO +21.1s per step" in out and "smol study budget 180m00s: the estimate fits" in out
     assert not (tmp_path / "s").exists()
+    assert "design: declared (docs/study/smol/PLAN.md)\n" in out
     assert main(["--model", "smol", "--dry-run", "--out", str(tmp_path / "s"), "--seeds", "5", "--steps", "8",
-                 "--val-problems", "100", "--methods", "run_grpo_7b,run_rpg_7b_ufkl1e-4"]) == 0
+                 "--val-problems", "100", "--methods", "run_grpo_7b,run_rpg_7b_ufkl1e-4", "--exploratory"]) == 0
     out = capsys.readouterr().out
     assert "10 runs (10 to run); each: 8 steps" in out and "on 100 of the 200" in out and "EXCEEDS it" in out
+    assert out.startswith("design: EXPLORATORY, not a test of docs/study/smol/PLAN.md: --seeds 5 (declared 3); "
+                          "--methods run_grpo_7b,run_rpg_7b_ufkl1e-4 (declared run_grpo_7b,run_rpg_7b_ufkl1e-4,"
+                          "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28); --steps 8 (declared 3); --test-freq 8 (declared "
+                          "3); --val-problems 100 (declared 200); runs.csv and results.md say so and give no verdict")
 
 
 @pytest.mark.parametrize("flags, error", [
@@ -207,6 +212,14 @@ def test_cli_dry_run_estimate_and_nothing_created(tmp_path, capsys):
     (["--val-problems", "0"], "--val-problems must be 1..200 (the task's held-out problems), got 0"),
     (["--val-problems", "201"], "--val-problems must be 1..200"),
     (["--timeout", "0"], "--timeout must be a finite number of seconds > 0, got 0"),
+    # the plan's design, or --exploratory (one line naming the option and the declared value)
+    (["--steps", "8"], "--steps 8: the SmolLM2 comparison declares 3 (docs/study/smol/PLAN.md); run the declared "
+                       "design, or add --exploratory"),
+    (["--seeds", "10"], "--seeds 10: the SmolLM2 comparison declares 3 (docs/study/smol/PLAN.md)"),
+    (["--val-problems", "100"], "--val-problems 100: the SmolLM2 comparison declares 200 (docs/study/smol/PLAN.md)"),
+    (["--test-freq", "1"], "--test-freq 1: the SmolLM2 comparison declares 3"),
+    (["--methods", "run_grpo_7b"], "--methods run_grpo_7b: the SmolLM2 comparison declares run_grpo_7b,"
+                                   "run_rpg_7b_ufkl1e-4,run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"),
 ])
 def test_cli_refuses_each_bad_option_in_one_line(tmp_path, capsys, monkeypatch, flags, error):
     import rpg.study.__main__ as cli
@@ -294,7 +307,8 @@ def _rows(effects: dict[str, float], seeds: int = 3, noise: float = 0.01, rng_se
                          "seed": seed, "order": order, "status": "done", "primary": y,
                          **{name: 1.0 + 0.1 * order for name, _ in S.DIAGNOSTICS}, "code": "abc1234",
                          "load_start_1m": 1.5, "load_end_1m": 2.25, "cpu_count": 2, "wall_time_s": 1000.5,
-                         "started": "2026-11-27 10:00:00", f"{DC.VAL_PREFIX}2": y})
+                         "started": "2026-11-27 10:00:00", "threads": "2", "design": DC.DECLARED,
+                         **dict(S.DESIGN.columns), f"{DC.VAL_PREFIX}3": y})
     return rows
 
 
