@@ -90,7 +90,7 @@ def test_with_the_switch_platform_engine_rollout_and_gloo_work():
     assert res == {
         "device": "cpu", "backend": "gloo", "resource": "GPU", "device_id": "cpu", "mem": True,
         "engine_imported_by_verl_import": False,  # the engine registration is deferred (post-import hook)
-        "engine": "FSDPEngineWithLMHead", "pin_memory": False,
+        "engine": "PrefixTreeEngine", "pin_memory": False,
         "adapter": "HFServerAdapter", "replica": "HFReplica", "pg_backend": "gloo", "all_reduce": [1.0, 1.0, 1.0],
         "replay_poll_s": [0.05, 3.0],  # the CPU default replaces verl's 2 s; an explicit value is kept
         "bootstrap_patched": True,  # validation's bootstrap reduced along an axis (tests/backends/test_cpu_patches.py)

@@ -142,3 +142,20 @@ def test_bench_smol_prefix_smoke(smol, tmp_path):
     r = json.loads(report.read_text())["3"]
     assert r["shared_prefix"] >= 100 and r["identical_responses"] == 3 and r["max_abs_logprob_diff"] < 1e-4
     assert r["ratio"] > 0 and "ratio" in p.stdout
+
+
+@pytest.mark.bench
+def test_bench_smol_speed_smoke(smol, tmp_path):
+    """benchmarks/bench_smol_speed.py on 2 training prompts, 4 validation problems, 8 new tokens: every phase before
+    and now, the new decode's responses those of the old, the two engines' log-probs equal within float32 rounding."""
+    report = tmp_path / "speed.json"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_smol_speed.py"), "--prompts", "2",
+                        "--val-problems", "4", "--max-new-tokens", "8", "--json", str(report)], capture_output=True,
+                       text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    figures = json.loads(report.read_text())
+    for name in ("generation", "validation", "old log-probs", "update"):
+        assert figures[name]["before_s"] > 0 and figures[name]["now_s"] > 0 and name in p.stdout
+    assert "identical responses 8/8" in figures["generation"]["check"]
+    for name in ("old log-probs", "update"):
+        assert float(figures[name]["check"].rsplit(" ", 1)[1]) < 1e-4
