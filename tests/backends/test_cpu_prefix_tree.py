@@ -201,12 +201,15 @@ def test_a_text_micro_batch_takes_the_tree_and_others_verls_step():
     assert "sliding" in tree_engine.uncovered(td)
 
 
-def test_the_switch(monkeypatch):
-    from rpg.backends.cpu import tree_engine
+def test_the_switch_is_checked_before_ray_and_forwarded(monkeypatch):
+    from rpg.backends.cpu.env_overrides import cpu_env, cpu_overrides
 
-    assert tree_engine.enabled({}) and not tree_engine.enabled({tree_engine.ENV: "0"})
-    with pytest.raises(ValueError, match="RPG_CPU_PREFIX_TREE='yes': allowed 0"):
-        tree_engine.enabled({tree_engine.ENV: "yes"})
-    monkeypatch.setenv(tree_engine.ENV, "0")
+    assert prefix_tree.enabled({}) and not prefix_tree.enabled({prefix_tree.ENV: "0"})
+    with pytest.raises(ValueError, match="RPG_CPU_PREFIX_TREE='yes' is invalid; allowed: 0"):
+        cpu_env(base={prefix_tree.ENV: "yes"})
+    env = cpu_env(base={prefix_tree.ENV: "0"})
+    assert env[prefix_tree.ENV] == "0" and cpu_env(base={})[prefix_tree.ENV] == "1"
+    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.{prefix_tree.ENV}='0'" in cpu_overrides(env)
+    monkeypatch.setenv(prefix_tree.ENV, "0")
     _, engine = engines(smol_shaped_llama())
     assert engine.uncovered(micro_batch(groups())) == "RPG_CPU_PREFIX_TREE=0"

@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from rpg.backends import PLATFORM_ENV
-from rpg.backends.cpu import vllm_cpu
+from rpg.backends.cpu import prefix_tree, vllm_cpu
 from rpg.backends.cpu import world
 from rpg.backends.cpu.world import ray_resource_overrides
 from rpg.backends.hf_rollout.verl_registries import AGENT_LOOP, ROLLOUT_NAME
@@ -36,7 +36,7 @@ ENGINE_NAME, ENGINE_MODULE = "rpg_cpu_object_store", "rpg.backends.cpu.weight_sy
 # (Ray workers on this node also inherit the driver's environment; the explicit forward keeps it
 # correct when they do not, e.g. on a pre-started cluster).
 _FORWARDED = (PLATFORM_ENV, EXTERNAL_MODULES_ENV, "TORCH_COMPILE_DISABLE", "OMP_NUM_THREADS",
-              "TQ_NUM_THREADS", *vllm_cpu.FORWARDED)
+              "TQ_NUM_THREADS", prefix_tree.ENV, *vllm_cpu.FORWARDED)
 
 
 def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -58,6 +58,8 @@ def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
         # threads beside the other busy processes and logged one warning line (about 100 a step, forwarded
         # through Ray's log monitor); 1 keeps the OMP_NUM_THREADS=1 rule inside TransferQueue too
         "TQ_NUM_THREADS": base.get("TQ_NUM_THREADS", "1"),
+        # the actor's micro-batches as prefix trees (rpg.backends.cpu.prefix_tree; 0: verl's packed forward)
+        prefix_tree.ENV: "1" if prefix_tree.enabled(base) else "0",
         **RUN_ENV,
         **vllm,
     }

@@ -15,7 +15,6 @@ kernels, distillation, Σπ², multi-modal inputs, 3-D position ids, a padded la
 
 from __future__ import annotations
 
-import os
 import sys
 from contextlib import nullcontext
 
@@ -27,18 +26,10 @@ from verl.utils.model import extract_multi_modal_inputs
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.engine.utils import detach_tree
 
-from rpg.backends.cpu.prefix_tree import ReadPositions, build_prefix_tree, packed_values, tree_log_probs
+from rpg.backends.cpu.prefix_tree import (ENV, ReadPositions, build_prefix_tree, enabled, packed_values,
+                                          tree_log_probs)
 
-ENV = "RPG_CPU_PREFIX_TREE"
 _OFF_FLAGS = ("distillation_use_topk", "distillation_only", "calculate_sum_pi_squared", "use_fused_kernels")
-
-
-def enabled(environ=None) -> bool:
-    """The prefix tree is on unless ``RPG_CPU_PREFIX_TREE`` is ``0`` (any other value than 0 or 1 is refused)."""
-    value = (os.environ if environ is None else environ).get(ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV}={value!r}: allowed 0 (verl's packed forward) or 1 (the prefix tree, default)")
-    return value == "1"
 
 
 def _lengths(nested: torch.Tensor) -> list[int]:
