@@ -202,14 +202,15 @@ def test_a_text_micro_batch_takes_the_tree_and_others_verls_step():
 
 
 def test_the_switch_is_checked_before_ray_and_forwarded(monkeypatch):
-    from rpg.backends.cpu.env_overrides import cpu_env, cpu_overrides
+    from rpg.backends.cpu.env_overrides import PREFIX_TREE_ENV as ENV
+    from rpg.backends.cpu.env_overrides import cpu_env, cpu_overrides, prefix_tree_on
 
-    assert prefix_tree.enabled({}) and not prefix_tree.enabled({prefix_tree.ENV: "0"})
+    assert prefix_tree_on({}) and not prefix_tree_on({ENV: "0"})
     with pytest.raises(ValueError, match="RPG_CPU_PREFIX_TREE='yes' is invalid; allowed: 0"):
-        cpu_env(base={prefix_tree.ENV: "yes"})
-    env = cpu_env(base={prefix_tree.ENV: "0"})
-    assert env[prefix_tree.ENV] == "0" and cpu_env(base={})[prefix_tree.ENV] == "1"
-    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.{prefix_tree.ENV}='0'" in cpu_overrides(env)
-    monkeypatch.setenv(prefix_tree.ENV, "0")
+        cpu_env(base={ENV: "yes"})
+    env = cpu_env(base={ENV: "0"})
+    assert env[ENV] == "0" and cpu_env(base={})[ENV] == "1"
+    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.{ENV}='0'" in cpu_overrides(env)
+    monkeypatch.setenv(ENV, "0")
     _, engine = engines(smol_shaped_llama())
     assert engine.uncovered(micro_batch(groups())) == "RPG_CPU_PREFIX_TREE=0"

@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from rpg.backends import PLATFORM_ENV
-from rpg.backends.cpu import prefix_tree, vllm_cpu
+from rpg.backends.cpu import vllm_cpu
 from rpg.backends.cpu import world
 from rpg.backends.cpu.world import ray_resource_overrides
 from rpg.backends.hf_rollout.verl_registries import AGENT_LOOP, ROLLOUT_NAME
@@ -32,11 +32,24 @@ CHECKPOINT_ENGINE = f"{CHECKPOINT_ENGINE_ROOT}.backend"
 # (checkpoint_engine.custom_backend_module) to register it
 ENGINE_NAME, ENGINE_MODULE = "rpg_cpu_object_store", "rpg.backends.cpu.weight_sync"
 
+# The actor's micro-batches as prefix trees (rpg.backends.cpu.tree_engine); 0: verl's packed forward
+PREFIX_TREE_ENV = "RPG_CPU_PREFIX_TREE"
+
+
+def prefix_tree_on(env: Mapping[str, str] | None = None) -> bool:
+    """The prefix tree is on unless ``RPG_CPU_PREFIX_TREE`` is ``0``; another value than 0 or 1 is a ValueError."""
+    value = (os.environ if env is None else env).get(PREFIX_TREE_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{PREFIX_TREE_ENV}={value!r} is invalid; allowed: 0 (verl's packed forward) or 1 (the "
+                         f"prefix tree, the default)")
+    return value == "1"
+
+
 # Forwarded to every Ray process through ray_kwargs.ray_init.runtime_env.env_vars as well
 # (Ray workers on this node also inherit the driver's environment; the explicit forward keeps it
 # correct when they do not, e.g. on a pre-started cluster).
 _FORWARDED = (PLATFORM_ENV, EXTERNAL_MODULES_ENV, "TORCH_COMPILE_DISABLE", "OMP_NUM_THREADS",
-              "TQ_NUM_THREADS", prefix_tree.ENV, *vllm_cpu.FORWARDED)
+              "TQ_NUM_THREADS", PREFIX_TREE_ENV, *vllm_cpu.FORWARDED)
 
 
 def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -59,7 +72,7 @@ def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
         # through Ray's log monitor); 1 keeps the OMP_NUM_THREADS=1 rule inside TransferQueue too
         "TQ_NUM_THREADS": base.get("TQ_NUM_THREADS", "1"),
         # the actor's micro-batches as prefix trees (rpg.backends.cpu.prefix_tree; 0: verl's packed forward)
-        prefix_tree.ENV: "1" if prefix_tree.enabled(base) else "0",
+        PREFIX_TREE_ENV: "1" if prefix_tree_on(base) else "0",
         **RUN_ENV,
         **vllm,
     }

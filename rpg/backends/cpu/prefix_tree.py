@@ -17,22 +17,9 @@ returns them (one value per token of each sequence, the log-prob of the next tok
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-
-ENV = "RPG_CPU_PREFIX_TREE"  # 0: verl's packed forward (the CPU backend forwards it to every process)
-
-
-def enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """The prefix tree is on unless ``RPG_CPU_PREFIX_TREE`` is ``0``; another value than 0 or 1 is a ValueError."""
-    value = (os.environ if environ is None else environ).get(ENV, "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV}={value!r} is invalid; allowed: 0 (verl's packed forward) or 1 (the prefix tree, "
-                         f"the default)")
-    return value == "1"
 
 
 @dataclass(frozen=True)

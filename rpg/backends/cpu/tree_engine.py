@@ -26,8 +26,8 @@ from verl.utils.model import extract_multi_modal_inputs
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.engine.utils import detach_tree
 
-from rpg.backends.cpu.prefix_tree import (ENV, ReadPositions, build_prefix_tree, enabled, packed_values,
-                                          tree_log_probs)
+from rpg.backends.cpu.env_overrides import PREFIX_TREE_ENV, prefix_tree_on
+from rpg.backends.cpu.prefix_tree import ReadPositions, build_prefix_tree, packed_values, tree_log_probs
 
 _OFF_FLAGS = ("distillation_use_topk", "distillation_only", "calculate_sum_pi_squared", "use_fused_kernels")
 
@@ -43,8 +43,8 @@ class PrefixTreeEngine(FSDPEngineWithLMHead):
 
     def uncovered(self, micro_batch) -> str | None:
         """Why this micro-batch takes verl's step, or None."""
-        if not enabled():
-            return f"{ENV}=0"
+        if not prefix_tree_on():
+            return f"{PREFIX_TREE_ENV}=0"
         if self.ulysses_sequence_parallel_size > 1:
             return "sequence parallelism"
         for flag in _OFF_FLAGS:
