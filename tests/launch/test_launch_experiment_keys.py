@@ -16,7 +16,7 @@ import pytest
 from launching import env as _env, launch
 
 from rpg.launch.config_keys import ConfigKeyError, compose_config
-from rpg.launch.experiments import ExperimentError, MAX_NODES, expanded_size
+from rpg.launch.experiments import ExperimentError
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = ROOT / "recipe" / "rpg" / "config"
@@ -106,6 +106,8 @@ def _bomb(levels: int, fan: int = 10) -> str:
 
 
 def test_what_a_file_expands_to_is_counted_without_expanding_it():
+    from rpg.launch.experiments import expanded_size
+
     sizes = [1]  # a0, a1 = [a0 x 10], ...: each level 1 + 10 x the one below
     for _ in range(9):
         sizes.append(1 + 10 * sizes[-1])
@@ -116,6 +118,8 @@ def test_what_a_file_expands_to_is_counted_without_expanding_it():
 
 def test_an_alias_bomb_and_a_yaml_error_are_one_line_before_anything_is_composed(tmp_path, capsys):
     """Before: a 6-level bomb hung DRY_RUN over 120 s (OmegaConf expands every alias)."""
+    from rpg.launch.experiments import MAX_NODES, expanded_size
+
     folder = tmp_path / "my_configs" / "experiment"
     folder.mkdir(parents=True)
     (folder / "bomb.yaml").write_text(_bomb(4))  # 12,353 values: over the bound, and quick to build without it

@@ -18,7 +18,7 @@ from rpg.launch.describe import naming_note
 from rpg.launch.environment import LaunchError, Request
 from rpg.launch.experiments import find
 from rpg.launch.plan import experiment_name
-from rpg.verl.input_paths import NAME_MAX, check_run_names, longest_file_name
+from rpg.verl.input_paths import check_run_names
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = "run_rpg_7b_ufkl1e-4"
@@ -66,6 +66,8 @@ def test_the_driver_checks_every_file_name_the_run_writes(tmp_path):
 def test_an_auto_name_past_the_limit_is_shortened_with_a_digest_and_said():
     """A paper script with many overrides: the name says each change; past the limit it is cut, a digest of the
     whole name keeps it apart from another cut the same way, and the note line says so."""
+    from rpg.verl.input_paths import NAME_MAX, longest_file_name
+
     exp, req = find(PAPER), Request.read(_env(), ROOT)
     lrs = [f"actor_rollout_ref.actor.optim.lr=0.000000{i}{'0' * 90}1" for i in (2, 3)]
     user = [lrs[0], "rpg.loss.divergence=urkl", "rpg.loss.beta=0.00100000000000000000000000000000000000000000000000001",
