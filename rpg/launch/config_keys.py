@@ -9,8 +9,8 @@ print it as the driver prints a bad value, exit 2) naming every such key, the cl
 (``difflib`` over the composed config's dotted key paths) and the ``+key=value`` form that adds a new key.
 
 Cost: one composition of ``recipe/rpg/config/rpg_trainer.yaml`` per launch (the launchers compose once
-and reuse it; measured in docs/launch-scripts.md), a few more only when a key is unknown (to find every
-unknown key and the valid ones).
+and reuse it; measured in docs/launch-scripts.md), one more per process with a run (``base_keys``), a few more
+only when a key is unknown (to find every unknown key and the valid ones).
 
 With ``+experiment=<run>`` the run's experiment file is checked the same way (``experiment_key_problems``): Hydra
 merges a file of the defaults list without its struct check, so a key the config does not have
@@ -132,15 +132,16 @@ def experiment_key_problems(cfg, overrides: Sequence[str], keys: frozenset[str],
 
     added = [p.key for p in map(parse_one, overrides) if p.kind in ("ADD", "FORCE_ADD") and p.key != GROUP]
 
-    def within(key: str, roots: Iterable[str]) -> bool:
-        return any(key == r or key.startswith(r + ".") or r.startswith(key + ".") for r in roots)
+    def under(key: str, roots: Iterable[str]) -> bool:
+        return any(key == r or key.startswith(r + ".") for r in roots)
 
     new = []
     for key in key_paths(cfg):
         parent = key.rpartition(".")[0]
         if key in keys or (parent and parent not in keys):  # known, or under a new key (named instead)
             continue
-        if parent in open_paths or any(key == o or key.startswith(o + ".") for o in OPEN_MAPPINGS) or within(key, added):
+        if parent in open_paths or under(key, OPEN_MAPPINGS) or under(key, added) or any(a.startswith(key + ".")
+                                                                                        for a in added):
             continue
         new.append(key)
     if not new:
