@@ -191,7 +191,8 @@ def compose_config(overrides: Sequence[str], config_dir: Path | str, config_name
             break
         if exp is not None and not bad:
             searchpath = tuple(o for o in overrides if o.startswith("hydra.searchpath="))
-            if problems := experiment_key_problems(cfg, overrides, *base_keys(config_dir, config_name, searchpath), exp):
+            keys, open_paths = base_keys(config_dir, config_name, searchpath)
+            if problems := experiment_key_problems(cfg, overrides, keys, open_paths, exp):
                 raise ConfigKeyError("; ".join(problems))
     if bad:
         paths = key_paths(cfg)

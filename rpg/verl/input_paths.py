@@ -81,9 +81,10 @@ def model_path_problem(key: str, value: Any) -> str | None:
 
 
 def model_folder_problems(get, *, use_critic: bool = False) -> list[str]:
-    """One line per local model folder whose config or tokenizer does not load as verl's ``HFModelConfig`` loads
-    them in every worker, after Ray (a folder without them: a 60-line traceback there). Read with ``get`` (dotted key
-    -> value, None when unset): the config at ``<model>.hf_config_path``, else ``<model>.path``; the tokenizer at
+    """One line per local model folder without its weights, or whose config or tokenizer does not load as verl's
+    ``HFModelConfig`` and engine load them in every worker, after Ray (a folder without them: a 60-line traceback
+    there). Read with ``get`` (dotted key -> value, None when unset): the weights at ``<model>.path``; the config at
+    ``<model>.hf_config_path``, else ``<model>.path``; the tokenizer at
     ``<model>.tokenizer_path``, else ``<model>.path``, and at ``data.tokenizer``; ``<model>``: the actor's (the
     reference's too), the critic's with ``use_critic``. Only paths that exist here are read (an absent one is
     ``model_path_problem``'s, a hub name the hub's), with ``local_files_only``: nothing is downloaded."""
@@ -92,7 +93,8 @@ def model_folder_problems(get, *, use_critic: bool = False) -> list[str]:
         trust = bool(get(f"{model}.trust_remote_code"))
         wanted[f"{model}.path"] = (["weights"], trust)
         for what, own in (("config", "hf_config_path"), ("tokenizer", "tokenizer_path")):
-            wanted.setdefault(f"{model}.{own}" if get(f"{model}.{own}") else f"{model}.path", ([], trust))[0].append(what)
+            key = f"{model}.{own}" if get(f"{model}.{own}") else f"{model}.path"
+            wanted.setdefault(key, ([], trust))[0].append(what)
     wanted.setdefault("data.tokenizer", (["tokenizer"], bool(get("actor_rollout_ref.model.trust_remote_code"))))
     problems = []
     for key, (whats, trust) in wanted.items():
@@ -109,7 +111,8 @@ def model_folder_problem(key: str, value: str, whats: list[str], *, trust_remote
     folder and what is missing or does not load."""
     folder = Path(value).expanduser()
     if not folder.is_dir():
-        return f"{key}={value}: a file, not a model folder (a Hugging Face model folder: config.json, weights, tokenizer)"
+        return (f"{key}={value}: a file, not a model folder (a Hugging Face model folder: config.json, weights, "
+                "tokenizer)")
     from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
