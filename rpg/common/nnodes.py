@@ -37,7 +37,7 @@ class NodeCount:
 def parse_nnodes(raw: str, key: str = "NNODES") -> NodeCount:
     """``N`` or ``MIN:MAX`` (integers, 1 <= MIN <= MAX); ``ValueError``, one line naming ``key`` otherwise."""
     text = raw.strip()
-    m = re.fullmatch(r"(\d+)(?::(\d+))?", text)
+    m = re.fullmatch(r"([0-9]+)(?::([0-9]+))?", text)  # ASCII digits (\d takes other scripts' digits)
     if m is None or int(m.group(1)) < 1 or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
         raise ValueError(f"{key}={raw!r} is invalid; expected a positive integer N, or MIN:MAX with 1 <= MIN <= MAX "
                          "(elastic: the run continues on the nodes that remain, docs/launch-scripts.md)")

@@ -31,6 +31,7 @@ importing torch or verl.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -107,6 +108,22 @@ def data_problems(get: Getter, keys: Sequence[str] = DATA_KEYS) -> list[str]:
             elif "://" not in v:
                 problems += file_problems(name, v, scorer=scorer, prompt_key=prompt_key)
     return problems
+
+
+def shared_file_warning(get: Getter) -> str | None:
+    """One line when a file is both a training and a validation file (the same file: local paths resolved): the run
+    is evaluated on problems it trains on. A warning, the run goes on, as ``rpg.data prepare`` warns of an
+    evaluation set's problems in a training set."""
+    def files(key: str) -> list[str]:
+        value = get(key)
+        items = list(value) if isinstance(value, (list, tuple)) else [value] if value else []
+        return [v if "://" in v else os.path.realpath(os.path.expanduser(v)) for v in items if isinstance(v, str) and v]
+
+    train = set(files(DATA_KEYS[0]))
+    if shared := [v for v in dict.fromkeys(files(DATA_KEYS[1])) if v in train]:
+        return (f"{' and '.join(DATA_KEYS)} both name {', '.join(shared)}: the run is evaluated on the problems it "
+                "trains on (a model evaluated on problems it has seen)")
+    return None
 
 
 def override_problems(set_values: Mapping[str, Any], default: Getter) -> list[str]:

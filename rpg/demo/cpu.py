@@ -224,6 +224,7 @@ def _checked(overrides: list[str], entry: str, recipe: bool, root: Path, env: di
 def _main(argv: list[str] | None, stage: list[str]) -> int:
     from rpg.smol import SmolAssetError
     from rpg.tiny.overrides import tiny_algorithm, with_experiment_name
+    from rpg.verl.input_paths import model_folder_problems
 
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = _parser()
@@ -260,6 +261,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
             return 2
 
     problems = override_problems(values(rest), recipe_value)  # the user's data files and their reward (rpg.data.checks)
+    problems += model_folder_problems(values(rest).get)  # the user's model folders (the built one: the driver's check)
     if problems:
         print("\n".join(f"{prefix} {line}" for line in problems), file=sys.stderr, flush=True)
         return 2

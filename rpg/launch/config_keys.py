@@ -9,8 +9,17 @@ print it as the driver prints a bad value, exit 2) naming every such key, the cl
 (``difflib`` over the composed config's dotted key paths) and the ``+key=value`` form that adds a new key.
 
 Cost: one composition of ``recipe/rpg/config/rpg_trainer.yaml`` per launch (the launchers compose once
-and reuse it; measured in docs/launch-scripts.md), a few more only when a key is unknown (to find every
-unknown key and the valid ones).
+and reuse it; measured in docs/launch-scripts.md), one more per process with a run (``base_keys``), a few more
+only when a key is unknown (to find every unknown key and the valid ones).
+
+With ``+experiment=<run>`` the run's experiment file is checked the same way (``experiment_key_problems``): Hydra
+merges a file of the defaults list without its struct check, so a key the config does not have
+(``data.max_respons_length``, ``algorithm.filter_groups.enabel``, a block ``bomb:``) would sit beside the default it
+meant to change. Every key the file adds to the config composed without it (its key set composed once per process,
+``base_keys``) is one line naming the file, the key and the closest key the config has; a key is new legitimately
+only under a mapping whose keys are the reader's: an empty mapping (verl's ``override_config``, ``engine_kwargs``,
+``apply_chat_template_kwargs``, ...), a null value, a value of the ``rpg:`` block (its kind checks it), or
+``OPEN_MAPPINGS``; and where a ``+key=value`` override adds it.
 
 ``checked_config`` adds ``trainer.logger`` against verl's own list of tracking backends
 (``rpg.verl.verl_rules.logger_problem``: verl asserts on it in the trainer, after Ray, the workers and the
@@ -20,41 +29,46 @@ model have started; the driver applies the same rule).
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from rpg.config import RPGConfigError
 from rpg.launch.args import is_env_var_key
-from rpg.launch.experiments import CONFIG_NAME
+from rpg.launch.experiments import CONFIG_NAME, GROUP
 from rpg.common.override_lists import parse_one
 from rpg.verl.verl_rules import logger_problem
 
 _NOT_OVERRIDABLE = re.compile(r"Could not override '([^']+)'")
 _APPEND_EXISTS = re.compile(r"Could not append to config\. An item is already at '([^']+)'")
 _DELETE_MISSING = re.compile(r"Could not delete from config\. (?:The value of )?'([^']+)'")
+# Mappings whose keys are their reader's, not the config's (a file may set any key under them): ray.init's keyword
+# arguments (verl passes ray_kwargs.ray_init on), the reward function's keyword arguments (rpg.reward's options)
+OPEN_MAPPINGS = ("ray_kwargs.ray_init", "reward.custom_reward_function.reward_kwargs")
 
 
 class ConfigKeyError(RPGConfigError):
     """An override of a key the config does not have (or ``+`` on a key it has): one line."""
 
 
-def key_paths(cfg) -> list[str]:
-    """Every dotted key path of a composed config (mappings only; list items are values)."""
+def _nodes(cfg):
+    """(dotted key path, node) of every key of a composed config (mappings only; list items are values)."""
     from omegaconf import DictConfig
 
-    out: list[str] = []
-
-    def walk(node, prefix: str) -> None:
+    def walk(node, prefix: str):
         for key in node.keys():
-            path = f"{prefix}{key}"
-            out.append(path)
-            child = node._get_node(key)
+            path, child = f"{prefix}{key}", node._get_node(key)
+            yield path, child
             if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
-                walk(child, path + ".")
+                yield from walk(child, path + ".")
 
-    walk(cfg, "")
-    return out
+    yield from walk(cfg, "")
+
+
+def key_paths(cfg) -> list[str]:
+    """Every dotted key path of a composed config (mappings only; list items are values)."""
+    return [path for path, _ in _nodes(cfg)]
 
 
 def closest_key(key: str, paths: Iterable[str]) -> str | None:
@@ -92,19 +106,78 @@ def _describe(kind: str, text: str, paths: list[str]) -> str:
     return line + f"; to add a new key write +{p.key}={p.value_text}"
 
 
+@functools.lru_cache(maxsize=4)
+def base_keys(config_dir: str, config_name: str, searchpath: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
+    """(every key path, the paths under which any key may be set) of the config composed without a run (Hydra
+    initialised on ``config_dir``; ``searchpath``: the ``hydra.searchpath`` overrides), composed once per process."""
+    from hydra import compose
+    from omegaconf import DictConfig
+
+    from rpg.config import declared_keys
+
+    paths, open_paths = [], {k.path for k in declared_keys()}
+    for path, node in _nodes(compose(config_name=config_name, overrides=list(searchpath))):
+        paths.append(path)
+        if node._is_none() or (isinstance(node, DictConfig) and not node._is_missing() and len(node) == 0):
+            open_paths.add(path)
+    return frozenset(paths), frozenset(open_paths)
+
+
+def experiment_key_problems(cfg, overrides: Sequence[str], keys: frozenset[str], open_paths: frozenset[str],
+                            exp) -> list[str]:
+    """One line per key the experiment ``exp`` (``rpg.launch.experiments.Experiment``) adds to the composed ``cfg``
+    that the config without it (``keys``, ``open_paths``: ``base_keys``) does not have and no ``+`` override of
+    ``overrides`` adds: the file, the key, the closest key the config has."""
+    from rpg.common.checkout import CHECKOUT
+
+    added = [p.key for p in map(parse_one, overrides) if p.kind in ("ADD", "FORCE_ADD") and p.key != GROUP]
+
+    def under(key: str, roots: Iterable[str]) -> bool:
+        return any(key == r or key.startswith(r + ".") for r in roots)
+
+    new = []
+    for key in key_paths(cfg):
+        parent = key.rpartition(".")[0]
+        if key in keys or (parent and parent not in keys):  # known, or under a new key (named instead)
+            continue
+        if parent in open_paths or under(key, OPEN_MAPPINGS) or under(key, added) or any(a.startswith(key + ".")
+                                                                                        for a in added):
+            continue
+        new.append(key)
+    if not new:
+        return []
+    shown = exp.path.relative_to(CHECKOUT) if exp.path.is_relative_to(CHECKOUT) else exp.path
+    if new == [GROUP]:  # no "# @package _global_" line: Hydra put the whole file under experiment.
+        return [f"{shown}: its keys land under {GROUP}. (a key no config reads): its first line must be "
+                "# @package _global_, as in the shipped files"]
+    lines = []
+    for key in new:
+        close = closest_key(key, keys)
+        mine = any(s == key or s.startswith(key + ".") for s in exp.settings)
+        lines.append(f"{shown}{'' if mine else ' (through its defaults list)'} sets {key}, which is not a key of the "
+                     f"config" + (f" (did you mean {close}?)" if close else ""))
+    return lines + ["a key the config does not have is added on the command line, +key=value"]
+
+
 def compose_config(overrides: Sequence[str], config_dir: Path | str, config_name: str = CONFIG_NAME):
     """The config ``hydra.main`` would compose from ``config_dir/config_name.yaml`` and ``overrides``;
     ``ConfigKeyError`` (one line naming every unknown key, the closest valid one and the ``+`` hint) when
     Hydra refuses an override's key, ``RPGConfigError`` (Hydra's message on one line) for any other
-    composition error."""
+    composition error; with ``+experiment=<run>``, ``ConfigKeyError`` for a key the run's file adds
+    (``experiment_key_problems``)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import ConfigCompositionException
 
+    from rpg.launch.experiments import find
+
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
+    runs = [o[len(f"+{GROUP}="):] for o in overrides if o.startswith(f"+{GROUP}=")]
+    exp = find(runs[-1], overrides) if runs else None  # read first: what its YAML expands to is bounded
     rest, bad = list(overrides), []
-    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
+    config_dir = str(Path(config_dir).resolve())
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
         while True:
             try:
                 cfg = compose(config_name=config_name, overrides=rest)
@@ -116,6 +189,11 @@ def compose_config(overrides: Sequence[str], config_dir: Path | str, config_name
                 bad.append((kind, rest.pop(i)))
                 continue
             break
+        if exp is not None and not bad:
+            searchpath = tuple(o for o in overrides if o.startswith("hydra.searchpath="))
+            keys, open_paths = base_keys(config_dir, config_name, searchpath)
+            if problems := experiment_key_problems(cfg, overrides, keys, open_paths, exp):
+                raise ConfigKeyError("; ".join(problems))
     if bad:
         paths = key_paths(cfg)
         raise ConfigKeyError("; ".join(_describe(kind, text, paths) for kind, text in bad))

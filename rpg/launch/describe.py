@@ -18,8 +18,8 @@ from rpg.backends.registry import backend
 from rpg.common.override_lists import override_key, values
 from rpg.config import RPGConfigError
 from rpg.launch.environment import LaunchError, Request
-from rpg.launch.experiments import Experiment, file_note, name_changes
-from rpg.verl.input_paths import InputPathError, input_path_problems, refusals
+from rpg.launch.experiments import Experiment, changed_name, file_note, name_changes
+from rpg.verl.input_paths import NAME_MAX, InputPathError, input_path_problems, refusals
 
 REWARD_PATH = "reward.custom_reward_function.path"
 MEMORY_FLAGS = {"--gpu-mem-gib": "the GPU's memory in GiB (e.g. --gpu-mem-gib 80)",
@@ -92,8 +92,11 @@ def naming_note(exp: Experiment, req: Request, user: Sequence[str]) -> str | Non
     if (mine := req.env.get("EXP_NAME", "").strip()) or given is not None:
         kept = f"EXP_NAME={mine}" if mine else f"trainer.experiment_name={given}"
         return f"{said}; the run keeps the name you gave it ({kept})"
-    return (f"{said}: the run is named {experiment_name(exp, req, user)} (trainer.experiment_name: its checkpoint "
-            "folder, logs and report labels; EXP_NAME=... names it otherwise)")
+    name, full = experiment_name(exp, req, user), changed_name(exp, changes)
+    short = "" if name == full else (f", shortened with a digest of {full} (its log file's name would pass the file "
+                                     f"system's {NAME_MAX} bytes)")
+    return (f"{said}: the run is named {name} (trainer.experiment_name: its checkpoint folder, logs and report labels"
+            f"{short}; EXP_NAME=... names it otherwise)")
 
 
 def memory_report(cfg, sizes: tuple[float, float], *, unavailable_ok: bool = False) -> str:

@@ -85,13 +85,20 @@ def flag(env: Mapping[str, str], key: str) -> bool:
     raise LaunchError(f"{key}={env[key]!r} is invalid; allowed values: 1, 0, true, false")
 
 
-def positive_int(env: Mapping[str, str], key: str) -> int | None:
+def env_int(env: Mapping[str, str], key: str, minimum: int = 1) -> int | None:
+    """The integer variable ``key`` (ASCII digits: ``str.isdigit`` also takes '²', which ``int`` refuses), None when
+    unset; one line (``LaunchError``) for anything else or a value under ``minimum``."""
     raw = env.get(key, "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise LaunchError(f"{key}={raw!r} is invalid; expected a positive integer")
+    if not re.fullmatch(r"[0-9]+", raw) or int(raw) < minimum:
+        expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise LaunchError(f"{key}={raw!r} is invalid; expected {expected}")
     return int(raw)
+
+
+def positive_int(env: Mapping[str, str], key: str) -> int | None:
+    return env_int(env, key, 1)
 
 
 def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
@@ -113,11 +120,12 @@ def _choice(env: Mapping[str, str], key: str, allowed: Sequence[str]) -> str:
 
 
 def _run_name(env: Mapping[str, str], key: str) -> str | None:
-    """PROJECT_NAME / EXP_NAME: a name that could leave its directory (checkpoints, logs) is refused."""
+    """PROJECT_NAME / EXP_NAME: a name that could leave its directory (checkpoints, logs), or make a file name
+    longer than the file system allows, is refused."""
     if key not in env:
         return None
     value = env[key].strip()
-    if (why := name_problem(key, value)) is not None:
+    if (why := name_problem(key, value, experiment=key == "EXP_NAME")) is not None:
         raise LaunchError(why)
     return value
 
@@ -168,8 +176,7 @@ class Request:
         if (restarts := env.get("RPG_MAX_RESTARTS", "").strip()) and not (count is not None and count.elastic):
             raise LaunchError(f"RPG_MAX_RESTARTS={restarts} applies to an elastic run only (NNODES=MIN:MAX on a Ray "
                               "cluster); a run with a fixed NNODES stops at a node loss with its resume command")
-        if restarts and not restarts.isdigit():
-            raise LaunchError(f"RPG_MAX_RESTARTS={restarts!r} is invalid; expected an integer >= 0")
+        max_restarts = env_int(env, "RPG_MAX_RESTARTS", 0)
         for key in ("PROJECT_NAME", "EXP_NAME"):
             _run_name(env, key)
         out = env.get("OUT_DIR", "").strip()
@@ -178,10 +185,14 @@ class Request:
                    n_gpus_per_node=positive_int(env, "N_GPUS_PER_NODE"),
                    out_dir=user_folder(out, cwd) if out else None,
                    timeout_s=_seconds(env, "CPU_TIMEOUT", CPU_TIMEOUT_S), echo=flag(env, "CPU_ECHO"),
-                   max_restarts=int(restarts) if restarts else DEFAULT_MAX_RESTARTS, cluster=cluster)
+                   max_restarts=DEFAULT_MAX_RESTARTS if max_restarts is None else max_restarts, cluster=cluster)
 
     def loggers(self) -> tuple[str, ...] | None:
+        """LOGGER's names, None when unset; one that names none (``LOGGER=,``: no metrics logged) is refused."""
         raw = self.env.get("LOGGER", "").strip()
+        if raw and not split_list(raw):
+            raise LaunchError(f"LOGGER={raw!r} names no logger: the run would log no metrics; give verl's loggers, "
+                              f"comma separated (unset: {','.join(DEFAULT_LOGGERS)})")
         return tuple(split_list(raw)) if raw else None
 
 

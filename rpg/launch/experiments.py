@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ GROUP = "experiment"
 EXPERIMENT_DIR = RECIPE_CONFIG_DIR / GROUP  # relative to the checkout
 CONFIG_NAME = "rpg_trainer"  # recipe/rpg/config/rpg_trainer.yaml, the config main_rpg.py composes
 DIGEST = "# written by scripts/experiments.py; sha256 of the lines above: "  # the last line of a generated file
+MAX_NODES = 10_000  # what a file may expand to, YAML aliases followed (a shipped file: about 100; an alias bomb: 10^6)
 NEAR_EDITS = 2  # a name within this many single-character edits of a shipped one is named as its likely typo
 # Settings of a file that say where the run reads and writes, not what it runs: an override of one keeps the name
 FILE_ONLY = frozenset({"actor_rollout_ref.model.path", "data.train_files", "data.val_files", "trainer.project_name",
@@ -35,7 +37,7 @@ MEMORY_KEYS = frozenset({"actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
 
 
 class ExperimentError(ValueError):
-    """No experiment file for a run name (one line: the closest shipped names)."""
+    """No experiment file for a run name (one line: the closest shipped names), or one that cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -113,11 +115,45 @@ def load(path: Path, name: str | None = None) -> Experiment:
     """The experiment file at ``path`` (its name: the file's stem)."""
     from omegaconf import OmegaConf
 
+    import yaml
+
     text = path.read_text()
-    loaded = OmegaConf.to_container(OmegaConf.load(path))
+    try:
+        if (size := expanded_size(text)) > MAX_NODES:
+            raise ExperimentError(f"{path}: its YAML expands to {'an endless' if size == math.inf else f'{size:,}'} "
+                                  f"values through its aliases (&name / *name), over {MAX_NODES:,}: an experiment file "
+                                  "sets keys, write them out")
+        loaded = OmegaConf.to_container(OmegaConf.load(path))
+    except yaml.YAMLError as e:
+        raise ExperimentError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     loaded.pop("defaults", None)
     name = name or path.stem
     return Experiment(name, path, dict(_leaves(loaded)), (f"+{GROUP}={name}",), _description(text))
+
+
+def expanded_size(text: str) -> float:
+    """How many YAML values (scalars, mappings, lists; keys counted) ``text`` holds once every alias is expanded, as
+    OmegaConf builds them, counted on PyYAML's node graph without expanding it (an alias is the anchor's node: each
+    node is counted once, times its uses); ``math.inf`` for an alias inside its own anchor."""
+    import yaml
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    sizes: dict[int, float] = {}
+    open_nodes: set[int] = set()
+
+    def size(node) -> float:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_nodes:  # an alias of an anchor it is inside of
+            return math.inf
+        open_nodes.add(id(node))
+        children = node.value if isinstance(node, yaml.SequenceNode) else \
+            [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
+        sizes[id(node)] = total = 1 + sum(size(child) for child in children)
+        open_nodes.discard(id(node))
+        return total
+
+    return 0 if root is None else size(root)
 
 
 def _leaves(node: dict, prefix: str = ""):

@@ -25,12 +25,16 @@ OVERLONG_LEN = "reward.reward_kwargs.overlong_buffer_cfg.len"
 def experiment_name(exp: Experiment, req: Request, user: Sequence[str]) -> str:
     """The run's ``trainer.experiment_name`` (its checkpoint and log folders): ``EXP_NAME``; else the run name
     followed by the settings of its file that the user's overrides change (``rpg.launch.experiments.changed_name``),
-    so the folders, logs and report labels say what runs. A user's ``trainer.experiment_name`` override wins."""
+    so the folders, logs and report labels say what runs, shortened with a digest when a file it names would pass
+    the file system's limit (``rpg.verl.input_paths.fitted_name``). A user's ``trainer.experiment_name`` override
+    wins."""
+    from rpg.verl.input_paths import fitted_name
+
     if req.env.get("EXP_NAME", "").strip():
         return req.env["EXP_NAME"].strip()
     if "trainer.experiment_name" in values(list(user)):
         return exp.name
-    return changed_name(exp, name_changes(exp, user))
+    return fitted_name(changed_name(exp, name_changes(exp, user)))
 
 
 def finalize(overrides: list[str], user: Sequence[str]) -> list[str]:

@@ -4,13 +4,16 @@ Without the check a missing data file or model directory surfaces after Ray and 
 model directory as a misleading Hugging Face repo-id error). ``check_input_paths`` names the key and the path of
 each problem (the driver prints them and exits 2; under ``DRY_RUN=1`` a path absent from this machine is a warning,
 it may exist where the run runs): the data files (``rpg.data.checks.data_problems``), the model-like keys (a local
-path or a hub repo id, ``model_path_problem``), the custom reward function's file and the resume folder.
+path or a hub repo id, ``model_path_problem``; a local folder's config and tokenizer load,
+``model_folder_problems``), the custom reward function's file and the resume folder.
 ``resolve_resume`` pins the checkpoint a resume loads (``rpg.verl.checkpoints``); ``check_run_names`` keeps
-``trainer.project_name`` and ``trainer.experiment_name`` one directory level each.
+``trainer.project_name`` and ``trainer.experiment_name`` one directory level each, and every file name the run
+writes within ``NAME_MAX`` bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -24,6 +27,8 @@ from rpg.config import RPGConfigError, config_value
 DATA_HINT = "Prepare data files with `python -m rpg.data prepare-all --out-dir data/` (docs/data-and-reports.md)"
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
 _HUB_ID = re.compile(rf"^{_PART}(?:/{_PART})?$")
+NAME_MAX = 255  # bytes (UTF-8) of one file name, a path component (ext4, xfs, btrfs, and most others)
+SEGMENTS_RESERVED = 9999  # the name check leaves room for this many segments of a metrics history (a start each)
 MODEL_KEYS = ("actor_rollout_ref.model.path", "actor_rollout_ref.model.tokenizer_path",
               "actor_rollout_ref.model.hf_config_path", "data.tokenizer")
 
@@ -75,6 +80,60 @@ def model_path_problem(key: str, value: Any) -> str | None:
     return Absent(f"{key}={value}: no such file or directory (and not a Hugging Face repo id 'org/name')")
 
 
+def model_folder_problems(get, *, use_critic: bool = False) -> list[str]:
+    """One line per local model folder without its weights, or whose config or tokenizer does not load as verl's
+    ``HFModelConfig`` and engine load them in every worker, after Ray (a folder without them: a 60-line traceback
+    there). Read with ``get`` (dotted key -> value, None when unset): the weights at ``<model>.path``; the config at
+    ``<model>.hf_config_path``, else ``<model>.path``; the tokenizer at
+    ``<model>.tokenizer_path``, else ``<model>.path``, and at ``data.tokenizer``; ``<model>``: the actor's (the
+    reference's too), the critic's with ``use_critic``. Only paths that exist here are read (an absent one is
+    ``model_path_problem``'s, a hub name the hub's), with ``local_files_only``: nothing is downloaded."""
+    wanted: dict[str, tuple[list[str], bool]] = {}  # key -> (what it must hold, trust_remote_code)
+    for model in ("actor_rollout_ref.model", *(("critic.model",) if use_critic else ())):
+        trust = bool(get(f"{model}.trust_remote_code"))
+        wanted[f"{model}.path"] = (["weights"], trust)
+        for what, own in (("config", "hf_config_path"), ("tokenizer", "tokenizer_path")):
+            key = f"{model}.{own}" if get(f"{model}.{own}") else f"{model}.path"
+            wanted.setdefault(key, ([], trust))[0].append(what)
+    wanted.setdefault("data.tokenizer", (["tokenizer"], bool(get("actor_rollout_ref.model.trust_remote_code"))))
+    problems = []
+    for key, (whats, trust) in wanted.items():
+        value = get(key)
+        if isinstance(value, str) and value and not is_remote(value) and _exists(value):
+            problems.append(model_folder_problem(key, value, whats, trust_remote_code=trust))
+    return [p for p in problems if p]
+
+
+def model_folder_problem(key: str, value: str, whats: list[str], *, trust_remote_code: bool = False) -> str | None:
+    """None if the local folder ``value`` holds each of ``whats`` as transformers loads it: "weights" (one of the
+    weight files ``from_pretrained`` looks for), "config" (``AutoConfig``), "tokenizer" (``AutoTokenizer``, which must
+    encode text: transformers 5 builds an empty tokenizer from a config alone); else one line naming the key, the
+    folder and what is missing or does not load."""
+    folder = Path(value).expanduser()
+    if not folder.is_dir():
+        return (f"{key}={value}: a file, not a model folder (a Hugging Face model folder: config.json, weights, "
+                "tokenizer)")
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+
+    files = {"weights": (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME),
+             "config": ("config.json",), "tokenizer": ("tokenizer.json", "tokenizer_config.json")}
+    missing = [" or ".join(files[w]) for w in whats if not any((folder / n).is_file() for n in files[w])]
+    if missing:
+        return (f"{key}={value}: the folder has no {' and no '.join(missing)} (a Hugging Face model folder: config.json, "
+                "weights, tokenizer)")
+    for what in (w for w in whats if w != "weights"):
+        try:
+            loaded = (AutoConfig if what == "config" else AutoTokenizer).from_pretrained(
+                str(folder), local_files_only=True, trust_remote_code=trust_remote_code)
+            if what == "tokenizer" and not loaded.encode("Answer: 42", add_special_tokens=False):
+                return f"{key}={value}: its tokenizer encodes nothing (no vocabulary: tokenizer.json or its vocab files)"
+        except Exception as e:  # noqa: BLE001 - whatever transformers raises for this folder: one line naming it
+            first = (str(e).strip().splitlines() or [""])[0]
+            return f"{key}={value}: its {what} does not load ({type(e).__name__}: {first})"
+    return None
+
+
 def resume_path_problem(value: Any) -> str | None:
     key = "trainer.resume_from_path"
     if not isinstance(value, str) or not value:
@@ -86,21 +145,83 @@ def resume_path_problem(value: Any) -> str | None:
     return None
 
 
-def name_problem(key: str, value: Any) -> str | None:
-    """None if ``value`` can name one directory level (no separator, not '.'/'..', not empty)."""
+def longest_file_name(experiment: str) -> str:
+    """The longest file name a run writes from its experiment name: its metrics history's segment
+    ``SEGMENTS_RESERVED`` (``rpg.common.history``; the checkpoint and TensorBoard folders are the name itself)."""
+    from rpg.common.history import segment_path
+
+    return segment_path(Path(f"{experiment}.jsonl"), SEGMENTS_RESERVED).name
+
+
+def fitted_name(name: str) -> str:
+    """``name`` when ``longest_file_name`` of it fits ``NAME_MAX`` bytes, else its longest prefix that fits with
+    ``~`` and the first 12 hex digits of its sha256 (a name derived from overrides: the digest keeps it unique)."""
+    room = NAME_MAX - (len(longest_file_name(name).encode()) - len(name.encode()))
+    if len(name.encode()) <= room:
+        return name
+    tail = "~" + hashlib.sha256(name.encode()).hexdigest()[:12]
+    head = name.encode()[:room - len(tail)].decode(errors="ignore")  # whole UTF-8 characters only
+    return head + tail
+
+
+def name_problem(key: str, value: Any, *, experiment: bool = False) -> str | None:
+    """None if ``value`` can name one directory level (no separator, not '.'/'..', not empty) in ``NAME_MAX``
+    bytes; ``experiment``: an experiment name, whose longest file name (``longest_file_name``) must fit."""
     if not isinstance(value, str) or not value.strip() or value in (".", "..") or any(c in value for c in "/\\\0"):
         return (f"{key}={value!r}: a run name becomes a directory (checkpoints, logs) and must stay inside it: "
                 "no '/' or '\\', not '.' or '..', not empty")
+    longest = longest_file_name(value) if experiment else value
+    if (size := len(longest.encode())) > NAME_MAX:
+        room = NAME_MAX - (size - len(value.encode()))
+        return (f"{key}={value[:40]!r}... is {len(value.encode())} bytes (UTF-8): the run writes files named "
+                f"{'<name>' + longest[len(value):] if experiment else 'so'} and a file name holds at most {NAME_MAX} "
+                f"bytes; give a name of at most {room} bytes")
     return None
 
 
+def written_path_problems(cfg) -> list[str]:
+    """One line per component over ``NAME_MAX`` bytes of a folder the run writes: ``trainer.default_local_dir``,
+    the metrics log's (``VERL_FILE_LOGGER_ROOT``, with verl's file logger) and TensorBoard's (``TENSORBOARD_DIR``)."""
+    from rpg.common.history import PATH_ENV, ROOT_ENV, base_path, logs_to_file
+
+    environ = run_environ(cfg)
+    project, experiment = _get(cfg, "trainer.project_name"), _get(cfg, "trainer.experiment_name")
+    loggers = _get(cfg, "trainer.logger")
+    folders = {"trainer.default_local_dir": _get(cfg, "trainer.default_local_dir")}
+    if logs_to_file(loggers):
+        folders[PATH_ENV if environ.get(PATH_ENV) else ROOT_ENV] = str(base_path(project, experiment, environ).parent)
+    if "tensorboard" in ([loggers] if isinstance(loggers, str) else list(loggers or ())):
+        folders["TENSORBOARD_DIR"] = environ.get("TENSORBOARD_DIR") or f"tensorboard_log/{project}/{experiment}"
+    problems = []
+    for source, folder in folders.items():
+        if not isinstance(folder, str):
+            continue
+        for part in Path(os.path.abspath(os.path.expanduser(folder))).parts:
+            if len(part.encode()) > NAME_MAX:
+                problems.append(f"{source}={folder}: its folder name {part[:40]!r}... is {len(part.encode())} bytes "
+                                f"(UTF-8), over the {NAME_MAX} a file name holds")
+                break
+    return problems
+
+
+def run_environ(cfg) -> dict[str, str]:
+    """The environment of the run's Ray processes: this one's, then the launcher's
+    ``ray_kwargs.ray_init.runtime_env.env_vars`` (where VERL_FILE_LOGGER_ROOT and TENSORBOARD_DIR reach them)."""
+    worker_env = _get(cfg, "ray_kwargs.ray_init.runtime_env.env_vars") or {}
+    return {**os.environ, **{k: str(v) for k, v in dict(worker_env).items()}}
+
+
 def check_run_names(cfg) -> None:
-    """``RPGConfigError`` (one line) if the project or experiment name could leave its directory, or
-    ``trainer.resume_mode`` is not a mode verl knows (checked here, not only when the resume is
-    planned, so that DRY_RUN refuses it too)."""
+    """``RPGConfigError`` (one line) if the project or experiment name could leave its directory or make a file
+    name the file system refuses (``name_problem``, ``written_path_problems``: ``OSError`` 36 at the first log
+    segment or checkpoint, hours into a run), or ``trainer.resume_mode`` is not a mode verl knows (checked here,
+    not only when the resume is planned, so that DRY_RUN refuses it too)."""
     from rpg.verl.checkpoints import resume_mode_problem
 
-    problems = [name_problem(k, _get(cfg, k)) for k in ("trainer.project_name", "trainer.experiment_name")]
+    problems = [name_problem(k, _get(cfg, k), experiment=k.endswith("experiment_name"))
+                for k in ("trainer.project_name", "trainer.experiment_name")]
+    if not any(problems):
+        problems += written_path_problems(cfg)
     problems.append(resume_mode_problem(_get(cfg, "trainer.resume_mode")))
     if any(problems):
         raise RPGConfigError("; ".join(p for p in problems if p))
@@ -157,7 +278,8 @@ def input_path_problems(cfg, *, use_critic: bool | None = None) -> list[str]:
     * ``data.train_files``, ``data.val_files`` (a path or a non-empty list): files verl can read, in its layout, each
       ``data_source`` scored by the run's reward function;
     * ``actor_rollout_ref.model.path``, ``.tokenizer_path``, ``.hf_config_path``, ``data.tokenizer`` (and
-      ``critic.model.path`` with a critic): ``model_path_problem``;
+      ``critic.model.path`` with a critic): ``model_path_problem``; a local folder's config and tokenizer load
+      (``model_folder_problems``);
     * ``reward.custom_reward_function.path`` when set: an existing file defining ``.name`` (read, never run);
     * ``trainer.resume_from_path`` with ``resume_mode=resume_path``: an existing ``global_step_<N>`` directory (verl
       reads the step from its name), relative to the current directory, ``~`` not expanded (as verl does).
@@ -169,6 +291,7 @@ def input_path_problems(cfg, *, use_critic: bool | None = None) -> list[str]:
     problems: list[str | None] = list(data_problems(lambda key: _get(cfg, key)))
     for key in MODEL_KEYS + (("critic.model.path",) if use_critic else ()):
         problems.append(model_path_problem(key, _get(cfg, key)))
+    problems += model_folder_problems(lambda key: _get(cfg, key), use_critic=use_critic)
     reward = _get(cfg, "reward.custom_reward_function.path")
     if reward is not None and not is_remote(str(reward)) and not Path(str(reward)).expanduser().is_file():
         line = f"reward.custom_reward_function.path={reward}: no such file"

@@ -33,10 +33,11 @@ from rpg.backends import backend_of_run
 from rpg.backends.registry import backend
 from rpg.common.history import PATH_ENV, base_path, claim_segment, logs_to_file, restore_step_record
 from rpg.common.signals import StopSignal, raise_on_stop_signals
-from rpg.config import RPGConfigError, RPGSettings
+from rpg.config import RPGConfigError, RPGSettings, config_value
+from rpg.data.checks import shared_file_warning
 from rpg.verl.errors import (ELASTIC_EXIT, ELASTIC_GROW_SUFFIX, ELASTIC_JOB_SUFFIX, ELASTIC_STATUS_ENV, NODE_PLAN_ENV,
                              RESUME_COMMAND_ENV)
-from rpg.verl.input_paths import check_input_paths, check_run_names, error_line, resolve_resume
+from rpg.verl.input_paths import check_input_paths, check_run_names, error_line, resolve_resume, run_environ
 from rpg.verl.refill_limit import refill_limit_reason
 from rpg.verl.run_banner import describe
 from rpg.verl.block_checks import ASYNC_RESUME_WHY, resume_hint
@@ -144,8 +145,10 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
                                  "trainer.resume_mode=disable or a new trainer.default_local_dir")
         print(f"rpg: {note}", flush=True)  # the resume decision, every run (RESUME_LINE_STARTS)
     check_verl_rules(config)  # verl's numeric and divisibility rules its workers would hit (one line)
-    if (warning := unbounded_refills(config)) is not None:  # DAPO's filter without max_num_gen_batches
-        print(f"rpg: warning: {warning}", file=sys.stderr, flush=True)
+    for warning in (unbounded_refills(config),  # DAPO's filter without max_num_gen_batches
+                    shared_file_warning(lambda key: config_value(config, key))):  # a file trained on and validated
+        if warning is not None:
+            print(f"rpg: warning: {warning}", file=sys.stderr, flush=True)
     use_critic = need_critic(config)
     for note in set_norm_scale_factor(config, use_critic=use_critic):  # seq-mean-token-sum-norm's constant
         print(f"rpg: {note}", flush=True)
@@ -182,9 +185,7 @@ def metrics_log(config: DictConfig) -> Path | None:
     if not logs_to_file(trainer.logger):
         return None
     # the workers' environment: the launcher passes VERL_FILE_LOGGER_ROOT through Ray's runtime env
-    worker_env = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
-    environ = {**os.environ, **{k: str(v) for k, v in dict(worker_env).items()}}
-    return base_path(trainer.project_name, trainer.experiment_name, environ)
+    return base_path(trainer.project_name, trainer.experiment_name, run_environ(config))
 
 
 def run_stopped_line(config: DictConfig, stopped: str, argv: list[str], alive: int | None = None) -> str:

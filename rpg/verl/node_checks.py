@@ -21,7 +21,7 @@ from pathlib import Path
 from rpg.common.history import base_path, logs_to_file
 from rpg.common.run_env import GLOO_IFNAME
 from rpg.config import RPGConfigError, config_value
-from rpg.verl.input_paths import DATA_KEYS, MODEL_KEYS, is_remote
+from rpg.verl.input_paths import DATA_KEYS, MODEL_KEYS, is_remote, run_environ
 
 PROBE_TIMEOUT_S = 120.0  # a task per node: a worker process to start on each (seconds on a loaded machine)
 METRICS_KEY = "the metrics log's folder (VERL_FILE_LOGGER_ROOT)"
@@ -130,9 +130,7 @@ def metrics_folder(cfg) -> str | None:
     trainer = cfg.trainer
     if not logs_to_file(trainer.logger):
         return None
-    worker_env = config_value(cfg, "ray_kwargs.ray_init.runtime_env.env_vars") or {}
-    environ = {**os.environ, **{k: str(v) for k, v in dict(worker_env).items()}}
-    return os.path.abspath(base_path(trainer.project_name, trainer.experiment_name, environ).parent)
+    return os.path.abspath(base_path(trainer.project_name, trainer.experiment_name, run_environ(cfg)).parent)
 
 
 def address_view() -> dict:

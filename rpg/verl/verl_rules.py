@@ -72,6 +72,8 @@ def logger_problem(value, source: str = "trainer.logger") -> str | None:
     (``source``: the key or environment variable that set it)."""
     names = [value] if isinstance(value, str) else list(value or [])
     allowed = verl_loggers()
+    if not names:  # verl's Tracking then logs nothing: a run without metrics
+        return f"{source}={value!r} names no logger: the run would log no metrics; allowed: {', '.join(allowed)}"
     bad = [n for n in names if n not in allowed]
     if not bad:
         return None

@@ -117,7 +117,8 @@ def test_verl_rules_refuse_a_world_size_that_is_not_a_positive_integer():
     from rpg.verl.verl_rules import check_verl_rules
 
     cfg = OmegaConf.create({
-        "trainer": {"nnodes": 1, "n_gpus_per_node": 0, "total_training_steps": 2, "total_epochs": 1},
+        "trainer": {"nnodes": 1, "n_gpus_per_node": 0, "total_training_steps": 2, "total_epochs": 1,
+                    "logger": ["console"]},
         "data": {"train_batch_size": 8},
         "actor_rollout_ref": {"rollout": {"n": 4}, "actor": {"ppo_mini_batch_size": 2, "ppo_epochs": 1,
                                                               "optim": {"lr": 1e-6, "clip_grad": 1.0}}},

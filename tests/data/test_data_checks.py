@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hydra import compose, initialize_config_dir
-from data_files import answers_file, verl_file
+from data_files import answers_file, model_folder, verl_file
 from hydra.core.global_hydra import GlobalHydra
 
 from rpg.config import RPGConfigError
@@ -46,7 +46,7 @@ def corrupt_file(path: Path) -> Path:
 
 @pytest.fixture
 def files(tmp_path):
-    (tmp_path / "model").mkdir()
+    model_folder(tmp_path / "model")
     verl_file(tmp_path / "train.parquet", "math_dapo")
     verl_file(tmp_path / "val.parquet", "aime2025")
     return tmp_path

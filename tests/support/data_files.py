@@ -1,5 +1,5 @@
 """Small data files in verl's layout for tests that compose a run (the checks before Ray read them:
-``rpg.data.checks``), written by ``rpg.data``'s own writer."""
+``rpg.data.checks``), written by ``rpg.data``'s own writer; a model folder those checks accept (``model_folder``)."""
 
 from __future__ import annotations
 
@@ -26,4 +26,21 @@ def answers_file(path: Path, answers: list, data_source: str = "aime2025") -> Pa
     for row, answer in zip(rows, answers):
         row["reward_model"]["ground_truth"] = answer
     pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def model_folder(path: Path) -> Path:
+    """A folder the checks before Ray accept as a local model (``rpg.verl.input_paths.model_folder_problems``): a
+    config transformers loads, a word-level tokenizer that encodes text, a weights file by name (never loaded)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoConfig, PreTrainedTokenizerFast
+
+    path.mkdir(parents=True, exist_ok=True)
+    AutoConfig.for_model("qwen2", hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, vocab_size=16).save_pretrained(path)
+    words = ["[UNK]", "Answer", ":", "42", "What", "is", "+", "1", "?"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(path)
+    (path / "model.safetensors").write_bytes(b"")
     return path

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from data_files import verl_file
+from data_files import model_folder, verl_file
 from hydra import compose, initialize_config_dir
 
 from rpg.verl.input_paths import InputPathError, check_input_paths, input_path_problems, looks_like_hub_id
@@ -23,7 +23,7 @@ CONFIG_DIR = ROOT / "recipe" / "rpg" / "config"
 def files(tmp_path):
     verl_file(tmp_path / "train.parquet", "math_dapo")  # the data files' own checks: tests/data/test_data_checks.py
     verl_file(tmp_path / "val.parquet")
-    (tmp_path / "model").mkdir()
+    model_folder(tmp_path / "model")
     return tmp_path
 
 
@@ -114,3 +114,61 @@ def test_driver_fails_before_ray_with_one_line(files, tmp_path):
     # only the accelerator-detection warnings of a GPU-less machine may precede the line
     assert all("accelerator" in line or "Platform" in line for line in p.stderr.splitlines() if line not in ours)
     print(f"driver failed in {elapsed:.1f} s")  # ~10 s on an idle 2-core machine (imports); no hard limit: CI load varies
+
+
+# ----------------------------------------------------------------------------- a local model folder's contents
+
+
+NO_WEIGHTS = "no model.safetensors or model.safetensors.index.json or pytorch_model.bin or pytorch_model.bin.index.json"
+
+
+def test_a_model_folder_without_weights_config_or_tokenizer_is_one_line_naming_what_is_missing(files, tmp_path):
+    """Before: accepted; verl read the folder in every worker after Ray (a 60-line InstantiationException)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert input_path_problems(_cfg(files, f"actor_rollout_ref.model.path={empty}")) == [
+        f"actor_rollout_ref.model.path={empty}: the folder has {NO_WEIGHTS} and no config.json and no tokenizer.json or "
+        "tokenizer_config.json (a Hugging Face model folder: config.json, weights, tokenizer)"]
+    # the tokenizer read where verl reads it: tokenizer_path when set (and data.tokenizer)
+    assert input_path_problems(_cfg(files, f"actor_rollout_ref.model.tokenizer_path={empty}")) == [
+        f"actor_rollout_ref.model.tokenizer_path={empty}: the folder has no tokenizer.json or tokenizer_config.json (a "
+        "Hugging Face model folder: config.json, weights, tokenizer)"]
+    only_model = model_folder(tmp_path / "weights_and_config")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (only_model / name).unlink()
+    assert input_path_problems(_cfg(files, f"actor_rollout_ref.model.path={only_model}",
+                                    f"actor_rollout_ref.model.tokenizer_path={files / 'model'}")) == []
+
+
+def test_a_config_or_tokenizer_that_does_not_load_is_one_line(files, tmp_path):
+    bad = model_folder(tmp_path / "bad_config")
+    (bad / "config.json").write_text("{not json")
+    [line] = input_path_problems(_cfg(files, f"actor_rollout_ref.model.path={bad}"))
+    assert line.startswith(f"actor_rollout_ref.model.path={bad}: its config does not load (") and "\n" not in line
+    hollow = model_folder(tmp_path / "hollow")  # transformers 5 builds an empty tokenizer from the config alone
+    (hollow / "tokenizer.json").unlink()
+    (hollow / "tokenizer_config.json").write_text("{}")
+    assert input_path_problems(_cfg(files, f"data.tokenizer={hollow}")) == [
+        f"data.tokenizer={hollow}: its tokenizer encodes nothing (no vocabulary: tokenizer.json or its vocab files)"]
+
+
+def test_dry_run_and_the_tiny_demo_refuse_an_empty_model_folder_before_anything_starts(tmp_path, capsys, monkeypatch):
+    """``DRY_RUN=1 MODEL_PATH=<empty folder>`` on a paper script (before: exit 0), and the tiny demo with the folder
+    as its model (before: Ray started, 26 s later a 60-line traceback): one line, before any build."""
+    import rpg.tiny
+    from launching import env as _env, launch
+
+    from rpg.demo.cpu import main as demo
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert launch(["run_grpo_7b"], _env(DRY_RUN="1", MODEL_PATH=str(empty), DATA_DIR=str(tmp_path))) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rpg config error")]
+    assert err == [f"rpg config error: actor_rollout_ref.model.path={empty}: the folder has {NO_WEIGHTS} and no "
+                   "config.json and no tokenizer.json or tokenizer_config.json (a Hugging Face model folder: "
+                   "config.json, weights, tokenizer)"]
+    monkeypatch.setattr(rpg.tiny, "build_tiny_assets", lambda *a, **k: pytest.fail("built before the model check"))
+    assert demo(["--steps", "1", "--out", str(tmp_path / "o"), f"actor_rollout_ref.model.path={empty}"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"[tiny] actor_rollout_ref.model.path={empty}: the folder has {NO_WEIGHTS} and no config.json and no "
+        "tokenizer.json or tokenizer_config.json (a Hugging Face model folder: config.json, weights, tokenizer)"]

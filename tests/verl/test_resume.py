@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from data_files import verl_file
+from data_files import model_folder, verl_file
 from hydra import compose, initialize_config_dir
 
 from rpg.config import RPGConfigError
@@ -65,7 +65,7 @@ def _truncate(path: Path) -> None:
 def _cfg(tmp_path: Path, *overrides: str):
     for name in ("train.parquet", "val.parquet"):
         verl_file(tmp_path / name)
-    (tmp_path / "model").mkdir(exist_ok=True)
+    model_folder(tmp_path / "model")
     base = [f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files=['{tmp_path / 'val.parquet'}']",
             f"actor_rollout_ref.model.path={tmp_path / 'model'}", "trainer.device=cpu",
             f"trainer.default_local_dir={tmp_path / 'ckpt'}", "trainer.resume_mode=auto",
@@ -146,7 +146,7 @@ def test_truncated_checkpoint_is_refused_by_the_driver_before_ray(tmp_path):
     _truncate(root / "global_step_4" / "actor" / "model_world_size_1_rank_0.pt")
     for name in ("train.parquet", "val.parquet"):
         verl_file(tmp_path / name)
-    (tmp_path / "model").mkdir()
+    model_folder(tmp_path / "model")
     p = subprocess.run([sys.executable, str(ROOT / "recipe" / "rpg" / "main_rpg.py"),
                         f"data.train_files={tmp_path / 'train.parquet'}", f"data.val_files=['{tmp_path / 'val.parquet'}']",
                         f"actor_rollout_ref.model.path={tmp_path / 'model'}", "trainer.device=cpu",
