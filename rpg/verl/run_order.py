@@ -186,7 +186,7 @@ class RunOrderMixin:
         ``rpg.verl.trainer`` writes after this returns, so its digest is checked like every file's)."""
         result = super()._save_checkpoint()
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        if os.path.isdir(folder):
+        if os.path.isdir(folder) and self._lag_book is not None:  # None: a trainer that never published weights
             with open(os.path.join(folder, LAG_BOOK_FILE), "w") as f:
                 json.dump(self._lag_book.state_dict(), f)
         return result
