@@ -1,8 +1,8 @@
 """End to end: an asynchronous run (colocate_async, separate_async) stopped after step 2 and resumed to step 4
 (docs/verl-integration.md#resume-of-an-asynchronous-run), on the CPU backend with the tiny model.
 
-Per mode, two launches into one output folder, as the issue's commands: 2 steps with a checkpoint each step, then
-4 steps with ``trainer.resume_mode=auto`` (and a checkpoint each step). Checked:
+Per mode, two launches into one output folder: 2 steps with a checkpoint each step, then 4 steps with
+``trainer.resume_mode=auto`` (and a checkpoint each step). Checked:
 
 * the resume: from ``global_step_2``, training steps 3 and 4 only; the replay buffer's line (the 8 prompt groups
   of the warm-up window kept or re-issued, the 64 samples of step 2's batch cleared); the metrics history has each
