@@ -83,8 +83,11 @@ def check_elastic(cfg: DictConfig, req: Request, user: Sequence[str]) -> None:
                           f"elastic run takes it from NNODES=MIN:MAX alone")
     mode = OmegaConf.select(cfg, "trainer.v1.trainer_mode", default="sync")
     if mode != "sync":
-        raise LaunchError(f"NNODES={req.node_count} (elastic) restarts from checkpoints, which "
-                          f"trainer.v1.trainer_mode={mode} cannot resume; use a fixed NNODES")
+        # asynchronous runs resume (docs/verl-integration.md#resume-of-an-asynchronous-run), but an elastic restart
+        # of one has never been run
+        raise LaunchError(f"NNODES={req.node_count} (elastic) with trainer.v1.trainer_mode={mode}: the elastic "
+                          "launcher's restarts were run in sync mode only; use a fixed NNODES (the run resumes "
+                          "with trainer.resume_mode=auto)")
     if int(cfg.trainer.save_freq) <= 0:
         raise LaunchError(f"NNODES={req.node_count} (elastic) restarts from the last checkpoint, and "
                           f"trainer.save_freq={cfg.trainer.save_freq} saves none: set trainer.save_freq=N")

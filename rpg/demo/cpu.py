@@ -148,12 +148,9 @@ def demo_resume_command(flags: list[str], user: list[str], out: Path) -> str:
     return resume_command(launch, user, os.getcwd(), os.environ, RESUMED_VARS)
 
 
-def resume_part(flags: list[str], user: list[str], out: Path, overrides: list[str]) -> str:
-    """The stop line's last part: ``demo_resume_command``, or why an asynchronous run (``trainer.v1.trainer_mode``
-    in ``overrides``, the run's full list) cannot be resumed (``rpg.verl.block_checks.resume_hint``)."""
-    from rpg.verl.block_checks import resume_hint
-
-    return resume_hint(values(overrides).get("trainer.v1.trainer_mode", "sync"), demo_resume_command(flags, user, out))
+def resume_part(flags: list[str], user: list[str], out: Path) -> str:
+    """The stop line's last part: ``resume: `` and ``demo_resume_command`` (every trainer mode resumes)."""
+    return f"resume: {demo_resume_command(flags, user, out)}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,7 +322,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     except TrainerRunError as e:
         if startup is not None:
             startup.finish()
-        return report_failure(e, prefix, resume_part(flags, rest, out, overrides))
+        return report_failure(e, prefix, resume_part(flags, rest, out))
     finally:
         if startup is not None:
             startup.finish()

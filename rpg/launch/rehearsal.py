@@ -174,7 +174,6 @@ def rehearse(req: Request, name: str, overrides: Sequence[str], user: Sequence[s
     composed config; ``resume``: how the run is launched again (its script)."""
     from rpg.backends.harness import TrainerRunError, report_failure, resume_decision, run_trainer
     from rpg.backends.harness.run_dir import new_run_dir
-    from rpg.verl.block_checks import resume_hint
 
     prefix = f"[{req.backend}]"
     check_out_dir(req, cfg)
@@ -193,8 +192,7 @@ def rehearse(req: Request, name: str, overrides: Sequence[str], user: Sequence[s
     except TrainerRunError as e:
         # the variables the user set (RPG_BACKEND=cpu among them), the run's folder, the same overrides
         again = resume_command(resume, user, str(req.cwd), {**req.env, "OUT_DIR": str(out)}, RESUMED_VARS)
-        return report_failure(e, prefix, resume_hint(values(list(overrides)).get("trainer.v1.trainer_mode", "sync"),
-                                                     again))
+        return report_failure(e, prefix, f"resume: {again}")
     for note in run.notes:
         print(f"{prefix} note: {note}", flush=True)
     print(f"{prefix} done: {run.last_step()} steps in {run.wall_time_s:.0f}s; metrics {run.metrics_file}; "

@@ -5,7 +5,6 @@ stale sampler μ, what keeps the loss exact (the weights π_old/μ applied once,
 ``check_separate_async``); the reference copies (the same engine and shard layout on both sides, no LoRA, and the
 probe of ``rpg.reference.log_weight_diff`` without Ulysses sequence parallelism or fused kernels;
 ``check_reference_copies``); the reward (a function name needs its path; ``rpg.reward``'s options).
-``resume_hint``: what a stop line says about resuming, in every trainer mode.
 """
 
 from __future__ import annotations
@@ -165,9 +164,6 @@ REFUSED_ASYNC = {
                           "(verl points its users to separate_async)",
 }
 _DEFAULT_BEHAVIOR = RPGLossConfig()
-ASYNC_RESUME_WHY = ("the recipe has never resumed an asynchronous run: verl restores its replay buffer's trajectories "
-                    "and re-issues the prompts in flight from TransferQueue's checkpoint "
-                    "(verl/trainer/ppo/v1/trainer_base.py:900-908), a path not run with the RPG loss")
 # Why schedule-free AdamW is refused in each asynchronous mode: its evaluation switch (rpg.verl.trainer,
 # RPGTrainerMixin._sf_switch) sleeps the replicas and pushes the averaged weights x through the trainer's
 # checkpoint_manager, verl's hybrid one, forced to naive (verl/trainer/ppo/v1/trainer_base.py:380-387)
@@ -179,16 +175,6 @@ SCHEDULEFREE_ASYNC_WHY = {
                       "standalone pool, synced by its own manager (trainer_separate_async.py:164-170), keeps the "
                       "training weights y: validation would mix x and y",
 }
-
-
-def resume_hint(mode: str, command: str) -> str:
-    """The last part of a stop line: ``resume: <command>`` in sync mode; in an asynchronous trainer mode, whose
-    resume the driver refuses before Ray (``trainer.resume_mode=auto`` with a checkpoint, ``resume_path``), that
-    the run cannot be resumed and why, rather than a command that would be refused."""
-    if mode == "sync":
-        return f"resume: {command}"
-    return (f"cannot be resumed: trainer.v1.trainer_mode={mode} ({ASYNC_RESUME_WHY}: the driver refuses "
-            "trainer.resume_mode=auto with a checkpoint); start a new run in a new output directory")
 
 
 def check_trainer_mode(cfg, settings: RPGSettings) -> bool:
@@ -214,9 +200,6 @@ def check_trainer_mode(cfg, settings: RPGSettings) -> bool:
     if settings.optimizer == "schedulefree":
         _fail(f"rpg.optimizer=schedulefree is not supported with trainer.v1.trainer_mode={mode}: "
               f"{SCHEDULEFREE_ASYNC_WHY[mode]}; use rpg.optimizer=adamw")
-    if config_value(cfg, "trainer.resume_mode", "auto") == "resume_path":
-        _fail(f"trainer.resume_mode=resume_path is not supported with trainer.v1.trainer_mode={mode}: "
-              f"{ASYNC_RESUME_WHY}; use trainer.resume_mode=disable, or auto with no checkpoint (a new run)")
     if not config_value(cfg, "actor_rollout_ref.rollout.calculate_log_probs", False):
         _fail(f"actor_rollout_ref.rollout.calculate_log_probs=False with trainer.v1.trainer_mode={mode}: {why} and "
               "its log-probs are needed for the exact weights pi_old/mu; set it to True")

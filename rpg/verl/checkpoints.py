@@ -32,6 +32,9 @@ MARKER = "rpg_checkpoint_complete.json"
 # after a SIGHUP, when its stderr must hold one line
 TRACKER = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"global_step_(\d+)")
+# an asynchronous run's checkpoint also holds verl's TransferQueue state (the replay buffer: trainer_base.py:1000-1008)
+# and the recipe's lag book (rpg.verl.run_order.LagBook.state_dict)
+TQ_DIR, LAG_BOOK_FILE, ASYNC_MODES = "transfer_queue", "rpg_lag_book.json", ("colocate_async", "separate_async")
 RESUME_MODES = ("auto", "disable", "resume_path")  # verl 0.9.1 trainer_base: any other value fails after Ray
 # hashlib's SHA-256: the fastest stdlib digest on CPUs with SHA extensions (docs/verl-integration.md,
 # "Resume", gives the measured cost per GiB); files are read in 4 MiB blocks, several files at once
@@ -369,16 +372,31 @@ def _world_size_note(folder: Path, world_size: int | None, strategy: str) -> str
     return note
 
 
+def async_problem(folder: str | os.PathLike, trainer_mode: str | None) -> str | None:
+    """None unless an asynchronous run (``trainer_mode``) would resume from a checkpoint without its replay buffer
+    (verl would start a new one: the samples generated but not trained, whose prompts the saved dataloader has
+    passed, would be lost) or its lag book (their lag could not be counted)."""
+    folder = Path(folder)
+    missing = [name for name, p in ((f"{TQ_DIR}/", folder / TQ_DIR / "metadata.json"),
+                                    (LAG_BOOK_FILE, folder / LAG_BOOK_FILE)) if not p.is_file()]
+    if trainer_mode not in ASYNC_MODES or not missing:
+        return None
+    return (f"{folder} has no {' and no '.join(missing)} (a sync run's checkpoint, or one saved before the recipe "
+            f"kept them): trainer.v1.trainer_mode={trainer_mode} cannot take back the replay buffer and the samples' "
+            "lag from it; set trainer.resume_mode=disable (another trainer.default_local_dir) to train from step 0")
+
+
 def _join(*parts: str | None) -> str:
     return "; ".join(p for p in parts if p)
 
 
 def plan_resume(mode: str, default_local_dir: str, resume_from_path: str | None = None,
                 settings: dict | None = None, allow_changed: bool = False, world_size: int | None = None,
-                strategy: str = "fsdp2") -> ResumePlan:
+                strategy: str = "fsdp2", trainer_mode: str | None = None) -> ResumePlan:
     """What the run resumes from (docs/verl-integration.md#resume); ``ResumeError`` when it cannot continue.
     ``settings``: the run's ``recorded_settings`` (None: not compared). ``world_size``, ``strategy``: the
-    run's world size and actor strategy (None: not compared; ``rpg.verl.resume_world_size``)."""
+    run's world size and actor strategy (None: not compared; ``rpg.verl.resume_world_size``). ``trainer_mode``:
+    an asynchronous mode needs the checkpoint's replay buffer and lag book (``async_problem``)."""
     if (why := resume_mode_problem(mode)) is not None:  # never read a typo as auto
         raise ResumeError(why)
     if mode == "disable":
@@ -388,6 +406,8 @@ def plan_resume(mode: str, default_local_dir: str, resume_from_path: str | None 
         found = inspect(folder, tracked=_tracked_by_parent(folder))
         if found.problem is not None:
             raise ResumeError(f"cannot resume from trainer.resume_from_path: {found.problem}; {_choices(folder.parent)}")
+        if (why := async_problem(folder, trainer_mode)) is not None:
+            raise ResumeError(why)
         return ResumePlan(str(folder), _join(f"resuming from {folder}", found.note,
                                              _settings_note(folder, settings, allow_changed),
                                              _world_size_note(folder, world_size, strategy)))
@@ -403,6 +423,8 @@ def plan_resume(mode: str, default_local_dir: str, resume_from_path: str | None 
     for n, p in order:
         found = inspect(p, tracked=n == tracked)
         if found.problem is None:
+            if (why := async_problem(p, trainer_mode)) is not None:
+                raise ResumeError(why)
             if tracked is None:
                 why = f"the newest complete checkpoint (no {TRACKER} in {root})"
             elif n == tracked:

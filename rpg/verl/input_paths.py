@@ -241,7 +241,8 @@ def resolve_resume(cfg) -> str | None:
     plan = plan_resume(mode, _get(cfg, "trainer.default_local_dir"), _get(cfg, "trainer.resume_from_path"),
                        settings=recorded_settings(cfg), allow_changed=bool(_get(cfg, ALLOW_CHANGED)),
                        world_size=world_size(_get(cfg, "trainer.n_gpus_per_node"), _get(cfg, "trainer.nnodes")),
-                       strategy=_get(cfg, "actor_rollout_ref.actor.strategy"))
+                       strategy=_get(cfg, "actor_rollout_ref.actor.strategy"),
+                       trainer_mode=_get(cfg, "trainer.v1.trainer_mode"))
     if plan.folder is not None:
         OmegaConf.update(cfg, "trainer.resume_mode", "resume_path")
         OmegaConf.update(cfg, "trainer.resume_from_path", plan.folder)

@@ -40,7 +40,6 @@ from rpg.verl.errors import (ELASTIC_EXIT, ELASTIC_GROW_SUFFIX, ELASTIC_JOB_SUFF
 from rpg.verl.input_paths import check_input_paths, check_run_names, error_line, resolve_resume, run_environ
 from rpg.verl.refill_limit import refill_limit_reason
 from rpg.verl.run_banner import describe
-from rpg.verl.block_checks import ASYNC_RESUME_WHY, resume_hint
 from rpg.verl.translate import validate_and_apply
 from rpg.verl.verl_rules import check_verl_config, check_verl_rules, set_norm_scale_factor, unbounded_refills
 
@@ -138,11 +137,6 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
     if check_paths:
         check_input_paths(config)
         note = resolve_resume(config)  # pins the checkpoint verl loads, or refuses (one line)
-        mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync")
-        if mode != "sync" and OmegaConf.select(config, "trainer.resume_mode") == "resume_path":
-            raise RPGConfigError(f"trainer.resume_mode=auto found a checkpoint to resume, which is not supported with "
-                                 f"trainer.v1.trainer_mode={mode} ({ASYNC_RESUME_WHY}); use "
-                                 "trainer.resume_mode=disable or a new trainer.default_local_dir")
         print(f"rpg: {note}", flush=True)  # the resume decision, every run (RESUME_LINE_STARTS)
     check_verl_rules(config)  # verl's numeric and divisibility rules its workers would hit (one line)
     for warning in (unbounded_refills(config),  # DAPO's filter without max_num_gen_batches
@@ -175,7 +169,7 @@ def driver_resume_command(argv: list[str]) -> str:
 
 def signal_stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
     """The one line printed when a stop signal ends the run: log, last complete checkpoint, resume command
-    (or, in an asynchronous trainer mode, why the run cannot be resumed: ``rpg.verl.block_checks.resume_hint``)."""
+    (every trainer mode resumes: docs/verl-integration.md#resume)."""
     return run_stopped_line(config, f"stopped by {signal_name}", argv)
 
 
@@ -207,7 +201,7 @@ def run_stopped_line(config: DictConfig, stopped: str, argv: list[str], alive: i
             resume = with_nnodes(resume, nnodes)
     return (f"rpg: {stopped}; Ray shut down; metrics log {log}; last complete checkpoint "
             f"{ckpt or 'none (nothing saved yet: the resume starts at step 0)'}; "
-            f"{resume_hint(OmegaConf.select(config, 'trainer.v1.trainer_mode', default='sync'), resume)}")
+            f"resume: {resume}")
 
 
 @contextlib.contextmanager

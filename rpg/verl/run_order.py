@@ -11,12 +11,15 @@ stale sampler ``actor/rpg/behavior_ess`` and ``actor/rpg/behavior_log_w_m2`` ove
 
 from __future__ import annotations
 
+import json
+import os
 import re
 
 import transfer_queue as tq
 from tensordict import NonTensorStack
 
 from rpg.math.behavior import add_step_sums, behavior_step_metrics, behavior_step_sums
+from rpg.verl.checkpoints import LAG_BOOK_FILE
 
 PROMPT_UID = re.compile(r"p(\d+)-(\d+)")
 
@@ -91,6 +94,23 @@ class LagBook:
         """The weights after ``self.updates`` updates become ``version`` (the step's end)."""
         self.at_version[version] = self.updates
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps (``LAG_BOOK_FILE``): a resumed run trains samples generated before the stop
+        (an asynchronous run's replay buffer), whose versions this process never published."""
+        return {"updates": self.updates, "at_version": {str(v): n for v, n in sorted(self.at_version.items())}}
+
+    @classmethod
+    def from_state(cls, state: dict, version: int) -> LagBook:
+        """The book saved at ``version`` (the checkpoint's step); ValueError if it does not end there."""
+        book = cls(version)
+        book.updates = int(state["updates"])
+        book.at_version = {int(v): int(n) for v, n in state["at_version"].items()}
+        if max(book.at_version, default=None) != version or book.at_version[version] != book.updates:
+            raise ValueError(f"{LAG_BOOK_FILE}: the weight versions end at {max(book.at_version, default=None)} with "
+                             f"{book.at_version.get(version)} updates, not at the checkpoint's step {version} with "
+                             f"{book.updates}")
+        return book
+
     def lags(self, step: int, versions: list[int]) -> tuple[list[int], list[int]]:
         """(versions behind, updates behind) pi_old of samples generated with ``versions`` and trained at ``step``."""
         old = step - 1
@@ -147,8 +167,29 @@ class RunOrderMixin:
                                            expected_acc_counts=expected_acc_counts)
 
     def on_init_end(self):
-        self._lag_book = LagBook(self.global_steps)  # verl's on_init_end publishes these weights as this version
+        """The book of the resumed checkpoint (``_resumed_folder``, ``rpg.verl.trainer``), or a new one at this
+        version: verl's on_init_end publishes these weights as it. A checkpoint without the book (saved before
+        it was kept) starts one at its step: enough in sync mode, where every sample comes from the newest
+        weights; the driver refuses to resume an asynchronous run from such a checkpoint
+        (``rpg.verl.checkpoints.async_problem``)."""
+        folder = self._resumed_folder()
+        path = None if folder is None else os.path.join(folder, LAG_BOOK_FILE)
+        if path is not None and os.path.exists(path):
+            with open(path) as f:
+                self._lag_book = LagBook.from_state(json.load(f), self.global_steps)
+        else:
+            self._lag_book = LagBook(self.global_steps)
         super().on_init_end()
+
+    def _save_checkpoint(self):
+        """verl's save, then the lag book beside it (``LAG_BOOK_FILE``; before the completion marker, which
+        ``rpg.verl.trainer`` writes after this returns, so its digest is checked like every file's)."""
+        result = super()._save_checkpoint()
+        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        if os.path.isdir(folder) and self._lag_book is not None:  # None: a trainer that never published weights
+            with open(os.path.join(folder, LAG_BOOK_FILE), "w") as f:
+                json.dump(self._lag_book.state_dict(), f)
+        return result
 
     def step(self, metrics: dict, timing_raw: dict):
         self._step_lags, self._step_behavior = ((), ()), None

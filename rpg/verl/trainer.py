@@ -33,8 +33,9 @@ from rpg.common.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoint_digests import REFERENCE_DIR, join_reports
 from rpg.verl.checkpoints import recorded_settings, write_marker
 from rpg.config import parse_rpg_settings
+from rpg.verl.async_resume import AsyncResumeMixin
 from rpg.verl.refill_limit import RefillLimitMixin
-from rpg.verl.run_order import RunOrderMixin
+from rpg.verl.run_order import LAG_BOOK_FILE, RunOrderMixin
 from rpg.verl.validation import SamplesPerSource, unscored_by_source, unscored_metrics, unscored_warnings
 from rpg.verl.worker import RPGActorRolloutRefWorker, RPGDetachActorWorker
 
@@ -104,11 +105,12 @@ class ReferenceSchedule:
         self.resets = int(state["resets"])
 
 
-class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin):
+class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin, AsyncResumeMixin):
     """RPG's schedules and hooks (the methods below), on top of one of verl's v1 trainers (``RPGTrainer``:
     sync, ``RPGTrainerColocateAsync``: colocate_async), ``RefillLimitMixin``'s (DAPO's refills of a training batch
     within ``max_num_gen_batches``) and ``RunOrderMixin``'s (the batch order, the lag and the behaviour weights' step
-    statistics). Placed first in the bases, so each hook's ``super()`` call reaches that verl trainer's own hook."""
+    statistics) and ``AsyncResumeMixin``'s (an asynchronous run's replay buffer on resume). Placed first in the
+    bases, so each hook's ``super()`` call reaches that verl trainer's own hook."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -320,10 +322,12 @@ class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin):
                 and not os.path.isdir(os.path.join(root, entry, "actor"))]
 
     def _prune_step_records(self) -> None:
-        """A step record (``write_step_record``) goes with its actor checkpoint, as the reference state does."""
+        """A step record (``write_step_record``) and the lag book (``rpg.verl.run_order``) go with their actor
+        checkpoint, as the reference state does."""
         for folder in self._folders_without_actor():
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(folder, STEP_RECORD))
+            for name in (STEP_RECORD, LAG_BOOK_FILE):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(folder, name))
 
     def _prune_reference_state(self) -> list[str]:
         """Follow verl's checkpoint retention: a ``global_step_N`` whose ``actor`` directory verl

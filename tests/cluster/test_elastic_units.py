@@ -476,8 +476,8 @@ def test_an_elastic_submission_runs_the_supervisor_with_the_counts_that_keep_the
 @pytest.mark.parametrize("env, argv, says", [
     ({"NNODES": "3:3"}, [], "NNODES=3:3: no node count in it runs this run at its global batch (3: "),
     ({"NNODES": "1:2"}, ["trainer.nnodes=2"], "both set the node count"),
-    ({"NNODES": "1:2"}, ["trainer.v1.trainer_mode=colocate_async"], "trainer.v1.trainer_mode=colocate_async cannot "
-                                                                   "resume"),
+    ({"NNODES": "1:2"}, ["trainer.v1.trainer_mode=colocate_async"], "trainer.v1.trainer_mode=colocate_async: the "
+                                                                   "elastic launcher's restarts were run in sync mode"),
     ({"NNODES": "1:2"}, ["trainer.save_freq=-1"], "trainer.save_freq=-1 saves none"),
     ({"NNODES": "1:2"}, ["algorithm.adv_estimator=gae", "critic.enable=true"], "its checkpoint is not resharded"),
     ({"NNODES": "1:2"}, ["actor_rollout_ref.actor.strategy=fsdp"], "only fsdp2 checkpoints load at another world"),

@@ -212,7 +212,7 @@ def fake(monkeypatch, tiny_assets):
 def test_a_failed_runs_record_says_why_before_the_logs_last_line():
     """A run killed at the study's timeout records the timeout, not only the stop line it printed on SIGTERM (which
     named the resume it cannot make)."""
-    stop = "rpg: stopped by SIGTERM; ...; cannot be resumed: trainer.v1.trainer_mode=separate_async"
+    stop = "rpg: stopped by SIGTERM; ...; resume: cd /x && python -m rpg.demo.cpu trainer.resume_mode=auto"
     assert R._failure(f"trainer timed out after 1800 s; log: x\n--- last lines ---\n{stop}") == \
         f"timed out after 1800 s: {stop}"
     assert R._failure("trainer stopped by SIGKILL; log: x") == "stopped by SIGKILL"

@@ -36,6 +36,7 @@ def test_the_trainer_class_follows_the_mode():
 
     from rpg.verl.block_checks import TRAINER_MODES
     from rpg.verl.refill_limit import RefillLimitMixin
+    from rpg.verl.async_resume import AsyncResumeMixin
     from rpg.verl.run_order import RunOrderMixin
     from rpg.verl.trainer import RPG_TRAINERS, RPGTrainerMixin
 
@@ -45,7 +46,8 @@ def test_the_trainer_class_follows_the_mode():
     assert issubclass(cls, PPOTrainerColocateAsync) and not issubclass(cls, PPOTrainerSync)
     # RPG's hooks (the refill limit's and the run order's among them) first, then verl's colocate-async hooks
     # (nothing of the sync trainer in between)
-    assert cls.__mro__[1:5] == (RPGTrainerMixin, RefillLimitMixin, RunOrderMixin, PPOTrainerColocateAsync)
+    assert cls.__mro__[1:6] == (RPGTrainerMixin, RefillLimitMixin, RunOrderMixin, AsyncResumeMixin,
+                                PPOTrainerColocateAsync)
     for hook in ("on_step_end", "on_sample_end", "on_train_begin", "get_llm_client"):
         assert getattr(cls, hook) is getattr(PPOTrainerColocateAsync, hook), hook
 
@@ -53,7 +55,6 @@ def test_the_trainer_class_follows_the_mode():
 RC = "algorithm.rollout_correction"
 REFUSED = [
     ([ASYNC, "rpg.optimizer=schedulefree"], "rpg.optimizer=schedulefree is not supported with trainer.v1.trainer_mode=colocate_async"),
-    ([ASYNC, "trainer.resume_mode=resume_path"], "trainer.resume_mode=resume_path is not supported with"),
     ([ASYNC, "actor_rollout_ref.rollout.calculate_log_probs=false"], "actor_rollout_ref.rollout.calculate_log_probs=False"),
     ([ASYNC, f"{RC}.rollout_is=token"], f"{RC}.rollout_is='token' with rpg.loss.name=rpg"),
     ([ASYNC, "rpg.loss.name=grpo_corrected", f"{RC}.rollout_is=sequence"], f"{RC}.rollout_is='sequence' with rpg.loss.name=grpo_corrected"),
@@ -127,23 +128,27 @@ def test_dry_run_of_a_4b_script_refuses_the_gpu_async_modes(mode, capsys, tmp_pa
     assert "GPU" in err[0]
 
 
-def test_auto_resume_that_finds_a_checkpoint_is_refused(tmp_path):
-    """resume_mode=auto with a complete checkpoint in default_local_dir: the async run cannot resume it."""
+@pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
+def test_an_asynchronous_run_that_finds_a_checkpoint_resumes_it(mode, capsys):
+    """resume_mode=auto with a complete checkpoint (resolve_resume pins it as resume_path), and resume_path given by
+    the user: both go on to verl in each asynchronous mode (the checkpoint's own checks:
+    tests/verl/test_async_resume.py)."""
     from rpg.verl import main as M
 
-    calls = {}
+    from recipe_config import SEPARATE_ASYNC_OK
 
-    def fake_resolve(config):
-        calls["resolved"] = True
-        config.trainer.resume_mode = "resume_path"  # what rpg.verl.input_paths.resolve_resume does on a find
-        return "resuming"
+    base = [ASYNC] if mode == "colocate_async" else SEPARATE_ASYNC_OK
+    for extra in ([], ["trainer.resume_mode=resume_path", "trainer.resume_from_path=/x/global_step_2"]):
+        cfg, settings = apply(*base, *extra)
 
-    cfg, _ = apply(ASYNC)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(M, "check_input_paths", lambda config: None)
-        mp.setattr(M, "resolve_resume", fake_resolve)
-        mp.setattr(M, "validate_and_apply", lambda config: None)
-        mp.setattr(M, "check_run_names", lambda config: None)
-        with pytest.raises(RPGConfigError, match="trainer.resume_mode=auto found a checkpoint to resume"):
+        def fake_resolve(config):
+            config.trainer.resume_mode = "resume_path"  # what rpg.verl.input_paths.resolve_resume does on a find
+            return "resuming from /x/global_step_2"
+
+        with pytest.MonkeyPatch.context() as mp:
+            for name in ("check_input_paths", "check_run_names", "check_verl_rules", "check_verl_config"):
+                mp.setattr(M, name, lambda *a, **k: None)
+            mp.setattr(M, "validate_and_apply", lambda config: settings)
+            mp.setattr(M, "resolve_resume", fake_resolve)
             M.prepare_config(cfg, check_node=False)
-    assert calls["resolved"]
+        assert "rpg: resuming from /x/global_step_2" in capsys.readouterr().out

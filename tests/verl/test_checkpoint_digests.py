@@ -87,7 +87,7 @@ def test_the_trainers_save_asks_the_ranks_and_hashes_no_shard_itself(tmp_path, m
     t._save_checkpoint()
     by_trainer = {name for w, name in hashed if w == "trainer"}
     by_rank = {name for w, name in hashed if w == "rank"}
-    assert by_trainer == {"data.pt", "rpg_reference.json", "rpg_step_metrics.json"}, hashed
+    assert by_trainer == {"data.pt", "rpg_reference.json", "rpg_step_metrics.json", "rpg_lag_book.json"}, hashed
     assert by_rank == {"model_world_size_1_rank_0.pt", "reference_rank_0.pt"}, hashed
     for step in (2, 3):
         d = tmp_path / f"global_step_{step}"

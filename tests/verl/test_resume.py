@@ -691,10 +691,9 @@ def test_drivers_stop_line_names_the_workers_log_the_checkpoint_and_the_resume_c
     assert line.endswith("recipe/rpg/main_rpg.py a.b=1 trainer.resume_mode=auto c=2")
 
 
-def test_async_stop_lines_say_the_run_cannot_be_resumed_instead_of_a_refused_command(tmp_path):
-    """The driver refuses to resume an asynchronous run (trainer.resume_mode=auto with a checkpoint), so the
-    stop lines of the driver and of the CPU runner must not print that command: they say why there is none.
-    A sync run keeps its resume command."""
+def test_async_stop_lines_carry_the_resume_command(tmp_path):
+    """Asynchronous runs resume (docs/verl-integration.md#resume), so the stop lines of the driver and of the CPU
+    runner end with the same resume command in every trainer mode."""
     from omegaconf import OmegaConf
 
     from rpg.demo.cpu import resume_part
@@ -704,26 +703,17 @@ def test_async_stop_lines_say_the_run_cannot_be_resumed_instead_of_a_refused_com
     cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path / "ckpt"), "logger": ["console"],
                                         "project_name": "rpg", "experiment_name": "run_x",
                                         "v1": {"trainer_mode": "colocate_async"}}})
-    line = signal_stop_line(cfg, "SIGINT", ["recipe/rpg/main_rpg.py", "trainer.v1.trainer_mode=colocate_async"])
-    assert "\n" not in line and f"last complete checkpoint {ckpt};" in line
-    assert "resume: " not in line and not line.endswith("trainer.resume_mode=auto"), line
-    assert line.endswith("cannot be resumed: trainer.v1.trainer_mode=colocate_async (the recipe has never resumed an "
-                         "asynchronous run: verl restores its replay buffer's trajectories and re-issues the prompts "
-                         "in flight from TransferQueue's checkpoint (verl/trainer/ppo/v1/trainer_base.py:900-908), a "
-                         "path not run with the RPG loss: the driver refuses trainer.resume_mode=auto with a "
-                         "checkpoint); start a new run in a new output directory"), line
-    cfg.trainer.v1.trainer_mode = "sync"
-    assert signal_stop_line(cfg, "SIGINT", ["recipe/rpg/main_rpg.py"]).endswith(
-        "; resume: " + shlex.join(["cd", os.getcwd()]) + f" && {sys.executable} recipe/rpg/main_rpg.py trainer.resume_mode=auto")
+    for mode in ("colocate_async", "separate_async", "sync"):
+        cfg.trainer.v1.trainer_mode = mode
+        line = signal_stop_line(cfg, "SIGINT", ["recipe/rpg/main_rpg.py", f"trainer.v1.trainer_mode={mode}"])
+        assert "\n" not in line and f"last complete checkpoint {ckpt};" in line and "cannot be resumed" not in line
+        assert line.endswith("; resume: " + shlex.join(["cd", os.getcwd()]) + f" && {sys.executable} "
+                             f"recipe/rpg/main_rpg.py trainer.v1.trainer_mode={mode} trainer.resume_mode=auto"), line
 
     out = tmp_path / "out"
-    flags, user = ["--steps", "6"], ["trainer.v1.trainer_mode=colocate_async"]
-    overrides = ["trainer.total_training_steps=6", "trainer.v1.trainer_mode=colocate_async"]
-    part = resume_part(flags, user, out, overrides)
-    assert part.startswith("cannot be resumed: trainer.v1.trainer_mode=colocate_async (") and "--out" not in part
-    assert f"{sys.executable} -m rpg.demo.cpu --out {out} --steps 6" in resume_part(
-        flags, user, out, [*overrides, "trainer.v1.trainer_mode=sync"])
-    assert resume_part(flags, [], out, ["trainer.total_training_steps=6"]).endswith("trainer.resume_mode=auto")
+    part = resume_part(["--steps", "6"], ["trainer.v1.trainer_mode=colocate_async"], out)
+    assert part.startswith("resume: ") and f"{sys.executable} -m rpg.demo.cpu --out {out} --steps 6" in part
+    assert part.endswith("trainer.v1.trainer_mode=colocate_async trainer.resume_mode=auto"), part
 
 
 _SLOW_TO_STOP = """

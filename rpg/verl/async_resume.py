@@ -1,0 +1,92 @@
+"""What an asynchronous run (colocate_async, separate_async) takes back from its checkpoint's replay buffer:
+``AsyncResumeMixin``, a base of ``rpg.verl.trainer.RPGTrainerMixin``.
+
+verl saves TransferQueue with each checkpoint of an asynchronous run and loads it on resume
+(``trainer_base.py:900-908,1004-1008``). Its training partition then holds, by the prompt tags
+(``replay_buffer.py``, "GRPO group sampling control"):
+
+* finished groups (dispatched, generated, not yet trained): kept as they are, each sample with its behaviour
+  log-probs μ (``rollout_log_probs``), the weight version that generated it (``min_global_steps``) and its prompt's
+  dispatch step (``global_steps``, which the staleness bound ``max_off_policy_threshold`` counts from); the RPG
+  loss weights them by π_old/μ like any stale sample;
+* prompts in flight (``pending``, ``running``): verl re-issues them at the resumed step, its first
+  (``_reissue_inflight_prompts``, ``trainer_base.py:910-946``): their partial samples are discarded and regenerated
+  with the resumed weights, and they count as dispatched then;
+* the samples of the checkpoint's own step: verl saves a step's checkpoint before it clears the step's batch from
+  TransferQueue (``fit``, ``trainer_base.py:480-508``), after ``sample`` removed their prompt keys
+  (``_materialize_batch``): trained already, never sampled again (no prompt key), they would stay in memory for the
+  whole run. ``_load_checkpoint`` clears them.
+
+Every resume of an asynchronous run prints one line (``resume_line``) with these counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import transfer_queue as tq
+
+PARTITION = "train"
+IN_FLIGHT = ("pending", "running")
+
+
+@dataclass
+class QueueCensus:
+    """The training partition after a restore, counted from its tags (``census``)."""
+
+    finished: set[str] = field(default_factory=set)  # prompt uids whose groups are complete, not yet trained
+    in_flight: set[str] = field(default_factory=set)  # prompt uids pending or running (verl re-issues them)
+    samples: dict[str, int] = field(default_factory=dict)  # finished uid -> its samples kept
+    versions: set[int] = field(default_factory=set)  # min_global_steps of the samples kept
+    dispatched: set[int] = field(default_factory=set)  # global_steps of the finished prompts
+    trained: list[str] = field(default_factory=list)  # trajectory keys without a prompt key: trained before the save
+
+
+def census(items: dict[str, dict]) -> QueueCensus:
+    """Count one partition's ``{key: tag}`` (``tq.kv_list(PARTITION)[PARTITION]``): prompt keys carry
+    ``is_prompt``, trajectory keys are ``{uid}_{session}_{index}``."""
+    out = QueueCensus()
+    prompts = {key: tag for key, tag in items.items() if tag.get("is_prompt", False)}
+    for uid, tag in prompts.items():
+        if tag.get("status") in IN_FLIGHT:
+            out.in_flight.add(uid)
+        else:  # finished or failure: sampleable (or evicted) as before the stop
+            out.finished.add(uid)
+            out.dispatched.add(int(tag["global_steps"]))
+    for key, tag in items.items():
+        if key in prompts:
+            continue
+        uid = key.split("_", 1)[0]
+        if uid not in prompts:
+            out.trained.append(key)
+        elif uid in out.finished:
+            out.samples[uid] = out.samples.get(uid, 0) + 1
+            if "min_global_steps" in tag:
+                out.versions.add(int(tag["min_global_steps"]))
+    return out
+
+
+def resume_line(folder: str, step: int, c: QueueCensus) -> str:
+    """The one line a resumed asynchronous run prints (``rpg: `` before it)."""
+    kept = sum(c.samples.values())
+    return (f"resumed the replay buffer of {folder}: {len(c.finished)} finished prompt groups kept ({kept} samples "
+            f"with their behaviour log-probs mu, generated with weight versions {sorted(c.versions)}, dispatched at "
+            f"steps {sorted(c.dispatched)}); {len(c.in_flight)} prompts in flight re-issued at step {step + 1} "
+            f"(their partial samples discarded and regenerated with the resumed weights); {len(c.trained)} samples "
+            f"of step {step}'s batch, trained before the save, cleared")
+
+
+class AsyncResumeMixin:
+    """``_load_checkpoint``: verl's, then, in an asynchronous mode that resumed, the samples trained before the save
+    cleared from TransferQueue and ``resume_line`` printed (module docstring)."""
+
+    def _load_checkpoint(self):
+        result = super()._load_checkpoint()
+        if self.trainer_mode == "sync" or self.global_steps == 0:
+            return result
+        items = (tq.kv_list(PARTITION) or {}).get(PARTITION, {})
+        found = census(items)
+        if found.trained:
+            tq.kv_clear(keys=found.trained, partition_id=PARTITION)
+        print(f"rpg: {resume_line(self._resumed_folder(), self.global_steps, found)}", flush=True)
+        return result

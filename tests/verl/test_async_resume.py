@@ -1,0 +1,163 @@
+"""An asynchronous run resumed from its checkpoint (docs/verl-integration.md#resume): the lag book kept with the
+checkpoint (the samples generated before the stop keep the version that sampled them), the replay buffer's census
+and the samples of the checkpoint's own step cleared (``rpg.verl.async_resume``), and the driver's refusal of a
+checkpoint without them. The whole path, run: tests/e2e/test_async_resume_e2e.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rpg.verl.async_resume import AsyncResumeMixin, census, resume_line
+from rpg.verl.checkpoints import LAG_BOOK_FILE, ResumeError, TQ_DIR, async_problem, plan_resume, write_marker
+from rpg.verl.run_order import LagBook, RunOrderMixin
+
+
+def _book_to_step_2() -> LagBook:
+    book = LagBook(0)
+    book.add_updates(4)
+    book.publish(1)
+    book.add_updates(4)
+    book.publish(2)
+    return book
+
+
+def test_the_lag_book_survives_the_stop():
+    """Saved at step 2 (4 updates a step), the resumed book counts a version-1 sample trained at step 3 one version
+    and 4 updates behind, as the uninterrupted book does; a book started anew at step 2 (what a resume did before it
+    was kept) cannot count it at all."""
+    book = _book_to_step_2()
+    resumed = LagBook.from_state(json.loads(json.dumps(book.state_dict())), 2)
+    assert resumed.lags(3, [1, 2]) == book.lags(3, [1, 2]) == ([1, 0], [4, 0])
+    resumed.add_updates(4)
+    book.add_updates(4)
+    resumed.publish(3)
+    book.publish(3)
+    assert resumed.lags(4, [1, 2, 3]) == book.lags(4, [1, 2, 3]) == ([2, 1, 0], [8, 4, 0])
+    with pytest.raises(ValueError, match=r"versions \[1\]"):
+        LagBook(2).lags(3, [1])
+    with pytest.raises(ValueError, match="not at the checkpoint's step 4"):
+        LagBook.from_state(book.state_dict(), 4)  # the book ends at version 3
+
+
+class _Base:
+    def on_init_end(self):
+        self.synced = True
+
+    def _save_checkpoint(self):
+        Path(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}").mkdir(parents=True)
+
+
+class _Trainer(RunOrderMixin, _Base):
+    def __init__(self, root: Path, step: int, resumed: bool):
+        self.config = SimpleNamespace(trainer=SimpleNamespace(default_local_dir=str(root)))
+        self.global_steps, self._resumed = step, resumed
+
+    def _resumed_folder(self):
+        return str(Path(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")) if self._resumed else None
+
+
+def test_the_trainer_saves_the_book_with_its_checkpoint_and_takes_it_back(tmp_path):
+    saving = _Trainer(tmp_path, 2, resumed=False)
+    saving._lag_book = _book_to_step_2()
+    saving._save_checkpoint()
+    assert json.loads((tmp_path / "global_step_2" / LAG_BOOK_FILE).read_text()) == saving._lag_book.state_dict()
+    resumed = _Trainer(tmp_path, 2, resumed=True)
+    resumed.on_init_end()
+    assert resumed.synced and resumed._lag_book.lags(3, [1]) == ([1], [4])
+    fresh = _Trainer(tmp_path / "new", 0, resumed=False)
+    fresh.on_init_end()
+    assert fresh._lag_book.lags(1, [0]) == ([0], [0])
+
+
+# a training partition restored at step 2: p1-0 trained at step 2 (its prompt key cleared at sampling: its two
+# samples left behind by the save), p2-0 finished with version 1, p2-1 running (one partial sample), p2-2 pending
+ITEMS = {
+    "p1-0_0_0": {"min_global_steps": 0}, "p1-0_1_0": {"min_global_steps": 0},
+    "p2-0": {"is_prompt": True, "status": "finished", "global_steps": 2},
+    "p2-0_0_0": {"min_global_steps": 1}, "p2-0_1_0": {"min_global_steps": 1},
+    "p2-1": {"is_prompt": True, "status": "running", "global_steps": 2}, "p2-1_0_0": {"min_global_steps": 1},
+    "p2-2": {"is_prompt": True, "status": "pending", "global_steps": 2},
+}
+
+
+def test_the_census_tells_kept_in_flight_and_trained_samples_apart():
+    c = census(ITEMS)
+    assert c.finished == {"p2-0"} and c.in_flight == {"p2-1", "p2-2"} and c.samples == {"p2-0": 2}
+    assert c.versions == {1} and c.dispatched == {2} and sorted(c.trained) == ["p1-0_0_0", "p1-0_1_0"]
+    assert resume_line("/c/global_step_2", 2, c) == (
+        "resumed the replay buffer of /c/global_step_2: 1 finished prompt groups kept (2 samples with their behaviour "
+        "log-probs mu, generated with weight versions [1], dispatched at steps [2]); 2 prompts in flight re-issued at "
+        "step 3 (their partial samples discarded and regenerated with the resumed weights); 2 samples of step 2's "
+        "batch, trained before the save, cleared")
+
+
+class _Loaded:
+    def _load_checkpoint(self):
+        self.global_steps = self.step
+
+
+class _Resuming(AsyncResumeMixin, _Loaded):
+    def __init__(self, mode: str, step: int):
+        self.trainer_mode, self.step = mode, step
+
+    def _resumed_folder(self):
+        return f"/c/global_step_{self.step}"
+
+
+@pytest.mark.parametrize("mode,step,cleared", [("colocate_async", 2, ["p1-0_0_0", "p1-0_1_0"]),
+                                               ("separate_async", 2, ["p1-0_0_0", "p1-0_1_0"]),
+                                               ("sync", 2, None), ("separate_async", 0, None)])
+def test_only_the_samples_trained_before_the_save_are_cleared(mode, step, cleared, monkeypatch, capsys):
+    """Nothing trained twice, nothing lost: after verl's restore the keys without a prompt key (trained at the
+    checkpoint's step) go, the finished groups and the prompts in flight stay for verl to sample and re-issue. A
+    sync run or a fresh start touches nothing."""
+    import rpg.verl.async_resume as A
+
+    calls = []
+    monkeypatch.setattr(A.tq, "kv_list", lambda partition: {partition: dict(ITEMS)})
+    monkeypatch.setattr(A.tq, "kv_clear", lambda keys, partition_id: calls.append((sorted(keys), partition_id)))
+    _Resuming(mode, step)._load_checkpoint()
+    out = capsys.readouterr().out
+    if cleared is None:
+        assert calls == [] and out == ""
+    else:
+        assert calls == [(cleared, "train")]
+        assert out.startswith("rpg: resumed the replay buffer of /c/global_step_2: 1 finished prompt groups kept")
+
+
+def _async_ckpt(root: Path, step: int, tq: bool = True, book: bool = True) -> Path:
+    import torch
+
+    d = root / f"global_step_{step}"
+    (d / "actor").mkdir(parents=True)
+    torch.save({"w": torch.arange(4.0)}, d / "actor" / "model_world_size_1_rank_0.pt")
+    torch.save({"index": step}, d / "data.pt")
+    if tq:
+        (d / TQ_DIR).mkdir()
+        (d / TQ_DIR / "metadata.json").write_text("{}")
+    if book:
+        (d / LAG_BOOK_FILE).write_text(json.dumps(_book_to_step_2().state_dict()))
+    write_marker(d, step)
+    return d
+
+
+@pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
+def test_the_driver_resumes_an_async_checkpoint_and_refuses_one_without_its_replay_buffer(mode, tmp_path):
+    good = _async_ckpt(tmp_path / "a", 2)
+    assert plan_resume("auto", str(tmp_path / "a"), trainer_mode=mode).folder == str(good)
+    assert plan_resume("resume_path", "", str(good), trainer_mode=mode).folder == str(good)
+    for kw, missing in (({"tq": False}, f"has no {TQ_DIR}/"), ({"book": False}, f"has no {LAG_BOOK_FILE}")):
+        root = tmp_path / missing.split()[-1].strip("/.")
+        bad = _async_ckpt(root, 2, **kw)
+        for args in (("auto", str(root)), ("resume_path", "", str(bad))):
+            with pytest.raises(ResumeError) as err:
+                plan_resume(*args, trainer_mode=mode)
+            line = str(err.value)
+            assert "\n" not in line and line.startswith(f"{bad} {missing}") and f"trainer_mode={mode}" in line
+            assert "trainer.resume_mode=disable" in line
+        assert plan_resume("auto", str(root), trainer_mode="sync").folder == str(bad)  # sync needs neither
+    assert async_problem(good, "sync") is None and async_problem(good, mode) is None
