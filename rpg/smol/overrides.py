@@ -21,8 +21,10 @@ VAL_N = 1  # responses per validation prompt
 MAX_PROMPT_LENGTH = 224  # the task's longest prompt (the worked example's turns, the problem's) is 203 tokens (tested)
 MAX_RESPONSE_LENGTH = 96  # the base model's answers: 40 tokens on average; "17 + 8 = 25.\nAnswer: 25" is 16
 LR = 1e-5
-STEPS = 6  # with three validations of the 200 problems: 32 min 47 s on 2 cores (docs/smol.md, Cost)
-TEST_FREQ = 3
+# 10 steps with validations before training, after step 5 and after step 10: about 8 minutes on 2 cores, each
+# validation (200 problems) about 40 s, a step about 25 s (docs/smol.md, Cost)
+STEPS = 10
+TEST_FREQ = 5
 # The trainer's time limit, there to stop a hung run, not to bound a slow machine's (the tiny model's 30 minutes
 # stopped an earlier 18-step default at step 6 on a loaded machine)
 TIMEOUT_S = 4 * 3600.0

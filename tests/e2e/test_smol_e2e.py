@@ -42,6 +42,32 @@ def test_the_model_is_built_from_the_wheel_with_both_checksums_recorded(smol):
 
 
 @pytest.mark.smol
+def test_the_prefix_tree_gives_verls_numbers_on_the_real_models_first_layers(smol):
+    """rpg.backends.cpu.tree_engine on SmolLM2's first 4 layers (its weights, head and tied embedding) and the task's
+    real prompts, 3 groups of 3 responses: log-probs, entropies and gradients of verl's packed step within float32
+    rounding (tests/backends/test_cpu_prefix_tree.py's bounds)."""
+    import pandas as pd
+    import torch
+    from test_cpu_prefix_tree import ATOL, GRAD_RTOL, compare
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rpg.smol.build import planned_assets
+
+    tok = AutoTokenizer.from_pretrained(smol.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(smol.model_dir, num_hidden_layers=4, dtype=torch.float32,
+                                                 attn_implementation="sdpa")
+    rows = pd.read_parquet(planned_assets().train_file).to_dict("records")[:3]
+    g = torch.Generator().manual_seed(0)
+    pairs = []
+    for row in rows:
+        ids = tok.apply_chat_template(list(row["prompt"]), add_generation_prompt=True, tokenize=True)
+        prompt = torch.tensor(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+        pairs += [(prompt, torch.randint(3, 40000, (8 + 5 * i,), generator=g)) for i in range(3)]
+    lp, ent, grad = compare(model, pairs)
+    assert lp < ATOL and ent < ATOL and grad < GRAD_RTOL, (lp, ent, grad)
+
+
+@pytest.mark.smol
 def test_tokenizer_round_trip_chat_template_and_end_of_turn(smol):
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
