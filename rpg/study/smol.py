@@ -100,8 +100,9 @@ def build_assets() -> None:
 # ----------------------------------------------------------------------------- cost
 
 # Measured on the SmolLM2 CPU run (bash recipe/rpg/smol/run_smol_cpu.sh: RPG-REINFORCE-UFKL with RPG-Style Clip at
-# these sizes, torch on both cores; docs/smol/default-run-metrics.jsonl) on the 2-core development machine on
-# 2026-11-26, alone: 36 s from the launch to the trainer's workers ready; steps 1-6 (medians): generation 39.9 s,
+# these sizes, torch on both cores; docs/smol/bf32b4a-run-metrics.jsonl: the computation before the actor's prefix
+# tree and the HF rollout's own decode loop, about 5 times slower than today's, docs/smol.md Cost) on the 2-core
+# development machine on 2026-11-26, alone: 36 s from the launch to the trainer's workers ready; steps 1-6 (medians): generation 39.9 s,
 # old log-probs 21.1 s, update (4 mini-batches) 65.6 s, weight sync 2.2 s, the step 133.1 s; the three validations
 # of the 200 problems 384, 357 and 367 s (their median).
 MEASURED_STARTUP_S = 36.0

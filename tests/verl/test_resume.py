@@ -928,9 +928,10 @@ def test_a_resume_of_another_model_tokenizer_or_length_is_refused_before_ray(tmp
 
     assert set(RUN_KEYS) | {MODEL_CONFIG} <= set(resume_keys())
     math, instruct = tmp_path / "Qwen2.5-Math-7B", tmp_path / "Qwen2.5-7B-Instruct"
-    for folder, arch in ((math, "math"), (instruct, "instruct")):
-        folder.mkdir()
-        (folder / "config.json").write_text(json.dumps({"name": arch}))
+    for folder, arch in ((math, "math"), (instruct, "instruct")):  # a model folder each, their configs different
+        model_folder(folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "name": arch}))
     d = _ckpt(tmp_path / "ckpt", 2, tracker=True)
     saved = recorded_settings(_applied_cfg(tmp_path, f"actor_rollout_ref.model.path={math}"))
     assert saved[MODEL_CONFIG] is not None and saved["data.max_response_length"] is not None
@@ -948,7 +949,8 @@ def test_a_resume_of_another_model_tokenizer_or_length_is_refused_before_ray(tmp
         msg = str(err.value)
         assert "\n" not in msg and msg.startswith(f"{d} was trained with other RPG settings: ") and named in msg, msg
         assert "rpg.resume.allow_changed_settings=true" in msg
-    (math / "config.json").write_text(json.dumps({"name": "another model copied to the same path"}))
+    config = json.loads((math / "config.json").read_text())
+    (math / "config.json").write_text(json.dumps({**config, "name": "another model copied to the same path"}))
     with pytest.raises(ResumeError, match=rf"{MODEL_CONFIG.replace('(', '.').replace(')', '.')}: '[0-9a-f]{{64}}' -> "):
         _prepare(_cfg(tmp_path, f"actor_rollout_ref.model.path={math}"))
     allowed = _cfg(tmp_path, f"actor_rollout_ref.model.path={instruct}", "rpg.resume.allow_changed_settings=true")

@@ -64,13 +64,15 @@ def test_the_trainer_and_worker_of_the_mode():
     from verl.experimental.separation.engine_workers import DetachActorWorker
     from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 
+    from rpg.verl.async_resume import AsyncResumeMixin
     from rpg.verl.refill_limit import RefillLimitMixin
     from rpg.verl.run_order import RunOrderMixin
     from rpg.verl.trainer import RPG_TRAINERS, RPGTrainerMixin
     from rpg.verl.worker import RPGActorRolloutRefWorker, RPGDetachActorWorker
 
     cls = RPG_TRAINERS["separate_async"]
-    assert cls.__mro__[1:5] == (RPGTrainerMixin, RefillLimitMixin, RunOrderMixin, PPOTrainerSeparateAsync)
+    assert cls.__mro__[1:6] == (RPGTrainerMixin, RefillLimitMixin, RunOrderMixin, AsyncResumeMixin,
+                                PPOTrainerSeparateAsync)
     assert cls.worker_cls is RPGDetachActorWorker
     assert issubclass(RPGDetachActorWorker, RPGActorRolloutRefWorker) and issubclass(RPGDetachActorWorker, DetachActorWorker)
     # the RPG loss install (init_model) and verl's pi_old restore are both there; the save is the copying one
