@@ -147,10 +147,13 @@ def test_the_same_tokens_at_other_positions_are_other_nodes():
 
 
 def _cross_group(tree: PrefixTree) -> PrefixTree:
-    """The tree with the first response of the last group also attending to the first group's own prompt tokens."""
+    """The tree with the last sequence's last 3 tokens also attending to the first 4 tokens of the first sequence that
+    are not its own (the first group's own prompt: another group's)."""
     mask = tree.mask.clone()
     first, last = tree.paths[0], tree.paths[-1]
-    mask[last[-3:].unsqueeze(1), first[12:16].unsqueeze(0)] = True
+    theirs = first[~torch.isin(first, last)][:4]
+    assert len(theirs) == 4
+    mask[last[-3:].unsqueeze(1), theirs.unsqueeze(0)] = True
     return PrefixTree(tree.tokens, tree.positions, mask, tree.paths)
 
 
