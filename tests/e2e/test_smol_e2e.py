@@ -146,16 +146,20 @@ def test_two_steps_of_the_one_command(smol, tmp_path):
                       for s, d in sorted(run.metrics.items())))
 
 
+def run_benchmark(script: str, report: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``benchmarks/<script>`` with ``args`` and ``--json report``: the process (exit 0 asserted) and its figures."""
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args, "--json", str(report)],
+                       capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    return p, json.loads(report.read_text())
+
+
 @pytest.mark.bench
 def test_bench_smol_base_smoke(smol, tmp_path):
     """benchmarks/bench_smol_base.py on 4 problems, 16 new tokens, both modes, the sample mode with two seeds (the
     evaluation's noise): its figures are read back."""
-    report = tmp_path / "base.json"
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_smol_base.py"), "--problems", "4",
-                        "--max-new-tokens", "16", "--seeds", "0,1", "--json", str(report)], capture_output=True,
-                       text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    figures = json.loads(report.read_text())
+    p, figures = run_benchmark("bench_smol_base.py", tmp_path / "base.json", "--problems", "4", "--max-new-tokens",
+                               "16", "--seeds", "0,1")
     for mode in ("greedy", "sample"):
         r = figures[mode]
         assert r["problems"] == 4 and 0 <= r["accuracy"] <= r["answer_line_rate"] <= 1
@@ -170,12 +174,8 @@ def test_bench_smol_base_smoke(smol, tmp_path):
 def test_bench_smol_prefix_smoke(smol, tmp_path):
     """benchmarks/bench_smol_base.py --prefix on 3 prompts, 8 new tokens: the task's prompts share their system turn
     and worked example, and the shared decode gives the unshared responses (log-probs within float32 rounding)."""
-    report = tmp_path / "prefix.json"
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_smol_base.py"), "--prefix", "3",
-                        "--max-new-tokens", "8", "--json", str(report)], capture_output=True, text=True,
-                       timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    r = json.loads(report.read_text())["3"]
+    p, figures = run_benchmark("bench_smol_base.py", tmp_path / "prefix.json", "--prefix", "3", "--max-new-tokens", "8")
+    r = figures["3"]
     assert r["shared_prefix"] >= 100 and r["identical_responses"] == 3 and r["max_abs_logprob_diff"] < 1e-4
     assert r["ratio"] > 0 and "ratio" in p.stdout
 
@@ -184,12 +184,8 @@ def test_bench_smol_prefix_smoke(smol, tmp_path):
 def test_bench_smol_speed_smoke(smol, tmp_path):
     """benchmarks/bench_smol_speed.py on 2 training prompts, 4 validation problems, 8 new tokens: every phase before
     and now, the new decode's responses those of the old, the two engines' log-probs equal within float32 rounding."""
-    report = tmp_path / "speed.json"
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_smol_speed.py"), "--prompts", "2",
-                        "--val-problems", "4", "--max-new-tokens", "8", "--json", str(report)], capture_output=True,
-                       text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    figures = json.loads(report.read_text())
+    p, figures = run_benchmark("bench_smol_speed.py", tmp_path / "speed.json", "--prompts", "2", "--val-problems",
+                               "4", "--max-new-tokens", "8")
     for name in ("generation", "validation", "old log-probs", "update"):
         assert figures[name]["before_s"] > 0 and figures[name]["now_s"] > 0 and name in p.stdout
     assert "identical responses 8/8" in figures["generation"]["check"]
