@@ -39,7 +39,7 @@ class CpuModel:
         else:
             self.steps, self.test_freq, self.lr = 30, 10, 5e-4
             self.task = "tiny task"
-            self.timeout_s = 1800.0  # the default run takes about 2.5 minutes; the limit stops a hung one
+            self.timeout_s = 1800.0  # the default run takes about 2 minutes; the limit stops a hung one
 
     def check_world_size(self, world_size: int) -> None:
         if self.name == "smol":
