@@ -86,18 +86,23 @@ def test_cli_plot(tmp_path, capsys):
     assert main_plot([str(tmp_path / "missing.csv"), "--out", str(tmp_path / "z")]) == 2
 
 
-def test_fig4_layout_labels_xlim_last_marker_and_seed_band(tmp_path, monkeypatch):
-    """2 x 3 panels with y labels, x-axis ending at the Last step, Last marked, seeds as mean ± std."""
+def saved_figures(monkeypatch) -> list:
+    """The matplotlib figures saved from here on, in order (each still saved to its file)."""
     from matplotlib.figure import Figure
 
-    figs = []
-    orig = Figure.savefig
+    figs, save = [], Figure.savefig
 
     def keep(self, *a, **k):
         figs.append(self)
-        return orig(self, *a, **k)
+        return save(self, *a, **k)
 
     monkeypatch.setattr(Figure, "savefig", keep)
+    return figs
+
+
+def test_fig4_layout_labels_xlim_last_marker_and_seed_band(tmp_path, monkeypatch):
+    """2 x 3 panels with y labels, x-axis ending at the Last step, Last marked, seeds as mean ± std."""
+    figs = saved_figures(monkeypatch)
     logs = read_run(_jsonl(tmp_path / "a.jsonl"))
     shifted = {k: {s: v + 0.1 for s, v in series.items()} for k, series in logs.items()}
     runs = [("RPG", logs), ("RPG", shifted), ("GRPO", logs)]
@@ -129,16 +134,7 @@ def test_fig4_layout_labels_xlim_last_marker_and_seed_band(tmp_path, monkeypatch
 def test_a_seed_stopped_early_is_counted_in_the_legend(tmp_path, monkeypatch):
     """Two seeds of RPG, one stopped at step 50: the legend said "mean ± std over 2 seeds" while after step 50 the
     line is one seed's; now its entry says n=1 after step 50, and a warning names each run's last step."""
-    from matplotlib.figure import Figure
-
-    figs = []
-    orig = Figure.savefig
-
-    def keep(self, *a, **k):
-        figs.append(self)
-        return orig(self, *a, **k)
-
-    monkeypatch.setattr(Figure, "savefig", keep)
+    figs = saved_figures(monkeypatch)
     logs = read_run(_jsonl(tmp_path / "a.jsonl"))
     stopped = {k: {s: v + 0.1 for s, v in series.items() if s <= 50} for k, series in logs.items()}
     _, warns = plot_curves([("RPG", logs), ("RPG", stopped)], tmp_path / "f")
