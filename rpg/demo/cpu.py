@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 
 from rpg.backends.cpu import vllm_cpu
+from rpg.backends.cpu.env_overrides import prefix_tree_on
 from rpg.common.checkout import CHECKOUT
 from rpg.common.user_paths import user_folder
 from rpg.config import world_size_of
@@ -243,6 +244,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     try:  # before the assets and the trainer: a typo is one line, not a traceback minutes later
         read_overrides(rest, ENV_VARS, COMMANDS[model.name])
         rollout = args.rollout or vllm_cpu.rollout_of()
+        prefix_tree_on()  # RPG_CPU_PREFIX_TREE: 0 or 1
         gpus = [] if args.gpus is None else [f"trainer.n_gpus_per_node={args.gpus}"]  # a user's override wins
         nnodes, per_node = world_size_of(values([*gpus, *rest]))
         model.check_world_size(nnodes * per_node)  # the demo's micro-batches divide over the ranks, or one line

@@ -204,6 +204,9 @@ def import_platform(req: Request) -> None:
     """verl chooses its platform when it is first imported in this process (the logger check, the first
     composition): the backend's platform variables come first."""
     chosen = backend(req.backend)
-    import_env = chosen.run_env((), base=req.env)
+    try:
+        import_env = chosen.run_env((), base=req.env)
+    except ValueError as e:  # a backend variable's bad value (RPG_CPU_ROLLOUT, RPG_CPU_PREFIX_TREE): one line
+        raise LaunchError(str(e)) from None
     os.environ.update({k: import_env[k] for k in chosen.IMPORT_ENV if k in import_env})
 

@@ -217,3 +217,24 @@ def test_the_switch_is_checked_before_ray_and_forwarded(monkeypatch):
     monkeypatch.setenv(ENV, "0")
     _, engine = engines(smol_shaped_llama())
     assert engine.uncovered(micro_batch(groups())) == "RPG_CPU_PREFIX_TREE=0"
+
+
+@pytest.mark.parametrize("launcher", ["demo", "script"])
+def test_a_bad_switch_is_one_line_before_anything_starts(launcher, tmp_path):
+    """RPG_CPU_PREFIX_TREE=yes: the tiny demo and a paper script's CPU rehearsal (DRY_RUN=1) stop with one line,
+    exit 2, before any asset, config or Ray."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "RPG_CPU_PREFIX_TREE": "yes", "PYTHON": sys.executable}
+    cmd = (["bash", str(root / "recipe/rpg/tiny/run_tiny_cpu.sh"), "--out", str(tmp_path / "o")] if launcher == "demo"
+           else ["bash", str(root / "recipe/rpg/7b/run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28.sh")])
+    if launcher == "script":
+        env.update(RPG_BACKEND="cpu", DRY_RUN="1")
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "RPG_CPU_PREFIX_TREE='yes' is invalid; allowed: 0" in lines[0], \
+        p.stderr[-2000:]

