@@ -12,7 +12,10 @@ each, 8 steps by default, into ``outputs/study_staleness``. ``--lag`` runs the d
 ``--report-dir`` and renders ``results.md`` and ``lag.png`` from that CSV alone (``--render-only``: from the CSV,
 without runs). ``--model smol`` runs the declared SmolLM2 comparison instead (docs/study/smol/PLAN.md: GRPO, RPG-UFKL
 and RPG-REINFORCE-UFKL with RPG-Style Clip on SmolLM2-135M-Instruct, ``--seeds`` (default 3) each, one run at a time,
-into ``outputs/study_smol``), its CSV, tables and figure as the lag study's. A declared study runs the design its plan
+into ``outputs/study_smol``), its CSV, tables and figure as the lag study's; ``--model smol --paper`` the paper's
+comparison on SmolLM2 (docs/study/smol-paper/PLAN.md: five methods, 12 seeds, into ``outputs/study_smol_paper``). A
+declared study also appends a row to ``attempts.csv`` in ``--report-dir`` at each start and end of its process
+(``rpg.study.attempts``). A declared study runs the design its plan
 declares: another value of an option that shapes its runs (``--seeds``, ``--steps``, ``--val-n``, ``--cells`` ...)
 is refused in one line naming the declared value, unless ``--exploratory``, which the start's design line, every
 runs.csv row and results.md say (no verdict). ``--dry-run`` prints the grid and its time estimate and starts
@@ -41,8 +44,7 @@ from rpg.study.grid import (BUILTIN_COSTS, LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, L
                             METHODS, STALENESS_ARMS, STALENESS_COSTS, STALENESS_SIZES, STRESS_METHODS, WEIGHT_ARMS,
                             WEIGHTS_METHOD, Sizes, calibrate, describe, fmt_duration, grid, lag_grid, staleness_grid,
                             weights_grid)
-from rpg.study.smol import (SMOL_BUDGET_S, SMOL_METHODS, SMOL_SEEDS, SMOL_SIZES, SMOL_TIMEOUT_S, SmolSizes, smol_costs,
-                            smol_grid)
+from rpg.study.smol import PILOT, SMOL_TIMEOUT_S, SmolSizes
 from rpg.study.smol import build_assets as build_smol
 from rpg.study.smol import built as smol_built
 
@@ -96,10 +98,29 @@ def _declared(args):
 
         return lag, "--lag"
     if args.model == "smol":
-        from rpg.study import smol
-
-        return smol, "--model smol"
+        return _comparison(args), _comparison(args).flag
     return None
+
+
+def _comparison(args):
+    """The SmolLM2 comparison ``args`` run: the pilot, or with ``--paper`` the paper's comparison."""
+    if args.paper:
+        from rpg.study.smol_paper import PAPER
+
+        return PAPER
+    return PILOT
+
+
+def _begin_attempt(study, report_dir: Path, command: str, out: Path, records: list[dict]):
+    """A declared study's start row in ``report_dir``'s attempts.csv (``rpg.study.attempts``); None for the other
+    grids."""
+    if study is None:
+        return None
+    from rpg.study.attempts import Attempt
+    from rpg.study.identity import code_state
+
+    code = code_state((out, report_dir))["code"]
+    return Attempt(report_dir, command, code, len(records)).begin(sum(r.get("status") == "done" for r in records))
 
 
 def _render_declared(study, report_dir: Path) -> int:
@@ -201,9 +222,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default="tiny",
                     help="what the runs train: tiny (default: the tiny model and task), or smol: the declared "
                          "SmolLM2 comparison (docs/study/smol/PLAN.md; --seeds default 3, --steps "
-                         f"{SMOL_SIZES.steps}, one run at a time, into outputs/study_smol)")
+                         f"{PILOT.sizes.steps}, one run at a time, into outputs/study_smol)")
+    ap.add_argument("--paper", action="store_true",
+                    help="with --model smol: the paper's comparison on SmolLM2 (docs/study/smol-paper/PLAN.md: five "
+                         "methods x --seeds, default 12, into outputs/study_smol_paper)")
     ap.add_argument("--val-problems", type=int, default=None,
-                    help=f"with --model smol: held-out problems per validation (default {SMOL_SIZES.val_problems}, all; "
+                    help=f"with --model smol: held-out problems per validation (default {PILOT.sizes.val_problems}, all; "
                          "fewer are drawn by verl by data.seed, so each seed validates on its own subset)")
     ap.add_argument("--dry-run", action="store_true", help="print the grid and its time estimate; run nothing")
     ap.add_argument("--render-only", action="store_true", help="render the finished runs; run nothing")
@@ -240,11 +264,11 @@ def _smol_grid(args) -> list:
                          f"{smol.VAL_N} response per validation problem: rpg.smol.overrides)")
     if args.jobs not in (None, 1):
         raise ValueError(f"--jobs {args.jobs}: --model smol runs one at a time ({SMOL_ONE_AT_A_TIME})")
-    steps = SMOL_SIZES.steps if args.steps is None else args.steps
+    study = _comparison(args)
+    steps = study.sizes.steps if args.steps is None else args.steps
     sizes = SmolSizes(steps=steps, test_freq=steps if args.test_freq is None else args.test_freq,
-                      val_problems=SMOL_SIZES.val_problems if args.val_problems is None else args.val_problems)
-    return smol_grid(SMOL_SEEDS if args.seeds is None else args.seeds, sizes,
-                     SMOL_METHODS if args.methods == METHODS else args.methods)
+                      val_problems=study.sizes.val_problems if args.val_problems is None else args.val_problems)
+    return study.grid(args.seeds, sizes, None if args.methods == METHODS else args.methods)
 
 
 def _tiny_grid(args) -> list:
@@ -296,11 +320,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from rpg.study.records import all_records, read_record, survey
     from rpg.study.runner import OtherRunsError, StudyBusyError, run_grid
+    from rpg.common.signals import StopSignal
     from rpg.launch.experiments import ExperimentError
 
     on_smol = args.model == "smol"
     # relative to the current folder, as every run folder a user names (rpg.common.user_paths)
-    name = ("study_smol" if on_smol else "study_lag" if args.lag else "study_staleness" if args.staleness
+    if args.paper and not on_smol:
+        print("rpg.study: --paper: the paper's comparison runs on SmolLM2: add --model smol", file=sys.stderr)
+        return 2
+    name = (_comparison(args).out_name if on_smol else "study_lag" if args.lag else "study_staleness" if args.staleness
             else "study_async_weights" if args.async_weights else "study")
     args.out = user_folder(args.out or Path("outputs") / name)
     try:
@@ -327,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.render_only and (problem := _no_study(args.out, records, all_records(args.out))):
         print(f"rpg.study: --render-only: {problem}", file=sys.stderr)
         return 2
-    budget = LAG_BUDGET_S if args.lag else SMOL_BUDGET_S if on_smol else None
-    costs = calibrate(all_records(args.out), smol_costs(specs[0].sizes.val_problems) if on_smol else LAG_COSTS
+    budget = LAG_BUDGET_S if args.lag else _comparison(args).budget_s if on_smol else None
+    costs = calibrate(all_records(args.out), _comparison(args).cost_model(specs[0].sizes.val_problems) if on_smol else LAG_COSTS
                       if args.lag else STALENESS_COSTS if args.staleness else BUILTIN_COSTS)
     if args.dry_run:  # what the real start would do, by the same survey, and its start line
         found = survey(specs, args.out, args.retry_failed, args.rerun_other_code, (report_dir,))
@@ -353,15 +381,29 @@ def main(argv: list[str] | None = None) -> int:
 
         if study:
             print(study[0].DESIGN.line(design), flush=True)
+        attempt = _begin_attempt(study, report_dir, command, args.out, records)
+        how = "error"
         try:
             if on_smol:
                 build_smol()
             records = run_grid(specs, args.out, costs, retry_failed=args.retry_failed, timeout_s=timeout, jobs=jobs,
                                rerun_other=args.rerun_other_code, outputs=(report_dir,))
+            left = sum(r.get("status") != "done" for r in records)
+            how = f"{left} runs not finished" if left else "finished"
         # another study on --out; finished runs there of other code or threads; SmolLM2 cannot be built
         except (StudyBusyError, OtherRunsError, SmolAssetError) as err:
+            how = f"refused: {err}"
             print(f"rpg.study: {err}", file=sys.stderr)
             return 2
+        except StopSignal as stop:
+            how = f"stopped by {stop.name}"
+            raise
+        except BaseException as err:
+            how = f"error: {type(err).__name__}: {err}"[:300]
+            raise
+        finally:
+            if attempt is not None:
+                attempt.end(how, sum((read_record(args.out, s) or {}).get("status") == "done" for s in specs))
     if study:
         return _finish_declared(study, args.out, report_dir, specs, records, design)
     from rpg.study.render import render

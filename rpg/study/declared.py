@@ -66,6 +66,9 @@ class Design:
     columns: tuple[tuple[str, object], ...]
     seeds: int
     cells: tuple[str, ...]
+    # the commits that wrote the plan, oldest first: the declaration, then each change, every one after the first
+    # named in the study's DEVIATIONS.md (tests/study/test_declared_plans.py holds git's history of the file to it)
+    plan_commits: tuple[str, ...] = ()
 
     def deviations(self, chosen: dict[str, object]) -> list[tuple[str, object, object]]:
         """(option, chosen value, declared value) of each option ``chosen`` sets otherwise than the plan."""

@@ -46,7 +46,8 @@ def _columns(s: Sizes) -> dict[str, int]:
 
 DESIGN = Design("the lag study", "--lag", "docs/study/lag/PLAN.md",
                 tuple(_options(LAG_SEEDS, tuple(c.name for c in LAG_CELLS), LAG_SIZES).items()),
-                tuple(_columns(LAG_SIZES).items()), LAG_SEEDS, tuple(c.name for c in LAG_CELLS))
+                tuple(_columns(LAG_SIZES).items()), LAG_SEEDS, tuple(c.name for c in LAG_CELLS),
+                plan_commits=("84e82d6", "bb4f5ec"))
 
 
 def chosen(specs: list[RunSpec]) -> dict[str, object]:

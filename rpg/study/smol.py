@@ -1,22 +1,25 @@
-"""The SmolLM2 comparison (``python -m rpg.study --model smol``, docs/study/smol/PLAN.md): three of the paper's methods
-on SmolLM2-135M-Instruct and its arithmetic task (``rpg.smol``, docs/smol.md) at the SmolLM2 run's sizes.
+"""The SmolLM2 comparisons (``python -m rpg.study --model smol``): the paper's methods on SmolLM2-135M-Instruct and its
+arithmetic task (``rpg.smol``, docs/smol.md) at the SmolLM2 run's sizes, each a declared design (``Comparison``):
 
-* the design: ``SMOL_METHODS``, ``SMOL_SIZES`` and ``smol_grid`` (seeds as blocks, the run order within a seed
-  drawn from ``SMOL_ORDER_SEED``); a run's sizes, learning-rate rule and overrides are ``rpg.study.grid``'s
-  (``SmolSizes``, ``lr_scale``, ``smol_overrides``); ``DESIGN`` / ``chosen``: what the plan fixes and what a grid sets
-  (``rpg.study.declared.Design``);
-* its cost, ``smol_costs``, from the measured figures below; ``plan_numbers``, the plan's generated block
-  (``python -m rpg.study.smol`` prints it);
-* ``csv_rows`` / ``write_csv`` / ``read_csv`` (``runs.csv``) and ``render`` (``results.md``, ``smol.png``) from the
-  CSV alone.
+* ``PILOT``, docs/study/smol/PLAN.md: GRPO, RPG-UFKL and RPG-REINFORCE-UFKL with RPG-Style Clip, 3 seeds
+  (``--model smol``);
+* ``rpg.study.smol_paper.PAPER``, docs/study/smol-paper/PLAN.md: five of the paper's methods, 12 seeds
+  (``--model smol --paper``).
+
+A ``Comparison`` holds what its plan fixes (methods, cells, seeds, the run order's seed, sizes, budget, measured costs,
+contrasts) and gives the study's interface (``rpg.study.__main__``): ``grid``, ``DESIGN`` / ``chosen`` (what a grid
+sets, ``rpg.study.declared.Design``), ``cost_model``, ``csv_rows`` / ``write_csv`` / ``read_csv`` (``runs.csv``) and
+``render`` (``results.md`` and the figure, from the CSV alone). ``plan_numbers``: the pilot plan's generated block.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from rpg.smol import overrides as smol
@@ -29,56 +32,132 @@ from rpg.study.grid import (LR_ANCHOR, LR_KEY, ROLLOUT_SEED, RunSpec, SmolSizes,
                             run_order_key, smol_overrides)
 from rpg.study.methods import label_of, method_run, setting
 
-# The methods (paper run names) and their short names in the CSV and the contrasts
-SMOL_METHODS: tuple[str, ...] = ("run_grpo_7b", "run_rpg_7b_ufkl1e-4", "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28")
-CELLS = {"run_grpo_7b": "grpo", "run_rpg_7b_ufkl1e-4": "rpg-ufkl",
-         "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28": "rpg-rf-clip"}
 UPDATES = smol.TRAIN_BATCH_SIZE // smol.MINI_BATCH_SIZE  # optimizer steps per rollout batch: 4
-SMOL_SEEDS = 3
-SMOL_ORDER_SEED = 60  # the declared seed of the run order within each seed (run_order_key)
-SMOL_BUDGET_S = 3 * 3600  # the design must fit in 3 hours on 2 cores, one run at a time
-SMOL_TIMEOUT_S = 3600.0  # --timeout's default for this model: about three times a run's estimate
+SMOL_TIMEOUT_S = 3600.0  # --timeout's default for this model: several times a run's estimate
+BASE_ACC = 0.150  # the base model's accuracy on the 200 problems (the SmolLM2 run's validation before training)
+POWER = 0.8
 
 
-SMOL_SIZES = SmolSizes()
+@dataclass(frozen=True)
+class SmolCosts:
+    """The measured figures a design's cost is estimated from (one run at a time, torch on both cores): the start-up
+    to the trainer's workers ready, the shutdown, a step (generation, old log-probs and the 4 updates), one
+    generation batch, one log-prob pass, the validation per problem, and DAPO's refills (generation batches beyond the
+    first per step)."""
+
+    startup_s: float
+    shutdown_s: float
+    step_s: float
+    gen_s: float
+    log_prob_s: float
+    val_s_per_problem: float
+    refill_batches: float
+    source: str
+
+    def method_step_s(self, name: str) -> float:
+        """What a method's step adds to the measured one: a fixed reference's log-probs (one more forward over the
+        batch, as the old log-probs), and DAPO's refills (``refill_batches`` more generation batches)."""
+        extra = self.log_prob_s if setting(name, "rpg.reference.mode") == "fixed" else 0.0
+        if setting(name, "algorithm.filter_groups.enable"):
+            extra += self.gen_s * self.refill_batches
+        return extra
 
 
-def _options(seeds: int, methods: tuple[str, ...], s: SmolSizes) -> dict[str, object]:
-    return {"--seeds": seeds, "--methods": methods, "--steps": s.steps, "--test-freq": s.test_freq,
-            "--val-problems": s.val_problems}
+@dataclass(frozen=True)
+class Comparison:
+    """One declared SmolLM2 comparison: ``methods`` (paper run names) and their ``cells`` (short names in the CSV and
+    the contrasts), seeds 1..``seeds`` as blocks, the run order within a seed drawn from ``order_seed``, ``sizes``,
+    the budget its estimate must fit, its measured ``costs`` and its declared ``contrasts`` ((Contrast, two-sided))."""
+
+    name: str  # "the SmolLM2 comparison"
+    title: str  # results.md's title
+    flag: str  # the command line that runs it
+    folder: str  # its plan, runs.csv and results.md, in the checkout
+    methods: tuple[str, ...]
+    cells: tuple[str, ...]
+    seeds: int
+    order_seed: int
+    budget_s: float
+    costs: SmolCosts
+    contrasts: tuple[tuple[Contrast, bool], ...]
+    sizes: SmolSizes = SmolSizes()
+    figure: str = "smol.png"
+    out_name: str = "study_smol"  # the default --out under outputs/
+    plan_commits: tuple[str, ...] = ()  # Design.plan_commits
+
+    @property
+    def plan(self) -> str:
+        return f"{self.folder}/PLAN.md"
+
+    @property
+    def cell_of(self) -> dict[str, str]:
+        return dict(zip(self.methods, self.cells))
+
+    def options(self, seeds: int, methods: tuple[str, ...], s: SmolSizes) -> dict[str, object]:
+        return {"--seeds": seeds, "--methods": methods, "--steps": s.steps, "--test-freq": s.test_freq,
+                "--val-problems": s.val_problems}
+
+    @functools.cached_property
+    def DESIGN(self) -> Design:  # noqa: N802 (the study interface's name, as rpg.study.lag.DESIGN)
+        return Design(self.name, self.flag, self.plan, tuple(self.options(self.seeds, self.methods, self.sizes).items()),
+                      tuple(_columns(self.sizes).items()), self.seeds, self.cells, self.plan_commits)
+
+    SCHEMA = property(lambda self: SCHEMA)
+
+    def chosen(self, specs: list[RunSpec]) -> dict[str, object]:
+        """The design options of the grid ``specs`` (``DESIGN.options``' keys)."""
+        names = {s.variant for s in specs}
+        return self.options(max(s.seed for s in specs), tuple(m for m in self.methods if m in names), specs[0].sizes)
+
+    def grid(self, seeds: int | None = None, sizes: SmolSizes | None = None, methods: tuple[str, ...] | None = None,
+             order_seed: int | None = None) -> list[RunSpec]:
+        """Each method x seeds 1..seeds on SmolLM2, seed-major (a seed's methods share its prompts, ``data.seed``),
+        the methods of each seed in the order ``run_order_key`` draws from ``order_seed``."""
+        seeds = self.seeds if seeds is None else seeds
+        sizes, methods = sizes or self.sizes, self.methods if methods is None else methods
+        order_seed = self.order_seed if order_seed is None else order_seed
+        if seeds < 1:
+            raise ValueError(f"--seeds must be >= 1, got {seeds}")
+        bad = [m for m in methods if m not in self.methods]
+        if bad or not methods or len(set(methods)) != len(methods):
+            raise ValueError(f"--methods {','.join(bad) or ','.join(methods) or '(none)'}: {self.flag} compares some "
+                             f"of {', '.join(self.methods)} (each once)")
+        for m in methods:
+            method_run(m)
+        sizes.check((UPDATES,))
+        return [RunSpec(m, UPDATES, seed, sizes, model="smol") for seed in range(1, seeds + 1)
+                for m in sorted(methods, key=lambda m: run_order_key(order_seed, seed, self.cell_of[m]))]
+
+    def cost_model(self, val_problems: int | None = None) -> Costs:
+        """The built-in costs of a run of this design, one at a time (every run has UPDATES updates per step: the
+        measured step holds them)."""
+        c = self.costs
+        problems = self.sizes.val_problems if val_problems is None else val_problems
+        return Costs(startup_s=c.startup_s + c.shutdown_s, step_s=c.step_s, update_s=0.0,
+                     val_s=c.val_s_per_problem * problems, jobs=1,
+                     method_step_s=tuple((m, c.method_step_s(m)) for m in self.methods), source=c.source)
+
+    def csv_rows(self, out: Path, specs: list[RunSpec], records: list[dict], design: str = DECLARED) -> list[dict]:
+        return csv_rows(self, out, specs, records, design)
+
+    write_csv = staticmethod(lambda path, rows: write_csv(path, rows))
+    read_csv = staticmethod(lambda path: read_csv(path))
+
+    def render_tables(self, rows: list[dict], source: str = "runs.csv") -> str:
+        return render_tables(self, rows, source)
+
+    def render_figure(self, rows: list[dict], path: Path) -> Path:
+        return render_figure(self, rows, path)
+
+    def render(self, csv_path: Path, report_dir: Path) -> list[Path]:
+        """results.md and the figure in ``report_dir`` from ``csv_path`` alone."""
+        return declared.render_report(csv_path, report_dir, read_csv, self.render_tables, self.render_figure,
+                                      self.figure)
 
 
 def _columns(s: SmolSizes) -> dict[str, int]:
     """A run's design columns in runs.csv: its steps, evaluations and validation samples."""
     return {"steps": s.steps, "test_freq": s.test_freq, "val_problems": s.val_problems, "val_n": s.val_n}
-
-
-DESIGN = Design("the SmolLM2 comparison", "--model smol", "docs/study/smol/PLAN.md",
-                tuple(_options(SMOL_SEEDS, SMOL_METHODS, SMOL_SIZES).items()), tuple(_columns(SMOL_SIZES).items()),
-                SMOL_SEEDS, tuple(CELLS[m] for m in SMOL_METHODS))
-
-
-def chosen(specs: list[RunSpec]) -> dict[str, object]:
-    """The design options of the grid ``specs`` (``DESIGN.options``' keys)."""
-    names = {s.variant for s in specs}
-    return _options(max(s.seed for s in specs), tuple(m for m in SMOL_METHODS if m in names), specs[0].sizes)
-
-
-def smol_grid(seeds: int = SMOL_SEEDS, sizes: SmolSizes = SMOL_SIZES, methods: tuple[str, ...] = SMOL_METHODS,
-              order_seed: int = SMOL_ORDER_SEED) -> list[RunSpec]:
-    """Each method x seeds 1..seeds on SmolLM2, seed-major (a seed's methods share its prompts, ``data.seed``), the
-    methods of each seed in the order ``run_order_key`` draws from ``order_seed``."""
-    if seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {seeds}")
-    bad = [m for m in methods if m not in SMOL_METHODS]
-    if bad or not methods or len(set(methods)) != len(methods):
-        raise ValueError(f"--methods {','.join(bad) or ','.join(methods) or '(none)'}: --model smol compares some of "
-                         f"{', '.join(SMOL_METHODS)} (each once)")
-    for m in methods:
-        method_run(m)
-    sizes.check((UPDATES,))
-    return [RunSpec(m, UPDATES, seed, sizes, model="smol") for seed in range(1, seeds + 1)
-            for m in sorted(methods, key=lambda m: run_order_key(order_seed, seed, CELLS[m]))]
 
 
 def built() -> bool:
@@ -97,51 +176,37 @@ def build_assets() -> None:
     build_smol_assets(prefix="[study]")
 
 
-# ----------------------------------------------------------------------------- cost
+# ----------------------------------------------------------------------------- the pilot (docs/study/smol/PLAN.md)
 
 # Measured on the SmolLM2 CPU run (bash recipe/rpg/smol/run_smol_cpu.sh: RPG-REINFORCE-UFKL with RPG-Style Clip at
 # these sizes, torch on both cores; docs/smol/bf32b4a-run-metrics.jsonl: the computation before the actor's prefix
 # tree and the HF rollout's own decode loop, about 5 times slower than today's, docs/smol.md Cost) on the 2-core
-# development machine on 2026-11-26, alone: 36 s from the launch to the trainer's workers ready; steps 1-6 (medians): generation 39.9 s,
-# old log-probs 21.1 s, update (4 mini-batches) 65.6 s, weight sync 2.2 s, the step 133.1 s; the three validations
-# of the 200 problems 384, 357 and 367 s (their median).
-MEASURED_STARTUP_S = 36.0
-SHUTDOWN_S = 30.0  # assumed: the trainer's and Ray's shutdown (not measured on this model)
-MEASURED_STEP_S = 133.1
-MEASURED_GEN_S = 39.9
-MEASURED_LOG_PROB_S = 21.1
-MEASURED_VAL_S_PER_PROBLEM = 367.0 / 200
-# DAPO's refills: generation batches beyond the first per step, where the filter keeps only groups holding a right and
-# a wrong response. Measured on this study's first run (RPG-REINFORCE-UFKL, seed 1, started at 4 steps per run and
-# stopped after step 2, before any validation, when its steps showed that 4 steps do not fit the budget; it starts
-# afresh): 3 and 2 refill batches (training/rpg/refill_gen_batches) at steps 1 and 2, their mean. (Assumed before it:
-# half the groups kept, one refill.)
+# development machine on 2026-11-26, alone: 36 s from the launch to the trainer's workers ready; steps 1-6 (medians):
+# generation 39.9 s, old log-probs 21.1 s, update (4 mini-batches) 65.6 s, weight sync 2.2 s, the step 133.1 s; the
+# three validations of the 200 problems 384, 357 and 367 s (their median). The shutdown (30 s) is assumed. DAPO's
+# refills: measured on the pilot's first run (RPG-REINFORCE-UFKL, seed 1, started at 4 steps per run and stopped after
+# step 2, before any validation, when its steps showed that 4 steps do not fit the budget; it started afresh): 3 and
+# 2 refill batches (training/rpg/refill_gen_batches) at steps 1 and 2, their mean.
 REFILL_BATCHES = 2.5
+PILOT_COSTS = SmolCosts(startup_s=36.0, shutdown_s=30.0, step_s=133.1, gen_s=39.9, log_prob_s=21.1,
+                        val_s_per_problem=367.0 / 200, refill_batches=REFILL_BATCHES,
+                        source="built-in (the SmolLM2 run's measured start-up, step and validation; the methods' extra "
+                               "passes and DAPO's refills derived, rpg.study.smol)")
 
-
-def method_step_s(name: str) -> float:
-    """What a method's step adds to the measured one: a fixed reference's log-probs (one more forward over the batch,
-    as the old log-probs), and DAPO's refills (generation of REFILL_BATCHES more batches)."""
-    extra = MEASURED_LOG_PROB_S if setting(name, "rpg.reference.mode") == "fixed" else 0.0
-    if setting(name, "algorithm.filter_groups.enable"):
-        extra += MEASURED_GEN_S * REFILL_BATCHES
-    return extra
-
-
-def smol_costs(val_problems: int = SMOL_SIZES.val_problems) -> Costs:
-    """The built-in costs of a SmolLM2 run, one at a time (every run has UPDATES updates per step: the measured step
-    holds them)."""
-    return Costs(startup_s=MEASURED_STARTUP_S + SHUTDOWN_S, step_s=MEASURED_STEP_S, update_s=0.0,
-                 val_s=MEASURED_VAL_S_PER_PROBLEM * val_problems, jobs=1,
-                 method_step_s=tuple((m, method_step_s(m)) for m in SMOL_METHODS),
-                 source="built-in (the SmolLM2 run's measured start-up, step and validation; the methods' extra "
-                        "passes and DAPO's refills derived, rpg.study.smol)")
-
-
-# ----------------------------------------------------------------------------- the plan's numbers
-
-BASE_ACC = 0.150  # the base model's accuracy on the 200 problems (the SmolLM2 run's validation before training)
-POWER = 0.8
+SMOL_ORDER_SEED = 60  # the declared seed of the run order within each seed (run_order_key)
+# The declared comparisons (PLAN.md): d_s per seed; one-sided in the paper's direction where it has one
+CONTRASTS: tuple[tuple[Contrast, bool], ...] = (
+    (Contrast("C1", "RPG-REINFORCE-UFKL with RPG-Style Clip above GRPO", (("rpg-rf-clip", 1), ("grpo", -1))), False),
+    (Contrast("C2", "RPG-UFKL above GRPO", (("rpg-ufkl", 1), ("grpo", -1))), False),
+    (Contrast("C3", "RPG-REINFORCE-UFKL with RPG-Style Clip and RPG-UFKL differ",
+              (("rpg-rf-clip", 1), ("rpg-ufkl", -1))), True),
+)
+PILOT = Comparison(
+    "the SmolLM2 comparison", "SmolLM2 comparison", "--model smol", "docs/study/smol",
+    methods=("run_grpo_7b", "run_rpg_7b_ufkl1e-4", "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"),
+    cells=("grpo", "rpg-ufkl", "rpg-rf-clip"), seeds=3, order_seed=SMOL_ORDER_SEED, budget_s=3 * 3600,
+    costs=PILOT_COSTS, contrasts=CONTRASTS, plan_commits=("f3c4d4f", "d58c9b6", "f6d0da6"))
+smol_costs = PILOT.cost_model  # the pilot's built-in costs (its PLAN.md names them so)
 
 
 def interval_level(n: int) -> float:
@@ -151,35 +216,36 @@ def interval_level(n: int) -> float:
 
 
 def _fits(seeds: int, problems: int) -> tuple[int, float]:
-    """The most steps (and their estimate) of the design with ``seeds`` and ``problems`` within the budget."""
+    """The most steps (and their estimate) of the pilot with ``seeds`` and ``problems`` within its budget."""
     best = (0, 0.0)
     for steps in range(1, 100):
         sizes = SmolSizes(steps=steps, test_freq=steps, val_problems=problems)
-        est = smol_costs(problems).grid_s(smol_grid(seeds, sizes), 1)
-        if est > SMOL_BUDGET_S:
+        est = PILOT.cost_model(problems).grid_s(PILOT.grid(seeds, sizes), 1)
+        if est > PILOT.budget_s:
             return best
         best = (steps, est)
     return best
 
 
-def plan_numbers(seeds: int = SMOL_SEEDS, sizes: SmolSizes = SMOL_SIZES, sim: stats.PowerSim = stats.PowerSim()) -> str:
-    """The plan's budget, learning rates and precision, as markdown (docs/study/smol/PLAN.md holds it)."""
-    specs, c = smol_grid(seeds, sizes), smol_costs(sizes.val_problems)
+def plan_numbers(seeds: int = PILOT.seeds, sizes: SmolSizes = PILOT.sizes,
+                 sim: stats.PowerSim = stats.PowerSim()) -> str:
+    """The pilot plan's budget, learning rates and precision, as markdown (docs/study/smol/PLAN.md holds it)."""
+    specs, c = PILOT.grid(seeds, sizes), PILOT.cost_model(sizes.val_problems)
     total = c.grid_s(specs, 1)
-    lrs = ", ".join(f"{label_of(m)} {setting(m, LR_KEY) * lr_scale():g}" for m in SMOL_METHODS)
+    lrs = ", ".join(f"{label_of(m)} {setting(m, LR_KEY) * lr_scale():g}" for m in PILOT.methods)
     lines = ["| design | value |", "|---|---|",
-             f"| methods x seeds = runs | {len(SMOL_METHODS)} x {seeds} = {len(specs)} |",
+             f"| methods x seeds = runs | {len(PILOT.methods)} x {seeds} = {len(specs)} |",
              f"| learning rate (paper x {lr_scale():g}) | {lrs} |"]
-    for m in SMOL_METHODS:
+    for m in PILOT.methods:
         spec = next(s for s in specs if s.variant == m)
         lines.append(f"| one run, {label_of(m)} | {c.run_s(spec):.0f} s = {c.startup_s:.0f} s start-up and shutdown + "
-                     f"{sizes.steps} steps x ({c.step_s:.1f} s + {method_step_s(m):.1f} s) + {sizes.validations} "
-                     f"validation(s) x {c.val_s:.0f} s |")
+                     f"{sizes.steps} steps x ({c.step_s:.1f} s + {PILOT.costs.method_step_s(m):.1f} s) + "
+                     f"{sizes.validations} validation(s) x {c.val_s:.0f} s |")
     alpha = 2.0 ** -seeds
     sd1 = math.sqrt(BASE_ACC * (1 - BASE_ACC) / sizes.val_problems)
     lines += [
         f"| estimated time, one run at a time | {fmt_duration(total)} = {total / 3600:.2f} h (budget "
-        f"{SMOL_BUDGET_S / 3600:g} h) |",
+        f"{PILOT.budget_s / 3600:g} h) |",
         f"| smallest one-sided p, exact sign-flip test | {seeds} seeds: 1/{2 ** seeds} = {alpha:.4g} |",
         f"| widest finite exact interval | {seeds} seeds: {100 * interval_level(seeds):g} % |",
         f"| SD of one evaluation, binomial at p = {BASE_ACC:g}, {sizes.val_problems} problems | {sd1:.3f}; of the "
@@ -207,24 +273,17 @@ DIAGNOSTICS: tuple[tuple[str, str], ...] = (
     ("refill_gen_batches", "training/rpg/refill_gen_batches"), ("step_s", "timing_s/step"))
 COLUMNS = ("run_id", "cell", "method", "lr", "seed", "order", "status", "primary", *(d[0] for d in DIAGNOSTICS),
            "code", "threads", "load_start_1m", "load_end_1m", "cpu_count", "wall_time_s", "started", "design",
-           *(c for c, _ in DESIGN.columns))
-# added after the study's runs: its runs.csv reads as the plan's design, threads not recorded in it
-SCHEMA = Schema(COLUMNS, ints=("seed", "order", "cpu_count", *(c for c, _ in DESIGN.columns)),
+           *_columns(SmolSizes()))
+# added after the pilot's runs: its runs.csv reads as the plan's design, threads not recorded in it
+SCHEMA = Schema(COLUMNS, ints=("seed", "order", "cpu_count", *_columns(SmolSizes())),
                 floats=("lr", "primary", *(d[0] for d in DIAGNOSTICS), "load_start_1m", "load_end_1m", "wall_time_s"),
-                added=(("threads", None), ("design", DECLARED), *DESIGN.columns))
-
-# The declared comparisons (PLAN.md): d_s per seed; one-sided in the paper's direction where it has one
-CONTRASTS: tuple[tuple[Contrast, bool], ...] = (
-    (Contrast("C1", "RPG-REINFORCE-UFKL with RPG-Style Clip above GRPO", (("rpg-rf-clip", 1), ("grpo", -1))), False),
-    (Contrast("C2", "RPG-UFKL above GRPO", (("rpg-ufkl", 1), ("grpo", -1))), False),
-    (Contrast("C3", "RPG-REINFORCE-UFKL with RPG-Style Clip and RPG-UFKL differ", (("rpg-rf-clip", 1),
-                                                                                  ("rpg-ufkl", -1))), True),
-)
+                added=(("threads", None), ("design", DECLARED), *PILOT.DESIGN.columns))
 
 
-def csv_rows(out: Path, specs: list[RunSpec], records: list[dict], design: str = DECLARED) -> list[dict]:
+def csv_rows(study: Comparison, out: Path, specs: list[RunSpec], records: list[dict],
+             design: str = DECLARED) -> list[dict]:
     """One row per run of ``specs`` (in run order), finished or not, from its folder's metrics and run.json;
-    ``design``: the study's (``DESIGN.label``)."""
+    ``design``: the study's (``Design.label``)."""
     from rpg.backends.harness.run_dir import METRICS_FILE
     from rpg.reports.logs import read_run
     from rpg.study.records import run_dir
@@ -234,7 +293,7 @@ def csv_rows(out: Path, specs: list[RunSpec], records: list[dict], design: str =
     for order, (spec, rec) in enumerate(zip(specs, records), 1):
         s = spec.sizes
         load_start, load_end = rec.get("load_start") or [None], rec.get("load_end") or [None]
-        row = {"run_id": spec.run_id, "cell": CELLS[spec.variant], "method": spec.variant,
+        row = {"run_id": spec.run_id, "cell": study.cell_of[spec.variant], "method": spec.variant,
                "lr": setting(spec.variant, LR_KEY) * lr_scale(), "seed": spec.seed, "order": order,
                "status": rec.get("status", "todo"), "code": rec.get("code"), "load_start_1m": load_start[0],
                "load_end_1m": load_end[0], "cpu_count": rec.get("cpu_count"), "wall_time_s": rec.get("wall_time_s"),
@@ -273,24 +332,24 @@ TABLE_STATS = (("train_score", "train score"), ("response_length", "length"), ("
                ("grad_norm", "grad norm"), ("refill_gen_batches", "refill batches"), ("step_s", "s/step"))
 
 
-def render_tables(rows: list[dict], source: str = "runs.csv") -> str:
+def render_tables(study: Comparison, rows: list[dict], source: str = "runs.csv") -> str:
     """results.md: the methods' table and the declared contrasts, from the CSV's rows alone."""
-    unknown = sorted({r["cell"] for r in rows} - set(CELLS.values()))
+    unknown = sorted({r["cell"] for r in rows} - set(study.cells))
     if unknown:
         raise ValueError(f"{source}: cell(s) {', '.join(unknown)} are not in the plan's design")
-    design = DESIGN.check_rows(rows, source)
+    design = study.DESIGN.check_rows(rows, source)
     done = [r for r in rows if r["status"] == "done"]
     seeds = sorted({r["seed"] for r in rows})
     codes = sorted({r["code"] for r in done if r["code"]})
-    out = [f"# SmolLM2 comparison: {'results' if design == DECLARED else 'EXPLORATORY results'} (generated from "
-           f"{source} by `python -m rpg.study --model smol --render-only`; do not edit)", "", *DESIGN.note(design),
+    out = [f"# {study.title}: {'results' if design == DECLARED else 'EXPLORATORY results'} (generated from "
+           f"{source} by `python -m rpg.study {study.flag} --render-only`; do not edit)", "", *study.DESIGN.note(design),
            f"{len(done)} of {len(rows)} runs finished; code: {', '.join(codes) or '—'}.", "",
            "## Methods (primary: held-out accuracy at the last evaluation; diagnostics: per-run means over the "
            "training steps, then the mean over the method's runs)", "",
            "| method | lr | runs | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± SD | "
            + " | ".join(c for _, c in TABLE_STATS) + " | load at start (mean, max) |",
            "|---|---|---|" + "---|" * (len(seeds) + 1 + len(TABLE_STATS)) + "---|"]
-    for method in SMOL_METHODS:
+    for method in study.methods:
         mine = [r for r in rows if r["method"] == method]
         if not mine:
             continue
@@ -303,11 +362,14 @@ def render_tables(rows: list[dict], source: str = "runs.csv") -> str:
                    + " | ".join(fmt(by_seed.get(s)) for s in seeds) + f" | {fmt(mean_of(prim))} ± {fmt(sd)} | "
                    + " | ".join(fmt(mean_of([r[k] for r in ok]), ".3g") for k, _ in TABLE_STATS)
                    + f" | {fmt(mean_of(loads), '.2f')}, {fmt(max(loads) if loads else None, '.2f')} |")
-    results = [(declared.test_contrast(rows, c, interval_level(max(1, len(seeds)))), two) for c, two in CONTRASTS]
+    results = [(declared.test_contrast(rows, c, interval_level(max(1, len(seeds)))), two)
+               for c, two in study.contrasts]
     ps = [None if r.p is None else p_value(r.d, two) for r, two in results]
     adjusted = stats.holm([1.0 if p is None else p for p in ps])
-    out += ["", "## Declared contrasts (paired by seed; exact sign-flip tests; Holm over the three; descriptive: with "
-                f"{len(seeds)} seeds the smallest one-sided p is 1/{2 ** len(seeds)})", "",
+    n, family = len(seeds), ("two", "three", "four", "five", "six")[len(study.contrasts) - 2]
+    small = f"the smallest one-sided p is 1/{2 ** n}"
+    out += ["", f"## Declared contrasts (paired by seed; exact sign-flip tests; Holm over the {family}; "
+                + (f"descriptive: with {n} seeds {small})" if 2.0 ** -n > 0.05 else f"with {n} seeds {small})"), "",
             "| contrast | claim | d_s | seeds | per seed | mean d_s [exact interval] | p | Holm p |",
             "|---|---|---|---|---|---|---|---|"]
     for (r, two), p, adj in zip(results, ps, adjusted):
@@ -322,8 +384,8 @@ def render_tables(rows: list[dict], source: str = "runs.csv") -> str:
     return "\n".join(out) + "\n"
 
 
-def render_figure(rows: list[dict], path: Path) -> Path:
-    """smol.png: each method's held-out accuracy at the last evaluation, a thin line per seed joining its methods
+def render_figure(study: Comparison, rows: list[dict], path: Path) -> Path:
+    """The figure (smol.png): each method's held-out accuracy at the last evaluation, a thin line per seed joining its methods
     (the pairs the contrasts compare) and each method's mean."""
     import matplotlib
 
@@ -332,7 +394,7 @@ def render_figure(rows: list[dict], path: Path) -> Path:
 
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.subplots()
-    methods = [m for m in SMOL_METHODS if any(r["method"] == m for r in rows)]
+    methods = [m for m in study.methods if any(r["method"] == m for r in rows)]
     done = {(r["method"], r["seed"]): r["primary"] for r in rows if r["status"] == "done" and r["primary"] is not None}
     for seed in sorted({r["seed"] for r in rows}):
         pts = [(i, done[(m, seed)]) for i, m in enumerate(methods) if (m, seed) in done]
@@ -348,18 +410,13 @@ def render_figure(rows: list[dict], path: Path) -> Path:
     ax.set_title(f"SmolLM2-135M-Instruct: {len(done)} runs (a grey line per seed)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    if DESIGN.check_rows(rows, str(path)) != DECLARED:
-        fig.suptitle(f"EXPLORATORY, not the design of {DESIGN.plan}", color="tab:red")
+    if study.DESIGN.check_rows(rows, str(path)) != DECLARED:
+        fig.suptitle(f"EXPLORATORY, not the design of {study.plan}", color="tab:red")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return Path(path)
 
 
-def render(csv_path: Path, report_dir: Path) -> list[Path]:
-    """results.md and smol.png in ``report_dir`` from ``csv_path`` alone."""
-    return declared.render_report(csv_path, report_dir, read_csv, render_tables, render_figure, "smol.png")
-
-
-if __name__ == "__main__":  # the plan's numbers
+if __name__ == "__main__":  # the pilot plan's numbers
     print(plan_numbers())
     sys.exit(0)

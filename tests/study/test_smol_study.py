@@ -36,29 +36,29 @@ def _kv(overrides: list[str]) -> dict[str, str]:
 # ---- the grid ----
 
 def test_seeds_are_blocks_and_the_run_order_is_the_declared_seeds():
-    specs = S.smol_grid()
+    specs = S.PILOT.grid()
     assert len(specs) == 9 and len({s.run_id for s in specs}) == 9
     assert [s.seed for s in specs] == [1, 1, 1, 2, 2, 2, 3, 3, 3]  # seed-major blocks
     for seed in (1, 2, 3):
-        assert sorted(s.variant for s in specs if s.seed == seed) == sorted(S.SMOL_METHODS)
-    assert {(s.sizes, s.updates, s.model) for s in specs} == {(S.SMOL_SIZES, 4, "smol")}
+        assert sorted(s.variant for s in specs if s.seed == seed) == sorted(S.PILOT.methods)
+    assert {(s.sizes, s.updates, s.model) for s in specs} == {(S.PILOT.sizes, 4, "smol")}
     # the order within a seed is the declared order seed's (PLAN.md), and another order seed gives another order
-    assert [S.CELLS[s.variant] for s in specs] == ["rpg-rf-clip", "rpg-ufkl", "grpo", "grpo", "rpg-ufkl", "rpg-rf-clip",
+    assert [S.PILOT.cell_of[s.variant] for s in specs] == ["rpg-rf-clip", "rpg-ufkl", "grpo", "grpo", "rpg-ufkl", "rpg-rf-clip",
                                                   "grpo", "rpg-ufkl", "rpg-rf-clip"]
-    assert [s.run_id for s in S.smol_grid(order_seed=61)] != [s.run_id for s in specs]
+    assert [s.run_id for s in S.PILOT.grid(order_seed=61)] != [s.run_id for s in specs]
     assert specs[0].run_id.startswith("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28-smol-k4-seed1-")
     # the tiny grids' run ids are unchanged (their finished runs stay finished): the values main had
     assert G.grid()[0].run_id == "run_grpo_7b-k4-seed1-c68544"
     assert G.lag_grid()[0].run_id == "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28-k8-sep8-lag1-bypass-seed1-f8596a"
     assert G.staleness_grid()[0].run_id == "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28-k1-sep1-token-seed1-a8d7eb"
-    assert G.Sizes().validations == 5 and S.SMOL_SIZES.validations == 1  # 0, 4, ..., 16; only the last step
+    assert G.Sizes().validations == 5 and S.PILOT.sizes.validations == 1  # 0, 4, ..., 16; only the last step
 
 
 def test_the_learning_rate_rule_keeps_the_smol_runs_and_the_papers_ratios():
     from rpg.smol import overrides as smol
 
     assert S.lr_scale() == pytest.approx(20.0) and smol.LR == 1e-5
-    for m in S.SMOL_METHODS:
+    for m in S.PILOT.methods:
         assert S.setting(m, S.LR_KEY) == PAPER_LR[m]  # the experiment files' learning rates
 
 
@@ -71,7 +71,7 @@ def test_each_methods_overrides_keep_its_algorithm_and_put_smol_in_place(tmp_pat
     from rpg.smol.build import planned_assets
 
     assets = planned_assets()
-    for spec in S.smol_grid(seeds=2):
+    for spec in S.PILOT.grid(seeds=2):
         kv = _kv(D.spec_overrides(spec, tmp_path))
         rehearsal = _kv(planned(spec.variant, {"PATH": "/usr/bin:/bin", "RPG_CPU_MODEL": "smol"}, backend="cpu"))
         expected = {"actor_rollout_ref.model.path": str(assets.model_dir.resolve()),
@@ -104,7 +104,7 @@ def test_composed_configs_pass_the_drivers_checks(tmp_path):
     Ray (the RPG rules, verl's validate_config), in a subprocess as tests/study/test_study.py's."""
     from test_study import _composed
 
-    specs = S.smol_grid(seeds=1)
+    specs = S.PILOT.grid(seeds=1)
     got = _composed(specs, tmp_path, "s.loss_name, s.loss.form, s.loss.clip, s.reference.mode, "
                     "cfg.algorithm.filter_groups.enable, cfg.actor_rollout_ref.actor.optim.lr, "
                     "cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.data.val_max_samples, "
@@ -120,19 +120,19 @@ def test_composed_configs_pass_the_drivers_checks(tmp_path):
 # ---- cost, dry run, refusals ----
 
 def test_costs_and_the_budget():
-    c = S.smol_costs()
-    by = {s.variant: s for s in S.smol_grid(seeds=1)}
+    c = S.PILOT.cost_model()
+    by = {s.variant: s for s in S.PILOT.grid(seeds=1)}
     start, step, val = 36.0 + 30.0, 133.1, 367.0
     assert c.run_s(by["run_grpo_7b"]) == pytest.approx(start + 3 * (step + 21.1) + val)  # + the reference's pass
-    for m in S.SMOL_METHODS[1:]:  # + DAPO's refills: 2.5 more generation batches per step, as measured
+    for m in S.PILOT.methods[1:]:  # + DAPO's refills: 2.5 more generation batches per step, as measured
         assert c.run_s(by[m]) == pytest.approx(start + 3 * (step + 2.5 * 39.9) + val)
-    specs = S.smol_grid()
+    specs = S.PILOT.grid()
     assert c.grid_s(specs, 1) == pytest.approx(sum(c.run_s(s) for s in specs))
-    assert c.grid_s(specs, 1) <= S.SMOL_BUDGET_S == 3 * 3600
-    assert S.smol_costs(100).val_s == pytest.approx(183.5)
+    assert c.grid_s(specs, 1) <= S.PILOT.budget_s == 3 * 3600
+    assert S.PILOT.cost_model(100).val_s == pytest.approx(183.5)
     # a fourth step of every run would not fit: the design's steps are the most that do
-    four = S.smol_grid(sizes=S.SmolSizes(steps=4, test_freq=4))
-    assert c.grid_s(four, 1) > S.SMOL_BUDGET_S
+    four = S.PILOT.grid(sizes=S.SmolSizes(steps=4, test_freq=4))
+    assert c.grid_s(four, 1) > S.PILOT.budget_s
     assert S.interval_level(3) == 0.75 and S.interval_level(5) == 0.9375 and S.interval_level(12) == 0.95
 
 
@@ -149,10 +149,10 @@ def test_the_built_in_costs_are_the_committed_runs_figures():
         return round(statistics.median(d[key] for s, d in records.items() if 1 <= s <= 6), 1)
 
     assert (median("timing_s/step"), median("timing_s/gen"), median("timing_s/old_log_prob")) == (
-        S.MEASURED_STEP_S, S.MEASURED_GEN_S, S.MEASURED_LOG_PROB_S)
+        S.PILOT.costs.step_s, S.PILOT.costs.gen_s, S.PILOT.costs.log_prob_s)
     testing = {s: d["timing_s/testing"] for s, d in records.items() if "timing_s/testing" in d}
     assert sorted(testing) == [3, 6] and testing[3] < testing[6] < 384
-    assert round(testing[6]) == S.MEASURED_VAL_S_PER_PROBLEM * 200
+    assert round(testing[6]) == S.PILOT.costs.val_s_per_problem * 200
     assert records[0]["val-core/math_dapo/acc/mean@1"] == S.BASE_ACC
 
 
@@ -162,13 +162,13 @@ def test_calibration_without_a_validation_before_training_and_per_method():
     rec = {"status": "done", "steps": 3, "updates": 4, "validations": 1, "val_before": False, "jobs": 1,
            "wall_time_s": 1000.0, "train_wall_s": 600.0, "val_time_s": 200.0, "variant": "run_grpo_7b"}
     rf = dict(rec, variant="run_rpg_7b_ufkl1e-4", train_wall_s=700.0, wall_time_s=1150.0)
-    got = C.calibrate([rec], S.smol_costs())
+    got = C.calibrate([rec], S.PILOT.cost_model())
     assert (got.startup_s, got.step_s, got.val_s) == (200.0, 200.0, 200.0)  # (600 - 200) / 2; 1000 - 600 - 200
-    got = C.calibrate([rec, rf, dict(rf)], S.smol_costs())  # medians: step 250; GRPO's own 200
+    got = C.calibrate([rec, rf, dict(rf)], S.PILOT.cost_model())  # medians: step 250; GRPO's own 200
     extra = dict(got.method_step_s)
     assert got.step_s == 250.0 and extra["run_grpo_7b"] == -50.0 and extra["run_rpg_7b_ufkl1e-4"] == 0.0
-    assert extra[S.LR_ANCHOR] == S.method_step_s(S.LR_ANCHOR)  # no run of its own: the built-in difference
-    assert C.calibrate([{**rec, "steps": 1}], S.smol_costs()) == S.smol_costs()  # one step: no span to measure
+    assert extra[S.LR_ANCHOR] == S.PILOT.costs.method_step_s(S.LR_ANCHOR)  # no run of its own: the built-in difference
+    assert C.calibrate([{**rec, "steps": 1}], S.PILOT.cost_model()) == S.PILOT.cost_model()  # one step: no span to measure
 
 
 def test_cli_dry_run_estimate_and_nothing_created(tmp_path, capsys):
@@ -177,7 +177,7 @@ def test_cli_dry_run_estimate_and_nothing_created(tmp_path, capsys):
     assert "9 runs (9 to run); each: 3 steps of 8 prompts x 4 responses, validation at the last step (none before " \
            "training) on 200 of the 200 held-out problems, 1 response each" in out
     est = re.search(r"estimated time to run: (\d+)m(\d+)s with 1 run\(s\)", out)
-    assert est and int(est[1]) * 60 + int(est[2]) == pytest.approx(S.smol_costs().grid_s(S.smol_grid(), 1), abs=1)
+    assert est and int(est[1]) * 60 + int(est[2]) == pytest.approx(S.PILOT.cost_model().grid_s(S.PILOT.grid(), 1), abs=1)
     assert "GRPO +21.1s per step" in out and "smol study budget 180m00s: the estimate fits" in out
     assert not (tmp_path / "s").exists()
     assert "design: declared (docs/study/smol/PLAN.md)\n" in out
@@ -278,12 +278,12 @@ def test_runs_to_csv_rows_and_the_records_calibration(monkeypatch, tmp_path):
     monkeypatch.setattr(harness, "run_trainer", fake := SmolFakeTrainer())
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("RPG_CPU_ROLLOUT", raising=False)
-    specs = S.smol_grid(seeds=2)
-    records = R.run_grid(specs, tmp_path, S.smol_costs())
+    specs = S.PILOT.grid(seeds=2)
+    records = R.run_grid(specs, tmp_path, S.PILOT.cost_model())
     # every run in the sync trainer with all of this process's cores (rpg.smol.overrides.omp_threads)
     assert fake.envs == [{"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}] * len(specs)
     assert all(r["status"] == "done" and r["val_before"] is False and r["model"] == "smol" for r in records)
-    rows = S.csv_rows(tmp_path, specs, records)
+    rows = S.PILOT.csv_rows(tmp_path, specs, records)
     assert [r["order"] for r in rows] == list(range(1, 7)) and [r["seed"] for r in rows] == [1, 1, 1, 2, 2, 2]
     grpo = next(r for r in rows if r["cell"] == "grpo" and r["seed"] == 2)
     assert grpo["primary"] == pytest.approx(0.15 + 0.02 + 1000 * 2e-5) == grpo[f"{DC.VAL_PREFIX}3"]
@@ -300,15 +300,15 @@ def _rows(effects: dict[str, float], seeds: int = 3, noise: float = 0.01, rng_se
     rows, order = [], 0
     for seed in range(1, seeds + 1):
         block = rng.gauss(0, 0.05)
-        for m in S.SMOL_METHODS:
+        for m in S.PILOT.methods:
             order += 1
-            y = 0.2 + block + effects.get(S.CELLS[m], 0.0) + rng.gauss(0, noise)
-            rows.append({"run_id": f"{m}-seed{seed}", "cell": S.CELLS[m], "method": m, "lr": PAPER_LR[m] * 20,
+            y = 0.2 + block + effects.get(S.PILOT.cell_of[m], 0.0) + rng.gauss(0, noise)
+            rows.append({"run_id": f"{m}-seed{seed}", "cell": S.PILOT.cell_of[m], "method": m, "lr": PAPER_LR[m] * 20,
                          "seed": seed, "order": order, "status": "done", "primary": y,
                          **{name: 1.0 + 0.1 * order for name, _ in S.DIAGNOSTICS}, "code": "abc1234",
                          "load_start_1m": 1.5, "load_end_1m": 2.25, "cpu_count": 2, "wall_time_s": 1000.5,
                          "started": "2026-11-27 10:00:00", "threads": "2", "design": DC.DECLARED,
-                         **dict(S.DESIGN.columns), f"{DC.VAL_PREFIX}3": y})
+                         **dict(S.PILOT.DESIGN.columns), f"{DC.VAL_PREFIX}3": y})
     return rows
 
 
@@ -321,7 +321,7 @@ def test_tables_give_each_contrasts_exact_p_interval_and_holm():
     """Planted: RPG-REINFORCE-UFKL with RPG-Style Clip 0.1 above the others in every seed. With 3 seeds the one-sided
     p is at best 1/8; the 75 % interval is the range of the d_s."""
     rows = _rows({"rpg-rf-clip": 0.1})
-    text = S.render_tables(rows)
+    text = S.PILOT.render_tables(rows)
     c = _contrasts(text)  # columns: name, claim, d_s, seeds, per seed, mean [interval], p, Holm p
     assert c["C1"][6] == "0.125 (one-sided)" and c["C1"][3] == "3"
     assert c["C3"][6] == "0.25 (two-sided)"  # all three positive: 2 x 1/8
@@ -338,13 +338,13 @@ def test_tables_are_a_function_of_the_csv_and_report_missing_runs(tmp_path):
     rows = _rows({})
     rows[0].update(status="failed", primary=None)  # seed 1's GRPO
     path = S.write_csv(tmp_path / "runs.csv", rows)
-    text = S.render_tables(S.read_csv(path))
-    assert text == S.render_tables(S.read_csv(path)) and "8 of 9 runs finished" in text
+    text = S.PILOT.render_tables(S.read_csv(path))
+    assert text == S.PILOT.render_tables(S.read_csv(path)) and "8 of 9 runs finished" in text
     assert "* GRPO, seed 1: failed" in text
     c = _contrasts(text)
     assert (c["C1"][3], c["C2"][3], c["C3"][3]) == ("2", "2", "3")  # seed 1 leaves the contrasts with GRPO
     with pytest.raises(ValueError, match=r"cell\(s\) dapo are not in the plan"):
-        S.render_tables([dict(rows[1], cell="dapo")])
+        S.PILOT.render_tables([dict(rows[1], cell="dapo")])
     with pytest.raises(DC.CSVError, match="missing column"):  # not the lag study's CSV
         DC.read_csv(path, lag.SCHEMA)
 
@@ -356,7 +356,7 @@ def test_the_figure_and_render_only_from_the_csv_alone(tmp_path, capsys):
                           "rpg.study --model smol --report-dir ...)") and err.count("\n") == 1
     S.write_csv(tmp_path / "runs.csv", _rows({"rpg-ufkl": 0.05}))
     assert main(["--model", "smol", "--render-only", "--report-dir", str(tmp_path), "--out", str(tmp_path / "no")]) == 0
-    assert (tmp_path / "results.md").read_text() == S.render_tables(S.read_csv(tmp_path / "runs.csv"))
+    assert (tmp_path / "results.md").read_text() == S.PILOT.render_tables(S.read_csv(tmp_path / "runs.csv"))
     assert (tmp_path / "smol.png").stat().st_size > 10_000 and not (tmp_path / "no").exists()
 
 
@@ -375,7 +375,7 @@ def test_the_committed_tables_are_rebuilt_from_the_committed_csv():
     if not csv_path.is_file():
         pytest.skip("docs/study/smol/runs.csv does not exist yet: the plan's runs (docs/study/smol/PLAN.md) have not "
                     "run")
-    assert (SMOL_DIR / "results.md").read_text(encoding="utf-8") == S.render_tables(S.read_csv(csv_path))
+    assert (SMOL_DIR / "results.md").read_text(encoding="utf-8") == S.PILOT.render_tables(S.read_csv(csv_path))
 
 
 def test_a_smol_runs_identity_names_its_assets_by_content(tmp_path):

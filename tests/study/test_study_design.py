@@ -56,7 +56,7 @@ def test_a_declared_study_refuses_an_undeclared_design_in_one_line(tmp_path, cap
 def test_the_declared_values_named_in_another_order_are_the_declared_design():
     specs = G.lag_grid(12, G.Sizes(steps=24, test_freq=4, prompts=16, n=4, val_n=8), tuple(reversed(G.LAG_CELLS)))
     assert L.DESIGN.label(L.chosen(specs), exploratory=False) == DECLARED
-    assert S.DESIGN.label(S.chosen(S.smol_grid(methods=tuple(reversed(S.SMOL_METHODS)))), False) == DECLARED
+    assert S.PILOT.DESIGN.label(S.PILOT.chosen(S.PILOT.grid(methods=tuple(reversed(S.PILOT.methods)))), False) == DECLARED
     assert L.DESIGN.label(L.chosen(specs), exploratory=True) == "exploratory: the declared values"
 
 
@@ -106,12 +106,12 @@ def test_rows_called_declared_must_be_the_plans_design():
     with pytest.raises(ValueError, match="rows of 2 designs"):
         L.render_tables([dict(rows[0], design="exploratory: --steps 5 (declared 24)"), *rows[1:]])
     smol = [dict(r, design="exploratory: --steps 8 (declared 3)", steps=8) for r in smol_rows({})]
-    text = S.render_tables(smol)
+    text = S.PILOT.render_tables(smol)
     assert text.startswith("# SmolLM2 comparison: EXPLORATORY results") and \
         "**EXPLORATORY, not the declared design** of docs/study/smol/PLAN.md: --steps 8 (declared 3)." in text
 
 
-@pytest.mark.parametrize("module, folder", [(L, "lag"), (S, "smol")])
+@pytest.mark.parametrize("module, folder", [(L, "lag"), (S.PILOT, "smol")])
 def test_a_csv_without_the_new_columns_reads_as_the_plans_design(module, folder, tmp_path):
     """runs.csv written before it had the design, sizes and threads columns (the committed studies') reads as it is:
     every row the plan's design, threads not recorded; nothing is rewritten."""

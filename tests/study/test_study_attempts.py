@@ -1,0 +1,72 @@
+"""A declared study's attempt log (``rpg.study.attempts``, attempts.csv beside its runs.csv): every start and end of
+the study's process, through ``python -m rpg.study`` with a stand-in trainer (no Ray, no model)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from test_smol_study import SmolFakeTrainer
+
+from rpg.common.signals import StopSignal
+from rpg.study import attempts as A
+from rpg.study.__main__ import main
+
+STUDY = ["--model", "smol", "--paper", "--exploratory", "--seeds", "1", "--methods", "run_grpo_7b,run_dapo_7b"]
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    from rpg.backends import harness
+
+    monkeypatch.setattr(harness, "run_trainer", trainer := SmolFakeTrainer())
+    monkeypatch.setattr("rpg.study.__main__.build_smol", lambda: None)
+    return trainer
+
+
+def test_each_start_and_end_is_a_row(fake, tmp_path, capsys):
+    report = tmp_path / "report"
+    argv = [*STUDY, "--out", str(tmp_path / "s"), "--report-dir", str(report)]
+    assert main(argv) == 0
+    assert main(argv) == 0  # again: nothing left to run, still an attempt on record
+    rows = A.read(report / A.ATTEMPTS)
+    assert [(r["event"], r["how"], r["runs_done"], r["runs"]) for r in rows] == [
+        ("start", "", "0", "2"), ("end", "finished", "2", "2"), ("start", "", "2", "2"), ("end", "finished", "2", "2")]
+    assert rows[0]["command"] == "python -m rpg.study " + " ".join(argv) and rows[0]["code"]
+    assert rows[0]["attempt"] == rows[1]["attempt"] != rows[2]["attempt"]
+    s = A.summary(rows)
+    assert [a["how"] for a in s] == ["finished", "finished"] and s[0]["gap_s"] is None and s[1]["gap_s"] >= 0
+
+
+def test_a_stop_signal_and_a_kill_are_on_record(fake, tmp_path, monkeypatch):
+    from rpg.backends import harness
+
+    def stopped(*args, **kwargs):
+        raise StopSignal(signal.SIGTERM)
+
+    monkeypatch.setattr(harness, "run_trainer", stopped)
+    report = tmp_path / "report"
+    with pytest.raises(StopSignal):
+        main([*STUDY, "--out", str(tmp_path / "s"), "--report-dir", str(report)])
+    rows = A.read(report / A.ATTEMPTS)
+    assert [(r["event"], r["how"], r["runs_done"]) for r in rows] == [("start", "", "0"),
+                                                                      ("end", "stopped by SIGTERM", "0")]
+    # a process killed outright writes its start and nothing more
+    A.Attempt(report, "python -m rpg.study ...", "abc1234", 2).begin(0)
+    assert [a["how"] for a in A.summary(A.read(report / A.ATTEMPTS))] == ["stopped by SIGTERM", A.NO_END]
+
+
+def test_a_refused_start_is_on_record_and_the_log_is_checked(fake, tmp_path, capsys):
+    from rpg.study.runner import lock_study
+
+    out, report = tmp_path / "s", tmp_path / "report"
+    held = lock_study(out)  # another study holds --out
+    try:
+        assert main([*STUDY, "--out", str(out), "--report-dir", str(report)]) == 2
+    finally:
+        held.close()
+    rows = A.read(report / A.ATTEMPTS)
+    assert rows[-1]["event"] == "end" and rows[-1]["how"].startswith("refused: --out ") and "in use" in rows[-1]["how"]
+    (report / A.ATTEMPTS).write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match=r"attempts.csv: not an attempt log \(columns a, b; expected time, attempt"):
+        A.read(report / A.ATTEMPTS)
