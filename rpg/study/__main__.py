@@ -395,8 +395,11 @@ def main(argv: list[str] | None = None) -> int:
             how = f"refused: {err}"
             print(f"rpg.study: {err}", file=sys.stderr)
             return 2
-        except StopSignal as stop:
+        except StopSignal as stop:  # the finished runs still reach runs.csv and the report
             how = f"stopped by {stop.name}"
+            if study:
+                _finish_declared(study, args.out, report_dir, specs, [read_record(args.out, s) or {} for s in specs],
+                                 design)
             raise
         except BaseException as err:
             how = f"error: {type(err).__name__}: {err}"[:300]

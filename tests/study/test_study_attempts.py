@@ -39,18 +39,26 @@ def test_each_start_and_end_is_a_row(fake, tmp_path, capsys):
 
 
 def test_a_stop_signal_and_a_kill_are_on_record(fake, tmp_path, monkeypatch):
+    """SIGTERM during the second run: the attempt ends "stopped by SIGTERM" and the first run's row reaches runs.csv
+    and results.md (the second runs again next time)."""
     from rpg.backends import harness
+    from rpg.study.smol_paper import PAPER
 
-    def stopped(*args, **kwargs):
-        raise StopSignal(signal.SIGTERM)
+    def second_stopped(*args, **kwargs):
+        if fake.calls:
+            raise StopSignal(signal.SIGTERM)
+        return fake(*args, **kwargs)
 
-    monkeypatch.setattr(harness, "run_trainer", stopped)
+    monkeypatch.setattr(harness, "run_trainer", second_stopped)
     report = tmp_path / "report"
     with pytest.raises(StopSignal):
         main([*STUDY, "--out", str(tmp_path / "s"), "--report-dir", str(report)])
     rows = A.read(report / A.ATTEMPTS)
     assert [(r["event"], r["how"], r["runs_done"]) for r in rows] == [("start", "", "0"),
-                                                                      ("end", "stopped by SIGTERM", "0")]
+                                                                      ("end", "stopped by SIGTERM", "1")]
+    runs = PAPER.read_csv(report / "runs.csv")
+    assert [r["status"] for r in runs] == ["done", "todo"] and runs[0]["primary"] is not None
+    assert "1 of 2 runs finished" in (report / "results.md").read_text()
     # a process killed outright writes its start and nothing more
     A.Attempt(report, "python -m rpg.study ...", "abc1234", 2).begin(0)
     assert [a["how"] for a in A.summary(A.read(report / A.ATTEMPTS))] == ["stopped by SIGTERM", A.NO_END]
