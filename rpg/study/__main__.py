@@ -40,9 +40,9 @@ import sys
 from pathlib import Path
 
 from rpg.common.user_paths import user_folder
-from rpg.study.grid import (BUILTIN_COSTS, LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, LAG_UPDATES,
+from rpg.study.grid import (ADDENDUM_CELLS, ADDENDUM_ORDER_SEED, BUILTIN_COSTS, LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, LAG_UPDATES,
                             METHODS, STALENESS_ARMS, STALENESS_COSTS, STALENESS_SIZES, STRESS_METHODS, WEIGHT_ARMS,
-                            WEIGHTS_METHOD, Sizes, calibrate, describe, fmt_duration, grid, lag_grid, staleness_grid,
+                            ORDER_SEED, WEIGHTS_METHOD, Sizes, calibrate, describe, fmt_duration, grid, lag_grid, staleness_grid,
                             weights_grid)
 from rpg.study.smol import PILOT, SMOL_TIMEOUT_S, SmolSizes
 from rpg.study.smol import build_assets as build_smol
@@ -93,6 +93,10 @@ def _no_study(out: Path, records: list[dict], found: list[dict]) -> str | None:
 def _declared(args):
     """The declared study that ``args`` run (its module: ``csv_rows``, ``write_csv``, ``render``) and its flag, or
     None for the other grids."""
+    if args.lag and args.addendum:
+        from rpg.study.lag_addendum import ADDENDUM
+
+        return ADDENDUM, "--lag --addendum"
     if args.lag:
         from rpg.study import lag
 
@@ -216,6 +220,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lag", action="store_true",
                     help=f"the declared lag study (docs/study/lag/PLAN.md): its cells x --seeds (default {LAG_SEEDS}) "
                          "in the separate-async trainer, one CSV row per run, tables and figure from the CSV")
+    ap.add_argument("--addendum", action="store_true",
+                    help="with --lag: the lag study's declared addendum (docs/study/lag-addendum/PLAN.md: the lag-0 "
+                         "cell with RPG-Style Clip and the three it is compared with, into outputs/study_lag_addendum)")
     ap.add_argument("--cells", type=_names, default=None,
                     help="with --lag: only these cells (comma-separated names; default all: "
                          f"{', '.join(c.name for c in LAG_CELLS)})")
@@ -297,13 +304,15 @@ def _tiny_grid(args) -> list:
         if other:
             raise ValueError(f"{other[0]} sets another grid; the lag study's cells fix its methods and "
                              f"{LAG_UPDATES} updates per weight version (docs/study/lag/PLAN.md)")
-        names = args.cells if args.cells is not None else tuple(c.name for c in LAG_CELLS)
-        bad = [n for n in names if n not in {c.name for c in LAG_CELLS}]
+        cells = ADDENDUM_CELLS if args.addendum else LAG_CELLS
+        names = args.cells if args.cells is not None else tuple(c.name for c in cells)
+        bad = [n for n in names if n not in {c.name for c in cells}]
         if bad or not names:
             raise ValueError(f"--cells {','.join(bad) or '(none)'}: expected some of "
-                             f"{', '.join(c.name for c in LAG_CELLS)}")
+                             f"{', '.join(c.name for c in cells)}")
         return lag_grid(LAG_SEEDS if args.seeds is None else args.seeds, sizes,
-                        tuple(c for c in LAG_CELLS if c.name in names))
+                        tuple(c for c in cells if c.name in names),
+                        order_seed=ADDENDUM_ORDER_SEED if args.addendum else ORDER_SEED)
     if args.staleness:
         methods = args.methods if args.methods != METHODS else STRESS_METHODS
         return staleness_grid(3 if args.seeds is None else args.seeds, args.staleness, sizes, methods)
@@ -328,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.paper and not on_smol:
         print("rpg.study: --paper: the paper's comparison runs on SmolLM2: add --model smol", file=sys.stderr)
         return 2
-    name = (_comparison(args).out_name if on_smol else "study_lag" if args.lag else "study_staleness" if args.staleness
+    if args.addendum and not args.lag:
+        print("rpg.study: --addendum: the lag study's addendum: add --lag", file=sys.stderr)
+        return 2
+    name = (_comparison(args).out_name if on_smol else "study_lag_addendum" if args.lag and args.addendum
+            else "study_lag" if args.lag else "study_staleness" if args.staleness
             else "study_async_weights" if args.async_weights else "study")
     args.out = user_folder(args.out or Path("outputs") / name)
     try:

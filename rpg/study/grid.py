@@ -252,6 +252,10 @@ LAG_CELLS: tuple[LagCell, ...] = (
     LagCell("lag1-clip-token", CLIPPED, 1, "token"),      # AReaL's decoupled PPO with RPG-Style Clip
     LagCell("lag1-naive-ppo", CLIPPED, 1, "bypass"),      # the clip centred on the sampler mu, no weights
 )
+# The lag addendum (docs/study/lag-addendum/PLAN.md): the clip at lag 0, and the three cells it is compared with, rerun
+ADDENDUM_CELLS: tuple[LagCell, ...] = (LAG_CELLS[0], LAG_CELLS[2], LagCell("lag0-clip-token", CLIPPED, 0, "token"),
+                                       LAG_CELLS[4])
+ADDENDUM_ORDER_SEED = 68  # the declared seed of the addendum's run order within each seed (``lag_grid``)
 
 
 def lag_cell(spec: RunSpec, cells: tuple[LagCell, ...] = LAG_CELLS) -> LagCell:

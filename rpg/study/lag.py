@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from rpg.study import declared, stats
@@ -19,8 +20,8 @@ from rpg.study.declared import (DECLARED, VAL_PREFIX, Contrast, CSVError, Design
                                 Schema, evaluated_steps, test_contrast)
 from rpg.study.declared import fmt as _f, fmt_ci as _ci, mean_of as _mean
 from rpg.study.methods import clipped
-from rpg.study.grid import (LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, RunSpec, Sizes, collapsed,
-                            fmt_duration, lag_cell, lag_grid)
+from rpg.study.grid import (LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, LagCell, RunSpec, Sizes,
+                            collapsed, fmt_duration, lag_cell, lag_grid)
 
 ALPHA = 0.05  # family-wise, one-sided, Holm over the primary hypotheses
 POWER = 0.8
@@ -50,10 +51,10 @@ DESIGN = Design("the lag study", "--lag", "docs/study/lag/PLAN.md",
                 plan_commits=("84e82d6", "bb4f5ec"))
 
 
-def chosen(specs: list[RunSpec]) -> dict[str, object]:
-    """The design options of the grid ``specs`` (``DESIGN.options``' keys)."""
-    names = {lag_cell(s).name for s in specs}
-    return _options(max(s.seed for s in specs), tuple(c.name for c in LAG_CELLS if c.name in names), specs[0].sizes)
+def chosen(specs: list[RunSpec], cells: tuple[LagCell, ...] = LAG_CELLS) -> dict[str, object]:
+    """The design options of the grid ``specs`` of ``cells`` (``DESIGN.options``' keys)."""
+    names = {lag_cell(s, cells).name for s in specs}
+    return _options(max(s.seed for s in specs), tuple(c.name for c in cells if c.name in names), specs[0].sizes)
 
 
 HYPOTHESES: tuple[Contrast, ...] = (
@@ -180,9 +181,10 @@ def _diagnostic(m: dict, keys: tuple[str, ...], reduce) -> float | None:
     return None
 
 
-def csv_rows(out: Path, specs: list[RunSpec], records: list[dict], design: str = DECLARED) -> list[dict]:
-    """One row per run of ``specs`` (in run order), finished or not, from its folder's metrics and run.json;
-    ``design``: the study's (``DESIGN.label``)."""
+def csv_rows(out: Path, specs: list[RunSpec], records: list[dict], design: str = DECLARED,
+             cells: tuple[LagCell, ...] = LAG_CELLS) -> list[dict]:
+    """One row per run of ``specs`` (in run order, each of one of ``cells``), finished or not, from its folder's
+    metrics and run.json; ``design``: the study's (``Design.label``)."""
     from rpg.backends.harness.run_dir import METRICS_FILE
     from rpg.reports.logs import read_run
     from rpg.study.render import _val_key, metric_of
@@ -192,7 +194,7 @@ def csv_rows(out: Path, specs: list[RunSpec], records: list[dict], design: str =
     for order, (spec, rec) in enumerate(zip(specs, records), 1):
         s = spec.sizes
         load_start, load_end = rec.get("load_start") or [None], rec.get("load_end") or [None]
-        row = {"run_id": spec.run_id, "cell": lag_cell(spec).name, "lag": spec.lag, "weights": spec.arm,
+        row = {"run_id": spec.run_id, "cell": lag_cell(spec, cells).name, "lag": spec.lag, "weights": spec.arm,
                "clip": int(clipped(spec.variant)), "seed": spec.seed, "order": order,
                "status": rec.get("status", "todo"), "code": rec.get("code"), "load_start_1m": load_start[0],
                "load_end_1m": load_end[0], "cpu_count": rec.get("cpu_count"), "wall_time_s": rec.get("wall_time_s"),
@@ -228,15 +230,47 @@ CELL_STATS = (("behavior_ess", "ESS"), ("behavior_log_w_m2", "M2 of log w"), ("b
               ("staleness_versions", "verl staleness"))
 
 
-def render_tables(rows: list[dict], source: str = "runs.csv") -> str:
+@dataclass(frozen=True)
+class LagStudy:
+    """A declared study of lag cells: the lag study (``LAG``) or its addendum (``rpg.study.lag_addendum.ADDENDUM``):
+    its design, cells, hypotheses (Holm over them), secondary contrasts, collapse tests (cell, control), results.md's
+    title and the figure's name; the study interface of ``rpg.study.__main__``."""
+
+    DESIGN: Design
+    cells: tuple[LagCell, ...]
+    hypotheses: tuple[Contrast, ...]
+    secondary: tuple[Contrast, ...]
+    collapse_tests: tuple[tuple[str, str], ...]
+    title: str
+    figure: str
+
+    SCHEMA = property(lambda self: SCHEMA)
+    write_csv = staticmethod(lambda path, rows: write_csv(path, rows))
+    read_csv = staticmethod(lambda path: read_csv(path))
+
+    def chosen(self, specs: list[RunSpec]) -> dict[str, object]:
+        return chosen(specs, self.cells)
+
+    def csv_rows(self, out: Path, specs: list[RunSpec], records: list[dict], design: str = DECLARED) -> list[dict]:
+        return csv_rows(out, specs, records, design, self.cells)
+
+    def render_tables(self, rows: list[dict], source: str = "runs.csv") -> str:
+        return render_tables(rows, source, self)
+
+    def render(self, csv_path: Path, report_dir: Path) -> list[Path]:
+        return render(csv_path, report_dir, self)
+
+
+def render_tables(rows: list[dict], source: str = "runs.csv", study: LagStudy | None = None) -> str:
     """results.md: every table and test of the plan, from the CSV's rows alone."""
-    cells = [c.name for c in LAG_CELLS]
+    study = study or LAG
+    cells = [c.name for c in study.cells]
     unknown = sorted({r["cell"] for r in rows} - set(cells))
     if unknown:
         raise ValueError(f"{source}: cell(s) {', '.join(unknown)} are not in the plan's design")
-    design = DESIGN.check_rows(rows, source)
-    out = [f"# Lag study: {'results' if design == DECLARED else 'EXPLORATORY results'} (generated from {source} by "
-           "`python -m rpg.study --lag --render-only`; do not edit)", "", *DESIGN.note(design)]
+    design = study.DESIGN.check_rows(rows, source)
+    out = [f"# {study.title}: {'results' if design == DECLARED else 'EXPLORATORY results'} (generated from {source} "
+           f"by `python -m rpg.study {study.DESIGN.flag} --render-only`; do not edit)", "", *study.DESIGN.note(design)]
     done = [r for r in rows if r["status"] == "done"]
     codes = sorted({r["code"] for r in done if r["code"]})
     out += [f"{len(done)} of {len(rows)} runs finished; code: {', '.join(codes) or '—'}.", "",
@@ -255,10 +289,11 @@ def render_tables(rows: list[dict], source: str = "runs.csv") -> str:
         out.append(f"| {name} | {len(ok)}/{len(mine)} | {_f(_mean(prim))} ± {_f(sd)} | "
                    f"{_f(_mean([r['final_acc'] for r in ok]))} | {sum(r['collapsed'] or 0 for r in ok)}/{len(ok)} | "
                    f"{diag} | {_f(_mean(loads), '.2f')}, {_f(max(loads) if loads else None, '.2f')} |")
-    results = [test_contrast(rows, h) for h in HYPOTHESES]
+    results = [test_contrast(rows, h) for h in study.hypotheses]
     adjusted = stats.holm([1.0 if r.p is None else r.p for r in results])
     out += ["", f"## Hypotheses (one-sided exact sign-flip tests on the per-seed contrasts d_s; Holm over "
-                f"{len(HYPOTHESES)} at family-wise alpha {ALPHA:g}; interval: 95 %, the inverted sign-flip test)", "",
+                f"{len(study.hypotheses)} at family-wise alpha {ALPHA:g}; interval: 95 %, the inverted sign-flip test)",
+            "",
             "| hypothesis | claim | d_s | seeds | mean d_s [95 % CI] | p | Holm p | verdict |",
             "|---|---|---|---|---|---|---|---|"]
     for r, adj in zip(results, adjusted):
@@ -269,13 +304,13 @@ def render_tables(rows: list[dict], source: str = "runs.csv") -> str:
                    f"{verdict} |")
     out += ["", "## Secondary contrasts (exploratory: unadjusted one-sided p)", "",
             "| contrast | claim | d_s | seeds | mean d_s [95 % CI] | p |", "|---|---|---|---|---|---|"]
-    for c in SECONDARY:
+    for c in study.secondary:
         r = test_contrast(rows, c)
         out.append(f"| {c.name} | {c.claim} | {c.formula()} | {len(r.d)} | {_f(r.mean)} {_ci(r.ci)} | "
                    f"{_f(r.p, '.4g')} |")
     out += ["", "## Collapses (criterion `rpg.study.grid.collapsed`; Fisher exact, one-sided)", "",
             "| cell | control | collapses | control's | p |", "|---|---|---|---|---|"]
-    for cell, control in COLLAPSE_TESTS:
+    for cell, control in study.collapse_tests:
         k = [[r["collapsed"] or 0 for r in done if r["cell"] == c] for c in (cell, control)]
         p = stats.fisher_greater(sum(k[0]), len(k[0]), sum(k[1]), len(k[1])) if k[0] and k[1] else None
         out.append(f"| {cell} | {control} | {sum(k[0])}/{len(k[0])} | {sum(k[1])}/{len(k[1])} | {_f(p, '.4g')} |")
@@ -288,7 +323,7 @@ def render_tables(rows: list[dict], source: str = "runs.csv") -> str:
     return "\n".join(out) + "\n"
 
 
-def render_figure(rows: list[dict], path: Path) -> Path:
+def render_figure(rows: list[dict], path: Path, study: LagStudy | None = None) -> Path:
     """lag.png: held-out accuracy against step, one panel per cell on one shared y-axis (0-1), a thin line per seed
     and the cell's mean over its finished runs."""
     import matplotlib
@@ -296,7 +331,8 @@ def render_figure(rows: list[dict], path: Path) -> Path:
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    cells = [c.name for c in LAG_CELLS]
+    study = study or LAG
+    cells = [c.name for c in study.cells]
     cols = 3
     fig = Figure(figsize=(4.2 * cols, 3.4 * math.ceil(len(cells) / cols)))
     axes = fig.subplots(math.ceil(len(cells) / cols), cols, squeeze=False, sharex=True, sharey=True)
@@ -318,16 +354,21 @@ def render_figure(rows: list[dict], path: Path) -> Path:
             ax.set_ylabel("held-out accuracy")
         if i // cols == math.ceil(len(cells) / cols) - 1:
             ax.set_xlabel("step")
-    if DESIGN.check_rows(rows, str(path)) != DECLARED:
-        fig.suptitle(f"EXPLORATORY, not the design of {DESIGN.plan}", color="tab:red")
+    if study.DESIGN.check_rows(rows, str(path)) != DECLARED:
+        fig.suptitle(f"EXPLORATORY, not the design of {study.DESIGN.plan}", color="tab:red")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return Path(path)
 
 
-def render(csv_path: Path, report_dir: Path) -> list[Path]:
-    """results.md and lag.png in ``report_dir`` from ``csv_path`` alone."""
-    return declared.render_report(csv_path, report_dir, read_csv, render_tables, render_figure, "lag.png")
+def render(csv_path: Path, report_dir: Path, study: LagStudy | None = None) -> list[Path]:
+    """results.md and the figure (lag.png) in ``report_dir`` from ``csv_path`` alone."""
+    study = study or LAG
+    return declared.render_report(csv_path, report_dir, read_csv, lambda rows, src: render_tables(rows, src, study),
+                                  lambda rows, path: render_figure(rows, path, study), study.figure)
+
+
+LAG = LagStudy(DESIGN, LAG_CELLS, HYPOTHESES, SECONDARY, COLLAPSE_TESTS, "Lag study", "lag.png")
 
 
 if __name__ == "__main__":  # the plan's numbers
