@@ -90,6 +90,17 @@ def test_power_and_mde():
     assert S.fisher_power(0.5, 0.03, 12, 0.05) == pytest.approx(0.8189, abs=1e-4)
 
 
+@pytest.mark.parametrize("n, alpha", [(5, 0.0625), (8, 0.0125), (9, 0.05)])
+def test_the_mde_is_the_bisection_on_the_simulated_power(n, alpha):
+    """The MDE read off the per-data-set critical shifts is exactly the bisection on ``sign_flip_power`` itself."""
+    sim = S.PowerSim(sims=300, seed=11)
+    lo, hi = 0.0, 10.0
+    while hi - lo > 1e-4:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if S.sign_flip_power(mid, 1.0, n, alpha, sim) >= 0.8 else (mid, hi)
+    assert S.min_detectable_effect(1.0, n, alpha, 0.8, sim) == hi
+
+
 # ---- the grid ----
 
 def test_each_cell_composes_its_lag_and_arm_and_nothing_else(tiny_assets, tmp_path):
