@@ -86,7 +86,7 @@ def parse_nvidia_smi(text: str) -> dict[int, float]:
     out = {}
     for line in text.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit():
+        if len(parts) == 2 and parts[0].isdecimal():
             try:
                 out[int(parts[0])] = float(parts[1])
             except ValueError:
@@ -163,7 +163,7 @@ def resume_source(path: Path, resume_steps: int) -> tuple[Path, int]:
     """(the checkpoint folder, its step) of ``--resume-from``: an existing ``global_step_N`` folder (verl's name),
     N >= 1; SmokeSettingsError (one line) otherwise."""
     step = path.name.removeprefix("global_step_")
-    if not (path.name.startswith("global_step_") and step.isdigit() and int(step) >= 1):
+    if not (path.name.startswith("global_step_") and step.isdecimal() and int(step) >= 1):
         raise SmokeSettingsError(f"--resume-from {path}: expected a checkpoint folder named global_step_N (N >= 1), "
                                  "as run 1 saves it under <out>/ckpt")
     if not path.is_dir():

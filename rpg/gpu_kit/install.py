@@ -117,6 +117,16 @@ def manifest_problem(path: Path) -> tuple[dict, str | None]:
     return manifest, None
 
 
+def _installed_digest(state: Path) -> str | None:
+    """The carry's sha256 that ``state`` records; None when there is none or it cannot be read (an interrupted write,
+    a hand edit: the wheels are then installed again, which rewrites it)."""
+    try:
+        record = json.loads(state.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return record.get("sha256") if isinstance(record, dict) else None
+
+
 def install(carry: Path, site: Path, python: str = sys.executable, checkout: Path = CHECKOUT) -> dict:
     """The whole install (module docstring): a result with ``problems`` (empty when it all went in) and ``line``."""
     t0 = time.time()
@@ -134,7 +144,7 @@ def install(carry: Path, site: Path, python: str = sys.executable, checkout: Pat
     result: dict = {"site": str(site), "carry_bytes": manifest["carry"]["bytes"], "wheels": len(manifest["wheels"]),
                     "built_at": manifest.get("built_at"), "problems": []}
     state = site / STATE
-    if state.is_file() and json.loads(state.read_text()).get("sha256") == digest:
+    if _installed_digest(state) == digest:
         result["wheels_installed"] = "already there (same carry)"
     else:
         installed = install_wheels(archive, site, python)

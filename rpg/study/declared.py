@@ -188,7 +188,7 @@ def read_csv(path: Path, schema: Schema) -> list[dict]:
         added = dict(schema.added)
         missing = [c for c in schema.columns if c not in header and c not in added]
         unknown = [c for c in header if c not in schema.columns and not (c.startswith(VAL_PREFIX)
-                                                                         and c[len(VAL_PREFIX):].isdigit())]
+                                                                         and c[len(VAL_PREFIX):].isdecimal())]
         if missing or unknown:
             raise CSVError(f"{path}:1: " + (f"missing column(s) {', '.join(missing)}" if missing else
                                             f"unknown column(s) {', '.join(unknown)}"))

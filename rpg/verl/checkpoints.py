@@ -202,7 +202,7 @@ def tracker_step(root: str | os.PathLike, strict: bool = True) -> int | None:
     if not path.is_file():
         return None
     text = path.read_text().strip()
-    if not text.isdigit():
+    if not text.isdecimal():  # int() reads it (isdigit also takes '²')
         if not strict:
             return None
         raise ResumeError(f"{path}: verl's checkpoint tracker holds {text[:40]!r}, not a step number; "

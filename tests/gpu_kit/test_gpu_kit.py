@@ -394,3 +394,27 @@ def test_a_malformed_carry_manifest_is_one_line_naming_it(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"rpg.gpu_kit.install: {carry / 'manifest.json'}: {wrong}")
     assert not (tmp_path / "site").exists()
+
+
+def test_an_unreadable_install_state_installs_the_wheels_again(tmp_path, monkeypatch):
+    """The site's state file (the carry's sha256 installed there) cut short or hand-edited is no install: the wheels
+    go in again, never a traceback."""
+    import hashlib
+    import json
+
+    carry, site = tmp_path / "carry", tmp_path / "site"
+    carry.mkdir()
+    site.mkdir()
+    (carry / "w.tar.xz").write_bytes(b"wheels")
+    digest = hashlib.sha256(b"wheels").hexdigest()
+    (carry / "manifest.json").write_text(json.dumps({"carry": {"file": "w.tar.xz", "sha256": digest, "bytes": 6},
+                                                     "wheels": {}, "excluded": {}, "only_needed_by_excluded": []}))
+    calls = []
+    monkeypatch.setattr(install, "install_wheels", lambda *a: calls.append(a) or "stopped here by the test")
+    for text in ("{", "[]", '{"sha256": 3}', "\udcff"):
+        (site / install.STATE).write_text(text, errors="surrogateescape")
+        assert install.install(carry, site)["problems"] == ["stopped here by the test"], text
+    assert len(calls) == 4
+    (site / install.STATE).write_text(json.dumps({"sha256": digest}))
+    monkeypatch.setattr(install, "_pip", lambda *a, **k: __import__("subprocess").CompletedProcess([], 0, "", ""))
+    assert install.install(carry, site)["wheels_installed"] == "already there (same carry)" and len(calls) == 4

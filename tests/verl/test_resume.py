@@ -195,9 +195,10 @@ def test_auto_never_trains_from_step_0_over_existing_checkpoints(tmp_path):
     _ckpt(root, 4, marker=False)  # no marker, no tracker: nothing complete
     with pytest.raises(ResumeError, match="no complete checkpoint in .*would overwrite"):
         plan_resume("auto", str(root))
-    (root / TRACKER).write_text("garbage")
-    with pytest.raises(ResumeError, match="not a step number"):
-        plan_resume("auto", str(root))
+    for text in ("garbage", "²", "-4"):  # '²'.isdigit() holds, int('²') raises: still one line
+        (root / TRACKER).write_text(text)
+        with pytest.raises(ResumeError, match="not a step number"):
+            plan_resume("auto", str(root))
     assert plan_resume("auto", str(tmp_path / "empty")).folder is None  # nothing saved: from scratch
     assert plan_resume("disable", str(root)).folder is None
 

@@ -75,7 +75,7 @@ def _checkpoints(root: Path) -> list[str]:
     if not root.is_dir():
         return []
     found = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith("global_step_")),
-                   key=lambda p: int(p.name.rsplit("_", 1)[1]) if p.name.rsplit("_", 1)[1].isdigit() else -1)
+                   key=lambda p: int(p.name.rsplit("_", 1)[1]) if p.name.rsplit("_", 1)[1].isdecimal() else -1)
     return [str(p) for p in found] + ([str(root / TRACKER)] if (root / TRACKER).is_file() else [])
 
 

@@ -43,7 +43,7 @@ def command(launcher_pid: int, argv: list[str]) -> list[str]:
 
 
 def main(args: list[str]) -> int:
-    if len(args) < 3 or args[1] != "--" or not args[0].isdigit():
+    if len(args) < 3 or args[1] != "--" or not args[0].isdecimal():
         print("usage: python -m rpg.backends.harness.tether <launcher pid> -- <command ...>", file=sys.stderr)
         return 2
     launcher, argv = int(args[0]), args[2:]
