@@ -22,17 +22,14 @@ def k3(y, log_y):
 
 
 def phi(divergence, log_rho):
-    """φ_D(ρ) with ∇D = E_πθ[φ_D(ρ)·∇log πθ] (Props. E.1, E.3, 3.2, 3.6), from log ρ:
-    fkl −1/ρ, ufkl 1 − 1/ρ, rkl log ρ + 1, urkl log ρ."""
+    """φ_D(ρ) with ∇D = E_πθ[φ_D(ρ)·∇log πθ] (Props. E.1, E.3, 3.2, 3.6), from log ρ, for the reverse divergences,
+    the ones Algorithm 1's Â = A − β·φ_D(ρ) is defined for: rkl log ρ + 1, urkl log ρ. The forward ones' φ (fkl −1/ρ,
+    ufkl 1 − 1/ρ) enter only through C_D = −β·x·φ_D, in closed form in ``kl_weight``."""
     if divergence == "rkl":
         return log_rho + 1.0
     if divergence == "urkl":
         return log_rho
-    if divergence == "fkl":
-        return -(-log_rho).exp()
-    if divergence == "ufkl":
-        return 1.0 - (-log_rho).exp()
-    raise ValueError(f"divergence={divergence!r} is not one of {DIVERGENCES}")
+    raise ValueError(f"Algorithm 1 is defined for divergence in ('rkl', 'urkl'), got {divergence!r}")
 
 
 def kappa(divergence, w, log_rho, r_ref):
