@@ -6,8 +6,10 @@ on masked batches whose tokens fill every clip region on both sides (asserted, n
 is checked against the objective: its expected gradient is -grad J by exact enumeration.
 """
 
+import ast
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -265,3 +267,20 @@ def test_the_paper_statement_gradient_is_minus_grad_objective(divergence, form, 
                  what=f"{form} {divergence}")
     assert bandit.grad(bandit.objective(divergence, BETA, anchor)).abs().max() > 1e-3
     assert not math.isclose(float(bandit.pi[0].detach()), float(bandit.mu[0]))  # theta != theta_old
+
+
+# ----------------------------------------------------------------- each piece written once
+
+PIECES = ("k3", "phi", "kappa", "kl_weight", "dual_clip", "agg_weights", "aggregate")
+
+
+def test_each_piece_is_defined_once_in_the_package():
+    """The fused path, the trainer and the behaviour metrics import these from ``rpg.math.formulas``: no module of
+    ``rpg/`` defines a function of the same name (or the fused path could drift from the formulas the tests check)."""
+    root = Path(__file__).parents[2]
+    where = {name: [] for name in PIECES}
+    for path in sorted((root / "rpg").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in where:
+                where[node.name].append(path.relative_to(root).as_posix())
+    assert where == {name: ["rpg/math/formulas.py"] for name in PIECES}
