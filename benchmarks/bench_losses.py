@@ -95,12 +95,13 @@ def load_library(checkout: str):
     saved = {name: sys.modules.pop(name) for name in ours()}
     sys.path.insert(0, checkout)
     try:
-        for name in ("rpg.math.losses", "rpg.losses"):  # the library's module, after and before rpg/math/
+        for name in ("rpg.math.fused", "rpg.math.losses", "rpg.losses"):  # the library's module, newest first
             try:
                 return importlib.import_module(name)
             except ModuleNotFoundError:
                 continue
-        raise SystemExit(f"--baseline {checkout}: neither rpg/math/losses.py nor rpg/losses.py is there")
+        raise SystemExit(f"--baseline {checkout}: none of rpg/math/fused.py, rpg/math/losses.py, rpg/losses.py "
+                         "is there")
     finally:
         sys.path.remove(checkout)
         for name in ours():
@@ -129,7 +130,7 @@ def make_step(variant: dict | None, inputs, compiled: bool = False, glue: bool =
                              loss_agg_mode="token-mean", config=config)
     else:
         if lib is None:
-            import rpg.math.losses as lib
+            import rpg.math.fused as lib
 
         cfg = lib.RPGLossConfig(**_lib_kwargs(variant), compile=compiled)
         anchor = ref if variant.get("anchor") == "reference" else None

@@ -5,9 +5,9 @@ does (field metadata ``doc``); ``RULES`` says what each field allows, checked in
 The recipe's ``rpg.loss`` keys, their checks, the YAML block and the docs table derive from it
 (``rpg.config.block``, ``rpg.config.render_block``; how the values reach the loss: ``rpg.verl.translate``).
 
-The loss itself (``rpg.math.losses``) needs torch; this declaration does not, so that the launchers, the
+The loss itself (``rpg.math.fused``) needs torch; this declaration does not, so that the launchers, the
 run-name grammar (scripts/experiments.py) and the config checks read the same names and rules
-without importing torch. ``rpg.math.losses`` re-exports every name here (``from rpg.math.losses import
+without importing torch. ``rpg.math.fused`` re-exports every name here (``from rpg.math.fused import
 RPGLossConfig`` is the library's documented spelling).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-# KL regularizers of the RPG losses: rpg.math.divergences implements each one (normalized fkl/rkl,
+# KL regularizers of the RPG losses: rpg.math.formulas states each one (normalized fkl/rkl,
 # unnormalized k3-style ufkl/urkl), scripts/experiments.py spells them in the paper scripts' names
 DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
 FORMS = ("reinforce", "differentiable")

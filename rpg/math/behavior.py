@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from rpg.config.loss import BEHAVIOR_LEVELS as LEVELS  # declared torch-free with the loss settings
+from rpg.math.formulas import k3
 
 
 def behavior_weights(old_log_prob: torch.Tensor, behavior_log_prob: torch.Tensor, response_mask: torch.Tensor,
@@ -52,7 +53,7 @@ def behavior_metrics(old_log_prob: torch.Tensor, behavior_log_prob: torch.Tensor
     capped = float((weights[valid] < raw_weights[valid]).sum()) / n
     return {
         "rpg/behavior_kl": float(-log_b.mean()),
-        "rpg/behavior_kl_k3": float((log_b.exp() - 1.0 - log_b).mean()),
+        "rpg/behavior_kl_k3": float(k3(log_b.exp(), log_b).mean()),
         "rpg/behavior_weight_mean": float(w.mean()),
         "rpg/behavior_weight_max": float(w.max()),
         "rpg/behavior_weight_min": float(w.min()),

@@ -1,7 +1,7 @@
 """``rpg_policy_loss``: the RPG losses with verl's policy-loss signature (import-light: torch + core_algos).
 
 Registered as verl's loss modes (``rpg.verl.register``) and called by verl's ``ppo_loss`` with the padded
-micro-batch: ``rpg`` is the per-token loss of ``rpg.math.losses.rpg_policy_loss(..., aggregate=False)``
+micro-batch: ``rpg`` is the per-token loss of ``rpg.math.fused.rpg_policy_loss(..., aggregate=False)``
 (docs/math.md#per-token-losses) aggregated by verl's ``agg_loss(..., **config.global_batch_info)``, so that the
 micro-batch losses sum to the mini-batch's; ``grpo_corrected`` is verl's vanilla dual-clip PPO loss plus
 β·``agg_loss(grpo_corrected_kl(...))`` (Sec. 2.2). The KL anchor is π_old (``policy_loss.rpg_anchor=sampler``) or the
@@ -20,8 +20,8 @@ import torch
 
 from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla
 
-from rpg.math.losses import grpo_corrected_kl, value_clamp
-from rpg.math.losses import rpg_policy_loss as library_loss
+from rpg.math.fused import grpo_corrected_kl, value_clamp
+from rpg.math.fused import rpg_policy_loss as library_loss
 from rpg.config import RPG_LOSSES
 from rpg.verl.loss_settings import loss_config
 

@@ -29,6 +29,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
 
 from rpg.math.behavior import behavior_weights
+from rpg.math.formulas import k3
 from rpg.common.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoint_digests import REFERENCE_DIR, join_reports
 from rpg.verl.checkpoints import recorded_settings, write_marker
@@ -51,11 +52,11 @@ def k3_token_kl_parts(old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, ma
     """(sum(m*k3), sum(m)) of the k3 estimate of KL(pi_old || pi_ref) (>= 0 per token), m the mask, times the
     weights b = pi_old/mu when given: the parts ``kl_of_parts`` turns into one estimate over several batches."""
     log_r = (ref_log_prob - old_log_prob).clamp(-20.0, 20.0)
-    k3 = torch.exp(log_r) - log_r - 1.0
-    m = mask.to(k3.dtype)
+    kl = k3(torch.exp(log_r), log_r)
+    m = mask.to(kl.dtype)
     if weights is not None:
-        m = m * weights.to(k3.dtype)
-    return float((k3 * m).sum()), float(m.sum())
+        m = m * weights.to(kl.dtype)
+    return float((kl * m).sum()), float(m.sum())
 
 
 def kl_of_parts(parts: list[tuple[float, float]]) -> float:

@@ -1,7 +1,7 @@
 """The end-to-end tests assert what the loss metrics guarantee, not what they usually show.
 
 ``tests/support/e2e_recipe.py::assert_step_guarantees`` checks every step of a real trainer run. Here it is fed
-steps built from the loss library itself (``rpg.math.losses.rpg_policy_loss(..., aggregate=False)``) the way verl
+steps built from the loss library itself (``rpg.math.fused.rpg_policy_loss(..., aggregate=False)``) the way verl
 reduces a step's micro-batch metrics (means averaged, ``*_max`` / ``*_min`` as max / min): an on-policy first
 mini-batch (float32 recomputation noise only) and off-policy later ones, for every divergence, both
 anchors and random advantages. Whatever was sampled, the assertions must hold. (An assertion of
@@ -15,7 +15,7 @@ import pytest
 import torch
 from e2e_recipe import NARROW_CLIP, assert_off_policy, assert_step_guarantees
 
-from rpg.math.losses import RPGLossConfig, rpg_policy_loss
+from rpg.math.fused import RPGLossConfig, rpg_policy_loss
 
 DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
 

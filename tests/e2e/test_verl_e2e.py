@@ -36,7 +36,7 @@ def test_grpo_corrected_kl_fixed_reference(cpu_trainer, tmp_path):
     assert "timing_s/ref" in all_keys and "rpg/ref_reset" not in all_keys
     assert "actor/kl_loss" not in all_keys  # verl's unweighted KL is not added
     for step in (1, 2):
-        # the corrected KL w * k3(pi_ref / pi_theta) is >= 0 token by token (rpg.math.losses.grpo_corrected_kl)
+        # the corrected KL w * k3(pi_ref / pi_theta) is >= 0 token by token (rpg.math.fused.grpo_corrected_kl)
         assert at(run, step, "actor/rpg/kl_estimate") >= -K3_ROUNDING
         at(run, step, "actor/pg_clipfrac_lower")  # the vanilla dual-clip PPO part ran
     assert at(run, 1, "rpg/ref_kl") < 1e-6 < at(run, 2, "rpg/ref_kl")  # fixed reference: pi_old drifts away

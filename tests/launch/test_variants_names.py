@@ -231,6 +231,6 @@ def test_the_launch_imports_no_heavy_packages():
 def test_the_grammars_divergences_are_the_loss_librarys():
     """scripts/experiments.py reads the divergence names from their torch-free declaration (rpg.config), the one
     the loss library implements."""
-    from rpg.math.divergences import DIVERGENCES
+    from rpg.math.formulas import DIVERGENCES
 
     assert gen.DIVERGENCES is DIVERGENCES

@@ -4,7 +4,7 @@ bf16's precision. Runs here on the CPU; tests/gpu/test_gpu_losses.py runs the sa
 Set-up (exact_enumeration.py): a categorical "bandit" at theta != theta_old, its K outcomes laid
 out as one-token rows weighted by the sampler's probabilities. The log-probs (log pi_theta, log
 pi_old, log pi_ref) and advantages are rounded to bf16, as an actor computing in bf16 hands them
-over; the loss computes in float32 from there (``rpg.math.losses`` promotes bf16 to float32); the
+over; the loss computes in float32 from there (``rpg.math.fused`` promotes bf16 to float32); the
 gradient flows back through the rounding to theta (float64).
 
 Targets: unclipped RPG variants, the exact gradient of the objective, -grad J (closed form,
@@ -32,7 +32,7 @@ import pytest
 import torch
 from exact_enumeration import Bandit, kl
 
-from rpg.math.losses import RPGLossConfig, grpo_corrected_kl, rpg_policy_loss
+from rpg.math.fused import RPGLossConfig, grpo_corrected_kl, rpg_policy_loss
 
 BETA = 0.37
 U_BF16 = 2.0**-9  # unit roundoff of bfloat16 (8 significant bits)

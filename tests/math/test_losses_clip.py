@@ -9,9 +9,10 @@ import zlib
 
 import pytest
 import torch
-from exact_enumeration import DT, Bandit, assert_close
+from exact_enumeration import DT, Bandit, assert_close, dual_clip_ppo
 
-from rpg.math.losses import RPGLossConfig, dual_clip, rpg_policy_loss
+from rpg.math.formulas import dual_clip
+from rpg.math.fused import RPGLossConfig, rpg_policy_loss
 
 EPS_LO, EPS_HI, C = 0.2, 0.28, 10.0
 
@@ -54,10 +55,12 @@ def test_t19_dual_clip_gradient_regions(a_hat):
     r = torch.linspace(0.05, 14.0, 2801, dtype=DT)
     r = r[(r - (1 - EPS_LO)).abs() > 1e-9]
     r = r[((r - (1 + EPS_HI)).abs() > 1e-9) & ((r - C).abs() > 1e-9)].clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(dual_clip(r, torch.full_like(r, a_hat), EPS_LO, EPS_HI, C).sum(), r)
+    x, active = dual_clip(r, torch.full_like(r, a_hat >= 0, dtype=torch.bool), 1 - EPS_LO, 1 + EPS_HI, C)
+    (g,) = torch.autograd.grad((-a_hat * x).sum(), r)
     rv = r.detach()
     expected = (rv < 1 + EPS_HI) if a_hat >= 0 else ((rv > 1 - EPS_LO) & (rv < C))
     assert torch.equal(g != 0, expected), "T19: gradient must flow exactly on the documented regions"
+    assert torch.equal(active, expected), "T19: the active set is where the gradient flows"
     assert_close(g[expected], torch.full_like(g[expected], -a_hat), what="T19 slope -A")
 
 
@@ -74,7 +77,7 @@ def test_t20_rpg_style_clip_equals_dual_clip_with_regularized_advantage(divergen
     a_reg = adv + kl_part / w  # A' = A + C(w_bar)/w
 
     val_lib, g_lib = token_grads(library(divergence, beta, l_old, adv), l_old, log_w)
-    _, g_ppo = token_grads(lambda l: dual_clip((l - l_old).exp(), a_reg, EPS_LO, EPS_HI, C), l_old, log_w)
+    _, g_ppo = token_grads(lambda l: dual_clip_ppo((l - l_old).exp(), a_reg, 1 - EPS_LO, 1 + EPS_HI, C), l_old, log_w)
     assert_close(g_lib, g_ppo, what="T20 gradient vs dual-clip PPO with SG(A')")
 
     def algorithm2(l):  # Algorithm 2, literal: branch on psi = A' * (-l)

@@ -36,8 +36,8 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import rpg.math.losses as L
-from rpg.math.divergences import kl_weight
+import rpg.math.fused as L
+from rpg.math.formulas import agg_weights, aggregate, kl_weight
 
 _spec = importlib.util.spec_from_file_location("bench_losses", Path(__file__).parents[2] / "benchmarks" / "bench_losses.py")
 bench = importlib.util.module_from_spec(_spec)
@@ -58,7 +58,7 @@ def rounding_bounds(cfg, log_prob, old, adv, mask, ref):
     assert float(log_w[valid].abs().max()) < 2, "K counts the log-ratio's rounding with |log w| < 2"
     X = w.clamp(min=1 + cfg.clip_ratio_high)
     S = X * adv.abs() + cfg.beta * (r_ref + 2 * X * (1 + log_w.abs() + log_r_ref.abs()))
-    a = L.agg_weights(mask, cfg.loss_agg_mode)
+    a = agg_weights(mask, cfg.loss_agg_mode)
     grad_bound = 2 * K * U_F32 * a * S
     kl_size = a * cfg.beta * torch.minimum(torch.minimum(w, r_ref), torch.ones_like(w))
     assert (grad_bound < 0.01 * kl_size)[valid].all(), "the bound would hide a KL term"
@@ -71,7 +71,7 @@ def rounding_bounds(cfg, log_prob, old, adv, mask, ref):
             sign = adv - cfg.beta * (log_w - log_r_ref + (1.0 if cfg.divergence == "rkl" else 0.0))
         elif cfg.form == "reinforce" and cfg.branch_on == "regularized":  # W = w A + C(w_bar)
             w_bar, log_w_bar = w.clamp(lo, hi), log_w.clamp(math.log(lo), math.log(hi))
-            sign = w * adv + kl_weight(cfg.divergence, cfg.beta, w_bar, log_w_bar, r_ref, log_r_ref)
+            sign = w * adv + kl_weight(cfg.divergence, cfg.beta, w_bar, r_ref, log_w_bar - log_r_ref)
         if sign is not None:
             assert (sign.abs() > 2 * K * U_F32 * S)[valid].all(), "a branch's sign within rounding of 0"
     V = S * (1 + l.abs() + log_w.abs() + log_r_ref.abs())
@@ -110,7 +110,7 @@ def loss_and_gradient(cfg, log_prob, old, adv, mask, ref, token_loss=False):
     if token_loss:
         out, metrics = L.rpg_policy_loss(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, config=cfg,
                                          ref_log_prob=ref, aggregate=False)
-        loss = L.aggregate_loss(out, mask, cfg.loss_agg_mode)
+        loss = aggregate(out, mask, cfg.loss_agg_mode)
     else:
         loss, metrics = L.rpg_policy_loss(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask,
                                           config=cfg, ref_log_prob=ref)

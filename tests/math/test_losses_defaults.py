@@ -1,4 +1,4 @@
-"""One declaration per loss setting: ``RPGLossConfig`` (``rpg.config.loss``, re-exported by ``rpg.math.losses``).
+"""One declaration per loss setting: ``RPGLossConfig`` (``rpg.config.loss``, re-exported by ``rpg.math.fused``).
 The recipe's ``rpg.loss`` keys, their defaults, their validation and what verl's policy-loss config carries to the
 workers all derive from it; the shipped YAML states the same values (checked here), and a field added to the dataclass
 is accepted, validated and delivered to the loss with nothing else edited."""
@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 import rpg.config.block as B
-import rpg.math.losses
+import rpg.math.fused
 from rpg.config import (ACTOR_FIELDS, RULES, RPGConfigError, RPGLossConfig, RPGLossConfigError, Rule, loss_defaults,
                         loss_fields, parse_rpg_settings)
 from rpg.verl.policy_config import RPGPolicyLossConfig
@@ -21,10 +21,10 @@ YAML = Path(__file__).parents[2] / "recipe" / "rpg" / "config" / "rpg_trainer.ya
 
 
 def test_the_library_reexports_the_one_declaration():
-    """``from rpg.math.losses import RPGLossConfig`` (the library's documented spelling) is the torch-free
+    """``from rpg.math.fused import RPGLossConfig`` (the library's documented spelling) is the torch-free
     declaration."""
-    assert rpg.math.losses.RPGLossConfig is RPGLossConfig and rpg.math.losses.RULES is RULES
-    assert rpg.math.losses.RPGLossConfig.__module__ == "rpg.config.loss"
+    assert rpg.math.fused.RPGLossConfig is RPGLossConfig and rpg.math.fused.RULES is RULES
+    assert rpg.math.fused.RPGLossConfig.__module__ == "rpg.config.loss"
 
 
 def test_loss_defaults_are_the_library_config_defaults():
@@ -141,7 +141,7 @@ def test_compile_with_torch_compile_disabled_fails_before_ray_and_in_the_library
     monkeypatch.setattr(torch._dynamo.config, "disable", True)
     x = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="RPGLossConfig.compile=True needs torch.compile, which is disabled"):
-        from rpg.math.losses import rpg_policy_loss
+        from rpg.math.fused import rpg_policy_loss
 
         rpg_policy_loss(log_prob=x, old_log_prob=x, advantages=x, response_mask=torch.ones(1, 2),
                         config=RPGLossConfig(compile=True))

@@ -6,7 +6,7 @@ import torch
 from exact_enumeration import Bandit, assert_close, kl
 from verl.trainer.ppo.core_algos import kl_penalty
 
-from rpg.math.losses import grpo_corrected_kl
+from rpg.math.fused import grpo_corrected_kl
 
 
 def expected(b: Bandit, per_token: torch.Tensor, weights=None) -> torch.Tensor:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rpg.math.losses import RPGLossConfig, grpo_corrected_kl, rpg_policy_loss
+from rpg.math.fused import RPGLossConfig, grpo_corrected_kl, rpg_policy_loss
 
 VARIANTS = [
     dict(divergence=d, form=f, clip=c)

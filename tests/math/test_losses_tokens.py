@@ -8,7 +8,8 @@ import torch
 from exact_enumeration import DT, assert_close
 from verl.trainer.ppo.core_algos import agg_loss
 
-from rpg.math.losses import AGG_MODES, RPGLossConfig, aggregate_loss, rpg_policy_loss
+from rpg.math.formulas import aggregate
+from rpg.math.fused import AGG_MODES, RPGLossConfig, rpg_policy_loss
 
 V, T = 3, 2  # vocabulary and length of the autoregressive toy
 
@@ -89,13 +90,13 @@ def test_aggregation_matches_verl_agg_loss(mode):
     loss_mat = torch.randn(6, 9, generator=g, dtype=DT)
     mask = (torch.rand(6, 9, generator=g) > 0.4).to(DT)
     mask[2] = 0.0
-    assert_close(aggregate_loss(loss_mat, mask, mode), agg_loss(loss_mat, mask, mode), what=mode)
+    assert_close(aggregate(loss_mat, mask, mode), agg_loss(loss_mat, mask, mode), what=mode)
 
 
 def test_all_masked_batch_aggregates_to_zero_not_nan():
     loss_mat = torch.randn(3, 4)
     for mode in AGG_MODES:
-        out = aggregate_loss(loss_mat, torch.zeros(3, 4), mode)
+        out = aggregate(loss_mat, torch.zeros(3, 4), mode)
         assert out.item() == 0.0, mode
 
 

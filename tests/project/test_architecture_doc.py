@@ -26,13 +26,13 @@ def test_the_file_table_is_generated_from_the_docstrings():
         "regenerate the table of docs/architecture.md with python scripts/architecture_table.py --write")
     rows = real_table().splitlines()[2:]
     assert len(rows) == len([p for p in (ROOT / "rpg").rglob("*.py") if "__pycache__" not in p.parts])
-    assert "| `rpg/math/losses.py` | RPG policy losses" in real_table()
+    assert "| `rpg/math/fused.py` | The fused RPG losses" in real_table()
 
 
 def test_check_fails_on_a_stale_table_and_write_renews_it(tmp_path, monkeypatch, capsys):
     doc = tmp_path / "architecture.md"
-    doc.write_text(gen.DOC.read_text(encoding="utf-8").replace("| `rpg/math/losses.py` | RPG policy losses",
-                                                               "| `rpg/math/losses.py` | Old words"), encoding="utf-8")
+    doc.write_text(gen.DOC.read_text(encoding="utf-8").replace("| `rpg/math/fused.py` | The fused RPG losses",
+                                                               "| `rpg/math/fused.py` | Old words"), encoding="utf-8")
     monkeypatch.setattr(gen, "DOC", doc)
     monkeypatch.setattr(gen, "table", real_table)
     assert gen.main(["--check"]) == 1 and "--write" in capsys.readouterr().err

@@ -11,7 +11,7 @@ Links: every relative Markdown link in README.md and docs/ must name an existing
 mentioned anywhere (docstrings, comments) must resolve the same way.
 
 Names: in every tracked text (in Python files, their docstrings and comments), a path under the project's folders
-(``rpg/math/losses.py``, ``recipe/rpg/7b/*.sh``, ``tests/test_x.py::test_y``), a dotted ``rpg`` name (a module, a
+(``rpg/math/fused.py``, ``recipe/rpg/7b/*.sh``, ``tests/test_x.py::test_y``), a dotted ``rpg`` name (a module, a
 name in one, or a key of the ``rpg:`` block), a source file named alone in Markdown, and a citation of a README section
 (``README.md#anchor``, ``README, "Title"``, ``README (Title)``, ``README's Title``) must name what the tree holds.
 What legitimately is not in the tree (a file a run writes) is named by prefix in ``NOT_IN_TREE``, with why.
@@ -163,7 +163,7 @@ def _link_sources() -> list[str]:
 PATH_REF = re.compile(r"(?<![\w.\-/~$])(?:rpg|tests|benchmarks|recipe|docs|scripts|requirements|\.ci)/"
                       r"[\w.\-/*<>{},\[\]]*(?:::[\w\[\]-]+)?")
 FILE_SUFFIX = re.compile(r"\.(py|md|sh|yaml|yml|toml|txt|json|jsonl|csv|png|parquet|cfg|ini)$")
-# a dotted rpg name: a module (rpg.math.losses), a name in one (rpg.math.losses.rpg_policy_loss) or a config key
+# a dotted rpg name: a module (rpg.math.fused), a name in one (rpg.math.fused.rpg_policy_loss) or a config key
 # (rpg.loss.beta)
 MODULE_REF = re.compile(r"(?<![\w.\-/])rpg(?:\.(?:[A-Za-z_*][\w*]*|<[\w -]+>|\{[\w,]+\}))+")
 BARE_SOURCE = re.compile(r"`([\w.-]+\.(?:py|sh))(?:::[\w\[\]-]+)?`")  # a source file named alone, in Markdown
@@ -240,7 +240,7 @@ def _allowed(ref: str) -> bool:
 
 @lru_cache(maxsize=None)
 def path_problem(ref: str) -> str | None:
-    """Why a project path (``rpg/math/losses.py``, ``recipe/rpg/7b/*.sh``, ``tests/test_x.py::test_y``) names
+    """Why a project path (``rpg/math/fused.py``, ``recipe/rpg/7b/*.sh``, ``tests/test_x.py::test_y``) names
     nothing."""
     ref = ref.rstrip(".,;:)]'\"`")
     ref, _, test = ref.partition("::")
@@ -447,7 +447,7 @@ def test_allowed_forms_pass(line):
     ("docs/x.md", "the backends' ``rpg.backends.<name>.settings``"), ("docs/x.md", "`recipe/rpg/7b/run_nothing.sh`"),
     ("docs/x.md", "tests/math/test_losses_exact.py::test_no_such_identity"), ("docs/x.md", "`docs/nowhere/`"),
     ("docs/x.md", "| `rpg/config/` | `block.py`, `render.py` |"), ("docs/x.md", "`settings.py` holds it"),
-    ("docs/x.md", "`rpg.loss.no_such_key`"), ("docs/x.md", "`rpg.math.losses.no_such_function`"),
+    ("docs/x.md", "`rpg.loss.no_such_key`"), ("docs/x.md", "`rpg.math.fused.no_such_function`"),
     ("pyproject.toml", "# README (Set-up) names it"), ("requirement.txt", "# its wheel (README.md,\n# Set-up), or"),
     ("tests/x.py", '"""(README, "A Hugging Face model from a checkpoint")."""'),
     ("tests/x.py", "x = 1  # README's Tests section"), ("docs/x.md", "[README](../README.md) README.md#no-such"),
@@ -459,15 +459,15 @@ def test_each_missing_name_is_caught(rel, text):
 
 @pytest.mark.parametrize("rel, text", [
     ("docs/x.md", "`rpg.loss.beta`, `rpg.loss.*`, rpg.validation.samples_per_problem.minerva, `rpg.reference.mode`"),
-    ("docs/x.md", "`rpg.math.losses.rpg_policy_loss`, ``rpg.backends.<name>.backend``, `rpg.reward.__file__`, "
+    ("docs/x.md", "`rpg.math.fused.rpg_policy_loss`, ``rpg.backends.<name>.backend``, `rpg.reward.__file__`, "
                   "`rpg.config`"),
     ("docs/x.md", "`recipe/rpg/config/experiment/<run name>.yaml`, `tests/math/test_losses_*.py`, "
                   "recipe/rpg/{7b,4b}/*.sh"),
     ("docs/x.md", "`rpg/config/`, tests/math/test_losses_exact.py::test_t3_pointwise_identity, "
-                  "`rpg/math/losses.py:168`"),
+                  "`rpg/math/fused.py:168`"),
     ("docs/x.md", "README's Quick start, README.md#layout, (README, \"Reproducing the paper\"), README (Layout)"),
     ("docs/x.md", "`rpg.elastic: restart 1/3`, `-m rpg.x`, `rpg/a/b.py` (placeholders), outputs/tiny_cpu/x.json"),
-    ("docs/x.md", "verl's `verl/trainer/ppo/core_algos.py`, `losses.py`, docs/study/lag/runs.csv"),
+    ("docs/x.md", "verl's `verl/trainer/ppo/core_algos.py`, `fused.py`, docs/study/lag/runs.csv"),
     ("docs/x.md", "| `rpg/verl/translate.py`, `loss_settings.py` | the metric rpg/kl_estimate |"),
     ("tests/x.py", 'planted = {"rpg/nothing.py": "import rpg.nowhere"}  # made-up inputs of a test'),
 ])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rpg.math.losses import RPGLossConfig, rpg_policy_loss
+from rpg.math.fused import RPGLossConfig, rpg_policy_loss
 
 DT = torch.float64
 
@@ -27,6 +27,13 @@ def kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def ukl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Unnormalized KL for non-negative measures: sum p log(p/q) + sum (q - p)."""
     return kl(p, q) + (q - p).sum()
+
+
+def dual_clip_ppo(r: torch.Tensor, adv: torch.Tensor, lo: float, hi: float, c: float) -> torch.Tensor:
+    """Dual-clip PPO as the paper writes it (App. G.1), independently of ``rpg``: max(−r·A, −clip(r, lo, hi)·A),
+    capped at −c·A where A < 0 (the gradient at a tie, r = lo, hi or c exactly, is autograd's convention)."""
+    ppo = torch.maximum(-r * adv, -r.clamp(lo, hi) * adv)
+    return torch.where(adv >= 0, ppo, torch.minimum(ppo, -c * adv))
 
 
 def divergence(name: str, pi: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ from verl.workers.config.actor import ActorConfig
 
 import rpg.verl.register  # noqa: F401  (the registered loss modes)
 from rpg.math.behavior import behavior_weights
-from rpg.math.losses import RPGLossConfig, rpg_policy_loss
+from rpg.math.fused import RPGLossConfig, rpg_policy_loss
 from rpg.verl.actor_loss import rpg_actor_loss
 from rpg.verl.policy_config import RPGPolicyLossConfig
 
@@ -216,7 +216,7 @@ def test_level_none_is_the_weights_dropped_and_is_biased(div, form):
 
 
 def test_level_none_takes_no_cap():
-    from rpg.math.losses import RPGLossConfigError
+    from rpg.math.fused import RPGLossConfigError
 
     with pytest.raises(RPGLossConfigError, match="behavior_weight_cap"):
         RPGLossConfig(behavior_weight_level="none", behavior_weight_cap=1.0)

@@ -1,5 +1,5 @@
 """Every rule the workers enforce is checked in the driver, before Ray: the loss library's own rules
-(``rpg.math.losses.RULES``, enumerated here) fire in the driver with the recipe key they read, and
+(``rpg.math.fused.RULES``, enumerated here) fire in the driver with the recipe key they read, and
 ``DRY_RUN=1`` on a paper script rejects exactly what a launch would (exit 2, one line)."""
 
 import contextlib

@@ -20,7 +20,8 @@ from verl.workers.config.actor import ActorConfig
 from verl.workers.utils.losses import ppo_loss
 
 import rpg.verl.register  # noqa: F401
-from rpg.math.losses import RPGLossConfig, aggregate_loss, grpo_corrected_kl, rpg_policy_loss
+from rpg.math.formulas import aggregate
+from rpg.math.fused import RPGLossConfig, grpo_corrected_kl, rpg_policy_loss
 from rpg.verl.actor_loss import rpg_actor_loss
 from rpg.verl.policy_config import RPGPolicyLossConfig
 
@@ -128,7 +129,7 @@ def _run_library(batch, cfg, ref=False, entropy_coeff=0.0):
     loss, metrics = rpg_policy_loss(log_prob=log_prob, old_log_prob=batch.old, advantages=batch.adv, response_mask=batch.mask, config=cfg,
                                     ref_log_prob=batch.ref if ref else None)
     if entropy_coeff:
-        loss = loss - entropy_coeff * aggregate_loss(batch.entropy, batch.mask, cfg.loss_agg_mode)
+        loss = loss - entropy_coeff * aggregate(batch.entropy, batch.mask, cfg.loss_agg_mode)
     (grad,) = torch.autograd.grad(loss, batch.flat)
     return loss.detach(), grad, metrics
 

@@ -1,4 +1,4 @@
-"""The fused losses (``rpg.math.losses``) equal the plain-autograd statement of the paper (``rpg.math.paper_losses``).
+"""The fused losses (``rpg.math.fused``) equal the paper's formulas in plain autograd (``rpg.math.formulas``).
 
 Value and gradient in ``log_prob``, float64, for every divergence x form x clip setting (both branch rules, both
 readings of the clipped differentiable loss, two sets of clip widths), both anchors and every aggregation mode,
@@ -6,17 +6,18 @@ on masked batches whose tokens fill every clip region on both sides (asserted, n
 is checked against the objective: its expected gradient is -grad J by exact enumeration.
 """
 
+import ast
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
-from exact_enumeration import DT, Bandit, assert_close
+from exact_enumeration import DT, Bandit, assert_close, dual_clip_ppo
 
-from rpg.math import paper_losses
+from rpg.math import formulas
 from rpg.math.behavior import behavior_weights
-from rpg.math.losses import (AGG_MODES, DIVERGENCES, RPGLossConfig, aggregate_loss, dual_clip, grpo_corrected_kl,
-                        rpg_policy_loss)
+from rpg.math.fused import AGG_MODES, DIVERGENCES, RPGLossConfig, grpo_corrected_kl, rpg_policy_loss
 
 BETA = 0.5  # large, so that every KL term moves values, gradients and branches well above rounding
 WIDTHS = (dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0),  # the paper's scripts
@@ -72,10 +73,10 @@ def branch(cfg, l, l_old, adv, l_ref):
     r_ref = (l_ref - l_old).exp()
     lo, hi = 1 - cfg.clip_ratio_low, 1 + cfg.clip_ratio_high
     if cfg.form == "reinforce":
-        a_reg = adv + paper_losses.kl_weight(cfg.divergence, cfg.beta, w.clamp(lo, hi), r_ref) / w
+        a_reg = adv + formulas.kl_weight(cfg.divergence, cfg.beta, w.clamp(lo, hi), r_ref) / w
         return a_reg >= 0 if cfg.branch_on == "regularized" else adv > 0
     if cfg.fd_clip == "algorithm1":
-        return adv - cfg.beta * paper_losses.phi(cfg.divergence, w / r_ref) >= 0
+        return adv - cfg.beta * formulas.phi(cfg.divergence, (w / r_ref).log()) >= 0
     return adv >= 0
 
 
@@ -101,8 +102,8 @@ def fused(cfg, l, l_old, adv, mask, l_ref, aggregate):
 
 def stated(cfg, l, l_old, adv, mask, l_ref, aggregate):
     lp = l.clone().requires_grad_(True)
-    out = paper_losses.loss(cfg, lp, l_old, adv, mask, l_ref) if aggregate else \
-        paper_losses.per_token_loss(cfg, lp, l_old, adv, l_ref) * mask
+    out = formulas.loss(cfg, lp, l_old, adv, mask, l_ref) if aggregate else \
+        formulas.per_token_loss(cfg, lp, l_old, adv, l_ref) * mask
     return out, lp
 
 
@@ -188,14 +189,31 @@ def test_the_branch_rules_differ_on_these_batches():
             assert ((ups[0] != ups[1]) & (mask > 0)).any(), d
 
 
-def test_aggregation_helper_with_a_scale_equals_the_paper_statement():
+def stated_aggregate(loss, mask, mode, scale):
+    """verl's ``loss_agg_mode`` written out mode by mode; S = rows with a valid token, T = width (``scale``)."""
+    total, tokens = loss * mask, mask.sum(-1)
+    rows = (tokens > 0).sum().clamp(min=1)
+    if mode == "token-mean":
+        return total.sum() / mask.sum().clamp(min=1)
+    if mode == "token-sum":
+        return total.sum()
+    if mode == "seq-mean-token-mean":
+        return (total.sum(-1) / tokens.clamp(min=1)).sum() / rows
+    if mode == "seq-mean-token-sum":
+        return total.sum() / rows
+    return total.sum() / (rows * scale)  # seq-mean-token-sum-norm
+
+
+def test_aggregation_with_a_scale_equals_the_modes_written_out():
     l, _, _, mask, _ = make_batch(WIDTHS[0])
     for mode in AGG_MODES:
-        assert_close(aggregate_loss(l, mask, mode, loss_scale_factor=7.0), paper_losses.aggregate(l, mask, mode, 7.0),
+        assert_close(formulas.aggregate(l, mask, mode, 7.0), stated_aggregate(l, mask, mode, 7.0),
                      rtol=1e-12, atol=0.0, what=mode)
     empty = torch.zeros_like(mask)
     for m in AGG_MODES:  # an all-masked batch gives 0, not 0/0
-        assert float(paper_losses.aggregate(l, empty, m)) == 0.0 == float(aggregate_loss(l, empty, m)), m
+        assert float(formulas.aggregate(l, empty, m)) == 0.0 == float(stated_aggregate(l, empty, m, 7.0)), m
+    with pytest.raises(ValueError, match="loss_agg_mode='seq-mean' is invalid: expected one of"):
+        formulas.aggregate(l, mask, "seq-mean")
 
 
 def test_grpo_corrected_kl_equals_the_paper_statement():
@@ -204,17 +222,18 @@ def test_grpo_corrected_kl_equals_the_paper_statement():
     lp = l.clone().requires_grad_(True)
     v, g = value_and_grad(grpo_corrected_kl(log_prob=lp, old_log_prob=l_old, ref_log_prob=l_ref), lp, cotangent)
     lp2 = l.clone().requires_grad_(True)
-    v_ref, g_ref = value_and_grad(paper_losses.grpo_corrected_kl(lp2, l_old, l_ref), lp2, cotangent)
+    v_ref, g_ref = value_and_grad(formulas.grpo_corrected_kl(lp2, l_old, l_ref), lp2, cotangent)
     assert_close(v, v_ref, rtol=1e-10, atol=1e-12, what="grpo_corrected_kl value")
     assert_close(g, g_ref, rtol=1e-10, atol=1e-12, what="grpo_corrected_kl gradient")
 
 
 def test_dual_clip_equals_the_paper_statement():
+    """``formulas.dual_clip``'s −Â·x on the branch of Â's sign is App. G.1's max/min, in value and gradient."""
     l, l_old, adv, _, _ = make_batch(WIDTHS[1])
     for a in (adv, adv - 0.3):
         lp, lp2 = l.clone().requires_grad_(True), l.clone().requires_grad_(True)
-        v, g = value_and_grad(dual_clip((lp - l_old).exp(), a, 0.1, 0.1, 3.0), lp, 1.0)
-        v_ref, g_ref = value_and_grad(paper_losses.dual_clip((lp2 - l_old).exp(), a, 0.9, 1.1, 3.0), lp2, 1.0)
+        v, g = value_and_grad(-a * formulas.dual_clip((lp - l_old).exp(), a >= 0, 0.9, 1.1, 3.0)[0], lp, 1.0)
+        v_ref, g_ref = value_and_grad(dual_clip_ppo((lp2 - l_old).exp(), a, 0.9, 1.1, 3.0), lp2, 1.0)
         assert_close(v, v_ref, rtol=1e-12, atol=0.0, what="dual clip value")
         assert_close(g, g_ref, rtol=1e-12, atol=0.0, what="dual clip gradient")
 
@@ -226,7 +245,7 @@ def test_behaviour_weights_equal_the_paper_statement(level, cap):
     l, l_old, _, mask, _ = make_batch(WIDTHS[0], rows=6, width=5)
     l_mu = l_old + 0.2 * torch.randn(l.shape, generator=torch.Generator().manual_seed(5), dtype=DT)
     b = behavior_weights(l_old, l_mu, mask, level, cap)
-    assert_close(b, paper_losses.behavior_weight(l_old, l_mu, mask, level, cap), rtol=1e-12, atol=0.0, what=level)
+    assert_close(b, formulas.behavior_weight(l_old, l_mu, mask, level, cap), rtol=1e-12, atol=0.0, what=level)
     if cap is not None:
         assert (b[mask > 0] == cap).any() and (b[mask > 0] < cap).any(), "the cap must bind on some tokens only"
 
@@ -242,9 +261,26 @@ def test_the_paper_statement_gradient_is_minus_grad_objective(divergence, form, 
     bandit = Bandit.make(seed=7)
     log_prob, old, adv, mu, ref = bandit.rows(three_policy=three_policy)
     cfg = RPGLossConfig(divergence=divergence, form=form, beta=BETA, clip=False)
-    expected_loss = (mu * paper_losses.per_token_loss(cfg, log_prob, old, adv, ref)).sum()
+    expected_loss = (mu * formulas.per_token_loss(cfg, log_prob, old, adv, ref)).sum()
     anchor = bandit.pi_ref if three_policy else bandit.mu
     assert_close(bandit.grad(expected_loss), -bandit.grad(bandit.objective(divergence, BETA, anchor)),
                  what=f"{form} {divergence}")
     assert bandit.grad(bandit.objective(divergence, BETA, anchor)).abs().max() > 1e-3
     assert not math.isclose(float(bandit.pi[0].detach()), float(bandit.mu[0]))  # theta != theta_old
+
+
+# ----------------------------------------------------------------- each piece written once
+
+PIECES = ("k3", "phi", "kappa", "kl_weight", "dual_clip", "agg_weights", "aggregate")
+
+
+def test_each_piece_is_defined_once_in_the_package():
+    """The fused path, the trainer and the behaviour metrics import these from ``rpg.math.formulas``: no module of
+    ``rpg/`` defines a function of the same name (or the fused path could drift from the formulas the tests check)."""
+    root = Path(__file__).parents[2]
+    where = {name: [] for name in PIECES}
+    for path in sorted((root / "rpg").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in where:
+                where[node.name].append(path.relative_to(root).as_posix())
+    assert where == {name: ["rpg/math/formulas.py"] for name in PIECES}

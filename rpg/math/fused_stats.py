@@ -1,4 +1,4 @@
-"""The ``rpg/*`` statistics of an RPG loss, over the valid tokens (mask m_t != 0) of one batch.
+"""The fused path's ``rpg/*`` statistics of an RPG loss, over the valid tokens (mask m_t != 0) of one batch.
 
     ratio_{mean,max,min}        w                     log_ratio_{mean,abs_max}  log w before the guard
     kl_estimate                 mean κ_D (estimates D) reg_adv_{mean,abs_max}   A' = W/w, saturated at ±1e30
@@ -6,7 +6,7 @@
     log_ratio_guard_frac        |log w| > guard        ref_old_logp_absdiff_max  max |l_ref − l_old| (reference anchor)
 
 Means are m-weighted, fractions count tokens, extremes are maxima. ``LossStatistics`` takes each one on the device
-as soon as ``rpg.math.loss_terms`` has its tensor and packs them into one float64 vector; ``loss_metrics`` turns
+as soon as ``rpg.math.fused_terms`` has its tensor and packs them into one float64 vector; ``loss_metrics`` turns
 that vector, read back with one host sync, into the metrics.
 """
 

@@ -1,4 +1,5 @@
-"""RPG policy losses: ``rpg_policy_loss`` (every row of docs/math.md#per-token-losses) and ``grpo_corrected_kl``.
+"""The fused RPG losses that training runs: ``rpg_policy_loss`` (every row of docs/math.md#per-token-losses) and
+``grpo_corrected_kl``, the formulas of ``rpg.math.formulas`` in one pass with their metrics.
 
     config = RPGLossConfig(divergence="ufkl", form="reinforce", beta=1e-4, clip=True)
     loss, metrics = rpg_policy_loss(log_prob=lp, old_log_prob=old, advantages=adv, response_mask=mask, config=config)
@@ -6,8 +7,10 @@
 
 Tensors are keyword-only, [batch, response_len], named as in verl's policy losses. ``ref_log_prob=None`` anchors the
 KL on π_old (the iterative reference); a given one uses the three-policy weights (docs/math.md#three-policies). Each
-loss is one autograd node over ``rpg.math.loss_terms`` (backward: grad·slope), eager or compiled (``compile=True``),
-its metrics read back with one host sync; log-ratios carry a value-only guard (docs/math.md#numerical-guards).
+loss is one autograd node over ``rpg.math.fused_terms`` (closed-form value and slope; backward: grad·slope), eager or
+compiled (``compile=True``), its metrics read back with one host sync; log-ratios carry a value-only guard
+(docs/math.md#numerical-guards). Equal in value and gradient to ``rpg.math.formulas.loss``
+(tests/math/test_formulas.py).
 ``RPGLossConfig``, declared torch-free in ``rpg.config.loss``, is re-exported here.
 """
 
@@ -19,12 +22,12 @@ import types
 
 import torch
 
-# the declaration of the settings (torch-free), re-exported: ``from rpg.math.losses import RPGLossConfig``
+# the declaration of the settings (torch-free), re-exported: ``from rpg.math.fused import RPGLossConfig``
 from rpg.config.loss import (AGG_MODES, BEHAVIOR_LEVELS, BRANCH_RULES, DIVERGENCES, FD_CLIP_MODES, FORMS,  # noqa: F401
                              RULES, RPGLossConfig, RPGLossConfigError, Rule, loss_defaults)
-from rpg.math.divergences import kl_surrogate
-from rpg.math.loss_stats import loss_metrics
-from rpg.math.loss_terms import agg_weights, loss_terms
+from rpg.math.formulas import kappa
+from rpg.math.fused_stats import loss_metrics
+from rpg.math.fused_terms import loss_terms
 
 
 # --------------------------------------------------------------------------- helpers
@@ -46,36 +49,6 @@ def _check_inputs(log_prob, old_log_prob, advantages, response_mask, ref_log_pro
                              "they must match")
         if name != "response_mask" and not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-
-
-def dual_clip(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float, c: float) -> torch.Tensor:
-    """Dual-clip PPO loss (Ye et al.; App. G.1, docs/math.md#dual-clip), verl's ``vanilla`` semantics.
-
-    A >= 0: max(-r*A, -clip(r, 1-eps_low, 1+eps_high)*A)   (gradient iff r < 1+eps_high)
-    A <  0: min(that, -c*A)                                 (gradient iff 1-eps_low < r < c)
-    """
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    ppo = torch.maximum(unclipped, clipped)
-    return torch.where(adv < 0, torch.minimum(ppo, -adv * c), ppo)
-
-
-def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str,
-                   loss_scale_factor: float | None = None) -> torch.Tensor:
-    """Aggregate a per-token loss like verl's ``agg_loss`` with dp_size=1 (local batch = global batch).
-
-    token-mean: sum(loss*m)/sum(m); token-sum: sum(loss*m); seq-mean-token-mean: mean over
-    non-empty sequences of the per-sequence token mean; seq-mean-token-sum(-norm): mean over
-    non-empty sequences of the per-sequence token sum (divided by loss_scale_factor, default T).
-    Differences from verl, on purpose: an all-masked batch gives 0 (verl: 0/0 = NaN), a NaN where
-    masked never propagates, and float masks are weights (used by the exact-enumeration tests).
-    Inside verl, the glue calls verl's own ``agg_loss`` with ``global_batch_info`` instead.
-    """
-    if mode not in AGG_MODES:
-        raise ValueError(f"loss_agg_mode={mode!r} is invalid: expected one of {AGG_MODES}")
-    mask = mask.to(loss_mat.dtype)
-    masked = torch.where(mask != 0, loss_mat, 0.0)
-    return (masked * agg_weights(mask, mode, loss_scale_factor)).sum()
 
 
 class _StraightThroughClamp(torch.autograd.Function):
@@ -188,9 +161,9 @@ def rpg_policy_loss(
 
     ``aggregate=True``: a scalar (keeps its graph) aggregated with ``config.loss_agg_mode``, the
     aggregation fused into the same pass; ``aggregate=False``: the per-token loss matrix
-    [batch, response_len] (0 where masked), to aggregate with ``aggregate_loss`` (verl's ``agg_loss``
-    inside verl). ``ref_log_prob=None``: the KL anchor is the sampling policy. Computation runs in
-    float32 or wider (bf16 inputs are upcast); the gradient flows back to ``log_prob`` only.
+    [batch, response_len] (0 where masked), to aggregate with ``rpg.math.formulas.aggregate``
+    (verl's ``agg_loss`` inside verl). ``ref_log_prob=None``: the KL anchor is the sampling policy.
+    Computation runs in float32 or wider (bf16 inputs are upcast); the gradient flows back to ``log_prob`` only.
     """
     return _token_terms(config, aggregate, log_prob, old_log_prob, advantages, response_mask, ref_log_prob)
 
@@ -216,4 +189,4 @@ def grpo_corrected_kl(
     l_ref = ref_log_prob.detach().to(dtype)
     w = torch.exp(_StraightThroughClamp.apply(l - l_old, log_ratio_guard))
     log_r_ref = (l_ref - l_old).clamp(-log_ratio_guard, log_ratio_guard)
-    return kl_surrogate("urkl", w, l - l_ref, torch.exp(log_r_ref))
+    return kappa("urkl", w, l - l_ref, torch.exp(log_r_ref))
