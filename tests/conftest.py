@@ -67,7 +67,8 @@ STAGES = {
     "distributed": ("--distributed", "several FSDP ranks and several Ray nodes on this machine (slow trainer launches)"),
     "bench": ("--bench", "a minimal smoke run of every benchmark under benchmarks/ (benchmarks/README.md)"),
     "resume_e2e": ("--resume-e2e", "verl's trainer stopped and resumed on CPU: a closed terminal, a periodic "
-                                   "reference's run resumed, both asynchronous modes resumed (slow trainer launches)"),
+                                   "reference's run resumed, both asynchronous modes resumed after a clean stop and "
+                                   "after their driver was killed (slow trainer launches)"),
     "trainer_e2e": ("--trainer-e2e", "verl's trainer end to end on the paths beside README's suite's two runs: verl's "
                                      "stock GRPO (weight sync, processes, Ray's token), GRPO with the corrected KL, "
                                      "REINFORCE++ with DAPO's filter, a run stopped at DAPO's refill limit (four "

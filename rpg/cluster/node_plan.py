@@ -77,17 +77,18 @@ def node_sizes(cfg: DictConfig, count: NodeCount) -> list[int]:
 
 
 def check_elastic(cfg: DictConfig, req: Request, user: Sequence[str]) -> None:
-    """What an elastic run needs beyond its sizes: a resumable trainer mode, and NNODES as the one node count."""
+    """What an elastic run needs beyond its sizes: checkpoints to restart from, NNODES as the one node count, and
+    the trainer's nodes as all the run's nodes. sync and colocate_async qualify (both resume:
+    docs/verl-integration.md#resume-of-an-asynchronous-run); separate_async's standalone rollout pool takes nodes of
+    its own, which the supervisor does not count when it picks the count the free nodes hold."""
     if NNODES_KEY in values(list(user)):
         raise LaunchError(f"NNODES={req.node_count} and the override {NNODES_KEY}=... both set the node count; an "
                           f"elastic run takes it from NNODES=MIN:MAX alone")
-    mode = OmegaConf.select(cfg, "trainer.v1.trainer_mode", default="sync")
-    if mode != "sync":
-        # asynchronous runs resume (docs/verl-integration.md#resume-of-an-asynchronous-run), but an elastic restart
-        # of one has never been run
+    if (mode := OmegaConf.select(cfg, "trainer.v1.trainer_mode", default="sync")) == "separate_async":
         raise LaunchError(f"NNODES={req.node_count} (elastic) with trainer.v1.trainer_mode={mode}: the elastic "
-                          "launcher's restarts were run in sync mode only; use a fixed NNODES (the run resumes "
-                          "with trainer.resume_mode=auto)")
+                          "supervisor counts the trainer's nodes only, not the standalone rollout pool's "
+                          "(actor_rollout_ref.rollout.nnodes); use colocate_async, or a fixed NNODES (the run "
+                          "resumes with trainer.resume_mode=auto)")
     if int(cfg.trainer.save_freq) <= 0:
         raise LaunchError(f"NNODES={req.node_count} (elastic) restarts from the last checkpoint, and "
                           f"trainer.save_freq={cfg.trainer.save_freq} saves none: set trainer.save_freq=N")

@@ -18,16 +18,30 @@ verl saves TransferQueue with each checkpoint of an asynchronous run and loads i
   whole run. ``_load_checkpoint`` clears them.
 
 Every resume of an asynchronous run prints one line (``resume_line``) with these counts.
+
+Two switches for the resume tests (tests/e2e/test_async_kill_resume_e2e.py), off unless their variable is set, so that
+where a run stops and what its checkpoint holds follow from the run, not from the machine's speed:
+
+* ``RPG_TEST_HOLD_AT_GENERATION=<step>:<file>``: at that step's first sampling (its prompts dispatched, the trainer
+  about to wait on their generation, the previous step's checkpoint written) the trainer writes ``file`` and waits
+  for ever: the test kills the driver then;
+* ``RPG_TEST_SAVE_FINISHED=1``: before each checkpoint the trainer waits until no prompt group is in flight, so that
+  every group dispatched before the save is kept across a resume (the HF rollout generates through the save).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import threading
+import time
 from dataclasses import dataclass, field
 
 import transfer_queue as tq
 
 PARTITION = "train"
 IN_FLIGHT = ("pending", "running")
+HOLD_ENV, FINISHED_ENV = "RPG_TEST_HOLD_AT_GENERATION", "RPG_TEST_SAVE_FINISHED"
 
 
 @dataclass
@@ -66,6 +80,16 @@ def census(items: dict[str, dict]) -> QueueCensus:
     return out
 
 
+def hold_point(value: str) -> tuple[int, str] | None:
+    """``HOLD_ENV``'s ``<step>:<file>`` (None when unset)."""
+    if not value.strip():
+        return None
+    step, sep, marker = value.partition(":")
+    if not (sep and step.strip().isdigit() and int(step) > 0 and marker.strip()):
+        raise ValueError(f"{HOLD_ENV}={value!r}: expected <step>:<file>, step a positive integer")
+    return int(step), marker.strip()
+
+
 def resume_line(folder: str, step: int, c: QueueCensus) -> str:
     """The one line a resumed asynchronous run prints (``rpg: `` before it)."""
     kept = sum(c.samples.values())
@@ -90,3 +114,18 @@ class AsyncResumeMixin:
             tq.kv_clear(keys=found.trained, partition_id=PARTITION)
         print(f"rpg: {resume_line(self._resumed_folder(), self.global_steps, found)}", flush=True)
         return result
+
+    def on_sample_begin(self):
+        super().on_sample_begin()
+        point = hold_point(os.environ.get(HOLD_ENV, ""))
+        if point is not None and point[0] == self.global_steps and getattr(self, "local_trigger_step", 0) == 0:
+            with open(point[1], "w") as f:
+                json.dump({"step": self.global_steps, "pid": os.getpid()}, f)
+            print(f"rpg: {HOLD_ENV}: holding step {self.global_steps} before its sampling", flush=True)
+            threading.Event().wait()  # until the test's kill ends the run
+
+    def _save_checkpoint(self):
+        if os.environ.get(FINISHED_ENV, "") == "1" and self.trainer_mode != "sync":
+            while census((tq.kv_list(PARTITION) or {}).get(PARTITION, {})).in_flight:
+                time.sleep(0.2)  # a poll of the replay buffer: the rollout finishes the groups meanwhile
+        return super()._save_checkpoint()

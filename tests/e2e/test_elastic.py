@@ -69,10 +69,10 @@ def _world_sizes(ck: Path) -> dict[int, int]:
     return out
 
 
-def _elastic(cluster: LoopbackCluster, log: Path, steps: int, **env: str):
+def _elastic(cluster: LoopbackCluster, log: Path, steps: int, *overrides: str, **env: str):
     cluster.ensure_two_nodes()
     return submit(cluster, log, f"trainer.total_training_steps={steps}", "trainer.save_freq=1",
-                  "trainer.max_actor_ckpt_to_keep=null", NNODES="1:2", **env)
+                  "trainer.max_actor_ckpt_to_keep=null", *overrides, NNODES="1:2", **env)
 
 
 STEPS = 8
@@ -112,16 +112,19 @@ def _held(submission: str, attempt: int):
         found[0].send_signal(signal.SIGCONT)
 
 
-def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster, tmp_path):
+@pytest.mark.parametrize("mode", ["sync", "colocate_async"])
+def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster, tmp_path, mode):
     """The node returns at a known step, whatever the machine's speed: once the run restarted on the node left has
     saved a step, its training loop is held (SIGSTOP) while the node comes back and the supervisor sees it, so it
     grows at a checkpoint after the held one (the next, unless the trainer saved again before the supervisor looked),
-    a step before the last."""
+    a step before the last. In colocate_async each restart and the grow resume its replay buffer too (the resume
+    line of rpg.verl.async_resume), at the other world size."""
     from rpg.verl.checkpoints import MARKER, is_last_step, last_complete
 
-    log = tmp_path / "elastic.log"
-    ck = cluster.shared / "ck" / "elastic"
-    proc = _elastic(cluster, log, steps=STEPS)
+    name = "elastic" if mode == "sync" else f"elastic-{mode}"
+    log = tmp_path / f"{name}.log"
+    ck = cluster.shared / "ck" / name
+    proc = _elastic(cluster, log, STEPS, f"trainer.v1.trainer_mode={mode}")
     submission = SUBMISSION.search(wait_for(log, SUBMISSION.pattern, proc)).group(0)
     _appears(ck / "global_step_2" / MARKER, proc, timeout=600)
     t_kill = time.time()
@@ -163,9 +166,13 @@ def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster
     rc, text = finish(proc, log)
     assert rc == 0, text[-6000:]
     assert len(re.findall(_HOLDS_THE_RUN, text)) == 1, text[-6000:]  # no grow announced at the last step either
+    if mode != "sync":  # the replay buffer taken back at the restart and at the grow, each at another world size
+        for step in (resumed, grown):
+            assert re.search(rf"rpg: resumed the replay buffer of \S+global_step_{step}: \d+ finished prompt groups "
+                             rf"kept", text), (step, text[-6000:])
     # every step once in the history as a report reads it, trained at 2, then 1, then 2 ranks again
-    assert _history(cluster.shared / "logs", "elastic") == list(range(1, STEPS + 1))
-    segs = steps(cluster.shared / "logs", "elastic")
+    assert _history(cluster.shared / "logs", name) == list(range(1, STEPS + 1))
+    segs = steps(cluster.shared / "logs", name)
     assert all(len(seg) == len(set(seg)) for seg in segs), segs  # no step twice within a trainer's segment
     assert sorted({s for seg in segs for s in seg}) == list(range(1, STEPS + 1)), segs
     # the restart's first segment: the resumed step's saved record when that step was never logged (verl saves a

@@ -161,3 +161,50 @@ def test_the_driver_resumes_an_async_checkpoint_and_refuses_one_without_its_repl
             assert "trainer.resume_mode=disable" in line
         assert plan_resume("auto", str(root), trainer_mode="sync").folder == str(bad)  # sync needs neither
     assert async_problem(good, "sync") is None and async_problem(good, mode) is None
+
+
+class _Sampling:
+    def on_sample_begin(self):
+        self.calls.append("sample")
+
+    def _save_checkpoint(self):
+        self.calls.append("save")
+
+
+class _Held(AsyncResumeMixin, _Sampling):
+    def __init__(self, mode: str, step: int, trigger: int = 0):
+        self.trainer_mode, self.global_steps, self.local_trigger_step, self.calls = mode, step, trigger, []
+
+
+def test_the_test_switches_hold_at_a_step_and_save_only_finished_groups(tmp_path, monkeypatch, capsys):
+    """The resume tests' switches (tests/e2e/test_async_kill_resume_e2e.py): the trainer holds at the named step's
+    first sampling after writing the marker, nowhere else; a save waits while a prompt group is in flight."""
+    import rpg.verl.async_resume as A
+
+    assert A.hold_point("") is None and A.hold_point(f"3:{tmp_path}/m") == (3, f"{tmp_path}/m")
+    for bad in ("3", "x:/m", "0:/m", "3: "):
+        with pytest.raises(ValueError, match=f"{A.HOLD_ENV}="):
+            A.hold_point(bad)
+    waits = []
+    monkeypatch.setattr(A.threading, "Event", lambda: type("E", (), {"wait": lambda self: waits.append(1)})())
+    marker = tmp_path / "held.json"
+    monkeypatch.setenv(A.HOLD_ENV, f"3:{marker}")
+    for step, trigger in ((2, 0), (3, 1)):
+        _Held("colocate_async", step, trigger).on_sample_begin()
+    assert not marker.exists() and waits == []
+    held = _Held("colocate_async", 3)
+    held.on_sample_begin()
+    assert held.calls == ["sample"] and waits == [1] and json.loads(marker.read_text())["step"] == 3
+    assert "holding step 3 before its sampling" in capsys.readouterr().out
+
+    states = [{"p2-1": {"is_prompt": True, "status": "running", "global_steps": 2}},
+              {"p2-1": {"is_prompt": True, "status": "finished", "global_steps": 2}}]
+    polls = []
+    monkeypatch.setattr(A.tq, "kv_list", lambda partition: {partition: states[min(len(polls), 1)]})
+    monkeypatch.setattr(A.time, "sleep", lambda s: polls.append(s))
+    saving = _Held("separate_async", 2)
+    saving._save_checkpoint()
+    assert saving.calls == ["save"] and polls == []  # the switch off: verl's save at once
+    monkeypatch.setenv(A.FINISHED_ENV, "1")
+    saving._save_checkpoint()
+    assert saving.calls == ["save", "save"] and len(polls) == 1  # once the running group finished
