@@ -1,16 +1,16 @@
 #!/usr/bin/env python
-"""The shipped runs' experiment files, written from their names: ``recipe/rpg/config/experiment/<run>.yaml``.
+"""The shipped runs' experiment files, checked against their names: ``recipe/rpg/config/experiment/<run>.yaml``.
 
-Each paper script's name (``recipe/rpg/{7b,4b}/<run>.sh``) reads as a grammar (``GRAMMAR``; the readings of the
-authors' names and of what the paper leaves open are marked READING below and listed in docs/launch-scripts.md).
-This script writes, for each, the file the run composes: the settings its name decides, each with a short note,
-its model, data files and name, on the paper setup (``paper/default.yaml``). The files are the runs' source of
-truth (a new run is a new file); this generator keeps the shipped ones consistent, and
-``tests/launch/test_launch_experiments.py`` checks that it reproduces them.
+A run is declared by its experiment file alone (the launch composes it and never reads the name). Each paper
+script's name (``recipe/rpg/{7b,4b}/<run>.sh``) also reads as a grammar (``GRAMMAR``; the readings of the authors'
+names and of what the paper leaves open are marked READING below and listed in docs/launch-scripts.md), and this
+script checks that each file says what its name says: every setting the name decides, with its value, its model,
+data files and names, nothing the name does not decide, on the paper setup (``paper/default.yaml``), and the paper
+row its first comment line names. It writes nothing; ``tests/launch/test_launch_experiments.py`` runs it.
 
-    python scripts/experiments.py --write    # (re)write the file of every shipped script
-    python scripts/experiments.py --check    # exit 1 naming each file that differs or is missing
-    python scripts/experiments.py --table    # the table of every script (docs/launch-scripts.md, section 8)
+    python scripts/experiments.py --check               # every file of the recipe's folder: one line per disagreement
+    python scripts/experiments.py --check FILE.yaml ... # those files (named <run>.yaml); exit 1 on any disagreement
+    python scripts/experiments.py --table               # the table of every script (docs/launch-scripts.md, section 8)
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path, PurePath
 from rpg.common.checkout import CHECKOUT, RECIPE_DIR
 from rpg.config import DIVERGENCES  # the loss library's names, declared torch-free
 from rpg.config.kinds import yaml_value
-from rpg.launch.experiments import DIGEST, EXPERIMENT_DIR, GROUP, digest, recipe_yaml
+from rpg.launch.experiments import EXPERIMENT_DIR, recipe_yaml
 
 
 def known_names() -> list[str]:
@@ -414,44 +414,10 @@ def paper_refs(v: Variant) -> tuple[str, ...]:
     return tuple(refs)
 
 
-# ----------------------------------------------------------------------------- the experiment files
+# ----------------------------------------------------------------------------- the experiment files, checked
 
 TRAIN_DATA = f"data/{TRAIN_SET}.parquet"  # under the checkout (the launch: DATA_DIR replaces the folder)
-_A, _R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-NOTES = {  # a comment per key: what it is and where the paper states it
-    "actor_rollout_ref.model.path": "Hugging Face id or a local folder",
-    "data.train_files": "DAPO-Math-17k, English (Sec. 5); relative: under the checkout",
-    "data.val_files": "AIME 2024/2025, AMC 2023 (+ Minerva, OlympiadBench at 4K: Table 7); mean@32",
-    "data.max_prompt_length": "the name's context (_ctx2k|_ctx4k|_ctx8k; 7b: 2K)",
-    "data.max_response_length": "L_max: the same context",
-    "data.apply_chat_template_kwargs.enable_thinking": "Qwen3's chat template with thinking off",
-    f"{_A}.ppo_max_token_len_per_gpu": "micro-batch token budget (packing only, not the math)",
-    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "the same budget",
-    f"{_R}.log_prob_max_token_len_per_gpu": "the same budget",
-    f"{_R}.max_num_batched_tokens": "prompt + response",
-    f"{_A}.clip_ratio_low": "eps_low: PPO clip / RPG-Style Clip (Eq. 4.1)",
-    f"{_A}.clip_ratio_high": "eps_high",
-    f"{_A}.clip_ratio_c": "dual-clip c",
-    f"{_A}.optim.lr": "App. H: 1e-6; the authors' 7B RPG-REINFORCE scripts: 5e-7",
-    "reward.reward_kwargs.overlong_buffer_cfg.enable": "DAPO's overlong reward shaping",
-    "reward.reward_kwargs.overlong_buffer_cfg.len": "buffer L_max / 4",
-    "algorithm.adv_estimator": "rpg: R - group mean (no std); grpo; reinforce_plus_plus(_baseline)",
-    "algorithm.norm_adv_by_std_in_grpo": "divide by the group's std (GRPO, DAPO)",
-    "algorithm.filter_groups.enable": "DAPO's dynamic sampling",
-    "rpg.loss.name": "rpg: the RPG losses; verl: verl's own actor loss",
-    "rpg.reference.mode": "sampler: the iterative reference (pi_old); fixed: the initial model",
-    "rpg.optimizer": "adamw, or schedulefree (_schedulefree)",
-    "rpg.loss.divergence": "the KL of the name (unused when beta = 0)",
-    "rpg.loss.form": "reinforce: RPG-REINFORCE (_rf); differentiable: the fully differentiable loss",
-    "rpg.loss.beta": "KL coefficient beta",
-    "rpg.loss.clip": "RPG-Style Clip (_rf_clip_ppo)",
-    f"{_A}.use_kl_loss": "verl's KL loss (rfpp, rfppb, grpo); RPG's KL is in its loss",
-    f"{_A}.kl_loss_type": "k1 (kl) or k3 (low_var_kl)",
-    f"{_A}.kl_loss_coef": "KL coefficient",
-    f"{_R}.gpu_memory_utilization": "memory only: vLLM's share of each GPU (docs/memory.md)",
-    "trainer.project_name": "the checkpoint and log folders' names",
-    "trainer.experiment_name": "the run's name in them",
-}
+DEFAULTS = [{f"/{PAPER_SETUP.removeprefix('+').split('=')[0]}": PAPER_SETUP.split("=")[1]}, "_self_"]  # paper setup
 
 
 def experiment_path(name: str) -> Path:
@@ -459,7 +425,7 @@ def experiment_path(name: str) -> Path:
 
 
 def experiment_settings(v: Variant) -> list[tuple[str, object]]:
-    """(key, value) of every setting of the run's file, in order: model, data, the name's settings, the names."""
+    """(key, value) of every setting the run's file states, in order: model, data, the name's settings, the names."""
     from rpg.common.override_lists import parse_overrides
 
     files = [("actor_rollout_ref.model.path", v.model), ("data.train_files", TRAIN_DATA),
@@ -468,85 +434,58 @@ def experiment_settings(v: Variant) -> list[tuple[str, object]]:
     return [*files, *((p.key, p.value) for p in parse_overrides(name_settings(v))), *names]
 
 
-WIDTH, COMMENT_COLUMN = 118, 56  # the longest line; where a note starts
+def _same(a: object, b: object) -> bool:
+    """Equal as YAML means them: 1 is not 1.0 or true, a list equals item for item."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
 
 
-def _commented(text: str, note: str | None) -> list[str]:
-    """``text`` with ``note`` after it at ``COMMENT_COLUMN``, or on a line of its own above it when too long."""
-    if not note:
-        return [text]
-    column = max(COMMENT_COLUMN, len(text) + 2)
-    if column + 2 + len(note) <= WIDTH:
-        return [f"{text.ljust(column)}# {note}"]
-    indent = text[:len(text) - len(text.lstrip())]
-    return [f"{indent}# {note}", text]
+def disagreements(path: Path) -> list[str]:
+    """One line per way the experiment file at ``path`` disagrees with what its name (the file's stem) says: a
+    setting the name decides that the file leaves out or gives another value, a setting the name does not decide,
+    its defaults (the paper setup) and its first comment line (the paper row the launch header shows). [] for a
+    file whose name is not a run name of the grammar: a run of the user's, whose file alone declares it."""
+    from omegaconf import OmegaConf
+
+    from rpg.launch.experiments import ExperimentError, load
+
+    try:
+        v = parse(path.stem)
+    except VariantNameError:
+        return []
+    shown = path.relative_to(CHECKOUT) if path.is_relative_to(CHECKOUT) else path
+    try:
+        exp = load(path, path.stem)
+        defaults = OmegaConf.to_container(OmegaConf.load(path)).get("defaults")
+    except ExperimentError as e:
+        return [f"{shown}: {e}"]
+    said = dict(experiment_settings(v))
+    lines = []
+    for key, value in said.items():
+        if key not in exp.settings:
+            lines.append(f"{shown}: {key} is not set; its name says {yaml_value(value)}")
+        elif not _same(exp.settings[key], value):
+            lines.append(f"{shown}: {key}={yaml_value(exp.settings[key])}; its name says {yaml_value(value)}")
+    lines += [f"{shown}: {key} is set, which its name does not decide" for key in exp.settings if key not in said]
+    if defaults != DEFAULTS:
+        lines.append(f"{shown}: defaults {defaults}; a paper run's are {DEFAULTS} (the paper setup)")
+    row = f"{v.name}: {paper_row(v)} [{', '.join(paper_refs(v)) or 'not in the paper'}]"
+    if exp.description[:1] != (row,):
+        lines.append(f"{shown}: its first comment line is {(exp.description or ('',))[0]!r}; its name says {row!r}")
+    return lines
 
 
-def render_experiment(v: Variant) -> str:
-    """The run's experiment config: its description (the launch header shows it), ``defaults`` (the paper
-    setup), every setting nested by key with its note, and the digest line (the launch names an edited file)."""
-    refs = ", ".join(paper_refs(v)) or "not in the paper"
-    script = RECIPE_DIR / ("4b" if v.model_tag == "4b" else "7b") / f"{v.name}.sh"
-    paper = PAPER_SETUP.removeprefix("+").split("=")
-    header = [
-        "# @package _global_",
-        f"# {v.name}: {paper_row(v)} [{refs}]",
-        *([f"# irregular name: {v.irregular}"] if v.irregular else []),
-        "#",
-        "# The run's settings on the setup every paper run shares; a new run is a new file (a copy, edited). Run:",
-        f"#   {script}",
-        f"#   python {RECIPE_DIR}/main_rpg.py +{GROUP}={v.name}",
-        "defaults:",
-        f"  - /{paper[0]}: {paper[1]}  # recipe/rpg/config/paper/default.yaml: the setup every paper run shares",
-        "  - _self_",
-    ]
-    tree: dict = {}
-    for key, value in experiment_settings(v):
-        *parents, leaf = key.split(".")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = (key, value)
-    lines: list[str] = []
-
-    def emit(node: dict, depth: int) -> None:
-        for part, child in node.items():
-            indent = "  " * depth
-            if isinstance(child, dict):
-                lines.append(f"{indent}{part}:")
-                emit(child, depth + 1)
-            else:
-                key, value = child
-                if isinstance(value, list):  # one item a line
-                    lines.extend(_commented(f"{indent}{part}:", NOTES.get(key)))
-                    lines.extend(f"{indent}  - {yaml_value(x)}" for x in value)
-                else:
-                    lines.extend(_commented(f"{indent}{part}: {yaml_value(value)}", NOTES.get(key)))
-
-    for part, child in tree.items():
-        lines.append("")
-        emit({part: child}, 0)
-    body = "\n".join(header + lines) + "\n"
-    return body + DIGEST + digest(body) + "\n"
-
-
-def stale_files() -> list[str]:
-    """Each shipped run's file that is missing or not what ``render_experiment`` writes (relative paths); files
-    of other runs (a user's) are theirs."""
-    return [f"{EXPERIMENT_DIR / n}.yaml" for n in known_names()
-            if not experiment_path(n).is_file() or experiment_path(n).read_text() != render_experiment(parse(n))]
-
-
-def write_all() -> list[Path]:
-    """(Re)write every shipped run's file. Returns the files written."""
-    (CHECKOUT / EXPERIMENT_DIR).mkdir(parents=True, exist_ok=True)
-    written = []
-    for n in known_names():
-        path, text = experiment_path(n), render_experiment(parse(n))
-        if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
-            written.append(path)
-    return written
+def check(paths: list[Path] | None = None) -> list[str]:
+    """``disagreements`` of each file of ``paths`` (default: every file of the recipe's experiment folder, and one line
+    per paper script without its file)."""
+    if paths is None:
+        folder = CHECKOUT / EXPERIMENT_DIR
+        paths = sorted(folder.glob("*.yaml"))
+        missing = [f"{EXPERIMENT_DIR / n}.yaml: no such file; the paper script {n}.sh runs it" for n in known_names()
+                   if not experiment_path(n).is_file()]
+        return missing + [line for p in paths for line in disagreements(p)]
+    return [line for p in paths for line in disagreements(p)]
 
 
 def list_table() -> str:
@@ -563,21 +502,15 @@ def list_table() -> str:
 
 
 def main(argv: list[str]) -> int:
-    if argv == ["--write"]:
-        written = write_all()
-        print(f"{len(written)} of {len(known_names())} experiment files written under {EXPERIMENT_DIR}")
-        return 0
-    if argv == ["--check"]:
-        stale = stale_files()
-        for line in stale:
-            print(f"scripts/experiments.py: differs from what the run name writes: {line}", file=sys.stderr)
-        if stale:
-            print("scripts/experiments.py: regenerate with python scripts/experiments.py --write", file=sys.stderr)
-        return 1 if stale else 0
+    if argv[:1] == ["--check"]:
+        lines = check([Path(a) for a in argv[1:]] or None)
+        for line in lines:
+            print(f"scripts/experiments.py: {line}", file=sys.stderr)
+        return 1 if lines else 0
     if argv == ["--table"]:
         print(list_table())
         return 0
-    print("usage: python scripts/experiments.py --write | --check | --table", file=sys.stderr)
+    print("usage: python scripts/experiments.py --check [FILE.yaml ...] | --table", file=sys.stderr)
     return 2
 
 

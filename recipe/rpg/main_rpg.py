@@ -4,7 +4,8 @@ Composes ``config/rpg_trainer.yaml`` (verl's installed ``ppo_trainer`` + the ``r
 ``rpg.verl.main`` (validation before Ray, RPG TaskRunner/trainer/worker). A paper run, ``+experiment=<run>`` (every
 paper script runs this through recipe/rpg/launch.sh), is launched by ``rpg.launch.entry`` first: the environment's
 paths and sizes, its checks and header before anything starts, ``DRY_RUN=1``, ``--describe`` and
-``RPG_BACKEND=cpu`` (docs/launch-scripts.md).
+``RPG_BACKEND=cpu`` (docs/launch-scripts.md); the launch composes the run's config once (Hydra's compose API) and
+the driver runs that config, so Hydra's main composes only a command line without a run.
 
 The command line is read first with Hydra's own parsers (``rpg.common.override_lists.bad_override_line``): an
 override Hydra cannot read is one line naming it, exit code 2, before verl is imported. Hydra's flags (``--cfg
@@ -27,16 +28,20 @@ def main(config):
 if __name__ == "__main__":
     from rpg.launch.entry import main as launch
 
-    argv = launch(sys.argv[1:])  # an exit code when the launch answered (a dry run, a rehearsal) or refused
-    if isinstance(argv, int):
-        sys.exit(argv)
-    sys.argv[1:] = argv
+    launched = launch(sys.argv[1:])  # an exit code when the launch answered (a dry run, a rehearsal) or refused
+    if isinstance(launched, int):
+        sys.exit(launched)
     try:  # Ctrl-C while verl is imported or Hydra composes (before rpg.verl.main's own stop handling): one line
         # verl's import (seconds) once the command line is known to be readable, and before Hydra sets up
         # logging: its warnings of a GPU-less machine go to stderr, not to Hydra's job log on stdout
-        import rpg.verl.main  # noqa: F401
+        import rpg.verl.main
 
-        main()
+        if isinstance(launched, list):  # no run, Hydra's flags, a launcher's command: Hydra composes
+            sys.argv[1:] = launched
+            main()
+        else:  # a paper run, composed and checked once by its launch: the driver runs that config
+            sys.argv[1:] = launched.argv  # the run's resume command repeats them
+            rpg.verl.main.main_from_hydra(launched.config, launched.settings)
     except KeyboardInterrupt:
         print("rpg: stopped by SIGINT while starting (before Ray: nothing was started)", file=sys.stderr, flush=True)
         sys.exit(130)

@@ -72,7 +72,7 @@ def _g(x) -> str:
 
 def launch_notes(exp: Experiment | None, req: Request, user: Sequence[str]) -> list[str]:
     """The header's notes: the user's overrides change what the run's file says (``naming_note``), the run
-    composes a file other than the generated one (``rpg.launch.experiments.file_note``)."""
+    composes a file of the user's (``rpg.launch.experiments.file_note``)."""
     if exp is None:
         return []
     return [note for note in (naming_note(exp, req, user), file_note(exp)) if note]

@@ -1,8 +1,10 @@
 """A paper run's launch, in the driver's own process: ``python recipe/rpg/main_rpg.py +experiment=<run> [overrides]``
 (what every paper script runs, through recipe/rpg/launch.sh).
 
-``main`` reads the command line and the environment once (``rpg.launch.environment``), composes the run and checks
-it before anything starts, prints its header, then gives the driver its overrides; or it answers itself:
+``main`` reads the command line and the environment once (``rpg.launch.environment``), composes the run once (Hydra's
+compose API) and makes every check the driver makes before Ray once (``prepared``), prints its header, then gives the
+driver the composed config (``Prepared``: main_rpg.py hands it to ``rpg.verl.main.main_from_hydra``, Hydra's main
+does not compose it again); or it answers itself:
 ``DRY_RUN=1`` (the run checked and printed), ``--describe`` (the run and its memory plan), ``RPG_BACKEND=cpu`` (a
 rehearsal on the CPU backend: ``rpg.launch.rehearsal``). A bad input is one line, exit 2. Without
 ``+experiment=<run>`` main_rpg.py is verl's plain driver (``DRY_RUN=1`` still composes, checks and prints), and
@@ -13,8 +15,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rpg.backends.registry import backend
 from rpg.common.override_lists import OverrideSyntaxError, bad_override_line, is_override
@@ -25,8 +29,9 @@ from rpg.verl.input_paths import error_line
 GROUP_PREFIX = "+experiment="
 
 
-def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int | list[str]:
-    """An exit code (the launch answered, or refused in one line), or the command line the driver runs."""
+def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int | list[str] | Prepared:
+    """An exit code (the launch answered, or refused in one line), the command line Hydra's main composes (no run,
+    Hydra's flags, a launcher's command), or a paper run composed and checked (``Prepared``) for the driver."""
     from rpg.backends.harness.run_dir import RunDirError
     from rpg.common.signals import StopSignal, raise_on_stop_signals
     from rpg.launch.environment import LaunchError
@@ -57,7 +62,7 @@ def run_name(argv: Sequence[str]) -> str | None:
     return names[-1] if names else None
 
 
-def _main(argv: list[str], env: dict[str, str]) -> int | list[str]:
+def _main(argv: list[str], env: dict[str, str]) -> int | list[str] | Prepared:
     from rpg.launch.describe import split_flags
 
     if env.get(LAUNCHED_ENV):  # a launcher made these checks (the harness, the cluster layer)
@@ -93,7 +98,7 @@ def _plain(argv: list[str], env: dict[str, str]) -> int | list[str]:
     return dry_run(req, None, argv, local_command(argv))
 
 
-def launch(name: str, user: list[str], env: dict[str, str], flags: Mapping[str, str] = ()) -> int | list[str]:
+def launch(name: str, user: list[str], env: dict[str, str], flags: Mapping[str, str] = ()) -> int | Prepared:
     """The run ``name`` with the user's overrides ``user`` (see the module's text)."""
     from rpg.launch import experiments, rehearsal
     from rpg.launch.args import read_overrides
@@ -140,22 +145,31 @@ def launch(name: str, user: list[str], env: dict[str, str], flags: Mapping[str, 
         return dry_run(req, exp, argv[2:], argv, user=user)
     if req.dry:
         return dry_run(req, exp, overrides, local_command(overrides), user=user)
-    cfg = _checked(overrides)
-    print(header(exp, cfg, launch_notes(exp, req, user)), flush=True)
-    return overrides
+    return prepared(overrides, lambda cfg: header(exp, cfg, launch_notes(exp, req, user)))
 
 
-def _checked(overrides: Sequence[str]):
-    """The composed config (keys, loggers: ``rpg.launch.config_keys``), its input paths checked as the driver
-    will (data files and their reward, local models: one line each, exit 2, nothing started)."""
+@dataclass(frozen=True)
+class Prepared:
+    """A run composed and checked by its launch, for the driver to run as it is (``rpg.verl.main.main_from_hydra``):
+    its command line (what the resume command repeats), its config and the ``RPGSettings`` of the driver's checks."""
+
+    argv: list[str]
+    config: Any
+    settings: Any
+
+
+def prepared(overrides: list[str], header: Callable[[Any], str]) -> Prepared:
+    """The run's config composed once (Hydra's compose API: keys and loggers, one line each,
+    ``rpg.launch.config_keys``), its header printed, then every check the driver makes before Ray, once
+    (``rpg.verl.main.prepare_config``: the ``rpg:`` block, names, input paths, this node, the resume, verl's rules)."""
     from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR
     from rpg.launch.config_keys import checked_config
-    from rpg.verl.input_paths import InputPathError, input_path_problems
 
     cfg = checked_config(overrides, CHECKOUT / RECIPE_CONFIG_DIR)
-    if problems := input_path_problems(cfg):
-        raise InputPathError(problems)
-    return cfg
+    print(header(cfg), flush=True)
+    from rpg.verl.main import prepare_config  # verl's import (seconds), once the config composes
+
+    return Prepared(list(overrides), cfg, prepare_config(cfg))
 
 
 def check_backend(chosen, req) -> None:

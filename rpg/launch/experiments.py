@@ -2,15 +2,14 @@
 
 The file is the run: ``+experiment=<run>`` composes it (a new run is a new file, in the recipe's folder or in a
 folder on ``hydra.searchpath``). Read here as the launch reads it: where Hydra finds it, what its first comment
-lines say of the run, whether it is the file ``scripts/experiments.py`` wrote (the digest on its last line), and
-what a user's overrides change of the settings it states (the run is then named for them).
+lines say of the run, whether it is a paper run's file or the user's, and what a user's overrides change of the
+settings it states (the run is then named for them).
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_DIR
 GROUP = "experiment"
 EXPERIMENT_DIR = RECIPE_CONFIG_DIR / GROUP  # relative to the checkout
 CONFIG_NAME = "rpg_trainer"  # recipe/rpg/config/rpg_trainer.yaml, the config main_rpg.py composes
-DIGEST = "# written by scripts/experiments.py; sha256 of the lines above: "  # the last line of a generated file
 MAX_NODES = 10_000  # what a file may expand to, YAML aliases followed (a shipped file: about 100; an alias bomb: 10^6)
 NEAR_EDITS = 2  # a name within this many single-character edits of a shipped one is named as its likely typo
 # Settings of a file that say where the run reads and writes, not what it runs: an override of one keeps the name
@@ -176,24 +174,16 @@ def _description(text: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def digest(text: str) -> str:
-    """The digest line's value for a file whose lines before it are ``text``."""
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def file_note(exp: Experiment) -> str | None:
-    """One line when the run composes a file other than the one ``scripts/experiments.py`` wrote for a paper script:
-    an edited shipped file (its digest line no longer matches), or a file of the user's."""
+    """One line when the run composes a file other than a paper script's in the recipe's folder: a file of the
+    user's (a paper script's file is its run as it stands; ``python scripts/experiments.py --check`` compares it
+    with the script's name)."""
     if exp.path is None:
         return None
     shown = exp.path.relative_to(CHECKOUT) if exp.path.is_relative_to(CHECKOUT) else exp.path
     if exp.path.parent != CHECKOUT / EXPERIMENT_DIR or not list((CHECKOUT / RECIPE_DIR).glob(f"*/{exp.name}.sh")):
         return f"the run composes your experiment file {shown} (+{GROUP}={exp.name})"
-    body, _, last = exp.path.read_text().rstrip("\n").rpartition("\n")
-    if last == DIGEST + digest(body + "\n"):
-        return None
-    return (f"{shown} was edited after scripts/experiments.py wrote it (python scripts/experiments.py --check "
-            "compares): the run composes the file as it is")
+    return None
 
 
 def name_changes(exp: Experiment, overrides: Sequence[str]) -> list[tuple[str, str]]:

@@ -5,7 +5,9 @@ with checks before Ray: ``prepare_config`` applies the ``rpg:`` block (``rpg.ver
 input path (``rpg.verl.input_paths``) and pins the checkpoint a resume loads (``rpg.verl.checkpoints``), all before
 verl's ``validate_config``; a bad value is one line naming the key, exit code 2. ``run_ppo`` gets ``RPGTaskRunner``:
 verl's ``TaskRunnerV1`` with the RPG trainer of ``trainer.v1.trainer_mode`` and verl's file logger on a new segment
-of the run's metrics history (a resume never truncates it). SIGHUP, SIGINT and SIGTERM stop the run: Ray is shut
+of the run's metrics history (a resume never truncates it). A paper run (``+experiment=<run>``) reaches
+``main_from_hydra`` composed and prepared by its launch (``rpg.launch.entry``), not by Hydra's main: one composition
+and one round of checks per launch. SIGHUP, SIGINT and SIGTERM stop the run: Ray is shut
 down and one line says where the metrics and the last complete checkpoint are and how to resume (128 + signum).
 """
 
@@ -130,12 +132,13 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
     auto_set_device(config)
     settings = validate_and_apply(config)
     check_run_names(config)
+    if check_paths:  # the run's own inputs first: they are wrong on every node
+        check_input_paths(config)
     if check_node:
         # this run's backend: CUDA, GPUs, driver, vLLM, flash-attn (gpu); vLLM's CPU build, the world size (cpu)
         if (name := backend_of_run(config)) is not None:
             backend(name).check_driver(config, settings)
     if check_paths:
-        check_input_paths(config)
         note = resolve_resume(config)  # pins the checkpoint verl loads, or refuses (one line)
         print(f"rpg: {note}", flush=True)  # the resume decision, every run (RESUME_LINE_STARTS)
     check_verl_rules(config)  # verl's numeric and divisibility rules its workers would hit (one line)
@@ -262,9 +265,10 @@ def after_ray_init(hook):
             ray_worker._post_init_hooks.remove(hook)
 
 
-def main_from_hydra(config: DictConfig) -> None:
+def main_from_hydra(config: DictConfig, settings: RPGSettings | None = None) -> None:
     """Body of the Hydra main: one clear line on a bad ``rpg:`` value, input path or resume
-    checkpoint, then exit code 2; a stop signal ends the run as ``stop_on_signals`` says. On a Ray cluster
+    checkpoint, then exit code 2 (``settings``: those ``prepare_config`` returned for ``config`` when the caller ran
+    it, a paper run's launch: ``rpg.launch.entry`` composes and checks the config once, then hands it over here); a stop signal ends the run as ``stop_on_signals`` says. On a Ray cluster
     the driver joined, the cluster's checks run once Ray is up (``rpg.verl.joined_cluster``: nodes and GPUs, the
     checkpoint folder seen from every node; a refusal is the same one line, exit 2), and a node lost mid-run
     ends the run with the stop line (exit 1) instead of a traceback (the driver watches the nodes and stops the
@@ -293,7 +297,7 @@ def main_from_hydra(config: DictConfig) -> None:
 
     with stop_on_signals(config), _removed(rendezvous_file()):
         try:
-            cluster.settings = prepare_config(config)
+            cluster.settings = settings if settings is not None else prepare_config(config)
         except RPGConfigError as e:
             print(error_line(e), file=sys.stderr)
             sys.exit(2)

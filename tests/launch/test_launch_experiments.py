@@ -1,6 +1,7 @@
-"""Each shipped run's experiment file (recipe/rpg/config/experiment/<run>.yaml) is what scripts/experiments.py writes
-from the run's name, and composes exactly the config the name's grammar composes (every key, both backends);
-``main_rpg.py +experiment=<run>`` composes the run's settings."""
+"""Each shipped run's experiment file (recipe/rpg/config/experiment/<run>.yaml) says what its name says
+(``scripts/experiments.py --check``, which names each disagreement and writes nothing), and composes exactly the
+config the name's grammar composes (every key, both backends); ``main_rpg.py +experiment=<run>`` composes the run's
+settings."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ import yaml
 from launching import generator, planned
 from omegaconf import OmegaConf
 
-from rpg.common.override_lists import parse_overrides
-from rpg.launch.experiments import CONFIG_NAME, DIGEST, EXPERIMENT_DIR, digest
+from rpg.launch.experiments import CONFIG_NAME, EXPERIMENT_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {"PATH": "/usr/bin:/bin"}
@@ -59,44 +59,53 @@ def _leaves(cfg) -> dict:
     return out
 
 
-def test_every_experiment_file_is_what_the_generator_writes():
+def test_every_experiment_file_says_what_its_name_says_and_the_check_writes_nothing(capsys):
+    """``scripts/experiments.py --check`` on the shipped files: no disagreement, exit 0, every file as it was."""
     gen = generator()
     names = gen.known_names()
     assert len(names) == 84 and all((ROOT / EXPERIMENT_DIR / f"{n}.yaml").is_file() for n in names)
-    assert gen.stale_files() == [], "regenerate with: python scripts/experiments.py --write"
-    for name in names:  # the file holds every setting the name decides, as its value
-        loaded = OmegaConf.load(gen.experiment_path(name))
-        for p in parse_overrides(gen.name_settings(gen.parse(name))):
-            assert OmegaConf.select(loaded, p.key) == p.value and type(OmegaConf.select(loaded, p.key)) is type(p.value)
+    before = {p: p.read_bytes() for p in (ROOT / EXPERIMENT_DIR).iterdir()}
+    assert gen.main(["--check"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().err == ""
+    assert {p: p.read_bytes() for p in (ROOT / EXPERIMENT_DIR).iterdir()} == before
+    assert gen.main(["--write"]) == 2 and "usage: python scripts/experiments.py --check" in capsys.readouterr().err
 
 
-def test_a_changed_file_is_named_and_another_runs_file_is_left_alone(monkeypatch, capsys, tmp_path):
+def test_the_check_names_each_disagreement_of_a_wrong_copy(tmp_path, capsys):
+    """A copy of a shipped file, edited against its name (another divergence, lr 1 as an integer, a setting
+    removed, one the name does not decide added, another paper row): one line each, naming the file and the key,
+    exit 1. A file whose name is no run name of the grammar (a user's run) is its own declaration: not checked."""
     gen, name = generator(), "run_rpg_7b_ufkl1e-4"
-    render = gen.render_experiment
-    monkeypatch.setattr(gen, "render_experiment", lambda v: render(v) + ("# edited\n" if v.name == name else ""))
-    assert gen.stale_files() == [f"{EXPERIMENT_DIR / name}.yaml"]
-    assert gen.main(["--check"]) == 1
-    err = capsys.readouterr().err
-    assert f"differs from what the run name writes: {EXPERIMENT_DIR / name}.yaml" in err and "--write" in err
-    monkeypatch.undo()
-    monkeypatch.setattr(gen, "CHECKOUT", tmp_path)  # a user's file beside the shipped ones is theirs
-    monkeypatch.setattr(gen, "known_names", lambda: [name])
-    (tmp_path / EXPERIMENT_DIR).mkdir(parents=True)
-    (tmp_path / EXPERIMENT_DIR / "run_rpg_7b_mine.yaml").write_text("x: 1\n")
-    assert gen.stale_files() == [f"{EXPERIMENT_DIR / name}.yaml"]  # missing there
-    assert gen.write_all() == [tmp_path / EXPERIMENT_DIR / f"{name}.yaml"]
-    assert gen.stale_files() == [] and (tmp_path / EXPERIMENT_DIR / "run_rpg_7b_mine.yaml").read_text() == "x: 1\n"
+    text = (ROOT / EXPERIMENT_DIR / f"{name}.yaml").read_text()
+    for old in ("    divergence: ufkl ", "      lr: 1.0e-6 ", "    clip: true ", f"# {name}: RPG-UFKL [not in the paper]"):
+        assert old in text
+    wrong = (text.replace("    divergence: ufkl ", "    divergence: urkl ").replace("      lr: 1.0e-6 ", "      lr: 1 ")
+             .replace("    clip: true ", "    # clip: true ").replace("RPG-UFKL [not in the paper]", "RPG-URKL [Table 3]")
+             + "  seed: 3\n")  # under trainer:
+    (tmp_path / f"{name}.yaml").write_text(wrong)
+    (tmp_path / "my_run.yaml").write_text(wrong)
+    assert gen.main(["--check", str(tmp_path / f"{name}.yaml"), str(tmp_path / "my_run.yaml")]) == 1
+    shown = f"scripts/experiments.py: {tmp_path / name}.yaml: "
+    assert capsys.readouterr().err.splitlines() == [
+        f"{shown}actor_rollout_ref.actor.optim.lr=1; its name says 1.0e-6",
+        f"{shown}rpg.loss.divergence=urkl; its name says ufkl",
+        f"{shown}rpg.loss.clip is not set; its name says true",
+        f"{shown}trainer.seed is set, which its name does not decide",
+        f"{shown}its first comment line is '{name}: RPG-URKL [Table 3]'; its name says '{name}: RPG-UFKL [not in the "
+        "paper]'"]
+    (tmp_path / f"{name}.yaml").write_text(text)  # the shipped file as it is: nothing to say
+    assert gen.main(["--check", str(tmp_path / f"{name}.yaml")]) == 0 and capsys.readouterr().err == ""
 
 
-def test_file_content_is_commented_yaml_on_the_paper_setup_with_its_digest():
+def test_file_content_is_commented_yaml_on_the_paper_setup():
     text = generator().experiment_path("run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28").read_text()
     assert text.startswith("# @package _global_\n# run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28: RPG-REINFORCE-URKL "
                            "[Table 3]\n")
     assert yaml.safe_load(text)["defaults"] == [{"/paper": "default"}, "_self_"]
     assert "      lr: 1.0e-6" in text and "App. H" in text
-    body, last = text.rstrip("\n").rsplit("\n", 1)
-    assert last == DIGEST + digest(body + "\n")
-    assert all(len(line) <= 120 for p in (ROOT / EXPERIMENT_DIR).glob("*.yaml") for line in p.read_text().splitlines())
+    files = list((ROOT / EXPERIMENT_DIR).glob("*.yaml"))
+    assert all(len(line) <= 120 for p in files for line in p.read_text().splitlines())
+    assert not [p.name for p in files if "sha256" in p.read_text() or "written by" in p.read_text()]  # no digest line
 
 
 @pytest.mark.parametrize("name", SAMPLE)

@@ -1,7 +1,7 @@
 """The run a launch asks for is the run it shows: the launch's header is the composed config's settings (the
 experiment file's and the overrides'); an override that changes what the run's file says gives the run a name that
 says it (trainer.experiment_name: checkpoints, logs, report labels), in one line; an edited shipped experiment file
-is named; a user's experiment file for a run without a script is composed, and said."""
+is the run (the check names its edits); a user's experiment file for a run without a script is composed, and said."""
 
 from __future__ import annotations
 
@@ -87,9 +87,9 @@ def test_a_name_given_by_the_user_is_kept_and_a_restated_or_memory_setting_renam
     assert named(_env(), mappings)[0] == f"{NAME}+clip=false"
 
 
-def test_an_edited_shipped_experiment_file_is_shown_and_named(tmp_path):
-    """A checkout whose shipped file was edited (lr 3e-6, urkl): the run composes the file; the header shows its
-    values, and one note line names the file and the check that compares it with the generator's."""
+def test_an_edited_shipped_experiment_file_is_the_run_and_the_check_names_the_edits(tmp_path, capsys):
+    """A checkout whose shipped file was edited (lr 3e-6, urkl): the file is the run; the header shows its values,
+    and ``scripts/experiments.py --check`` names each setting that no longer says what the name says."""
     for part in ("rpg", "recipe"):  # a copy of the checkout: the shipped files stay as they are
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     path = tmp_path / EXPERIMENT_DIR / f"{NAME}.yaml"
@@ -103,11 +103,15 @@ def test_an_edited_shipped_experiment_file_is_shown_and_named(tmp_path):
     header = _header(p.stdout)
     assert header.startswith(f"# run {NAME}: RPG-UFKL") and "lr=3e-06" in header and "divergence=urkl" in header
     assert _composed(p.stdout, LR) == 3e-6
-    assert _notes(p.stdout) == [f"{EXPERIMENT_DIR / NAME}.yaml was edited after scripts/experiments.py wrote it "
-                                "(python scripts/experiments.py --check compares): the run composes the file as it is"]
+    assert _notes(p.stdout) == []
+    from launching import generator
+
     from rpg.launch.experiments import file_note
 
-    assert file_note(find(NAME)) is None  # the shipped file as written: no note
+    assert file_note(find(NAME)) is None  # a paper script's file: no note
+    assert generator().main(["--check", str(path)]) == 1
+    assert capsys.readouterr().err.splitlines() == [f"scripts/experiments.py: {path}: {k}; its name says {v}" for k, v in (
+        ("actor_rollout_ref.actor.optim.lr=3.0e-6", "1.0e-6"), ("rpg.loss.divergence=urkl", "ufkl"))]
 
 
 def test_a_users_experiment_file_for_a_run_without_a_script_is_composed(tmp_path, capsys):

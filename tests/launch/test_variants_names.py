@@ -1,4 +1,4 @@
-"""The run-name grammar of scripts/experiments.py (the writer of the shipped experiment files): every shipped script
+"""The run-name grammar of scripts/experiments.py (the check of the shipped experiment files): every shipped script
 parses to the hand-written expected table (launch_expected), irregular authors' names keep working, bad names fail
 with the grammar; a name without an experiment file gets the closest shipped names; scripts stay thin wrappers."""
 

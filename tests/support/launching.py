@@ -1,7 +1,7 @@
 """A paper run's launch in the tests, in this process: ``launch`` routes a script's command line as
 recipe/rpg/launch.sh does (``rpg.cluster.submit`` with ``RAY_ADDRESS``, else ``rpg.launch.entry``, what
 recipe/rpg/main_rpg.py runs first); ``planned`` gives the overrides a run plans; ``generator`` loads
-``scripts/experiments.py``, the writer of the shipped experiment files."""
+``scripts/experiments.py``, the run-name grammar and the check of the shipped experiment files against it."""
 
 from __future__ import annotations
 
