@@ -39,6 +39,9 @@ def test_a_paper_launch_composes_the_run_once_and_checks_its_inputs_once(tmp_pat
     monkeypatch.setenv("DATA_DIR", str(tmp_path))
     monkeypatch.setenv("CKPTS_DIR", str(tmp_path / "ckpts"))
 
+    from rpg.launch import config_keys
+
+    config_keys.base_keys.cache_clear()  # the config without a run, composed once per process: here, in this test
     composed, checked, ran = [], [], []
     compose = hydra_internal.Hydra.compose_config
     monkeypatch.setattr(hydra_internal.Hydra, "compose_config",
