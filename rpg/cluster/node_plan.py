@@ -106,7 +106,7 @@ def check_reshardable(cfg: DictConfig, count: NodeCount) -> None:
 def plan_nodes(overrides: Sequence[str], req: Request, user: Sequence[str]):
     """The job's node count and its allowed sizes, its overrides (an elastic run: at the largest allowed count, where
     it starts when the nodes are there), the composed and checked config (``rpg.launch.plan.compose``) and the job
-    environment's ``NODE_PLAN_ENV``. The sizes are judged on the config as composed, before the driver's checks,
+    environment's ``NODE_PLAN_ENV`` (with separate_async's ``rollout_pool`` nodes). The sizes are judged on the config as composed, before the driver's checks,
     which then run at the size the job is submitted with."""
     from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR
     from rpg.launch.config_keys import compose_config
@@ -122,8 +122,11 @@ def plan_nodes(overrides: Sequence[str], req: Request, user: Sequence[str]):
     if count.elastic:
         changed = resized_values(_world_values(raw), max(sizes))
         overrides = merge_overrides(list(overrides), [f"{k}={v}" for k, v in changed.items()])
-    env = {NODE_PLAN_ENV: json.dumps({"nnodes": str(count), "sizes": sizes})}
-    return list(overrides), compose(overrides), count, sizes, env
+    composed = compose(overrides)
+    plan = {"nnodes": str(count), "sizes": sizes}
+    if (pool := rollout_pool(composed[0])[0]) > 0:
+        plan["rollout_nnodes"] = pool
+    return list(overrides), composed, count, sizes, {NODE_PLAN_ENV: json.dumps(plan)}
 
 
 def rollout_pool(cfg) -> tuple[int, int]:

@@ -6,6 +6,7 @@ cluster and fake trainers, as in tests/cluster/test_elastic_units.py; the loopba
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -159,3 +160,26 @@ def test_an_elastic_separate_async_submission_hands_the_pool_to_the_supervisor(c
     command = cap.out[cap.out.index("# command:"):cap.out.index("# ----")]
     assert ("#   --max-restarts \\\n#   3 \\\n#   --rollout-nnodes \\\n#   2 \\\n#   --rollout-gpus-per-node \\\n#   "
             "8 \\\n#   -- \\\n#") in command, command
+    plan = re.search(r'"RPG_NODE_PLAN": "(.*?)"}', command).group(1).replace('\\"', '"')
+    assert json.loads(plan) == {"nnodes": "1:4", "sizes": [1, 2, 4], "rollout_nnodes": 2}
+
+
+def test_the_stop_line_after_a_node_loss_keeps_the_pools_nodes_aside(monkeypatch, tmp_path):
+    """The driver's resume command asks for a count the alive nodes hold once the pool's are kept aside (the launch
+    puts them in ``NODE_PLAN_ENV``)."""
+    from omegaconf import OmegaConf
+
+    from rpg.common.nnodes import NodeCount, nnodes_for_resume
+    from rpg.verl.errors import NODE_PLAN_ENV, RESUME_COMMAND_ENV
+    from rpg.verl.main import run_stopped_line
+
+    assert nnodes_for_resume(NodeCount(4, 4, False), [1, 2, 4], 4, reserved=1) == "2"
+    assert nnodes_for_resume(NodeCount(2, 4, True), [2, 4], 3, reserved=1) == "2:4"  # MIN left for the trainer
+    assert nnodes_for_resume(NodeCount(2, 4, True), [2, 4], 2, reserved=1) is None  # none fits: the command kept
+    cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path / "ck"), "logger": ["console"],
+                                        "project_name": "p", "experiment_name": "e",
+                                        "v1": {"trainer_mode": "separate_async"}}})
+    monkeypatch.setenv(RESUME_COMMAND_ENV, "cd /w && NNODES=4 bash x.sh trainer.resume_mode=auto")
+    monkeypatch.setenv(NODE_PLAN_ENV, json.dumps({"nnodes": "4", "sizes": [1, 2, 4], "rollout_nnodes": 1}))
+    line = run_stopped_line(cfg, "stopped: node 10.0.0.3 lost (X)", ["main_rpg.py"], alive=4)
+    assert line.endswith("resume: cd /w && NNODES=2 bash x.sh trainer.resume_mode=auto"), line
