@@ -106,8 +106,8 @@ def check_reshardable(cfg: DictConfig, count: NodeCount) -> None:
 def plan_nodes(overrides: Sequence[str], req: Request, user: Sequence[str]):
     """The job's node count and its allowed sizes, its overrides (an elastic run: at the largest allowed count, where
     it starts when the nodes are there), the composed and checked config (``rpg.launch.plan.compose``) and the job
-    environment's ``NODE_PLAN_ENV`` (with separate_async's ``rollout_pool`` nodes). The sizes are judged on the config as composed, before the driver's checks,
-    which then run at the size the job is submitted with."""
+    environment's ``NODE_PLAN_ENV`` (with separate_async's ``rollout_pool`` nodes). The sizes are judged on the config
+    as composed, before the driver's checks, which then run at the size the job is submitted with."""
     from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR
     from rpg.launch.config_keys import compose_config
     from rpg.launch.plan import compose
