@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rpg.common.nnodes import GPUS_KEY, MICRO_SUFFIX, NNODES_KEY, NodeCount, resized_values
 from rpg.common.override_lists import merge_overrides, values
-from rpg.config import RPGConfigError
+from rpg.config import RPGConfigError, config_value
 from rpg.launch.environment import LaunchError, Request
 from rpg.verl.errors import NODE_PLAN_ENV
 
@@ -77,18 +77,12 @@ def node_sizes(cfg: DictConfig, count: NodeCount) -> list[int]:
 
 
 def check_elastic(cfg: DictConfig, req: Request, user: Sequence[str]) -> None:
-    """What an elastic run needs beyond its sizes: checkpoints to restart from, NNODES as the one node count, and
-    the trainer's nodes as all the run's nodes. sync and colocate_async qualify (both resume:
-    docs/verl-integration.md#resume-of-an-asynchronous-run); separate_async's standalone rollout pool takes nodes of
-    its own, which the supervisor does not count when it picks the count the free nodes hold."""
+    """What an elastic run needs beyond its sizes: checkpoints to restart from and NNODES as the one node count.
+    Every trainer mode resumes (docs/verl-integration.md#resume-of-an-asynchronous-run); separate_async's standalone
+    rollout pool is kept aside by the supervisor (``rollout_pool``, ``rpg.cluster.elastic.supervisor``)."""
     if NNODES_KEY in values(list(user)):
         raise LaunchError(f"NNODES={req.node_count} and the override {NNODES_KEY}=... both set the node count; an "
                           f"elastic run takes it from NNODES=MIN:MAX alone")
-    if (mode := OmegaConf.select(cfg, "trainer.v1.trainer_mode", default="sync")) == "separate_async":
-        raise LaunchError(f"NNODES={req.node_count} (elastic) with trainer.v1.trainer_mode={mode}: the elastic "
-                          "supervisor counts the trainer's nodes only, not the standalone rollout pool's "
-                          "(actor_rollout_ref.rollout.nnodes); use colocate_async, or a fixed NNODES (the run "
-                          "resumes with trainer.resume_mode=auto)")
     if int(cfg.trainer.save_freq) <= 0:
         raise LaunchError(f"NNODES={req.node_count} (elastic) restarts from the last checkpoint, and "
                           f"trainer.save_freq={cfg.trainer.save_freq} saves none: set trainer.save_freq=N")
@@ -112,8 +106,8 @@ def check_reshardable(cfg: DictConfig, count: NodeCount) -> None:
 def plan_nodes(overrides: Sequence[str], req: Request, user: Sequence[str]):
     """The job's node count and its allowed sizes, its overrides (an elastic run: at the largest allowed count, where
     it starts when the nodes are there), the composed and checked config (``rpg.launch.plan.compose``) and the job
-    environment's ``NODE_PLAN_ENV``. The sizes are judged on the config as composed, before the driver's checks,
-    which then run at the size the job is submitted with."""
+    environment's ``NODE_PLAN_ENV`` (with separate_async's ``rollout_pool`` nodes). The sizes are judged on the config
+    as composed, before the driver's checks, which then run at the size the job is submitted with."""
     from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR
     from rpg.launch.config_keys import compose_config
     from rpg.launch.plan import compose
@@ -128,11 +122,27 @@ def plan_nodes(overrides: Sequence[str], req: Request, user: Sequence[str]):
     if count.elastic:
         changed = resized_values(_world_values(raw), max(sizes))
         overrides = merge_overrides(list(overrides), [f"{k}={v}" for k, v in changed.items()])
-    env = {NODE_PLAN_ENV: json.dumps({"nnodes": str(count), "sizes": sizes})}
-    return list(overrides), compose(overrides), count, sizes, env
+    composed = compose(overrides)
+    plan = {"nnodes": str(count), "sizes": sizes}
+    if (pool := rollout_pool(composed[0])[0]) > 0:
+        plan["rollout_nnodes"] = pool
+    return list(overrides), composed, count, sizes, {NODE_PLAN_ENV: json.dumps(plan)}
 
 
-def supervisor_prefix(python: str, count: NodeCount, sizes: Sequence[int], max_restarts: int) -> list[str]:
-    """The elastic supervisor's command, to which the trainer's (PYTHON main_rpg.py OVERRIDES) is appended."""
+def rollout_pool(cfg) -> tuple[int, int]:
+    """The standalone rollout pool of a checked config (``rpg.launch.plan.compose``): its nodes and GPUs per node,
+    ``actor_rollout_ref.rollout.nnodes`` x ``.n_gpus_per_node`` (integers >= 1: ``rpg.verl.block_checks``), which
+    verl places beside the trainer's in separate_async; ``(0, 0)`` in another mode (no pool)."""
+    if config_value(cfg, "trainer.v1.trainer_mode", "sync") != "separate_async":
+        return 0, 0
+    return (int(config_value(cfg, "actor_rollout_ref.rollout.nnodes")),
+            int(config_value(cfg, "actor_rollout_ref.rollout.n_gpus_per_node")))
+
+
+def supervisor_prefix(python: str, count: NodeCount, sizes: Sequence[int], max_restarts: int,
+                      pool: tuple[int, int] = (0, 0)) -> list[str]:
+    """The elastic supervisor's command, to which the trainer's (PYTHON main_rpg.py OVERRIDES) is appended;
+    ``pool``: ``rollout_pool``, the nodes the supervisor keeps aside for it."""
+    kept = ["--rollout-nnodes", str(pool[0]), "--rollout-gpus-per-node", str(pool[1])] if pool[0] else []
     return [python, "-m", "rpg.cluster.elastic", "--nnodes", str(count), "--sizes", ",".join(map(str, sizes)),
-            "--max-restarts", str(max_restarts), "--"]
+            "--max-restarts", str(max_restarts), *kept, "--"]

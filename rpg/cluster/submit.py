@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 def submit(name: str, user: list[str], env: dict[str, str]) -> int:
     """The run ``name`` with the user's overrides, submitted (see the module's text)."""
     from rpg.cluster import job as jobs
-    from rpg.cluster.node_plan import plan_nodes, supervisor_prefix
+    from rpg.cluster.node_plan import plan_nodes, rollout_pool, supervisor_prefix
     from rpg.cluster.ray_job_api import address_problem, job_api_problem
     from rpg.launch import experiments, rehearsal
     from rpg.launch.args import read_overrides
@@ -177,7 +177,8 @@ def submit(name: str, user: list[str], env: dict[str, str]) -> int:
             check_fresh_start(ckpts, cfg.trainer.resume_mode, ckpts, another="CKPTS_DIR=... or EXP_NAME=...")
     overrides, composed, count, sizes, node_env = plan_nodes(overrides, req, user)
     cfg = composed[0]
-    supervisor = supervisor_prefix(job.python, count, sizes, req.max_restarts) if count.elastic else ()
+    supervisor = supervisor_prefix(job.python, count, sizes, req.max_restarts, rollout_pool(cfg)) if count.elastic \
+        else ()
     cmd = ray_command(overrides, req, job, {**job_env, **node_env}, submission, supervisor)
     if req.dry:
         return dry_run(req, exp, overrides, cmd, composed, user)

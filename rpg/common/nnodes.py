@@ -71,10 +71,12 @@ def largest_fit(sizes: Iterable[int], alive: int) -> int | None:
     return max(fitting) if fitting else None
 
 
-def nnodes_for_resume(count: NodeCount, sizes: Iterable[int], alive: int) -> str | None:
-    """``NNODES`` for a resume command on a cluster with ``alive`` nodes that can each hold a rank group: an
-    elastic count as given while ``MIN`` of them are alive, else the largest allowed size that fits (a fixed
-    count); None when no size fits (the command keeps the count it had)."""
+def nnodes_for_resume(count: NodeCount, sizes: Iterable[int], alive: int, reserved: int = 0) -> str | None:
+    """``NNODES`` for a resume command on a cluster with ``alive`` nodes that can each hold a rank group, ``reserved``
+    of them kept for separate_async's standalone rollout pool (``actor_rollout_ref.rollout.nnodes``): an elastic
+    count as given while ``MIN`` nodes are left for the trainer, else the largest allowed size that fits them (a
+    fixed count); None when no size fits (the command keeps the count it had)."""
+    alive -= reserved
     if count.elastic and alive >= count.low:
         return str(count)
     k = largest_fit(sizes, alive)

@@ -11,8 +11,9 @@ RESUME_LINE_STARTS = ("rpg: resuming from ", "rpg: fresh start ")
 # read by the driver's stop line
 RESUME_COMMAND_ENV = "RPG_RESUME_COMMAND"
 # The node counts a run submitted to a Ray cluster may take (``rpg.cluster``: NNODES as given, and the counts that
-# pass the driver's rules), JSON ``{"nnodes": "1:2", "sizes": [1, 2]}``: the stop line's resume command asks for
-# a count the cluster can hold when a node was lost (``rpg.common.nnodes.nnodes_for_resume``)
+# pass the driver's rules; separate_async: its standalone rollout pool's nodes), JSON ``{"nnodes": "1:2", "sizes":
+# [1, 2], "rollout_nnodes": 1}``: the stop line's resume command asks for a count the cluster can hold, the pool's
+# nodes kept aside, when a node was lost (``rpg.common.nnodes.nnodes_for_resume``)
 NODE_PLAN_ENV = "RPG_NODE_PLAN"
 # Set by the elastic supervisor (``rpg.cluster.elastic``) for the trainer it starts: where the trainer writes why
 # it stopped when a node was lost, exiting with ELASTIC_EXIT instead of printing the stop line

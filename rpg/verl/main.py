@@ -200,7 +200,8 @@ def run_stopped_line(config: DictConfig, stopped: str, argv: list[str], alive: i
     resume = os.environ.get(RESUME_COMMAND_ENV, "").strip() or driver_resume_command(argv)
     if alive is not None and (plan := os.environ.get(NODE_PLAN_ENV, "").strip()):
         plan = json.loads(plan)
-        if (nnodes := nnodes_for_resume(parse_nnodes(plan["nnodes"]), plan["sizes"], alive)) is not None:
+        if (nnodes := nnodes_for_resume(parse_nnodes(plan["nnodes"]), plan["sizes"], alive,
+                                        int(plan.get("rollout_nnodes", 0)))) is not None:
             resume = with_nnodes(resume, nnodes)
     return (f"rpg: {stopped}; Ray shut down; metrics log {log}; last complete checkpoint "
             f"{ckpt or 'none (nothing saved yet: the resume starts at step 0)'}; "

@@ -477,9 +477,6 @@ def test_an_elastic_submission_runs_the_supervisor_with_the_counts_that_keep_the
     ({"NNODES": "3:3"}, [], "NNODES=3:3: no node count in it runs this run at its global batch (3: "),
     ({"NNODES": "1:2"}, ["trainer.nnodes=2"], "both set the node count"),
     ({"NNODES": "1:2"}, ["trainer.save_freq=-1"], "trainer.save_freq=-1 saves none"),
-    ({"NNODES": "1:2"}, ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
-                         "actor_rollout_ref.rollout.n_gpus_per_node=8"], "counts the trainer's nodes only, not the "
-                                                                         "standalone rollout pool's"),
     ({"NNODES": "1:2"}, ["algorithm.adv_estimator=gae", "critic.enable=true"], "its checkpoint is not resharded"),
     ({"NNODES": "1:2"}, ["actor_rollout_ref.actor.strategy=fsdp"], "only fsdp2 checkpoints load at another world"),
 ])
@@ -492,7 +489,8 @@ def test_what_an_elastic_run_cannot_do_is_refused_before_it_is_queued(capsys, en
 @CLUSTER_STAGE
 def test_a_colocate_async_run_is_elastic_too(capsys):
     """Asynchronous runs resume (docs/verl-integration.md#resume-of-an-asynchronous-run), so an elastic colocate_async
-    run restarts from its last checkpoint like a sync one (tests/e2e/test_elastic.py runs one)."""
+    run restarts from its last checkpoint like a sync one (tests/e2e/test_elastic.py runs one; separate_async:
+    tests/cluster/test_elastic_pool.py)."""
     rc, err, out = _launch(capsys, PAPER, "trainer.v1.trainer_mode=colocate_async", NNODES="1:4")
     assert rc == 0, err
     assert "rpg.cluster.elastic \\\n#   --nnodes \\\n#   1:4" in out, out[-3000:]

@@ -69,13 +69,18 @@ def _world_sizes(ck: Path) -> dict[int, int]:
     return out
 
 
-def _elastic(cluster: LoopbackCluster, log: Path, steps: int, *overrides: str, **env: str):
+def _elastic(cluster: LoopbackCluster, log: Path, steps: int, *overrides: str, spare: bool = False, **env: str):
+    """The run submitted with ``NNODES=1:2`` on the two nodes, and with ``spare`` a third (``SPARE``), started here
+    and stopped by the caller."""
     cluster.ensure_two_nodes()
+    if spare:
+        cluster.start_node(SPARE)
     return submit(cluster, log, f"trainer.total_training_steps={steps}", "trainer.save_freq=1",
                   "trainer.max_actor_ckpt_to_keep=null", *overrides, NNODES="1:2", **env)
 
 
 STEPS = 8
+SPARE = "spare"  # separate_async's third node: the standalone rollout pool's, kept aside by the supervisor
 _HOLDS_THE_RUN = r"rpg\.elastic: \d+ node\(s\) can hold the run now"
 
 
@@ -112,19 +117,31 @@ def _held(submission: str, attempt: int):
         found[0].send_signal(signal.SIGCONT)
 
 
-@pytest.mark.parametrize("mode", ["sync", "colocate_async"])
+@pytest.mark.parametrize("mode", ["sync", "colocate_async", "separate_async"])
 def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster, tmp_path, mode):
     """The node returns at a known step, whatever the machine's speed: once the run restarted on the node left has
     saved a step, its training loop is held (SIGSTOP) while the node comes back and the supervisor sees it, so it
     grows at a checkpoint after the held one (the next, unless the trainer saved again before the supervisor looked),
-    a step before the last. In colocate_async each restart and the grow resume its replay buffer too (the resume
-    line of rpg.verl.async_resume), at the other world size."""
+    a step before the last. In colocate_async and separate_async each restart and the grow resume its replay buffer
+    too (the resume line of rpg.verl.async_resume), at the other world size. separate_async runs on three nodes,
+    one kept aside for its standalone rollout pool (one rank): the trainer on 2, then 1 once the second node is
+    lost (whichever of the trainer's and the pool's parts it held), then 2 again."""
+    try:
+        _lost_node_restart_and_grow(cluster, tmp_path, mode)
+    finally:
+        cluster.stop_node(SPARE)
+
+
+def _lost_node_restart_and_grow(cluster: LoopbackCluster, tmp_path: Path, mode: str) -> None:
     from rpg.verl.checkpoints import MARKER, is_last_step, last_complete
 
     name = "elastic" if mode == "sync" else f"elastic-{mode}"
     log = tmp_path / f"{name}.log"
     ck = cluster.shared / "ck" / name
-    proc = _elastic(cluster, log, STEPS, f"trainer.v1.trainer_mode={mode}")
+    pool = mode == "separate_async"
+    # separate_async: the tiny task's 8 prompts in mini-batches of 2, one weight sync per step
+    sync = ["trainer.v1.separate_async.parameter_sync_step=4"] if pool else []
+    proc = _elastic(cluster, log, STEPS, f"trainer.v1.trainer_mode={mode}", *sync, spare=pool)
     submission = SUBMISSION.search(wait_for(log, SUBMISSION.pattern, proc)).group(0)
     _appears(ck / "global_step_2" / MARKER, proc, timeout=600)
     t_kill = time.time()
@@ -140,14 +157,19 @@ def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster
         # the trainer handed over (verl's error names the lost node), or, when its surviving rank blocked in a
         # collective with the dead one, the supervisor's hang watch stopped it: either way the run restarted on the
         # node left
-        lost, _ = _next(log, r"rpg: node .* lost .*the elastic supervisor decides|rpg\.elastic: 1 node\(s\) alive of "
-                             r"the 2 the trainer runs on for \d+ s", proc, 0, timeout=300)
+        lost, _ = _next(log, r"rpg: node .* lost .*the elastic supervisor decides|rpg\.elastic: \d node\(s\) alive of "
+                             r"the \d the trainer .*runs? on for \d+ s", proc, 0, timeout=300)
         m, _ = _next(log, r"rpg\.elastic: restart 1/3: .*", proc, lost.end())
         line = m.group(0)
         why = "node 127.0.0.1" if lost.group(0).startswith("rpg: node") else "the trainer waited on a lost node"
         assert why in line and "world size 2 x 1 -> 1 x 1" in line and "restarts left 2" in line, line
         assert f"(step {resumed})" in line, (line, resumed)
         assert "rpg.elastic: starting on 2 node(s) x 1 GPU(s)" in log.read_text()[:m.start()], log.read_text()[-3000:]
+        if pool:  # the pool's node kept aside at the start and at the restart
+            assert re.search(r"rpg\.elastic: starting on 2 node\(s\) .*3 node\(s\) with 1 free GPU\(s\): 1 kept for "
+                             r"the rollout pool's 1 node\(s\) x 1 GPU\(s\) .*, 2 for the trainer\)", log.read_text()), \
+                log.read_text()[-3000:]
+            assert "2 node(s) with 1 free GPU(s): 1 kept for the rollout pool's" in line, line
         r, _ = _next(log, r"rpg: resuming from \S*?global_step_(\d+)", proc, m.end())
         assert int(r.group(1)) == resumed, r.group(0)
         # from the restart on one node to here (its trainer started, its placement group made) only one node could

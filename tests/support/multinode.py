@@ -178,7 +178,7 @@ class LoopbackCluster:
         return [proc, *proc.children(recursive=True)]
 
     def close(self) -> None:
-        for name in ("worker", "head"):
+        for name in [n for n in self.nodes if n != "head"] + ["head"]:  # a third node a test started too
             self.stop_node(name)
         if self.holder is not None and self.holder.poll() is None:
             self.holder.send_signal(signal.SIGTERM)

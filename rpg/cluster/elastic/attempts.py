@@ -28,6 +28,10 @@ class Plan:
     sizes: list[int]
     max_restarts: int
     argv: list[str]  # the trainer's command: PYTHON main_rpg.py OVERRIDES
+    # separate_async: the standalone rollout pool's nodes and GPUs per node (actor_rollout_ref.rollout.nnodes,
+    # .n_gpus_per_node), which come beside the trainer's; 0 in another mode
+    pool_nodes: int = 0
+    pool_gpus: int = 0
 
     @property
     def overrides(self) -> list[str]:
@@ -36,6 +40,16 @@ class Plan:
     @property
     def gpus_per_node(self) -> int:
         return int(values(self.overrides).get(GPUS_KEY, 1))
+
+    @property
+    def node_gpus(self) -> int:
+        """The free GPUs a node must have to count (``rpg.cluster.elastic.supervisor``): a trainer rank group's or,
+        with a rollout pool, the larger of that and a pool node's."""
+        return max(self.gpus_per_node, self.pool_gpus)
+
+    def pool_text(self) -> str:
+        return (f"the rollout pool's {self.pool_nodes} node(s) x {self.pool_gpus} GPU(s) (actor_rollout_ref.rollout."
+                f"nnodes={self.pool_nodes}, n_gpus_per_node={self.pool_gpus})")
 
     @property
     def folder(self) -> Path:
@@ -58,6 +72,8 @@ def parse_args(argv: Sequence[str]) -> Plan:
     p.add_argument("--nnodes", required=True, help="MIN:MAX")
     p.add_argument("--sizes", required=True, help="the node counts in [MIN, MAX] the run may take, comma separated")
     p.add_argument("--max-restarts", type=int, required=True)
+    p.add_argument("--rollout-nnodes", type=int, default=0, help="separate_async: the standalone rollout pool's nodes")
+    p.add_argument("--rollout-gpus-per-node", type=int, default=0, help="and its GPUs per node")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- PYTHON main_rpg.py OVERRIDES")
     a = p.parse_args(list(argv))
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -69,7 +85,10 @@ def parse_args(argv: Sequence[str]) -> Plan:
     if not sizes or not all(count.low <= k <= count.high for k in sizes) or a.max_restarts < 0 or len(command) < 2:
         p.error(f"--sizes {a.sizes!r} must lie in --nnodes {a.nnodes}, --max-restarts >= 0, and a trainer command "
                 "follows --")
-    return Plan(count.low, count.high, sizes, a.max_restarts, command)
+    if a.rollout_nnodes < 0 or a.rollout_gpus_per_node < 0 or (a.rollout_nnodes > 0) != (a.rollout_gpus_per_node > 0):
+        p.error(f"--rollout-nnodes {a.rollout_nnodes} --rollout-gpus-per-node {a.rollout_gpus_per_node}: both >= 1 "
+                "(a standalone rollout pool) or both 0 (none)")
+    return Plan(count.low, count.high, sizes, a.max_restarts, command, a.rollout_nnodes, a.rollout_gpus_per_node)
 
 
 def set_aside_incomplete(folder: Path, attempt: int) -> list[str]:

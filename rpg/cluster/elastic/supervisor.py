@@ -1,5 +1,14 @@
 """The elastic supervisor's decisions (``rpg.cluster.elastic``): start the trainer at a node count, restart it after
-a node loss, grow it when nodes come back, stop when it cannot go on."""
+a node loss, grow it when nodes come back, stop when it cannot go on.
+
+The trainer's node count: the largest allowed size (``--sizes``) <= N - P, where N counts the alive nodes, each once,
+that have ``Plan.node_gpus`` GPUs free or held by the running trainer's Ray job (``cluster.run_nodes``), and P is
+the standalone rollout pool's nodes (separate_async's ``actor_rollout_ref.rollout.nnodes``, 0 in another mode). A
+node counts when it holds the larger of a trainer rank group (``trainer.n_gpus_per_node``) and a pool node
+(``rollout.n_gpus_per_node``): verl creates the trainer's placement groups first, one node each, so whichever k
+counted nodes Ray gives them, P counted nodes are left that each hold a pool node. Conservative: a node that could
+hold a rank group and a pool node side by side is still counted once.
+"""
 
 from __future__ import annotations
 
@@ -57,19 +66,38 @@ class Supervisor:
     child: subprocess.Popen | None = None
     status: Path | None = None  # the running attempt's status file
     stop_line: str | None = None  # the last trainer's stop line (printed when the run ends without it)
+    counted: int | None = None  # the nodes counted by the last ``choose``
 
     # ------------------------------------------------------------------ what the cluster holds
     def _count(self, ask) -> int | None:
         try:
-            return ask(self.plan.gpus_per_node)
+            return ask(self.plan.node_gpus)
         except Exception:  # noqa: BLE001 - the GCS or the dashboard did not answer this time: ask again later
             return None
 
     def choose(self, job_id: str | None = None) -> int | None:
-        """The largest allowed count the nodes can hold: the alive nodes with free GPUs and, with ``job_id``, those
-        the running trainer's Ray job holds, each node once (``rpg.cluster.elastic.cluster.run_nodes``)."""
-        nodes = self._count(lambda gpus: self.cluster.run_groups(gpus, job_id))
-        return None if nodes is None else largest_fit(self.plan.sizes, nodes)
+        """The largest allowed count the nodes can hold with the rollout pool's kept aside (module text): the alive
+        nodes with free GPUs and, with ``job_id``, those the running trainer's Ray job holds, each node once
+        (``rpg.cluster.elastic.cluster.run_nodes``). The count of nodes is kept in ``counted`` for the log."""
+        self.counted = nodes = self._count(lambda gpus: self.cluster.run_groups(gpus, job_id))
+        return None if nodes is None else largest_fit(self.plan.sizes, nodes - self.plan.pool_nodes)
+
+    def choice(self, k: int) -> str:
+        """How ``k`` was chosen, for the log (a rollout pool's run only)."""
+        p = self.plan
+        if not p.pool_nodes:
+            return ""
+        return (f"; {self.counted} node(s) with {p.node_gpus} free GPU(s): {p.pool_nodes} kept for {p.pool_text()}, "
+                f"{k} for the trainer")
+
+    def too_few(self) -> str:
+        """The nodes a start needs, for the line that says they are not there."""
+        p = self.plan
+        if not p.pool_nodes:
+            return f"fewer than {p.low} node(s) with {p.gpus_per_node} free GPU(s) each"
+        return (f"fewer than {p.low + p.pool_nodes} node(s) with {p.node_gpus} free GPU(s) each (NNODES={p.low}:"
+                f"{p.high}: at least {p.low} for the trainer and {p.pool_nodes} for {p.pool_text()}"
+                + ("" if self.counted is None else f"; {self.counted} counted") + ")")
 
     def job_id(self) -> str | None:
         """The running trainer's Ray job (written by the trainer once Ray is up), or None before."""
@@ -138,9 +166,12 @@ class Supervisor:
         while (rc := self.child.poll()) is None:
             time.sleep(self.poll_s)
             alive = self._count(self.cluster.alive_groups)
-            short_since = (short_since or time.time()) if alive is not None and alive < nnodes else None
+            used = nnodes + self.plan.pool_nodes  # the trainer's nodes and its rollout pool's
+            short_since = (short_since or time.time()) if alive is not None and alive < used else None
             if short_since is not None and time.time() - short_since > self.hang_s:
-                say(f"{alive} node(s) alive of the {nnodes} the trainer runs on for {self.hang_s:.0f} s and it has not "
+                runs_on = "the trainer runs on" if not self.plan.pool_nodes else \
+                    f"the trainer ({nnodes}) and its rollout pool ({self.plan.pool_nodes}) run on"
+                say(f"{alive} node(s) alive of the {used} {runs_on} for {self.hang_s:.0f} s and it has not "
                     "stopped (waiting on a lost node): stopping it")
                 return self.stop_child(), "hang"
             if ending:
@@ -179,10 +210,9 @@ class Supervisor:
         restarts_left, attempt = plan.max_restarts, 0
         k = self.wait_for_size(self.wait_for_nodes_s)
         if k is None:
-            return self.end(f"fewer than {plan.low} node(s) with {g} free GPU(s) each (allowed counts {plan.sizes}): "
-                            "nothing started")
+            return self.end(f"{self.too_few()} (allowed counts {plan.sizes}): nothing started")
         say(f"starting on {k} node(s) x {g} GPU(s) (NNODES={plan.low}:{plan.high}, allowed {plan.sizes}; restarts "
-            f"left {restarts_left})")
+            f"left {restarts_left}{self.choice(k)})")
         while True:
             self.start(k, attempt)
             rc, stopped = self.run_child(k)
@@ -200,12 +230,11 @@ class Supervisor:
                                 "list actors): the run stops rather than start a second trainer beside it")
             k = self.wait_for_size(self.wait_for_nodes_s if stopped != "grow" else 0)
             if k is None:
-                return self.end(f"fewer than {plan.low} node(s) with {g} free GPU(s) each after "
-                                f"{self.wait_for_nodes_s:.0f} s: the run stops")
+                return self.end(f"{self.too_few()} after {self.wait_for_nodes_s:.0f} s: the run stops")
             resumed = last_complete(plan.folder)
             redone = [s for s in record.get("logged_steps", []) if s > _step(resumed)]
             where = f"world size {old} x {g} -> {k} x {g}; resuming {resumed or 'from step 0 (nothing saved)'} " \
-                    f"(step {_step(resumed)})"
+                    f"(step {_step(resumed)}){self.choice(k)}"
             if stopped == "grow":
                 say(f"grown at a checkpoint: {where}; restarts left {restarts_left}")
                 continue
