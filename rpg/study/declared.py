@@ -256,6 +256,16 @@ def test_contrast(rows: list[dict], contrast: Contrast, level: float = 0.95) -> 
     return Result(contrast, seeds, d, stats.sign_flip_p(d), stats.sign_flip_ci(d, level))
 
 
+def unfinished_note(done: int, runs: int) -> list[str]:
+    """results.md's lines while a declared study is under way (none once every run finished): its plan reads no
+    result before then, so the tests below are no result yet."""
+    if done >= runs:
+        return []
+    return [f"**Under way: {runs - done} of {runs} runs not finished.** The plan reads no result before all of its "
+            "runs finish (no interim analysis): the tests below are the code's output on the runs so far, not a "
+            "result.", ""]
+
+
 def fmt(x, spec: str = ".3f") -> str:
     """A table cell: ``x`` formatted, or an em dash for a missing or NaN value."""
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)

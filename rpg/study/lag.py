@@ -274,6 +274,7 @@ def render_tables(rows: list[dict], source: str = "runs.csv", study: LagStudy | 
     done = [r for r in rows if r["status"] == "done"]
     codes = sorted({r["code"] for r in done if r["code"]})
     out += [f"{len(done)} of {len(rows)} runs finished; code: {', '.join(codes) or '—'}.", "",
+            *declared.unfinished_note(len(done), len(rows)),
             "## Cells (primary: mean held-out accuracy over the last three evaluations; diagnostics: per-run means "
             "over steps >= 2, maxima for max weight and max ratio, then the mean over the cell's runs)", "",
             "| cell | runs | primary mean ± SD | final acc | collapses | " + " | ".join(c for _, c in CELL_STATS)

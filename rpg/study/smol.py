@@ -344,6 +344,7 @@ def render_tables(study: Comparison, rows: list[dict], source: str = "runs.csv")
     out = [f"# {study.title}: {'results' if design == DECLARED else 'EXPLORATORY results'} (generated from "
            f"{source} by `python -m rpg.study {study.flag} --render-only`; do not edit)", "", *study.DESIGN.note(design),
            f"{len(done)} of {len(rows)} runs finished; code: {', '.join(codes) or '—'}.", "",
+           *declared.unfinished_note(len(done), len(rows)),
            "## Methods (primary: held-out accuracy at the last evaluation; diagnostics: per-run means over the "
            "training steps, then the mean over the method's runs)", "",
            "| method | lr | runs | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± SD | "
@@ -362,7 +363,8 @@ def render_tables(study: Comparison, rows: list[dict], source: str = "runs.csv")
                    + " | ".join(fmt(by_seed.get(s)) for s in seeds) + f" | {fmt(mean_of(prim))} ± {fmt(sd)} | "
                    + " | ".join(fmt(mean_of([r[k] for r in ok]), ".3g") for k, _ in TABLE_STATS)
                    + f" | {fmt(mean_of(loads), '.2f')}, {fmt(max(loads) if loads else None, '.2f')} |")
-    results = [(declared.test_contrast(rows, c, interval_level(max(1, len(seeds)))), two)
+    # each contrast's interval at the level its own seeds allow (a seed leaves it with an unfinished run)
+    results = [(declared.test_contrast(rows, c, interval_level(max(2, len(declared.test_contrast(rows, c).d)))), two)
                for c, two in study.contrasts]
     ps = [None if r.p is None else p_value(r.d, two) for r, two in results]
     adjusted = stats.holm([1.0 if p is None else p for p in ps])
@@ -373,9 +375,10 @@ def render_tables(study: Comparison, rows: list[dict], source: str = "runs.csv")
             "| contrast | claim | d_s | seeds | per seed | mean d_s [exact interval] | p | Holm p |",
             "|---|---|---|---|---|---|---|---|"]
     for (r, two), p, adj in zip(results, ps, adjusted):
-        level = f"{100 * interval_level(len(r.d)):g} % " if r.d else ""
+        level = f"{100 * interval_level(len(r.d)):g} % " if len(r.d) > 1 else ""
+        ci = declared.fmt_ci(r.ci if len(r.d) > 1 else None)
         out.append(f"| {r.contrast.name} | {r.contrast.claim} | {r.contrast.formula()} | {len(r.d)} | "
-                   f"{', '.join(fmt(x, '+.3f') for x in r.d) or '—'} | {fmt(r.mean)} {level}{declared.fmt_ci(r.ci)} | "
+                   f"{', '.join(fmt(x, '+.3f') for x in r.d) or '—'} | {fmt(r.mean)} {level}{ci} | "
                    f"{fmt(p, '.4g')} ({'two-sided' if two else 'one-sided'}) | "
                    f"{fmt(adj if p is not None else None, '.4g')} |")
     missing = [f"* {label_of(r['method'])}, seed {r['seed']}: {r['status']}" for r in rows if r["status"] != "done"]

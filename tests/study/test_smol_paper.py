@@ -166,3 +166,20 @@ def test_the_committed_results_are_rebuilt_from_the_committed_csv():
     if not csv_path.is_file():
         pytest.skip("docs/study/smol-paper/runs.csv does not exist yet: the plan's runs have not started")
     assert (PAPER_DIR / "results.md").read_text(encoding="utf-8") == P.PAPER.render_tables(P.PAPER.read_csv(csv_path))
+
+
+def test_a_study_under_way_says_its_tests_are_no_result_and_each_interval_fits_its_seeds():
+    """Seeds 3-12 not run yet, and seed 2's GRPO: results.md says the plan reads no result yet; H1 (2 seeds) gets the
+    50 % interval 2 seeds allow, H2-H3 (1 seed, GRPO missing in seed 2) none."""
+    rows = _rows({"rpg-rf-urkl": 0.05})
+    for r in rows:
+        if r["seed"] > 2 or (r["seed"] == 2 and r["cell"] == "grpo"):
+            r.update(status="todo", primary=None, **{f"{DC.VAL_PREFIX}3": None})
+    text = P.PAPER.render_tables(rows)
+    assert "**Under way: 51 of 60 runs not finished.** The plan reads no result before all of its runs finish" in text
+    h = _hypotheses(text)
+    assert (h["H1"][3], h["H4"][3], h["H2"][3]) == ("1", "2", "1")
+    y = {(r["cell"], r["seed"]): r["primary"] for r in rows}
+    d = sorted(y[("rpg-rf-urkl", s)] - y[("dapo", s)] for s in (1, 2))
+    assert h["H4"][5] == f"{sum(d) / 2:.3f} 50 % [{d[0]:.3f}, {d[1]:.3f}]" and h["H1"][5].endswith(" —")
+    assert "Under way" not in P.PAPER.render_tables(_rows({}))  # every run finished: no such line
