@@ -227,20 +227,28 @@ def _fits(seeds: int, problems: int) -> tuple[int, float]:
     return best
 
 
+def design_rows(study: Comparison, specs: list[RunSpec], val: str) -> list[str]:
+    """A plan's first rows: the runs, the learning rates, and each method's run time from its costs (the validation's
+    word and format ``val``, as each plan was committed: "validation(s) x {:.0f}" or "validation x {:.1f}")."""
+    c = study.cost_model(specs[0].sizes.val_problems)
+    lrs = ", ".join(f"{label_of(m)} {setting(m, LR_KEY) * lr_scale():g}" for m in study.methods)
+    lines = ["| design | value |", "|---|---|",
+             f"| methods x seeds = runs | {len(study.methods)} x {max(s.seed for s in specs)} = {len(specs)} |",
+             f"| learning rate (paper x {lr_scale():g}) | {lrs} |"]
+    for m in study.methods:
+        spec = next(s for s in specs if s.variant == m)
+        lines.append(f"| one run, {label_of(m)} | {c.run_s(spec):.0f} s = {c.startup_s:.0f} s start-up and shutdown + "
+                     f"{spec.sizes.steps} steps x ({c.step_s:.1f} s + {study.costs.method_step_s(m):.1f} s) + "
+                     f"{spec.sizes.validations} {val.format(c.val_s)} s |")
+    return lines
+
+
 def plan_numbers(seeds: int = PILOT.seeds, sizes: SmolSizes = PILOT.sizes,
                  sim: stats.PowerSim = stats.PowerSim()) -> str:
     """The pilot plan's budget, learning rates and precision, as markdown (docs/study/smol/PLAN.md holds it)."""
     specs, c = PILOT.grid(seeds, sizes), PILOT.cost_model(sizes.val_problems)
     total = c.grid_s(specs, 1)
-    lrs = ", ".join(f"{label_of(m)} {setting(m, LR_KEY) * lr_scale():g}" for m in PILOT.methods)
-    lines = ["| design | value |", "|---|---|",
-             f"| methods x seeds = runs | {len(PILOT.methods)} x {seeds} = {len(specs)} |",
-             f"| learning rate (paper x {lr_scale():g}) | {lrs} |"]
-    for m in PILOT.methods:
-        spec = next(s for s in specs if s.variant == m)
-        lines.append(f"| one run, {label_of(m)} | {c.run_s(spec):.0f} s = {c.startup_s:.0f} s start-up and shutdown + "
-                     f"{sizes.steps} steps x ({c.step_s:.1f} s + {PILOT.costs.method_step_s(m):.1f} s) + "
-                     f"{sizes.validations} validation(s) x {c.val_s:.0f} s |")
+    lines = design_rows(PILOT, specs, "validation(s) x {:.0f}")
     alpha = 2.0 ** -seeds
     sd1 = math.sqrt(BASE_ACC * (1 - BASE_ACC) / sizes.val_problems)
     lines += [

@@ -19,9 +19,7 @@ from pathlib import Path
 from rpg.study import stats
 from rpg.study.costs import fmt_duration
 from rpg.study.declared import Contrast
-from rpg.study.grid import LR_KEY, lr_scale
-from rpg.study.methods import label_of, setting
-from rpg.study.smol import PILOT, POWER, Comparison, SmolCosts, read_csv
+from rpg.study.smol import PILOT, POWER, Comparison, SmolCosts, design_rows, read_csv
 
 ROOT = Path(__file__).resolve().parents[2]
 # the committed data the costs and the power computation read (docs/smol.md, Cost; docs/study/smol/)
@@ -90,16 +88,8 @@ def plan_numbers(sim: stats.PowerSim = stats.PowerSim()) -> str:
     """The plan's costs, learning rates and power, as markdown (docs/study/smol-paper/PLAN.md holds it)."""
     specs, c = PAPER.grid(), PAPER.cost_model()
     total = c.grid_s(specs, 1)
-    lrs = ", ".join(f"{label_of(m)} {setting(m, LR_KEY) * lr_scale():g}" for m in PAPER.methods)
     sd, family = pilot_paired_sd(), len(PAPER.contrasts)
-    lines = ["| design | value |", "|---|---|",
-             f"| methods x seeds = runs | {len(PAPER.methods)} x {PAPER.seeds} = {len(specs)} |",
-             f"| learning rate (paper x {lr_scale():g}) | {lrs} |"]
-    for m in PAPER.methods:
-        spec = next(s for s in specs if s.variant == m)
-        lines.append(f"| one run, {label_of(m)} | {c.run_s(spec):.0f} s = {c.startup_s:.0f} s start-up and shutdown + "
-                     f"{spec.sizes.steps} steps x ({c.step_s:.1f} s + {PAPER.costs.method_step_s(m):.1f} s) + "
-                     f"{spec.sizes.validations} validation x {c.val_s:.1f} s |")
+    lines = design_rows(PAPER, specs, "validation x {:.1f}")
     lines += [
         f"| estimated time, one run at a time, 2 idle cores | {fmt_duration(total)} = {total / 3600:.2f} h (budget "
         f"{PAPER.budget_s / 3600:g} h) |",
