@@ -41,13 +41,22 @@ def _append(path: Path, row: dict) -> None:
         fh.write(buf.getvalue())
 
 
+def shown_command(command: str, cwd: str | None = None) -> str:
+    """``command`` with each absolute path written relative to the folder it ran in (``cwd``, default the current
+    one): the log is committed, and a machine's own layout does not belong in it."""
+    import shlex
+
+    here = cwd or os.getcwd()
+    return shlex.join(os.path.relpath(w, here) if os.path.isabs(w) else w for w in shlex.split(command))
+
+
 class Attempt:
     """One start of a declared study's process: ``begin`` appends its start row, ``end`` its end row."""
 
     def __init__(self, report_dir: Path, command: str, code: str | None, runs: int):
         self.path = Path(report_dir) / ATTEMPTS
         self.name = f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} pid {os.getpid()} {uuid.uuid4().hex[:6]}"
-        self.command, self.code, self.runs = command, code, runs
+        self.command, self.code, self.runs = shown_command(command), code, runs
 
     def _row(self, event: str, how: str, done: int) -> dict:
         return {"time": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "attempt": self.name, "event": event,

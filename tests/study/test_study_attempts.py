@@ -32,7 +32,7 @@ def test_each_start_and_end_is_a_row(fake, tmp_path, capsys):
     rows = A.read(report / A.ATTEMPTS)
     assert [(r["event"], r["how"], r["runs_done"], r["runs"]) for r in rows] == [
         ("start", "", "0", "2"), ("end", "finished", "2", "2"), ("start", "", "2", "2"), ("end", "finished", "2", "2")]
-    assert rows[0]["command"] == "python -m rpg.study " + " ".join(argv) and rows[0]["code"]
+    assert rows[0]["command"] == A.shown_command("python -m rpg.study " + " ".join(argv)) and rows[0]["code"]
     assert rows[0]["attempt"] == rows[1]["attempt"] != rows[2]["attempt"]
     s = A.summary(rows)
     assert [a["how"] for a in s] == ["finished", "finished"] and s[0]["gap_s"] is None and s[1]["gap_s"] >= 0
@@ -78,3 +78,15 @@ def test_a_refused_start_is_on_record_and_the_log_is_checked(fake, tmp_path, cap
     (report / A.ATTEMPTS).write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match=r"attempts.csv: not an attempt log \(columns a, b; expected time, attempt"):
         A.read(report / A.ATTEMPTS)
+
+
+def test_the_logged_command_holds_no_absolute_path(tmp_path):
+    """The committed log names the folders relative to where the study ran, never a machine's absolute path."""
+    import shlex
+
+    cmd = f"python -m rpg.study --model smol --out {tmp_path / 'runs'} --report-dir {shlex.quote(str(tmp_path / 'a b'))} --seeds 2"
+    assert A.shown_command(cmd, str(tmp_path / "code")) == \
+        "python -m rpg.study --model smol --out ../runs --report-dir '../a b' --seeds 2"
+    A.Attempt(tmp_path / "r", cmd, "abc1234", 2).begin(0)
+    logged = A.read(tmp_path / "r" / A.ATTEMPTS)[0]["command"]
+    assert not any(word.startswith("/") for word in shlex.split(logged)), logged
