@@ -12,9 +12,9 @@ Elsewhere, one trainer run each: REINFORCE++ (k1 KL against pi_old, no reference
 and overlong reward shaping, the paper's REINFORCE++ setup (test_verl_reinforce_pp_e2e.py: a file of its own, so that
 the trainer_e2e stage's two workers each get two of its four launches); fully differentiable vs REINFORCE-style,
 the same updates (test_resume_e2e.py, with the launcher's SIGHUP run); periodic reference and its resume
-(test_verl_reference_resume_e2e.py); RPG-REINFORCE-URKL + RPG-Style Clip (clipping binds) + schedule-free AdamW (old log-probs with the
-sampling weights y, eval weights x for validation and checkpoint) + a fixed reference, through a
-shipped script, with the evaluation protocol (test_launch_cpu_e2e.py); GRPO with verl's stock loss and a
+(test_verl_reference_resume_e2e.py); RPG-REINFORCE-URKL + RPG-Style Clip (clipping binds) + schedule-free AdamW
+(old log-probs with the sampling weights y, eval weights x for validation and checkpoint) + a fixed reference,
+through a shipped script, with the evaluation protocol (test_launch_cpu_e2e.py); GRPO with verl's stock loss and a
 fixed reference, checkpoints and the weight sync (test_cpu_e2e.py); the asynchronous trainer
 (test_async_e2e.py).
 """
