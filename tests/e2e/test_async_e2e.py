@@ -14,7 +14,7 @@ from e2e_recipe import K3_ROUNDING, ON_POLICY, at, rpg_run
 from rpg.backends.harness import run_trainer
 from rpg.tiny.overrides import tiny_overrides
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]  # a CI stage: README's suite keeps one trainer run
 
 STEPS = 4
 B = "actor/rpg/behavior_"  # the loss's metrics, as verl logs them (actor/ prefix)

@@ -1,7 +1,7 @@
-"""The suite's own order (tests/conftest.py): files with end-to-end runs are handed out first (the longest,
-conftest's LONGEST_FIRST, first of all) and xdist keeps that order, the vllm_cpu tests leave visibly; all from conftest's one hook of each name (two
-hooks of the same name in conftest once made the later silently replace the earlier, and the trainer
-launches ran last)."""
+"""The suite's own order (tests/conftest.py): files with end-to-end runs are handed out first (the longest of a
+stage, conftest's LONGEST_FIRST, first of all) and xdist keeps that order, the vllm_cpu tests leave visibly; all
+from conftest's one hook of each name (two hooks of the same name in conftest once made the later silently replace
+the earlier, and the trainer launches ran last)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ sys.exit(pytest.main(["-p", "no:cacheprovider", "--collect-only", *sys.argv[1:]]
 
 def test_e2e_files_come_first_xdist_keeps_the_order_and_vllm_cpu_tests_leave():
     # a unit-test file that imports no torch nor verl (its collection is the child's cost), before an e2e file
-    files = ["tests/cluster/test_launch_ray_cluster.py", "tests/e2e/test_async_e2e.py", "tests/e2e/test_vllm_cpu.py"]
+    files = ["tests/cluster/test_launch_ray_cluster.py", "tests/e2e/test_launch_cpu_e2e.py",
+             "tests/e2e/test_vllm_cpu.py"]
     out = subprocess.run([sys.executable, "-c", PROBE, *files], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "FILES tests/e2e/test_async_e2e.py tests/cluster/test_launch_ray_cluster.py\n" in out.stdout, \
+    assert "FILES tests/e2e/test_launch_cpu_e2e.py tests/cluster/test_launch_ray_cluster.py\n" in out.stdout, \
         out.stdout[-2000:]
     assert "REORDER False" in out.stdout  # xdist's loadfile would reorder files by test count
     assert re.search(r"\b\d+ deselected\b", out.stdout) and "vllm_cpu tests: deselected" in out.stdout
