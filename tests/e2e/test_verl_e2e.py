@@ -10,7 +10,7 @@ the importance ratio leaves 1 and clipping can bind; the runs assert it (``asser
 Run here (2 training steps): GRPO with the corrected KL, fixed reference -> vanilla PPO part + corrected KL.
 Elsewhere, one trainer run each: REINFORCE++ (k1 KL against pi_old, no reference model) with DAPO dynamic sampling
 and overlong reward shaping, the paper's REINFORCE++ setup (test_verl_reinforce_pp_e2e.py: a file of its own, so that
-the trainer_e2e stage's two workers each get two of its four launches); fully differentiable vs REINFORCE-style,
+the trainer_e2e stage's two workers share its launches evenly); fully differentiable vs REINFORCE-style,
 the same updates (test_resume_e2e.py, with the launcher's SIGHUP run); periodic reference and its resume
 (test_verl_reference_resume_e2e.py); RPG-REINFORCE-URKL + RPG-Style Clip (clipping binds) + schedule-free AdamW
 (old log-probs with the sampling weights y, eval weights x for validation and checkpoint) + a fixed reference,

@@ -2,7 +2,7 @@
 shaping, the paper's REINFORCE++ setup, through the RPG recipe and verl 0.9.1's real v1 trainer on the CPU backend
 with the tiny model (2 training steps, off-policy mini-batches as in tests/e2e/test_verl_e2e.py, whose run beside
 this one is GRPO with the corrected KL: one launch a file, so that the trainer_e2e stage's two workers share its
-four launches evenly).
+launches evenly).
 """
 
 from __future__ import annotations
