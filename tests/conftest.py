@@ -117,33 +117,19 @@ def pytest_report_header(config):
             for mark, (option, _) in STAGES.items() if not _stage_on(config, mark)]
 
 
-# The files that take longest in their stage (several trainer launches or loopback clusters one after another),
-# handed out first and in this order: xdist hands a worker its next file while that worker still has two tests to
-# run, so a worker that starts on a short file soon holds a long one too, and a long file handed out late runs
-# alone at the end of its stage (the distributed stage: the elastic files and the multinode one, 5-8 minutes each).
-LONGEST_FIRST = ("tests/e2e/test_elastic_async.py", "tests/e2e/test_multinode.py", "tests/e2e/test_elastic.py",
-                 "tests/e2e/test_distributed_e2e.py")
-
-
-def _handed_out(item, e2e_files: set) -> tuple[bool, int]:
-    """Files with end-to-end runs first, the longest of them (LONGEST_FIRST) first among those."""
-    rel = item.path.relative_to(ROOT).as_posix() if item.path.is_relative_to(ROOT) else ""
-    return item.path not in e2e_files, LONGEST_FIRST.index(rel) if rel in LONGEST_FIRST else len(LONGEST_FIRST)
-
-
 def pytest_collection_modifyitems(config, items):
-    """Each CI stage's tests leave unless asked for (visibly); then files with end-to-end runs first (the longest
-    first: LONGEST_FIRST), each file's tests in their own order: with loadfile, xdist gives each worker whole
-    files in this order, so the trainer launches (60-150 s each, a third of the 2 cores idle while a run starts
-    its processes one after another) run beside each other and beside unit tests, and the many short unit-test
-    files even out the end instead of one launch running alone."""
+    """Each CI stage's tests leave unless asked for (visibly); then files with end-to-end runs first, each
+    file's tests in their own order: with loadfile, xdist gives each worker whole files in this order,
+    so the trainer launches (60-150 s each, a third of the 2 cores idle while a run starts its processes
+    one after another) run beside each other and beside unit tests, and the many short unit-test files
+    even out the end instead of one launch running alone."""
     off = [mark for mark in STAGES if not _stage_on(config, mark)]
     deselected = [item for item in items if any(item.get_closest_marker(mark) for mark in off)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if item not in deselected]
     e2e_files = {item.path for item in items if item.get_closest_marker("e2e")}
-    items.sort(key=lambda item: _handed_out(item, e2e_files))  # stable: each file's tests keep their order
+    items.sort(key=lambda item: item.path not in e2e_files)  # stable: False (e2e files) first
 
 
 @pytest.fixture(autouse=True)

@@ -1,11 +1,10 @@
-"""The suite's own order (tests/conftest.py): files with end-to-end runs are handed out first (the longest of a
-stage, conftest's LONGEST_FIRST, first of all) and xdist keeps that order, the vllm_cpu tests leave visibly; all
-from conftest's one hook of each name (two hooks of the same name in conftest once made the later silently replace
-the earlier, and the trainer launches ran last)."""
+"""The suite's own order (tests/conftest.py): files with end-to-end runs are handed out first and xdist
+keeps that order, the vllm_cpu tests leave visibly; all from conftest's one hook of each name (two
+hooks of the same name in conftest once made the later silently replace the earlier, and the trainer
+launches ran last)."""
 
 from __future__ import annotations
 
-import ast
 import re
 import subprocess
 import sys
@@ -34,18 +33,3 @@ def test_e2e_files_come_first_xdist_keeps_the_order_and_vllm_cpu_tests_leave():
         out.stdout[-2000:]
     assert "REORDER False" in out.stdout  # xdist's loadfile would reorder files by test count
     assert re.search(r"\b\d+ deselected\b", out.stdout) and "vllm_cpu tests: deselected" in out.stdout
-
-
-def test_the_longest_files_come_first_in_their_stage_in_the_declared_order():
-    # conftest.LONGEST_FIRST read from its source (conftest is pytest's to import), each entry a test file that exists
-    tree = ast.parse((ROOT / "tests" / "conftest.py").read_text())
-    declared = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                    and any(getattr(t, "id", "") == "LONGEST_FIRST" for t in n.targets))
-    assert declared and all((ROOT / f).is_file() for f in declared), declared
-    # given in alphabetical order (pytest's collection order), handed out longest first
-    files = ["tests/e2e/test_distributed_async_e2e.py", "tests/e2e/test_elastic.py", "tests/e2e/test_multinode.py"]
-    out = subprocess.run([sys.executable, "-c", PROBE, "--distributed", *files], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    want = sorted(files, key=lambda f: declared.index(f) if f in declared else len(declared))
-    assert want[0] != files[0] and f"FILES {' '.join(want)}\n" in out.stdout, out.stdout[-2000:]
