@@ -1,9 +1,6 @@
 """A lost node does not stop an elastic run (NNODES=MIN:MAX): two Ray nodes on loopback (tests/support/multinode.py),
-the tiny run submitted as users submit it, the second node's raylet killed mid-run: here in sync, with and without a
-restart left; the same loss in ``colocate_async`` and ``separate_async`` is tests/e2e/test_elastic_async.py's (its own
-loopback cluster: the stage's two workers run the two files side by side). Unit tests of the pieces:
-tests/cluster/test_elastic_units.py. The runs do not validate (``multinode.NO_VALIDATION``): they check steps,
-checkpoints and restarts.
+the tiny run submitted as users submit it, the second node's raylet killed mid-run. Unit tests of the pieces:
+tests/cluster/test_elastic_units.py.
 
 Distributed stage (``pytest -m distributed --distributed``): a few minutes of trainer launches.
 """
@@ -20,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from multinode import (NO_VALIDATION, SUBMISSION, LoopbackCluster, assert_run_gone, finish, loopback_cluster,
-                       loopback_marks, run_processes, steps, submit, wait_for)
+from multinode import (SUBMISSION, LoopbackCluster, assert_run_gone, finish, loopback_cluster, loopback_marks,
+                       run_processes, steps, submit, wait_for)
 
 pytestmark = loopback_marks(pytest.mark)
 
@@ -79,7 +76,7 @@ def _elastic(cluster: LoopbackCluster, log: Path, steps: int, *overrides: str, s
     if spare:
         cluster.start_node(SPARE)
     return submit(cluster, log, f"trainer.total_training_steps={steps}", "trainer.save_freq=1",
-                  "trainer.max_actor_ckpt_to_keep=null", *NO_VALIDATION, *overrides, NNODES="1:2", **env)
+                  "trainer.max_actor_ckpt_to_keep=null", *overrides, NNODES="1:2", **env)
 
 
 STEPS = 8
@@ -120,12 +117,8 @@ def _held(submission: str, attempt: int):
         found[0].send_signal(signal.SIGCONT)
 
 
-def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster, tmp_path):
-    """In sync mode (colocate_async and separate_async: tests/e2e/test_elastic_async.py)."""
-    lost_node_restart_and_grow(cluster, tmp_path, "sync")
-
-
-def lost_node_restart_and_grow(cluster: LoopbackCluster, tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize("mode", ["sync", "colocate_async", "separate_async"])
+def test_a_lost_node_restarts_the_run_on_the_node_left_and_it_grows_back(cluster, tmp_path, mode):
     """The node returns at a known step, whatever the machine's speed: once the run restarted on the node left has
     saved a step, its training loop is held (SIGSTOP) while the node comes back and the supervisor sees it, so it
     grows at a checkpoint after the held one (the next, unless the trainer saved again before the supervisor looked),

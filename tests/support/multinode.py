@@ -38,9 +38,6 @@ SCRIPT = "recipe/rpg/7b/run_rpg_7b_ufkl1e-4.sh"  # RPG-UFKL, fully differentiabl
 SUBMISSION = re.compile(r"rpg-\d{8}-\d{6}-[0-9a-f]{6}")
 RUN_TIMEOUT_S = 600
 NODE_CPUS = 8  # logical: a rank's placement bundle is {CPU: 3, GPU: 1}, the head also holds 5 single-CPU actors
-# the runs that check node losses, restarts and stops: no validation before training nor after each step (the tiny
-# task validates after every step, a few seconds each on 2 cores, at every start); the two-node run keeps them
-NO_VALIDATION = ("trainer.val_before_train=False", "trainer.test_freq=-1")
 
 
 def namespaces_problem() -> str | None:
@@ -268,7 +265,7 @@ def training(cluster: LoopbackCluster, log: Path, steps: int, until_step: int) -
     """On two nodes, a run of ``steps`` steps saving each one, submitted and followed until step ``until_step`` is
     logged: the running submission and its id."""
     cluster.ensure_two_nodes()
-    proc = submit(cluster, log, f"trainer.total_training_steps={steps}", "trainer.save_freq=1", *NO_VALIDATION)
+    proc = submit(cluster, log, f"trainer.total_training_steps={steps}", "trainer.save_freq=1")
     text = wait_for(log, rf"step:{until_step} ", proc)
     return proc, SUBMISSION.search(text).group(0)
 
