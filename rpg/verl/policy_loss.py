@@ -1,4 +1,5 @@
-"""``rpg_policy_loss``: the RPG losses with verl's policy-loss signature (import-light: torch + core_algos).
+"""``rpg_policy_loss``: the RPG losses with verl's policy-loss signature (import-light: torch, core_algos, verl's
+config classes).
 
 Registered as verl's loss modes (``rpg.verl.register``) and called by verl's ``ppo_loss`` with the padded
 micro-batch: ``rpg`` is the per-token loss of ``rpg.math.fused.rpg_policy_loss(..., aggregate=False)``
@@ -7,7 +8,8 @@ micro-batch losses sum to the mini-batch's; ``grpo_corrected`` is verl's vanilla
 β·``agg_loss(grpo_corrected_kl(...))`` (Sec. 2.2). The KL anchor is π_old (``policy_loss.rpg_anchor=sampler``) or the
 reference whose log-probs the RPG actor loss hands over (``with_reference_log_prob``; docs/math.md#three-policies).
 One token weight multiplies the whole per-token loss: verl's ``rollout_is_weights`` or the behaviour weights
-b = π_old/μ (``with_behavior_weights``), never both.
+b = π_old/μ (``with_behavior_weights``), never both. The settings are the ``RPGLossConfig`` of the actor config verl
+passes, built once per config object (``rpg.verl.policy_config.worker_loss_config``), not per micro-batch.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla
 from rpg.math.fused import grpo_corrected_kl, value_clamp
 from rpg.math.fused import rpg_policy_loss as library_loss
 from rpg.config import RPG_LOSSES
-from rpg.verl.loss_settings import loss_config
+from rpg.verl.policy_config import worker_loss_config
 
 _REFERENCE: ContextVar[Optional[torch.Tensor]] = ContextVar("rpg_ref_log_prob", default=None)
 _BEHAVIOR: ContextVar[Optional[torch.Tensor]] = ContextVar("rpg_behavior_weights", default=None)
@@ -91,9 +93,9 @@ def rpg_policy_loss(
 
     Returns ``(loss, metrics)``: a scalar that keeps the graph, normalised with
     ``config.global_batch_info``, and a flat dict of floats (``rpg/*`` keys of the loss library
-    plus verl-compatible ``actor/pg_clipfrac`` and ``actor/ppo_kl``). Settings:
-    ``rpg.verl.loss_settings.loss_config(config)``. With token weights the metrics are weighted means, estimates
-    under π_old, self-normalised over the micro-batch here (the RPG actor loss turns them into shares of the
+    plus verl-compatible ``actor/pg_clipfrac`` and ``actor/ppo_kl``). Settings: the ``RPGLossConfig`` of
+    ``config``, built once per config object (``rpg.verl.policy_config.worker_loss_config``). With token weights
+    the metrics are weighted means, estimates under π_old, self-normalised over the micro-batch here (the RPG actor loss turns them into shares of the
     mini-batch's mean, ``rpg.verl.actor_loss._global_means``).
     """
     if config is None:
@@ -101,7 +103,10 @@ def rpg_policy_loss(
     mode = config.policy_loss.get("loss_mode", "rpg")
     if mode not in RPG_LOSSES:
         raise ValueError(f"rpg_policy_loss called with policy_loss.loss_mode={mode!r}; allowed: {', '.join(RPG_LOSSES)}")
-    settings = loss_config(config, loss_agg_mode=loss_agg_mode)
+    settings = worker_loss_config(config)
+    if loss_agg_mode != settings.loss_agg_mode:  # verl's ppo_loss hands over config.loss_agg_mode
+        raise ValueError(f"rpg_policy_loss called with loss_agg_mode={loss_agg_mode!r} but the actor config's is "
+                         f"{settings.loss_agg_mode!r} (the RPG loss's settings are built from the actor config)")
     ref_log_prob = _anchor(config)
     rollout_is_weights = _token_weights(rollout_is_weights)
     mask = response_mask.to(log_prob.dtype)
