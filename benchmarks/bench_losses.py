@@ -79,7 +79,7 @@ def _actor_config(variant: dict | None):
         return OmegaConf.create({**clips, "global_batch_info": {}})
     from verl.workers.config.actor import ActorConfig
 
-    from rpg.verl.policy_config import RPGPolicyLossConfig
+    from rpg.verl.policy_loss import RPGPolicyLossConfig
 
     pl = RPGPolicyLossConfig(loss_mode="rpg", rpg_anchor="sampler", rpg_loss=_lib_kwargs(variant))
     return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, policy_loss=pl, **clips)

@@ -205,7 +205,7 @@ def loss_key(field: str) -> str:
 
 def build_loss_config(name: str | None, values: dict) -> RPGLossConfig:
     """The ``RPGLossConfig`` the loss ``name`` runs with, from its field values (the driver's parse and every
-    worker's ``rpg.verl.policy_config.loss_config`` build it here, so both refuse the same inputs;
+    worker's ``rpg.verl.policy_loss.loss_config`` build it here, so both refuse the same inputs;
     ``RPGLossConfigError`` names the field). grpo_corrected's KL term w * k3 is fully differentiable
     (Sec. 2.2), so it is validated as ``form=differentiable`` (a valid form given is not used by it; an
     invalid one is still refused): a value-only ``kl_clamp`` is allowed there, as for RPG-X."""

@@ -8,7 +8,7 @@ the behaviour weights b = π_old/μ from ``rollout_log_probs`` (``rpg.math.behav
 ``use_kl_loss=True`` only so that verl builds the reference). In verl's bypass mode π_old = μ and b = 1 exactly.
 ``verl_loss_with_sampler_kl``: ``rpg.loss.name=verl`` with a KL loss on the sampler (ref := old_log_probs).
 ``rpg_loss_fn(actor_config)``: the loss the RPG worker installs (``rpg.verl.worker``), its ``RPGLossConfig`` built
-there, once (``rpg.verl.policy_config.worker_loss_config``).
+there, once (``rpg.verl.policy_loss.worker_loss_config``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from verl.workers.utils.losses import ppo_loss
 from rpg.config import RPG_LOSSES
 from rpg.math.behavior import behavior_metrics
 from rpg.math.behavior import behavior_weights as compute_behavior_weights
-from rpg.verl.policy_config import worker_loss_config
-from rpg.verl.policy_loss import with_behavior_weights, with_reference_log_prob
+from rpg.verl.policy_loss import with_behavior_weights, with_reference_log_prob, worker_loss_config
 
 
 def _stat_aggregation(key: str) -> AggregationType | None:

@@ -468,7 +468,7 @@ def test_each_missing_name_is_caught(rel, text):
     ("docs/x.md", "README's Quick start, README.md#layout, (README, \"Reproducing the paper\"), README (Layout)"),
     ("docs/x.md", "`rpg.elastic: restart 1/3`, `-m rpg.x`, `rpg/a/b.py` (placeholders), outputs/tiny_cpu/x.json"),
     ("docs/x.md", "verl's `verl/trainer/ppo/core_algos.py`, `fused.py`, docs/study/lag/runs.csv"),
-    ("docs/x.md", "| `rpg/verl/block_to_verl.py`, `policy_config.py` | the metric rpg/kl_estimate |"),
+    ("docs/x.md", "| `rpg/verl/block_to_verl.py`, `policy_loss.py` | the metric rpg/kl_estimate |"),
     ("tests/x.py", 'planted = {"rpg/nothing.py": "import rpg.nowhere"}  # made-up inputs of a test'),
 ])
 def test_names_that_exist_or_are_allowed_pass(rel, text):

@@ -24,8 +24,7 @@ import rpg.verl.register  # noqa: F401  (the policy losses, as the entry point r
 from rpg.config import RPGLossConfig, parse_rpg_settings
 from rpg.verl.actor_loss import rpg_loss_fn
 from rpg.verl.block_to_verl import apply_to_verl_config
-from rpg.verl.policy_config import RPGPolicyLossConfig, worker_loss_config
-from rpg.verl.policy_loss import rpg_policy_loss
+from rpg.verl.policy_loss import RPGPolicyLossConfig, rpg_policy_loss, worker_loss_config
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "run_rpg_7b_ufkl1e-4"  # states rpg.loss.beta: 1.0e-4 in its experiment file
