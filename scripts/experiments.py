@@ -23,7 +23,7 @@ from pathlib import Path, PurePath
 
 from rpg.common.checkout import CHECKOUT, RECIPE_DIR
 from rpg.config import DIVERGENCES  # the loss library's names, declared torch-free
-from rpg.config.kinds import yaml_value
+from rpg.config.allowed_values import yaml_value
 from rpg.launch.experiments import EXPERIMENT_DIR, recipe_yaml
 
 

@@ -191,7 +191,7 @@ def name_changes(exp: Experiment, overrides: Sequence[str]) -> list[tuple[str, s
     ``overrides`` (Hydra's parser; a later one wins) give another value; a mapping on a parent key
     (``rpg.loss={clip:false}``, merged by Hydra) counts for each key in it."""
     from rpg.common.override_lists import parse_overrides
-    from rpg.config.kinds import yaml_value
+    from rpg.config.allowed_values import yaml_value
 
     named = {k: v for k, v in exp.settings.items() if k not in FILE_ONLY | MEMORY_KEYS}
     changed: dict[str, str] = {}

@@ -1,7 +1,7 @@
 """Driver and TaskRunner of the RPG recipe (``recipe/rpg/main_rpg.py`` is a thin Hydra shell).
 
 ``main_from_hydra(config)`` is verl's ``verl.trainer.main_ppo.main`` (auto_set_device -> validate_config -> run_ppo)
-with checks before Ray: ``prepare_config`` applies the ``rpg:`` block (``rpg.verl.translate``), checks every local
+with checks before Ray: ``prepare_config`` applies the ``rpg:`` block (``rpg.verl.block_to_verl``), checks every local
 input path (``rpg.verl.input_paths``) and pins the checkpoint a resume loads (``rpg.verl.checkpoints``), all before
 verl's ``validate_config``; a bad value is one line naming the key, exit code 2. ``run_ppo`` gets ``RPGTaskRunner``:
 verl's ``TaskRunnerV1`` with the RPG trainer of ``trainer.v1.trainer_mode`` and verl's file logger on a new segment
@@ -42,7 +42,7 @@ from rpg.verl.errors import (ELASTIC_EXIT, ELASTIC_GROW_SUFFIX, ELASTIC_JOB_SUFF
 from rpg.verl.input_paths import check_input_paths, check_run_names, error_line, resolve_resume, run_environ
 from rpg.verl.refill_limit import refill_limit_reason
 from rpg.verl.run_banner import describe
-from rpg.verl.translate import validate_and_apply
+from rpg.verl.block_to_verl import validate_and_apply
 from rpg.verl.verl_rules import check_verl_config, check_verl_rules, set_norm_scale_factor, unbounded_refills
 
 

@@ -68,7 +68,7 @@ def module_of(path: Path, root: Path = ROOT) -> str:
 
 # import_module(...) calls whose argument this test cannot read, (file, argument) -> why no house module hides there
 UNREAD_IMPORTS = {
-    ("rpg/verl/translate.py", "module_name"): "the module of a run's rpg.reward_function (a user's module, or the "
+    ("rpg/verl/block_to_verl.py", "module_name"): "the module of a run's rpg.reward_function (a user's module, or the "
     "default rpg.reward, a lower layer): configuration data, not a module of the driver",
     ("rpg/gpu_kit/probe.py", "module or dist.replace('-', '_')"): "the third-party packages the GPU kit's probe "
     "reports (its PACKAGES table): none of them a module of the house",
@@ -194,7 +194,7 @@ MODULE_PATH = re.compile(r"rpg(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?")  # rpg.a.b, rp
 # strings that name a module above their own on purpose, (file, string) -> why
 NAMED_ABOVE = {
     ("rpg/config/block.py", "rpg.reward"): "the default value of the config key rpg.reward_function: the "
-    "configuration holds it as data and never imports it; the driver (rpg.verl.translate) resolves it",
+    "configuration holds it as data and never imports it; the driver (rpg.verl.block_to_verl) resolves it",
 }
 
 
