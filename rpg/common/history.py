@@ -20,7 +20,7 @@ start at step 0 (Best would cover a part of the run only), one line listing trai
 metrics (verl saves a step's checkpoint before it logs the step: a run stopped in between and
 resumed never logs that step) and one line listing the gaps in the validation steps (``val-*`` /
 ``val/*`` keys). ``replaced_line`` says which steps and values a restart replaced (the CPU harness folds the
-segments of its output directory into one file with it, ``rpg.backends.harness``).
+segments of its output directory into one file with it, ``rpg.trainer_process``).
 """
 
 from __future__ import annotations

@@ -61,8 +61,8 @@ from rpg.common.override_lists import OverrideSyntaxError, resume_command, value
 from rpg.common.signals import StopSignal, raise_on_stop_signals
 from rpg.demo.progress import StartupProgress, progress, val_summary
 from rpg.launch.args import OneLineParser, positive_int, positive_seconds, read_overrides
-from rpg.backends.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, trainer_overrides
-from rpg.backends.harness.run_dir import (METRICS_FILE, RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir,
+from rpg.trainer_process import TrainerRun, TrainerRunError, report_failure, run_trainer, trainer_overrides
+from rpg.trainer_process.run_dir import (METRICS_FILE, RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir,
                                  new_run_dir)
 from rpg.launch.environment import CPU_MODELS
 from rpg.launch.experiments import recipe_value

@@ -39,7 +39,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from rpg.backends.harness.reaping import exited_unreaped
+from rpg.trainer_process.reaping import exited_unreaped
 from rpg.common.checkout import CHECKOUT
 from rpg.common.signals import raise_on_stop_signals
 from rpg.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, SITE_DIR

@@ -32,7 +32,7 @@ GROUP_PREFIX = "+experiment="
 def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int | list[str] | Prepared:
     """An exit code (the launch answered, or refused in one line), the command line Hydra's main composes (no run,
     Hydra's flags, a launcher's command), or a paper run composed and checked (``Prepared``) for the driver."""
-    from rpg.backends.harness.run_dir import RunDirError
+    from rpg.trainer_process.run_dir import RunDirError
     from rpg.common.signals import StopSignal, raise_on_stop_signals
     from rpg.launch.environment import LaunchError
     from rpg.launch.experiments import ExperimentError
@@ -130,7 +130,7 @@ def launch(name: str, user: list[str], env: dict[str, str], flags: Mapping[str, 
               "task; to train yours, override data.train_files / actor_rollout_ref.model.path", file=sys.stderr)
     overrides = plan(exp, req, user)
     if chosen.TINY_TASK:
-        from rpg.backends.harness import build_command
+        from rpg.trainer_process import build_command
         from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_ENTRY
 
         # the model's own variables (SmolLM2's threads), as rehearse() gives them to the run: the dry run shows them

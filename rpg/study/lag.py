@@ -185,7 +185,7 @@ def csv_rows(out: Path, specs: list[RunSpec], records: list[dict], design: str =
              cells: tuple[LagCell, ...] = LAG_CELLS) -> list[dict]:
     """One row per run of ``specs`` (in run order, each of one of ``cells``), finished or not, from its folder's
     metrics and run.json; ``design``: the study's (``Design.label``)."""
-    from rpg.backends.harness.run_dir import METRICS_FILE
+    from rpg.trainer_process.run_dir import METRICS_FILE
     from rpg.reports.logs import read_run
     from rpg.study.render import _val_key, metric_of
     from rpg.study.records import run_dir

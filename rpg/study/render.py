@@ -22,7 +22,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from rpg.backends.harness.run_dir import METRICS_FILE
+from rpg.trainer_process.run_dir import METRICS_FILE
 from rpg.reports.figures import ENTROPY_KEY, LENGTH_KEY, REWARD_KEY, Panel, plot_curves
 from rpg.reports.logs import Metrics, check_metric, read_run
 from rpg.reports.published import TableLayout

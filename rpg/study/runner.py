@@ -276,7 +276,7 @@ def _run_one(spec: RunSpec, overrides: list[str], ident: list, index: int, out: 
 
 def _run_one_unguarded(spec: RunSpec, overrides: list[str], ident: list, index: int, out: Path, progress: Progress,
                        timeout_s: float, stop: threading.Event, outputs: tuple[Path, ...]) -> None:
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
     from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
 
     if stop.is_set():

@@ -292,7 +292,7 @@ def csv_rows(study: Comparison, out: Path, specs: list[RunSpec], records: list[d
              design: str = DECLARED) -> list[dict]:
     """One row per run of ``specs`` (in run order), finished or not, from its folder's metrics and run.json;
     ``design``: the study's (``Design.label``)."""
-    from rpg.backends.harness.run_dir import METRICS_FILE
+    from rpg.trainer_process.run_dir import METRICS_FILE
     from rpg.reports.logs import read_run
     from rpg.study.records import run_dir
     from rpg.study.render import _val_key, metric_of

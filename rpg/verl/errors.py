@@ -1,10 +1,10 @@
 """The prefix of the one line a refused config prints (driver and launchers), torch-free: the
-launchers (``rpg.backends.harness``) match the driver's line by it and must not pay for importing the
+launchers (``rpg.trainer_process``) match the driver's line by it and must not pay for importing the
 driver's modules before they start the trainer."""
 
 ERROR_PREFIX = "rpg config error"
 # The driver's resume decision, one line per run (``rpg.verl.input_paths.resolve_resume``): the launchers that
-# run the driver under the harness show it on the terminal (``rpg.backends.harness.resume_decision``)
+# run the driver under the harness show it on the terminal (``rpg.trainer_process.resume_decision``)
 RESUME_LINE_STARTS = ("rpg: resuming from ", "rpg: fresh start ")
 # The command that resumes a run when a launcher knows it better than the driver's own command line (a job on a
 # Ray cluster is resumed by submitting it again): set by the launcher (``rpg.common.override_lists.resume_command``),

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from rpg.backends.cpu import env_overrides, world
 from rpg.config import RPGConfigError
-from rpg.backends.harness import build_command
+from rpg.trainer_process import build_command
 from rpg.common.override_lists import values
 
 

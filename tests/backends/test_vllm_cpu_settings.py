@@ -92,7 +92,7 @@ def test_the_backends_overrides_size_the_bucket_by_the_runs_model(tmp_path, monk
     assert values(backend.run_overrides(env, [f"actor_rollout_ref.model.path={big}"]))[BUCKET_KEY] == 4
     assert values(backend.run_overrides(env, []))[BUCKET_KEY] == 1
     # the harness puts the run's overrides after the backend's: a bucket the user sets wins
-    from rpg.backends.harness import trainer_overrides
+    from rpg.trainer_process import trainer_overrides
 
     got = values(trainer_overrides([f"actor_rollout_ref.model.path={big}", f"{BUCKET_KEY}=7"], base_env=env))
     assert got[BUCKET_KEY] == 7
@@ -272,7 +272,7 @@ def test_the_harness_removes_only_the_shared_memory_files_its_run_mapped(tmp_pat
     files a process of the run mapped, and no other."""
     from multiprocessing import shared_memory
 
-    from rpg.backends.harness import reaping
+    from rpg.trainer_process import reaping
 
     mine = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time

@@ -11,7 +11,7 @@ one with it let in) is checked on a real run's cluster, while it starts up:
 
 from __future__ import annotations
 
-from rpg.backends.harness import build_command
+from rpg.trainer_process import build_command
 from rpg.common.run_env import ray_auth_env
 
 

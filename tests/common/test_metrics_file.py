@@ -101,7 +101,7 @@ def test_readable_records_follow_a_file_being_written(tmp_path):
 def test_the_harness_and_the_reports_refuse_a_file_alike(tmp_path, text):
     """Before, the harness's own parser read a fractional step as its integer part, stopped at a ``data``
     that is no object with a TypeError, and named a broken line otherwise than the reports did."""
-    from rpg.backends.harness import read_metrics
+    from rpg.trainer_process import read_metrics
     from rpg.reports.logs import read_run
 
     log = _write(tmp_path / "metrics.jsonl", text)
@@ -114,7 +114,7 @@ def test_the_harness_and_the_reports_refuse_a_file_alike(tmp_path, text):
 
 def test_the_harness_and_the_reports_read_a_file_alike(tmp_path):
     """The same records and steps; the harness keeps values as logged, the reports read numbers (null: NaN)."""
-    from rpg.backends.harness import read_metrics
+    from rpg.trainer_process import read_metrics
     from rpg.reports.logs import read_run
 
     log = _write(tmp_path / "metrics.jsonl", _lines({"step": 0, "data": {"a": 1, "b": None}},

@@ -58,7 +58,7 @@ def test_the_demo_writes_where_the_user_said_and_its_resume_command_works_from_a
     with a relative --out and no cd (pasted elsewhere: a fresh run at step 0), and each stop of a resumed run
     added another trainer.resume_mode=auto."""
     import rpg.demo.cpu as demo
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     seen = {}
 

@@ -47,7 +47,7 @@ CASES = [("colocate_async", 1, signal.SIGKILL, True), ("separate_async", 2, sign
 
 
 def _launch(tiny_assets, out: Path, mode: str, world: int, resume: str, env: dict):
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
     from rpg.tiny.overrides import tiny_overrides
 
     return run_trainer([*tiny_overrides(tiny_assets, steps=STEPS, algo="rpg", world_size=world, trainer_mode=mode),

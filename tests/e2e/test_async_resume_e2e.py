@@ -41,7 +41,7 @@ COMMON = ["trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.sav
 
 
 def _launch(tiny_assets, out: Path, mode: str, steps: int, resume: str):
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
     from rpg.tiny.overrides import tiny_overrides
 
     return run_trainer([*tiny_overrides(tiny_assets, steps=steps, algo="rpg", trainer_mode=mode),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rpg.backends.harness import read_metrics
+from rpg.trainer_process import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.repro]  # a CI stage: two trainer runs do not fit README's suite
 ROOT = Path(__file__).resolve().parents[2]

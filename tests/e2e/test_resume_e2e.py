@@ -35,7 +35,7 @@ import pytest
 from e2e_recipe import RPG_LOSS_KEYS, assert_off_policy, at, keys, rpg_defaults, rpg_run, synced_weights
 from test_resume import _Lines, _wait_until
 
-from rpg.backends.harness import read_metrics
+from rpg.trainer_process import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.resume_e2e]  # a CI stage: README's suite has no room
 ROOT = Path(__file__).resolve().parents[2]

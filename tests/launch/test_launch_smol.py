@@ -23,7 +23,7 @@ def _composed(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from rpg.backends.harness import build_command
+    from rpg.trainer_process import build_command
 
     argv, _ = build_command(overrides, entry=str(ROOT / "recipe/rpg/main_rpg.py"), base_env={}, backend="cpu")
     GlobalHydra.instance().clear()

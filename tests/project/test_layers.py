@@ -44,8 +44,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("backends", ("rpg.backends", "rpg.backends.hf_rollout", "rpg.backends.cpu", "rpg.backends.gpu",
                   "rpg.backends.registry")),
     ("verl glue and the driver", ("rpg.verl",)),
-    ("beside the driver: the memory plan, the harness that runs the driver in a subprocess",
-     ("rpg.memory", "rpg.backends.harness")),
+    ("beside the driver: the memory plan, the trainer run as a subprocess (the harness)",
+     ("rpg.memory", "rpg.trainer_process")),
     ("launch: a paper run's entry on one node", ("rpg.launch",)),
     ("the cluster layer (opt-in): Ray jobs, node plans, the elastic supervisor", ("rpg.cluster",)),
     ("applications", ("rpg.reports", "rpg.demo", "rpg.study", "rpg.gpu_kit")),
@@ -56,7 +56,7 @@ MAX_LINES = 450
 
 def node_of(module: str) -> str:
     parts = module.split(".")
-    if len(parts) >= 3 and parts[1] == "backends" and parts[2] in ("hf_rollout", "cpu", "gpu", "registry", "harness"):
+    if len(parts) >= 3 and parts[1] == "backends" and parts[2] in ("hf_rollout", "cpu", "gpu", "registry"):
         return ".".join(parts[:3])
     return ".".join(parts[:2]) if len(parts) > 1 else module
 

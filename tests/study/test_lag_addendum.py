@@ -105,7 +105,7 @@ def test_the_hypotheses_on_planted_effects():
 
 
 def test_runs_reach_the_csv_and_the_report(monkeypatch, tiny_assets, tmp_path, capsys):
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     monkeypatch.setattr(harness, "run_trainer", LagFakeTrainer())
     report = tmp_path / "report"

@@ -65,7 +65,7 @@ HOW = ("--seeds 1 (declared 12); --cells lag0-noclip-token,lag1-noclip-none (dec
 
 
 def test_an_exploratory_study_says_so_in_its_plan_line_csv_rows_and_results(monkeypatch, tiny_assets, tmp_path, capsys):
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     monkeypatch.setattr(harness, "run_trainer", LagFakeTrainer())
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -144,7 +144,7 @@ def _code_now(monkeypatch, state: dict) -> None:
 
 def test_a_finished_run_of_other_code_or_threads_is_named_at_the_start_and_not_reused(monkeypatch, tiny_assets,
                                                                                      tmp_path, capsys):
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     monkeypatch.setattr(harness, "run_trainer", fake := FakeTrainer())
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

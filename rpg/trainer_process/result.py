@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpg.common.override_lists import values
-from rpg.backends.harness.run_dir import default_checkpoint_dir
+from rpg.trainer_process.run_dir import default_checkpoint_dir
 
 
 class TrainerRunError(RuntimeError):
