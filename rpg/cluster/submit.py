@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rpg.backends.registry import backend
-from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_ENTRY
-from rpg.common.override_lists import bad_override_line, resume_command
+from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_ENTRY
+from rpg.override_lists import bad_override_line, resume_command
 from rpg.launch.environment import FORWARD_ENV, RESUMED_VARS, LaunchError, Request, flag, positive_int
 from rpg.verl.errors import ERROR_PREFIX, LAUNCHED_ENV, RESUME_COMMAND_ENV
 
@@ -95,8 +95,8 @@ def rehearsal_env(cfg, req: Request, submission: str) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     from rpg.trainer_process.run_dir import RunDirError
-    from rpg.common.override_lists import OverrideSyntaxError
-    from rpg.common.signals import StopSignal, raise_on_stop_signals
+    from rpg.override_lists import OverrideSyntaxError
+    from rpg.stop_signals import StopSignal, raise_on_stop_signals
     from rpg.config import RPGConfigError
     from rpg.launch.experiments import ExperimentError
     from rpg.verl.input_paths import error_line

@@ -46,9 +46,9 @@ from rpg.backends.gpu.env_overrides import REGISTER_MODULE
 from rpg.demo import smoke_checks
 from rpg.demo.progress import StartupProgress, progress
 from rpg.trainer_process import TrainerRun, TrainerRunError, run_trainer
-from rpg.common.checkout import CHECKOUT
-from rpg.common.user_paths import user_folder
-from rpg.common.override_lists import OverrideSyntaxError, check_user_overrides, hydra_value, values
+from rpg.paths.checkout import CHECKOUT
+from rpg.paths.user import user_folder
+from rpg.override_lists import OverrideSyntaxError, check_user_overrides, hydra_value, values
 from rpg.demo.smoke_settings import (ALGORITHM, MODEL_PATH_KEY, ROLLOUTS, SmokeSettingsError, check_settings,
                                        gpu_overrides, head_dim, head_dim_problem, smoke_sizes)
 from rpg.launch.args import OneLineParser, positive_seconds

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rpg.backends.registry import backend
-from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
-from rpg.common.override_lists import hydra_value, override_key, resume_command, values
+from rpg.paths.checkout import CHECKOUT, RECIPE_ENTRY
+from rpg.override_lists import hydra_value, override_key, resume_command, values
 from rpg.launch.environment import RESUMED_VARS, LaunchError, Request
 
 STEPS = 2  # a rehearsal's training steps (the user's trainer.total_training_steps wins)

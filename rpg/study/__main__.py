@@ -39,7 +39,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from rpg.common.user_paths import user_folder
+from rpg.paths.user import user_folder
 from rpg.study.grid import (ADDENDUM_CELLS, ADDENDUM_ORDER_SEED, BUILTIN_COSTS, LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, LAG_UPDATES,
                             METHODS, STALENESS_ARMS, STALENESS_COSTS, STALENESS_SIZES, STRESS_METHODS, WEIGHT_ARMS,
                             ORDER_SEED, WEIGHTS_METHOD, Sizes, calibrate, describe, fmt_duration, grid, lag_grid, staleness_grid,
@@ -329,11 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from rpg.study.records import all_records, read_record, survey
     from rpg.study.runner import OtherRunsError, StudyBusyError, run_grid
-    from rpg.common.signals import StopSignal
+    from rpg.stop_signals import StopSignal
     from rpg.launch.experiments import ExperimentError
 
     on_smol = args.model == "smol"
-    # relative to the current folder, as every run folder a user names (rpg.common.user_paths)
+    # relative to the current folder, as every run folder a user names (rpg.paths.user)
     if args.paper and not on_smol:
         print("rpg.study: --paper: the paper's comparison runs on SmolLM2: add --model smol", file=sys.stderr)
         return 2

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from rpg.backends.registry import backend as select_backend
-from rpg.common import history
-from rpg.common.override_lists import hydra_list, merge_overrides, values
+from rpg.metrics_log import history
+from rpg.override_lists import hydra_list, merge_overrides, values
 from rpg.verl.errors import LAUNCHED_ENV
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
 DEFAULT_LOGGERS = ("console", "file")  # a run's loggers when none are given: the harness reads the file's

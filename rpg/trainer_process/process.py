@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rpg.common.metrics_file import readable_records
+from rpg.metrics_log.file import readable_records
 from rpg.trainer_process.reaping import identities, procs_using, shm_mapped
 from rpg.trainer_process.result import TrainerRun
 

@@ -10,7 +10,7 @@ The trainer is tethered to this process (``rpg.trainer_process.tether``): if thi
 SIGKILL, when none of the clean-up can run, the kernel sends the trainer SIGTERM (the RPG driver then shuts
 its Ray cluster down) instead of letting it train on unseen; and it holds the output directory's lock until
 it has ended. A failed or timed-out run raises ``TrainerRunError`` with the log's tail. SIGHUP, SIGINT and
-SIGTERM to this process (main thread, ``rpg.common.signals``) end the run the same way within a minute and
+SIGTERM to this process (main thread, ``rpg.stop_signals``) end the run the same way within a minute and
 raise ``TrainerRunError`` with ``TrainerRun.stop_signal`` set (``report_stop`` prints the one line; the
 caller exits 128 + signum).
 """
@@ -29,11 +29,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from rpg.backends.registry import backend as select_backend
-from rpg.common import history
-from rpg.common.metrics_file import MetricsFileError
-from rpg.common.override_lists import hydra_value, values
-from rpg.common.run_env import ray_auth_env, wandb_env
-from rpg.common.signals import StopSignal, raise_on_stop_signals
+from rpg.metrics_log import history
+from rpg.metrics_log.file import MetricsFileError
+from rpg.override_lists import hydra_value, values
+from rpg.backends.run_env import ray_auth_env, wandb_env
+from rpg.stop_signals import StopSignal, raise_on_stop_signals
 from rpg.trainer_process.command import DEFAULT_ENTRY, build_command, entry_argv
 from rpg.trainer_process.metrics import fold_segments, history_notes, read_metrics
 from rpg.trainer_process.process import Monitor, pump_output

@@ -30,7 +30,7 @@ from verl.utils.debug import marked_timer
 
 from rpg.math.behavior import behavior_weights
 from rpg.math.formulas import k3
-from rpg.common.history import STEP_RECORD, write_step_record
+from rpg.metrics_log.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoint_digests import REFERENCE_DIR, join_reports
 from rpg.verl.checkpoints import recorded_settings, write_marker
 from rpg.config import parse_rpg_settings
@@ -275,7 +275,7 @@ class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin, AsyncResumeMixin):
         if self.rpg.reference.resets:
             self._prune_reference_state()
         # verl validates and logs a step after saving it: a run stopped in between would never log it; the
-        # resume logs this copy instead (rpg.common.history.restore_step_record, before the marker's digests)
+        # resume logs this copy instead (rpg.metrics_log.history.restore_step_record, before the marker's digests)
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         if os.path.isdir(folder):
             write_step_record(folder, self.global_steps, getattr(self, "_step_metrics", {}))

@@ -3,7 +3,7 @@
 import pytest
 
 from rpg.backends.cpu import env_overrides
-from rpg.common.override_lists import merge_overrides, override_key
+from rpg.override_lists import merge_overrides, override_key
 from rpg.trainer_process import build_command, read_metrics
 
 
@@ -47,7 +47,7 @@ def test_merge_overrides_rejects_non_assignments():
 
 
 def test_forwarding_keeps_a_value_with_a_quote():
-    from rpg.common.override_lists import values
+    from rpg.override_lists import values
 
     forwarded = values(env_overrides.cpu_overrides({"OMP_NUM_THREADS": "1'2"}))
     assert forwarded["ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS"] == "1'2"
@@ -100,7 +100,7 @@ def test_paths_reach_hydra_as_the_same_strings(tmp_path, monkeypatch):
     parser as those very paths (bare, ``a,b`` was a sweep: OverrideSyntaxError)."""
     from types import SimpleNamespace
 
-    from rpg.common.override_lists import values
+    from rpg.override_lists import values
     from rpg.demo import gpu_smoke
     from rpg.trainer_process import run_trainer
     from rpg.tiny.build import TinyAssets

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from rpg.backends.cpu import env_overrides, world
 from rpg.config import RPGConfigError
 from rpg.trainer_process import build_command
-from rpg.common.override_lists import values
+from rpg.override_lists import values
 
 
 def _ray(argv):

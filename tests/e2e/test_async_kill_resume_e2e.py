@@ -116,7 +116,7 @@ def test_the_kill_stops_the_run_in_step_3_and_the_resume_is_from_step_2(killed):
 
 
 def test_each_step_once_in_the_history(killed):
-    from rpg.common.history import TRAINING_STEP_KEY, readable_records, segments
+    from rpg.metrics_log.history import TRAINING_STEP_KEY, readable_records, segments
 
     trained = Counter(step for path in segments(killed["run"].metrics_file) for step, data in readable_records(path)[0]
                       if TRAINING_STEP_KEY in data)

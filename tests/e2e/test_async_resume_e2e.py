@@ -64,7 +64,7 @@ def runs(request, tiny_assets, tmp_path_factory):
 
 
 def test_it_resumes_from_step_2_and_trains_steps_3_and_4_once(runs):
-    from rpg.common.history import TRAINING_STEP_KEY, readable_records, segments
+    from rpg.metrics_log.history import TRAINING_STEP_KEY, readable_records, segments
 
     mode, out, _, log, run = runs
     assert f"rpg: resuming from {out / 'ckpt' / 'global_step_2'}: step 2" in log

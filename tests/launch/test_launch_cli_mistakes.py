@@ -126,7 +126,7 @@ def test_the_demo_checks_keys_before_it_builds_or_starts_anything(tmp_path, caps
     rc, err, out = _demo(["--out", tmp_path / "o", "--steps", "1", "rpg.loss.divergance=rkl"], capsys)
     assert rc == 2 and len(err) == 1 and "did you mean rpg.loss.divergence?" in err[0], err
     assert out == "" and not (tmp_path / "o").exists()
-    from rpg.common.checkout import RECIPE_CONFIG_DIR
+    from rpg.paths.checkout import RECIPE_CONFIG_DIR
     from rpg.launch.config_keys import ConfigKeyError, compose_config
 
     with pytest.raises(ConfigKeyError) as e:  # `+` on a key the config has (Hydra's three lines)
@@ -287,7 +287,7 @@ def test_fresh_start_rules(tmp_path):
     ("[1, 2]", r"expected an object with a 'step' key, got \[1, 2\]"),
 ])
 def test_a_run_folder_with_a_broken_metrics_line_is_refused_naming_the_file_and_line(broken, why, tmp_path):
-    """The folder check reads metrics.jsonl by the one reader's rules (rpg.common.metrics_file): a broken line
+    """The folder check reads metrics.jsonl by the one reader's rules (rpg.metrics_log.file): a broken line
     before the last is refused naming the file and line, never skipped (it used to be: steps 0..2 of the
     lines around it were reported, or none, as if the file held nothing)."""
     from rpg.trainer_process.run_dir import RunDirError, check_fresh_start
@@ -337,7 +337,7 @@ def test_the_checkpoint_folder_is_named_after_the_variant_run(tmp_path, capsys, 
 
     monkeypatch.setattr(demo, "run_trainer", fake_run)
     monkeypatch.setattr(rpg.tiny, "build_tiny_assets", lambda *a, **k: SimpleNamespace(root=tmp_path))
-    from rpg.common.override_lists import values
+    from rpg.override_lists import values
 
     for extra, name in ((["rpg.loss.divergence=rkl"], "tiny_rpg_reinforce_rkl"), ([], "tiny_rpg_reinforce_ufkl"),
                         (["rpg.loss.form=differentiable", "rpg.loss.divergence=urkl"], "tiny_rpg_differentiable_urkl"),
@@ -400,7 +400,7 @@ def test_wandb_as_the_user_asked(tmp_path):
     """Every local run had WANDB_MODE=disabled, whatever the user set or trainer.logger asked: a run with
     wandb wrote no W&B run, without a word. (A W&B run folder really written: tests/e2e/test_launch_cpu_e2e.py.)"""
     from rpg.trainer_process import build_command
-    from rpg.common.run_env import wandb_env
+    from rpg.backends.run_env import wandb_env
 
     _, env = build_command([], base_env={"WANDB_MODE": "offline"})
     assert env["WANDB_MODE"] == "offline"  # the user's, not 'disabled'

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from launching import env as _env, launch, planned
 
-from rpg.common.override_lists import values
+from rpg.override_lists import values
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"  # RPG-REINFORCE-UFKL with RPG-Style Clip, lr 5e-7

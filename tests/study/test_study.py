@@ -125,7 +125,7 @@ def _composed(specs, tmp_path: Path, printed: str, timeout: int) -> list[list[st
     import subprocess
     import sys
 
-    from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
+    from rpg.paths.checkout import CHECKOUT, RECIPE_ENTRY
     from rpg.trainer_process import build_command
 
     plans, env = [], None
@@ -403,7 +403,7 @@ def test_a_moved_study_keeps_its_finished_runs_and_a_changed_setting_moves_them_
 ])
 def test_a_run_whose_metrics_cannot_be_read_is_failed_naming_the_file_and_line(bad, why, fake, tmp_path, monkeypatch,
                                                                               capsys):
-    """The measured times are read by the one reader (rpg.common.metrics_file): a line that is not a record or a
+    """The measured times are read by the one reader (rpg.metrics_log.file): a line that is not a record or a
     timing that is not seconds is neither summed as if valid, skipped, nor an uncaught TypeError that stops the
     grid; the run is failed (rerun with --retry-failed) with the file and line."""
     from rpg import trainer_process as harness

@@ -8,7 +8,7 @@ import signal
 import pytest
 from test_smol_study import SmolFakeTrainer
 
-from rpg.common.signals import StopSignal
+from rpg.stop_signals import StopSignal
 from rpg.study import attempts as A
 from rpg.study.__main__ import main
 

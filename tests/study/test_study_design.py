@@ -215,7 +215,7 @@ def test_code_state_tells_commits_and_uncommitted_changes_apart(tmp_path, monkey
     git("init", "-q")
     git("add", "a.py")
     git("commit", "-qm", "a")
-    monkeypatch.setattr("rpg.common.checkout.CHECKOUT", repo)
+    monkeypatch.setattr("rpg.paths.checkout.CHECKOUT", repo)
     clean = code_state()
     assert clean["changes"] is None and len(clean["commit"]) == 40 and clean["code"] == clean["commit"][:7]
     (repo / "a.py").write_text("x = 2\n")

@@ -18,7 +18,7 @@ import pytest
 
 from recipe_config import compose_cfg
 
-from rpg.common.override_lists import values
+from rpg.override_lists import values
 from rpg.verl.refill_limit import METRIC, RefillBook, RefillLimitReached, refill_book, refill_limit_reason
 
 BATCH, N = 4, 3  # data.train_batch_size, responses per group

@@ -539,7 +539,7 @@ def test_leftover_segment_of_a_killed_launcher_is_folded_at_the_next_start(tmp_p
 def test_a_broken_middle_line_is_named_and_never_folded_away(tmp_path):
     """Only the last line may be cut by a kill; a broken line before it is one error naming the file and
     line, and no segment is rewritten or removed (before: the line was skipped and the fold deleted it)."""
-    from rpg.common.metrics_file import MetricsFileError
+    from rpg.metrics_log.file import MetricsFileError
     from rpg.trainer_process import fold_segments, run_trainer, TrainerRunError
 
     out = tmp_path / "out"

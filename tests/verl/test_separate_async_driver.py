@@ -11,7 +11,7 @@ from rpg.backends.cpu import backend as cpu_backend
 from rpg.backends.cpu import world
 from rpg.backends.gpu import backend as gpu_backend
 from rpg.backends.cpu.env_overrides import ENGINE_MODULE, ENGINE_NAME
-from rpg.common.override_lists import values
+from rpg.override_lists import values
 from rpg.config import RPGConfigError
 
 from recipe_config import SEPARATE_ASYNC as MODE, SEPARATE_ASYNC_CPU as CPU, SEPARATE_ASYNC_OK as OK, TINY_SIZES as SIZES

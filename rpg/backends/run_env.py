@@ -16,7 +16,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Mapping
 
-from rpg.common.override_lists import hydra_value
+from rpg.override_lists import hydra_value
 
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"  # verl/__init__.py imports the modules it lists, in every process
 

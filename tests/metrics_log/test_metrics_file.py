@@ -1,4 +1,4 @@
-"""The one reader of verl's file-logger JSONL (rpg.common.metrics_file): its rules, and that the harness and the
+"""The one reader of verl's file-logger JSONL (rpg.metrics_log.file): its rules, and that the harness and the
 reports, which read the same files, apply them alike."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from rpg.common.metrics_file import MAX_STEP, MetricsFileError, readable_records, records, step_of
+from rpg.metrics_log.file import MAX_STEP, MetricsFileError, readable_records, records, step_of
 
 
 def _write(path, text: str | bytes):
