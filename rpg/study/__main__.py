@@ -129,7 +129,7 @@ def _begin_attempt(study, report_dir: Path, command: str, out: Path, records: li
 
 def _render_declared(study, report_dir: Path) -> int:
     """``--render-only`` of a declared study: its tables and figure from ``report_dir``'s runs.csv alone."""
-    from rpg.study.declared import CSVError
+    from rpg.study.plan_and_results import CSVError
 
     module, flag = study
     csv_path = report_dir / "runs.csv"
@@ -166,11 +166,11 @@ def _finish_declared(study, out: Path, report_dir: Path, specs, records: list[di
 
 
 def _design(study, args, specs, report_dir: Path) -> str | None:
-    """The ``design`` of a declared study's runs.csv rows (``rpg.study.declared.Design.label``; None for the other
-    grids), after its checks (ValueError, one line): ``--exploratory`` only with a declared study; an option the
+    """The ``design`` of a declared study's runs.csv rows (``rpg.study.plan_and_results.Design.label``; None for the
+    other grids), after its checks (ValueError, one line): ``--exploratory`` only with a declared study; an option the
     plan fixes otherwise only with it; a runs.csv in ``report_dir`` of another design, or with finished runs this
-    grid lacks, refused before any run (``rpg.study.declared.check_report``)."""
-    from rpg.study.declared import check_report
+    grid lacks, refused before any run (``rpg.study.plan_and_results.check_report``)."""
+    from rpg.study.plan_and_results import check_report
 
     if study is None:
         if args.exploratory:

@@ -6,7 +6,7 @@ starts the trainer in a session of its own, watches it (``rpg.trainer_process.pr
 out, is stopped by the caller's ``stop`` event or by a stop signal, ends every process of the run
 (``rpg.trainer_process.reaping``) and reads its metrics (``rpg.trainer_process.metrics``).
 
-The trainer is tethered to this process (``rpg.trainer_process.tether``): if this process is killed with
+The trainer is tethered to this process (``rpg.trainer_process.stop_with_launcher``): if this process is killed with
 SIGKILL, when none of the clean-up can run, the kernel sends the trainer SIGTERM (the RPG driver then shuts
 its Ray cluster down) instead of letting it train on unseen; and it holds the output directory's lock until
 it has ended. A failed or timed-out run raises ``TrainerRunError`` with the log's tail. SIGHUP, SIGINT and
@@ -39,7 +39,7 @@ from rpg.trainer_process.metrics import fold_segments, history_notes, read_metri
 from rpg.trainer_process.process import Monitor, pump_output
 from rpg.trainer_process.reaping import cleanup, identities, terminate_group, unlink_left
 from rpg.trainer_process.result import TrainerRun, TrainerRunError
-from rpg.trainer_process.tether import command as tethered
+from rpg.trainer_process.stop_with_launcher import command as tethered
 from rpg.trainer_process.run_dir import METRICS_FILE
 
 LOG_FILE = "trainer.log"
@@ -176,7 +176,7 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
     """Start the trainer, wait for its end (or timeout, ``stop``, a stop signal), then clean up every
     process of the run. Fills ``run``'s outcome fields; returns the monitor (memory peaks).
 
-    The trainer is tethered to this process (``rpg.trainer_process.tether``: SIGTERM when it dies, even by
+    The trainer is tethered to this process (``rpg.trainer_process.stop_with_launcher``: SIGTERM when it dies, even by
     SIGKILL, when no clean-up here can run) and inherits the output directory's lock, so that a
     restart into the directory is refused until the old trainer has ended."""
     from rpg.verl.errors import ERROR_PREFIX  # not rpg.verl.input_paths: that imports torch (5-12 s here)

@@ -18,8 +18,8 @@ Per mode, two launches into one output folder: 2 steps with a checkpoint each st
   within verl's max_off_policy_threshold of 8;
 * nothing lost, nothing twice: every sample trained at steps 1-4 (verl's rollout dump, ``trainer.rollout_data_dir``)
   is trained once, 64 a step (8 prompts x 8), from the prompts the run dispatched (``p<step>-<n>``:
-  rpg.verl.run_order); the dataloader has passed (1 warm-up + 4) x 8 = 40 prompts at step 4, as an uninterrupted
-  run's (verl fetches the warm-up batch at the start and one batch a step).
+  rpg.verl.sample_order_and_lag); the dataloader has passed (1 warm-up + 4) x 8 = 40 prompts at step 4, as an
+  uninterrupted run's (verl fetches the warm-up batch at the start and one batch a step).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_lag_study import LagFakeTrainer, _kv
 
-from rpg.study import declared as DC
+from rpg.study import plan_and_results as DC
 from rpg.study import grid as G
 from rpg.study import lag as L
 from rpg.study import lag_addendum as A

@@ -236,7 +236,7 @@ def test_a_runs_record_holds_the_machines_load(monkeypatch, tiny_assets, tmp_pat
 
 def test_the_plans_numbers_are_the_codes():
     """PLAN.md's power and budget block is exactly what ``python -m rpg.study.lag`` prints."""
-    from rpg.study.declared import generated_block
+    from rpg.study.plan_and_results import generated_block
 
     block = generated_block((LAG_DIR / "PLAN.md").read_text(encoding="utf-8"), "plan_numbers")
     assert block is not None, "PLAN.md has no plan_numbers block"

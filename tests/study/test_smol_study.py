@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rpg.study import costs as C
-from rpg.study import declared as DC
+from rpg.study import plan_and_results as DC
 from rpg.study import grid as G
 from rpg.study import lag
 from rpg.study import records as D

@@ -23,7 +23,7 @@ from rpg.study import records as D
 from rpg.study import runner as R
 from rpg.study import smol as S
 from rpg.study.__main__ import main
-from rpg.study.declared import DECLARED
+from rpg.study.plan_and_results import DECLARED
 from rpg.study.identity import code_state, other_code
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -100,7 +100,7 @@ def stand_in(mode: str, spread, monkeypatch, *overrides, sync_step: int = 1):
     from verl.trainer.ppo.v1 import replay_buffer
     from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode
 
-    from rpg.verl.run_order import LagBook
+    from rpg.verl.sample_order_and_lag import LagBook
     from rpg.verl.trainer import RPG_TRAINERS
 
     cfg = config(f"trainer.v1.trainer_mode={mode}", *overrides)

@@ -741,8 +741,8 @@ run_trainer([sys.argv[3]], output_dir=sys.argv[2], entry=sys.argv[1], timeout_s=
 
 
 def test_a_launcher_killed_with_sigkill_still_stops_its_trainer(tmp_path):
-    """kill -9 of the launcher runs no clean-up at all: the kernel's parent-death signal (rpg.trainer_process.tether)
-    stops the trainer, and the directory stays locked until the trainer has ended (a restart into it is
+    """kill -9 of the launcher runs no clean-up at all: the kernel's parent-death signal
+    (rpg.trainer_process.stop_with_launcher) stops the trainer, and the directory stays locked until the trainer has ended (a restart into it is
     refused meanwhile, then accepted). Before: the trainer trained on unseen into the directory."""
     from rpg.trainer_process import TrainerRunError, run_trainer
 

@@ -66,7 +66,7 @@ def test_the_trainer_and_worker_of_the_mode():
 
     from rpg.verl.async_resume import AsyncResumeMixin
     from rpg.verl.refill_limit import RefillLimitMixin
-    from rpg.verl.run_order import RunOrderMixin
+    from rpg.verl.sample_order_and_lag import RunOrderMixin
     from rpg.verl.trainer import RPG_TRAINERS, RPGTrainerMixin
     from rpg.verl.worker import RPGActorRolloutRefWorker, RPGDetachActorWorker
 
