@@ -39,13 +39,14 @@ PACKAGE = ROOT / "rpg"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("typed configuration (torch-free: the rpg: block, RPGLossConfig and its RULES)", ("rpg.config",)),
     ("math: the paper's formulas (torch only)", ("rpg.math",)),
-    ("shared pieces (overrides, run environment, signals, metrics history)", ("rpg.common",)),
+    ("shared pieces: Hydra overrides, paths, stop signals, node counts, the metrics log",
+     ("rpg.override_lists", "rpg.paths", "rpg.stop_signals", "rpg.node_counts", "rpg.metrics_log")),
     ("leaves: reward, data, the tiny task and SmolLM2's", ("rpg.reward", "rpg.data", "rpg.tiny", "rpg.smol")),
     ("backends", ("rpg.backends", "rpg.backends.hf_rollout", "rpg.backends.cpu", "rpg.backends.gpu",
                   "rpg.backends.registry")),
     ("verl glue and the driver", ("rpg.verl",)),
-    ("beside the driver: the memory plan, the harness that runs the driver in a subprocess",
-     ("rpg.memory", "rpg.backends.harness")),
+    ("beside the driver: the memory plan, the trainer run as a subprocess (the harness)",
+     ("rpg.memory", "rpg.trainer_process")),
     ("launch: a paper run's entry on one node", ("rpg.launch",)),
     ("the cluster layer (opt-in): Ray jobs, node plans, the elastic supervisor", ("rpg.cluster",)),
     ("applications", ("rpg.reports", "rpg.demo", "rpg.study", "rpg.gpu_kit")),
@@ -56,7 +57,7 @@ MAX_LINES = 450
 
 def node_of(module: str) -> str:
     parts = module.split(".")
-    if len(parts) >= 3 and parts[1] == "backends" and parts[2] in ("hf_rollout", "cpu", "gpu", "registry", "harness"):
+    if len(parts) >= 3 and parts[1] == "backends" and parts[2] in ("hf_rollout", "cpu", "gpu", "registry"):
         return ".".join(parts[:3])
     return ".".join(parts[:2]) if len(parts) > 1 else module
 
@@ -325,8 +326,8 @@ def test_the_rule_catches_upward_imports(tmp_path):
         "rpg/__init__.py": "",
         "rpg/backends/cpu/env_overrides.py": "def f():\n    from rpg.launch import cli\n",
         "rpg/math/losses.py": "from ..launch.cli import main\nfrom rpg.math import divergences\n",
-        "rpg/common/x.py": "from rpg import verl\n",
-        "rpg/launch/cli.py": "from rpg.backends.cpu import settings\nfrom rpg.common import x\n",
+        "rpg/paths/x.py": "from rpg import verl\n",
+        "rpg/launch/cli.py": "from rpg.backends.cpu import settings\nfrom rpg.paths import x\n",
         "rpg/backends/__init__.py": "import importlib\n_M = {'c': 'cli'}\n"
                                     "def f(n):\n    return importlib.import_module(f'rpg.launch.{_M[n]}')\n",
     }
@@ -334,7 +335,7 @@ def test_the_rule_catches_upward_imports(tmp_path):
     found = upward(tmp_path)
     assert [line.split(": ")[0] for line in found] == ["rpg/backends/__init__.py:4",
                                                        "rpg/backends/cpu/env_overrides.py:2",
-                                                       "rpg/common/x.py:1", "rpg/math/losses.py:1"], found
+                                                       "rpg/math/losses.py:1", "rpg/paths/x.py:1"], found
 
 
 def test_the_checks_read_lazy_loaders(tmp_path):
@@ -347,15 +348,15 @@ def test_the_checks_read_lazy_loaders(tmp_path):
                                     "def __getattr__(name):\n"
                                     "    return importlib.import_module(f'{__name__}.{_HOMES[name]}')\n",
         "rpg/backends/cpu/__init__.py": "",
-        "rpg/backends/cpu/backend.py": "from rpg.common import x\n",
-        "rpg/common/__init__.py": "",
-        "rpg/common/x.py": "def f():\n    from rpg import backends\n",
+        "rpg/backends/cpu/backend.py": "from rpg.paths import x\n",
+        "rpg/paths/__init__.py": "",
+        "rpg/paths/x.py": "def f():\n    from rpg import backends\n",
     })
-    assert [line.split(": ")[0] for line in upward(tmp_path)] == ["rpg/backends/__init__.py:4", "rpg/common/x.py:2"]
-    assert module_cycles(tmp_path) == [["rpg.backends", "rpg.backends.cpu.backend", "rpg.common.x"]]
-    plant(tmp_path, {"rpg/common/y.py": "import importlib\ndef f(name):\n"
+    assert [line.split(": ")[0] for line in upward(tmp_path)] == ["rpg/backends/__init__.py:4", "rpg/paths/x.py:2"]
+    assert module_cycles(tmp_path) == [["rpg.backends", "rpg.backends.cpu.backend", "rpg.paths.x"]]
+    plant(tmp_path, {"rpg/paths/y.py": "import importlib\ndef f(name):\n"
                                         "    return importlib.import_module(f'{__name__}.{name}')\n"})
-    with pytest.raises(AssertionError, match="rpg/common/y.py:3: cannot read which module"):
+    with pytest.raises(AssertionError, match="rpg/paths/y.py:3: cannot read which module"):
         upward(tmp_path)
 
 
@@ -388,10 +389,10 @@ def test_torch_free_layers_import_without_torch():
     import subprocess
     import sys
 
-    light = {"rpg.config", "rpg.common", "rpg.launch", "rpg.memory", "rpg.cluster"}
+    light = {"rpg.config", *LAYERS[2][1], "rpg.launch", "rpg.memory", "rpg.cluster"}
     mods = [m for m in map(module_of, sources()) if node_of(m) in light and not m.endswith("__main__")]
-    mods += ["rpg.backends", "rpg.backends.cpu.backend", "rpg.backends.gpu.backend",
-             "rpg.backends.hf_rollout.verl_registries"]
+    mods += ["rpg.backends", "rpg.backends.run_env", "rpg.backends.import_hooks", "rpg.backends.cpu.backend",
+             "rpg.backends.gpu.backend", "rpg.backends.hf_rollout.verl_registries"]
     code = "import sys; sys.modules['torch'] = None\n" + "".join(f"import {m}\n" for m in mods)
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

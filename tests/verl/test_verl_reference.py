@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg.verl.run_order import LagBook
+from rpg.verl.sample_order_and_lag import LagBook
 from rpg.verl.trainer import ReferenceSchedule, k3_token_kl
 
 
