@@ -65,7 +65,7 @@ def environment() -> str:
 
 def measure(name: str, steps: int, out: Path) -> dict:
     """``bench_trainer_cpu.measure`` plus the async keys' values at steps 2..N."""
-    from rpg.backends.harness import METRICS_FILE, read_metrics
+    from rpg.trainer_process import METRICS_FILE, read_metrics
 
     res = base.measure(name, steps, out, VARIANTS)
     recs = read_metrics(out / METRICS_FILE)

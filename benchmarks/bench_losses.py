@@ -70,12 +70,19 @@ def make_inputs(batch: int, length: int, device: str = "cpu", seed: int = 0):
 
 
 def _actor_config(variant: dict | None):
-    from omegaconf import OmegaConf
+    """The actor config the loss gets: verl's ``ActorConfig`` as a worker holds it (the RPG policy loss builds its
+    settings once per such frozen config); vanilla reads the clip ratios only."""
+    clips = dict(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0)
+    if variant is None:
+        from omegaconf import OmegaConf
 
-    cfg = dict(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0, global_batch_info={})
-    if variant is not None:
-        cfg["policy_loss"] = dict(loss_mode="rpg", rpg_anchor="sampler", rpg_loss=_lib_kwargs(variant))
-    return OmegaConf.create(cfg)
+        return OmegaConf.create({**clips, "global_batch_info": {}})
+    from verl.workers.config.actor import ActorConfig
+
+    from rpg.verl.policy_loss import RPGPolicyLossConfig
+
+    pl = RPGPolicyLossConfig(loss_mode="rpg", rpg_anchor="sampler", rpg_loss=_lib_kwargs(variant))
+    return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, policy_loss=pl, **clips)
 
 
 def _lib_kwargs(variant: dict) -> dict:

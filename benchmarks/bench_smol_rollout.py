@@ -64,7 +64,7 @@ def val_tokens(outputs: list[str], encode, max_response_length: int) -> int:
 def arm_figures(out: Path, encode, max_response_length: int) -> dict:
     """The figures of one run's folder ``out`` (``metrics.jsonl``, ``summary.json``, the validation dump);
     ``encode``: text -> token ids (the model's tokenizer, no special tokens added)."""
-    from rpg.backends.harness import read_metrics
+    from rpg.trainer_process import read_metrics
 
     metrics = read_metrics(out / "metrics.jsonl")
     summary = json.loads((out / "summary.json").read_text())

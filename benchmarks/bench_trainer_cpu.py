@@ -1,6 +1,6 @@
 """Measure, on the tiny CPU run, the cost of RPG's sampler anchor and of the recipe's glue.
 
-Three runs of verl's real trainer on the CPU backend (rpg.backends.harness), identical
+Three runs of verl's real trainer on the CPU backend (rpg.trainer_process), identical
 settings (tiny model and task, batch 8 prompts x 8 responses, one mini-batch per step, no
 validation) except for the algorithm (``VARIANTS``, from the tiny demo's ``TINY_ALGORITHMS``):
 
@@ -76,7 +76,7 @@ def first_timed(steps: int) -> int:
 
 def measure(name: str, steps: int, out: Path, variants: dict = VARIANTS) -> dict:
     """One run of ``name``; per-step timings of steps 2..N (step 1 in a 1-step run) and the run's peak memory."""
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
 
     entry, args = overrides(name, steps, variants)
     run = run_trainer(args, output_dir=out, entry=entry, cwd=ROOT, timeout_s=1200)

@@ -24,7 +24,7 @@ and says so, and has no wall/step):
   samples/s    responses per step (prompts x n = 64) / wall/step s: the steady-state throughput
   peak PSS     the peak over the run of the summed PSS of all the run's processes (the trainer, its Ray
                workers, the rollout server(s) and Ray's daemons; shared pages split between them), sampled
-               every 10 s by the harness (``rpg.backends.harness``): the run's RAM, not one process's
+               every 10 s by the harness (``rpg.trainer_process``): the run's RAM, not one process's
 
 and each one's ratio to sync. On a 2-core machine the standalone pool's generation competes with training for
 the same cores: the ratios say what the modes cost here, not the overlap a separate device gives.
@@ -112,7 +112,7 @@ def off_policy_problems(metrics: dict, steps: int) -> list[str]:
 
 def measure(mode: str, steps: int, out: Path) -> dict:
     """One run of ``mode``: the timed steps, the peak PSS, the separate-async series and what its checks found."""
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
 
     entry, args = overrides(mode, steps)
     # RAY_DEDUP_LOGS=0: Ray would fold the rollout server's per-sync lines, whose numbers it masks

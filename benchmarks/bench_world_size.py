@@ -1,7 +1,7 @@
 """Measure, on the tiny CPU run, what a second FSDP rank costs: per-step time and peak memory per rank at world
 size 1 vs 2 (benchmarks/world_size.md has the figures).
 
-Two runs of verl's real trainer on the CPU backend (rpg.backends.harness), identical settings (tiny model and
+Two runs of verl's real trainer on the CPU backend (rpg.trainer_process), identical settings (tiny model and
 task, the tiny demo's RPG algorithm, 8 prompts x 8 responses per step, 4 mini-batches, no validation, no
 checkpoint), except ``trainer.n_gpus_per_node`` (and the per-rank micro-batches: the same global
 mini-batch split over the ranks, ``rpg.tiny.overrides.tiny_overrides(world_size=...)``).
@@ -64,7 +64,7 @@ class RankPeaks(threading.Thread):
 
 def measure(world_size: int, steps: int, out: Path) -> dict:
     """One run at ``world_size``: per-step timings and memory."""
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
     from rpg.tiny import build_tiny_assets
     from rpg.tiny.overrides import tiny_overrides
 

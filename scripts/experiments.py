@@ -21,9 +21,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
-from rpg.common.checkout import CHECKOUT, RECIPE_DIR
+from rpg.paths.checkout import CHECKOUT, RECIPE_DIR
 from rpg.config import DIVERGENCES  # the loss library's names, declared torch-free
-from rpg.config.kinds import yaml_value
+from rpg.config.allowed_values import yaml_value
 from rpg.launch.experiments import EXPERIMENT_DIR, recipe_yaml
 
 
@@ -322,7 +322,7 @@ def without_defaults(overrides: list[str]) -> list[str]:
     say only what its name changes. Keys the YAML does not hold (verl's own defaults) are kept."""
     from omegaconf import OmegaConf
 
-    from rpg.common.override_lists import parse_overrides
+    from rpg.override_lists import parse_overrides
 
     yaml = recipe_yaml()
     missing = object()
@@ -426,7 +426,7 @@ def experiment_path(name: str) -> Path:
 
 def experiment_settings(v: Variant) -> list[tuple[str, object]]:
     """(key, value) of every setting the run's file states, in order: model, data, the name's settings, the names."""
-    from rpg.common.override_lists import parse_overrides
+    from rpg.override_lists import parse_overrides
 
     files = [("actor_rollout_ref.model.path", v.model), ("data.train_files", TRAIN_DATA),
              ("data.val_files", [f"data/{s}.parquet" for s in v.val_sets])]

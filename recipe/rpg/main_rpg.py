@@ -7,7 +7,7 @@ paths and sizes, its checks and header before anything starts, ``DRY_RUN=1``, ``
 ``RPG_BACKEND=cpu`` (docs/launch-scripts.md); the launch composes the run's config once (Hydra's compose API) and
 the driver runs that config, so Hydra's main composes only a command line without a run.
 
-The command line is read first with Hydra's own parsers (``rpg.common.override_lists.bad_override_line``): an
+The command line is read first with Hydra's own parsers (``rpg.override_lists.bad_override_line``): an
 override Hydra cannot read is one line naming it, exit code 2, before verl is imported. Hydra's flags (``--cfg
 job``, ``-m``, ``--config-name``, ``hydra.*`` overrides, ...) pass through unchanged.
 """

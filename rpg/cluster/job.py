@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-from rpg.common.signals import StopSignal, raise_on_stop_signals
+from rpg.stop_signals import StopSignal, raise_on_stop_signals
 
 STOP_WAIT_S = 120.0  # for the job's own stop (the driver's stop line, Ray shut down) to reach the tail
 

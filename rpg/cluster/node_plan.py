@@ -2,7 +2,7 @@
 
 ``NNODES=N``: the counts 1..N that pass the driver's rules; the driver's stop line after a node loss then asks
 for the largest of them the cluster can still hold. ``NNODES=MIN:MAX`` (elastic): the counts in [MIN, MAX] that
-pass them, each at the same global batch (``rpg.common.nnodes.resized_values``); a count that does not (verl's
+pass them, each at the same global batch (``rpg.node_counts.resized_values``); a count that does not (verl's
 divisibility rules: 24 ranks do not split a mini-batch of 32 prompts x 16 responses evenly; a per-GPU
 micro-batch that does not re-split) is skipped with one warning line, and none at all is refused. The job's
 entrypoint is then the elastic supervisor (``rpg.cluster.elastic``) around the trainer's command.
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from rpg.common.nnodes import GPUS_KEY, MICRO_SUFFIX, NNODES_KEY, NodeCount, resized_values
-from rpg.common.override_lists import merge_overrides, values
+from rpg.node_counts import GPUS_KEY, MICRO_SUFFIX, NNODES_KEY, NodeCount, resized_values
+from rpg.override_lists import merge_overrides, values
 from rpg.config import RPGConfigError, config_value
 from rpg.launch.environment import LaunchError, Request
 from rpg.verl.errors import NODE_PLAN_ENV
@@ -108,7 +108,7 @@ def plan_nodes(overrides: Sequence[str], req: Request, user: Sequence[str]):
     it starts when the nodes are there), the composed and checked config (``rpg.launch.plan.compose``) and the job
     environment's ``NODE_PLAN_ENV`` (with separate_async's ``rollout_pool`` nodes). The sizes are judged on the config
     as composed, before the driver's checks, which then run at the size the job is submitted with."""
-    from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR
+    from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR
     from rpg.launch.config_keys import compose_config
     from rpg.launch.plan import compose
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rpg.backends.registry import backend
-from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_ENTRY
-from rpg.common.override_lists import bad_override_line, resume_command
+from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_ENTRY
+from rpg.override_lists import bad_override_line, resume_command
 from rpg.launch.environment import FORWARD_ENV, RESUMED_VARS, LaunchError, Request, flag, positive_int
 from rpg.verl.errors import ERROR_PREFIX, LAUNCHED_ENV, RESUME_COMMAND_ENV
 
@@ -94,9 +94,9 @@ def rehearsal_env(cfg, req: Request, submission: str) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    from rpg.backends.harness.run_dir import RunDirError
-    from rpg.common.override_lists import OverrideSyntaxError
-    from rpg.common.signals import StopSignal, raise_on_stop_signals
+    from rpg.trainer_process.run_dir import RunDirError
+    from rpg.override_lists import OverrideSyntaxError
+    from rpg.stop_signals import StopSignal, raise_on_stop_signals
     from rpg.config import RPGConfigError
     from rpg.launch.experiments import ExperimentError
     from rpg.verl.input_paths import error_line
@@ -163,8 +163,8 @@ def submit(name: str, user: list[str], env: dict[str, str]) -> int:
     job_env = {LAUNCHED_ENV: "1",
                RESUME_COMMAND_ENV: resume_command(script_command(name, req.cwd), user, str(req.cwd), env, RESUMED_VARS)}
     if chosen.TINY_TASK:  # the rehearsal as a job on the cluster
-        from rpg.backends.harness import build_command
-        from rpg.backends.harness.run_dir import check_fresh_start
+        from rpg.trainer_process import build_command
+        from rpg.trainer_process.run_dir import check_fresh_start
 
         argv, _ = build_command(overrides, entry=str(CHECKOUT / RECIPE_ENTRY), base_env=env, backend=req.backend,
                                 joins_cluster=True)

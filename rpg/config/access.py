@@ -44,7 +44,7 @@ def ulysses_sizes(cfg) -> list[str]:
 
 
 def world_size_of(values: Mapping[str, Any], default: tuple[int, int] = (1, 1)) -> tuple[int, int]:
-    """``(nnodes, n_gpus_per_node)`` from override values (``rpg.common.override_lists.values``) or a plain
+    """``(nnodes, n_gpus_per_node)`` from override values (``rpg.override_lists.values``) or a plain
     mapping of dotted keys; a key absent takes ``default``. A value that is not an integer >= 1 raises
     ``ValueError`` naming the key."""
     out = []

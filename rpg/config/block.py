@@ -1,7 +1,7 @@
 """The recipe's ``rpg:`` block, declared once: ``RPGSettings`` (and ``ReferenceSettings``, ``RPGLossConfig``).
 
 Each key is a dataclass field declared once with its default, what it allows (a kind,
-``rpg.config.kinds``) and one line saying what it does; ``RULES`` hold what relates keys to each
+``rpg.config.allowed_values``) and one line saying what it does; ``RULES`` hold what relates keys to each
 other (e.g. ``periodic`` needs ``update_every >= 1``), checked in order. The ``rpg.loss`` keys are
 ``name`` and every field of ``RPGLossConfig`` but ``ACTOR_FIELDS`` (derived on each call: a field
 added to the dataclass is a recipe key at once), checked by its own ``RULES``. From this one
@@ -13,7 +13,7 @@ declaration derive:
   settings are built in code; every refusal is one ``RPGConfigError`` line naming the full key;
 * the recipe YAML's ``rpg:`` block and the docs table (``rpg.config.render_block``).
 
-How each setting reaches verl: ``rpg.verl.translate``.
+How each setting reaches verl and the loss: docs/architecture.md#the-road-of-a-loss-setting.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rpg.config.access import RPGConfigError
-from rpg.config.kinds import Choice, Flag, Integer, Kind, ModuleFunction, Number, PrefixCounts
+from rpg.config.allowed_values import Choice, Flag, Integer, Kind, ModuleFunction, Number, PrefixCounts
 from rpg.config.loss import FORMS, RPGLossConfig, RPGLossConfigError
 
 RPG_LOSSES = ("rpg", "grpo_corrected")  # rpg.loss.name values that run an RPG actor loss (registered loss modes)
@@ -150,7 +150,7 @@ class RPGSettings(_Checked):
     loss_name: str = setting("rpg", Choice(LOSS_NAMES),
                              "rpg (the RPG losses), grpo_corrected (GRPO with the corrected KL, Sec. 2.2) or verl "
                              "(verl's own actor loss: stock GRPO, DAPO, REINFORCE++)", recorded=True, key="loss.name")
-    # rpg.loss values; after rpg.verl.translate.apply_to_verl_config, also verl's ACTOR_FIELDS values
+    # rpg.loss values; after rpg.verl.block_to_verl.apply_to_verl_config, also verl's ACTOR_FIELDS values
     loss: RPGLossConfig = dataclasses.field(default=RPGLossConfig(), metadata={"loss": True, "key": "loss",
                                                                                "doc": _LOSS_DOC})
     reference: ReferenceSettings = dataclasses.field(default=ReferenceSettings(), metadata={
@@ -205,7 +205,7 @@ def loss_key(field: str) -> str:
 
 def build_loss_config(name: str | None, values: dict) -> RPGLossConfig:
     """The ``RPGLossConfig`` the loss ``name`` runs with, from its field values (the driver's parse and every
-    worker's ``rpg.verl.loss_settings.loss_config`` build it here, so both refuse the same inputs;
+    worker's ``rpg.verl.policy_loss.loss_config`` build it here, so both refuse the same inputs;
     ``RPGLossConfigError`` names the field). grpo_corrected's KL term w * k3 is fully differentiable
     (Sec. 2.2), so it is validated as ``form=differentiable`` (a valid form given is not used by it; an
     invalid one is still refused): a value-only ``kl_clamp`` is allowed there, as for RPG-X."""

@@ -3,7 +3,8 @@
 Each field of ``RPGLossConfig`` is declared once with its type, default and one line saying what it
 does (field metadata ``doc``); ``RULES`` says what each field allows, checked in order on construction.
 The recipe's ``rpg.loss`` keys, their checks, the YAML block and the docs table derive from it
-(``rpg.config.block``, ``rpg.config.render_block``; how the values reach the loss: ``rpg.verl.translate``).
+(``rpg.config.block``, ``rpg.config.render_block``; how the values reach the loss:
+docs/architecture.md#the-road-of-a-loss-setting).
 
 The loss itself (``rpg.math.fused``) needs torch; this declaration does not, so that the launchers, the
 run-name grammar (scripts/experiments.py) and the config checks read the same names and rules

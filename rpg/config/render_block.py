@@ -12,7 +12,7 @@ import textwrap
 
 from rpg.config.block import BLOCK_RULES
 from rpg.config.block import Key, declared_keys, group_docs
-from rpg.config.kinds import yaml_value
+from rpg.config.allowed_values import yaml_value
 from rpg.config.loss import RULES as LOSS_RULES
 
 WIDTH = 118  # the YAML's longest line

@@ -127,7 +127,7 @@ def shared_file_warning(get: Getter) -> str | None:
 
 
 def override_problems(set_values: Mapping[str, Any], default: Getter) -> list[str]:
-    """``data_problems`` of a run given as Hydra override values (``rpg.common.override_lists.values``), before its
+    """``data_problems`` of a run given as Hydra override values (``rpg.override_lists.values``), before its
     config is composed: the data keys the overrides set (a ``${...}`` interpolation is left to the driver, which
     checks the resolved value), every other key read from them or else from ``default`` (the recipe's YAML)."""
     def get(key: str) -> Any:

@@ -23,7 +23,7 @@ complete checkpoint and the command that resumes, which works pasted in any fold
 started, ``--out`` the same directory, ``trainer.resume_mode=auto`` once); exit code 128 + signum. Before the run (the first build of the tiny
 model included) and after it, the same signals are one line saying what was being done, same exit code. A failed run exits with the trainer's code
 (2: a config the driver refused; stderr is then the driver's one line). An override Hydra cannot
-read is one line naming it, exit code 2, before anything starts (``rpg.common.override_lists``).
+read is one line naming it, exit code 2, before anything starts (``rpg.override_lists``).
 
 Builds (or reuses) the tiny assets, runs verl's real trainer on the CPU backend, prints one
 progress line per step, the validation accuracy before and after training, and writes to the
@@ -53,16 +53,16 @@ from pathlib import Path
 
 from rpg.backends.cpu import vllm_cpu
 from rpg.backends.cpu.env_overrides import prefix_tree_on
-from rpg.common.checkout import CHECKOUT
-from rpg.common.user_paths import user_folder
+from rpg.paths.checkout import CHECKOUT
+from rpg.paths.user import user_folder
 from rpg.config import world_size_of
 from rpg.data.checks import override_problems
-from rpg.common.override_lists import OverrideSyntaxError, resume_command, values
-from rpg.common.signals import StopSignal, raise_on_stop_signals
+from rpg.override_lists import OverrideSyntaxError, resume_command, values
+from rpg.stop_signals import StopSignal, raise_on_stop_signals
 from rpg.demo.progress import StartupProgress, progress, val_summary
 from rpg.launch.args import OneLineParser, positive_int, positive_seconds, read_overrides
-from rpg.backends.harness import TrainerRun, TrainerRunError, report_failure, run_trainer, trainer_overrides
-from rpg.backends.harness.run_dir import (METRICS_FILE, RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir,
+from rpg.trainer_process import TrainerRun, TrainerRunError, report_failure, run_trainer, trainer_overrides
+from rpg.trainer_process.run_dir import (METRICS_FILE, RunDirError, check_fresh_start, checkpoint_root, default_checkpoint_dir,
                                  new_run_dir)
 from rpg.launch.environment import CPU_MODELS
 from rpg.launch.experiments import recipe_value
@@ -142,7 +142,7 @@ def given_flags(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[s
 
 
 def demo_resume_command(flags: list[str], user: list[str], out: Path) -> str:
-    """This demo's command again (``rpg.common.override_lists.resume_command``: from this folder, with the variables the
+    """This demo's command again (``rpg.override_lists.resume_command``: from this folder, with the variables the
     demo reads that were set), into ``out``, with ``trainer.resume_mode=auto`` (the demo's default is disable)
     so that it continues from the last complete checkpoint. ``flags``: ``given_flags``; ``user``: the overrides."""
     launch = shlex.join([sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), *flags])
@@ -212,7 +212,7 @@ def _checked(overrides: list[str], entry: str, recipe: bool, root: Path, env: di
         ckpts = v.get("trainer.default_local_dir") or default_checkpoint_dir(v.get("trainer.project_name"),
                                                                             v.get("trainer.experiment_name"))
         return v.get("trainer.resume_mode", "auto"), str(ckpts)
-    from rpg.common.checkout import RECIPE_CONFIG_DIR
+    from rpg.paths.checkout import RECIPE_CONFIG_DIR
     from rpg.launch.config_keys import checked_config
 
     cfg = checked_config(trainer_overrides(overrides, entry, {**os.environ, **env}), root / RECIPE_CONFIG_DIR)
@@ -239,7 +239,7 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     args.test_freq = args.test_freq or model.test_freq
     args.lr = model.lr if args.lr is None else args.lr
     args.timeout = model.timeout_s if args.timeout is None else args.timeout
-    if args.out is not None:  # where the user is (rpg.common.user_paths): every line names it absolute
+    if args.out is not None:  # where the user is (rpg.paths.user): every line names it absolute
         args.out = user_folder(args.out)
     try:  # before the assets and the trainer: a typo is one line, not a traceback minutes later
         read_overrides(rest, ENV_VARS, COMMANDS[model.name])

@@ -45,10 +45,10 @@ from rpg.backends.gpu.preflight import ATTN_KEY, FLASH_ATTN, GpuProbe, GpuReques
 from rpg.backends.gpu.env_overrides import REGISTER_MODULE
 from rpg.demo import smoke_checks
 from rpg.demo.progress import StartupProgress, progress
-from rpg.backends.harness import TrainerRun, TrainerRunError, run_trainer
-from rpg.common.checkout import CHECKOUT
-from rpg.common.user_paths import user_folder
-from rpg.common.override_lists import OverrideSyntaxError, check_user_overrides, hydra_value, values
+from rpg.trainer_process import TrainerRun, TrainerRunError, run_trainer
+from rpg.paths.checkout import CHECKOUT
+from rpg.paths.user import user_folder
+from rpg.override_lists import OverrideSyntaxError, check_user_overrides, hydra_value, values
 from rpg.demo.smoke_settings import (ALGORITHM, MODEL_PATH_KEY, ROLLOUTS, SmokeSettingsError, check_settings,
                                        gpu_overrides, head_dim, head_dim_problem, smoke_sizes)
 from rpg.launch.args import OneLineParser, positive_seconds
@@ -66,7 +66,7 @@ STARTUP_STAGES = (
     ("all initialize finished", "all workers ready; validating before training"),
 )
 NVIDIA_SMI_EVERY_S = 2.0
-# The run's private Ray (rpg.backends.harness) without the dashboard's web modules: nobody browses it, and ray.init
+# The run's private Ray (rpg.trainer_process) without the dashboard's web modules: nobody browses it, and ray.init
 # waits for the dashboard process to publish its address (up to RAY_DASHBOARD_STARTUP_TIMEOUT_S, 60 s) after it
 # started its 9 module processes (Ray 2.60). On a 2-core CPU machine ray.init took 59.6 s with them, 38.7-48.0 s
 # without; on an H200 node 60 s of the 79 s before "Ray started" were inside ray.init (docs/gpu-smoke.md).

@@ -14,7 +14,7 @@ import re
 import threading
 import time
 
-from rpg.backends.harness import resume_decision
+from rpg.trainer_process import resume_decision
 
 # verl 0.9.1 logs validation as val-core/<data source>/acc/mean@N, one key per data source (rpg.reports.benchmarks)
 VAL_KEY = re.compile(r"val-core/(.+)/acc/mean@(\d+)")

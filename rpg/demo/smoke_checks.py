@@ -1,6 +1,6 @@
 """Pass/fail rules and the phase summary of a smoke run, as pure functions of verl's metrics.
 
-``metrics`` is ``{step: merged data}`` as ``rpg.backends.harness.read_metrics`` returns it
+``metrics`` is ``{step: merged data}`` as ``rpg.trainer_process.read_metrics`` returns it
 (verl's FileLogger records; the validation before training is logged at step 0). Every rule
 returns failure lines (empty = pass), each one line naming the step, the metric and the value.
 

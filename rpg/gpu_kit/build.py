@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rpg.common.checkout import CHECKOUT
+from rpg.paths.checkout import CHECKOUT
 from rpg.gpu_kit import CARRY_DIR, CARRY_FILE, DEFAULT_BUDGET_S, MANIFEST, TARGET_PYTHON
 from rpg.gpu_kit.pack import sha256, write_carry
 

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rpg.common.checkout import CHECKOUT
+from rpg.paths.checkout import CHECKOUT
 from rpg.gpu_kit import CARRY_DIR, MANIFEST, SITE_DIR
 from rpg.gpu_kit.build import canonical
 from rpg.gpu_kit.pack import sha256

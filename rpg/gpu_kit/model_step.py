@@ -38,7 +38,7 @@ def actor_config():
     """verl's actor config for the RPG loss as the recipe sets it (sampler anchor, RPG-Style Clip on)."""
     from verl.workers.config.actor import ActorConfig
 
-    from rpg.verl.policy_config import RPGPolicyLossConfig
+    from rpg.verl.policy_loss import RPGPolicyLossConfig
 
     loss = RPGPolicyLossConfig(loss_mode="rpg", rpg_anchor="sampler",
                                rpg_loss={"form": "reinforce", "divergence": "ufkl", "clip": True})

@@ -39,9 +39,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from rpg.backends.harness.reaping import exited_unreaped
-from rpg.common.checkout import CHECKOUT
-from rpg.common.signals import raise_on_stop_signals
+from rpg.trainer_process.reaping import exited_unreaped
+from rpg.paths.checkout import CHECKOUT
+from rpg.stop_signals import raise_on_stop_signals
 from rpg.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, SITE_DIR
 from rpg.gpu_kit.steps import STEPS, Context, Step, StepRun, cap_log
 from rpg.launch.args import OneLineParser, positive_seconds

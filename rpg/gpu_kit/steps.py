@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rpg.common.checkout import CHECKOUT
+from rpg.paths.checkout import CHECKOUT
 
 LOG_CAP_BYTES = 15 * 2**20  # a file back from the device machine: at most 16 MiB
 

@@ -4,7 +4,7 @@ the tiny demo's (``python -m rpg.demo.cpu``, recipe/rpg/tiny/run_tiny_cpu.sh).
 A launcher's extra arguments are Hydra overrides and nothing else. ``read_overrides`` refuses, in ONE
 line and before anything is built or started (the launchers print it and exit 2):
 
-* a flag (``--x``), and an override Hydra's parser cannot read (``rpg.common.override_lists``);
+* a flag (``--x``), and an override Hydra's parser cannot read (``rpg.override_lists``);
 * one of the tool's own environment variables given as an argument (``OUT=runs/x`` after the script):
   Hydra would read it as the key ``OUT`` and the trainer would die on it after Ray started. The line
   says where it goes: ``OUT is an environment variable: OUT=runs/x bash recipe/rpg/tiny/run_tiny_cpu.sh``.
@@ -22,7 +22,7 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 
-from rpg.common.override_lists import OverrideSyntaxError, Parsed, check_user_overrides
+from rpg.override_lists import OverrideSyntaxError, Parsed, check_user_overrides
 
 
 class EnvVarArgumentError(OverrideSyntaxError):

@@ -37,7 +37,7 @@ from pathlib import Path
 from rpg.config import RPGConfigError
 from rpg.launch.args import is_env_var_key
 from rpg.launch.experiments import CONFIG_NAME, GROUP
-from rpg.common.override_lists import parse_one
+from rpg.override_lists import parse_one
 from rpg.verl.verl_rules import logger_problem
 
 _NOT_OVERRIDABLE = re.compile(r"Could not override '([^']+)'")
@@ -128,7 +128,7 @@ def experiment_key_problems(cfg, overrides: Sequence[str], keys: frozenset[str],
     """One line per key the experiment ``exp`` (``rpg.launch.experiments.Experiment``) adds to the composed ``cfg``
     that the config without it (``keys``, ``open_paths``: ``base_keys``) does not have and no ``+`` override of
     ``overrides`` adds: the file, the key, the closest key the config has."""
-    from rpg.common.checkout import CHECKOUT
+    from rpg.paths.checkout import CHECKOUT
 
     added = [p.key for p in map(parse_one, overrides) if p.kind in ("ADD", "FORCE_ADD") and p.key != GROUP]
 

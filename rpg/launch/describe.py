@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rpg.backends.registry import backend
-from rpg.common.override_lists import override_key, values
+from rpg.override_lists import override_key, values
 from rpg.config import RPGConfigError
 from rpg.launch.environment import LaunchError, Request
 from rpg.launch.experiments import Experiment, changed_name, file_note, name_changes
@@ -183,7 +183,7 @@ def _show_cluster_reward_path(cfg, root: Path) -> None:
     on the cluster: show that path rather than this checkout's."""
     from omegaconf import OmegaConf
 
-    from rpg.common.checkout import CHECKOUT
+    from rpg.paths.checkout import CHECKOUT
 
     path = OmegaConf.select(cfg, REWARD_PATH)
     if root != CHECKOUT and isinstance(path, str) and Path(path).is_relative_to(CHECKOUT):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rpg.backends.registry import backend
-from rpg.common.override_lists import OverrideSyntaxError, bad_override_line, is_override
+from rpg.override_lists import OverrideSyntaxError, bad_override_line, is_override
 from rpg.config import RPGConfigError
 from rpg.verl.errors import ERROR_PREFIX, LAUNCHED_ENV
 from rpg.verl.input_paths import error_line
@@ -32,8 +32,8 @@ GROUP_PREFIX = "+experiment="
 def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int | list[str] | Prepared:
     """An exit code (the launch answered, or refused in one line), the command line Hydra's main composes (no run,
     Hydra's flags, a launcher's command), or a paper run composed and checked (``Prepared``) for the driver."""
-    from rpg.backends.harness.run_dir import RunDirError
-    from rpg.common.signals import StopSignal, raise_on_stop_signals
+    from rpg.trainer_process.run_dir import RunDirError
+    from rpg.stop_signals import StopSignal, raise_on_stop_signals
     from rpg.launch.environment import LaunchError
     from rpg.launch.experiments import ExperimentError
 
@@ -89,7 +89,7 @@ def _plain(argv: list[str], env: dict[str, str]) -> int | list[str]:
 
     if not flag(env, "DRY_RUN"):
         return argv
-    from rpg.common.override_lists import check_user_overrides
+    from rpg.override_lists import check_user_overrides
     from rpg.launch.describe import dry_run
     from rpg.launch.plan import local_command
 
@@ -130,8 +130,8 @@ def launch(name: str, user: list[str], env: dict[str, str], flags: Mapping[str, 
               "task; to train yours, override data.train_files / actor_rollout_ref.model.path", file=sys.stderr)
     overrides = plan(exp, req, user)
     if chosen.TINY_TASK:
-        from rpg.backends.harness import build_command
-        from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_ENTRY
+        from rpg.trainer_process import build_command
+        from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_ENTRY
 
         # the model's own variables (SmolLM2's threads), as rehearse() gives them to the run: the dry run shows them
         run_env = {**env, **rehearsal.CpuModel(req.cpu_model).run_env(overrides, env)}
@@ -162,7 +162,7 @@ def prepared(overrides: list[str], header: Callable[[Any], str]) -> Prepared:
     """The run's config composed once (Hydra's compose API: keys and loggers, one line each,
     ``rpg.launch.config_keys``), its header printed, then every check the driver makes before Ray, once
     (``rpg.verl.main.prepare_config``: the ``rpg:`` block, names, input paths, this node, the resume, verl's rules)."""
-    from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR
+    from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR
     from rpg.launch.config_keys import checked_config
 
     cfg = checked_config(overrides, CHECKOUT / RECIPE_CONFIG_DIR)

@@ -4,7 +4,7 @@ A variable that only sets a Hydra key names it in the table (the docs' table is 
 an argument is refused in one line naming where it goes). ``Request.read`` reads the rest once (a bad value: one
 line naming the variable); ``env_overrides`` turns the paths, cluster size, loggers and names into overrides on the
 run's experiment file: defaults under the checkout (``RPG_CLUSTER_ROOT`` for a Ray job), a user's relative path
-taken where the user is (``rpg.common.user_paths``).
+taken where the user is (``rpg.paths.user``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rpg.backends import BACKENDS
-from rpg.common.checkout import CHECKOUT
-from rpg.common.nnodes import NodeCount, parse_nnodes
-from rpg.common.override_lists import hydra_list, hydra_value
-from rpg.common.run_env import NETWORK_ENV, forwarded_env_overrides
-from rpg.common.user_paths import user_folder, user_path
+from rpg.paths.checkout import CHECKOUT
+from rpg.node_counts import NodeCount, parse_nnodes
+from rpg.override_lists import hydra_list, hydra_value
+from rpg.backends.run_env import NETWORK_ENV, forwarded_env_overrides
+from rpg.paths.user import user_folder, user_path
 from rpg.verl.input_paths import name_problem
 
 CPU_MODELS = ("tiny", "smol")
@@ -53,7 +53,7 @@ VARIABLES: dict[str, tuple[str | None, str]] = {
     "TENSORBOARD_DIR": (None, "TensorBoard's folder [<checkout>/tensorboard_log/<project>/<run>]"),
     "PYTHON": (None, "the Python of recipe/rpg/launch.sh [python3]"),
 }
-# The variables a resume command repeats when set (``rpg.common.override_lists.resume_command``)
+# The variables a resume command repeats when set (``rpg.override_lists.resume_command``)
 RESUMED_VARS = tuple(k for k in VARIABLES if k != "DRY_RUN")
 TASK_VARS = ("MODEL_PATH", "DATA_DIR", "TRAIN_FILE", "VAL_FILES")  # the run's model and data: a rehearsal has its own
 # Log locations reach every Ray process through ray_kwargs.ray_init.runtime_env.env_vars; a Ray job must not also

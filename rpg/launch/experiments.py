@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_DIR
+from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_DIR
 
 GROUP = "experiment"
 EXPERIMENT_DIR = RECIPE_CONFIG_DIR / GROUP  # relative to the checkout
@@ -88,7 +88,7 @@ def search_folders(user: Sequence[str] = ()) -> list[Path]:
     ``file://`` folder of ``hydra.searchpath`` (the user's override, else rpg_trainer.yaml's)."""
     from omegaconf import OmegaConf
 
-    from rpg.common.override_lists import parse_overrides
+    from rpg.override_lists import parse_overrides
 
     given = [p.value for p in parse_overrides(user) if p.key == "hydra.searchpath"][-1:]
     searchpath = given[0] if given else OmegaConf.select(_trainer_yaml(), "hydra.searchpath", default=[])
@@ -190,8 +190,8 @@ def name_changes(exp: Experiment, overrides: Sequence[str]) -> list[tuple[str, s
     """(key, value as written) of each setting the file states (not ``FILE_ONLY`` or ``MEMORY_KEYS``) that
     ``overrides`` (Hydra's parser; a later one wins) give another value; a mapping on a parent key
     (``rpg.loss={clip:false}``, merged by Hydra) counts for each key in it."""
-    from rpg.common.override_lists import parse_overrides
-    from rpg.config.kinds import yaml_value
+    from rpg.override_lists import parse_overrides
+    from rpg.config.allowed_values import yaml_value
 
     named = {k: v for k, v in exp.settings.items() if k not in FILE_ONLY | MEMORY_KEYS}
     changed: dict[str, str] = {}

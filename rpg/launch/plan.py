@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rpg.backends.registry import backend
-from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_DIR, RECIPE_ENTRY
-from rpg.common.override_lists import check_user_overrides, merge_overrides, override_key, values
+from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_DIR, RECIPE_ENTRY
+from rpg.override_lists import check_user_overrides, merge_overrides, override_key, values
 from rpg.launch.environment import LaunchError, Request, env_overrides
 from rpg.launch.experiments import CONFIG_NAME, Experiment, changed_name, name_changes
 

@@ -1,6 +1,6 @@
 """A paper run rehearsed on this machine (``RPG_BACKEND=cpu``): the CPU backend, with a small model and task in
 place of the run's model, data and sizes, and the run's algorithm settings kept, trained through the harness
-(``rpg.backends.harness``; output in ``OUT_DIR``).
+(``rpg.trainer_process``; output in ``OUT_DIR``).
 
 ``RPG_CPU_MODEL=tiny`` (default): the tiny model and task (``rpg.tiny``); ``RPG_CPU_MODEL=smol``:
 SmolLM2-135M-Instruct and its arithmetic task (``rpg.smol``, docs/smol.md), so the run's settings meet a real
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rpg.backends.registry import backend
-from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
-from rpg.common.override_lists import hydra_value, override_key, resume_command, values
+from rpg.paths.checkout import CHECKOUT, RECIPE_ENTRY
+from rpg.override_lists import hydra_value, override_key, resume_command, values
 from rpg.launch.environment import RESUMED_VARS, LaunchError, Request
 
 STEPS = 2  # a rehearsal's training steps (the user's trainer.total_training_steps wins)
@@ -125,7 +125,7 @@ def task_groups(groups: list[list[str]], req: Request, user: Sequence[str]) -> l
     """``groups`` (the experiment's, the environment's overrides) without the keys the backend sets, then the
     rehearsal's model, task and world size, and the checkpoints under the run's output folder unless
     ``CKPTS_DIR`` is set (a cluster job keeps the environment's folder)."""
-    from rpg.backends.harness.run_dir import default_checkpoint_dir
+    from rpg.trainer_process.run_dir import default_checkpoint_dir
     from rpg.config import world_size_of
 
     model, owned = CpuModel(req.cpu_model), backend(req.backend).owned_keys()
@@ -148,8 +148,8 @@ def task_groups(groups: list[list[str]], req: Request, user: Sequence[str]) -> l
 
 
 def check_out_dir(req: Request, cfg) -> None:
-    """A fresh start never overwrites the run a named ``OUT_DIR`` holds (``rpg.backends.harness.run_dir``)."""
-    from rpg.backends.harness.run_dir import check_fresh_start, checkpoint_root
+    """A fresh start never overwrites the run a named ``OUT_DIR`` holds (``rpg.trainer_process.run_dir``)."""
+    from rpg.trainer_process.run_dir import check_fresh_start, checkpoint_root
 
     if req.out_dir is not None:
         check_fresh_start(req.out_dir, cfg.trainer.resume_mode,
@@ -172,8 +172,8 @@ def rehearse(req: Request, name: str, overrides: Sequence[str], user: Sequence[s
     """The rehearsal, run here; exit code: 0, the trainer's own (2: a config the driver refuses), 128 + signum when
     a stop signal ended it (one line: log, last complete checkpoint, resume command), else 1. ``cfg``: the run's
     composed config; ``resume``: how the run is launched again (its script)."""
-    from rpg.backends.harness import TrainerRunError, report_failure, resume_decision, run_trainer
-    from rpg.backends.harness.run_dir import new_run_dir
+    from rpg.trainer_process import TrainerRunError, report_failure, resume_decision, run_trainer
+    from rpg.trainer_process.run_dir import new_run_dir
 
     prefix = f"[{req.backend}]"
     check_out_dir(req, cfg)

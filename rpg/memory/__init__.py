@@ -6,7 +6,7 @@ Re-exports the names that code outside this package imports.
 """
 
 from rpg.memory.architecture import KNOWN_ARCHITECTURES, architecture_for
-from rpg.memory.common import (DEFAULT_GPU_MEM_GIB, GIB, GPU_MEM_ENV, HEADROOM_FRACTION, MemoryEstimateError,
+from rpg.memory.sizes import (DEFAULT_GPU_MEM_GIB, GIB, GPU_MEM_ENV, HEADROOM_FRACTION, MemoryEstimateError,
                                       gpu_mem_gib)
 from rpg.memory.disk import count_saves, estimate_disk
 from rpg.memory.formatting import format_host, format_kv_check, report

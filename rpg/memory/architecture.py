@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rpg.memory.common import MemoryEstimateError
+from rpg.memory.sizes import MemoryEstimateError
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rpg.memory.architecture import Architecture
-from rpg.memory.common import GB
+from rpg.memory.sizes import GB
 from rpg.memory.run_settings import RunSettings
 
 @dataclass(frozen=True)

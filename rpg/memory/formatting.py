@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rpg.memory.architecture import architecture_for
-from rpg.memory.common import DEFAULT_GPU_MEM_GIB, HEADROOM_FRACTION
+from rpg.memory.sizes import DEFAULT_GPU_MEM_GIB, HEADROOM_FRACTION
 from rpg.memory.disk import DiskEstimate, estimate_disk
 from rpg.memory.gpu import MemoryEstimate, _g, cudagraph_gib, estimate, estimate_rollout_pool
 from rpg.memory.host import (DEFAULT_HOST_MEM_GIB, HOST_MEM_ENV, HostEstimate, estimate_host,

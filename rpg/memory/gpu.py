@@ -95,7 +95,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rpg.memory.architecture import Architecture
-from rpg.memory.common import DEFAULT_GPU_MEM_GIB, GIB, HEADROOM_FRACTION, MemoryEstimateError
+from rpg.memory.sizes import DEFAULT_GPU_MEM_GIB, GIB, HEADROOM_FRACTION, MemoryEstimateError
 from rpg.memory.run_settings import RunSettings
 
 RUNTIME_OVERHEAD_GIB = 3.0        # assumed: 2 CUDA contexts (trainer, vLLM) ~1, NCCL/cuBLAS ~0.5, vLLM CUDA graphs ~1.5

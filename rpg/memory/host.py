@@ -1,7 +1,7 @@
 """Host RAM per node of a composed run config (verl 0.9.1, FSDP + vLLM 0.24, Ray 2.x), with its own verdict.
 
 Pure Python like the rest of this package, built on its settings, architectures and units (run_settings.py,
-architecture.py, common.py); formatting.py's ``report`` prints it between the per-GPU table and the
+architecture.py, sizes.py); formatting.py's ``report`` prints it between the per-GPU table and the
 checkpoint-disk lines: ``estimate_host(host_settings_from_config(cfg), arch, host_gib)``. One node holds
 G = ``trainer.n_gpus_per_node`` trainer processes and G vLLM GPU workers, plus the per-node terms; the
 driver and the rollout batch are counted on every node (they live on the head node, the fullest one).
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rpg.memory.architecture import Architecture
-from rpg.memory.common import GB, GIB, HEADROOM_FRACTION, MemoryEstimateError, parse_gib
+from rpg.memory.sizes import GB, GIB, HEADROOM_FRACTION, MemoryEstimateError, parse_gib
 from rpg.memory.run_settings import RunSettings, _get
 
 DEFAULT_HOST_MEM_GIB = 2000.0   # assumed: an 8 x H100 node (2 TiB installed, ~2000 GiB reported by free -g)

@@ -16,7 +16,7 @@ from typing import Any
 
 from rpg.backends.gpu.preflight import ATTN_KEY, FLASH_ATTN
 from rpg.config import RESETTING_MODES, ReferenceSettings
-from rpg.memory.common import MemoryEstimateError
+from rpg.memory.sizes import MemoryEstimateError
 
 
 _DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "half": 2, "float": 4}

@@ -6,10 +6,10 @@ and say so) and ``read_run`` names every such value in one warning line. Nothing
 
 * verl file logger (``trainer.logger=[...,'file']``, verl/utils/tracking.py ``FileLogger``): one
   line per step, ``{"step": s, "data": {"val-core/aime2024/acc/mean@32": ..., ...}}``, read by the
-  rules of ``rpg.common.metrics_file`` (the harness reads its runs by them too): a flat
+  rules of ``rpg.metrics_log.file`` (the harness reads its runs by them too): a flat
   ``{"step": s, key: value, ...}`` line is accepted too; a truncated *last* line (run killed while
   writing) is skipped with a warning. A W&B run history exported as JSONL reads the same way: a record's
-  step is its first step key (``rpg.common.metrics_file.STEP_KEYS``, the CSV reader's step columns: ``_step``
+  step is its first step key (``rpg.metrics_log.file.STEP_KEYS``, the CSV reader's step columns: ``_step``
   ...), W&B's own keys (``_runtime``, ``_timestamp``) are not metrics. Any other unparsable line, a record
   without a step, a step that is not an integer below 2**63 in size is an error naming the file and
   line. verl writes with orjson,
@@ -31,7 +31,7 @@ elsewhere in the file, and a CSV row with values but no step are named in one wa
 (not read). A ``.jsonl`` path also reads the segments that resumed runs wrote next to it and joins
 them (a later segment legitimately replaces the steps redone after a resume; one warning line names
 those steps and the values logged again at the restart step); every run's history is checked for
-a missing start and gaps in the validation steps (warnings; ``rpg.common.history``). A file that
+a missing start and gaps in the validation steps (warnings; ``rpg.metrics_log.history``). A file that
 is not UTF-8 is an error naming it.
 """
 
@@ -46,8 +46,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from rpg.common.history import history_warnings, read_segments, segments
-from rpg.common.metrics_file import STEP_KEYS, records, step_of, utf8_text
+from rpg.metrics_log.history import history_warnings, read_segments, segments
+from rpg.metrics_log.file import STEP_KEYS, records, step_of, utf8_text
 
 Metrics = dict[str, dict[int, float]]
 
@@ -182,7 +182,7 @@ def nonfinite_warning(path, metrics: Metrics, nulls=frozenset(), show: int = 8) 
 
 
 def read_file_logger(path: str | Path) -> Metrics:
-    """One file-logger JSONL file (``rpg.common.metrics_file.records``), its values read as numbers."""
+    """One file-logger JSONL file (``rpg.metrics_log.file.records``), its values read as numbers."""
     path = Path(path)
     reader = _Reader(path)
 
@@ -311,7 +311,7 @@ def read_run(path: str | Path) -> Metrics:
         if path.is_dir() and (runs := tensorboard_runs(path)):  # TensorBoard reads them as runs beside this one
             notes.append(f"{path}: its sub-folders hold TensorBoard runs of their own, not read with it: "
                          f"{', '.join(run_name(path, r) for r in runs)}; pass each as a run to report it")
-    elif path.suffix == ".jsonl":  # + the segments written after resumes (rpg.common.history)
+    elif path.suffix == ".jsonl":  # + the segments written after resumes (rpg.metrics_log.history)
         metrics, notes = read_segments(path, read_file_logger)
     elif path.suffix == ".csv":
         metrics = read_wandb_csv(path)

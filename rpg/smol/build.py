@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rpg.common.build_cache import build_once
+from rpg.tiny.build_cache import build_once
 from rpg.smol.asset import build_smol_model, model_dir
 from rpg.tiny.build import default_cache_root
 

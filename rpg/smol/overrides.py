@@ -10,7 +10,7 @@ off-policy regime), one response per validation prompt, and micro-batching by to
 
 from __future__ import annotations
 
-from rpg.common.override_lists import merge_overrides
+from rpg.override_lists import merge_overrides
 from rpg.tiny.overrides import check_world_size as _check_world_size
 from rpg.tiny.overrides import tiny_task_overrides
 

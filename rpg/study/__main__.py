@@ -39,7 +39,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from rpg.common.user_paths import user_folder
+from rpg.paths.user import user_folder
 from rpg.study.grid import (ADDENDUM_CELLS, ADDENDUM_ORDER_SEED, BUILTIN_COSTS, LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, LAG_UPDATES,
                             METHODS, STALENESS_ARMS, STALENESS_COSTS, STALENESS_SIZES, STRESS_METHODS, WEIGHT_ARMS,
                             ORDER_SEED, WEIGHTS_METHOD, Sizes, calibrate, describe, fmt_duration, grid, lag_grid, staleness_grid,
@@ -129,7 +129,7 @@ def _begin_attempt(study, report_dir: Path, command: str, out: Path, records: li
 
 def _render_declared(study, report_dir: Path) -> int:
     """``--render-only`` of a declared study: its tables and figure from ``report_dir``'s runs.csv alone."""
-    from rpg.study.declared import CSVError
+    from rpg.study.plan_and_results import CSVError
 
     module, flag = study
     csv_path = report_dir / "runs.csv"
@@ -166,11 +166,11 @@ def _finish_declared(study, out: Path, report_dir: Path, specs, records: list[di
 
 
 def _design(study, args, specs, report_dir: Path) -> str | None:
-    """The ``design`` of a declared study's runs.csv rows (``rpg.study.declared.Design.label``; None for the other
-    grids), after its checks (ValueError, one line): ``--exploratory`` only with a declared study; an option the
+    """The ``design`` of a declared study's runs.csv rows (``rpg.study.plan_and_results.Design.label``; None for the
+    other grids), after its checks (ValueError, one line): ``--exploratory`` only with a declared study; an option the
     plan fixes otherwise only with it; a runs.csv in ``report_dir`` of another design, or with finished runs this
-    grid lacks, refused before any run (``rpg.study.declared.check_report``)."""
-    from rpg.study.declared import check_report
+    grid lacks, refused before any run (``rpg.study.plan_and_results.check_report``)."""
+    from rpg.study.plan_and_results import check_report
 
     if study is None:
         if args.exploratory:
@@ -329,11 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from rpg.study.records import all_records, read_record, survey
     from rpg.study.runner import OtherRunsError, StudyBusyError, run_grid
-    from rpg.common.signals import StopSignal
+    from rpg.stop_signals import StopSignal
     from rpg.launch.experiments import ExperimentError
 
     on_smol = args.model == "smol"
-    # relative to the current folder, as every run folder a user names (rpg.common.user_paths)
+    # relative to the current folder, as every run folder a user names (rpg.paths.user)
     if args.paper and not on_smol:
         print("rpg.study: --paper: the paper's comparison runs on SmolLM2: add --model smol", file=sys.stderr)
         return 2

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rpg.common.override_lists import parse_overrides
+from rpg.override_lists import parse_overrides
 
 STUDY, TINY = "study:", "tiny:"
 
@@ -139,7 +139,7 @@ def _git(*args: str) -> bytes | None:
     """``git args`` in the checkout (stdout), or None where there is no git or no commit."""
     import subprocess
 
-    from rpg.common.checkout import CHECKOUT
+    from rpg.paths.checkout import CHECKOUT
 
     try:
         done = subprocess.run(["git", *args], cwd=CHECKOUT, capture_output=True, timeout=30)
@@ -155,7 +155,7 @@ def code_state(outputs: tuple[Path, ...] = ()) -> dict[str, str | None]:
     checkouts are the same code only with the same changes). Every value None where git cannot say. ``outputs``:
     the study's own folders (``--out``, ``--report-dir``), left out of ``changes`` (a report written into the
     checkout, ``--report-dir docs/study/lag``, changes no code)."""
-    from rpg.common.checkout import CHECKOUT
+    from rpg.paths.checkout import CHECKOUT
 
     root = CHECKOUT.resolve()
     spec = ["--", ".", *(f":(exclude){rel}" for rel in (_under(Path(o).resolve(), root) for o in outputs)

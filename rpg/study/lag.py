@@ -1,7 +1,7 @@
 """The lag study's declared analysis (docs/study/lag/PLAN.md): hypotheses, power, the per-run CSV, tables and figure.
 
 * ``plan_numbers``: the plan's budget and power table (``python -m rpg.study.lag`` prints it; the plan holds it).
-* ``DESIGN`` / ``chosen``: what the plan fixes, and what a grid of runs sets (``rpg.study.declared.Design``).
+* ``DESIGN`` / ``chosen``: what the plan fixes, and what a grid of runs sets (``rpg.study.plan_and_results.Design``).
 * ``csv_rows`` / ``write_csv`` / ``read_csv``: one row per run of the design (``runs.csv``), from the run folders.
 * ``render``: ``results.md`` (per-cell table, the hypotheses' tests, secondary contrasts, collapses) and ``lag.png``,
   from the CSV alone.
@@ -15,10 +15,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rpg.study import declared, stats
-from rpg.study.declared import (DECLARED, VAL_PREFIX, Contrast, CSVError, Design, Result,  # noqa: F401
+from rpg.study import plan_and_results, stats
+from rpg.study.plan_and_results import (DECLARED, VAL_PREFIX, Contrast, CSVError, Design, Result,  # noqa: F401
                                 Schema, evaluated_steps, test_contrast)
-from rpg.study.declared import fmt as _f, fmt_ci as _ci, mean_of as _mean
+from rpg.study.plan_and_results import fmt as _f, fmt_ci as _ci, mean_of as _mean
 from rpg.study.methods import clipped
 from rpg.study.grid import (LAG_BUDGET_S, LAG_CELLS, LAG_COSTS, LAG_SEEDS, LAG_SIZES, LagCell, RunSpec, Sizes,
                             collapsed, fmt_duration, lag_cell, lag_grid)
@@ -185,7 +185,7 @@ def csv_rows(out: Path, specs: list[RunSpec], records: list[dict], design: str =
              cells: tuple[LagCell, ...] = LAG_CELLS) -> list[dict]:
     """One row per run of ``specs`` (in run order, each of one of ``cells``), finished or not, from its folder's
     metrics and run.json; ``design``: the study's (``Design.label``)."""
-    from rpg.backends.harness.run_dir import METRICS_FILE
+    from rpg.trainer_process.run_dir import METRICS_FILE
     from rpg.reports.logs import read_run
     from rpg.study.render import _val_key, metric_of
     from rpg.study.records import run_dir
@@ -212,13 +212,13 @@ def csv_rows(out: Path, specs: list[RunSpec], records: list[dict], design: str =
 
 
 def write_csv(path: Path, rows: list[dict]) -> Path:
-    """``rows`` as the lag study's runs.csv (``rpg.study.declared.write_csv``)."""
-    return declared.write_csv(path, rows, SCHEMA)
+    """``rows`` as the lag study's runs.csv (``rpg.study.plan_and_results.write_csv``)."""
+    return plan_and_results.write_csv(path, rows, SCHEMA)
 
 
 def read_csv(path: Path) -> list[dict]:
-    """The lag study's runs.csv, typed (``rpg.study.declared.read_csv``)."""
-    return declared.read_csv(path, SCHEMA)
+    """The lag study's runs.csv, typed (``rpg.study.plan_and_results.read_csv``)."""
+    return plan_and_results.read_csv(path, SCHEMA)
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -274,7 +274,7 @@ def render_tables(rows: list[dict], source: str = "runs.csv", study: LagStudy | 
     done = [r for r in rows if r["status"] == "done"]
     codes = sorted({r["code"] for r in done if r["code"]})
     out += [f"{len(done)} of {len(rows)} runs finished; code: {', '.join(codes) or '—'}.", "",
-            *declared.unfinished_note(len(done), len(rows)),
+            *plan_and_results.unfinished_note(len(done), len(rows)),
             "## Cells (primary: mean held-out accuracy over the last three evaluations; diagnostics: per-run means "
             "over steps >= 2, maxima for max weight and max ratio, then the mean over the cell's runs)", "",
             "| cell | runs | primary mean ± SD | final acc | collapses | " + " | ".join(c for _, c in CELL_STATS)
@@ -365,8 +365,9 @@ def render_figure(rows: list[dict], path: Path, study: LagStudy | None = None) -
 def render(csv_path: Path, report_dir: Path, study: LagStudy | None = None) -> list[Path]:
     """results.md and the figure (lag.png) in ``report_dir`` from ``csv_path`` alone."""
     study = study or LAG
-    return declared.render_report(csv_path, report_dir, read_csv, lambda rows, src: render_tables(rows, src, study),
-                                  lambda rows, path: render_figure(rows, path, study), study.figure)
+    return plan_and_results.render_report(csv_path, report_dir, read_csv,
+                                          lambda rows, src: render_tables(rows, src, study),
+                                          lambda rows, path: render_figure(rows, path, study), study.figure)
 
 
 LAG = LagStudy(DESIGN, LAG_CELLS, HYPOTHESES, SECONDARY, COLLAPSE_TESTS, "Lag study", "lag.png")

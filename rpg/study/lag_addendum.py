@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from rpg.study import stats
-from rpg.study.declared import Contrast, Design
+from rpg.study.plan_and_results import Contrast, Design
 from rpg.study.grid import (ADDENDUM_CELLS, ADDENDUM_ORDER_SEED, LAG_COSTS, LAG_SEEDS, LAG_SIZES, fmt_duration,
                             lag_grid)
 from rpg.study.lag import ALPHA, POWER, LagStudy, _columns, _options, read_csv

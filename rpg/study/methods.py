@@ -31,7 +31,7 @@ def method_run(name: str) -> Experiment:
     from rpg.launch import experiments
 
     if name in UNSHIPPED:
-        from rpg.common.override_lists import parse_overrides
+        from rpg.override_lists import parse_overrides
 
         settings = {**UNSHIPPED_FILES, **{p.key: p.value for p in parse_overrides(list(UNSHIPPED[name][1:]))}}
         return Experiment(name, None, settings, UNSHIPPED[name], (f"{name}: RPG-REINFORCE-UFKL [not in the paper]",))

@@ -75,7 +75,7 @@ def _asset_roots(model: str):
 
 def spec_overrides(spec: RunSpec, out: Path) -> list[str]:
     """All overrides of one run: what ``RPG_BACKEND=cpu`` launches for the method, then the study's."""
-    from rpg.common.checkout import CHECKOUT
+    from rpg.paths.checkout import CHECKOUT
     from rpg.launch.environment import Request
     from rpg.launch.plan import plan
     from rpg.study.methods import method_run
@@ -138,7 +138,7 @@ def _state(rec: dict | None, spec: RunSpec, ident: list | None) -> str:
 def recorded_identity(rec: dict, spec: RunSpec) -> list | None:
     """A record's identity: the one it holds, or its overrides' (a record written with absolute paths only);
     None when neither can be read."""
-    from rpg.common.override_lists import OverrideSyntaxError
+    from rpg.override_lists import OverrideSyntaxError
 
     if isinstance(rec.get("identity"), list):
         return rec["identity"]

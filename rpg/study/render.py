@@ -22,7 +22,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from rpg.backends.harness.run_dir import METRICS_FILE
+from rpg.trainer_process.run_dir import METRICS_FILE
 from rpg.reports.figures import ENTROPY_KEY, LENGTH_KEY, REWARD_KEY, Panel, plot_curves
 from rpg.reports.logs import Metrics, check_metric, read_run
 from rpg.reports.published import TableLayout
@@ -333,7 +333,7 @@ def eval_noise(runs: dict[str, Metrics], specs: list[RunSpec], metric: str, val_
 def val_problem_count(out: Path, specs: list[RunSpec], records: list[dict]) -> int | None:
     """Rows of the held-out file(s) the runs validated on (``data.val_files`` of the first run that sets it,
     read as Hydra reads it: one path or a list)."""
-    from rpg.common.override_lists import OverrideSyntaxError, values
+    from rpg.override_lists import OverrideSyntaxError, values
 
     for spec, rec in zip(specs, records):
         try:

@@ -28,7 +28,7 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from rpg.common.metrics_file import MetricsFileError, records, short
+from rpg.metrics_log.file import MetricsFileError, records, short
 from rpg.study.grid import Costs, RunSpec, fmt_duration, save_json, speedup
 from rpg.study.identity import code_state
 from rpg.study.records import RUN_RECORD, move_aside, read_record, run_dir, run_env, survey, threads_of
@@ -63,7 +63,7 @@ def lock_study(out: Path):
 
 def _timing(metrics_file: Path) -> tuple[float, float, int]:
     """(summed timing_s/step, summed timing_s/testing, validations) from verl's file logger (none: zeros), read
-    by ``rpg.common.metrics_file``'s rules (a cut last line is skipped). A line that is not a record, or a timing
+    by ``rpg.metrics_log.file``'s rules (a cut last line is skipped). A line that is not a record, or a timing
     that is not a number of seconds (``null``: verl logged NaN or inf), is a ``MetricsFileError`` naming the
     file and line: a sum that skipped it would understate the run's cost."""
     step = val = 0.0
@@ -222,7 +222,7 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
 
 def _run_grid_locked(specs: list[RunSpec], out: Path, costs: Costs, retry_failed: bool, timeout_s: float, jobs: int,
                      stream, rerun_other: bool, outputs: tuple[Path, ...]) -> list[dict]:
-    from rpg.common.signals import raise_on_stop_signals
+    from rpg.stop_signals import raise_on_stop_signals
 
     found = survey(specs, out, retry_failed, rerun_other, outputs)
     if refusal := found.refusal():
@@ -276,8 +276,8 @@ def _run_one(spec: RunSpec, overrides: list[str], ident: list, index: int, out: 
 
 def _run_one_unguarded(spec: RunSpec, overrides: list[str], ident: list, index: int, out: Path, progress: Progress,
                        timeout_s: float, stop: threading.Event, outputs: tuple[Path, ...]) -> None:
-    from rpg.backends import harness
-    from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
+    from rpg import trainer_process as harness
+    from rpg.paths.checkout import CHECKOUT, RECIPE_ENTRY
 
     if stop.is_set():
         return

@@ -8,8 +8,8 @@ arithmetic task (``rpg.smol``, docs/smol.md) at the SmolLM2 run's sizes, each a 
 
 A ``Comparison`` holds what its plan fixes (methods, cells, seeds, the run order's seed, sizes, budget, measured costs,
 contrasts) and gives the study's interface (``rpg.study.__main__``): ``grid``, ``DESIGN`` / ``chosen`` (what a grid
-sets, ``rpg.study.declared.Design``), ``cost_model``, ``csv_rows`` / ``write_csv`` / ``read_csv`` (``runs.csv``) and
-``render`` (``results.md`` and the figure, from the CSV alone). ``plan_numbers``: the pilot plan's generated block.
+sets, ``rpg.study.plan_and_results.Design``), ``cost_model``, ``csv_rows`` / ``write_csv`` / ``read_csv``
+(``runs.csv``) and ``render`` (``results.md`` and the figure, from the CSV alone). ``plan_numbers``: the pilot plan's generated block.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from pathlib import Path
 
 from rpg.smol import overrides as smol
 from rpg.smol.task import N_VAL
-from rpg.study import declared, stats
+from rpg.study import plan_and_results, stats
 from rpg.study.costs import Costs, fmt_duration
-from rpg.study.declared import (DECLARED, CSVError, Contrast, Design, Schema, evaluated_steps, fmt,  # noqa: F401
-                                mean_of)
+from rpg.study.plan_and_results import (DECLARED, CSVError, Contrast, Design, Schema,  # noqa: F401
+                                        evaluated_steps, fmt, mean_of, test_contrast)
 from rpg.study.grid import (LR_ANCHOR, LR_KEY, ROLLOUT_SEED, RunSpec, SmolSizes, lr_scale,  # noqa: F401
                             run_order_key, smol_overrides)
 from rpg.study.methods import label_of, method_run, setting
@@ -151,7 +151,7 @@ class Comparison:
 
     def render(self, csv_path: Path, report_dir: Path) -> list[Path]:
         """results.md and the figure in ``report_dir`` from ``csv_path`` alone."""
-        return declared.render_report(csv_path, report_dir, read_csv, self.render_tables, self.render_figure,
+        return plan_and_results.render_report(csv_path, report_dir, read_csv, self.render_tables, self.render_figure,
                                       self.figure)
 
 
@@ -292,7 +292,7 @@ def csv_rows(study: Comparison, out: Path, specs: list[RunSpec], records: list[d
              design: str = DECLARED) -> list[dict]:
     """One row per run of ``specs`` (in run order), finished or not, from its folder's metrics and run.json;
     ``design``: the study's (``Design.label``)."""
-    from rpg.backends.harness.run_dir import METRICS_FILE
+    from rpg.trainer_process.run_dir import METRICS_FILE
     from rpg.reports.logs import read_run
     from rpg.study.records import run_dir
     from rpg.study.render import _val_key, metric_of
@@ -315,18 +315,18 @@ def csv_rows(study: Comparison, out: Path, specs: list[RunSpec], records: list[d
             row["primary"] = val.get(s.steps)  # the last evaluation's
             row.update({name: mean_of([float(v) for t, v in m.get(key, {}).items() if t >= 1])
                         for name, key in DIAGNOSTICS})
-            row.update({f"{declared.VAL_PREFIX}{t}": val.get(t)
+            row.update({f"{plan_and_results.VAL_PREFIX}{t}": val.get(t)
                         for t in evaluated_steps(s.steps, s.test_freq, s.val_before)})
         rows.append(row)
     return rows
 
 
 def write_csv(path: Path, rows: list[dict]) -> Path:
-    return declared.write_csv(path, rows, SCHEMA)
+    return plan_and_results.write_csv(path, rows, SCHEMA)
 
 
 def read_csv(path: Path) -> list[dict]:
-    return declared.read_csv(path, SCHEMA)
+    return plan_and_results.read_csv(path, SCHEMA)
 
 
 def p_value(d: tuple[float, ...], two_sided: bool) -> float:
@@ -352,7 +352,7 @@ def render_tables(study: Comparison, rows: list[dict], source: str = "runs.csv")
     out = [f"# {study.title}: {'results' if design == DECLARED else 'EXPLORATORY results'} (generated from "
            f"{source} by `python -m rpg.study {study.flag} --render-only`; do not edit)", "", *study.DESIGN.note(design),
            f"{len(done)} of {len(rows)} runs finished; code: {', '.join(codes) or '—'}.", "",
-           *declared.unfinished_note(len(done), len(rows)),
+           *plan_and_results.unfinished_note(len(done), len(rows)),
            "## Methods (primary: held-out accuracy at the last evaluation; diagnostics: per-run means over the "
            "training steps, then the mean over the method's runs)", "",
            "| method | lr | runs | " + " | ".join(f"seed {s}" for s in seeds) + " | mean ± SD | "
@@ -372,7 +372,7 @@ def render_tables(study: Comparison, rows: list[dict], source: str = "runs.csv")
                    + " | ".join(fmt(mean_of([r[k] for r in ok]), ".3g") for k, _ in TABLE_STATS)
                    + f" | {fmt(mean_of(loads), '.2f')}, {fmt(max(loads) if loads else None, '.2f')} |")
     # each contrast's interval at the level its own seeds allow (a seed leaves it with an unfinished run)
-    results = [(declared.test_contrast(rows, c, interval_level(max(2, len(declared.test_contrast(rows, c).d)))), two)
+    results = [(test_contrast(rows, c, interval_level(max(2, len(test_contrast(rows, c).d)))), two)
                for c, two in study.contrasts]
     ps = [None if r.p is None else p_value(r.d, two) for r, two in results]
     adjusted = stats.holm([1.0 if p is None else p for p in ps])
@@ -384,7 +384,7 @@ def render_tables(study: Comparison, rows: list[dict], source: str = "runs.csv")
             "|---|---|---|---|---|---|---|---|"]
     for (r, two), p, adj in zip(results, ps, adjusted):
         level = f"{100 * interval_level(len(r.d)):g} % " if len(r.d) > 1 else ""
-        ci = declared.fmt_ci(r.ci if len(r.d) > 1 else None)
+        ci = plan_and_results.fmt_ci(r.ci if len(r.d) > 1 else None)
         out.append(f"| {r.contrast.name} | {r.contrast.claim} | {r.contrast.formula()} | {len(r.d)} | "
                    f"{', '.join(fmt(x, '+.3f') for x in r.d) or '—'} | {fmt(r.mean)} {level}{ci} | "
                    f"{fmt(p, '.4g')} ({'two-sided' if two else 'one-sided'}) | "

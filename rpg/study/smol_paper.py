@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rpg.study import stats
 from rpg.study.costs import fmt_duration
-from rpg.study.declared import Contrast
+from rpg.study.plan_and_results import Contrast
 from rpg.study.smol import PILOT, POWER, Comparison, SmolCosts, design_rows, read_csv
 
 ROOT = Path(__file__).resolve().parents[2]

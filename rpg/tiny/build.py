@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rpg.common.build_cache import build_once
-from rpg.common.checkout import checkout_root
+from rpg.tiny.build_cache import build_once
+from rpg.paths.checkout import checkout_root
 from rpg.tiny import task
 
 CACHE_ENV = "RPG_TINY_CACHE"
@@ -100,7 +100,7 @@ def build_tiny_assets(cache_root: Path | str | None = None, force: bool = False,
 
     A build prints progress lines on stderr (unless ``quiet``), each starting with the caller's ``prefix``
     (the GPU smoke run's own): each stage and the warm-up's loss about every 10 % of its steps. Concurrent
-    calls are safe, and a build is published only when complete (``rpg.common.build_cache.build_once``).
+    calls are safe, and a build is published only when complete (``rpg.tiny.build_cache.build_once``).
     """
     cache_root = Path(cache_root) if cache_root is not None else default_cache_root()
     assets = TinyAssets.at(cache_root / builder_key())

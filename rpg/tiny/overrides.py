@@ -30,8 +30,8 @@ while each mini-batch still holds two whole groups (a mini-batch of 1 prompt wou
 
 from __future__ import annotations
 
-from rpg.common.checkout import RECIPE_ENTRY as RECIPE_PATH
-from rpg.common.override_lists import hydra_value, override_key, values
+from rpg.paths.checkout import RECIPE_ENTRY as RECIPE_PATH
+from rpg.override_lists import hydra_value, override_key, values
 from rpg.config import RPGSettings
 from rpg.tiny.build import TinyAssets
 

@@ -7,12 +7,15 @@ the behaviour weights b = π_old/μ from ``rollout_log_probs`` (``rpg.math.behav
 ``rpg.verl.policy_loss`` for the call; verl's own KL term stays off (``with_kl_loss``: the driver sets
 ``use_kl_loss=True`` only so that verl builds the reference). In verl's bypass mode π_old = μ and b = 1 exactly.
 ``verl_loss_with_sampler_kl``: ``rpg.loss.name=verl`` with a KL loss on the sampler (ref := old_log_probs).
+``rpg_loss_fn(actor_config)``: the loss the RPG worker installs (``rpg.verl.worker``), its ``RPGLossConfig`` built
+there, once (``rpg.verl.policy_loss.worker_loss_config``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from functools import partial
 
 import torch
 from tensordict import TensorDict
@@ -20,10 +23,10 @@ from tensordict import TensorDict
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.losses import ppo_loss
 
+from rpg.config import RPG_LOSSES
 from rpg.math.behavior import behavior_metrics
 from rpg.math.behavior import behavior_weights as compute_behavior_weights
-from rpg.verl.policy_loss import with_behavior_weights, with_reference_log_prob
-from rpg.verl.loss_settings import loss_config
+from rpg.verl.policy_loss import with_behavior_weights, with_reference_log_prob, worker_loss_config
 
 
 def _stat_aggregation(key: str) -> AggregationType | None:
@@ -34,6 +37,22 @@ def _stat_aggregation(key: str) -> AggregationType | None:
         return AggregationType.MAX
     if key.endswith("_min"):
         return AggregationType.MIN
+    return None
+
+
+def rpg_loss_fn(actor_config):
+    """The actor loss an RPG worker installs with verl's ``set_loss_fn`` in place of verl's ``ppo_loss`` on
+    ``actor_config`` (verl's ``ActorConfig``), or None to keep verl's: ``policy_loss.loss_mode`` rpg or
+    grpo_corrected: ``rpg_actor_loss``, its ``RPGLossConfig`` built here, once for the worker (a bad setting fails
+    the actor's init, and every micro-batch finds it built); ``rpg.loss.name=verl`` with a KL loss on pi_old:
+    ``verl_loss_with_sampler_kl``."""
+    pl = actor_config.policy_loss
+    if pl.get("loss_mode") in RPG_LOSSES:
+        config = with_kl_loss(actor_config, False)
+        worker_loss_config(config)
+        return partial(rpg_actor_loss, config=config)
+    if pl.get("rpg_sampler_kl", False):
+        return partial(verl_loss_with_sampler_kl, config=with_kl_loss(actor_config, True))
     return None
 
 
@@ -127,7 +146,7 @@ def _behavior(config, data: TensorDict):
                          "weights: set algorithm.rollout_correction.rollout_is=null (truncation: rpg.loss.behavior_weight_cap)")
     padded = data.select("response_mask", "old_log_probs", "rollout_log_probs").to_padded_tensor()
     old, mu, mask = padded["old_log_probs"], padded["rollout_log_probs"], padded["response_mask"]
-    s = loss_config(config)
+    s = worker_loss_config(config)
     raw = compute_behavior_weights(old, mu, mask, s.behavior_weight_level, None, s.log_ratio_guard)
     weights = raw if s.behavior_weight_cap is None else raw.clamp(max=s.behavior_weight_cap)
     return weights.to(old.dtype), behavior_metrics(old, mu, mask, weights, raw)

@@ -1,6 +1,6 @@
 """The driver's checks of the ``rpg:`` settings against verl's own keys, before Ray (one line each).
 
-``rpg.verl.translate.apply_to_verl_config`` runs them before it writes any verl key: the trainer mode and, with a
+``rpg.verl.block_to_verl.apply_to_verl_config`` runs them before it writes any verl key: the trainer mode and, with a
 stale sampler μ, what keeps the loss exact (the weights π_old/μ applied once, never dropped; ``check_trainer``,
 ``check_separate_async``); the reference copies (the same engine and shard layout on both sides, no LoRA, and the
 probe of ``rpg.reference.log_weight_diff`` without Ulysses sequence parallelism or fused kernels;

@@ -33,7 +33,7 @@ MARKER = "rpg_checkpoint_complete.json"
 TRACKER = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"global_step_(\d+)")
 # an asynchronous run's checkpoint also holds verl's TransferQueue state (the replay buffer: trainer_base.py:1000-1008)
-# and the recipe's lag book (rpg.verl.run_order.LagBook.state_dict)
+# and the recipe's lag book (rpg.verl.sample_order_and_lag.LagBook.state_dict)
 TQ_DIR, LAG_BOOK_FILE, ASYNC_MODES = "transfer_queue", "rpg_lag_book.json", ("colocate_async", "separate_async")
 RESUME_MODES = ("auto", "disable", "resume_path")  # verl 0.9.1 trainer_base: any other value fails after Ray
 # hashlib's SHA-256: the fastest stdlib digest on CPUs with SHA extensions (docs/verl-integration.md,

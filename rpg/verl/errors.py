@@ -1,19 +1,19 @@
 """The prefix of the one line a refused config prints (driver and launchers), torch-free: the
-launchers (``rpg.backends.harness``) match the driver's line by it and must not pay for importing the
+launchers (``rpg.trainer_process``) match the driver's line by it and must not pay for importing the
 driver's modules before they start the trainer."""
 
 ERROR_PREFIX = "rpg config error"
 # The driver's resume decision, one line per run (``rpg.verl.input_paths.resolve_resume``): the launchers that
-# run the driver under the harness show it on the terminal (``rpg.backends.harness.resume_decision``)
+# run the driver under the harness show it on the terminal (``rpg.trainer_process.resume_decision``)
 RESUME_LINE_STARTS = ("rpg: resuming from ", "rpg: fresh start ")
 # The command that resumes a run when a launcher knows it better than the driver's own command line (a job on a
-# Ray cluster is resumed by submitting it again): set by the launcher (``rpg.common.override_lists.resume_command``),
+# Ray cluster is resumed by submitting it again): set by the launcher (``rpg.override_lists.resume_command``),
 # read by the driver's stop line
 RESUME_COMMAND_ENV = "RPG_RESUME_COMMAND"
 # The node counts a run submitted to a Ray cluster may take (``rpg.cluster``: NNODES as given, and the counts that
 # pass the driver's rules; separate_async: its standalone rollout pool's nodes), JSON ``{"nnodes": "1:2", "sizes":
 # [1, 2], "rollout_nnodes": 1}``: the stop line's resume command asks for a count the cluster can hold, the pool's
-# nodes kept aside, when a node was lost (``rpg.common.nnodes.nnodes_for_resume``)
+# nodes kept aside, when a node was lost (``rpg.node_counts.nnodes_for_resume``)
 NODE_PLAN_ENV = "RPG_NODE_PLAN"
 # Set by the elastic supervisor (``rpg.cluster.elastic``) for the trainer it starts: where the trainer writes why
 # it stopped when a node was lost, exiting with ELASTIC_EXIT instead of printing the stop line

@@ -147,8 +147,8 @@ def resume_path_problem(value: Any) -> str | None:
 
 def longest_file_name(experiment: str) -> str:
     """The longest file name a run writes from its experiment name: its metrics history's segment
-    ``SEGMENTS_RESERVED`` (``rpg.common.history``; the checkpoint and TensorBoard folders are the name itself)."""
-    from rpg.common.history import segment_path
+    ``SEGMENTS_RESERVED`` (``rpg.metrics_log.history``; the checkpoint and TensorBoard folders are the name itself)."""
+    from rpg.metrics_log.history import segment_path
 
     return segment_path(Path(f"{experiment}.jsonl"), SEGMENTS_RESERVED).name
 
@@ -182,7 +182,7 @@ def name_problem(key: str, value: Any, *, experiment: bool = False) -> str | Non
 def written_path_problems(cfg) -> list[str]:
     """One line per component over ``NAME_MAX`` bytes of a folder the run writes: ``trainer.default_local_dir``,
     the metrics log's (``VERL_FILE_LOGGER_ROOT``, with verl's file logger) and TensorBoard's (``TENSORBOARD_DIR``)."""
-    from rpg.common.history import PATH_ENV, ROOT_ENV, base_path, logs_to_file
+    from rpg.metrics_log.history import PATH_ENV, ROOT_ENV, base_path, logs_to_file
 
     environ = run_environ(cfg)
     project, experiment = _get(cfg, "trainer.project_name"), _get(cfg, "trainer.experiment_name")

@@ -1,7 +1,7 @@
 """Driver and TaskRunner of the RPG recipe (``recipe/rpg/main_rpg.py`` is a thin Hydra shell).
 
 ``main_from_hydra(config)`` is verl's ``verl.trainer.main_ppo.main`` (auto_set_device -> validate_config -> run_ppo)
-with checks before Ray: ``prepare_config`` applies the ``rpg:`` block (``rpg.verl.translate``), checks every local
+with checks before Ray: ``prepare_config`` applies the ``rpg:`` block (``rpg.verl.block_to_verl``), checks every local
 input path (``rpg.verl.input_paths``) and pins the checkpoint a resume loads (``rpg.verl.checkpoints``), all before
 verl's ``validate_config``; a bad value is one line naming the key, exit code 2. ``run_ppo`` gets ``RPGTaskRunner``:
 verl's ``TaskRunnerV1`` with the RPG trainer of ``trainer.v1.trainer_mode`` and verl's file logger on a new segment
@@ -33,8 +33,8 @@ from verl.utils.logging_utils import configure_verl_logging
 import rpg.verl.register  # noqa: F401  (registrations in the driver even without the entry point)
 from rpg.backends import backend_of_run
 from rpg.backends.registry import backend
-from rpg.common.history import PATH_ENV, base_path, claim_segment, logs_to_file, restore_step_record
-from rpg.common.signals import StopSignal, raise_on_stop_signals
+from rpg.metrics_log.history import PATH_ENV, base_path, claim_segment, logs_to_file, restore_step_record
+from rpg.stop_signals import StopSignal, raise_on_stop_signals
 from rpg.config import RPGConfigError, RPGSettings, config_value
 from rpg.data.checks import shared_file_warning
 from rpg.verl.errors import (ELASTIC_EXIT, ELASTIC_GROW_SUFFIX, ELASTIC_JOB_SUFFIX, ELASTIC_STATUS_ENV, NODE_PLAN_ENV,
@@ -42,7 +42,7 @@ from rpg.verl.errors import (ELASTIC_EXIT, ELASTIC_GROW_SUFFIX, ELASTIC_JOB_SUFF
 from rpg.verl.input_paths import check_input_paths, check_run_names, error_line, resolve_resume, run_environ
 from rpg.verl.refill_limit import refill_limit_reason
 from rpg.verl.run_banner import describe
-from rpg.verl.translate import validate_and_apply
+from rpg.verl.block_to_verl import validate_and_apply
 from rpg.verl.verl_rules import check_verl_config, check_verl_rules, set_norm_scale_factor, unbounded_refills
 
 
@@ -155,11 +155,11 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
 
 
 def driver_resume_command(argv: list[str]) -> str:
-    """The command that resumes this run, from any folder (``rpg.common.override_lists.resume_command``: ``cd`` to
+    """The command that resumes this run, from any folder (``rpg.override_lists.resume_command``: ``cd`` to
     this run's folder first): the same one, with ``trainer.resume_mode=auto`` (replacing an earlier mode). What
     Hydra's override parser reads as an override is merged; anything else (Hydra's flags such as
     ``--config-name x``, other arguments) is kept as given, before the overrides."""
-    from rpg.common.override_lists import is_override, resume_command
+    from rpg.override_lists import is_override, resume_command
 
     script, args = argv[0], argv[1:]
     kinds = [is_override(a) for a in args]
@@ -177,7 +177,7 @@ def signal_stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> s
 
 
 def metrics_log(config: DictConfig) -> Path | None:
-    """The run's metrics history (its base path: ``rpg.common.history``), or None without verl's file logger."""
+    """The run's metrics history (its base path: ``rpg.metrics_log.history``), or None without verl's file logger."""
     trainer = config.trainer
     if not logs_to_file(trainer.logger):
         return None
@@ -189,14 +189,14 @@ def run_stopped_line(config: DictConfig, stopped: str, argv: list[str], alive: i
     """``signal_stop_line``'s body for any reason the run stopped (``stopped``: "stopped by SIGTERM", "stopped: node ...
     lost"); the resume command is ``RPG_RESUME_COMMAND`` when the launcher set it, else ``driver_resume_command(argv)``.
     ``alive``: the nodes left that can hold a rank group; the command's ``NNODES`` then fits them (``NODE_PLAN_ENV``)."""
-    from rpg.common.nnodes import nnodes_for_resume, parse_nnodes, with_nnodes
+    from rpg.node_counts import nnodes_for_resume, parse_nnodes, with_nnodes
     from rpg.verl.checkpoints import last_complete
 
     trainer = config.trainer
     ckpt = last_complete(os.path.abspath(trainer.default_local_dir))  # relative: to the cwd, as verl does
     log = metrics_log(config) or "this process's output"
     # a job submitted to a Ray cluster is resumed by submitting it again: the launcher's command
-    # (rpg.common.override_lists.resume_command)
+    # (rpg.override_lists.resume_command)
     resume = os.environ.get(RESUME_COMMAND_ENV, "").strip() or driver_resume_command(argv)
     if alive is not None and (plan := os.environ.get(NODE_PLAN_ENV, "").strip()):
         plan = json.loads(plan)
@@ -210,7 +210,7 @@ def run_stopped_line(config: DictConfig, stopped: str, argv: list[str], alive: i
 
 @contextlib.contextmanager
 def stop_on_signals(config: DictConfig, argv: list[str] | None = None):
-    """SIGHUP, SIGINT, SIGTERM (``rpg.common.signals``): shut down the Ray cluster this driver started (or
+    """SIGHUP, SIGINT, SIGTERM (``rpg.stop_signals``): shut down the Ray cluster this driver started (or
     leave the cluster it joined: Ray ends a departed driver's actors), print ``signal_stop_line``, exit
     128 + signum. ``ray.init`` installs its own SIGTERM handler; Ray's post-init hook puts ours back."""
     from ray._private import worker as ray_worker
@@ -350,7 +350,7 @@ def hold_checkpoint_folder(config: DictConfig) -> list:
 def hand_over(config: DictConfig, status: Path, reason: str, stop_line: str) -> None:
     """The elastic supervisor's record of a node loss (``rpg.cluster.elastic``): why, the stop line it prints if the
     run does not go on, the metrics history and the training steps it logged (written, then renamed)."""
-    from rpg.common.history import logged_training_steps
+    from rpg.metrics_log.history import logged_training_steps
 
     log = metrics_log(config)
     record = {"reason": reason, "stop_line": stop_line, "log": None if log is None else str(log),

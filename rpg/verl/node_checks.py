@@ -18,8 +18,8 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from rpg.common.history import base_path, logs_to_file
-from rpg.common.run_env import GLOO_IFNAME
+from rpg.metrics_log.history import base_path, logs_to_file
+from rpg.backends.run_env import GLOO_IFNAME
 from rpg.config import RPGConfigError, config_value
 from rpg.verl.input_paths import DATA_KEYS, MODEL_KEYS, is_remote, run_environ
 

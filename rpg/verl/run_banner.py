@@ -1,6 +1,6 @@
 """What the driver prints before a run: one line saying which loss, anchor and trainer will run.
 
-``describe`` reads the settings as ``rpg.verl.translate.apply_to_verl_config`` left them (the loss's
+``describe`` reads the settings as ``rpg.verl.block_to_verl.apply_to_verl_config`` left them (the loss's
 actor keys included) and the verl keys it wrote (the policy loss, the KL against the sampler).
 """
 

@@ -2,7 +2,7 @@
 
 ``RPGTrainer``, ``RPGTrainerColocateAsync`` and ``RPGTrainerSeparateAsync`` are verl's ``PPOTrainerSync``,
 ``PPOTrainerColocateAsync`` and ``PPOTrainerSeparateAsync`` with ``RPGTrainerMixin``'s hooks, each an overridable
-method of verl's v1 ``PPOTrainer`` (no verl file is patched), ``rpg.verl.run_order.RunOrderMixin``'s and
+method of verl's v1 ``PPOTrainer`` (no verl file is patched), ``rpg.verl.sample_order_and_lag.RunOrderMixin``'s and
 ``rpg.verl.refill_limit.RefillLimitMixin``'s (DAPO's refills within ``max_num_gen_batches``). The
 reference schedule: ``periodic`` copies actor -> reference when ``global_steps % K == 0``; ``kl_threshold`` keeps
 ema = d·ema + (1 − d)·ref_kl, ref_kl the token-mean k3 estimate of KL(π_old‖π_ref), and copies (ema := 0) when
@@ -30,13 +30,13 @@ from verl.utils.debug import marked_timer
 
 from rpg.math.behavior import behavior_weights
 from rpg.math.formulas import k3
-from rpg.common.history import STEP_RECORD, write_step_record
+from rpg.metrics_log.history import STEP_RECORD, write_step_record
 from rpg.verl.checkpoint_digests import REFERENCE_DIR, join_reports
 from rpg.verl.checkpoints import recorded_settings, write_marker
 from rpg.config import parse_rpg_settings
 from rpg.verl.async_resume import AsyncResumeMixin
 from rpg.verl.refill_limit import RefillLimitMixin
-from rpg.verl.run_order import LAG_BOOK_FILE, RunOrderMixin
+from rpg.verl.sample_order_and_lag import LAG_BOOK_FILE, RunOrderMixin
 from rpg.verl.validation import SamplesPerSource, unscored_by_source, unscored_metrics, unscored_warnings
 from rpg.verl.worker import RPGActorRolloutRefWorker, RPGDetachActorWorker
 
@@ -275,7 +275,7 @@ class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin, AsyncResumeMixin):
         if self.rpg.reference.resets:
             self._prune_reference_state()
         # verl validates and logs a step after saving it: a run stopped in between would never log it; the
-        # resume logs this copy instead (rpg.common.history.restore_step_record, before the marker's digests)
+        # resume logs this copy instead (rpg.metrics_log.history.restore_step_record, before the marker's digests)
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         if os.path.isdir(folder):
             write_step_record(folder, self.global_steps, getattr(self, "_step_metrics", {}))
@@ -323,8 +323,8 @@ class RPGTrainerMixin(RefillLimitMixin, RunOrderMixin, AsyncResumeMixin):
                 and not os.path.isdir(os.path.join(root, entry, "actor"))]
 
     def _prune_step_records(self) -> None:
-        """A step record (``write_step_record``) and the lag book (``rpg.verl.run_order``) go with their actor
-        checkpoint, as the reference state does."""
+        """A step record (``write_step_record``) and the lag book (``rpg.verl.sample_order_and_lag``) go with their
+        actor checkpoint, as the reference state does."""
         for folder in self._folders_without_actor():
             for name in (STEP_RECORD, LAG_BOOK_FILE):
                 with contextlib.suppress(FileNotFoundError):

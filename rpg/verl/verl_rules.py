@@ -170,7 +170,7 @@ def unbounded_refills(cfg) -> str | None:
             f"{LIMIT_KEY}=<n> to stop the run after n generation batches of refills per training batch")
 
 
-# rpg.reward.compute_score's numeric keys (rpg/reward/__init__.py), which verl's reward managers put in each row's
+# rpg.reward.compute_score's numeric keys (rpg/reward/scorer.py), which verl's reward managers put in each row's
 # reward_extra_info; "reward", verl's own (replay_buffer.py:32, FILTER_GROUPS_REWARD_METRIC: the summed reward)
 RPG_REWARD_METRICS = ("reward", "score", "acc", "scorer_failed")
 OVERLONG = "reward.reward_kwargs.overlong_buffer_cfg"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -27,7 +26,6 @@ from rpg.verl.reference_copy import (copy_actor_to_reference, local_shard, max_s
                                      paired_local_shards, probe_logits, probe_token_ids, wait_for_offload_copies)
 from rpg.verl.reshard import ReshardingCheckpointManager, reference_shards, saved_shard
 from rpg.verl.snapshot import owned_snapshot
-from rpg.config import RPG_LOSSES
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +41,9 @@ class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
     # ------------------------------------------------------------------ model / loss
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
-        """verl's model, then: the resharding checkpoint manager; the actor loss (``policy_loss.loss_mode`` rpg or
-        grpo_corrected: ``rpg_actor_loss``; ``rpg.loss.name=verl`` with a KL loss on π_old:
+        """verl's model, then: the resharding checkpoint manager; the actor loss of ``rpg.verl.actor_loss.rpg_loss_fn``
+        on verl's actor config (``policy_loss.loss_mode`` rpg or grpo_corrected: ``rpg_actor_loss``, its
+        ``RPGLossConfig`` built once, here; ``rpg.loss.name=verl`` with a KL loss on π_old:
         ``verl_loss_with_sampler_kl``; otherwise verl's ``ppo_loss``); a schedule-free optimizer in train mode (its
         ``step()`` refuses otherwise), where it stays but around validation and checkpoint saves."""
         super().init_model()
@@ -54,17 +53,10 @@ class RPGActorRolloutRefWorker(ActorRolloutRefWorker):
         engine = self.actor.engine
         if hasattr(engine, "checkpoint_manager"):
             engine.checkpoint_manager = ReshardingCheckpointManager.like(engine.checkpoint_manager)
-        pl = self.config.actor.policy_loss
-        actor_config = self.loss_fn.keywords["config"]
-        if pl.get("loss_mode") in RPG_LOSSES:
-            from rpg.verl.actor_loss import rpg_actor_loss, with_kl_loss
+        from rpg.verl.actor_loss import rpg_loss_fn
 
-            self.loss_fn = partial(rpg_actor_loss, config=with_kl_loss(actor_config, False))
-            self.actor.set_loss_fn(self.loss_fn)
-        elif pl.get("rpg_sampler_kl", False):
-            from rpg.verl.actor_loss import verl_loss_with_sampler_kl, with_kl_loss
-
-            self.loss_fn = partial(verl_loss_with_sampler_kl, config=with_kl_loss(actor_config, True))
+        if (loss_fn := rpg_loss_fn(self.loss_fn.keywords["config"])) is not None:
+            self.loss_fn = loss_fn
             self.actor.set_loss_fn(self.loss_fn)
         if is_schedule_free(self._optimizer()):
             self._optimizer().train()

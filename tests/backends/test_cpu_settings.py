@@ -3,8 +3,8 @@
 import pytest
 
 from rpg.backends.cpu import env_overrides
-from rpg.common.override_lists import merge_overrides, override_key
-from rpg.backends.harness import build_command, read_metrics
+from rpg.override_lists import merge_overrides, override_key
+from rpg.trainer_process import build_command, read_metrics
 
 
 def test_cpu_env_selects_platform_and_registration_module():
@@ -47,7 +47,7 @@ def test_merge_overrides_rejects_non_assignments():
 
 
 def test_forwarding_keeps_a_value_with_a_quote():
-    from rpg.common.override_lists import values
+    from rpg.override_lists import values
 
     forwarded = values(env_overrides.cpu_overrides({"OMP_NUM_THREADS": "1'2"}))
     assert forwarded["ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS"] == "1'2"
@@ -100,9 +100,9 @@ def test_paths_reach_hydra_as_the_same_strings(tmp_path, monkeypatch):
     parser as those very paths (bare, ``a,b`` was a sweep: OverrideSyntaxError)."""
     from types import SimpleNamespace
 
-    from rpg.common.override_lists import values
+    from rpg.override_lists import values
     from rpg.demo import gpu_smoke
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
     from rpg.tiny.build import TinyAssets
     from rpg.tiny.overrides import tiny_task_overrides
 
@@ -123,7 +123,7 @@ def test_paths_reach_hydra_as_the_same_strings(tmp_path, monkeypatch):
         seen.update(values(overrides))
         raise RuntimeError("captured")
 
-    monkeypatch.setattr("rpg.backends.harness.run.build_command", capture)
+    monkeypatch.setattr("rpg.trainer_process.run.build_command", capture)
     with pytest.raises(RuntimeError, match="captured"):
         run_trainer([], output_dir=tmp_path / "out", entry="x.py", timeout_s=1)
     assert seen["ray_kwargs.ray_init._temp_dir"].startswith(str(odd / "rpgray")), seen

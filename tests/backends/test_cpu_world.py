@@ -9,8 +9,8 @@ from omegaconf import OmegaConf
 
 from rpg.backends.cpu import env_overrides, world
 from rpg.config import RPGConfigError
-from rpg.backends.harness import build_command
-from rpg.common.override_lists import values
+from rpg.trainer_process import build_command
+from rpg.override_lists import values
 
 
 def _ray(argv):

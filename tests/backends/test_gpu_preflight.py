@@ -292,7 +292,7 @@ def _hydra_config(env: dict, *user: str):
 
 
 def test_the_request_read_from_the_4b_config(data_dir):
-    from rpg.verl.translate import validate_and_apply
+    from rpg.verl.block_to_verl import validate_and_apply
 
     cfg = _hydra_config(_env(DATA_DIR=str(data_dir)))
     settings = validate_and_apply(cfg)

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg.common.override_lists import values
+from rpg.override_lists import values
 from rpg.demo import gpu_smoke as smoke, smoke_checks as checks
 from rpg.backends.gpu.preflight import GpuProbe
 from rpg.backends.gpu.env_overrides import REGISTER_MODULE, gpu_env
@@ -176,7 +176,7 @@ def test_both_runs_compose_and_pass_verls_config_checks(tiny_assets, tmp_path):
     recipe's config and pass rpg's and verl's driver-side checks, for 1 GPU and data parallel 2."""
     import argparse
 
-    from rpg.backends.harness import build_command
+    from rpg.trainer_process import build_command
     from rpg.launch.plan import compose
 
     for gpus, first in ((1, True), (2, False)):
@@ -209,7 +209,7 @@ def test_the_smol_run_composes_and_passes_verls_config_checks(tmp_path):
     composed with the recipe's config and passing rpg's and verl's driver-side checks."""
     import argparse
 
-    from rpg.backends.harness import build_command
+    from rpg.trainer_process import build_command
     from rpg.launch.plan import compose
     from rpg.smol import overrides as smol, task
     from rpg.smol.build import planned_assets
@@ -296,7 +296,7 @@ class FakeRuns:
         self.metrics, self.calls, self.device = [first, resumed], [], device
 
     def __call__(self, overrides, *, output_dir, **kw):
-        from rpg.backends.harness import TrainerRun, TrainerRunError
+        from rpg.trainer_process import TrainerRun, TrainerRunError
 
         self.calls.append((list(overrides), kw))
         m = self.metrics[len(self.calls) - 1]

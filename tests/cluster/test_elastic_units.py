@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rpg.common.nnodes import NodeCount, largest_fit, nnodes_for_resume, parse_nnodes, resized_values, with_nnodes
+from rpg.node_counts import NodeCount, largest_fit, nnodes_for_resume, parse_nnodes, resized_values, with_nnodes
 from rpg.cluster.elastic.cluster import Cluster, counting_cluster, run_nodes
 from rpg.cluster.elastic.attempts import (JOB_CONFIG_ENV, Plan, attempt_env, parse_args, set_aside_incomplete,
                                         wandb_run_id)
@@ -599,7 +599,7 @@ def test_one_writer_per_checkpoint_folder(tmp_path):
 
     import os
 
-    from rpg.common.run_env import RUN_ENV, ray_auth_env
+    from rpg.backends.run_env import RUN_ENV, ray_auth_env
 
     env = {**os.environ, **RUN_ENV, **ray_auth_env({})}  # a private Ray on loopback, with a token of its own
     r = subprocess.run([sys.executable, "-c", LOCK, str(tmp_path / "ck")], capture_output=True, text=True, timeout=180,

@@ -1,5 +1,5 @@
 """The multi-node pieces without a cluster: the driver's capacity rule, lost-node reason and node watch
-(rpg.verl.joined_cluster), a step saved but never logged (rpg.common.history), the CPU backend's job on a cluster
+(rpg.verl.joined_cluster), a step saved but never logged (rpg.metrics_log.history), the CPU backend's job on a cluster
 and the submitted job's resume command and Ctrl-C (rpg.cluster.submit, rpg.cluster.job). The two-node runs:
 tests/e2e/test_multinode.py."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rpg.common import history
+from rpg.metrics_log import history
 from rpg.verl import joined_cluster as C
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 import rpg.config
 from rpg.config import (BLOCK_RULES, RPGConfigError, ReferenceSettings, RPGSettings, declared_keys, parse_rpg_settings,
                         render_rpg_block, settings_table)
-from rpg.config.kinds import yaml_value
+from rpg.config.allowed_values import yaml_value
 
 ROOT = Path(__file__).resolve().parents[2]
 YAML = ROOT / "recipe" / "rpg" / "config" / "rpg_trainer.yaml"
@@ -39,7 +39,7 @@ def test_rpg_config_imports_without_torch_and_nothing_above_it():
     loaded = eval(out.strip())
     assert set(MODULES) <= set(loaded)
     assert all(m == "rpg" or m.startswith("rpg.config") for m in loaded), loaded
-    assert {"rpg.config.access", "rpg.config.block", "rpg.config.kinds", "rpg.config.loss", "rpg.config.render_block"} <= set(MODULES)
+    assert {"rpg.config.access", "rpg.config.block", "rpg.config.allowed_values", "rpg.config.loss", "rpg.config.render_block"} <= set(MODULES)
 
 
 def _yaml_block() -> str:

@@ -62,7 +62,7 @@ def _cfg(files: Path, *overrides: str):
 
 def _applied(files: Path, *overrides: str):
     """The config as the driver checks it: the rpg: block applied (the recipe's reward function set)."""
-    from rpg.verl.translate import validate_and_apply
+    from rpg.verl.block_to_verl import validate_and_apply
 
     cfg = _cfg(files, "trainer.device=cpu", *overrides)
     validate_and_apply(cfg)
@@ -299,7 +299,7 @@ def test_the_tiny_demo_is_refused_before_building_anything(files, capsys, monkey
 
 
 def test_a_reward_name_without_a_path_is_refused_not_replaced(files):
-    from rpg.verl.translate import validate_and_apply
+    from rpg.verl.block_to_verl import validate_and_apply
 
     cfg = _cfg(files, "trainer.device=cpu", "reward.custom_reward_function.name=my_score")
     with pytest.raises(RPGConfigError) as err:

@@ -11,7 +11,7 @@ whole update of the tiny model at lr 5e-4, far above 1e-4 (e2e_recipe.py: the th
 import pytest
 
 from e2e_recipe import K3_ROUNDING, ON_POLICY, at, rpg_run
-from rpg.backends.harness import run_trainer
+from rpg.trainer_process import run_trainer
 from rpg.tiny.overrides import tiny_overrides
 
 pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]  # a CI stage: README's suite keeps one trainer run

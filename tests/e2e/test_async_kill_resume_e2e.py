@@ -47,7 +47,7 @@ CASES = [("colocate_async", 1, signal.SIGKILL, True), ("separate_async", 2, sign
 
 
 def _launch(tiny_assets, out: Path, mode: str, world: int, resume: str, env: dict):
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
     from rpg.tiny.overrides import tiny_overrides
 
     return run_trainer([*tiny_overrides(tiny_assets, steps=STEPS, algo="rpg", world_size=world, trainer_mode=mode),
@@ -116,7 +116,7 @@ def test_the_kill_stops_the_run_in_step_3_and_the_resume_is_from_step_2(killed):
 
 
 def test_each_step_once_in_the_history(killed):
-    from rpg.common.history import TRAINING_STEP_KEY, readable_records, segments
+    from rpg.metrics_log.history import TRAINING_STEP_KEY, readable_records, segments
 
     trained = Counter(step for path in segments(killed["run"].metrics_file) for step, data in readable_records(path)[0]
                       if TRAINING_STEP_KEY in data)

@@ -18,8 +18,8 @@ Per mode, two launches into one output folder: 2 steps with a checkpoint each st
   within verl's max_off_policy_threshold of 8;
 * nothing lost, nothing twice: every sample trained at steps 1-4 (verl's rollout dump, ``trainer.rollout_data_dir``)
   is trained once, 64 a step (8 prompts x 8), from the prompts the run dispatched (``p<step>-<n>``:
-  rpg.verl.run_order); the dataloader has passed (1 warm-up + 4) x 8 = 40 prompts at step 4, as an uninterrupted
-  run's (verl fetches the warm-up batch at the start and one batch a step).
+  rpg.verl.sample_order_and_lag); the dataloader has passed (1 warm-up + 4) x 8 = 40 prompts at step 4, as an
+  uninterrupted run's (verl fetches the warm-up batch at the start and one batch a step).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ COMMON = ["trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.sav
 
 
 def _launch(tiny_assets, out: Path, mode: str, steps: int, resume: str):
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
     from rpg.tiny.overrides import tiny_overrides
 
     return run_trainer([*tiny_overrides(tiny_assets, steps=steps, algo="rpg", trainer_mode=mode),
@@ -64,7 +64,7 @@ def runs(request, tiny_assets, tmp_path_factory):
 
 
 def test_it_resumes_from_step_2_and_trains_steps_3_and_4_once(runs):
-    from rpg.common.history import TRAINING_STEP_KEY, readable_records, segments
+    from rpg.metrics_log.history import TRAINING_STEP_KEY, readable_records, segments
 
     mode, out, _, log, run = runs
     assert f"rpg: resuming from {out / 'ckpt' / 'global_step_2'}: step 2" in log

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from e2e_recipe import network_address, network_listeners, ray_client, reachable, run_exposure
 
-from rpg.backends.harness import run_trainer
+from rpg.trainer_process import run_trainer
 from rpg.tiny.overrides import tiny_algorithm, tiny_overrides
 
 pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]  # a CI stage: README's suite keeps two trainer runs
@@ -201,15 +201,15 @@ def test_no_ray_process_left_behind(grpo):
 def test_no_process_of_the_run_listens_beyond_loopback(grpo):
     """Checked at every logged step, while the trainer, Ray's daemons, the rollout server and the
     workers are up. Before: gcs_server, raylet, workers and the agents listened on every interface or the
-    node's address (fixed by Ray's single-machine mode, rpg.common.run_env), and so did torch.distributed's
-    TCPStore of the FSDP worker group (fixed by a file rendezvous, rpg.backends.harness)."""
+    node's address (fixed by Ray's single-machine mode, rpg.backends.run_env), and so did torch.distributed's
+    TCPStore of the FSDP worker group (fixed by a file rendezvous, rpg.trainer_process)."""
     assert sorted(grpo.network_listeners) == [0, 1, 2]
     assert all(found == [] for found in grpo.network_listeners.values()), grpo.network_listeners
 
 
 def test_a_runs_ray_cluster_refuses_a_client_without_its_token(grpo):
     """The run's Ray cluster is not open to the network, and on this machine only the run's token opens it
-    (rpg.common.run_env: Ray's single-machine mode and token authentication with a token per run). Before:
+    (rpg.backends.run_env: Ray's single-machine mode and token authentication with a token per run). Before:
     gcs_server, raylet, workers and the agents listened on every interface or the node's address, and a
     client on this machine without any token ran a task as the run's user."""
     found, out = grpo.cluster, grpo.output_dir.parent

@@ -42,7 +42,7 @@ BF16_LOGP = 0.1
 
 @pytest.fixture(scope="module")
 def run(tiny_assets, tmp_path_factory):
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
     from rpg.tiny.overrides import tiny_overrides
 
     out = tmp_path_factory.mktemp("async_ws2")

@@ -40,7 +40,7 @@ SCHEDULE_FREE = ["rpg.optimizer=schedulefree"]
 
 
 def _run(tiny_assets, out: Path, world_size: int, steps: int, extra: list[str]):
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
     from rpg.tiny.overrides import tiny_overrides
 
     run = run_trainer([*tiny_overrides(tiny_assets, steps=steps), *PERIODIC_K2, *SCHEDULE_FREE,

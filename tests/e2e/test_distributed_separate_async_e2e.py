@@ -33,7 +33,7 @@ B = "actor/rpg/behavior_"
 
 @pytest.fixture(scope="module")
 def run(tiny_assets, tmp_path_factory):
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
     from rpg.tiny.overrides import tiny_overrides
 
     out = tmp_path_factory.mktemp("separate_async")

@@ -30,10 +30,10 @@ def cluster():
 
 
 def _history(logs: Path, name: str) -> list[int]:
-    """The training steps of the run's metrics history as a report reads it (``rpg.common.history``: segments joined,
+    """The training steps of the run's metrics history as a report reads it (``rpg.metrics_log.history``: segments joined,
     a later segment replacing the steps it trained again)."""
-    from rpg.common.history import TRAINING_STEP_KEY, read_segments
-    from rpg.common.metrics_file import readable_records
+    from rpg.metrics_log.history import TRAINING_STEP_KEY, read_segments
+    from rpg.metrics_log.file import readable_records
 
     def read_one(path):
         out: dict[str, dict[int, float]] = {}

@@ -40,7 +40,7 @@ import pytest
 import torch
 from e2e_recipe import NARROW_CLIP, NARROW_CLIP_OVERRIDES, RPG_LOSS_KEYS, assert_off_policy, at
 
-from rpg.backends.harness import read_metrics
+from rpg.trainer_process import read_metrics
 from rpg.config import loss_defaults, loss_fields
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from rpg.common.override_lists import hydra_value
+from rpg.override_lists import hydra_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]
 

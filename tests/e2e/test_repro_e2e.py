@@ -3,7 +3,7 @@ mode with the same seed gives the same metrics at every step, validations includ
 at the end), to the last bit.
 
 What makes it repeat (docs/testing.md, "Reproducible runs"): the batch in the prompts' fetch order, not in the
-order rollouts finished (``rpg.verl.run_order``); each sample's random numbers from its identity, whichever
+order rollouts finished (``rpg.verl.sample_order_and_lag``); each sample's random numbers from its identity, whichever
 rollout server answers (``rpg.backends.hf_rollout``); verl's ``rollout.full_determinism``, which decodes every
 sequence alone (a batched product's numbers depend on the batch on CPU); validation metrics of the samples in a
 canonical order (verl's bootstrap ``best@N`` / ``maj@N`` draw by position with a fixed seed,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rpg.backends.harness import read_metrics
+from rpg.trainer_process import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.repro]  # a CI stage: two trainer runs do not fit README's suite
 ROOT = Path(__file__).resolve().parents[2]

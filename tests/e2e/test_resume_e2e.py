@@ -35,7 +35,7 @@ import pytest
 from e2e_recipe import RPG_LOSS_KEYS, assert_off_policy, at, keys, rpg_defaults, rpg_run, synced_weights
 from test_resume import _Lines, _wait_until
 
-from rpg.backends.harness import read_metrics
+from rpg.trainer_process import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.resume_e2e]  # a CI stage: README's suite has no room
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # 8 prompts: the first update is on-policy (ratio 1, where the KL gradient vanishes), the second off-policy
 # (ratio != 1, KL gradient != 0), so the comparison covers the KL term. The rollouts agree because the CPU
 # rollout seeds each sample by its identity, verl's data order is seeded and the RPG trainer orders a batch by
-# prompt and sample (rpg.verl.run_order).
+# prompt and sample (rpg.verl.sample_order_and_lag).
 SAME = ["rpg.loss.divergence=ufkl", "rpg.loss.clip=false", "actor_rollout_ref.actor.ppo_epochs=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64"]
 

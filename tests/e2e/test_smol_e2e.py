@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from e2e_recipe import assert_step_guarantees
 
-from rpg.backends.harness import read_metrics
+from rpg.trainer_process import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "recipe" / "rpg" / "smol" / "run_smol_cpu.sh"

@@ -50,7 +50,7 @@ PERIODIC_K2 = [
 
 
 def _run(tiny_assets, out: Path, extra: list[str]):
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
     from rpg.tiny.overrides import tiny_overrides
 
     run = run_trainer([*tiny_overrides(tiny_assets, steps=4), *PERIODIC_K2, *extra],

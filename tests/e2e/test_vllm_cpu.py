@@ -160,7 +160,7 @@ def test_sleep_mode_is_refused_on_cpu_so_it_stays_off():
 
 
 def _launch(tiny_assets, out: Path, ckpt: Path, steps: int, tmp: Path, skip: int | None = None):
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
     from rpg.tiny.overrides import RECIPE_ENTRY, tiny_overrides
 
     env = {vllm_cpu.ROLLOUT_ENV: "vllm", SYNC_LOG_ENV: str(out / "syncs.jsonl"), "TMPDIR": str(tmp),
@@ -272,7 +272,7 @@ def test_a_skipped_sync_fails_the_check(runs):
 
 
 def test_nothing_is_left_behind_and_the_kv_cache_is_bounded(runs):
-    from rpg.backends.harness import SHM_DIR
+    from rpg.trainer_process import SHM_DIR
 
     for run, _ in (runs["a"], runs["b"]):
         assert not run.leftover_pids
@@ -326,7 +326,7 @@ def test_two_steps_of_the_smol_command_on_vllm(tmp_path):
     """``ROLLOUT=vllm STEPS=2 TEST_FREQ=2 bash recipe/rpg/smol/run_smol_cpu.sh`` with 16 validation problems: exit 0,
     vLLM's probabilities of the sampled tokens equal the actor's at both steps (every sync landed in a model whose
     output layer is its embedding), and responses end at the end-of-turn token inside the 96-token limit."""
-    from rpg.backends.harness import read_metrics
+    from rpg.trainer_process import read_metrics
     from rpg.smol import build_smol_assets
     from rpg.smol.overrides import MAX_RESPONSE_LENGTH, ROLLOUT_N, TRAIN_BATCH_SIZE
 

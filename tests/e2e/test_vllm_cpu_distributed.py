@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def launched(tiny_assets, tmp_path_factory):
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
     from rpg.tiny.overrides import RECIPE_ENTRY, tiny_overrides
 
     out = tmp_path_factory.mktemp("vllm_cpu_ws2")

@@ -11,7 +11,7 @@ recipe/rpg/tiny/run_tiny_cpu.sh) alike, exit code 2; no run overwrites another; 
   AssertionError after Ray and the workers; with ``RPG_BACKEND=cpu`` ``LOGGER`` was dropped silently);
 * ``--steps``/``STEPS`` below 1 (a ValueError traceback);
 * a fresh start in an output folder that holds a run (it replaced its checkpoints and metrics), and the
-  checkpoint folder's name follows the variant run (``rpg.backends.harness.run_dir``, ``rpg.tiny.overrides``);
+  checkpoint folder's name follows the variant run (``rpg.trainer_process.run_dir``, ``rpg.tiny.overrides``);
 * Ctrl-C before the trainer starts (the tiny model's first build included: a 24-line traceback).
 
 Nothing here starts a trainer; each test is at most a composition of the config (about a second).
@@ -126,7 +126,7 @@ def test_the_demo_checks_keys_before_it_builds_or_starts_anything(tmp_path, caps
     rc, err, out = _demo(["--out", tmp_path / "o", "--steps", "1", "rpg.loss.divergance=rkl"], capsys)
     assert rc == 2 and len(err) == 1 and "did you mean rpg.loss.divergence?" in err[0], err
     assert out == "" and not (tmp_path / "o").exists()
-    from rpg.common.checkout import RECIPE_CONFIG_DIR
+    from rpg.paths.checkout import RECIPE_CONFIG_DIR
     from rpg.launch.config_keys import ConfigKeyError, compose_config
 
     with pytest.raises(ConfigKeyError) as e:  # `+` on a key the config has (Hydra's three lines)
@@ -180,7 +180,7 @@ def test_a_logger_with_the_cpu_backend_under_dry_run_is_checked_after_the_platfo
 def test_the_demo_refuses_an_unknown_logger_and_keeps_a_known_one(tmp_path, capsys):
     rc, err, _ = _demo(["--out", tmp_path / "o", "trainer.logger=[console,file,tensorbord]"], capsys)
     assert rc == 2 and len(err) == 1 and "'tensorbord' (did you mean 'tensorboard'?)" in err[0], err
-    from rpg.backends.harness import build_command
+    from rpg.trainer_process import build_command
 
     argv, _ = build_command(["trainer.logger=[console,wandb]"], base_env={})  # the harness adds its file logger
     assert argv[-1] == "trainer.logger=['console','wandb','file']"
@@ -188,7 +188,7 @@ def test_the_demo_refuses_an_unknown_logger_and_keeps_a_known_one(tmp_path, caps
 
 def test_launcher_keeps_the_users_loggers_on_the_cpu_backend(tmp_path, monkeypatch):
     """``LOGGER`` was replaced by console,file with RPG_BACKEND=cpu when it lacked 'file'."""
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     main, seen = launch, []
     monkeypatch.setattr(harness, "run_trainer", lambda overrides, **kw: seen.append(list(overrides)) or
@@ -242,7 +242,7 @@ def test_a_fresh_start_in_a_folder_holding_a_run_is_refused_naming_it_and_the_wa
 
 
 def test_a_launcher_fresh_start_in_its_out_dir_holding_a_run_is_refused(tmp_path, capsys, monkeypatch):
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     monkeypatch.setattr(harness, "run_trainer", lambda *a, **k: pytest.fail("started"))
     out = tmp_path / "D"
@@ -258,7 +258,7 @@ def test_a_launcher_fresh_start_in_its_out_dir_holding_a_run_is_refused(tmp_path
 
 
 def test_fresh_start_rules(tmp_path):
-    from rpg.backends.harness.run_dir import RunDirError, check_fresh_start, run_found
+    from rpg.trainer_process.run_dir import RunDirError, check_fresh_start, run_found
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -287,10 +287,10 @@ def test_fresh_start_rules(tmp_path):
     ("[1, 2]", r"expected an object with a 'step' key, got \[1, 2\]"),
 ])
 def test_a_run_folder_with_a_broken_metrics_line_is_refused_naming_the_file_and_line(broken, why, tmp_path):
-    """The folder check reads metrics.jsonl by the one reader's rules (rpg.common.metrics_file): a broken line
+    """The folder check reads metrics.jsonl by the one reader's rules (rpg.metrics_log.file): a broken line
     before the last is refused naming the file and line, never skipped (it used to be: steps 0..2 of the
     lines around it were reported, or none, as if the file held nothing)."""
-    from rpg.backends.harness.run_dir import RunDirError, check_fresh_start
+    from rpg.trainer_process.run_dir import RunDirError, check_fresh_start
 
     out = tmp_path / "D"
     out.mkdir()
@@ -307,7 +307,7 @@ def test_a_run_folder_with_a_broken_metrics_line_is_refused_naming_the_file_and_
 
 
 def test_the_folder_check_reads_the_metrics_segments_and_skips_only_a_cut_last_line(tmp_path):
-    from rpg.backends.harness.run_dir import RunDirError, check_fresh_start, run_found
+    from rpg.trainer_process.run_dir import RunDirError, check_fresh_start, run_found
 
     out = tmp_path / "D"
     out.mkdir()
@@ -337,7 +337,7 @@ def test_the_checkpoint_folder_is_named_after_the_variant_run(tmp_path, capsys, 
 
     monkeypatch.setattr(demo, "run_trainer", fake_run)
     monkeypatch.setattr(rpg.tiny, "build_tiny_assets", lambda *a, **k: SimpleNamespace(root=tmp_path))
-    from rpg.common.override_lists import values
+    from rpg.override_lists import values
 
     for extra, name in ((["rpg.loss.divergence=rkl"], "tiny_rpg_reinforce_rkl"), ([], "tiny_rpg_reinforce_ufkl"),
                         (["rpg.loss.form=differentiable", "rpg.loss.divergence=urkl"], "tiny_rpg_differentiable_urkl"),
@@ -399,8 +399,8 @@ def test_ctrl_c_in_the_launcher_before_the_run_is_one_line(capsys, monkeypatch):
 def test_wandb_as_the_user_asked(tmp_path):
     """Every local run had WANDB_MODE=disabled, whatever the user set or trainer.logger asked: a run with
     wandb wrote no W&B run, without a word. (A W&B run folder really written: tests/e2e/test_launch_cpu_e2e.py.)"""
-    from rpg.backends.harness import build_command
-    from rpg.common.run_env import wandb_env
+    from rpg.trainer_process import build_command
+    from rpg.backends.run_env import wandb_env
 
     _, env = build_command([], base_env={"WANDB_MODE": "offline"})
     assert env["WANDB_MODE"] == "offline"  # the user's, not 'disabled'

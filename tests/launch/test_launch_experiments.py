@@ -123,7 +123,7 @@ def test_a_script_composes_what_its_name_composes(name):
                                   "run_rpg_4b_ctx4k_ufkl1e-3_rf_clip_ppo_0.2_0.28_noiterref"])
 def test_tiny_task_composes_the_same_from_the_file(name):
     """RPG_BACKEND=cpu (the tiny task with the run's algorithm settings): the command's config is unchanged too."""
-    from rpg.backends.harness import build_command
+    from rpg.trainer_process import build_command
 
     def tiny(overrides):
         return build_command(overrides, entry=str(ROOT / "recipe/rpg/main_rpg.py"), base_env=ENV, backend="cpu")[0][2:]

@@ -1,4 +1,4 @@
-"""Overrides are read with Hydra's own override parser (rpg.common.override_lists), everywhere:
+"""Overrides are read with Hydra's own override parser (rpg.override_lists), everywhere:
 
 * merging keeps its documented semantics and every value exactly as written;
 * README's list form ``data.val_files=[data/aime2024.parquet,data/aime2025.parquet]`` works in the
@@ -21,7 +21,7 @@ import pytest
 from data_files import verl_file
 from launching import env as _env, launch
 
-from rpg.common.override_lists import (OverrideSyntaxError, bad_override_line, merge_overrides, override_key, parse_one,
+from rpg.override_lists import (OverrideSyntaxError, bad_override_line, merge_overrides, override_key, parse_one,
                                   value_of, values)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,7 +189,7 @@ def test_cpu_backend_launcher_keeps_the_drivers_exit_code_and_line(tiny_assets, 
 def test_hydra_value_reads_back_as_the_same_string_when_quoted(text):
     """The one quoting function: quoted, Hydra reads back exactly the string (never an int, a bool, null, a list,
     an interpolation); bare only when Hydra reads the bare text as that same string."""
-    from rpg.common.override_lists import hydra_value
+    from rpg.override_lists import hydra_value
 
     assert values([f"k={hydra_value(text, quote=True)}"])["k"] == text
     bare = values([f"k={hydra_value(text)}"])["k"]
@@ -200,7 +200,7 @@ def test_hydra_value_reads_back_as_the_same_string_when_quoted(text):
 def test_hydra_value_escapes_quotes_and_backslashes(text):
     """A single quote, and backslashes before one or at the end, are escaped as Hydra's grammar wants (a folder
     named o'brien was refused; before that, a traceback): Hydra's parser reads back the very string."""
-    from rpg.common.override_lists import hydra_list, hydra_value
+    from rpg.override_lists import hydra_list, hydra_value
 
     assert values([f"k={hydra_value(text, 'MODEL_PATH')}"])["k"] == text
     assert values([f"k={hydra_list([text, '1'])}"])["k"] == [text, "1"]

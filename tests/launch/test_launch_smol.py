@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from launching import env as _env, launch, planned
 
-from rpg.common.override_lists import values
+from rpg.override_lists import values
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"  # RPG-REINFORCE-UFKL with RPG-Style Clip, lr 5e-7
@@ -23,7 +23,7 @@ def _composed(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from rpg.backends.harness import build_command
+    from rpg.trainer_process import build_command
 
     argv, _ = build_command(overrides, entry=str(ROOT / "recipe/rpg/main_rpg.py"), base_env={}, backend="cpu")
     GlobalHydra.instance().clear()

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from launching import env as _env, launch as main, planned
 
-from rpg.common.override_lists import values
+from rpg.override_lists import values
 from rpg.launch.describe import naming_note
 from rpg.launch.environment import Request
 from rpg.launch.experiments import EXPERIMENT_DIR, find, shipped_names

@@ -127,7 +127,7 @@ def test_the_tolerance_catches_a_wrong_kl_term():
 def _verl_actor_config(variant: dict):
     from verl.workers.config.actor import ActorConfig
 
-    from rpg.verl.policy_config import RPGPolicyLossConfig
+    from rpg.verl.policy_loss import RPGPolicyLossConfig
 
     pl = RPGPolicyLossConfig(loss_mode="rpg", rpg_anchor="sampler", rpg_loss={"beta": BETA, **variant})
     return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2,

@@ -527,11 +527,11 @@ def test_the_memory_modules_import_one_way():
         assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level], module  # no relative ones
         return names
 
-    for module in ("common", "architecture", "run_settings", "gpu", "disk"):
+    for module in ("sizes", "architecture", "run_settings", "gpu", "disk"):
         found = imported(module)
         assert not {m for m in found if m.startswith(("rpg.memory.host", "rpg.memory.formatting"))}, found
     assert not {m for m in imported("host") if m.startswith("rpg.memory.formatting")}
     modules = sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__")
-    assert {"common", "architecture", "run_settings", "gpu", "disk", "host", "formatting"} <= set(modules), modules
+    assert {"sizes", "architecture", "run_settings", "gpu", "disk", "host", "formatting"} <= set(modules), modules
     for module in modules:
         assert "rpg.memory" not in imported(module), module

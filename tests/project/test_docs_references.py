@@ -260,7 +260,7 @@ def path_problem(ref: str) -> str | None:
 
 def bare_problem(name: str, before: str) -> str | None:
     """Why a source file named alone (``settings.py``) is not there: in a table row whose first cell names a project
-    path (``| `rpg/verl/translate.py`, `settings.py` |``), in that path's folder; else anywhere in the tree."""
+    path (``| `rpg/verl/block_to_verl.py`, `settings.py` |``), in that path's folder; else anywhere in the tree."""
     files = _tree()[0]
     first_cell = before.split("|")[1] if before.startswith("|") else ""
     paths = [p for p in PATH_REF.findall(first_cell) if not set(p) & set("*<{")]
@@ -468,7 +468,7 @@ def test_each_missing_name_is_caught(rel, text):
     ("docs/x.md", "README's Quick start, README.md#layout, (README, \"Reproducing the paper\"), README (Layout)"),
     ("docs/x.md", "`rpg.elastic: restart 1/3`, `-m rpg.x`, `rpg/a/b.py` (placeholders), outputs/tiny_cpu/x.json"),
     ("docs/x.md", "verl's `verl/trainer/ppo/core_algos.py`, `fused.py`, docs/study/lag/runs.csv"),
-    ("docs/x.md", "| `rpg/verl/translate.py`, `loss_settings.py` | the metric rpg/kl_estimate |"),
+    ("docs/x.md", "| `rpg/verl/block_to_verl.py`, `policy_loss.py` | the metric rpg/kl_estimate |"),
     ("tests/x.py", 'planted = {"rpg/nothing.py": "import rpg.nowhere"}  # made-up inputs of a test'),
 ])
 def test_names_that_exist_or_are_allowed_pass(rel, text):

@@ -7,7 +7,7 @@ import io
 import yaml_memo
 from omegaconf import OmegaConf
 
-from rpg.common.checkout import CHECKOUT, RECIPE_CONFIG_DIR
+from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR
 from rpg.launch.experiments import CONFIG_NAME
 
 

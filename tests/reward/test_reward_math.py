@@ -237,7 +237,7 @@ def test_default_route_returns_the_same_keys():
 
 
 def test_math_verify_missing_is_an_error_not_a_fallback(monkeypatch):
-    monkeypatch.setattr(reward, "_math_verify_available", lambda: False)
+    monkeypatch.setattr(reward.scorer, "_math_verify_available", lambda: False)
     with pytest.raises(ImportError, match="pip install math-verify"):
         compute_score("minerva_math", "Answer: 2", "2")
     assert compute_score("aime2024", "Answer: 2", "2")["acc"] is True  # other routes unaffected

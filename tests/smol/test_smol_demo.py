@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rpg.common.override_lists import values
+from rpg.override_lists import values
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "recipe" / "rpg" / "smol" / "run_smol_cpu.sh"

@@ -35,7 +35,7 @@ def test_the_users_threads_win_and_the_tiny_model_and_the_vllm_rollout_set_none(
 def test_the_trainer_command_forwards_the_runs_threads_to_every_ray_process():
     """What run_env returns, given to the harness as the run's environment (run_trainer's env), is the trainer's
     OMP_NUM_THREADS and reaches every Ray process through ray_init.runtime_env."""
-    from rpg.backends.harness import build_command
+    from rpg.trainer_process import build_command
 
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RPG_CPU_ROLLOUT")}
     run_env = CpuModel("smol").run_env([], base=base)

@@ -1,5 +1,5 @@
 """A declared study's PLAN.md cannot change silently after it is declared: git's history of the file is exactly the
-commits its design names (``rpg.study.declared.Design.plan_commits``: the declaration, then each change), every
+commits its design names (``rpg.study.plan_and_results.Design.plan_commits``: the declaration, then each change), every
 change after the declaration is named in the study's DEVIATIONS.md, and the checkout's file is the last commit's."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rpg.study import lag, lag_addendum, smol, smol_paper
-from rpg.study.declared import Design
+from rpg.study.plan_and_results import Design
 
 ROOT = Path(__file__).resolve().parents[2]
 DESIGNS = {"lag": lag.DESIGN, "lag-addendum": lag_addendum.DESIGN, "smol": smol.PILOT.DESIGN,

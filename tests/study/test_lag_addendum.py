@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_lag_study import LagFakeTrainer, _kv
 
-from rpg.study import declared as DC
+from rpg.study import plan_and_results as DC
 from rpg.study import grid as G
 from rpg.study import lag as L
 from rpg.study import lag_addendum as A
@@ -105,7 +105,7 @@ def test_the_hypotheses_on_planted_effects():
 
 
 def test_runs_reach_the_csv_and_the_report(monkeypatch, tiny_assets, tmp_path, capsys):
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     monkeypatch.setattr(harness, "run_trainer", LagFakeTrainer())
     report = tmp_path / "report"

@@ -194,10 +194,10 @@ def test_the_design_fits_three_hours_with_twelve_seeds_per_cell():
 # ---- runs ----
 
 class LagFakeTrainer:
-    """Stands in for rpg.backends.harness.run_trainer: verl-style records of a lag run with the per-step diagnostics."""
+    """Stands in for rpg.trainer_process.run_trainer: verl-style records of a lag run with the per-step diagnostics."""
 
     def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None, env=None):
-        from rpg.backends.harness import TrainerRun
+        from rpg.trainer_process import TrainerRun
 
         kv = _kv(overrides)
         steps, seed = int(kv["trainer.total_training_steps"]), int(kv["data.seed"])
@@ -221,7 +221,7 @@ class LagFakeTrainer:
 def test_a_runs_record_holds_the_machines_load(monkeypatch, tiny_assets, tmp_path):
     import os
 
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     monkeypatch.setattr(harness, "run_trainer", LagFakeTrainer())
     spec = G.lag_grid(seeds=1, sizes=SMALL, cells=G.LAG_CELLS[:1])
@@ -236,7 +236,7 @@ def test_a_runs_record_holds_the_machines_load(monkeypatch, tiny_assets, tmp_pat
 
 def test_the_plans_numbers_are_the_codes():
     """PLAN.md's power and budget block is exactly what ``python -m rpg.study.lag`` prints."""
-    from rpg.study.declared import generated_block
+    from rpg.study.plan_and_results import generated_block
 
     block = generated_block((LAG_DIR / "PLAN.md").read_text(encoding="utf-8"), "plan_numbers")
     assert block is not None, "PLAN.md has no plan_numbers block"
@@ -331,7 +331,7 @@ def test_the_committed_tables_are_rebuilt_from_the_committed_csv():
 
 
 def test_runs_to_csv_rows_with_metrics_collapse_and_load(monkeypatch, tiny_assets, tmp_path):
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     monkeypatch.setattr(harness, "run_trainer", LagFakeTrainer())
     specs = G.lag_grid(seeds=2, sizes=SMALL, cells=G.LAG_CELLS[:2])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rpg.study import declared as DC
+from rpg.study import plan_and_results as DC
 from rpg.study import stats
 from rpg.study import smol as S
 from rpg.study import smol_paper as P

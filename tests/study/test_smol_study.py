@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rpg.study import costs as C
-from rpg.study import declared as DC
+from rpg.study import plan_and_results as DC
 from rpg.study import grid as G
 from rpg.study import lag
 from rpg.study import records as D
@@ -244,7 +244,7 @@ def test_cli_refuses_an_unknown_model_and_smol_options_without_it(tmp_path, caps
 # ---- runs, the CSV, the tables ----
 
 class SmolFakeTrainer:
-    """Stands in for rpg.backends.harness.run_trainer: a SmolLM2 run's verl-style records (no validation before
+    """Stands in for rpg.trainer_process.run_trainer: a SmolLM2 run's verl-style records (no validation before
     training; the last step's holds the validation)."""
 
     def __init__(self):
@@ -252,7 +252,7 @@ class SmolFakeTrainer:
         self.envs: list[dict | None] = []
 
     def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None, env=None):
-        from rpg.backends.harness import TrainerRun
+        from rpg.trainer_process import TrainerRun
 
         kv = _kv(overrides)
         self.calls.append(kv)
@@ -273,7 +273,7 @@ class SmolFakeTrainer:
 
 
 def test_runs_to_csv_rows_and_the_records_calibration(monkeypatch, tmp_path):
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     monkeypatch.setattr(harness, "run_trainer", fake := SmolFakeTrainer())
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

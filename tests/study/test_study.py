@@ -125,8 +125,8 @@ def _composed(specs, tmp_path: Path, printed: str, timeout: int) -> list[list[st
     import subprocess
     import sys
 
-    from rpg.common.checkout import CHECKOUT, RECIPE_ENTRY
-    from rpg.backends.harness import build_command
+    from rpg.paths.checkout import CHECKOUT, RECIPE_ENTRY
+    from rpg.trainer_process import build_command
 
     plans, env = [], None
     for spec in specs:
@@ -158,14 +158,14 @@ def _val(step: int, seed: int, label: str) -> float:
 
 
 class FakeTrainer:
-    """Stands in for rpg.backends.harness.run_trainer: writes file-logger records, can fail."""
+    """Stands in for rpg.trainer_process.run_trainer: writes file-logger records, can fail."""
 
     def __init__(self, fail: set[str] = frozenset()):
         self.calls: list[str] = []
         self.fail = fail
 
     def __call__(self, overrides, *, output_dir, entry, timeout_s, on_metrics, stop=None, env=None):
-        from rpg.backends.harness import TrainerRun, TrainerRunError
+        from rpg.trainer_process import TrainerRun, TrainerRunError
 
         kv = _kv(overrides)
         exp, steps = kv["trainer.experiment_name"], int(kv["trainer.total_training_steps"])
@@ -202,7 +202,7 @@ class FakeTrainer:
 
 @pytest.fixture
 def fake(monkeypatch, tiny_assets):
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     trainer = FakeTrainer()
     monkeypatch.setattr(harness, "run_trainer", trainer)
@@ -403,10 +403,10 @@ def test_a_moved_study_keeps_its_finished_runs_and_a_changed_setting_moves_them_
 ])
 def test_a_run_whose_metrics_cannot_be_read_is_failed_naming_the_file_and_line(bad, why, fake, tmp_path, monkeypatch,
                                                                               capsys):
-    """The measured times are read by the one reader (rpg.common.metrics_file): a line that is not a record or a
+    """The measured times are read by the one reader (rpg.metrics_log.file): a line that is not a record or a
     timing that is not seconds is neither summed as if valid, skipped, nor an uncaught TypeError that stops the
     grid; the run is failed (rerun with --retry-failed) with the file and line."""
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     specs = G.grid(seeds=1, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:5])
 
@@ -427,7 +427,7 @@ def test_runs_go_jobs_at_a_time_in_grid_order(fake, tmp_path, monkeypatch):
     import threading
     import time
 
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     specs = G.grid(seeds=2, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:])
     active, peak, lock = [0], [0], threading.Lock()
@@ -460,8 +460,8 @@ def test_runs_go_jobs_at_a_time_in_grid_order(fake, tmp_path, monkeypatch):
 def test_an_error_stops_the_running_runs_and_leaves_no_record_for_them(tmp_path, monkeypatch, tiny_assets):
     import threading
 
-    from rpg.backends import harness
-    from rpg.backends.harness import TrainerRun, TrainerRunError
+    from rpg import trainer_process as harness
+    from rpg.trainer_process import TrainerRun, TrainerRunError
 
     specs = G.grid(seeds=2, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:])
     calls, stopped = [], threading.Event()
@@ -632,7 +632,7 @@ def test_a_second_study_on_the_same_out_is_refused_and_touches_nothing(fake, tmp
             seen["runs_after"] = len(fake.calls)
         return first(overrides, output_dir=output_dir, **kw)
 
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     harness.run_trainer = trainer  # the fixture's monkeypatch restores the original
     records = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)

@@ -8,7 +8,7 @@ import signal
 import pytest
 from test_smol_study import SmolFakeTrainer
 
-from rpg.common.signals import StopSignal
+from rpg.stop_signals import StopSignal
 from rpg.study import attempts as A
 from rpg.study.__main__ import main
 
@@ -17,7 +17,7 @@ STUDY = ["--model", "smol", "--paper", "--exploratory", "--seeds", "1", "--metho
 
 @pytest.fixture
 def fake(monkeypatch):
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     monkeypatch.setattr(harness, "run_trainer", trainer := SmolFakeTrainer())
     monkeypatch.setattr("rpg.study.__main__.build_smol", lambda: None)
@@ -41,7 +41,7 @@ def test_each_start_and_end_is_a_row(fake, tmp_path, capsys):
 def test_a_stop_signal_and_a_kill_are_on_record(fake, tmp_path, monkeypatch):
     """SIGTERM during the second run: the attempt ends "stopped by SIGTERM" and the first run's row reaches runs.csv
     and results.md (the second runs again next time)."""
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
     from rpg.study.smol_paper import PAPER
 
     def second_stopped(*args, **kwargs):

@@ -23,7 +23,7 @@ from rpg.study import records as D
 from rpg.study import runner as R
 from rpg.study import smol as S
 from rpg.study.__main__ import main
-from rpg.study.declared import DECLARED
+from rpg.study.plan_and_results import DECLARED
 from rpg.study.identity import code_state, other_code
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ HOW = ("--seeds 1 (declared 12); --cells lag0-noclip-token,lag1-noclip-none (dec
 
 
 def test_an_exploratory_study_says_so_in_its_plan_line_csv_rows_and_results(monkeypatch, tiny_assets, tmp_path, capsys):
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     monkeypatch.setattr(harness, "run_trainer", LagFakeTrainer())
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -144,7 +144,7 @@ def _code_now(monkeypatch, state: dict) -> None:
 
 def test_a_finished_run_of_other_code_or_threads_is_named_at_the_start_and_not_reused(monkeypatch, tiny_assets,
                                                                                      tmp_path, capsys):
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     monkeypatch.setattr(harness, "run_trainer", fake := FakeTrainer())
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -215,7 +215,7 @@ def test_code_state_tells_commits_and_uncommitted_changes_apart(tmp_path, monkey
     git("init", "-q")
     git("add", "a.py")
     git("commit", "-qm", "a")
-    monkeypatch.setattr("rpg.common.checkout.CHECKOUT", repo)
+    monkeypatch.setattr("rpg.paths.checkout.CHECKOUT", repo)
     clean = code_state()
     assert clean["changes"] is None and len(clean["commit"]) == 40 and clean["code"] == clean["commit"][:7]
     (repo / "a.py").write_text("x = 2\n")

@@ -4,7 +4,7 @@
 
 Why a network namespace: ``ray start --node-ip-address=127.0.0.1`` takes the machine's routable address instead
 (``ray._private.services.resolve_ip_for_localhost``), and Ray's single-machine guard, which keeps a local run on
-loopback (``rpg.common.run_env``), makes ``ray start`` refuse a second node. In a network namespace whose only
+loopback (``rpg.backends.run_env``), makes ``ray start`` refuse a second node. In a network namespace whose only
 interface is loopback (``unshare -n``) Ray finds no other address: both nodes, every process they start and every
 client of the tests live there, and nothing outside the namespace can reach them.
 
@@ -282,7 +282,7 @@ def finish(proc: subprocess.Popen, log: Path, timeout: float = RUN_TIMEOUT_S) ->
 
 def steps(logs: Path, name: str) -> list[list[int]]:
     """The training steps each segment of the run's metrics history holds, in segment order."""
-    from rpg.common.history import segments
+    from rpg.metrics_log.history import segments
 
     out = []
     for seg in segments(logs / "rpg" / f"{name}.jsonl"):

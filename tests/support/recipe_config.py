@@ -9,8 +9,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from rpg.backends.cpu.env_overrides import separate_async_overrides
-from rpg.common.override_lists import values
-from rpg.verl.translate import validate_and_apply
+from rpg.override_lists import values
+from rpg.verl.block_to_verl import validate_and_apply
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipe" / "rpg" / "config"
 

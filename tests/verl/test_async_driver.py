@@ -37,7 +37,7 @@ def test_the_trainer_class_follows_the_mode():
     from rpg.verl.block_checks import TRAINER_MODES
     from rpg.verl.refill_limit import RefillLimitMixin
     from rpg.verl.async_resume import AsyncResumeMixin
-    from rpg.verl.run_order import RunOrderMixin
+    from rpg.verl.sample_order_and_lag import RunOrderMixin
     from rpg.verl.trainer import RPG_TRAINERS, RPGTrainerMixin
 
     assert set(RPG_TRAINERS) == set(TRAINER_MODES)

@@ -34,7 +34,7 @@ import rpg.verl.register  # noqa: F401  (the registered loss modes)
 from rpg.math.behavior import behavior_weights
 from rpg.math.fused import RPGLossConfig, rpg_policy_loss
 from rpg.verl.actor_loss import rpg_actor_loss
-from rpg.verl.policy_config import RPGPolicyLossConfig
+from rpg.verl.policy_loss import RPGPolicyLossConfig
 
 BETA = 0.37  # large, so a KL term without its weight cannot hide
 K = 6

@@ -13,7 +13,7 @@ import pytest
 
 from rpg.verl.async_resume import AsyncResumeMixin, census, resume_line
 from rpg.verl.checkpoints import LAG_BOOK_FILE, ResumeError, TQ_DIR, async_problem, plan_resume, write_marker
-from rpg.verl.run_order import LagBook, RunOrderMixin
+from rpg.verl.sample_order_and_lag import LagBook, RunOrderMixin
 
 
 def _book_to_step_2() -> LagBook:

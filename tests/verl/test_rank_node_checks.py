@@ -65,7 +65,7 @@ print("FOUND=" + json.dumps({"errors": errors, "node": alive_nodes()[0]["ip"]}))
 def test_a_gpu_node_without_cuda_is_named_before_any_rank_starts(tmp_path):
     """A real Ray node declaring 2 GPUs (logical: this machine has no CUDA): the task holding them runs the GPU
     backend's check there and the node's CUDA problem comes back as one line naming it."""
-    from rpg.common.run_env import RUN_ENV, ray_auth_env
+    from rpg.backends.run_env import RUN_ENV, ray_auth_env
 
     env = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
     env.update(RUN_ENV, **ray_auth_env({}))

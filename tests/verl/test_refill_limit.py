@@ -18,7 +18,7 @@ import pytest
 
 from recipe_config import compose_cfg
 
-from rpg.common.override_lists import values
+from rpg.override_lists import values
 from rpg.verl.refill_limit import METRIC, RefillBook, RefillLimitReached, refill_book, refill_limit_reason
 
 BATCH, N = 4, 3  # data.train_batch_size, responses per group
@@ -100,7 +100,7 @@ def stand_in(mode: str, spread, monkeypatch, *overrides, sync_step: int = 1):
     from verl.trainer.ppo.v1 import replay_buffer
     from verl.trainer.ppo.v1.trainer_separate_async import HybridEngineMode
 
-    from rpg.verl.run_order import LagBook
+    from rpg.verl.sample_order_and_lag import LagBook
     from rpg.verl.trainer import RPG_TRAINERS
 
     cfg = config(f"trainer.v1.trainer_mode={mode}", *overrides)

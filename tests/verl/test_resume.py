@@ -404,7 +404,7 @@ def test_a_resume_with_another_divergence_is_refused_by_the_driver_before_ray(tm
 def test_a_cpu_runs_checkpoints_live_under_its_output_directory(tmp_path, monkeypatch):
     """RPG_BACKEND=cpu: trainer.default_local_dir was <root>/ckpts/rpg/<name> whatever OUT_DIR was, one
     folder shared by every CPU run of a variant; now the run's own, under OUT_DIR (CKPTS_DIR still wins)."""
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
     from launching import launch as main
 
     seen = []
@@ -446,7 +446,7 @@ def test_driver_refuses_names_that_leave_their_directory(tmp_path):
 
 
 def test_output_dirs_are_unique_within_a_second(tmp_path, monkeypatch):
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
     from rpg.launch import rehearsal
     from rpg.launch.environment import Request
 
@@ -495,7 +495,7 @@ def _steps(steps) -> str:
 
 
 def test_resumed_run_appends_to_the_history_and_says_which_steps_it_replaced(tmp_path):
-    from rpg.backends.harness import read_metrics, run_trainer
+    from rpg.trainer_process import read_metrics, run_trainer
 
     entry, out = _entry(tmp_path, "entry.py", _LOGGER), tmp_path / "out"
     run_trainer([_steps(range(0, 11))], output_dir=out, entry=entry, timeout_s=60)  # killed at 10, checkpoint 8
@@ -512,7 +512,7 @@ def test_resumed_run_appends_to_the_history_and_says_which_steps_it_replaced(tmp
 
 
 def test_a_training_step_lost_between_checkpoint_and_log_is_one_warning(tmp_path):
-    from rpg.backends.harness import run_trainer
+    from rpg.trainer_process import run_trainer
 
     entry, out = _entry(tmp_path, "entry.py", _LOGGER), tmp_path / "out"
     run_trainer([_steps(range(0, 8))], output_dir=out, entry=entry, timeout_s=60)  # saved 8, killed before its log
@@ -522,7 +522,7 @@ def test_a_training_step_lost_between_checkpoint_and_log_is_one_warning(tmp_path
 
 
 def test_leftover_segment_of_a_killed_launcher_is_folded_at_the_next_start(tmp_path):
-    from rpg.backends.harness import fold_segments, read_metrics
+    from rpg.trainer_process import fold_segments, read_metrics
 
     out = tmp_path / "out"
     out.mkdir()
@@ -539,8 +539,8 @@ def test_leftover_segment_of_a_killed_launcher_is_folded_at_the_next_start(tmp_p
 def test_a_broken_middle_line_is_named_and_never_folded_away(tmp_path):
     """Only the last line may be cut by a kill; a broken line before it is one error naming the file and
     line, and no segment is rewritten or removed (before: the line was skipped and the fold deleted it)."""
-    from rpg.common.metrics_file import MetricsFileError
-    from rpg.backends.harness import fold_segments, run_trainer, TrainerRunError
+    from rpg.metrics_log.file import MetricsFileError
+    from rpg.trainer_process import fold_segments, run_trainer, TrainerRunError
 
     out = tmp_path / "out"
     out.mkdir()
@@ -561,7 +561,7 @@ def test_a_broken_middle_line_is_named_and_never_folded_away(tmp_path):
 def test_two_runs_in_one_output_directory_are_refused(tmp_path):
     import threading
 
-    from rpg.backends.harness import TrainerRunError, run_trainer
+    from rpg.trainer_process import TrainerRunError, run_trainer
 
     entry = _entry(tmp_path, "slow.py", "import time\ntime.sleep(30)\n")
     stop = threading.Event()
@@ -735,16 +735,16 @@ _SLOW_TO_STOP = """
 
 _LAUNCHER = """
 import sys
-from rpg.backends.harness import run_trainer
+from rpg.trainer_process import run_trainer
 run_trainer([sys.argv[3]], output_dir=sys.argv[2], entry=sys.argv[1], timeout_s=600)
 """
 
 
 def test_a_launcher_killed_with_sigkill_still_stops_its_trainer(tmp_path):
-    """kill -9 of the launcher runs no clean-up at all: the kernel's parent-death signal (rpg.backends.harness.tether)
-    stops the trainer, and the directory stays locked until the trainer has ended (a restart into it is
+    """kill -9 of the launcher runs no clean-up at all: the kernel's parent-death signal
+    (rpg.trainer_process.stop_with_launcher) stops the trainer, and the directory stays locked until the trainer has ended (a restart into it is
     refused meanwhile, then accepted). Before: the trainer trained on unseen into the directory."""
-    from rpg.backends.harness import TrainerRunError, run_trainer
+    from rpg.trainer_process import TrainerRunError, run_trainer
 
     entry, out, flag = _entry(tmp_path, "slow_to_stop.py", _SLOW_TO_STOP), tmp_path / "out", tmp_path / "flag"
     # TMPDIR: the killed launcher cannot remove the run's Ray temp dir; it lands in tmp_path, not in /tmp
@@ -790,8 +790,8 @@ def test_drivers_resume_command_keeps_flags_and_other_arguments():
 def test_a_stop_signal_before_the_monitor_exists_still_cleans_up(tmp_path, monkeypatch):
     """A SIGTERM can land between starting the trainer and creating its monitor: the trainer (and its
     group) is still terminated, the Ray temp dir removed, and the run reports the signal."""
-    from rpg.backends import harness
-    from rpg.backends.harness import run as harness_run
+    from rpg import trainer_process as harness
+    from rpg.trainer_process import run as harness_run
 
     entry = _entry(tmp_path, "slow.py", "import time\ntime.sleep(60)\n")
     real, calls = harness_run.Monitor, []
@@ -834,7 +834,7 @@ def test_every_run_prints_its_resume_decision_and_the_launchers_show_it(tmp_path
     none of it (trainer.log only). Now one line per run, which both launchers put on the terminal."""
     from rpg.demo.cpu import PREFIX, STARTUP_STAGES
     from rpg.demo.progress import StartupProgress
-    from rpg.backends.harness import resume_decision
+    from rpg.trainer_process import resume_decision
 
     _prepare(_cfg(tmp_path, "trainer.resume_mode=disable"))
     lines = [ln for ln in capsys.readouterr().out.splitlines() if resume_decision(ln)]
@@ -859,7 +859,7 @@ def test_every_run_prints_its_resume_decision_and_the_launchers_show_it(tmp_path
 
 
 def test_the_cpu_launcher_shows_the_resume_decision(tmp_path, capsys, monkeypatch):
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
     from launching import launch as main
 
     def fake_run(overrides, *, output_dir, on_line=None, **kwargs):
@@ -983,7 +983,7 @@ def test_a_stopped_cpu_launch_prints_a_resume_command_that_runs_the_same_launch(
     with trainer.resume_mode=auto."""
     import shlex
 
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
     from launching import env as _env, launch as main
 
     out = tmp_path / "o u t"

@@ -11,7 +11,7 @@ from rpg.backends.cpu import backend as cpu_backend
 from rpg.backends.cpu import world
 from rpg.backends.gpu import backend as gpu_backend
 from rpg.backends.cpu.env_overrides import ENGINE_MODULE, ENGINE_NAME
-from rpg.common.override_lists import values
+from rpg.override_lists import values
 from rpg.config import RPGConfigError
 
 from recipe_config import SEPARATE_ASYNC as MODE, SEPARATE_ASYNC_CPU as CPU, SEPARATE_ASYNC_OK as OK, TINY_SIZES as SIZES
@@ -66,7 +66,7 @@ def test_the_trainer_and_worker_of_the_mode():
 
     from rpg.verl.async_resume import AsyncResumeMixin
     from rpg.verl.refill_limit import RefillLimitMixin
-    from rpg.verl.run_order import RunOrderMixin
+    from rpg.verl.sample_order_and_lag import RunOrderMixin
     from rpg.verl.trainer import RPG_TRAINERS, RPGTrainerMixin
     from rpg.verl.worker import RPGActorRolloutRefWorker, RPGDetachActorWorker
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rpg.common.override_lists import values
+from rpg.override_lists import values
 from rpg.config import RPGConfigError
 from rpg.backends.cpu.env_overrides import separate_async_overrides
 

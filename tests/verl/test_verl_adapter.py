@@ -23,7 +23,7 @@ import rpg.verl.register  # noqa: F401
 from rpg.math.formulas import aggregate
 from rpg.math.fused import RPGLossConfig, grpo_corrected_kl, rpg_policy_loss
 from rpg.verl.actor_loss import rpg_actor_loss
-from rpg.verl.policy_config import RPGPolicyLossConfig
+from rpg.verl.policy_loss import RPGPolicyLossConfig
 
 B = 6
 RESP_LENS = [5, 3, 7, 1, 4, 6]

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 import rpg.verl.policy_loss
 import rpg.verl.register  # noqa: F401
 from rpg.config import DIVERGENCES, FORMS, LOSS_NAMES, RPGConfigError, parse_rpg_settings
-from rpg.verl import translate as T
-from rpg.verl.loss_settings import POLICY_LOSS_TARGET
+from rpg.verl import block_to_verl as T
+from rpg.verl.policy_loss import POLICY_LOSS_TARGET
 from recipe_config import apply, compose_cfg
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rpg.verl.run_order import LagBook
+from rpg.verl.sample_order_and_lag import LagBook
 from rpg.verl.trainer import ReferenceSchedule, k3_token_kl
 
 
@@ -233,7 +233,7 @@ FSDP1 = ["actor_rollout_ref.actor.strategy=fsdp", f"{A}.strategy=fsdp", f"{R}.st
 def _validate(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from rpg.verl.translate import validate_and_apply
+    from rpg.verl.block_to_verl import validate_and_apply
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         cfg = compose(config_name="rpg_trainer", overrides=["actor_rollout_ref.model.path=dummy", *overrides])

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 from rpg.backends import PLATFORM_ENV
 from rpg.backends.cpu import env_overrides as settings, vllm_cpu, world
 from rpg.backends.cpu.env_overrides import cpu_env, cpu_overrides
-from rpg.common.override_lists import merge_overrides, override_key, values
-from rpg.common.run_env import EXTERNAL_MODULES_ENV
+from rpg.override_lists import merge_overrides, override_key, values
+from rpg.backends.run_env import EXTERNAL_MODULES_ENV
 from rpg.config import world_size_of
 
 NAME = "cpu"

@@ -9,7 +9,7 @@ RPG recipe's e2e tests and the variant launcher) takes these from here; never co
 
 Why each item is needed is written next to it (details: docs/cpu-backend.md). Model/data/batch-size
 choices are *not* here: they belong to the run (see rpg.tiny.overrides for the tiny demo). What every
-local run sets, whatever the backend: rpg.common.run_env.
+local run sets, whatever the backend: rpg.backends.run_env.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from rpg.backends.cpu import vllm_cpu
 from rpg.backends.cpu import world
 from rpg.backends.cpu.world import ray_resource_overrides
 from rpg.backends.hf_rollout.verl_registries import AGENT_LOOP, ROLLOUT_NAME
-from rpg.common.override_lists import merge_overrides
-from rpg.common.run_env import EXTERNAL_MODULES_ENV, RUN_ENV, external_modules, forwarded_env_overrides
+from rpg.override_lists import merge_overrides
+from rpg.backends.run_env import EXTERNAL_MODULES_ENV, RUN_ENV, external_modules, forwarded_env_overrides
 
 REGISTER_MODULE = "rpg.backends.cpu.external_module"
 CHECKPOINT_ENGINE_ROOT = "actor_rollout_ref.rollout.checkpoint_engine"

@@ -23,7 +23,7 @@ Registers, when active:
 from __future__ import annotations
 
 from rpg.backends import on_cpu_platform
-from rpg.common.import_hooks import when_imported
+from rpg.backends.import_hooks import when_imported
 from rpg.backends.hf_rollout.verl_registries import register_hf_rollout
 
 ACTIVE = on_cpu_platform()

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 
 from rpg.backends.gpu.preflight import check_gpu_node, node_report, rank_node_problems, request_from_config
 from rpg.backends.gpu.env_overrides import gpu_env, gpu_forwarded_overrides, separate_async_overrides
-from rpg.common.override_lists import values
+from rpg.override_lists import values
 
 NAME = "gpu"
 TINY_TASK = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from rpg.common.run_env import EXTERNAL_MODULES_ENV, RUN_ENV, external_modules, forwarded_env_overrides
+from rpg.backends.run_env import EXTERNAL_MODULES_ENV, RUN_ENV, external_modules, forwarded_env_overrides
 
 REGISTER_MODULE = "rpg.backends.gpu.external_module"  # loaded in every process of a run with rollout.name=hf on CUDA
 _FORWARDED = (EXTERNAL_MODULES_ENV,)

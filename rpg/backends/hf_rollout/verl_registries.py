@@ -9,7 +9,7 @@ into ``_agent_loop_registry``, once verl's agent-loop module is imported). The C
 
 from __future__ import annotations
 
-from rpg.common.import_hooks import when_imported
+from rpg.backends.import_hooks import when_imported
 
 ROLLOUT_NAME = "hf"
 ADAPTER_FQN = "rpg.backends.hf_rollout.adapter.HFServerAdapter"  # verl imports it in the actor worker

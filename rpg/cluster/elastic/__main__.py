@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from rpg.common.signals import StopSignal, raise_on_stop_signals
+from rpg.stop_signals import StopSignal, raise_on_stop_signals
 from rpg.cluster.elastic.cluster import ray_cluster
 from rpg.cluster.elastic.attempts import parse_args, submission_id, write_json
 from rpg.cluster.elastic.supervisor import Supervisor, say

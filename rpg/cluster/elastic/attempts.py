@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rpg.common.nnodes import GPUS_KEY, parse_nnodes, resized_values
-from rpg.common.override_lists import merge_overrides, values
+from rpg.node_counts import GPUS_KEY, parse_nnodes, resized_values
+from rpg.override_lists import merge_overrides, values
 from rpg.verl.errors import ELASTIC_STATUS_ENV
 
 STATE_DIR = ".rpg_elastic"  # under the checkpoint folder: supervisor.json, attempt-N.json, wandb_run_id

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rpg.common.nnodes import largest_fit
+from rpg.node_counts import largest_fit
 from rpg.cluster.elastic.cluster import Cluster
 from rpg.cluster.elastic.attempts import Plan, attempt_env, set_aside_incomplete, wandb_run_id
 from rpg.verl.errors import ELASTIC_EXIT, ELASTIC_GROW_SUFFIX, ELASTIC_JOB_SUFFIX

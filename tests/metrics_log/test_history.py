@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from test_reports_tables import _md_rows, write_wandb_csv
 
 from rpg.reports.cli import main_tables
-from rpg.common.history import claim_segment, history_warnings, join, segment_path, segments
+from rpg.metrics_log.history import claim_segment, history_warnings, join, segment_path, segments
 from rpg.reports.logs import read_run
 
 AIME = "val-core/aime2024/acc/mean@32"

@@ -1,6 +1,6 @@
 """The Ray cluster of a run is not open to the network: by default Ray 2.60's daemons listen on every
 interface, so every run's cluster runs in Ray's single-machine mode, every listener on loopback
-(rpg.common.run_env.RUN_ENV), and uses token authentication with a token of its own (``ray_auth_env``),
+(rpg.backends.run_env.RUN_ENV), and uses token authentication with a token of its own (``ray_auth_env``),
 which also shuts out the other users of this machine.
 
 Here: the environment every run gets. The running cluster seen from outside (no listener beyond loopback,
@@ -11,8 +11,8 @@ one with it let in) is checked on a real run's cluster, while it starts up:
 
 from __future__ import annotations
 
-from rpg.backends.harness import build_command
-from rpg.common.run_env import ray_auth_env
+from rpg.trainer_process import build_command
+from rpg.backends.run_env import ray_auth_env
 
 
 def test_every_run_uses_ray_token_authentication_with_its_own_token(tmp_path):

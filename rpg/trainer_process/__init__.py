@@ -2,16 +2,16 @@
 the GPU smoke run): ``run_trainer(overrides, output_dir=...)`` gives a ``TrainerRun`` or raises ``TrainerRunError``.
 
 Re-exports what code outside the package uses; a test that patches a name patches it in the module that looks it
-up (``rpg.backends.harness.run``).
+up (``rpg.trainer_process.run``).
 """
 
-from rpg.backends.harness.command import build_command, trainer_overrides
-from rpg.backends.harness.metrics import fold_segments, read_metrics
-from rpg.backends.harness.reaping import SHM_DIR
-from rpg.backends.harness.result import (TrainerRun, TrainerRunError, checkpoint_dir, report_failure, report_stop,
+from rpg.trainer_process.command import build_command, trainer_overrides
+from rpg.trainer_process.metrics import fold_segments, read_metrics
+from rpg.trainer_process.reaping import SHM_DIR
+from rpg.trainer_process.result import (TrainerRun, TrainerRunError, checkpoint_dir, report_failure, report_stop,
                                        resume_decision)
-from rpg.backends.harness.run import LOG_FILE, run_trainer
-from rpg.backends.harness.run_dir import METRICS_FILE
+from rpg.trainer_process.run import LOG_FILE, run_trainer
+from rpg.trainer_process.run_dir import METRICS_FILE
 
 __all__ = ["LOG_FILE", "METRICS_FILE", "SHM_DIR", "TrainerRun", "TrainerRunError",
            "build_command", "checkpoint_dir", "fold_segments", "read_metrics", "report_failure", "report_stop",

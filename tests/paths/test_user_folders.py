@@ -1,7 +1,7 @@
 """A folder the user names is where the user said: the tiny demo, the GPU smoke run, the study and the launcher
-take a relative path from the caller's folder (``rpg.common.user_paths``), every line names a path that opens
+take a relative path from the caller's folder (``rpg.paths.user``), every line names a path that opens
 from there, and every printed resume command (the demo's, the launcher's, the driver's: one builder,
-``rpg.common.override_lists.resume_command``) works pasted in any folder, with ``trainer.resume_mode`` once."""
+``rpg.override_lists.resume_command``) works pasted in any folder, with ``trainer.resume_mode`` once."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ GPU = ROOT / "recipe" / "rpg" / "tiny" / "run_tiny_gpu.sh"
 
 
 def test_a_relative_path_is_taken_from_the_callers_folder(tmp_path, monkeypatch):
-    from rpg.common.user_paths import user_folder, user_path
+    from rpg.paths.user import user_folder, user_path
 
     monkeypatch.chdir(tmp_path)
     assert user_folder("my run") == tmp_path / "my run"
@@ -58,7 +58,7 @@ def test_the_demo_writes_where_the_user_said_and_its_resume_command_works_from_a
     with a relative --out and no cd (pasted elsewhere: a fresh run at step 0), and each stop of a resumed run
     added another trainer.resume_mode=auto."""
     import rpg.demo.cpu as demo
-    from rpg.backends import harness
+    from rpg import trainer_process as harness
 
     seen = {}
 

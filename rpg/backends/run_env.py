@@ -1,4 +1,4 @@
-"""The environment of a trainer run started on this machine, whatever the backend (rpg.backends.harness).
+"""The environment of a trainer run started on this machine, whatever the backend (rpg.trainer_process).
 
 * ``RUN_ENV``: variables every local run sets (Ray on loopback only, no tokenizer threads, no usage stats,
   Hydra's full errors in the trainer's log);
@@ -16,7 +16,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Mapping
 
-from rpg.common.override_lists import hydra_value
+from rpg.override_lists import hydra_value
 
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"  # verl/__init__.py imports the modules it lists, in every process
 
@@ -27,7 +27,7 @@ RUN_ENV = {
     # dashboard and runtime-env agents, the autoscaler's and the agents' Prometheus exporters) binds to it
     # instead of ``*``/the node's address (measured with Ray 2.60: no listener of the run left on a
     # non-loopback address). Ray reads it only there and in ``ray start`` (which then refuses to join a
-    # multi-node cluster); a local run starts a private cluster of its own (rpg.backends.harness), so nothing
+    # multi-node cluster); a local run starts a private cluster of its own (rpg.trainer_process), so nothing
     # else changes. The token (``ray_auth_env``) stays on as well: other users of this machine reach loopback.
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "TOKENIZERS_PARALLELISM": "false",

@@ -4,7 +4,7 @@ The subprocess is ``python -m verl.trainer.main_ppo`` (or any ``entry``: a modul
 as ``recipe/rpg/main_rpg.py``) with the backend's environment and overrides (``rpg.backends.<name>``:
 ``run_env``, ``run_overrides``; on the CPU backend ``rpg.backends.cpu.env_overrides``: ``cpu_env()``,
 ``cpu_overrides()``), the caller's overrides appended (later values win), ``trainer.logger`` including
-``file`` and ``VERL_FILE_LOGGER_PATH`` (set by ``rpg.backends.harness.run``) pointing at
+``file`` and ``VERL_FILE_LOGGER_PATH`` (set by ``rpg.trainer_process.run``) pointing at
 ``<output_dir>/metrics.jsonl``: verl's FileLogger writes one JSON line ``{"step": s, "data": {...}}`` per
 ``logger.log`` call (the validation before training is logged at step 0).
 """
@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from rpg.backends.registry import backend as select_backend
-from rpg.common import history
-from rpg.common.override_lists import hydra_list, merge_overrides, values
+from rpg.metrics_log import history
+from rpg.override_lists import hydra_list, merge_overrides, values
 from rpg.verl.errors import LAUNCHED_ENV
 DEFAULT_ENTRY = "verl.trainer.main_ppo"
 DEFAULT_LOGGERS = ("console", "file")  # a run's loggers when none are given: the harness reads the file's

@@ -1,4 +1,4 @@
-"""The one reader of verl's file-logger JSONL (rpg.common.metrics_file): its rules, and that the harness and the
+"""The one reader of verl's file-logger JSONL (rpg.metrics_log.file): its rules, and that the harness and the
 reports, which read the same files, apply them alike."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from rpg.common.metrics_file import MAX_STEP, MetricsFileError, readable_records, records, step_of
+from rpg.metrics_log.file import MAX_STEP, MetricsFileError, readable_records, records, step_of
 
 
 def _write(path, text: str | bytes):
@@ -101,7 +101,7 @@ def test_readable_records_follow_a_file_being_written(tmp_path):
 def test_the_harness_and_the_reports_refuse_a_file_alike(tmp_path, text):
     """Before, the harness's own parser read a fractional step as its integer part, stopped at a ``data``
     that is no object with a TypeError, and named a broken line otherwise than the reports did."""
-    from rpg.backends.harness import read_metrics
+    from rpg.trainer_process import read_metrics
     from rpg.reports.logs import read_run
 
     log = _write(tmp_path / "metrics.jsonl", text)
@@ -114,7 +114,7 @@ def test_the_harness_and_the_reports_refuse_a_file_alike(tmp_path, text):
 
 def test_the_harness_and_the_reports_read_a_file_alike(tmp_path):
     """The same records and steps; the harness keeps values as logged, the reports read numbers (null: NaN)."""
-    from rpg.backends.harness import read_metrics
+    from rpg.trainer_process import read_metrics
     from rpg.reports.logs import read_run
 
     log = _write(tmp_path / "metrics.jsonl", _lines({"step": 0, "data": {"a": 1, "b": None}},

@@ -1,6 +1,6 @@
 """Run a command that is stopped when the launcher that started it dies, however it dies.
 
-    python -m rpg.backends.harness.tether <launcher pid> -- <command ...>
+    python -m rpg.trainer_process.stop_with_launcher <launcher pid> -- <command ...>
 
 A launcher (the CPU harness) starts the trainer in a session of its own, so that one signal to that
 session's process group stops the run. The launcher stops it on SIGHUP, SIGINT, SIGTERM and when it
@@ -39,12 +39,13 @@ def set_parent_death_signal(signum: int = signal.SIGTERM) -> bool:
 
 def command(launcher_pid: int, argv: list[str]) -> list[str]:
     """``argv`` run through this module, tethered to ``launcher_pid`` (the process that will start it)."""
-    return [sys.executable, "-m", "rpg.backends.harness.tether", str(launcher_pid), "--", *argv]
+    return [sys.executable, "-m", "rpg.trainer_process.stop_with_launcher", str(launcher_pid), "--", *argv]
 
 
 def main(args: list[str]) -> int:
     if len(args) < 3 or args[1] != "--" or not args[0].isdecimal():
-        print("usage: python -m rpg.backends.harness.tether <launcher pid> -- <command ...>", file=sys.stderr)
+        print("usage: python -m rpg.trainer_process.stop_with_launcher <launcher pid> -- <command ...>",
+              file=sys.stderr)
         return 2
     launcher, argv = int(args[0]), args[2:]
     tethered = set_parent_death_signal(signal.SIGTERM)

@@ -1,5 +1,5 @@
-"""rpg.verl.run_order: the batch order that does not follow rollout completion, validation metrics that do not
-depend on the order samples arrived in, and the sampler's lag counted in versions and optimizer updates."""
+"""rpg.verl.sample_order_and_lag: the batch order that does not follow rollout completion, validation metrics that do
+not depend on the order samples arrived in, and the sampler's lag counted in versions and optimizer updates."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from rpg.verl.run_order import (LagBook, canonical_validation, lag_metrics, prompt_uid, sample_order,
+from rpg.verl.sample_order_and_lag import (LagBook, canonical_validation, lag_metrics, prompt_uid, sample_order,
                                 sorted_positions)
 
 

@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rpg.common.override_lists import values
-from rpg.backends.harness.run_dir import default_checkpoint_dir
+from rpg.override_lists import values
+from rpg.trainer_process.run_dir import default_checkpoint_dir
 
 
 class TrainerRunError(RuntimeError):

@@ -6,7 +6,7 @@ import textwrap
 import psutil
 import pytest
 
-from rpg.backends.harness import TrainerRunError, run_trainer
+from rpg.trainer_process import TrainerRunError, run_trainer
 
 
 def _script(tmp_path, body: str):
@@ -120,7 +120,7 @@ def test_the_launcher_stays_torch_free_and_still_reads_the_drivers_refusal(tmp_p
         print("rpg config error: rpg.loss.divergence='js' is invalid", file=sys.stderr)
         sys.exit(2)
     """)
-    code = ("import sys; from rpg.backends.harness import run_trainer; "
+    code = ("import sys; from rpg.trainer_process import run_trainer; "
             f"r = run_trainer([], output_dir={str(tmp_path / 'out')!r}, entry={entry!r}, check=False, timeout_s=60); "
             "print(r.returncode, r.refusal(), 'torch' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -180,8 +180,8 @@ def test_a_full_disk_stops_the_run_with_the_stop_line(tmp_path, monkeypatch, cap
     import io
     import time
 
-    from rpg.backends import harness
-    from rpg.backends.harness import run as harness_run
+    from rpg import trainer_process as harness
+    from rpg.trainer_process import run as harness_run
 
     entry = _script(tmp_path, """
         import sys, time

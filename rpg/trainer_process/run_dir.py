@@ -8,7 +8,7 @@
 * ``checkpoint_root(out, cfg)``: ``trainer.default_local_dir`` of the composed config, relative to the
   output folder (the harness runs the trainer there; verl's default is ``checkpoints/<project>/<experiment>``);
 * ``check_fresh_start``: a fresh start (``trainer.resume_mode=disable``, the tiny demo's default) in a folder
-  that already holds a run (records in its ``metrics.jsonl`` or its segments, read by ``rpg.common.metrics_file``'s
+  that already holds a run (records in its ``metrics.jsonl`` or its segments, read by ``rpg.metrics_log.file``'s
   rules: a broken line before the last is refused too, naming the file and line; or a ``global_step_N`` / verl's
   tracker in its checkpoint folder) would replace that run's metrics and checkpoints. It is refused before anything
   starts, in ONE line naming what was found and the two ways on: another output folder, or
@@ -24,8 +24,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rpg.common import history
-from rpg.common.metrics_file import MetricsFileError, records
+from rpg.metrics_log import history
+from rpg.metrics_log.file import MetricsFileError, records
 from rpg.verl.checkpoints import TRACKER  # verl's tracker file
 
 METRICS_FILE = "metrics.jsonl"  # a run's metrics in its output folder (the harness, the study, the demo)
@@ -65,8 +65,8 @@ def checkpoint_root(out: Path | str, default_local_dir: str) -> Path:
 
 
 def _metric_steps(out: Path) -> list[int]:
-    """The steps recorded in ``out/metrics.jsonl`` and its segments (``rpg.common.history.segments``), read by
-    ``rpg.common.metrics_file``'s rules: a last line cut off by a kill is skipped; any other line that is not a
+    """The steps recorded in ``out/metrics.jsonl`` and its segments (``rpg.metrics_log.history.segments``), read by
+    ``rpg.metrics_log.file``'s rules: a last line cut off by a kill is skipped; any other line that is not a
     record (not UTF-8, not JSON, no integer step) is a ``MetricsFileError`` naming the file and line."""
     return sorted({step for path in history.segments(Path(out) / METRICS_FILE) for _, step, _ in records(path)})
 
@@ -111,7 +111,7 @@ def check_fresh_start(out: Path | str, resume_mode, ckpt_root: Path | str | None
     """``RunDirError`` (one line) when a fresh start (``resume_mode=disable``) would overwrite the run that
     ``out`` holds; ``another``: how the user names another output folder (``OUT=... (--out)``, ``OUT_DIR=...``).
     Its metrics are read only when the check needs them; a metrics file that cannot be read then (a broken line
-    before the last: ``rpg.common.metrics_file``) is a ``RunDirError`` too, naming the file and line: what it
+    before the last: ``rpg.metrics_log.file``) is a ``RunDirError`` too, naming the file and line: what it
     holds cannot be told (and the harness, reading it by the same rules, would fail on it after the run)."""
     try:
         if resume_mode == "auto" and ckpt_root is not None:

@@ -1,11 +1,12 @@
-"""The ``rpg:`` settings written into verl's keys in the driver, before Ray: ``apply_to_verl_config``.
+"""The ``rpg:`` block written into verl's keys in the driver, before Ray: ``apply_to_verl_config``.
 
-``rpg.loss.*`` becomes verl's typed policy-loss config (``RPGPolicyLossConfig`` through a ``_target_`` override),
-which carries the loss fields to the actor workers; ``loss_config`` builds the same ``RPGLossConfig`` from it in the
-driver and in every worker, so both refuse the same inputs (one validator, ``RULES``). ``rpg.reference.mode`` decides
-whether verl builds a reference model, ``rpg.optimizer=schedulefree`` sets verl's optimizer keys, and the trainer and
-the driver's resume check read ``rpg.validation`` and ``rpg.resume``. The checks against verl's own keys
-(``rpg.verl.block_checks``) run first; every refusal is one line.
+``rpg.loss.*`` becomes verl's typed policy-loss config, in this one place (``RPGPolicyLossConfig`` through a
+``_target_`` override: ``rpg.verl.policy_loss``), which carries the loss fields to the actor workers;
+``loss_config`` builds the same ``RPGLossConfig`` from it here and once in every worker, so both refuse the same
+inputs (one validator, ``RULES``). The road of a setting: docs/architecture.md#the-road-of-a-loss-setting.
+``rpg.reference.mode`` decides whether verl builds a reference model, ``rpg.optimizer=schedulefree`` sets verl's
+optimizer keys, and the trainer and the driver's resume check read ``rpg.validation`` and ``rpg.resume``. The checks
+against verl's own keys (``rpg.verl.block_checks``) run first; every refusal is one line.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rpg.config import RPG_LOSSES, RPGLossConfigError, RPGSettings, config_value
 from rpg.config.access import fail as _fail
 from rpg.verl.block_checks import (check_reference_copies, check_reward_name_has_path, check_rpg_reward_kwargs,
                              check_trainer)
-from rpg.verl.loss_settings import POLICY_LOSS_TARGET, loss_config
+from rpg.verl.policy_loss import POLICY_LOSS_TARGET, loss_config
 
 SCHEDULEFREE_IMPL, SCHEDULEFREE_CLASS = "schedulefree", "AdamWScheduleFree"
 
@@ -74,7 +75,7 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
             pl._target_ = POLICY_LOSS_TARGET
             pl.loss_mode = settings.loss_name
             pl.rpg_loss = {field: getattr(loss, field) for field in loss_fields()}
-            try:  # the workers' construction (rpg.verl.policy_loss), on this config: same inputs, same verdict
+            try:  # the workers' construction (rpg.verl.policy_loss.loss_config), on this config: same inputs, same verdict
                 loss = loss_config(cfg.actor_rollout_ref.actor)
             except RPGLossConfigError as e:
                 raise loss_error(e) from None

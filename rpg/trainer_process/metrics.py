@@ -1,13 +1,13 @@
 """A run's metrics in its output directory: read, folded across resumes, checked.
 
 An output directory is never wiped: each trainer start logs to the next free segment of ``metrics.jsonl``
-(``rpg.common.history.claim_segment``), folded into ``metrics.jsonl`` when the run ends (``fold_segments``:
+(``rpg.metrics_log.history.claim_segment``), folded into ``metrics.jsonl`` when the run ends (``fold_segments``:
 one record per step, in order; a restart at step s replaces what was logged after s; it returns the line
 naming what a restart replaced). ``read_metrics`` reads the joined history as ``{step: merged data}``;
 ``history_notes`` names the training steps without metrics, a history that does not start at step 0, missing
-validation steps (``rpg.common.history``). Those lines are ``TrainerRun.notes``.
+validation steps (``rpg.metrics_log.history``). Those lines are ``TrainerRun.notes``.
 
-Each file is read by ``rpg.common.metrics_file``'s rules (the reports' too), values kept as logged: a broken
+Each file is read by ``rpg.metrics_log.file``'s rules (the reports' too), values kept as logged: a broken
 line before the last, or any record that is not one, is a ``MetricsFileError`` naming the file and line,
 never folded away (the fold leaves every file as it is); a cut last line is skipped.
 """
@@ -18,12 +18,12 @@ import json
 import os
 from pathlib import Path
 
-from rpg.common import history
-from rpg.common.metrics_file import records
+from rpg.metrics_log import history
+from rpg.metrics_log.file import records
 
 
 def _read_one(path: Path) -> dict[str, dict[int, object]]:
-    """One FileLogger file as {key: {step: value}} (``rpg.common.history``'s shape; values kept as logged)."""
+    """One FileLogger file as {key: {step: value}} (``rpg.metrics_log.history``'s shape; values kept as logged)."""
     out: dict[str, dict[int, object]] = {}
     if not Path(path).exists():
         return out
@@ -43,7 +43,7 @@ def _by_step(metrics: dict[str, dict[int, object]]) -> dict[int, dict]:
 
 def read_metrics(path: Path) -> dict[int, dict]:
     """verl's FileLogger JSONL at ``path`` and the segments later starts wrote next to it, joined
-    (``rpg.common.history.join``: a restart at step s replaces what was logged after s), as
+    (``rpg.metrics_log.history.join``: a restart at step s replaces what was logged after s), as
     {step: merged data}."""
     return _by_step(history.join([_read_one(p) for p in history.segments(Path(path)) or [Path(path)]]))
 
@@ -51,7 +51,7 @@ def read_metrics(path: Path) -> dict[int, dict]:
 def fold_segments(path: Path) -> str | None:
     """Rewrite ``path`` as the joined history of its segments (one record per step, in order; written
     to a temporary file and renamed, then the later segments are removed: a fold interrupted
-    anywhere folds again to the same result). Returns ``rpg.common.history.replaced_line``: which
+    anywhere folds again to the same result). Returns ``rpg.metrics_log.history.replaced_line``: which
     steps a restart replaced (None if none)."""
     path = Path(path)
     paths = history.segments(path)
@@ -69,7 +69,7 @@ def fold_segments(path: Path) -> str | None:
 
 
 def history_notes(metrics_file: Path, test_freq: int | None = None) -> list[str]:
-    """``rpg.common.history.history_warnings`` on the run's metrics: lost training steps, a history
+    """``rpg.metrics_log.history.history_warnings`` on the run's metrics: lost training steps, a history
     that does not start at step 0, validation steps missing from the ``test_freq`` cadence (inferred
     when not given; a resume's own validation at its first step is not part of the cadence)."""
     joined = {}

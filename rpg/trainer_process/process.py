@@ -5,7 +5,7 @@ metric records forwarded.
 start), to this terminal (``echo``) and to the caller (``on_line``), and never stops draining the pipe before
 the trainer's end, even when the log cannot be written (a full disk). ``Monitor`` samples the run's processes
 every 0.5 s (RSS, CPU seconds; PSS every ``PSS_EVERY_S``: ``TrainerRun.peak_pss_bytes``, the run's RAM),
-records each process's identity for the clean-up (``rpg.backends.harness.reaping``) and forwards the records
+records each process's identity for the clean-up (``rpg.trainer_process.reaping``) and forwards the records
 verl's file logger appended since the last sample (``on_metrics``).
 """
 
@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rpg.common.metrics_file import readable_records
-from rpg.backends.harness.reaping import identities, procs_using, shm_mapped
-from rpg.backends.harness.result import TrainerRun
+from rpg.metrics_log.file import readable_records
+from rpg.trainer_process.reaping import identities, procs_using, shm_mapped
+from rpg.trainer_process.result import TrainerRun
 
 PSS_EVERY_S = 10.0  # seconds between PSS samples (peak_pss_bytes); memory plateaus last far longer
 

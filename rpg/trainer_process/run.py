@@ -1,16 +1,16 @@
 """``run_trainer``: one trainer run in an output directory, from start to clean-up.
 
-It builds the command (``rpg.backends.harness.command``), takes the output directory's lock (one run per
+It builds the command (``rpg.trainer_process.command``), takes the output directory's lock (one run per
 directory at a time: a second is refused with one line), folds the segments an earlier launcher left,
-starts the trainer in a session of its own, watches it (``rpg.backends.harness.process``) until it ends, times
+starts the trainer in a session of its own, watches it (``rpg.trainer_process.process``) until it ends, times
 out, is stopped by the caller's ``stop`` event or by a stop signal, ends every process of the run
-(``rpg.backends.harness.reaping``) and reads its metrics (``rpg.backends.harness.metrics``).
+(``rpg.trainer_process.reaping``) and reads its metrics (``rpg.trainer_process.metrics``).
 
-The trainer is tethered to this process (``rpg.backends.harness.tether``): if this process is killed with
+The trainer is tethered to this process (``rpg.trainer_process.stop_with_launcher``): if this process is killed with
 SIGKILL, when none of the clean-up can run, the kernel sends the trainer SIGTERM (the RPG driver then shuts
 its Ray cluster down) instead of letting it train on unseen; and it holds the output directory's lock until
 it has ended. A failed or timed-out run raises ``TrainerRunError`` with the log's tail. SIGHUP, SIGINT and
-SIGTERM to this process (main thread, ``rpg.common.signals``) end the run the same way within a minute and
+SIGTERM to this process (main thread, ``rpg.stop_signals``) end the run the same way within a minute and
 raise ``TrainerRunError`` with ``TrainerRun.stop_signal`` set (``report_stop`` prints the one line; the
 caller exits 128 + signum).
 """
@@ -29,18 +29,18 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from rpg.backends.registry import backend as select_backend
-from rpg.common import history
-from rpg.common.metrics_file import MetricsFileError
-from rpg.common.override_lists import hydra_value, values
-from rpg.common.run_env import ray_auth_env, wandb_env
-from rpg.common.signals import StopSignal, raise_on_stop_signals
-from rpg.backends.harness.command import DEFAULT_ENTRY, build_command, entry_argv
-from rpg.backends.harness.metrics import fold_segments, history_notes, read_metrics
-from rpg.backends.harness.process import Monitor, pump_output
-from rpg.backends.harness.reaping import cleanup, identities, terminate_group, unlink_left
-from rpg.backends.harness.result import TrainerRun, TrainerRunError
-from rpg.backends.harness.tether import command as tethered
-from rpg.backends.harness.run_dir import METRICS_FILE
+from rpg.metrics_log import history
+from rpg.metrics_log.file import MetricsFileError
+from rpg.override_lists import hydra_value, values
+from rpg.backends.run_env import ray_auth_env, wandb_env
+from rpg.stop_signals import StopSignal, raise_on_stop_signals
+from rpg.trainer_process.command import DEFAULT_ENTRY, build_command, entry_argv
+from rpg.trainer_process.metrics import fold_segments, history_notes, read_metrics
+from rpg.trainer_process.process import Monitor, pump_output
+from rpg.trainer_process.reaping import cleanup, identities, terminate_group, unlink_left
+from rpg.trainer_process.result import TrainerRun, TrainerRunError
+from rpg.trainer_process.stop_with_launcher import command as tethered
+from rpg.trainer_process.run_dir import METRICS_FILE
 
 LOG_FILE = "trainer.log"
 LOCK_FILE = ".run.lock"
@@ -176,7 +176,7 @@ def _launch(run: TrainerRun, argv, run_env, segment: Path, ray_tmp: str, timeout
     """Start the trainer, wait for its end (or timeout, ``stop``, a stop signal), then clean up every
     process of the run. Fills ``run``'s outcome fields; returns the monitor (memory peaks).
 
-    The trainer is tethered to this process (``rpg.backends.harness.tether``: SIGTERM when it dies, even by
+    The trainer is tethered to this process (``rpg.trainer_process.stop_with_launcher``: SIGTERM when it dies, even by
     SIGKILL, when no clean-up here can run) and inherits the output directory's lock, so that a
     restart into the directory is refused until the old trainer has ended."""
     from rpg.verl.errors import ERROR_PREFIX  # not rpg.verl.input_paths: that imports torch (5-12 s here)

@@ -20,7 +20,7 @@ start at step 0 (Best would cover a part of the run only), one line listing trai
 metrics (verl saves a step's checkpoint before it logs the step: a run stopped in between and
 resumed never logs that step) and one line listing the gaps in the validation steps (``val-*`` /
 ``val/*`` keys). ``replaced_line`` says which steps and values a restart replaced (the CPU harness folds the
-segments of its output directory into one file with it, ``rpg.backends.harness``).
+segments of its output directory into one file with it, ``rpg.trainer_process``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
-from rpg.common.metrics_file import readable_records
+from rpg.metrics_log.file import readable_records
 
 Metrics = dict[str, dict[int, float]]
 
@@ -246,7 +246,7 @@ def write_step_record(folder: str | os.PathLike, step: int, metrics: Mapping) ->
 
 
 def logged_training_steps(base: Path) -> set[int]:
-    """The steps with a training record in any segment of the history at ``base`` (``rpg.common.metrics_file``;
+    """The steps with a training record in any segment of the history at ``base`` (``rpg.metrics_log.file``;
     what is not a record is skipped: the readers report it)."""
     steps = set()
     for path in segments(base):
