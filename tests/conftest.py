@@ -69,10 +69,11 @@ STAGES = {
     "resume_e2e": ("--resume-e2e", "verl's trainer stopped and resumed on CPU: a closed terminal, a periodic "
                                    "reference's run resumed, both asynchronous modes resumed after a clean stop and "
                                    "after their driver was killed (slow trainer launches)"),
-    "trainer_e2e": ("--trainer-e2e", "verl's trainer end to end on the paths beside README's suite's one run: verl's "
+    "trainer_e2e": ("--trainer-e2e", "verl's trainer end to end: a shipped paper script through the launcher "
+                                     "(RPG-REINFORCE-URKL, schedule-free AdamW, a fixed reference), verl's "
                                      "stock GRPO (weight sync, processes, Ray's token), GRPO with the corrected KL, "
                                      "REINFORCE++ with DAPO's filter, a run stopped at DAPO's refill limit, the RPG "
-                                     "loss in colocate_async (five trainer launches)"),
+                                     "loss in colocate_async (six trainer launches)"),
     "repro": ("--repro", "the tiny demo twice in sync mode with the same seed: the same metrics at every step "
                          "(two trainer launches)"),
     "gpu_kit": ("--gpu-kit", "the GPU kit built against the package registry for Python 3.12 and torch 2.11.0 "

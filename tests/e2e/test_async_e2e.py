@@ -14,7 +14,7 @@ from e2e_recipe import K3_ROUNDING, ON_POLICY, at, rpg_run
 from rpg.trainer_process import run_trainer
 from rpg.tiny.overrides import tiny_overrides
 
-pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]  # a CI stage: README's suite keeps one trainer run
+pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]  # a CI stage: README's suite runs no trainer launch
 
 STEPS = 4
 B = "actor/rpg/behavior_"  # the loss's metrics, as verl logs them (actor/ prefix)

@@ -22,7 +22,7 @@ from e2e_recipe import network_address, network_listeners, ray_client, reachable
 from rpg.trainer_process import run_trainer
 from rpg.tiny.overrides import tiny_algorithm, tiny_overrides
 
-pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]  # a CI stage: README's suite keeps two trainer runs
+pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]  # a CI stage: README's suite runs no trainer launch
 
 ROOT = Path(__file__).resolve().parents[2]
 

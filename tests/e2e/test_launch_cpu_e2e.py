@@ -43,6 +43,8 @@ from e2e_recipe import NARROW_CLIP, NARROW_CLIP_OVERRIDES, RPG_LOSS_KEYS, assert
 from rpg.trainer_process import read_metrics
 from rpg.config import loss_defaults, loss_fields
 
+pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]  # a CI stage: README's suite runs no trainer launch
+
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "run_rpg_7b_urkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree"
 SCRIPT = ROOT / "recipe" / "rpg" / "7b" / f"{NAME}.sh"

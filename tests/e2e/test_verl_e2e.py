@@ -24,7 +24,7 @@ from __future__ import annotations
 import pytest
 from e2e_recipe import K3_ROUNDING, at, keys, rpg_run
 
-pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]  # a CI stage: README's suite keeps two trainer runs
+pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]  # a CI stage: README's suite runs no trainer launch
 
 
 def test_grpo_corrected_kl_fixed_reference(cpu_trainer, tmp_path):

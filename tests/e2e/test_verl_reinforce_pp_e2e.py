@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from e2e_recipe import at, keys, rpg_run
 
-pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]  # a CI stage: README's suite keeps two trainer runs
+pytestmark = [pytest.mark.e2e, pytest.mark.trainer_e2e]  # a CI stage: README's suite runs no trainer launch
 
 
 def test_reinforce_pp_sampler_kl_with_dapo_filtering_and_overlong(cpu_trainer, tmp_path):

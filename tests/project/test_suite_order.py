@@ -24,10 +24,11 @@ sys.exit(pytest.main(["-p", "no:cacheprovider", "--collect-only", *sys.argv[1:]]
 
 
 def test_e2e_files_come_first_xdist_keeps_the_order_and_vllm_cpu_tests_leave():
-    # a unit-test file that imports no torch nor verl (its collection is the child's cost), before an e2e file
+    # a unit-test file that imports no torch nor verl (its collection is the child's cost), before an e2e file of
+    # the trainer_e2e stage
     files = ["tests/cluster/test_launch_ray_cluster.py", "tests/e2e/test_launch_cpu_e2e.py",
              "tests/e2e/test_vllm_cpu.py"]
-    out = subprocess.run([sys.executable, "-c", PROBE, *files], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", PROBE, *files, "--trainer-e2e"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "FILES tests/e2e/test_launch_cpu_e2e.py tests/cluster/test_launch_ray_cluster.py\n" in out.stdout, \
         out.stdout[-2000:]
