@@ -30,10 +30,12 @@ smoke run, the study) and by the driver's entry script.
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 GRAMMAR_HINT = ("Hydra's override grammar: key=value, +key=value (add), ++key=value (add or replace), ~key "
@@ -129,10 +131,20 @@ class Parsed:
 def parse_one(text: str, *, multirun: bool = False) -> Parsed:
     """``text`` as Hydra reads it; ``OverrideSyntaxError`` (one line) when Hydra cannot, or when it
     is a sweep and ``multirun`` is off."""
-    from hydra.errors import HydraException
-
     if not isinstance(text, str):
         raise OverrideSyntaxError(f"Hydra override {text!r} is not a string")
+    parsed = _parse_text(text, multirun)
+    if isinstance(parsed.value, (str, int, float, bool, type(None))):
+        return parsed
+    return replace(parsed, value=copy.deepcopy(parsed.value))  # a list, dict or sweep: the memo's own stays as parsed
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_text(text: str, multirun: bool) -> Parsed:
+    """``parse_one``, memoised: Hydra's ANTLR parser takes about a millisecond an override, and a study's plan reads
+    the same few hundred overrides hundreds of times (its lists merged, their values read); a refusal is not kept."""
+    from hydra.errors import HydraException
+
     try:
         (ov,) = _parser().parse_overrides([text])
     except HydraException as e:

@@ -81,6 +81,25 @@ def test_a_sweep_is_refused_where_a_run_takes_one_value():
 # ----------------------------------------------------------------------------- README's list form in the launcher
 
 
+def test_a_parsed_value_is_the_callers_own_and_a_refusal_is_said_each_time():
+    """``parse_one`` is memoised: a caller that edits a list or dict value it got changes no later parse, and an
+    override Hydra cannot read is refused on every call (a refusal is not remembered as a parse)."""
+    first = parse_one("+a.b={c:1,d:[2,3]}")
+    first.value["d"].append(4)
+    first.value["e"] = 5
+    assert parse_one("+a.b={c:1,d:[2,3]}").value == {"c": 1, "d": [2, 3]}
+    listed = parse_one("k=[x,y]")
+    listed.value.clear()
+    assert value_of("k=[x,y]") == ["x", "y"] and values(["k=[x,y]"]) == {"k": ["x", "y"]}
+    for _ in range(2):
+        with pytest.raises(OverrideSyntaxError, match="missing EQUAL"):
+            parse_one("trainer.device")
+    sweep = parse_one("a=1,2", multirun=True)  # the same text, another answer under multirun
+    with pytest.raises(OverrideSyntaxError, match="is a sweep"):
+        parse_one("a=1,2")
+    assert sweep.key == "a" and parse_one("a=1,2", multirun=True).value == sweep.value
+
+
 def test_readme_list_form_in_the_data_file_check(tmp_path, monkeypatch):
     from rpg.data.checks import override_problems
     from rpg.launch.experiments import recipe_value
