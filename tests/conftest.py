@@ -119,18 +119,23 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Each CI stage's tests leave unless asked for (visibly); then files with end-to-end runs first, each
-    file's tests in their own order: with loadfile, xdist gives each worker whole files in this order,
-    so the trainer launches (60-150 s each, a third of the 2 cores idle while a run starts its processes
-    one after another) run beside each other and beside unit tests, and the many short unit-test files
-    even out the end instead of one launch running alone."""
+    """Each CI stage's tests leave unless asked for (visibly); then files with end-to-end runs first, then
+    the suite's slowest files (``suite_order.SLOW_FILES_FIRST``), each file's tests in their own order: with
+    loadfile, xdist gives each worker whole files in this order, so the trainer launches of a stage (60-150 s
+    each, a third of the 2 cores idle while a run starts its processes one after another) run beside each other
+    and beside unit tests, and the many short unit-test files even out the end instead of one long file
+    running alone."""
     off = [mark for mark in STAGES if not _stage_on(config, mark)]
     deselected = [item for item in items if any(item.get_closest_marker(mark) for mark in off)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if item not in deselected]
     e2e_files = {item.path for item in items if item.get_closest_marker("e2e")}
-    items.sort(key=lambda item: item.path not in e2e_files)  # stable: False (e2e files) first
+    from suite_order import SLOW_FILES_FIRST
+
+    slow = {ROOT / name: rank for rank, name in enumerate(SLOW_FILES_FIRST)}
+    # stable: e2e files first, then the slow files in their order, then the rest as collected
+    items.sort(key=lambda item: (item.path not in e2e_files, slow.get(item.path, len(slow))))
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
-"""The suite's own order (tests/conftest.py): files with end-to-end runs are handed out first and xdist
-keeps that order, the vllm_cpu tests leave visibly; all from conftest's one hook of each name (two
-hooks of the same name in conftest once made the later silently replace the earlier, and the trainer
-launches ran last)."""
+"""The suite's own order (tests/conftest.py): files with end-to-end runs are handed out first, then the
+slowest files (tests/support/suite_order.py), and xdist keeps that order; the vllm_cpu tests leave visibly; all
+from conftest's one hook of each name (two hooks of the same name in conftest once made the later silently
+replace the earlier, and the trainer launches ran last)."""
 
 from __future__ import annotations
 
@@ -26,11 +26,19 @@ sys.exit(pytest.main(["-p", "no:cacheprovider", "--collect-only", *sys.argv[1:]]
 def test_e2e_files_come_first_xdist_keeps_the_order_and_vllm_cpu_tests_leave():
     # a unit-test file that imports no torch nor verl (its collection is the child's cost), before an e2e file of
     # the trainer_e2e stage
-    files = ["tests/cluster/test_launch_ray_cluster.py", "tests/e2e/test_launch_cpu_e2e.py",
-             "tests/e2e/test_vllm_cpu.py"]
+    files = ["tests/cluster/test_launch_ray_cluster.py", "tests/cluster/test_multinode_units.py",
+             "tests/e2e/test_launch_cpu_e2e.py", "tests/e2e/test_vllm_cpu.py"]
     out = subprocess.run([sys.executable, "-c", PROBE, *files, "--trainer-e2e"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "FILES tests/e2e/test_launch_cpu_e2e.py tests/cluster/test_launch_ray_cluster.py\n" in out.stdout, \
+    assert ("FILES tests/e2e/test_launch_cpu_e2e.py tests/cluster/test_multinode_units.py "  # a slow file next
+            "tests/cluster/test_launch_ray_cluster.py\n") in out.stdout, \
         out.stdout[-2000:]
     assert "REORDER False" in out.stdout  # xdist's loadfile would reorder files by test count
     assert re.search(r"\b\d+ deselected\b", out.stdout) and "vllm_cpu tests: deselected" in out.stdout
+
+
+def test_the_slow_files_handed_out_first_exist():
+    from suite_order import SLOW_FILES_FIRST
+
+    assert len(set(SLOW_FILES_FIRST)) == len(SLOW_FILES_FIRST)
+    assert [name for name in SLOW_FILES_FIRST if not (ROOT / name).is_file()] == []
