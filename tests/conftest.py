@@ -133,9 +133,10 @@ def pytest_collection_modifyitems(config, items):
     e2e_files = {item.path for item in items if item.get_closest_marker("e2e")}
     from suite_order import SLOW_FILES_FIRST
 
-    slow = {ROOT / name: rank for rank, name in enumerate(SLOW_FILES_FIRST)}
+    slow = {ROOT / name: rank for rank, name in enumerate(SLOW_FILES_FIRST)}  # ROOT is resolved: so are the keys
+    rank = {path: slow.get(path.resolve(), len(slow)) for path in {item.path for item in items}}
     # stable: e2e files first, then the slow files in their order, then the rest as collected
-    items.sort(key=lambda item: (item.path not in e2e_files, slow.get(item.path, len(slow))))
+    items.sort(key=lambda item: (item.path not in e2e_files, rank[item.path]))
 
 
 @pytest.fixture(autouse=True)
