@@ -1,17 +1,22 @@
-"""The GPU kit's steps (``STEPS``, in order of value): each one's command, time box and the parsing of its output
+"""The GPU kit's steps (``STEPS``, in the order they run): each one's command, time box and the parsing of its output
 into a result (its problems, a summary line); ``rpg.gpu_kit.run`` runs them.
 
 1. ``install``: the carry into ``--site`` (``rpg.gpu_kit.install``); ``--installed`` skips it (packages
    installed with ``pip install -e ".[gpu]"``);
 2. ``environment``: the GPU, driver, versions, that verl loads the RPG losses (``rpg.gpu_kit.probe``);
-3. ``gpu_tests``: ``pytest -m gpu tests/gpu`` without the smoke run (step 5 runs it);
-4. ``bench_losses``: ``benchmarks/bench_losses.py --device cuda``, the RPG losses against verl's vanilla loss;
+3. ``memory_probe``: verl's FSDP2 actor at the paper's model widths, measured against the memory plan
+   (``rpg.gpu_kit.memory_probe``);
+4. ``model_step``: RPG steps of a 0.1 B-parameter Qwen2-shaped model and of SmolLM2-135M's shape, random weights
+   (``rpg.gpu_kit.model_step``);
 5. ``smoke_hf``: run 1 of ``rpg.demo.gpu_smoke --rollout hf`` (SDPA attention without flash-attn), with its checks;
-6. ``model_step``: RPG steps of a 0.1 B-parameter Qwen2-shaped model with random weights (``rpg.gpu_kit.model_step``);
-7. ``smoke_resume``: the resumed run from ``smoke_hf``'s checkpoint (this call's, else the newest passed one under
+6. ``gpu_tests``: ``pytest -m gpu tests/gpu`` without the smoke run (step 5 runs it);
+7. ``bench_losses``: ``benchmarks/bench_losses.py --device cuda``, the RPG losses against verl's vanilla loss;
+8. ``smoke_resume``: the resumed run from ``smoke_hf``'s checkpoint (this call's, else the newest passed one under
    ``outputs/gpu_kit`` of this checkout): not a default step, as its second trainer start-up does not fit the
    default budget; a second call ``--steps smoke_resume`` on the same node runs it;
-8. ``smoke_vllm``: run 1 with vLLM, skipped with its reason when vLLM is not installed.
+9. ``smoke_vllm``: run 1 with vLLM, skipped with its reason when vLLM is not installed.
+
+The order is docs/gpu-smoke.md's call order: what has never run on a GPU first.
 """
 
 from __future__ import annotations
@@ -247,22 +252,32 @@ def _model_step(ctx: Context, run: StepRun):
     return [ctx.python, "-m", "rpg.gpu_kit.model_step", "--device", "cuda", "--result", str(run.result_file)]
 
 
+def _memory_probe(ctx: Context, run: StepRun):
+    return [ctx.python, "-m", "rpg.gpu_kit.memory_probe", "--device", "cuda", "--result", str(run.result_file)]
+
+
+# In the call order of docs/gpu-smoke.md: what has never run on a GPU first (the memory probe, SmolLM2's shape in the
+# model step), then the smoke run (its driver start changed since it last ran), then the checks that have run.
 # Boxes: about 1.1-2x what each step took on an NVIDIA H200 node (16 cores; docs/gpu-smoke.md#what-has-run-on-a-gpu),
 # the slower of two kit runs: install 10.4 s (5.2 s again), environment 18.4, gpu_tests 73.8, bench_losses 34.7,
 # smoke_hf's run 1 186-240 (start-up to all workers 107-166 s, validation, 4 steps, validation, checkpoint),
-# model_step 16.6: 328-390 s in all, within DEFAULT_BUDGET_S. The resumed run (a second trainer start-up, 137 s in all there) does not fit after them: its own call.
+# model_step 16.6 (its 0.1 B shape). The resumed run (a second trainer start-up, 137 s in all there) does not fit
+# after them: its own call.
 STEPS = [
     Step("install", 60, "the carry's wheels and the project installed offline; pip check", _install, read_result),
     Step("environment", 45, "GPU, driver, CUDA, package versions; verl loads the RPG losses", _environment,
          read_result),
+    Step("memory_probe", 150, "verl's FSDP2 actor at the paper's widths (Qwen2.5-7B, Qwen3-4B; 1 and 2 layers, random "
+         "weights): peak memory of the log-prob pass, the update and the optimizer step at the scripts' token budgets, "
+         "against rpg.memory's plan", _memory_probe, read_result),
+    Step("model_step", 60, "RPG steps of a 0.1 B-parameter Qwen2-shaped model and of SmolLM2-135M's shape at its GPU "
+         "run's micro-batch (random weights) in bf16", _model_step, read_result),
+    Step("smoke_hf", 270, "verl's GPU path with the HF rollout, run 1: bf16 FSDP2 actor, offload, schedule-free, "
+         "reference reset, validation, checkpoint", _smoke("hf"), parse_smoke, grace_s=45),
     Step("gpu_tests", 120, "tests/gpu: bf16 losses on CUDA, compiled loss, offloaded reference copy, schedule-free "
          "with offload", _gpu_tests, parse_pytest),
     Step("bench_losses", 60, "RPG losses vs verl's vanilla loss on CUDA: time, memory, eager and compiled", _bench,
          parse_bench),
-    Step("smoke_hf", 270, "verl's GPU path with the HF rollout, run 1: bf16 FSDP2 actor, offload, schedule-free, "
-         "reference reset, validation, checkpoint", _smoke("hf"), parse_smoke, grace_s=45),
-    Step("model_step", 45, "RPG steps of a 0.1 B-parameter Qwen2-shaped model (random weights) in bf16",
-         _model_step, read_result),
     Step("smoke_resume", 240, "the HF smoke run's resumed run from smoke_hf's checkpoint", _smoke("hf", resume=True),
          parse_smoke, grace_s=45, skip_is_fine=False,
          not_default="its run (137 s on an H200) does not fit the budget after the others (328 s); run it in a "

@@ -143,6 +143,8 @@ STAND_INS = {
                  "'summary.json'), 'w'))"],
     "model_step": ["{python}", "-c", "import json, os; json.dump({'line': 'step', 'problems': ['loss nan']}, "
                    "open(os.environ['RPG_GPU_KIT_RESULT'], 'w'))"],
+    "memory_probe": ["{python}", "-c", "import json, os; json.dump({'line': '20 measurements', 'problems': []}, "
+                     "open(os.environ['RPG_GPU_KIT_RESULT'], 'w'))"],
 }
 
 
@@ -162,8 +164,10 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert not_run["name"] == "smoke_resume" and not_run["reason"].startswith("not a default step: its run")
     assert "not run: smoke_resume: not a default step" in p.stdout
     status = {name: s["status"] for name, s in steps.items()}
-    assert status == {"install": "passed", "environment": "failed", "gpu_tests": "passed", "bench_losses": "timed_out",
-                      "smoke_hf": "passed", "model_step": "failed", "smoke_vllm": "skipped"}
+    assert status == {"install": "passed", "environment": "failed", "memory_probe": "passed", "model_step": "failed",
+                      "smoke_hf": "passed", "gpu_tests": "passed", "bench_losses": "timed_out",
+                      "smoke_vllm": "skipped"}
+    assert steps["memory_probe"]["result"]["line"] == "20 measurements"
     assert steps["environment"]["reason"].startswith("exit code 3") and "no GPU here" in steps["environment"]["tail"]
     assert steps["gpu_tests"]["result"]["counts"] == {"passed": 5, "skipped": 2}
     assert steps["bench_losses"]["box_s"] == 3 and 3 <= steps["bench_losses"]["seconds"] < 20
@@ -175,8 +179,8 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert "vLLM is not installed" in steps["smoke_vllm"]["reason"] and steps["smoke_vllm"]["fine"]
     seen = json.loads((tmp_path / "work" / "gpu_tests" / "seen.json").read_text())["steps"]
     seen = {s["name"]: s["status"] for s in seen}
-    assert seen == {"install": "passed", "environment": "failed", "gpu_tests": "running", "bench_losses": "pending",
-                    "smoke_hf": "pending", "model_step": "pending", "smoke_vllm": "pending"}
+    assert seen == {"install": "passed", "environment": "failed", "memory_probe": "passed", "model_step": "failed",
+                    "smoke_hf": "passed", "gpu_tests": "running", "bench_losses": "pending", "smoke_vllm": "pending"}
     rid = summary["run_id"]  # each step's output in a file of this run's own
     assert sorted(f.name for f in out.iterdir()) == sorted(["summary.json"] + [f"{n}.{rid}.log" for n in status
                                                                                if n != "smoke_vllm"])
@@ -418,3 +422,74 @@ def test_an_unreadable_install_state_installs_the_wheels_again(tmp_path, monkeyp
     (site / install.STATE).write_text(json.dumps({"sha256": digest}))
     monkeypatch.setattr(install, "_pip", lambda *a, **k: __import__("subprocess").CompletedProcess([], 0, "", ""))
     assert install.install(carry, site)["wheels_installed"] == "already there (same carry)" and len(calls) == 4
+
+
+# ----------------------------------------------------------------------------- the memory probe's arithmetic
+
+def test_the_probes_fit_recovers_a_line_and_refuses_one_depth():
+    from rpg.gpu_kit.memory_probe import fit
+
+    assert fit({1: 5.5, 2: 7.0}) == pytest.approx((4.0, 1.5))
+    assert fit({1: 3.0, 2: 5.0, 4: 9.0}) == pytest.approx((1.0, 2.0))
+    with pytest.raises(ValueError, match="two depths or more"):
+        fit({2: 1.0})
+
+
+@pytest.mark.parametrize("model, tokens", [("Qwen/Qwen2.5-7B-Instruct", 4096), ("Qwen/Qwen2.5-7B-Instruct", 16384),
+                                           ("Qwen/Qwen3-4B", 32768)])
+def test_a_probe_that_measured_the_plan_restates_the_plan(model, tokens):
+    """Peaks built from the plan's own terms at 1 and 2 layers on one GPU (the update split as the probe measures it:
+    forward + backward, then the optimizer step) restate, at full depth on 8 GPUs, exactly the plan's log-prob and
+    update phases for the same kernels (SDPA); a measured term twice the plan's shows in the restated figure."""
+    from rpg.gpu_kit.memory_probe import restate, script_settings, state_gib, truncated
+    from rpg.memory import architecture_for, estimate
+    from rpg.memory.gpu import RUNTIME_OVERHEAD_GIB
+    from rpg.memory.sizes import GIB
+
+    arch = architecture_for(model)
+
+    def as_measured(layers: int, head_factor: float = 1.0) -> dict[str, float]:
+        small = truncated(arch, layers)
+
+        def terms(gpus: int) -> dict[str, dict[str, float]]:
+            return {p.name: {t.name: t.gib for t in p.terms}
+                    for p in estimate(script_settings(tokens, gpus, "sdpa"), small).phases}
+
+        one, eight = terms(1), terms(8)
+        lp = sum(one["log-prob forward"].values()) - RUNTIME_OVERHEAD_GIB
+        kept = next(g for name, g in one["update (forward + backward)"].items()
+                    if name.startswith("checkpointed activations"))
+        # forward + backward's own transient (the logits' head or a layer's recompute: the same on any number of
+        # GPUs), read where the optimizer step's temporaries (one shard) are too small to be the plan's largest
+        (transient,) = [(name, g) for name, g in eight["update (forward + backward)"].items()
+                        if name.startswith("peak transient")]
+        assert "optimizer step" not in transient[0]
+        return {"log-prob": lp,
+                "forward+backward": state_gib(small, "update") + kept + transient[1] * head_factor,
+                "optimizer step": state_gib(small, "update") + small.params * 4 / GIB}
+
+    out = restate(arch, tokens, {1: as_measured(1), 2: as_measured(2)})
+    plan = out["planned_gib"]["sdpa"]
+    assert out["restated_gib"]["update"] == pytest.approx(plan["update (forward + backward)"], rel=1e-9)
+    assert out["restated_gib"]["log-prob"] == pytest.approx(plan["log-prob forward"], rel=1e-9)
+    assert out["fitted"]["optimizer step / one state shard"] == pytest.approx(1.0)
+    assert out["layers"] == arch.layers and out["gpus"] == 8 and out["fits"] == (out["headroom_gib"] >= 7.96)
+    doubled = restate(arch, tokens, {1: as_measured(1, 2.0), 2: as_measured(2, 2.0)})
+    assert doubled["restated_gib"]["update"] > out["restated_gib"]["update"]
+    assert doubled["restated_gib"]["log-prob"] == pytest.approx(out["restated_gib"]["log-prob"])
+
+
+def test_a_script_the_probe_did_not_measure_is_named_with_why():
+    import dataclasses
+
+    from rpg.gpu_kit.memory_probe import script_settings, uncovered
+    from rpg.memory import architecture_for
+
+    math7b, qwen3 = architecture_for("Qwen/Qwen2.5-Math-7B"), architecture_for("Qwen/Qwen3-4B-Base")
+    s = script_settings(16384, 8, "flash_attention_2")
+    assert uncovered(s, math7b) is None and uncovered(script_settings(32768, 8, "sdpa"), qwen3) is None
+    assert "probed: (4096, 16384)" in uncovered(dataclasses.replace(s, train_tokens=8192, logprob_tokens=8192,
+                                                                    ref_tokens=8192), math7b)
+    assert "log-prob 4096" in uncovered(dataclasses.replace(s, logprob_tokens=4096), math7b)
+    assert uncovered(dataclasses.replace(s, param_offload=True), math7b).endswith("param_offload=True (probed False)")
+    assert uncovered(s, dataclasses.replace(qwen3, hidden=2048)) == "Qwen/Qwen3-4B-Base: no probe has its widths"

@@ -117,15 +117,79 @@ def test_the_probe_finds_the_rpg_losses_in_verls_registry(tmp_path):
         "sees no CUDA device" in line or line.startswith("import triton") for line in result["problems"])
 
 
-def test_the_model_step_trains_on_cpu(tmp_path):
+def test_the_model_step_trains_each_shape_on_cpu(tmp_path):
+    """Both shapes (the 0.1 B Qwen2 and SmolLM2's Llama layout), made small by the size options (hidden 576: nine
+    heads of 64 in both)."""
     result_file = tmp_path / "model.json"
-    p = subprocess.run([sys.executable, "-m", "rpg.gpu_kit.model_step", "--device", "cpu", "--layers", "2",
-                        "--hidden", "128", "--vocab", "512", "--batch", "2", "--prompt", "16", "--response", "16",
+    p = subprocess.run([sys.executable, "-m", "rpg.gpu_kit.model_step", "--device", "cpu", "--layers", "1",
+                        "--hidden", "576", "--vocab", "512", "--batch", "2", "--prompt", "16", "--response", "16",
                         "--result", str(result_file)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+    both = json.loads(result_file.read_text())
+    assert both["problems"] == [] and list(both["shapes"]) == ["qwen2", "smollm2"]
+    for shape, result in both["shapes"].items():
+        steps = result["steps"]
+        assert result["problems"] == [] and [s["step"] for s in steps] == [1, 2, 3]
+        assert steps[0]["max_abs_log_ratio"] == 0 and steps[0]["grad_norm"] > 0  # the sampler's own log-probs first
+        assert steps[2]["max_abs_log_ratio"] > 0 and result["max_abs_parameter_change"] > 0
+        assert result["batch"] == "2 x (16 prompt + 16 response) tokens" and shape in both["line"]
+    assert both["shapes"]["qwen2"]["model"].startswith("Qwen2-shaped, random weights")
+    assert both["shapes"]["smollm2"]["model"].startswith("SmolLM2-135M-shaped (Llama), random weights")
+
+
+def test_the_smollm2_shape_is_the_built_models_and_its_batch_the_gpu_runs():
+    """SmolLM2's shape against the config transformers builds from its GGUF (the asset, when this machine has it), and
+    its default batch: the most sequences of the task's longest prompt + response within the GPU run's budget."""
+    from transformers import AutoConfig
+
+    from rpg.gpu_kit.model_step import SHAPES, smollm2_config
+    from rpg.smol.overrides import GPU_SIZES, MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH
+
+    own = SHAPES["smollm2"][2]
+    ours = smollm2_config(own["layers"], own["hidden"], own["vocab"])
+    assert own["batch"] * (own["prompt"] + own["response"]) <= GPU_SIZES["token_budget"] < (
+        (own["batch"] + 1) * (MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH))
+    cache = Path(os.environ.get("RPG_TINY_CACHE", ROOT / ".cache" / "rpg-tiny"))
+    built = sorted(cache.glob("smollm2-135m-instruct-*/config.json"))
+    if not built:
+        pytest.skip(f"no SmolLM2 asset under {cache} (the smol stage builds it)")
+    theirs = AutoConfig.from_pretrained(built[-1].parent)
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "tie_word_embeddings", "max_position_embeddings"):
+        assert getattr(ours, key) == getattr(theirs, key), key
+    assert ours.rope_parameters["rope_theta"] == theirs.rope_parameters["rope_theta"]
+    assert abs(ours.rms_norm_eps - theirs.rms_norm_eps) < 1e-9
+
+
+def test_the_memory_probe_runs_verls_fsdp2_actor_on_cpu_at_stand_in_widths(tmp_path):
+    """The probe's whole path (verl's apply_fsdp2 on a one-process gloo mesh, gradient checkpointing, verl's log-probs
+    and entropy, the registered RPG loss, AdamW) at each layout's stand-in widths; no peak off CUDA, so nothing is
+    restated, and each truncated model has the parameters rpg.memory counts."""
+    result_file = tmp_path / "probe.json"
+    p = subprocess.run([sys.executable, "-m", "rpg.gpu_kit.memory_probe", "--device", "cpu", "--stand-in",
+                        "--eager-entropy", "--result", str(result_file)], capture_output=True, text=True, cwd=ROOT,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
     result = json.loads(result_file.read_text())
-    steps = result["steps"]
-    assert result["problems"] == [] and [s["step"] for s in steps] == [1, 2, 3]
-    assert steps[0]["max_abs_log_ratio"] == 0 and steps[0]["grad_norm"] > 0  # the sampler's own log-probs first
-    assert steps[2]["max_abs_log_ratio"] > 0 and result["max_abs_parameter_change"] > 0
-    assert result["model"].startswith("Qwen2-shaped, random weights")
+    assert result["problems"] == [] and list(result["shapes"]) == ["Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen3-4B"]
+    for entry in result["shapes"].values():
+        assert [(r["layers"], r["tokens"]) for r in entry["runs"]] == [(1, 32), (1, 64), (2, 32), (2, 64)]
+        for r in entry["runs"]:
+            assert r["log-prob"]["peak_gib"] is None and r["forward+backward"]["seconds"] > 0
+            assert 0 < r["planned_gib"]["log-prob"] < r["planned_gib"]["update"]
+        assert entry["restated"] == []
+    assert result["line"].startswith("8 measurements in ")
+
+
+def test_the_probed_models_have_the_parameters_the_memory_plan_counts():
+    """transformers' Qwen2 and Qwen3 models at the real widths, 1 and 2 layers, built on the meta device."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rpg.gpu_kit.memory_probe import hf_config, shapes, truncated
+
+    for _, arch in shapes(stand_in=False):
+        for layers in (1, 2):
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(hf_config(arch, layers))
+            assert sum(p.numel() for p in model.parameters()) == truncated(arch, layers).params, (arch.name, layers)

@@ -87,15 +87,19 @@ def _check_composed(cfg, row) -> None:
 
 def _memory_fits(cfg) -> str | None:
     """rpg.memory's estimate on an 80 GB GPU (79.6 GiB) with the documented 10% headroom, vLLM's KV
-    cache holding one max_model_len sequence, and the host RAM of a default node (docs/memory.md)."""
+    cache holding one max_model_len sequence, and the host RAM of a default node (docs/memory.md); the script's
+    shape, token budgets and memory settings are those the GPU kit's memory probe measures."""
     from omegaconf import OmegaConf
 
+    from rpg.gpu_kit.memory_probe import uncovered
     from rpg.memory import (DEFAULT_GPU_MEM_GIB, DEFAULT_HOST_MEM_GIB, architecture_for, estimate, estimate_host,
                                    host_settings_from_config, settings_from_config)
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     s = settings_from_config(plain)
     arch = architecture_for(s.model_path)
+    if (why := uncovered(s, arch)) is not None:  # the GPU kit's memory probe measures each script's shape and budget
+        return f"not covered by rpg.gpu_kit.memory_probe: {why}"
     e = estimate(s, arch, DEFAULT_GPU_MEM_GIB)
     if not e.fits:
         return f"does not fit 80 GB: peak {e.peak.gib:.1f} GiB ({e.peak.name}), headroom {e.headroom_gib:.1f}, KV ok {e.kv_fits}"
