@@ -37,9 +37,17 @@ PIP_INSTALL = ["-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-co
 
 
 def run_env(site: Path, checkout: Path = CHECKOUT) -> dict[str, str]:
-    """The environment of everything run after the install: this checkout first, then the carry, then the node's."""
+    """The environment of everything run after the install: this checkout first, then the vLLM site once all its
+    parts are in (``rpg.gpu_kit.vllm_install``: before the carry, whose fastapi and transformers it replaces with
+    the versions vLLM 0.24.0 takes, those of pyproject's ``gpu`` extra), then the carry, then the node's."""
+    from rpg.gpu_kit.vllm_install import ready_site
+
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout), str(site), env.get("PYTHONPATH")) if p)
+    vllm = ready_site()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout), vllm and str(vllm), str(site), env.get("PYTHONPATH"))
+                                        if p)
+    if vllm:  # the parts hold no FlashAttention 3: vLLM 0.24 falls back to FA2 itself; older ones read this
+        env.setdefault("VLLM_FLASH_ATTN_VERSION", "2")
     return env
 
 

@@ -200,8 +200,10 @@ def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[st
         + (f"; the previous run's summary is kept as {kept}" if kept else ""))
     from rpg.gpu_kit.install import run_env
 
-    env = run_env(ctx.site, ctx.checkout) if not ctx.installed else dict(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"
+    def step_env() -> dict[str, str]:  # each step's: the vLLM site a vllm_part step completes is on the next's path
+        env = run_env(ctx.site, ctx.checkout) if not ctx.installed else dict(os.environ)
+        return {**env, "PYTHONUNBUFFERED": "1"}
+
     # SIGHUP/SIGINT/SIGTERM only recorded (never raised mid-way): the running step is stopped, the rest not started
     handlers = raise_on_stop_signals()
     handlers.hold()
@@ -224,7 +226,7 @@ def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[st
                     entry.update(status="running", pid=pid, log=f"{name}.{ctx.run_id}.log")
                     write_json(path, summary)
 
-                entry.update(run_step(ctx, step, box, env, stand_ins.get(step.name), stop, started))
+                entry.update(run_step(ctx, step, box, step_env(), stand_ins.get(step.name), stop, started))
             line = entry.get("result", {}).get("line") or entry.get("reason", "")
             say(f"{i + 1}/{len(steps)} {step.name}: {entry['status'].upper()}"
                 + (f" in {entry['seconds']} s" if "seconds" in entry else "") + (f": {line}" if line else ""))

@@ -14,7 +14,8 @@ into a result (its problems, a summary line); ``rpg.gpu_kit.run`` runs them.
 8. ``smoke_resume``: the resumed run from ``smoke_hf``'s checkpoint (this call's, else the newest passed one under
    ``outputs/gpu_kit`` of this checkout): not a default step, as its second trainer start-up does not fit the
    default budget; a second call ``--steps smoke_resume`` on the same node runs it;
-9. ``smoke_vllm``: run 1 with vLLM, skipped with its reason when vLLM is not installed.
+9. ``vllm_part``: not a default step: the vLLM parts a call carries into the vLLM site (``rpg.gpu_kit.vllm_install``);
+10. ``smoke_vllm``: run 1 with vLLM, skipped with its reason when vLLM is not installed (nor its site complete).
 
 The order is docs/gpu-smoke.md's call order: what has never run on a GPU first.
 """
@@ -46,10 +47,14 @@ class Context:
     run_id: str = ""  # this run of the kit: its start time (rpg.gpu_kit.run.start_run), in its files' names
 
     def available(self, module: str) -> bool:
-        """``module`` importable by the steps: in this interpreter or in the carry's site."""
+        """``module`` importable by the steps: in this interpreter, in the carry's site or in the complete vLLM
+        site (``rpg.gpu_kit.vllm_install``; the steps' path holds it, ``rpg.gpu_kit.install.run_env``)."""
         if importlib.util.find_spec(module) is not None:
             return True
-        return not self.installed and ((self.site / module).is_dir() or any(self.site.glob(f"{module}*.so")))
+        from rpg.gpu_kit.vllm_install import ready_site
+
+        sites = [] if self.installed else [s for s in (self.site, ready_site()) if s is not None]
+        return any((s / module).is_dir() or any(s.glob(f"{module}*.so")) for s in sites)
 
 
 @dataclass
@@ -227,8 +232,9 @@ def resume_checkpoint(ctx: Context) -> Path | None:
 def _smoke(rollout: str, resume: bool = False):
     def command(ctx: Context, run: StepRun):
         if rollout == "vllm" and not ctx.available("vllm"):
-            return ("vLLM is not installed: the kit carries no vLLM (its wheels with their dependencies are about "
-                    "500 MiB, over what one device call carries); install the gpu extra on a node with network")
+            return ("vLLM is not installed: the kit's carry holds no vLLM (about 500 MiB with what it needs, over "
+                    "what one device call carries); send the vLLM parts (python -m rpg.gpu_kit.vllm_parts), one a "
+                    "call, the last with --steps vllm_part,smoke_vllm, or install the gpu extra on a node with network")
         # run 1 alone (its checks written when it ends); the resume is its own step, with a trainer start-up of its own
         argv = [ctx.python, "-m", "rpg.demo.gpu_smoke", "--rollout", rollout, "--out", str(run.work),
                 "--timeout", str(max(10, int(run.box_s - 15)))]
@@ -254,6 +260,17 @@ def _model_step(ctx: Context, run: StepRun):
 
 def _memory_probe(ctx: Context, run: StepRun):
     return [ctx.python, "-m", "rpg.gpu_kit.memory_probe", "--device", "cuda", "--result", str(run.result_file)]
+
+
+def _vllm_part(ctx: Context, run: StepRun):
+    from rpg.gpu_kit.vllm_install import PARTS_DIR, vllm_site
+
+    parts = ctx.checkout / PARTS_DIR
+    if not any(parts.glob("part-*.bin")) and not any(parts.glob("*/part-*.bin")):
+        return (f"no vLLM part in this call's carry ({PARTS_DIR}/part-NN): build the parts (python -m "
+                f"rpg.gpu_kit.vllm_parts) and carry one")
+    return [ctx.python, "-m", "rpg.gpu_kit.vllm_install", "--parts", str(parts), "--site", str(vllm_site()),
+            "--kit-site", str(ctx.site), "--result", str(run.result_file)]
 
 
 # In the call order of docs/gpu-smoke.md: what has never run on a GPU first (the memory probe, SmolLM2's shape in the
@@ -282,6 +299,11 @@ STEPS = [
          parse_smoke, grace_s=45, skip_is_fine=False,
          not_default="its run (137 s on an H200) does not fit the budget after the others (328 s); run it in a "
                      "second call on the same node: --steps smoke_resume"),
+    # box: the vLLM wheel (420 MiB stored) joined, decompressed and installed, then import vllm (at most 75 s)
+    Step("vllm_part", 120, "the vLLM parts this call carries, installed into the vLLM site outside the checkout "
+         "(rpg.gpu_kit.vllm_install); vLLM imported once all are in", _vllm_part, read_result, skip_is_fine=False,
+         not_default="it installs the vLLM part a call carries (python -m rpg.gpu_kit.vllm_parts): "
+                     "--steps vllm_part,smoke_vllm with the last one"),
     Step("smoke_vllm", 300, "the smoke run's run 1 with vLLM: sleep/wake, weight sync through CUDA IPC",
          _smoke("vllm"), parse_smoke, grace_s=45),
 ]

@@ -158,10 +158,12 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     summary = json.loads((out / "summary.json").read_text())
     steps = {s["name"]: s for s in summary["steps"]}
-    assert list(steps) == [s.name for s in kit_steps.STEPS if s.name != "smoke_resume"]
+    assert list(steps) == [s.name for s in kit_steps.STEPS if s.name not in ("smoke_resume", "vllm_part")]
     assert summary["finished"] and not summary["all_passed"]
-    (not_run,) = summary["not_run"]  # the resume has a call of its own: listed, with why
+    # the resume has a call of its own, the vLLM parts' install the calls that carry them: listed, with why
+    not_run, vllm_part = summary["not_run"]
     assert not_run["name"] == "smoke_resume" and not_run["reason"].startswith("not a default step: its run")
+    assert vllm_part["name"] == "vllm_part" and vllm_part["reason"].startswith("not a default step: it installs")
     assert "not run: smoke_resume: not a default step" in p.stdout
     status = {name: s["status"] for name, s in steps.items()}
     assert status == {"install": "passed", "environment": "failed", "memory_probe": "passed", "model_step": "failed",
