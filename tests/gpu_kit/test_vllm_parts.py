@@ -231,3 +231,14 @@ def test_the_kit_installs_the_last_part_then_runs_smoke_vllm_with_vllm_on_its_pa
     assert steps["vllm_part"]["result"]["complete"] and steps["vllm_part"]["result"]["received_now"] == [
         f"{folders[-1]}.bin"]
     assert json.loads((tmp_path / "work" / "smoke_vllm" / "summary.json").read_text())["vllm"] == "0.24.0"
+
+
+def test_a_wheel_compressed_in_blocks_side_by_side_decompresses_to_itself(tmp_path, monkeypatch):
+    import lzma
+
+    monkeypatch.setattr(vllm_parts, "BLOCK_BYTES", 10 * KIB)  # 5 blocks, compressed two at a time
+    src = tmp_path / "a.whl"
+    src.write_bytes(noise(25 * KIB, 5) + b"x" * 20 * KIB)
+    (out := tmp_path / "out").mkdir()
+    xz = vllm_parts.compress([src], out, preset=1, jobs=2)[src]
+    assert xz.name == "a.whl.xz" and lzma.decompress(xz.read_bytes()) == src.read_bytes()
