@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, MANIFEST, TARGET_PYTHON
+from rpg.gpu_kit import CARRY_DIR, MANIFEST, TARGET_PYTHON
 from rpg.gpu_kit.build import (CALL_MIB, CARRY_ANYWAY, EXCLUDE, HAVE_FILE, BuildError, build_source_only, canonical,
                                check_resolver, default_resolver, download, project_requirements, read_have, resolve,
                                select, travelling_tree_bytes)
@@ -212,7 +212,7 @@ def pack_parts(wheels: dict[str, Path], versions: dict[str, str], out: Path, ext
     return body
 
 
-INSTALL_COMMAND = 'python3 -m rpg.gpu_kit.vllm_install --parts {parts} --result "$OUT/vllm_install.json"'
+INSTALL_COMMAND = 'python3 -m rpg.gpu_kit.vllm_install --parts {parts}'
 KIT_COMMAND = 'PYTHONUNBUFFERED=1 python3 -m rpg.gpu_kit.run --carry {carry} --out "$OUT"'
 LAST_BUDGET_S = 420  # the last call: install (checked: seconds), vllm_part (the vLLM wheel, import vllm), smoke_vllm
 
@@ -232,10 +232,13 @@ def device_calls(manifest: dict, out: Path, tree_bytes: int | None, base_bytes: 
         if n == len(parts):
             command, timeout = f"{kit} --steps vllm_part,smoke_vllm --budget {LAST_BUDGET_S}", LAST_BUDGET_S + 30
         elif n == 1 and base_bytes is not None and sends + base_bytes <= CALL_MIB * 2**20:
+            # the kit's install and environment steps (its default steps: a call of their own, 480 s, as 15 minutes
+            # of device time do not hold them, the parts' calls and the vLLM smoke run); its result on stdout only
+            # (at most 8 files come back from $OUT)
             carry, sends = [CARRY_DIR, *carry], sends + base_bytes
-            command, timeout = f"{install}; {kit}", DEFAULT_BUDGET_S + 30 + 60
+            command, timeout = f"{install}; {kit} --steps environment --budget 120", 180
         else:
-            command, timeout = install, 120
+            command, timeout = f'{install} --result "$OUT/vllm_install.json"', 120
         calls.append({"part": part["file"], "mib": round(part["bytes"] / 2**20, 1),
                       "sends_mib": round(sends / 2**20, 1), "command": command, "carry": carry, "timeout_s": timeout})
     return calls
@@ -256,7 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="xz blocks compressed side by side (default 2)")
     ap.add_argument("--cache", type=Path, default=None, help="keep the downloads here (a rebuild downloads nothing)")
     ap.add_argument("--resolve-only", action="store_true", help="resolve and print the selection; download nothing")
+    ap.add_argument("--calls", action="store_true", help="print the device calls of the parts in --out (with this "
+                    "working tree and --base's carry) and write them into their manifests; build nothing")
     args = ap.parse_args(argv)
+    if args.calls:
+        return calls_again(args.out.resolve(), args.base.resolve())
     python = args.python or default_resolver()
     try:
         check_resolver(python)
@@ -314,16 +321,30 @@ def build(python: str, args) -> int:
             "overrides": overrides,
             "excluded": excluded, "have_file": str(args.have), "install_site": DEFAULT_SITE,
         }, int(args.part_mib * 2**20), int(args.first_mib * 2**20), args.preset, args.jobs)
-    tree = travelling_tree_bytes()
     manifest["build_s"] = round(time.time() - started, 1)
+    manifest = with_calls(manifest, out, args.base.resolve())
+    return summarise(manifest, manifest["working_tree_bytes"])
+
+
+def with_calls(manifest: dict, out: Path, base: Path) -> dict:
+    """``manifest`` with its device calls for this working tree and ``base``'s carry, written into its copies."""
+    tree = travelling_tree_bytes()
+    base_bytes = json.loads((base / MANIFEST).read_text())["carry"]["bytes"] if (base / MANIFEST).is_file() else None
     manifest["working_tree_bytes"] = tree
-    base_manifest = args.base.resolve() / MANIFEST
-    base_bytes = json.loads(base_manifest.read_text())["carry"]["bytes"] if base_manifest.is_file() else None
     manifest["device_calls"] = device_calls(manifest, out, tree, base_bytes)
     text = json.dumps(manifest, indent=1) + "\n"
     for path in [out / MANIFEST, *(out / p["folder"] / MANIFEST for p in manifest["parts"])]:
         path.write_text(text)
-    return summarise(manifest, tree)
+    return manifest
+
+
+def calls_again(out: Path, base: Path) -> int:
+    """``--calls``: the parts already built, their device calls printed again."""
+    if not (out / MANIFEST).is_file():
+        print(f"rpg.gpu_kit.vllm_parts: {out / MANIFEST}: no such file; build the parts first", file=sys.stderr)
+        return 2
+    manifest = with_calls(json.loads((out / MANIFEST).read_text()), out, base)
+    return summarise(manifest, manifest["working_tree_bytes"])
 
 
 def summarise(manifest: dict, tree: int | None) -> int:
@@ -336,8 +357,8 @@ def summarise(manifest: dict, tree: int | None) -> int:
         f"{manifest['build_s']:.0f} s (xz {manifest['compress_s']:.0f} s)")
     problems = []
     for call in manifest["device_calls"]:
-        print(f"  {call['part']}: {call['mib']} MiB  command: {call['command']}  carry: {json.dumps(call['carry'])}"
-              f"  timeout_s: {call['timeout_s']}")
+        print(f"  {call['part']}: {call['mib']} MiB (the call sends {call['sends_mib']} MiB)\n    command: "
+              f"{call['command']}\n    carry: {json.dumps(call['carry'])}  timeout_s: {call['timeout_s']}")
         if tree is not None and call["sends_mib"] > CALL_MIB:
             problems.append(f"{call['part']} and the working tree are {call['sends_mib']} MiB, over the "
                             f"{CALL_MIB:g} MiB a device call sends; build with a smaller --part-mib")

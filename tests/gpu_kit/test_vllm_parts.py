@@ -242,3 +242,18 @@ def test_a_wheel_compressed_in_blocks_side_by_side_decompresses_to_itself(tmp_pa
     (out := tmp_path / "out").mkdir()
     xz = vllm_parts.compress([src], out, preset=1, jobs=2)[src]
     assert xz.name == "a.whl.xz" and lzma.decompress(xz.read_bytes()) == src.read_bytes()
+
+
+def test_the_device_calls_carry_one_part_each_the_first_beside_the_kit_the_last_runs_smoke_vllm(built):
+    out, manifest = built
+    n = len(manifest["parts"])
+    calls = vllm_parts.device_calls(manifest, ROOT / ".gpu_kit_vllm", tree_bytes=6 * 2**20, base_bytes=37 * 2**20)
+    first, *middle, last = calls
+    assert first["carry"] == [".gpu_kit", ".gpu_kit_vllm/part-01"] and first["sends_mib"] <= 64
+    assert first["command"].startswith("python3 -m rpg.gpu_kit.vllm_install --parts .gpu_kit_vllm; ")
+    assert first["command"].endswith("--steps environment --budget 120")
+    assert [c["carry"] for c in middle] == [[f".gpu_kit_vllm/part-{i:02d}"] for i in range(2, n)]
+    assert all(c["command"].endswith('--result "$OUT/vllm_install.json"') for c in middle)
+    assert last["carry"] == [f".gpu_kit_vllm/part-{n:02d}"] and "--steps vllm_part,smoke_vllm" in last["command"]
+    alone = vllm_parts.device_calls(manifest, ROOT / ".gpu_kit_vllm", tree_bytes=6 * 2**20, base_bytes=60 * 2**20)
+    assert alone[0]["carry"] == [".gpu_kit_vllm/part-01"]  # the kit's carry and part 1 would not fit one call
