@@ -46,8 +46,10 @@ def run_env(site: Path, checkout: Path = CHECKOUT) -> dict[str, str]:
     vllm = ready_site()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout), vllm and str(vllm), str(site), env.get("PYTHONPATH"))
                                         if p)
-    if vllm:  # the parts hold no FlashAttention 3: vLLM 0.24 falls back to FA2 itself; older ones read this
+    if vllm:  # the parts hold no FlashAttention 3 (vLLM 0.24 falls back to FA2 itself; older ones read this), no
+        # FlashInfer kernels nor nvcc to compile them: PyTorch's top-p/top-k sampling
         env.setdefault("VLLM_FLASH_ATTN_VERSION", "2")
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     return env
 
 

@@ -60,6 +60,13 @@ VLLM_EXCLUDE = {
                       "tokenspeed-triton is 93 MiB",
     "tilelang": "DeepSeek-V4's mHC kernels (vllm/model_executor/kernels/mhc), imported inside them; with z3-solver",
     "humming-kernels": "quantization='humming' and its MoE kernels only",
+    "nvidia-cutlass-dsl": "CUTLASS's CuTe DSL (110 MiB of xz with its libraries): imported only by vLLM's FA4, "
+                          "Blackwell FMHA, DeepSeek-V4 and GDN kernels and FlashInfer's CuTe DSL kernels (FlashInfer's "
+                          "__init__ goes on without it)",
+    "quack-kernels": "CuTe DSL kernels (FA4, GDN): imported only there, and needs nvidia-cutlass-dsl",
+    "nvidia-cuda-tileiras": "the cuTile compiler of cuda-tile[tileiras] with nvcc, nvvm and crt (about 100 MiB of "
+                            "xz): FlashInfer's cuTile all-gather GEMM (several GPUs) and FlashInfer's JIT kernels; "
+                            "the kit's steps sample with PyTorch (VLLM_USE_FLASHINFER_SAMPLER=0, run_env)",
 }
 # The node's pin left out of the resolution: the node's own version is used (not carried).
 UNPINNED = {
@@ -71,6 +78,8 @@ VLLM_TRIM = {
     "vllm": [
         "vllm/vllm_flash_attn/_vllm_fa3_C*",  # FlashAttention 3 (146 MiB): without it vLLM takes FA2 on Hopper
         "vllm/_moe_C*",  # mixture-of-experts kernels (43 MiB): dense models only
+        "vllm/vllm-rs",  # the Rust frontend (35 MiB), run only with VLLM_RUST_FRONTEND_PATH
+        "vllm/third_party/fmha_sm100/*",  # Blackwell attention in the CuTe DSL (left out above)
     ],
     "xgrammar": ["*/libxgrammar.a"],  # the static library, for building against it
 }
@@ -90,10 +99,11 @@ def base_carry(base: Path, python: str, requirements: list[str], pins: list[str]
     return {name: item["metadata"]["version"] for name, item in sel.carry.items()}, "resolved (no base manifest)"
 
 
-def vllm_selection(items: list[dict], roots: list[str], have: dict, base: dict[str, str]) -> tuple[dict, dict, dict]:
+def vllm_selection(items: list[dict], roots: list[str], have: dict, base: dict[str, str],
+                   exclude: dict[str, str] = VLLM_EXCLUDE) -> tuple[dict, dict, dict]:
     """(the items to carry: reached, not on the node, and not in the kit's carry at the same version; the kit's
     packages the vLLM resolution needs at another version {name: "kit -> vLLM"}; the selection's excluded)."""
-    sel = select(items, roots, have, exclude=VLLM_EXCLUDE, carry_anyway=CARRY_ANYWAY)
+    sel = select(items, roots, have, exclude=exclude, carry_anyway=CARRY_ANYWAY)
     resolved = {canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in items}
     if resolved.get("vllm") != VLLM_VERSION:
         raise BuildError(f"pip resolved vllm {resolved.get('vllm')}, not {VLLM_VERSION} (verl 0.9.1's vllm extra)")
@@ -258,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", type=int, default=6, choices=range(10), metavar="0-9", help="xz preset (default 6)")
     ap.add_argument("--jobs", type=int, default=2, help="xz blocks compressed side by side (default 2)")
     ap.add_argument("--cache", type=Path, default=None, help="keep the downloads here (a rebuild downloads nothing)")
+    ap.add_argument("--include", default="", help="comma-separated names of VLLM_EXCLUDE to carry anyway")
     ap.add_argument("--resolve-only", action="store_true", help="resolve and print the selection; download nothing")
     ap.add_argument("--calls", action="store_true", help="print the device calls of the parts in --out (with this "
                     "working tree and --base's carry) and write them into their manifests; build nothing")
@@ -296,7 +307,12 @@ def build(python: str, args) -> int:
         say(f"resolving {VLLM_REQUIREMENT} and the project's {len(requirements)} requirements for CPython "
             f"{TARGET_PYTHON} x86_64 Linux, {len(pins)} of the node's versions pinned (not {', '.join(UNPINNED)})")
         items = resolve(python, roots, pins, local, scratch)
-        carry, overrides, excluded = vllm_selection(items, roots, have, base)
+        include = {canonical(n) for n in args.include.split(",") if n.strip()}
+        unknown = sorted(include - set(VLLM_EXCLUDE))
+        if unknown:
+            raise BuildError(f"--include {', '.join(unknown)}: not left out (VLLM_EXCLUDE: {', '.join(VLLM_EXCLUDE)})")
+        exclude = {n: why for n, why in VLLM_EXCLUDE.items() if n not in include}
+        carry, overrides, excluded = vllm_selection(items, roots, have, base, exclude)
         for name, item in carry.items():
             print(f"  {item['metadata']['name']}=={item['metadata']['version']}"
                   + (f"  (the kit carries {base[name]}: the vLLM site comes first on the path)" if name in overrides

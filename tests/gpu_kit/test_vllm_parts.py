@@ -200,7 +200,7 @@ def test_the_vllm_part_step_runs_the_installer_on_the_calls_part_and_the_site_jo
     assert isinstance(kit_steps._smoke("vllm")(c, run), list)
     env = install.run_env(c.site, ROOT)
     assert env["PYTHONPATH"].split(os.pathsep)[:3] == [str(ROOT), str(site), str(c.site)]
-    assert env["VLLM_FLASH_ATTN_VERSION"] == "2"
+    assert env["VLLM_FLASH_ATTN_VERSION"] == "2" and env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
 
 
 def test_the_kit_installs_the_last_part_then_runs_smoke_vllm_with_vllm_on_its_path(built, tmp_path, monkeypatch):

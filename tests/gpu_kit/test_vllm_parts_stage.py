@@ -33,5 +33,6 @@ def test_the_vllm_parts_resolve_vllm_0_24_for_the_node_beside_the_kits_carry(tmp
     # vLLM 0.24.0's world takes transformers 5.9.0 (the kit's 5.10.4 is replaced: its site comes first)
     assert "transformers==5.9.0" in carried and "transformers 5.10.4 -> 5.9.0" in p.stdout
     assert not [c for c in carried if c.split("==")[0] in ("torch", "numpy", "numba", "tokenspeed-mla", "tilelang",
-                                                            "humming-kernels", "flashinfer-cubin")]
+                                                            "humming-kernels", "flashinfer-cubin",
+                                                            "nvidia-cutlass-dsl", "nvidia-cuda-nvcc")]
     assert not (tmp_path / "parts").exists()
