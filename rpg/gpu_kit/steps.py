@@ -9,8 +9,9 @@ into a result (its problems, a summary line); ``rpg.gpu_kit.run`` runs them.
 4. ``model_step``: RPG steps of a 0.1 B-parameter Qwen2-shaped model and of SmolLM2-135M's shape, random weights
    (``rpg.gpu_kit.model_step``);
 5. ``smoke_hf``: run 1 of ``rpg.demo.gpu_smoke --rollout hf`` (SDPA attention without flash-attn), with its checks;
-6. ``gpu_tests``: ``pytest -m gpu tests/gpu`` without the smoke run (step 5 runs it);
-7. ``bench_losses``: ``benchmarks/bench_losses.py --device cuda``, the RPG losses against verl's vanilla loss;
+6. ``gpu_tests``: ``pytest -m gpu tests/gpu`` without the smoke run (step 5 runs it); not a default step (it has run);
+7. ``bench_losses``: ``benchmarks/bench_losses.py --device cuda``, the RPG losses against verl's vanilla loss; not a
+   default step (it has run);
 8. ``smoke_resume``: the resumed run from ``smoke_hf``'s checkpoint (this call's, else the newest passed one under
    ``outputs/gpu_kit`` of this checkout): not a default step, as its second trainer start-up does not fit the
    default budget; a second call ``--steps smoke_resume`` on the same node runs it;
@@ -274,12 +275,15 @@ def _vllm_part(ctx: Context, run: StepRun):
 
 
 # In the call order of docs/gpu-smoke.md: what has never run on a GPU first (the memory probe, SmolLM2's shape in the
-# model step), then the smoke run (its driver start changed since it last ran), then the checks that have run.
+# model step), then the smoke run (its driver start changed since it last ran): the default steps, 373 s on an H200
+# (2026-11-28); the checks that have run (GPU tests, loss benchmark) and the resume are calls of their own.
 # Boxes: about 1.1-2x what each step took on an NVIDIA H200 node (16 cores; docs/gpu-smoke.md#what-has-run-on-a-gpu),
 # the slower of two kit runs: install 10.4 s (5.2 s again), environment 18.4, gpu_tests 73.8, bench_losses 34.7,
 # smoke_hf's run 1 186-240 (start-up to all workers 107-166 s, validation, 4 steps, validation, checkpoint),
 # model_step 16.6 (its 0.1 B shape). The resumed run (a second trainer start-up, 137 s in all there) does not fit
 # after them: its own call.
+RAN_BEFORE = ("it ran and passed on an NVIDIA H200 (2026-11-26, docs/gpu-smoke.md); a call of its own: "
+              "--steps gpu_tests,bench_losses")
 STEPS = [
     Step("install", 60, "the carry's wheels and the project installed offline; pip check", _install, read_result),
     Step("environment", 45, "GPU, driver, CUDA, package versions; verl loads the RPG losses", _environment,
@@ -292,9 +296,10 @@ STEPS = [
     Step("smoke_hf", 270, "verl's GPU path with the HF rollout, run 1: bf16 FSDP2 actor, offload, schedule-free, "
          "reference reset, validation, checkpoint", _smoke("hf"), parse_smoke, grace_s=45),
     Step("gpu_tests", 120, "tests/gpu: bf16 losses on CUDA, compiled loss, offloaded reference copy, schedule-free "
-         "with offload", _gpu_tests, parse_pytest),
+         "with offload", _gpu_tests, parse_pytest,
+         not_default=RAN_BEFORE),
     Step("bench_losses", 60, "RPG losses vs verl's vanilla loss on CUDA: time, memory, eager and compiled", _bench,
-         parse_bench),
+         parse_bench, not_default=RAN_BEFORE),
     Step("smoke_resume", 240, "the HF smoke run's resumed run from smoke_hf's checkpoint", _smoke("hf", resume=True),
          parse_smoke, grace_s=45, skip_is_fine=False,
          not_default="its run (137 s on an H200) does not fit the budget after the others (328 s); run it in a "

@@ -148,23 +148,45 @@ STAND_INS = {
 }
 
 
+def test_a_plain_call_runs_the_first_calls_steps_and_says_why_not_the_others(tmp_path):
+    """docs/gpu-smoke.md's call order: what never ran on a GPU first (memory probe, SmolLM2's shape), the smoke run;
+    the checks that have run, the resume and the vLLM parts' install are listed with why."""
+    ok = ["{python}", "-c", "import json, os; json.dump({'line': 'ok', 'problems': []}, "
+          "open(os.environ['RPG_GPU_KIT_RESULT'], 'w'))"]
+    stand_ins = tmp_path / "stand_ins.json"
+    stand_ins.write_text(json.dumps({"install": ok, "environment": ok, "memory_probe": ok, "model_step": ok,
+                                     "smoke_hf": STAND_INS["smoke_hf"]}))
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "rpg.gpu_kit.run", "--out", str(out), "--work", str(tmp_path / "work"),
+                        "--stand-ins", str(stand_ins)], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert [s["name"] for s in summary["steps"]] == ["install", "environment", "memory_probe", "model_step",
+                                                     "smoke_hf", "smoke_vllm"]
+    why = {n["name"]: n["reason"] for n in summary["not_run"]}
+    assert list(why) == ["gpu_tests", "bench_losses", "smoke_resume", "vllm_part"]
+    assert why["gpu_tests"] == why["bench_losses"] and why["gpu_tests"].startswith("not a default step: it ran")
+    assert why["smoke_resume"].startswith("not a default step: its run")
+    assert why["vllm_part"].startswith("not a default step: it installs")
+
+
 def test_run_walks_every_step_with_stand_ins(tmp_path):
     out, stand_ins = tmp_path / "out", tmp_path / "stand_ins.json"
     stand_ins.write_text(json.dumps(STAND_INS))
     env = {**os.environ, "KIT_OUT": str(out), "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, "-m", "rpg.gpu_kit.run", "--out", str(out), "--work", str(tmp_path / "work"),
-                        "--stand-ins", str(stand_ins), "--box", "bench_losses=3", "--budget", "300"],
+                        "--stand-ins", str(stand_ins), "--box", "bench_losses=3", "--budget", "300", "--steps",
+                        "environment,memory_probe,model_step,smoke_hf,gpu_tests,bench_losses,smoke_vllm"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert p.returncode == 1, p.stdout + p.stderr
     summary = json.loads((out / "summary.json").read_text())
     steps = {s["name"]: s for s in summary["steps"]}
     assert list(steps) == [s.name for s in kit_steps.STEPS if s.name not in ("smoke_resume", "vllm_part")]
     assert summary["finished"] and not summary["all_passed"]
-    # the resume has a call of its own, the vLLM parts' install the calls that carry them: listed, with why
-    not_run, vllm_part = summary["not_run"]
-    assert not_run["name"] == "smoke_resume" and not_run["reason"].startswith("not a default step: its run")
-    assert vllm_part["name"] == "vllm_part" and vllm_part["reason"].startswith("not a default step: it installs")
-    assert "not run: smoke_resume: not a default step" in p.stdout
+    assert {n["name"]: n["reason"] for n in summary["not_run"]} == {"smoke_resume": "not in --steps",
+                                                                    "vllm_part": "not in --steps"}
+    assert "not run: smoke_resume: not in --steps" in p.stdout
     status = {name: s["status"] for name, s in steps.items()}
     assert status == {"install": "passed", "environment": "failed", "memory_probe": "passed", "model_step": "failed",
                       "smoke_hf": "passed", "gpu_tests": "passed", "bench_losses": "timed_out",
@@ -439,46 +461,43 @@ def test_the_probes_fit_recovers_a_line_and_refuses_one_depth():
 
 @pytest.mark.parametrize("model, tokens", [("Qwen/Qwen2.5-7B-Instruct", 4096), ("Qwen/Qwen2.5-7B-Instruct", 16384),
                                            ("Qwen/Qwen3-4B", 32768)])
-def test_a_probe_that_measured_the_plan_restates_the_plan(model, tokens):
-    """Peaks built from the plan's own terms at 1 and 2 layers on one GPU (the update split as the probe measures it:
-    forward + backward, then the optimizer step) restate, at full depth on 8 GPUs, exactly the plan's log-prob and
-    update phases for the same kernels (SDPA); a measured term twice the plan's shows in the restated figure."""
+@pytest.mark.parametrize("gradients_at_peak", [False, True])
+def test_a_probe_that_measured_known_terms_restates_them(model, tokens, gradients_at_peak):
+    """Log-prob peaks built from the plan's own terms at 1 and 2 layers on one GPU restate, at full depth on 8 GPUs,
+    exactly the plan's log-prob phase (its terms beyond the state do not grow with depth). Forward + backward built
+    from known terms c + d * L beyond parameters and optimizer states, with no gradient at the peak (early in the
+    backward) or every gradient (at its end), restates as every gradient sharded + c + d * L; the optimizer step, r
+    state shards beyond parameters, gradients and optimizer states, as state / 8 + r * shard / 8."""
     from rpg.gpu_kit.memory_probe import restate, script_settings, state_gib, truncated
     from rpg.memory import architecture_for, estimate
     from rpg.memory.gpu import RUNTIME_OVERHEAD_GIB
     from rpg.memory.sizes import GIB
 
     arch = architecture_for(model)
+    c, d, r = 9.5, 0.125, 1.03
 
-    def as_measured(layers: int, head_factor: float = 1.0) -> dict[str, float]:
+    def as_measured(layers: int) -> dict[str, float]:
         small = truncated(arch, layers)
+        (lp,) = [p.gib for p in estimate(script_settings(tokens, 1, "sdpa"), small).phases
+                 if p.name == "log-prob forward"]
+        return {"log-prob": lp - RUNTIME_OVERHEAD_GIB,
+                "forward+backward": state_gib(small, gradients_at_peak) + c + d * layers,
+                "optimizer step": state_gib(small, True) + r * small.params * 4 / GIB}
 
-        def terms(gpus: int) -> dict[str, dict[str, float]]:
-            return {p.name: {t.name: t.gib for t in p.terms}
-                    for p in estimate(script_settings(tokens, gpus, "sdpa"), small).phases}
-
-        one, eight = terms(1), terms(8)
-        lp = sum(one["log-prob forward"].values()) - RUNTIME_OVERHEAD_GIB
-        kept = next(g for name, g in one["update (forward + backward)"].items()
-                    if name.startswith("checkpointed activations"))
-        # forward + backward's own transient (the logits' head or a layer's recompute: the same on any number of
-        # GPUs), read where the optimizer step's temporaries (one shard) are too small to be the plan's largest
-        (transient,) = [(name, g) for name, g in eight["update (forward + backward)"].items()
-                        if name.startswith("peak transient")]
-        assert "optimizer step" not in transient[0]
-        return {"log-prob": lp,
-                "forward+backward": state_gib(small, "update") + kept + transient[1] * head_factor,
-                "optimizer step": state_gib(small, "update") + small.params * 4 / GIB}
-
-    out = restate(arch, tokens, {1: as_measured(1), 2: as_measured(2)})
-    plan = out["planned_gib"]["sdpa"]
-    assert out["restated_gib"]["update"] == pytest.approx(plan["update (forward + backward)"], rel=1e-9)
-    assert out["restated_gib"]["log-prob"] == pytest.approx(plan["log-prob forward"], rel=1e-9)
-    assert out["fitted"]["optimizer step / one state shard"] == pytest.approx(1.0)
-    assert out["layers"] == arch.layers and out["gpus"] == 8 and out["fits"] == (out["headroom_gib"] >= 7.96)
-    doubled = restate(arch, tokens, {1: as_measured(1, 2.0), 2: as_measured(2, 2.0)})
-    assert doubled["restated_gib"]["update"] > out["restated_gib"]["update"]
-    assert doubled["restated_gib"]["log-prob"] == pytest.approx(out["restated_gib"]["log-prob"])
+    out = restate(arch, tokens, {1: as_measured(1), 2: as_measured(2)}, 0.6)
+    assert out["restated_gib"]["log-prob"] == pytest.approx(out["planned_gib"]["sdpa"]["log-prob forward"], rel=1e-9)
+    fb = arch.params * 16 / 8 / GIB + c + d * arch.layers + RUNTIME_OVERHEAD_GIB
+    step = arch.params * 16 / 8 / GIB + r * arch.params * 4 / 8 / GIB + RUNTIME_OVERHEAD_GIB
+    assert out["restated_gib"]["forward+backward"] == pytest.approx(fb, rel=1e-9)
+    assert out["restated_gib"]["optimizer step"] == pytest.approx(step, rel=1e-9)
+    assert out["restated_gib"]["update"] == max(out["restated_gib"]["forward+backward"],
+                                                out["restated_gib"]["optimizer step"])
+    fitted = out["fitted"]["forward+backward"]
+    assert (fitted["fixed_gib"], fitted["per_layer_gib"]) == pytest.approx((c, d))
+    assert fitted["peak"] == ("end of the backward" if gradients_at_peak else "early in the backward")
+    assert out["fitted"]["optimizer step / one state shard"] == pytest.approx(r)
+    assert out["layers"] == arch.layers and out["gpus"] == 8
+    assert out["peak_gib"] >= max(out["restated_gib"].values()) and out["fits"] == (out["headroom_gib"] >= 7.96)
 
 
 def test_a_script_the_probe_did_not_measure_is_named_with_why():
@@ -489,7 +508,8 @@ def test_a_script_the_probe_did_not_measure_is_named_with_why():
 
     math7b, qwen3 = architecture_for("Qwen/Qwen2.5-Math-7B"), architecture_for("Qwen/Qwen3-4B-Base")
     s = script_settings(16384, 8, "flash_attention_2")
-    assert uncovered(s, math7b) is None and uncovered(script_settings(32768, 8, "sdpa"), qwen3) is None
+    assert uncovered(s, math7b) is None and uncovered(script_settings(32768, 8, "sdpa", 0.7), qwen3) is None
+    assert "rollout_util=0.6 (probed 0.7)" in uncovered(script_settings(32768, 8, "sdpa"), qwen3)
     assert "probed: (4096, 16384)" in uncovered(dataclasses.replace(s, train_tokens=8192, logprob_tokens=8192,
                                                                     ref_tokens=8192), math7b)
     assert "log-prob 4096" in uncovered(dataclasses.replace(s, logprob_tokens=4096), math7b)
