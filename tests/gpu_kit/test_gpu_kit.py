@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -515,3 +516,14 @@ def test_a_script_the_probe_did_not_measure_is_named_with_why():
     assert "log-prob 4096" in uncovered(dataclasses.replace(s, logprob_tokens=4096), math7b)
     assert uncovered(dataclasses.replace(s, param_offload=True), math7b).endswith("param_offload=True (probed False)")
     assert uncovered(s, dataclasses.replace(qwen3, hidden=2048)) == "Qwen/Qwen3-4B-Base: no probe has its widths"
+
+
+def test_the_docs_memory_tables_are_rebuilt_from_the_committed_gpu_run():
+    """docs/gpu-smoke.md's memory-probe tables are `--render` of the committed summary.json they cite."""
+    from rpg.gpu_kit.memory_probe import probe_result, render
+
+    doc = (ROOT / "docs" / "gpu-smoke.md").read_text()
+    begin, end = "<!-- memory-probe tables: begin -->\n", "<!-- memory-probe tables: end -->"
+    shown = doc[doc.index(begin) + len(begin):doc.index(end)]
+    cited = re.search(r"--render\s+(docs/gpu-runs/\S+\.summary\.json)", doc).group(1)
+    assert shown == render(probe_result(ROOT / cited))
