@@ -14,8 +14,8 @@ SITE_DIR = ".gpu_kit_site"  # where the run installs the carry (ignored; kept on
 MANIFEST = "manifest.json"
 CARRY_FILE = "wheels.tar.xz"
 TARGET_PYTHON = "3.12"  # the node's Python (CPython)
-# a device call's command: budget + 30 s. The default steps took 328-390 s on an H200 node; with the machine's start
-# (about 35 s) a second call (smoke_resume, or a rerun) still fits a 15-minute lease
+# a device call's command: budget + 30 s. The default steps (docs/gpu-smoke.md's first call) took 373 s on an H200 node
+# (2026-11-28); with the machine's start (about 30 s) the device time left is about 8 minutes
 DEFAULT_BUDGET_S = 450
 
 

@@ -302,7 +302,7 @@ STEPS = [
          parse_bench, not_default=RAN_BEFORE),
     Step("smoke_resume", 240, "the HF smoke run's resumed run from smoke_hf's checkpoint", _smoke("hf", resume=True),
          parse_smoke, grace_s=45, skip_is_fine=False,
-         not_default="its run (137 s on an H200) does not fit the budget after the others (328 s); run it in a "
+         not_default="its run (137 s on an H200) does not fit the budget after the others (373 s); run it in a "
                      "second call on the same node: --steps smoke_resume"),
     # box: the vLLM wheel (420 MiB stored) joined, decompressed and installed, then import vllm (at most 75 s)
     Step("vllm_part", 120, "the vLLM parts this call carries, installed into the vLLM site outside the checkout "
