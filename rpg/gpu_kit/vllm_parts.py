@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg.gpu_kit import CARRY_DIR, MANIFEST, TARGET_PYTHON
+from rpg.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, MANIFEST, TARGET_PYTHON
 from rpg.gpu_kit.build import (CALL_MIB, CARRY_ANYWAY, EXCLUDE, HAVE_FILE, BuildError, build_source_only, canonical,
                                check_resolver, default_resolver, download, project_requirements, read_have, resolve,
                                select, travelling_tree_bytes)
@@ -46,7 +46,7 @@ from rpg.gpu_kit.vllm_install import DEFAULT_SITE, KIND, PARTS_DIR
 
 VLLM_REQUIREMENT = "verl[vllm]==0.9.1"  # pyproject.toml's gpu extra
 VLLM_VERSION = "0.24.0"  # verl 0.9.1's vllm extra pins it
-PART_MIB = 58.0  # a part and the working tree (about 6 MiB) within the 64 MiB a device call carries
+PART_MIB = 56.0  # a part and the working tree (6.8 MiB on 2026-11-28; it grows) within the 64 MiB of a device call
 BLOCK_BYTES = 32 * 2**20  # xz blocks compressed side by side (a block far above xz's 8 MiB window loses nothing)
 PART_NAME = "part-{:02d}"
 # Required by vLLM, never loaded for a dense model with FlashAttention 2 (the smoke run's Qwen2 model): left out
@@ -230,8 +230,9 @@ LAST_BUDGET_S = 420  # the last call: install (checked: seconds), vllm_part (the
 def device_calls(manifest: dict, out: Path, tree_bytes: int | None, base_bytes: int | None) -> list[dict]:
     """The device calls that carry the parts, one part each, back to back on a warm node (a node given back loses
     the staged parts): the installer alone, which needs only the checkout; part 1 rides along with the kit's first
-    call when the kit's carry, the part and the tree fit one call; the last part's call runs the kit with
-    ``--steps vllm_part,smoke_vllm`` (the kit's carry and site stay on the warm node from the first call)."""
+    call (its default steps) when the kit's carry, the part and the tree fit one call; the last part's call runs
+    the kit with ``--steps vllm_part,smoke_vllm`` (the kit's carry and site stay on the warm node from the first
+    call: ignored folders a call does not name are kept there)."""
     rel = os.path.relpath(out, CHECKOUT)
     install = INSTALL_COMMAND.format(parts=rel)
     kit = KIT_COMMAND.format(carry=CARRY_DIR)
@@ -242,11 +243,10 @@ def device_calls(manifest: dict, out: Path, tree_bytes: int | None, base_bytes: 
         if n == len(parts):
             command, timeout = f"{kit} --steps vllm_part,smoke_vllm --budget {LAST_BUDGET_S}", LAST_BUDGET_S + 30
         elif n == 1 and base_bytes is not None and sends + base_bytes <= CALL_MIB * 2**20:
-            # the kit's install and environment steps (its default steps: a call of their own, 480 s, as 15 minutes
-            # of device time do not hold them, the parts' calls and the vLLM smoke run); its result on stdout only
-            # (at most 8 files come back from $OUT)
+            # before the kit's default steps (docs/gpu-smoke.md's call 1); its result on stdout only (at most 8 files
+            # come back from $OUT, the kit's logs among them); its seconds beside the kit's 30
             carry, sends = [CARRY_DIR, *carry], sends + base_bytes
-            command, timeout = f"{install}; {kit} --steps environment --budget 120", 180
+            command, timeout = f"{install}; {kit}", DEFAULT_BUDGET_S + 60
         else:
             command, timeout = f'{install} --result "$OUT/vllm_install.json"', 120
         calls.append({"part": part["file"], "mib": round(part["bytes"] / 2**20, 1),

@@ -251,7 +251,7 @@ def test_the_device_calls_carry_one_part_each_the_first_beside_the_kit_the_last_
     first, *middle, last = calls
     assert first["carry"] == [".gpu_kit", ".gpu_kit_vllm/part-01"] and first["sends_mib"] <= 64
     assert first["command"].startswith("python3 -m rpg.gpu_kit.vllm_install --parts .gpu_kit_vllm; ")
-    assert first["command"].endswith("--steps environment --budget 120")
+    assert first["command"].endswith('rpg.gpu_kit.run --carry .gpu_kit --out "$OUT"') and first["timeout_s"] == 510
     assert [c["carry"] for c in middle] == [[f".gpu_kit_vllm/part-{i:02d}"] for i in range(2, n)]
     assert all(c["command"].endswith('--result "$OUT/vllm_install.json"') for c in middle)
     assert last["carry"] == [f".gpu_kit_vllm/part-{n:02d}"] and "--steps vllm_part,smoke_vllm" in last["command"]
