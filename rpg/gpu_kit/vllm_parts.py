@@ -64,9 +64,13 @@ VLLM_EXCLUDE = {
                           "Blackwell FMHA, DeepSeek-V4 and GDN kernels and FlashInfer's CuTe DSL kernels (FlashInfer's "
                           "__init__ goes on without it)",
     "quack-kernels": "CuTe DSL kernels (FA4, GDN): imported only there, and needs nvidia-cutlass-dsl",
-    "nvidia-cuda-tileiras": "the cuTile compiler of cuda-tile[tileiras] with nvcc, nvvm and crt (about 100 MiB of "
-                            "xz): FlashInfer's cuTile all-gather GEMM (several GPUs) and FlashInfer's JIT kernels; "
-                            "the kit's steps sample with PyTorch (VLLM_USE_FLASHINFER_SAMPLER=0, run_env)",
+    # the CUDA compilers of cuda-tile[tileiras] (FlashInfer's): about 100 MiB of xz with crt, for FlashInfer's cuTile
+    # all-gather GEMM (several GPUs) and its JIT kernels; the kit's steps sample with PyTorch
+    # (VLLM_USE_FLASHINFER_SAMPLER=0, rpg.gpu_kit.install.run_env); cuda-tile itself is carried (flashinfer.comm
+    # imports it)
+    "nvidia-cuda-tileiras": "the cuTile compiler (FlashInfer's cuTile kernels); see the comment above",
+    "nvidia-cuda-nvcc": "nvcc, for FlashInfer's JIT kernels and cuTile (with nvidia-cuda-crt)",
+    "nvidia-nvvm": "NVVM, as nvcc",
 }
 # The node's pin left out of the resolution: the node's own version is used (not carried).
 UNPINNED = {

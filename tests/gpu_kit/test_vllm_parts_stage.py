@@ -34,5 +34,6 @@ def test_the_vllm_parts_resolve_vllm_0_24_for_the_node_beside_the_kits_carry(tmp
     assert "transformers==5.9.0" in carried and "transformers 5.10.4 -> 5.9.0" in p.stdout
     assert not [c for c in carried if c.split("==")[0] in ("torch", "numpy", "numba", "tokenspeed-mla", "tilelang",
                                                             "humming-kernels", "flashinfer-cubin",
-                                                            "nvidia-cutlass-dsl", "nvidia-cuda-nvcc")]
+                                                            "nvidia-cutlass-dsl", "nvidia-cuda-nvcc",
+                                                            "nvidia-nvvm", "nvidia-cuda-tileiras")]
     assert not (tmp_path / "parts").exists()
