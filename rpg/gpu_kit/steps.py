@@ -233,7 +233,7 @@ def resume_checkpoint(ctx: Context) -> Path | None:
 def _smoke(rollout: str, resume: bool = False):
     def command(ctx: Context, run: StepRun):
         if rollout == "vllm" and not ctx.available("vllm"):
-            return ("vLLM is not installed: the kit's carry holds no vLLM (about 500 MiB with what it needs, over "
+            return ("vLLM is not installed: the kit's carry holds no vLLM (183 MiB of xz with what it needs, over "
                     "what one device call carries); send the vLLM parts (python -m rpg.gpu_kit.vllm_parts), one a "
                     "call, the last with --steps vllm_part,smoke_vllm, or install the gpu extra on a node with network")
         # run 1 alone (its checks written when it ends); the resume is its own step, with a trainer start-up of its own
