@@ -1,5 +1,5 @@
 """Install the vLLM parts on a GPU node, one device call at a time: vLLM and what it needs beyond the node and the
-kit's carry are too large for one call (``rpg.gpu_kit.vllm_parts`` cuts them into parts of at most 58 MiB).
+kit's carry are too large for one call (``rpg.gpu_kit.vllm_parts`` cuts them into parts of at most 56 MiB).
 
     python3 -m rpg.gpu_kit.vllm_install [--parts .gpu_kit_vllm] [--site /tmp/rpg-gpu-kit-vllm]
                                         [--kit-site .gpu_kit_site] [--result FILE]

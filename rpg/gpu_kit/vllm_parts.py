@@ -1,10 +1,10 @@
 """Build the vLLM parts: vLLM 0.24.0 (verl[vllm]==0.9.1's pin, pyproject's ``gpu`` extra) and what it needs beyond
 the GPU node's packages and the kit's carry, cut into parts that each fit one device call beside the working tree
-(the whole is about six times what one call carries); ``rpg.gpu_kit.vllm_install`` installs them on the node, one
+(183 MiB of xz on 2026-11-28: four calls); ``rpg.gpu_kit.vllm_install`` installs them on the node, one
 call at a time.
 
     python -m rpg.gpu_kit.vllm_parts [--python PYTHON3.12] [--have FILE] [--base .gpu_kit] [--out .gpu_kit_vllm]
-                                     [--part-mib 58] [--first-mib 0] [--preset 6] [--jobs 2] [--cache DIR]
+                                     [--part-mib 56] [--first-mib 0] [--preset 6] [--jobs 2] [--cache DIR]
 
 1. pip resolves the project's requirements and ``verl[vllm]==0.9.1`` for the node (``rpg.gpu_kit.build.resolve``)
    with the node's versions pinned but numpy's (``UNPINNED``: vLLM's requirements exclude the node's numpy 2.5.2,
@@ -60,7 +60,7 @@ VLLM_EXCLUDE = {
                       "tokenspeed-triton is 93 MiB",
     "tilelang": "DeepSeek-V4's mHC kernels (vllm/model_executor/kernels/mhc), imported inside them; with z3-solver",
     "humming-kernels": "quantization='humming' and its MoE kernels only",
-    "nvidia-cutlass-dsl": "CUTLASS's CuTe DSL (110 MiB of xz with its libraries): imported only by vLLM's FA4, "
+    "nvidia-cutlass-dsl": "CUTLASS's CuTe DSL (105 MiB of xz with its libraries): imported only by vLLM's FA4, "
                           "Blackwell FMHA, DeepSeek-V4 and GDN kernels and FlashInfer's CuTe DSL kernels (FlashInfer's "
                           "__init__ goes on without it)",
     "quack-kernels": "CuTe DSL kernels (FA4, GDN): imported only there, and needs nvidia-cutlass-dsl",
