@@ -46,10 +46,12 @@ def run_env(site: Path, checkout: Path = CHECKOUT) -> dict[str, str]:
     vllm = ready_site()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout), vllm and str(vllm), str(site), env.get("PYTHONPATH"))
                                         if p)
-    if vllm:  # the parts hold no FlashAttention 3 (vLLM 0.24 falls back to FA2 itself; older ones read this), no
-        # FlashInfer kernels nor nvcc to compile them: PyTorch's top-p/top-k sampling
-        env.setdefault("VLLM_FLASH_ATTN_VERSION", "2")
+    if vllm:  # the parts hold no FlashInfer kernels nor nvcc to compile them: PyTorch's top-p/top-k sampling. vLLM's
+        # own start-up lines (model load, compilation, CUDA graphs, KV cache) in the trainer's log: verl sets WARN
+        # unless the variable is already set (trainer/constants_ppo.py get_ppo_ray_runtime_env); the H200's first
+        # vLLM smoke run logged nothing for its last 93 s before its box ended
         env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     return env
 
 

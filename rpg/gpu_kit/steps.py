@@ -309,6 +309,8 @@ STEPS = [
          "(rpg.gpu_kit.vllm_install); vLLM imported once all are in", _vllm_part, read_result, skip_is_fine=False,
          not_default="it installs the vLLM part a call carries (python -m rpg.gpu_kit.vllm_parts): "
                      "--steps vllm_part,smoke_vllm with the last one"),
-    Step("smoke_vllm", 300, "the smoke run's run 1 with vLLM: sleep/wake, weight sync through CUDA IPC",
+    # box: on the H200 (2026-11-28) verl's start reached the vLLM server at 128 s, whose engine process was still
+    # starting at 279 s when a 300 s box ended; the HF run's validation and 4 steps take about 75 s
+    Step("smoke_vllm", 520, "the smoke run's run 1 with vLLM: sleep/wake, weight sync through CUDA IPC",
          _smoke("vllm"), parse_smoke, grace_s=45),
 ]
