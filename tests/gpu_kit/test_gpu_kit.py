@@ -452,7 +452,7 @@ def test_an_unreadable_install_state_installs_the_wheels_again(tmp_path, monkeyp
 # ----------------------------------------------------------------------------- the memory probe's arithmetic
 
 def test_the_probes_fit_recovers_a_line_and_refuses_one_depth():
-    from rpg.gpu_kit.memory_probe import fit
+    from rpg.gpu_kit.memory_terms import fit
 
     assert fit({1: 5.5, 2: 7.0}) == pytest.approx((4.0, 1.5))
     assert fit({1: 3.0, 2: 5.0, 4: 9.0}) == pytest.approx((1.0, 2.0))
@@ -469,7 +469,7 @@ def test_a_probe_that_measured_known_terms_restates_them(model, tokens, gradient
     from known terms c + d * L beyond parameters and optimizer states, with no gradient at the peak (early in the
     backward) or every gradient (at its end), restates as every gradient sharded + c + d * L; the optimizer step, r
     state shards beyond parameters, gradients and optimizer states, as state / 8 + r * shard / 8."""
-    from rpg.gpu_kit.memory_probe import restate, script_settings, state_gib, truncated
+    from rpg.gpu_kit.memory_terms import restate, script_settings, state_gib, truncated
     from rpg.memory import architecture_for, estimate
     from rpg.memory.gpu import RUNTIME_OVERHEAD_GIB
     from rpg.memory.sizes import GIB
@@ -504,7 +504,7 @@ def test_a_probe_that_measured_known_terms_restates_them(model, tokens, gradient
 def test_a_script_the_probe_did_not_measure_is_named_with_why():
     import dataclasses
 
-    from rpg.gpu_kit.memory_probe import script_settings, uncovered
+    from rpg.gpu_kit.memory_terms import script_settings, uncovered
     from rpg.memory import architecture_for
 
     math7b, qwen3 = architecture_for("Qwen/Qwen2.5-Math-7B"), architecture_for("Qwen/Qwen3-4B-Base")
@@ -520,7 +520,7 @@ def test_a_script_the_probe_did_not_measure_is_named_with_why():
 
 def test_the_docs_memory_tables_are_rebuilt_from_the_committed_gpu_run():
     """docs/gpu-smoke.md's memory-probe tables are `--render` of the committed summary.json they cite."""
-    from rpg.gpu_kit.memory_probe import probe_result, render
+    from rpg.gpu_kit.memory_terms import probe_result, render
 
     doc = (ROOT / "docs" / "gpu-smoke.md").read_text()
     begin, end = "<!-- memory-probe tables: begin -->\n", "<!-- memory-probe tables: end -->"

@@ -186,7 +186,8 @@ def test_the_probed_models_have_the_parameters_the_memory_plan_counts():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rpg.gpu_kit.memory_probe import hf_config, shapes, truncated
+    from rpg.gpu_kit.memory_probe import hf_config, shapes
+    from rpg.gpu_kit.memory_terms import truncated
 
     for _, arch in shapes(stand_in=False):
         for layers in (1, 2):

@@ -91,7 +91,7 @@ def _memory_fits(cfg) -> str | None:
     shape, token budgets and memory settings are those the GPU kit's memory probe measures."""
     from omegaconf import OmegaConf
 
-    from rpg.gpu_kit.memory_probe import uncovered
+    from rpg.gpu_kit.memory_terms import uncovered
     from rpg.memory import (DEFAULT_GPU_MEM_GIB, DEFAULT_HOST_MEM_GIB, architecture_for, estimate, estimate_host,
                                    host_settings_from_config, settings_from_config)
 
