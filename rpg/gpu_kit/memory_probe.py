@@ -148,7 +148,8 @@ class Actor:
 
 
 def measured(device, fn) -> tuple[object, dict]:
-    """``fn()``'s peak allocated and reserved GiB (None off CUDA) and its seconds."""
+    """``fn()``'s allocated GiB at its start, peak and end (forward + backward's end: every gradient there), its peak
+    reserved GiB (None off CUDA) and its seconds."""
     import torch
 
     cuda = device.type == "cuda"
@@ -160,6 +161,7 @@ def measured(device, fn) -> tuple[object, dict]:
     if cuda:
         torch.cuda.synchronize()
     return value, {"start_gib": start, "peak_gib": torch.cuda.max_memory_allocated() / GIB if cuda else None,
+                   "end_gib": torch.cuda.memory_allocated() / GIB if cuda else None,
                    "reserved_gib": torch.cuda.max_memory_reserved() / GIB if cuda else None,
                    "seconds": round(time.perf_counter() - t0, 3)}
 

@@ -117,20 +117,22 @@ def restate(arch: Architecture, tokens: int, measured: dict[int, dict[str, float
 
     * log-prob: beyond parameters and optimizer states;
     * forward + backward: a unit's gradient exists once the backward has passed it, so the peak comes either early in
-      the backward (the logits' transients, few gradients yet: d is the activations kept per layer) or at its end
-      (every gradient: d is one layer's gradient plus a little). The fit beyond parameters and optimizer states tells
-      which: d under half a layer's gradient is the first, and (c, d) are kept; else the second, and (c, d) are
-      refitted beyond the gradients too. Either way the restated peak adds every gradient, sharded (an upper bound
-      for the first);
+      the backward (the logits' transients, few gradients yet: d is the layer input gradient checkpointing keeps,
+      T * H * 2 bytes) or at its end (every gradient: d is that plus one layer's fp32 gradient). The fit beyond
+      parameters and optimizer states tells which, by the nearer of the two slopes: the first keeps (c, d); the
+      second refits them beyond the gradients too. Either way the restated peak adds every gradient, sharded (an
+      upper bound for the first; its c also holds, whole, the gradient of a unit the backward passed first, such
+      as an untied lm_head's);
     * optimizer step: beyond parameters, gradients and optimizer states, as a multiple of one state shard (its
       temporaries are per parameter, so they shrink with the shard)."""
     out: dict = {"model": arch.name, "tokens": tokens, "gpus": gpus, "layers": arch.layers}
+
     def beyond(phase: str, gradients: bool) -> tuple[float, float]:
         return fit({L: m[phase] - state_gib(truncated(arch, L), gradients) for L, m in measured.items()})
 
     lp, fb = beyond("log-prob", False), beyond("forward+backward", False)
-    layer_gradient = arch.layer_params * 4 / GIB
-    at_end = fb[1] >= layer_gradient / 2
+    kept_per_layer, layer_gradient = tokens * arch.hidden * 2 / GIB, arch.layer_params * 4 / GIB
+    at_end = abs(fb[1] - (kept_per_layer + layer_gradient)) < abs(fb[1] - kept_per_layer)
     if at_end:
         fb = beyond("forward+backward", True)
     step_ratio = max((m["optimizer step"] - state_gib(truncated(arch, L), True))

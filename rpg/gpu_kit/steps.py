@@ -16,7 +16,8 @@ into a result (its problems, a summary line); ``rpg.gpu_kit.run`` runs them.
    ``outputs/gpu_kit`` of this checkout): not a default step, as its second trainer start-up does not fit the
    default budget; a second call ``--steps smoke_resume`` on the same node runs it;
 9. ``vllm_part``: not a default step: the vLLM parts a call carries into the vLLM site (``rpg.gpu_kit.vllm_install``);
-10. ``smoke_vllm``: run 1 with vLLM, skipped with its reason when vLLM is not installed (nor its site complete).
+10. ``smoke_vllm``: run 1 with vLLM, skipped with its reason when vLLM is not installed (nor its site complete); not a
+    default step: the last call of the vLLM parts runs it.
 
 The order is docs/gpu-smoke.md's call order: what has never run on a GPU first.
 """
@@ -277,11 +278,11 @@ def _vllm_part(ctx: Context, run: StepRun):
 # In the call order of docs/gpu-smoke.md: what has never run on a GPU first (the memory probe, SmolLM2's shape in the
 # model step), then the smoke run (its driver start changed since it last ran): the default steps, 373 s on an H200
 # (2026-11-28); the checks that have run (GPU tests, loss benchmark) and the resume are calls of their own.
-# Boxes: about 1.1-2x what each step took on an NVIDIA H200 node (16 cores; docs/gpu-smoke.md#what-has-run-on-a-gpu),
-# the slower of two kit runs: install 10.4 s (5.2 s again), environment 18.4, gpu_tests 73.8, bench_losses 34.7,
-# smoke_hf's run 1 186-240 (start-up to all workers 107-166 s, validation, 4 steps, validation, checkpoint),
-# model_step 16.6 (its 0.1 B shape). The resumed run (a second trainer start-up, 137 s in all there) does not fit
-# after them: its own call.
+# Boxes: about 1.2-3.6x what each step took on an NVIDIA H200 node (16 cores; docs/gpu-smoke.md#what-has-run-on-a-gpu),
+# the slowest of the kit runs: install 16.9 s (5.2 s again), environment 23.7, memory_probe 84.2, model_step 25.2 (both
+# shapes), smoke_hf's run 1 186-240 (start-up to all workers 107-166 s, validation, 4 steps, validation,
+# checkpoint), gpu_tests 73.8, bench_losses 34.7, vllm_part 19.7. The resumed run (a second trainer start-up, 137 s
+# in all there) does not fit after them: its own call.
 RAN_BEFORE = ("it ran and passed on an NVIDIA H200 (2026-11-26, docs/gpu-smoke.md); a call of its own: "
               "--steps gpu_tests,bench_losses")
 STEPS = [
@@ -312,5 +313,7 @@ STEPS = [
     # box: on the H200 (2026-11-28) verl's start reached the vLLM server at 128 s, whose engine process was still
     # starting at 279 s when a 300 s box ended; the HF run's validation and 4 steps take about 75 s
     Step("smoke_vllm", 520, "the smoke run's run 1 with vLLM: sleep/wake, weight sync through CUDA IPC",
-         _smoke("vllm"), parse_smoke, grace_s=45),
+         _smoke("vllm"), parse_smoke, grace_s=45,
+         not_default="its box (520 s) does not fit after the default steps; the last call of the vLLM parts runs it: "
+                     "--steps vllm_part,smoke_vllm"),
 ]

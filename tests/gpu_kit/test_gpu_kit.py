@@ -150,8 +150,8 @@ STAND_INS = {
 
 
 def test_a_plain_call_runs_the_first_calls_steps_and_says_why_not_the_others(tmp_path):
-    """docs/gpu-smoke.md's call order: what never ran on a GPU first (memory probe, SmolLM2's shape), the smoke run;
-    the checks that have run, the resume and the vLLM parts' install are listed with why."""
+    """The kit's default steps (docs/gpu-smoke.md's call order: the probe, the model step, the smoke run); the checks
+    that have run, the resume and the vLLM parts' steps are listed with why."""
     ok = ["{python}", "-c", "import json, os; json.dump({'line': 'ok', 'problems': []}, "
           "open(os.environ['RPG_GPU_KIT_RESULT'], 'w'))"]
     stand_ins = tmp_path / "stand_ins.json"
@@ -164,9 +164,10 @@ def test_a_plain_call_runs_the_first_calls_steps_and_says_why_not_the_others(tmp
     assert p.returncode == 0, p.stdout + p.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert [s["name"] for s in summary["steps"]] == ["install", "environment", "memory_probe", "model_step",
-                                                     "smoke_hf", "smoke_vllm"]
+                                                     "smoke_hf"]
     why = {n["name"]: n["reason"] for n in summary["not_run"]}
-    assert list(why) == ["gpu_tests", "bench_losses", "smoke_resume", "vllm_part"]
+    assert list(why) == ["gpu_tests", "bench_losses", "smoke_resume", "vllm_part", "smoke_vllm"]
+    assert why["smoke_vllm"].startswith("not a default step: its box (520 s)")
     assert why["gpu_tests"] == why["bench_losses"] and why["gpu_tests"].startswith("not a default step: it ran")
     assert why["smoke_resume"].startswith("not a default step: its run")
     assert why["vllm_part"].startswith("not a default step: it installs")
@@ -501,6 +502,29 @@ def test_a_probe_that_measured_known_terms_restates_them(model, tokens, gradient
     assert out["peak_gib"] >= max(out["restated_gib"].values()) and out["fits"] == (out["headroom_gib"] >= 7.96)
 
 
+@pytest.mark.parametrize("tokens", [16384, 32768, 65536, 131072])
+def test_the_early_or_late_backward_peak_is_told_by_the_nearer_slope_at_any_budget(tokens):
+    """Peaks whose growth per layer is the checkpointed layer input (T * H * 2) are early-backward peaks at any token
+    budget, also where that exceeds half a layer's gradient (Qwen3-4B from about 39k tokens); peaks growing by a
+    layer's gradient more are end-of-backward peaks: neither restated below the state and gradients sharded."""
+    from rpg.gpu_kit.memory_terms import restate, state_gib, truncated
+    from rpg.memory import architecture_for
+    from rpg.memory.sizes import GIB
+
+    arch = architecture_for("Qwen/Qwen3-4B")
+    kept, gradient = tokens * arch.hidden * 2 / GIB, arch.layer_params * 4 / GIB
+    for at_end, slope in ((False, kept), (True, kept + gradient)):
+        measured = {L: {"log-prob": state_gib(truncated(arch, L), False) + 1.0,
+                        "forward+backward": state_gib(truncated(arch, L), False) + 5.0 + slope * L,
+                        "optimizer step": state_gib(truncated(arch, L), True) + truncated(arch, L).params * 4 / GIB}
+                    for L in (1, 2)}
+        out = restate(arch, tokens, measured, 0.7)
+        fitted = out["fitted"]["forward+backward"]
+        assert fitted["peak"] == ("end of the backward" if at_end else "early in the backward")
+        assert fitted["per_layer_gib"] == pytest.approx(kept)
+        assert out["restated_gib"]["forward+backward"] >= state_gib(arch, True, 8) + kept * arch.layers
+
+
 def test_a_script_the_probe_did_not_measure_is_named_with_why():
     import dataclasses
 
@@ -527,3 +551,26 @@ def test_the_docs_memory_tables_are_rebuilt_from_the_committed_gpu_run():
     shown = doc[doc.index(begin) + len(begin):doc.index(end)]
     cited = re.search(r"--render\s+(docs/gpu-runs/\S+\.summary\.json)", doc).group(1)
     assert shown == render(probe_result(ROOT / cited))
+
+
+def test_the_probe_refuses_bad_depths_and_renders_only_a_run_that_has_it(tmp_path, capsys):
+    from rpg.gpu_kit import memory_probe
+
+    for depths, why in (("1,x", "comma-separated whole numbers"), ("0,1", "each >= 1")):
+        with pytest.raises(SystemExit) as e:
+            memory_probe.main(["--device", "cpu", "--depths", depths])
+        assert e.value.code == 2 and why in capsys.readouterr().err
+    kit = tmp_path / "summary.json"
+    kit.write_text(json.dumps({"steps": [{"name": "model_step", "result": {"line": "x"}}]}))
+    assert memory_probe.main(["--render", str(kit)]) == 2
+    assert "the kit's summary has no memory_probe result" in capsys.readouterr().err
+    # one depth measured: nothing is restated (a fit needs two), the tables say what was measured
+    committed = json.loads((ROOT / "docs/gpu-runs/20261128-011958.summary.json").read_text())
+    (probe,) = [s["result"] for s in committed["steps"] if s["name"] == "memory_probe"]
+    for entry in probe["shapes"].values():
+        entry["runs"] = [r for r in entry["runs"] if r["layers"] == 1]
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps(probe))
+    assert memory_probe.main(["--render", str(one)]) == 0
+    tables = capsys.readouterr().out
+    assert "| Qwen3-4B, 1 | 32768 |" in tables and "36 layers" not in tables

@@ -1,7 +1,7 @@
 """The vLLM parts' resolution against the package registry (the ``gpu_kit`` stage, docs/testing.md): vLLM 0.24.0
 for CPython 3.12 on x86_64 Linux with the node's torch 2.11.0, what is left out, and the kit's packages it takes at
-another version. Resolve only (about a minute): the parts themselves are about 330 MiB of xz from 800 MiB of
-downloads; their cutting, install and the kit's step are tests/gpu_kit/test_vllm_parts.py's, with stand-ins."""
+another version. Resolve only (about a minute): the parts themselves are 183 MiB of xz from 378 MiB of downloads
+(2026-11-28); their cutting, install and the kit's step are tests/gpu_kit/test_vllm_parts.py's, with stand-ins."""
 
 from __future__ import annotations
 
