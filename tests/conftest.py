@@ -152,3 +152,14 @@ def _environment_restored():
     if dict(os.environ) != saved:
         os.environ.clear()
         os.environ.update(saved)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_vllm_site_of_the_node(tmp_path_factory):
+    """No test reads the vLLM site a GPU node's parts were installed into (rpg.gpu_kit.vllm_install's default,
+    /tmp/rpg-gpu-kit-vllm): the session's is an empty folder of its own; a test may set its own again."""
+    import os
+
+    from rpg.gpu_kit.vllm_install import SITE_ENV
+
+    os.environ[SITE_ENV] = str(tmp_path_factory.mktemp("no-vllm-site"))
