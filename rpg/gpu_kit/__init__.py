@@ -28,3 +28,15 @@ def report(result: dict, path: Path | None, program: str) -> int:
     for line in result["problems"]:
         print(f"{program}: {line}", file=sys.stderr)
     return 1 if result["problems"] else 0
+
+
+def conclude(result: dict, path: Path | None, program: str) -> int:
+    """An install's result: as JSON in ``path`` when given, each problem one line on stderr, its summary line on
+    stdout; exit 1 when there is any problem."""
+    if path:
+        path.write_text(json.dumps(result, indent=1) + "\n")
+    for line in result["problems"]:
+        print(f"{program}: {line}", file=sys.stderr)
+    if "line" in result:
+        print(f"{program}: {result['line']}")
+    return 1 if result["problems"] else 0

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg.gpu_kit import CARRY_DIR, MANIFEST, SITE_DIR
+from rpg.gpu_kit import CARRY_DIR, MANIFEST, SITE_DIR, conclude
 from rpg.gpu_kit.build import canonical
 from rpg.gpu_kit.pack import sha256
 
@@ -188,14 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--site", type=Path, default=CHECKOUT / SITE_DIR, help=f"target folder (default {SITE_DIR})")
     ap.add_argument("--result", type=Path, default=None, help="write the result as JSON here")
     args = ap.parse_args(argv)
-    result = install(args.carry.resolve(), args.site.resolve())
-    if args.result:
-        args.result.write_text(json.dumps(result, indent=1) + "\n")
-    for line in result["problems"]:
-        print(f"rpg.gpu_kit.install: {line}", file=sys.stderr)
-    if "line" in result:
-        print(f"rpg.gpu_kit.install: {result['line']}")
-    return 1 if result["problems"] else 0
+    return conclude(install(args.carry.resolve(), args.site.resolve()), args.result, "rpg.gpu_kit.install")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg.gpu_kit import MANIFEST, SITE_DIR
+from rpg.gpu_kit import MANIFEST, SITE_DIR, conclude
 from rpg.gpu_kit.pack import sha256
 
 PARTS_DIR = ".gpu_kit_vllm"  # the parts' folder in the checkout (ignored by git; a device call carries one part)
@@ -281,14 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--result", type=Path, default=None, help="write the result as JSON here")
     args = ap.parse_args(argv)
     site = (args.site or vllm_site()).resolve()
-    result = install(args.parts.resolve(), site, args.kit_site.resolve())
-    if args.result:
-        args.result.write_text(json.dumps(result, indent=1) + "\n")
-    for line in result["problems"]:
-        print(f"rpg.gpu_kit.vllm_install: {line}", file=sys.stderr)
-    if "line" in result:
-        print(f"rpg.gpu_kit.vllm_install: {result['line']}")
-    return 1 if result["problems"] else 0
+    return conclude(install(args.parts.resolve(), site, args.kit_site.resolve()), args.result,
+                    "rpg.gpu_kit.vllm_install")
 
 
 if __name__ == "__main__":

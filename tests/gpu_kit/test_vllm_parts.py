@@ -12,10 +12,10 @@ import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
+from test_gpu_kit import make_wheel as wheel
 
 from rpg.gpu_kit import install, vllm_install, vllm_parts
 from rpg.gpu_kit import steps as kit_steps
@@ -23,19 +23,6 @@ from rpg.gpu_kit.build import BuildError
 
 ROOT = Path(__file__).resolve().parents[2]
 KIB = 1024
-
-
-def wheel(folder: Path, name: str, files: dict[str, bytes]) -> Path:
-    """A minimal valid wheel (py3-none-any) holding ``files``, with its RECORD."""
-    dist = f"{name}-1.0.dist-info"
-    members = {**files, f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
-               f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = "".join(f"{path},,\n" for path in members) + f"{dist}/RECORD,,\n"
-    path = folder / f"{name}-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
-        for member, data in {**members, f"{dist}/RECORD": record.encode()}.items():
-            z.writestr(member, data)
-    return path
 
 
 def noise(n: int, seed: int) -> bytes:
