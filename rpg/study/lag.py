@@ -257,6 +257,10 @@ class LagStudy:
     def render_tables(self, rows: list[dict], source: str = "runs.csv") -> str:
         return render_tables(rows, source, self)
 
+    def tested(self, rows: list[dict]) -> list[plan_and_results.Tested]:
+        """The declared hypotheses tested (one-sided, 95 % intervals, Holm over them): results.md's and the Reading's."""
+        return plan_and_results.test_family(rows, [(h, False) for h in self.hypotheses])
+
     def render(self, csv_path: Path, report_dir: Path) -> list[Path]:
         return render(csv_path, report_dir, self)
 
@@ -290,19 +294,18 @@ def render_tables(rows: list[dict], source: str = "runs.csv", study: LagStudy | 
         out.append(f"| {name} | {len(ok)}/{len(mine)} | {_f(_mean(prim))} ± {_f(sd)} | "
                    f"{_f(_mean([r['final_acc'] for r in ok]))} | {sum(r['collapsed'] or 0 for r in ok)}/{len(ok)} | "
                    f"{diag} | {_f(_mean(loads), '.2f')}, {_f(max(loads) if loads else None, '.2f')} |")
-    results = [test_contrast(rows, h) for h in study.hypotheses]
-    adjusted = stats.holm([1.0 if r.p is None else r.p for r in results])
+    tested = study.tested(rows)
     out += ["", f"## Hypotheses (one-sided exact sign-flip tests on the per-seed contrasts d_s; Holm over "
                 f"{len(study.hypotheses)} at family-wise alpha {ALPHA:g}; interval: 95 %, the inverted sign-flip test)",
             "",
             "| hypothesis | claim | d_s | seeds | mean d_s [95 % CI] | p | Holm p | verdict |",
             "|---|---|---|---|---|---|---|---|"]
-    for r, adj in zip(results, adjusted):
-        verdict = ("—" if r.p is None else "none (exploratory)" if design != DECLARED else "supported"
-                   if adj <= ALPHA else "not supported")
+    for t in tested:
+        r = t.result
+        verdict = ("—" if t.p is None else "none (exploratory)" if design != DECLARED else "supported"
+                   if t.holm <= ALPHA else "not supported")
         out.append(f"| {r.contrast.name} | {r.contrast.claim} | {r.contrast.formula()} | {len(r.d)} | "
-                   f"{_f(r.mean)} {_ci(r.ci)} | {_f(r.p, '.4g')} | {_f(adj if r.p is not None else None, '.4g')} | "
-                   f"{verdict} |")
+                   f"{_f(r.mean)} {_ci(r.ci)} | {_f(t.p, '.4g')} | {_f(t.holm, '.4g')} | {verdict} |")
     out += ["", "## Secondary contrasts (exploratory: unadjusted one-sided p)", "",
             "| contrast | claim | d_s | seeds | mean d_s [95 % CI] | p |", "|---|---|---|---|---|---|"]
     for c in study.secondary:

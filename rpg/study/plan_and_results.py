@@ -9,7 +9,7 @@ per seed, and the plan's generated blocks; the lag study (``rpg.study.lag``) and
   naming the file and line for a bad file, and a finished run never dropped by a rewrite nor mixed with another
   design's. A file written before a column was added reads as the plan's value (``Schema.added``).
 * ``Contrast`` / ``test_contrast``: a contrast over cells per seed, its exact sign-flip p-value and interval
-  (``rpg.study.stats``).
+  (``rpg.study.stats``); ``test_family``: a declared family of them with Holm's adjusted p-values.
 * ``generated_block``: the text between a plan's ``<!-- BEGIN name ... -->`` and ``<!-- END name -->`` markers.
 """
 
@@ -254,6 +254,36 @@ def test_contrast(rows: list[dict], contrast: Contrast, level: float = 0.95) -> 
     if not d:
         return Result(contrast, seeds, d, None, None)
     return Result(contrast, seeds, d, stats.sign_flip_p(d), stats.sign_flip_ci(d, level))
+
+
+@dataclass(frozen=True)
+class Tested:
+    """A declared hypothesis's result: its contrast's ``Result`` (the interval at ``level``), its p-value (one- or
+    two-sided, as declared) and its Holm-adjusted p within the family."""
+
+    result: Result
+    p: float | None
+    holm: float | None
+    level: float
+    two_sided: bool = False
+
+
+def test_family(rows: list[dict], family: list[tuple[Contrast, bool]], level_of=lambda n: 0.95) -> list[Tested]:
+    """A declared family of contrasts (each with whether its test is two-sided), tested on runs.csv's rows: each its
+    exact sign-flip p (two-sided: min(1, 2 min(p(d), p(-d)))), its interval at ``level_of(its number of seeds)``, and
+    Holm over the family (a contrast with no seeds counts as p = 1 there and gets no adjusted p). What results.md
+    prints and docs/study.md's Readings quote (tests/study/test_study_readings.py compares them)."""
+    out, ps = [], []
+    for contrast, two_sided in family:
+        n = len(test_contrast(rows, contrast).d)
+        level = level_of(max(2, n))
+        r = test_contrast(rows, contrast, level)
+        p = None if r.p is None else (
+            min(1.0, 2 * min(r.p, stats.sign_flip_p([-x for x in r.d]))) if two_sided else r.p)
+        out.append((r, p, level, two_sided))
+        ps.append(p)
+    adjusted = stats.holm([1.0 if p is None else p for p in ps])
+    return [Tested(r, p, None if p is None else adj, level, two) for (r, p, level, two), adj in zip(out, adjusted)]
 
 
 def unfinished_note(done: int, runs: int) -> list[str]:

@@ -27,7 +27,7 @@ from rpg.smol.task import N_VAL
 from rpg.study import plan_and_results, stats
 from rpg.study.costs import Costs, fmt_duration
 from rpg.study.plan_and_results import (DECLARED, CSVError, Contrast, Design, Schema,  # noqa: F401
-                                        evaluated_steps, fmt, mean_of, test_contrast)
+                                        evaluated_steps, fmt, mean_of)
 from rpg.study.grid import (LR_ANCHOR, LR_KEY, ROLLOUT_SEED, RunSpec, SmolSizes, lr_scale,  # noqa: F401
                             run_order_key, smol_overrides)
 from rpg.study.methods import label_of, method_run, setting
@@ -142,6 +142,11 @@ class Comparison:
 
     write_csv = staticmethod(lambda path, rows: write_csv(path, rows))
     read_csv = staticmethod(lambda path: read_csv(path))
+
+    def tested(self, rows: list[dict]) -> list[plan_and_results.Tested]:
+        """The declared contrasts tested (each interval at the level its seeds allow, Holm over them): results.md's and
+        the Reading's."""
+        return plan_and_results.test_family(rows, list(self.contrasts), interval_level)
 
     def render_tables(self, rows: list[dict], source: str = "runs.csv") -> str:
         return render_tables(self, rows, source)
@@ -329,12 +334,6 @@ def read_csv(path: Path) -> list[dict]:
     return plan_and_results.read_csv(path, SCHEMA)
 
 
-def p_value(d: tuple[float, ...], two_sided: bool) -> float:
-    """The exact sign-flip p-value of d: one-sided (mean > 0), or two-sided, min(1, 2 min(p(d), p(-d)))."""
-    p = stats.sign_flip_p(d)
-    return min(1.0, 2 * min(p, stats.sign_flip_p([-x for x in d]))) if two_sided else p
-
-
 TABLE_STATS = (("train_score", "train score"), ("response_length", "length"), ("response_clip_ratio", "cut at limit"),
                ("entropy", "entropy"), ("ppo_kl", "KL(old‖new)"), ("clipfrac", "clip frac"),
                ("grad_norm", "grad norm"), ("refill_gen_batches", "refill batches"), ("step_s", "s/step"))
@@ -371,24 +370,20 @@ def render_tables(study: Comparison, rows: list[dict], source: str = "runs.csv")
                    + " | ".join(fmt(by_seed.get(s)) for s in seeds) + f" | {fmt(mean_of(prim))} ± {fmt(sd)} | "
                    + " | ".join(fmt(mean_of([r[k] for r in ok]), ".3g") for k, _ in TABLE_STATS)
                    + f" | {fmt(mean_of(loads), '.2f')}, {fmt(max(loads) if loads else None, '.2f')} |")
-    # each contrast's interval at the level its own seeds allow (a seed leaves it with an unfinished run)
-    results = [(test_contrast(rows, c, interval_level(max(2, len(test_contrast(rows, c).d)))), two)
-               for c, two in study.contrasts]
-    ps = [None if r.p is None else p_value(r.d, two) for r, two in results]
-    adjusted = stats.holm([1.0 if p is None else p for p in ps])
+    tested = study.tested(rows)  # each contrast's interval at the level its own seeds allow
     n, family = len(seeds), ("two", "three", "four", "five", "six")[len(study.contrasts) - 2]
     small = f"the smallest one-sided p is 1/{2 ** n}"
     out += ["", f"## Declared contrasts (paired by seed; exact sign-flip tests; Holm over the {family}; "
                 + (f"descriptive: with {n} seeds {small})" if 2.0 ** -n > 0.05 else f"with {n} seeds {small})"), "",
             "| contrast | claim | d_s | seeds | per seed | mean d_s [exact interval] | p | Holm p |",
             "|---|---|---|---|---|---|---|---|"]
-    for (r, two), p, adj in zip(results, ps, adjusted):
-        level = f"{100 * interval_level(len(r.d)):g} % " if len(r.d) > 1 else ""
+    for t in tested:
+        r = t.result
+        level = f"{100 * t.level:g} % " if len(r.d) > 1 else ""
         ci = plan_and_results.fmt_ci(r.ci if len(r.d) > 1 else None)
         out.append(f"| {r.contrast.name} | {r.contrast.claim} | {r.contrast.formula()} | {len(r.d)} | "
                    f"{', '.join(fmt(x, '+.3f') for x in r.d) or '—'} | {fmt(r.mean)} {level}{ci} | "
-                   f"{fmt(p, '.4g')} ({'two-sided' if two else 'one-sided'}) | "
-                   f"{fmt(adj if p is not None else None, '.4g')} |")
+                   f"{fmt(t.p, '.4g')} ({'two-sided' if t.two_sided else 'one-sided'}) | {fmt(t.holm, '.4g')} |")
     missing = [f"* {label_of(r['method'])}, seed {r['seed']}: {r['status']}" for r in rows if r["status"] != "done"]
     if missing:
         out += ["", "Runs not finished (their seeds leave the contrasts that need them):", ""] + missing
