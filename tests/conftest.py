@@ -119,7 +119,8 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Each CI stage's tests leave unless asked for (visibly); then files with end-to-end runs first, then
+    """Each CI stage's tests leave unless asked for (visibly); then the stages' files of trainer launches,
+    longest first by their measured time (``suite_order.STAGE_FILE_SECONDS``), the other files with end-to-end runs,
     the suite's slowest files (``suite_order.SLOW_FILES_FIRST``), each file's tests in their own order: with
     loadfile, xdist gives each worker whole files in this order, so the trainer launches of a stage (60-150 s
     each, a third of the 2 cores idle while a run starts its processes one after another) run beside each other
@@ -131,12 +132,15 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if item not in deselected]
     e2e_files = {item.path for item in items if item.get_closest_marker("e2e")}
-    from suite_order import SLOW_FILES_FIRST
+    from suite_order import SLOW_FILES_FIRST, STAGE_FILE_SECONDS
 
     slow = {ROOT / name: rank for rank, name in enumerate(SLOW_FILES_FIRST)}  # ROOT is resolved: so are the keys
-    rank = {path: slow.get(path.resolve(), len(slow)) for path in {item.path for item in items}}
-    # stable: e2e files first, then the slow files in their order, then the rest as collected
-    items.sort(key=lambda item: (item.path not in e2e_files, rank[item.path]))
+    seconds = {ROOT / name: s for name, s in STAGE_FILE_SECONDS.items()}
+    key = {path: (path.resolve() not in seconds, -seconds.get(path.resolve(), 0), path not in e2e_files,
+                  slow.get(path.resolve(), len(slow))) for path in {item.path for item in items}}
+    # stable: the stages' measured launch files longest first, then the other e2e files, then the slow files in
+    # their order, then the rest as collected
+    items.sort(key=lambda item: key[item.path])
 
 
 @pytest.fixture(autouse=True)

@@ -42,3 +42,19 @@ def test_the_slow_files_handed_out_first_exist():
 
     assert len(set(SLOW_FILES_FIRST)) == len(SLOW_FILES_FIRST)
     assert [name for name in SLOW_FILES_FIRST if not (ROOT / name).is_file()] == []
+
+
+def test_a_stages_launch_files_go_longest_first_and_exist():
+    """The distributed stage's files in the order of their measured seconds: its longest (the elastic runs) first,
+    before the files collected ahead of it."""
+    from suite_order import STAGE_FILE_SECONDS
+
+    assert [name for name in STAGE_FILE_SECONDS if not (ROOT / name).is_file()] == []
+    files = ["tests/e2e/test_distributed_async_e2e.py", "tests/e2e/test_distributed_e2e.py",
+             "tests/e2e/test_elastic.py", "tests/e2e/test_multinode.py", "tests/verl/test_dp_equivalence.py"]
+    out = subprocess.run([sys.executable, "-c", PROBE, *files, "--distributed", "-m", "distributed"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert ("FILES tests/e2e/test_elastic.py tests/e2e/test_multinode.py tests/e2e/test_distributed_e2e.py "
+            "tests/e2e/test_distributed_async_e2e.py tests/verl/test_dp_equivalence.py\n") in out.stdout, \
+        out.stdout[-2000:]
