@@ -409,7 +409,8 @@ def render_figure(study: Comparison, rows: list[dict], path: Path) -> Path:
     means = [(i, v) for i, v in means if v is not None]
     ax.plot([i for i, _ in means], [v for _, v in means], color="tab:blue", marker="D", markersize=8, linestyle="none",
             label="mean over seeds")
-    ax.set_xticks(range(len(methods)), [label_of(m) for m in methods], fontsize=8)
+    # two lines for the long names (RPG-REINFORCE-UFKL beside RPG-REINFORCE-URKL overlap on one)
+    ax.set_xticks(range(len(methods)), [label_of(m).replace("REINFORCE-", "REINFORCE-\n") for m in methods], fontsize=8)
     ax.set_xlim(-0.5, len(methods) - 0.5)
     ax.set_ylim(0, max([0.5, *(v + 0.05 for v in done.values())]))
     ax.set_ylabel("held-out accuracy, last evaluation")
