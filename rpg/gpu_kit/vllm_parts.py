@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, MANIFEST, TARGET_PYTHON
+from rpg.gpu_kit import CARRY_DIR, MANIFEST, TARGET_PYTHON
 from rpg.gpu_kit.build import (CALL_MIB, CARRY_ANYWAY, EXCLUDE, HAVE_FILE, BuildError, build_source_only, canonical,
                                check_resolver, default_resolver, download, project_requirements, read_have, resolve,
                                select, travelling_tree_bytes)
