@@ -121,7 +121,7 @@ def _begin_attempt(study, report_dir: Path, command: str, out: Path, records: li
     if study is None:
         return None
     from rpg.study.attempts import Attempt
-    from rpg.study.identity import code_state
+    from rpg.run_record import code_state
 
     code = code_state((out, report_dir))["code"]
     return Attempt(report_dir, command, code, len(records)).begin(sum(r.get("status") == "done" for r in records))

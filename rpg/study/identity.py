@@ -16,7 +16,7 @@ path: a path with ``runs/<run id>`` in it is read as that run's folder in the st
 folder named as the current build (its builder key, a hash of the builder's sources) as that file of the
 current build.
 
-The code a run was made by is recorded beside its identity (``code_state``: the commit and any uncommitted changes)
+The code a run was made by is recorded beside its identity (``rpg.run_record.code_state``: the commit and any uncommitted changes)
 and compared by ``other_code``: a finished run of other code is not reused in silence (``rpg.study.records``).
 """
 
@@ -134,49 +134,6 @@ def legacy_identity(overrides: list[str], run_id: str, assets_root: Path) -> lis
 
 
 # ----------------------------------------------------------------------------- the code a run was made by
-
-def _git(*args: str) -> bytes | None:
-    """``git args`` in the checkout (stdout), or None where there is no git or no commit."""
-    import subprocess
-
-    from rpg.paths.checkout import CHECKOUT
-
-    try:
-        done = subprocess.run(["git", *args], cwd=CHECKOUT, capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def code_state(outputs: tuple[Path, ...] = ()) -> dict[str, str | None]:
-    """The code in the checkout now, as a run's ``run.json`` records it: ``code`` (``git describe``, ``+dirty`` with
-    uncommitted changes: what runs.csv shows), ``commit`` (the full hash) and ``changes`` (None when the checkout
-    is clean, else the sha256 of ``git diff HEAD`` and of each untracked file's path and bytes: two dirty
-    checkouts are the same code only with the same changes). Every value None where git cannot say. ``outputs``:
-    the study's own folders (``--out``, ``--report-dir``), left out of ``changes`` (a report written into the
-    checkout, ``--report-dir docs/study/lag``, changes no code)."""
-    from rpg.paths.checkout import CHECKOUT
-
-    root = CHECKOUT.resolve()
-    spec = ["--", ".", *(f":(exclude){rel}" for rel in (_under(Path(o).resolve(), root) for o in outputs)
-                         if rel not in (None, "."))]
-    describe = _git("describe", "--always", "--dirty=+dirty")
-    commit = _git("rev-parse", "HEAD")
-    diff = _git("diff", "HEAD", "--binary", *spec)
-    untracked = _git("ls-files", "--others", "--exclude-standard", "-z", *spec)
-    if commit is None or diff is None or untracked is None:
-        return {"code": describe.decode().strip() if describe else "unknown", "commit": None, "changes": None}
-    from rpg.verl.checkpoints import file_digest
-
-    h, dirty = hashlib.sha256(diff), bool(diff)
-    for name in sorted(n for n in untracked.decode(errors="surrogateescape").split("\0") if n):
-        dirty = True
-        path = CHECKOUT / name
-        h.update(name.encode(errors="surrogateescape") + b"\0")
-        h.update((file_digest(path) if path.is_file() and not path.is_symlink() else "").encode() + b"\0")
-    return {"code": describe.decode().strip() if describe else commit.decode().strip()[:7],
-            "commit": commit.decode().strip(), "changes": h.hexdigest() if dirty else None}
-
 
 def other_code(recorded: dict, now: dict) -> str | None:
     """Why a run recorded with ``recorded`` (a run.json) was made by other code than ``now`` (``code_state``), or

@@ -158,10 +158,12 @@ INT_COLUMNS = ("lag", "clip", "seed", "order", "collapsed", "cpu_count")
 FLOAT_COLUMNS = ("primary", "final_acc", *(d[0] for d in DIAGNOSTICS), "load_start_1m", "load_end_1m", "wall_time_s")
 COLUMNS = ("run_id", "cell", "lag", "weights", "clip", "seed", "order", "status", "primary", "final_acc", "collapsed",
            "collapse_reason", *(d[0] for d in DIAGNOSTICS), "code", "threads", "load_start_1m", "load_end_1m",
-           "cpu_count", "wall_time_s", "started", "design", *(c for c, _ in DESIGN.columns))
-# added after the study's runs: its runs.csv reads as the plan's design, threads not recorded
+           "cpu_count", "wall_time_s", "started", "design", *(c for c, _ in DESIGN.columns),
+           *plan_and_results.RAN_ON_COLUMNS)
+# added after the study's runs: its runs.csv reads as the plan's design, threads and what it ran on not recorded
 SCHEMA = Schema(COLUMNS, (*INT_COLUMNS, *(c for c, _ in DESIGN.columns)), FLOAT_COLUMNS,
-                added=(("threads", None), ("design", DECLARED), *DESIGN.columns))
+                added=(("threads", None), ("design", DECLARED), *DESIGN.columns,
+                       *((c, None) for c in plan_and_results.RAN_ON_COLUMNS)))
 
 
 def primary_metric(val: dict[int, float], steps: int, test_freq: int) -> float | None:
@@ -198,7 +200,8 @@ def csv_rows(out: Path, specs: list[RunSpec], records: list[dict], design: str =
                "clip": int(clipped(spec.variant)), "seed": spec.seed, "order": order,
                "status": rec.get("status", "todo"), "code": rec.get("code"), "load_start_1m": load_start[0],
                "load_end_1m": load_end[0], "cpu_count": rec.get("cpu_count"), "wall_time_s": rec.get("wall_time_s"),
-               "started": rec.get("started"), "threads": rec.get("threads"), "design": design, **_columns(s)}
+               "started": rec.get("started"), "threads": rec.get("threads"), "design": design, **_columns(s),
+               **plan_and_results.ran_on_columns(rec)}
         if row["status"] == "done":
             m = read_run(run_dir(out, spec) / METRICS_FILE)
             val = {t: float(v) for t, v in m.get(_val_key(metric_of(spec)), {}).items()}
@@ -277,7 +280,9 @@ def render_tables(rows: list[dict], source: str = "runs.csv", study: LagStudy | 
            f"by `python -m rpg.study {study.DESIGN.flag} --render-only`; do not edit)", "", *study.DESIGN.note(design)]
     done = [r for r in rows if r["status"] == "done"]
     codes = sorted({r["code"] for r in done if r["code"]})
-    out += [f"{len(done)} of {len(rows)} runs finished; code: {', '.join(codes) or '—'}.", "",
+    model = plan_and_results.one_model(rows, source)
+    out += [f"{len(done)} of {len(rows)} runs finished; code: {', '.join(codes) or '—'}; model weights: "
+            f"{model or 'not recorded'}.", "",
             *plan_and_results.unfinished_note(len(done), len(rows)),
             "## Cells (primary: mean held-out accuracy over the last three evaluations; diagnostics: per-run means "
             "over steps >= 2, maxima for max weight and max ratio, then the mean over the cell's runs)", "",

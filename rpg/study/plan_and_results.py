@@ -286,6 +286,34 @@ def test_family(rows: list[dict], family: list[tuple[Contrast, bool]], level_of=
     return [Tested(r, p, None if p is None else adj, level, two) for (r, p, level, two), adj in zip(out, adjusted)]
 
 
+# what each run ran on (``rpg.run_record``), as runs.csv records it; a CSV written before these columns reads them as
+# not recorded (None)
+RAN_ON_COLUMNS = ("model_sha256", "torch", "transformers", "verl", "kernels")
+
+
+def ran_on_columns(rec: dict) -> dict:
+    """runs.csv's ``RAN_ON_COLUMNS`` of a run's record (its ``ran_on``: the weights' digest, 12 hex digits; the
+    libraries; the CPU's kernel path, with the variable that chose it when one did)."""
+    ran = rec.get("ran_on") or {}
+    libs, kernels = ran.get("libraries") or {}, ran.get("kernels") or {}
+    chosen = kernels.get("ATEN_CPU_CAPABILITY")
+    return {"model_sha256": (ran.get("weights_sha256") or "")[:12] or None, "torch": libs.get("torch"),
+            "transformers": libs.get("transformers"), "verl": libs.get("verl"),
+            "kernels": (f"{kernels['capability']}" + (f" (ATEN_CPU_CAPABILITY={chosen})" if chosen else ""))
+            if kernels.get("capability") else None}
+
+
+def one_model(rows: list[dict], source: str) -> str | None:
+    """The one model build the finished rows of ``rows`` ran on (None: not recorded); ValueError (one line naming
+    ``source`` and the builds) when they ran on several: a study compares runs of one model, as of one code."""
+    builds = sorted({r.get("model_sha256") for r in rows if r["status"] == "done"}, key=str)
+    if len(builds) > 1:
+        raise ValueError(f"{source}: the finished runs ran on {len(builds)} model builds "
+                         f"({', '.join(b or 'not recorded' for b in builds)}); a study compares runs of one build: "
+                         f"run the others again on one (--rerun-other-code)")
+    return builds[0] if builds else None
+
+
 def unfinished_note(done: int, runs: int) -> list[str]:
     """results.md's lines while a declared study is under way (none once every run finished): its plan reads no
     result before then, so the tests below are no result yet."""

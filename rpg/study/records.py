@@ -6,7 +6,7 @@ retried, or it was made by other code or threads and ``--rerun-other-code`` says
 ``<out>/stale/<run id>.<n>`` first (``move_aside``).
 
 A finished run is reused only when it was made with this start's settings (its identity), code (the commit and any
-uncommitted changes, ``rpg.study.identity.code_state``) and torch threads per process (``threads_of``): a finished
+uncommitted changes, ``rpg.run_record.code_state``) and torch threads per process (``threads_of``): a finished
 run of other code or threads is named at the start, and the start refuses (``Survey.refusal``) unless told to
 redo it.
 """
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rpg.study.grid import Costs, RunSpec, fmt_duration
-from rpg.study.identity import code_state, identity, legacy_identity, other_code
+from rpg.run_record import code_state
+from rpg.study.identity import identity, legacy_identity, other_code
 
 RUN_RECORD = "run.json"
 STALE_DIR = "stale"  # <out>/stale/<run id>.<n>: the folders of runs that ran again

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from rpg.metrics_log.file import MetricsFileError, records, short
 from rpg.study.grid import Costs, RunSpec, fmt_duration, save_json, speedup
-from rpg.study.identity import code_state
+from rpg.override_lists import values
+from rpg.run_record import code_state, ran_on
 from rpg.study.records import RUN_RECORD, move_aside, read_record, run_dir, run_env, survey, threads_of
 
 STUDY_LOCK = ".study.lock"
@@ -207,7 +208,7 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
     that the next call runs it again; finished runs keep their records. StudyBusyError (nothing touched)
     when another study runs on ``out``; OtherRunsError (nothing touched) when a finished run there was made by other
     code or threads and ``rerun_other`` is off. ``outputs``: the study's folders besides ``out`` (its report), which
-    are no code (``rpg.study.identity.code_state``).
+    are no code (``rpg.run_record.code_state``).
     """
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
@@ -295,7 +296,8 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], ident: list, index: 
               "val_before": spec.sizes.val_before, "model": spec.model,
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), **code_state(outputs), "threads": threads_of(env),
               "overrides": overrides, "identity": ident}
-    record.update(cpu_count=os.cpu_count(), load_start=machine_load())
+    record.update(cpu_count=os.cpu_count(), load_start=machine_load(),
+                  ran_on=ran_on(values(overrides).get("actor_rollout_ref.model.path"), {**os.environ, **env}))
     watch = progress.start(index, spec)
     t0 = time.time()
     run = None

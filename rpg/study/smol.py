@@ -286,11 +286,12 @@ DIAGNOSTICS: tuple[tuple[str, str], ...] = (
     ("refill_gen_batches", "training/rpg/refill_gen_batches"), ("step_s", "timing_s/step"))
 COLUMNS = ("run_id", "cell", "method", "lr", "seed", "order", "status", "primary", *(d[0] for d in DIAGNOSTICS),
            "code", "threads", "load_start_1m", "load_end_1m", "cpu_count", "wall_time_s", "started", "design",
-           *_columns(SmolSizes()))
-# added after the pilot's runs: its runs.csv reads as the plan's design, threads not recorded in it
+           *_columns(SmolSizes()), *plan_and_results.RAN_ON_COLUMNS)
+# added after the pilot's runs: its runs.csv reads as the plan's design, threads and what it ran on not recorded in it
 SCHEMA = Schema(COLUMNS, ints=("seed", "order", "cpu_count", *_columns(SmolSizes())),
                 floats=("lr", "primary", *(d[0] for d in DIAGNOSTICS), "load_start_1m", "load_end_1m", "wall_time_s"),
-                added=(("threads", None), ("design", DECLARED), *PILOT.DESIGN.columns))
+                added=(("threads", None), ("design", DECLARED), *PILOT.DESIGN.columns,
+                       *((c, None) for c in plan_and_results.RAN_ON_COLUMNS)))
 
 
 def csv_rows(study: Comparison, out: Path, specs: list[RunSpec], records: list[dict],
@@ -310,7 +311,8 @@ def csv_rows(study: Comparison, out: Path, specs: list[RunSpec], records: list[d
                "lr": setting(spec.variant, LR_KEY) * lr_scale(), "seed": spec.seed, "order": order,
                "status": rec.get("status", "todo"), "code": rec.get("code"), "load_start_1m": load_start[0],
                "load_end_1m": load_end[0], "cpu_count": rec.get("cpu_count"), "wall_time_s": rec.get("wall_time_s"),
-               "started": rec.get("started"), "threads": rec.get("threads"), "design": design, **_columns(s)}
+               "started": rec.get("started"), "threads": rec.get("threads"), "design": design, **_columns(s),
+               **plan_and_results.ran_on_columns(rec)}
         if row["status"] == "done":
             with warnings.catch_warnings():  # without a validation before training, step 1 is the first by design
                 if not s.val_before:
@@ -348,9 +350,11 @@ def render_tables(study: Comparison, rows: list[dict], source: str = "runs.csv")
     done = [r for r in rows if r["status"] == "done"]
     seeds = sorted({r["seed"] for r in rows})
     codes = sorted({r["code"] for r in done if r["code"]})
+    model = plan_and_results.one_model(rows, source)
     out = [f"# {study.title}: {'results' if design == DECLARED else 'EXPLORATORY results'} (generated from "
            f"{source} by `python -m rpg.study {study.flag} --render-only`; do not edit)", "", *study.DESIGN.note(design),
-           f"{len(done)} of {len(rows)} runs finished; code: {', '.join(codes) or '—'}.", "",
+           f"{len(done)} of {len(rows)} runs finished; code: {', '.join(codes) or '—'}; model weights: "
+           f"{model or 'not recorded'}.", "",
            *plan_and_results.unfinished_note(len(done), len(rows)),
            "## Methods (primary: held-out accuracy at the last evaluation; diagnostics: per-run means over the "
            "training steps, then the mean over the method's runs)", "",

@@ -243,6 +243,11 @@ def test_the_plans_numbers_are_the_codes():
     assert block == L.plan_numbers()
 
 
+# what every synthetic run ran on (runs.csv's RAN_ON_COLUMNS)
+RAN_ON = {"model_sha256": "0123456789ab", "torch": "2.13.0", "transformers": "5.10.4", "verl": "0.9.1",
+          "kernels": "AVX512"}
+
+
 def _rows(effects: dict[str, float], seeds: int = 12, noise: float = 0.03, rng_seed: int = 3) -> list[dict]:
     """Synthetic runs.csv rows: primary = 0.6 + a seed's block effect (SD 0.1) + the cell's planted effect + noise."""
     rng = random.Random(rng_seed)
@@ -258,7 +263,7 @@ def _rows(effects: dict[str, float], seeds: int = 12, noise: float = 0.03, rng_s
                          **{name: 1.0 + 0.1 * order for name, _, _ in L.DIAGNOSTICS},
                          "code": "abc1234", "load_start_1m": 1.5, "load_end_1m": 2.25, "cpu_count": 2,
                          "wall_time_s": 219.5, "started": "2026-12-01 10:00:00", "threads": "1",
-                         "design": L.DECLARED, **dict(L.DESIGN.columns),
+                         "design": L.DECLARED, **dict(L.DESIGN.columns), **RAN_ON,
                          **{f"{L.VAL_PREFIX}{t}": y * t / 24 for t in range(0, 25, 4)}})
     return rows
 

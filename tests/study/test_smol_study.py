@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from test_lag_study import RAN_ON
 
 from rpg.study import costs as C
 from rpg.study import plan_and_results as DC
@@ -308,7 +309,7 @@ def _rows(effects: dict[str, float], seeds: int = 3, noise: float = 0.01, rng_se
                          **{name: 1.0 + 0.1 * order for name, _ in S.DIAGNOSTICS}, "code": "abc1234",
                          "load_start_1m": 1.5, "load_end_1m": 2.25, "cpu_count": 2, "wall_time_s": 1000.5,
                          "started": "2026-11-27 10:00:00", "threads": "2", "design": DC.DECLARED,
-                         **dict(S.PILOT.DESIGN.columns), f"{DC.VAL_PREFIX}3": y})
+                         **dict(S.PILOT.DESIGN.columns), **RAN_ON, f"{DC.VAL_PREFIX}3": y})
     return rows
 
 
@@ -331,7 +332,8 @@ def test_tables_give_each_contrasts_exact_p_interval_and_holm():
     assert c["C1"][5] == f"{sum(d) / 3:.3f} 75 % [{min(d):.3f}, {max(d):.3f}]"
     assert float(c["C2"][6].split()[0]) > 0.125 or c["C2"][6].startswith("0.125")
     assert "| GRPO | 2e-05 | 3/3 |" in text and "| RPG-REINFORCE-UFKL | 1e-05 | 3/3 |" in text
-    assert "9 of 9 runs finished; code: abc1234." in text and "smallest one-sided p is 1/8" in text
+    assert "9 of 9 runs finished; code: abc1234; model weights: 0123456789ab." in text
+    assert "smallest one-sided p is 1/8" in text
 
 
 def test_tables_are_a_function_of_the_csv_and_report_missing_runs(tmp_path):

@@ -7,8 +7,6 @@ by other code or threads is named at the start and not reused unless ``--rerun-o
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,8 +21,8 @@ from rpg.study import records as D
 from rpg.study import runner as R
 from rpg.study import smol as S
 from rpg.study.__main__ import main
-from rpg.study.plan_and_results import DECLARED
-from rpg.study.identity import code_state, other_code
+from rpg.study.plan_and_results import DECLARED, RAN_ON_COLUMNS
+from rpg.study.identity import other_code
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_CELLS = ",".join(c.name for c in G.LAG_CELLS)
@@ -113,8 +111,8 @@ def test_rows_called_declared_must_be_the_plans_design():
 
 @pytest.mark.parametrize("module, folder", [(L, "lag"), (S.PILOT, "smol")])
 def test_a_csv_without_the_new_columns_reads_as_the_plans_design(module, folder, tmp_path):
-    """runs.csv written before it had the design, sizes and threads columns (the committed studies') reads as it is:
-    every row the plan's design, threads not recorded; nothing is rewritten."""
+    """runs.csv written before it had the design, sizes, threads and ran-on columns (the committed studies') reads as
+    it is: every row the plan's design, threads and what it ran on not recorded; nothing is rewritten."""
     committed = ROOT / "docs" / "study" / folder / "runs.csv"
     declared = dict(module.DESIGN.columns)
     if committed.is_file():
@@ -124,10 +122,12 @@ def test_a_csv_without_the_new_columns_reads_as_the_plans_design(module, folder,
     rows = (lag_rows if module is L else smol_rows)({})
     path = module.write_csv(tmp_path / "runs.csv", rows)
     lines = [ln.split(",") for ln in path.read_text().splitlines()]
-    keep = [i for i, c in enumerate(lines[0]) if c not in ("threads", "design", *declared)]
+    added = ("threads", "design", *declared, *RAN_ON_COLUMNS)
+    keep = [i for i, c in enumerate(lines[0]) if c not in added]
     path.write_text("".join(",".join(ln[i] for i in keep) + "\n" for ln in lines))  # the file as written before
     back = module.read_csv(path)
-    assert back == [{**{k: None if v == "" else v for k, v in r.items()}, "threads": None} for r in rows]
+    assert back == [{**{k: None if v == "" else v for k, v in r.items()}, "threads": None,
+                     **dict.fromkeys(RAN_ON_COLUMNS)} for r in rows]
     assert {r["design"] for r in back} == {DECLARED}
 
 
@@ -201,33 +201,37 @@ def test_other_code_compares_commits_and_uncommitted_changes():
     assert other_code({"code": "unknown"}, {"code": "unknown", "commit": None, "changes": None}) is not None
 
 
-def test_code_state_tells_commits_and_uncommitted_changes_apart(tmp_path, monkeypatch):
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed")
-    repo = tmp_path / "repo"
-    repo.mkdir()
 
-    def git(*args: str) -> None:
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
-                       capture_output=True)
 
-    (repo / "a.py").write_text("x = 1\n")
-    git("init", "-q")
-    git("add", "a.py")
-    git("commit", "-qm", "a")
-    monkeypatch.setattr("rpg.paths.checkout.CHECKOUT", repo)
-    clean = code_state()
-    assert clean["changes"] is None and len(clean["commit"]) == 40 and clean["code"] == clean["commit"][:7]
-    (repo / "a.py").write_text("x = 2\n")
-    edited = code_state()
-    assert edited["code"] == clean["code"] + "+dirty" and edited["changes"] and code_state() == edited
-    (repo / "a.py").write_text("x = 3\n")
-    assert code_state()["changes"] not in (None, edited["changes"])  # other changes: other code
-    (repo / "a.py").write_text("x = 1\n")
-    assert code_state() == clean
-    (repo / "new.py").write_text("y = 1\n")  # an untracked file is a change
-    assert code_state()["changes"] is not None
-    (repo / "new.py").unlink()
-    (repo / "report").mkdir()
-    (repo / "report" / "runs.csv").write_text("run_id\n")  # the study's own output is not
-    assert code_state()["changes"] is not None and code_state((repo / "report",)) == clean
+def test_a_study_refuses_to_render_runs_of_two_model_builds(tmp_path):
+    """A finished run records the weights' sha256 it ran on (runs.csv's ``model_sha256``); results of two builds
+    are refused in one line naming the file and both builds, as runs of two codes would mix two computations."""
+    rows = lag_rows({})
+    assert "model weights: 0123456789ab" in L.render_tables(rows)
+    rows[5]["model_sha256"] = "ba9876543210"
+    with pytest.raises(ValueError) as e:
+        L.render_tables(rows, "runs.csv")
+    assert "\n" not in str(e.value) and "runs.csv" in str(e.value)
+    assert "0123456789ab" in str(e.value) and "ba9876543210" in str(e.value)
+    smol = smol_rows({})
+    smol[0]["model_sha256"] = None  # a run that did not record it beside runs that did: not one known build
+    with pytest.raises(ValueError, match="not recorded"):
+        S.PILOT.render_tables(smol, "runs.csv")
+    assert "model weights: not recorded" in S.PILOT.render_tables([dict(r, model_sha256=None) for r in smol])
+
+
+def test_a_run_records_what_it_ran_on(monkeypatch, tiny_assets, tmp_path):
+    """The runner's run.json holds ``ran_on`` (the weights' sha256 of the model the run trains, the libraries, the
+    kernel path), which runs.csv's columns show."""
+    from rpg import trainer_process as harness
+    from rpg.run_record import weights_digest
+    from rpg.study.plan_and_results import ran_on_columns
+
+    monkeypatch.setattr(harness, "run_trainer", FakeTrainer())
+    specs = G.grid(seeds=1, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[:1])
+    R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)
+    rec = D.read_record(tmp_path, specs[0])
+    digest = weights_digest(tiny_assets.model_dir)
+    assert rec["ran_on"]["weights_sha256"] == digest and rec["ran_on"]["libraries"]["torch"]
+    row = ran_on_columns(rec)
+    assert row["model_sha256"] == digest[:12] and row["torch"] and row["kernels"]
