@@ -121,7 +121,7 @@ def test_a_batch_of_one_and_a_batch_without_a_common_prefix_decode_as_before(mod
                                                                              monkeypatch):
     """Nothing shared (one prompt; prompts that differ at once; the tiny task's 6 common tokens): no cache is given
     and every number is the unshared path's, bit for bit."""
-    from rpg.tiny.build import _prompt_ids
+    from rpg.tiny.warm_up import prompt_ids as _prompt_ids
 
     calls = _spy(model, monkeypatch)
     own = [_prompt_ids(tok, a, b) for a, b in [(1, 2), (7, 8), (0, 0)]]

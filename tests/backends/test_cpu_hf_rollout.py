@@ -11,7 +11,7 @@ import torch
 
 from rpg.backends.hf_rollout import HFRolloutServer, HFServerAdapter
 from rpg.backends.weight_digest import WeightDigest, loaded_digests
-from rpg.tiny.build import _prompt_ids
+from rpg.tiny.warm_up import prompt_ids as _prompt_ids
 
 
 @pytest.fixture(scope="module")

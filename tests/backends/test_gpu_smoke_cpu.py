@@ -131,7 +131,7 @@ def test_a_step_without_weight_sync_fails():
 def test_the_tiny_models_head_size_suits_the_gpu_kernels():
     """rpg.tiny's model (hidden 128, 4 heads: 32) is used on GPU unchanged; this guards that choice."""
     from rpg.demo.smoke_settings import head_dim, head_dim_problem
-    from rpg.tiny.build import MODEL_KW
+    from rpg.tiny.warm_up import MODEL_KW
 
     assert head_dim(MODEL_KW) == 32 and head_dim_problem(32) is None
     assert head_dim({"hidden_size": 64, "num_attention_heads": 4}) == 16 and "[32, 256]" in head_dim_problem(16)

@@ -81,7 +81,7 @@ def test_warm_up_loss_equals_the_masked_model_loss():
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rpg.tiny.build import MODEL_KW, response_nll
+    from rpg.tiny.warm_up import MODEL_KW, response_nll
 
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=300, pad_token_id=0, **{**MODEL_KW, "hidden_size": 64}))
@@ -103,6 +103,7 @@ def test_concurrent_builds_build_once_and_never_remove_a_published_build(tmp_pat
     """Two callers at once (pytest-xdist workers, two launchers): one builds under the cache's lock,
     the other waits and reuses that build. Without the lock both built (a minute of CPU each on a
     loaded machine) and the later one could delete the build the first was already using."""
+    import shutil
     import threading
     import time
 
@@ -116,6 +117,7 @@ def test_concurrent_builds_build_once_and_never_remove_a_published_build(tmp_pat
         (out / "model").mkdir()
         for name in ("model/config.json", "train.parquet", "val.parquet", "build.json"):
             (out / name).write_text("{}")
+        shutil.copyfile(tiny_build.WEIGHTS_DIR / "model.safetensors", out / "model" / "model.safetensors")
 
     monkeypatch.setattr(tiny_build, "_build_into", fake_build)
     (tmp_path / ".build-killed-builder").mkdir()  # a killed builder's temporary directory
@@ -135,3 +137,117 @@ def test_concurrent_builds_build_once_and_never_remove_a_published_build(tmp_pat
     assert errors == [] and len(results) == 3 and len(set(results)) == 1 and results[0].complete()
     assert len(built) == 1, built
     assert sorted(p.name for p in tmp_path.iterdir()) == [".build.lock", builder_key()]  # no temporary left
+
+
+# ---- the shipped weights: the same bits on every machine ----
+
+def test_the_build_holds_the_shipped_files_byte_for_byte(tiny_assets):
+    from rpg.run_record import file_sha256, weights_digest
+    from rpg.tiny.build import WEIGHTS_DIR, read_manifest
+
+    manifest = read_manifest()
+    assert sorted(p.name for p in tiny_assets.model_dir.iterdir()) == sorted(manifest["files"])
+    for name, digest in manifest["files"].items():
+        assert file_sha256(tiny_assets.model_dir / name) == file_sha256(WEIGHTS_DIR / name) == digest, name
+    info = json.loads((tiny_assets.root / "build.json").read_text())
+    assert info["weights_sha256"] == weights_digest(tiny_assets.model_dir) == manifest["files"]["model.safetensors"]
+    assert info["made"]["kernels"]["capability"] and info["made"]["libraries"]["torch"]  # where the bits were made
+
+
+def _shipped_copy(tmp_path, monkeypatch):
+    """The shipped folder and manifest copied to ``tmp_path``, the builder pointed at the copies."""
+    import shutil
+
+    from rpg.tiny import build as tiny_build
+
+    weights, manifest = tmp_path / "weights", tmp_path / "weights.json"
+    shutil.copytree(tiny_build.WEIGHTS_DIR, weights)
+    shutil.copyfile(tiny_build.MANIFEST, manifest)
+    monkeypatch.setattr(tiny_build, "WEIGHTS_DIR", weights)
+    monkeypatch.setattr(tiny_build, "MANIFEST", manifest)
+    return weights, manifest
+
+
+def test_a_changed_shipped_file_is_refused_in_one_line_naming_both_digests(tmp_path, monkeypatch):
+    from rpg.run_record import file_sha256
+    from rpg.tiny.build import TinyBuildError, read_manifest
+
+    weights, _ = _shipped_copy(tmp_path, monkeypatch)
+    blob = bytearray((weights / "model.safetensors").read_bytes())
+    blob[-1] ^= 1  # one bit of the last weight
+    (weights / "model.safetensors").write_bytes(bytes(blob))
+    cache = tmp_path / "cache"
+    with pytest.raises(TinyBuildError) as e:
+        build_tiny_assets(cache, quiet=True)
+    line = str(e.value)
+    assert "\n" not in line and "model.safetensors" in line
+    assert file_sha256(weights / "model.safetensors")[:12] in line
+    assert read_manifest()["files"]["model.safetensors"][:12] in line
+    assert [p.name for p in cache.iterdir()] == [".build.lock"]  # nothing published
+    (weights / "extra.bin").write_bytes(b"x")  # a file the manifest does not name
+    with pytest.raises(TinyBuildError, match="extra.bin"):
+        build_tiny_assets(cache, quiet=True)
+
+
+def test_a_cached_build_changed_after_it_was_built_is_refused(tmp_path):
+    from rpg.tiny.build import TinyBuildError
+
+    assets = build_tiny_assets(tmp_path, quiet=True)
+    blob = bytearray((assets.model_dir / "model.safetensors").read_bytes())
+    blob[-1] ^= 1
+    (assets.model_dir / "model.safetensors").write_bytes(bytes(blob))
+    with pytest.raises(TinyBuildError, match="changed after it was built"):
+        build_tiny_assets(tmp_path, quiet=True)
+    assert build_tiny_assets(tmp_path, quiet=True, force=True).complete()  # built again: the shipped bits
+
+
+def test_the_cache_key_covers_the_weights_manifest(tmp_path):
+    import shutil
+
+    from rpg.tiny import build as tiny_build
+
+    for name in tiny_build.BUILDER_SOURCES:
+        shutil.copyfile(tiny_build.WEIGHTS_DIR.parent / name, tmp_path / name)
+    assert builder_key(tmp_path) == builder_key()
+    manifest = json.loads((tmp_path / "weights.json").read_text())
+    manifest["files"]["model.safetensors"] = "0" * 64  # other weights
+    (tmp_path / "weights.json").write_text(json.dumps(manifest))
+    assert builder_key(tmp_path) != builder_key()
+
+
+def test_regenerate_replaces_only_the_manifests_files_and_logs_the_reason(tmp_path, monkeypatch):
+    """``python -m rpg.tiny.regenerate`` with the warm-up replaced by one that writes two small files: the shipped
+    files named in the manifest are replaced, the manifest and the reference log say what and why; the same weights
+    again change nothing; a file the manifest does not name stops it before anything changes."""
+    from rpg.run_record import file_sha256
+    from rpg.tiny import regenerate as regen
+    from rpg.tiny import warm_up
+
+    weights, manifest = _shipped_copy(tmp_path, monkeypatch)
+    monkeypatch.setattr(regen, "WEIGHTS_DIR", weights)
+    monkeypatch.setattr(regen, "MANIFEST", manifest)
+    monkeypatch.setattr("rpg.paths.checkout.CHECKOUT", tmp_path)
+    (tmp_path / "docs").mkdir()
+
+    def made(model_dir, log):
+        (model_dir / "model.safetensors").write_bytes(b"new weights")
+        (model_dir / "config.json").write_text("{}")
+        return {"sft_final_loss": 0.5}
+
+    monkeypatch.setattr(warm_up, "make_model", made)
+    assert regen.main(["--reason", "a test of the regeneration"]) == 0
+    assert sorted(p.name for p in weights.iterdir()) == ["config.json", "model.safetensors"]
+    record = json.loads(manifest.read_text())
+    assert record["files"]["model.safetensors"] == file_sha256(weights / "model.safetensors")
+    assert record["made"]["sft_final_loss"] == 0.5 and record["made"]["kernels"]["capability"]
+    log = (tmp_path / "docs" / "reference-log.md").read_text()
+    assert "a test of the regeneration" in log and record["files"]["model.safetensors"][:12] in log
+    assert regen.regenerate("again", log=lambda line: None) is False  # the same weights: nothing changed
+    assert log == (tmp_path / "docs" / "reference-log.md").read_text()
+    monkeypatch.setattr(warm_up, "make_model", lambda d, log: (d / "model.safetensors").write_bytes(b"other") and {})
+    (weights / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="notes.txt"):
+        regen.regenerate("third", log=lambda line: None)
+    assert (weights / "notes.txt").read_text() == "mine" and (weights / "model.safetensors").read_bytes() == b"new weights"
+    with pytest.raises(SystemExit):
+        regen.main(["--reason", " "])  # no reason, no change
