@@ -11,6 +11,7 @@ stale sampler ``actor/rpg/behavior_ess`` and ``actor/rpg/behavior_log_w_m2`` ove
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -121,6 +122,19 @@ class LagBook:
         return [old - v for v in versions], [self.at_version[old] - self.at_version[v] for v in versions]
 
 
+BATCH_DIGEST_METRIC = "training/rpg/batch_digest"
+
+
+def batch_digest(keys) -> float:
+    """Which samples a step trained on, as a number two runs' metrics compare: the digest (``digest_metric``) of
+    the step's sample keys in ``sample_order`` (each the n-th prompt fetched at a step, its sample and output). In
+    the sync trainer the seed decides them; in the asynchronous modes timing does, and this records it."""
+    from rpg.backends.weight_digest import digest_metric
+
+    ordered = sorted(keys, key=sample_order)
+    return digest_metric(hashlib.sha256("\n".join(ordered).encode()).hexdigest())
+
+
 def lag_metrics(versions_behind, updates_behind) -> dict[str, float]:
     """``training/rpg/lag_{versions,updates}_{mean,max}`` over a step's samples (none: nothing): the mean over its
     equal-sized mini-batches of their mean lag, and the largest lag any mini-batch had."""
@@ -195,6 +209,7 @@ class RunOrderMixin:
         self._step_lags, self._step_behavior = ((), ()), None
         batch = super().step(metrics, timing_raw)
         metrics.update(lag_metrics(*self._step_lags))
+        metrics[BATCH_DIGEST_METRIC] = batch_digest(batch.keys)  # the samples the step trained on
         if self._step_behavior is not None:
             metrics.update({f"actor/{k}": v for k, v in behavior_step_metrics(self._step_behavior).items()})
         self._lag_book.publish(self.global_steps)  # verl's on_step_end syncs these weights as this version

@@ -102,3 +102,15 @@ def test_lag_after_a_resume_counts_from_the_resumed_version():
     assert book.lags(7, [5, 6]) == ([1, 0], [2, 0])
     with pytest.raises(ValueError, match=r"versions \[4\]"):
         book.lags(7, [4])  # generated before this process published anything
+
+
+def test_the_batch_digest_names_the_samples_a_step_trained_on_whatever_their_order():
+    from rpg.verl.sample_order_and_lag import batch_digest
+
+    keys = [f"p3-{n}_{s}_0" for n in range(4) for s in range(8)]
+    digest = batch_digest(keys)
+    assert batch_digest(list(reversed(keys))) == digest  # the order rollouts finished in does not matter
+    assert batch_digest(keys[:-1] + ["p3-4_7_0"]) != digest  # another prompt's sample in place of one
+    assert batch_digest(keys[:-1]) != digest  # one sample fewer
+    assert batch_digest([k.replace("p3-", "p4-") for k in keys]) != digest  # the prompts of another fetch
+    assert digest == float(int(digest)) and 0 <= digest < 2 ** 48  # a float a metrics file holds exactly
