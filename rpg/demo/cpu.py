@@ -51,6 +51,7 @@ import sys
 import time
 from pathlib import Path
 
+from rpg import run_record
 from rpg.backends.cpu import vllm_cpu
 from rpg.backends.cpu.env_overrides import prefix_tree_on
 from rpg.paths.checkout import CHECKOUT
@@ -304,6 +305,8 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
         print(f"{prefix} {e}", file=sys.stderr, flush=True)
         return 2
     print(f"{prefix} assets: {shown} (ready in {time.time() - t0:.1f}s)", flush=True)
+    ran_on = run_record.ran_on(values(overrides).get("actor_rollout_ref.model.path"), {**os.environ, **run_env})
+    print(f"{prefix} ran on: {run_record.describe(ran_on)}", flush=True)
     out = args.out or new_run_dir(CHECKOUT / "outputs" / f"{model.name}_cpu")
     print(f"{prefix} running {args.entry} on CPU for {args.steps} steps, {rollout} rollout; full log: "
           f"{out / 'trainer.log'}", flush=True)
@@ -354,6 +357,8 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
         "leftover_shm": run.leftover_shm,
         "output_dir": str(out),
         "overrides": overrides,
+        "ran_on": ran_on,  # the model's weights, the libraries, the CPU's kernel path (rpg.run_record)
+        **run_record.code_state((out,)),  # the code: code, commit, uncommitted changes
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_curve(run, out / "training_curve.png", f"{model.task} on CPU: {args.algo} ({args.entry})")

@@ -9,34 +9,34 @@ sequence alone (a batched product's numbers depend on the batch on CPU); validat
 canonical order (verl's bootstrap ``best@N`` / ``maj@N`` draw by position with a fixed seed,
 ``verl/trainer/ppo/metric_utils.py:835``, so they repeat once the order does). Only what measures the machine
 differs: times, throughput, memory.
+
+Both runs are the tiny reference run (``rpg.demo.reference``: its command, and the CPU kernels pinned to a path
+every x86-64 machine takes), and the first is compared with the committed reference too: a change of the
+computation fails here in one line until ``python -m rpg.demo.reference --regenerate --reason TEXT`` records it.
 """
 
 from __future__ import annotations
 
+import json
 import math
-import os
-import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from rpg.demo import reference
 from rpg.trainer_process import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.repro]  # a CI stage: two trainer runs do not fit README's suite
 ROOT = Path(__file__).resolve().parents[2]
-STEPS, TEST_FREQ = 4, 2  # validations before training, after step 2 and after step 4
-# what measures the machine, not the run: wall times, throughput, memory (actor/perf/cpu_memory_used_gb), MFU
-MACHINE = re.compile(r"(^|/)(timing_s|timing_per_token_ms|perf)/")
+STEPS, TEST_FREQ = reference.STEPS, reference.TEST_FREQ  # validations before training, after step 2 and step 4
+MACHINE = reference.MACHINE  # what measures the machine, not the run
 
 
 def _start(out: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "rpg.demo.cpu", "--steps", str(STEPS), "--test-freq", str(TEST_FREQ),
-           "--out", str(out), "actor_rollout_ref.rollout.full_determinism=True"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     with open(out.parent / f"{out.name}.log", "wb") as log:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(reference.command(out), cwd=ROOT, env=reference.pinned_env(), stdout=log,
+                                stderr=subprocess.STDOUT)
 
 
 def _finish(proc: subprocess.Popen, out: Path) -> dict[int, dict]:
@@ -66,6 +66,11 @@ def test_two_sync_runs_with_the_same_seed_log_the_same_metrics(tmp_path):
     finally:
         second = _finish(procs[1], outs[1])
     assert_same_runs(first, second)
+    observed, ran_on = reference.observe(outs[0])
+    assert ran_on["kernels"]["capability"] == "DEFAULT"  # the pinned kernels reached the run
+    ok, line = reference.verdict(observed, json.loads(reference.reference_file("tiny").read_text()), ran_on["kernels"])
+    print(line)
+    assert ok, line
 
 
 def assert_same_runs(first: dict[int, dict], second: dict[int, dict]) -> None:
