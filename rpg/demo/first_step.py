@@ -43,19 +43,20 @@ def _padded(rows: list[list[int]], pad: int):
 
 
 def response_log_probs(model, prompts: list[list[int]], responses: list[list[int]], pad: int):
-    """log pi(token) of each response token given its prompt under the temperature-scaled distribution (as verl's
-    actor computes it: [rows, longest response], zeros past a response's end)."""
+    """log pi(token) of each response token given its prompt under the temperature-scaled distribution, as verl's
+    actor computes it ([rows, longest response], zeros past a response's end); the head only where a log-prob is
+    read (the prompts' 200 positions need none)."""
     import torch
 
     ids, mask = _padded([p + r for p, r in zip(prompts, responses)], pad)
-    logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float() / TEMPERATURE, dim=-1)
+    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
     width = max(len(r) for r in responses)
-    out = torch.zeros((len(responses), width), dtype=torch.float32)
     rows = []
     for i, (p, r) in enumerate(zip(prompts, responses)):
-        positions = torch.arange(len(p) - 1, len(p) - 1 + len(r))
-        rows.append(torch.nn.functional.pad(logp[i, positions, torch.tensor(r)], (0, width - len(r))))
-    return torch.stack(rows) if rows else out
+        logits = model.lm_head(hidden[i, len(p) - 1: len(p) - 1 + len(r)]).float() / TEMPERATURE
+        picked = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(r).unsqueeze(-1)).squeeze(-1)
+        rows.append(torch.nn.functional.pad(picked, (0, width - len(r))))
+    return torch.stack(rows)
 
 
 def first_step() -> tuple[dict, dict]:
@@ -98,13 +99,13 @@ def first_step() -> tuple[dict, dict]:
         mask[i, : len(r)] = 1
     reward = torch.tensor(scores).view(PROMPTS, SAMPLES)
     advantages = (reward - reward.mean(dim=1, keepdim=True)).view(-1, 1) * mask
-    with torch.no_grad():
-        old = response_log_probs(model, prompts, responses, pad)
     model.train()
     log_prob = response_log_probs(model, prompts, responses, pad)
+    old = log_prob.detach()  # the first step is on-policy: pi_old is the model before its update
     config = RPGLossConfig(divergence="ufkl", form="reinforce", beta=1e-4, clip=True)
     loss, metrics = rpg_policy_loss(log_prob=log_prob, old_log_prob=old, advantages=advantages, response_mask=mask,
                                     config=config)
+    value = float(loss.detach())
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -115,7 +116,7 @@ def first_step() -> tuple[dict, dict]:
     tokens = hashlib.sha256(json.dumps([prompts, responses]).encode()).hexdigest()
     observed = {"weights_sha256": run_record.weights_digest(assets.model_dir),
                 "responses": {"sha256": tokens, "lengths": [len(r) for r in responses], "scores": scores},
-                "metrics": {"1": {"loss": float(loss), "grad_norm": float(grad_norm),
+                "metrics": {"1": {"loss": value, "grad_norm": float(grad_norm),
                                   "weights_after": after.hexdigest(),
                                   **{k: float(v) for k, v in sorted(metrics.items())}}}}
     return observed, run_record.ran_on(assets.model_dir)

@@ -116,15 +116,32 @@ def library_versions() -> dict[str, str | None]:
     return found
 
 
-def cpu_model() -> str | None:
-    """The CPU's model name (Linux's /proc/cpuinfo), None where it cannot be read."""
+def _cpuinfo(field: str) -> str | None:
+    """The first value of ``field`` in Linux's /proc/cpuinfo, None where it cannot be read."""
     try:
         for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
+            if line.split(":", 1)[0].strip() == field:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return None
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name, None where it cannot be read."""
+    return _cpuinfo("model name")
+
+
+def cpu_isa() -> str | None:
+    """The widest vector instruction set this CPU offers of those torch's CPU kernels are built for (``avx512``,
+    ``avx2``, ``default``): what decides its kernel path when nothing pins it. None where the flags cannot be read."""
+    flags = _cpuinfo("flags")
+    if flags is None:
+        return None
+    have = set(flags.split())
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= have:
+        return "avx512"
+    return "avx2" if {"avx2", "fma"} <= have else "default"
 
 
 def cpu_kernels(environ: dict[str, str] | None = None) -> dict[str, str | None]:
@@ -132,7 +149,7 @@ def cpu_kernels(environ: dict[str, str] | None = None) -> dict[str, str | None]:
     import torch
 
     env = os.environ if environ is None else environ
-    return {"capability": torch.backends.cpu.get_cpu_capability(), "cpu": cpu_model(),
+    return {"capability": torch.backends.cpu.get_cpu_capability(), "cpu": cpu_model(), "isa": cpu_isa(),
             "cores": str(len(os.sched_getaffinity(0))), "threads_here": str(torch.get_num_threads()),
             **{k: env.get(k) for k in KERNEL_ENV}}
 

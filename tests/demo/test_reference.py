@@ -16,11 +16,12 @@ OBSERVED = {"weights_sha256": "a" * 64,
             "metrics": {"0": {"val-core/acc": 0.3}, "1": {"actor/grad_norm": 1.0280458629131317, "actor/loss": -0.14,
                                                          "training/rpg/batch_digest": 123456.0, "nan": float("nan")},
                         "10": {"actor/grad_norm": 0.5}}}
-HERE = {"cpu": "CPU A", "capability": "DEFAULT"}
+HERE = {"cpu": "CPU A", "isa": "avx512", "capability": "DEFAULT"}
 
 
 def _reference(observed=OBSERVED, cpu="CPU A"):
-    return {**copy.deepcopy(observed), "made": {"kernels": {"cpu": cpu}}, "command": ["x"], "env": {}}
+    return {**copy.deepcopy(observed), "made": {"kernels": {"cpu": cpu, "isa": "avx512"}}, "command": ["x"],
+            "env": {}}
 
 
 def test_the_same_bits_pass_and_metadata_is_not_compared():
@@ -51,6 +52,7 @@ def test_another_cpu_may_differ_in_the_last_digits_only_and_says_so():
     observed["metrics"]["1"]["actor/grad_norm"] *= 1 + 1e-7
     ok, line = R.verdict(observed, _reference(cpu="CPU B"), HERE)
     assert ok and "within" in line and "CPU B" in line
+    assert R.verdict(observed, _reference(), {**HERE, "isa": "avx2"})[0]  # one model name, another instruction set
     assert not R.verdict(observed, _reference(cpu="CPU A"), HERE)[0]  # on the reference's own CPU: the bits
     observed["metrics"]["1"]["actor/grad_norm"] *= 1.01  # beyond the last digits: fails on any CPU
     assert not R.verdict(observed, _reference(cpu="CPU B"), HERE)[0]
@@ -79,10 +81,10 @@ def test_the_committed_references_are_of_the_shipped_weights_and_name_how_they_w
 
     tiny = json.loads(R.reference_file("tiny").read_text())
     assert tiny["weights_sha256"] == weights_sha256()
-    assert tiny["env"] == R.PINNED_ENV and tiny["made"]["kernels"]["capability"] == "DEFAULT"
+    assert tiny["env"] == R.PINNED_ENV and tiny["made"]["kernels"]["capability"] == "AVX2"
     assert sorted(tiny["metrics"], key=int) == [str(s) for s in range(R.STEPS + 1)]
     smol = json.loads(R.reference_file("smol").read_text())
-    assert smol["env"] == R.PINNED_ENV and smol["made"]["kernels"]["capability"] == "DEFAULT"
+    assert smol["env"] == R.PINNED_ENV and smol["made"]["kernels"]["capability"] == "AVX2"
 
 
 def test_regenerate_refuses_without_a_reason():
