@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from rpg_lab.conformance.probes import protocol
+
 LAB = Path(__file__).resolve().parents[2]  # the folder holding rpg_lab: on a foreign environment's PYTHONPATH
 ENVS_VARIABLE = "RPG_CONFORMANCE_ENVS"
 DEFAULT_ENVS = LAB.parent / ".venv-conformance"
@@ -46,7 +48,7 @@ def run_probe(env: str, probe: str, batches: list[dict], envs: Path | None = Non
     """{"version": str, "terms": [per batch: {key: terms}]} from ``probe`` run where ``env`` says."""
     if env == "recipe":
         module = importlib.import_module(f"rpg_lab.conformance.probes.{probe}")
-        return {"version": module.version(), "terms": module.compute(batches)}
+        return {"version": protocol.version(module.DISTRIBUTION), "terms": module.compute(batches)}
     command, env_vars = probe_command(env, probe, envs or envs_folder())
     with tempfile.TemporaryDirectory(prefix="rpg-conformance-") as folder:
         request, response = Path(folder) / "request.pt", Path(folder) / "response.pt"

@@ -210,7 +210,9 @@ METHOD = """## How it is computed
 * **One token vs sequences**: with T = 1 a token is a sequence and the paper's identities apply as written. With
   T > 1 a per-token term is scored against the KL between sequence distributions; a per-token surrogate then
   misses how a token changes the distribution of the tokens after it (the prefix weights of T27,
-  [math.md](math.md#tokens-and-sequences)), which the table measures.
+  [math.md](math.md#tokens-and-sequences)), which the table measures. The anchor here is a fixed π_ref; with the
+  anchor at the sampler (π_ref = μ, RPG's default iterative reference) RPG's forward losses are exact over
+  sequences too (T26) and its reverse ones are not (T27): the suite checks both on these policies.
 """
 
 REBUILD = """## Rebuilding

@@ -6,6 +6,7 @@ their own environments by the ``conformance`` stage (test_conformance_frameworks
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,19 @@ def test_rpg_losses_are_exact_within_1e_12_with_one_token(grid):
         for div in rpg_kl.DIVERGENCES:
             for scn, d, m in _scores(rpg_kl, f"{form}:{div}", "loss", scns, targets):
                 assert d[f"rel_err_{div}"] < 1e-12 and div in m.split(), (form, div, scn.distance, d)
+
+
+def test_over_sequences_the_forward_token_sum_is_exact_with_the_anchor_at_the_sampler_and_the_reverse_is_not(grid):
+    """T26 and T27 over whole sequences (T = 2, 3), the harness's known answer there: with π_ref = μ, RPG's forward
+    losses (k3 summed over tokens) have the sequence-level forward KL's gradient at every off-policy sampler; the
+    reverse one (per-token weights, no prefix weights) has no divergence's."""
+    scns = [replace(s, z_ref=s.z_mu) for s in grid[0] if s.space.T > 1 and s.distance != ON_POLICY]
+    targets = [scoring.target_gradients(s) for s in scns]
+    for key in ("differentiable:ufkl", "reinforce:fkl"):
+        for scn, d, m in _scores(rpg_kl, key, "loss", scns, targets):
+            assert "fkl" in m.split() and d["rel_err_fkl"] < 1e-12, (key, scn.space.T, scn.distance, d)
+    for scn, d, m in _scores(rpg_kl, "differentiable:urkl", "loss", scns, targets):
+        assert m == "none" and d["rel_err_rkl"] > 1e-3, (scn.space.T, scn.distance, d)
 
 
 def test_the_recipe_environments_rows_are_the_csvs(committed, grid):

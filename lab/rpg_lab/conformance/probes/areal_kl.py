@@ -11,24 +11,15 @@ from rpg_lab.conformance.probes import protocol
 ESTIMATORS = ("k1", "k2", "k3")
 
 
-def _reward(batch: dict, estimator: str) -> dict:
+def _kl_estimator(batch: dict, estimator: str):
     from areal.utils.data import KLEstimator
 
-    return protocol.reward_terms(lambda l: KLEstimator(estimator)(l, batch["l_ref"]), batch)
+    return lambda l: KLEstimator(estimator)(l, batch["l_ref"])
 
 
-SETTINGS = {f"reward:{e}": functools.partial(_reward, estimator=e) for e in ESTIMATORS}
-
-
-def compute(batches: list[dict]) -> list[dict]:
-    return [protocol.run_each(SETTINGS, batch) for batch in batches]
-
-
-def version() -> str:
-    from importlib.metadata import version as installed
-
-    return installed("areal")
-
+SETTINGS = protocol.by_estimator(_kl_estimator, reward=ESTIMATORS)
+DISTRIBUTION = "areal"
+compute = functools.partial(protocol.compute, SETTINGS)
 
 if __name__ == "__main__":
-    protocol.main(compute, version)
+    protocol.main(compute, DISTRIBUTION)

@@ -47,15 +47,8 @@ SETTINGS = {**{f"loss:{e}": functools.partial(_loss, estimator=e, unbiased=False
             **{f"reward:{e}": functools.partial(_reward, estimator=e) for e in ESTIMATORS}}
 
 
-def compute(batches: list[dict]) -> list[dict]:
-    return [protocol.run_each(SETTINGS, batch) for batch in batches]
-
-
-def version() -> str:
-    from importlib.metadata import version as installed
-
-    return installed("openrlhf")
-
+DISTRIBUTION = "openrlhf"
+compute = functools.partial(protocol.compute, SETTINGS)
 
 if __name__ == "__main__":
-    protocol.main(compute, version)
+    protocol.main(compute, DISTRIBUTION)

@@ -43,6 +43,16 @@ def terms(form: str, term, batch: dict) -> dict:
     return {"loss": loss_terms, "reward": reward_terms}[form](term, batch)
 
 
+def by_estimator(term_of, loss: tuple = (), reward: tuple = ()) -> dict:
+    """The SETTINGS of a framework whose KL is one function of (log-probs, reference log-probs, estimator):
+    ``term_of(batch, estimator)`` gives the per-token function of the log-probs; ``loss:<e>`` differentiates it at
+    πθ's, ``reward:<e>`` evaluates it at the sampler's."""
+    def setting(form, estimator):
+        return lambda batch: terms(form, term_of(batch, estimator), batch)
+
+    return {**{f"loss:{e}": setting("loss", e) for e in loss}, **{f"reward:{e}": setting("reward", e) for e in reward}}
+
+
 def run_each(settings: dict, batch: dict) -> dict:
     """Each asked-for setting, or its error in one line (a setting the framework refuses is a row that says why)."""
     out = {}
@@ -55,14 +65,26 @@ def run_each(settings: dict, batch: dict) -> dict:
     return out
 
 
-def main(compute, version) -> None:
-    """``python -m <probe> REQUEST RESPONSE``: ``compute(batches) -> [{key: terms}]``; ``version()`` -> str.
-    One thread: the tensors are tiny, and torch's thread pool on a loaded machine costs 100 times the work."""
+def compute(settings: dict, batches: list[dict]) -> list[dict]:
+    """Every batch's settings (``run_each``): a probe's ``compute`` is this with its ``SETTINGS``."""
+    return [run_each(settings, batch) for batch in batches]
+
+
+def version(distribution: str) -> str:
+    from importlib.metadata import version as installed
+
+    return installed(distribution)
+
+
+def main(compute, distribution: str) -> None:
+    """``python -m <probe> REQUEST RESPONSE``: ``compute(batches) -> [{key: terms}]``, and the installed version of
+    ``distribution``. One thread: the tensors are tiny, and torch's thread pool on a loaded machine costs 100 times
+    the work."""
     torch.set_num_threads(1)
     request, response = sys.argv[1:3]
     try:
         batches = torch.load(request, weights_only=True)
-        torch.save({"version": version(), "terms": compute(batches)}, response)
+        torch.save({"version": version(distribution), "terms": compute(batches)}, response)
     except Exception:
         traceback.print_exc()
         sys.exit(1)

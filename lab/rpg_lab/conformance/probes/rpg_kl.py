@@ -44,15 +44,8 @@ SETTINGS = {**{f"{form}:{d}": functools.partial(_loss, divergence=d, form=form) 
             "grpo_corrected": _grpo_corrected}
 
 
-def compute(batches: list[dict]) -> list[dict]:
-    return [protocol.run_each(SETTINGS, batch) for batch in batches]
-
-
-def version() -> str:
-    from importlib.metadata import version as installed
-
-    return installed("rpg-verl")
-
+DISTRIBUTION = "rpg-verl"
+compute = functools.partial(protocol.compute, SETTINGS)
 
 if __name__ == "__main__":
-    protocol.main(compute, version)
+    protocol.main(compute, DISTRIBUTION)

@@ -14,28 +14,15 @@ from rpg_lab.conformance.probes import protocol
 ESTIMATORS = ("k1", "abs", "k2", "k3")
 
 
-def _term(kind: str, batch: dict, estimator: str) -> dict:
+def _compute_approx_kl(batch: dict, estimator: str):
     from skyrl.backends.skyrl_train.utils.ppo_utils import compute_approx_kl
 
-    def term(l):
-        return compute_approx_kl(l, batch["l_ref"], kl_estimator_type=estimator)
-
-    return protocol.terms(kind, term, batch)
+    return lambda l: compute_approx_kl(l, batch["l_ref"], kl_estimator_type=estimator)
 
 
-SETTINGS = {**{f"loss:{e}": functools.partial(_term, "loss", estimator=e) for e in ESTIMATORS},
-            **{f"reward:{e}": functools.partial(_term, "reward", estimator=e) for e in ESTIMATORS}}
-
-
-def compute(batches: list[dict]) -> list[dict]:
-    return [protocol.run_each(SETTINGS, batch) for batch in batches]
-
-
-def version() -> str:
-    from importlib.metadata import version as installed
-
-    return installed("skyrl")
-
+SETTINGS = protocol.by_estimator(_compute_approx_kl, loss=ESTIMATORS, reward=ESTIMATORS)
+DISTRIBUTION = "skyrl"
+compute = functools.partial(protocol.compute, SETTINGS)
 
 if __name__ == "__main__":
-    protocol.main(compute, version)
+    protocol.main(compute, DISTRIBUTION)

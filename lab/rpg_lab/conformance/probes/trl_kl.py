@@ -141,18 +141,13 @@ def compute(batches: list[dict]) -> list[dict]:
     """A trainer per setting and shape, built once, in a temporary folder removed at the end."""
     with tempfile.TemporaryDirectory() as folder:
         settings = {key: functools.partial(_loss, key=key, folder=folder) for key in SETTINGS_ARGS}
-        out = [protocol.run_each(settings, batch) for batch in batches]
+        out = protocol.compute(settings, batches)
         _trainer.cache_clear()
         return out
 
 
-def version() -> str:
-    from importlib.metadata import version as installed
-
-    return installed("trl")
-
-
-SETTINGS = SETTINGS_ARGS
+SETTINGS = SETTINGS_ARGS  # the keys; each computed by ``compute``'s trainer of that key
+DISTRIBUTION = "trl"
 
 if __name__ == "__main__":
-    protocol.main(compute, version)
+    protocol.main(compute, DISTRIBUTION)

@@ -15,28 +15,15 @@ LOSS_TYPES = ("kl", "abs", "mse", "low_var_kl", "kl+", "low_var_kl+", "full")
 REWARD_TYPES = ("kl", "abs", "mse", "low_var_kl", "full")
 
 
-def _term(kind: str, batch: dict, estimator: str) -> dict:
+def _kl_penalty(batch: dict, estimator: str):
     from verl.trainer.ppo.core_algos import kl_penalty
 
-    def term(l):
-        return kl_penalty(logprob=l, ref_logprob=batch["l_ref"], kl_penalty=estimator)
-
-    return protocol.terms(kind, term, batch)
+    return lambda l: kl_penalty(logprob=l, ref_logprob=batch["l_ref"], kl_penalty=estimator)
 
 
-SETTINGS = {**{f"loss:{t}": functools.partial(_term, "loss", estimator=t) for t in LOSS_TYPES},
-            **{f"reward:{t}": functools.partial(_term, "reward", estimator=t) for t in REWARD_TYPES}}
-
-
-def compute(batches: list[dict]) -> list[dict]:
-    return [protocol.run_each(SETTINGS, batch) for batch in batches]
-
-
-def version() -> str:
-    from importlib.metadata import version as installed
-
-    return installed("verl")
-
+SETTINGS = protocol.by_estimator(_kl_penalty, loss=LOSS_TYPES, reward=REWARD_TYPES)
+DISTRIBUTION = "verl"
+compute = functools.partial(protocol.compute, SETTINGS)
 
 if __name__ == "__main__":
-    protocol.main(compute, version)
+    protocol.main(compute, DISTRIBUTION)
