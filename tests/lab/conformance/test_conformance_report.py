@@ -139,3 +139,34 @@ def assert_same_rows(fresh: list[dict], old: list[dict]) -> None:
                     assert a == pytest.approx(b, rel=1e-6), (column, new, was)
                 else:
                     assert max(abs(a), abs(b)) <= 1e-4, (column, new, was)
+
+
+def test_a_framework_whose_environment_is_missing_is_a_row_that_says_why(grid, tmp_path):
+    rows = table.framework_rows("TRL", *grid, envs=tmp_path / "none")
+    assert [r["setting"] for r in rows] == [s.key for s in catalogue.SETTINGS if s.framework == "TRL"]
+    assert all(r["status"].startswith(f"not run: {tmp_path / 'none' / 'trl'} is not set up: run `bash lab/scripts/"
+                                      "setup_conformance.sh") for r in rows), rows[0]["status"]
+
+
+def test_the_command_refuses_bad_input_in_one_line(tmp_path, capsys):
+    from rpg_lab.conformance.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--render-only"])
+    assert f"--render-only: {tmp_path / 'conformance' / 'conformance.csv'} does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--frameworks", "RPG,Nope"])
+    assert "--frameworks: Nope unknown; choose among RPG, verl, TRL" in capsys.readouterr().err
+
+
+def test_one_frameworks_rows_replace_its_own_and_keep_the_others(committed, tmp_path):
+    """``--frameworks RPG`` computes RPG's rows again and keeps every other framework's row of the CSV there."""
+    from rpg_lab.conformance.__main__ import main
+
+    csv_path, md_path, _ = paths(tmp_path)
+    csv_path.parent.mkdir(parents=True)
+    others = [r for r in committed if r["framework"] != "RPG"]
+    table.write_csv(others, csv_path)  # the RPG rows missing: the command puts them back, first
+    assert main(["--out", str(tmp_path), "--frameworks", "RPG"]) == 0
+    assert_same_rows(table.read_csv(csv_path), committed)  # NaN cosines: not compared by ==
+    assert md_path.read_text() == MARKDOWN.read_text()
