@@ -5,6 +5,7 @@ from the committed CSV.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def cell(row: dict) -> str:
         return f"= {SHORT[label]} ({row[f'rel_err_{label}']:.0e})"
     if label == "zero":
         return "zero"
-    return f"{_target_err(row):.2g} (cos {row['cos_' + row['target']]:.2f})"
+    cos = row["cos_" + row["target"]]
+    return f"{_target_err(row):.2g} (cos {'—' if math.isnan(cos) else f'{cos:.2f}'})"  # —: a seed's gradient is 0
 
 
 def _phrase(rows: list[dict]) -> str:
