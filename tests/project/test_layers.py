@@ -106,8 +106,8 @@ def plant(root: Path, files: dict[str, str]) -> None:
 def test_the_contracts_break_on_planted_imports(tmp_path):
     """Every node of the real contracts as an empty package, then one import against each contract: the math
     importing the launcher inside a function, a relative import from the configuration up to the driver, a CPU
-    backend module importing the GPU backend, the driver importing the study, and two driver modules importing
-    each other (one lazily). Each contract reports its own."""
+    backend module importing the GPU backend, the driver importing the study, the math importing the lab, and two
+    driver modules importing each other (one lazily). Each contract reports its own."""
     nodes = [n for n in RANK if n != "rpg.backends"]
     plant(tmp_path, {"rpg/__init__.py": "", "rpg/backends/__init__.py": "",
                      **{n.replace(".", "/") + "/__init__.py": "" for n in nodes}})
@@ -120,6 +120,9 @@ def test_the_contracts_break_on_planted_imports(tmp_path):
         "rpg/verl/a.py": "from rpg.verl import b\n",
         "rpg/verl/b.py": "def g():\n    from rpg.verl import a\n",
         "rpg/verl/s.py": "import rpg.study\n",
+        "rpg/math/lab.py": "import rpg_lab.exact\n",
+        "rpg_lab/__init__.py": "",
+        "rpg_lab/exact.py": "",
     })
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     done = lint_imports(tmp_path, pythonpath=tmp_path)
@@ -128,7 +131,7 @@ def test_the_contracts_break_on_planted_imports(tmp_path):
     for contract in LINTER["contracts"]:
         assert f"{contract['name']} BROKEN" in out, (contract["name"], done.stdout[-4000:])
     for arrow in ("rpg.math.x -> rpg.launch", "rpg.config.z -> rpg.verl", "rpg.backends.cpu.c -> rpg.backends.gpu",
-                  "rpg.verl.s -> rpg.study"):
+                  "rpg.verl.s -> rpg.study", "rpg.math.lab -> rpg_lab.exact"):
         assert arrow in out, (arrow, done.stdout[-4000:])
 
 

@@ -1,7 +1,7 @@
 """Exact enumeration over small categorical distributions (the set-up of docs/math.md#testable-identities), float64.
 
 A "bandit" has K outcomes; pi_theta = softmax(z) with z the parameters. The objectives J and
-divergences are written here in closed form, independently of ``rpg``; their gradients are
+divergences (those in ``rpg_lab.exact``) are written in closed form, independently of ``rpg``; their gradients are
 taken by autograd of those closed forms (and checked once against central finite differences).
 A surrogate's expectation E_mu[loss] is computed with the library itself by laying the K
 outcomes out as K one-token rows whose mask is mu(x): token-mean aggregation with a float
@@ -16,17 +16,8 @@ import torch
 
 from rpg.math.fused import RPGLossConfig, rpg_policy_loss
 
-DT = torch.float64
-
-
-def kl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """KL(p||q) = sum p log(p/q)."""
-    return (p * (p.log() - q.log())).sum()
-
-
-def ukl(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Unnormalized KL for non-negative measures: sum p log(p/q) + sum (q - p)."""
-    return kl(p, q) + (q - p).sum()
+# the divergences live in the lab, where the conformance report (python -m rpg_lab.conformance) reads them too
+from rpg_lab.exact import DT, divergence, kl, ukl  # noqa: F401
 
 
 def dual_clip_ppo(r: torch.Tensor, adv: torch.Tensor, lo: float, hi: float, c: float) -> torch.Tensor:
@@ -34,12 +25,6 @@ def dual_clip_ppo(r: torch.Tensor, adv: torch.Tensor, lo: float, hi: float, c: f
     capped at −c·A where A < 0 (the gradient at a tie, r = lo, hi or c exactly, is autograd's convention)."""
     ppo = torch.maximum(-r * adv, -r.clamp(lo, hi) * adv)
     return torch.where(adv >= 0, ppo, torch.minimum(ppo, -c * adv))
-
-
-def divergence(name: str, pi: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
-    """D(theta) of each objective (docs/math.md#objectives-and-divergences): forward ones have the anchor first."""
-    return {"fkl": lambda: kl(anchor, pi), "ufkl": lambda: ukl(anchor, pi),
-            "rkl": lambda: kl(pi, anchor), "urkl": lambda: ukl(pi, anchor)}[name]()
 
 
 @dataclass
