@@ -247,6 +247,20 @@ def test_a_real_eager_micro_batch_is_verls_step(tiny_assets):
     assert engines(model)[1].uncovered(micro_batch(pairs)) is None
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1e-9])
+def test_a_temperature_under_verls_floor_gives_verls_numbers(temperature):
+    """verl's step divides the logits by max(T, 1e-8): at temperature 0 (greedy) and below the floor the tree gives
+    its finite numbers. Log-probs scale as 1/T, and so does their rounding: ATOL * 1e8."""
+    model = smol_shaped_llama()
+    verl, tree = step_outputs(model, groups(), temperature)
+    assert all(bool(torch.isfinite(x).all()) for x in (*tree[:2], *tree[2]))
+    assert tree[0].abs().max() > 1e6  # the floor, not temperature 1: a log-prob of a token not the argmax
+    lp, ent, grad = difference(verl, tree)
+    assert lp < ATOL / 1e-8 and ent < ATOL / 1e-8 and grad < GRAD_RTOL, (lp, ent, grad)
+    lp, _, grad = difference(alone_outputs(model, groups(), temperature), tree)
+    assert lp < ATOL / 1e-8 and grad < GRAD_RTOL, (lp, grad)
+
+
 def test_the_same_tokens_at_other_positions_are_other_nodes():
     a = torch.tensor([5, 6, 7])
     tree = build_prefix_tree([a, a], [torch.arange(3), torch.arange(3) + 4])

@@ -112,6 +112,8 @@ def tree_log_probs(module, tree: PrefixTree, sequences: list[torch.Tensor], read
 
     ``module`` is a Hugging Face causal LM (or its FSDP wrapper) with an attention implementation of
     ``TREE_ATTENTION`` that takes a 4-D ``attention_mask`` and an index tensor as ``logits_to_keep``."""
+    from verl.workers.engine.fsdp.transformer_impl import _scale_logits_by_temperature
+
     rows, labels, seq_of = [], [], []
     for j, (seq, path) in enumerate(zip(sequences, tree.paths, strict=True)):
         s, e = reads.starts[j], reads.ends[j]
@@ -126,8 +128,8 @@ def tree_log_probs(module, tree: PrefixTree, sequences: list[torch.Tensor], read
                  attention_mask=mask, use_cache=False, logits_to_keep=keep.to(device))
     logits = out.logits[0].float()[inverse.to(device)]  # one row per read token (a shared node once per reader)
     temps = temperatures.to(device=device, dtype=torch.float32)[seq_t.to(device)]
-    if not bool((temps == 1).all()):
-        logits = logits / temps.unsqueeze(-1)
+    # verl's own scaling: logits / max(T, 1e-8), so temperature 0 is finite as in verl's step
+    logits = _scale_logits_by_temperature(logits, temps.unsqueeze(-1), is_unit_temperature=bool((temps == 1).all()))
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, labels_t.to(device).unsqueeze(-1)).squeeze(-1)
     counts = [e - s for s, e in zip(reads.starts, reads.ends, strict=True)]
     entropy = list(entropy_fn(logits).split(counts)) if entropy_fn is not None else None
