@@ -9,6 +9,11 @@ gradient entry: both paths evaluate the same float32 function of each sequence's
 matrix shapes (measured here: under 2e-6; SmolLM2's 30 layers on a real step: 2.6e-5 at most, docs/smol.md). A tree
 whose mask lets one response see another group's prompt, or that drops a node's position, moves log-probs by 1e-2 or
 more: the comparison catches it.
+
+The same bounds hold against each sequence computed alone, under each attention implementation the tree runs with
+(sdpa and eager, each reading the mask in its own form) and on the tiny model under eager; every other implementation
+transformers registers goes to verl's step with one line. Below verl's temperature floor (1e-8; temperature 0)
+log-probs scale as 1/1e-8, and so does their bound.
 """
 
 from __future__ import annotations
