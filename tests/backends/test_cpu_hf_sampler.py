@@ -28,6 +28,16 @@ ROLLOUT_SEED = 11
 LOGP_ATOL = 1e-5  # a row decoded in a batch against alone: float32 rounding (test_cpu_hf_prefix.py)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The reference decodes about 200 rows one at a time, a few microseconds of work per product on the tiny model:
+    with a second thread each product waits for it, which on a busy machine took 0.5 s per generate instead of 0.04."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def server(tiny_assets):
     from verl.workers.config import HFModelConfig, RolloutConfig
