@@ -180,11 +180,10 @@ def generate_batch(
 ) -> list[TokenOutput]:
     """Decode prompts that share their sampling parameters as one batch: greedy unless ``temperature`` > 0,
     then one ``seeds`` entry per prompt. Each response stops at ``max_tokens``, at ``max_model_len`` minus
-    its prompt's length (none for a prompt that fills it, in any batch), or after its first EOS token (returned); its
-    log-probs are those of the
-    temperature-scaled logits before top-k/top-p (module docstring). ``share_prefix``: the prompts' common
-    prefix (``shared_prefix_length``) is computed once for the whole batch, all chunks included (module docstring;
-    the caller checks ``shared_prefix_support``)."""
+    its prompt's length (no token for a prompt that fills it, whatever its batch), or after its first EOS token
+    (returned); its log-probs are those of the temperature-scaled logits before top-k/top-p (module docstring).
+    ``share_prefix``: the decoded prompts' common prefix (``shared_prefix_length``) is computed once for the whole
+    batch, all chunks included (module docstring; the caller checks ``shared_prefix_support``)."""
     limits = [max(0, min(max_tokens, max_model_len - len(p))) for p in prompts]
     outs = [TokenOutput(token_ids=[], log_probs=[], stop_reason="length") for _ in prompts]
     decoded = [i for i, n in enumerate(limits) if n > 0]  # a prompt that fills the model's length gets no token
