@@ -82,6 +82,18 @@ def test_max_tokens_and_model_length_bound_the_response(server, prompts):
     assert o.token_ids == [] and o.stop_reason == "length"
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_response_never_passes_the_model_length_whatever_its_batch(server, prompts, temperature):
+    """max_model_len = prompt_length + response_length = 72: a prompt of 72 tokens gets no token and one of 70 at most
+    2, alone and beside a short prompt (whose limit, 8, runs the batch's loop), the same tokens either way."""
+    limit = server.max_model_len
+    requests = [((prompts[0] * 2)[:limit], (1, 0, 0)), ((prompts[1] * 2)[: limit - 2], (1, 1, 0)),
+                (prompts[2], (1, 2, 0))]
+    together = _keyed(server, requests, temperature=temperature)
+    assert together == [_keyed(server, [r], temperature=temperature)[0] for r in requests]
+    assert together[0] == [] and 0 < len(together[1]) <= 2 and together[2]
+
+
 def test_concurrent_requests_are_batched(server, prompts):
     server.batch_sizes = []
     _gen(server, prompts * 4, temperature=1.0)

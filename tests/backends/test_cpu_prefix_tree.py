@@ -9,6 +9,11 @@ gradient entry: both paths evaluate the same float32 function of each sequence's
 matrix shapes (measured here: under 2e-6; SmolLM2's 30 layers on a real step: 2.6e-5 at most, docs/smol.md). A tree
 whose mask lets one response see another group's prompt, or that drops a node's position, moves log-probs by 1e-2 or
 more: the comparison catches it.
+
+The same bounds hold against each sequence computed alone, under each attention implementation the tree runs with
+(sdpa and eager, each reading the mask in its own form) and on the tiny model under eager; every other implementation
+transformers registers goes to verl's step with one line. Below verl's temperature floor (1e-8; temperature 0)
+log-probs scale as 1/1e-8, and so does their bound.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import pytest
 import torch
 
 from rpg.backends.cpu import prefix_tree
-from rpg.backends.cpu.prefix_tree import PrefixTree, ReadPositions, build_prefix_tree
+from rpg.backends.cpu.prefix_tree import TREE_ATTENTION, PrefixTree, ReadPositions, build_prefix_tree
 
 ATOL = 1e-5
 GRAD_RTOL = 1e-4
@@ -96,22 +101,56 @@ def responses_of(nested, pairs):
     return response_from_nested(nested, mask).values()
 
 
-def compare(model, pairs, temperature=1.0):
-    """(largest log-prob difference, largest entropy difference, largest gradient difference / largest gradient)."""
+def _weights(pairs):
+    return torch.linspace(-1.0, 2.0, sum(len(r) for _, r in pairs))
+
+
+def _taken(model, lp, ent):
+    """(log-probs, entropies, every parameter's gradient of ``_weights``' sum of the log-probs)."""
+    return lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def step_outputs(model, pairs, temperature=1.0):
+    """verl's step's and the tree's ``_taken`` of the response tokens, in that order."""
     verl_engine, tree_engine = engines(model)
     td = micro_batch(pairs, temperature)
-    weights = torch.linspace(-1.0, 2.0, sum(len(r) for _, r in pairs))
     found = []
     for engine, run in ((verl_engine, verl_output), (tree_engine, lambda e, t: e.tree_output(t))):
         model.zero_grad()
         out = run(engine, td)
         lp, ent = responses_of(out["log_probs"], pairs), responses_of(out["entropy"], pairs)
-        (weights * lp).sum().backward()
-        found.append((lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]))
-    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = found
+        (_weights(pairs) * lp).sum().backward()
+        found.append(_taken(model, lp, ent))
+    return found
+
+
+def alone_outputs(model, pairs, temperature=1.0):
+    """``_taken`` with each sequence computed alone, as the model computes one sequence (its own causal mask)."""
+    from verl.utils.torch_functional import entropy_from_logits
+
+    model.zero_grad()
+    lps, ents = [], []
+    for prompt, response in pairs:
+        logits = model(input_ids=torch.cat([prompt, response])[None], use_cache=False).logits[0].float()
+        logits = logits[len(prompt) - 1 : -1] / max(temperature, 1e-8)  # verl's floor of the temperature
+        lps.append(torch.log_softmax(logits, -1).gather(-1, response[:, None]).squeeze(-1))
+        ents.append(entropy_from_logits(logits))
+    lp = torch.cat(lps)
+    (_weights(pairs) * lp).sum().backward()
+    return _taken(model, lp, torch.cat(ents))
+
+
+def difference(a, b):
+    """(largest log-prob difference, largest entropy difference, largest gradient difference / largest gradient)."""
+    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = a, b
     scale = max(g.abs().max() for g in g_a)
-    grad = max((a - b).abs().max() for a, b in zip(g_a, g_b)) / scale
+    grad = max((x - y).abs().max() for x, y in zip(g_a, g_b)) / scale
     return (lp_a - lp_b).abs().max().item(), (ent_a - ent_b).abs().max().item(), grad.item()
+
+
+def compare(model, pairs, temperature=1.0):
+    """``difference`` of verl's step and the tree."""
+    return difference(*step_outputs(model, pairs, temperature))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -138,6 +177,93 @@ def test_the_tree_holds_each_distinct_prefix_once():
     for s, path in zip(seqs, tree.paths):  # each sequence reads back from its path, every node at its depth
         assert torch.equal(tree.tokens[path], s) and torch.equal(tree.positions[path], torch.arange(len(s)))
         assert bool(tree.mask[path[-1]].sum() == len(s))  # its last token sees exactly its own tokens
+
+
+@pytest.mark.parametrize("implementation", TREE_ATTENTION)
+def test_under_each_attention_it_takes_the_tree_is_each_sequence_alone_and_verls_step(implementation):
+    """sdpa reads the tree's mask as booleans, eager adds it to the scores: each given its own form, the tree's
+    log-probs, entropies and gradients are those of each sequence computed alone and of verl's step (a boolean mask
+    under eager moves log-probs by 0.17 and gradients by 37 %)."""
+    model = smol_shaped_llama()
+    model.set_attn_implementation(implementation)
+    verl, tree = step_outputs(model, groups())
+    for lp, ent, grad in (difference(alone_outputs(model, groups()), tree), difference(verl, tree)):
+        assert lp < ATOL and ent < ATOL and grad < GRAD_RTOL, (implementation, lp, ent, grad)
+    assert engines(model)[1].uncovered(micro_batch(groups())) is None
+
+
+def _attention_implementations() -> list[str]:
+    """Every attention implementation transformers registers, and eager (each model's own, not registered)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
+
+
+def test_every_other_attention_takes_verls_step_with_its_line(monkeypatch, capsys):
+    """flex_attention (runs on CPU, without a backward there), the paged and the flash-attention ones: the tree is not
+    tested with them, so their micro-batches go to verl's step and the process says so once, naming the
+    implementation."""
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    from rpg.backends.cpu.tree_engine import PrefixTreeEngine
+
+    others = [name for name in _attention_implementations() if name not in TREE_ATTENTION]
+    assert "flex_attention" in others and "paged|eager" in others
+    taken = []
+    monkeypatch.setattr(FSDPEngineWithLMHead, "forward_step", lambda self, mb, loss, fwd: taken.append(mb) or "verl's")
+    monkeypatch.setattr(PrefixTreeEngine, "_said", set())
+    _, tree_engine = engines(smol_shaped_llama())
+    for name in others:
+        tree_engine.module.config._attn_implementation = name
+        td = micro_batch(groups())
+        for _ in range(2):
+            assert tree_engine.forward_step(td, None, True) == "verl's" and taken[-1] is td
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and f"attn_implementation={name};" in lines[0] and "verl's packed forward" in lines[0], \
+            lines
+
+
+def test_a_real_eager_micro_batch_is_verls_step(tiny_assets):
+    """The tiny model as `actor_rollout_ref.model.override_config.attn_implementation=eager` loads it (Qwen2, tied
+    embeddings), a micro-batch of its task's chat prompts, two groups of its own sampled responses: the tree's
+    log-probs, entropies and gradients are verl's step's and each sequence's alone."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rpg.tiny.build import _prompt_ids
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_assets.model_dir, dtype=torch.float32,
+                                                 attn_implementation="eager")
+    tok = AutoTokenizer.from_pretrained(tiny_assets.model_dir)
+    g = torch.Generator().manual_seed(0)
+    pairs = []
+    for a, b in [(3, 4), (7, 8)]:
+        prompt = torch.tensor(_prompt_ids(tok, a, b))
+        with torch.no_grad():
+            for _ in range(3):
+                ids = prompt
+                for _ in range(6):  # a sampled response of the model's own
+                    probs = model(input_ids=ids[None]).logits[0, -1].softmax(-1)
+                    ids = torch.cat([ids, torch.multinomial(probs, 1, generator=g)])
+                pairs.append((prompt, ids[len(prompt):]))
+    assert model.config._attn_implementation == "eager"
+    verl, tree = step_outputs(model, pairs)
+    for lp, ent, grad in (difference(verl, tree), difference(alone_outputs(model, pairs), tree)):
+        assert lp < ATOL and ent < ATOL and grad < GRAD_RTOL, (lp, ent, grad)
+    assert engines(model)[1].uncovered(micro_batch(pairs)) is None
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-9])
+def test_a_temperature_under_verls_floor_gives_verls_numbers(temperature):
+    """verl's step divides the logits by max(T, 1e-8): at temperature 0 (greedy) and below the floor the tree gives
+    its finite numbers. Log-probs scale as 1/T, and so does their rounding: ATOL * 1e8."""
+    model = smol_shaped_llama()
+    verl, tree = step_outputs(model, groups(), temperature)
+    assert all(bool(torch.isfinite(x).all()) for x in (*tree[:2], *tree[2]))
+    assert tree[0].abs().max() > 1e6  # the floor, not temperature 1: a log-prob of a token not the argmax
+    lp, ent, grad = difference(verl, tree)
+    assert lp < ATOL / 1e-8 and ent < ATOL / 1e-8 and grad < GRAD_RTOL, (lp, ent, grad)
+    lp, _, grad = difference(alone_outputs(model, groups(), temperature), tree)
+    assert lp < ATOL / 1e-8 and grad < GRAD_RTOL, (lp, grad)
 
 
 def test_the_same_tokens_at_other_positions_are_other_nodes():

@@ -9,10 +9,16 @@ of the sequence before it. Each node then sees what its token sees in its own se
 the hidden states, log-probs and (by autograd, summing over the sequences through a shared node) gradients are
 those of the sequences computed one by one, up to float32 rounding (another summation order).
 
-``tree_log_probs`` runs a Hugging Face causal LM over the tree with that mask (a 4-D boolean mask, which
-transformers passes to sdpa as given) and applies the output head only at the nodes whose log-probs are read (the
-token before each response token), then gathers per sequence; ``packed_values`` lays them out as verl's engine
-returns them (one value per token of each sequence, the log-prob of the next token; zero where none is read).
+``tree_log_probs`` runs a Hugging Face causal LM over the tree with that mask and applies the output head only at the
+nodes whose log-probs are read (the token before each response token), then gathers per sequence; ``packed_values``
+lays them out as verl's engine returns them (one value per token of each sequence, the log-prob of the next token;
+zero where none is read).
+
+transformers hands a 4-D mask to the attention as given, and each attention implementation reads its own form: sdpa a
+boolean one (True: attend), eager an additive one (0, or the dtype's minimum) that it adds to the scores, so a boolean
+mask there adds 1 to the scores it should hide. ``attention_mask`` builds the tree's mask with transformers' own mask
+function of the implementation (``AttentionMaskInterface``), for the implementations in ``TREE_ATTENTION`` only: those
+the tree is tested exact with (tests/backends/test_cpu_prefix_tree.py, against each sequence computed alone).
 """
 
 from __future__ import annotations
@@ -20,6 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+# The attention implementations the tree is exact with (module docstring). The others transformers 5.10 registers take
+# verl's step: flex_attention has no backward on CPU, the paged ones need a generation cache, flash-attention CUDA.
+TREE_ATTENTION = ("sdpa", "eager")
 
 
 @dataclass(frozen=True)
@@ -81,13 +91,29 @@ class ReadPositions:
         return cls([0] * len(lengths), [max(0, n - 1) for n in lengths])
 
 
+def attention_mask(tree: PrefixTree, implementation: str, device) -> torch.Tensor:
+    """``tree.mask`` as a [1, 1, T, T] mask in the form ``implementation`` reads (module docstring), made by
+    transformers' mask function of that implementation; ``ValueError`` outside ``TREE_ATTENTION``. eager's is float32
+    whatever the model's dtype: its 0 leaves a score as it is and its minimum hides a key in any dtype."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    if implementation not in TREE_ATTENTION:
+        raise ValueError(f"the prefix tree is exact with attn_implementation {TREE_ATTENTION}, not {implementation!r}")
+    allowed = tree.mask.to(device)
+    return ALL_MASK_ATTENTION_FUNCTIONS[implementation](
+        batch_size=1, q_length=tree.size, kv_length=tree.size, mask_function=lambda b, h, q, kv: allowed[q, kv],
+        allow_is_causal_skip=False, dtype=torch.float32, device=device)
+
+
 def tree_log_probs(module, tree: PrefixTree, sequences: list[torch.Tensor], reads: ReadPositions,
                    temperatures: torch.Tensor, entropy_fn=None) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Per sequence, the log-probs of its tokens ``starts[j] + 1 .. ends[j]`` (and, with ``entropy_fn``, the entropy
     of the distribution that predicts each) under ``module`` at ``temperatures[j]``, computed over ``tree``.
 
-    ``module`` is a Hugging Face causal LM (or its FSDP wrapper) that takes a 4-D boolean ``attention_mask`` and an
-    index tensor as ``logits_to_keep``."""
+    ``module`` is a Hugging Face causal LM (or its FSDP wrapper) with an attention implementation of
+    ``TREE_ATTENTION`` that takes a 4-D ``attention_mask`` and an index tensor as ``logits_to_keep``."""
+    from verl.workers.engine.fsdp.transformer_impl import _scale_logits_by_temperature
+
     rows, labels, seq_of = [], [], []
     for j, (seq, path) in enumerate(zip(sequences, tree.paths, strict=True)):
         s, e = reads.starts[j], reads.ends[j]
@@ -97,12 +123,13 @@ def tree_log_probs(module, tree: PrefixTree, sequences: list[torch.Tensor], read
     rows_t, labels_t, seq_t = torch.cat(rows), torch.cat(labels), torch.cat(seq_of)
     keep, inverse = torch.unique(rows_t, return_inverse=True)  # the head at each read node once
     device = next(module.parameters()).device
+    mask = attention_mask(tree, module.config.get_text_config()._attn_implementation, device)
     out = module(input_ids=tree.tokens.unsqueeze(0).to(device), position_ids=tree.positions.unsqueeze(0).to(device),
-                 attention_mask=tree.mask[None, None].to(device), use_cache=False, logits_to_keep=keep.to(device))
+                 attention_mask=mask, use_cache=False, logits_to_keep=keep.to(device))
     logits = out.logits[0].float()[inverse.to(device)]  # one row per read token (a shared node once per reader)
     temps = temperatures.to(device=device, dtype=torch.float32)[seq_t.to(device)]
-    if not bool((temps == 1).all()):
-        logits = logits / temps.unsqueeze(-1)
+    # verl's own scaling: logits / max(T, 1e-8), so temperature 0 is finite as in verl's step
+    logits = _scale_logits_by_temperature(logits, temps.unsqueeze(-1), is_unit_temperature=bool((temps == 1).all()))
     log_probs = torch.log_softmax(logits, dim=-1).gather(-1, labels_t.to(device).unsqueeze(-1)).squeeze(-1)
     counts = [e - s for s, e in zip(reads.starts, reads.ends, strict=True)]
     entropy = list(entropy_fn(logits).split(counts)) if entropy_fn is not None else None

@@ -9,7 +9,8 @@ are verl's within float32 rounding (tests/backends/test_cpu_prefix_tree.py). It 
 and update passes of every CPU run (registered for device ``cpu`` by ``rpg.backends.cpu.external_module``).
 
 Micro-batches it does not cover go to verl's step, and the process says so once: sequence parallelism, fused
-kernels, distillation, Σπ², multi-modal inputs, 3-D position ids, a padded layout, a model with a sliding window.
+kernels, distillation, Σπ², multi-modal inputs, 3-D position ids, a padded layout, a model with a sliding window, an
+attention implementation the tree is not tested exact with (``prefix_tree.TREE_ATTENTION``: sdpa and eager).
 ``RPG_CPU_PREFIX_TREE=0`` (forwarded to the workers) turns it off.
 """
 
@@ -27,7 +28,7 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.engine.utils import detach_tree
 
 from rpg.backends.cpu.env_overrides import PREFIX_TREE_ENV, prefix_tree_on
-from rpg.backends.cpu.prefix_tree import ReadPositions, build_prefix_tree, packed_values, tree_log_probs
+from rpg.backends.cpu.prefix_tree import TREE_ATTENTION, ReadPositions, build_prefix_tree, packed_values, tree_log_probs
 
 _OFF_FLAGS = ("distillation_use_topk", "distillation_only", "calculate_sum_pi_squared", "use_fused_kernels")
 
@@ -61,6 +62,9 @@ class PrefixTreeEngine(FSDPEngineWithLMHead):
         kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
         if kinds != {"full_attention"} or getattr(config, "use_sliding_window", False):
             return f"a model with {sorted(kinds)} layers or a sliding window"
+        implementation = config._attn_implementation
+        if implementation not in TREE_ATTENTION:
+            return f"attn_implementation={implementation}; the tree is exact with {', '.join(TREE_ATTENTION)}"
         return None
 
     def forward_step(self, micro_batch, loss_function, forward_only):

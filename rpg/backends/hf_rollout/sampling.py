@@ -180,21 +180,28 @@ def generate_batch(
 ) -> list[TokenOutput]:
     """Decode prompts that share their sampling parameters as one batch: greedy unless ``temperature`` > 0,
     then one ``seeds`` entry per prompt. Each response stops at ``max_tokens``, at ``max_model_len`` minus
-    its prompt's length, or after its first EOS token (returned); its log-probs are those of the
-    temperature-scaled logits before top-k/top-p (module docstring). ``share_prefix``: the prompts' common
-    prefix (``shared_prefix_length``) is computed once for the whole batch, all chunks included (module docstring;
-    the caller checks ``shared_prefix_support``)."""
+    its prompt's length (no token for a prompt that fills it, whatever its batch), or after its first EOS token
+    (returned); its log-probs are those of the temperature-scaled logits before top-k/top-p (module docstring).
+    ``share_prefix``: the decoded prompts' common prefix (``shared_prefix_length``) is computed once for the whole
+    batch, all chunks included (module docstring; the caller checks ``shared_prefix_support``)."""
     limits = [max(0, min(max_tokens, max_model_len - len(p))) for p in prompts]
-    if max(limits) == 0:
-        return [TokenOutput(token_ids=[], log_probs=[], stop_reason="length") for _ in prompts]
+    outs = [TokenOutput(token_ids=[], log_probs=[], stop_reason="length") for _ in prompts]
+    decoded = [i for i, n in enumerate(limits) if n > 0]  # a prompt that fills the model's length gets no token
+    if not decoded:
+        return outs
+    prompts, limits = [prompts[i] for i in decoded], [limits[i] for i in decoded]
+    seeds = None if seeds is None else [seeds[i] for i in decoded]
     shared = shared_prefix_length(prompts) if share_prefix else 0
     cache = prefix_cache(model, prompts[0][:shared], device) if shared else None
     width = max(map(len, prompts)) + max(limits)
     rows = chunk_rows(len(prompts), width * kv_bytes_per_token(model))
-    return [out for i in range(0, len(prompts), rows) for out in decode_chunk(  # chunks: KV_BUDGET_BYTES
+    chunks = [out for i in range(0, len(prompts), rows) for out in decode_chunk(  # chunks: KV_BUDGET_BYTES
         model, prompts[i : i + rows], limits[i : i + rows], temperature, top_p, top_k,
         None if seeds is None else seeds[i : i + rows], shared, cache, eos_ids=eos_ids, pad_id=pad_id,
         device=device, global_steps=global_steps)]
+    for i, out in zip(decoded, chunks, strict=True):
+        outs[i] = out
+    return outs
 
 
 class _BufferLayer(DynamicLayer):
@@ -264,8 +271,11 @@ def decode_chunk(
 ) -> list[TokenOutput]:
     """Decode ``prompts``, whose first ``shared`` tokens are in ``cache`` (one row): a forward over the rows' own
     prompt tokens, then one decoding step at a time over the rows still decoding. A row leaves the batch (and its
-    cache rows) after its EOS token or at its limit; each step samples every row at once (``RowSampler``, the row's
-    own draws) and keeps the log-prob of the token drawn (temperature-scaled, before top-k/top-p)."""
+    cache rows) after its EOS token or at its limit (``limits``, each at least 1); each step samples every row at once
+    (``RowSampler``, the row's own draws) and keeps the log-prob of the token drawn (temperature-scaled, before
+    top-k/top-p)."""
+    if min(limits) < 1:
+        raise ValueError(f"decode_chunk: every row's limit must be at least 1, got {limits}")
     # [prefix | padding | own tokens]: the padding between the shared prefix and each row's own tokens (left padding
     # when nothing is shared) has mask 0, and each token's position counts the mask before it (module docstring)
     width = shared + max(len(p) - shared for p in prompts)
