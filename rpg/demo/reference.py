@@ -11,10 +11,12 @@ validation-before-training responses (their sha256 over the sorted (prompt, resp
 accuracy), and every metric of every step that measures the computation, not the machine (times, throughput,
 memory are left out). ``smol``: SmolLM2's first RPG step computed in one process (``rpg.demo.first_step``).
 
-Both run with the CPU kernels pinned (``PINNED_ENV``: ATen's, MKL's and oneDNN's AVX2 code paths, one torch thread per
-process), a path every x86-64 CPU of the last decade takes whatever wider instructions it has, so that their numbers
-are the same bits on every such machine, not only on the one that made them (ATen's default path and MKL's
-compatible one would take older CPUs too, at three to four times the time). ``--check`` compares a fresh run with the committed
+Both run with the CPU kernels pinned (``PINNED_ENV``, every variable ``rpg.run_record.KERNEL_ENV`` names: ATen's, MKL's
+and oneDNN's AVX2 code paths, one torch thread per process), a path every x86-64 CPU of the last decade takes whatever
+wider instructions it has, so that their numbers are the same bits on every such machine, not only on the one that
+made them (ATen's default path and MKL's compatible one would take older CPUs too, at three to four times the time).
+A variable left unpinned would let a user's value reach the run: measured, ``MKL_ENABLE_INSTRUCTIONS=AVX512`` moved
+SmolLM2's loss in its last bits beside ``MKL_CBWR=AVX2``. ``--check`` compares a fresh run with the committed
 reference (``rpg/demo/references/<model>.json``): the same bits, or one line naming the first differences and the
 command that regenerates it; a run on another CPU model whose numbers differ only within ``CROSS_CPU_RTOL`` passes
 with a line saying so (the pinned kernels should make that never happen). ``--regenerate`` writes it and appends
@@ -47,7 +49,8 @@ STEPS, TEST_FREQ = 4, 2
 VAL_DIR = "val_generations"  # verl's trainer.validation_data_dir under the run's folder: <step>.jsonl
 DEMO_ARGS = ["--steps", str(STEPS), "--test-freq", str(TEST_FREQ), "actor_rollout_ref.rollout.full_determinism=True"]
 # the CPU kernel path every AVX2 machine takes (rpg.run_record.KERNEL_ENV names what chooses it)
-PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"}
+PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "MKL_CBWR": "AVX2",
+              "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"}
 # what measures the machine, not the run: wall times, throughput, memory (actor/perf/cpu_memory_used_gb), MFU
 MACHINE = re.compile(r"(^|/)(timing_s|timing_per_token_ms|perf)/")
 META = ("made", "command", "env")  # a reference's fields that say how it was made, not what was computed

@@ -91,3 +91,13 @@ def test_regenerate_refuses_without_a_reason():
     with pytest.raises(SystemExit) as e:
         R.main(["--regenerate"])
     assert e.value.code == 2
+
+
+def test_the_pinned_environment_sets_every_variable_that_chooses_a_kernel_path():
+    """A user's own value of any of them would reach the reference run otherwise (measured:
+    ``MKL_ENABLE_INSTRUCTIONS=AVX512`` moved SmolLM2's first step in its last bits beside ``MKL_CBWR=AVX2``)."""
+    from rpg.run_record import KERNEL_ENV
+
+    assert set(KERNEL_ENV) <= set(R.PINNED_ENV)
+    env = R.pinned_env({k: "something else" for k in KERNEL_ENV})
+    assert {k: env[k] for k in R.PINNED_ENV} == R.PINNED_ENV
