@@ -22,7 +22,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from rpg.backends.hf_rollout import HFRolloutServer, sampling
 from rpg.backends.hf_rollout.sampling import row_seed
-from rpg.tiny.build import _prompt_ids
+from rpg.tiny.warm_up import prompt_ids as _prompt_ids
 
 ROLLOUT_SEED = 11
 LOGP_ATOL = 1e-5  # a row decoded in a batch against alone: float32 rounding (test_cpu_hf_prefix.py)

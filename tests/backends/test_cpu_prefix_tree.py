@@ -229,7 +229,7 @@ def test_a_real_eager_micro_batch_is_verls_step(tiny_assets):
     log-probs, entropies and gradients are verl's step's and each sequence's alone."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rpg.tiny.build import _prompt_ids
+    from rpg.tiny.warm_up import prompt_ids as _prompt_ids
 
     model = AutoModelForCausalLM.from_pretrained(tiny_assets.model_dir, dtype=torch.float32,
                                                  attn_implementation="eager")

@@ -74,10 +74,12 @@ class StandInRollout:
         self.dispatched: list[tuple[int, int]] = []  # (step, prompts) of each dispatch
         self.prompts = 0
 
-    def next_batch(self, num_prompts=None):
+    def next_batch(self, num_prompts=None):  # uids as the RPG trainer names its prompts (sample_order reads them)
+        from rpg.verl.sample_order_and_lag import prompt_uid
+
         n = num_prompts or BATCH
         self.prompts += n
-        return [f"u{self.prompts - n + i}" for i in range(n)]
+        return [prompt_uid(self.trainer.global_steps, self.prompts - n + i) for i in range(n)]
 
     def submit(self, uids):
         if len(self.dispatched) >= ENDLESS:
