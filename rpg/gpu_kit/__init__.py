@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -59,6 +60,25 @@ def foreign(folder: Path, marker: str) -> str | None:
     except OSError as e:
         return f"{folder}: cannot be read ({e.strerror}); {allowed}"
     return f"{folder}: not empty and no {marker} in it (not a folder the kit made): left as it is; {allowed}"
+
+
+def foreign_files(folder: Path, kit_paths: str) -> str | None:
+    """None when a build may replace ``folder``: it does not exist, or every path in it (relative, with ``/``)
+    matches the regular expression ``kit_paths`` (what the build writes there); else one line naming the first
+    other one and what is allowed."""
+    if not folder.exists() and not folder.is_symlink():
+        return None
+    allowed = "give a new or empty folder, or one the build wrote"
+    if not folder.is_dir():
+        return f"{folder}: not a folder; {allowed}"
+    try:
+        other = next((p for p in folder.rglob("*") if not re.fullmatch(kit_paths, p.relative_to(folder).as_posix())),
+                     None)
+    except OSError as e:
+        return f"{folder}: cannot be read ({e.strerror}); {allowed}"
+    if other is None:
+        return None
+    return f"{folder}: holds {other.relative_to(folder)}, which the build does not write: left as it is; {allowed}"
 
 
 def emptied(folder: Path, marker: str) -> str | None:

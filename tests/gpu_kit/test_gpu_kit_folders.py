@@ -6,6 +6,7 @@ cannot be made is one line. The vLLM site's: tests/gpu_kit/test_vllm_parts.py.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from test_gpu_kit import make_wheel
 
 from rpg.gpu_kit import install, pack
@@ -103,7 +105,7 @@ def test_a_second_run_into_the_same_out_is_refused_while_the_first_runs_and_not_
         first.wait()
         step = json.loads(summary.read_text())["steps"][0].get("pid")
         if step:  # the killed kit's step, in its own process group
-            with __import__("contextlib").suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(step, signal.SIGKILL)
     third = kit(*args, "--steps", "model_step")
     assert third.returncode == 0, third.stdout + third.stderr
@@ -156,3 +158,30 @@ def test_an_out_or_work_folder_that_cannot_be_made_is_one_line(tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["failure"] == f"the kit stopped on an OS error: {afile / 'work'}: Not a directory"
     assert summary["steps"][0]["status"] == "skipped" and summary["steps"][0]["reason"].startswith("not started")
+
+
+def test_the_builds_replace_only_a_folder_of_their_own(tmp_path):
+    """``rpg.gpu_kit.build --out`` and ``rpg.gpu_kit.vllm_parts --out`` replace their folder as a whole: one that
+    holds anything else is refused in one line before any work, its files kept; their own is replaced."""
+    from rpg.gpu_kit import vllm_parts
+
+    made = carry(tmp_path)  # the carry's own folder: replaced by the next build
+    wheels = {"kitpkg": make_wheel(tmp_path, "kitpkg", {"kitpkg/__init__.py": b"X = 2\n"})}
+    pack.write_carry(wheels, {"kitpkg": "2.0"}, made, {"excluded": {}, "only_needed_by_excluded": []}, preset=1)
+    assert json.loads((made / "manifest.json").read_text())["wheels"]["kitpkg"]["version"] == "2.0"
+    parts = tmp_path / "parts"  # the parts' own folder, as a build left it: replaced by the next one
+    for version in ("1", "2"):
+        vllm_parts.pack_parts(wheels, {"kitpkg": version}, parts, {}, 2**20, preset=1)
+    assert json.loads((parts / "manifest.json").read_text())["wheels"]["kitpkg"]["version"] == "2"
+    notes = users_folder(tmp_path / "direct", "notes.md")
+    for write in (lambda: pack.write_carry(wheels, {"kitpkg": "2.0"}, notes.parent, {}, preset=1),
+                  lambda: vllm_parts.pack_parts(wheels, {"kitpkg": "2.0"}, notes.parent, {}, 2**20, preset=1)):
+        with pytest.raises(FileExistsError, match="holds notes.md"):
+            write()
+        assert notes.read_text() == "a user's own work\n"
+    for module in ("rpg.gpu_kit.build", "rpg.gpu_kit.vllm_parts"):
+        notes = users_folder(tmp_path / module / "my work", "notes.md")
+        p = kit(module, "--out", str(notes.parent), "--python", sys.executable)  # refused before --python's check
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert p.stderr.startswith(f"{module}: --out {notes.parent}: holds notes.md, which the build does not write")
+        assert notes.read_text() == "a user's own work\n"
