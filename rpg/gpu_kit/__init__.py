@@ -87,12 +87,15 @@ def emptied(folder: Path, marker: str) -> str | None:
     problem = foreign(folder, marker)
     if problem:
         return problem
-    folder.mkdir(parents=True, exist_ok=True)
-    for child in folder.iterdir():
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for child in folder.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    except OSError as e:
+        return f"{folder}: cannot be made or emptied ({e.filename}: {e.strerror})"
     return None
 
 

@@ -14,8 +14,11 @@ recorded as timed out. Each run of the kit has an id, its start time (``-2``, ..
 second): each step's output goes to ``OUT/<name>.<run id>.log``, read by the step's parser alone, so a rerun
 into the same OUT reports its own output; ``OUT/summary.json`` (the run id, each step's status, seconds, PID,
 log, its parsed result and, for a failure, the log's last lines) describes the latest run, the one before is
-kept as ``OUT/summary.<its run id>.json``. SIGHUP, SIGINT or SIGTERM to the kit stops the running step's process
-group the same way, records it as stopped and the steps after it as not started, and exits 128 + the signal.
+kept as ``OUT/summary.<its run id>.json``; a run into an OUT another run still writes is refused in one line (a lock
+on OUT, ended with its holder), and an error writing OUT (a full disk) ends the run, named in the summary's
+``failure`` or, when even that cannot be written, in one line. SIGHUP, SIGINT or SIGTERM to the kit stops the
+running step's process group the same way, records it as stopped and the steps after it as not started, and exits
+128 + the signal.
 Exit 0 when every step passed or was skipped for a reason of its own (vLLM absent, ``--installed``), else 1.
 
 ``--stand-ins FILE`` (JSON ``{step: argv}``) replaces steps' commands, for walking the kit on a machine without

@@ -208,6 +208,7 @@ def fresh_state(site: Path, manifest: dict) -> dict | str:
     refused = emptied(site, STATE)
     if refused:
         return f"--site {refused}"
+    (site / STATE).touch()  # the kit's from now on, before its state is written (atomically, not at once)
     return {"build_id": manifest["build_id"], "built_at": manifest.get("built_at"), "received": [], "installed": [],
             "complete": False}
 
@@ -239,7 +240,10 @@ def install(parts: Path, site: Path, kit_site: Path, checkout: Path = CHECKOUT, 
     refused = foreign(site, STATE)
     if refused:
         return {"problems": [f"--site {refused}"]}
-    site.mkdir(parents=True, exist_ok=True)
+    try:
+        site.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return {"problems": [f"--site {site}: cannot be made ({e.strerror})"]}
     lock = lock_folder(site)
     if lock is None:
         pid = read_state(site).get("pid", "unknown")

@@ -170,7 +170,15 @@ def test_a_site_the_installer_did_not_make_is_refused_in_one_line_and_its_files_
     p = installer(send(tmp_path / "call", out, manifest["parts"][0]["folder"]), site, tmp_path)
     assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
     assert f"--site {site}: not empty and no {vllm_install.STATE} in it" in p.stderr
-    assert [f.name for f in site.iterdir()] == ["thesis.tex"] and (site / "thesis.tex").read_text() == "a user's own work\n"
+    assert [f.name for f in site.iterdir()] == ["thesis.tex"]
+    assert (site / "thesis.tex").read_text() == "a user's own work\n"
+    killed = tmp_path / "killed"  # an install killed before its first state was written: the empty state file it
+    killed.mkdir()  # made first marks the site as the kit's
+    (killed / vllm_install.STATE).touch()
+    (killed / vllm_install.STAGING).mkdir()
+    (killed / vllm_install.STAGING / ".part-01.bin.tmp").write_bytes(b"half")
+    assert installer(tmp_path / "call", killed, tmp_path).returncode == 0
+    assert vllm_install.read_state(killed)["received"] == [f"{manifest['parts'][0]['folder']}.bin"]
 
 
 def test_a_staged_part_that_vanished_is_named_in_one_line_and_sending_it_again_repairs_it(built, tmp_path):
