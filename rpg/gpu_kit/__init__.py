@@ -5,7 +5,11 @@ standard library and pip only (docs/gpu-smoke.md, "The GPU kit").
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -40,3 +44,69 @@ def conclude(result: dict, path: Path | None, program: str) -> int:
     if "line" in result:
         print(f"{program}: {result['line']}")
     return 1 if result["problems"] else 0
+
+
+def foreign(folder: Path, marker: str) -> str | None:
+    """None when the kit may empty ``folder``: it does not exist, is empty, or holds ``marker`` (the state file the
+    kit writes into a folder it made before anything else); else one line naming it and what is allowed."""
+    if not folder.exists() and not folder.is_symlink():
+        return None
+    allowed = f"give a new or empty folder, or one the kit made (it holds {marker})"
+    if not folder.is_dir():
+        return f"{folder}: not a folder; {allowed}"
+    try:
+        if (folder / marker).is_file() or next(folder.iterdir(), None) is None:
+            return None
+    except OSError as e:
+        return f"{folder}: cannot be read ({e.strerror}); {allowed}"
+    return f"{folder}: not empty and no {marker} in it (not a folder the kit made): left as it is; {allowed}"
+
+
+def foreign_files(folder: Path, kit_paths: str) -> str | None:
+    """None when a build may replace ``folder``: it does not exist, or every path in it (relative, with ``/``)
+    matches the regular expression ``kit_paths`` (what the build writes there); else one line naming the first
+    other one and what is allowed."""
+    if not folder.exists() and not folder.is_symlink():
+        return None
+    allowed = "give a new or empty folder, or one the build wrote"
+    if not folder.is_dir():
+        return f"{folder}: not a folder; {allowed}"
+    try:
+        other = next((p for p in folder.rglob("*") if not re.fullmatch(kit_paths, p.relative_to(folder).as_posix())),
+                     None)
+    except OSError as e:
+        return f"{folder}: cannot be read ({e.strerror}); {allowed}"
+    if other is None:
+        return None
+    return f"{folder}: holds {other.relative_to(folder)}, which the build does not write: left as it is; {allowed}"
+
+
+def emptied(folder: Path, marker: str) -> str | None:
+    """``folder`` made, or emptied of all it holds when ``foreign`` allows (the folder itself is kept: a lock on it
+    holds); else ``foreign``'s line, nothing touched."""
+    problem = foreign(folder, marker)
+    if problem:
+        return problem
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for child in folder.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    except OSError as e:
+        return f"{folder}: cannot be made or emptied ({e.filename}: {e.strerror})"
+    return None
+
+
+def lock_folder(folder: Path) -> int | None:
+    """An exclusive lock on ``folder`` itself (``flock`` on its descriptor, which no child inherits): the descriptor
+    to close when done, or None while another process holds it. The kernel drops it when its holder ends, so a
+    killed holder leaves no stale lock."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg.gpu_kit import CARRY_DIR, CARRY_FILE, DEFAULT_BUDGET_S, MANIFEST, TARGET_PYTHON
-from rpg.gpu_kit.pack import sha256, write_carry
+from rpg.gpu_kit import CARRY_DIR, CARRY_FILE, DEFAULT_BUDGET_S, MANIFEST, TARGET_PYTHON, foreign_files
+from rpg.gpu_kit.pack import CARRY_PATHS, sha256, write_carry
 
 try:
     from packaging.requirements import Requirement
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--have", type=Path, default=HAVE_FILE, help="the node's packages, `pip list --format=freeze` "
                     "(default: the kit's node, rpg/gpu_kit/gpu_image.txt)")
     ap.add_argument("--out", type=Path, default=CHECKOUT / CARRY_DIR, help=f"the carry's folder (default {CARRY_DIR}"
-                    " in the checkout; replaced)")
+                    " in the checkout; replaced: a new folder or a carry)")
     ap.add_argument("--max-mib", type=float, default=MAX_MIB, help=f"largest carry, MiB (default {MAX_MIB:g})")
     ap.add_argument("--preset", type=int, default=9, choices=range(10), metavar="0-9",
                     help="xz preset (default 9: the smallest carry, about 3 minutes of one core)")
@@ -284,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     python = args.python or default_resolver()
     try:
+        if refused := foreign_files(args.out.resolve(), CARRY_PATHS):  # before minutes of work
+            raise BuildError(f"--out {refused}")
         check_resolver(python)
         if not args.have.is_file():
             raise BuildError(f"--have {args.have}: no such file")

@@ -3,11 +3,13 @@ what the carried packages require against what the node has.
 
     python3 -m rpg.gpu_kit.install [--carry .gpu_kit] [--site .gpu_kit_site] [--result FILE]
 
-Steps: the carry's sha256 against its manifest (a truncated transfer is named, not installed); its wheels
-with ``pip install --no-index --no-deps --target SITE`` (skipped when SITE already holds this carry); the
-project from the checkout (``--no-build-isolation``: setuptools from the node), so that verl finds the
-``verl.plugins`` entry point that registers the RPG losses; ``pip check`` with ``PYTHONPATH=CHECKOUT:SITE``,
-its lines about carried packages sorted into expected (a requirement the build excluded) and problems.
+Steps: SITE is a new or empty folder or one this install made (it holds its state file; any other folder is refused
+in one line, left as it is); the carry's sha256 against its manifest (a truncated transfer is named, not
+installed); its wheels with ``pip install --no-index --no-deps --target SITE`` (SITE emptied first; skipped when SITE
+already holds this carry); the project from the checkout (``--no-build-isolation``: setuptools from the node), so
+that verl finds the ``verl.plugins`` entry point that registers the RPG losses; ``pip check`` with
+``PYTHONPATH=CHECKOUT:SITE``, its lines about carried packages sorted into expected (a requirement the build
+excluded) and problems.
 Exit 0, or 1 with one line per problem. A run uses ``PYTHONPATH=CHECKOUT:SITE``.
 """
 
@@ -17,7 +19,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg.gpu_kit import CARRY_DIR, MANIFEST, SITE_DIR, conclude
+from rpg.gpu_kit import CARRY_DIR, MANIFEST, SITE_DIR, conclude, emptied, foreign
 from rpg.gpu_kit.build import canonical
 from rpg.gpu_kit.pack import sha256
 
@@ -82,10 +83,12 @@ def sort_pip_check(lines: list[str], carried: set[str], excluded: set[str]) -> t
 
 
 def install_wheels(archive: Path, site: Path, python: str = sys.executable) -> int | str:
-    """The archive's wheels into a new ``site`` (an old one is removed): their count, or the problem."""
-    if site.exists():
-        shutil.rmtree(site)
-    site.mkdir(parents=True)
+    """The archive's wheels into ``site``, made or emptied (``rpg.gpu_kit.emptied``: only a folder the kit made):
+    their count, or the problem."""
+    refused = emptied(site, STATE)
+    if refused:
+        return f"--site {refused}"
+    (site / STATE).write_text('{"sha256": null}\n')  # the kit's from now on: an install killed mid-way is redone
     with tempfile.TemporaryDirectory(prefix="rpg-gpu-kit-") as tmp:
         with tarfile.open(archive, "r:xz") as tar:
             if hasattr(tarfile, "data_filter"):
@@ -142,6 +145,9 @@ def _installed_digest(state: Path) -> str | None:
 def install(carry: Path, site: Path, python: str = sys.executable, checkout: Path = CHECKOUT) -> dict:
     """The whole install (module docstring): a result with ``problems`` (empty when it all went in) and ``line``."""
     t0 = time.time()
+    refused = foreign(site, STATE)  # before the carry is read: nothing of a folder the kit did not make is touched
+    if refused:
+        return {"problems": [f"--site {refused}"]}
     manifest, problem = manifest_problem(carry / MANIFEST)
     if problem:
         return {"problems": [problem]}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import re
 import shutil
 import tarfile
 import tempfile
@@ -14,7 +15,9 @@ import time
 import zipfile
 from pathlib import Path
 
-from rpg.gpu_kit import CARRY_FILE, MANIFEST, TARGET_PYTHON
+from rpg.gpu_kit import CARRY_FILE, MANIFEST, TARGET_PYTHON, foreign_files
+
+CARRY_PATHS = f"{re.escape(MANIFEST)}|{re.escape(CARRY_FILE)}"  # what a carry's folder holds (write_carry)
 # Members of a wheel a run never loads (fnmatch on the path in the wheel).
 TRIM = {
     "ray": [
@@ -72,7 +75,11 @@ def write_carry(wheels: dict[str, Path], versions: dict[str, str], out: Path, ma
                 trim: dict[str, list[str]] = TRIM, carried_anyway: dict[str, str] | None = None) -> dict:
     """Trim and store each wheel (``restore``), pack them into ``out/wheels.tar.xz`` and write ``out/manifest.json``
     (``manifest`` plus the carry's file, size, sha256 and each wheel's sizes, ``carried_anyway``'s reason for a
-    wheel the node has); ``out`` is replaced as a whole."""
+    wheel the node has); ``out`` is replaced as a whole, when it holds only a carry (``foreign_files``; else
+    FileExistsError with its line, nothing touched)."""
+    refused = foreign_files(out, CARRY_PATHS)
+    if refused:
+        raise FileExistsError(f"--out {refused}")
     entries = {}
     for name, path in sorted(wheels.items()):
         size = path.stat().st_size

@@ -14,8 +14,11 @@ recorded as timed out. Each run of the kit has an id, its start time (``-2``, ..
 second): each step's output goes to ``OUT/<name>.<run id>.log``, read by the step's parser alone, so a rerun
 into the same OUT reports its own output; ``OUT/summary.json`` (the run id, each step's status, seconds, PID,
 log, its parsed result and, for a failure, the log's last lines) describes the latest run, the one before is
-kept as ``OUT/summary.<its run id>.json``. SIGHUP, SIGINT or SIGTERM to the kit stops the running step's process
-group the same way, records it as stopped and the steps after it as not started, and exits 128 + the signal.
+kept as ``OUT/summary.<its run id>.json``; a run into an OUT another run still writes is refused in one line (a lock
+on OUT, ended with its holder), and an error writing OUT (a full disk) ends the run, named in the summary's
+``failure`` or, when even that cannot be written, in one line. SIGHUP, SIGINT or SIGTERM to the kit stops the
+running step's process group the same way, records it as stopped and the steps after it as not started, and exits
+128 + the signal.
 Exit 0 when every step passed or was skipped for a reason of its own (vLLM absent, ``--installed``), else 1.
 
 ``--stand-ins FILE`` (JSON ``{step: argv}``) replaces steps' commands, for walking the kit on a machine without
@@ -42,7 +45,7 @@ from pathlib import Path
 from rpg.trainer_process.reaping import exited_unreaped
 from rpg.paths.checkout import CHECKOUT
 from rpg.stop_signals import raise_on_stop_signals
-from rpg.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, SITE_DIR
+from rpg.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, SITE_DIR, foreign, lock_folder
 from rpg.gpu_kit.steps import STEPS, Context, Step, StepRun, cap_log
 from rpg.launch.args import OneLineParser, positive_seconds
 
@@ -56,8 +59,13 @@ PREFIX = "[gpu-kit]"
 def write_json(path: Path, data: dict) -> None:
     """Atomically: a reader (or a copy after a kill) sees the old file or the new one, never a part."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk: the part written is given back, the error names the file
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from e
 
 
 def tail(path: Path, n: int = TAIL_LINES) -> list[str]:
@@ -182,20 +190,18 @@ def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[st
     ``start_run`` kept the previous summary (when ``ctx.run_id`` is empty, this call starts the run itself)."""
     if not ctx.run_id:
         ctx.run_id, kept = start_run(ctx.out)
-    ctx.work.mkdir(parents=True, exist_ok=True)
     stand_ins = stand_ins or {}
     t0 = time.time()
     deadline = t0 + budget_s
     summary: dict = {
         "kit": "rpg.gpu_kit.run", "run_id": ctx.run_id, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "budget_s": budget_s, "checkout": str(ctx.checkout), "work": str(ctx.work),
+        "pid": os.getpid(), "budget_s": budget_s, "checkout": str(ctx.checkout), "work": str(ctx.work),
         "site": None if ctx.installed else str(ctx.site), "stand_ins": sorted(stand_ins),
         "previous_summary": kept, "finished": False,
         "steps": [{"name": s.name, "what": s.what, "status": "pending"} for s in steps],
         "not_run": [{"name": name, "reason": why} for name, why in (not_run or {}).items()],
     }
     path = ctx.out / "summary.json"
-    write_json(path, summary)
     say(f"run {ctx.run_id}: logs {ctx.out}/<step>.{ctx.run_id}.log"
         + (f"; the previous run's summary is kept as {kept}" if kept else ""))
     from rpg.gpu_kit.install import run_env
@@ -208,7 +214,10 @@ def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[st
     handlers = raise_on_stop_signals()
     handlers.hold()
     stop = handlers.received
+    i, failure = -1, None
     try:
+        ctx.work.mkdir(parents=True, exist_ok=True)
+        write_json(path, summary)
         for i, step in enumerate(steps):
             entry = summary["steps"][i]
             left = deadline - time.time()
@@ -224,23 +233,41 @@ def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[st
 
                 def started(pid: int, entry: dict = entry, name: str = step.name) -> None:
                     entry.update(status="running", pid=pid, log=f"{name}.{ctx.run_id}.log")
-                    write_json(path, summary)
+                    with contextlib.suppress(OSError):  # the step runs on in its box; the write after it fails too
+                        write_json(path, summary)
 
                 entry.update(run_step(ctx, step, box, step_env(), stand_ins.get(step.name), stop, started))
             line = entry.get("result", {}).get("line") or entry.get("reason", "")
             say(f"{i + 1}/{len(steps)} {step.name}: {entry['status'].upper()}"
                 + (f" in {entry['seconds']} s" if "seconds" in entry else "") + (f": {line}" if line else ""))
             write_json(path, summary)
+    except OSError as e:  # a full disk, a folder that cannot be made: this step failed with it, the rest not started
+        failure = f"the kit stopped on an OS error: {e.filename or ctx.out}: {e.strerror or e}"
+        for j, entry in enumerate(summary["steps"]):
+            entry.pop("tail", None)  # the logs hold these lines: a smaller summary for a disk with little room
+            if entry["status"] in ("pending", "running"):
+                entry.update(status="failed" if j == i else "skipped", fine=False,
+                             reason=failure if j == i else f"not started: {failure}")
     finally:
         handlers()
     summary["finished"] = True
     summary["seconds"] = round(time.time() - t0, 1)
-    ok = not stop and all(s["status"] == "passed" or (s["status"] == "skipped" and s.get("fine"))
-                          for s in summary["steps"])
+    if failure:
+        summary["failure"] = failure
+    ok = not failure and not stop and all(s["status"] == "passed" or (s["status"] == "skipped" and s.get("fine"))
+                                          for s in summary["steps"])
     summary["all_passed"] = ok
     if stop:
         summary["stopped_by"] = signal.Signals(stop[0]).name
-    write_json(path, summary)
+    try:
+        write_json(path, summary)
+    except OSError as e:
+        at = "ran its steps" if not failure else "stopped before its first step" if i < 0 else \
+            f"stopped at step {i + 1} of {len(steps)}, {steps[i].name}"
+        print(f"{PREFIX} {e.filename}: cannot be written ({e.strerror}); the kit {at}", file=sys.stderr, flush=True)
+        return 1
+    if failure:
+        say(failure)
     for entry in summary["not_run"]:
         say(f"not run: {entry['name']}: {entry['reason']}")
     if stop:
@@ -309,14 +336,39 @@ def main(argv: list[str] | None = None) -> int:
     if missing:  # without it each step would fail on its own ModuleNotFoundError
         ap.error(f"--installed: {', '.join(missing)} cannot be imported by {sys.executable}; "
                  f"leave out --installed to install the carry (a warm node keeps its site: seconds)")
-    run_id, kept = start_run(args.out.resolve())
+    from rpg.gpu_kit.install import STATE
+
+    refused = None if args.installed or "install" not in chosen else foreign(args.site.resolve(), STATE)
+    if refused:
+        ap.error(f"--site {refused}")
+    out = args.out.resolve()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--out {out}: cannot be made ({e.strerror})")
+    held = lock_folder(out)  # held until the run ends (closed below)
+    if held is None:
+        ap.error(f"--out {out}: another run of the kit is writing there (PID {running_pid(out)}); wait for it or give "
+                 f"another --out")
+    run_id, kept = start_run(out)
     work = args.work or CHECKOUT / "outputs" / "gpu_kit" / run_id
     ctx = Context(out=args.out.resolve(), work=work.resolve(), carry=args.carry.resolve(), site=args.site.resolve(),
                   installed=args.installed, run_id=run_id)
     steps = [replace(s, box_s=boxes.get(s.name, s.box_s)) for s in STEPS if s.name in chosen]
     not_run = {s.name: (f"not a default step: {s.not_default}" if s.not_default and args.steps is None
                         else "not in --steps") for s in STEPS if s.name not in chosen}
-    return run_kit(ctx, steps, args.budget, stand_ins, not_run, kept)
+    try:
+        return run_kit(ctx, steps, args.budget, stand_ins, not_run, kept)
+    finally:
+        os.close(held)
+
+
+def running_pid(out: Path) -> str:
+    """The PID of the run whose summary is in ``out``, as it wrote it ("unknown" without one)."""
+    try:
+        return str(json.loads((out / "summary.json").read_text())["pid"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return "unknown"
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ installed) and kept in the site's staging folder, outside the checkout, whose co
 replace; each wheel whose pieces have all arrived is joined (its sha256 checked), decompressed and installed
 (``pip install --no-index --no-deps --target``, into a fresh folder merged into the site: wheels sharing a
 namespace package, such as opentelemetry's, are installed in different calls); the site's state file records the
-parts received and the wheels installed, so a part given twice is not installed again. Once every wheel is in,
+parts received and the wheels installed, so a part given twice is not installed again; a received part gone from
+the staging folder (or cut short there) before its wheels are in is named in one line and received again when a call
+carries it. The site is a new or empty folder or one the installer made (it holds the state file; any other is
+refused in one line, left as it is); one install at a time holds it (a second is refused in one line naming the
+first's PID; the lock ends with its holder). Once every wheel is in,
 ``import vllm`` runs with ``PYTHONPATH=CHECKOUT:SITE:KIT_SITE``, and the kit's steps get the site on their path
 (``rpg.gpu_kit.install.run_env``, ``ready_site``; before the kit's: its fastapi and transformers replace the
 kit's). The result (JSON): the parts received (of N), the ones missing, the wheels installed, whether vLLM is
@@ -31,7 +35,7 @@ import time
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg.gpu_kit import MANIFEST, SITE_DIR, conclude
+from rpg.gpu_kit import MANIFEST, SITE_DIR, conclude, emptied, foreign, lock_folder
 from rpg.gpu_kit.pack import sha256
 
 PARTS_DIR = ".gpu_kit_vllm"  # the parts' folder in the checkout (ignored by git; a device call carries one part)
@@ -193,30 +197,77 @@ def import_check(site: Path, kit_site: Path, checkout: Path, python: str) -> dic
     return check
 
 
-def fresh_state(site: Path, manifest: dict) -> dict:
-    """The site's state for this build; a site of another build is emptied first."""
+def fresh_state(site: Path, manifest: dict) -> dict | str:
+    """The site's state for this build; a site of another build is emptied first (``rpg.gpu_kit.emptied``: only a
+    folder the kit made). Or the problem."""
     state = read_state(site)
     if state.get("build_id") == manifest["build_id"]:
         state.setdefault("received", [])
         state.setdefault("installed", [])
         return state
-    if site.exists():
-        shutil.rmtree(site)
-    site.mkdir(parents=True)
+    refused = emptied(site, STATE)
+    if refused:
+        return f"--site {refused}"
+    (site / STATE).touch()  # the kit's from now on, before its state is written (atomically, not at once)
     return {"build_id": manifest["build_id"], "built_at": manifest.get("built_at"), "received": [], "installed": [],
             "complete": False}
 
 
+def vanished(manifest: dict, state: dict, staging: Path) -> dict[str, str]:
+    """The parts the state lists as received that a wheel not yet installed needs but that are gone from
+    ``staging`` or not of their size there: taken off the state's list (the next call that carries one receives it
+    again): {part: its line}."""
+    entries = {p["file"]: p for p in manifest["parts"]}
+    needed = {piece["part"] for name, w in manifest["wheels"].items() if name not in state["installed"]
+              for piece in w["pieces"]}
+    lines = {}
+    for name in [n for n in state["received"] if n in needed]:
+        path = staging / name
+        size = path.stat().st_size if path.is_file() else None
+        if size != entries[name]["bytes"]:
+            state["received"].remove(name)
+            now = "gone" if size is None else f"{size} of {entries[name]['bytes']} bytes"
+            lines[name] = f"{path}: received earlier, now {now}; its wheels are not installed yet: send it again"
+    return lines
+
+
 def install(parts: Path, site: Path, kit_site: Path, checkout: Path = CHECKOUT, python: str = sys.executable) -> dict:
-    """One call's install (module docstring): a result with ``problems`` (empty when all went well) and ``line``."""
-    t0 = time.time()
+    """One call's install (module docstring): a result with ``problems`` (empty when all went well) and ``line``.
+    One install at a time into a site (``rpg.gpu_kit.lock_folder`` on it): another is refused in one line."""
     manifest, problem = find_manifest(parts)
     if problem:
         return {"problems": [problem]}
+    refused = foreign(site, STATE)
+    if refused:
+        return {"problems": [f"--site {refused}"]}
+    try:
+        site.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return {"problems": [f"--site {site}: cannot be made ({e.strerror})"]}
+    lock = lock_folder(site)
+    if lock is None:
+        pid = read_state(site).get("pid", "unknown")
+        return {"problems": [f"--site {site}: another rpg.gpu_kit.vllm_install is installing into it (PID {pid}); "
+                             f"run one install at a time into a site"]}
+    try:
+        return locked_install(parts, manifest, site, kit_site, checkout, python)
+    finally:
+        os.close(lock)
+
+
+def locked_install(parts: Path, manifest: dict, site: Path, kit_site: Path, checkout: Path, python: str) -> dict:
+    """``install`` holding the site's lock."""
+    t0 = time.time()
     state = fresh_state(site, manifest)
+    if isinstance(state, str):
+        return {"problems": [state]}
+    state["pid"] = os.getpid()  # named to an install refused meanwhile
+    write_state(site, state)  # the site is the kit's from now on (a new or emptied one had no state)
     staging = site / STAGING
     staging.mkdir(parents=True, exist_ok=True)
+    gone = vanished(manifest, state, staging)
     now, again, problems = receive(parts, manifest, staging, state)
+    problems += [line for name, line in gone.items() if name not in now]  # sent again: repaired
     write_state(site, state)
     ready = [name for name in manifest["order"] if name not in state["installed"]
              and all(piece["part"] in state["received"] for piece in manifest["wheels"][name]["pieces"])]

@@ -29,6 +29,7 @@ import hashlib
 import json
 import lzma
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -37,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg.gpu_kit import CARRY_DIR, MANIFEST, TARGET_PYTHON
+from rpg.gpu_kit import CARRY_DIR, MANIFEST, TARGET_PYTHON, foreign_files
 from rpg.gpu_kit.build import (CALL_MIB, CARRY_ANYWAY, EXCLUDE, HAVE_FILE, BuildError, build_source_only, canonical,
                                check_resolver, default_resolver, download, project_requirements, read_have, resolve,
                                select, travelling_tree_bytes)
@@ -49,6 +50,8 @@ VLLM_VERSION = "0.24.0"  # verl 0.9.1's vllm extra pins it
 PART_MIB = 56.0  # a part and the working tree (6.8 MiB on 2026-11-28; it grows) within the 64 MiB of a device call
 BLOCK_BYTES = 32 * 2**20  # xz blocks compressed side by side (a block far above xz's 8 MiB window loses nothing)
 PART_NAME = "part-{:02d}"
+# what the parts' folder holds (pack_parts): the manifest, and each part's folder with the part and its copy
+PARTS_PATHS = rf"{re.escape(MANIFEST)}|part-\d+(/(part-\d+\.bin|{re.escape(MANIFEST)}))?"
 # Required by vLLM, never loaded for a dense model with FlashAttention 2 (the smoke run's Qwen2 model): left out
 # with what only they need. The reason names where vLLM 0.24.0 imports it (inside the function that needs it).
 VLLM_EXCLUDE = {
@@ -185,7 +188,11 @@ def write_parts(files: dict[str, Path], plan: list[list[tuple[str, int, int]]], 
 def pack_parts(wheels: dict[str, Path], versions: dict[str, str], out: Path, extra: dict, part_bytes: int,
                first_bytes: int = 0, preset: int = 6, jobs: int = 2, trim: dict[str, list[str]] = VLLM_TRIM) -> dict:
     """Trim, store, compress and cut ``wheels`` ({name: path}, rewritten in place) into ``out`` (replaced as a whole)
-    with its manifest (``extra`` plus the parts and the wheels); returns the manifest."""
+    with its manifest (``extra`` plus the parts and the wheels); returns the manifest. ``out`` is replaced only when
+    it holds nothing but parts (``foreign_files``; else FileExistsError with its line, nothing touched)."""
+    refused = foreign_files(out, PARTS_PATHS)
+    if refused:
+        raise FileExistsError(f"--out {refused}")
     entries: dict[str, dict] = {}
     for name, path in sorted(wheels.items()):
         size = path.stat().st_size
@@ -267,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", type=Path, default=CHECKOUT / CARRY_DIR, help=f"the kit's carry, whose wheels are not "
                     f"carried again (default {CARRY_DIR}; without its manifest, resolved here)")
     ap.add_argument("--out", type=Path, default=CHECKOUT / PARTS_DIR, help=f"the parts' folder (default {PARTS_DIR}; "
-                    "replaced)")
+                    "replaced: a new folder or one holding parts)")
     ap.add_argument("--part-mib", type=float, default=PART_MIB, help=f"largest part, MiB (default {PART_MIB:g})")
     ap.add_argument("--first-mib", type=float, default=0.0, help="largest first part, MiB (default: --part-mib); "
                     "about 15 lets part 1 ride along with the kit's carry")
@@ -283,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         return calls_again(args.out.resolve(), args.base.resolve())
     python = args.python or default_resolver()
     try:
+        if refused := foreign_files(args.out.resolve(), PARTS_PATHS):  # before minutes of work
+            raise BuildError(f"--out {refused}")
         check_resolver(python)
         if not args.have.is_file():
             raise BuildError(f"--have {args.have}: no such file")

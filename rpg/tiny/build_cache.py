@@ -2,22 +2,25 @@
 
 Concurrent callers (pytest-xdist workers, two launchers started together) are safe: one process builds, under an
 exclusive ``flock`` on ``<cache_root>/.build.lock`` (released by the kernel if it dies), into a temporary folder
-``<cache_root>/.build-*`` published by one rename; the others wait for the lock and then find the build complete.
+``<cache_root>/.rpg-build-*`` published by one rename; the others wait for the lock and then find the build complete.
 Without the lock each would spend a build's CPU, and one finishing late could delete a build another process was
 already using. Every build under one cache root takes the same lock, so the leftovers of a builder that was killed
-(``.build-*``) can be removed by whoever holds it.
+(``.rpg-build-`` and mkdtemp's 8 characters, nothing else: a cache root may be a shared folder) can be
+removed by whoever holds it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 LOCK_FILE = ".build.lock"
+TMP_PREFIX = ".rpg-build-"  # a build's temporary folder: TMP_PREFIX and tempfile.mkdtemp's 8 characters
 
 
 @contextlib.contextmanager
@@ -49,9 +52,10 @@ def build_once(cache_root: Path, target: Path, complete: Callable[[], bool], bui
     with build_lock(cache_root, log, what):
         if complete() and not force:  # built by the process we waited for
             return
-        for stale in cache_root.glob(".build-*"):  # left by a builder that was killed (we hold the lock)
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache_root))
+        for stale in cache_root.glob(f"{TMP_PREFIX}*"):  # left by a builder that was killed (we hold the lock)
+            if re.fullmatch(re.escape(TMP_PREFIX) + r"[a-z0-9_]{8}", stale.name) and stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=cache_root))
         log(f"building {what} once (cached in {target})")
         try:
             build_into(tmp)

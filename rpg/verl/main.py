@@ -243,11 +243,13 @@ def stop_on_signals(config: DictConfig, argv: list[str] | None = None):
 
 @contextlib.contextmanager
 def _removed(path):
-    """``path`` (if any) is removed on the way out, whatever the outcome (a rendezvous file: each run its own)."""
+    """``path`` (if any) is removed on the way out, whatever the outcome (a rendezvous file: each run its own), when
+    it was not there on the way in: a file a user's ``DIST_INIT_METHOD`` names that existed before is not the run's."""
+    existed = path is not None and os.path.lexists(path)
     try:
         yield
     finally:
-        if path is not None:
+        if path is not None and not existed:
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
 

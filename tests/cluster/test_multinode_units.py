@@ -333,3 +333,19 @@ def test_a_fresh_cpu_job_over_another_runs_checkpoints_is_refused_before_submitt
     p = subprocess.run([sys.executable, "-m", "rpg.cluster", "run_rpg_7b_ufkl1e-4", "trainer.resume_mode=auto"],
                        env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]  # continuing it is submitted
+
+
+def test_the_driver_removes_its_rendezvous_file_but_never_one_that_was_there_before(tmp_path, monkeypatch):
+    """The ``file://`` rendezvous the ranks create is removed when the driver ends; a file a user's
+    ``DIST_INIT_METHOD`` names that existed before the run is not the run's and is kept."""
+    from rpg.verl.main import _removed
+
+    mine, theirs = tmp_path / "torch_dist_store", tmp_path / "notes.txt"
+    theirs.write_text("a user's own file\n")
+    monkeypatch.setenv("DIST_INIT_METHOD", f"file://{mine}")
+    with _removed(C.rendezvous_file()):
+        mine.write_text("the ranks' keys")  # torch's FileStore, made by the ranks
+    monkeypatch.setenv("DIST_INIT_METHOD", f"file://{theirs}")
+    with _removed(C.rendezvous_file()):
+        pass
+    assert not mine.exists() and theirs.read_text() == "a user's own file\n"

@@ -155,6 +155,81 @@ def test_a_site_of_another_build_is_replaced_and_a_part_of_another_build_refused
     assert "no manifest.json" in line
 
 
+def installer(parts: Path, site: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``python -m rpg.gpu_kit.vllm_install`` on a call's parts, as a device call runs it."""
+    return subprocess.run([sys.executable, "-m", "rpg.gpu_kit.vllm_install", "--parts", str(parts), "--site", str(site),
+                           "--kit-site", str(tmp_path / "kit")], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+
+
+def test_a_site_the_installer_did_not_make_is_refused_in_one_line_and_its_files_kept(built, tmp_path):
+    out, manifest = built
+    site = tmp_path / "my project"
+    site.mkdir()
+    (site / "thesis.tex").write_text("a user's own work\n")
+    p = installer(send(tmp_path / "call", out, manifest["parts"][0]["folder"]), site, tmp_path)
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+    assert f"--site {site}: not empty and no {vllm_install.STATE} in it" in p.stderr
+    assert [f.name for f in site.iterdir()] == ["thesis.tex"]
+    assert (site / "thesis.tex").read_text() == "a user's own work\n"
+    killed = tmp_path / "killed"  # an install killed before its first state was written: the empty state file it
+    killed.mkdir()  # made first marks the site as the kit's
+    (killed / vllm_install.STATE).touch()
+    (killed / vllm_install.STAGING).mkdir()
+    (killed / vllm_install.STAGING / ".part-01.bin.tmp").write_bytes(b"half")
+    assert installer(tmp_path / "call", killed, tmp_path).returncode == 0
+    assert vllm_install.read_state(killed)["received"] == [f"{manifest['parts'][0]['folder']}.bin"]
+
+
+def test_a_staged_part_that_vanished_is_named_in_one_line_and_sending_it_again_repairs_it(built, tmp_path):
+    out, manifest = built
+    site = tmp_path / "site"
+    pieces = [piece["part"] for piece in manifest["wheels"]["vllm"]["pieces"]]  # vllm's wheel spans several parts
+    folder = {p["file"]: p["folder"] for p in manifest["parts"]}
+    first, rest = pieces[0], pieces[1:]
+    assert installer(send(tmp_path / "call", out, folder[first]), site, tmp_path).returncode == 0
+    staged = site / vllm_install.STAGING / first
+    assert staged.is_file()  # kept until the vllm wheel is in
+    staged.unlink()  # gone while the state lists it as received
+    p = installer(send(tmp_path / "call", out, *(folder[name] for name in rest)), site, tmp_path)
+    assert p.returncode == 1 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    assert f"{staged}: received earlier, now gone; its wheels are not installed yet: send it again" in p.stderr
+    assert not (site / "vllm").exists() and first not in vllm_install.read_state(site)["received"]
+    p = installer(send(tmp_path / "call", out, folder[first]), site, tmp_path)  # sent again
+    assert p.returncode == 0, p.stderr
+    state = vllm_install.read_state(site)
+    assert "vllm" in state["installed"] and (site / "vllm" / "__init__.py").is_file()
+    assert {first, *rest} <= set(state["received"])
+
+
+def test_a_second_install_into_a_site_is_refused_while_one_runs_and_a_killed_one_leaves_no_lock(built, tmp_path):
+    """The first install is a real one held inside its pip step; the second is refused, naming its PID, and the
+    parts the first received are kept; once the first is killed the second goes ahead and both calls' parts are
+    in the state."""
+    out, manifest = built
+    site = tmp_path / "site"
+    one, two = (p["folder"] for p in manifest["parts"][:2])
+    held = ("import sys, time; import rpg.gpu_kit.vllm_install as v\n"
+            "v.install_wheels = lambda *a: (print('in pip', flush=True), time.sleep(60))\n"
+            f"sys.exit(v.main(['--parts', {str(send(tmp_path / 'call1', out, one))!r}, '--site', {str(site)!r}]))")
+    first = subprocess.Popen([sys.executable, "-c", held], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline() == "in pip\n"
+        p = installer(send(tmp_path / "call2", out, two), site, tmp_path)
+        assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stdout + p.stderr
+        assert (f"--site {site}: another rpg.gpu_kit.vllm_install is installing into it (PID {first.pid})"
+                in p.stderr)
+    finally:
+        first.kill()
+        first.wait()
+    assert vllm_install.read_state(site)["received"] == [f"{one}.bin"]
+    p = installer(tmp_path / "call2", site, tmp_path)
+    assert p.returncode == 0, p.stderr
+    state = vllm_install.read_state(site)
+    assert sorted(state["received"]) == [f"{one}.bin", f"{two}.bin"] and "small" in state["installed"]
+
+
 def ctx(tmp_path: Path, checkout: Path = ROOT) -> kit_steps.Context:
     return kit_steps.Context(out=tmp_path / "out", work=tmp_path / "work", carry=tmp_path / "carry",
                              site=tmp_path / "kit_site", installed=False, checkout=checkout)

@@ -120,7 +120,9 @@ def test_concurrent_builds_build_once_and_never_remove_a_published_build(tmp_pat
         shutil.copyfile(tiny_build.WEIGHTS_DIR / "model.safetensors", out / "model" / "model.safetensors")
 
     monkeypatch.setattr(tiny_build, "_build_into", fake_build)
-    (tmp_path / ".build-killed-builder").mkdir()  # a killed builder's temporary directory
+    (tmp_path / ".rpg-build-killed_0").mkdir()  # a killed builder's temporary directory
+    (tmp_path / ".build-output").mkdir()  # another tool's, in a shared cache root: kept
+    (tmp_path / ".build-output" / "result.txt").write_text("someone's")
     results, errors = [], []
 
     def call():
@@ -136,7 +138,9 @@ def test_concurrent_builds_build_once_and_never_remove_a_published_build(tmp_pat
         t.join(60)
     assert errors == [] and len(results) == 3 and len(set(results)) == 1 and results[0].complete()
     assert len(built) == 1, built
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".build.lock", builder_key()]  # no temporary left
+    # no temporary left, and nothing else removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".build-output", ".build.lock", builder_key()]
+    assert (tmp_path / ".build-output" / "result.txt").read_text() == "someone's"
 
 
 # ---- the shipped weights: the same bits on every machine ----
