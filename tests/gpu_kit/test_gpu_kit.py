@@ -196,7 +196,8 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert steps["memory_probe"]["result"]["line"] == "20 measurements"
     assert steps["environment"]["reason"].startswith("exit code 3") and "no GPU here" in steps["environment"]["tail"]
     assert steps["gpu_tests"]["result"]["counts"] == {"passed": 5, "skipped": 2}
-    assert steps["bench_losses"]["box_s"] == 3 and 3 <= steps["bench_losses"]["seconds"] < 20
+    # stopped at its box's end, whose last seconds (half of this short box) are for its stacks
+    assert steps["bench_losses"]["box_s"] == 3 and 1.5 <= steps["bench_losses"]["seconds"] < 20
     child = Path("/proc", (tmp_path / "work" / "bench_losses" / "child").read_text(), "status")
     # the step's process group was killed, its child too (gone, or a zombie its new parent has not reaped)
     assert not child.exists() or "\nState:\tZ" in child.read_text()
@@ -208,8 +209,10 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert seen == {"install": "passed", "environment": "failed", "memory_probe": "passed", "model_step": "failed",
                     "smoke_hf": "passed", "gpu_tests": "running", "bench_losses": "pending", "smoke_vllm": "pending"}
     rid = summary["run_id"]  # each step's output in a file of this run's own
-    assert sorted(f.name for f in out.iterdir()) == sorted(["summary.json"] + [f"{n}.{rid}.log" for n in status
-                                                                               if n != "smoke_vllm"])
+    # and the stacks of the timed-out step's two processes (tests/gpu_kit/test_gpu_kit_stall.py)
+    assert sorted(f.name for f in out.iterdir()) == sorted(["summary.json", f"bench_losses.{rid}.stacks.txt"]
+                                                           + [f"{n}.{rid}.log" for n in status if n != "smoke_vllm"])
+    assert steps["bench_losses"]["stall"]["dumped"] == 2
     assert steps["gpu_tests"]["log"] == f"gpu_tests.{rid}.log" and summary["previous_summary"] is None
     assert "bench_losses: TIMED_OUT" in p.stdout and "NOT all steps passed" in p.stdout
 
