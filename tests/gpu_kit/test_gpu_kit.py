@@ -166,8 +166,9 @@ def test_a_plain_call_runs_the_first_calls_steps_and_says_why_not_the_others(tmp
     assert [s["name"] for s in summary["steps"]] == ["install", "environment", "memory_probe", "model_step",
                                                      "smoke_hf"]
     why = {n["name"]: n["reason"] for n in summary["not_run"]}
-    assert list(why) == ["gpu_tests", "bench_losses", "smoke_resume", "vllm_part", "smoke_vllm"]
-    assert why["smoke_vllm"].startswith("not a default step: its box (520 s)")
+    assert list(why) == ["gpu_tests", "bench_losses", "smoke_resume", "vllm_part", "smoke_vllm", "smoke_vllm_compiled"]
+    assert why["smoke_vllm"].startswith("not a default step: its box (420 s)")
+    assert why["smoke_vllm_compiled"].startswith("not a default step: the compiled start runs in a call of its own")
     assert why["gpu_tests"] == why["bench_losses"] and why["gpu_tests"].startswith("not a default step: it ran")
     assert why["smoke_resume"].startswith("not a default step: its run")
     assert why["vllm_part"].startswith("not a default step: it installs")
@@ -184,10 +185,10 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     summary = json.loads((out / "summary.json").read_text())
     steps = {s["name"]: s for s in summary["steps"]}
-    assert list(steps) == [s.name for s in kit_steps.STEPS if s.name not in ("smoke_resume", "vllm_part")]
+    unasked = ("smoke_resume", "vllm_part", "smoke_vllm_compiled")
+    assert list(steps) == [s.name for s in kit_steps.STEPS if s.name not in unasked]
     assert summary["finished"] and not summary["all_passed"]
-    assert {n["name"]: n["reason"] for n in summary["not_run"]} == {"smoke_resume": "not in --steps",
-                                                                    "vllm_part": "not in --steps"}
+    assert {n["name"]: n["reason"] for n in summary["not_run"]} == {name: "not in --steps" for name in unasked}
     assert "not run: smoke_resume: not in --steps" in p.stdout
     status = {name: s["status"] for name, s in steps.items()}
     assert status == {"install": "passed", "environment": "failed", "memory_probe": "passed", "model_step": "failed",
@@ -240,6 +241,25 @@ def test_smoke_resume_resumes_the_newest_passed_run_1_and_says_when_there_is_non
     assert argv[argv.index("--resume-from") + 1] == str(here)
     hf = next(s for s in kit_steps.STEPS if s.name == "smoke_hf").command(ctx, r)
     assert hf[hf.index("--resume-steps") + 1] == "0"  # run 1 alone
+
+
+def test_the_first_vllm_smoke_is_eager_and_the_compiled_one_runs_only_once_it_passed(tmp_path, monkeypatch):
+    monkeypatch.setattr(kit_steps.Context, "available", lambda self, module: module == "vllm")
+    checkout = tmp_path / "checkout"
+    ctx = kit_steps.Context(out=tmp_path / "out", work=checkout / "outputs" / "gpu_kit" / "20261129-100000",
+                            carry=tmp_path, site=tmp_path / "site", installed=True, checkout=checkout)
+    eager, compiled = (next(s for s in kit_steps.STEPS if s.name == name)
+                       for name in ("smoke_vllm", "smoke_vllm_compiled"))
+    r = kit_steps.StepRun(eager, 420, tmp_path / "log", tmp_path / "work", tmp_path / "result.json")
+    argv = eager.command(ctx, r)
+    assert argv[argv.index("--rollout") + 1] == "vllm" and "actor_rollout_ref.rollout.enforce_eager=True" in argv
+    assert compiled.command(ctx, r).startswith("no passed smoke_vllm run 1 on this node")
+    smoke_folder(checkout / "outputs" / "gpu_kit" / "20261129-090000" / "smoke_vllm", [1, 2, 3, 4], ["step 2: nan"])
+    assert isinstance(compiled.command(ctx, r), str)  # the earlier eager run failed
+    smoke_folder(ctx.work / "smoke_vllm", [1, 2, 3, 4], [])  # this call's passed
+    argv = compiled.command(ctx, r)
+    assert argv[argv.index("--rollout") + 1] == "vllm" and not any("enforce_eager" in a for a in argv)
+    assert compiled.box_s + compiled.grace_s + 30 <= 600 and not compiled.skip_is_fine
 
 
 def test_the_smoke_runs_trainer_logs_come_back_with_the_kits_output(tmp_path):
