@@ -156,15 +156,15 @@ def probe() -> dict:
     except Exception as e:  # noqa: BLE001
         result["problems"].append(f"verl's registry has no RPG loss (plugin entry point not loaded?): "
                                   f"{type(e).__name__}: {e}")
-    result["node"] = node()
+    result["node"] = nd = node()
     g = result.get("gpu", {})
     pk = result["packages"]
     result["line"] = (f"{g.get('name', 'no GPU')}, {g.get('memory_gib', '?')} GiB; torch {g.get('torch')} "
                       f"(CUDA {g.get('cuda_build')}); Python {result['python']}; verl {pk['verl']['version']}, "
                       f"ray {pk['ray']['version']}, transformers {pk['transformers']['version']}, "
-                      f"vllm {pk['vllm']['version']}, flash-attn {pk['flash-attn']['version']}; driver "
-                      f"{result['node']['driver']} (CUDA {result['node']['driver_cuda']}), NCCL {result['node']['nccl']}"
-                      f", nvcc {'absent' if result['node']['nvcc'] == ABSENT else 'present'}")
+                      f"vllm {pk['vllm']['version']}, flash-attn {pk['flash-attn']['version']}; driver {nd['driver']} "
+                      f"(CUDA {nd['driver_cuda']}), NCCL {nd['nccl']}, nvcc "
+                      f"{ABSENT if nd['nvcc'] == ABSENT else 'present'}")
     return result
 
 

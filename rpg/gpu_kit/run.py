@@ -12,7 +12,8 @@ A step gets ``min(its box, what is left of --budget)``; one that would get less 
 after the step's grace (at once for what is left of it once the step's own process has exited), and it is
 recorded as timed out; in the box's last seconds, and before a stop signal's SIGTERM, each Python process of the
 step dumps its stacks and Ray's logs are copied into OUT (``rpg.gpu_kit.stall``). A step's entry names the vLLM
-start-up phases its logs show (``phases``; the last one in a timed-out step's reason). Each run of the kit has an id, its start time (``-2``, ... when OUT holds a run of that
+start-up phases its logs show (``phases``; the last one in a timed-out step's reason).
+Each run of the kit has an id, its start time (``-2``, ... when OUT holds a run of that
 second): each step's output goes to ``OUT/<name>.<run id>.log``, read by the step's parser alone, so a rerun
 into the same OUT reports its own output; ``OUT/summary.json`` (the run id, each step's status, seconds, PID,
 log, its parsed result and, for a failure, the log's last lines) describes the latest run, the one before is
