@@ -19,7 +19,9 @@ into a result (its problems, a summary line); ``rpg.gpu_kit.run`` runs them.
 10. ``smoke_vllm``: run 1 with vLLM in eager mode (``enforce_eager``: no torch.compile, no CUDA graphs), skipped with
     its reason when vLLM is not installed (nor its site complete); not a default step: the last call of the vLLM
     parts runs it;
-11. ``smoke_vllm_compiled``: run 1 with vLLM as verl starts it (compiled, CUDA graphs), only once ``smoke_vllm``
+11. ``smoke_vllm_qwen3``: ``smoke_vllm`` on the tiny model in Qwen3's shape (``rpg.tiny.qwen3``: vLLM's newer model
+    runner, the one Qwen3-4B runs on); not a default step: a call of its own;
+12. ``smoke_vllm_compiled``: run 1 with vLLM as verl starts it (compiled, CUDA graphs), only once ``smoke_vllm``
     passed on this node; not a default step: a call of its own.
 
 The order is docs/gpu-smoke.md's call order: what has never run on a GPU first.
@@ -242,8 +244,10 @@ def resume_checkpoint(ctx: Context) -> Path | None:
 EAGER = "actor_rollout_ref.rollout.enforce_eager=True"  # vLLM without torch.compile and CUDA graphs
 
 
-def _smoke(rollout: str, resume: bool = False, overrides: tuple[str, ...] = (), after: str = ""):
-    """A smoke run's step; ``overrides`` appended; ``after``: a step whose run 1 must have passed on this node."""
+def _smoke(rollout: str, resume: bool = False, overrides: tuple[str, ...] = (), after: str = "",
+           flags: tuple[str, ...] = ()):
+    """A smoke run's step: ``flags`` of ``rpg.demo.gpu_smoke``, ``overrides`` appended; ``after``: a step whose run 1
+    must have passed on this node."""
     def command(ctx: Context, run: StepRun):
         if rollout == "vllm" and not ctx.available("vllm"):
             return ("vLLM is not installed: the kit's carry holds no vLLM (183 MiB of xz with what it needs, over "
@@ -253,7 +257,7 @@ def _smoke(rollout: str, resume: bool = False, overrides: tuple[str, ...] = (), 
             return (f"no passed {after} run 1 on this node (this call's or under outputs/gpu_kit): run {after} "
                     f"first, then this one in a call of its own")
         # run 1 alone (its checks written when it ends); the resume is its own step, with a trainer start-up of its own
-        argv = [ctx.python, "-m", "rpg.demo.gpu_smoke", "--rollout", rollout, "--out", str(run.work),
+        argv = [ctx.python, "-m", "rpg.demo.gpu_smoke", "--rollout", rollout, *flags, "--out", str(run.work),
                 "--timeout", str(max(10, int(run.box_s - 15)))]
         if resume:
             ckpt = resume_checkpoint(ctx)
@@ -334,6 +338,10 @@ STEPS = [
          grace_s=45,
          not_default="its box (420 s) does not fit after the default steps; the last call of the vLLM parts runs it: "
                      "--steps vllm_part,smoke_vllm"),
+    Step("smoke_vllm_qwen3", 420, "smoke_vllm on the tiny model in Qwen3's shape (q/k norm, rpg.tiny.qwen3): vLLM's "
+         "newer model runner, the paper's Qwen3-4B path", _smoke("vllm", overrides=(EAGER,), flags=("--qwen3",)),
+         parse_smoke, grace_s=45,
+         not_default="a call of its own, as smoke_vllm's: --steps smoke_vllm_qwen3 (box 420 s)"),
     # box: verl's default start compiles (VLLM_DISABLE_COMPILE_CACHE=1: cold every time) and captures CUDA graphs; a
     # comparable cold start took 127 s, 62 s of it compiling (vLLM issue 43009), on top of the eager run's time
     Step("smoke_vllm_compiled", 520, "the smoke run's run 1 with vLLM as verl starts it (torch.compile, CUDA graphs "

@@ -166,7 +166,8 @@ def test_a_plain_call_runs_the_first_calls_steps_and_says_why_not_the_others(tmp
     assert [s["name"] for s in summary["steps"]] == ["install", "environment", "memory_probe", "model_step",
                                                      "smoke_hf"]
     why = {n["name"]: n["reason"] for n in summary["not_run"]}
-    assert list(why) == ["gpu_tests", "bench_losses", "smoke_resume", "vllm_part", "smoke_vllm", "smoke_vllm_compiled"]
+    assert list(why) == ["gpu_tests", "bench_losses", "smoke_resume", "vllm_part", "smoke_vllm", "smoke_vllm_qwen3",
+                         "smoke_vllm_compiled"]
     assert why["smoke_vllm"].startswith("not a default step: its box (420 s)")
     assert why["smoke_vllm_compiled"].startswith("not a default step: the compiled start runs in a call of its own")
     assert why["gpu_tests"] == why["bench_losses"] and why["gpu_tests"].startswith("not a default step: it ran")
@@ -185,7 +186,7 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     summary = json.loads((out / "summary.json").read_text())
     steps = {s["name"]: s for s in summary["steps"]}
-    unasked = ("smoke_resume", "vllm_part", "smoke_vllm_compiled")
+    unasked = ("smoke_resume", "vllm_part", "smoke_vllm_qwen3", "smoke_vllm_compiled")
     assert list(steps) == [s.name for s in kit_steps.STEPS if s.name not in unasked]
     assert summary["finished"] and not summary["all_passed"]
     assert {n["name"]: n["reason"] for n in summary["not_run"]} == {name: "not in --steps" for name in unasked}
@@ -254,6 +255,8 @@ def test_the_first_vllm_smoke_is_eager_and_the_compiled_one_runs_only_once_it_pa
     argv = eager.command(ctx, r)
     assert argv[argv.index("--rollout") + 1] == "vllm" and "actor_rollout_ref.rollout.enforce_eager=True" in argv
     assert compiled.command(ctx, r).startswith("no passed smoke_vllm run 1 on this node")
+    qwen3 = next(s for s in kit_steps.STEPS if s.name == "smoke_vllm_qwen3").command(ctx, r)  # the second model
+    assert "--qwen3" in qwen3 and "actor_rollout_ref.rollout.enforce_eager=True" in qwen3
     smoke_folder(checkout / "outputs" / "gpu_kit" / "20261129-090000" / "smoke_vllm", [1, 2, 3, 4], ["step 2: nan"])
     assert isinstance(compiled.command(ctx, r), str)  # the earlier eager run failed
     smoke_folder(ctx.work / "smoke_vllm", [1, 2, 3, 4], [])  # this call's passed
