@@ -343,7 +343,7 @@ STEPS = [
          parse_smoke, grace_s=45,
          not_default="a call of its own, as smoke_vllm's: --steps smoke_vllm_qwen3 (box 420 s)"),
     # box: verl's default start compiles (VLLM_DISABLE_COMPILE_CACHE=1: cold every time) and captures CUDA graphs; a
-    # comparable cold start took 127 s, 62 s of it compiling (vLLM issue 43009), on top of the eager run's time
+    # comparable cold start took 127 s, 62 s of it compiling (vllm-project/vllm#43009), on top of the eager run's time
     Step("smoke_vllm_compiled", 520, "the smoke run's run 1 with vLLM as verl starts it (torch.compile, CUDA graphs "
          "FULL_AND_PIECEWISE), once smoke_vllm passed on this node", _smoke("vllm", after="smoke_vllm"), parse_smoke,
          grace_s=45, skip_is_fine=False,
