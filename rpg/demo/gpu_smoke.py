@@ -285,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{model.task}: {shown}; rollout={args.rollout}, {args.gpus} GPU(s), offload={not args.no_offload}; "
         f"{sizes['train_batch_size']} prompts x {sizes['n']} per step; {what}; output {out}")
     memory = GpuMemoryPeak()
-    report: dict = {"model": args.model + ("_qwen3" if args.qwen3 else ""), "rollout": args.rollout, "gpus": args.gpus, "offload": not args.no_offload,
-                    "output_dir": str(out), "runs": [name for name, _, _ in plan], "device_peak_mib": {}}
+    report: dict = {"model": args.model + ("_qwen3" if args.qwen3 else ""), "rollout": args.rollout, "gpus": args.gpus,
+                    "offload": not args.no_offload, "output_dir": str(out), "runs": [name for name, _, _ in plan],
+                    "device_peak_mib": {}}
     failures: list[str] = []
     out.mkdir(parents=True, exist_ok=True)
     try:

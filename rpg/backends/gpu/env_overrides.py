@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from rpg.backends.run_env import (EXTERNAL_MODULES_ENV, RUN_ENV, VLLM_LOG_ENV, external_modules, forwarded_env_overrides,
-                                  vllm_log_env)
+from rpg.backends.run_env import (EXTERNAL_MODULES_ENV, RUN_ENV, VLLM_LOG_ENV, external_modules,
+                                  forwarded_env_overrides, vllm_log_env)
 
 REGISTER_MODULE = "rpg.backends.gpu.external_module"  # loaded in every process of a run with rollout.name=hf on CUDA
 _FORWARDED = (EXTERNAL_MODULES_ENV, VLLM_LOG_ENV)
