@@ -32,8 +32,10 @@ SESSION = re.compile(r"(/[^\s'\"=]*/session_\d[^/\s'\"]*)")
 # (phase, pattern): vLLM 0.24's INFO lines (logged when VLLM_LOGGING_LEVEL=INFO reaches its processes) and the
 # smoke run's own (rpg.demo.gpu_smoke's progress; verl's console metrics)
 PHASES = (
-    ("engine spawned", re.compile(r"EngineCore(?:_DP\d+)? pid=|Initializing a V1 LLM engine|Waiting for init "
-                                  r"message from front-end")),
+    # vLLM's server, about to start its engine core process (a WARNING: logged at verl's WARN level too), or the
+    # engine core's own lines
+    ("engine spawned", re.compile(r"We must use the `spawn` multiprocessing start method|EngineCore(?:_DP\d+)? pid=|"
+                                  r"Initializing a V1 LLM engine|Waiting for init message from front-end")),
     ("weights loaded", re.compile(r"Loading weights took|Model loading took")),
     ("compile started", re.compile(r"Start compiling function|Dynamo bytecode transform time|Compiling a graph for")),
     ("compile ended", re.compile(r"torch\.compile takes? [\d.]+ s in total")),

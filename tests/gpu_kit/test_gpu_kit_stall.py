@@ -91,6 +91,14 @@ def test_a_step_that_ends_in_time_is_not_signalled_and_names_the_phases_its_log_
     assert step["phases"]["last"] == "first request served"
 
 
+def test_the_h200s_stopped_vllm_start_reads_as_spawned_and_no_further():
+    """The committed trainer-log lines of the H200's vLLM smoke run stopped by its box (2026-11-28, vLLM at WARN):
+    its server began spawning the engine (151.9 s), nothing after it was logged."""
+    found = stall.phases([ROOT / "docs" / "gpu-runs" / "20261128-015238.smoke_vllm.trainer-excerpt.log"])
+    assert found["last"] == "engine spawned" and len(found["reached"]) == 1
+    assert "151.9s" in found["reached"][0]["line"]
+
+
 ENV_OF_STEP = ["{python}", "-c", "import json, os; json.dump({k: v for k, v in os.environ.items() if k.startswith("
                "('VLLM_', 'RPG_GPU_KIT_STACKS', 'PYTHONFAULTHANDLER'))}, open(os.path.join(os.environ["
                "'RPG_GPU_KIT_WORK'], 'env.json'), 'w'))"]
