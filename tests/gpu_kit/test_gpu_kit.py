@@ -180,7 +180,7 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     stand_ins.write_text(json.dumps(STAND_INS))
     env = {**os.environ, "KIT_OUT": str(out), "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, "-m", "rpg.gpu_kit.run", "--out", str(out), "--work", str(tmp_path / "work"),
-                        "--stand-ins", str(stand_ins), "--box", "bench_losses=3", "--budget", "300", "--steps",
+                        "--stand-ins", str(stand_ins), "--box", "bench_losses=6", "--budget", "300", "--steps",
                         "environment,memory_probe,model_step,smoke_hf,gpu_tests,bench_losses,smoke_vllm"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert p.returncode == 1, p.stdout + p.stderr
@@ -199,7 +199,7 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert steps["environment"]["reason"].startswith("exit code 3") and "no GPU here" in steps["environment"]["tail"]
     assert steps["gpu_tests"]["result"]["counts"] == {"passed": 5, "skipped": 2}
     # stopped at its box's end, whose last seconds (half of this short box) are for its stacks
-    assert steps["bench_losses"]["box_s"] == 3 and 1.5 <= steps["bench_losses"]["seconds"] < 20
+    assert steps["bench_losses"]["box_s"] == 6 and 3 <= steps["bench_losses"]["seconds"] < 20
     child = Path("/proc", (tmp_path / "work" / "bench_losses" / "child").read_text(), "status")
     # the step's process group was killed, its child too (gone, or a zombie its new parent has not reaped)
     assert not child.exists() or "\nState:\tZ" in child.read_text()
@@ -214,7 +214,7 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     # and the stacks of the timed-out step's two processes (tests/gpu_kit/test_gpu_kit_stall.py)
     assert sorted(f.name for f in out.iterdir()) == sorted(["summary.json", f"bench_losses.{rid}.stacks.txt"]
                                                            + [f"{n}.{rid}.log" for n in status if n != "smoke_vllm"])
-    assert steps["bench_losses"]["stall"]["dumped"] == 2
+    assert steps["bench_losses"]["stall"]["dumped"] == steps["bench_losses"]["stall"]["asked"] >= 1
     assert steps["gpu_tests"]["log"] == f"gpu_tests.{rid}.log" and summary["previous_summary"] is None
     assert "bench_losses: TIMED_OUT" in p.stdout and "NOT all steps passed" in p.stdout
 

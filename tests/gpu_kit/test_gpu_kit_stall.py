@@ -59,11 +59,11 @@ def alive(pid: int) -> bool:
 def test_a_step_out_of_its_box_leaves_its_stacks_its_ray_logs_and_its_last_phase(tmp_path):
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
-    step = kit(tmp_path, ["{python}", str(script)], "--box", "smoke_vllm=12")
+    step = kit(tmp_path, ["{python}", str(script)], "--box", "smoke_vllm=20")
     out, stem = tmp_path / "out", f"smoke_vllm.{step['run_id']}"
     assert step["status"] == "timed_out", step["stdout"]
     # the summary names the furthest phase the logs show, the worker log's torch.compile start
-    assert step["reason"] == "still running after its 12 s box: stopped; last phase: compile started"
+    assert step["reason"] == "still running after its 20 s box: stopped; last phase: compile started"
     assert [p["phase"] for p in step["phases"]["reached"]] == ["engine spawned", "weights loaded", "compile started"]
     assert step["phases"]["reached"][1]["log"] == "worker-ab12-01000000-77.out"
     # both processes dumped every thread's stack before the kill: where each one was waiting
