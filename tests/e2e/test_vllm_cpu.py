@@ -297,7 +297,8 @@ def test_vllm_cpu_decodes_the_tiny_model_in_qwen3s_shape():
     model = build_tiny_qwen3(build_tiny_assets(quiet=True), quiet=True)
     out = _fresh(f"""
         import os
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        from rpg.backends.cpu.vllm_cpu import vllm_env
+        os.environ.update(vllm_env())  # the stage's KV cache and OpenMP settings
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from rpg.backends.cpu.vllm_cpu import alias_vllm_distribution
