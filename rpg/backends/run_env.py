@@ -4,6 +4,7 @@
   Hydra's full errors in the trainer's log);
 * ``wandb_env``: W&B as the user asked (their ``WANDB_MODE``, and ``trainer.logger``), else off;
 * ``ray_auth_env``: Ray token authentication for the run's own cluster, with a token of its own;
+* ``vllm_log_env``: vLLM's start-up logged at INFO in every GPU run (the GPU backend's runs, the paper's runs);
 * ``external_modules``: the ``VERL_USE_EXTERNAL_MODULES`` list (modules ``import verl`` loads in every
   process), a backend's registration first;
 * ``forwarded_env_overrides``: hand environment variables to every Ray process explicitly (Ray workers on
@@ -43,6 +44,18 @@ RUN_ENV = {
 NETWORK_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_SOCKET_FAMILY", "NCCL_IB_DISABLE", "NCCL_IB_HCA",
                "NCCL_IB_GID_INDEX", "NCCL_NET")
 GLOO_IFNAME = NETWORK_ENV[0]
+
+# vLLM's start-up at INFO (its engine's spawn, the weights loaded, torch.compile's start and end, the KV cache, the CUDA
+# graphs captured, each with its seconds: vllm/v1/worker/gpu_model_runner.py, vllm/compilation/monitor.py) in every
+# worker's log, on every node: verl sets WARN unless the driver's environment has the variable
+# (trainer/constants_ppo.py), which left the H200's first vLLM start silent for its last 93 s (docs/gpu-smoke.md)
+VLLM_LOG_ENV, VLLM_START_LEVEL = "VLLM_LOGGING_LEVEL", "INFO"
+
+
+def vllm_log_env(base: Mapping[str, str]) -> dict[str, str]:
+    """vLLM's log level for a GPU run: INFO, unless the launching environment ``base`` sets one (it wins)."""
+    return {} if base.get(VLLM_LOG_ENV) else {VLLM_LOG_ENV: VLLM_START_LEVEL}
+
 
 WANDB_LOGGERS = ("wandb", "tracking", "vemlp_wandb")  # verl's loggers that start a W&B run (verl/utils/tracking.py)
 

@@ -1,14 +1,16 @@
 """CLI: the tiny task (or SmolLM2's) through verl's real GPU path, "run this first on a new node"
 (what recipe/rpg/tiny/run_tiny_gpu.sh calls; docs/gpu-smoke.md).
 
-    python -m rpg.demo.gpu_smoke [--model tiny|smol] [--rollout vllm|hf] [--gpus 1] [--steps 4] [--resume-steps 2]
-                                     [--resume-from DIR/ckpt/global_step_N] [--no-offload] [--out DIR] [key=value ...]
+    python -m rpg.demo.gpu_smoke [--model tiny|smol] [--qwen3] [--rollout vllm|hf] [--gpus 1] [--steps 4]
+                                 [--resume-steps 2] [--resume-from DIR/ckpt/global_step_N] [--no-offload] [--out DIR]
+                                 [key=value ...]
 
 ``--model tiny`` (default): the tiny model and task (``rpg.tiny``); ``--model smol``: SmolLM2-135M-Instruct and its
 arithmetic task (``rpg.smol``, built as for the CPU demo; ``actor_rollout_ref.model.path=`` another copy of the
 model, the wheel then not needed), with the CPU run's prompt and response lengths and its GPU sizes
 (``rpg.demo.smoke_settings.smoke_sizes``). The model and task are chosen as by the CPU demo
-(``rpg.launch.rehearsal.CpuModel``).
+(``rpg.launch.rehearsal.CpuModel``). ``--qwen3``: the tiny task on the tiny model in Qwen3's shape (q/k norm,
+``rpg.tiny.qwen3``), which vLLM runs on its newer model runner, as the paper's Qwen3-4B.
 
 Two runs of the RPG recipe (RPG-REINFORCE-UFKL with RPG-Style Clip, 4 mini-batches per rollout
 batch) with the settings of rpg.demo.smoke_settings (vLLM or HF rollout, FSDP2 actor in bf16,
@@ -209,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                        env_of=SCRIPT_ENV)
     ap.add_argument("--model", default="tiny", choices=MODELS,
                     help="tiny (default): the tiny model and task; smol: SmolLM2-135M-Instruct and arithmetic")
+    ap.add_argument("--qwen3", action="store_true", help="with --model tiny: the tiny model in Qwen3's shape "
+                    "(q/k norm; rpg.tiny.qwen3), built from the tiny one")
     ap.add_argument("--rollout", default="vllm", help=f"rollout engine, one of {ROLLOUTS} (default vllm)")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs of this node to train on (data parallel; default 1)")
     ap.add_argument("--steps", type=int, default=None,
@@ -245,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
             args.steps = step
         args.steps = DEFAULT_STEPS if args.steps is None else args.steps
         check_settings(args.rollout, args.gpus, args.steps, args.resume_steps, sizes["mini_batch_size"], sizes["n"])
+        if args.qwen3 and (args.model != "tiny" or MODEL_PATH_KEY in values(user)):
+            raise SmokeSettingsError(f"--qwen3 is the tiny model in Qwen3's shape: with --model tiny and no "
+                                     f"{MODEL_PATH_KEY}=")
         preflight(args.rollout, args.gpus, user)
     except (SmokeSettingsError, OverrideSyntaxError) as e:
         print(f"{PREFIX} {e}", file=sys.stderr)
@@ -254,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     user_model = values(user).get(MODEL_PATH_KEY)  # another copy of the model: SmolLM2's wheel is not needed
     try:
         assets = model.build(prefix=PREFIX, model=user_model is None)
+        if args.qwen3:
+            from rpg.tiny.qwen3 import build_tiny_qwen3
+
+            user_model = build_tiny_qwen3(assets, prefix=PREFIX)
+            user = [*user, f"{MODEL_PATH_KEY}={hydra_value(str(user_model), MODEL_PATH_KEY)}"]
         hf_config = (model_config(str(user_model)) if user_model is not None
                      else json.loads((assets.model_dir / "config.json").read_text()))
     except (SmolAssetError, SmokeSettingsError) as e:
@@ -273,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{model.task}: {shown}; rollout={args.rollout}, {args.gpus} GPU(s), offload={not args.no_offload}; "
         f"{sizes['train_batch_size']} prompts x {sizes['n']} per step; {what}; output {out}")
     memory = GpuMemoryPeak()
-    report: dict = {"model": args.model, "rollout": args.rollout, "gpus": args.gpus, "offload": not args.no_offload,
-                    "output_dir": str(out), "runs": [name for name, _, _ in plan], "device_peak_mib": {}}
+    report: dict = {"model": args.model + ("_qwen3" if args.qwen3 else ""), "rollout": args.rollout, "gpus": args.gpus,
+                    "offload": not args.no_offload, "output_dir": str(out), "runs": [name for name, _, _ in plan],
+                    "device_peak_mib": {}}
     failures: list[str] = []
     out.mkdir(parents=True, exist_ok=True)
     try:

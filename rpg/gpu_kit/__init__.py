@@ -21,6 +21,12 @@ TARGET_PYTHON = "3.12"  # the node's Python (CPython)
 # a device call's command: budget + 30 s. The default steps (docs/gpu-smoke.md's first call) took 373 s on an H200 node
 # (2026-11-28); with the machine's start (about 30 s) the device time left is about 8 minutes
 DEFAULT_BUDGET_S = 450
+# The kit's steps' vLLM variables (a value already set wins; with --installed too): the vLLM parts hold no FlashInfer
+# kernels nor nvcc to compile them, so PyTorch's top-p/top-k sampling; vLLM's own start-up lines (model load,
+# compilation, CUDA graphs, KV cache) in the trainer's log, which verl sets to WARN unless the variable is already set
+# (trainer/constants_ppo.py get_ppo_ray_runtime_env): the H200's first vLLM smoke run logged nothing for its last
+# 93 s before its box ended
+KIT_VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_LOGGING_LEVEL": "INFO"}
 
 
 def report(result: dict, path: Path | None, program: str) -> int:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg.gpu_kit import CARRY_DIR, MANIFEST, SITE_DIR, conclude, emptied, foreign
+from rpg.gpu_kit import CARRY_DIR, KIT_VLLM_ENV, MANIFEST, SITE_DIR, conclude, emptied, foreign
 from rpg.gpu_kit.build import canonical
 from rpg.gpu_kit.pack import sha256
 
@@ -47,12 +47,8 @@ def run_env(site: Path, checkout: Path = CHECKOUT) -> dict[str, str]:
     vllm = ready_site()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout), vllm and str(vllm), str(site), env.get("PYTHONPATH"))
                                         if p)
-    if vllm:  # the parts hold no FlashInfer kernels nor nvcc to compile them: PyTorch's top-p/top-k sampling. vLLM's
-        # own start-up lines (model load, compilation, CUDA graphs, KV cache) in the trainer's log: verl sets WARN
-        # unless the variable is already set (trainer/constants_ppo.py get_ppo_ray_runtime_env); the H200's first
-        # vLLM smoke run logged nothing for its last 93 s before its box ended
-        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-        env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+    if vllm:
+        env = {**KIT_VLLM_ENV, **env}  # a value already set wins
     return env
 
 

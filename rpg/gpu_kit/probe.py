@@ -1,5 +1,7 @@
 """The node as the kit's runs see it: the GPU (name, memory, driver, CUDA), Python, the versions and folders of
-the packages a run imports, and that verl loads this project's plugin (the RPG losses registered).
+the packages a run imports, and that verl loads this project's plugin (the RPG losses registered); and what a vLLM
+start depends on (``node``): nvcc, /dev/shm's size, the ``VLLM_*``/``CUDA_*``/``NCCL_*`` variables, the driver's
+version and CUDA, torch's CUDA and NCCL, each "absent" when absent.
 
     python3 -m rpg.gpu_kit.probe [--result FILE]
 
@@ -12,7 +14,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata as md
+import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +55,73 @@ def gpu() -> dict:
     return info
 
 
+ABSENT = "absent"
+ENV_PREFIXES = ("VLLM_", "CUDA_", "NCCL_")
+
+
+def _or_absent(read) -> object:
+    """``read()``, or "absent" when it finds nothing or fails (with why: one line, never a traceback)."""
+    try:
+        value = read()
+    except Exception as e:  # noqa: BLE001 - a fact the node lacks is a finding, not the probe's failure
+        return f"{ABSENT} ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})"
+    return ABSENT if value in (None, "", {}, []) else value
+
+
+def _nvcc() -> dict | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    exe = shutil.which("nvcc") or os.path.join(home, "bin", "nvcc")
+    if not os.access(exe, os.X_OK):
+        return None
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+    release = next((line.strip() for line in out.splitlines() if "release" in line), out.strip()[-200:])
+    return {"path": exe, "version": release}
+
+
+def _shm() -> dict:
+    st = os.statvfs("/dev/shm")
+    return {"size_gib": round(st.f_blocks * st.f_frsize / 2**30, 2),
+            "free_gib": round(st.f_bavail * st.f_frsize / 2**30, 2)}
+
+
+def _smi(*args: str) -> str | None:
+    smi = shutil.which("nvidia-smi")
+    return None if smi is None else subprocess.run([smi, *args], capture_output=True, text=True, timeout=30).stdout
+
+
+def _driver() -> str | None:
+    out = _smi("--query-gpu=driver_version", "--format=csv,noheader")
+    return out.strip().splitlines()[0] if out and out.strip() else None
+
+
+def _driver_cuda() -> str | None:
+    from rpg.backends.gpu.preflight import driver_cuda_version
+
+    return driver_cuda_version() or ((m := re.search(r"CUDA Version:\s*([\d.]+)", _smi() or "")) and m.group(1))
+
+
+def _nccl() -> str | None:
+    import torch
+
+    if not torch.cuda.is_available() and not torch.version.cuda:
+        return None
+    version = torch.cuda.nccl.version()
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def node() -> dict:
+    """What a vLLM start depends on, each "absent" when absent."""
+    def cuda_build():
+        import torch
+
+        return torch.version.cuda
+
+    return {"nvcc": _or_absent(_nvcc), "dev_shm": _or_absent(_shm),
+            "env": _or_absent(lambda: {k: os.environ[k] for k in sorted(os.environ) if k.startswith(ENV_PREFIXES)}),
+            "driver": _or_absent(_driver), "driver_cuda": _or_absent(_driver_cuda),
+            "torch_cuda": _or_absent(cuda_build), "nccl": _or_absent(_nccl)}
+
+
 def probe() -> dict:
     result: dict = {"python": sys.version.split()[0], "executable": sys.executable, "platform": platform.platform(),
                     "packages": {}, "problems": []}
@@ -85,12 +156,15 @@ def probe() -> dict:
     except Exception as e:  # noqa: BLE001
         result["problems"].append(f"verl's registry has no RPG loss (plugin entry point not loaded?): "
                                   f"{type(e).__name__}: {e}")
+    result["node"] = nd = node()
     g = result.get("gpu", {})
     pk = result["packages"]
     result["line"] = (f"{g.get('name', 'no GPU')}, {g.get('memory_gib', '?')} GiB; torch {g.get('torch')} "
                       f"(CUDA {g.get('cuda_build')}); Python {result['python']}; verl {pk['verl']['version']}, "
                       f"ray {pk['ray']['version']}, transformers {pk['transformers']['version']}, "
-                      f"vllm {pk['vllm']['version']}, flash-attn {pk['flash-attn']['version']}")
+                      f"vllm {pk['vllm']['version']}, flash-attn {pk['flash-attn']['version']}; driver {nd['driver']} "
+                      f"(CUDA {nd['driver_cuda']}), NCCL {nd['nccl']}, nvcc "
+                      f"{ABSENT if nd['nvcc'] == ABSENT else 'present'}")
     return result
 
 

@@ -10,7 +10,10 @@ A step not run (not a default step, not in ``--steps``) is listed in the summary
 A step gets ``min(its box, what is left of --budget)``; one that would get less than its box and less than
 ``MIN_BOX_S`` is skipped with that reason. Past its box the step's process group gets SIGTERM, then SIGKILL
 after the step's grace (at once for what is left of it once the step's own process has exited), and it is
-recorded as timed out. Each run of the kit has an id, its start time (``-2``, ... when OUT holds a run of that
+recorded as timed out; in the box's last seconds, and before a stop signal's SIGTERM, each Python process of the
+step dumps its stacks and Ray's logs are copied into OUT (``rpg.gpu_kit.stall``). A step's entry names the vLLM
+start-up phases its logs show (``phases``; the last one in a timed-out step's reason).
+Each run of the kit has an id, its start time (``-2``, ... when OUT holds a run of that
 second): each step's output goes to ``OUT/<name>.<run id>.log``, read by the step's parser alone, so a rerun
 into the same OUT reports its own output; ``OUT/summary.json`` (the run id, each step's status, seconds, PID,
 log, its parsed result and, for a failure, the log's last lines) describes the latest run, the one before is
@@ -45,7 +48,7 @@ from pathlib import Path
 from rpg.trainer_process.reaping import exited_unreaped
 from rpg.paths.checkout import CHECKOUT
 from rpg.stop_signals import raise_on_stop_signals
-from rpg.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, SITE_DIR, foreign, lock_folder
+from rpg.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, KIT_VLLM_ENV, SITE_DIR, foreign, lock_folder, stall
 from rpg.gpu_kit.steps import STEPS, Context, Step, StepRun, cap_log
 from rpg.launch.args import OneLineParser, positive_seconds
 
@@ -118,8 +121,9 @@ def run_step(ctx: Context, step: Step, box_s: float, env: dict, argv_override: l
     if isinstance(argv, str):
         return {**record, "status": "skipped", "reason": argv, "fine": step.skip_is_fine}
     argv = [ctx.python if a == "{python}" else a for a in argv]
-    step_env = {**env, "RPG_GPU_KIT_RESULT": str(run.result_file), "RPG_GPU_KIT_WORK": str(work),
-                "RPG_GPU_KIT_BOX_S": str(int(box_s))}
+    stacks, stem = work / f"stacks.{ctx.run_id}", f"{step.name}.{ctx.run_id}"
+    step_env = {**stall.hook_env(env, stacks), "RPG_GPU_KIT_RESULT": str(run.result_file),
+                "RPG_GPU_KIT_WORK": str(work), "RPG_GPU_KIT_BOX_S": str(int(box_s))}
     record["command"] = " ".join(argv)
     t0 = time.time()
     with open(run.log, "xb") as log:  # a new file: the run id is new in OUT
@@ -130,9 +134,13 @@ def run_step(ctx: Context, step: Step, box_s: float, env: dict, argv_override: l
         record["pid"] = proc.pid  # its process group's id too
         if on_start is not None:
             on_start(proc.pid)
-        ended = _wait(proc, box_s, stop)
+        last_s = min(stall.STACKS_S, box_s / 2)  # the box's end: where it was
+        ended = _wait(proc, box_s - last_s, stop)
         if ended != "exited":
-            _kill_group(proc, step.grace_s)
+            try:  # the stacks and logs into OUT (a full disk may fail it), then the group stopped whatever happened
+                record["stall"] = stall.before_stop(proc.pid, stacks, ctx.out, stem, last_s)
+            finally:
+                _kill_group(proc, step.grace_s)
     record["seconds"] = round(time.time() - t0, 1)
     record["returncode"] = proc.returncode
     cap_log(run.log)
@@ -141,11 +149,15 @@ def run_step(ctx: Context, step: Step, box_s: float, env: dict, argv_override: l
     except Exception as e:  # noqa: BLE001 - an unreadable output is the step's failure, not the kit's
         result = {"problems": [f"its output could not be read: {type(e).__name__}: {e}"]}
     problems = result.get("problems") or []
+    found = stall.phases(sorted(ctx.out.glob(f"{stem}.*.log")) + [run.log] + sorted(ctx.out.glob(f"{stem}.ray/**/*")))
+    if found["reached"]:
+        record["phases"] = found
+    last = f"; last phase: {found['last']}" if found["last"] else ""
     if ended == "stopped":
         record.update(status="stopped", reason=f"the kit got {signal.Signals(stop[0]).name}: the step's process "
-                                               f"group was stopped")
+                                               f"group was stopped{last}")
     elif ended == "timed_out":
-        record.update(status="timed_out", reason=f"still running after its {box_s:.0f} s box: stopped")
+        record.update(status="timed_out", reason=f"still running after its {box_s:.0f} s box: stopped{last}")
     elif proc.returncode != 0:
         record.update(status="failed", reason=f"exit code {proc.returncode}" + (f": {problems[0]}" if problems else ""))
     elif problems:
@@ -207,7 +219,7 @@ def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[st
     from rpg.gpu_kit.install import run_env
 
     def step_env() -> dict[str, str]:  # each step's: the vLLM site a vllm_part step completes is on the next's path
-        env = run_env(ctx.site, ctx.checkout) if not ctx.installed else dict(os.environ)
+        env = run_env(ctx.site, ctx.checkout) if not ctx.installed else {**KIT_VLLM_ENV, **os.environ}
         return {**env, "PYTHONUNBUFFERED": "1"}
 
     # SIGHUP/SIGINT/SIGTERM only recorded (never raised mid-way): the running step is stopped, the rest not started

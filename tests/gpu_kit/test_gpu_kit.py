@@ -166,8 +166,10 @@ def test_a_plain_call_runs_the_first_calls_steps_and_says_why_not_the_others(tmp
     assert [s["name"] for s in summary["steps"]] == ["install", "environment", "memory_probe", "model_step",
                                                      "smoke_hf"]
     why = {n["name"]: n["reason"] for n in summary["not_run"]}
-    assert list(why) == ["gpu_tests", "bench_losses", "smoke_resume", "vllm_part", "smoke_vllm"]
-    assert why["smoke_vllm"].startswith("not a default step: its box (520 s)")
+    assert list(why) == ["gpu_tests", "bench_losses", "smoke_resume", "vllm_part", "smoke_vllm", "smoke_vllm_qwen3",
+                         "smoke_vllm_compiled"]
+    assert why["smoke_vllm"].startswith("not a default step: its box (420 s)")
+    assert why["smoke_vllm_compiled"].startswith("not a default step: the compiled start runs in a call of its own")
     assert why["gpu_tests"] == why["bench_losses"] and why["gpu_tests"].startswith("not a default step: it ran")
     assert why["smoke_resume"].startswith("not a default step: its run")
     assert why["vllm_part"].startswith("not a default step: it installs")
@@ -178,16 +180,16 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     stand_ins.write_text(json.dumps(STAND_INS))
     env = {**os.environ, "KIT_OUT": str(out), "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, "-m", "rpg.gpu_kit.run", "--out", str(out), "--work", str(tmp_path / "work"),
-                        "--stand-ins", str(stand_ins), "--box", "bench_losses=3", "--budget", "300", "--steps",
+                        "--stand-ins", str(stand_ins), "--box", "bench_losses=6", "--budget", "300", "--steps",
                         "environment,memory_probe,model_step,smoke_hf,gpu_tests,bench_losses,smoke_vllm"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert p.returncode == 1, p.stdout + p.stderr
     summary = json.loads((out / "summary.json").read_text())
     steps = {s["name"]: s for s in summary["steps"]}
-    assert list(steps) == [s.name for s in kit_steps.STEPS if s.name not in ("smoke_resume", "vllm_part")]
+    unasked = ("smoke_resume", "vllm_part", "smoke_vllm_qwen3", "smoke_vllm_compiled")
+    assert list(steps) == [s.name for s in kit_steps.STEPS if s.name not in unasked]
     assert summary["finished"] and not summary["all_passed"]
-    assert {n["name"]: n["reason"] for n in summary["not_run"]} == {"smoke_resume": "not in --steps",
-                                                                    "vllm_part": "not in --steps"}
+    assert {n["name"]: n["reason"] for n in summary["not_run"]} == {name: "not in --steps" for name in unasked}
     assert "not run: smoke_resume: not in --steps" in p.stdout
     status = {name: s["status"] for name, s in steps.items()}
     assert status == {"install": "passed", "environment": "failed", "memory_probe": "passed", "model_step": "failed",
@@ -196,7 +198,8 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert steps["memory_probe"]["result"]["line"] == "20 measurements"
     assert steps["environment"]["reason"].startswith("exit code 3") and "no GPU here" in steps["environment"]["tail"]
     assert steps["gpu_tests"]["result"]["counts"] == {"passed": 5, "skipped": 2}
-    assert steps["bench_losses"]["box_s"] == 3 and 3 <= steps["bench_losses"]["seconds"] < 20
+    # stopped at its box's end, whose last seconds (half of this short box) are for its stacks
+    assert steps["bench_losses"]["box_s"] == 6 and 3 <= steps["bench_losses"]["seconds"] < 20
     child = Path("/proc", (tmp_path / "work" / "bench_losses" / "child").read_text(), "status")
     # the step's process group was killed, its child too (gone, or a zombie its new parent has not reaped)
     assert not child.exists() or "\nState:\tZ" in child.read_text()
@@ -208,8 +211,10 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert seen == {"install": "passed", "environment": "failed", "memory_probe": "passed", "model_step": "failed",
                     "smoke_hf": "passed", "gpu_tests": "running", "bench_losses": "pending", "smoke_vllm": "pending"}
     rid = summary["run_id"]  # each step's output in a file of this run's own
-    assert sorted(f.name for f in out.iterdir()) == sorted(["summary.json"] + [f"{n}.{rid}.log" for n in status
-                                                                               if n != "smoke_vllm"])
+    # and the stacks of the timed-out step's two processes (tests/gpu_kit/test_gpu_kit_stall.py)
+    assert sorted(f.name for f in out.iterdir()) == sorted(["summary.json", f"bench_losses.{rid}.stacks.txt"]
+                                                           + [f"{n}.{rid}.log" for n in status if n != "smoke_vllm"])
+    assert steps["bench_losses"]["stall"]["dumped"] == steps["bench_losses"]["stall"]["asked"] >= 1
     assert steps["gpu_tests"]["log"] == f"gpu_tests.{rid}.log" and summary["previous_summary"] is None
     assert "bench_losses: TIMED_OUT" in p.stdout and "NOT all steps passed" in p.stdout
 
@@ -237,6 +242,27 @@ def test_smoke_resume_resumes_the_newest_passed_run_1_and_says_when_there_is_non
     assert argv[argv.index("--resume-from") + 1] == str(here)
     hf = next(s for s in kit_steps.STEPS if s.name == "smoke_hf").command(ctx, r)
     assert hf[hf.index("--resume-steps") + 1] == "0"  # run 1 alone
+
+
+def test_the_first_vllm_smoke_is_eager_and_the_compiled_one_runs_only_once_it_passed(tmp_path, monkeypatch):
+    monkeypatch.setattr(kit_steps.Context, "available", lambda self, module: module == "vllm")
+    checkout = tmp_path / "checkout"
+    ctx = kit_steps.Context(out=tmp_path / "out", work=checkout / "outputs" / "gpu_kit" / "20261129-100000",
+                            carry=tmp_path, site=tmp_path / "site", installed=True, checkout=checkout)
+    eager, compiled = (next(s for s in kit_steps.STEPS if s.name == name)
+                       for name in ("smoke_vllm", "smoke_vllm_compiled"))
+    r = kit_steps.StepRun(eager, 420, tmp_path / "log", tmp_path / "work", tmp_path / "result.json")
+    argv = eager.command(ctx, r)
+    assert argv[argv.index("--rollout") + 1] == "vllm" and "actor_rollout_ref.rollout.enforce_eager=True" in argv
+    assert compiled.command(ctx, r).startswith("no passed smoke_vllm run 1 on this node")
+    qwen3 = next(s for s in kit_steps.STEPS if s.name == "smoke_vllm_qwen3").command(ctx, r)  # the second model
+    assert "--qwen3" in qwen3 and "actor_rollout_ref.rollout.enforce_eager=True" in qwen3
+    smoke_folder(checkout / "outputs" / "gpu_kit" / "20261129-090000" / "smoke_vllm", [1, 2, 3, 4], ["step 2: nan"])
+    assert isinstance(compiled.command(ctx, r), str)  # the earlier eager run failed
+    smoke_folder(ctx.work / "smoke_vllm", [1, 2, 3, 4], [])  # this call's passed
+    argv = compiled.command(ctx, r)
+    assert argv[argv.index("--rollout") + 1] == "vllm" and not any("enforce_eager" in a for a in argv)
+    assert compiled.box_s + compiled.grace_s + 30 <= 600 and not compiled.skip_is_fine
 
 
 def test_the_smoke_runs_trainer_logs_come_back_with_the_kits_output(tmp_path):

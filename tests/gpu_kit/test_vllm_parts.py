@@ -314,10 +314,20 @@ def test_the_device_calls_carry_one_part_each_the_first_beside_the_kit_the_last_
     assert first["carry"] == [".gpu_kit", ".gpu_kit_vllm/part-01"] and first["sends_mib"] <= 64
     assert first["command"].startswith("python3 -m rpg.gpu_kit.vllm_install --parts .gpu_kit_vllm; ")
     assert first["command"].endswith('rpg.gpu_kit.run --carry .gpu_kit --out "$OUT" --steps install')
-    assert first["timeout_s"] == 120
+    assert first["timeout_s"] == vllm_parts.FIRST_TIMEOUT_S
     assert [c["carry"] for c in middle] == [[f".gpu_kit_vllm/part-{i:02d}"] for i in range(2, n)]
     assert all(c["command"].endswith('--result "$OUT/vllm_install.json"') for c in middle)
     assert last["carry"] == [f".gpu_kit_vllm/part-{n:02d}"] and "--steps vllm_part,smoke_vllm" in last["command"]
     assert last["timeout_s"] <= 600  # a device call's limit
+    # the four parts of the build (15, 56, 56, 55.7 MiB), each call run to its timeout, with the machine's start and
+    # the gaps: within one lease's 900 s
+    four = {"parts": [{"file": f"part-{i:02d}.bin", "folder": f"part-{i:02d}", "bytes": mib * 2**20}
+                      for i, mib in enumerate((15, 56, 56, 55.7), 1)]}
+    four = vllm_parts.device_calls(four, ROOT / ".gpu_kit_vllm", tree_bytes=7 * 2**20, base_bytes=37 * 2**20)
+    assert len(four[0]["carry"]) == 2 and vllm_parts.worst_lease_s(four) <= vllm_parts.LEASE_S == 900
+    # after the install's check and vllm_part (5 and 20 s on the H200) the eager smoke gets its whole box (the kit
+    # gives a step min(its box, what is left - its grace - 5 s))
+    smoke = next(s for s in kit_steps.STEPS if s.name == "smoke_vllm")
+    assert vllm_parts.LAST_BUDGET_S - 5 - 20 - smoke.grace_s - 5 >= smoke.box_s
     alone = vllm_parts.device_calls(manifest, ROOT / ".gpu_kit_vllm", tree_bytes=6 * 2**20, base_bytes=60 * 2**20)
     assert alone[0]["carry"] == [".gpu_kit_vllm/part-01"]  # the kit's carry and part 1 would not fit one call

@@ -1,18 +1,20 @@
 """The GPU backend's run settings: the environment of every process of a run on verl's own CUDA path.
 
-Nothing selects a platform there (verl's default, CUDA, runs); the only addition is the list of
-verl's external modules (``VERL_USE_EXTERNAL_MODULES``), handed to every Ray process. The tiny GPU
-smoke run's own settings (its overrides and their checks) are the demo's: ``rpg.demo.smoke_settings``.
+Nothing selects a platform there (verl's default, CUDA, runs); the additions, handed to every Ray process on
+every node, are the list of verl's external modules (``VERL_USE_EXTERNAL_MODULES``) and vLLM's log level
+(``rpg.backends.run_env.vllm_log_env``). The tiny GPU smoke run's own settings (its overrides and their
+checks) are the demo's: ``rpg.demo.smoke_settings``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from rpg.backends.run_env import EXTERNAL_MODULES_ENV, RUN_ENV, external_modules, forwarded_env_overrides
+from rpg.backends.run_env import (EXTERNAL_MODULES_ENV, RUN_ENV, VLLM_LOG_ENV, external_modules,
+                                  forwarded_env_overrides, vllm_log_env)
 
 REGISTER_MODULE = "rpg.backends.gpu.external_module"  # loaded in every process of a run with rollout.name=hf on CUDA
-_FORWARDED = (EXTERNAL_MODULES_ENV,)
+_FORWARDED = (EXTERNAL_MODULES_ENV, VLLM_LOG_ENV)
 
 
 def gpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -22,6 +24,7 @@ def gpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
     """
     base = {} if base is None else base
     env = dict(RUN_ENV)
+    env.update(vllm_log_env(base))
     mods = external_modules(extra_modules, base.get(EXTERNAL_MODULES_ENV))
     if mods:
         env[EXTERNAL_MODULES_ENV] = mods
@@ -29,7 +32,7 @@ def gpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
 
 
 def gpu_forwarded_overrides(env: Mapping[str, str]) -> list[str]:
-    """Hand the external-module list to every Ray process (as the CPU settings do)."""
+    """Hand the external-module list (as the CPU settings do) and vLLM's log level to every Ray process."""
     return forwarded_env_overrides(env, _FORWARDED)
 
 
