@@ -12,6 +12,7 @@ import pytest
 
 from rpg.study.lag import ALPHA, LAG
 from rpg.study.lag_addendum import ADDENDUM
+from rpg.study.smol_loss import LOSS
 from rpg.study.smol_paper import PAPER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +23,7 @@ READINGS = {
     "## The lag study": (LAG, "docs/study/lag/runs.csv"),
     "## The lag addendum": (ADDENDUM, "docs/study/lag-addendum/runs.csv"),
     "## The paper's comparison on SmolLM2": (PAPER, "docs/study/smol-paper/runs.csv"),
+    "## The loss comparison on SmolLM2": (LOSS, "docs/study/smol-loss/runs.csv"),
 }
 NUMBER = r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
 # | H1 | claim | +0.205 [0.068, 0.343] | 0.0042 | 0.017 | supported |
