@@ -410,9 +410,9 @@ def render_figure(study: Comparison, rows: list[dict], path: Path) -> Path:
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4, 4.2))
-    ax = fig.subplots()
     methods = [m for m in study.methods if any(r["method"] == m for r in rows)]
+    fig = Figure(figsize=(max(6.4, 1.25 * len(methods)), 4.2))
+    ax = fig.subplots()
     done = {(r["method"], r["seed"]): r["primary"] for r in rows if r["status"] == "done" and r["primary"] is not None}
     for seed in sorted({r["seed"] for r in rows}):
         pts = [(i, done[(m, seed)]) for i, m in enumerate(methods) if (m, seed) in done]
@@ -421,8 +421,9 @@ def render_figure(study: Comparison, rows: list[dict], path: Path) -> Path:
     means = [(i, v) for i, v in means if v is not None]
     ax.plot([i for i, _ in means], [v for _, v in means], color="tab:blue", marker="D", markersize=8, linestyle="none",
             label="mean over seeds")
-    # two lines for the long names (RPG-REINFORCE-UFKL beside RPG-REINFORCE-URKL overlap on one)
-    ax.set_xticks(range(len(methods)), [label_of(m).replace("REINFORCE-", "REINFORCE-\n") for m in methods], fontsize=8)
+    # the long names on two or three lines (RPG-REINFORCE-UFKL beside RPG-REINFORCE-URKL overlap on one)
+    ax.set_xticks(range(len(methods)), [label_of(m).replace("REINFORCE-", "REINFORCE-\n").replace(", ", ",\n")
+                                        for m in methods], fontsize=8)
     ax.set_xlim(-0.5, len(methods) - 0.5)
     ax.set_ylim(0, max([0.5, *(v + 0.05 for v in done.values())]))
     ax.set_ylabel("held-out accuracy, last evaluation")

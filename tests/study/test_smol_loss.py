@@ -213,3 +213,16 @@ def test_the_command_line(tmp_path, capsys):
     assert "smol study budget 540m00s: the estimate fits" in out
     assert main(["--model", "smol", "--loss", "--dry-run", "--steps", "3", "--out", str(tmp_path / "s")]) == 2
     assert capsys.readouterr().err.startswith("rpg.study: --steps 3: the loss comparison on SmolLM2 declares 6")
+
+
+def test_results_are_rendered_from_a_csv_alone(tmp_path):
+    """runs.csv of the 72 declared runs (seeds 101-112) read back exactly, results.md and the figure from it."""
+    rows = _rows({"rpg-rf-urkl": 0.05})
+    L.LOSS.write_csv(tmp_path / "runs.csv", rows)
+    back = L.LOSS.read_csv(tmp_path / "runs.csv")  # with what each run ran on, not recorded here: None
+    assert [{k: r[k] for k in rows[0]} for r in back] == rows and {r["model_sha256"] for r in back} == {None}
+    assert main(["--model", "smol", "--loss", "--render-only", "--report-dir", str(tmp_path)]) == 0
+    text = (tmp_path / "results.md").read_text()
+    assert text == L.LOSS.render_tables(rows) and text.startswith("# The loss comparison on SmolLM2: results")
+    assert "| GRPO's loss, no filter or penalty | 2e-05 | 12/12 | " in text and "seed 101 |" in text
+    assert (tmp_path / "smol-loss.png").stat().st_size > 10_000
