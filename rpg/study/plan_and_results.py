@@ -16,7 +16,9 @@ per seed, and the plan's generated blocks; the lag study (``rpg.study.lag``) and
 from __future__ import annotations
 
 import csv
+import hashlib
 import itertools
+import json
 import math
 import re
 import statistics
@@ -305,6 +307,13 @@ def test_family(rows: list[dict], family: list[tuple[Contrast, bool]], level_of=
 # what each run ran on (``rpg.run_record``), as runs.csv records it; a CSV written before these columns reads them as
 # not recorded (None)
 RAN_ON_COLUMNS = ("model_sha256", "torch", "transformers", "verl", "kernels")
+
+
+def settings_digest(rec: dict) -> str | None:
+    """runs.csv's ``settings`` of a run's record: 12 hex digits of the sha256 of its identity (its settings wherever
+    its folders are, ``rpg.study.identity``); None for a record without one (a run not started)."""
+    ident = rec.get("identity")
+    return None if ident is None else hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def ran_on_columns(rec: dict) -> dict:

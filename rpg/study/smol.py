@@ -293,12 +293,13 @@ DIAGNOSTICS: tuple[tuple[str, str], ...] = (
     ("clipfrac", "actor/pg_clipfrac"), ("grad_norm", "actor/grad_norm"),
     ("refill_gen_batches", "training/rpg/refill_gen_batches"), ("step_s", "timing_s/step"))
 COLUMNS = ("run_id", "cell", "method", "lr", "seed", "order", "status", "primary", *(d[0] for d in DIAGNOSTICS),
-           "code", "threads", "load_start_1m", "load_end_1m", "cpu_count", "wall_time_s", "started", "design",
+           "code", "settings", "threads", "load_start_1m", "load_end_1m", "cpu_count", "wall_time_s", "started", "design",
            *_columns(SmolSizes()), *plan_and_results.RAN_ON_COLUMNS)
-# added after the pilot's runs: its runs.csv reads as the plan's design, threads and what it ran on not recorded in it
+# added after the pilot's runs: its runs.csv reads as the plan's design, threads, settings digest and what it ran on not
+# recorded in it
 SCHEMA = Schema(COLUMNS, ints=("seed", "order", "cpu_count", *_columns(SmolSizes())),
                 floats=("lr", "primary", *(d[0] for d in DIAGNOSTICS), "load_start_1m", "load_end_1m", "wall_time_s"),
-                added=(("threads", None), ("design", DECLARED), *PILOT.DESIGN.columns,
+                added=(("threads", None), ("settings", None), ("design", DECLARED), *PILOT.DESIGN.columns,
                        *((c, None) for c in plan_and_results.RAN_ON_COLUMNS)))
 
 
@@ -317,7 +318,8 @@ def csv_rows(study: Comparison, out: Path, specs: list[RunSpec], records: list[d
         load_start, load_end = rec.get("load_start") or [None], rec.get("load_end") or [None]
         row = {"run_id": spec.run_id, "cell": study.cell_of[spec.variant], "method": spec.variant,
                "lr": setting(spec.variant, LR_KEY) * lr_scale(), "seed": spec.seed, "order": order,
-               "status": rec.get("status", "todo"), "code": rec.get("code"), "load_start_1m": load_start[0],
+               "status": rec.get("status", "todo"), "code": rec.get("code"),
+               "settings": plan_and_results.settings_digest(rec), "load_start_1m": load_start[0],
                "load_end_1m": load_end[0], "cpu_count": rec.get("cpu_count"), "wall_time_s": rec.get("wall_time_s"),
                "started": rec.get("started"), "threads": rec.get("threads"), "design": design, **_columns(s),
                **plan_and_results.ran_on_columns(rec)}

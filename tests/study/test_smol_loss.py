@@ -226,3 +226,16 @@ def test_results_are_rendered_from_a_csv_alone(tmp_path):
     assert text == L.LOSS.render_tables(rows) and text.startswith("# The loss comparison on SmolLM2: results")
     assert "| GRPO's loss, no filter or penalty | 2e-05 | 12/12 | " in text and "seed 101 |" in text
     assert (tmp_path / "smol-loss.png").stat().st_size > 10_000
+
+
+def test_runs_csv_records_each_runs_settings_digest(tmp_path):
+    """runs.csv's ``settings``: 12 hex digits of the sha256 of the run's identity (its run.json), so two arms'
+    rows name different settings and a run not started none."""
+    specs = L.LOSS.grid(seeds=1)[:2]
+    idents = [[["data.seed", "101"], ["rpg.loss.name", name]] for name in ("verl", "rpg")]
+    rows = L.LOSS.csv_rows(tmp_path, specs, [{"status": "todo", "identity": i} for i in idents])
+    want = [hashlib.sha256(json.dumps(i, sort_keys=True).encode()).hexdigest()[:12] for i in idents]
+    assert [r["settings"] for r in rows] == want and want[0] != want[1]
+    assert L.LOSS.csv_rows(tmp_path, specs[:1], [{}])[0]["settings"] is None
+    L.LOSS.write_csv(tmp_path / "runs.csv", rows)
+    assert [r["settings"] for r in L.LOSS.read_csv(tmp_path / "runs.csv")] == want
