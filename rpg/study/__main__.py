@@ -13,7 +13,8 @@ each, 8 steps by default, into ``outputs/study_staleness``. ``--lag`` runs the d
 without runs). ``--model smol`` runs the declared SmolLM2 comparison instead (docs/study/smol/PLAN.md: GRPO, RPG-UFKL
 and RPG-REINFORCE-UFKL with RPG-Style Clip on SmolLM2-135M-Instruct, ``--seeds`` (default 3) each, one run at a time,
 into ``outputs/study_smol``), its CSV, tables and figure as the lag study's; ``--model smol --paper`` the paper's
-comparison on SmolLM2 (docs/study/smol-paper/PLAN.md: five methods, 12 seeds, into ``outputs/study_smol_paper``). A
+comparison on SmolLM2 (docs/study/smol-paper/PLAN.md: five methods, 12 seeds, into ``outputs/study_smol_paper``);
+``--model smol --loss`` the loss comparison (docs/study/smol-loss/PLAN.md: six arms, into outputs/study_smol_loss). A
 declared study also appends a row to ``attempts.csv`` in ``--report-dir`` at each start and end of its process
 (``rpg.study.attempts``). A declared study runs the design its plan
 declares: another value of an option that shapes its runs (``--seeds``, ``--steps``, ``--val-n``, ``--cells`` ...)
@@ -107,11 +108,12 @@ def _declared(args):
 
 
 def _comparison(args):
-    """The SmolLM2 comparison ``args`` run: the pilot, or with ``--paper`` the paper's comparison."""
-    if args.paper:
+    """The SmolLM2 comparison ``args`` run: the pilot, with ``--paper`` the paper's, with ``--loss`` the loss one."""
+    if args.loss or args.paper:
+        from rpg.study.smol_loss import LOSS
         from rpg.study.smol_paper import PAPER
 
-        return PAPER
+        return LOSS if args.loss else PAPER
     return PILOT
 
 
@@ -230,9 +232,12 @@ def parser() -> argparse.ArgumentParser:
                     help="what the runs train: tiny (default: the tiny model and task), or smol: the declared "
                          "SmolLM2 comparison (docs/study/smol/PLAN.md; --seeds default 3, --steps "
                          f"{PILOT.sizes.steps}, one run at a time, into outputs/study_smol)")
-    ap.add_argument("--paper", action="store_true",
+    smol_comparison = ap.add_mutually_exclusive_group()  # --paper or --loss
+    smol_comparison.add_argument("--paper", action="store_true",
                     help="with --model smol: the paper's comparison on SmolLM2 (docs/study/smol-paper/PLAN.md: five "
                          "methods x --seeds, default 12, into outputs/study_smol_paper)")
+    smol_comparison.add_argument("--loss", action="store_true", help="with --model smol: the loss comparison on "
+                                 "SmolLM2 (docs/study/smol-loss/PLAN.md: six arms x --seeds, default 12 from seed 101)")
     ap.add_argument("--val-problems", type=int, default=None,
                     help=f"with --model smol: held-out problems per validation (default {PILOT.sizes.val_problems}, all; "
                          "fewer are drawn by verl by data.seed, so each seed validates on its own subset)")
@@ -274,7 +279,8 @@ def _smol_grid(args) -> list:
     study = _comparison(args)
     steps = study.sizes.steps if args.steps is None else args.steps
     sizes = SmolSizes(steps=steps, test_freq=steps if args.test_freq is None else args.test_freq,
-                      val_problems=study.sizes.val_problems if args.val_problems is None else args.val_problems)
+                      val_problems=study.sizes.val_problems if args.val_problems is None else args.val_problems,
+                      val_n=study.sizes.val_n)
     return study.grid(args.seeds, sizes, None if args.methods == METHODS else args.methods)
 
 
@@ -334,9 +340,10 @@ def main(argv: list[str] | None = None) -> int:
 
     on_smol = args.model == "smol"
     # relative to the current folder, as every run folder a user names (rpg.paths.user)
-    if args.paper and not on_smol:
-        print("rpg.study: --paper: the paper's comparison runs on SmolLM2: add --model smol", file=sys.stderr)
-        return 2
+    for flag, on, what in (("--paper", args.paper, "the paper's"), ("--loss", args.loss, "the loss")):
+        if on and not on_smol:
+            print(f"rpg.study: {flag}: {what} comparison runs on SmolLM2: add --model smol", file=sys.stderr)
+            return 2
     if args.addendum and not args.lag:
         print("rpg.study: --addendum: the lag study's addendum: add --lag", file=sys.stderr)
         return 2

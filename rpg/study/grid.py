@@ -110,6 +110,8 @@ class RunSpec:
     lag: int | None = None  # separate-async, the lag study: the sampler's lag in weight versions; None: the staleness
     #                         study's one-batch prefetch (warm-up 1, threshold 2)
     model: str = "tiny"  # what a run trains: the tiny model and task, or SmolLM2 (``rpg.study.smol``)
+    rollout_seed: int | None = None  # SmolLM2: the rollout's seed; None: ROLLOUT_SEED (the run id does not hold it:
+    #                                  the overrides, the run's identity, do)
 
     @property
     def label(self) -> str:
@@ -370,16 +372,23 @@ class SmolSizes(Sizes):
 
 def smol_overrides(spec: RunSpec, assets) -> list[str]:
     """The study's overrides of a SmolLM2 run (after the method's and the rehearsal's; these win): the task at the
-    design's schedule, the learning rate by ``lr_scale``, no warm-up, the seeds, the names."""
+    design's schedule (responses per validation problem only where not the run's ``smol.VAL_N``), the learning rate
+    by ``lr_scale``, no warm-up, the seeds, the names."""
     s = spec.sizes
+    from rpg.override_lists import merge_overrides
+
+    task = smol.smol_task_overrides(assets, steps=s.steps, test_freq=s.test_freq)
+    if s.val_n != smol.VAL_N:  # in the task's place (the earlier designs' overrides, their identities, unchanged)
+        task = merge_overrides(task, [f"actor_rollout_ref.rollout.val_kwargs.n={s.val_n}"])
+    rollout_seed = ROLLOUT_SEED if spec.rollout_seed is None else spec.rollout_seed
     return [
-        *smol.smol_task_overrides(assets, steps=s.steps, test_freq=s.test_freq),
+        *task,
         f"trainer.val_before_train={s.val_before}",
         f"data.val_max_samples={s.val_problems}",
         f"{LR_KEY}={setting(spec.variant, LR_KEY) * lr_scale():g}",
         "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         f"data.seed={spec.seed}",
-        f"actor_rollout_ref.rollout.seed={ROLLOUT_SEED}",
+        f"actor_rollout_ref.rollout.seed={rollout_seed}",
         "trainer.project_name=rpg_study",
         f"trainer.experiment_name={spec.run_id}",
     ]

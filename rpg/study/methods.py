@@ -1,4 +1,5 @@
-"""The study's methods: a paper run (its experiment file) each, or one the study declares itself (``UNSHIPPED``);
+"""The study's methods: a paper run (its experiment file) each, or one the study declares itself (``UNSHIPPED``, and
+the loss comparison's arms, ``rpg.study.loss_arms``);
 the settings, clip and label the grid, the tables and the figures read of them."""
 
 from __future__ import annotations
@@ -27,12 +28,17 @@ UNSHIPPED_FILES = {"actor_rollout_ref.model.path": "Qwen/Qwen2.5-Math-7B",
 
 @functools.lru_cache(maxsize=None)
 def method_run(name: str) -> Experiment:
-    """A method's run: its experiment file (``ExperimentError`` naming the closest when none), or ``UNSHIPPED``."""
+    """A method's run: its experiment file (``ExperimentError`` naming the closest when none), ``UNSHIPPED``, or an
+    arm of the loss comparison (``rpg.study.loss_arms``)."""
     from rpg.launch import experiments
+    from rpg.override_lists import parse_overrides
+    from rpg.study.loss_arms import arm_overrides
 
+    if name in (arms := arm_overrides()):
+        label, overrides = arms[name]
+        settings = {**UNSHIPPED_FILES, **{p.key: p.value for p in parse_overrides(list(overrides[1:]))}}
+        return Experiment(name, None, settings, overrides, (f"{name}: {label} [the loss comparison's arm]",))
     if name in UNSHIPPED:
-        from rpg.override_lists import parse_overrides
-
         settings = {**UNSHIPPED_FILES, **{p.key: p.value for p in parse_overrides(list(UNSHIPPED[name][1:]))}}
         return Experiment(name, None, settings, UNSHIPPED[name], (f"{name}: RPG-REINFORCE-UFKL [not in the paper]",))
     return experiments.find(name)

@@ -16,6 +16,9 @@ per seed, and the plan's generated blocks; the lag study (``rpg.study.lag``) and
 from __future__ import annotations
 
 import csv
+import hashlib
+import itertools
+import json
 import math
 import re
 import statistics
@@ -69,6 +72,7 @@ class Design:
     # the commits that wrote the plan, oldest first: the declaration, then each change, every one after the first
     # named in the study's DEVIATIONS.md (tests/study/test_declared_plans.py holds git's history of the file to it)
     plan_commits: tuple[str, ...] = ()
+    first_seed: int = 1  # the seeds are first_seed .. first_seed + seeds - 1
 
     def deviations(self, chosen: dict[str, object]) -> list[tuple[str, object, object]]:
         """(option, chosen value, declared value) of each option ``chosen`` sets otherwise than the plan."""
@@ -113,7 +117,7 @@ class Design:
                 raise ValueError(f"{source}: run {bad['run_id']} has {col} {bad[col]}, not the declared {value} "
                                  f"({self.plan}), yet its design is {DECLARED}")
         runs = sorted((r["seed"], r["cell"]) for r in rows)
-        want = sorted((s, c) for s in range(1, self.seeds + 1) for c in self.cells)
+        want = sorted((s, c) for s in range(self.first_seed, self.first_seed + self.seeds) for c in self.cells)
         if runs != want:
             raise ValueError(f"{source}: {len(runs)} rows called {DECLARED}, not the {len(want)} runs the plan "
                              f"declares ({self.seeds} seeds x {len(self.cells)} cells, {self.plan}), each once")
@@ -125,6 +129,16 @@ class Design:
             return []
         return [f"**EXPLORATORY, not the declared design** of {self.plan}: {label.split(': ', 1)[1]}. Every p-value "
                 "below is descriptive: no test of the plan's hypotheses, no verdict.", ""]
+
+
+def holm_scope(names: list[str], families: tuple[int, ...] = ()) -> str:
+    """results.md's words for the correction: "Holm over the four", or "Holm within each family (L1-L3; F1-F3)"
+    for ``families`` (``test_family``)."""
+    if len(families) < 2:
+        return f"Holm over the {('two', 'three', 'four', 'five', 'six')[len(names) - 2]}"
+    ends = list(itertools.accumulate(families))
+    return "Holm within each family (" + "; ".join(f"{names[e - k]}-{names[e - 1]}"
+                                                   for e, k in zip(ends, families)) + ")"
 
 
 def evaluated_steps(steps: int, test_freq: int, before: bool = True) -> list[int]:
@@ -268,11 +282,13 @@ class Tested:
     two_sided: bool = False
 
 
-def test_family(rows: list[dict], family: list[tuple[Contrast, bool]], level_of=lambda n: 0.95) -> list[Tested]:
+def test_family(rows: list[dict], family: list[tuple[Contrast, bool]], level_of=lambda n: 0.95,
+                families: tuple[int, ...] = ()) -> list[Tested]:
     """A declared family of contrasts (each with whether its test is two-sided), tested on runs.csv's rows: each its
     exact sign-flip p (two-sided: min(1, 2 min(p(d), p(-d)))), its interval at ``level_of(its number of seeds)``, and
-    Holm over the family (a contrast with no seeds counts as p = 1 there and gets no adjusted p). What results.md
-    prints and docs/study.md's Readings quote (tests/study/test_study_readings.py compares them)."""
+    Holm over the family (a contrast with no seeds counts as p = 1 there and gets no adjusted p), or within each of
+    ``families`` (the sizes of consecutive families). What results.md prints and docs/study.md's Readings quote
+    (tests/study/test_study_readings.py compares them)."""
     out, ps = [], []
     for contrast, two_sided in family:
         n = len(test_contrast(rows, contrast).d)
@@ -282,13 +298,22 @@ def test_family(rows: list[dict], family: list[tuple[Contrast, bool]], level_of=
             min(1.0, 2 * min(r.p, stats.sign_flip_p([-x for x in r.d]))) if two_sided else r.p)
         out.append((r, p, level, two_sided))
         ps.append(p)
-    adjusted = stats.holm([1.0 if p is None else p for p in ps])
+    ends = list(itertools.accumulate(families or (len(ps),)))
+    adjusted = [a for e, k in zip(ends, families or (len(ps),))
+                for a in stats.holm([1.0 if p is None else p for p in ps[e - k:e]])]
     return [Tested(r, p, None if p is None else adj, level, two) for (r, p, level, two), adj in zip(out, adjusted)]
 
 
 # what each run ran on (``rpg.run_record``), as runs.csv records it; a CSV written before these columns reads them as
 # not recorded (None)
 RAN_ON_COLUMNS = ("model_sha256", "torch", "transformers", "verl", "kernels")
+
+
+def settings_digest(rec: dict) -> str | None:
+    """runs.csv's ``settings`` of a run's record: 12 hex digits of the sha256 of its identity (its settings wherever
+    its folders are, ``rpg.study.identity``); None for a record without one (a run not started)."""
+    ident = rec.get("identity")
+    return None if ident is None else hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def ran_on_columns(rec: dict) -> dict:

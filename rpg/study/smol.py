@@ -4,7 +4,9 @@ arithmetic task (``rpg.smol``, docs/smol.md) at the SmolLM2 run's sizes, each a 
 * ``PILOT``, docs/study/smol/PLAN.md: GRPO, RPG-UFKL and RPG-REINFORCE-UFKL with RPG-Style Clip, 3 seeds
   (``--model smol``);
 * ``rpg.study.smol_paper.PAPER``, docs/study/smol-paper/PLAN.md: five of the paper's methods, 12 seeds
-  (``--model smol --paper``).
+  (``--model smol --paper``);
+* ``rpg.study.smol_loss.LOSS``, docs/study/smol-loss/PLAN.md: six arms of one script differing in the loss (and the
+  filter), seeds 101-112 (``--model smol --loss``).
 
 A ``Comparison`` holds what its plan fixes (methods, cells, seeds, the run order's seed, sizes, budget, measured costs,
 contrasts) and gives the study's interface (``rpg.study.__main__``): ``grid``, ``DESIGN`` / ``chosen`` (what a grid
@@ -84,6 +86,9 @@ class Comparison:
     figure: str = "smol.png"
     out_name: str = "study_smol"  # the default --out under outputs/
     plan_commits: tuple[str, ...] = ()  # Design.plan_commits
+    first_seed: int = 1  # the seeds are first_seed .. first_seed + seeds - 1
+    rollout_seed_is_seed: bool = False  # each run's rollout seed: its block's seed, else ROLLOUT_SEED for every run
+    families: tuple[int, ...] = ()  # the contrasts' Holm families, as the sizes of consecutive runs; (): one family
 
     @property
     def plan(self) -> str:
@@ -100,19 +105,21 @@ class Comparison:
     @functools.cached_property
     def DESIGN(self) -> Design:  # noqa: N802 (the study interface's name, as rpg.study.lag.DESIGN)
         return Design(self.name, self.flag, self.plan, tuple(self.options(self.seeds, self.methods, self.sizes).items()),
-                      tuple(_columns(self.sizes).items()), self.seeds, self.cells, self.plan_commits)
+                      tuple(_columns(self.sizes).items()), self.seeds, self.cells, self.plan_commits,
+                      self.first_seed)
 
     SCHEMA = property(lambda self: SCHEMA)
 
     def chosen(self, specs: list[RunSpec]) -> dict[str, object]:
         """The design options of the grid ``specs`` (``DESIGN.options``' keys)."""
         names = {s.variant for s in specs}
-        return self.options(max(s.seed for s in specs), tuple(m for m in self.methods if m in names), specs[0].sizes)
+        return self.options(len({s.seed for s in specs}), tuple(m for m in self.methods if m in names),
+                            specs[0].sizes)
 
     def grid(self, seeds: int | None = None, sizes: SmolSizes | None = None, methods: tuple[str, ...] | None = None,
              order_seed: int | None = None) -> list[RunSpec]:
-        """Each method x seeds 1..seeds on SmolLM2, seed-major (a seed's methods share its prompts, ``data.seed``),
-        the methods of each seed in the order ``run_order_key`` draws from ``order_seed``."""
+        """Each method x ``seeds`` seeds from ``first_seed`` on SmolLM2, seed-major (a seed's methods share its
+        prompts, ``data.seed``), the methods of each seed in the order ``run_order_key`` draws from ``order_seed``."""
         seeds = self.seeds if seeds is None else seeds
         sizes, methods = sizes or self.sizes, self.methods if methods is None else methods
         order_seed = self.order_seed if order_seed is None else order_seed
@@ -125,16 +132,17 @@ class Comparison:
         for m in methods:
             method_run(m)
         sizes.check((UPDATES,))
-        return [RunSpec(m, UPDATES, seed, sizes, model="smol") for seed in range(1, seeds + 1)
+        return [RunSpec(m, UPDATES, seed, sizes, model="smol", rollout_seed=seed if self.rollout_seed_is_seed else None)
+                for seed in range(self.first_seed, self.first_seed + seeds)
                 for m in sorted(methods, key=lambda m: run_order_key(order_seed, seed, self.cell_of[m]))]
 
     def cost_model(self, val_problems: int | None = None) -> Costs:
         """The built-in costs of a run of this design, one at a time (every run has UPDATES updates per step: the
-        measured step holds them)."""
+        measured step holds them); a validation's time in proportion to its responses (problems x ``sizes.val_n``)."""
         c = self.costs
         problems = self.sizes.val_problems if val_problems is None else val_problems
         return Costs(startup_s=c.startup_s + c.shutdown_s, step_s=c.step_s, update_s=0.0,
-                     val_s=c.val_s_per_problem * problems, jobs=1,
+                     val_s=c.val_s_per_problem * problems * self.sizes.val_n, jobs=1,
                      method_step_s=tuple((m, c.method_step_s(m)) for m in self.methods), source=c.source)
 
     def csv_rows(self, out: Path, specs: list[RunSpec], records: list[dict], design: str = DECLARED) -> list[dict]:
@@ -146,7 +154,7 @@ class Comparison:
     def tested(self, rows: list[dict]) -> list[plan_and_results.Tested]:
         """The declared contrasts tested (each interval at the level its seeds allow, Holm over them): results.md's and
         the Reading's."""
-        return plan_and_results.test_family(rows, list(self.contrasts), interval_level)
+        return plan_and_results.test_family(rows, list(self.contrasts), interval_level, self.families)
 
     def render_tables(self, rows: list[dict], source: str = "runs.csv") -> str:
         return render_tables(self, rows, source)
@@ -238,7 +246,7 @@ def design_rows(study: Comparison, specs: list[RunSpec], val: str) -> list[str]:
     c = study.cost_model(specs[0].sizes.val_problems)
     lrs = ", ".join(f"{label_of(m)} {setting(m, LR_KEY) * lr_scale():g}" for m in study.methods)
     lines = ["| design | value |", "|---|---|",
-             f"| methods x seeds = runs | {len(study.methods)} x {max(s.seed for s in specs)} = {len(specs)} |",
+             f"| methods x seeds = runs | {len(study.methods)} x {len({s.seed for s in specs})} = {len(specs)} |",
              f"| learning rate (paper x {lr_scale():g}) | {lrs} |"]
     for m in study.methods:
         spec = next(s for s in specs if s.variant == m)
@@ -285,12 +293,13 @@ DIAGNOSTICS: tuple[tuple[str, str], ...] = (
     ("clipfrac", "actor/pg_clipfrac"), ("grad_norm", "actor/grad_norm"),
     ("refill_gen_batches", "training/rpg/refill_gen_batches"), ("step_s", "timing_s/step"))
 COLUMNS = ("run_id", "cell", "method", "lr", "seed", "order", "status", "primary", *(d[0] for d in DIAGNOSTICS),
-           "code", "threads", "load_start_1m", "load_end_1m", "cpu_count", "wall_time_s", "started", "design",
+           "code", "settings", "threads", "load_start_1m", "load_end_1m", "cpu_count", "wall_time_s", "started", "design",
            *_columns(SmolSizes()), *plan_and_results.RAN_ON_COLUMNS)
-# added after the pilot's runs: its runs.csv reads as the plan's design, threads and what it ran on not recorded in it
+# added after the pilot's runs: its runs.csv reads as the plan's design, threads, settings digest and what it ran on not
+# recorded in it
 SCHEMA = Schema(COLUMNS, ints=("seed", "order", "cpu_count", *_columns(SmolSizes())),
                 floats=("lr", "primary", *(d[0] for d in DIAGNOSTICS), "load_start_1m", "load_end_1m", "wall_time_s"),
-                added=(("threads", None), ("design", DECLARED), *PILOT.DESIGN.columns,
+                added=(("threads", None), ("settings", None), ("design", DECLARED), *PILOT.DESIGN.columns,
                        *((c, None) for c in plan_and_results.RAN_ON_COLUMNS)))
 
 
@@ -309,7 +318,8 @@ def csv_rows(study: Comparison, out: Path, specs: list[RunSpec], records: list[d
         load_start, load_end = rec.get("load_start") or [None], rec.get("load_end") or [None]
         row = {"run_id": spec.run_id, "cell": study.cell_of[spec.variant], "method": spec.variant,
                "lr": setting(spec.variant, LR_KEY) * lr_scale(), "seed": spec.seed, "order": order,
-               "status": rec.get("status", "todo"), "code": rec.get("code"), "load_start_1m": load_start[0],
+               "status": rec.get("status", "todo"), "code": rec.get("code"),
+               "settings": plan_and_results.settings_digest(rec), "load_start_1m": load_start[0],
                "load_end_1m": load_end[0], "cpu_count": rec.get("cpu_count"), "wall_time_s": rec.get("wall_time_s"),
                "started": rec.get("started"), "threads": rec.get("threads"), "design": design, **_columns(s),
                **plan_and_results.ran_on_columns(rec)}
@@ -375,9 +385,9 @@ def render_tables(study: Comparison, rows: list[dict], source: str = "runs.csv")
                    + " | ".join(fmt(mean_of([r[k] for r in ok]), ".3g") for k, _ in TABLE_STATS)
                    + f" | {fmt(mean_of(loads), '.2f')}, {fmt(max(loads) if loads else None, '.2f')} |")
     tested = study.tested(rows)  # each contrast's interval at the level its own seeds allow
-    n, family = len(seeds), ("two", "three", "four", "five", "six")[len(study.contrasts) - 2]
+    n, holm = len(seeds), plan_and_results.holm_scope([c.name for c, _ in study.contrasts], study.families)
     small = f"the smallest one-sided p is 1/{2 ** n}"
-    out += ["", f"## Declared contrasts (paired by seed; exact sign-flip tests; Holm over the {family}; "
+    out += ["", f"## Declared contrasts (paired by seed; exact sign-flip tests; {holm}; "
                 + (f"descriptive: with {n} seeds {small})" if 2.0 ** -n > 0.05 else f"with {n} seeds {small})"), "",
             "| contrast | claim | d_s | seeds | per seed | mean d_s [exact interval] | p | Holm p |",
             "|---|---|---|---|---|---|---|---|"]
@@ -402,9 +412,9 @@ def render_figure(study: Comparison, rows: list[dict], path: Path) -> Path:
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.4, 4.2))
-    ax = fig.subplots()
     methods = [m for m in study.methods if any(r["method"] == m for r in rows)]
+    fig = Figure(figsize=(max(6.4, 1.25 * len(methods)), 4.2))
+    ax = fig.subplots()
     done = {(r["method"], r["seed"]): r["primary"] for r in rows if r["status"] == "done" and r["primary"] is not None}
     for seed in sorted({r["seed"] for r in rows}):
         pts = [(i, done[(m, seed)]) for i, m in enumerate(methods) if (m, seed) in done]
@@ -413,8 +423,9 @@ def render_figure(study: Comparison, rows: list[dict], path: Path) -> Path:
     means = [(i, v) for i, v in means if v is not None]
     ax.plot([i for i, _ in means], [v for _, v in means], color="tab:blue", marker="D", markersize=8, linestyle="none",
             label="mean over seeds")
-    # two lines for the long names (RPG-REINFORCE-UFKL beside RPG-REINFORCE-URKL overlap on one)
-    ax.set_xticks(range(len(methods)), [label_of(m).replace("REINFORCE-", "REINFORCE-\n") for m in methods], fontsize=8)
+    # the long names on two or three lines (RPG-REINFORCE-UFKL beside RPG-REINFORCE-URKL overlap on one)
+    ax.set_xticks(range(len(methods)), [label_of(m).replace("REINFORCE-", "REINFORCE-\n").replace(", ", ",\n")
+                                        for m in methods], fontsize=8)
     ax.set_xlim(-0.5, len(methods) - 0.5)
     ax.set_ylim(0, max([0.5, *(v + 0.05 for v in done.values())]))
     ax.set_ylabel("held-out accuracy, last evaluation")

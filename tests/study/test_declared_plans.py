@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from rpg.study import lag, lag_addendum, smol, smol_paper
+from rpg.study import lag, lag_addendum, smol, smol_loss, smol_paper
 from rpg.study.plan_and_results import Design
 
 ROOT = Path(__file__).resolve().parents[2]
 DESIGNS = {"lag": lag.DESIGN, "lag-addendum": lag_addendum.DESIGN, "smol": smol.PILOT.DESIGN,
-           "smol-paper": smol_paper.PAPER.DESIGN}
+           "smol-paper": smol_paper.PAPER.DESIGN, "smol-loss": smol_loss.LOSS.DESIGN}
 
 
 def _git(root: Path, *args: str) -> str:

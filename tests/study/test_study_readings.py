@@ -12,6 +12,7 @@ import pytest
 
 from rpg.study.lag import ALPHA, LAG
 from rpg.study.lag_addendum import ADDENDUM
+from rpg.study.smol_loss import LOSS
 from rpg.study.smol_paper import PAPER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +23,7 @@ READINGS = {
     "## The lag study": (LAG, "docs/study/lag/runs.csv"),
     "## The lag addendum": (ADDENDUM, "docs/study/lag-addendum/runs.csv"),
     "## The paper's comparison on SmolLM2": (PAPER, "docs/study/smol-paper/runs.csv"),
+    "## The loss comparison on SmolLM2": (LOSS, "docs/study/smol-loss/runs.csv"),
 }
 NUMBER = r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
 # | H1 | claim | +0.205 [0.068, 0.343] | 0.0042 | 0.017 | supported |
@@ -84,3 +86,25 @@ def test_the_readings_check_is_one_that_can_fail():
     assert len(lag_rows) == len(LAG.hypotheses)  # the committed lag study's Reading is checked, not skipped
     line = lag_rows[0].group(0)
     assert ROW.match(line.replace("| 0.017 |", "| 0.018 |"))["holm"] == "0.018"
+
+
+# | H1 | 9 | 8 of 9 | +0.065 [0.022, 0.105] | 0.0059 | 0.023 |
+SEEDS_ROW = re.compile(rf"^\| (?P<name>H\d) \| (?P<n>\d+) \| (?P<up>\d+) of (?P=n) \| (?P<mean>{NUMBER}) "
+                       rf"\[(?P<lo>{NUMBER}), (?P<hi>{NUMBER})\] \| (?P<p>{NUMBER}) \| (?P<holm>{NUMBER}) \|$")
+
+
+def test_the_paper_comparison_without_the_pilots_seeds_is_the_codes():
+    """The Reading's seeds 4-12 table (H1-H4 on the seeds the pilot did not run) agrees with
+    ``rpg.study.smol_paper.without_pilot_seeds`` on the committed runs.csv, to the digits printed."""
+    from rpg.study.smol_paper import without_pilot_seeds
+
+    text = section(STUDY_MD.read_text(encoding="utf-8"), "## The paper's comparison on SmolLM2")
+    quoted = [m for line in text.splitlines() if (m := SEEDS_ROW.match(line))]
+    tested = without_pilot_seeds(PAPER.read_csv(ROOT / "docs/study/smol-paper/runs.csv"))
+    assert [m["name"] for m in quoted] == [t.result.contrast.name for t in tested]
+    for m, t in zip(quoted, tested):
+        lo, hi = t.result.ci
+        assert (int(m["n"]), int(m["up"])) == (len(t.result.d), sum(x > 0 for x in t.result.d)), m.group(0)
+        assert t.result.seeds == tuple(range(4, 13)) and t.level == 0.95
+        for key, value in (("mean", t.result.mean), ("lo", lo), ("hi", hi), ("p", t.p), ("holm", t.holm)):
+            assert agrees(m[key], value), (m["name"], key, m[key], value)
