@@ -209,6 +209,14 @@ def test_the_test_switches_hold_at_a_step_and_save_only_finished_groups(tmp_path
     monkeypatch.setenv(A.FINISHED_ENV, "1")
     saving._save_checkpoint()
     assert saving.calls == ["save", "save"] and len(polls) == 1  # once the running group finished
+    in_save = tmp_path / "in_save.json"
+    monkeypatch.setenv(A.SAVE_HOLD_ENV, f"2:{in_save}")
+    monkeypatch.delenv(A.FINISHED_ENV)
+    _Held("colocate_async", 1)._save_checkpoint()
+    assert not in_save.exists() and waits == [1]
+    saving = _Held("colocate_async", 2)
+    saving._save_checkpoint()  # verl's save first, then the hold
+    assert saving.calls == ["save"] and waits == [1, 1] and json.loads(in_save.read_text())["step"] == 2
 
 
 def _killed_save(root: Path, point: str) -> None:
