@@ -36,7 +36,7 @@ from rpg.stop_signals import StopSignal, raise_on_stop_signals
 from rpg.trainer_process.command import DEFAULT_ENTRY, build_command, entry_argv
 from rpg.trainer_process.metrics import fold_segments, history_notes, read_metrics
 from rpg.trainer_process.process import Monitor, pump_output
-from rpg.trainer_process.ray_temp import RayTempError, make_ray_temp
+from rpg.paths.ray_temp import RayTempError, make_ray_temp
 from rpg.trainer_process.reaping import cleanup, identities, terminate_group, unlink_left
 from rpg.trainer_process.result import TrainerRun, TrainerRunError
 from rpg.trainer_process.stop_with_launcher import command as tethered

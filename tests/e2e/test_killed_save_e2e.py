@@ -1,6 +1,6 @@
 """End to end: a colocate_async run killed inside a save, after verl's tracker named the step and before the recipe's
 lag book and marker, then resumed with ``trainer.resume_mode=auto`` (docs/verl-integration.md#resume); both launches
-under a TMPDIR of 60 bytes or more, where Ray's socket paths would not fit (rpg.trainer_process.ray_temp). Two
+under a TMPDIR of 60 bytes or more, where Ray's socket paths would not fit (rpg.paths.ray_temp). Two
 launches into one output folder, on the CPU backend with the tiny model, a checkpoint every 2 steps.
 
 Where the kill lands follows from the run: the trainer holds in step 4's save once verl's save returned
@@ -40,7 +40,7 @@ def _launch(tiny_assets, out: Path, resume: str, env: dict):
 
 def test_a_run_killed_inside_a_save_resumes_from_the_last_whole_checkpoint_under_a_long_tmpdir(
         tiny_assets, tmp_path, monkeypatch):
-    from rpg.trainer_process.ray_temp import fits
+    from rpg.paths.ray_temp import fits
     from rpg.verl.async_resume import SAVE_HOLD_ENV
     from rpg.verl.checkpoints import LAG_BOOK_FILE, MARKER, TRACKER, plan_resume, read_marker
 

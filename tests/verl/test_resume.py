@@ -642,7 +642,7 @@ def test_stop_signal_ends_every_process_of_the_run_with_one_line(tiny_assets, tm
     entry = _entry(tmp_path, "stubborn.py", body)
     out = tmp_path / "out"
     # the run's Ray temp dir lands here: a short folder (under pytest's long tmp_path Ray's socket paths would not
-    # fit, and the launcher would make it elsewhere: rpg.trainer_process.ray_temp)
+    # fit, and the launcher would make it elsewhere: rpg.paths.ray_temp)
     short = Path(tempfile.mkdtemp(prefix="rs"))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(short)}
     p = subprocess.Popen([sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), "--entry", entry,

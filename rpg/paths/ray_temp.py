@@ -6,6 +6,8 @@ the session name, the sockets folder; the names ``plasma_store``, ``raylet`` wit
 than 107 bytes (``ray._private.utils.validate_socket_filepath``: AF_UNIX's 108 with the closing NUL). A folder under a
 long ``TMPDIR`` (an HPC job's ``/scratch/slurm_job_12345678/tmp``) passes it: ``make_ray_temp`` then makes the run's
 folder under the first of ``SHORT_BASES`` where it fits, and says so; where none does, one line refuses before Ray.
+The driver refuses a private Ray's folder (``ray_kwargs.ray_init._temp_dir``, else Ray's default under ``RAY_TMPDIR``
+or ``TMPDIR``) that ``fits`` rejects (``rpg.verl.joined_cluster.ray_folder_problem``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ class RayTempError(Exception):
 def fits(folder: str) -> bool:
     """Whether Ray's longest socket path under ``folder`` stays within ``SOCKET_MAX`` bytes."""
     return len(os.fsencode(folder)) + RAY_TAIL <= SOCKET_MAX
+
+
+def default_folder(environ) -> tuple[str, str]:
+    """(the folder a Ray started without ``_temp_dir`` uses, what decides it): ``$RAY_TMPDIR/ray``, else
+    ``$TMPDIR/ray``, else ``/tmp/ray`` (``ray._common.utils.get_default_ray_temp_dir``)."""
+    for var in ("RAY_TMPDIR", "TMPDIR"):
+        if var in environ:
+            return os.path.join(environ[var], "ray"), var
+    return os.path.join("/tmp", "ray"), "Ray's default"
 
 
 def longest_base() -> int:

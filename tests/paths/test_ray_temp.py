@@ -1,4 +1,4 @@
-"""The run's private Ray folder is made where Ray's socket paths fit (``rpg.trainer_process.ray_temp``): under a long
+"""The run's private Ray folder is made where Ray's socket paths fit (``rpg.paths.ray_temp``): under a long
 TMPDIR Ray's own check (``validate_socket_filepath``) would stop the run after its processes started; the folder is
 made under a short one instead, with a note, or the run is refused in one line before anything starts."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from ray._private.utils import validate_socket_filepath
 
-from rpg.trainer_process import ray_temp
-from rpg.trainer_process.ray_temp import RayTempError, fits, longest_base, make_ray_temp
+from rpg.paths import ray_temp
+from rpg.paths.ray_temp import RayTempError, fits, longest_base, make_ray_temp
 
 # the longest socket path Ray 2.60 makes under its folder (ray/_private/node.py): the session of a process with the
 # largest pid Linux allows, the dashboard's longest module socket
