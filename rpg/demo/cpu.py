@@ -55,7 +55,7 @@ from rpg import run_record
 from rpg.backends.cpu import vllm_cpu
 from rpg.backends.cpu.env_overrides import prefix_tree_on
 from rpg.paths.checkout import CHECKOUT
-from rpg.paths.user import user_folder
+from rpg.paths.user import unwritable, user_folder
 from rpg.config import world_size_of
 from rpg.data.checks import override_problems
 from rpg.override_lists import OverrideSyntaxError, resume_command, values
@@ -242,6 +242,11 @@ def _main(argv: list[str] | None, stage: list[str]) -> int:
     args.timeout = model.timeout_s if args.timeout is None else args.timeout
     if args.out is not None:  # where the user is (rpg.paths.user): every line names it absolute
         args.out = user_folder(args.out)
+        if (why := unwritable(args.out)) is not None:  # before the assets and the trainer: one line, not a traceback
+            print(f"{prefix} OUT/--out {args.out}: cannot write the run's output there ({why}); choose a folder this "
+                  "user can write, or leave it unset (a new folder under the checkout's outputs/)", file=sys.stderr,
+                  flush=True)
+            return 2
     try:  # before the assets and the trainer: a typo is one line, not a traceback minutes later
         read_overrides(rest, ENV_VARS, COMMANDS[model.name])
         rollout = args.rollout or vllm_cpu.rollout_of()

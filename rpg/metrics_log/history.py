@@ -182,7 +182,7 @@ def validation_steps(metrics: Metrics) -> list[int]:
 
 
 def history_warnings(name: str | Path, metrics: Metrics, interval: int | None = None) -> list[str]:
-    """One line if the history does not start at step 0; one line listing the training steps without
+    """One line if the history starts after step 1 (steps 1 to it missing); one line listing the training steps without
     metrics (``TRAINING_STEP_KEY`` missing between the first step, at least 1, and the last training
     step); one line listing gaps in the validation steps.
 
@@ -195,7 +195,9 @@ def history_warnings(name: str | Path, metrics: Metrics, interval: int | None = 
     """
     out = []
     steps = [s for series in metrics.values() for s in series]
-    if steps and min(steps) != 0:
+    # a run logs step 0 only when it validates before training (trainer.val_before_train) and every training step
+    # from 1 on; a resumed run logs from its checkpoint's step: a log from step 1 on is a whole run
+    if steps and min(steps) > 1:
         first = min(steps)
         out.append(f"{name}: the log starts at step {first}, not 0: steps before {first} are missing (a resumed "
                    f"run whose earlier history was overwritten?); Best and curves cover steps >= {first} only")

@@ -22,3 +22,22 @@ def user_path(raw: str | Path, cwd: Path | None = None) -> str:
 def user_folder(raw: str | Path, cwd: Path | None = None) -> Path:
     """A folder the user names (``OUT``, ``OUT_DIR``, ``--out``), absolute (``user_path``)."""
     return Path(user_path(raw, cwd))
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why this user cannot make or write ``folder`` (None: it can): the folder, or the nearest folder above it that
+    exists, is not a folder, not writable or on a read-only file system. Nothing is created."""
+    import os
+
+    here = Path(folder)
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        return f"{here} is not a folder"
+    if not os.access(here, os.W_OK | os.X_OK):
+        try:
+            read_only = os.statvfs(here).f_flag & os.ST_RDONLY
+        except OSError:
+            read_only = False
+        return f"{here} is {'on a read-only file system' if read_only else 'not writable by this user'}"
+    return None

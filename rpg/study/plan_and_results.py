@@ -39,12 +39,15 @@ class CSVError(ValueError):
 class Schema:
     """A study's CSV columns: every one in ``columns`` (in order), the integer and float ones typed on reading, then
     a ``VAL_PREFIX<step>`` column per evaluated step. ``added``: (column, value) of the columns added after files
-    were written without them; such a file reads as it is, each of its rows with the value given here."""
+    were written without them; such a file reads as it is, each of its rows with the value given here. ``finite``: the
+    float columns that must hold a finite number (a run's primary metric is an accuracy: NaN or inf is a broken row,
+    which the tables' means and SDs cannot take)."""
 
     columns: tuple[str, ...]
     ints: tuple[str, ...]
     floats: tuple[str, ...]
     added: tuple[tuple[str, object], ...] = ()
+    finite: tuple[str, ...] = ("primary",)
 
 
 def _shown(value) -> str:
@@ -223,6 +226,8 @@ def read_csv(path: Path, schema: Schema) -> list[dict]:
                         row[key] = text
                 except ValueError:
                     raise CSVError(f"{path}:{line}: {key}={text!r} is not a number") from None
+                if key in schema.finite and row[key] is not None and not math.isfinite(row[key]):
+                    raise CSVError(f"{path}:{line}: {key}={text!r} is not a finite number")
             rows.append(row)
     return rows
 

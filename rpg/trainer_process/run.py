@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -37,6 +36,7 @@ from rpg.stop_signals import StopSignal, raise_on_stop_signals
 from rpg.trainer_process.command import DEFAULT_ENTRY, build_command, entry_argv
 from rpg.trainer_process.metrics import fold_segments, history_notes, read_metrics
 from rpg.trainer_process.process import Monitor, pump_output
+from rpg.paths.ray_temp import RayTempError, make_ray_temp
 from rpg.trainer_process.reaping import cleanup, identities, terminate_group, unlink_left
 from rpg.trainer_process.result import TrainerRun, TrainerRunError
 from rpg.trainer_process.stop_with_launcher import command as tethered
@@ -95,7 +95,13 @@ def run_trainer(
     out.mkdir(parents=True, exist_ok=True)
     metrics_file, log_file = out / METRICS_FILE, out / LOG_FILE
     base = {**os.environ, **(env or {})}
-    ray_tmp = tempfile.mkdtemp(prefix="rpgray")  # short: Ray's socket paths are length-limited
+    try:
+        ray_tmp, ray_tmp_note = make_ray_temp()  # where Ray's socket paths fit (their length is limited)
+    except RayTempError as e:  # refused before anything started: the launchers print its one line, exit code 2
+        run = TrainerRun(None, 0.0, out, log_file, metrics_file, [], cwd=Path(cwd or out).resolve(),
+                         overrides=list(overrides))
+        run.returncode, run.config_error = 2, str(e)
+        raise TrainerRunError(str(e), run) from None
     argv, run_env = build_command(
         [*overrides, "+ray_kwargs.ray_init._temp_dir=" + hydra_value(ray_tmp, "TMPDIR")], entry, extra_modules, base, backend
     )
@@ -113,6 +119,8 @@ def run_trainer(
     run_env.setdefault("VLLM_RPC_BASE_PATH", ray_tmp)
     run = TrainerRun(None, 0.0, out, log_file, metrics_file, argv, cwd=Path(cwd or out).resolve(),
                      overrides=run_overrides)
+    if ray_tmp_note is not None:
+        run.notes.append(ray_tmp_note)
     if stop is not None and stop.is_set():  # stopped before it started: start nothing
         shutil.rmtree(ray_tmp, ignore_errors=True)
         run.stopped = True

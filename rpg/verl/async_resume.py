@@ -26,7 +26,10 @@ where a run stops and what its checkpoint holds follow from the run, not from th
   about to wait on their generation, the previous step's checkpoint written) the trainer writes ``file`` and waits
   for ever: the test kills the driver then;
 * ``RPG_TEST_SAVE_FINISHED=1``: before each checkpoint the trainer waits until no prompt group is in flight, so that
-  every group dispatched before the save is kept across a resume (the HF rollout generates through the save).
+  every group dispatched before the save is kept across a resume (the HF rollout generates through the save);
+* ``RPG_TEST_HOLD_IN_SAVE=<step>:<file>`` (tests/e2e/test_killed_save_e2e.py): in that step's save, once verl's own
+  save has returned (its tracker names the step) and before the recipe's files and marker, the trainer writes ``file``
+  and waits for ever: the test kills the driver inside the save.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import transfer_queue as tq
 
 PARTITION = "train"
 IN_FLIGHT = ("pending", "running")
-HOLD_ENV, FINISHED_ENV = "RPG_TEST_HOLD_AT_GENERATION", "RPG_TEST_SAVE_FINISHED"
+HOLD_ENV, FINISHED_ENV, SAVE_HOLD_ENV = "RPG_TEST_HOLD_AT_GENERATION", "RPG_TEST_SAVE_FINISHED", "RPG_TEST_HOLD_IN_SAVE"
 
 
 @dataclass
@@ -80,14 +83,21 @@ def census(items: dict[str, dict]) -> QueueCensus:
     return out
 
 
-def hold_point(value: str) -> tuple[int, str] | None:
-    """``HOLD_ENV``'s ``<step>:<file>`` (None when unset)."""
+def hold_point(value: str, name: str = HOLD_ENV) -> tuple[int, str] | None:
+    """``HOLD_ENV``'s (or ``name``'s) ``<step>:<file>`` (None when unset)."""
     if not value.strip():
         return None
     step, sep, marker = value.partition(":")
     if not (sep and step.strip().isdigit() and int(step) > 0 and marker.strip()):
-        raise ValueError(f"{HOLD_ENV}={value!r}: expected <step>:<file>, step a positive integer")
+        raise ValueError(f"{name}={value!r}: expected <step>:<file>, step a positive integer")
     return int(step), marker.strip()
+
+
+def _hold(marker: str, step: int, where: str) -> None:
+    with open(marker, "w") as f:
+        json.dump({"step": step, "pid": os.getpid()}, f)
+    print(f"rpg: test switch: holding step {step} {where}", flush=True)
+    threading.Event().wait()  # until the test's kill ends the run
 
 
 def resume_line(folder: str, step: int, c: QueueCensus) -> str:
@@ -119,13 +129,14 @@ class AsyncResumeMixin:
         super().on_sample_begin()
         point = hold_point(os.environ.get(HOLD_ENV, ""))
         if point is not None and point[0] == self.global_steps and getattr(self, "local_trigger_step", 0) == 0:
-            with open(point[1], "w") as f:
-                json.dump({"step": self.global_steps, "pid": os.getpid()}, f)
-            print(f"rpg: {HOLD_ENV}: holding step {self.global_steps} before its sampling", flush=True)
-            threading.Event().wait()  # until the test's kill ends the run
+            _hold(point[1], self.global_steps, f"before its sampling ({HOLD_ENV})")
 
     def _save_checkpoint(self):
         if os.environ.get(FINISHED_ENV, "") == "1" and self.trainer_mode != "sync":
             while census((tq.kv_list(PARTITION) or {}).get(PARTITION, {})).in_flight:
                 time.sleep(0.2)  # a poll of the replay buffer: the rollout finishes the groups meanwhile
-        return super()._save_checkpoint()
+        result = super()._save_checkpoint()  # verl's: its tracker written last
+        point = hold_point(os.environ.get(SAVE_HOLD_ENV, ""), SAVE_HOLD_ENV)
+        if point is not None and point[0] == self.global_steps:
+            _hold(point[1], self.global_steps, f"inside its save, after verl's tracker ({SAVE_HOLD_ENV})")
+        return result

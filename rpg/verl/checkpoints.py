@@ -12,21 +12,17 @@ line (``ResumeError``, exit code 2).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 import os
 import re
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from rpg.config import RPGConfigError, config_value, declared_keys, recorded_keys
+from rpg.verl.checkpoint_marker import DIGEST, MARKER, digests, file_digest, manifest, write_marker  # noqa: F401 (the
+# marker's names, where the resume's users import them)
 
-logger = logging.getLogger(__name__)
-
-MARKER = "rpg_checkpoint_complete.json"
 # verl.utils.checkpoint.checkpoint_manager.get_checkpoint_tracker_filename's name (a test pins it): not
 # imported, because that module takes seconds and prints warnings, and the CPU launcher reads this
 # after a SIGHUP, when its stderr must hold one line
@@ -35,12 +31,11 @@ STEP_DIR = re.compile(r"global_step_(\d+)")
 # an asynchronous run's checkpoint also holds verl's TransferQueue state (the replay buffer: trainer_base.py:1000-1008)
 # and the recipe's lag book (rpg.verl.sample_order_and_lag.LagBook.state_dict)
 TQ_DIR, LAG_BOOK_FILE, ASYNC_MODES = "transfer_queue", "rpg_lag_book.json", ("colocate_async", "separate_async")
+# every file or folder the recipe writes into a checkpoint folder is named with this prefix (the marker, the lag book,
+# the step record, the reference state and shards; a test pins it): one of them without the marker is a save the
+# recipe began and did not finish
+RECIPE_PREFIX = "rpg_"
 RESUME_MODES = ("auto", "disable", "resume_path")  # verl 0.9.1 trainer_base: any other value fails after Ray
-# hashlib's SHA-256: the fastest stdlib digest on CPUs with SHA extensions (docs/verl-integration.md,
-# "Resume", gives the measured cost per GiB); files are read in 4 MiB blocks, several files at once
-# (hashlib releases the GIL while it hashes)
-DIGEST = "sha256"
-_BLOCK = 4 << 20
 ALLOW_CHANGED = next(k.path for k in declared_keys() if k.name == "allow_changed_settings")  # its config key
 # what a checkpoint records of the run besides the rpg: block's recorded keys (rpg.config.recorded_keys):
 # verl's keys that change the estimator: the advantage, verl's loss keys (rpg.loss.name=verl variants), the
@@ -105,66 +100,6 @@ def settings_changes(saved: dict, current: dict) -> list[str]:
 def unrecorded_keys(saved: dict, current: dict) -> list[str]:
     """The keys of ``current`` that a checkpoint's ``saved`` settings lack (written before they were recorded)."""
     return [k for k in current if k not in saved]
-
-
-# ----------------------------------------------------------------------------- writing
-
-
-def file_digest(path: str | os.PathLike) -> str:
-    """Hex ``DIGEST`` of the file's bytes."""
-    h = hashlib.new(DIGEST)
-    buf = bytearray(_BLOCK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
-
-
-def digests(paths: list[Path]) -> list[str]:
-    """``file_digest`` of each path, several files at once."""
-    if not paths:
-        return []
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(paths)))) as pool:
-        return list(pool.map(file_digest, paths))
-
-
-def _files(folder: Path) -> list[Path]:
-    return [p for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(MARKER)]
-
-
-def manifest(folder: str | os.PathLike, known: dict[str, dict] | None = None) -> dict[str, dict]:
-    """{relative path: {"size": bytes, DIGEST: hex}} of every file under ``folder`` except the marker.
-
-    ``known``: entries already computed where the files were written (each rank's,
-    ``rpg.verl.checkpoint_digests``): taken as they are, never read again here; listed even when this
-    process's listing misses them (a stale directory cache on shared storage). Only the other files are hashed.
-    A known entry whose size differs from what this process sees is kept (the writer's size) and logged."""
-    folder = Path(folder)
-    known = dict(known or {})
-    sizes = {str(p.relative_to(folder)): p.stat().st_size for p in _files(folder)}
-    for rel in sorted(set(known) & set(sizes)):
-        if known[rel].get("size") != sizes[rel]:
-            logger.warning(f"{folder / rel}: {sizes[rel]} bytes seen here, {known[rel].get('size')} where it was written "
-                           "(recorded as written; the resume's check compares both)")
-    todo = [rel for rel in sizes if rel not in known]
-    found = {rel: {"size": sizes[rel], DIGEST: d} for rel, d in zip(todo, digests([folder / rel for rel in todo]))}
-    return {**{rel: found.get(rel) or known[rel] for rel in sizes}, **{rel: e for rel, e in known.items() if rel not in sizes}}
-
-
-def write_marker(folder: str | os.PathLike, step: int, settings: dict | None = None,
-                 known: dict[str, dict] | None = None, last_step: int | None = None) -> Path:
-    """Declare ``folder`` complete: the marker (step, manifest with digests, the run's RPG settings, the run's
-    last training step when known: ``is_last_step``), written to a temporary name and renamed. Call it once the
-    save has returned (the files are whole). ``known``: digests computed where the files were written
-    (``manifest``)."""
-    folder = Path(folder)
-    tmp, final = folder / f"{MARKER}.tmp", folder / MARKER
-    record = {"global_step": step, "digest": DIGEST, "files": manifest(folder, known), "settings": settings,
-              "last_step": last_step}
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, final)
-    return final
 
 
 # ----------------------------------------------------------------------------- reading
@@ -235,6 +170,35 @@ def is_last_step(folder: str | os.PathLike | None) -> bool:
     return isinstance(last, int) and isinstance(record.get("global_step"), int) and record["global_step"] >= last
 
 
+def unfinished_save(folder: str | os.PathLike) -> str | None:
+    """Why ``folder``, which has no ``MARKER``, is a save of this recipe that did not finish (None: nothing says
+    so: verl's own trainer or an older run wrote it). verl writes its tracker as its own save ends, before the
+    recipe's files and the marker (``rpg.verl.trainer``): the tracker names a folder killed in between. Such a folder
+    holds a file of the recipe's (``RECIPE_PREFIX``) or sits beside a checkpoint with the marker (the recipe saved this run)."""
+    folder = Path(folder)
+    own = sorted(p.name for p in folder.iterdir() if p.name.startswith(RECIPE_PREFIX))
+    if own:
+        return (f"{folder}: incomplete (no {MARKER} beside the recipe's {', '.join(own)}: the save did not finish "
+                f"after verl's {TRACKER} named it)")
+    marked = next((p for _, p in step_dirs(folder.parent) if p != folder and (p / MARKER).is_file()), None)
+    if marked is not None:
+        return (f"{folder}: incomplete (no {MARKER}, which this run's {marked.name} has: the save did not finish "
+                f"after verl's {TRACKER} named it)")
+    return None
+
+
+def step_mismatch(folder: str | os.PathLike, record: dict) -> str | None:
+    """Why ``folder``'s name and its marker's step disagree (a renamed or copied folder: verl would resume the
+    name's step with the marker's weights); None when they agree or the name is not ``global_step_N``."""
+    folder = Path(folder)
+    m = STEP_DIR.fullmatch(folder.name)
+    saved = record.get("global_step")
+    if m is None or saved == int(m.group(1)):
+        return None
+    return (f"{folder}: its {MARKER} records step {saved}, its name says step {m.group(1)} (renamed or copied from "
+            f"global_step_{saved}?); verl would resume it as step {m.group(1)} with step {saved}'s weights")
+
+
 @dataclass(frozen=True)
 class Inspection:
     problem: str | None  # None: complete and intact (and verified when asked)
@@ -245,7 +209,8 @@ def inspect(folder: str | os.PathLike, tracked: bool = False, verify: bool = Tru
     """Is ``folder`` a complete, intact checkpoint (docs/verl-integration.md#resume)? ``verify``: also compare
     every file's digest with the marker's (reads every byte: ``file_digest``).
 
-    ``tracked``: verl's tracker names this folder (accepted without the marker).
+    ``tracked``: verl's tracker names this folder (accepted without the marker unless ``unfinished_save`` says the
+    recipe's save of it did not finish). A marker whose step is not the folder's is refused (``step_mismatch``).
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -255,6 +220,8 @@ def inspect(folder: str | os.PathLike, tracked: bool = False, verify: bool = Tru
     except ValueError as e:
         return Inspection(str(e))
     note = None
+    if record is not None and (why := step_mismatch(folder, record)) is not None:
+        return Inspection(why)
     if record is not None:
         files = record["files"]
         for rel, entry in files.items():
@@ -268,6 +235,8 @@ def inspect(folder: str | os.PathLike, tracked: bool = False, verify: bool = Tru
             note = f"{folder / MARKER} records no {DIGEST} digests (written before they were): sizes checked only"
     elif not tracked:
         return Inspection(f"{folder}: incomplete (no {MARKER}: the save did not finish)")
+    elif (why := unfinished_save(folder)) is not None:
+        return Inspection(why)
     else:
         note = f"{folder} has no {MARKER} (verl's own trainer, or an older run): its contents are not verified"
     if not (folder / "actor").is_dir():
@@ -381,9 +350,22 @@ def async_problem(folder: str | os.PathLike, trainer_mode: str | None) -> str | 
                                     (LAG_BOOK_FILE, folder / LAG_BOOK_FILE)) if not p.is_file()]
     if trainer_mode not in ASYNC_MODES or not missing:
         return None
-    return (f"{folder} has no {' and no '.join(missing)} (a sync run's checkpoint, or one saved before the recipe "
-            f"kept them): trainer.v1.trainer_mode={trainer_mode} cannot take back the replay buffer and the samples' "
+    why = ("a sync run's checkpoint, or one saved before the recipe kept them" if (folder / MARKER).is_file() else
+           f"no {MARKER} either: verl's own trainer's checkpoint, or a save that did not finish")
+    return (f"{folder} has no {' and no '.join(missing)} ({why}): trainer.v1.trainer_mode={trainer_mode} cannot take back the replay buffer and the samples' "
             "lag from it; set trainer.resume_mode=disable (another trainer.default_local_dir) to train from step 0")
+
+
+def dropped_buffer_note(folder: str | os.PathLike, trainer_mode: str | None) -> str | None:
+    """The warning when a sync run resumes an asynchronous run's checkpoint (``rpg.resume.allow_changed_settings``):
+    verl loads its replay buffer in the asynchronous modes only (``trainer_base.py:900-908``), so the finished prompt
+    groups in it, generated and not trained, whose prompts the saved data order has passed, are not trained."""
+    folder = Path(folder)
+    if trainer_mode != "sync" or not (folder / TQ_DIR / "metadata.json").is_file():
+        return None
+    return (f"warning: trainer.v1.trainer_mode={trainer_mode} does not load the replay buffer of {folder / TQ_DIR}: "
+            "its finished prompt groups (generated, not yet trained) are dropped and their prompts, which the saved data "
+            "order has passed, are not trained in this run")
 
 
 def _join(*parts: str | None) -> str:
@@ -410,7 +392,8 @@ def plan_resume(mode: str, default_local_dir: str, resume_from_path: str | None 
             raise ResumeError(why)
         return ResumePlan(str(folder), _join(f"resuming from {folder}", found.note,
                                              _settings_note(folder, settings, allow_changed),
-                                             _world_size_note(folder, world_size, strategy)))
+                                             _world_size_note(folder, world_size, strategy),
+                                             dropped_buffer_note(folder, trainer_mode)))
     root = _absolute(str(default_local_dir))
     tracked = tracker_step(root)
     order, ignored = _auto_order(root, tracked)
@@ -434,7 +417,8 @@ def plan_resume(mode: str, default_local_dir: str, resume_from_path: str | None 
             return ResumePlan(str(p), _join(f"resuming from {p}: {why}",
                                             f"skipped: {'; '.join(skipped)}" if skipped else None, ignored_line,
                                             found.note, _settings_note(p, settings, allow_changed),
-                                            _world_size_note(p, world_size, strategy)))
+                                            _world_size_note(p, world_size, strategy),
+                                            dropped_buffer_note(p, trainer_mode)))
         skipped.append(found.problem)
     tracker_note = f" ({TRACKER} names step {tracked})" if tracked is not None else ""
     raise ResumeError(f"trainer.resume_mode=auto: no complete checkpoint in {root}{tracker_note}, but training "

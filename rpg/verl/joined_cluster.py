@@ -9,7 +9,8 @@ writes into ``trainer.default_local_dir``, read back on each node) and ``rpg.ver
 line, exit 2. A node lost mid-run: verl's TaskRunner may wait for it forever (its replay buffer polls for groups
 that no live worker finishes), so ``NodeWatch`` stops the TaskRunner when a lost node held part of the run; the
 driver then sees one of Ray's ``LOST`` errors, ``ClusterRun.lost_reason`` names the nodes gone, and the driver prints
-its stop line instead of a traceback.
+its stop line instead of a traceback. A driver that starts a private cluster instead (``joined_cluster`` False) checks
+its Ray folder before Ray (``ray_folder_problem``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,26 @@ def joined_cluster(config: DictConfig, environ=None) -> bool:
     ``ray_kwargs.ray_init.address``) rather than starting a private one (one node, its own resources)."""
     environ = os.environ if environ is None else environ
     return bool(environ.get("RAY_ADDRESS", "").strip() or OmegaConf.select(config, "ray_kwargs.ray_init.address"))
+
+
+def ray_folder_problem(cfg, environ=None) -> str | None:
+    """One line when the private Ray this driver starts would name a socket path past its limit under its folder
+    (``ray_kwargs.ray_init._temp_dir``, else Ray's default: ``rpg.paths.ray_temp``): Ray stops after its processes
+    started, with a traceback. None for a cluster this driver joins (its folder is the cluster's)."""
+    from rpg.paths.ray_temp import SOCKET_MAX, RAY_TAIL, default_folder, fits
+
+    environ = os.environ if environ is None else environ
+    if joined_cluster(cfg, environ):
+        return None
+    folder, source = OmegaConf.select(cfg, "ray_kwargs.ray_init._temp_dir"), "ray_kwargs.ray_init._temp_dir"
+    if not folder:
+        folder, source = default_folder(environ)
+    if fits(str(folder)):
+        return None
+    return (f"{source}: Ray's folder {folder} is {len(os.fsencode(str(folder)))} bytes, and its socket paths under it "
+            f"would pass {SOCKET_MAX} bytes; set RAY_TMPDIR to a folder of at most {SOCKET_MAX - RAY_TAIL - len('/ray')} "
+            "bytes, or +ray_kwargs.ray_init._temp_dir to one of at most "
+            f"{SOCKET_MAX - RAY_TAIL} (the CPU launchers make one themselves)")
 
 
 def alive_nodes() -> list[dict]:

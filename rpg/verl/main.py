@@ -126,7 +126,8 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
     ``check_paths=False``: the caller reports missing paths itself (``rpg.launch`` under DRY_RUN=1
     or before a Ray submission, where the files live on the cluster); the resume checkpoint is
     then not resolved either (``rpg.verl.input_paths.resolve_resume``). ``check_node=False``: the
-    same for this node's checks (the backend's ``check_driver``, ``rpg.backends``; under DRY_RUN=1 its
+    same for this node's checks (Ray's folder under its TMPDIR, ``ray_folder_problem``; the backend's ``check_driver``,
+    ``rpg.backends``; under DRY_RUN=1 its
     ``config_problems`` are refused, its ``node_problems`` are warnings).
     """
     auto_set_device(config)
@@ -135,6 +136,10 @@ def prepare_config(config: DictConfig, *, check_paths: bool = True, check_node: 
     if check_paths:  # the run's own inputs first: they are wrong on every node
         check_input_paths(config)
     if check_node:
+        from rpg.verl.joined_cluster import ray_folder_problem
+
+        if (line := ray_folder_problem(config)) is not None:  # this node's TMPDIR: Ray's socket paths past their limit
+            raise RPGConfigError(line)
         # this run's backend: CUDA, GPUs, driver, vLLM, flash-attn (gpu); vLLM's CPU build, the world size (cpu)
         if (name := backend_of_run(config)) is not None:
             backend(name).check_driver(config, settings)

@@ -197,12 +197,15 @@ class RunOrderMixin:
 
     def _save_checkpoint(self):
         """verl's save, then the lag book beside it (``LAG_BOOK_FILE``; before the completion marker, which
-        ``rpg.verl.trainer`` writes after this returns, so its digest is checked like every file's)."""
+        ``rpg.verl.trainer`` writes after this returns, so its digest is checked like every file's), written to a
+        temporary name and renamed: a save killed meanwhile leaves no partial book under its name."""
         result = super()._save_checkpoint()
         folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         if os.path.isdir(folder) and self._lag_book is not None:  # None: a trainer that never published weights
-            with open(os.path.join(folder, LAG_BOOK_FILE), "w") as f:
+            final = os.path.join(folder, LAG_BOOK_FILE)
+            with open(final + ".tmp", "w") as f:
                 json.dump(self._lag_book.state_dict(), f)
+            os.replace(final + ".tmp", final)
         return result
 
     def step(self, metrics: dict, timing_raw: dict):

@@ -114,6 +114,22 @@ def test_history_warnings_start_and_gaps():
         "Best covers the logged steps only"]
 
 
+def test_a_fresh_run_without_validation_before_training_is_not_taken_for_a_resumed_one():
+    """trainer.val_before_train=False: the history starts at training step 1, whole; no line says that a resumed run
+    overwrote it. A history from step 2 on lacks step 1: that line still speaks."""
+    from rpg.metrics_log.history import TRAINING_STEP_KEY
+
+    def metrics(logs):
+        return {k: {s: d[k] for s, d in logs.items() if k in d} for k in {k for d in logs.values() for k in d}}
+
+    fresh = {s: {TRAINING_STEP_KEY: float(s), **({AIME: 0.5} if s % 10 == 0 else {})} for s in range(1, 31)}
+    assert history_warnings("r", metrics(fresh), interval=10) == []
+    assert history_warnings("r", metrics(fresh)) == []
+    late = {s: d for s, d in fresh.items() if s >= 2}
+    assert [w for w in history_warnings("r", metrics(late), interval=10) if "starts at step 2" in w and
+            "resumed run" in w] != []
+
+
 def test_report_tables_warns_on_a_truncated_wandb_history(tmp_path, capsys):
     """The checks apply to every log format (here a W&B export of the resumed part only)."""
     csv = write_wandb_csv(tmp_path / "r.csv", {s: d for s, d in _logs(range(0, 401, 10), last=400).items() if s >= 100})

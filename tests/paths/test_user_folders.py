@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipe" / "rpg" / "tiny" / "run_tiny_cpu.sh"
 GPU = ROOT / "recipe" / "rpg" / "tiny" / "run_tiny_gpu.sh"
@@ -103,3 +105,32 @@ def test_the_study_takes_its_folders_from_the_callers_folder(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     assert main(["--render-only", "--out", "my study"]) == 2
     assert f"no study in --out {tmp_path / 'my study'} (no {tmp_path / 'my study' / 'runs'})" in capsys.readouterr().err
+
+
+def _demo(out: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), "--steps", "2"]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_the_demo_refuses_an_output_folder_it_cannot_write_in_one_line(tmp_path):
+    """OUT under a file, and OUT on a read-only file system (a read-only tmpfs mounted in a mount namespace of its
+    own: root writes through permissions, not through a read-only mount): exit code 2 and one line naming the folder,
+    before the assets and the trainer, instead of a traceback."""
+    blocker = tmp_path / "a file"
+    blocker.write_text("x")
+    done = _demo(blocker / "run")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(blocker / "run") in lines[0] and f"{blocker} is not a folder" in lines[0], lines
+    if os.geteuid() != 0 or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("a read-only mount needs root and unshare -m")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    cmd = [sys.executable, "-m", "rpg.demo.cpu", "--out", str(ro / "run"), "--steps", "2"]
+    done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro tmpfs {shlex.quote(str(ro))} && exec "
+                           + shlex.join(cmd)], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(ro / "run") in lines[0] and f"{ro} is on a read-only file system" in lines[0], lines

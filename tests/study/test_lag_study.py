@@ -291,6 +291,22 @@ def test_a_bad_csv_is_one_line_naming_file_and_line(tmp_path, edit, why):
     assert str(err.value).startswith(str(path)) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_primary_that_is_not_finite_is_one_line_naming_file_row_and_column(tmp_path, value):
+    """A NaN or inf primary metric (an edited or broken runs.csv): reading, and rendering the report, stop on one line
+    naming the file, its line and the column, not on a traceback from the SDs."""
+    import csv
+
+    path = L.write_csv(tmp_path / "runs.csv", _rows({}, seeds=2))
+    table = list(csv.reader(path.read_text().splitlines()))
+    table[3][table[0].index("primary")] = value
+    path.write_text("\n".join(",".join(r) for r in table) + "\n")
+    for read in (lambda: L.read_csv(path), lambda: L.render(path, tmp_path / "report")):
+        with pytest.raises(L.CSVError) as err:
+            read()
+        assert str(err.value) == f"{path}:4: primary={value!r} is not a finite number"
+
+
 def test_writing_the_csv_never_drops_a_finished_run(tmp_path):
     path = L.write_csv(tmp_path / "runs.csv", _rows({}, seeds=2))
     fewer = [dict(r, status="todo") if r["seed"] == 2 else r for r in _rows({}, seeds=2)]

@@ -32,6 +32,7 @@ STAGE_FILE_SECONDS = {
     # resume_e2e
     "tests/e2e/test_async_kill_resume_e2e.py": 399, "tests/e2e/test_async_resume_e2e.py": 320,
     "tests/e2e/test_verl_reference_resume_e2e.py": 140, "tests/e2e/test_resume_e2e.py": 123,
+    "tests/e2e/test_killed_save_e2e.py": 223,  # measured alone (2026-11-28), at a load of 4-6
     # gpu_kit (the kit's build: its downloads and xz) and repro
     "tests/gpu_kit/test_gpu_kit_stage.py": 345, "tests/gpu_kit/test_vllm_parts_stage.py": 68,
     "tests/e2e/test_repro_e2e.py": 131,

@@ -6,6 +6,7 @@ checkpoint without them. The whole path, run: tests/e2e/test_async_resume_e2e.py
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -208,3 +209,70 @@ def test_the_test_switches_hold_at_a_step_and_save_only_finished_groups(tmp_path
     monkeypatch.setenv(A.FINISHED_ENV, "1")
     saving._save_checkpoint()
     assert saving.calls == ["save", "save"] and len(polls) == 1  # once the running group finished
+    in_save = tmp_path / "in_save.json"
+    monkeypatch.setenv(A.SAVE_HOLD_ENV, f"2:{in_save}")
+    monkeypatch.delenv(A.FINISHED_ENV)
+    _Held("colocate_async", 1)._save_checkpoint()
+    assert not in_save.exists() and waits == [1]
+    saving = _Held("colocate_async", 2)
+    saving._save_checkpoint()  # verl's save first, then the hold
+    assert saving.calls == ["save"] and waits == [1, 1] and json.loads(in_save.read_text())["step"] == 2
+
+
+def _killed_save(root: Path, point: str) -> None:
+    """Run tests/support/killed_save.py (the recipe's real save, step 2 whole, step 4 held at ``point``) and SIGKILL
+    it there: ``root`` holds what such a kill leaves."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    support = Path(__file__).resolve().parents[1] / "support"
+    ready = root.parent / f"{point}.ready"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(support), str(Path(__file__).parent),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(support / "killed_save.py"), str(root), point, str(ready)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 300
+        while not ready.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert ready.exists(), proc.communicate(timeout=30)[0].decode()[-3000:] if proc.poll() is not None else "not held"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("point", ["before_book", "mid_book"])
+def test_a_save_killed_after_verls_tracker_resumes_from_the_last_whole_checkpoint(point, tmp_path, monkeypatch, capsys):
+    """Killed inside step 4's save after verl's tracker names it, before the lag book (``before_book``) or halfway
+    through it (``mid_book``): the driver, before Ray, names global_step_4 incomplete and pins global_step_2 (whole,
+    its marker verified) in verl's own trainer.resume_from_path; never a refusal to train from step 0 over it, never a
+    partial lag book under its name."""
+    import rpg.backends.gpu.backend
+    import rpg.verl.main
+    from test_resume import _cfg, _prepare
+
+    from rpg.verl.checkpoints import MARKER, TRACKER
+
+    root = tmp_path / "ckpt"
+    _killed_save(root, point)
+    newest, whole = root / "global_step_4", root / "global_step_2"
+    assert (root / TRACKER).read_text() == "4" and not (newest / MARKER).exists() and (whole / MARKER).is_file()
+    assert (newest / TQ_DIR / "metadata.json").is_file() and (newest / "data.pt").is_file()  # verl's save ended
+    if (newest / LAG_BOOK_FILE).exists():  # a book under its name is whole
+        assert LagBook.from_state(json.loads((newest / LAG_BOOK_FILE).read_text()), 4).updates == 4
+    for mode in ("colocate_async", "separate_async", "sync"):
+        plan = plan_resume("auto", str(root), trainer_mode=mode)
+        assert plan.folder == str(whole), plan
+        assert f"{newest}: incomplete" in plan.note and "\n" not in plan.note
+    monkeypatch.setattr(rpg.verl.main, "check_verl_config", lambda *args, **kwargs: None)
+    monkeypatch.setattr(rpg.backends.gpu.backend, "check_driver", lambda *args, **kwargs: None)
+    cfg = _cfg(tmp_path, "trainer.v1.trainer_mode=colocate_async", "actor_rollout_ref.rollout.calculate_log_probs=true",
+               "rpg.resume.allow_changed_settings=true")  # the stand-in trainer's config records no settings
+    _prepare(cfg)
+    assert (cfg.trainer.resume_mode, cfg.trainer.resume_from_path) == ("resume_path", str(whole))
+    note = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
+    assert len(note) == 1 and f"{newest}: incomplete" in note[0], note

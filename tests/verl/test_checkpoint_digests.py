@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rpg.verl import checkpoints
+from rpg.verl import checkpoint_marker, checkpoints
 from rpg.verl.checkpoint_digests import join_reports, rank_entries, rank_files
 from rpg.verl.checkpoints import MARKER, checkpoint_problem, manifest, plan_resume, write_marker
 
@@ -52,8 +52,8 @@ def test_with_the_ranks_reports_the_trainer_reads_only_the_files_it_wrote(tmp_pa
     d = _two_rank_checkpoint(tmp_path)
     known = join_reports([rank_entries(d, 0, 2), rank_entries(d, 1, 2)])
     hashed = []
-    real = checkpoints.file_digest
-    monkeypatch.setattr(checkpoints, "file_digest", lambda p: hashed.append(Path(p).relative_to(d).as_posix()) or real(p))
+    real = checkpoint_marker.file_digest
+    monkeypatch.setattr(checkpoint_marker, "file_digest", lambda p: hashed.append(Path(p).relative_to(d).as_posix()) or real(p))
     write_marker(d, 3, None, known=known)
     assert sorted(hashed) == ["data.pt", "rpg_reference.json"]
 
@@ -77,8 +77,8 @@ def test_the_trainers_save_asks_the_ranks_and_hashes_no_shard_itself(tmp_path, m
             finally:
                 where[0] = "trainer"
 
-    real = checkpoints.file_digest
-    monkeypatch.setattr(checkpoints, "file_digest", lambda p: hashed.append((where[0], Path(p).name)) or real(p))
+    real = checkpoint_marker.file_digest
+    monkeypatch.setattr(checkpoint_marker, "file_digest", lambda p: hashed.append((where[0], Path(p).name)) or real(p))
     t = _saving_trainer(tmp_path, keep=None)
     t.actor_rollout_wg = Ranks()
     t.global_steps = 3  # periodic K=3 resets at 3: no reference shards; at 2 they are saved

@@ -172,3 +172,32 @@ def test_dry_run_and_the_tiny_demo_refuse_an_empty_model_folder_before_anything_
     assert capsys.readouterr().err.splitlines() == [
         f"[tiny] actor_rollout_ref.model.path={empty}: the folder has {NO_WEIGHTS} and no config.json and no "
         "tokenizer.json or tokenizer_config.json (a Hugging Face model folder: config.json, weights, tokenizer)"]
+
+
+# ----------------------------------------------------------------------------- Ray's folder of a private cluster
+
+
+def test_a_private_rays_folder_too_long_for_its_sockets_is_refused_before_ray(files, tmp_path, monkeypatch):
+    """main_rpg.py started by hand under a long TMPDIR (no launcher to make Ray's folder): Ray's default folder
+    $TMPDIR/ray would stop the run after its processes started, on a socket path past 107 bytes. The driver's
+    prepare_config refuses it before Ray in one line naming TMPDIR and the folder; a short RAY_TMPDIR or a joined
+    cluster passes."""
+    from rpg.config import RPGConfigError
+    from rpg.verl.joined_cluster import ray_folder_problem
+    from rpg.verl.main import prepare_config
+
+    long = tmp_path / ("t" * max(1, 60 - len(str(tmp_path)) - 1))
+    long.mkdir()
+    cfg = _cfg(files)
+    line = ray_folder_problem(cfg, {"TMPDIR": str(long)})
+    assert line.startswith(f"TMPDIR: Ray's folder {long / 'ray'} is ") and "\n" not in line, line
+    assert ray_folder_problem(cfg, {"TMPDIR": str(long), "RAY_TMPDIR": "/"}) is None  # Ray's rule: RAY_TMPDIR first
+    assert ray_folder_problem(cfg, {"TMPDIR": str(long), "RAY_ADDRESS": "10.0.0.1:6379"}) is None  # the cluster's
+    assert ray_folder_problem(_cfg(files, f"+ray_kwargs.ray_init._temp_dir={long}"), {}).startswith(
+        "ray_kwargs.ray_init._temp_dir: ")
+    for var in ("RAY_TMPDIR", "RAY_ADDRESS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TMPDIR", str(long))
+    with pytest.raises(RPGConfigError) as err:
+        prepare_config(_cfg(files, f"trainer.default_local_dir={tmp_path / 'c'}"))
+    assert str(err.value) == line

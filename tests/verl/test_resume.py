@@ -19,10 +19,12 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -639,12 +641,15 @@ def test_stop_signal_ends_every_process_of_the_run_with_one_line(tiny_assets, tm
         "start_new_session=True", "start_new_session=False")
     entry = _entry(tmp_path, "stubborn.py", body)
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}  # the run's Ray temp dir lands here
+    # the run's Ray temp dir lands here: a short folder (under pytest's long tmp_path Ray's socket paths would not
+    # fit, and the launcher would make it elsewhere: rpg.paths.ray_temp)
+    short = Path(tempfile.mkdtemp(prefix="rs"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(short)}
     p = subprocess.Popen([sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), "--entry", entry,
                           "--steps", "2", "--echo"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     _, stderr = _Lines(p.stdout), _Lines(p.stderr)  # both drained (--echo fills stdout)
-    log, marker = out / "trainer.log", str(tmp_path / "rpgray")
+    log, marker = out / "trainer.log", str(short / "rpgray")
     try:
         _wait_until(lambda: p.poll() is not None or (log.exists() and "ready" in log.read_text(errors="replace")),
                     "the stand-in trainer's 'ready'")
@@ -663,6 +668,7 @@ def test_stop_signal_ends_every_process_of_the_run_with_one_line(tiny_assets, tm
         for pid in _run_marker_procs(marker, p.pid):
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()
+        shutil.rmtree(short, ignore_errors=True)
     text = "".join(stderr.lines)
     assert p.returncode == 128 + signum, text[-2000:]
     lines = stderr.after(before)
@@ -1010,3 +1016,73 @@ def test_a_stopped_cpu_launch_prints_a_resume_command_that_runs_the_same_launch(
                           "CPU_TIMEOUT=900"], words
     assert words[8:] == ["bash", str(ROOT / "recipe/rpg/7b/run_rpg_7b_ufkl1e-4.sh"), "trainer.save_freq=1",
                          "trainer.resume_mode=auto"], words
+
+
+def test_a_renamed_checkpoint_is_refused_naming_both_steps(tmp_path):
+    """global_step_2 renamed global_step_4: verl would resume it as step 4 with step 2's weights. Its marker's step
+    is compared with the folder's name: refused in one line naming the folder and both steps, by resume_path and
+    by auto."""
+    root = tmp_path / "ckpt"
+    _ckpt(root, 2)
+    (root / "global_step_2").rename(root / "global_step_4")
+    (root / TRACKER).write_text("4")
+    renamed = root / "global_step_4"
+    for args in (("resume_path", str(root), str(renamed)), ("auto", str(root))):
+        with pytest.raises(ResumeError) as err:
+            plan_resume(*args)
+        line = str(err.value)
+        assert "\n" not in line and f"{renamed}: its {MARKER} records step 2, its name says step 4" in line, line
+    _ckpt(root, 1)  # an older whole one: auto takes it and names the renamed folder
+    plan = plan_resume("auto", str(root))
+    assert plan.folder == str(root / "global_step_1") and "records step 2, its name says step 4" in plan.note
+
+
+def test_every_file_the_recipe_writes_into_a_checkpoint_carries_its_prefix(tmp_path):
+    """A file of the recipe's without the marker is a save that did not finish (rpg.verl.checkpoints.unfinished_save):
+    each one the recipe writes is named with RECIPE_PREFIX; a folder verl's tracker names that holds one, or sits
+    beside a marked checkpoint, is incomplete, while verl's own trainer's checkpoint (neither) is accepted."""
+    from rpg.metrics_log.history import STEP_RECORD
+    from rpg.verl.checkpoint_digests import REFERENCE_DIR
+    from rpg.verl.checkpoints import LAG_BOOK_FILE, RECIPE_PREFIX
+    from rpg.verl.trainer import REFERENCE_STATE_FILE
+
+    for name in (MARKER, LAG_BOOK_FILE, STEP_RECORD, REFERENCE_DIR, REFERENCE_STATE_FILE):
+        assert name.startswith(RECIPE_PREFIX), name
+    verls = _ckpt(tmp_path / "verl", 2, marker=False, tracker=True)
+    assert plan_resume("auto", str(tmp_path / "verl")).folder == str(verls)  # noted: not verified
+    (verls / STEP_RECORD).write_text("{}")
+    with pytest.raises(ResumeError, match=f"global_step_2: incomplete .no {MARKER} beside the recipe's {STEP_RECORD}"):
+        plan_resume("auto", str(tmp_path / "verl"))
+    root = tmp_path / "ckpt"
+    _ckpt(root, 2)
+    _ckpt(root, 4, marker=False, tracker=True)
+    plan = plan_resume("auto", str(root))
+    assert plan.folder == str(root / "global_step_2")
+    assert f"global_step_4: incomplete (no {MARKER}, which this run's global_step_2 has" in plan.note
+
+
+def test_an_async_checkpoint_resumed_as_sync_says_its_replay_buffer_is_dropped(tmp_path, capsys):
+    """rpg.resume.allow_changed_settings=true lets a sync run continue a colocate_async checkpoint; verl does not load
+    the replay buffer in sync mode, so the resume line says, once, that its finished groups are dropped (and names the
+    folder); a sync checkpoint, or an asynchronous resume, says nothing of it."""
+    from rpg.verl.checkpoints import TQ_DIR, recorded_settings
+
+    root = tmp_path / "ckpt"
+    d = _ckpt(root, 2, tracker=True)
+    saved = recorded_settings(_applied_cfg(tmp_path))
+    write_marker(d, 2, {**saved, "trainer.v1.trainer_mode": "colocate_async"})
+    capsys.readouterr()
+    _prepare(_cfg(tmp_path, "rpg.resume.allow_changed_settings=true"))
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
+    assert len(line) == 1 and "dropped" not in line[0]  # no replay buffer saved
+    (d / TQ_DIR).mkdir()
+    (d / TQ_DIR / "metadata.json").write_text("{}")
+    write_marker(d, 2, {**saved, "trainer.v1.trainer_mode": "colocate_async"})
+    _prepare(_cfg(tmp_path, "rpg.resume.allow_changed_settings=true"))
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
+    assert len(line) == 1 and line[0].count("dropped") == 1, line
+    assert (f"warning: trainer.v1.trainer_mode=sync does not load the replay buffer of {d / TQ_DIR}: its finished "
+            "prompt groups") in line[0]
+    (d / "rpg_lag_book.json").write_text('{"updates": 0, "at_version": {"2": 0}}')
+    write_marker(d, 2, {**saved, "trainer.v1.trainer_mode": "colocate_async"})
+    assert plan_resume("auto", str(root), trainer_mode="colocate_async").note.count("dropped") == 0
