@@ -56,6 +56,9 @@ MACHINE = re.compile(r"(^|/)(timing_s|timing_per_token_ms|perf)/")
 META = ("made", "command", "env")  # a reference's fields that say how it was made, not what was computed
 CROSS_CPU_RTOL = 1e-4
 SHOWN = 5  # differences named in the failure line
+# a reference's fields in the order the run computes them, so the failure line names a cause before its effects
+# (responses that moved move every metric after them)
+CAUSAL = ("weights_sha256", "val_before", "responses", "metrics")
 
 
 def reference_file(model: str) -> Path:
@@ -127,7 +130,10 @@ def differences(observed, reference, rtol: float = 0.0, path: str = "") -> list[
     ``rtol``), one short phrase each, named by its path (``metrics 1 actor/grad_norm``)."""
     if isinstance(observed, dict) and isinstance(reference, dict):
         found = []
-        for key in sorted(set(observed) | set(reference), key=lambda k: (len(k), k) if k.isdigit() else (0, k)):
+        def order(k):
+            return (len(k), k) if k.isdigit() else (CAUSAL.index(k) if path == "" and k in CAUSAL else len(CAUSAL), k)
+
+        for key in sorted(set(observed) | set(reference), key=order):
             if path == "" and key in META:
                 continue
             where = f"{path} {key}".strip()

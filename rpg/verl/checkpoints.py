@@ -195,6 +195,8 @@ def step_mismatch(folder: str | os.PathLike, record: dict) -> str | None:
     saved = record.get("global_step")
     if m is None or saved == int(m.group(1)):
         return None
+    if saved is None:  # every marker the recipe writes records its step
+        return f"{folder}: its {MARKER} records no step (not one this recipe wrote), its name says step {m.group(1)}"
     return (f"{folder}: its {MARKER} records step {saved}, its name says step {m.group(1)} (renamed or copied from "
             f"global_step_{saved}?); verl would resume it as step {m.group(1)} with step {saved}'s weights")
 

@@ -115,8 +115,16 @@ def test_paths_reach_hydra_as_the_same_strings(tmp_path, monkeypatch):
     got = values(gpu_smoke.smoke_overrides(assets, args, first=False, ckpt=odd / "ckpt"))
     assert got["trainer.default_local_dir"] == str(odd / "ckpt")
     assert got["trainer.resume_from_path"] == str(odd / "ckpt" / "global_step_2")
-    monkeypatch.setattr("tempfile.tempdir", str(odd))
-    odd.mkdir(parents=True, exist_ok=True)
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from rpg.paths.ray_temp import SHORT_BASES
+
+    # the Ray folder's parent: as odd, and short enough for Ray's socket paths (under pytest's long tmp_path the
+    # run's folder would be made elsewhere: rpg.paths.ray_temp)
+    short = Path(tempfile.mkdtemp(prefix=", =", dir=SHORT_BASES[0]))  # 16 bytes: rpg.paths.ray_temp.longest_base
+    monkeypatch.setattr("tempfile.tempdir", str(short))
     seen = {}
 
     def capture(overrides, *a, **k):
@@ -124,9 +132,12 @@ def test_paths_reach_hydra_as_the_same_strings(tmp_path, monkeypatch):
         raise RuntimeError("captured")
 
     monkeypatch.setattr("rpg.trainer_process.run.build_command", capture)
-    with pytest.raises(RuntimeError, match="captured"):
-        run_trainer([], output_dir=tmp_path / "out", entry="x.py", timeout_s=1)
-    assert seen["ray_kwargs.ray_init._temp_dir"].startswith(str(odd / "rpgray")), seen
+    try:
+        with pytest.raises(RuntimeError, match="captured"):
+            run_trainer([], output_dir=tmp_path / "out", entry="x.py", timeout_s=1)
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert seen["ray_kwargs.ray_init._temp_dir"].startswith(str(short / "rpgray")), seen
 
 
 def test_demo_progress_shows_ratio_range_kl_and_clip_fraction():

@@ -140,7 +140,7 @@ def _complete(folder: Path, step: int) -> Path:
     (d / "actor").mkdir(parents=True)
     with zipfile.ZipFile(d / "data.pt", "w") as z:
         z.writestr("x", "y")
-    (d / MARKER).write_text(json.dumps({"files": {}}))
+    (d / MARKER).write_text(json.dumps({"global_step": step, "files": {}}))
     return d
 
 
@@ -384,7 +384,7 @@ d = Path({str(ck)!r}) / "global_step_1"
 (d / "actor").mkdir(parents=True)
 with zipfile.ZipFile(d / "data.pt", "w") as z:
     z.writestr("x", "y")
-(d / {MARKER!r}).write_text(json.dumps({{"files": {{}}}}))
+(d / {MARKER!r}).write_text(json.dumps({{"global_step": 1, "files": {{}}}}))
 time.sleep(60)
 sys.exit(1)
 """)
