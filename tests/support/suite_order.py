@@ -29,6 +29,7 @@ STAGE_FILE_SECONDS = {
     "tests/e2e/test_smol_e2e.py": 668, "tests/benchmarks/test_bench_trainer_modes.py": 224,
     "tests/benchmarks/test_bench_async.py": 137, "tests/benchmarks/test_bench_trainer.py": 112,
     "tests/benchmarks/test_bench_world_size.py": 108, "tests/benchmarks/test_bench_cpu_speed.py": 79,
+    "tests/smol/test_smol_reference.py": 230,  # SmolLM2's first step twice and its build: measured 2026-11-28, load 3-8
     # resume_e2e
     "tests/e2e/test_async_kill_resume_e2e.py": 399, "tests/e2e/test_async_resume_e2e.py": 320,
     "tests/e2e/test_verl_reference_resume_e2e.py": 140, "tests/e2e/test_resume_e2e.py": 123,
