@@ -4,12 +4,13 @@ resume."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from rpg.run_record import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -18,18 +19,11 @@ MARKER = "rpg_checkpoint_complete.json"
 # "Resume", gives the measured cost per GiB); files are read in 4 MiB blocks, several files at once
 # (hashlib releases the GIL while it hashes)
 DIGEST = "sha256"
-_BLOCK = 4 << 20
 
 
 def file_digest(path: str | os.PathLike) -> str:
-    """Hex ``DIGEST`` of the file's bytes."""
-    h = hashlib.new(DIGEST)
-    buf = bytearray(_BLOCK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
+    """Hex ``DIGEST`` of the file's bytes (``rpg.run_record.file_sha256``: 4 MiB blocks)."""
+    return file_sha256(path)
 
 
 def digests(paths: list[Path]) -> list[str]:

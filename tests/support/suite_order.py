@@ -11,7 +11,8 @@ SLOW_FILES_FIRST = (
     "tests/math/test_losses_compiled.py", "tests/launch/test_launch_overrides.py", "tests/verl/test_driver_rules.py",
     "tests/backends/test_cpu_platform.py", "tests/backends/test_gpu_preflight.py", "tests/verl/test_verl_config.py",
     "tests/trainer_process/test_trainer_process.py", "tests/launch/test_launch_experiments.py",
-    "tests/study/test_smol_paper.py",
+    "tests/study/test_smol_paper.py", "tests/study/test_smol_loss.py", "tests/gpu_kit/test_gpu_kit_stall.py",
+    "tests/gpu_kit/test_gpu_kit_folders.py",
 )
 
 # The CI stages' files of trainer launches and other long runs, with the seconds each took (the sum of its tests'
