@@ -128,15 +128,37 @@ class _StageTally:
     session, so `.ci/run` can run several stages in one session (longest files first across all of them) and still
     fail when one of them ran nothing, as a session of one stage does (pytest's exit code 5)."""
 
-    def __init__(self, marks: list[str]):
+    def __init__(self, marks: list[str], terminal):
         self.tests = {mark: set() for mark in marks}
         self.seconds = dict.fromkeys(marks, 0.0)
+        self.terminal = terminal
+        self.test_seconds: dict[str, float] = {}
+        self.failed: set[str] = set()
 
     def pytest_runtest_logreport(self, report):
         for mark in self.tests:
             if mark in report.keywords:
                 self.tests[mark].add(report.nodeid)
                 self.seconds[mark] += report.duration
+        self._said_at_once(report)
+
+    def _said_at_once(self, report):
+        """Each test's outcome and seconds as it ends, a failure's report as it comes: a session of trainer launches
+        that is stopped from outside (CI's time limit) still shows what failed and where the time went."""
+        if self.terminal is None:
+            return
+        total = self.test_seconds[report.nodeid] = self.test_seconds.get(report.nodeid, 0.0) + report.duration
+        if report.failed or report.when == "teardown":
+            self.terminal.ensure_newline()
+        if report.failed:
+            self.failed.add(report.nodeid)
+            lines = report.longreprtext.splitlines()
+            self.terminal.write_line(f"[stage] {report.nodeid} failed in its {report.when} after {total:.0f} s:",
+                                     red=True)
+            self.terminal.write_line("\n".join(lines[-40:]))
+        if report.when == "teardown":
+            outcome = "FAILED" if report.nodeid in self.failed else "done"
+            self.terminal.write_line(f"[stage] {outcome} {report.nodeid} ({total:.0f} s)")
 
     def empty(self) -> list[str]:
         return [mark for mark, ids in self.tests.items() if not ids]
@@ -161,7 +183,8 @@ def pytest_sessionstart(session):
     config = session.config
     on = [mark for mark in STAGES if _stage_on(config, mark)]
     if on and not hasattr(config, "workerinput"):  # an xdist worker's reports reach the controller
-        config.pluginmanager.register(_StageTally(on), "rpg-stage-tally")
+        config.pluginmanager.register(_StageTally(on, config.pluginmanager.get_plugin("terminalreporter")),
+                                      "rpg-stage-tally")
 
 
 def pytest_collection_modifyitems(config, items):

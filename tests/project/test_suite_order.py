@@ -73,3 +73,5 @@ def test_several_stages_in_one_session_each_is_tallied_and_one_that_ran_no_test_
     assert re.search(r"the distributed stage \(--distributed\): 1 tests, \d+ test-seconds", text), text[-3000:]
     assert "the repro stage (--repro): 0 tests, 0 test-seconds" in text, text[-3000:]
     assert "the repro stage was asked for (--repro) and ran no test" in text, text[-3000:]
+    # each stage test's end is said as it comes, with its seconds (a session stopped from outside still shows them)
+    assert re.search(rf"\[stage\] done {re.escape(target)} \(\d+ s\)", text), text[-3000:]
