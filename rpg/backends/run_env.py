@@ -34,6 +34,10 @@ RUN_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "RAY_USAGE_STATS_ENABLED": "0",
     "HYDRA_FULL_ERROR": "1",
+    # No Python workers started ahead of the first driver: Ray starts one per logical CPU of the run's cluster
+    # (``--num_prestart_python_workers``, ray/_private/services.py), each importing Ray, and verl's actors, whose
+    # runtime environment differs, never take them; each run then starts only the workers it uses.
+    "RAY_prestart_worker_first_driver": "0",
 }
 
 
