@@ -21,6 +21,11 @@ from rpg.override_lists import hydra_value
 
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"  # verl/__init__.py imports the modules it lists, in every process
 
+# No Python workers started ahead of the first driver: Ray starts one per logical CPU of the cluster
+# (``--num_prestart_python_workers``, ray/_private/services.py), each importing Ray, and verl's actors, whose
+# runtime environment differs, never take them; each run then starts only the workers it uses.
+NO_PRESTART_ENV = {"RAY_prestart_worker_first_driver": "0"}
+
 # Every local run of the trainer (the CPU backend, and the GPU smoke run of rpg.demo.gpu_smoke).
 RUN_ENV = {
     # Ray's single-machine mode: with ENABLE_RAY_CLUSTER off, ``ray._private.services.get_node_ip_address``
@@ -34,10 +39,7 @@ RUN_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "RAY_USAGE_STATS_ENABLED": "0",
     "HYDRA_FULL_ERROR": "1",
-    # No Python workers started ahead of the first driver: Ray starts one per logical CPU of the run's cluster
-    # (``--num_prestart_python_workers``, ray/_private/services.py), each importing Ray, and verl's actors, whose
-    # runtime environment differs, never take them; each run then starts only the workers it uses.
-    "RAY_prestart_worker_first_driver": "0",
+    **NO_PRESTART_ENV,
 }
 
 

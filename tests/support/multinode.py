@@ -71,9 +71,10 @@ class LoopbackCluster:
                and k not in ("DRY_RUN", "NNODES", "N_GPUS_PER_NODE", "CKPTS_DIR", "OUT_DIR")}
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token), PYTHON=sys.executable,
                    PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", RAY_USAGE_STATS_ENABLED="0")
-        # as a local run's Ray (rpg.backends.run_env.RUN_ENV): no idle workers started ahead of the first driver,
-        # NODE_CPUS of them per node, each importing Ray, on the 2 cores every node of the cluster shares
-        env.update(RAY_prestart_worker_first_driver="0")
+        # as a local run's Ray: no idle workers started ahead of the first driver (NODE_CPUS of them per node)
+        from rpg.backends.run_env import NO_PRESTART_ENV
+
+        env.update(NO_PRESTART_ENV)
         env.update(extra)
         return env
 
