@@ -25,7 +25,7 @@ DAPO_OVERLONG = ["reward.reward_manager.name=dapo", f"{OVERLONG}.enable=true"]
 ONE_PER_RANK = [f"{R}.n=1", f"{A}.ppo_mini_batch_size=1", f"{A}.ppo_micro_batch_size_per_gpu=1",
                 f"{R}.log_prob_micro_batch_size_per_gpu=1", f"{F}.log_prob_micro_batch_size_per_gpu=1"]
 # rule (where verl would meet the value), the bad value on the composed sync run, the key our line names, and what
-# verl's own checks before Ray do with it (None: accept it)
+# verl's own checks before Ray do with it (None: accept it); use_kl_loss=true: verl builds the reference's dataclass
 KEPT = [
     ("unread grad_clip (silently unread)", [f"{A}.grad_clip=0.5"], f"{A}.grad_clip", None),
     ("unknown logger (Tracking, TaskRunner)", ["trainer.logger=[console,tensorbord]"], "trainer.logger", None),
@@ -48,7 +48,7 @@ KEPT = [
      f"{A}.ppo_micro_batch_size_per_gpu", None),
     ("rollout log-prob micro-batch divides", [f"{R}.log_prob_micro_batch_size_per_gpu=5"],
      f"{R}.log_prob_micro_batch_size_per_gpu", None),
-    ("ref log-prob micro-batch divides", [f"{F}.log_prob_micro_batch_size_per_gpu=5"],
+    ("ref log-prob micro-batch divides", [f"{A}.use_kl_loss=true", f"{F}.log_prob_micro_batch_size_per_gpu=5"],
      f"{F}.log_prob_micro_batch_size_per_gpu", None),
     ("micro-batch size < 1 (engine worker)", [f"{A}.ppo_micro_batch_size_per_gpu=0"],
      f"{A}.ppo_micro_batch_size_per_gpu", None),
