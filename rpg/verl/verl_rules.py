@@ -1,13 +1,18 @@
 """verl 0.9.1's numeric and divisibility rules, applied in the driver before Ray (``rpg.verl.main``).
 
-Values that verl's ``validate_config`` lets through fail in a worker a minute after Ray started (a NaN learning
-rate, a mini-batch the workers cannot split), or run silently wrong (no step, a batch padded with empty sequences);
+Each rule guards a value that verl's own checks let through before Ray: ``validate_config``, which verl's
+``main_ppo`` runs before ``ray.init`` (it builds the actor's and critic's config dataclasses), and the config
+dataclasses its TaskRunner and workers build after Ray (``worker_dataclasses``, built in the driver by
+``check_verl_config``). Such a value fails in a worker a minute after Ray started (a NaN learning rate, a mini-batch
+the workers cannot split), or runs silently wrong (no step, a batch padded with empty sequences);
 ``check_verl_rules`` refuses each with ONE line naming the key, its value and what is allowed (exit 2, ``DRY_RUN=1``
-too), each rule citing the verl or torch line it restates. Sizes: a step trains on ``data.train_batch_size`` prompts
-x ``rollout.n`` responses in mini-batches of ``actor.ppo_mini_batch_size`` x ``rollout.n``
-(``trainer/ppo/v1/trainer_base.py:1829-1830``), each divided over ``n_gpus / ulysses_sequence_parallel_size``
-data-parallel ranks (``workers/engine/fsdp/transformer_impl.py:651-652``) and into micro-batches of
-``ppo_micro_batch_size_per_gpu`` unless ``use_dynamic_bsz`` (``workers/engine/utils.py:123-128``).
+too), each rule citing the verl or torch line it restates. What verl's checks refuse themselves is left to them
+(``check_verl_config`` prints their refusal as one line): tests/verl/test_verl_rules_needed.py holds both sides.
+Sizes: a step trains on ``data.train_batch_size`` prompts x ``rollout.n`` responses in mini-batches of
+``actor.ppo_mini_batch_size`` x ``rollout.n`` (``trainer/ppo/v1/trainer_base.py:1829-1830``), each divided over
+``n_gpus / ulysses_sequence_parallel_size`` data-parallel ranks (``workers/engine/fsdp/transformer_impl.py:651-652``)
+and into micro-batches of ``ppo_micro_batch_size_per_gpu`` unless ``use_dynamic_bsz``
+(``workers/engine/utils.py:123-128``).
 """
 
 from __future__ import annotations
@@ -99,12 +104,12 @@ OFF_POLICY_STRATEGIES = ("drop", "wait")  # verl/trainer/ppo/v1/replay_buffer.py
 FILTER = "algorithm.filter_groups"
 
 
-def check_v1_trainer(cfg) -> None:
+def check_v1_trainer(cfg, batch: int) -> None:
     """verl's v1 trainer and its replay buffer (``trainer_base._build_replay_buffer``: built in every mode, sync too),
     each rule one that verl asserts after Ray, in the TaskRunner or a worker, 30-50 s into a run. A custom sampler
-    (``trainer.v1.sampler.custom_sampler``) is the user's own class: its arguments are left to it."""
+    (``trainer.v1.sampler.custom_sampler``) is the user's own class: its arguments are left to it. ``batch``:
+    ``data.train_batch_size``, an integer >= 1."""
     mode = config_value(cfg, "trainer.v1.trainer_mode", "sync")
-    batch = _positive_int(cfg, "data.train_batch_size")
     custom = config_value(cfg, f"{SAMPLER}.custom_sampler.path") and config_value(cfg, f"{SAMPLER}.custom_sampler.name")
     dapo = bool(config_value(cfg, f"{FILTER}.enable", False))
     if not custom:
@@ -291,11 +296,10 @@ def check_verl_rules(cfg) -> None:
     batch = _positive_int(cfg, "data.train_batch_size")
     mini = _positive_int(cfg, f"{A}.ppo_mini_batch_size")
     _positive_int(cfg, f"{A}.ppo_epochs")
-    # verl/workers/config/actor.py:225 (applied there only without use_dynamic_bsz, but dynamic batch sizes
-    # change only the micro-batches): a step holds at least one mini-batch. Not a multiple: verl's v1
-    # trainer pads every batch with empty sequences up to one (trainer_base.py:582 -> :1619-1621), so the
-    # last mini-batch of each step would be trained partly on padding.
-    if batch < mini or batch % mini:
+    # Not a multiple: verl's v1 trainer pads every batch with empty sequences up to one (trainer_base.py:582 ->
+    # :1619-1621), so the last mini-batch of each step would be trained partly on padding. (verl's ActorConfig.validate,
+    # verl/workers/config/actor.py:225, refuses only batch < mini, and only without use_dynamic_bsz.)
+    if batch % mini:
         _fail("data.train_batch_size", batch, f"a multiple of {A}.ppo_mini_batch_size={mini} (each step is split "
               "into whole mini-batches)")
     # verl/trainer/ppo/v1/trainer_base.py:819 builds a resource pool of [n_gpus_per_node] * nnodes ranks
@@ -307,7 +311,7 @@ def check_verl_rules(cfg) -> None:
     if (mini * n) % dp:
         _fail(f"{A}.ppo_mini_batch_size", mini, f"a value whose mini-batch of {mini} x rollout.n={n} responses "
               f"divides over the {dp} data-parallel ranks (n_gpus {n_gpus} / Ulysses size {sp})")
-    check_v1_trainer(cfg)
+    check_v1_trainer(cfg, batch)
     check_hybrid_rollout(cfg)
     check_engine_worker_batches(cfg)
     check_overlong_buffer(cfg)
