@@ -56,10 +56,10 @@ def test_the_tiny_scripts_run_in_the_callers_folder(tmp_path):
 
 def test_the_demo_writes_where_the_user_said_and_its_resume_command_works_from_anywhere(tmp_path, monkeypatch,
                                                                                        capsys):
-    """Before: the resume command of a demo stopped by a signal was ``python -m rpg.demo.cpu --out 'my run' ...``
+    """Before: the resume command of a demo stopped by a signal was ``python -m rpg_lab.demo.cpu --out 'my run' ...``
     with a relative --out and no cd (pasted elsewhere: a fresh run at step 0), and each stop of a resumed run
     added another trainer.resume_mode=auto."""
-    import rpg.demo.cpu as demo
+    import rpg_lab.demo.cpu as demo
     from rpg import trainer_process as harness
 
     seen = {}
@@ -86,7 +86,7 @@ def test_the_demo_writes_where_the_user_said_and_its_resume_command_works_from_a
         assert f"full log: {out / 'trainer.log'}" in cap.out
         resume = cap.err.split("; resume: ", 1)[1].strip()
         assert shlex.split(resume) == ["cd", str(here), "&&", "RPG_TINY_CACHE=" + str(tmp_path / "cache"),
-                                       sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), "--steps", "3",
+                                       sys.executable, "-m", "rpg_lab.demo.cpu", "--out", str(out), "--steps", "3",
                                        "trainer.save_freq=1", "trainer.resume_mode=auto"], resume
 
 
@@ -100,7 +100,7 @@ def test_the_drivers_resume_command_goes_back_to_its_folder(tmp_path, monkeypatc
 
 
 def test_the_study_takes_its_folders_from_the_callers_folder(tmp_path, monkeypatch, capsys):
-    from rpg.study.__main__ import main
+    from rpg_lab.study.__main__ import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["--render-only", "--out", "my study"]) == 2
@@ -108,7 +108,7 @@ def test_the_study_takes_its_folders_from_the_callers_folder(tmp_path, monkeypat
 
 
 def _demo(out: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), "--steps", "2"]
+    cmd = [sys.executable, "-m", "rpg_lab.demo.cpu", "--out", str(out), "--steps", "2"]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -127,7 +127,7 @@ def test_the_demo_refuses_an_output_folder_it_cannot_write_in_one_line(tmp_path)
         pytest.skip("a read-only mount needs root and unshare -m")
     ro = tmp_path / "ro"
     ro.mkdir()
-    cmd = [sys.executable, "-m", "rpg.demo.cpu", "--out", str(ro / "run"), "--steps", "2"]
+    cmd = [sys.executable, "-m", "rpg_lab.demo.cpu", "--out", str(ro / "run"), "--steps", "2"]
     done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro tmpfs {shlex.quote(str(ro))} && exec "
                            + shlex.join(cmd)], cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
