@@ -10,7 +10,9 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from rpg_lab import LAB_DIR
@@ -39,27 +41,51 @@ def source_path(checkout: Path) -> list[str]:
     return [str(checkout), str(checkout / LAB_DIR)]
 
 
-def report(result: dict, path: Path | None, program: str) -> int:
-    """A check's result as JSON (on stdout, and in ``path`` when given), each problem one line on stderr; exit 1 when
-    there is any."""
-    if path:
-        path.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
-    for line in result["problems"]:
-        print(f"{program}: {line}", file=sys.stderr)
-    return 1 if result["problems"] else 0
+# pip, offline, for what the kit carries: no index, no dependencies (each build resolves its wheels as a whole), no
+# bytecode compiled on the node
+PIP_INSTALL = ["-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
+               "--disable-pip-version-check"]
 
 
-def conclude(result: dict, path: Path | None, program: str) -> int:
-    """An install's result: as JSON in ``path`` when given, each problem one line on stderr, its summary line on
-    stdout; exit 1 when there is any problem."""
+def say(prefix: str, text: str) -> None:
+    """One progress line of a kit program, flushed at once (a device call's output is read as it comes)."""
+    print(f"{prefix} {text}", flush=True)
+
+
+def conclude(result: dict, path: Path | None, program: str, whole: bool = False) -> int:
+    """A check's or an install's result: as JSON in ``path`` when given, each problem one line on stderr; on stdout
+    the whole result as JSON (``whole``: a check's) or its summary line (an install's); exit 1 when there is any
+    problem."""
     if path:
         path.write_text(json.dumps(result, indent=1) + "\n")
+    if whole:
+        print(json.dumps(result, indent=1))
     for line in result["problems"]:
         print(f"{program}: {line}", file=sys.stderr)
-    if "line" in result:
+    if not whole and "line" in result:
         print(f"{program}: {result['line']}")
     return 1 if result["problems"] else 0
+
+
+def merge_tree(src: Path, dst: Path) -> None:
+    """Move every file of ``src`` to the same place under ``dst`` (folders merged, files replaced)."""
+    for folder, _, files in os.walk(src):
+        target = dst / Path(folder).relative_to(src)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            os.replace(Path(folder) / name, target / name)
+
+
+def install_wheels(wheels: list[Path], site: Path, python: str) -> str | None:
+    """``wheels`` installed into a fresh folder inside ``site``, then merged into it (pip's ``--target --upgrade``
+    would replace a folder that a wheel installed earlier shares: a namespace package); None, or the problem."""
+    with tempfile.TemporaryDirectory(prefix=".pip-", dir=site) as tmp:
+        done = subprocess.run([python, *PIP_INSTALL, "--target", tmp, *map(str, wheels)], capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            return f"pip install of {len(wheels)} wheels failed: {done.stderr.strip()[-1500:]}"
+        merge_tree(Path(tmp), site)
+    return None
 
 
 def foreign(folder: Path, marker: str) -> str | None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
 from rpg_lab.gpu_kit import (CARRY_DIR, CARRY_FILE, DEFAULT_BUDGET_S, MANIFEST, NODE_PYTHON, TARGET_PYTHON,
-                             foreign_files)
+                             foreign_files, say)
 from rpg_lab.gpu_kit.pack import CARRY_PATHS, sha256, write_carry
 
 try:
@@ -40,6 +40,7 @@ try:
 except ImportError:  # a bare interpreter: pip's own copy of packaging
     from pip._vendor.packaging.requirements import Requirement
 
+PREFIX = "[gpu-kit build]"  # its progress lines
 HAVE_FILE = Path(__file__).with_name("gpu_image.txt")
 # pip matches platform tags literally: every manylinux tag a glibc 2.39 x86_64 node accepts
 PLATFORMS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64"] + [
@@ -306,13 +307,13 @@ def build(python: str, args) -> int:
         scratch = Path(tmp)
         local = scratch / "local"
         local.mkdir()
-        say(f"building {', '.join(BUILT_HERE)} (source only)")
+        say(PREFIX, f"building {', '.join(BUILT_HERE)} (source only)")
         build_source_only(python, local)
-        say(f"resolving {len(requirements)} requirements for CPython {TARGET_PYTHON} x86_64 Linux, "
+        say(PREFIX, f"resolving {len(requirements)} requirements for CPython {TARGET_PYTHON} x86_64 Linux, "
             f"{len(pins)} of the node's versions pinned ({', '.join(p for p in pins if p.startswith('torch=='))})")
         items = resolve(python, requirements, pins, local, scratch)
         sel = select(items, requirements, have)
-        say(f"{len(items)} packages resolved: {len(sel.carry)} to carry, {len(sel.have)} on the node, "
+        say(PREFIX, f"{len(items)} packages resolved: {len(sel.carry)} to carry, {len(sel.have)} on the node, "
             f"{len(sel.excluded)} excluded ({', '.join(sorted(sel.excluded))}), "
             f"{len(sel.unreached)} only needed by those ({', '.join(sel.unreached)})")
         for name, item in sel.carry.items():
@@ -321,16 +322,16 @@ def build(python: str, args) -> int:
         unchecked = unverified(sel, have)
         if unchecked:
             names = sorted({canonical(line.rsplit(" of ", 1)[1]) for line in unchecked})
-            say(f"{len(unchecked)} requirements of carried packages on node packages the node list gives no version "
-                f"of (the node's pip check decides; manifest.json's unverified): {', '.join(names)}")
+            say(PREFIX, f"{len(unchecked)} requirements of carried packages on node packages the node list gives no "
+                f"version of (the node's pip check decides; manifest.json's unverified): {', '.join(names)}")
         if args.resolve_only:
             return 0
         dl = scratch / "wheels"
         dl.mkdir()
-        say(f"downloading {len(sel.carry)} wheels")
+        say(PREFIX, f"downloading {len(sel.carry)} wheels")
         wheels = download(python, sel.carry, local, dl)
         versions = {name: item["metadata"]["version"] for name, item in sel.carry.items()}
-        say(f"trimming, packing {len(wheels)} wheels with xz preset {args.preset}")
+        say(PREFIX, f"trimming, packing {len(wheels)} wheels with xz preset {args.preset}")
         manifest = write_carry(wheels, versions, out, {
             "requirements": requirements, "pins": pins, "have_file": str(args.have),
             "resolved": {canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in items},
@@ -342,11 +343,11 @@ def build(python: str, args) -> int:
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     size, tree, entries = manifest["carry"]["bytes"], manifest["working_tree_bytes"], manifest["wheels"]
     mib = size / 2**20
-    say(f"carry {out / CARRY_FILE}: {mib:.1f} MiB ({len(entries)} wheels: "
+    say(PREFIX, f"carry {out / CARRY_FILE}: {mib:.1f} MiB ({len(entries)} wheels: "
         + ", ".join(f"{n} {e['stored_bytes'] / 2**20:.1f}" for n, e in sorted(
             entries.items(), key=lambda kv: -kv[1]["stored_bytes"])[:4]) + " MiB uncompressed, ...)")
     if tree is not None:
-        say(f"with the working tree ({tree / 2**20:.1f} MiB) a device call sends {mib + tree / 2**20:.1f} MiB "
+        say(PREFIX, f"with the working tree ({tree / 2**20:.1f} MiB) a device call sends {mib + tree / 2**20:.1f} MiB "
             f"of its {CALL_MIB:g}")
     problems = []
     if mib > args.max_mib:
@@ -360,13 +361,9 @@ def build(python: str, args) -> int:
                   f"TRIM in lab/rpg_lab/gpu_kit/pack.py)", file=sys.stderr)
         return 1
     call = device_call(out)
-    say("the device call (docs/gpu-smoke.md#the-gpu-kit):")
+    say(PREFIX, "the device call (docs/gpu-smoke.md#the-gpu-kit):")
     print(f"  command:   {call['command']}\n  carry:     {json.dumps(call['carry'])}\n  timeout_s: {call['timeout_s']}")
     return 0
-
-
-def say(text: str) -> None:
-    print(f"[gpu-kit build] {text}", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ in one line, left as it is); the carry's sha256 against its manifest (a truncate
 installed); its wheels with ``pip install --no-index --no-deps --target SITE`` (SITE emptied first; skipped when SITE
 already holds this carry); the project from the checkout (``--no-build-isolation``: setuptools from the node), so
 that verl finds the ``verl.plugins`` entry point that registers the RPG losses; ``pip check`` with
-``PYTHONPATH=CHECKOUT:CHECKOUT/lab:SITE``, its lines about carried packages sorted into expected (a requirement the build
-excluded) and problems.
-Exit 0, or 1 with one line per problem. A run uses ``PYTHONPATH=CHECKOUT:CHECKOUT/lab:SITE`` (``rpg_lab.gpu_kit.source_path``).
+``PYTHONPATH=CHECKOUT:CHECKOUT/lab:SITE``, its lines about carried packages sorted into expected (a requirement
+the build excluded) and problems.
+Exit 0, or 1 with one line per problem. A run uses ``PYTHONPATH=CHECKOUT:CHECKOUT/lab:SITE``
+(``rpg_lab.gpu_kit.source_path``).
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ import time
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg_lab.gpu_kit import CARRY_DIR, KIT_VLLM_ENV, MANIFEST, SITE_DIR, conclude, emptied, foreign, source_path
+from rpg_lab.gpu_kit import (CARRY_DIR, KIT_VLLM_ENV, MANIFEST, PIP_INSTALL, SITE_DIR, conclude, emptied, foreign,
+                             install_wheels, source_path)
 from rpg_lab.gpu_kit.build import canonical
 from rpg_lab.gpu_kit.pack import sha256
 
 STATE = ".rpg-gpu-kit.json"  # in SITE: the sha256 of the carry installed there
 PROJECT = "rpg-verl"
-PIP_INSTALL = ["-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
-               "--disable-pip-version-check", "--upgrade"]
 
 
 def run_env(site: Path, checkout: Path = CHECKOUT) -> dict[str, str]:
@@ -78,7 +78,7 @@ def sort_pip_check(lines: list[str], carried: set[str], excluded: set[str]) -> t
     return expected, problems
 
 
-def install_wheels(archive: Path, site: Path, python: str = sys.executable) -> int | str:
+def install_carry(archive: Path, site: Path, python: str = sys.executable) -> int | str:
     """The archive's wheels into ``site``, made or emptied (``rpg_lab.gpu_kit.emptied``: only a folder the kit made):
     their count, or the problem."""
     refused = emptied(site, STATE)
@@ -91,11 +91,9 @@ def install_wheels(archive: Path, site: Path, python: str = sys.executable) -> i
                 tar.extractall(tmp, filter="data")
             else:  # an interpreter without extraction filters; the archive is the kit's own
                 tar.extractall(tmp)
-        wheels = sorted(str(p) for p in Path(tmp).glob("*.whl"))
-        done = _pip(python, [*PIP_INSTALL, "--target", str(site), *wheels])
-        if done.returncode != 0:
-            return f"pip install of the carry's {len(wheels)} wheels failed: {done.stderr.strip()[-1500:]}"
-    return len(wheels)
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        failed = install_wheels(wheels, site, python)
+    return f"the carry: {failed}" if failed else len(wheels)
 
 
 # what install() reads of the manifest rpg_lab.gpu_kit.pack writes: {key: (its type(s), what it holds)}
@@ -161,13 +159,14 @@ def install(carry: Path, site: Path, python: str = sys.executable, checkout: Pat
     if _installed_digest(state) == digest:
         result["wheels_installed"] = "already there (same carry)"
     else:
-        installed = install_wheels(archive, site, python)
+        installed = install_carry(archive, site, python)
         if isinstance(installed, str):
             result["problems"].append(installed)
             return result
         state.write_text(json.dumps({"sha256": digest, "built_at": manifest.get("built_at")}) + "\n")
         result["wheels_installed"] = installed
-    done = _pip(python, [*PIP_INSTALL, "--no-build-isolation", "--target", str(site), str(checkout)])
+    # --upgrade: the project's copy in the site replaced (a site that already holds this carry keeps its wheels)
+    done = _pip(python, [*PIP_INSTALL, "--upgrade", "--no-build-isolation", "--target", str(site), str(checkout)])
     project = done.returncode == 0
     if not project:
         result["problems"].append(f"pip install of the project from {checkout} failed: {done.stderr.strip()[-1500:]}")

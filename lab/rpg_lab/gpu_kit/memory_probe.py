@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from rpg_lab.gpu_kit import report
+from rpg_lab.gpu_kit import conclude
 from rpg_lab.gpu_kit.memory_terms import (DEPTHS, PROBES, STAND_IN, STAND_IN_TOKENS, Probe, planned_gib,
                                       probe_result, render, restated, truncated)
 from rpg.memory import architecture_for
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if dist.is_initialized():
             dist.destroy_process_group()
-    return report(result, args.result, "rpg_lab.gpu_kit.memory_probe")
+    return conclude(result, args.result, "rpg_lab.gpu_kit.memory_probe", whole=True)
 
 
 def summary_line(result: dict) -> str:

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from rpg_lab.gpu_kit import report
+from rpg_lab.gpu_kit import conclude
 from rpg.smol.overrides import GPU_SIZES, MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH
 
 
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"shapes": results,
               "problems": [f"{shape}: {line}" for shape, r in results.items() for line in r["problems"]],
               "line": "; ".join(r["line"] for r in results.values())}
-    return report(result, args.result, "rpg_lab.gpu_kit.model_step")
+    return conclude(result, args.result, "rpg_lab.gpu_kit.model_step", whole=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rpg_lab.gpu_kit import report
+from rpg_lab.gpu_kit import conclude
 
 # distribution -> module a run imports (None: reported, not required)
 PACKAGES = {
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--result", type=Path, default=None, help="write the result as JSON here")
     args = ap.parse_args(argv)
-    return report(probe(), args.result, "rpg_lab.gpu_kit.probe")
+    return conclude(probe(), args.result, "rpg_lab.gpu_kit.probe", whole=True)
 
 
 if __name__ == "__main__":

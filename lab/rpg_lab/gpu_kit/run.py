@@ -48,7 +48,7 @@ from pathlib import Path
 from rpg.trainer_process.reaping import exited_unreaped
 from rpg.paths.checkout import CHECKOUT
 from rpg.stop_signals import raise_on_stop_signals
-from rpg_lab.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, KIT_VLLM_ENV, SITE_DIR, foreign, lock_folder, stall
+from rpg_lab.gpu_kit import CARRY_DIR, DEFAULT_BUDGET_S, KIT_VLLM_ENV, SITE_DIR, foreign, lock_folder, say, stall
 from rpg_lab.gpu_kit.steps import STEPS, Context, Step, StepRun, cap_log
 from rpg.launch.args import OneLineParser, positive_seconds
 
@@ -214,7 +214,7 @@ def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[st
         "not_run": [{"name": name, "reason": why} for name, why in (not_run or {}).items()],
     }
     path = ctx.out / "summary.json"
-    say(f"run {ctx.run_id}: logs {ctx.out}/<step>.{ctx.run_id}.log"
+    say(PREFIX, f"run {ctx.run_id}: logs {ctx.out}/<step>.{ctx.run_id}.log"
         + (f"; the previous run's summary is kept as {kept}" if kept else ""))
     from rpg_lab.gpu_kit.install import run_env
 
@@ -241,7 +241,7 @@ def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[st
                 entry.update(status="skipped", reason=f"not started: {max(0, left):.0f} s of the {budget_s:.0f} s "
                                                       f"budget left", fine=False)
             else:
-                say(f"{i + 1}/{len(steps)} {step.name} (box {box:.0f} s): {step.what}")
+                say(PREFIX, f"{i + 1}/{len(steps)} {step.name} (box {box:.0f} s): {step.what}")
 
                 def started(pid: int, entry: dict = entry, name: str = step.name) -> None:
                     entry.update(status="running", pid=pid, log=f"{name}.{ctx.run_id}.log")
@@ -250,7 +250,7 @@ def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[st
 
                 entry.update(run_step(ctx, step, box, step_env(), stand_ins.get(step.name), stop, started))
             line = entry.get("result", {}).get("line") or entry.get("reason", "")
-            say(f"{i + 1}/{len(steps)} {step.name}: {entry['status'].upper()}"
+            say(PREFIX, f"{i + 1}/{len(steps)} {step.name}: {entry['status'].upper()}"
                 + (f" in {entry['seconds']} s" if "seconds" in entry else "") + (f": {line}" if line else ""))
             write_json(path, summary)
     except OSError as e:  # a full disk, a folder that cannot be made: this step failed with it, the rest not started
@@ -279,18 +279,14 @@ def run_kit(ctx: Context, steps: list[Step], budget_s: float, stand_ins: dict[st
         print(f"{PREFIX} {e.filename}: cannot be written ({e.strerror}); the kit {at}", file=sys.stderr, flush=True)
         return 1
     if failure:
-        say(failure)
+        say(PREFIX, failure)
     for entry in summary["not_run"]:
-        say(f"not run: {entry['name']}: {entry['reason']}")
+        say(PREFIX, f"not run: {entry['name']}: {entry['reason']}")
     if stop:
-        say(f"stopped by {summary['stopped_by']} after {summary['seconds']} s; {path}")
+        say(PREFIX, f"stopped by {summary['stopped_by']} after {summary['seconds']} s; {path}")
         return 128 + stop[0]
-    say(f"{'all steps passed' if ok else 'NOT all steps passed'} in {summary['seconds']} s; {path}")
+    say(PREFIX, f"{'all steps passed' if ok else 'NOT all steps passed'} in {summary['seconds']} s; {path}")
     return 0 if ok else 1
-
-
-def say(text: str) -> None:
-    print(f"{PREFIX} {text}", flush=True)
 
 
 INSTALLED_STACK = ("verl", "ray", "hydra", "transformers", "tensordict")  # what every trainer step imports

@@ -14,8 +14,8 @@ parts received and the wheels installed, so a part given twice is not installed 
 the staging folder (or cut short there) before its wheels are in is named in one line and received again when a call
 carries it. The site is a new or empty folder or one the installer made (it holds the state file; any other is
 refused in one line, left as it is); one install at a time holds it (a second is refused in one line naming the
-first's PID; the lock ends with its holder). Once every wheel is in,
-``import vllm`` runs with ``PYTHONPATH=CHECKOUT:CHECKOUT/lab:SITE:KIT_SITE``, and the kit's steps get the site on their path
+first's PID; the lock ends with its holder). Once every wheel is in, ``import vllm`` runs with
+``PYTHONPATH=CHECKOUT:CHECKOUT/lab:SITE:KIT_SITE``, and the kit's steps get the site on their path
 (``rpg_lab.gpu_kit.install.run_env``, ``ready_site``; before the kit's: its fastapi and transformers replace the
 kit's). The result (JSON): the parts received (of N), the ones missing, the wheels installed, whether vLLM is
 complete. Exit 0, or 1 with one line per problem.
@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg_lab.gpu_kit import MANIFEST, SITE_DIR, conclude, emptied, foreign, lock_folder, source_path
+from rpg_lab.gpu_kit import (MANIFEST, SITE_DIR, conclude, emptied, foreign, install_wheels, lock_folder,
+                             source_path)
 from rpg_lab.gpu_kit.pack import sha256
 
 PARTS_DIR = ".gpu_kit_vllm"  # the parts' folder in the checkout (ignored by git; a device call carries one part)
@@ -46,8 +47,6 @@ SITE_ENV = "RPG_GPU_KIT_VLLM_SITE"  # another site (the tests' stand-in)
 STATE = ".rpg-gpu-kit-vllm.json"  # in the site: the build, the parts received, the wheels installed
 STAGING = ".rpg-staging"  # in the site: the parts received, until their wheels are installed
 KIND = "rpg-gpu-kit-vllm-parts"  # the manifest's kind
-PIP_INSTALL = ["-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
-               "--disable-pip-version-check"]
 IMPORT_TIMEOUT_S = 75  # within the kit step's box (vllm_part: 120 s) after the install
 
 
@@ -154,27 +153,6 @@ def join_wheel(entry: dict, staging: Path, dest: Path) -> Path | str:
     if sha256(wheel) != entry["sha256"]:
         return f"{entry['wheel']}: decompressed, it differs from the manifest's sha256"
     return wheel
-
-
-def merge_tree(src: Path, dst: Path) -> None:
-    """Move every file of ``src`` to the same place under ``dst`` (folders merged, files replaced)."""
-    for folder, _, files in os.walk(src):
-        target = dst / Path(folder).relative_to(src)
-        target.mkdir(parents=True, exist_ok=True)
-        for name in files:
-            os.replace(Path(folder) / name, target / name)
-
-
-def install_wheels(wheels: list[Path], site: Path, python: str) -> str | None:
-    """``wheels`` into a fresh folder, merged into ``site`` (pip's ``--target --upgrade`` would replace a folder
-    that an earlier call's wheel shares); None, or the problem."""
-    with tempfile.TemporaryDirectory(prefix=".pip-", dir=site) as tmp:
-        done = subprocess.run([python, *PIP_INSTALL, "--target", tmp, *map(str, wheels)], capture_output=True,
-                              text=True)
-        if done.returncode != 0:
-            return f"pip install of {len(wheels)} wheels failed: {done.stderr.strip()[-1500:]}"
-        merge_tree(Path(tmp), site)
-    return None
 
 
 def import_check(site: Path, kit_site: Path, checkout: Path, python: str) -> dict:

@@ -38,13 +38,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg_lab.gpu_kit import CARRY_DIR, MANIFEST, NODE_PYTHON, TARGET_PYTHON, foreign_files
+from rpg_lab.gpu_kit import CARRY_DIR, MANIFEST, NODE_PYTHON, TARGET_PYTHON, foreign_files, say
 from rpg_lab.gpu_kit.build import (CALL_MIB, CARRY_ANYWAY, EXCLUDE, HAVE_FILE, BuildError, build_source_only, canonical,
                                check_resolver, default_resolver, download, project_requirements, read_have, resolve,
                                select, travelling_tree_bytes)
 from rpg_lab.gpu_kit.pack import restore, sha256
 from rpg_lab.gpu_kit.vllm_install import KIND, PARTS_DIR
 
+PREFIX = "[gpu-kit vllm]"  # its progress lines
 VLLM_REQUIREMENT = "verl[vllm]==0.9.1"  # pyproject.toml's gpu extra
 VLLM_VERSION = "0.24.0"  # verl 0.9.1's vllm extra pins it
 PART_MIB = 56.0  # a part and the working tree (6.8 MiB on 2026-11-28; it grows) within the 64 MiB of a device call
@@ -328,9 +329,9 @@ def build(python: str, args) -> int:
         local.mkdir()
         build_source_only(python, local)
         base, base_from = base_carry(args.base.resolve(), python, requirements, node_pins, have, local, scratch)
-        say(f"the kit's carry: {len(base)} wheels ({base_from})")
+        say(PREFIX, f"the kit's carry: {len(base)} wheels ({base_from})")
         pins = [p for p in node_pins if p.split("==")[0] not in UNPINNED]
-        say(f"resolving {VLLM_REQUIREMENT} and the project's {len(requirements)} requirements for CPython "
+        say(PREFIX, f"resolving {VLLM_REQUIREMENT} and the project's {len(requirements)} requirements for CPython "
             f"{TARGET_PYTHON} x86_64 Linux, {len(pins)} of the node's versions pinned (not {', '.join(UNPINNED)})")
         items = resolve(python, roots, pins, local, scratch)
         include = {canonical(n) for n in args.include.split(",") if n.strip()}
@@ -343,7 +344,7 @@ def build(python: str, args) -> int:
             print(f"  {item['metadata']['name']}=={item['metadata']['version']}"
                   + (f"  (the kit carries {base[name]}: the vLLM site comes first on the path)" if name in overrides
                      else ""))
-        say(f"{len(items)} packages resolved: {len(carry)} to carry beyond the node and the kit's carry "
+        say(PREFIX, f"{len(items)} packages resolved: {len(carry)} to carry beyond the node and the kit's carry "
             f"({len(overrides)} of them at another version than the kit's: "
             f"{', '.join(f'{n} {v}' for n, v in overrides.items())}); "
             f"excluded: {', '.join(sorted(n for n in excluded if n not in EXCLUDE))} (and the kit's exclusions)")
@@ -351,12 +352,12 @@ def build(python: str, args) -> int:
             return 0
         cache = args.cache.resolve() if args.cache else scratch / "download"
         cache.mkdir(parents=True, exist_ok=True)
-        say(f"downloading {len(carry)} wheels into {cache}")
+        say(PREFIX, f"downloading {len(carry)} wheels into {cache}")
         downloaded = download(python, carry, local, cache)
         work = scratch / "wheels"
         work.mkdir()
         wheels = {name: Path(shutil.copy(path, work / path.name)) for name, path in downloaded.items()}
-        say(f"trimming, compressing (xz preset {args.preset}, {args.jobs} at a time) and cutting into parts of "
+        say(PREFIX, f"trimming, compressing (xz preset {args.preset}, {args.jobs} at a time) and cutting into parts of "
             f"{args.part_mib:g} MiB")
         manifest = pack_parts(wheels, {n: i["metadata"]["version"] for n, i in carry.items()}, out, {
             "requirements": roots, "pins": pins, "unpinned": UNPINNED, "base": base_from, "base_wheels": base,
@@ -393,7 +394,7 @@ def summarise(manifest: dict, tree: int | None) -> int:
     """The parts, their sizes and the device calls, printed; 1 when a part and the tree exceed a call."""
     wheels = manifest["wheels"]
     total = sum(p["bytes"] for p in manifest["parts"])
-    say(f"{len(manifest['parts'])} parts, {total / 2**20:.1f} MiB ({len(wheels)} wheels: "
+    say(PREFIX, f"{len(manifest['parts'])} parts, {total / 2**20:.1f} MiB ({len(wheels)} wheels: "
         f"{sum(w['wheel_bytes'] for w in wheels.values()) / 2**20:.1f} MiB downloaded, "
         f"{sum(w['stored_bytes'] for w in wheels.values()) / 2**20:.1f} MiB stored and trimmed) in "
         f"{manifest['build_s']:.0f} s (xz {manifest['compress_s']:.0f} s)")
@@ -407,10 +408,6 @@ def summarise(manifest: dict, tree: int | None) -> int:
     for p in problems:
         print(f"rpg_lab.gpu_kit.vllm_parts: {p}", file=sys.stderr)
     return 1 if problems else 0
-
-
-def say(text: str) -> None:
-    print(f"[gpu-kit vllm] {text}", flush=True)
 
 
 if __name__ == "__main__":

@@ -92,6 +92,21 @@ def test_a_trimmed_wheel_is_stored_without_its_dropped_members_and_keeps_its_mod
     assert "jars/big.jar" not in record and "kitpkg/__init__.py" in record
 
 
+def test_the_carry_installs_into_its_site_whole_with_its_mode_bits_and_replaces_what_was_there(tmp_path):
+    """The carry's wheels (stand-ins, packed as the build packs them) through pip into the site the kit made; a second
+    carry replaces the first's packages (the site emptied first)."""
+    site = tmp_path / "site"
+    for n, names in enumerate((("kitpkg", "other"), ("newpkg",))):
+        (wheels := tmp_path / f"w{n}").mkdir()
+        made = [make_wheel(wheels, name, {f"{name}/__init__.py": b"X = 1\n", f"{name}/bin/server": b"#!/bin/sh\n"},
+                           modes={f"{name}/bin/server": 0o755}) for name in names]
+        pack.pack(made, archive := tmp_path / f"carry{n}.tar.xz", preset=1)
+        assert install.install_carry(archive, site) == len(names)
+        assert sorted(p.name for p in site.iterdir() if not p.name.endswith(".dist-info")) == sorted(
+            [*names, install.STATE])
+        assert all(os.access(site / name / "bin" / "server", os.X_OK) for name in names)
+
+
 def test_pip_check_lines_about_carried_packages_are_sorted_into_expected_and_problems():
     lines = ["verl 0.9.1 requires wandb, which is not installed.",
              "verl 0.9.1 has requirement transformers<5.11,>=5.5.3, but you have transformers 5.17.0.",
@@ -467,7 +482,7 @@ def test_an_unreadable_install_state_installs_the_wheels_again(tmp_path, monkeyp
     (carry / "manifest.json").write_text(json.dumps({"carry": {"file": "w.tar.xz", "sha256": digest, "bytes": 6},
                                                      "wheels": {}, "excluded": {}, "only_needed_by_excluded": []}))
     calls = []
-    monkeypatch.setattr(install, "install_wheels", lambda *a: calls.append(a) or "stopped here by the test")
+    monkeypatch.setattr(install, "install_carry", lambda *a: calls.append(a) or "stopped here by the test")
     for text in ("{", "[]", '{"sha256": 3}', "\udcff"):
         (site / install.STATE).write_text(text, errors="surrogateescape")
         assert install.install(carry, site)["problems"] == ["stopped here by the test"], text

@@ -82,7 +82,7 @@ def test_the_carry_is_trimmed_and_installs_with_python_312(built, tmp_path):
     assert names and not [n for n in names if n.startswith(("ray/jars/", "ray/rllib/", "ray/dashboard/client/"))]
     assert manifest["wheels"]["ray"]["removed_members"] > 0
     site = tmp_path / "site"
-    assert install.install_wheels(out / CARRY_FILE, site, python312()) == len(manifest["wheels"])
+    assert install.install_carry(out / CARRY_FILE, site, python312()) == len(manifest["wheels"])
     for path in ("verl/__init__.py", "ray/_raylet.so", "hydra/__init__.py", "transfer_queue/__init__.py"):
         assert (site / path).is_file(), path
     assert os.access(site / "ray/core/src/ray/gcs/gcs_server", os.X_OK)  # mode bits survive the re-packing
