@@ -22,8 +22,8 @@ SITE_DIR = ".gpu_kit_site"  # where the run installs the carry (ignored; kept on
 MANIFEST = "manifest.json"
 CARRY_FILE = "wheels.tar.xz"
 TARGET_PYTHON = "3.12"  # the node's Python (CPython)
-# a device call's command: budget + 30 s. The default steps (docs/gpu-smoke.md's first call) took 373 s on an H200 node
-# (2026-11-28); with the machine's start (about 30 s) the device time left is about 8 minutes
+# a device call's command: budget + 30 s; the default steps within it, with the machine's start within a lease (their
+# times as measured: docs/gpu-smoke.md#the-gpu-kit)
 DEFAULT_BUDGET_S = 450
 # The kit's steps' vLLM variables (a value already set wins; with --installed too): the vLLM parts hold no FlashInfer
 # kernels nor nvcc to compile them, so PyTorch's top-p/top-k sampling; vLLM's own start-up lines (model load,

@@ -1,7 +1,7 @@
 """Build the vLLM parts: vLLM 0.24.0 (verl[vllm]==0.9.1's pin, pyproject's ``gpu`` extra) and what it needs beyond
-the GPU node's packages and the kit's carry, cut into parts that each fit one device call beside the working tree
-(183 MiB of xz on 2026-11-28: four calls); ``rpg_lab.gpu_kit.vllm_install`` installs them on the node, one
-call at a time.
+the GPU node's packages and the kit's carry, cut into parts that each fit one device call beside the working tree;
+``rpg_lab.gpu_kit.vllm_install`` installs them on the node, one call at a time (their sizes and times as measured:
+docs/gpu-smoke.md#the-vllm-parts).
 
     python -m rpg_lab.gpu_kit.vllm_parts [--python PYTHON3.12] [--have FILE] [--base .gpu_kit] [--out .gpu_kit_vllm]
                                      [--part-mib 56] [--first-mib 0] [--preset 6] [--jobs 2] [--cache DIR]
@@ -48,7 +48,7 @@ from rpg_lab.gpu_kit.vllm_install import KIND, PARTS_DIR
 PREFIX = "[gpu-kit vllm]"  # its progress lines
 VLLM_REQUIREMENT = "verl[vllm]==0.9.1"  # pyproject.toml's gpu extra
 VLLM_VERSION = "0.24.0"  # verl 0.9.1's vllm extra pins it
-PART_MIB = 56.0  # a part and the working tree (6.8 MiB on 2026-11-28; it grows) within the 64 MiB of a device call
+PART_MIB = 56.0  # a part and the working tree (it grows: docs/gpu-smoke.md#the-vllm-parts) within a call's 64 MiB
 BLOCK_BYTES = 32 * 2**20  # xz blocks compressed side by side (a block far above xz's 8 MiB window loses nothing)
 PART_NAME = "part-{:02d}"
 # what the parts' folder holds (pack_parts): the manifest, and each part's folder with the part and its copy
@@ -236,12 +236,11 @@ def pack_parts(wheels: dict[str, Path], versions: dict[str, str], out: Path, ext
 
 INSTALL_COMMAND = NODE_PYTHON + ' -m rpg_lab.gpu_kit.vllm_install --parts {parts}'
 KIT_COMMAND = NODE_PYTHON + ' -m rpg_lab.gpu_kit.run --carry {carry} --out "$OUT"'
-# the last call: install (checked: 5 s), vllm_part (the vLLM wheel, import vllm: 20 s on the H200), the eager smoke_vllm
-# (its 420 s box and 45 s grace), the kit's own 30 s: within a device call's 600
+# the last call: the install's check, vllm_part (the vLLM wheel, import vllm), the eager smoke_vllm (its 420 s box and
+# 45 s grace), the kit's own 30 s: within a device call's 600 (times: docs/gpu-smoke.md#call-order-on-a-gpu-machine)
 LAST_BUDGET_S = 530
-# A lease's worst case within its device time (docs/gpu-smoke.md, the call order): the machine's start (about 30 s on
-# 2026-11-28) and the seconds between calls (the next call's transfer) count; each call at most its timeout. Calls
-# 1-3 took 49 (with the start), 13 and 9 s on the H200
+# A lease's worst case within its device time (docs/gpu-smoke.md#call-order-on-a-gpu-machine, with the times measured):
+# the machine's start and the seconds between calls (the next call's transfer) count; each call at most its timeout
 LEASE_S, START_S, BETWEEN_S = 900, 60, 10
 FIRST_TIMEOUT_S, PART_TIMEOUT_S = 90, 60
 
@@ -249,8 +248,8 @@ FIRST_TIMEOUT_S, PART_TIMEOUT_S = 90, 60
 def device_calls(manifest: dict, out: Path, tree_bytes: int | None, base_bytes: int | None) -> list[dict]:
     """The device calls that carry the parts, one part each, back to back on a warm node (a node given back loses
     the staged parts): the installer alone, which needs only the checkout; part 1 rides along with the kit's carry
-    and its install (``--steps install``: the kit's default steps ran on the H200 on 2026-11-28, so vLLM, which has
-    not, takes the lease first) when the kit's carry, the part and the tree fit one call; the last part's call runs
+    and its install (``--steps install``: the kit's default steps have run on a GPU, so vLLM, which has not, takes
+    the lease first) when the kit's carry, the part and the tree fit one call; the last part's call runs
     the kit with ``--steps vllm_part,smoke_vllm`` (the kit's carry and site stay on the warm node from the first
     call: ignored folders a call does not name are kept there). Their timeouts, the machine's start and the seconds
     between calls fit ``LEASE_S`` (``worst_lease_s``)."""
@@ -264,7 +263,7 @@ def device_calls(manifest: dict, out: Path, tree_bytes: int | None, base_bytes: 
         if n == len(parts):
             command, timeout = f"{kit} --steps vllm_part,smoke_vllm --budget {LAST_BUDGET_S}", LAST_BUDGET_S + 30
         elif n == 1 and base_bytes is not None and sends + base_bytes <= CALL_MIB * 2**20:
-            # with the kit's install (18 s with the machine's start on the H200); the installer's result on stdout
+            # with the kit's install; the installer's result on stdout
             carry, sends = [CARRY_DIR, *carry], sends + base_bytes
             command, timeout = f"{install}; {kit} --steps install", FIRST_TIMEOUT_S
         else:
