@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+LAB_PATH = os.pathsep.join((str(ROOT), str(ROOT / "lab")))  # the checkout and its lab (the demo is rpg_lab.demo)
 TINY = ROOT / "recipe" / "rpg" / "tiny" / "run_tiny_cpu.sh"
 GPU = ROOT / "recipe" / "rpg" / "tiny" / "run_tiny_gpu.sh"
 
@@ -50,7 +51,8 @@ def test_the_tiny_scripts_run_in_the_callers_folder(tmp_path):
         assert p.returncode == 0, p.stderr
         lines = p.stdout.splitlines()
         assert lines[0] == f"cwd={here}", lines
-        assert lines[1] == f"pythonpath={ROOT}:x", lines  # this checkout's rpg first, the caller's path kept
+        assert lines[1] == f"pythonpath={ROOT}:{ROOT}/lab:x", lines  # this checkout's rpg and rpg_lab first, the
+        # caller's path kept
         assert "arg=--out" in lines and lines[lines.index("arg=--out") + 1] == "arg=my run", lines
 
 
@@ -110,7 +112,7 @@ def test_the_study_takes_its_folders_from_the_callers_folder(tmp_path, monkeypat
 def _demo(out: Path) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "rpg_lab.demo.cpu", "--out", str(out), "--steps", "2"]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": LAB_PATH})
 
 
 def test_the_demo_refuses_an_output_folder_it_cannot_write_in_one_line(tmp_path):
@@ -130,7 +132,7 @@ def test_the_demo_refuses_an_output_folder_it_cannot_write_in_one_line(tmp_path)
     cmd = [sys.executable, "-m", "rpg_lab.demo.cpu", "--out", str(ro / "run"), "--steps", "2"]
     done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro tmpfs {shlex.quote(str(ro))} && exec "
                            + shlex.join(cmd)], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": LAB_PATH})
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and str(ro / "run") in lines[0] and f"{ro} is on a read-only file system" in lines[0], lines

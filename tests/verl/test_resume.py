@@ -644,7 +644,7 @@ def test_stop_signal_ends_every_process_of_the_run_with_one_line(tiny_assets, tm
     # the run's Ray temp dir lands here: a short folder (under pytest's long tmp_path Ray's socket paths would not
     # fit, and the launcher would make it elsewhere: rpg.paths.ray_temp)
     short = Path(tempfile.mkdtemp(prefix="rs"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(short)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), str(ROOT / "lab"))), "TMPDIR": str(short)}
     p = subprocess.Popen([sys.executable, "-m", "rpg_lab.demo.cpu", "--out", str(out), "--entry", entry,
                           "--steps", "2", "--echo"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
