@@ -24,7 +24,7 @@ Python literal) and let invalid ones through to a traceback after Ray started.
   ``-m``, ``--config-name``, then overrides), read with Hydra's own argument parser, checked before
   ``hydra.main`` runs (``recipe/rpg/main_rpg.py``).
 
-Used by every launcher (``rpg.launch.entry``, the CPU harness and ``rpg.demo.cpu``, the GPU
+Used by every launcher (``rpg.launch.entry``, the CPU harness and ``rpg_lab.demo.cpu``, the GPU
 smoke run, the study) and by the driver's entry script.
 """
 
@@ -241,7 +241,7 @@ def resume_command(launch: str, overrides: Sequence[str], cwd: str, env: Mapping
     """The command that resumes a run, which works pasted in any folder: ``cd`` to the folder it was launched
     from (``cwd``: relative paths in its variables, flags and overrides mean what they meant), the variables of
     ``env_vars`` set in ``env``, the launch command with its flags (``launch``, shell words: ``bash
-    recipe/rpg/7b/<name>.sh``, ``python -m rpg.demo.cpu --out <folder> ...``) and the overrides with ``trainer.resume_mode=auto``
+    recipe/rpg/7b/<name>.sh``, ``python -m rpg_lab.demo.cpu --out <folder> ...``) and the overrides with ``trainer.resume_mode=auto``
     (replacing the run's own: it appears once)."""
     env = env or {}
     assigned = [f"{k}={shlex.quote(env[k])}" for k in env_vars if env.get(k, "").strip()]

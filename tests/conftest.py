@@ -229,11 +229,11 @@ def _environment_restored():
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_vllm_site_of_the_node(tmp_path_factory):
-    """No test reads the vLLM site a GPU node's parts were installed into (rpg.gpu_kit.vllm_install's default,
+    """No test reads the vLLM site a GPU node's parts were installed into (rpg_lab.gpu_kit.vllm_install's default,
     rpg-gpu-kit-vllm in the temporary folder): the session's is an empty folder of its own; a test may set its own
     again."""
     import os
 
-    from rpg.gpu_kit.vllm_install import SITE_ENV
+    from rpg_lab.gpu_kit.vllm_install import SITE_ENV
 
     os.environ[SITE_ENV] = str(tmp_path_factory.mktemp("no-vllm-site"))

@@ -26,7 +26,7 @@ EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"  # verl/__init__.py imports t
 # runtime environment differs, never take them; each run then starts only the workers it uses.
 NO_PRESTART_ENV = {"RAY_prestart_worker_first_driver": "0"}
 
-# Every local run of the trainer (the CPU backend, and the GPU smoke run of rpg.demo.gpu_smoke).
+# Every local run of the trainer (the CPU backend, and the GPU smoke run of rpg_lab.demo.gpu_smoke).
 RUN_ENV = {
     # Ray's single-machine mode: with ENABLE_RAY_CLUSTER off, ``ray._private.services.get_node_ip_address``
     # answers the loopback address, and every process of the run's cluster (GCS, raylet, workers, the

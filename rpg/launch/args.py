@@ -1,5 +1,5 @@
 """The launchers' command lines, read in one place: a paper run's (``rpg.launch.entry``, every paper script) and
-the tiny demo's (``python -m rpg.demo.cpu``, recipe/rpg/tiny/run_tiny_cpu.sh).
+the tiny demo's (``python -m rpg_lab.demo.cpu``, recipe/rpg/tiny/run_tiny_cpu.sh).
 
 A launcher's extra arguments are Hydra overrides and nothing else. ``read_overrides`` refuses, in ONE
 line and before anything is built or started (the launchers print it and exit 2):
@@ -8,7 +8,7 @@ line and before anything is built or started (the launchers print it and exit 2)
 * one of the tool's own environment variables given as an argument (``OUT=runs/x`` after the script):
   Hydra would read it as the key ``OUT`` and the trainer would die on it after Ray started. The line
   says where it goes: ``OUT is an environment variable: OUT=runs/x bash recipe/rpg/tiny/run_tiny_cpu.sh``.
-  Each tool declares its variables once (``rpg.launch.environment.VARIABLES``, ``rpg.demo.cpu.ENV_VARS``)
+  Each tool declares its variables once (``rpg.launch.environment.VARIABLES``, ``rpg_lab.demo.cpu.ENV_VARS``)
   and prints the same list in its usage.
 
 ``OneLineParser``: argparse with its errors on one line (``prefix: argument --steps: ...``, exit 2)

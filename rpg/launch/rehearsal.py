@@ -25,7 +25,7 @@ SMOL_TEST_FREQ = STEPS  # SmolLM2's validation takes minutes: before training an
 
 class CpuModel:
     """A model and task a CPU run trains (``tiny``: ``rpg.tiny``; ``smol``: ``rpg.smol``), and the GPU smoke run
-    (``rpg.demo.gpu_smoke --model``): its defaults, where its assets are before they are built, how they are built,
+    (``rpg_lab.demo.gpu_smoke --model``): its defaults, where its assets are before they are built, how they are built,
     its task's overrides (no algorithm settings)."""
 
     def __init__(self, name: str):

@@ -5,7 +5,7 @@ verl's ``FileLogger`` (verl/utils/tracking.py) writes one line per ``logger.log`
 harness (``rpg.trainer_process.metrics``: fold and read a run's segments), the reports
 (``rpg.reports.logs.read_file_logger``), the driver's look for a step's record
 (``rpg.metrics_log.history.logged_training_steps``), the launchers' check of an output folder
-(``rpg.trainer_process.run_dir.check_fresh_start``) and the study's measured times (``rpg.study.runner``) all read it
+(``rpg.trainer_process.run_dir.check_fresh_start``) and the study's measured times (``rpg_lab.study.runner``) all read it
 here (the file's name in a run's output folder: ``rpg.trainer_process.run_dir.METRICS_FILE``):
 
 * text: UTF-8, a leading byte-order mark dropped; any other byte is an error naming its line and byte.

@@ -21,7 +21,7 @@
   a best mark and three for a second-best mark.
 * ``table`` is a paper table number or a ``TableLayout``; a layout with ``sources`` reads its
   columns from exact data sources (``val-core/<source>/<metric>``), e.g. the tiny task's
-  ``math_dapo`` in ``rpg.study``; a table without published numbers has no paper / Δ columns.
+  ``math_dapo`` in ``rpg_lab.study``; a table without published numbers has no paper / Δ columns.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def describe(record: dict) -> str:
 REFERENCE_LOG = "docs/reference-log.md"  # in the checkout: every change of a pinned model or a reference, and why
 LOG_HEADER = ("# Reference log\n\nEvery change of what the project pins so that results hold still: the tiny model's "
               "shipped weights (`python -m rpg.tiny.regenerate`) and the runs' references (`python -m "
-              "rpg.demo.reference --regenerate`), one row each, appended by those commands. A study names the row "
+              "rpg_lab.demo.reference --regenerate`), one row each, appended by those commands. A study names the row "
               "its runs were made under.\n\n| date (UTC) | what | code | before | after | ran on | reason |\n"
               "|---|---|---|---|---|---|---|\n")
 

@@ -28,7 +28,7 @@ TEST_FREQ = 5
 # The trainer's time limit, there to stop a hung run, not to bound a slow machine's (the tiny model's 30 minutes
 # stopped an earlier 18-step default at step 6 on a loaded machine)
 TIMEOUT_S = 4 * 3600.0
-# The GPU smoke run's sizes (python -m rpg.demo.gpu_smoke --model smol; docs/gpu-smoke.md), the prompt and response
+# The GPU smoke run's sizes (python -m rpg_lab.demo.gpu_smoke --model smol; docs/gpu-smoke.md), the prompt and response
 # lengths above kept: 32 prompts x 8 responses per rollout batch (256 sequences for vLLM at once; the smoke run's 6
 # steps read 192 of the 256 training problems, one pass), 4 mini-batches of 8 prompts (the CPU run's off-policy
 # regime; 64 sequences, split by any GPU count dividing 64), and micro-batches of up to 16384 tokens: a mini-batch

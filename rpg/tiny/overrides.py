@@ -35,7 +35,7 @@ from rpg.override_lists import hydra_value, override_key, values
 from rpg.config import RPGSettings
 from rpg.tiny.build import TinyAssets
 
-RECIPE_ENTRY = RECIPE_PATH.as_posix()  # relative to the project root (rpg.demo.cpu resolves it)
+RECIPE_ENTRY = RECIPE_PATH.as_posix()  # relative to the project root (rpg_lab.demo.cpu resolves it)
 TRAIN_BATCH_SIZE = 8  # prompts per rollout batch
 MINI_BATCH_SIZE = 2  # prompts per optimizer step: 4 off-policy-weighted updates per rollout batch
 ROLLOUT_N = 8  # responses per prompt (a group)

@@ -4,7 +4,7 @@ The tokenizer and the warm-up (``rpg.tiny.warm_up``) run on this machine, into a
 weights differ from the shipped ones, the new files replace ``rpg/tiny/weights/``, ``rpg/tiny/weights.json``
 records each file's sha256 and how they were made (``rpg.run_record.ran_on``), and a row with the reason is appended
 to the reference log (docs/reference-log.md). Every run trained on the tiny model moves with them: commit them with
-the regenerated references (``python -m rpg.demo.reference --regenerate``). Exit 0 (also when nothing changed), 2 on
+the regenerated references (``python -m rpg_lab.demo.reference --regenerate``). Exit 0 (also when nothing changed), 2 on
 a missing reason.
 """
 

@@ -101,7 +101,7 @@ def test_paths_reach_hydra_as_the_same_strings(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from rpg.override_lists import values
-    from rpg.demo import gpu_smoke
+    from rpg_lab.demo import gpu_smoke
     from rpg.trainer_process import run_trainer
     from rpg.tiny.build import TinyAssets
     from rpg.tiny.overrides import tiny_task_overrides
@@ -141,7 +141,7 @@ def test_paths_reach_hydra_as_the_same_strings(tmp_path, monkeypatch):
 
 
 def test_demo_progress_shows_ratio_range_kl_and_clip_fraction():
-    from rpg.demo.progress import policy_stats
+    from rpg_lab.demo.progress import policy_stats
 
     rpg = {"actor/rpg/ratio_min": 0.52, "actor/rpg/ratio_max": 1.31, "actor/rpg/kl_estimate": 3.0e-3,
            "actor/rpg/clipfrac": 0.037, "actor/ppo_kl": 9.0, "actor/pg_clipfrac": 9.0}
@@ -153,7 +153,7 @@ def test_demo_progress_shows_ratio_range_kl_and_clip_fraction():
 def test_demo_validation_accuracy_is_read_from_each_data_source_the_run_logs(capsys):
     """Before: only val-core/math_dapo/acc/mean@N was read, so a run validating on another data source printed
     "validation accuracy: before n/a -> after n/a" although val-core/aime2025/acc/mean@4 was logged."""
-    from rpg.demo.progress import progress, val_accs, val_summary
+    from rpg_lab.demo.progress import progress, val_accs, val_summary
 
     one = {0: {"val-core/aime2025/acc/mean@4": 0.25}, 1: {"critic/score/mean": 0.0},
            2: {"val-core/aime2025/acc/mean@4": 0.5, "val-aux/aime2025/acc/std@4": 0.1}}
@@ -177,8 +177,8 @@ def test_demo_validation_accuracy_is_read_from_each_data_source_the_run_logs(cap
 def test_startup_progress_names_stages_and_heartbeats(capsys):
     import time
 
-    from rpg.demo.cpu import PREFIX, STARTUP_STAGES
-    from rpg.demo.progress import StartupProgress
+    from rpg_lab.demo.cpu import PREFIX, STARTUP_STAGES
+    from rpg_lab.demo.progress import StartupProgress
 
     progress = StartupProgress(STARTUP_STAGES, PREFIX, heartbeat_s=0.2)
     progress.on_line("(RPGTaskRunner pid=1) something")  # the Ray stage line was skipped: still reported

@@ -84,7 +84,7 @@ def test_tiny_demo_refuses_a_world_size_it_cannot_split_in_one_line(argv, capsys
     import rpg.tiny
 
     monkeypatch.setattr(rpg.tiny, "build_tiny_assets", lambda: pytest.fail("assets built before the check"))
-    from rpg.demo.cpu import main
+    from rpg_lab.demo.cpu import main
 
     assert main(argv) == 2
     err = capsys.readouterr().err

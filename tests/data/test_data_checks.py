@@ -286,7 +286,7 @@ def test_a_real_launch_is_refused_before_anything_starts(files, capsys, monkeypa
 
 def test_the_tiny_demo_is_refused_before_building_anything(files, capsys, monkeypatch):
     import rpg.tiny
-    from rpg.demo import cpu as run
+    from rpg_lab.demo import cpu as run
 
     monkeypatch.setattr(rpg.tiny, "build_tiny_assets", lambda *a, **k: pytest.fail("assets built"))
     rc = run.main(["--out", str(files / "out"), f"data.val_files=['{raw_file(files / 'raw.parquet')}']"])

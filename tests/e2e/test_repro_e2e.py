@@ -1,4 +1,4 @@
-"""End-to-end: the tiny demo (``python -m rpg.demo.cpu``, what recipe/rpg/tiny/run_tiny_cpu.sh runs) twice in sync
+"""End-to-end: the tiny demo (``python -m rpg_lab.demo.cpu``, what recipe/rpg/tiny/run_tiny_cpu.sh runs) twice in sync
 mode with the same seed gives the same metrics at every step, validations included (before training, mid-run and
 at the end), to the last bit.
 
@@ -10,9 +10,9 @@ canonical order (verl's bootstrap ``best@N`` / ``maj@N`` draw by position with a
 ``verl/trainer/ppo/metric_utils.py:835``, so they repeat once the order does). Only what measures the machine
 differs: times, throughput, memory.
 
-Both runs are the tiny reference run (``rpg.demo.reference``: its command, and the CPU kernels pinned to a path
+Both runs are the tiny reference run (``rpg_lab.demo.reference``: its command, and the CPU kernels pinned to a path
 every x86-64 machine takes), and the first is compared with the committed reference too: a change of the
-computation fails here in one line until ``python -m rpg.demo.reference --regenerate --reason TEXT`` records it.
+computation fails here in one line until ``python -m rpg_lab.demo.reference --regenerate --reason TEXT`` records it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from rpg.demo import reference
+from rpg_lab.demo import reference
 from rpg.trainer_process import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.repro]  # a CI stage: two trainer runs do not fit README's suite

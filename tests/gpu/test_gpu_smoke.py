@@ -1,5 +1,5 @@
-"""The GPU smoke run (recipe/rpg/tiny/run_tiny_gpu.sh, rpg.demo.gpu_smoke) end to end: 4 steps
-saved at step 4, resumed for 2, every check of rpg.demo.smoke_checks passing; on one GPU with the
+"""The GPU smoke run (recipe/rpg/tiny/run_tiny_gpu.sh, rpg_lab.demo.gpu_smoke) end to end: 4 steps
+saved at step 4, resumed for 2, every check of rpg_lab.demo.smoke_checks passing; on one GPU with the
 HF rollout on CUDA and with vLLM when it imports, and data parallel over 2 GPUs when visible; on SmolLM2 with
 --smol. A few minutes each (start-up dominates)."""
 
@@ -10,7 +10,7 @@ import json
 import pytest
 from gpu_marks import GPU, REQUIRES_VLLM, requires_gpus
 
-from rpg.demo import gpu_smoke as smoke
+from rpg_lab.demo import gpu_smoke as smoke
 
 pytestmark = GPU
 

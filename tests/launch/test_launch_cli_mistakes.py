@@ -1,5 +1,5 @@
 """A mistyped command line is refused before anything starts, in one line that says what was meant, by the
-launch (every paper script: ``recipe/rpg/main_rpg.py +experiment=<run>``) and the tiny demo (``python -m rpg.demo.cpu``,
+launch (every paper script: ``recipe/rpg/main_rpg.py +experiment=<run>``) and the tiny demo (``python -m rpg_lab.demo.cpu``,
 recipe/rpg/tiny/run_tiny_cpu.sh) alike, exit code 2; no run overwrites another; Ctrl-C at any stage is one line.
 
 * an environment variable given as an argument (``OUT=runs/x`` after the script: ``rpg.launch.args``);
@@ -41,7 +41,7 @@ def _lines(text: str) -> list[str]:
 
 
 def _demo(argv, capsys):
-    from rpg.demo.cpu import main
+    from rpg_lab.demo.cpu import main
 
     rc = main([str(a) for a in argv])
     cap = capsys.readouterr()
@@ -71,7 +71,7 @@ def test_an_environment_variable_given_as_an_argument_is_one_line_naming_where_i
 def test_the_tiny_scripts_variables_are_the_declared_ones():
     """run_tiny_cpu.sh's variables are the demo's declaration (ENV_VARS), so each is refused as an argument
     and listed in the usage; each sets the flag the declaration names."""
-    from rpg.demo.cpu import ENV_VARS, SCRIPT_ENV, _parser
+    from rpg_lab.demo.cpu import ENV_VARS, SCRIPT_ENV, _parser
 
     script = TINY.read_text()
     used = set(re.findall(r"\$\{(\w+):-", script))  # the variables it reads (with a default)
@@ -326,7 +326,7 @@ def test_the_folder_check_reads_the_metrics_segments_and_skips_only_a_cut_last_l
 
 def test_the_checkpoint_folder_is_named_after_the_variant_run(tmp_path, capsys, monkeypatch):
     """The demo named every RPG run's folder tiny_rpg_reinforce_ufkl, whatever divergence or form it ran."""
-    import rpg.demo.cpu as demo
+    import rpg_lab.demo.cpu as demo
     import rpg.tiny
 
     class Started(Exception):

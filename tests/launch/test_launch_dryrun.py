@@ -91,7 +91,7 @@ def _memory_fits(cfg) -> str | None:
     shape, token budgets and memory settings are those the GPU kit's memory probe measures."""
     from omegaconf import OmegaConf
 
-    from rpg.gpu_kit.memory_terms import uncovered
+    from rpg_lab.gpu_kit.memory_terms import uncovered
     from rpg.memory import (DEFAULT_GPU_MEM_GIB, DEFAULT_HOST_MEM_GIB, architecture_for, estimate, estimate_host,
                                    host_settings_from_config, settings_from_config)
 
@@ -99,7 +99,7 @@ def _memory_fits(cfg) -> str | None:
     s = settings_from_config(plain)
     arch = architecture_for(s.model_path)
     if (why := uncovered(s, arch)) is not None:  # the GPU kit's memory probe measures each script's shape and budget
-        return f"not covered by rpg.gpu_kit.memory_probe: {why}"
+        return f"not covered by rpg_lab.gpu_kit.memory_probe: {why}"
     e = estimate(s, arch, DEFAULT_GPU_MEM_GIB)
     if not e.fits:
         return f"does not fit 80 GB: peak {e.peak.gib:.1f} GiB ({e.peak.name}), headroom {e.headroom_gib:.1f}, KV ok {e.kv_fits}"

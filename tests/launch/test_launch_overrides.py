@@ -4,7 +4,7 @@
 * README's list form ``data.val_files=[data/aime2024.parquet,data/aime2025.parquet]`` works in the
   launcher's data-file check (it used ``ast.literal_eval`` and crashed with a SyntaxError);
 * an override Hydra cannot read is ONE line naming it with Hydra's reason, exit code 2, at every entry
-  point (the paper scripts and recipe/rpg/main_rpg.py, a Ray submission, python -m rpg.demo.cpu and the tiny
+  point (the paper scripts and recipe/rpg/main_rpg.py, a Ray submission, python -m rpg_lab.demo.cpu and the tiny
   script), before anything starts; Hydra's own flags still work;
 * the launchers keep the driver's exit code when it refuses a config, and their stderr is the
   driver's one line (the real driver process; it refuses before Ray, in seconds).
@@ -151,7 +151,7 @@ def test_paper_script_syntax_error_is_one_line(tmp_path):
 
 
 def test_tiny_launcher_syntax_error_is_one_line_before_anything_starts(tmp_path, capsys):
-    from rpg.demo.cpu import main
+    from rpg_lab.demo.cpu import main
 
     assert main(["--out", str(tmp_path / "out"), "--steps", "1", BAD]) == 2
     cap = capsys.readouterr()
@@ -187,8 +187,8 @@ def test_driver_entry_syntax_error_is_one_line_before_verl_is_imported(tmp_path)
 def test_tiny_launcher_keeps_the_drivers_exit_code_and_line(tiny_assets, tmp_path, capsys, monkeypatch):
     """The real driver (recipe/rpg/main_rpg.py on the CPU backend, its own process) refuses before Ray: exit code
     2 and its one line is the launcher's whole stderr (the launcher printed 'FAILED' and the log's last 60 lines).
-    The launchers in this process (``python -m rpg.demo.cpu`` exits with what ``main`` returns)."""
-    from rpg.demo.cpu import main
+    The launchers in this process (``python -m rpg_lab.demo.cpu`` exits with what ``main`` returns)."""
+    from rpg_lab.demo.cpu import main
 
     monkeypatch.setenv("RPG_TINY_CACHE", str(tiny_assets.root.parent))
     assert main(["--out", str(tmp_path / "out"), "--steps", "1", "rpg.loss.divergence=js"]) == 2

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+LAB_PATH = os.pathsep.join((str(ROOT), str(ROOT / "lab")))  # the checkout and its lab (the demo is rpg_lab.demo)
 TINY = ROOT / "recipe" / "rpg" / "tiny" / "run_tiny_cpu.sh"
 GPU = ROOT / "recipe" / "rpg" / "tiny" / "run_tiny_gpu.sh"
 
@@ -50,16 +51,17 @@ def test_the_tiny_scripts_run_in_the_callers_folder(tmp_path):
         assert p.returncode == 0, p.stderr
         lines = p.stdout.splitlines()
         assert lines[0] == f"cwd={here}", lines
-        assert lines[1] == f"pythonpath={ROOT}:x", lines  # this checkout's rpg first, the caller's path kept
+        assert lines[1] == f"pythonpath={ROOT}:{ROOT}/lab:x", lines  # this checkout's rpg and rpg_lab first, the
+        # caller's path kept
         assert "arg=--out" in lines and lines[lines.index("arg=--out") + 1] == "arg=my run", lines
 
 
 def test_the_demo_writes_where_the_user_said_and_its_resume_command_works_from_anywhere(tmp_path, monkeypatch,
                                                                                        capsys):
-    """Before: the resume command of a demo stopped by a signal was ``python -m rpg.demo.cpu --out 'my run' ...``
+    """Before: the resume command of a demo stopped by a signal was ``python -m rpg_lab.demo.cpu --out 'my run' ...``
     with a relative --out and no cd (pasted elsewhere: a fresh run at step 0), and each stop of a resumed run
     added another trainer.resume_mode=auto."""
-    import rpg.demo.cpu as demo
+    import rpg_lab.demo.cpu as demo
     from rpg import trainer_process as harness
 
     seen = {}
@@ -86,7 +88,7 @@ def test_the_demo_writes_where_the_user_said_and_its_resume_command_works_from_a
         assert f"full log: {out / 'trainer.log'}" in cap.out
         resume = cap.err.split("; resume: ", 1)[1].strip()
         assert shlex.split(resume) == ["cd", str(here), "&&", "RPG_TINY_CACHE=" + str(tmp_path / "cache"),
-                                       sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), "--steps", "3",
+                                       sys.executable, "-m", "rpg_lab.demo.cpu", "--out", str(out), "--steps", "3",
                                        "trainer.save_freq=1", "trainer.resume_mode=auto"], resume
 
 
@@ -100,7 +102,7 @@ def test_the_drivers_resume_command_goes_back_to_its_folder(tmp_path, monkeypatc
 
 
 def test_the_study_takes_its_folders_from_the_callers_folder(tmp_path, monkeypatch, capsys):
-    from rpg.study.__main__ import main
+    from rpg_lab.study.__main__ import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["--render-only", "--out", "my study"]) == 2
@@ -108,9 +110,9 @@ def test_the_study_takes_its_folders_from_the_callers_folder(tmp_path, monkeypat
 
 
 def _demo(out: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), "--steps", "2"]
+    cmd = [sys.executable, "-m", "rpg_lab.demo.cpu", "--out", str(out), "--steps", "2"]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": LAB_PATH})
 
 
 def test_the_demo_refuses_an_output_folder_it_cannot_write_in_one_line(tmp_path):
@@ -127,10 +129,10 @@ def test_the_demo_refuses_an_output_folder_it_cannot_write_in_one_line(tmp_path)
         pytest.skip("a read-only mount needs root and unshare -m")
     ro = tmp_path / "ro"
     ro.mkdir()
-    cmd = [sys.executable, "-m", "rpg.demo.cpu", "--out", str(ro / "run"), "--steps", "2"]
+    cmd = [sys.executable, "-m", "rpg_lab.demo.cpu", "--out", str(ro / "run"), "--steps", "2"]
     done = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro tmpfs {shlex.quote(str(ro))} && exec "
                            + shlex.join(cmd)], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": LAB_PATH})
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and str(ro / "run") in lines[0] and f"{ro} is on a read-only file system" in lines[0], lines

@@ -11,10 +11,12 @@ Links: every relative Markdown link in README.md and docs/ must name an existing
 mentioned anywhere (docstrings, comments) must resolve the same way.
 
 Names: in every tracked text (in Python files, their docstrings and comments), a path under the project's folders
-(``rpg/math/fused.py``, ``recipe/rpg/7b/*.sh``, ``tests/test_x.py::test_y``), a dotted ``rpg`` name (a module, a
-name in one, or a key of the ``rpg:`` block), a source file named alone in Markdown, and a citation of a README section
+(``rpg/math/fused.py``, ``recipe/rpg/7b/*.sh``, ``tests/test_x.py::test_y``), a dotted ``rpg`` or ``rpg_lab`` name (a
+module, a name in one, or a key of the ``rpg:`` block), a source file named alone in Markdown, and a citation of a README section
 (``README.md#anchor``, ``README, "Title"``, ``README (Title)``, ``README's Title``) must name what the tree holds.
-What legitimately is not in the tree (a file a run writes) is named by prefix in ``NOT_IN_TREE``, with why.
+What legitimately is not in the tree (a file a run writes) is named by prefix in ``NOT_IN_TREE``, with why. A record
+written before the lab's packages left ``rpg/`` (``RECORDS``) names them where they were: each such name is checked
+where it is now (``MOVED``).
 """
 
 from __future__ import annotations
@@ -165,12 +167,12 @@ def _link_sources() -> list[str]:
 # ---------------------------------------------------------------- file, module and README-section references
 
 # prefixes of the project's own folders: a path under one of them, ending in a file suffix or "/", must exist
-PATH_REF = re.compile(r"(?<![\w.\-/~$])(?:rpg|tests|benchmarks|recipe|docs|scripts|requirements|\.ci)/"
+PATH_REF = re.compile(r"(?<![\w.\-/~$])(?:rpg|lab|tests|benchmarks|recipe|docs|scripts|requirements|\.ci)/"
                       r"[\w.\-/*<>{},\[\]]*(?:::[\w\[\]-]+)?")
 FILE_SUFFIX = re.compile(r"\.(py|md|sh|yaml|yml|toml|txt|json|jsonl|csv|png|parquet|cfg|ini)$")
 # a dotted rpg name: a module (rpg.math.fused), a name in one (rpg.math.fused.rpg_policy_loss) or a config key
-# (rpg.loss.beta)
-MODULE_REF = re.compile(r"(?<![\w.\-/])rpg(?:\.(?:[A-Za-z_*][\w*]*|<[\w -]+>|\{[\w,]+\}))+")
+# (rpg.loss.beta); or a name of the lab (rpg_lab.exact)
+MODULE_REF = re.compile(r"(?<![\w.\-/])rpg(?:_lab)?(?:\.(?:[A-Za-z_*][\w*]*|<[\w -]+>|\{[\w,]+\}))+")
 BARE_SOURCE = re.compile(r"`([\w.-]+\.(?:py|sh))(?:::[\w\[\]-]+)?`")  # a source file named alone, in Markdown
 README_CITATION = re.compile(
     r"(?<![\w/.-])README(?:\.md)?(?:#([\w-]+)"  # README.md#anchor
@@ -183,6 +185,22 @@ README_CITATION = re.compile(
 NOT_IN_TREE = {
     "rpg.loss.divergance": "the mistyped key that the docs and the launcher show being refused",
 }
+# records that keep the words they were written with: a declared study's plan (frozen: test_declared_plans.py), each
+# attempt's command as it ran, the GPU runs' logs and summaries
+RECORDS = re.compile(r"docs/study/[\w-]+/(?:PLAN\.md|attempts\.csv)|docs/gpu-runs/.+")
+# the lab's packages that were in rpg/ when those records were written: old prefix -> where it is now
+MOVED = {f"{old}{sep}{package}{end}": f"{new}{sep}{package}{end}"
+         for package in ("study", "demo", "gpu_kit")
+         for old, sep, new, end in (("rpg", ".", "rpg_lab", ""), ("rpg", "/", "lab/rpg_lab", "/"),
+                                    ("tests", "/", "tests/lab", "/"))}
+
+
+def moved(ref: str) -> str:
+    """``ref`` (a dotted name or a path) at its place after the lab's packages left rpg/."""
+    for old, new in MOVED.items():
+        if ref == old or ref.startswith(old if old.endswith("/") else old + "."):
+            return new + ref[len(old):]
+    return ref
 
 
 def _flatten(text: str) -> tuple[str, list[tuple[int, int]]]:
@@ -208,13 +226,13 @@ def _line_col(text: str, marks: list[tuple[int, int]], flat_pos: int) -> tuple[i
 
 @lru_cache(maxsize=None)
 def _tree() -> tuple[frozenset[str], frozenset[str], dict[str, str]]:
-    """Tracked files, their folders, and rpg's modules (dotted name -> file)."""
+    """Tracked files, their folders, and the modules of rpg and rpg_lab (dotted name -> file)."""
     files = frozenset(_tracked())
     folders = frozenset("/".join(Path(f).parts[:i]) for f in files for i in range(1, len(Path(f).parts)))
     modules = {}
     for f in files:
-        if f.startswith("rpg/") and f.endswith(".py"):
-            parts = f[:-3].split("/")
+        if f.startswith(("rpg/", "lab/rpg_lab/")) and f.endswith(".py"):
+            parts = f[:-3].removeprefix("lab/").split("/")
             modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
     return files, folders, modules
 
@@ -372,8 +390,9 @@ def name_problems(rel: str, text: str) -> list[str]:
     """'file:line: what' for every project path, rpg name, bare source file name or README citation that names
     nothing in the tree (in Python files, in docstrings and comments)."""
     flat, marks = _flatten(text)
-    found = [(m.start(), path_problem(m.group(0))) for m in PATH_REF.finditer(flat)]
-    found += [(m.start(), module_problem(m.group(0))) for m in MODULE_REF.finditer(flat)
+    now = moved if RECORDS.fullmatch(rel) else str
+    found = [(m.start(), path_problem(now(m.group(0)))) for m in PATH_REF.finditer(flat)]
+    found += [(m.start(), module_problem(now(m.group(0)))) for m in MODULE_REF.finditer(flat)
               if flat[m.end():m.end() + 2] != ": "]  # "rpg.elastic: restart 1/3": a printed line's prefix
     found += [(m.start(), readme_problem(m.group(1), next((g for g in m.groups()[1:] if g), None)))
               for m in README_CITATION.finditer(flat)]

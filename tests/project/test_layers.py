@@ -106,10 +106,11 @@ def plant(root: Path, files: dict[str, str]) -> None:
 def test_the_contracts_break_on_planted_imports(tmp_path):
     """Every node of the real contracts as an empty package, then one import against each contract: the math
     importing the launcher inside a function, a relative import from the configuration up to the driver, a CPU
-    backend module importing the GPU backend, the driver importing the study, the math importing the lab, and two
+    backend module importing the GPU backend, the driver importing the reports, the driver importing the study and
+    the math the lab, the lab's exact enumeration importing the conformance report and the study the demos, and two
     driver modules importing each other (one lazily). Each contract reports its own."""
-    nodes = [n for n in RANK if n != "rpg.backends"]
-    plant(tmp_path, {"rpg/__init__.py": "", "rpg/backends/__init__.py": "",
+    nodes = [n for n in RANK if n != "rpg.backends"] + [n for layer in _layers("rpg_lab") for n in layer]
+    plant(tmp_path, {"rpg/__init__.py": "", "rpg/backends/__init__.py": "", "rpg_lab/__init__.py": "",
                      **{n.replace(".", "/") + "/__init__.py": "" for n in nodes}})
     plant(tmp_path, {
         "rpg/math/x.py": "def f():\n    from rpg.launch import y\n",
@@ -119,10 +120,13 @@ def test_the_contracts_break_on_planted_imports(tmp_path):
         "rpg/launch/y.py": "",
         "rpg/verl/a.py": "from rpg.verl import b\n",
         "rpg/verl/b.py": "def g():\n    from rpg.verl import a\n",
-        "rpg/verl/s.py": "import rpg.study\n",
+        "rpg/verl/r.py": "import rpg.reports\n",
+        "rpg/verl/s.py": "import rpg_lab.study\n",
         "rpg/math/lab.py": "import rpg_lab.exact\n",
-        "rpg_lab/__init__.py": "",
-        "rpg_lab/exact.py": "",
+        "rpg_lab/exact/e.py": "from rpg_lab.conformance import c\n",
+        "rpg_lab/conformance/c.py": "",
+        "rpg_lab/study/q.py": "from rpg_lab.demo import d\n",
+        "rpg_lab/demo/d.py": "",
     })
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     done = lint_imports(tmp_path, pythonpath=tmp_path)
@@ -131,7 +135,8 @@ def test_the_contracts_break_on_planted_imports(tmp_path):
     for contract in LINTER["contracts"]:
         assert f"{contract['name']} BROKEN" in out, (contract["name"], done.stdout[-4000:])
     for arrow in ("rpg.math.x -> rpg.launch", "rpg.config.z -> rpg.verl", "rpg.backends.cpu.c -> rpg.backends.gpu",
-                  "rpg.verl.s -> rpg.study", "rpg.math.lab -> rpg_lab.exact"):
+                  "rpg.verl.r -> rpg.reports", "rpg.verl.s -> rpg_lab.study", "rpg.math.lab -> rpg_lab.exact",
+                  "rpg_lab.exact.e -> rpg_lab.conformance", "rpg_lab.study.q -> rpg_lab.demo"):
         assert arrow in out, (arrow, done.stdout[-4000:])
 
 
@@ -149,8 +154,6 @@ def test_the_docs_layer_table_is_the_contract():
 UNREAD_IMPORTS = {
     ("rpg/verl/block_to_verl.py", "module_name"): "the module of a run's rpg.reward_function (a user's module, or the "
     "default rpg.reward, a lower layer): configuration data, not a module of the driver",
-    ("rpg/gpu_kit/probe.py", "module or dist.replace('-', '_')"): "the third-party packages the GPU kit's probe "
-    "reports (its PACKAGES table): none of them a module of the house",
 }
 
 

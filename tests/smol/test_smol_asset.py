@@ -95,7 +95,7 @@ def test_without_the_gguf_package_the_build_names_the_extra(monkeypatch, tmp_pat
 
 def test_the_demo_names_an_unbuildable_model_in_one_line(tmp_path, monkeypatch, capsys):
     """``--model smol`` with a wheel that fails its checksum: one line, exit 2, no run folder."""
-    from rpg.demo.cpu import main
+    from rpg_lab.demo.cpu import main
 
     wheel, _, _ = _wheel(tmp_path / asset.WHEEL_FILE)
     monkeypatch.setenv(asset.WHEEL_ENV, str(wheel))

@@ -21,7 +21,7 @@ class Started(Exception):
 @pytest.fixture
 def started(monkeypatch, tmp_path):
     """The demo's overrides when it would start the trainer (the asset build replaced by the planned paths)."""
-    import rpg.demo.cpu as demo
+    import rpg_lab.demo.cpu as demo
     import rpg.smol
     import rpg.tiny
     from rpg.smol.build import planned_assets
@@ -101,8 +101,8 @@ def test_the_smol_script_is_the_demo_with_model_smol(tmp_path):
 
 @pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "x"])
 def test_a_time_limit_that_would_end_a_run_at_once_or_never_is_one_line(value, capsys, tmp_path):
-    import rpg.demo.cpu as demo
-    import rpg.demo.gpu_smoke as gpu_smoke
+    import rpg_lab.demo.cpu as demo
+    import rpg_lab.demo.gpu_smoke as gpu_smoke
 
     for main in (demo.main, gpu_smoke.main):
         assert main(["--out", str(tmp_path / "o"), "--model", "smol", "--timeout", value]) == 2

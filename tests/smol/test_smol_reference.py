@@ -1,4 +1,4 @@
-"""SmolLM2's first RPG step against its committed reference (``rpg.demo.reference --model smol``, the ``smol`` stage):
+"""SmolLM2's first RPG step against its committed reference (``rpg_lab.demo.reference --model smol``, the ``smol`` stage):
 the real model's weights, the responses the project's sampler draws, the loss, its gradient and the update, to the
 bit with the CPU kernels pinned; a planted change of the computation (the temperature applied twice) fails in one
 line naming what moved."""
@@ -41,7 +41,7 @@ def _check(out: Path, plant: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     if plant is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(plant), env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "rpg.demo.reference", "--check", "--model", "smol", "--out",
+    return subprocess.run([sys.executable, "-m", "rpg_lab.demo.reference", "--check", "--model", "smol", "--out",
                            str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
 
 

@@ -7,12 +7,12 @@
 # file fails tests/project/test_suite_order.py.
 SLOW_FILES_FIRST = (
     "tests/verl/test_resume.py", "tests/launch/test_launch_dryrun.py", "tests/cluster/test_multinode_units.py",
-    "tests/study/test_study.py", "tests/launch/test_launch_cli_mistakes.py", "tests/verl/test_separate_async_driver.py",
+    "tests/lab/study/test_study.py", "tests/launch/test_launch_cli_mistakes.py", "tests/verl/test_separate_async_driver.py",
     "tests/math/test_losses_compiled.py", "tests/launch/test_launch_overrides.py", "tests/verl/test_driver_rules.py",
     "tests/backends/test_cpu_platform.py", "tests/backends/test_gpu_preflight.py", "tests/verl/test_verl_config.py",
     "tests/trainer_process/test_trainer_process.py", "tests/launch/test_launch_experiments.py",
-    "tests/study/test_smol_paper.py", "tests/study/test_smol_loss.py", "tests/gpu_kit/test_gpu_kit_stall.py",
-    "tests/gpu_kit/test_gpu_kit_folders.py",
+    "tests/lab/study/test_smol_paper.py", "tests/lab/study/test_smol_loss.py", "tests/lab/gpu_kit/test_gpu_kit_stall.py",
+    "tests/lab/gpu_kit/test_gpu_kit_folders.py",
 )
 
 # The CI stages' files of trainer launches and other long runs, with the seconds each took (the sum of its tests'
@@ -36,7 +36,7 @@ STAGE_FILE_SECONDS = {
     "tests/e2e/test_verl_reference_resume_e2e.py": 140, "tests/e2e/test_resume_e2e.py": 123,
     "tests/e2e/test_killed_save_e2e.py": 223,  # measured alone (2026-11-28), at a load of 4-6
     # gpu_kit (the kit's build: its downloads and xz) and repro
-    "tests/gpu_kit/test_gpu_kit_stage.py": 345, "tests/gpu_kit/test_vllm_parts_stage.py": 68,
+    "tests/lab/gpu_kit/test_gpu_kit_stage.py": 345, "tests/lab/gpu_kit/test_vllm_parts_stage.py": 68,
     "tests/e2e/test_repro_e2e.py": 131,
     # trainer_e2e
     "tests/e2e/test_launch_cpu_e2e.py": 87, "tests/e2e/test_verl_reinforce_pp_e2e.py": 75,

@@ -221,13 +221,13 @@ def test_a_full_disk_stops_the_run_with_the_stop_line(tmp_path, monkeypatch, cap
     assert time.time() - t0 < 60 and not run.timed_out  # stopped, not waited out
     assert "No space left on device" in run.output_error and run.discarded_lines > 0
     assert run.leftover_pids == []
-    code = harness.report_failure(err.value, "[tiny]", "resume: python -m rpg.demo.cpu --out OUT")
+    code = harness.report_failure(err.value, "[tiny]", "resume: python -m rpg_lab.demo.cpu --out OUT")
     lines = capsys.readouterr().err.splitlines()
     assert code == 1 and len(lines) == 1
     assert lines[0].startswith("[tiny] stopped because the output could not be written") and "lines of output " \
         "discarded" in lines[0] and f"log {out / 'trainer.log'}" in lines[0]
     assert f"last complete checkpoint none in {out / 'ckpts'}" in lines[0] and lines[0].endswith(
-        "resume: python -m rpg.demo.cpu --out OUT")
+        "resume: python -m rpg_lab.demo.cpu --out OUT")
 
 
 def test_vllm_socket_files_go_with_the_runs_private_directory(tmp_path):

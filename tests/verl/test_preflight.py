@@ -158,7 +158,7 @@ def test_dry_run_and_the_tiny_demo_refuse_an_empty_model_folder_before_anything_
     import rpg.tiny
     from launching import env as _env, launch
 
-    from rpg.demo.cpu import main as demo
+    from rpg_lab.demo.cpu import main as demo
 
     empty = tmp_path / "empty"
     empty.mkdir()

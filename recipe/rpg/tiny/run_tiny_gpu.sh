@@ -14,9 +14,9 @@
 #   OFFLOAD=0 STEPS=6 RESUME_STEPS=2 bash recipe/rpg/tiny/run_tiny_gpu.sh rpg.loss.divergence=urkl
 set -euo pipefail
 # Run from the caller's folder (OUT=, ENTRY= and relative paths in overrides are taken from there), with this
-# checkout's rpg first on the path.
+# checkout's rpg and its lab's rpg_lab first on the path.
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT:$ROOT/lab${PYTHONPATH:+:$PYTHONPATH}"
 
 PYTHON="${PYTHON:-python}"
 ARGS=(--model "${MODEL:-tiny}" --rollout "${ROLLOUT:-vllm}" --gpus "${GPUS:-1}" --steps "${STEPS:-4}"
@@ -28,4 +28,4 @@ case "$(printf '%s' "${OFFLOAD:-1}" | tr '[:upper:]' '[:lower:]')" in  # strict:
 esac
 if [[ -n "${OUT:-}" ]]; then ARGS+=(--out "$OUT"); fi
 
-exec "$PYTHON" -m rpg.demo.gpu_smoke "${ARGS[@]}" "$@"
+exec "$PYTHON" -m rpg_lab.demo.gpu_smoke "${ARGS[@]}" "$@"

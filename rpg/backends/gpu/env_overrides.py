@@ -3,7 +3,7 @@
 Nothing selects a platform there (verl's default, CUDA, runs); the additions, handed to every Ray process on
 every node, are the list of verl's external modules (``VERL_USE_EXTERNAL_MODULES``) and vLLM's log level
 (``rpg.backends.run_env.vllm_log_env``). The tiny GPU smoke run's own settings (its overrides and their
-checks) are the demo's: ``rpg.demo.smoke_settings``.
+checks) are the demo's: ``rpg_lab.demo.smoke_settings``.
 """
 
 from __future__ import annotations

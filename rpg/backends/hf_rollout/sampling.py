@@ -4,33 +4,10 @@ over the rows still decoding (a row leaves the batch, and its cache, after its E
 sampled at once by ``RowSampler`` from its own random generator (seeded by ``row_seed``). The keys and values are
 written in place into a buffer per layer (``_BufferLayer``), not concatenated at every step.
 
-Sampling semantics (vLLM's, as verl sends them): ``temperature`` (0 = greedy), ``top_p`` (1 =
-off), ``top_k`` (-1 or 0 = off), ``max_tokens``/``max_new_tokens`` (default: the rollout's
-response_length), bounded by ``prompt_length + response_length``; generation stops after the
-first EOS token, which is returned. ``log_probs`` are log pi(token) under the temperature-scaled
-distribution *before* top-k/top-p filtering, i.e. what verl's actor recomputes (it divides the
-logits by the same temperature), so ``training/rollout_probs_diff_*`` measures real mismatch.
-
-Shared prefix: prompts that begin with the same ``MIN_SHARED_PREFIX`` or more tokens (a chat template's system turn,
-a worked example) have that prefix's keys and values computed once per batch, by one forward into a ``DynamicCache``
-written into every row's cache. A row is [prefix | padding | its own tokens], the attention mask 0 on the padding. It
-is the row alone, position for position: each token's position is the count of mask-1 tokens before it (as
-transformers' ``generate`` numbers them), each new token the last position plus one, and the attention hides every key
-whose mask is 0 (masking_utils.py:164), so the numbers move only at float32 rounding (other batch shapes, another summation order),
-as in any batch (below); ``shared_prefix_support`` names the models where that does not hold (a sliding window counts
-cache slots). On SmolLM2's task (prompts of 186-203 tokens, 155 shared; 2 CPU cores, responses up to 32 tokens):
-1.31 times the tokens/s for 32 prompts, 1.43 for 100, the same responses, log-probs within 2.4e-5 (docs/smol.md).
-Off: verl's ``rollout.enable_prefix_caching=False``.
-
-Reproducible sampling: every sequence draws from its own random generator, seeded by
-``HFRolloutServer.request_seed`` (the rollout seed, the sample's identity and its prompt), so the random
-numbers of a response do not depend on which other requests shared its decode batch, nor on the replica.
-The numbers the model computes do, slightly: on CPU a batched matrix product's result for one row depends on
-the batch's size and the row's place in it (measured on the tiny model: log-probs move by up to 2e-6 between
-a sequence decoded alone and in a batch, or with its prefix shared; a token changes only when its random number
-falls that close to a boundary of the cumulative distribution). ``rollout.full_determinism=True`` (verl's key)
-decodes every sequence alone, with nothing to share: the same numbers whatever the timing, at the cost of batching
-(server.py).
+A row with a shared prefix is [prefix | padding | its own tokens], the attention mask 0 on the padding: each token's
+position is the count of mask-1 tokens before it (as transformers' ``generate`` numbers them) and the attention hides
+every key whose mask is 0 (masking_utils.py:164), so a row computes what it computes alone, up to float32 rounding.
+Semantics, seeds and what sharing and batching were measured to change: docs/cpu-backend.md#hf-rollout-semantics.
 """
 
 from __future__ import annotations
