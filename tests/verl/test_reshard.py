@@ -109,7 +109,8 @@ def test_the_driver_says_what_is_resharded_and_that_the_rng_is_not_restored(tmp_
     assert holds_dtensors(folder / "rpg_reference" / "reference_rank_0.pt")
     plan = plan_resume("auto", str(tmp_path), world_size=1)
     assert plan.folder == str(folder)
-    names(one_line(plan.note), str(folder), "world size 2", "world size 1", "model, optimizer state, lr schedule, reference")
+    names(one_line(plan.note), str(folder), "world size 2", "world size 1",
+          "model, optimizer state, lr schedule, reference")
     assert "the per-rank RNG state is not restored" in plan.note
     assert "world size" not in (plan_resume("auto", str(tmp_path), world_size=2).note or "")  # same world size
     assert world_size_change(folder, 2) == (None, None)
