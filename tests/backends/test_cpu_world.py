@@ -5,6 +5,7 @@ batch sizes cannot serve is one line before Ray. No processes: the e2e runs are 
 from __future__ import annotations
 
 import pytest
+from messages import names, one_line
 from omegaconf import OmegaConf
 
 from rpg.backends.cpu import env_overrides, world
@@ -42,7 +43,7 @@ def test_world_size_problem_names_the_keys():
     assert world.world_size_problem({"trainer.n_gpus_per_node": 2}, total_gib=24) is None
     assert world.world_size_problem({}, total_gib=24) is None
     line = world.world_size_problem({"trainer.nnodes": 2, "trainer.n_gpus_per_node": 16}, total_gib=24)
-    assert "trainer.nnodes=2 x trainer.n_gpus_per_node=16 = 32 FSDP ranks" in line and "allowed world size 1..21" in line
+    names(one_line(line), "trainer.nnodes=2", "trainer.n_gpus_per_node=16", "32", "allowed world size 1..21")
     assert world.max_world_size(24) == 21 and world.host_ram_gib(21) <= 24 < world.host_ram_gib(22)
     line = world.world_size_problem({"trainer.n_gpus_per_node": 2, "ray_kwargs.ray_init.num_gpus": 1}, total_gib=24)
     assert line.startswith("ray_kwargs.ray_init.num_gpus=1 is below the world size") and "\n" not in line

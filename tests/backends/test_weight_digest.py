@@ -4,6 +4,7 @@ check of a separate_async run's log requires the standalone pool's load, with th
 from __future__ import annotations
 
 import pytest
+from messages import names, one_line
 import torch
 
 from rpg.backends.weight_digest import CHECKSUM_METRIC, WeightDigest, digest_metric, sync_problems
@@ -86,17 +87,16 @@ def test_the_check_passes_a_whole_log_and_needs_the_standalone_load_at_every_syn
     log, metrics = _log(3)
     assert sync_problems(log, metrics, 3, replicas=1) == []
     for step in (0, 2):  # the hybrid server loaded the same weights then: it does not stand in for the standalone one
-        assert sync_problems(*_log(3, drop=("standalone", step)), 3, replicas=1) == [
-            f"sync at global_steps={step}: no weight load of standalone replica 1 in the log"]
+        (line,) = sync_problems(*_log(3, drop=("standalone", step)), 3, replicas=1)
+        names(one_line(line), f"global_steps={step}", "standalone replica 1")
         assert sync_problems(*_log(3, drop=("hybrid", step)), 3, replicas=1) == []
-    assert sync_problems(log, metrics, 3, replicas=2) == [
-        "weight loads of standalone replica(s) [1] in the log, expected 2 replica(s)"]
+    (line,) = sync_problems(log, metrics, 3, replicas=2)
+    names(one_line(line), "replica(s) [1]", "expected 2")
     two = log + "\n" + "\n".join(LOADED.format(9, g, "standalone", 2, d) for g, d in enumerate(_digests(4)) if g != 3)
-    assert sync_problems(two, metrics, 3, replicas=2) == [
-        "sync at global_steps=3: no weight load of standalone replica 2 in the log"]
+    (line,) = sync_problems(two, metrics, 3, replicas=2)
+    names(one_line(line), "global_steps=3", "standalone replica 2")
     no_standalone = "\n".join(x for x in log.splitlines() if "pool=standalone" not in x)
-    assert sync_problems(no_standalone, metrics, 3, replicas=1)[0] == \
-        "weight loads of standalone replica(s) [] in the log, expected 1 replica(s)"
+    names(one_line(sync_problems(no_standalone, metrics, 3, replicas=1)[0]), "replica(s) []", "expected 1")
 
 
 def test_the_check_names_a_wrong_digest_a_missing_sync_and_a_wrong_metric():

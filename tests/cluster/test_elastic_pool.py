@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 
 from rpg.cluster.elastic.attempts import Plan, parse_args
 from rpg.cluster.elastic.cluster import Cluster
@@ -77,10 +78,10 @@ def test_the_trainer_takes_the_largest_allowed_count_the_nodes_hold_besides_the_
     assert _supervisor(plan, lambda _started: nodes).run() == 0
     (call,) = _calls(script)
     assert f"trainer.nnodes={want}" in call
-    out = capsys.readouterr().out
-    assert (f"starting on {want} node(s) x 1 GPU(s) (NNODES=1:{max(sizes)}, allowed {list(sizes)}; restarts left 1; "
-            f"{nodes} node(s) with 1 free GPU(s): 1 kept for the rollout pool's 1 node(s) x 1 GPU(s) "
-            f"(actor_rollout_ref.rollout.nnodes=1, n_gpus_per_node=1), {want} for the trainer)") in out, out
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "starting on" in x]
+    names(line, f"starting on {want} node(s) x 1 GPU(s)", f"NNODES=1:{max(sizes)}", f"allowed {list(sizes)}",
+          "restarts left 1", f"{nodes} node(s) with 1 free GPU(s)", "1 kept for the rollout pool",
+          "actor_rollout_ref.rollout.nnodes=1", f"{want} for the trainer")
 
 
 def test_a_node_counts_when_it_holds_a_rank_group_or_a_pool_node_whichever_is_larger(tmp_path, capsys):
@@ -102,11 +103,10 @@ def test_too_few_nodes_for_min_with_the_pool_kept_starts_nothing_in_one_line(tmp
     plan = _plan(tmp_path, script, low=low, sizes=(2,) if low == 2 else (1, 2))
     assert _supervisor(plan, lambda _started: nodes).run() == 1
     assert _calls(script) == []
-    out = capsys.readouterr().out.splitlines()
-    assert out == [f"rpg.elastic: fewer than {low + 1} node(s) with 1 free GPU(s) each (NNODES={low}:2: at least "
-                   f"{low} for the trainer and 1 for the rollout pool's 1 node(s) x 1 GPU(s) (actor_rollout_ref."
-                   f"rollout.nnodes=1, n_gpus_per_node=1); {nodes} counted) (allowed counts {plan.sizes}): nothing "
-                   "started"], out
+    line = one_line(capsys.readouterr().out)
+    assert line.startswith("rpg.elastic: ")
+    names(line, f"fewer than {low + 1} node(s)", f"NNODES={low}:2", f"{low} for the trainer",
+          "actor_rollout_ref.rollout.nnodes=1", f"{nodes} counted", f"{plan.sizes}", "nothing started")
 
 
 def test_a_lost_node_restarts_the_trainer_on_what_is_left_once_the_pool_is_kept(tmp_path, capsys):
@@ -131,8 +131,8 @@ def test_the_hang_watch_counts_the_pools_nodes(tmp_path, capsys):
     first, second = _calls(script)
     assert "trainer.nnodes=2" in first and "trainer.nnodes=1" in second
     out = capsys.readouterr().out
-    assert "2 node(s) alive of the 3 the trainer (2) and its rollout pool (1) run on for 0 s and it has not stopped" \
-        in out, out
+    (line,) = [x for x in out.splitlines() if "node(s) alive" in x]
+    names(line, "2 node(s) alive of the 3", "trainer (2)", "rollout pool (1)", "not stopped")
 
 
 def test_the_supervisors_command_line_names_the_pool():
@@ -158,8 +158,10 @@ def test_an_elastic_separate_async_submission_hands_the_pool_to_the_supervisor(c
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     command = cap.out[cap.out.index("# command:"):cap.out.index("# ----")]
-    assert ("#   --max-restarts \\\n#   3 \\\n#   --rollout-nnodes \\\n#   2 \\\n#   --rollout-gpus-per-node \\\n#   "
-            "8 \\\n#   -- \\\n#") in command, command
+    words = [x.lstrip("#").strip().rstrip("\\").strip() for x in command.splitlines()]  # one word a line
+    at = words.index("--max-restarts")
+    assert words[at:at + 7] == ["--max-restarts", "3", "--rollout-nnodes", "2", "--rollout-gpus-per-node", "8", "--"], \
+        command
     plan = re.search(r'"RPG_NODE_PLAN": "(.*?)"}', command).group(1).replace('\\"', '"')
     assert json.loads(plan) == {"nnodes": "1:4", "sizes": [1, 2, 4], "rollout_nnodes": 2}
 

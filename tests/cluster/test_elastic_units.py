@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 
 from rpg.node_counts import NodeCount, largest_fit, nnodes_for_resume, parse_nnodes, resized_values, with_nnodes
 from rpg.cluster.elastic.cluster import Cluster, counting_cluster, run_nodes
@@ -311,7 +312,9 @@ def test_with_the_budget_spent_the_trainers_stop_line_ends_the_run(tmp_path, cap
     assert _supervisor(_plan(tmp_path, script, restarts=0), alive=_once_started(script, 2, 1)).run() == 1
     captured = capsys.readouterr()
     assert "restart budget spent" in captured.out
-    assert captured.err.strip() == "rpg: stopped: node 10.0.0.2 lost; resume: NNODES=1:2 bash x.sh"
+    line = one_line(captured.err.strip())
+    assert line.startswith("rpg: stopped: ")
+    names(line, "node 10.0.0.2", "resume: NNODES=1:2 bash x.sh")  # the node lost, the command that resumes
     assert len(_calls(script)) == 1
 
 
@@ -435,8 +438,8 @@ def test_no_grow_once_the_last_step_is_saved(tmp_path, capsys, step, last, grows
         assert "grown at a checkpoint: world size 1 x 1 -> 2 x 1" in out
     else:
         assert len(calls) == 1 and "grown" not in out, out
-        assert "2 node(s) can hold the run now (it runs on 1), but its last step is saved (global_step_2): it " \
-               "ends on 1" in out, out
+        line = [x for x in out.splitlines() if "can hold the run" in x][-1]  # after "growing at the next checkpoint"
+        names(line, "2 node(s)", "runs on 1", "global_step_2", "ends on 1")
 
 
 # ----------------------------------------------------------------------------- the launcher
@@ -463,8 +466,11 @@ def test_an_elastic_submission_runs_the_supervisor_with_the_counts_that_keep_the
     skipped = [x for x in err if "NNODES=1:4: 3 node(s) skipped" in x]
     assert len(skipped) == 1 and "24 data-parallel ranks" in skipped[0], err  # 32 x 16 responses over 24 ranks
     command = out[out.index("# command:"):out.index("# ----")]
-    assert "rpg.cluster.elastic \\\n#   --nnodes \\\n#   1:4 \\\n#   --sizes \\\n#   1,2,4" in command, command
-    assert "--max-restarts \\\n#   2 \\\n#   -- \\\n#" in command
+    words = [x.lstrip("#").strip().rstrip("\\").strip() for x in command.splitlines()]  # one word a line
+    at = next(i for i, w in enumerate(words) if w.endswith("rpg.cluster.elastic"))
+    assert words[at + 1:at + 5] == ["--nnodes", "1:4", "--sizes", "1,2,4"], command
+    at = words.index("--max-restarts")
+    assert words[at:at + 3] == ["--max-restarts", "2", "--"], command
     plan = re.search(r'"RPG_NODE_PLAN": "(.*?)"}', command).group(1).replace('\\"', '"')
     assert json.loads(plan) == {"nnodes": "1:4", "sizes": [1, 2, 4]}
     rc, err, out = _launch(capsys, PAPER, NNODES="2")  # a fixed count: the counts a stop line may ask for

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "recipe" / "rpg" / "ray_cluster.sh"
@@ -99,9 +100,9 @@ def test_print_only_prints_every_step_and_never_the_token(tmp_path):
 def test_worker_needs_the_token_and_makes_it_private(tmp_path):
     r = _run(tmp_path, "worker", "10.0.0.1")
     assert r.returncode == 2 and _calls(tmp_path) == []
-    assert r.stderr.splitlines() == [
-        f"[ray_cluster] error: no Ray token at {tmp_path / 'home' / '.ray' / 'auth_token'} and RAY_AUTH_TOKEN is "
-        "not set: copy ~/.ray/auth_token from the head node (chmod 600), or set RAY_AUTH_MODE=disabled"]
+    assert one_line(r.stderr).startswith("[ray_cluster] error: ")
+    names(r.stderr, str(tmp_path / "home" / ".ray" / "auth_token"), "RAY_AUTH_TOKEN ", "~/.ray/auth_token", "chmod 600",
+          "RAY_AUTH_MODE=disabled")
     token = tmp_path / "home" / ".ray" / "auth_token"
     token.parent.mkdir(parents=True)
     token.write_text(TOKEN)
@@ -217,8 +218,8 @@ def test_print_only_reads_the_usual_spellings(tmp_path, value, runs):
 def test_a_mistyped_print_only_is_refused_before_anything_runs(tmp_path):
     """Before: anything but exactly "1" (PRINT_ONLY=true) ran the real commands."""
     r = _run(tmp_path, "head", PRINT_ONLY="ture")
-    assert r.returncode == 2 and r.stderr.strip() == (
-        "ray_cluster.sh: PRINT_ONLY='ture' is invalid; allowed values: 1, 0, true, false")
+    assert r.returncode == 2, r.stderr
+    names(one_line(r.stderr), "ray_cluster.sh", "PRINT_ONLY='ture'", "1, 0, true, false")
     assert not (tmp_path / "ray.log").exists() and not (tmp_path / "home" / ".ray").exists()
 
 
@@ -297,16 +298,16 @@ def test_an_unauthenticated_dashboard_on_the_network_needs_an_explicit_opt_in(tm
     """Before: RAY_AUTH_MODE=disabled with DASHBOARD_HOST=0.0.0.0 started the job API (it runs code) on the network,
     without authentication and without a word."""
     r = _run(tmp_path, "head", RAY_AUTH_MODE="disabled", DASHBOARD_HOST=host, PRINT_ONLY=print_only)
-    assert r.returncode == 2 and _calls(tmp_path) == [] and r.stderr.splitlines() == [
-        f"[ray_cluster] error: RAY_AUTH_MODE=disabled with DASHBOARD_HOST={host} would let anyone who reaches port 8265 "
-        "run code on the cluster: keep RAY_AUTH_MODE=token, or DASHBOARD_HOST=127.0.0.1 (ssh -L), or set "
-        "ALLOW_UNAUTHENTICATED_DASHBOARD=1 (trusted, firewalled network only)"]
+    assert r.returncode == 2 and _calls(tmp_path) == [], r.stderr
+    assert one_line(r.stderr).startswith("[ray_cluster] error: ")
+    names(r.stderr, "RAY_AUTH_MODE=disabled", f"DASHBOARD_HOST={host} ", "8265", "RAY_AUTH_MODE=token",
+          "DASHBOARD_HOST=127.0.0.1", "ALLOW_UNAUTHENTICATED_DASHBOARD=1")
     assert "start" not in r.stdout
     r = _run(tmp_path, "head", RAY_AUTH_MODE="disabled", DASHBOARD_HOST=host, PRINT_ONLY=print_only,
              ALLOW_UNAUTHENTICATED_DASHBOARD="1")
-    assert r.returncode == 0 and r.stderr.splitlines() == [
-        f"[ray_cluster] warning: the job API on {host}:8265 has no authentication (ALLOW_UNAUTHENTICATED_DASHBOARD=1): "
-        "anyone who reaches it can run code on the cluster"]
+    assert r.returncode == 0, r.stderr
+    assert one_line(r.stderr).startswith("[ray_cluster] warning: ")
+    names(r.stderr, f"{host}:8265", "no authentication", "ALLOW_UNAUTHENTICATED_DASHBOARD=1")
     assert (_calls(tmp_path) == [f"start --head --port=6379 --dashboard-host={host} --dashboard-port=8265"]) == (
         print_only == "0")
 
@@ -319,8 +320,8 @@ def test_an_unauthenticated_dashboard_on_loopback_is_not_warned_about(tmp_path, 
 
 def test_the_opt_in_is_read_like_print_only(tmp_path):
     r = _run(tmp_path, "head", ALLOW_UNAUTHENTICATED_DASHBOARD="yes please")
-    assert r.returncode == 2 and r.stderr.splitlines() == [
-        "ray_cluster.sh: ALLOW_UNAUTHENTICATED_DASHBOARD='yes please' is invalid; allowed values: 1, 0, true, false"]
+    assert r.returncode == 2, r.stderr
+    names(one_line(r.stderr), "ray_cluster.sh", "ALLOW_UNAUTHENTICATED_DASHBOARD='yes please'", "1, 0, true, false")
     assert _calls(tmp_path) == []
 
 

@@ -18,6 +18,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from data_files import answers_file, model_folder, verl_file
 from hydra.core.global_hydra import GlobalHydra
+from messages import names, one_line
 
 from rpg.config import RPGConfigError
 from rpg.verl.input_paths import InputPathError, check_input_paths, input_path_problems
@@ -89,10 +90,9 @@ def test_the_real_evaluation_files_pass_and_the_check_reads_one_column(files, mo
     monkeypatch.undo()
     # amc-23.parquet's data_source is 'amc_23': rpg.reward routes amc*, verl's default_compute_score does not
     cfg = _applied(files, f"data.val_files=[{','.join(vals)}]", "rpg.reward_function=null")
-    assert input_path_problems(cfg) == [
-        f"data.val_files[2]={vals[2]}: data_source 'amc_23' has no reward function: verl's default_compute_score "
-        "(rpg.reward_function=null) handles " + _verl_allowed() + "; use the recipe's rpg.reward "
-        "(rpg.reward_function=rpg.reward:compute_score) or a reward.custom_reward_function that scores it"]
+    (line,) = input_path_problems(cfg)
+    names(one_line(line), f"data.val_files[2]={vals[2]}", "'amc_23'", "rpg.reward_function=null", _verl_allowed(),
+          "rpg.reward_function=rpg.reward:compute_score", "reward.custom_reward_function")
 
 
 def _verl_allowed() -> str:
@@ -104,10 +104,9 @@ def _verl_allowed() -> str:
 def test_a_raw_problem_answer_train_file_is_refused_naming_the_columns(files):
     """Item 7: the raw file instead of the prepared one (was KeyError: 'prompt' at the first training batch)."""
     raw = raw_file(files / "raw.parquet")
-    assert input_path_problems(_applied(files, f"data.train_files={raw}")) == [
-        f"data.train_files={raw}: not in verl's layout: no column 'prompt' (data.prompt_key), no column 'reward_model' "
-        "(with a field 'ground_truth'), no column 'data_source'; it has columns ['answer', 'problem']: prepare it with "
-        "`python -m rpg.data prepare` (docs/data-and-reports.md)"]
+    (line,) = input_path_problems(_applied(files, f"data.train_files={raw}"))
+    names(one_line(line), f"data.train_files={raw}", "'prompt' (data.prompt_key)", "'reward_model'", "'ground_truth'",
+          "'data_source'", "['answer', 'problem']", "python -m rpg.data prepare", "docs/data-and-reports.md")
 
 
 def test_the_prompt_key_is_the_one_verl_reads(files):
@@ -120,12 +119,10 @@ def test_a_data_source_no_reward_function_scores_is_refused(files):
     verl_file(files / "mine.parquet", "my_eval_set")
     val = files / "mine.parquet"
     problems = input_path_problems(_applied(files, f"data.val_files=['{files / 'val.parquet'}','{val}']"))
-    assert len(problems) == 1 and problems[0].startswith(
-        f"data.val_files[1]={val}: data_source 'my_eval_set' has no reward function: rpg.reward.compute_score "
-        "handles math_dapo, math, math_dapo_reasoning, aime*, amc*, minerva*, olympiad* and verl's "
-        "default_compute_score sources (")
-    assert problems[0].endswith("aime*); score it with your own function (reward.custom_reward_function.path and "
-                                ".name), or write a data_source it handles")
+    (line,) = problems
+    names(one_line(line), f"data.val_files[1]={val}", "'my_eval_set'", "rpg.reward.compute_score",
+          "math_dapo, math, math_dapo_reasoning, aime*, amc*, minerva*, olympiad*", _verl_allowed(),
+          "reward.custom_reward_function.path", ".name")
     # a user's own reward function is trusted with any data_source
     own = files / "my_reward.py"
     own.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
@@ -138,9 +135,11 @@ def test_rows_without_a_data_source_are_counted(files):
     path = files / "nulls.parquet"
     pq.write_table(pa.table({"data_source": ["aime2025", None], "prompt": [[{"role": "user", "content": "x"}]] * 2,
                              "reward_model": [{"ground_truth": "1"}] * 2}), path)
-    assert input_path_problems(_applied(files, f"data.val_files=['{path}']")) == [
-        f"data.val_files={path}: 1 of 2 rows have no data_source (null); every row needs one (its reward function)"]
+    (line,) = input_path_problems(_applied(files, f"data.val_files=['{path}']"))
+    names(one_line(line), f"data.val_files={path}", "1 of 2 rows", "data_source")
 
+
+FIX = "python -m rpg.data prepare"  # the command a refusal of a data file names
 
 NULL_ANSWERS = [None if i % 3 == 0 else str(i) for i in range(30)]  # 10 of 30 rows, as the red team's file
 
@@ -155,28 +154,24 @@ def test_rows_without_a_text_answer_are_refused_naming_the_rows(files, key, answ
     """Null answers passed (10 of 30 problems dropped from validation, the run exited 0), integer
     answers passed and the run died after Ray (``Received an empty list as keys``)."""
     path = answers_file(files / "answers.parquet", answers, "math_dapo")
-    assert input_path_problems(_applied(files, f"{key}=['{path}']")) == [
-        f"{key}={path}: reward_model.ground_truth is {what}: rpg.reward.compute_score scores each response against "
-        "its row's answer, a string that is not blank; write one in every row (python -m rpg.data prepare does), or "
-        "score the rows with your own reward.custom_reward_function"]
+    (line,) = input_path_problems(_applied(files, f"{key}=['{path}']"))
+    names(one_line(line), f"{key}={path}", "reward_model.ground_truth", what, FIX, "reward.custom_reward_function")
 
 
 def test_answers_are_checked_in_json_and_map_layouts_and_left_to_a_users_own_function(files):
     jsonl = files / "v.jsonl"
     jsonl.write_text("".join('{"data_source": "aime2025", "prompt": [{"role": "user", "content": "x"}], '
                              f'"reward_model": {{"ground_truth": {a}}}}}\n' for a in ("null", '"3"', "null")))
-    assert input_path_problems(_applied(files, f"data.val_files=['{jsonl}']")) == [
-        f"data.val_files={jsonl}: reward_model.ground_truth is null, empty or blank in 2 of 3 rows (row indices 0, "
-        "2): rpg.reward.compute_score scores each response against its row's answer, a string that is not blank; "
-        "write one in every row (python -m rpg.data prepare does), or score the rows with your own "
-        "reward.custom_reward_function"]
+    (line,) = input_path_problems(_applied(files, f"data.val_files=['{jsonl}']"))
+    names(one_line(line), f"data.val_files={jsonl}", "reward_model.ground_truth", "2 of 3 rows", "(row indices 0, 2)",
+          FIX)
     mapped = files / "map.parquet"
     pq.write_table(pa.table({"data_source": ["aime2025"] * 2, "prompt": [[{"role": "user", "content": "x"}]] * 2,
                              "reward_model": pa.array([[("ground_truth", "1")], [("style", "rule")]],
                                                       pa.map_(pa.string(), pa.string()))}), mapped)
     problems = input_path_problems(_applied(files, f"data.val_files=['{mapped}']"))
-    assert problems == [f"data.val_files={mapped}: reward_model.ground_truth is null, empty or blank in 1 of 2 rows "
-                        f"(row indices 1){problems[0].split('(row indices 1)')[1]}"]
+    (line,) = problems
+    names(one_line(line), f"data.val_files={mapped}", "reward_model.ground_truth", "1 of 2 rows", "(row indices 1)")
     # verl's default_compute_score compares strings too; a user's own function is given what the row holds
     ints = answers_file(files / "ints.parquet", [1, 2], "aime2025")
     assert "int64 (not text)" in input_path_problems(
@@ -187,13 +182,12 @@ def test_answers_are_checked_in_json_and_map_layouts_and_left_to_a_users_own_fun
                                         "reward.custom_reward_function.name=score")) == []
 
 
-@pytest.mark.parametrize("override, problem", [
-    ("data.val_files=[]", "data.val_files=[]: names no file; verl reads at least one (a path or a list of paths)"),
-    ("data.train_files=[]", "data.train_files=[]: names no file; verl reads at least one (a path or a list of paths)"),
-])
-def test_an_empty_file_list_is_refused(files, override, problem):
+@pytest.mark.parametrize("override", ["data.val_files=[]", "data.train_files=[]"])
+def test_an_empty_file_list_is_refused(files, override):
     """Item 8: was `ValueError: Unable to concatenate an empty list of datasets.` after Ray started."""
-    assert input_path_problems(_applied(files, override)) == [problem]
+    (line,) = input_path_problems(_applied(files, override))
+    assert one_line(line).startswith(f"{override}: ")
+    names(line, "no file", "at least one")
 
 
 def test_a_corrupt_or_foreign_file_names_itself(files):
@@ -202,7 +196,7 @@ def test_a_corrupt_or_foreign_file_names_itself(files):
     csv.write_text("a,b\n")
     problems = input_path_problems(_applied(files, f"data.val_files=['{bad}','{csv}']"))
     assert problems[0].startswith(f"data.val_files[0]={bad}: not a readable parquet file (") and "\n" not in problems[0]
-    assert problems[1] == (f"data.val_files[1]={csv}: verl reads .parquet, .json and .jsonl data files, not '.csv'")
+    names(one_line(problems[1]), f"data.val_files[1]={csv}", ".parquet, .json and .jsonl", "'.csv'")
 
 
 def test_a_jsonl_data_file_is_checked_too(files):
@@ -242,9 +236,9 @@ def test_dry_run_refuses_on_each_problem(files, capsys):
     assert main(["run_grpo_7b"], _env(DRY_RUN="1", TRAIN_FILE=str(raw), VAL_FILES=" , ")) == 2
     refused = [line for line in capsys.readouterr().err.splitlines() if "data." in line]
     assert len(refused) == 2
-    assert refused[0].startswith(f"rpg config error: data.train_files={raw}: not in verl's layout: no column 'prompt'")
-    assert refused[1] == ("rpg config error: data.val_files=[]: names no file; verl reads at least one "
-                          "(a path or a list of paths)")
+    assert all(line.startswith("rpg config error: ") for line in refused)
+    names(refused[0], f"data.train_files={raw}", "'prompt'", FIX)
+    names(refused[1], "data.val_files=[]", "no file")
 
 
 def test_dry_run_refuses_null_and_integer_answers_in_one_line_each(files, capsys):
@@ -262,10 +256,8 @@ def test_dry_run_refuses_null_and_integer_answers_in_one_line_each(files, capsys
         base = {"TRAIN_FILE": str(files / "train.parquet"), "VAL_FILES": str(files / "val.parquet")}
         assert main(["run_grpo_7b"], _env(DRY_RUN="1", **{**base, **env})) == 2
         err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rpg config error:")]
-        assert err == [f"rpg config error: {key}={path}: reward_model.ground_truth is {what}: rpg.reward.compute_score "
-                       "scores each response against its row's answer, a string that is not blank; write one in every "
-                       "row (python -m rpg.data prepare does), or score the rows with your own "
-                       "reward.custom_reward_function"]
+        (line,) = err
+        names(line, f"{key}={path}", "reward_model.ground_truth", what, FIX)
 
 
 def test_a_real_launch_is_refused_before_anything_starts(files, capsys, monkeypatch):
@@ -275,8 +267,9 @@ def test_a_real_launch_is_refused_before_anything_starts(files, capsys, monkeypa
     monkeypatch.setattr(os, "execvpe", lambda *a: started.append(a))
     rc = main(["run_grpo_7b"], _env(TRAIN_FILE=str(files / "train.parquet"), VAL_FILES=" , "))
     err = capsys.readouterr().err.splitlines()
-    assert (rc, err, started) == (2, ["rpg config error: data.val_files=[]: names no file; verl reads at least one "
-                                      "(a path or a list of paths)"], [])
+    assert (rc, started) == (2, [])
+    (line,) = err
+    assert line.startswith("rpg config error: data.val_files=[]: ")
     # a data_source without a reward function, the same
     verl_file(files / "mine.parquet", "my_eval_set")
     rc = main(["run_grpo_7b"], _env(TRAIN_FILE=str(files / "train.parquet"), VAL_FILES=str(files / "mine.parquet")))
@@ -304,10 +297,8 @@ def test_a_reward_name_without_a_path_is_refused_not_replaced(files):
     cfg = _cfg(files, "trainer.device=cpu", "reward.custom_reward_function.name=my_score")
     with pytest.raises(RPGConfigError) as err:
         validate_and_apply(cfg)
-    assert str(err.value) == (
-        "reward.custom_reward_function.name=my_score without reward.custom_reward_function.path: set the path of the "
-        "file that defines my_score (the recipe would otherwise score with rpg.reward:compute_score, "
-        "rpg.reward_function)")
+    names(one_line(str(err.value)), "reward.custom_reward_function.name=my_score", "reward.custom_reward_function.path",
+          "rpg.reward:compute_score")  # what would score instead: the recipe's reward
     # the same with the recipe's reward off (verl would score with default_compute_score)
     with pytest.raises(RPGConfigError, match=r"name=my_score without .*default_compute_score"):
         validate_and_apply(_cfg(files, "trainer.device=cpu", "reward.custom_reward_function.name=my_score",
@@ -338,9 +329,9 @@ def test_a_reward_name_its_file_does_not_define_is_refused(files):
         return input_path_problems(cfg, use_critic=False)
 
     assert problems(own, "score") == [] and problems(own, "other") == []
-    assert problems(own, "my_score") == [
-        f"reward.custom_reward_function.name=my_score: {own} (reward.custom_reward_function.path) defines no my_score; "
-        "it defines math, other, score"]
+    (line,) = problems(own, "my_score")
+    names(one_line(line), "reward.custom_reward_function.name=my_score", str(own), "reward.custom_reward_function.path",
+          "math, other, score")  # the names it defines, sorted, as the choices
     assert problems("pkg://rpg.reward", "compute_score") == []
     assert problems("pkg://rpg.reward", "my_score")[0].startswith("reward.custom_reward_function.name=my_score: ")
     own.write_text("from math import *\n")  # a star import could define any name: not refused
@@ -351,10 +342,10 @@ def test_the_launcher_refuses_a_reward_name_without_a_path(capsys):
     from launching import launch as main
 
     assert main(["run_grpo_7b", "reward.custom_reward_function.name=my_score"], _env(DRY_RUN="1")) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["rpg config error: reward.custom_reward_function.name=my_score without "
-                   "reward.custom_reward_function.path: set the path of the file that defines my_score (the recipe "
-                   "would otherwise score with rpg.reward:compute_score, rpg.reward_function)"]
+    line = one_line(capsys.readouterr().err.strip())
+    assert line.startswith("rpg config error: ")
+    names(line, "reward.custom_reward_function.name=my_score", "reward.custom_reward_function.path",
+          "rpg.reward:compute_score")
 
 
 @pytest.mark.bench

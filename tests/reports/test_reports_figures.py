@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 
 from rpg.reports.cli import main_plot
 from rpg.reports.figures import plot_curves
@@ -138,8 +139,8 @@ def test_a_seed_stopped_early_is_counted_in_the_legend(tmp_path, monkeypatch):
     logs = read_run(_jsonl(tmp_path / "a.jsonl"))
     stopped = {k: {s: v + 0.1 for s, v in series.items() if s <= 50} for k, series in logs.items()}
     _, warns = plot_curves([("RPG", logs), ("RPG", stopped)], tmp_path / "f")
-    assert warns == ["run 'RPG': its runs end at different steps (#1 at step 100, #2 at step 50); its line averages "
-                     "fewer runs after the earliest (n=1 after step 50: the legend says so)"]
+    (warn,) = warns
+    names(one_line(warn), "run 'RPG'", "#1 at step 100", "#2 at step 50", "n=1 after step 50")
     legend = figs[0].legends[0]
     assert legend.get_title().get_text() == "mean ± std over 2 seeds"
     assert [t.get_text() for t in legend.get_texts()][0] == "RPG (n=1 after step 50)"

@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 from test_reports_tables import _md_rows
 
 from rpg.reports.cli import main_plot, main_tables
@@ -45,10 +46,10 @@ def test_nonfinite_values_are_read_as_logged_with_one_warning(tmp_path):
     metrics, warns = _read(log)
     assert metrics[AIME24][40] == math.inf and metrics[AMC][40] == -math.inf and math.isnan(metrics[AIME25][40])
     assert math.isnan(metrics[AIME24][20]) and math.isnan(metrics["critic/score/mean"][30])
-    assert warns == [f"{log}: 5 non-finite values kept as logged (tables show nan/inf/-inf, figures leave them out): "
-                     f"{AIME24} at step 20 (nan), critic/score/mean at step 30 (null: verl's file logger writes "
-                     f"NaN and ±inf as null; read as nan), {AIME24} at step 40 (inf), {AIME25} at step 40 (nan), "
-                     f"{AMC} at step 40 (-inf)"]
+    (warn,) = warns
+    assert one_line(warn).startswith(f"{log}: 5 ")
+    names(warn, f"{AIME24} at step 20 (nan)", "critic/score/mean at step 30 (null", f"{AIME24} at step 40 (inf)",
+          f"{AIME25} at step 40 (nan)", f"{AMC} at step 40 (-inf)")
 
 
 def test_tables_show_inf_and_nan(tmp_path, capsys):
@@ -58,8 +59,10 @@ def test_tables_show_inf_and_nan(tmp_path, capsys):
     row = _md_rows(cap.out)["GRPO"]
     assert row[0::3] == ["inf", "inf", "nan", "0.1250", "-inf", "0.5000"]  # AIME24/25, AMC23: Last, Best
     assert row[2] == "inf" and row[8] == "nan"  # Δ = ours - paper
-    assert "run 'GRPO': AIME24 (aime2024) is nan at step 20: Best is over the other steps" in cap.err
-    assert "run 'GRPO': AIME25 (aime2025) is nan at step 40: Best is over the other steps" in cap.err
+    nan_lines = [x for x in cap.err.splitlines() if x.startswith("warning: run 'GRPO': ") and " nan at step " in x]
+    assert len(nan_lines) == 2
+    names(nan_lines[0], "aime2024", "step 20", "Best")
+    names(nan_lines[1], "aime2025", "step 40", "Best")
     runs = [("a", _read(log)[0]), ("b", _read(log)[0]), ("c", {AIME24: {40: 0.5}, AIME25: {40: 0.5}, AMC: {40: 0.5}})]
     td = build_table(runs, "5", last_step=40)
     md, tex = render_markdown(td), render_latex(td)
@@ -78,8 +81,10 @@ def test_seeds_with_nonfinite_values(tmp_path):
 def test_figures_name_the_points_they_leave_out(tmp_path):
     metrics, _ = _read(_nonfinite_log(tmp_path))
     _, warns = plot_curves([("GRPO", metrics)], tmp_path / "fig")
-    assert "run 'GRPO': panel '(a) AIME24 mean@32': non-finite values not drawn: step 20 (nan), step 40 (inf)" in warns
-    assert "run 'GRPO': panel '(d) Reward (critic score)': non-finite values not drawn: step 30 (nan)" in warns
+    (aime,) = [w for w in warns if "'(a) AIME24 mean@32'" in w]
+    names(one_line(aime), "run 'GRPO'", "step 20 (nan)", "step 40 (inf)")
+    (reward,) = [w for w in warns if "'(d) Reward (critic score)'" in w]
+    names(one_line(reward), "run 'GRPO'", "step 30 (nan)")
     assert (tmp_path / "fig.png").stat().st_size > 0
 
 
@@ -89,14 +94,16 @@ def test_a_step_twice_in_one_file_is_reported(tmp_path):
                                           {"step": 20, "data": {"y": 2}}])
     metrics, warns = _read(log)
     assert metrics[AIME24] == {0: 0.1, 10: 0.3}  # the later record wins, as before, but not silently
-    assert warns == [f"{log}: steps logged more than once in this file: 10 (lines 2, 3), 20 (lines 4, 5); "
-                     f"values that differ (the later is kept): {AIME24} at step 10: 0.2 (line 2), 0.3 (line 3)"]
+    (warn,) = warns
+    assert one_line(warn).startswith(f"{log}: ")
+    names(warn, "10 (lines 2, 3)", "20 (lines 4, 5)", "later is kept", f"{AIME24} at step 10: 0.2 (line 2), 0.3 (line 3)")
     csv = tmp_path / "dup.csv"  # a blank line: lines are file lines, not row numbers
     csv.write_text(f"_step,{AIME24}\n0,0.1\n\n10,0.2\n10,0.3\n")
     metrics, warns = _read(csv)
     assert metrics[AIME24] == {0: 0.1, 10: 0.3}
-    assert warns == [f"{csv}: steps logged more than once in this file: 10 (lines 4, 5); "
-                     f"values that differ (the later is kept): {AIME24} at step 10: 0.2 (line 4), 0.3 (line 5)"]
+    (warn,) = warns
+    assert one_line(warn).startswith(f"{csv}: ")
+    names(warn, "10 (lines 4, 5)", f"{AIME24} at step 10: 0.2 (line 4), 0.3 (line 5)")
 
 
 def test_the_same_value_twice_is_reported_as_such(tmp_path, capsys):
@@ -104,12 +111,13 @@ def test_the_same_value_twice_is_reported_as_such(tmp_path, capsys):
                                             {"step": 10, "data": {AIME24: 0.25, "x": math.nan}},
                                             {"step": 20, "data": {"x": math.nan}}, {"step": 20, "data": {"x": math.nan}}])
     _, warns = _read(same)
-    assert warns[0] == f"{same}: steps logged more than once in this file: 10 (lines 2, 3), 20 (lines 4, 5); no value differs"
+    assert one_line(warns[0]).startswith(f"{same}: ")
+    names(warns[0], "10 (lines 2, 3)", "20 (lines 4, 5)", "no value differs")
     log = _write(tmp_path / "nan.jsonl", [{"step": 0, "data": {AIME24: 0.25}}, {"step": 20, "data": {AIME24: math.nan}},
                                           {"step": 20, "data": {AIME24: 0.5}}])
     assert main_tables([f"GRPO={log}", "--table", "5", "--last-step", "20"]) == 0
-    assert (f"warning: {log}: steps logged more than once in this file: 20 (lines 2, 3); values that differ "
-            f"(the later is kept): {AIME24} at step 20: nan (line 2), 0.5 (line 3)") in capsys.readouterr().err.splitlines()
+    (warn,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith(f"warning: {log}: ")]
+    names(warn, "20 (lines 2, 3)", f"{AIME24} at step 20: nan (line 2), 0.5 (line 3)")
 
 
 def test_tensorboard_values_logged_twice_are_reported(tmp_path):
@@ -122,8 +130,10 @@ def test_tensorboard_values_logged_twice_are_reported(tmp_path):
         w.add_scalar("critic/score/mean", 1.0, 10)
     metrics, warns = _read(tmp_path / "tb")
     assert metrics[AIME24] == {0: 0.5, 10: 0.75, 20: 0.5}
-    assert warns == [f"{tmp_path / 'tb'}: steps logged more than once: 10; values that differ (the later is kept): "
-                     f"{AIME24} at step 10: 0.25, 0.75"]
+    (warn,) = warns
+    assert one_line(warn).startswith(f"{tmp_path / 'tb'}: ")
+    names(warn, ": 10;", "later is kept", f"{AIME24} at step 10: 0.25, 0.75")
+    assert "critic/score/mean" not in warn  # logged twice with one value: not a difference
 
 
 def test_values_that_cannot_be_read_are_named(tmp_path, capsys):
@@ -149,10 +159,10 @@ def test_resume_segments_are_joined_without_a_duplicate_warning(tmp_path):
     _write(tmp_path / "exp.part2.jsonl", [{"step": s, "data": {AIME24: 0.2}} for s in range(20, 41, 10)])
     metrics, warns = _read(base)
     assert metrics[AIME24] == {0: 0.1, 10: 0.1, 20: 0.2, 30: 0.2, 40: 0.2}
-    assert warns == [f"{base}: joined 2 log segments (restarted at steps 20)",
-                     f"{base}: earlier records replaced by the resumed run (restart at step 20: re-ran steps 30; "
-                     f"logged again at step 20: {AIME24} 0.1 -> 0.2): those steps were trained after the checkpoint "
-                     "the run resumed from"]
+    joined, replaced = warns
+    assert joined == f"{base}: joined 2 log segments (restarted at steps 20)"
+    assert one_line(replaced).startswith(f"{base}: ")
+    names(replaced, "restart at step 20", "re-ran steps 30", f"{AIME24} 0.1 -> 0.2")
 
 
 def test_several_segments_name_every_replaced_value(tmp_path, capsys):
@@ -164,12 +174,10 @@ def test_several_segments_name_every_replaced_value(tmp_path, capsys):
     _write(tmp_path / "r.part4.jsonl", [{"step": 30, "data": {AIME24: 0.1, "x": 2.5}}, {"step": 40, "data": {"x": 3.0}}])
     assert main_tables([f"GRPO={base}", "--table", "5", "--last-step", "40", "--metric", "acc/mean@32"]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert (f"warning: {base}: joined 4 log segments (restarted at steps 20, 30); no readable record in "
-            "r.part2.jsonl (a start that ended before it logged a step)") in err
-    assert (f"warning: {base}: earlier records replaced by the resumed run (restart at step 20: re-ran steps 30, 40, "
-            f"dropped (not re-run yet) steps 50; logged again at step 20: {AIME24} 0.1 -> 0.2; restart at step 30: "
-            "re-ran steps 40; logged again at step 30: x 2.0 -> 2.5): those steps were trained after the checkpoint "
-            "the run resumed from") in err
+    joined, replaced = [x for x in err if x.startswith(f"warning: {base}: ")]
+    names(joined, "joined 4 log segments", "restarted at steps 20, 30", "no readable record in r.part2.jsonl")
+    names(replaced, "restart at step 20: re-ran steps 30, 40", "dropped (not re-run yet) steps 50",
+          f"{AIME24} 0.1 -> 0.2", "restart at step 30: re-ran steps 40", "x 2.0 -> 2.5")
 
 
 def test_a_restart_step_with_many_values_names_three_and_counts_the_rest(tmp_path):
@@ -179,9 +187,10 @@ def test_a_restart_step_with_many_values_names_three_and_counts_the_rest(tmp_pat
     base = _write(tmp_path / "v.jsonl", [{"step": 0, "data": {k: 0.1 for k in keys}}, {"step": 5, "data": {"x": 1.0}}])
     _write(tmp_path / "v.part2.jsonl", [{"step": 0, "data": {k: 0.2 for k in keys}}])
     _, warns = _read(base)
-    assert warns[1] == (f"{base}: earlier records replaced by the resumed run (restart at step 0: dropped (not re-run "
-                        "yet) steps 5; logged again at step 0: val/k00 0.1 -> 0.2, val/k01 0.1 -> 0.2, val/k02 0.1 "
-                        "-> 0.2 and 4 more values): those steps were trained after the checkpoint the run resumed from")
+    assert one_line(warns[1]).startswith(f"{base}: ")
+    names(warns[1], "restart at step 0", "steps 5", "val/k00 0.1 -> 0.2, val/k01 0.1 -> 0.2, val/k02 0.1 -> 0.2",
+          "4 more values")
+    assert "val/k03" not in warns[1]
 
 
 @pytest.mark.parametrize("name, body, where", [
@@ -206,8 +215,9 @@ def test_a_run_directory_of_jsonl_segments_points_to_the_file(tmp_path, capsys):
     _write(run / "exp.jsonl", [{"step": 0, "data": {AIME24: 0.1}}])
     _write(run / "exp.part2.jsonl", [{"step": 0, "data": {AIME24: 0.2}}])
     assert main_tables([str(run), "--table", "5"]) == 2
-    assert capsys.readouterr().err == (f"error: {run}: directory holds no TensorBoard event files; it holds exp.jsonl: "
-                                       "pass that file (its .partN.jsonl segments are joined)\n")
+    err = capsys.readouterr().err
+    assert one_line(err).startswith(f"error: {run}: ")
+    names(err, "TensorBoard", "exp.jsonl", ".partN.jsonl")
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main_plot([str(empty), "--out", str(tmp_path / "f")]) == 2
@@ -269,9 +279,8 @@ def test_identical_column_headers_are_refused_naming_them(tmp_path, capsys):
     log.write_text(f"Step,{col},{col}__MIN,{col},{col}__MIN\n0,0.1,0.1,,\n10,0.9,0.9,,\n20,,,0.3,0.3\n30,,,0.3,0.3\n")
     with pytest.raises(ValueError) as err:
         read_run(log)
-    assert str(err.value) == (f"{log}: identical column headers: {col!r} (columns 2, 4), {col + '__MIN'!r} "
-                              "(columns 3, 5): csv keeps one of them; a W&B panel export names its columns by run "
-                              "display name (two runs of one name: a resumed run?): export each run on its own")
+    assert one_line(str(err.value)).startswith(f"{log}: ")
+    names(str(err.value), f"{col!r} (columns 2, 4)", f"{col + '__MIN'!r} (columns 3, 5)", "W&B", "each run")
     assert main_tables([f"RPG-URKL={log}", "--table", "5", "--metric", "acc/mean@32"]) == 2
     assert capsys.readouterr().err == f"error: {err.value}\n"
     hist = tmp_path / "hist.csv"  # a history export: the step column twice
@@ -286,14 +295,16 @@ def test_an_empty_resume_segment_is_named(tmp_path):
     (tmp_path / "r.part2.jsonl").write_text('{"step": 40, "data": {"x"')  # killed while writing its first line
     metrics, warns = _read(base)
     assert metrics[AIME24] == {0: 0.1, 10: 0.1, 20: 0.1, 30: 0.1}
-    assert f"{base}: joined 2 log segments; no readable record in r.part2.jsonl (a start that ended before it " \
-           "logged a step)" in warns
+    (warn,) = [w for w in warns if "joined" in w]
+    assert one_line(warn).startswith(f"{base}: joined 2 log segments; ")
+    names(warn, "no readable record in r.part2.jsonl")
     (tmp_path / "r.part2.jsonl").write_text("")
     _write(tmp_path / "r.part3.jsonl", [{"step": 20, "data": {AIME24: 0.2}}])
     (tmp_path / "r.part4.jsonl").write_text("\n")
     _, warns = _read(base)
-    assert f"{base}: joined 4 log segments (restarted at steps 20); no readable record in r.part2.jsonl, " \
-           "r.part4.jsonl (a start that ended before it logged a step)" in warns
+    (warn,) = [w for w in warns if "joined" in w]
+    assert one_line(warn).startswith(f"{base}: joined 4 log segments (restarted at steps 20); ")
+    names(warn, "no readable record in r.part2.jsonl, r.part4.jsonl")
 
 
 @pytest.mark.parametrize("step_key", ["_step", "Step", "step", "global_step", "trainer/global_step"])
@@ -322,6 +333,5 @@ def test_an_unknown_log_format_says_which_exports_are_read(tmp_path):
     export.write_text("[]")
     with pytest.raises(ValueError) as err:
         read_run(export)
-    assert str(err.value) == (f"{export}: unknown log format (.json); read are: .jsonl (verl's file logger, or a W&B "
-                              "run history exported one JSON object per line), .csv (a W&B run-history or panel "
-                              "export) and TensorBoard event files or folders; export the W&B history as CSV or JSONL")
+    assert one_line(str(err.value)).startswith(f"{export}: ")
+    names(str(err.value), "(.json)", ".jsonl", ".csv", "TensorBoard", "CSV or JSONL")

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 from test_reports_inputs import AIME24, AIME25, AMC, _write
 from test_reports_tables import _md_rows
 
@@ -39,16 +40,18 @@ def test_the_same_log_twice_is_refused(tmp_path, capsys, monkeypatch):
     # one file read through two arguments: a resumed run's segment is joined into its base log
     _write(tmp_path / "good.part2.jsonl", [{"step": 20, "data": {AIME24: 0.6}}])
     assert main_tables(["good.jsonl", "good.part2.jsonl", *TABLE]) == 2
-    assert _err(capsys)[-1] == (f"error: good.part2.jsonl reads {tmp_path / 'good.part2.jsonl'}, as good.jsonl does "
-                                "(its resume segments are joined): give each log once")
+    err = _err(capsys)[-1]
+    assert err.startswith("error: good.part2.jsonl ")
+    names(err, str(tmp_path / "good.part2.jsonl"), "as good.jsonl", "resume segments", "once")
 
 
 def test_identical_logs_under_one_label_are_refused_and_warned_under_two(tmp_path, capsys):
     a = _log(tmp_path / "seed1.jsonl", 0.5)
     b = Path(shutil.copy(a, tmp_path / "seed2.jsonl"))
     assert main_tables([f"RPG-URKL={a}", f"RPG-URKL={b}", *TABLE]) == 2
-    assert _err(capsys) == [f"error: RPG-URKL={b} holds the same metrics as RPG-URKL={a} (every value at every "
-                            "step): one run given twice counts as two seeds (std 0); give it once"]
+    (err,) = _err(capsys)
+    assert err.startswith(f"error: RPG-URKL={b} ")
+    names(err, f"RPG-URKL={a}", "same metrics", "once")
     assert main_tables([f"RPG-URKL={a}", f"GRPO={b}", *TABLE]) == 0
     assert f"warning: GRPO={b} holds the same metrics as RPG-URKL={a} (every value at every step): " \
            "one run under two labels?" in _err(capsys)
@@ -75,18 +78,18 @@ def test_a_tensorboard_log_folder_of_runs_reads_each_run(tmp_path, capsys):
     _tensorboard_run(logdir / "more" / "seed3", 0.75)
     with pytest.raises(ValueError) as err:
         read_run(logdir)
-    assert str(err.value) == (f"{logdir}: a TensorBoard log folder of 3 runs (more/seed3, seed1, seed2), not one "
-                              f"run: pass one ({logdir / 'more/seed3'}); python -m rpg.reports reads each as a run")
+    assert one_line(str(err.value)).startswith(f"{logdir}: ")
+    names(str(err.value), "3 runs", "more/seed3, seed1, seed2", str(logdir / "more/seed3"), "python -m rpg.reports")
     assert main_tables([str(logdir), *TABLE]) == 0  # as TensorBoard does: each folder a run, named by its path
     out, err = capsys.readouterr()
     assert set(_md_rows(out)) == {"more/seed3", "seed1", "seed2"}
-    assert (f"warning: {logdir}: a TensorBoard log folder of 3 runs: more/seed3, seed1, seed2; each is a run "
-            f"named by its folder (LABEL={logdir} reads them as seeds of LABEL)") in err.splitlines()
+    (warn,) = [x for x in err.splitlines() if x.startswith(f"warning: {logdir}: ")]
+    names(warn, "3 runs", "more/seed3, seed1, seed2", f"LABEL={logdir}")
     assert main_tables([f"GRPO={logdir}", *TABLE]) == 0  # under a label: seeds of one method
     out, err = capsys.readouterr()
     assert _md_rows(out)["GRPO"][0] == "0.5000 ± 0.2500"
-    assert (f"warning: GRPO={logdir}: a TensorBoard log folder of 3 runs: more/seed3, seed1, seed2; read as "
-            "3 seeds of GRPO") in err.splitlines()
+    (warn,) = [x for x in err.splitlines() if x.startswith(f"warning: GRPO={logdir}: ")]
+    names(warn, "more/seed3, seed1, seed2", "3 seeds of GRPO")
     # a run and its own folder's event file: the same log twice
     event = next((logdir / "seed1").iterdir())
     assert main_tables([str(logdir), f"x={event}", *TABLE]) == 2
@@ -100,8 +103,8 @@ def test_runs_in_the_sub_folders_of_a_run_are_named(tmp_path):
         warnings.simplefilter("always")
         metrics = read_run(run)
     assert metrics[AIME24] == {0: 0.5, 10: 0.5, 20: 0.5}
-    assert f"{run}: its sub-folders hold TensorBoard runs of their own, not read with it: other; pass each as a " \
-           "run to report it" in [str(w.message) for w in caught]
+    (warn,) = [str(w.message) for w in caught if str(w.message).startswith(f"{run}: ")]
+    names(one_line(warn), "sub-folders", ": other;")
 
 
 def test_runs_that_share_a_default_label_are_not_seeds(tmp_path, capsys, monkeypatch):
@@ -115,9 +118,9 @@ def test_runs_that_share_a_default_label_are_not_seeds(tmp_path, capsys, monkeyp
     out, err = capsys.readouterr()
     assert {k: v[0] for k, v in _md_rows(out).items()} == {"a": "0.2000", "b": "0.6000"}
     assert "over seeds" not in out
-    assert ("warning: runs without a label share the default label 'metrics': different runs, not seeds of one "
-            "method; each labelled by its folder: a/metrics.jsonl as 'a', b/metrics.jsonl as 'b' (METHOD=PATH "
-            "labels runs as seeds of METHOD)") in err.splitlines()
+    (warn,) = [x for x in err.splitlines() if "'metrics'" in x]
+    assert warn.startswith("warning: ")
+    names(warn, "a/metrics.jsonl as 'a'", "b/metrics.jsonl as 'b'", "METHOD=PATH")
     # folders that share a name too: as much of the folder's path as tells them apart
     assert main_tables(["a/metrics.jsonl", "b/metrics.jsonl", "c/a/metrics.jsonl", *TABLE]) == 0
     assert set(_md_rows(capsys.readouterr().out)) == {f"{tmp_path.name}/a", "b", "c/a"}

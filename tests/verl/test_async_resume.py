@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from messages import names, one_line
 
 from rpg.verl.async_resume import AsyncResumeMixin, census, resume_line
 from rpg.verl.checkpoints import LAG_BOOK_FILE, ResumeError, TQ_DIR, async_problem, plan_resume, write_marker
@@ -89,11 +90,10 @@ def test_the_census_tells_kept_in_flight_and_trained_samples_apart():
     c = census(ITEMS)
     assert c.finished == {"p2-0"} and c.in_flight == {"p2-1", "p2-2"} and c.samples == {"p2-0": 2}
     assert c.versions == {1} and c.dispatched == {2} and sorted(c.trained) == ["p1-0_0_0", "p1-0_1_0"]
-    assert resume_line("/c/global_step_2", 2, c) == (
-        "resumed the replay buffer of /c/global_step_2: 1 finished prompt groups kept (2 samples with their behaviour "
-        "log-probs mu, generated with weight versions [1], dispatched at steps [2]); 2 prompts in flight re-issued at "
-        "step 3 (their partial samples discarded and regenerated with the resumed weights); 2 samples of step 2's "
-        "batch, trained before the save, cleared")
+    line = one_line(resume_line("/c/global_step_2", 2, c))
+    # what was kept, re-issued and cleared, with the counts, versions and steps
+    names(line, "/c/global_step_2", "1 finished prompt groups kept", "2 samples", "weight versions [1]",
+          "dispatched at steps [2]", "2 prompts in flight re-issued at step 3", "2 samples of step 2's batch", "cleared")
 
 
 class _Loaded:
@@ -127,7 +127,8 @@ def test_only_the_samples_trained_before_the_save_are_cleared(mode, step, cleare
         assert calls == [] and out == ""
     else:
         assert calls == [(cleared, "train")]
-        assert out.startswith("rpg: resumed the replay buffer of /c/global_step_2: 1 finished prompt groups kept")
+        assert out.startswith("rpg: ")
+        names(one_line(out), "/c/global_step_2", "1 finished prompt groups kept")
 
 
 def _async_ckpt(root: Path, step: int, tq: bool = True, book: bool = True) -> Path:

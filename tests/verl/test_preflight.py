@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 from data_files import model_folder, verl_file
 from hydra import compose, initialize_config_dir
 
@@ -104,11 +105,10 @@ def test_driver_fails_before_ray_with_one_line(files, tmp_path):
     elapsed = time.monotonic() - t0
     assert p.returncode == 2, p.stderr[-3000:]
     ours = [line for line in p.stderr.splitlines() if line.startswith("rpg config error")]
-    assert ours == [  # one line per problem
-        "rpg config error: data.train_files=/no/such.parquet: no such file. Prepare data files with "
-        "`python -m rpg.data prepare-all --out-dir data/` (docs/data-and-reports.md)",
-        "rpg config error: actor_rollout_ref.model.path=/nonexistent: no such file or directory (and not a Hugging "
-        "Face repo id 'org/name')"]
+    data, model = ours  # one line per problem
+    names(data, "data.train_files=/no/such.parquet", "no such file", "python -m rpg.data prepare-all --out-dir data/",
+          "docs/data-and-reports.md")
+    names(model, "actor_rollout_ref.model.path=/nonexistent", "no such file", "'org/name'")
     # the check runs before the config summary is printed and before run_ppo prints "ray init kwargs"
     assert p.stdout == "" and "ray init" not in p.stderr.lower()
     # only the accelerator-detection warnings of a GPU-less machine may precede the line
@@ -120,19 +120,21 @@ def test_driver_fails_before_ray_with_one_line(files, tmp_path):
 
 
 NO_WEIGHTS = "no model.safetensors or model.safetensors.index.json or pytorch_model.bin or pytorch_model.bin.index.json"
+EMPTY = (NO_WEIGHTS, "config.json", "tokenizer.json or tokenizer_config.json")  # what an empty model folder lacks
 
 
 def test_a_model_folder_without_weights_config_or_tokenizer_is_one_line_naming_what_is_missing(files, tmp_path):
     """Before: accepted; verl read the folder in every worker after Ray (a 60-line InstantiationException)."""
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert input_path_problems(_cfg(files, f"actor_rollout_ref.model.path={empty}")) == [
-        f"actor_rollout_ref.model.path={empty}: the folder has {NO_WEIGHTS} and no config.json and no tokenizer.json or "
-        "tokenizer_config.json (a Hugging Face model folder: config.json, weights, tokenizer)"]
+    (line,) = input_path_problems(_cfg(files, f"actor_rollout_ref.model.path={empty}"))
+    assert one_line(line).startswith(f"actor_rollout_ref.model.path={empty}: ")
+    names(line, *EMPTY)
     # the tokenizer read where verl reads it: tokenizer_path when set (and data.tokenizer)
-    assert input_path_problems(_cfg(files, f"actor_rollout_ref.model.tokenizer_path={empty}")) == [
-        f"actor_rollout_ref.model.tokenizer_path={empty}: the folder has no tokenizer.json or tokenizer_config.json (a "
-        "Hugging Face model folder: config.json, weights, tokenizer)"]
+    (line,) = input_path_problems(_cfg(files, f"actor_rollout_ref.model.tokenizer_path={empty}"))
+    assert one_line(line).startswith(f"actor_rollout_ref.model.tokenizer_path={empty}: ")
+    names(line, "tokenizer.json or tokenizer_config.json")
+    assert NO_WEIGHTS not in line  # the tokenizer's folder needs no weights
     only_model = model_folder(tmp_path / "weights_and_config")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (only_model / name).unlink()
@@ -148,8 +150,9 @@ def test_a_config_or_tokenizer_that_does_not_load_is_one_line(files, tmp_path):
     hollow = model_folder(tmp_path / "hollow")  # transformers 5 builds an empty tokenizer from the config alone
     (hollow / "tokenizer.json").unlink()
     (hollow / "tokenizer_config.json").write_text("{}")
-    assert input_path_problems(_cfg(files, f"data.tokenizer={hollow}")) == [
-        f"data.tokenizer={hollow}: its tokenizer encodes nothing (no vocabulary: tokenizer.json or its vocab files)"]
+    (line,) = input_path_problems(_cfg(files, f"data.tokenizer={hollow}"))
+    assert one_line(line).startswith(f"data.tokenizer={hollow}: ")
+    names(line, "encodes nothing", "tokenizer.json")
 
 
 def test_dry_run_and_the_tiny_demo_refuse_an_empty_model_folder_before_anything_starts(tmp_path, capsys, monkeypatch):
@@ -164,14 +167,14 @@ def test_dry_run_and_the_tiny_demo_refuse_an_empty_model_folder_before_anything_
     empty.mkdir()
     assert launch(["run_grpo_7b"], _env(DRY_RUN="1", MODEL_PATH=str(empty), DATA_DIR=str(tmp_path))) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rpg config error")]
-    assert err == [f"rpg config error: actor_rollout_ref.model.path={empty}: the folder has {NO_WEIGHTS} and no "
-                   "config.json and no tokenizer.json or tokenizer_config.json (a Hugging Face model folder: "
-                   "config.json, weights, tokenizer)"]
+    (line,) = err
+    assert line.startswith(f"rpg config error: actor_rollout_ref.model.path={empty}: ")
+    names(line, *EMPTY)
     monkeypatch.setattr(rpg.tiny, "build_tiny_assets", lambda *a, **k: pytest.fail("built before the model check"))
     assert demo(["--steps", "1", "--out", str(tmp_path / "o"), f"actor_rollout_ref.model.path={empty}"]) == 2
-    assert capsys.readouterr().err.splitlines() == [
-        f"[tiny] actor_rollout_ref.model.path={empty}: the folder has {NO_WEIGHTS} and no config.json and no "
-        "tokenizer.json or tokenizer_config.json (a Hugging Face model folder: config.json, weights, tokenizer)"]
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith(f"[tiny] actor_rollout_ref.model.path={empty}: ")
+    names(line, *EMPTY)
 
 
 # ----------------------------------------------------------------------------- Ray's folder of a private cluster

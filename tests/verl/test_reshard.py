@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 import torch
 
 from rpg.verl.checkpoints import ResumeError, plan_resume, write_marker
@@ -108,9 +109,8 @@ def test_the_driver_says_what_is_resharded_and_that_the_rng_is_not_restored(tmp_
     assert holds_dtensors(folder / "rpg_reference" / "reference_rank_0.pt")
     plan = plan_resume("auto", str(tmp_path), world_size=1)
     assert plan.folder == str(folder)
-    assert "\n" not in plan.note
-    assert (f"{folder} was saved at world size 2, this run has world size 1: model, optimizer state, lr schedule, "
-            "reference are resharded") in plan.note
+    names(one_line(plan.note), str(folder), "world size 2", "world size 1",
+          "model, optimizer state, lr schedule, reference")
     assert "the per-rank RNG state is not restored" in plan.note
     assert "world size" not in (plan_resume("auto", str(tmp_path), world_size=2).note or "")  # same world size
     assert world_size_change(folder, 2) == (None, None)
@@ -143,6 +143,5 @@ def test_what_cannot_be_resharded_is_refused_before_ray_in_one_line(tmp_path, ca
         plan_resume("auto", str(tmp_path), world_size=1, strategy="fsdp" if case == "fsdp1_run" else "fsdp2")
     line = str(e.value)
     assert "\n" not in line and expected in line, line
-    assert f"{folder} was saved at world size 2, this run has world size 1" in line
-    assert "resume at world size 2 (trainer.n_gpus_per_node x trainer.nnodes = 2)" in line
+    names(line, str(folder), "world size 2", "world size 1", "trainer.n_gpus_per_node x trainer.nnodes = 2")
     assert "python -m verl.model_merger merge --backend fsdp" in line

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from messages import names, one_line
 import torch
 from data_files import model_folder, verl_file
 from hydra import compose, initialize_config_dir
@@ -132,10 +133,9 @@ def test_auto_resume_skips_an_incomplete_newest_checkpoint_with_one_line(tmp_pat
     _prepare(cfg)
     assert (cfg.trainer.resume_mode, cfg.trainer.resume_from_path) == ("resume_path", str(root / "global_step_4"))
     note = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
-    assert note == [f"rpg: resuming from {root / 'global_step_4'}: step 4, named by verl's tracker ({TRACKER}); "
-                    f"ignored (above the tracker's step, never resumed): "
-                    f"{root / 'global_step_8'}: incomplete (no {MARKER}: the save did not finish); "
-                    f"{root / 'global_step_4'} records no RPG settings (written before they were): not compared"]
+    (line,) = note
+    assert line.startswith(f"rpg: resuming from {root / 'global_step_4'}: ")
+    names(line, "step 4", TRACKER, f"{root / 'global_step_8'}: incomplete", MARKER, "no RPG settings")
 
 
 def test_truncated_checkpoint_is_refused_by_the_driver_before_ray(tmp_path):
@@ -260,8 +260,8 @@ def test_a_flipped_byte_in_the_newest_checkpoint_is_named_and_not_loaded(tmp_pat
     assert (cfg.trainer.resume_mode, cfg.trainer.resume_from_path) == ("resume_path", str(root / "global_step_4"))
     note = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
     assert len(note) == 1, note
-    assert note[0].startswith(f"rpg: resuming from {root / 'global_step_4'}: the newest complete checkpoint below "
-                              "step 8, which verl's tracker names but cannot be resumed")
+    assert note[0].startswith(f"rpg: resuming from {root / 'global_step_4'}: ")
+    names(note[0], "step 8", "tracker")  # the step the tracker names, passed over
     assert f"skipped: {shard}: corrupted or replaced (its sha256 differs" in note[0]
 
 
@@ -353,8 +353,8 @@ def test_trainer_records_digests_and_settings_and_a_resume_with_another_divergen
     with pytest.raises(RPGConfigError) as err:
         _prepare(_cfg(tmp_path, "rpg.loss.divergence=rkl", "rpg.loss.form=differentiable"))
     msg = str(err.value)
-    assert "\n" not in msg and msg.startswith(f"{d} was trained with other RPG settings: rpg.loss.divergence: "
-                                              "'ufkl' -> 'rkl', rpg.loss.form: 'reinforce' -> 'differentiable'; "), msg
+    assert one_line(msg).startswith(f"{d} "), msg
+    names(msg, "rpg.loss.divergence: 'ufkl' -> 'rkl'", "rpg.loss.form: 'reinforce' -> 'differentiable'")
     assert "rpg.resume.allow_changed_settings=true" in msg
     allowed = _cfg(tmp_path, "rpg.loss.divergence=rkl", "rpg.resume.allow_changed_settings=true")
     _prepare(allowed)
@@ -399,7 +399,7 @@ def test_a_resume_with_another_divergence_is_refused_by_the_driver_before_ray(tm
                        env={**os.environ, **cpu_env(), "PYTHONPATH": str(ROOT)})
     ours = [ln for ln in p.stderr.splitlines() if ln.startswith("rpg config error")]
     assert p.returncode == 2 and len(ours) == 1, p.stderr[-3000:]
-    assert f"{d} was trained with other RPG settings: rpg.loss.divergence: 'ufkl' -> 'fkl';" in ours[0]
+    names(ours[0], str(d), "rpg.loss.divergence: 'ufkl' -> 'fkl'")
     assert "Traceback" not in p.stderr and "ray init" not in (p.stdout + p.stderr).lower()
 
 
@@ -844,7 +844,9 @@ def test_every_run_prints_its_resume_decision_and_the_launchers_show_it(tmp_path
 
     _prepare(_cfg(tmp_path, "trainer.resume_mode=disable"))
     lines = [ln for ln in capsys.readouterr().out.splitlines() if resume_decision(ln)]
-    assert lines == [f"rpg: fresh start (step 0) because trainer.resume_mode=disable; checkpoints go to {tmp_path / 'ckpt'}"]
+    (line,) = lines
+    assert line.startswith("rpg: fresh start (step 0) ")
+    names(line, "trainer.resume_mode=disable", str(tmp_path / "ckpt"))
     _prepare(_cfg(tmp_path))
     lines = [ln for ln in capsys.readouterr().out.splitlines() if resume_decision(ln)]
     assert lines == [f"rpg: fresh start (step 0) because {tmp_path / 'ckpt'} holds no checkpoint yet "
@@ -878,7 +880,9 @@ def test_the_cpu_launcher_shows_the_resume_decision(tmp_path, capsys, monkeypatc
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "CKPTS_DIR", "LOGGER", "DRY_RUN")}
     assert main(["run_rpg_7b_ufkl1e-4"], {**env, "RPG_BACKEND": "cpu", "OUT_DIR": str(tmp_path / "o")}) == 0
     out = capsys.readouterr().out
-    assert "[cpu] resuming from /x/global_step_2: step 2, named by verl's tracker\n" in out and "anything" not in out
+    (line,) = [x for x in out.splitlines() if x.startswith("[cpu] resuming from /x/global_step_2")]
+    names(line, "step 2", "tracker")
+    assert "anything" not in out
 
 
 def test_a_sync_resume_of_an_async_runs_checkpoint_is_refused(tmp_path):
@@ -1081,8 +1085,7 @@ def test_an_async_checkpoint_resumed_as_sync_says_its_replay_buffer_is_dropped(t
     _prepare(_cfg(tmp_path, "rpg.resume.allow_changed_settings=true"))
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("rpg: resuming")]
     assert len(line) == 1 and line[0].count("dropped") == 1, line
-    assert (f"warning: trainer.v1.trainer_mode=sync does not load the replay buffer of {d / TQ_DIR}: its finished "
-            "prompt groups") in line[0]
+    names(line[0], "warning: trainer.v1.trainer_mode=sync", f"replay buffer of {d / TQ_DIR}")
     (d / "rpg_lag_book.json").write_text('{"updates": 0, "at_version": {"2": 0}}')
     write_marker(d, 2, {**saved, "trainer.v1.trainer_mode": "colocate_async"})
     assert plan_resume("auto", str(root), trainer_mode="colocate_async").note.count("dropped") == 0

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from messages import names
 
 from rpg.override_lists import values
 from rpg.config import RPGConfigError
@@ -215,9 +216,8 @@ def test_dry_run_refuses_the_red_teams_typo_in_one_line(tmp_path):
                         f"{S}.max_off_policy_strategy=dorp"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("rpg config error:")]
-    assert p.returncode == 2 and errors == [
-        f"rpg config error: {S}.max_off_policy_strategy='dorp' is invalid: expected one of drop, wait (did you mean "
-        "'drop'?)"], p.stderr[-2000:]
+    assert p.returncode == 2 and len(errors) == 1, p.stderr[-2000:]
+    names(errors[0], f"{S}.max_off_policy_strategy='dorp'", "drop, wait", "'drop'?")
     assert "validated config" not in p.stdout
 
 
@@ -231,8 +231,8 @@ def test_dapos_filter_without_a_limit_is_one_warning(overrides, warned, capsys):
     rpg.verl.refill_limit count) is allowed, said in one line before Ray."""
     prepare(*SYNC, *overrides)
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "max_num_gen_batches" in ln]
-    assert lines == ([
-        "rpg: warning: algorithm.filter_groups.max_num_gen_batches=0 with algorithm.filter_groups.enable=True: no "
-        "limit on DAPO's refills, so a step whose groups all score alike (data too hard or too easy for the policy, "
-        "a collapsed policy) samples without end; set algorithm.filter_groups.max_num_gen_batches=<n> to stop the run "
-        "after n generation batches of refills per training batch"] if warned else [])
+    assert len(lines) == (1 if warned else 0), lines
+    for line in lines:
+        assert line.startswith("rpg: warning: ")
+        names(line, "algorithm.filter_groups.max_num_gen_batches=0", "algorithm.filter_groups.enable=True",
+              "algorithm.filter_groups.max_num_gen_batches=<n>")
