@@ -115,9 +115,10 @@ def test_the_launcher_stays_torch_free_and_still_reads_the_drivers_refusal(tmp_p
     import subprocess
     import sys
 
-    entry = _script(tmp_path, """
+    refusal = "rpg config error: rpg.loss.divergence='js' is invalid"  # the entry's own line, read back as it is
+    entry = _script(tmp_path, f"""
         import sys
-        print("rpg config error: rpg.loss.divergence='js' is invalid", file=sys.stderr)
+        print({refusal!r}, file=sys.stderr)
         sys.exit(2)
     """)
     code = ("import sys; from rpg.trainer_process import run_trainer; "
@@ -125,7 +126,7 @@ def test_the_launcher_stays_torch_free_and_still_reads_the_drivers_refusal(tmp_p
             "print(r.returncode, r.refusal(), 'torch' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.strip().splitlines()[-1] == "2 rpg config error: rpg.loss.divergence='js' is invalid False"
+    assert p.stdout.strip().splitlines()[-1] == f"2 {refusal} False"  # its exit code, its refusal, no torch
 
 
 def test_a_reused_pid_is_never_signalled(tmp_path, monkeypatch):

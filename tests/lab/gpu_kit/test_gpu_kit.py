@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from messages import names
 
 from rpg_lab.gpu_kit import build, install, pack, run, source_path
 from rpg_lab.gpu_kit import steps as kit_steps
@@ -127,8 +128,8 @@ def test_the_build_names_requirements_on_a_node_package_whose_version_it_does_no
     sel = build.select(items, ["tensordict", "old"], have={"packaging": None, "numpy": None, "six": None},
                        carry_anyway={})
     # packaging without a version on the node: pyvers' range cannot be checked by the resolution
-    assert build.unverified(sel, {"packaging": None, "numpy": None, "six": None}) == [
-        "pyvers 0.1.0 requires packaging<26.0,>=25.0; the node list gives no version of packaging"]
+    (line,) = build.unverified(sel, {"packaging": None, "numpy": None, "six": None})
+    names(line, "pyvers 0.1.0", "packaging<26.0,>=25.0", "version of packaging")  # the package, its range, the gap
     # with the node's version listed, nothing is left unverified (pip's resolution used it as a constraint)
     sel = build.select(items, ["tensordict"], have={"packaging": "26.3", "numpy": None}, carry_anyway={})
     assert build.unverified(sel, {"packaging": "26.3", "numpy": None}) == []
@@ -185,7 +186,8 @@ def test_a_plain_call_runs_the_first_calls_steps_and_says_why_not_the_others(tmp
     assert list(why) == ["gpu_tests", "bench_losses", "smoke_resume", "vllm_part", "smoke_vllm", "smoke_vllm_qwen3",
                          "smoke_vllm_compiled"]
     assert why["smoke_vllm"].startswith("not a default step: its box (420 s)")
-    assert why["smoke_vllm_compiled"].startswith("not a default step: the compiled start runs in a call of its own")
+    assert why["smoke_vllm_compiled"].startswith("not a default step:")
+    names(why["smoke_vllm_compiled"], "smoke_vllm passed", "--steps smoke_vllm_compiled")  # when, and the flag
     assert why["gpu_tests"] == why["bench_losses"] and why["gpu_tests"].startswith("not a default step: it ran")
     assert why["smoke_resume"].startswith("not a default step: its run")
     assert why["vllm_part"].startswith("not a default step: it installs")

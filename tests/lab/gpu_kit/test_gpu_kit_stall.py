@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from messages import names
+
 from rpg_lab.gpu_kit import KIT_VLLM_ENV, source_path, stall
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -63,7 +65,7 @@ def test_a_step_out_of_its_box_leaves_its_stacks_its_ray_logs_and_its_last_phase
     out, stem = tmp_path / "out", f"smoke_vllm.{step['run_id']}"
     assert step["status"] == "timed_out", step["stdout"]
     # the summary names the furthest phase the logs show, the worker log's torch.compile start
-    assert step["reason"] == "still running after its 20 s box: stopped; last phase: compile started"
+    names(step["reason"], "20 s box", "stopped", "last phase: compile started")  # the box, the outcome, the phase
     assert [p["phase"] for p in step["phases"]["reached"]] == ["engine spawned", "weights loaded", "compile started"]
     assert step["phases"]["reached"][1]["log"] == "worker-ab12-01000000-77.out"
     # both processes dumped every thread's stack before the kill: where each one was waiting

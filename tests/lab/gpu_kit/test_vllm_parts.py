@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 from test_gpu_kit import make_wheel as wheel
 
 from rpg_lab.gpu_kit import install, source_path, vllm_install, vllm_parts
@@ -193,7 +194,7 @@ def test_a_staged_part_that_vanished_is_named_in_one_line_and_sending_it_again_r
     staged.unlink()  # gone while the state lists it as received
     p = installer(send(tmp_path / "call", out, *(folder[name] for name in rest)), site, tmp_path)
     assert p.returncode == 1 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
-    assert f"{staged}: received earlier, now gone; its wheels are not installed yet: send it again" in p.stderr
+    names(one_line(p.stderr), f"{staged}:", "gone", "send it again")  # the part, what happened to it, what to do
     assert not (site / "vllm").exists() and first not in vllm_install.read_state(site)["received"]
     p = installer(send(tmp_path / "call", out, folder[first]), site, tmp_path)  # sent again
     assert p.returncode == 0, p.stderr
@@ -218,8 +219,8 @@ def test_a_second_install_into_a_site_is_refused_while_one_runs_and_a_killed_one
         assert first.stdout.readline() == "in pip\n"
         p = installer(send(tmp_path / "call2", out, two), site, tmp_path)
         assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stdout + p.stderr
-        assert (f"--site {site}: another rpg_lab.gpu_kit.vllm_install is installing into it (PID {first.pid})"
-                in p.stderr)
+        # the site, who holds it, its PID
+        names(one_line(p.stderr), f"--site {site}:", "another rpg_lab.gpu_kit.vllm_install", f"(PID {first.pid})")
     finally:
         first.kill()
         first.wait()

@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 from test_lag_study import LagFakeTrainer, _kv
 
 from rpg_lab.study import plan_and_results as DC
@@ -98,8 +99,9 @@ def test_the_hypotheses_on_planted_effects():
     lo, hi = stats.sign_flip_ci(a1, 0.95)
     assert h["A1"][4] == f"{statistics.fmean(a1):.3f} [{lo:.3f}, {hi:.3f}]"
     assert h["R1"][5] == f"{1 / 4096:.4g}" and "Holm over 2 at family-wise alpha 0.05" in text
-    assert text.startswith("# Lag addendum: results (generated from runs.csv by `python -m rpg_lab.study --lag --addendum "
-                           "--render-only`; do not edit)")
+    # the title, and the command that rebuilds the file from its CSV
+    assert text.startswith("# Lag addendum: results")
+    names(text.splitlines()[0], "runs.csv", "`python -m rpg_lab.study --lag --addendum --render-only`", "do not edit")
     with pytest.raises(ValueError, match=r"cell\(s\) lag1-naive-ppo are not in the plan's design"):
         A.ADDENDUM.render_tables([*rows[1:], dict(rows[0], cell="lag1-naive-ppo")])
 
@@ -123,13 +125,13 @@ def test_runs_reach_the_csv_and_the_report(monkeypatch, tiny_assets, tmp_path, c
 
 def test_the_command_line(tmp_path, capsys):
     assert main(["--addendum", "--dry-run", "--out", str(tmp_path / "s")]) == 2
-    assert capsys.readouterr().err == "rpg_lab.study: --addendum: the lag study's addendum: add --lag\n"
+    names(one_line(capsys.readouterr().err), "rpg_lab.study: --addendum", "--lag")  # the flag and the one it needs
     assert main(["--lag", "--addendum", "--dry-run", "--out", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("design: declared (docs/study/lag-addendum/PLAN.md)\n") and "48 runs (48 to run)" in out
     assert main(["--lag", "--addendum", "--dry-run", "--cells", "lag1-naive-ppo", "--out", str(tmp_path / "s")]) == 2
-    assert capsys.readouterr().err.startswith("rpg_lab.study: --cells lag1-naive-ppo: expected some of lag0-noclip-token, "
-                                              "lag1-noclip-token, lag0-clip-token, lag1-clip-token")
+    names(one_line(capsys.readouterr().err), "rpg_lab.study: --cells lag1-naive-ppo",
+          *(c.name for c in G.ADDENDUM_CELLS))  # the cell refused and the cells allowed
     assert not (tmp_path / "s").exists()
 
 

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 
 from rpg_lab.study import grid as G
 from rpg_lab.study import lag as L
@@ -398,7 +399,8 @@ def test_the_lag_figure_puts_every_cell_on_one_y_axis(monkeypatch, tmp_path):
 def test_cli_lag_dry_run_estimate_and_refusals(tmp_path, capsys):
     assert main(["--lag", "--dry-run", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "72 runs (72 to run); each: 24 steps of 16 prompts x 4 responses" in out and "(8 samples per problem)" in out
+    size = next(ln for ln in out.splitlines() if "72 runs" in ln)  # the grid and each run's size
+    names(size, "(72 to run)", "24 steps", "16 prompts", "4 responses", "8 samples per problem")
     est = re.search(r"estimated time to run: (\d+)m(\d+)s with 2", out)
     assert est and int(est[1]) * 60 + int(est[2]) == pytest.approx(G.LAG_COSTS.grid_s(G.lag_grid(), 2), abs=1)
     assert "lag study budget 180m00s: the estimate fits" in out and not (tmp_path / "runs").exists()
@@ -406,9 +408,10 @@ def test_cli_lag_dry_run_estimate_and_refusals(tmp_path, capsys):
     assert main(["--lag", "--dry-run", "--out", str(tmp_path), "--cells", "lag0-noclip-token", "--seeds", "1",
                  "--exploratory"]) == 0
     out = capsys.readouterr().out
-    assert "1 runs (1 to run)" in out and out.startswith(
-        "design: EXPLORATORY, not a test of docs/study/lag/PLAN.md: --seeds 1 (declared 12); --cells lag0-noclip-token "
-        "(declared lag0-noclip-token,lag1-noclip-none,")
+    assert "1 runs (1 to run)" in out and out.startswith("design: EXPLORATORY")
+    # the plan it departs from, and each flag that departs with the plan's value
+    names(out.splitlines()[0], "docs/study/lag/PLAN.md", "--seeds 1 (declared 12)",
+          "--cells lag0-noclip-token (declared lag0-noclip-token,lag1-noclip-none,")
     for flags, error in ((["--lag", "--staleness", "1"], "--lag and --staleness are two different grids"),
                          (["--cells", "lag0-noclip-token"], "--cells selects cells of the lag study: use it with"),
                          (["--lag", "--cells", "lag2"], "--cells lag2: expected some of lag0-noclip-token"),

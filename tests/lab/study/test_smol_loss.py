@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 
 from rpg_lab.study import loss_arms as A
 from rpg_lab.study import plan_and_results as DC
@@ -202,7 +203,7 @@ def test_holm_runs_within_each_family():
 
 def test_the_command_line(tmp_path, capsys):
     assert main(["--loss", "--dry-run", "--out", str(tmp_path / "s")]) == 2
-    assert capsys.readouterr().err == "rpg_lab.study: --loss: the loss comparison runs on SmolLM2: add --model smol\n"
+    names(one_line(capsys.readouterr().err), "rpg_lab.study: --loss", "--model smol")  # the flag and the one it needs
     with pytest.raises(SystemExit) as stop:  # argparse's one line: the two are exclusive
         main(["--model", "smol", "--loss", "--paper", "--dry-run", "--out", str(tmp_path / "s")])
     assert stop.value.code == 2 and "argument --paper: not allowed with argument --loss" in capsys.readouterr().err
@@ -212,7 +213,9 @@ def test_the_command_line(tmp_path, capsys):
     assert re.search(r"seed101-\w+\n", out) and "seed113" not in out and not (tmp_path / "s").exists()
     assert "smol study budget 540m00s: the estimate fits" in out
     assert main(["--model", "smol", "--loss", "--dry-run", "--steps", "3", "--out", str(tmp_path / "s")]) == 2
-    assert capsys.readouterr().err.startswith("rpg_lab.study: --steps 3: the loss comparison on SmolLM2 declares 6")
+    err = names(one_line(capsys.readouterr().err), "rpg_lab.study: --steps 3", "(docs/study/smol-loss/PLAN.md)",
+                "--exploratory")  # the flag refused, the plan that declares the value, the way to run it anyway
+    assert re.search(r"\b6\b", err.split("(docs/")[0])  # the declared 6
 
 
 def test_results_are_rendered_from_a_csv_alone(tmp_path):

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 from test_lag_study import RAN_ON
 
 from rpg_lab.study import costs as C
@@ -175,8 +176,9 @@ def test_calibration_without_a_validation_before_training_and_per_method():
 def test_cli_dry_run_estimate_and_nothing_created(tmp_path, capsys):
     assert main(["--model", "smol", "--dry-run", "--out", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out
-    assert "9 runs (9 to run); each: 3 steps of 8 prompts x 4 responses, validation at the last step (none before " \
-           "training) on 200 of the 200 held-out problems, 1 response each" in out
+    size = next(ln for ln in out.splitlines() if "9 runs" in ln)  # the grid, each run's size and its validation
+    names(size, "(9 to run)", "3 steps", "8 prompts", "4 responses", "at the last step", "none before training",
+          "200 of the 200", "1 response each")
     est = re.search(r"estimated time to run: (\d+)m(\d+)s with 1 run\(s\)", out)
     assert est and int(est[1]) * 60 + int(est[2]) == pytest.approx(S.PILOT.cost_model().grid_s(S.PILOT.grid(), 1), abs=1)
     assert "GRPO +21.1s per step" in out and "smol study budget 180m00s: the estimate fits" in out
@@ -186,10 +188,11 @@ def test_cli_dry_run_estimate_and_nothing_created(tmp_path, capsys):
                  "--val-problems", "100", "--methods", "run_grpo_7b,run_rpg_7b_ufkl1e-4", "--exploratory"]) == 0
     out = capsys.readouterr().out
     assert "10 runs (10 to run); each: 8 steps" in out and "on 100 of the 200" in out and "EXCEEDS it" in out
-    assert out.startswith("design: EXPLORATORY, not a test of docs/study/smol/PLAN.md: --seeds 5 (declared 3); "
-                          "--methods run_grpo_7b,run_rpg_7b_ufkl1e-4 (declared run_grpo_7b,run_rpg_7b_ufkl1e-4,"
-                          "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28); --steps 8 (declared 3); --test-freq 8 (declared "
-                          "3); --val-problems 100 (declared 200); runs.csv and results.md say so and give no verdict")
+    assert out.startswith("design: EXPLORATORY")
+    # the plan it departs from, each flag that departs with the plan's value, the files that record it
+    names(out.splitlines()[0], "docs/study/smol/PLAN.md", "--seeds 5 (declared 3)",
+          f"--methods run_grpo_7b,run_rpg_7b_ufkl1e-4 (declared {','.join(S.PILOT.methods)})", "--steps 8 (declared 3)",
+          "--test-freq 8 (declared 3)", "--val-problems 100 (declared 200)", "runs.csv", "results.md")
 
 
 @pytest.mark.parametrize("flags, error", [
@@ -332,7 +335,7 @@ def test_tables_give_each_contrasts_exact_p_interval_and_holm():
     assert c["C1"][5] == f"{sum(d) / 3:.3f} 75 % [{min(d):.3f}, {max(d):.3f}]"
     assert float(c["C2"][6].split()[0]) > 0.125 or c["C2"][6].startswith("0.125")
     assert "| GRPO | 2e-05 | 3/3 |" in text and "| RPG-REINFORCE-UFKL | 1e-05 | 3/3 |" in text
-    assert "9 of 9 runs finished; code: abc1234; model weights: 0123456789ab." in text
+    names(text, "9 of 9 runs finished", "abc1234", "0123456789ab")  # the runs counted, the code's and weights' ids
     assert "smallest one-sided p is 1/8" in text
 
 
@@ -354,8 +357,9 @@ def test_tables_are_a_function_of_the_csv_and_report_missing_runs(tmp_path):
 def test_the_figure_and_render_only_from_the_csv_alone(tmp_path, capsys):
     assert main(["--model", "smol", "--render-only", "--report-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"rpg_lab.study: --render-only: no {tmp_path / 'runs.csv'}: run the study first (python -m "
-                          "rpg_lab.study --model smol --report-dir ...)") and err.count("\n") == 1
+    # the file missing and the command that makes it
+    names(one_line(err), f"rpg_lab.study: --render-only: no {tmp_path / 'runs.csv'}",
+          "python -m rpg_lab.study --model smol --report-dir")
     S.write_csv(tmp_path / "runs.csv", _rows({"rpg-ufkl": 0.05}))
     assert main(["--model", "smol", "--render-only", "--report-dir", str(tmp_path), "--out", str(tmp_path / "no")]) == 0
     assert (tmp_path / "results.md").read_text() == S.PILOT.render_tables(S.read_csv(tmp_path / "runs.csv"))

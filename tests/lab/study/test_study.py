@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from messages import names, one_line
 
 from rpg_lab.study import grid as G
 from rpg_lab.study import records as D
@@ -245,9 +246,10 @@ def test_finished_runs_are_not_repeated_failed_ones_only_on_request(fake, tmp_pa
     fake.fail = set()
     R.run_grid(specs, tmp_path, costs, retry_failed=True)
     assert fake.calls == [specs[1].run_id]
-    assert (f"0 failed (not retried without --retry-failed), 1 to run, 1 at a time (estimate 1m05s); output {tmp_path}; "
-            f"1 failed run(s) run again: their old folders are moved to {tmp_path / 'stale'} (kept)\n"
-            ) in capsys.readouterr().out
+    start = next(ln for ln in capsys.readouterr().out.splitlines() if "to run" in ln)
+    # the counts, the flag that retries, the estimate, the output folder, the failed run's old folder kept where
+    names(start, "0 failed", "--retry-failed", "1 to run", "1 at a time", "1m05s", f"output {tmp_path};",
+          "1 failed run(s)", f"{tmp_path / 'stale'} (kept)")
     assert json.loads((tmp_path / "stale" / f"{specs[1].run_id}.1" / D.RUN_RECORD).read_text())["status"] == "failed"
     # an interrupted run (no run.json) runs again from scratch; a changed setting makes a run stale
     (D.run_dir(tmp_path, specs[2]) / D.RUN_RECORD).unlink()
@@ -491,8 +493,8 @@ def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
     fake.fail = {unclipped_k4_seed2.run_id}
     records = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)
     paths = render(tmp_path, tmp_path / "report", specs, records, main_updates=4, command="python -m rpg_lab.study --x")
-    names = sorted(p.name for p in paths)
-    assert names == ["curves.png", "curves.svg", "runs.md", "stress.png", "stress.svg", "table.md", "table.tex"]
+    files = sorted(p.name for p in paths)
+    assert files == ["curves.png", "curves.svg", "runs.md", "stress.png", "stress.svg", "table.md", "table.tex"]
     md = (tmp_path / "report" / "table.md").read_text()
     assert "PARTIAL: 7 of 8 runs finished" in md and "mean ± std over seeds" in md
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip().strip("|").split("|")[1:]]
@@ -504,20 +506,23 @@ def test_render_mean_std_over_seeds_partial_label_and_run_list(fake, tmp_path):
     assert rows["RPG-REINFORCE-UFKL, 1 step/batch [2 seeds]"][0] == "**0.3900 ± 0.0707**"
     runs_md = (tmp_path / "report" / "runs.md").read_text()
     assert "python -m rpg_lab.study --x" in runs_md
-    assert "RPG-REINFORCE-UFKL (no clip) k=4 seed 2: failed at step 4: exited with code 1: ValueError: loss is nan" in runs_md
+    failed = next(ln for ln in runs_md.splitlines() if "failed at step" in ln)  # the run, its step, its error
+    names(failed, "RPG-REINFORCE-UFKL (no clip) k=4 seed 2", "step 4", "exited with code 1: ValueError: loss is nan")
     row = rf"\| {specs.index(unclipped_k4_seed2) + 1} \| RPG-REINFORCE-UFKL \(no clip\) \| 4 \| 2 \| failed \| \d+s \|"
     assert re.search(row, runs_md), runs_md  # the wall time is the machine's: any whole number of seconds
     assert "7 of 8 runs finished" in runs_md
     # the fake's step-0 values: clipped 0.3 (seed 1) / 0.4 (seed 2), unclipped 0.1 / 0.2 (it is not deterministic)
-    assert ("determinism: the validation before training is NOT identical across the runs of each seed (largest "
-            "spread within a seed 0.200; 7 runs, 2 seed(s))") in runs_md
+    det = next(ln for ln in runs_md.splitlines() if "determinism" in ln)  # the outcome, the spread, what it covers
+    names(det, "NOT identical", "0.200", "7 runs", "2 seed(s)")
     n_val = D.read_record(tmp_path, specs[0])["overrides"]  # the tiny task's held-out file: its row count
     import pyarrow.parquet as pq
 
     rows_val = pq.ParquetFile(next(o.split("=", 1)[1] for o in n_val if o.startswith("data.val_files="))).metadata.num_rows
     se = (0.35 * 0.65 / (rows_val * 4)) ** 0.5
-    assert (f"gives 0.300, 0.400 for seeds 1, 2 (std 0.071); the binomial standard error at accuracy 0.350 over "
-            f"{rows_val} problems x 4 samples is {se:.3f}") in runs_md  # noqa
+    # the value per seed, their std, the standard error they are set against
+    noise = next(ln for ln in runs_md.splitlines() if "standard error" in ln)
+    names(noise, "0.300, 0.400", "seeds 1, 2", "std 0.071", "accuracy 0.350", f"{rows_val} problems x 4 samples",
+          f"is {se:.3f}")
     assert (tmp_path / "report" / "table.tex").read_text().count(r"\begin{table}") == 2
 
 
@@ -529,8 +534,8 @@ def test_eval_noise_checks_determinism_within_a_seed_and_measures_the_spread_bet
     start = {1: 0.5, 2: 0.6, 3: 0.7}
     runs = {s.run_id: {key: {0: start[s.seed], 4: 0.9}} for s in specs}
     det, noise = eval_noise(runs, specs, "acc/mean@4", val_problems=25)
-    assert det.startswith("determinism: the validation before training is identical across the runs of each seed")
-    assert "(largest spread within a seed 0.000; 6 runs, 3 seed(s))" in det
+    assert det.startswith("determinism:") and "identical" in det and "NOT" not in det  # the outcome
+    names(det, "0.000", "6 runs", "3 seed(s)")  # the largest spread within a seed, and what it covers
     assert "gives 0.500, 0.600, 0.700 for seeds 1, 2, 3 (std 0.100)" in noise
     assert f"is {(0.6 * 0.4 / 100) ** 0.5:.3f} (an upper bound" in noise
     assert eval_noise({}, specs, "acc/mean@4", None) == ["evaluation noise: no run validated before training"]
@@ -590,25 +595,28 @@ def test_cli_refuses_an_out_that_is_a_file_and_a_render_of_no_study(fake, tmp_pa
         for mode in (["--dry-run"], ["--render-only"], []):
             args = [*mode, "--out", str(tmp_path / "s"), flag, str(path)]
             assert main(args) == 2, args
-            assert capsys.readouterr().err == f"rpg_lab.study: {flag} {path}: {afile} is a file, not a directory\n"
+            # the flag, its value, and the file in the way
+            names(one_line(capsys.readouterr().err), f"rpg_lab.study: {flag} {path}:", f"{afile} is a file")
     assert fake.calls == [] and not (tmp_path / "s").exists()
     typo = tmp_path / "stduy"
     assert main(["--render-only", "--out", str(typo)]) == 2
-    assert capsys.readouterr().err == (f"rpg_lab.study: --render-only: no study in --out {typo} (no {typo / 'runs'}): "
-                                       "run the study first, or name its folder\n")
+    # the folder named, the runs folder it lacks, what to do
+    names(one_line(capsys.readouterr().err), "rpg_lab.study: --render-only", f"--out {typo} ", f"{typo / 'runs'}",
+          "run the study first")
     assert not typo.exists()
     (tmp_path / "s" / "runs").mkdir(parents=True)
     assert main(["--render-only", "--out", str(tmp_path / "s")]) == 2
-    assert capsys.readouterr().err == (f"rpg_lab.study: --render-only: no study in --out {tmp_path / 's'} "
-                                       f"({tmp_path / 's' / 'runs'} holds no finished or failed run): run the study first\n")
+    # the flag, the folder, the runs folder it read, what to do
+    names(one_line(capsys.readouterr().err), "rpg_lab.study: --render-only", f"--out {tmp_path / 's'}",
+          f"{tmp_path / 's' / 'runs'} ", "run the study first")
     (spec,) = G.grid(seeds=1, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[:1])
     D.run_dir(tmp_path / "s", spec).mkdir()
     G.save_json(D.run_dir(tmp_path / "s", spec) / D.RUN_RECORD, {"status": "failed", "run_id": spec.run_id})
     other = ["--seeds", "2", "--stress", "", "--steps", "4", "--test-freq", "2", "--methods", G.METHODS[1]]
     assert main(["--render-only", "--out", str(tmp_path / "s"), *other]) == 2
-    assert capsys.readouterr().err == (
-        f"rpg_lab.study: --render-only: none of this grid's 2 runs is in --out {tmp_path / 's'} (it holds 1 run of "
-        "another grid: other --methods, --seeds, sizes or --async-weights or --staleness?)\n")
+    # the folder, the counts, the flags that choose another grid
+    names(one_line(capsys.readouterr().err), "rpg_lab.study: --render-only", f"--out {tmp_path / 's'}", "2 runs",
+          "1 run of another grid", "--methods", "--seeds", "--async-weights", "--staleness")
     assert fake.calls == []
 
 
@@ -636,8 +644,8 @@ def test_a_second_study_on_the_same_out_is_refused_and_touches_nothing(fake, tmp
 
     harness.run_trainer = trainer  # the fixture's monkeypatch restores the original
     records = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)
-    assert seen["error"] == (f"--out {tmp_path} is in use by another study (python -m rpg_lab.study); wait for it to "
-                             "end or choose another --out")
+    # the folder, and who holds it
+    names(one_line(seen["error"]), f"--out {tmp_path} ", "another study (python -m rpg_lab.study)")
     assert seen["log"] == "the first study's run\n" and seen["runs_after"] == seen["runs"]  # nothing wiped or run
     assert [r["status"] for r in records] == ["done"]
     R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)  # released when the first study ended
