@@ -20,87 +20,44 @@ from rpg.override_lists import hydra_value, override_key, resume_command, values
 from rpg.launch.environment import RESUMED_VARS, LaunchError, Request
 
 STEPS = 2  # a rehearsal's training steps (the user's trainer.total_training_steps wins)
-SMOL_TEST_FREQ = STEPS  # SmolLM2's validation takes minutes: before training and at the last step
 
 
 class CpuModel:
-    """A model and task a CPU run trains (``tiny``: ``rpg.tiny``; ``smol``: ``rpg.smol``), and the GPU smoke run
-    (``rpg_lab.demo.gpu_smoke --model``): its defaults, where its assets are before they are built, how they are built,
-    its task's overrides (no algorithm settings)."""
+    """A model and task a CPU run trains, and the GPU smoke run (``rpg_lab.demo.gpu_smoke --model``), as its package
+    declares it (``rpg.tiny.cpu_model``, ``rpg.smol.cpu_model``): its defaults, where its assets are before they are
+    built, how they are built, its task's overrides (no algorithm settings), its torch threads per process."""
 
     def __init__(self, name: str):
+        from rpg.smol import cpu_model as smol
+        from rpg.tiny import cpu_model as tiny
+
         self.name, self.prefix = name, f"[{name}]"
-        if name == "smol":
-            from rpg.smol import overrides as smol
-
-            self.steps, self.test_freq, self.lr = smol.STEPS, smol.TEST_FREQ, smol.LR
-            self.task = "SmolLM2-135M-Instruct, arithmetic"
-            self.timeout_s = smol.TIMEOUT_S
-        else:
-            self.steps, self.test_freq, self.lr = 30, 10, 5e-4
-            self.task = "tiny task"
-            self.timeout_s = 1800.0  # the default run takes about 2 minutes; the limit stops a hung one
-
-    def check_world_size(self, world_size: int) -> None:
-        if self.name == "smol":
-            from rpg.smol.overrides import check_world_size
-        else:
-            from rpg.tiny.overrides import check_world_size
-        check_world_size(world_size)
-
-    def planned(self):
-        """The assets' paths before they are built (the keys are checked first; a first build takes a minute)."""
-        if self.name == "smol":
-            from rpg.smol.build import planned_assets
-
-            return planned_assets()
-        from rpg.tiny.build import TinyAssets, builder_key, default_cache_root
-
-        return TinyAssets.at(default_cache_root() / builder_key())
-
-    def task_overrides(self, planned, **kw) -> list[str]:
-        if self.name == "smol":
-            from rpg.smol.overrides import smol_task_overrides
-
-            return smol_task_overrides(planned, **kw)
-        from rpg.tiny.overrides import tiny_task_overrides
-
-        return tiny_task_overrides(planned, **kw)
+        self.declared = {"tiny": tiny, "smol": smol}[name]  # rpg.launch.environment.CPU_MODELS
+        d = self.declared
+        self.steps, self.test_freq, self.lr, self.task, self.timeout_s = d.STEPS, d.TEST_FREQ, d.LR, d.TASK, d.TIMEOUT_S
+        self.check_world_size, self.planned, self.task_overrides = d.check_world_size, d.planned, d.task_overrides
+        self.folder = d.folder  # the assets' folder to show
 
     def build(self, prefix: str | None = None, model: bool = True):
         """The assets, built once, the progress lines led by ``prefix`` (default the model's); ``model=False``:
         SmolLM2's task files alone (a run given the model elsewhere). ``rpg.smol.SmolAssetError`` when SmolLM2
         cannot be built."""
-        if self.name == "smol":
-            from rpg.smol import build_smol_assets
-
-            return build_smol_assets(prefix=prefix or self.prefix, model=model)
-        import rpg.tiny
-
-        return rpg.tiny.build_tiny_assets(prefix=prefix or self.prefix)
-
-    def folder(self, assets) -> Path:
-        """The assets' folder to show: the model's (SmolLM2), or the whole build's (the tiny task)."""
-        return assets.model_dir if self.name == "smol" else assets.root
+        return self.declared.build(prefix or self.prefix, model=model)
 
     def run_env(self, overrides: Sequence[str], base: dict | None = None) -> dict[str, str]:
-        """Environment variables of a run with ``overrides``: for SmolLM2 on the HF rollout, ``OMP_NUM_THREADS`` by
-        ``rpg.smol.overrides.omp_threads`` from this process's cores, its trainer mode and world size, unless
-        ``base`` (default ``os.environ``) sets it (the CPU backend forwards the user's value); none for the tiny
-        model (the backend's one thread per process) nor for verl's vLLM rollout (``RPG_CPU_ROLLOUT=vllm`` in
-        ``base``: its CPU settings are measured with one thread, ``rpg.backends.cpu.vllm_cpu``)."""
+        """Environment variables of a run with ``overrides``: ``OMP_NUM_THREADS`` where the model declares its
+        threads (SmolLM2 on the HF rollout: ``rpg.smol.overrides.omp_threads`` from this process's cores, its
+        trainer mode and world size), unless ``base`` (default ``os.environ``) sets it (the CPU backend forwards the
+        user's value); none for the tiny model (the backend's one thread per process) nor for verl's vLLM rollout
+        (``RPG_CPU_ROLLOUT=vllm`` in ``base``: its CPU settings are measured with one thread,
+        ``rpg.backends.cpu.vllm_cpu``)."""
         from rpg.backends.cpu import vllm_cpu
 
         base = os.environ if base is None else base
-        if self.name != "smol" or "OMP_NUM_THREADS" in base or vllm_cpu.rollout_of(base) == "vllm":
+        if "OMP_NUM_THREADS" in base or vllm_cpu.rollout_of(base) == "vllm":
             return {}
-        from rpg.config import world_size_of
-        from rpg.smol.overrides import omp_threads
-
-        v = values(list(overrides))
-        nnodes, gpus = world_size_of(v)
-        threads = omp_threads(len(os.sched_getaffinity(0)), v.get("trainer.v1.trainer_mode"), nnodes * gpus)
-        return {"OMP_NUM_THREADS": str(threads)}
+        threads = self.declared.threads(values(list(overrides)), len(os.sched_getaffinity(0)))
+        return {} if threads is None else {"OMP_NUM_THREADS": str(threads)}
 
 
 def _world(req: Request, model: CpuModel) -> list[str]:
@@ -137,7 +94,7 @@ def task_groups(groups: list[list[str]], req: Request, user: Sequence[str]) -> l
         raise LaunchError(f"RPG_BACKEND={req.backend}: {e}") from None
     groups = [[o for o in g if override_key(o) not in owned] for g in groups]
     mode = values([*groups[0], *groups[1], *user]).get("trainer.v1.trainer_mode")
-    extra = {"test_freq": SMOL_TEST_FREQ} if model.name == "smol" else {}
+    extra = {"test_freq": STEPS} if model.declared.VALIDATES_ONLY_AT_THE_ENDS else {}
     groups += [model.task_overrides(model.planned(), steps=STEPS, world_size=nnodes * gpus, trainer_mode=mode,
                                     **extra), world]
     if not req.env.get("CKPTS_DIR", "").strip() and not req.cluster:
