@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from launch_expected import ALL_ROWS
 from launching import env as _env, launch as main, planned
+from messages import names, one_line
 
 from rpg.cluster.submit import Job, ray_command
 from rpg.launch.environment import Request
@@ -255,4 +256,4 @@ def test_describe_shows_the_files_settings_and_full_config_on_request(capsys):
     assert "# ---- the full resolved config" in full and "train_batch_size: 512" in full and "divergence: urkl" in full
     assert "GPU 139.8 GiB" in full
     assert main([name, "--full"], _env()) == 2
-    assert capsys.readouterr().err.strip() == "rpg.launch: --full goes with --describe (the run's memory plan)"
+    names(one_line(capsys.readouterr().err), "rpg.launch: ", "--full", "--describe")  # the flag and the one it needs

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from launching import generator, planned
+from messages import names
 from omegaconf import OmegaConf
 
 from rpg.launch.experiments import CONFIG_NAME, EXPERIMENT_DIR
@@ -99,8 +100,10 @@ def test_the_check_names_each_disagreement_of_a_wrong_copy(tmp_path, capsys):
 
 def test_file_content_is_commented_yaml_on_the_paper_setup():
     text = generator().experiment_path("run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28").read_text()
-    assert text.startswith("# @package _global_\n# run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28: RPG-REINFORCE-URKL "
-                           "[Table 3]\n")
+    package, first = text.splitlines()[:2]
+    assert package == "# @package _global_"  # Hydra's directive: the keys land at the top of the config
+    assert first.startswith("# run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28: "), first  # the run, its variant, table
+    names(first, "RPG-REINFORCE-URKL", "[Table 3]")
     assert yaml.safe_load(text)["defaults"] == [{"/paper": "default"}, "_self_"]
     assert "      lr: 1.0e-6" in text and "App. H" in text
     files = list((ROOT / EXPERIMENT_DIR).glob("*.yaml"))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from data_files import verl_file
 from launching import env as _env, launch
+from messages import names, one_line
 from omegaconf import OmegaConf
 
 from rpg.config import RPGConfigError
@@ -19,6 +20,7 @@ from rpg.launch.environment import LaunchError, Request
 from rpg.launch.experiments import find
 from rpg.launch.plan import experiment_name
 from rpg.verl.input_paths import check_run_names
+from rpg.verl.verl_rules import verl_loggers
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = "run_rpg_7b_ufkl1e-4"
@@ -34,9 +36,10 @@ def _lines(capsys) -> list[str]:
 
 def test_a_name_past_the_file_systems_limit_is_one_line_before_anything_starts(capsys):
     assert launch([PAPER], _env(DRY_RUN="1", EXP_NAME=CJK)) == 2
-    assert _lines(capsys) == [
-        f"rpg.launch: EXP_NAME={CJK[:40]!r}... is 312 bytes (UTF-8): the run writes files named <name>.part9999.jsonl "
-        "and a file name holds at most 255 bytes; give a name of at most 240 bytes"]
+    [line] = _lines(capsys)
+    assert line.startswith(f"rpg.launch: EXP_NAME={CJK[:40]!r}... "), line
+    # its size, the longest file it names, the file system's bound and the bound on the name
+    names(line, "312 bytes", "<name>.part9999.jsonl", "255 bytes", "240 bytes")
     with pytest.raises(LaunchError, match=r"^PROJECT_NAME='名{40}'\.\.\. is 312 bytes"):
         Request.read({"PROJECT_NAME": CJK}, ROOT)
 
@@ -76,9 +79,9 @@ def test_an_auto_name_past_the_limit_is_shortened_with_a_digest_and_said():
     assert len(longest_file_name(name).encode()) == NAME_MAX and name.startswith(f"{PAPER}+lr=")
     assert name[-13] == "~" and other[:-13] != name[:-13] and other[-12:] != name[-12:]
     note = naming_note(exp, req, user)
-    assert f"the run is named {name} (trainer.experiment_name: its checkpoint folder, logs and report labels, " \
-           f"shortened with a digest of {PAPER}+lr=0.0000002" in note
-    assert note.endswith("(its log file's name would pass the file system's 255 bytes); EXP_NAME=... names it otherwise)")
+    # the name, the key it sets, that it was cut with a digest of the full name, the bound, the variable to name it
+    names(one_line(note), f" {name} ", "trainer.experiment_name", "digest", f"{PAPER}+lr=0.0000002", "255 bytes",
+          "EXP_NAME=...")
     assert experiment_name(exp, req, ["rpg.loss.divergence=urkl"]) == f"{PAPER}+divergence=urkl"
 
 
@@ -88,11 +91,12 @@ def test_an_auto_name_past_the_limit_is_shortened_with_a_digest_and_said():
 def test_a_logger_list_naming_no_logger_is_refused(capsys):
     """Before: ``LOGGER=,`` ran with ``trainer.logger=[]``: no metrics."""
     assert launch([PAPER], _env(DRY_RUN="1", LOGGER=" , ")) == 2
-    assert _lines(capsys) == ["rpg.launch: LOGGER=',' names no logger: the run would log no metrics; give verl's "
-                              "loggers, comma separated (unset: console,file)"]
+    [line] = _lines(capsys)
+    names(line, "rpg.launch: ", "LOGGER=','", "no logger", "console,file")  # the value, what it lacks, the default
     assert launch([PAPER, "trainer.logger=[]"], _env(DRY_RUN="1")) == 2
     [line] = _lines(capsys)
-    assert line.startswith("rpg config error: trainer.logger=[] names no logger: the run would log no metrics; allowed: ")
+    assert line.startswith("rpg config error: trainer.logger=[] "), line
+    names(line, "no logger", ", ".join(verl_loggers()))  # what it lacks and the loggers allowed
 
 
 @pytest.mark.parametrize("env, line", [
@@ -116,5 +120,5 @@ def test_a_file_trained_on_and_validated_is_a_warning(tmp_path, capsys, monkeypa
     monkeypatch.chdir(tmp_path)
     assert launch([PAPER], _env(DRY_RUN="1", TRAIN_FILE="aime.parquet", VAL_FILES=f"{data},{tmp_path}/x.parquet")) == 0
     warned = [ln for ln in _lines(capsys) if "both name" in ln]
-    assert warned == [f"rpg: warning: data.train_files and data.val_files both name {data}: the run is evaluated on the "
-                      "problems it trains on (a model evaluated on problems it has seen)"]
+    assert len(warned) == 1 and warned[0].startswith("rpg: warning: "), warned
+    names(warned[0], "data.train_files", "data.val_files", str(data))  # the two keys and the file they share

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 from launching import env as _env, launch as main, planned
+from messages import names, one_line
 
 from rpg.override_lists import values
 from rpg.launch.describe import naming_note
@@ -55,9 +56,10 @@ def test_an_override_of_what_the_name_says_is_shown_and_renames_the_run(capsys):
     assert header.startswith(f"# run {new} (from {NAME}: RPG-UFKL")
     assert "divergence=urkl" in header and "clip=False" in header  # the composed settings, as the driver's line
     assert "ufkl" not in header.replace(NAME, "") and "clip=True" not in header
-    assert _notes(out) == [f"rpg.loss.divergence=urkl, rpg.loss.clip=false change what the run {NAME} says: "
-                           f"the run is named {new} (trainer.experiment_name: its checkpoint folder, logs and report "
-                           "labels; EXP_NAME=... names it otherwise)"]
+    # the overrides, the run they change, its new name, the key that name sets and the variable to name it otherwise
+    [note] = _notes(out)
+    names(one_line(note), "rpg.loss.divergence=urkl, rpg.loss.clip=false", f" {NAME} ", f" {new} ",
+          "trainer.experiment_name", "EXP_NAME=...")
     assert _composed(out, "trainer.experiment_name") == new
     assert _composed(out, "trainer.default_local_dir") == str(ROOT / "ckpts" / "rpg" / new)
 
@@ -74,10 +76,11 @@ def test_a_name_given_by_the_user_is_kept_and_a_restated_or_memory_setting_renam
     assert named(_env(), lr)[:2] == (f"{NAME}+lr=3e-6", str(ROOT / "ckpts" / "rpg" / f"{NAME}+lr=3e-6"))
     name, ckpts, note = named(_env(EXP_NAME="mine"), lr)
     assert (name, ckpts) == ("mine", str(ROOT / "ckpts" / "rpg" / "mine"))
-    assert note == (f"actor_rollout_ref.actor.optim.lr=3e-6 changes what the run {NAME} says; the run keeps the "
-                    "name you gave it (EXP_NAME=mine)")
+    # the override, the run it changes, and where the name kept came from
+    names(one_line(note), "actor_rollout_ref.actor.optim.lr=3e-6", f" {NAME} ", "EXP_NAME=mine")
     name, _, note = named(_env(), [*lr, "trainer.experiment_name=mine"])
-    assert name == "mine" and note.endswith("the run keeps the name you gave it (trainer.experiment_name=mine)")
+    assert name == "mine", name
+    names(one_line(note), "actor_rollout_ref.actor.optim.lr=3e-6", "trainer.experiment_name=mine")
     # the file's own value, a memory-only setting, a key the file does not set: the name still says it all
     same = ["rpg.loss.divergence=ufkl", "actor_rollout_ref.actor.optim.lr=1e-6",
             "actor_rollout_ref.rollout.gpu_memory_utilization=0.5", "trainer.total_training_steps=7"]

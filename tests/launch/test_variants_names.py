@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from launch_expected import ALL_ROWS, CONTEXT_TABLES, ROWS_4B, ROWS_7B, effective
 from launching import generator
+from messages import names, one_line
 
 gen = generator()
 GRAMMAR, VariantNameError, known_names, parse, to_overrides = (gen.GRAMMAR, gen.VariantNameError, gen.known_names,
@@ -188,9 +189,11 @@ def test_a_name_without_a_file_is_refused_naming_the_closest_shipped_name():
     swapped = "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.82"
     with pytest.raises(ExperimentError) as e:
         find(swapped)
-    assert str(e.value) == (f"no run {swapped}: no experiment/{swapped}.yaml in recipe/rpg/config or a folder of "
-                            "hydra.searchpath; closest shipped: run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28; a new run "
-                            "is a new file there (a copy of a shipped one, edited)")
+    line = one_line(str(e.value))
+    assert line.startswith(f"no run {swapped}: "), line
+    # the file looked for, where, and the shipped run meant
+    names(line, f"experiment/{swapped}.yaml", "recipe/rpg/config", "hydra.searchpath",
+          "closest shipped: run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28")
     assert closest_shipped("run_rpg_7b_ufkl1e-3") == ["run_rpg_7b_ufkl1e-4"]
     assert closest_shipped("run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.29x")[0] == "run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28"
     assert shipped_names() == known_names()  # every shipped script has its file, and no file lacks its script
