@@ -271,6 +271,16 @@ def device_call(out: Path) -> dict:
             "carry": carry, "timeout_s": DEFAULT_BUDGET_S + 30}
 
 
+def check_inputs(out: Path, ours: tuple[str, ...], python: str, have: Path) -> None:
+    """``BuildError`` before minutes of work: ``out`` holds files other than ``ours`` (a folder the user named), the
+    resolver is not a Python it can use, or the node's package list ``have`` is missing."""
+    if refused := foreign_files(out.resolve(), ours):
+        raise BuildError(f"--out {refused}")
+    check_resolver(python)
+    if not have.is_file():
+        raise BuildError(f"--have {have}: no such file")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--python", default=None, help=f"a Python {TARGET_PYTHON} with pip, for the resolution "
@@ -286,11 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     python = args.python or default_resolver()
     try:
-        if refused := foreign_files(args.out.resolve(), CARRY_PATHS):  # before minutes of work
-            raise BuildError(f"--out {refused}")
-        check_resolver(python)
-        if not args.have.is_file():
-            raise BuildError(f"--have {args.have}: no such file")
+        check_inputs(args.out, CARRY_PATHS, python, args.have)
         return build(python, args)
     except BuildError as e:
         print(f"rpg_lab.gpu_kit.build: {e}", file=sys.stderr)

@@ -40,7 +40,7 @@ from pathlib import Path
 from rpg.paths.checkout import CHECKOUT
 from rpg_lab.gpu_kit import CARRY_DIR, MANIFEST, NODE_PYTHON, TARGET_PYTHON, foreign_files, say
 from rpg_lab.gpu_kit.build import (CALL_MIB, CARRY_ANYWAY, EXCLUDE, HAVE_FILE, BuildError, build_source_only, canonical,
-                               check_resolver, default_resolver, download, project_requirements, read_have, resolve,
+                               check_inputs, default_resolver, download, project_requirements, read_have, resolve,
                                select, travelling_tree_bytes)
 from rpg_lab.gpu_kit.pack import restore, sha256
 from rpg_lab.gpu_kit.vllm_install import KIND, PARTS_DIR
@@ -301,11 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         return calls_again(args.out.resolve(), args.base.resolve())
     python = args.python or default_resolver()
     try:
-        if refused := foreign_files(args.out.resolve(), PARTS_PATHS):  # before minutes of work
-            raise BuildError(f"--out {refused}")
-        check_resolver(python)
-        if not args.have.is_file():
-            raise BuildError(f"--have {args.have}: no such file")
+        check_inputs(args.out, PARTS_PATHS, python, args.have)
         if args.part_mib <= 0 or args.part_mib > 60 or args.first_mib < 0:
             raise BuildError(f"--part-mib {args.part_mib:g}: a part is more than 0 and at most 60 MiB; "
                              f"--first-mib {args.first_mib:g}: 0 (as the others) or more")
