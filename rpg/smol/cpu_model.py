@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rpg.config import world_size_of
-from rpg.smol.build import SmolAssets, build_smol_assets, planned_assets as planned  # noqa: F401 (declared)
+import rpg.smol
+from rpg.smol.build import SmolAssets, planned_assets as planned  # noqa: F401 (declared)
 from rpg.smol.overrides import LR, STEPS, TEST_FREQ, TIMEOUT_S, check_world_size, omp_threads  # noqa: F401
 from rpg.smol.overrides import smol_task_overrides as task_overrides  # noqa: F401 (declared)
 
@@ -17,7 +18,7 @@ VALIDATES_ONLY_AT_THE_ENDS = True  # its validation takes minutes: a rehearsal v
 
 def build(prefix: str, model: bool = True) -> SmolAssets:
     """``model=False``: the task's files alone (a run given the model elsewhere)."""
-    return build_smol_assets(prefix=prefix, model=model)
+    return rpg.smol.build_smol_assets(prefix=prefix, model=model)  # the package's, looked up at the call
 
 
 def folder(assets: SmolAssets) -> Path:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rpg.tiny.build import TinyAssets, build_tiny_assets, builder_key, default_cache_root
+import rpg.tiny
+from rpg.tiny.build import TinyAssets, builder_key, default_cache_root
 from rpg.tiny.overrides import check_world_size, tiny_task_overrides as task_overrides  # noqa: F401 (declared)
 
 TASK = "tiny task"
@@ -19,7 +20,7 @@ def planned() -> TinyAssets:
 
 
 def build(prefix: str, model: bool = True) -> TinyAssets:
-    return build_tiny_assets(prefix=prefix)
+    return rpg.tiny.build_tiny_assets(prefix=prefix)  # the package's, looked up at the call
 
 
 def folder(assets: TinyAssets) -> Path:
