@@ -1,7 +1,8 @@
 """RPG recipe entry point: ``python recipe/rpg/main_rpg.py [+experiment=<run>] [hydra overrides]``.
 
-Composes ``config/rpg_trainer.yaml`` (verl's installed ``ppo_trainer`` + the ``rpg:`` block) and hands over to
-``rpg.verl.main`` (validation before Ray, RPG TaskRunner/trainer/worker). A paper run, ``+experiment=<run>`` (every
+Composes ``config/rpg_trainer.yaml`` (verl's installed ``ppo_trainer`` + the ``rpg:`` block) and runs verl's
+``run_ppo`` with the RPG task runner, in the driver's context ``rpg.verl.main.driver`` (validation before Ray, the stop
+and resume lines; the RPG trainer and worker: rpg.verl). A paper run, ``+experiment=<run>`` (every
 paper script runs this through recipe/rpg/launch.sh), is launched by ``rpg.launch.entry`` first: the environment's
 paths and sizes, its checks and header before anything starts, ``DRY_RUN=1``, ``--describe`` and
 ``RPG_BACKEND=cpu`` (docs/launch-scripts.md); the launch composes the run's config once (Hydra's compose API) and
@@ -20,9 +21,16 @@ import hydra
 
 @hydra.main(config_path="config", config_name="rpg_trainer", version_base=None)
 def main(config):
-    from rpg.verl.main import main_from_hydra
+    run(config)
 
-    main_from_hydra(config)
+
+def run(config, settings=None):
+    """verl's ``run_ppo`` with the RPG task runner, in the driver's context (``rpg.verl.main.driver``: the checks
+    before Ray unless ``settings`` says they were made, the stop and resume lines, the cluster's checks)."""
+    import rpg.verl.main as driver
+
+    with driver.driver(config, settings) as task_runner:
+        driver.run_ppo(config, task_runner_class=task_runner)
 
 
 if __name__ == "__main__":
@@ -41,7 +49,7 @@ if __name__ == "__main__":
             main()
         else:  # a paper run, composed and checked once by its launch: the driver runs that config
             sys.argv[1:] = launched.argv  # the run's resume command repeats them
-            rpg.verl.main.main_from_hydra(launched.config, launched.settings)
+            run(launched.config, launched.settings)
     except KeyboardInterrupt:
         print("rpg: stopped by SIGINT while starting (before Ray: nothing was started)", file=sys.stderr, flush=True)
         sys.exit(130)

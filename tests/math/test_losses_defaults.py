@@ -14,7 +14,8 @@ import rpg.config.block as B
 import rpg.math.fused
 from rpg.config import (ACTOR_FIELDS, RULES, RPGConfigError, RPGLossConfig, RPGLossConfigError, Rule, loss_defaults,
                         loss_fields, parse_rpg_settings)
-from rpg.verl.policy_loss import RPGPolicyLossConfig, loss_config
+from rpg.config import loss_config
+from rpg.verl.policy_loss import RPGPolicyLossConfig
 
 YAML = Path(__file__).parents[2] / "recipe" / "rpg" / "config" / "rpg_trainer.yaml"
 
