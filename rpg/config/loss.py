@@ -177,7 +177,8 @@ def loss_config(actor) -> RPGLossConfig:
     if values is None:
         mode = None if pl is None else pl.get("loss_mode", None)
         raise ValueError(f"actor_rollout_ref.actor.policy_loss.rpg_loss is missing: loss_mode {mode!r} needs the RPG "
-                         "policy-loss config (recipe/rpg/config/rpg_trainer.yaml sets it, ${rpg.loss})")
+                         "policy-loss config, RPGPolicyLossConfig with rpg_loss: ${rpg.loss} (recipe/rpg/config/"
+                         "rpg_trainer.yaml sets both)")
     values = {k: values[k] for k in values if k != "name"}
     for name in ACTOR_FIELDS:
         if (value := _actor_value(actor, name)) is not None:

@@ -25,7 +25,7 @@ CASES = [(rule, name) for name in ("rpg", "grpo_corrected") for rule in RULES
 
 @pytest.mark.parametrize("rule,loss_name", CASES, ids=[f"{n}-{r.field}:{r.expected[:30]}" for r, n in CASES])
 def test_every_library_rule_fires_in_the_driver(rule, loss_name):
-    """The driver builds the workers' RPGLossConfig (``rpg.verl.policy_loss.loss_config``): a violation of any
+    """The driver builds the workers' RPGLossConfig (``rpg.config.loss_config``): a violation of any
     library rule is refused there, naming the recipe key and what the rule allows."""
     assert len(CASES) == 2 * len(RULES) - 1
     with pytest.raises(RPGConfigError) as err:
