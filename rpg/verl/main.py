@@ -6,8 +6,8 @@ input path (``rpg.verl.input_paths``) and pins the checkpoint a resume loads (``
 verl's ``validate_config``; a bad value is one line naming the key, exit code 2. ``run_ppo`` gets ``RPGTaskRunner``:
 verl's ``TaskRunnerV1`` with the RPG trainer of ``trainer.v1.trainer_mode`` and verl's file logger on a new segment
 of the run's metrics history (a resume never truncates it). A paper run (``+experiment=<run>``) reaches
-``driver`` composed and prepared by its launch (``rpg.launch.entry``), not by Hydra's main: one composition
-and one round of checks per launch. SIGHUP, SIGINT and SIGTERM stop the run: Ray is shut
+``driver`` composed by recipe/rpg/main_rpg.py and prepared by its launch's ``Launch.check`` (``rpg.launch.entry``),
+not by Hydra's main: one composition and one round of checks per launch. SIGHUP, SIGINT and SIGTERM stop the run: Ray is shut
 down and one line says where the metrics and the last complete checkpoint are and how to resume (128 + signum).
 """
 
