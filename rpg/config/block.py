@@ -25,13 +25,10 @@ from typing import Any, ClassVar
 
 from rpg.config.access import RPGConfigError
 from rpg.config.allowed_values import Choice, Flag, Integer, Kind, ModuleFunction, Number, PrefixCounts
-from rpg.config.loss import FORMS, RPGLossConfig, RPGLossConfigError
+from rpg.config.loss import ACTOR_FIELDS, RPGLossConfig, RPGLossConfigError, build_loss_config
 
 RPG_LOSSES = ("rpg", "grpo_corrected")  # rpg.loss.name values that run an RPG actor loss (registered loss modes)
 LOSS_NAMES = (*RPG_LOSSES, "verl")  # "verl": verl's own actor loss
-# RPGLossConfig fields that verl's actor config already holds: the loss reads them from
-# actor_rollout_ref.actor.<field>. Every other field is the recipe key rpg.loss.<field>.
-ACTOR_FIELDS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode")
 REFERENCE_MODES = ("sampler", "fixed", "periodic", "kl_threshold")
 RESETTING_MODES = ("periodic", "kl_threshold")  # modes that overwrite the reference with actor weights
 OPTIMIZERS = ("adamw", "schedulefree")
@@ -201,17 +198,6 @@ def loss_fields() -> tuple[str, ...]:
 def loss_key(field: str) -> str:
     """The config key that sets ``RPGLossConfig.<field>`` in a recipe run."""
     return f"actor_rollout_ref.actor.{field}" if field in ACTOR_FIELDS else f"{ROOT}.loss.{field}"
-
-
-def build_loss_config(name: str | None, values: dict) -> RPGLossConfig:
-    """The ``RPGLossConfig`` the loss ``name`` runs with, from its field values (the driver's parse and every
-    worker's ``rpg.verl.policy_loss.loss_config`` build it here, so both refuse the same inputs;
-    ``RPGLossConfigError`` names the field). grpo_corrected's KL term w * k3 is fully differentiable
-    (Sec. 2.2), so it is validated as ``form=differentiable`` (a valid form given is not used by it; an
-    invalid one is still refused): a value-only ``kl_clamp`` is allowed there, as for RPG-X."""
-    if name == "grpo_corrected" and values.get("form", "reinforce") in FORMS:
-        values = {**values, "form": "differentiable"}
-    return RPGLossConfig(**values)
 
 
 def loss_error(e: RPGLossConfigError) -> RPGConfigError:

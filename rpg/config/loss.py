@@ -26,6 +26,9 @@ FD_CLIP_MODES = ("reward", "algorithm1")
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 # behaviour weight pi_old/mu of a stale sampler, per token or per response, or none (rpg.math.behavior applies it)
 BEHAVIOR_LEVELS = ("token", "sequence", "none")
+# RPGLossConfig fields that verl's actor config already holds: the loss reads them from
+# actor_rollout_ref.actor.<field>. Every other field is the recipe key rpg.loss.<field>.
+ACTOR_FIELDS = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode")
 
 
 def _is_real(x) -> bool:
@@ -141,3 +144,43 @@ RULES: tuple[Rule, ...] = (
 def loss_defaults() -> dict:
     """Field name -> default of ``RPGLossConfig`` (what the recipe's ``rpg.loss`` block states)."""
     return {f.name: f.default for f in dataclasses.fields(RPGLossConfig)}
+
+
+def build_loss_config(name: str | None, values: dict) -> RPGLossConfig:
+    """The ``RPGLossConfig`` the loss ``name`` runs with, from its field values: every construction of the loss's
+    settings is this one (the ``rpg:`` block's parse, the driver's check before Ray and a worker's build, both
+    through ``loss_config``), so all refuse the same inputs (``RPGLossConfigError`` names the field).
+    grpo_corrected's KL term w * k3 is fully differentiable (Sec. 2.2), so it is validated as
+    ``form=differentiable`` (a valid form given is not used by it; an invalid one is still refused): a value-only
+    ``kl_clamp`` is allowed there, as for RPG-X."""
+    if name == "grpo_corrected" and values.get("form", "reinforce") in FORMS:
+        values = {**values, "form": "differentiable"}
+    return RPGLossConfig(**values)
+
+
+def _actor_value(actor, name: str):
+    """verl's actor value of an ``ACTOR_FIELDS`` entry (None: unset, the library default applies).
+    verl's rule: clip_ratio_low / clip_ratio_high fall back to clip_ratio."""
+    value = actor.get(name, None)
+    if value is None and name in ("clip_ratio_low", "clip_ratio_high"):
+        value = actor.get("clip_ratio", None)
+    return value
+
+
+def loss_config(actor) -> RPGLossConfig:
+    """The exact ``RPGLossConfig`` a run's loss receives, from verl's actor config (``actor_rollout_ref.actor``: the
+    composed DictConfig in the driver's check before Ray, verl's ``ActorConfig`` on a worker): the loss
+    ``policy_loss.loss_mode`` with ``policy_loss.rpg_loss`` (the ``rpg.loss`` block itself, by reference:
+    recipe/rpg/config/rpg_trainer.yaml; its ``name`` is ``loss_mode``'s) and verl's own ``ACTOR_FIELDS``."""
+    pl = actor.get("policy_loss", None)
+    values = None if pl is None else pl.get("rpg_loss", None)
+    if values is None:
+        mode = None if pl is None else pl.get("loss_mode", None)
+        raise ValueError(f"actor_rollout_ref.actor.policy_loss.rpg_loss is missing: loss_mode {mode!r} needs the RPG "
+                         "policy-loss config, RPGPolicyLossConfig with rpg_loss: ${rpg.loss} (recipe/rpg/config/"
+                         "rpg_trainer.yaml sets both)")
+    values = {k: values[k] for k in values if k != "name"}
+    for name in ACTOR_FIELDS:
+        if (value := _actor_value(actor, name)) is not None:
+            values[name] = value
+    return build_loss_config(pl.get("loss_mode", None), values)

@@ -159,6 +159,32 @@ def experiment_key_problems(cfg, overrides: Sequence[str], keys: frozenset[str],
     return lines + ["a key the config does not have is added on the command line, +key=value"]
 
 
+def _check_experiment(cfg, overrides: Sequence[str], exp, config_dir: str, config_name: str) -> None:
+    """``ConfigKeyError`` for a key the run's experiment file ``exp`` adds (Hydra initialised on ``config_dir``)."""
+    searchpath = tuple(o for o in overrides if o.startswith("hydra.searchpath="))
+    keys, open_paths = base_keys(config_dir, config_name, searchpath)
+    if problems := experiment_key_problems(cfg, overrides, keys, open_paths, exp):
+        raise ConfigKeyError("; ".join(problems))
+
+
+def check_composed(cfg, overrides: Sequence[str], config_dir: Path | str, config_name: str = CONFIG_NAME) -> None:
+    """``compose_config``'s checks of a config composed elsewhere from ``overrides`` (recipe/rpg/main_rpg.py composes a
+    paper run's): the keys its experiment file adds, then ``trainer.logger`` (``checked_config``); one line each."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from rpg.launch.experiments import find
+
+    runs = [o[len(f"+{GROUP}="):] for o in overrides if o.startswith(f"+{GROUP}=")]
+    if runs:
+        if GlobalHydra.instance().is_initialized():
+            GlobalHydra.instance().clear()
+        config_dir = str(Path(config_dir).resolve())
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            _check_experiment(cfg, overrides, find(runs[-1], overrides), config_dir, config_name)
+    _check_logger(cfg)
+
+
 def compose_config(overrides: Sequence[str], config_dir: Path | str, config_name: str = CONFIG_NAME):
     """The config ``hydra.main`` would compose from ``config_dir/config_name.yaml`` and ``overrides``;
     ``ConfigKeyError`` (one line naming every unknown key, the closest valid one and the ``+`` hint) when
@@ -190,10 +216,7 @@ def compose_config(overrides: Sequence[str], config_dir: Path | str, config_name
                 continue
             break
         if exp is not None and not bad:
-            searchpath = tuple(o for o in overrides if o.startswith("hydra.searchpath="))
-            keys, open_paths = base_keys(config_dir, config_name, searchpath)
-            if problems := experiment_key_problems(cfg, overrides, keys, open_paths, exp):
-                raise ConfigKeyError("; ".join(problems))
+            _check_experiment(cfg, overrides, exp, config_dir, config_name)
     if bad:
         paths = key_paths(cfg)
         raise ConfigKeyError("; ".join(_describe(kind, text, paths) for kind, text in bad))
@@ -203,10 +226,14 @@ def compose_config(overrides: Sequence[str], config_dir: Path | str, config_name
 def checked_config(overrides: Sequence[str], config_dir: Path | str, config_name: str = CONFIG_NAME):
     """``compose_config``, then ``trainer.logger`` against verl's list (``logger_problem``): what the launchers
     check before anything starts (the rest of the driver's checks run in the driver, before Ray)."""
+    cfg = compose_config(overrides, config_dir, config_name)
+    _check_logger(cfg)
+    return cfg
+
+
+def _check_logger(cfg) -> None:
     from omegaconf import OmegaConf
 
-    cfg = compose_config(overrides, config_dir, config_name)
     loggers = OmegaConf.select(cfg, "trainer.logger")
     if (why := logger_problem(OmegaConf.to_container(loggers) if OmegaConf.is_config(loggers) else loggers)) is not None:
         raise RPGConfigError(why)
-    return cfg

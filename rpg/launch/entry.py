@@ -1,10 +1,10 @@
 """A paper run's launch, in the driver's own process: ``python recipe/rpg/main_rpg.py +experiment=<run> [overrides]``
 (what every paper script runs, through recipe/rpg/launch.sh).
 
-``main`` reads the command line and the environment once (``rpg.launch.environment``), composes the run once (Hydra's
-compose API) and makes every check the driver makes before Ray once (``prepared``), prints its header, then gives the
-driver the composed config (``Prepared``: main_rpg.py hands it to ``rpg.verl.main.main_from_hydra``, Hydra's main
-does not compose it again); or it answers itself:
+``main`` reads the command line and the environment once (``rpg.launch.environment``) and gives the driver the run's
+overrides (``Launch``: main_rpg.py composes them once with Hydra's compose API, ``Launch.check`` makes every check the
+driver makes before Ray once and prints the run's header, then main_rpg.py hands the config to verl's ``run_ppo``;
+Hydra's main does not compose it again); or it answers itself:
 ``DRY_RUN=1`` (the run checked and printed), ``--describe`` (the run and its memory plan), ``RPG_BACKEND=cpu`` (a
 rehearsal on the CPU backend: ``rpg.launch.rehearsal``). A bad input is one line, exit 2. Without
 ``+experiment=<run>`` main_rpg.py is verl's plain driver (``DRY_RUN=1`` still composes, checks and prints), and
@@ -13,6 +13,7 @@ with Hydra's own flags (``--cfg job``, ``--help``, ``-m``) the command line goes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -29,9 +30,9 @@ from rpg.verl.input_paths import error_line
 GROUP_PREFIX = "+experiment="
 
 
-def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int | list[str] | Prepared:
+def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int | list[str] | Launch:
     """An exit code (the launch answered, or refused in one line), the command line Hydra's main composes (no run,
-    Hydra's flags, a launcher's command), or a paper run composed and checked (``Prepared``) for the driver."""
+    Hydra's flags, a launcher's command), or a paper run's overrides (``Launch``) for the driver to compose and check."""
     from rpg.trainer_process.run_dir import RunDirError
     from rpg.stop_signals import StopSignal, raise_on_stop_signals
     from rpg.launch.environment import LaunchError
@@ -62,7 +63,7 @@ def run_name(argv: Sequence[str]) -> str | None:
     return names[-1] if names else None
 
 
-def _main(argv: list[str], env: dict[str, str]) -> int | list[str] | Prepared:
+def _main(argv: list[str], env: dict[str, str]) -> int | list[str] | Launch:
     from rpg.launch.describe import split_flags
 
     if env.get(LAUNCHED_ENV):  # a launcher made these checks (the harness, the cluster layer)
@@ -98,7 +99,7 @@ def _plain(argv: list[str], env: dict[str, str]) -> int | list[str]:
     return dry_run(req, None, argv, local_command(argv))
 
 
-def launch(name: str, user: list[str], env: dict[str, str], flags: Mapping[str, str] = ()) -> int | Prepared:
+def launch(name: str, user: list[str], env: dict[str, str], flags: Mapping[str, str] = ()) -> int | Launch:
     """The run ``name`` with the user's overrides ``user`` (see the module's text)."""
     from rpg.launch import experiments, rehearsal
     from rpg.launch.args import read_overrides
@@ -145,31 +146,60 @@ def launch(name: str, user: list[str], env: dict[str, str], flags: Mapping[str, 
         return dry_run(req, exp, argv[2:], argv, user=user)
     if req.dry:
         return dry_run(req, exp, overrides, local_command(overrides), user=user)
-    return prepared(overrides, lambda cfg: header(exp, cfg, launch_notes(exp, req, user)))
+    return Launch(list(overrides), lambda cfg: header(exp, cfg, launch_notes(exp, req, user)))
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """A run composed and checked by its launch, for the driver to run as it is (``rpg.verl.main.main_from_hydra``):
-    its command line (what the resume command repeats), its config and the ``RPGSettings`` of the driver's checks."""
+class Launch:
+    """A paper run through the launch's checks, for the driver: its overrides (the driver's command line, which its
+    resume command repeats). recipe/rpg/main_rpg.py composes them (Hydra's compose API), hands the config to
+    ``check``, then to verl's ``run_ppo``, all inside ``before_ray``."""
 
     argv: list[str]
-    config: Any
-    settings: Any
+    header: Callable[[Any], str]
 
+    def check(self, config) -> Any:
+        """Every check the driver makes before Ray, once, on the run's composed ``config``: the keys its experiment
+        file adds and ``trainer.logger`` (``rpg.launch.config_keys``), its header printed, then
+        ``rpg.verl.main.prepare_config`` (the ``rpg:`` block, names, input paths, this node, the resume, verl's
+        rules). Returns the ``RPGSettings`` of those checks; a refusal raises ``RPGConfigError``."""
+        from rpg.launch.config_keys import check_composed
+        from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR
 
-def prepared(overrides: list[str], header: Callable[[Any], str]) -> Prepared:
-    """The run's config composed once (Hydra's compose API: keys and loggers, one line each,
-    ``rpg.launch.config_keys``), its header printed, then every check the driver makes before Ray, once
-    (``rpg.verl.main.prepare_config``: the ``rpg:`` block, names, input paths, this node, the resume, verl's rules)."""
-    from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR
-    from rpg.launch.config_keys import checked_config
+        check_composed(config, self.argv, CHECKOUT / RECIPE_CONFIG_DIR)
+        print(self.header(config), flush=True)
+        from rpg.verl.main import prepare_config  # verl's import (seconds), once the config composes
 
-    cfg = checked_config(overrides, CHECKOUT / RECIPE_CONFIG_DIR)
-    print(header(cfg), flush=True)
-    from rpg.verl.main import prepare_config  # verl's import (seconds), once the config composes
+        return prepare_config(config)
 
-    return Prepared(list(overrides), cfg, prepare_config(cfg))
+    @contextlib.contextmanager
+    def before_ray(self):
+        """Around the driver's composition and ``check``: a composition Hydra refuses or a refused check is one
+        line (every key the config lacks: ``rpg.launch.config_keys``), exit 2; Ctrl-C (or SIGHUP/SIGTERM), one line,
+        exit 128 + signum."""
+        from hydra.errors import HydraException
+
+        from rpg.launch.config_keys import compose_config
+        from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR
+        from rpg.stop_signals import StopSignal, raise_on_stop_signals
+
+        handlers = raise_on_stop_signals()
+        try:
+            try:
+                yield
+            except HydraException:  # the keys it names, on one line: the launchers' own composition says why
+                compose_config(self.argv, CHECKOUT / RECIPE_CONFIG_DIR)
+                raise
+        except StopSignal as e:
+            handlers.hold()
+            print(f"rpg.launch: stopped by {e.name} before the run started (nothing was started)", file=sys.stderr,
+                  flush=True)
+            sys.exit(e.code)
+        except RPGConfigError as e:
+            print(error_line(e), file=sys.stderr, flush=True)
+            sys.exit(2)
+        finally:
+            handlers()
 
 
 def check_backend(chosen, req) -> None:

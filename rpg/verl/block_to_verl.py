@@ -1,9 +1,9 @@
 """The ``rpg:`` block written into verl's keys in the driver, before Ray: ``apply_to_verl_config``.
 
-``rpg.loss.*`` becomes verl's typed policy-loss config, in this one place (``RPGPolicyLossConfig`` through a
-``_target_`` override: ``rpg.verl.policy_loss``), which carries the loss fields to the actor workers;
-``loss_config`` builds the same ``RPGLossConfig`` from it here and once in every worker, so both refuse the same
-inputs (one validator, ``RULES``). The road of a setting: docs/architecture.md#the-road-of-a-loss-setting.
+verl's typed policy-loss config (``RPGPolicyLossConfig``: ``rpg.verl.policy_loss``) holds the ``rpg.loss`` block by
+reference (recipe/rpg/config/rpg_trainer.yaml: ``rpg_loss: ${rpg.loss}``) and carries it to the actor workers; here
+its ``loss_mode`` is set and ``rpg.config.loss_config``, the builder every worker runs once, builds the same
+``RPGLossConfig`` from it, so both refuse the same inputs (one validator, ``RULES``). The road of a setting: docs/architecture.md#the-road-of-a-loss-setting.
 ``rpg.reference.mode`` decides whether verl builds a reference model, ``rpg.optimizer=schedulefree`` sets verl's
 optimizer keys, and the trainer and the driver's resume check read ``rpg.validation`` and ``rpg.resume``. The checks
 against verl's own keys (``rpg.verl.block_checks``) run first; every refusal is one line.
@@ -15,11 +15,12 @@ import dataclasses
 import importlib
 import importlib.util
 
-from rpg.config import RPG_LOSSES, RPGLossConfigError, RPGSettings, config_value, loss_error, loss_fields, parse_rpg_settings
+from rpg.config import (RPG_LOSSES, RPGLossConfigError, RPGSettings, config_value, loss_config, loss_error,
+                        parse_rpg_settings)
 from rpg.config.access import fail as _fail
 from rpg.verl.block_checks import (check_reference_copies, check_reward_name_has_path, check_rpg_reward_kwargs,
                              check_trainer)
-from rpg.verl.policy_loss import POLICY_LOSS_TARGET, loss_config
+from rpg.verl.policy_loss import POLICY_LOSS_TARGET
 
 SCHEDULEFREE_IMPL, SCHEDULEFREE_CLASS = "schedulefree", "AdamWScheduleFree"
 
@@ -30,8 +31,8 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
     Mutates ``cfg`` (a composed Hydra DictConfig). Raises ``RPGConfigError`` on conflicts. Returns
     ``settings`` whose ``loss`` is, for the RPG losses, the exact config the workers will build.
 
-    * ``rpg.loss.*`` -> ``actor_rollout_ref.actor.policy_loss``: an ``RPGPolicyLossConfig`` whose ``rpg_loss``
-      mapping carries ``loss_fields()`` (workers only see ``actor_rollout_ref``); the clip ratios and the aggregation
+    * ``rpg.loss.*`` -> ``actor_rollout_ref.actor.policy_loss``: an ``RPGPolicyLossConfig`` whose ``rpg_loss`` is the
+      ``rpg.loss`` block by reference (workers only see ``actor_rollout_ref``); the clip ratios and the aggregation
       stay verl's own actor keys (``ACTOR_FIELDS``); ``loss_mode`` = ``rpg`` or ``grpo_corrected``.
     * ``rpg.reference.mode``: ``sampler`` keeps ``actor.use_kl_loss=False`` and ``algorithm.use_kl_in_reward=False``
       (no reference worker, no extra forward; the loss anchors on ``old_log_probs``); the other modes set
@@ -71,11 +72,9 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
                 # is 0 so that the printed config says so too (the KL coefficient is rpg.loss.beta)
                 cfg.actor_rollout_ref.actor.use_kl_loss = True
                 cfg.actor_rollout_ref.actor.kl_loss_coef = 0.0
-            pl = cfg.actor_rollout_ref.actor.policy_loss
-            pl._target_ = POLICY_LOSS_TARGET
+            pl = _policy_loss(cfg)
             pl.loss_mode = settings.loss_name
-            pl.rpg_loss = {field: getattr(loss, field) for field in loss_fields()}
-            try:  # the workers' construction (rpg.verl.policy_loss.loss_config), on this config: same inputs, same verdict
+            try:  # the workers' construction (rpg.config.loss_config), on this config: same inputs, same verdict
                 loss = loss_config(cfg.actor_rollout_ref.actor)
             except RPGLossConfigError as e:
                 raise loss_error(e) from None
@@ -91,8 +90,7 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
                 _fail(f"{actor}.policy_loss.loss_mode={loss_mode} needs rpg.loss.name={loss_mode} "
                       "(the recipe then wires the loss settings)")
             wants_ref = use_kl_loss or use_kl_in_reward
-            pl = cfg.actor_rollout_ref.actor.policy_loss
-            pl._target_ = POLICY_LOSS_TARGET
+            pl = _policy_loss(cfg)
             pl.rpg_sampler_kl = False
             if ref.mode == "sampler" and use_kl_loss:
                 if use_kl_in_reward:
@@ -141,6 +139,20 @@ def apply_to_verl_config(cfg, settings: RPGSettings) -> RPGSettings:
             cfg.reward.custom_reward_function.name = name
         check_rpg_reward_kwargs(cfg)
     return dataclasses.replace(settings, loss=loss)
+
+
+def _policy_loss(cfg):
+    """verl's policy-loss config of ``cfg``: the RPG policy-loss config with the ``rpg.loss`` block by reference, as
+    recipe/rpg/config/rpg_trainer.yaml declares it (one line otherwise: the workers would not see ``rpg.loss``)."""
+    key = "actor_rollout_ref.actor.policy_loss"
+    pl = cfg.actor_rollout_ref.actor.policy_loss
+    if config_value(cfg, f"{key}._target_") != POLICY_LOSS_TARGET:
+        _fail(f"{key}._target_ must be {POLICY_LOSS_TARGET} (recipe/rpg/config/rpg_trainer.yaml sets it; got "
+              f"{config_value(cfg, f'{key}._target_')!r})")
+    if pl._get_node("rpg_loss")._dereference_node() is not cfg.rpg._get_node("loss"):
+        _fail(f"{key}.rpg_loss must be ${{rpg.loss}} (recipe/rpg/config/rpg_trainer.yaml sets it): set the loss's "
+              "settings under rpg.loss")
+    return pl
 
 
 def resolve_reward_function(spec: str) -> tuple[str, str]:

@@ -1,13 +1,13 @@
-"""Driver and TaskRunner of the RPG recipe (``recipe/rpg/main_rpg.py`` is a thin Hydra shell).
+"""Driver and TaskRunner of the RPG recipe: what ``recipe/rpg/main_rpg.py`` runs around verl's ``run_ppo``.
 
-``main_from_hydra(config)`` is verl's ``verl.trainer.main_ppo.main`` (auto_set_device -> validate_config -> run_ppo)
-with checks before Ray: ``prepare_config`` applies the ``rpg:`` block (``rpg.verl.block_to_verl``), checks every local
+``driver(config)`` is the context of verl's ``verl.trainer.main_ppo.main`` (auto_set_device -> validate_config ->
+run_ppo) with checks before Ray: ``prepare_config`` applies the ``rpg:`` block (``rpg.verl.block_to_verl``), checks every local
 input path (``rpg.verl.input_paths``) and pins the checkpoint a resume loads (``rpg.verl.checkpoints``), all before
 verl's ``validate_config``; a bad value is one line naming the key, exit code 2. ``run_ppo`` gets ``RPGTaskRunner``:
 verl's ``TaskRunnerV1`` with the RPG trainer of ``trainer.v1.trainer_mode`` and verl's file logger on a new segment
 of the run's metrics history (a resume never truncates it). A paper run (``+experiment=<run>``) reaches
-``main_from_hydra`` composed and prepared by its launch (``rpg.launch.entry``), not by Hydra's main: one composition
-and one round of checks per launch. SIGHUP, SIGINT and SIGTERM stop the run: Ray is shut
+``driver`` composed by recipe/rpg/main_rpg.py and prepared by its launch's ``Launch.check`` (``rpg.launch.entry``),
+not by Hydra's main: one composition and one round of checks per launch. SIGHUP, SIGINT and SIGTERM stop the run: Ray is shut
 down and one line says where the metrics and the last complete checkpoint are and how to resume (128 + signum).
 """
 
@@ -274,13 +274,21 @@ def after_ray_init(hook):
 
 
 def main_from_hydra(config: DictConfig, settings: RPGSettings | None = None) -> None:
-    """Body of the Hydra main: one clear line on a bad ``rpg:`` value, input path or resume
-    checkpoint, then exit code 2 (``settings``: those ``prepare_config`` returned for ``config`` when the caller ran
-    it, a paper run's launch: ``rpg.launch.entry`` composes and checks the config once, then hands it over here); a stop signal ends the run as ``stop_on_signals`` says. On a Ray cluster
-    the driver joined, the cluster's checks run once Ray is up (``rpg.verl.joined_cluster``: nodes and GPUs, the
-    checkpoint folder seen from every node; a refusal is the same one line, exit 2), and a node lost mid-run
-    ends the run with the stop line (exit 1) instead of a traceback (the driver watches the nodes and stops the
-    TaskRunner, which may otherwise wait for the lost node forever: ``NodeWatch``); so do DAPO's refills beyond
+    """verl's ``run_ppo`` with the RPG task runner inside ``driver`` (what recipe/rpg/main_rpg.py runs)."""
+    with driver(config, settings) as task_runner:
+        run_ppo(config, task_runner_class=task_runner)
+
+
+@contextlib.contextmanager
+def driver(config: DictConfig, settings: RPGSettings | None = None):
+    """Around verl's ``run_ppo(config, task_runner_class=...)`` (the block's body; it yields the RPG task runner):
+    the checks before Ray (``prepare_config``; ``settings``: those it returned for ``config`` when the caller ran
+    it, a paper run's launch) with one clear line on a bad ``rpg:`` value, input path or resume checkpoint, then
+    exit code 2; a stop signal ends the run as ``stop_on_signals`` says. On a Ray cluster the driver joined, the
+    cluster's checks run once Ray is up (``rpg.verl.joined_cluster``: nodes and GPUs, the checkpoint folder seen
+    from every node; a refusal is the same one line, exit 2), and a node lost mid-run ends the run with the stop
+    line (exit 1) instead of a traceback (the driver watches the nodes and stops the TaskRunner, which may
+    otherwise wait for the lost node forever: ``NodeWatch``); so do DAPO's refills beyond
     ``algorithm.filter_groups.max_num_gen_batches`` (``rpg.verl.refill_limit``: the stop line says why)."""
     from rpg.verl.joined_cluster import ClusterRun, rendezvous_file
 
@@ -312,7 +320,7 @@ def main_from_hydra(config: DictConfig, settings: RPGSettings | None = None) -> 
         try:
             try:
                 with after_ray_init(after_init):
-                    run_ppo(config, task_runner_class=ray.remote(name=runner)(RPGTaskRunner))
+                    yield ray.remote(name=runner)(RPGTaskRunner)
             finally:
                 for watch in watches:
                     watch.stop()

@@ -4,10 +4,10 @@ torch, verl's ``core_algos`` and config classes).
 ``RPGPolicyLossConfig`` (``POLICY_LOSS_TARGET``) is verl's ``PolicyLossConfig`` plus what the RPG losses read: the
 driver selects it with ``actor_rollout_ref.actor.policy_loss._target_`` (``rpg.verl.block_to_verl``) and verl
 instantiates it in the driver and in every actor worker, so its ``rpg_loss`` mapping carries the ``rpg.loss`` values
-across Ray. ``loss_config(actor)`` builds the exact ``RPGLossConfig`` from verl's actor config (``rpg_loss`` plus
-verl's clip ratios and aggregation, ``ACTOR_FIELDS``), in the driver before Ray and once per actor config on a worker
-(``worker_loss_config``), so both refuse the same inputs. The road of a setting from the YAML to here:
-docs/architecture.md#the-road-of-a-loss-setting.
+across Ray (recipe/rpg/config/rpg_trainer.yaml sets both: ``rpg_loss: ${rpg.loss}``, the block itself, by
+reference). ``worker_loss_config`` builds the ``RPGLossConfig`` once per actor config on a worker with the one builder,
+``rpg.config.loss_config``, which the driver's check before Ray calls too, so both refuse the same inputs. The road
+of a setting from the YAML to here: docs/architecture.md#the-road-of-a-loss-setting.
 
 ``rpg_policy_loss`` is registered as verl's loss modes (``rpg.verl.register``) and called by verl's ``ppo_loss`` with
 the padded micro-batch: ``rpg`` is the per-token loss of ``rpg.math.fused.rpg_policy_loss(..., aggregate=False)``
@@ -33,7 +33,7 @@ from verl.base_config import BaseConfig
 from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss_vanilla
 from verl.workers.config.actor import PolicyLossConfig
 
-from rpg.config import ACTOR_FIELDS, RPG_LOSSES, RPGLossConfig, build_loss_config
+from rpg.config import RPG_LOSSES, RPGLossConfig, loss_config
 from rpg.math.fused import grpo_corrected_kl, value_clamp
 from rpg.math.fused import rpg_policy_loss as library_loss
 
@@ -45,7 +45,7 @@ POLICY_LOSS_TARGET = "rpg.verl.policy_loss.RPGPolicyLossConfig"
 class RPGPolicyLossConfig(PolicyLossConfig):
     """Fields:
 
-    rpg_loss:       {RPGLossConfig field: value} for the fields set under rpg.loss (validated by the
+    rpg_loss:       the rpg.loss block (its name and RPGLossConfig fields; validated by the
                     library when the loss builds its config)
     rpg_anchor:     sampler (anchor = pi_old, no reference model) | reference (ref_log_prob)
     rpg_sampler_kl: rpg.loss.name=verl only: verl's KL loss against pi_old (ref_log_prob := old_log_probs)
@@ -62,36 +62,6 @@ class RPGPolicyLossConfig(PolicyLossConfig):
     def __post_init__(self):
         if self.rpg_anchor not in ANCHORS:
             raise ValueError(f"policy_loss.rpg_anchor={self.rpg_anchor!r} is invalid; allowed values: {', '.join(ANCHORS)}")
-
-
-def _actor_value(actor, name: str):
-    """verl's actor value of an ``ACTOR_FIELDS`` entry (None: unset, the library default applies).
-    verl's rule: clip_ratio_low / clip_ratio_high fall back to clip_ratio."""
-    value = actor.get(name, None)
-    if value is None and name in ("clip_ratio_low", "clip_ratio_high"):
-        value = actor.get("clip_ratio", None)
-    return value
-
-
-def loss_config(actor) -> RPGLossConfig:
-    """The exact ``RPGLossConfig`` the loss runs with, from a verl actor config: the composed DictConfig in the
-    driver (``rpg.verl.block_to_verl.apply_to_verl_config``), verl's ``ActorConfig`` on a worker
-    (``worker_loss_config``). One construction in both places (``rpg.config.build_loss_config``), so the driver
-    rejects before Ray exactly what a worker would; a broken rule raises ``RPGLossConfigError`` (its field, value
-    and what is allowed). ``grpo_corrected`` reads beta, kl_clamp and log_ratio_guard (validated as the
-    differentiable form, so a value-only ``kl_clamp`` is allowed there, as for RPG-X)."""
-    pl = actor.get("policy_loss", None)
-    values = None if pl is None else pl.get("rpg_loss", None)
-    if values is None:
-        mode = None if pl is None else pl.get("loss_mode", None)
-        raise ValueError(f"actor_rollout_ref.actor.policy_loss.rpg_loss is missing: loss_mode {mode!r} needs "
-                         f"policy_loss._target_={POLICY_LOSS_TARGET} (use recipe/rpg/main_rpg.py, which sets it "
-                         "from the rpg: block)")
-    values = {k: values[k] for k in values}
-    for name in ACTOR_FIELDS:
-        if (value := _actor_value(actor, name)) is not None:
-            values[name] = value
-    return build_loss_config(pl.get("loss_mode", None), values)
 
 
 # a worker's built configs: id(actor config) -> (a weak reference to it, its RPGLossConfig); an entry goes with its

@@ -112,8 +112,8 @@ def test_script_trains_on_cpu_backend(tiny_assets, tmp_path):
     # and the user's overrides won over the script's values (lr, the fixed reference, the clip band)
     assert "rpg: loss=rpg divergence=urkl form=reinforce beta=0.0001 clip=True; anchor=reference mode=fixed" in log
     assert "optimizer=schedulefree" in log
-    expected = {**{k: loss_defaults()[k] for k in loss_fields()}, "divergence": "urkl", "form": "reinforce",
-                "beta": 1e-4, "clip": True}
+    expected = {"name": "rpg", **{k: loss_defaults()[k] for k in loss_fields()}, "divergence": "urkl",
+                "form": "reinforce", "beta": 1e-4, "clip": True}
     assert worker_loss_settings(log) == expected
     for needle in ("'lr': 0.0005", "'rpg_anchor': 'reference'", "'device': 'cpu'",
                    f"'clip_ratio_low': {NARROW_CLIP[0]}", f"'clip_ratio_high': {NARROW_CLIP[1]}"):

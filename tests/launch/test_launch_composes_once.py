@@ -1,7 +1,7 @@
 """A paper run's launch composes its config once and checks its inputs once: ``recipe/rpg/main_rpg.py
-+experiment=<run>`` (what every paper script runs) composes the run with Hydra's compose API in the launch
-(``rpg.launch.entry``), makes the driver's checks there (``rpg.verl.main.prepare_config``) and hands that config to the
-driver (``main_from_hydra``), which starts Ray with it; Hydra's main does not compose it again."""
++experiment=<run>`` (what every paper script runs) composes the overrides its launch gives back (``rpg.launch.entry``)
+with Hydra's compose API, makes the driver's checks once (``Launch.check``: ``rpg.verl.main.prepare_config``) and
+hands that config to verl's ``run_ppo``, which starts Ray with it; Hydra's main does not compose it again."""
 
 from __future__ import annotations
 

@@ -11,10 +11,12 @@ import torch
 from omegaconf import OmegaConf
 
 import rpg.config.block as B
+import rpg.config.loss as L
 import rpg.math.fused
 from rpg.config import (ACTOR_FIELDS, RULES, RPGConfigError, RPGLossConfig, RPGLossConfigError, Rule, loss_defaults,
                         loss_fields, parse_rpg_settings)
-from rpg.verl.policy_loss import RPGPolicyLossConfig, loss_config
+from rpg.config import loss_config
+from rpg.verl.policy_loss import RPGPolicyLossConfig
 
 YAML = Path(__file__).parents[2] / "recipe" / "rpg" / "config" / "rpg_trainer.yaml"
 
@@ -103,7 +105,8 @@ def test_a_field_added_to_the_dataclass_is_accepted_validated_and_delivered(monk
 
     import rpg.verl.policy_loss as glue
 
-    monkeypatch.setattr(B, "RPGLossConfig", _WithKnob)  # the one name the block, the driver and the workers build
+    monkeypatch.setattr(B, "RPGLossConfig", _WithKnob)  # the name the block's keys derive from
+    monkeypatch.setattr(L, "RPGLossConfig", _WithKnob)  # the one the builder builds (the driver, the workers)
     assert "knob" in loss_fields()
     from rpg.verl.checkpoints import resume_keys
 
@@ -112,10 +115,10 @@ def test_a_field_added_to_the_dataclass_is_accepted_validated_and_delivered(monk
     with pytest.raises(RPGConfigError, match=r"^rpg.loss.knob=-1.0 is invalid: expected a number > 0$"):
         parse_rpg_settings({"loss": {"knob": -1.0}})  # validated, named as the recipe key
 
-    from recipe_config import apply  # the driver writes it into verl's policy-loss config
+    from recipe_config import apply  # verl's policy-loss config holds rpg.loss by reference
 
     cfg, _ = apply("+rpg.loss.knob=2.5")
-    pl = OmegaConf.to_container(cfg.actor_rollout_ref.actor.policy_loss)
+    pl = OmegaConf.to_container(cfg.actor_rollout_ref.actor.policy_loss, resolve=True)
     assert pl["rpg_loss"]["knob"] == 2.5
     pl.pop("_target_")
 

@@ -32,9 +32,18 @@ def launch(argv: list[str], environ: dict[str, str]) -> int | list[str]:
         from rpg.cluster.submit import main
 
         return main(argv, environ)
-    from rpg.launch.entry import main
+    from rpg.launch.config_keys import compose_config
+    from rpg.launch.entry import Launch, main
+    from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR
 
-    return main([f"+experiment={argv[0]}", *argv[1:]] if argv and not argv[0].startswith("-") else argv, environ)
+    launched = main([f"+experiment={argv[0]}", *argv[1:]] if argv and not argv[0].startswith("-") else argv, environ)
+    if isinstance(launched, Launch):  # main_rpg.py composes the run and checks it before Ray: an exit code or the run
+        try:
+            with launched.before_ray():
+                launched.check(compose_config(launched.argv, CHECKOUT / RECIPE_CONFIG_DIR))
+        except SystemExit as e:
+            return e.code
+    return launched
 
 
 def planned(name: str, environ: dict[str, str] | None = None, user=(), cwd: Path = ROOT, backend: str | None = None,

@@ -26,13 +26,26 @@ CASES = [(rule, name) for name in ("rpg", "grpo_corrected") for rule in RULES
 
 @pytest.mark.parametrize("rule,loss_name", CASES, ids=[f"{n}-{r.field}:{r.expected[:30]}" for r, n in CASES])
 def test_every_library_rule_fires_in_the_driver(rule, loss_name):
-    """The driver builds the workers' RPGLossConfig (``rpg.verl.policy_loss.loss_config``): a violation of any
+    """The driver builds the workers' RPGLossConfig (``rpg.config.loss_config``): a violation of any
     library rule is refused there, naming the recipe key and what the rule allows."""
     assert len(CASES) == 2 * len(RULES) - 1
     with pytest.raises(RPGConfigError) as err:
         apply(f"rpg.loss.name={loss_name}", *_overrides(rule.violation))
     text = str(err.value)
     assert text.startswith(f"{loss_key(rule.field)}=") and rule.expected in text and "\n" not in text
+
+
+@pytest.mark.parametrize("override,key", [
+    ("actor_rollout_ref.actor.policy_loss._target_=verl.workers.config.PolicyLossConfig", "policy_loss._target_"),
+    ("++actor_rollout_ref.actor.policy_loss.rpg_loss={beta:0.5}", "policy_loss.rpg_loss"),
+])
+def test_the_policy_loss_must_hold_the_loss_block_by_reference(override, key):
+    """verl's policy-loss config carries rpg.loss to the workers by reference (rpg_trainer.yaml): a run that replaces
+    its target or its rpg_loss (the workers would not see rpg.loss) is refused before Ray, one line naming the key."""
+    with pytest.raises(RPGConfigError) as err:
+        apply(override)
+    text = str(err.value)
+    assert text.startswith(f"actor_rollout_ref.actor.{key} must be ") and "\n" not in text, text
 
 
 SCRIPT = "run_rpg_4b_ctx8k_urkl1e-4_rf_clip_ppo_0.2_0.28"
