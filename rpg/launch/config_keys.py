@@ -92,8 +92,17 @@ def _one_line(message: str) -> str:
     return "; ".join(ln.strip() for ln in message.splitlines() if ln.strip() and not ln.startswith("See "))
 
 
+# keys the recipe's config sets by reference to another block (recipe/rpg/config/rpg_trainer.yaml): a key under one is
+# set in the block it refers to
+REFERENCES = {"actor_rollout_ref.actor.policy_loss.rpg_loss": "rpg.loss"}
+
+
 def _describe(kind: str, text: str, paths: list[str]) -> str:
     p = parse_one(text)
+    for ref, block in REFERENCES.items():
+        if p.key.startswith(ref + "."):
+            field = p.key[len(ref) + 1:]
+            return f"{p.key} is {block}.{field} by reference ({ref}: ${{{block}}}): write {block}.{field}={p.value_text}"
     if kind == "exists":
         return (f"{p.text} adds the key {p.key}, which the config already has: write {p.key}={p.value_text} to change "
                 f"it (++{p.key}=... adds or replaces)")

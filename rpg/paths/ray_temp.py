@@ -35,7 +35,8 @@ def fits(folder: str) -> bool:
 
 def default_folder(environ) -> tuple[str, str]:
     """(the folder a Ray started without ``_temp_dir`` uses, what decides it): ``$RAY_TMPDIR/ray``, else
-    ``$TMPDIR/ray``, else ``/tmp/ray`` (``ray._common.utils.get_default_ray_temp_dir``)."""
+    ``$TMPDIR/ray``, else Ray's built-in default on Linux, the system's ``/tmp`` plus ``ray`` (Ray's own rule:
+    ``ray._common.utils.get_default_ray_temp_dir``; not a path of any machine of ours)."""
     for var in ("RAY_TMPDIR", "TMPDIR"):
         if var in environ:
             return os.path.join(environ[var], "ray"), var

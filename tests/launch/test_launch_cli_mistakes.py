@@ -122,6 +122,17 @@ def test_an_unknown_key_is_one_line_with_the_closest_key_and_the_plus_hint(extra
     assert "[cpu]" not in out
 
 
+@pytest.mark.parametrize("plus", ["", "+"])
+def test_a_key_under_the_loss_configs_reference_names_the_rpg_loss_key_to_set(capsys, plus):
+    """verl's policy-loss config holds rpg.loss by reference (rpg_loss: ${rpg.loss}): a loss field set there, with or
+    without +, is one line naming the rpg.loss key to write, never a hint to add the key (or to drop the +)."""
+    rc, err, _ = _launch([PAPER, f"{plus}actor_rollout_ref.actor.policy_loss.rpg_loss.beta=0.5"], capsys, DRY_RUN="1")
+    line = one_line("\n".join(e for e in err if "warning" not in e))
+    assert rc == 2, err
+    names(line, "actor_rollout_ref.actor.policy_loss.rpg_loss.beta", "rpg.loss.beta=0.5")
+    assert "write +" not in line and "++" not in line  # neither Hydra's add nor its force-add
+
+
 def test_the_demo_checks_keys_before_it_builds_or_starts_anything(tmp_path, capsys, monkeypatch):
     import rpg.tiny
 
