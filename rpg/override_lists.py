@@ -22,7 +22,7 @@ Python literal) and let invalid ones through to a traceback after Ray started.
   override so that Hydra reads back that same string (never an int, a bool or an interpolation).
 * ``split_hydra_argv`` / ``bad_override_line``: a Hydra app's command line (flags such as ``--cfg job``,
   ``-m``, ``--config-name``, then overrides), read with Hydra's own argument parser, checked before
-  ``hydra.main`` runs (``recipe/rpg/main_rpg.py``).
+  ``hydra.main`` runs (``rpg.launch.entry.hydra_reads``, for recipe/rpg/main_rpg.py).
 
 Used by every launcher (``rpg.launch.entry``, the CPU harness and ``rpg_lab.demo.cpu``, the GPU
 smoke run, the study) and by the driver's entry script.

@@ -177,7 +177,7 @@ def _check_experiment(cfg, overrides: Sequence[str], exp, config_dir: str, confi
 
 
 def check_composed(cfg, overrides: Sequence[str], config_dir: Path | str, config_name: str = CONFIG_NAME) -> None:
-    """``compose_config``'s checks of a config composed elsewhere from ``overrides`` (recipe/rpg/main_rpg.py composes a
+    """``compose_config``'s checks of a config composed elsewhere from ``overrides`` (the launcher composes a
     paper run's): the keys its experiment file adds, then ``trainer.logger`` (``checked_config``); one line each."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

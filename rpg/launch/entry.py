@@ -1,14 +1,14 @@
-"""A paper run's launch, in the driver's own process: ``python recipe/rpg/main_rpg.py +experiment=<run> [overrides]``
-(what every paper script runs, through recipe/rpg/launch.sh).
+"""The paper runs' launcher: ``python -m rpg.launch [+experiment=<run>] [overrides] [--describe]`` (``cli``; what
+every paper script runs, through recipe/rpg/launch.sh), a tool beside the recipe's entry point.
 
-``main`` reads the command line and the environment once (``rpg.launch.environment``) and gives the driver the run's
-overrides (``Launch``: main_rpg.py composes them once with Hydra's compose API, ``Launch.check`` makes every check the
-driver makes before Ray once and prints the run's header, then main_rpg.py hands the config to verl's ``run_ppo``;
-Hydra's main does not compose it again); or it answers itself:
-``DRY_RUN=1`` (the run checked and printed), ``--describe`` (the run and its memory plan), ``RPG_BACKEND=cpu`` (a
-rehearsal on the CPU backend: ``rpg.launch.rehearsal``). A bad input is one line, exit 2. Without
-``+experiment=<run>`` main_rpg.py is verl's plain driver (``DRY_RUN=1`` still composes, checks and prints), and
-with Hydra's own flags (``--cfg job``, ``--help``, ``-m``) the command line goes to Hydra as it is.
+``main`` reads the command line and the environment once (``rpg.launch.environment``) and answers: ``DRY_RUN=1``
+(the run checked and printed), ``--describe`` (the run and its memory plan), ``RPG_BACKEND=cpu`` (a rehearsal on the
+CPU backend: ``rpg.launch.rehearsal``), a bad input (one line, exit 2); or it gives a paper run's overrides
+(``Launch``), which ``cli`` composes once (Hydra's compose API), checks once (``Launch.check``: every check the driver
+makes before Ray, and the run's header) and hands to verl's ``run_ppo`` in the driver's context, in this process.
+A command line that is not the launcher's (``hydra_reads``: no run and no ``DRY_RUN``, Hydra's own flags, one a
+launcher already checked) goes to recipe/rpg/main_rpg.py's Hydra main as it is, and main_rpg.py hands the launcher's
+own command lines here.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ GROUP_PREFIX = "+experiment="
 
 
 def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int | list[str] | Launch:
-    """An exit code (the launch answered, or refused in one line), the command line Hydra's main composes (no run,
-    Hydra's flags, a launcher's command), or a paper run's overrides (``Launch``) for the driver to compose and check."""
+    """An exit code (the launch answered, or refused in one line), the command line Hydra's main composes
+    (``hydra_reads``), or a paper run's overrides (``Launch``) for the driver to compose and check."""
     from rpg.trainer_process.run_dir import RunDirError
     from rpg.stop_signals import StopSignal, raise_on_stop_signals
     from rpg.launch.environment import LaunchError
@@ -57,24 +57,76 @@ def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int | lis
         handlers()
 
 
+def cli(argv: Sequence[str]) -> int:
+    """``python -m rpg.launch``: ``main``'s answer as the exit code; a command line Hydra reads goes to
+    recipe/rpg/main_rpg.py in this process's place; a paper run is composed, checked and run here (the process's
+    command line becomes main_rpg.py's with the run's overrides: the resume command the driver prints repeats it)."""
+    from rpg.paths.checkout import CHECKOUT, RECIPE_ENTRY
+
+    launched = main(argv)
+    if isinstance(launched, int):
+        return launched
+    entry = [sys.executable, str(CHECKOUT / RECIPE_ENTRY)]
+    if isinstance(launched, list):
+        os.execv(sys.executable, [*entry, *launched])
+    sys.argv = [entry[1], *launched.argv]
+    try:  # Ctrl-C between the checks and the driver's own stop handling: one line
+        with launched.before_ray():
+            config = launched.compose()
+            settings = launched.check(config)
+        from rpg.verl.main import driver, run_ppo
+
+        with driver(config, settings) as task_runner:
+            run_ppo(config, task_runner_class=task_runner)
+    except KeyboardInterrupt:
+        print("rpg: stopped by SIGINT while starting (before Ray: nothing was started)", file=sys.stderr, flush=True)
+        return 130
+    return 0
+
+
 def run_name(argv: Sequence[str]) -> str | None:
     """The run ``+experiment=<run>`` names (the last one), or None."""
     names = [a[len(GROUP_PREFIX):] for a in argv if a.startswith(GROUP_PREFIX)]
     return names[-1] if names else None
 
 
+def hydra_reads(argv: Sequence[str], env: Mapping[str, str]) -> bool:
+    """Whether recipe/rpg/main_rpg.py's Hydra main takes ``argv`` as it is: a launcher made the checks (the harness,
+    the cluster layer: ``RPG_LAUNCHED``), Hydra's own flags, or neither a run (``+experiment=<run>``, ``--describe``)
+    nor ``DRY_RUN``. Otherwise the command line is this launcher's (an unreadable override or a bad flag or
+    ``DRY_RUN`` included: its one line). ``main`` gives back exactly the command lines this accepts, so the two
+    entry points never hand one to each other twice."""
+    from rpg.launch.describe import split_flags
+    from rpg.launch.environment import LaunchError, flag
+
+    if env.get(LAUNCHED_ENV):
+        return True
+    try:
+        flags, rest = split_flags(argv)
+    except LaunchError:
+        return False
+    if bad_override_line(rest) is not None:
+        return False
+    if not flags and any(not is_override(a) for a in rest):
+        return True
+    if flags or run_name(rest) is not None:
+        return False
+    try:
+        return not flag(env, "DRY_RUN")
+    except LaunchError:
+        return False
+
+
 def _main(argv: list[str], env: dict[str, str]) -> int | list[str] | Launch:
     from rpg.launch.describe import split_flags
 
-    if env.get(LAUNCHED_ENV):  # a launcher made these checks (the harness, the cluster layer)
+    if hydra_reads(argv, env):
         return argv
     flags, argv = split_flags(argv)
     if (line := bad_override_line(argv)) is not None:  # before verl is imported: Hydra's own report is 3 lines
         print(f"{ERROR_PREFIX}: {line}", file=sys.stderr, flush=True)
         return 2
     name = run_name(argv)
-    if not flags and any(not is_override(a) for a in argv):
-        return argv  # Hydra's own flags: Hydra reads the command line as it is
     if name is None:
         if flags:
             from rpg.launch.environment import LaunchError
@@ -84,12 +136,10 @@ def _main(argv: list[str], env: dict[str, str]) -> int | list[str] | Launch:
     return launch(name, [a for a in argv if not a.startswith(GROUP_PREFIX)], env, flags)
 
 
-def _plain(argv: list[str], env: dict[str, str]) -> int | list[str]:
-    """main_rpg.py without a run: verl's plain driver; ``DRY_RUN=1`` composes, checks and prints the config."""
-    from rpg.launch.environment import Request, flag
-
-    if not flag(env, "DRY_RUN"):
-        return argv
+def _plain(argv: list[str], env: dict[str, str]) -> int:
+    """A dry run without a run (``DRY_RUN=1`` and verl's plain driver's overrides): composed, checked and printed;
+    ``Request.read`` refuses a ``DRY_RUN`` it cannot read in one line."""
+    from rpg.launch.environment import Request
     from rpg.override_lists import check_user_overrides
     from rpg.launch.describe import dry_run
     from rpg.launch.plan import local_command
@@ -152,11 +202,24 @@ def launch(name: str, user: list[str], env: dict[str, str], flags: Mapping[str, 
 @dataclass(frozen=True)
 class Launch:
     """A paper run through the launch's checks, for the driver: its overrides (the driver's command line, which its
-    resume command repeats). recipe/rpg/main_rpg.py composes them (Hydra's compose API), hands the config to
-    ``check``, then to verl's ``run_ppo``, all inside ``before_ray``."""
+    resume command repeats). ``cli`` composes them (``compose``) and hands the config to ``check`` inside
+    ``before_ray``, then to verl's ``run_ppo``."""
 
     argv: list[str]
     header: Callable[[Any], str]
+
+    def compose(self):
+        """The run's config: Hydra's compose API on recipe/rpg/config/rpg_trainer.yaml with ``argv``, what Hydra's
+        main would compose (a refusal: ``before_ray`` says it in one line)."""
+        from hydra import compose, initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        from rpg.launch.experiments import CONFIG_NAME
+        from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR
+
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str((CHECKOUT / RECIPE_CONFIG_DIR).resolve()), version_base=None):
+            return compose(config_name=CONFIG_NAME, overrides=list(self.argv))
 
     def check(self, config) -> Any:
         """Every check the driver makes before Ray, once, on the run's composed ``config``: the keys its experiment

@@ -23,5 +23,5 @@ ELASTIC_EXIT = 75  # EX_TEMPFAIL: a node of the run was lost; the supervisor dec
 # gone before it starts another trainer), and the supervisor's request to grow, written before its SIGTERM
 ELASTIC_JOB_SUFFIX, ELASTIC_GROW_SUFFIX = ".job", ".grow"
 # Set by a launcher for the driver it starts after making the launch's checks itself (the harness, a Ray job of the
-# cluster layer): main_rpg.py then runs the command line as it is (``rpg.launch.entry``)
+# cluster layer): main_rpg.py then runs the command line as it is (``rpg.launch.entry.hydra_reads``)
 LAUNCHED_ENV = "RPG_LAUNCHED"

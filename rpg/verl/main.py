@@ -5,9 +5,10 @@ run_ppo) with checks before Ray: ``prepare_config`` applies the ``rpg:`` block (
 input path (``rpg.verl.input_paths``) and pins the checkpoint a resume loads (``rpg.verl.checkpoints``), all before
 verl's ``validate_config``; a bad value is one line naming the key, exit code 2. ``run_ppo`` gets ``RPGTaskRunner``:
 verl's ``TaskRunnerV1`` with the RPG trainer of ``trainer.v1.trainer_mode`` and verl's file logger on a new segment
-of the run's metrics history (a resume never truncates it). A paper run (``+experiment=<run>``) reaches
-``driver`` composed by recipe/rpg/main_rpg.py and prepared by its launch's ``Launch.check`` (``rpg.launch.entry``),
-not by Hydra's main: one composition and one round of checks per launch. SIGHUP, SIGINT and SIGTERM stop the run: Ray is shut
+of the run's metrics history (a resume never truncates it). recipe/rpg/main_rpg.py's Hydra main runs
+``run_ppo`` inside ``driver``; a paper run (``+experiment=<run>``) reaches ``driver`` from its launcher
+(``python -m rpg.launch``), composed and prepared by ``Launch.check`` (``rpg.launch.entry``): one composition and one
+round of checks per launch. SIGHUP, SIGINT and SIGTERM stop the run: Ray is shut
 down and one line says where the metrics and the last complete checkpoint are and how to resume (128 + signum).
 """
 
@@ -271,12 +272,6 @@ def after_ray_init(hook):
     finally:
         with contextlib.suppress(ValueError):
             ray_worker._post_init_hooks.remove(hook)
-
-
-def main_from_hydra(config: DictConfig, settings: RPGSettings | None = None) -> None:
-    """verl's ``run_ppo`` with the RPG task runner inside ``driver`` (what recipe/rpg/main_rpg.py runs)."""
-    with driver(config, settings) as task_runner:
-        run_ppo(config, task_runner_class=task_runner)
 
 
 @contextlib.contextmanager

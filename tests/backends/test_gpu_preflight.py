@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from launching import env as _env
+from launching import env as _env, recipe_main
 from messages import names, one_line
 
 from rpg.backends.gpu import preflight as P
@@ -328,7 +328,7 @@ def test_the_driver_exits_2_before_ray_with_one_line_each(data_dir, monkeypatch,
     monkeypatch.delenv("VERL_PLATFORM", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(SystemExit) as e:
-        driver.main_from_hydra(_hydra_config(_env(DATA_DIR=str(data_dir))))
+        recipe_main(_hydra_config(_env(DATA_DIR=str(data_dir))))
     assert e.value.code == 2 and started == [] and not ray.is_initialized()
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("rpg gpu check: ")]
     assert [x.split(": ", 1)[1] for x in lines] == errors(NO_CUDA)

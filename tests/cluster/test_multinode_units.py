@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from launching import recipe_main
 from messages import names, one_line
 
 from rpg.metrics_log import history
@@ -206,7 +207,7 @@ def test_the_driver_stops_a_trainer_waiting_on_a_lost_node_with_the_stop_line(mo
     cfg = compose_cfg("trainer.default_local_dir=ckpt")
     t0 = time.time()
     with pytest.raises(SystemExit) as code:
-        driver.main_from_hydra(cfg)
+        recipe_main(cfg)
     err = capsys.readouterr().err.strip().splitlines()
     node = f"node 10.0.0.2 (id {NODE(2)['id'][:12]}) lost"
     assert code.value.code == 1 and killed.is_set() and time.time() - t0 < 10, err

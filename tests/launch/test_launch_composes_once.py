@@ -1,4 +1,4 @@
-"""A paper run's launch composes its config once and checks its inputs once: ``recipe/rpg/main_rpg.py
+"""A paper run's launch composes its config once and checks its inputs once: ``python -m rpg.launch
 +experiment=<run>`` (what every paper script runs) composes the overrides its launch gives back (``rpg.launch.entry``)
 with Hydra's compose API, makes the driver's checks once (``Launch.check``: ``rpg.verl.main.prepare_config``) and
 hands that config to verl's ``run_ppo``, which starts Ray with it; Hydra's main does not compose it again."""
@@ -42,7 +42,7 @@ def test_a_paper_launch_composes_the_run_once_and_checks_its_inputs_once(tmp_pat
     from rpg.launch import config_keys
 
     config_keys.base_keys.cache_clear()  # the config without a run, composed once per process: here, in this test
-    composed, checked, ran = [], [], []
+    composed, checked, ran, argv = [], [], [], []
     compose = hydra_internal.Hydra.compose_config
     monkeypatch.setattr(hydra_internal.Hydra, "compose_config",
                         lambda self, config_name, overrides, *a, **k: composed.append(list(overrides))
@@ -53,17 +53,18 @@ def test_a_paper_launch_composes_the_run_once_and_checks_its_inputs_once(tmp_pat
 
     def run_ppo(config, **kw):
         ran.append(config)
+        argv.append(list(sys.argv))
         raise _RayWouldStart
 
     monkeypatch.setattr(driver, "run_ppo", run_ppo)
-    monkeypatch.setattr(sys, "argv", [str(ROOT / "recipe/rpg/main_rpg.py"), f"+experiment={NAME}",
-                                      "trainer.total_training_steps=3"])
+    monkeypatch.setattr(sys, "argv", ["rpg.launch", f"+experiment={NAME}", "trainer.total_training_steps=3"])
     with pytest.raises(_RayWouldStart):
-        runpy.run_path(sys.argv[0], run_name="__main__")
+        runpy.run_module("rpg.launch", run_name="__main__", alter_sys=True)
     runs = [o for o in composed if f"+experiment={NAME}" in o]
     assert len(runs) == 1, composed  # the run's config; the other composition is the config without a run (its keys)
     assert len(composed) == 2 and all(f"+experiment={NAME}" not in o for o in composed if o is not runs[0])
     assert len(checked) == 1 and ran == checked  # the inputs of the config Ray starts with, checked once
     assert ran[0].trainer.total_training_steps == 3 and ran[0].rpg.loss.divergence == "ufkl"
-    assert sys.argv[1:] == runs[0]  # the driver's command line (its resume command) is the run's overrides
+    # the driver's command line (its resume command) is recipe/rpg/main_rpg.py with the run's overrides
+    assert argv == [[str(ROOT / "recipe/rpg/main_rpg.py"), *runs[0]]]
     assert capsys.readouterr().out.count(f"run {NAME}: RPG-UFKL") == 1  # the launch's header, once

@@ -184,6 +184,7 @@ README_CITATION = re.compile(
 # rpg/a/b.py) are placeholders of examples, <...>, {a,b}, [optional] and * are patterns
 NOT_IN_TREE = {
     "rpg.loss.divergance": "the mistyped key that the docs and the launcher show being refused",
+    "recipe/dapo/": "verl's DAPO recipe, in verl's repository: the shape the recipe's entry point follows",
 }
 # records that keep the words they were written with: a declared study's plan (frozen: test_declared_plans.py), each
 # attempt's command as it ran, the GPU runs' logs and summaries

@@ -42,10 +42,10 @@ def test_bad_reward_option_is_one_line_before_ray(override, message):
 
 
 def test_main_exits_2_on_a_bad_reward_option(capsys):
-    from rpg.verl.main import main_from_hydra
+    from launching import recipe_main
 
     with pytest.raises(SystemExit) as e:
-        main_from_hydra(compose_cfg(f"{KW}.boxed_fallback=maybe"))
+        recipe_main(compose_cfg(f"{KW}.boxed_fallback=maybe"))
     assert e.value.code == 2
     line = one_line(capsys.readouterr().err.strip())
     assert line.startswith("rpg config error: ")

@@ -1,7 +1,8 @@
 """A paper run's launch in the tests, in this process: ``launch`` routes a script's command line as
-recipe/rpg/launch.sh does (``rpg.cluster.submit`` with ``RAY_ADDRESS``, else ``rpg.launch.entry``, what
-recipe/rpg/main_rpg.py runs first); ``planned`` gives the overrides a run plans; ``generator`` loads
-``scripts/experiments.py``, the run-name grammar and the check of the shipped experiment files against it."""
+recipe/rpg/launch.sh does (``rpg.cluster.submit`` with ``RAY_ADDRESS``, else ``rpg.launch.entry``, the launcher
+``python -m rpg.launch``); ``recipe_main`` runs recipe/rpg/main_rpg.py's Hydra main on a config; ``planned`` gives
+the overrides a run plans; ``generator`` loads ``scripts/experiments.py``, the run-name grammar and the check of the
+shipped experiment files against it."""
 
 from __future__ import annotations
 
@@ -27,23 +28,51 @@ def env(**kw) -> dict[str, str]:
 
 def launch(argv: list[str], environ: dict[str, str]) -> int | list[str]:
     """``recipe/rpg/launch.sh RUN [overrides]`` in this process: an exit code, or (a run on this machine that
-    passed every check) the command line the driver would run."""
+    passed every check) the command line the driver would run. As in the launcher's own process, which imports verl
+    only after a CPU dry run has set its platform's variables, whatever the tests before it imported; and what the
+    launch sets in ``os.environ`` (those variables) ends with it."""
     if environ.get("RAY_ADDRESS", "").strip():
         from rpg.cluster.submit import main
 
         return main(argv, environ)
-    from rpg.launch.config_keys import compose_config
     from rpg.launch.entry import Launch, main
-    from rpg.paths.checkout import CHECKOUT, RECIPE_CONFIG_DIR
 
-    launched = main([f"+experiment={argv[0]}", *argv[1:]] if argv and not argv[0].startswith("-") else argv, environ)
-    if isinstance(launched, Launch):  # main_rpg.py composes the run and checks it before Ray: an exit code or the run
-        try:
-            with launched.before_ray():
-                launched.check(compose_config(launched.argv, CHECKOUT / RECIPE_CONFIG_DIR))
-        except SystemExit as e:
-            return e.code
-    return launched
+    saved = dict(os.environ)
+    if environ.get("RPG_BACKEND") == "cpu" and "verl" in sys.modules:
+        _register_cpu_platform()
+    try:
+        launched = main([f"+experiment={argv[0]}", *argv[1:]] if argv and not argv[0].startswith("-") else argv,
+                        environ)
+        if isinstance(launched, Launch):  # the launcher composes the run and checks it before Ray
+            try:
+                with launched.before_ray():
+                    launched.check(launched.compose())
+            except SystemExit as e:
+                return e.code
+        return launched
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _register_cpu_platform() -> None:
+    """verl's CPU platform, which verl registers (``rpg.backends.cpu.external_module``) when it is first imported
+    under ``VERL_PLATFORM=cpu``: here verl was imported before, by another test."""
+    from verl.plugin.platform.platform_manager import PlatformRegistry
+
+    from rpg.backends.cpu.platform import PlatformCPU
+
+    if PlatformRegistry.get("cpu") is None:
+        PlatformRegistry.register("cpu")(PlatformCPU)
+
+
+def recipe_main(config) -> None:
+    """recipe/rpg/main_rpg.py's Hydra main on a composed ``config`` (Hydra's main runs a config given to it as it is):
+    verl's ``run_ppo`` inside the driver's context, ``rpg.verl.main.run_ppo`` looked up when it runs."""
+    spec = importlib.util.spec_from_file_location("main_rpg", ROOT / "recipe" / "rpg" / "main_rpg.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(config)
 
 
 def planned(name: str, environ: dict[str, str] | None = None, user=(), cwd: Path = ROOT, backend: str | None = None,

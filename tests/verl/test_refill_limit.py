@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 from messages import names, one_line
 
+from launching import recipe_main
 from recipe_config import compose_cfg
 
 from rpg.override_lists import values
@@ -267,7 +268,7 @@ def test_the_driver_ends_the_run_with_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(sys, "argv", ["main_rpg.py", "trainer.v1.trainer_mode=sync"])
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as code:
-        driver.main_from_hydra(config("trainer.default_local_dir=ckpt"))
+        recipe_main(config("trainer.default_local_dir=ckpt"))
     err = capsys.readouterr().err.strip()
     assert code.value.code == 1 and "\n" not in err and "Traceback" not in err, err
     assert err.startswith(f"rpg: {reason}; Ray shut down; metrics log ") and "resume: " in err, err

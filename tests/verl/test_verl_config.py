@@ -175,11 +175,11 @@ def test_explicit_reward_function_path_wins_over_recipe_default(tmp_path):
 
 
 def test_main_exits_with_one_line_on_bad_value(capsys):
-    from rpg.verl.main import main_from_hydra
+    from launching import recipe_main
 
     cfg = compose_cfg("rpg.loss.divergence=js")
     with pytest.raises(SystemExit) as e:
-        main_from_hydra(cfg)
+        recipe_main(cfg)
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert one_line(err).startswith("rpg config error: ")
