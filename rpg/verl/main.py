@@ -174,8 +174,6 @@ def driver_resume_command(argv: list[str]) -> str:
     return resume_command(shlex.join([sys.executable, script, *flags]), overrides, os.getcwd())
 
 
-
-
 def signal_stop_line(config: DictConfig, signal_name: str, argv: list[str]) -> str:
     """The one line printed when a stop signal ends the run: log, last complete checkpoint, resume command
     (every trainer mode resumes: docs/verl-integration.md#resume)."""

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from messages import names
 
 ROOT = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^(verl vanilla|rpg) .*?\s+(\d+|-)\s+([\d.]+|-)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$")
@@ -19,7 +20,7 @@ def _rows(args: list[str]) -> dict[str, list[str]]:
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_losses.py"), "--batch", "2", "--length", "64",
                         "--reps", "1", *args], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    assert p.stdout.startswith("2 x 64 tokens, float32, CPU (1 thread), thread CPU time; median of 1 ")
+    names(p.stdout.splitlines()[0], "2 x 64 tokens", "float32", "1 thread", "thread CPU time", "median of 1 ")
     return {line[:62].strip(): line[62:].split() for line in p.stdout.splitlines() if ROW.match(line)}
 
 
