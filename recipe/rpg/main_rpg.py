@@ -5,9 +5,10 @@ Hydra composes ``config/rpg_trainer.yaml`` (verl's installed ``ppo_trainer`` + t
 in one call (one line naming the key or file, exit code 2), the stop and resume lines (the RPG trainer and worker:
 rpg.verl). Hydra's flags (``--cfg job``, ``-m``, ``--config-name``, ``hydra.*`` overrides, ...) are Hydra's.
 
-A paper run (``+experiment=<run>``), ``DRY_RUN=1``, ``--describe`` and an override Hydra cannot read are answered by
-the paper runs' launcher, ``python -m rpg.launch`` (what recipe/rpg/launch.sh runs: the environment's paths and
-sizes, the dry run, the memory plan, the CPU rehearsal; docs/launch-scripts.md), which takes this process's place.
+A paper run (``+experiment=<run>``: every paper script runs one, through recipe/rpg/launch.sh), ``DRY_RUN=1``,
+``--describe`` and an override Hydra cannot read go to the paper runs' launcher in this process
+(``rpg.launch.entry.cli``, also ``python -m rpg.launch``: the environment's paths and sizes, the dry run, the memory
+plan, the CPU rehearsal, a paper run composed, checked and run once; docs/launch-scripts.md).
 """
 
 import os
@@ -25,10 +26,10 @@ def main(config):
 
 
 if __name__ == "__main__":
-    from rpg.launch.entry import hydra_reads
+    from rpg.launch.entry import cli, hydra_reads
 
     if not hydra_reads(sys.argv[1:], os.environ):
-        os.execv(sys.executable, [sys.executable, "-m", "rpg.launch", *sys.argv[1:]])
+        sys.exit(cli(sys.argv[1:]))
     try:  # Ctrl-C while verl is imported or Hydra composes (before the driver's own stop handling): one line
         # verl's import (seconds) before Hydra sets up logging: its warnings of a GPU-less machine go to stderr,
         # not to Hydra's job log on stdout

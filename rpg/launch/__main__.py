@@ -1,5 +1,5 @@
 """``python -m rpg.launch [+experiment=<run>] [hydra overrides] [--describe]``: the paper runs' launcher
-(``rpg.launch.entry.cli``; what recipe/rpg/launch.sh runs, docs/launch-scripts.md)."""
+(``rpg.launch.entry.cli``, which recipe/rpg/main_rpg.py hands a paper run to; docs/launch-scripts.md)."""
 
 import sys
 

@@ -1,5 +1,7 @@
-"""The paper runs' launcher: ``python -m rpg.launch [+experiment=<run>] [overrides] [--describe]`` (``cli``; what
-every paper script runs, through recipe/rpg/launch.sh), a tool beside the recipe's entry point.
+"""The paper runs' launcher, ``cli``: what recipe/rpg/main_rpg.py hands a paper run (``+experiment=<run>``: every
+paper script's, through recipe/rpg/launch.sh), ``DRY_RUN``, ``--describe`` or an unreadable override to, in its
+process; also ``python -m rpg.launch [+experiment=<run>] [overrides] [--describe]``. A tool beside the recipe's entry
+point, which is Hydra's main around verl's ``run_ppo``.
 
 ``main`` reads the command line and the environment once (``rpg.launch.environment``) and answers: ``DRY_RUN=1``
 (the run checked and printed), ``--describe`` (the run and its memory plan), ``RPG_BACKEND=cpu`` (a rehearsal on the
@@ -8,7 +10,8 @@ CPU backend: ``rpg.launch.rehearsal``), a bad input (one line, exit 2); or it gi
 makes before Ray, and the run's header) and hands to verl's ``run_ppo`` in the driver's context, in this process.
 A command line that is not the launcher's (``hydra_reads``: no run and no ``DRY_RUN``, Hydra's own flags, one a
 launcher already checked) goes to recipe/rpg/main_rpg.py's Hydra main as it is, and main_rpg.py hands the launcher's
-own command lines here.
+own command lines here: both in one process, with one copy of this module deciding, so a command line never travels
+back.
 """
 
 from __future__ import annotations
@@ -58,18 +61,23 @@ def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int | lis
 
 
 def cli(argv: Sequence[str]) -> int:
-    """``python -m rpg.launch``: ``main``'s answer as the exit code; a command line Hydra reads goes to
-    recipe/rpg/main_rpg.py in this process's place; a paper run is composed, checked and run here (the process's
-    command line becomes main_rpg.py's with the run's overrides: the resume command the driver prints repeats it)."""
+    """The launcher's command: ``main``'s answer as the exit code; a command line Hydra reads runs
+    recipe/rpg/main_rpg.py as its script (``runpy``, in this process); a paper run is composed, checked and run here
+    (the process's command line becomes main_rpg.py's with the run's overrides: the resume command the driver prints
+    repeats it)."""
+    import runpy
+
     from rpg.paths.checkout import CHECKOUT, RECIPE_ENTRY
 
     launched = main(argv)
     if isinstance(launched, int):
         return launched
-    entry = [sys.executable, str(CHECKOUT / RECIPE_ENTRY)]
+    entry = str(CHECKOUT / RECIPE_ENTRY)
     if isinstance(launched, list):
-        os.execv(sys.executable, [*entry, *launched])
-    sys.argv = [entry[1], *launched.argv]
+        sys.argv = [entry, *launched]
+        runpy.run_path(entry, run_name="__main__")
+        return 0
+    sys.argv = [entry, *launched.argv]
     try:  # Ctrl-C between the checks and the driver's own stop handling: one line
         with launched.before_ray():
             config = launched.compose()

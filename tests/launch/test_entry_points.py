@@ -1,7 +1,8 @@
 """The recipe's entry point and the launcher beside it: recipe/rpg/main_rpg.py is Hydra's main around verl's
 ``run_ppo``; a command line that is the launcher's (a run, ``DRY_RUN``, ``--describe``, an override Hydra cannot read)
-goes to ``python -m rpg.launch``, and the launcher gives Hydra's main back only what main_rpg.py keeps
-(``rpg.launch.entry.hydra_reads`` decides for both, so a command line never travels back and forth)."""
+goes to the launcher in the same process (``rpg.launch.entry.cli``, also ``python -m rpg.launch``), and the launcher
+gives Hydra's main only what main_rpg.py keeps (``rpg.launch.entry.hydra_reads`` decides for both, so a command line
+never travels back)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ def test_the_launcher_gives_hydra_exactly_what_main_rpg_keeps(argv, environ, hyd
 
 
 def test_main_rpg_hands_a_run_to_the_launcher_and_keeps_hydras_flags():
+    """main_rpg.py's paper run is the launcher's answer (in main_rpg.py's process: test_beta_road.py and
+    test_launch_composes_once.py see its run_ppo in theirs); the launcher's command gives Hydra's flags to
+    main_rpg.py's Hydra main."""
     run = subprocess.run([sys.executable, str(ENTRY), NO_RUN], env=_env(), capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 2 and run.stderr.startswith("rpg.launch: no run run_no_such_run"), run.stderr

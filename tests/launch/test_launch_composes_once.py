@@ -1,7 +1,8 @@
-"""A paper run's launch composes its config once and checks its inputs once: ``python -m rpg.launch
-+experiment=<run>`` (what every paper script runs) composes the overrides its launch gives back (``rpg.launch.entry``)
-with Hydra's compose API, makes the driver's checks once (``Launch.check``: ``rpg.verl.main.prepare_config``) and
-hands that config to verl's ``run_ppo``, which starts Ray with it; Hydra's main does not compose it again."""
+"""A paper run's launch composes its config once and checks its inputs once: ``recipe/rpg/main_rpg.py
++experiment=<run>`` (what every paper script runs) hands it to its launcher in the same process
+(``rpg.launch.entry.cli``), which composes the overrides it plans with Hydra's compose API, makes the driver's checks
+once (``Launch.check``: ``rpg.verl.main.prepare_config``) and hands that config to verl's ``run_ppo``, which starts
+Ray with it; Hydra's main does not compose it again."""
 
 from __future__ import annotations
 
@@ -57,9 +58,10 @@ def test_a_paper_launch_composes_the_run_once_and_checks_its_inputs_once(tmp_pat
         raise _RayWouldStart
 
     monkeypatch.setattr(driver, "run_ppo", run_ppo)
-    monkeypatch.setattr(sys, "argv", ["rpg.launch", f"+experiment={NAME}", "trainer.total_training_steps=3"])
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "recipe/rpg/main_rpg.py"), f"+experiment={NAME}",
+                                      "trainer.total_training_steps=3"])
     with pytest.raises(_RayWouldStart):
-        runpy.run_module("rpg.launch", run_name="__main__", alter_sys=True)
+        runpy.run_path(sys.argv[0], run_name="__main__")
     runs = [o for o in composed if f"+experiment={NAME}" in o]
     assert len(runs) == 1, composed  # the run's config; the other composition is the config without a run (its keys)
     assert len(composed) == 2 and all(f"+experiment={NAME}" not in o for o in composed if o is not runs[0])

@@ -209,7 +209,7 @@ def test_scripts_are_identical_thin_wrappers():
     assert all(p.stat().st_mode & 0o111 for p in scripts), "scripts must be executable"
     # the runner: the driver with the run's experiment file, the second and last hop (a Ray cluster: opt-in)
     runner = [ln for ln in (RECIPE / "launch.sh").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-    assert runner[-1] == 'exec "${PYTHON:-python3}" -m rpg.launch "+experiment=$run" "$@"', runner
+    assert runner[-1] == 'exec "${PYTHON:-python3}" "$(dirname "$0")/main_rpg.py" "+experiment=$run" "$@"', runner
     assert [ln for ln in runner if "rpg.cluster" in ln] == [
         'if [[ -n "${RAY_ADDRESS:-}" ]]; then exec "${PYTHON:-python3}" -m rpg.cluster "$run" "$@"; fi']
 

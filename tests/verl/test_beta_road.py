@@ -92,7 +92,7 @@ def _handed_to_verl(config, task_runner_class=None):
 
 
 def _road(tmp_path, monkeypatch, kl_weights, capsys, detour=None) -> dict[str, set[str]]:
-    """Launch the run as a paper script does (``python -m rpg.launch +experiment=<run>``, in this process, verl's
+    """Launch the run as a paper script does (recipe/rpg/main_rpg.py +experiment=<run>, in this process, verl's
     ``run_ppo`` taking the config), then as verl and the RPG worker do on an actor worker: the config Ray carries,
     resolved by verl's TaskRunner, converted to verl's ``ActorConfig``, the RPG worker's ``init_model`` installing its
     loss, and two micro-batches of it. Returns the files on the value's road (``ValueRoad``)."""
@@ -122,7 +122,8 @@ def _road(tmp_path, monkeypatch, kl_weights, capsys, detour=None) -> dict[str, s
     monkeypatch.setattr(ActorRolloutRefWorker, "init_model", lambda self: None)  # verl's model: not needed here
     if detour is not None:
         detour(monkeypatch)
-    monkeypatch.setattr(sys, "argv", ["rpg.launch", f"+experiment={NAME}",
+    entry = ROOT / "recipe" / "rpg" / "main_rpg.py"
+    monkeypatch.setattr(sys, "argv", [str(entry), f"+experiment={NAME}",
                                       f"hydra.searchpath=[pkg://verl.trainer.config,file://{tmp_path}]"])
     _handed_to_verl.config = None
     sinks = {_handed_to_verl.__code__: "handed to verl's run_ppo",
@@ -130,7 +131,7 @@ def _road(tmp_path, monkeypatch, kl_weights, capsys, detour=None) -> dict[str, s
              rpg.math.fused.rpg_policy_loss.__code__: LOSS}
     with ValueRoad(BETA, [ROOT / "rpg", ROOT / "recipe"], sinks, LOSS) as road:
         with pytest.raises(SystemExit) as e:
-            runpy.run_module("rpg.launch", run_name="__main__", alter_sys=True)
+            runpy.run_path(str(entry), run_name="__main__")
         assert e.value.code == 0, f"the launch exited {e.value.code}: {capsys.readouterr().err[-2000:]}"
         config = _handed_to_verl.config
         assert config is not None, capsys.readouterr().err[-2000:]
@@ -161,7 +162,7 @@ def test_rpg_loss_beta_reaches_the_loss_through_at_most_six_files(tmp_path, monk
     road = _road(tmp_path, monkeypatch, kl_weights, capsys)
     assert road.pop(THE_LOSS) == {LOSS}, _shown(road)  # the end: the loss receives its config, and no more
     assert "rpg/verl/policy_loss.py" in road, _shown(road)  # the follower sees the worker's side
-    assert "rpg/launch/entry.py" in road, _shown(road)  # and the driver's (the paper runs' launcher)
+    assert "rpg/launch/entry.py" in road, _shown(road)  # and the driver's (the launcher main_rpg.py hands it to)
     assert len(road) <= MAX_FILES, f"{len(road)} files on the road of rpg.loss.beta to {THE_LOSS}: {_shown(road)}"
 
 
