@@ -79,9 +79,7 @@ def cli(argv: Sequence[str]) -> int:
         return 0
     sys.argv = [entry, *launched.argv]
     try:  # Ctrl-C between the checks and the driver's own stop handling: one line
-        with launched.before_ray():
-            config = launched.compose()
-            settings = launched.check(config)
+        config, settings = launched.prepare()
         from rpg.verl.main import driver, run_ppo
 
         with driver(config, settings) as task_runner:
@@ -228,6 +226,13 @@ class Launch:
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str((CHECKOUT / RECIPE_CONFIG_DIR).resolve()), version_base=None):
             return compose(config_name=CONFIG_NAME, overrides=list(self.argv))
+
+    def prepare(self) -> tuple[Any, Any]:
+        """The run's config and its ``RPGSettings``: composed once and checked once, inside ``before_ray`` (a
+        refusal: one line, exit 2)."""
+        with self.before_ray():
+            config = self.compose()
+            return config, self.check(config)
 
     def check(self, config) -> Any:
         """Every check the driver makes before Ray, once, on the run's composed ``config``: the keys its experiment

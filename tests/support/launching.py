@@ -45,8 +45,7 @@ def launch(argv: list[str], environ: dict[str, str]) -> int | list[str]:
                         environ)
         if isinstance(launched, Launch):  # the launcher composes the run and checks it before Ray
             try:
-                with launched.before_ray():
-                    launched.check(launched.compose())
+                launched.prepare()
             except SystemExit as e:
                 return e.code
         return launched
