@@ -38,6 +38,10 @@ SCRIPT = "recipe/rpg/7b/run_rpg_7b_ufkl1e-4.sh"  # RPG-UFKL, fully differentiabl
 SUBMISSION = re.compile(r"rpg-\d{8}-\d{6}-[0-9a-f]{6}")
 RUN_TIMEOUT_S = 600
 NODE_CPUS = 8  # logical: a rank's placement bundle is {CPU: 3, GPU: 1}, the head also holds 5 single-CPU actors
+# Ray's metrics off on the test cluster: its agents' and workers' metric exports and each node's stats report every 5 s
+# took a quarter of a two-node run's CPU time (220 -> 164 CPU-seconds, the whole run measured both ways on the 2-core
+# machine, 2026-11-29), time the other tests of the session lose on 2 cores; no test reads Ray's metrics
+QUIET_RAY_ENV = {"RAY_enable_metrics_collection": "0", "REPORTER_UPDATE_INTERVAL_MS": "60000"}
 
 
 def namespaces_problem() -> str | None:
@@ -75,6 +79,7 @@ class LoopbackCluster:
         from rpg.backends.run_env import NO_PRESTART_ENV
 
         env.update(NO_PRESTART_ENV)
+        env.update(QUIET_RAY_ENV)
         env.update(extra)
         return env
 
