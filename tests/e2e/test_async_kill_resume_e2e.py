@@ -46,7 +46,7 @@ COMMON = ["trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.sav
 CASES = [("colocate_async", 1, signal.SIGKILL, True), ("separate_async", 2, signal.SIGTERM, False)]
 
 
-def _launch(tiny_assets, out: Path, mode: str, world: int, resume: str, env: dict):
+def _launch(tiny_assets, out: Path, mode: str, world: int, resume: str, env: dict, stop: threading.Event | None = None):
     from rpg.trainer_process import run_trainer
     from rpg.tiny.overrides import tiny_overrides
 
@@ -54,24 +54,45 @@ def _launch(tiny_assets, out: Path, mode: str, world: int, resume: str, env: dic
                         f"trainer.n_gpus_per_node={world}", f"trainer.v1.trainer_mode={mode}", *COMMON,
                         f"trainer.resume_mode={resume}", f"trainer.default_local_dir={out / 'ckpt'}",
                         f"trainer.rollout_data_dir={out / 'rollouts'}"],
-                       output_dir=out / "run", entry=ENTRY, timeout_s=1500, check=False,
+                       output_dir=out / "run", entry=ENTRY, timeout_s=1500, check=False, stop=stop,
                        env={"RAY_DEDUP_LOGS": "0", **env})
 
 
+def _children_naming(text: str) -> list[psutil.Process]:
+    """This process's live children whose command line holds ``text``. A child that ended and is not reaped yet (a
+    zombie, whose command line cannot be read: one another test left) or ended meanwhile is none of them."""
+    found = []
+    for p in psutil.Process().children():
+        try:
+            if text in " ".join(p.cmdline()):
+                found.append(p)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
 def _killed_at_the_marker(launch, out: Path, marker: Path, sig: int):
-    """``launch()`` in a thread; once the trainer wrote ``marker`` (it holds then), ``sig`` to the driver: the
-    child of this process whose command line names ``out``. Returns the run and the driver's PID."""
+    """``launch(stop)`` in a thread; once the trainer wrote ``marker`` (it holds then), ``sig`` to the driver: the
+    child of this process whose command line names ``out``. Returns the run and the driver's PID. Should anything
+    fail on the way, ``stop`` is set: run_trainer ends the run and its processes then (a held trainer left running
+    would hold until its 1500-s timeout, beside every later test)."""
     done: dict = {}
-    thread = threading.Thread(target=lambda: done.update(run=launch()), daemon=True)
+    stop = threading.Event()
+    thread = threading.Thread(target=lambda: done.update(run=launch(stop)), daemon=True)
     thread.start()
-    while not marker.is_file():  # a poll of the condition: the trainer holds until killed
-        assert thread.is_alive(), "the run ended before the trainer held"
-        time.sleep(0.2)
-    drivers = [p for p in psutil.Process().children() if str(out / "ckpt") in " ".join(p.cmdline())]
-    assert len(drivers) == 1, drivers
-    drivers[0].send_signal(sig)
-    thread.join(timeout=600)
-    assert not thread.is_alive()
+    try:
+        while not marker.is_file():  # a poll of the condition: the trainer holds until killed
+            assert thread.is_alive(), "the run ended before the trainer held"
+            time.sleep(0.2)
+        drivers = _children_naming(str(out / "ckpt"))
+        assert len(drivers) == 1, drivers
+        drivers[0].send_signal(sig)
+        thread.join(timeout=600)
+        assert not thread.is_alive()
+    except BaseException:
+        stop.set()
+        thread.join(timeout=120)
+        raise
     return done["run"], drivers[0].pid
 
 
@@ -84,7 +105,7 @@ def killed(request, tiny_assets, tmp_path_factory):
     marker = out / "held.json"
     env = {FINISHED_ENV: "1"} if finished else {}
     first, _ = _killed_at_the_marker(
-        lambda: _launch(tiny_assets, out, mode, world, "disable", {**env, HOLD_ENV: f"{HELD}:{marker}"}), out,
+        lambda stop: _launch(tiny_assets, out, mode, world, "disable", {**env, HOLD_ENV: f"{HELD}:{marker}"}, stop), out,
         marker, sig)
     first_log = first.log
     saved = sorted(p.name for p in (out / "ckpt").glob("global_step_*"))  # what the killed run left

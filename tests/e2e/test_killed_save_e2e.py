@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import signal
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -27,14 +28,14 @@ STEPS, MODE = 4, "colocate_async"
 COMMON = ["trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=2"]
 
 
-def _launch(tiny_assets, out: Path, resume: str, env: dict):
+def _launch(tiny_assets, out: Path, resume: str, env: dict, stop: threading.Event | None = None):
     from rpg.trainer_process import run_trainer
     from rpg.tiny.overrides import tiny_overrides
 
     return run_trainer([*tiny_overrides(tiny_assets, steps=STEPS, algo="rpg", world_size=1, trainer_mode=MODE),
                         "trainer.n_gpus_per_node=1", f"trainer.v1.trainer_mode={MODE}", *COMMON,
                         f"trainer.resume_mode={resume}", f"trainer.default_local_dir={out / 'ckpt'}"],
-                       output_dir=out / "run", entry=ENTRY, timeout_s=1500, check=False,
+                       output_dir=out / "run", entry=ENTRY, timeout_s=1500, check=False, stop=stop,
                        env={"RAY_DEDUP_LOGS": "0", **env})
 
 
@@ -50,8 +51,9 @@ def test_a_run_killed_inside_a_save_resumes_from_the_last_whole_checkpoint_under
     monkeypatch.setattr(tempfile, "tempdir", str(long))  # this process's TMPDIR, where run_trainer makes Ray's folder
     env = {"TMPDIR": str(long)}
     out, marker = tmp_path / "out", tmp_path / "held.json"
-    first, _ = _killed_at_the_marker(lambda: _launch(tiny_assets, out, "disable", {**env, SAVE_HOLD_ENV: f"{STEPS}:{marker}"}),
-                                     out, marker, signal.SIGKILL)
+    first, _ = _killed_at_the_marker(
+        lambda stop: _launch(tiny_assets, out, "disable", {**env, SAVE_HOLD_ENV: f"{STEPS}:{marker}"}, stop),
+        out, marker, signal.SIGKILL)
     first_log = first.log  # the second launch appends to the same log
     # steps 1-4 trained; verl logs a step after its save, so step 4's record never came
     assert first.returncode == -signal.SIGKILL and first.last_step() == STEPS - 1, first.tail()

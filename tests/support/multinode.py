@@ -249,7 +249,14 @@ def assert_run_gone(submission: str, timeout_s: float = 60.0) -> None:
     deadline = time.time() + timeout_s
     while (left := run_processes(submission)) and time.time() < deadline:
         time.sleep(0.5)
-    assert not left, [(p.pid, p.cmdline()) for p in left if p.is_running()]
+    assert not left, [(p.pid, _command_line(p)) for p in left]
+
+
+def _command_line(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess) as e:
+        return f"({type(e).__name__})"
 
 
 def submit(cluster: LoopbackCluster, log: Path, *overrides: str, **env: str) -> subprocess.Popen:
