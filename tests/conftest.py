@@ -159,6 +159,9 @@ class _StageTally:
         if report.when == "teardown":
             outcome = "FAILED" if report.nodeid in self.failed else "done"
             self.terminal.write_line(f"[stage] {outcome} {report.nodeid} ({total:.0f} s)")
+            if zombies := dict(report.user_properties).get(ZOMBIES_KEY):
+                self.terminal.write_line(f"[stage] {report.nodeid} left children of its worker ended and not reaped "
+                                         f"(zombies: PID and name): {', '.join(zombies)}", yellow=True)
 
     def empty(self) -> list[str]:
         return [mark for mark, ids in self.tests.items() if not ids]
@@ -176,6 +179,32 @@ class _StageTally:
         for mark in self.empty():
             terminalreporter.write_line(f"the {mark} stage was asked for ({STAGES[mark][0]}) and ran no test: "
                                         f"check the -m expression, the paths and -k", red=True)
+
+
+ZOMBIES_KEY = "rpg_zombie_children"
+_zombies_seen: set[int] = set()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In a stage session, the children of this (worker) process that ended and that nothing reaped, new since the
+    test before, in the teardown's report (the stage tally prints them): a process a test started and never waited
+    for stays a zombie, and a later test that reads its children's command lines can trip on it."""
+    outcome = yield
+    if call.when != "teardown" or not any(_stage_on(item.config, mark) for mark in STAGES):
+        return
+    import psutil
+
+    new = []
+    for child in psutil.Process().children():
+        try:
+            if child.pid not in _zombies_seen and child.status() == psutil.STATUS_ZOMBIE:
+                _zombies_seen.add(child.pid)
+                new.append(f"{child.pid} {child.name()}")
+        except psutil.Error:
+            continue
+    if new:
+        outcome.get_result().user_properties.append((ZOMBIES_KEY, new))
 
 
 @pytest.hookimpl(trylast=True)
