@@ -18,9 +18,10 @@ import psutil
 import pytest
 
 from multinode import (SUBMISSION, LoopbackCluster, assert_run_gone, finish, loopback_cluster, loopback_marks,
-                       run_processes, steps, submit, wait_for)
+                       run_processes, steps, submissions_ended, submit, wait_for)
 
 pytestmark = loopback_marks(pytest.mark)
+_ = submissions_ended  # autouse: a test's submissions left running end with it
 
 
 @pytest.fixture(scope="module")

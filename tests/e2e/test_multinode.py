@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from multinode import (SCRIPT, SUBMISSION, assert_run_gone, finish, loopback_cluster, loopback_marks, steps, submit,
-                       training, wait_for)
+                       submissions_ended, training, wait_for)
 
 pytestmark = loopback_marks(pytest.mark)
+_ = submissions_ended  # autouse: a test's submissions left running end with it
 
 
 @pytest.fixture(scope="module")

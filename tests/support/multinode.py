@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SH = ROOT / "recipe" / "rpg" / "ray_cluster.sh"
@@ -68,6 +69,7 @@ class LoopbackCluster:
         self.nodes: dict[str, subprocess.Popen] = {}
         self.join_s: dict[str, float] = {}
         self.starts = 0
+        self.submissions: list[subprocess.Popen] = []  # what popen started besides the nodes: end_submissions
 
     # ------------------------------------------------------------------ environment and commands
     def env(self, **extra: str) -> dict[str, str]:
@@ -92,12 +94,37 @@ class LoopbackCluster:
                               timeout=timeout, cwd=ROOT)
 
     def popen(self, argv: list[str], log: Path, **env: str) -> subprocess.Popen:
+        """``argv`` started inside the namespace, its own session, its output in ``log``: a submission, ended by
+        ``end_submissions`` after its test if it has not ended by then."""
+        proc = self._start(argv, log, **env)
+        self.submissions.append(proc)
+        return proc
+
+    def _start(self, argv: list[str], log: Path, **env: str) -> subprocess.Popen:
         out = open(log, "ab")
         try:
             return subprocess.Popen(self.inside(argv), env=self.env(**env), stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
         finally:
             out.close()
+
+    def end_submissions(self, timeout: float = 120) -> list[int]:
+        """Each submission still running (a test that failed before it waited for its job) stopped as a terminal's
+        Ctrl-C stops it (SIGINT to its process group: the launcher stops the job), killed with its group after
+        ``timeout``; every one reaped. A job left running would run beside the module's later tests, and its
+        unreaped launcher stay a zombie of this process. Returns the PIDs that had to be stopped."""
+        stopped = []
+        for proc in self.submissions:
+            if proc.poll() is None:
+                stopped.append(proc.pid)
+                os.killpg(proc.pid, signal.SIGINT)  # its own session (start_new_session): this submission only
+                try:
+                    proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        self.submissions.clear()
+        return stopped
 
     def python(self, code: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
         return self.run([sys.executable, "-c", textwrap.dedent(code)], timeout=timeout, **env)
@@ -129,7 +156,7 @@ class LoopbackCluster:
                       f'127.0.0.1:{self.port} {" ".join(common)}')
             argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script]
         t0 = time.time()
-        self.nodes[name] = self.popen(argv, log, **env)
+        self.nodes[name] = self._start(argv, log, **env)
         while "Ray runtime started" not in log.read_text(errors="replace"):
             if self.nodes[name].poll() is not None or time.time() - t0 > 120:
                 raise RuntimeError(f"the {name} node did not start:\n{log.read_text(errors='replace')[-3000:]}")
@@ -187,6 +214,7 @@ class LoopbackCluster:
         return [proc, *proc.children(recursive=True)]
 
     def close(self) -> None:
+        self.end_submissions()
         for name in [n for n in self.nodes if n != "head"] + ["head"]:  # a third node a test started too
             self.stop_node(name)
         if self.holder is not None and self.holder.poll() is None:
@@ -306,6 +334,16 @@ def steps(logs: Path, name: str) -> list[list[int]]:
                  if "training/global_step" in r.get("data", {})]
         out.append(steps)
     return out
+
+
+@pytest.fixture(autouse=True)
+def submissions_ended(cluster):
+    """Autouse in a test module that imports it (with its module-scoped ``cluster``): after each test, the
+    submissions it left running stopped and reaped (``LoopbackCluster.end_submissions``), so that a failed test's
+    job does not run beside the module's next tests."""
+    yield
+    if stopped := cluster.end_submissions():
+        print(f"stopped the submission(s) the test left running: PIDs {stopped}")
 
 
 def loopback_marks(markers) -> list:
