@@ -105,8 +105,8 @@ def killed(request, tiny_assets, tmp_path_factory):
     marker = out / "held.json"
     env = {FINISHED_ENV: "1"} if finished else {}
     first, _ = _killed_at_the_marker(
-        lambda stop: _launch(tiny_assets, out, mode, world, "disable", {**env, HOLD_ENV: f"{HELD}:{marker}"}, stop), out,
-        marker, sig)
+        lambda stop: _launch(tiny_assets, out, mode, world, "disable", {**env, HOLD_ENV: f"{HELD}:{marker}"}, stop),
+        out, marker, sig)
     first_log = first.log
     saved = sorted(p.name for p in (out / "ckpt").glob("global_step_*"))  # what the killed run left
     second = _launch(tiny_assets, out, mode, world, "auto", env)
