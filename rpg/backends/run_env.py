@@ -26,6 +26,15 @@ EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"  # verl/__init__.py imports t
 # runtime environment differs, never take them; each run then starts only the workers it uses.
 NO_PRESTART_ENV = {"RAY_prestart_worker_first_driver": "0"}
 
+# Ray's metrics off and its agent's node report once a minute, where nobody reads them: the CPU backend's runs (a
+# private Ray without its dashboard; rpg.backends.cpu.env_overrides.cpu_env, a user's value wins; not a job on a
+# cluster, whose nodes' settings decide) and the tests' loopback clusters (tests/support/multinode.py). Every Ray
+# process exports its metrics to its node's agent every 10 s, and the agent reads every process's stats for its report
+# every 5 s: measured on the 2-core machines, a two-node run took 220 CPU-seconds with them and 164 without
+# (2026-11-29), a local 6-step tiny run 156 and 146 (rpg_lab.demo.cpu, 2026-11-30, one after the other, with Ray's task
+# events and event statistics off as well). The GPU backend keeps them (a GPU cluster's dashboard reads them).
+QUIET_RAY_ENV = {"RAY_enable_metrics_collection": "0", "REPORTER_UPDATE_INTERVAL_MS": "60000"}
+
 # Every local run of the trainer (the CPU backend, and the GPU smoke run of rpg_lab.demo.gpu_smoke).
 RUN_ENV = {
     # Ray's single-machine mode: with ENABLE_RAY_CLUSTER off, ``ray._private.services.get_node_ip_address``

@@ -41,6 +41,14 @@ SHM_DIR = "/dev/shm"
 SHM_PREFIXES = ("psm_", "verl_weights_")
 
 
+def shm_present() -> set[str]:
+    """Names of the ``SHM_PREFIXES`` files in ``SHM_DIR`` now (a listing: far cheaper than reading mappings)."""
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIXES)}
+    except OSError:
+        return set()
+
+
 def shm_mapped(pids: Iterable[int]) -> set[str]:
     """Names of the ``SHM_PREFIXES`` files in ``SHM_DIR`` that any of ``pids`` maps."""
     found = set()

@@ -16,6 +16,21 @@ def test_cpu_env_selects_platform_and_registration_module():
     assert env["TQ_NUM_THREADS"] == "1"  # TransferQueue's own torch thread count (default 8 -> cores)
 
 
+def test_a_cpu_runs_ray_exports_no_metrics_unless_the_user_asks():
+    """Ray's metrics off and its agent's node report once a minute (nobody reads them on the CPU backend); a value the
+    user set wins. The GPU backend's runs keep Ray's defaults (a GPU cluster's dashboard reads them)."""
+    from rpg.backends.gpu.env_overrides import gpu_env
+
+    env = env_overrides.cpu_env(base={})
+    assert env["RAY_enable_metrics_collection"] == "0" and int(env["REPORTER_UPDATE_INTERVAL_MS"]) >= 60_000
+    asked = env_overrides.cpu_env(base={"RAY_enable_metrics_collection": "1"})
+    assert asked["RAY_enable_metrics_collection"] == "1" and asked["REPORTER_UPDATE_INTERVAL_MS"] == "60000"
+    assert not {"RAY_enable_metrics_collection", "REPORTER_UPDATE_INTERVAL_MS"} & set(gpu_env(base={}))
+    # a job on a running cluster: its nodes' settings decide (their dashboard may read the metrics)
+    job = env_overrides.cluster_job_env({}, "file:///shared/rendezvous")
+    assert not {"RAY_enable_metrics_collection", "REPORTER_UPDATE_INTERVAL_MS"} & set(job)
+
+
 def test_external_modules_keeps_existing_and_extra_without_duplicates():
     env = env_overrides.cpu_env(["rpg.verl.register", env_overrides.REGISTER_MODULE],
                                 base={"VERL_USE_EXTERNAL_MODULES": "a,b"})

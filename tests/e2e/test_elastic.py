@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from multinode import (SUBMISSION, LoopbackCluster, assert_run_gone, finish, loopback_cluster, loopback_marks,
-                       run_processes, steps, submissions_ended, submit, wait_for)
+from multinode import (NO_VALIDATION, SUBMISSION, LoopbackCluster, assert_run_gone, finish, loopback_cluster,
+                       loopback_marks, run_processes, steps, submissions_ended, submit, wait_for)
 
 pytestmark = loopback_marks(pytest.mark)
 _ = submissions_ended  # autouse: a test's submissions left running end with it
@@ -71,13 +71,13 @@ def _world_sizes(ck: Path) -> dict[int, int]:
 
 
 def _elastic(cluster: LoopbackCluster, log: Path, steps: int, *overrides: str, spare: bool = False, **env: str):
-    """The run submitted with ``NNODES=1:2`` on the two nodes, and with ``spare`` a third (``SPARE``), started here
-    and stopped by the caller."""
+    """The run submitted with ``NNODES=1:2`` on the two nodes (no validation), and with ``spare`` a third
+    (``SPARE``), started here and stopped by the caller."""
     cluster.ensure_two_nodes()
     if spare:
         cluster.start_node(SPARE)
     return submit(cluster, log, f"trainer.total_training_steps={steps}", "trainer.save_freq=1",
-                  "trainer.max_actor_ckpt_to_keep=null", *overrides, NNODES="1:2", **env)
+                  "trainer.max_actor_ckpt_to_keep=null", *NO_VALIDATION, *overrides, NNODES="1:2", **env)
 
 
 STEPS = 8

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from rpg_lab.demo import reference
+from rpg_lab.demo.cpu import STARTUP_STAGES
+from multinode import wait_for
 from rpg.trainer_process import read_metrics
 
 pytestmark = [pytest.mark.e2e, pytest.mark.repro]  # a CI stage: two trainer runs do not fit README's suite
@@ -37,6 +40,9 @@ def _start(out: Path) -> subprocess.Popen:
     with open(out.parent / f"{out.name}.log", "wb") as log:
         return subprocess.Popen(reference.command(out), cwd=ROOT, env=reference.pinned_env(), stdout=log,
                                 stderr=subprocess.STDOUT)
+
+
+RAY_UP = STARTUP_STAGES[0][0]  # Ray's own line once a private Ray is up (the demo's first start-up stage)
 
 
 def _finish(proc: subprocess.Popen, out: Path) -> dict[int, dict]:
@@ -56,11 +62,19 @@ def _same(a, b) -> bool:
 
 
 def test_two_sync_runs_with_the_same_seed_log_the_same_metrics(tmp_path):
-    # the two runs side by side (each its own Ray, output folder and seed's draws): a lone launch leaves about a
-    # third of the 2 cores idle while its processes start one after another; their timing differs, which is what
-    # must not change a metric
+    # the two runs side by side (each its own Ray, output folder and seed's draws), the second started once the
+    # first's Ray is up: a lone launch leaves about a third of the 2 cores idle while its processes start one after
+    # another; their timing differs, which is what must not change a metric
     outs = [tmp_path / "first", tmp_path / "second"]
-    procs = [_start(out) for out in outs]
+    procs = [_start(outs[0])]
+    try:  # Ray gives a raylet a fixed 30 s to register (ray/_private/node.py): three Ray start-ups at once (these two
+        # and a launch of the other xdist worker) on 2 loaded cores exceeded it once
+        wait_for(outs[0] / "trainer.log", re.escape(RAY_UP), procs[0], timeout=900)
+    except AssertionError:
+        procs[0].terminate()  # the demo stops its own Ray on SIGTERM
+        procs[0].wait(timeout=120)
+        raise
+    procs.append(_start(outs[1]))
     try:
         first = _finish(procs[0], outs[0])
     finally:

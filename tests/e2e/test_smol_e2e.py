@@ -116,13 +116,13 @@ def test_the_tasks_prompts_fit_the_runs_prompt_limit(smol):
 @pytest.mark.smol
 @pytest.mark.e2e
 def test_two_steps_of_the_one_command(smol, tmp_path):
-    """recipe/rpg/smol/run_smol_cpu.sh for 2 steps, validating before and after each (16 problems, responses of
-    up to 48 tokens): exit 0, the progress lines, the three files, what RPG's loss metrics guarantee at each step
-    (e2e_recipe.assert_step_guarantees; whether a ratio leaves 1 depends on a mixed-reward group in an early
-    mini-batch, which a base model's 2 steps need not have)."""
+    """recipe/rpg/smol/run_smol_cpu.sh for 2 steps, validating before training and at the last step (16 problems,
+    responses of up to 48 tokens; no check reads a validation between them): exit 0, the progress lines, the three
+    files, what RPG's loss metrics guarantee at each step (e2e_recipe.assert_step_guarantees; whether a ratio leaves 1
+    depends on a mixed-reward group in an early mini-batch, which a base model's 2 steps need not have)."""
     out = tmp_path / "run"
     env = {**{k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RPG_CPU_ROLLOUT")},
-           "PYTHON": sys.executable, "STEPS": "2", "TEST_FREQ": "1", "OUT": str(out)}
+           "PYTHON": sys.executable, "STEPS": "2", "TEST_FREQ": "2", "OUT": str(out)}
     p = subprocess.run(["bash", str(SCRIPT), "data.max_response_length=48", "data.val_max_samples=16"],
                        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1500)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]

