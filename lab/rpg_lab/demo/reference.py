@@ -13,16 +13,23 @@ memory are left out). ``smol``: SmolLM2's first RPG step computed in one process
 
 Both run with the CPU kernels pinned (``PINNED_ENV``, every variable ``rpg.run_record.KERNEL_ENV`` names: ATen's, MKL's
 and oneDNN's AVX2 code paths, one torch thread per process), a path every x86-64 CPU of the last decade takes whatever
-wider instructions it has, so that their numbers are the same bits on every such machine, not only on the one that
-made them (ATen's default path and MKL's compatible one would take older CPUs too, at three to four times the time).
-A variable left unpinned would let a user's value reach the run: measured, ``MKL_ENABLE_INSTRUCTIONS=AVX512`` moved
-SmolLM2's loss in its last bits beside ``MKL_CBWR=AVX2``. ``--check`` compares a fresh run with the committed
-reference (``lab/rpg_lab/demo/references/<model>.json``): the same bits, or one line naming the first differences and the
-command that regenerates it; a run on another CPU model whose numbers differ only within ``CROSS_CPU_RTOL`` passes
-with a line saying so (the pinned kernels should make that never happen). ``--regenerate`` writes it and appends
-the reason to the reference log (docs/reference-log.md): a changed computation is a decision with its reason, never
-news. CI: the ``repro`` stage compares its two tiny runs with each other and with the tiny reference; the ``smol``
-stage checks SmolLM2's.
+wider instructions it has (ATen's default path and MKL's compatible one would take older CPUs too, at three to four
+times the time). A variable left unpinned would let a user's value reach the run: measured, ``MKL_ENABLE_INSTRUCTIONS=AVX512``
+moved SmolLM2's loss in its last bits beside ``MKL_CBWR=AVX2``. The pin does not make two CPU models agree to the bit:
+measured, an AMD EPYC (AVX2) and an Intel Xeon (AVX-512) give the same responses, but SmolLM2's loss differs in its
+last 4 ulps and its weights after the update in their digest, and the tiny run's metrics by up to 3e-4 of their
+value at its fourth step (roundoff that training carries on; its roundoff-sized ones, ``rollout_corr/kl``
+and the like, entirely); MKL on the AMD CPU takes one path whatever
+``MKL_CBWR`` says but ``COMPATIBLE``. What they read and sample (the weights, the responses) was
+the same on both. So a reference (``lab/rpg_lab/demo/references/<model>.json``) holds what each CPU it was made on
+computed (``cpus``, keyed by ``cpu_key``: the CPU's model name and widest instructions), and ``--check`` compares a
+fresh run with its own CPU's, to the bit: the same bits, or one line naming the first differences and the command
+that regenerates it. On a CPU it was never made on no check can pass: a run that read and sampled what a made one did
+(``SAMPLED``) fails naming the command that adds this CPU's bits, any other fails as moved. ``--regenerate`` writes
+this CPU's (the others kept, and named when what they read and sampled differs: a changed computation is regenerated
+on each CPU CI runs on) and appends the reason to the reference log (docs/reference-log.md): a changed computation is
+a decision with its reason, never news. CI: the ``repro`` stage
+compares its two tiny runs with each other and with the tiny reference; the ``smol`` stage checks SmolLM2's.
 """
 
 from __future__ import annotations
@@ -55,7 +62,9 @@ PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", 
 # what measures the machine, not the run: wall times, throughput, memory (actor/perf/cpu_memory_used_gb), MFU
 MACHINE = re.compile(r"(^|/)(timing_s|timing_per_token_ms|perf)/")
 META = ("made", "command", "env")  # a reference's fields that say how it was made, not what was computed
-CROSS_CPU_RTOL = 1e-4
+# what a reference run reads and samples (the weights, the validation's or the step's responses): the same bits on each
+# CPU model measured, so a difference in them is a change of the computation wherever the run is
+SAMPLED = ("weights_sha256", "val_before", "responses")
 SHOWN = 5  # differences named in the failure line
 # a reference's fields in the order the run computes them, so the failure line names a cause before its effects
 # (responses that moved move every metric after them)
@@ -114,23 +123,13 @@ def _same(a, b) -> bool:
     return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
-def _close(a, b, rtol: float) -> bool:
-    if _same(a, b):
-        return True
-    if isinstance(a, bool) or isinstance(b, bool) or not all(isinstance(x, (int, float)) for x in (a, b)):
-        return False
-    if math.isnan(a) or math.isnan(b):
-        return False
-    return abs(a - b) <= rtol * max(abs(a), abs(b), 1e-12)
-
-
 def _shown(value) -> str:
     return value[:12] if isinstance(value, str) and len(value) == 64 else repr(value)
 
 
-def differences(observed, reference, rtol: float = 0.0, path: str = "") -> list[str]:
-    """Each way ``observed`` differs from ``reference`` (nested dicts; exact when ``rtol`` is 0, else numbers within
-    ``rtol``), one short phrase each, named by its path (``metrics 1 actor/grad_norm``)."""
+def differences(observed, reference, path: str = "") -> list[str]:
+    """Each way ``observed`` differs from ``reference`` (nested dicts, to the bit), one short phrase each, named by its
+    path (``metrics 1 actor/grad_norm``)."""
     if isinstance(observed, dict) and isinstance(reference, dict):
         found = []
         def order(k):
@@ -143,28 +142,48 @@ def differences(observed, reference, rtol: float = 0.0, path: str = "") -> list[
             if key not in observed or key not in reference:
                 found.append(f"{where} {'missing' if key not in observed else 'not in the reference'}")
             else:
-                found += differences(observed[key], reference[key], rtol, where)
+                found += differences(observed[key], reference[key], where)
         return found
     if isinstance(observed, list) and isinstance(reference, list) and len(observed) == len(reference):
-        return [d for i, (a, b) in enumerate(zip(observed, reference)) for d in differences(a, b, rtol, f"{path}[{i}]")]
-    return [] if _close(observed, reference, rtol) else [f"{path} {_shown(observed)} (reference {_shown(reference)})"]
+        return [d for i, (a, b) in enumerate(zip(observed, reference)) for d in differences(a, b, f"{path}[{i}]")]
+    return [] if _same(observed, reference) else [f"{path} {_shown(observed)} (reference {_shown(reference)})"]
+
+
+def _sampled(entry: dict) -> dict:
+    return {k: v for k, v in entry.items() if k in SAMPLED}
+
+
+def _listed(found: list[str]) -> str:
+    return "; ".join(found[:SHOWN]) + (f"; and {len(found) - SHOWN} more" if len(found) > SHOWN else "")
+
+
+def cpu_key(kernels: dict) -> str:
+    """The CPU a reference was made on, as ``cpus`` keys it: its model name and widest instructions
+    (``rpg.run_record``'s ``cpu_kernels``)."""
+    return f"{kernels.get('cpu')} ({kernels.get('isa')})"
 
 
 def verdict(observed: dict, reference: dict, here: dict, model: str = "tiny") -> tuple[bool, str]:
-    """(passed, the line to print) for a run that observed ``observed`` on a machine ``here`` (``cpu_kernels``)."""
-    exact = differences(observed, reference)
-    if not exact:
-        return True, f"the {model} reference holds to the last bit (weights {run_record.short(reference['weights_sha256'])})"
-    cpu = lambda k: f"{k.get('cpu')} ({k.get('isa')})"  # noqa: E731 - a CPU as the fallback tells CPUs apart
-    made_on = cpu(reference["made"]["kernels"])
-    if cpu(here) != made_on and not differences(observed, reference, CROSS_CPU_RTOL):
-        return True, (f"the {model} reference holds within {CROSS_CPU_RTOL:g} but not to the bit on this CPU "
-                      f"({cpu(here)}; it was made on {made_on}): {len(exact)} values differ in their last "
-                      f"digits, first {exact[0]}")
-    shown = "; ".join(exact[:SHOWN]) + (f"; and {len(exact) - SHOWN} more" if len(exact) > SHOWN else "")
-    return False, (f"the {model} reference moved ({len(exact)} differences): {shown}. A change of the computation is "
-                   f"a decision: if it is meant, python -m rpg_lab.demo.reference --regenerate --model {model} --reason "
-                   f"TEXT records it")
+    """(passed, the line to print) for a run that observed ``observed`` on a machine ``here`` (``cpu_kernels``): the
+    bits of this CPU's reference pass; anything else fails in one line, as moved when what the run read and sampled
+    (or, on its own CPU, anything) differs, else as a CPU the reference was never made on."""
+    key, made = cpu_key(here), reference.get("cpus") or {}
+    regenerate_it = f"python -m rpg_lab.demo.reference --regenerate --model {model} --reason TEXT"
+    if key in made:
+        moved = differences(observed, made[key])
+        if not moved:
+            return True, (f"the {model} reference holds to the last bit on this CPU ({key}; weights "
+                          f"{run_record.short(made[key]['weights_sha256'])})")
+    else:
+        apart = {other: differences(_sampled(observed), _sampled(entry)) for other, entry in made.items()}
+        alike = [other for other, found in apart.items() if not found]
+        if alike:
+            return False, (f"the {model} reference was never made on this CPU ({key}; made on {', '.join(made)}): the "
+                           f"run read and sampled what {alike[0]}'s did, its numbers are this CPU's own last bits; if "
+                           f"the computation is unchanged, {regenerate_it} adds this CPU's")
+        moved = next(iter(apart.values()), ["no CPU's reference yet"])
+    return False, (f"the {model} reference moved ({len(moved)} differences): {_listed(moved)}. A change of the "
+                   f"computation is a decision: if it is meant, {regenerate_it} records it")
 
 
 def run(out: Path, model: str = "tiny") -> tuple[dict, dict]:
@@ -180,20 +199,28 @@ def run(out: Path, model: str = "tiny") -> tuple[dict, dict]:
     return observe(out, model)
 
 
-def regenerate(observed: dict, reason: str, ran_on: dict, model: str = "tiny") -> Path:
-    """Write ``observed`` as ``model``'s reference, made on ``ran_on`` (the run's), and log the reason; its path."""
+def regenerate(observed: dict, reason: str, ran_on: dict, model: str = "tiny") -> tuple[Path, list[str]]:
+    """Write ``observed`` as ``model``'s reference on this CPU (``ran_on``'s: the run's), the other CPUs' kept, and
+    log the reason; (its path, the other CPUs whose references read or sampled otherwise: they are of another
+    computation)."""
     path = reference_file(model)
-    before = json.loads(path.read_text()) if path.exists() else None
+    reference = json.loads(path.read_text()) if path.exists() else {"cpus": {}}  # main refuses one without
+    key = cpu_key(ran_on["kernels"])
+    before = reference["cpus"].get(key)
     code = run_record.code_state()
     made = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "code": code["code"], "commit": code["commit"],
             "kernels": ran_on["kernels"], "libraries": ran_on["libraries"]}
-    reference = {"command": command(Path("OUT"), model)[1:], "env": PINNED_ENV, **observed, "made": made}
+    reference.update({"command": command(Path("OUT"), model)[1:], "env": PINNED_ENV})
+    reference["cpus"][key] = {**observed, "made": made}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(reference, indent=1, sort_keys=True) + "\n")
-    digest = lambda ref: hashlib.sha256(  # noqa: E731 - what was computed, not how it was made
-        json.dumps({k: v for k, v in ref.items() if k not in META}, sort_keys=True).encode()).hexdigest()
-    run_record.log_change(f"{model} reference", before and digest(before), digest(reference), reason, ran_on)
-    return path
+    digest = lambda entry: hashlib.sha256(  # noqa: E731 - what was computed, not how it was made
+        json.dumps({k: v for k, v in entry.items() if k not in META}, sort_keys=True).encode()).hexdigest()
+    run_record.log_change(f"{model} reference on {key}", before and digest(before), digest(reference["cpus"][key]),
+                          reason, ran_on)
+    apart = [other for other, entry in reference["cpus"].items()
+             if other != key and differences(_sampled(observed), _sampled(entry))]
+    return path, apart
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--regenerate needs --reason: a changed computation is a decision, said with its reason")
     if args.check and not path.exists():
         ap.error(f"{path}: no reference yet; --regenerate --reason TEXT makes it")
+    if path.exists() and "cpus" not in json.loads(path.read_text()):
+        ap.error(f"{path}: a reference without each CPU's bits ('cpus'), of the format before them; move its "
+                 f"computed fields under cpus[cpu_key(made.kernels)] or remove it and --regenerate")
     out = args.out or Path(tempfile.mkdtemp(prefix="rpg-reference-")) / "run"
     print(f"[reference] the {args.model} reference run ({', '.join(f'{k}={v}' for k, v in PINNED_ENV.items())}) into "
           f"{out}", flush=True)
@@ -219,8 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[reference] {e}", file=sys.stderr, flush=True)
         return 1
     if args.regenerate:
-        written = regenerate(observed, args.reason, ran_on, args.model)
-        print(f"[reference] wrote {written} and a row of {run_record.REFERENCE_LOG}", flush=True)
+        written, apart = regenerate(observed, args.reason, ran_on, args.model)
+        print(f"[reference] wrote this CPU's ({cpu_key(ran_on['kernels'])}) in {written} and a row of "
+              f"{run_record.REFERENCE_LOG}", flush=True)
+        if apart:
+            print(f"[reference] the references made on {', '.join(apart)} read or sampled otherwise (weights or "
+                  f"responses): they are of another computation; regenerate them on those CPUs", flush=True)
         return 0
     ok, line = verdict(observed, json.loads(path.read_text()), ran_on["kernels"], args.model)
     print(f"[reference] {line}", file=sys.stdout if ok else sys.stderr, flush=True)

@@ -17,17 +17,21 @@ OBSERVED = {"weights_sha256": "a" * 64,
                                                          "training/rpg/batch_digest": 123456.0, "nan": float("nan")},
                         "10": {"actor/grad_norm": 0.5}}}
 HERE = {"cpu": "CPU A", "isa": "avx512", "capability": "DEFAULT"}
+A, B = "CPU A (avx512)", "CPU B (avx512)"  # cpu_key of HERE, and of another CPU
 
 
-def _reference(observed=OBSERVED, cpu="CPU A"):
-    return {**copy.deepcopy(observed), "made": {"kernels": {"cpu": cpu, "isa": "avx512"}}, "command": ["x"],
-            "env": {}}
+def _reference(observed=OBSERVED, *cpus, **others):
+    """A reference made on ``cpus`` (default HERE's) computing ``observed``, and on ``others`` (a key's dict) theirs."""
+    made = {key: {**copy.deepcopy(observed), "made": {"kernels": {}}} for key in (cpus or (A,))}
+    made.update({key: {**copy.deepcopy(value), "made": {"kernels": {}}} for key, value in others.items()})
+    return {"cpus": made, "command": ["x"], "env": {}}
 
 
 def test_the_same_bits_pass_and_metadata_is_not_compared():
-    assert R.differences(OBSERVED, _reference()) == []  # NaN equals NaN; made/command/env are not computation
+    assert R.differences(OBSERVED, _reference()["cpus"][A]) == []  # NaN equals NaN; made is not computation
     ok, line = R.verdict(copy.deepcopy(OBSERVED), _reference(), HERE)
-    assert ok and "last bit" in line
+    assert ok and "last bit on this CPU (CPU A (avx512)" in line
+    assert R.cpu_key(HERE) == A
 
 
 @pytest.mark.parametrize("change, named", [
@@ -47,18 +51,56 @@ def test_one_moved_bit_fails_in_one_line_naming_it_and_the_command(change, named
     assert "python -m rpg_lab.demo.reference --regenerate --model tiny --reason" in line
 
 
-def test_another_cpu_may_differ_in_the_last_digits_only_and_says_so():
+def test_each_cpu_is_held_to_its_own_bits():
+    """Two CPUs' references (their last digits differ): each CPU's run to the bit of its own, not the other's."""
+    on_b = copy.deepcopy(OBSERVED)
+    on_b["metrics"]["1"]["actor/grad_norm"] *= 1 + 1e-7
+    reference = _reference(OBSERVED, **{B: on_b})
+    assert R.verdict(copy.deepcopy(OBSERVED), reference, HERE)[0]
+    assert R.verdict(copy.deepcopy(on_b), reference, {**HERE, "cpu": "CPU B"})[0]
+    ok, line = R.verdict(copy.deepcopy(on_b), reference, HERE)  # B's bits on A: A's reference moved
+    assert not ok and "moved (1 differences): metrics 1 actor/grad_norm" in line, line
+    assert not R.verdict(copy.deepcopy(OBSERVED), reference, {**HERE, "cpu": "CPU B"})[0]
+
+
+def test_on_a_cpu_never_made_on_no_check_passes_and_the_line_says_whether_the_computation_moved():
+    """Other last bits there are this CPU's own (the command that adds them is named); other responses or weights
+    are a changed computation on any CPU (the decision's wording)."""
     observed = copy.deepcopy(OBSERVED)
     observed["metrics"]["1"]["actor/grad_norm"] *= 1 + 1e-7
-    ok, line = R.verdict(observed, _reference(cpu="CPU B"), HERE)
-    assert ok and "within" in line and "CPU B" in line
-    assert R.verdict(observed, _reference(), {**HERE, "isa": "avx2"})[0]  # one model name, another instruction set
-    assert not R.verdict(observed, _reference(cpu="CPU A"), HERE)[0]  # on the reference's own CPU: the bits
-    observed["metrics"]["1"]["actor/grad_norm"] *= 1.01  # beyond the last digits: fails on any CPU
-    assert not R.verdict(observed, _reference(cpu="CPU B"), HERE)[0]
-    moved_tokens = copy.deepcopy(OBSERVED)
-    moved_tokens["val_before"]["sha256"] = "e" * 64  # a digest is never "close"
-    assert not R.verdict(moved_tokens, _reference(cpu="CPU B"), HERE)[0]
+    ok, line = R.verdict(observed, _reference(OBSERVED, B), HERE)
+    assert not ok and "\n" not in line and f"never made on this CPU ({A}; made on {B})" in line, line
+    assert f"read and sampled what {B}'s did" in line and "--regenerate --model tiny --reason TEXT adds" in line
+    for change, named in ((lambda o: o["val_before"].update({"sha256": "e" * 64}), "val_before sha256 eeeeeeeeeeee"),
+                          (lambda o: o.update({"weights_sha256": "d" * 64}), "weights_sha256 dddddddddddd")):
+        moved = copy.deepcopy(observed)
+        change(moved)
+        ok, line = R.verdict(moved, _reference(OBSERVED, B), HERE)
+        assert not ok and "moved (1 differences)" in line and named in line and "records it" in line, line
+    ok, line = R.verdict(observed, {"cpus": {}}, HERE)
+    assert not ok and "no CPU's reference yet" in line
+
+
+def test_regenerate_writes_this_cpus_keeps_the_others_and_names_those_that_now_disagree(tmp_path, monkeypatch):
+    rows = []
+    monkeypatch.setattr(R, "REFERENCES", tmp_path)
+    monkeypatch.setattr(R.run_record, "log_change", lambda *a: rows.append(a))
+    ran_on = {"kernels": HERE, "libraries": {"torch": "x"}}
+    R.reference_file("tiny").write_text(json.dumps(_reference(OBSERVED, B)))
+    path, apart = R.regenerate(copy.deepcopy(OBSERVED), "this CPU's bits", ran_on)
+    written = json.loads(path.read_text())
+    assert sorted(written["cpus"]) == [A, B] and apart == []
+    assert R.differences(OBSERVED, written["cpus"][A]) == [] and written["cpus"][A]["made"]["kernels"] == HERE
+    assert written["env"] == R.PINNED_ENV and rows[-1][0] == f"tiny reference on {A}" and rows[-1][1] is None
+    last_bits = copy.deepcopy(OBSERVED)
+    last_bits["metrics"]["1"]["actor/loss"] = -0.15  # other numbers only: B's is not named
+    assert R.regenerate(last_bits, "again", ran_on)[1] == []
+    changed = copy.deepcopy(OBSERVED)
+    changed["val_before"]["sha256"] = "f" * 64  # other responses: a computation changed on purpose, B's is apart
+    _, apart = R.regenerate(changed, "the sampler changed", ran_on)
+    assert apart == [B] and rows[-1][1] is not None and rows[-1][1] != rows[-1][2]
+    kept = json.loads(path.read_text())["cpus"][B]  # kept, not dropped
+    assert R.differences(kept, _reference(OBSERVED, B)["cpus"][B]) == [] and kept["made"] == {"kernels": {}}
 
 
 def test_the_validation_responses_digest_ignores_order_and_verls_random_ids(tmp_path):
@@ -79,12 +121,22 @@ def test_the_validation_responses_digest_ignores_order_and_verls_random_ids(tmp_
 def test_the_committed_references_are_of_the_shipped_weights_and_name_how_they_were_made():
     from rpg.tiny.build import weights_sha256
 
-    tiny = json.loads(R.reference_file("tiny").read_text())
-    assert tiny["weights_sha256"] == weights_sha256()
-    assert tiny["env"] == R.PINNED_ENV and tiny["made"]["kernels"]["capability"] == "AVX2"
-    assert sorted(tiny["metrics"], key=int) == [str(s) for s in range(R.STEPS + 1)]
-    smol = json.loads(R.reference_file("smol").read_text())
-    assert smol["env"] == R.PINNED_ENV and smol["made"]["kernels"]["capability"] == "AVX2"
+    for model in R.MODELS:
+        reference = json.loads(R.reference_file(model).read_text())
+        assert reference["env"] == R.PINNED_ENV and reference["cpus"], model
+        for key, entry in reference["cpus"].items():
+            assert R.cpu_key(entry["made"]["kernels"]) == key and entry["made"]["kernels"]["capability"] == "AVX2"
+            if model == "tiny":
+                assert entry["weights_sha256"] == weights_sha256()
+                assert sorted(entry["metrics"], key=int) == [str(s) for s in range(R.STEPS + 1)]
+
+
+def test_a_reference_without_each_cpus_bits_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(R, "REFERENCES", tmp_path)
+    R.reference_file("tiny").write_text(json.dumps({**OBSERVED, "made": {"kernels": HERE}}))
+    with pytest.raises(SystemExit) as e:
+        R.main(["--check"])
+    assert e.value.code == 2 and "without each CPU's bits ('cpus')" in capsys.readouterr().err
 
 
 def test_regenerate_refuses_without_a_reason():
