@@ -34,7 +34,8 @@ def step_metrics(step: int, *, ratio=(0.8, 1.3), kl=2e-3, pre=1e-3, reset=None, 
          "actor/rpg/kl_estimate": kl, "rpg/ref_actor_weight_diff_pre": pre, "rpg/ref_reset": float(reset),
          "rpg/ref_actor_logit_diff_pre": logit[0], "timing_s/gen": 1.5, "timing_s/old_log_prob": 0.25,
          "timing_s/update_actor": 2.0, "timing_s/update_weights": 0.5, "timing_s/step": 5.0,
-         "actor/perf/max_memory_allocated_gb": 0.5 + step / 10, "training/rollout_probs_diff_max": 0.2}
+         "actor/perf/max_memory_allocated_gb": 0.5 + step / 10, "training/rollout_probs_diff_max": 0.2,
+         "training/rollout_probs_diff_mean": 1e-3, "training/rollout_actor_probs_pearson_corr": 0.9995}
     if reset:
         d.update({"rpg/ref_actor_weight_diff_post": post, "rpg/ref_actor_logit_diff_post": logit[1]})
     return d
@@ -113,7 +114,8 @@ def test_phase_times_memory_and_summary():
     assert checks.peak(m, "nothing") is None
     text = "\n".join(checks.summary_lines(m, [1, 2]))
     assert "generation:    2.00 s/step" in text and "0.70 GiB" in text and "max reserved: not logged" in text
-    assert "rollout_probs_diff_max: 0.2 .. 0.2 (reported, not checked" in text
+    assert "rollout_probs_diff_max: 0.2 .. 0.2 (reported, not bounded" in text
+    assert f"rollout_probs_diff_mean: 0.001 .. 0.001 (checked: <= {checks.ROLLOUT_MEAN_TOL:g}" in text
 
 
 def test_hf_rollout_must_have_run_on_the_gpu():
@@ -128,6 +130,47 @@ def test_a_step_without_weight_sync_fails():
     del m[2]["timing_s/update_weights"]
     assert checks.weight_sync_every_step(m, [1, 2]) == ["steps [2]: no weight sync (timing_s/update_weights missing)"]
     assert checks.check_training(m, [1, 2]) == checks.weight_sync_every_step(m, [1, 2])
+
+
+def _rollout_vs_actor(rollout_weights: torch.Tensor, actor_weights: torch.Tensor, seed: int) -> dict:
+    """verl's own rollout-vs-actor metrics (``calculate_debug_metrics``) for 64 responses of 48 tokens sampled from a
+    bf16 softmax policy over 64 tokens, the rollout computing its logits one way (bf16 inputs, products accumulated
+    in float32 then rounded: a fused kernel) and the actor another (each partial sum rounded to bf16: another
+    kernel's order), from ``rollout_weights`` and ``actor_weights``."""
+    from verl.protocol import DataProto
+    from verl.utils.debug.metrics import calculate_debug_metrics
+
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(64, 48, 32, generator=g).to(torch.bfloat16)
+    rollout_logits = (h.float() @ rollout_weights.to(torch.bfloat16).float()).to(torch.bfloat16).float()
+    w = actor_weights.to(torch.bfloat16)
+    actor_logits = torch.zeros(64, 48, 64, dtype=torch.bfloat16)
+    for k in range(0, 32, 8):  # partial sums over 8 features, rounded to bf16 at each
+        actor_logits = (actor_logits.float() + h[..., k:k + 8].float() @ w[k:k + 8].float()).to(torch.bfloat16)
+    rollout_lp, actor_lp = torch.log_softmax(rollout_logits, -1), torch.log_softmax(actor_logits.float(), -1)
+    tokens = torch.multinomial(rollout_lp.exp().reshape(-1, 64), 1, generator=g).reshape(64, 48, 1)
+    batch = {"rollout_log_probs": rollout_lp.gather(-1, tokens)[..., 0], "old_log_probs": actor_lp.gather(-1, tokens)[..., 0],
+             "response_mask": torch.ones(64, 48), "responses": tokens[..., 0]}
+    return calculate_debug_metrics(DataProto.from_dict(tensors=batch))
+
+
+def test_the_rollout_agrees_with_the_actor_within_bf16s_rounding_and_not_with_other_weights():
+    """The bound (``ROLLOUT_MEAN_TOL``, ``ROLLOUT_CORR_MIN``) on verl's metrics computed from tokens: the same weights
+    through two bf16 kernels pass; a rollout from other weights (its engine's dummy weights never replaced) fails."""
+    g = torch.Generator().manual_seed(0)
+    weights = torch.randn(32, 64, generator=g) * 0.5  # logits of SD about 2.8: a peaked policy, as a trained model's
+    for seed in range(3):
+        same = {1: {**_rollout_vs_actor(weights, weights, seed), "training/global_step": 1}}
+        assert checks.rollout_agrees_with_actor(same, [1]) == [], same
+        assert same[1]["training/rollout_probs_diff_mean"] > 0  # the two kernels do round differently
+        other = {1: {**_rollout_vs_actor(torch.randn(32, 64, generator=g) * 0.5, weights, seed),
+                     "training/global_step": 1}}
+        lines = checks.rollout_agrees_with_actor(other, [1])
+        assert len(lines) == 2 and all(one_line(x).startswith("step 1: training/rollout_") for x in lines), lines
+    missing = checks.rollout_agrees_with_actor({1: {"training/global_step": 1}}, [1])  # not logged: a failure
+    assert len(missing) == 2, missing
+    for line in missing:
+        names(one_line(line), "step 1", "missing")
 
 
 def test_the_tiny_models_head_size_suits_the_gpu_kernels():

@@ -34,6 +34,16 @@ KIT_VLLM_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_LOGGING_LEVEL": "INFO"
 # The interpreter of a kit command on a node, run in the checkout without an install of the project: ``python3 -m``
 # puts the checkout (rpg) on the path, PYTHONPATH the lab's folder (rpg_lab)
 NODE_PYTHON = f"PYTHONPATH={LAB_DIR} PYTHONUNBUFFERED=1 python3"
+# A smoke call's end: a device call returns at most 8 files of $OUT (16 MiB each, 64 MiB in all), fewer than a
+# stopped step leaves (its Ray logs alone): $OUT packed into 15 MiB pieces of one gzipped tar beside a copy of
+# summary.json, the kit's exit code kept (here: cat out.tgz.* | tar xzf -). Each part only after the one before
+# succeeded: a failed pack leaves $OUT as the kit wrote it, and says so; an unset OUT stops it before any removal
+PACK = ('rc=$?; set -o pipefail; P=$(mktemp -d) && cp "${OUT:?}/summary.json" "$P"/ '
+        '&& tar czf - -C "$OUT" . | split -b 15m - "$P"/out.tgz. && rm -rf "${OUT:?}"/* && mv "$P"/* "$OUT"/ '
+        '|| echo "PACK failed: the output folder left as the kit wrote it" >&2; '
+        '[ "$(ls "$OUT" | wc -l)" -le 5 ] || echo "PACK: over 4 pieces: more than the 64 MiB a call returns" >&2; '
+        'ls -la "$OUT"; exit $rc')
+SAMPLE_S = 20  # --sample-stacks of a smoke call: a slow phase's stacks every 20 s (docs/gpu-smoke.md)
 
 
 def source_path(checkout: Path) -> list[str]:

@@ -79,6 +79,17 @@ def tail(path: Path, n: int = TAIL_LINES) -> list[str]:
         return f.read().decode(errors="replace").splitlines()[-n:]
 
 
+MIN_SAMPLE_S = 1.0  # --sample-stacks: every process of a step dumps all its threads at each sample
+
+
+def sample_seconds(text: str) -> float:
+    """argparse type of ``--sample-stacks``: seconds, at least ``MIN_SAMPLE_S``."""
+    value = positive_seconds(text)
+    if value < MIN_SAMPLE_S:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected at least {MIN_SAMPLE_S:g} s between samples")
+    return value
+
+
 def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
     """SIGTERM to the step's process group (the step started it: its pgid is its pid); once the step's own process
     has exited, or after ``grace_s``, SIGKILL to what is left of the group. The step is reaped only then, so that
@@ -135,7 +146,14 @@ def run_step(ctx: Context, step: Step, box_s: float, env: dict, argv_override: l
         if on_start is not None:
             on_start(proc.pid)
         last_s = min(stall.STACKS_S, box_s / 2)  # the box's end: where it was
-        ended = _wait(proc, box_s - last_s, stop)
+        started, samples, sample_problem = time.monotonic(), 0, None
+        ended = _wait(proc, min(ctx.sample_s or box_s, box_s - last_s), stop)
+        while ctx.sample_s and ended == "timed_out" and time.monotonic() - started < box_s - last_s:  # a sample's time
+            try:
+                samples += stall.sample(proc.pid, stacks, time.monotonic() - started) > 0
+            except Exception as e:  # noqa: BLE001 - the step runs on in its box whatever a sample meets
+                sample_problem = f"{type(e).__name__}: {e}"
+            ended = _wait(proc, min(ctx.sample_s, box_s - last_s - (time.monotonic() - started)), stop)
         if ended != "exited":
             try:  # the stacks and logs into OUT (a full disk may fail it), then the group stopped whatever happened
                 record["stall"] = stall.before_stop(proc.pid, stacks, ctx.out, stem, last_s)
@@ -143,6 +161,14 @@ def run_step(ctx: Context, step: Step, box_s: float, env: dict, argv_override: l
                 _kill_group(proc, step.grace_s)
     record["seconds"] = round(time.time() - t0, 1)
     record["returncode"] = proc.returncode
+    if samples or sample_problem:
+        record["samples"] = {"every_s": ctx.sample_s, "taken": samples, "file": f"{stem}.samples.txt"}
+        try:
+            record["samples"]["processes"] = stall.gather(stacks, ctx.out / f"{stem}.samples.txt")
+        except OSError as e:  # a full disk: the step's own result stands
+            sample_problem = sample_problem or f"{e.filename}: {e.strerror}"
+        if sample_problem:
+            record["samples"]["problem"] = sample_problem
     cap_log(run.log)
     try:
         result = step.parse(ctx, run)
@@ -314,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="another time box for a step (repeatable), e.g. smoke_hf=300 on a rerun")
     ap.add_argument("--installed", action="store_true", help="use the installed packages; no carry")
     ap.add_argument("--stand-ins", type=Path, default=None, help="JSON {step: argv} replacing steps' commands")
+    ap.add_argument("--sample-stacks", type=sample_seconds, default=0.0, metavar="SECONDS",
+                    help="every SECONDS, each step's processes' Python stacks, gathered into "
+                         "OUT/<step>.<run id>.samples.txt when it ends (default: only when a step is stopped)")
     args = ap.parse_args(argv)
     names = [s.name for s in STEPS]
     chosen = ([s.name for s in STEPS if not s.not_default] if args.steps is None
@@ -361,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id, kept = start_run(out)
     work = args.work or CHECKOUT / "outputs" / "gpu_kit" / run_id
     ctx = Context(out=args.out.resolve(), work=work.resolve(), carry=args.carry.resolve(), site=args.site.resolve(),
-                  installed=args.installed, run_id=run_id)
+                  installed=args.installed, run_id=run_id, sample_s=args.sample_stacks)
     steps = [replace(s, box_s=boxes.get(s.name, s.box_s)) for s in STEPS if s.name in chosen]
     not_run = {s.name: (f"not a default step: {s.not_default}" if s.not_default and args.steps is None
                         else "not in --steps") for s in STEPS if s.name not in chosen}

@@ -8,6 +8,10 @@
   still catches it, the dumps gathered into ``OUT/<step>.<run id>.stacks.txt``; the Ray session folders those
   processes name (``--session-dir``, ``--session_dir`` ...) have their logs (raylet, GCS, each worker's stdout and
   stderr: vLLM's server, engine core and workers print there) copied into ``OUT/<step>.<run id>.ray/``.
+* ``sample`` and ``gather`` (the kit's ``--sample-stacks SECONDS``): while a step runs, every SECONDS each of its
+  processes that registered is asked for its stacks, after a line ``# kit sample at N s`` in its file; when the step
+  ends, passed or not, the files with a sample are gathered into ``OUT/<step>.<run id>.samples.txt``: where a slow
+  phase of a step that passed spent its time.
 * ``phases``: the vLLM start-up phases a step's logs show, in the order vLLM reaches them (``PHASES``), each with
   its first line and, from a trainer log's ``[  125.4s]`` prefix, when; ``last`` is the furthest reached.
 """
@@ -38,7 +42,8 @@ PHASES = (
                                   r"Initializing a V1 LLM engine|Waiting for init message from front-end")),
     ("weights loaded", re.compile(r"Loading weights took|Model loading took")),
     ("compile started", re.compile(r"Start compiling function|Dynamo bytecode transform time|Compiling a graph for")),
-    ("compile ended", re.compile(r"torch\.compile takes? [\d.]+ s in total")),
+    ("compile ended", re.compile(r"torch\.compile (?:takes?|and initial profiling/warmup run together took) "
+                                 r"[\d.]+ s in total")),  # vLLM before 0.24; 0.24 (monitor.py)
     ("KV cache allocated", re.compile(r"GPU KV cache size:|Available KV cache memory")),
     ("graphs captured", re.compile(r"Graph capturing finished")),
     ("engine ready", re.compile(r"init engine \(profile, create kv cache, warmup model\) took")),
@@ -100,19 +105,31 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
+def _ask(pid: int, stacks: Path, mark: str) -> tuple[Path, int] | None:
+    """SIGUSR1 to ``pid`` when it registered in ``stacks`` and catches it, after the line ``mark`` in its file (opened
+    for appending by it and by this): (its file, its size before the dump), or None when not asked (not registered,
+    gone, its file unwritable)."""
+    file = stacks / f"{pid}.txt"
+    if not (file.is_file() and _catches_sigusr1(pid)):
+        return None
+    try:
+        with open(file, "a") as f:
+            f.write(f"{mark}\n")
+        size = file.stat().st_size
+        os.kill(pid, signal.SIGUSR1)
+    except OSError:  # ProcessLookupError among them
+        return None
+    return file, size
+
+
 def dump_stacks(pids: list[int], stacks: Path, dest: Path, wait_s: float = STACKS_S) -> dict:
     """SIGUSR1 to each of ``pids`` that registered in ``stacks`` and catches it; their dumps gathered into ``dest``
     (each headed by the process's command line now: vLLM names its processes ``VLLM::EngineCore`` ...)."""
     asked = {}
     for pid in pids:
-        file = stacks / f"{pid}.txt"
-        if file.is_file() and _catches_sigusr1(pid):
-            size = file.stat().st_size
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                continue
-            asked[pid] = (file, size, _cmdline(pid))
+        # after the samples' marks (--sample-stacks), this dump's own
+        if (asked_at := _ask(pid, stacks, STOP_MARK)) is not None:
+            asked[pid] = (*asked_at, _cmdline(pid))
     deadline = time.monotonic() + wait_s
     while asked and time.monotonic() < deadline and any(f.stat().st_size <= n for f, n, _ in asked.values()):
         time.sleep(0.1)
@@ -124,6 +141,28 @@ def dump_stacks(pids: list[int], stacks: Path, dest: Path, wait_s: float = STACK
                 out.write(f"===== pid {pid}: {cmd[:1000]}\n{f.read_text(errors='replace')}\n")
     return {"stacks": dest.name if asked else None, "processes": len(pids), "asked": len(asked),
             "dumped": len(dumped)}
+
+
+SAMPLE_MARK = "# kit sample at"
+STOP_MARK = "# kit dump before the stop"
+
+
+def sample(root: int, stacks: Path, at_s: float) -> int:
+    """SIGUSR1 to each process of the step whose process is ``root`` that registered in ``stacks`` and catches it,
+    after the line ``# kit sample at <at_s> s`` in its file (opened for appending by it and by this); how many were
+    asked. The handler writes at once, in the process: nothing is waited for."""
+    return sum(_ask(pid, stacks, f"{SAMPLE_MARK} {at_s:.0f} s") is not None for pid in step_processes(root))
+
+
+def gather(stacks: Path, dest: Path) -> int:
+    """Every process file in ``stacks`` with a sample, into ``dest`` (each headed by its pid); how many."""
+    files = sorted((f for f in stacks.glob("*.txt") if SAMPLE_MARK in f.read_text(errors="replace")),
+                   key=lambda f: int(f.stem) if f.stem.isdigit() else 0)
+    if files:
+        with open(dest, "w") as out:
+            for f in files:
+                out.write(f"===== pid {f.stem}\n{f.read_text(errors='replace')}\n")
+    return len(files)
 
 
 def ray_sessions(pids: list[int]) -> list[Path]:

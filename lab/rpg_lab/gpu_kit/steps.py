@@ -19,9 +19,11 @@ into a result (its problems, a summary line); ``rpg_lab.gpu_kit.run`` runs them.
 10. ``smoke_vllm``: run 1 with vLLM in eager mode (``enforce_eager``: no torch.compile, no CUDA graphs), skipped with
     its reason when vLLM is not installed (nor its site complete); not a default step: the last call of the vLLM
     parts runs it;
-11. ``smoke_vllm_qwen3``: ``smoke_vllm`` on the tiny model in Qwen3's shape (``rpg.tiny.qwen3``: vLLM's newer model
+11. ``smoke_vllm_resume``: the resumed run from ``smoke_vllm``'s checkpoint, vLLM eager as there; a call of its own
+    on the same node after it;
+12. ``smoke_vllm_qwen3``: ``smoke_vllm`` on the tiny model in Qwen3's shape (``rpg.tiny.qwen3``: vLLM's newer model
     runner, the one Qwen3-4B runs on); not a default step: a call of its own;
-12. ``smoke_vllm_compiled``: run 1 with vLLM as verl starts it (compiled, CUDA graphs), only once ``smoke_vllm``
+13. ``smoke_vllm_compiled``: run 1 with vLLM as verl starts it (compiled, CUDA graphs), only once ``smoke_vllm``
     passed on this node; not a default step: a call of its own.
 
 The order is docs/gpu-smoke.md's call order: what has never run on a GPU first.
@@ -52,6 +54,7 @@ class Context:
     python: str = sys.executable
     checkout: Path = CHECKOUT
     run_id: str = ""  # this run of the kit: its start time (rpg_lab.gpu_kit.run.start_run), in its files' names
+    sample_s: float = 0.0  # --sample-stacks: every so many seconds each step's processes' stacks (0: never)
 
     def available(self, module: str) -> bool:
         """``module`` importable by the steps: in this interpreter, in the carry's site or in the complete vLLM
@@ -216,8 +219,8 @@ def _bench(ctx: Context, run: StepRun):
 def passed_checkpoint(ctx: Context, step: str) -> Path | None:
     """The last checkpoint of ``step``'s smoke run 1 in this call's work folder, else in the newest earlier one under
     ``outputs/gpu_kit`` of the checkout (a call before on the same node), whose run 1 passed its checks (its
-    summary.json: run 1 and no failure); what ``smoke_resume`` resumes (``smoke_hf``'s) and what lets
-    ``smoke_vllm_compiled`` run (``smoke_vllm``'s)."""
+    summary.json: run 1 and no failure); what ``smoke_resume`` resumes (``smoke_hf``'s), what ``smoke_vllm_resume``
+    resumes and what lets ``smoke_vllm_compiled`` run (``smoke_vllm``'s)."""
     def passed(folder: Path) -> Path | None:
         summary = folder / "summary.json"
         try:
@@ -237,17 +240,14 @@ def passed_checkpoint(ctx: Context, step: str) -> Path | None:
     return next((ckpt for folder in earlier if (ckpt := passed(folder)) is not None), None)
 
 
-def resume_checkpoint(ctx: Context) -> Path | None:
-    return passed_checkpoint(ctx, "smoke_hf")
-
-
 EAGER = "actor_rollout_ref.rollout.enforce_eager=True"  # vLLM without torch.compile and CUDA graphs
 
 
-def _smoke(rollout: str, resume: bool = False, overrides: tuple[str, ...] = (), after: str = "",
+def _smoke(rollout: str, resume_of: str = "", overrides: tuple[str, ...] = (), after: str = "",
            flags: tuple[str, ...] = ()):
-    """A smoke run's step: ``flags`` of ``rpg_lab.demo.gpu_smoke``, ``overrides`` appended; ``after``: a step whose run 1
-    must have passed on this node."""
+    """A smoke run's step: ``flags`` of ``rpg_lab.demo.gpu_smoke``, ``overrides`` appended (a resume takes its run 1's);
+    ``after``: a step whose run 1 must have passed on this node; ``resume_of``: the step whose run 1's checkpoint
+    this step resumes (the resumed run alone)."""
     def command(ctx: Context, run: StepRun):
         if rollout == "vllm" and not ctx.available("vllm"):
             return ("vLLM is not installed: the kit's carry holds no vLLM (183 MiB of xz with what it needs, over "
@@ -259,11 +259,11 @@ def _smoke(rollout: str, resume: bool = False, overrides: tuple[str, ...] = (), 
         # run 1 alone (its checks written when it ends); the resume is its own step, with a trainer start-up of its own
         argv = [ctx.python, "-m", "rpg_lab.demo.gpu_smoke", "--rollout", rollout, *flags, "--out", str(run.work),
                 "--timeout", str(max(10, int(run.box_s - 15)))]
-        if resume:
-            ckpt = resume_checkpoint(ctx)
+        if resume_of:
+            ckpt = passed_checkpoint(ctx, resume_of)
             if ckpt is None:
-                return ("no checkpoint of a passed smoke_hf run 1 on this node (this call's or under outputs/gpu_kit): "
-                        "run smoke_hf first")
+                return (f"no checkpoint of a passed {resume_of} run 1 on this node (this call's or under "
+                        f"outputs/gpu_kit): run {resume_of} first")
             argv += ["--resume-from", str(ckpt)]
         else:
             argv += ["--resume-steps", "0"]
@@ -320,7 +320,7 @@ STEPS = [
          not_default=RAN_BEFORE),
     Step("bench_losses", 60, "RPG losses vs verl's vanilla loss on CUDA: time, memory, eager and compiled", _bench,
          parse_bench, not_default=RAN_BEFORE),
-    Step("smoke_resume", 240, "the HF smoke run's resumed run from smoke_hf's checkpoint", _smoke("hf", resume=True),
+    Step("smoke_resume", 240, "the HF smoke run's resumed run from smoke_hf's checkpoint", _smoke("hf", resume_of="smoke_hf"),
          parse_smoke, grace_s=45, skip_is_fine=False,
          not_default="its run (137 s on an H200) does not fit the budget after the others (373 s); run it in a "
                      "second call on the same node: --steps smoke_resume"),
@@ -329,19 +329,23 @@ STEPS = [
          "(rpg_lab.gpu_kit.vllm_install); vLLM imported once all are in", _vllm_part, read_result, skip_is_fine=False,
          not_default="it installs the vLLM part a call carries (python -m rpg_lab.gpu_kit.vllm_parts): "
                      "--steps vllm_part,smoke_vllm with the last one"),
-    # box: on the H200 (2026-11-28) verl's start reached the vLLM server at 128 s and its engine's spawn at 152 s;
-    # the HF run's validation, 4 steps and checkpoint took about 75 s after its rollout server (127 s). Eager, vLLM
-    # loads the tiny model and profiles its KV cache in seconds (no compile, no graphs): about 300 s expected, 420 s
-    # leaves 120 s for a slow engine start and fits one call after vllm_part (docs/gpu-smoke.md, the call order)
-    Step("smoke_vllm", 420, "the smoke run's run 1 with vLLM in eager mode (enforce_eager: no torch.compile, no CUDA "
+    # box: on the H200 (2026-11-30) the eager run 1 took 377 s, 100 s of it its first generation (not explained yet:
+    # docs/gpu-smoke.md); 450 s is 1.2 times that and fits the last part's call (vllm_parts.smoke_room_s)
+    Step("smoke_vllm", 450, "the smoke run's run 1 with vLLM in eager mode (enforce_eager: no torch.compile, no CUDA "
          "graphs): sleep/wake, weight sync through CUDA IPC", _smoke("vllm", overrides=(EAGER,)), parse_smoke,
          grace_s=45,
-         not_default="its box (420 s) does not fit after the default steps; the last call of the vLLM parts runs it: "
+         not_default="its box (450 s) does not fit after the default steps; the last call of the vLLM parts runs it: "
                      "--steps vllm_part,smoke_vllm"),
-    Step("smoke_vllm_qwen3", 420, "smoke_vllm on the tiny model in Qwen3's shape (q/k norm, rpg.tiny.qwen3): vLLM's "
+    # box: the second vLLM start on the node (smoke_vllm_compiled's, 2026-11-30: 250 s for run 1 with validation
+    # before and after 4 steps); the resumed run validates before and after its 2 steps and saves a checkpoint
+    Step("smoke_vllm_resume", 360, "the vLLM smoke run's resumed run from smoke_vllm's checkpoint (eager, as run 1): "
+         "verl's checkpoint restored into the actor and synced to a new vLLM engine",
+         _smoke("vllm", resume_of="smoke_vllm", overrides=(EAGER,)), parse_smoke, grace_s=45, skip_is_fine=False,
+         not_default="a call of its own after smoke_vllm passed on the same node: --steps smoke_vllm_resume"),
+    Step("smoke_vllm_qwen3", 450, "smoke_vllm on the tiny model in Qwen3's shape (q/k norm, rpg.tiny.qwen3): vLLM's "
          "newer model runner, the paper's Qwen3-4B path", _smoke("vllm", overrides=(EAGER,), flags=("--qwen3",)),
          parse_smoke, grace_s=45,
-         not_default="a call of its own, as smoke_vllm's: --steps smoke_vllm_qwen3 (box 420 s)"),
+         not_default="a call of its own, as smoke_vllm's: --steps smoke_vllm_qwen3 (box 450 s)"),
     # box: verl's default start compiles (VLLM_DISABLE_COMPILE_CACHE=1: cold every time) and captures CUDA graphs; a
     # comparable cold start took 127 s, 62 s of it compiling (vllm-project/vllm#43009), on top of the eager run's time
     Step("smoke_vllm_compiled", 520, "the smoke run's run 1 with vLLM as verl starts it (torch.compile, CUDA graphs "

@@ -28,6 +28,7 @@ import argparse
 import hashlib
 import json
 import lzma
+import math
 import os
 import re
 import shutil
@@ -38,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rpg.paths.checkout import CHECKOUT
-from rpg_lab.gpu_kit import CARRY_DIR, MANIFEST, NODE_PYTHON, TARGET_PYTHON, foreign_files, say
+from rpg_lab.gpu_kit import CARRY_DIR, MANIFEST, NODE_PYTHON, PACK, SAMPLE_S, TARGET_PYTHON, foreign_files, say
 from rpg_lab.gpu_kit.build import (CALL_MIB, CARRY_ANYWAY, EXCLUDE, HAVE_FILE, BuildError, build_source_only, canonical,
                                check_inputs, default_resolver, download, project_requirements, read_have, resolve,
                                select, travelling_tree_bytes)
@@ -48,7 +49,8 @@ from rpg_lab.gpu_kit.vllm_install import KIND, PARTS_DIR
 PREFIX = "[gpu-kit vllm]"  # its progress lines
 VLLM_REQUIREMENT = "verl[vllm]==0.9.1"  # pyproject.toml's gpu extra
 VLLM_VERSION = "0.24.0"  # verl 0.9.1's vllm extra pins it
-PART_MIB = 56.0  # a part and the working tree (it grows: docs/gpu-smoke.md#the-vllm-parts) within a call's 64 MiB
+PART_MIB = 56.0  # the largest part outside a checkout; in one, what fits beside its working tree (fitting_part_mib)
+TREE_MARGIN_MIB = 0.5  # room for the tree to grow between the build and the lease
 BLOCK_BYTES = 32 * 2**20  # xz blocks compressed side by side (a block far above xz's 8 MiB window loses nothing)
 PART_NAME = "part-{:02d}"
 # what the parts' folder holds (pack_parts): the manifest, and each part's folder with the part and its copy
@@ -242,7 +244,8 @@ LAST_BUDGET_S = 530
 # A lease's worst case within its device time (docs/gpu-smoke.md#call-order-on-a-gpu-machine, with the times measured):
 # the machine's start and the seconds between calls (the next call's transfer) count; each call at most its timeout
 LEASE_S, START_S, BETWEEN_S = 900, 60, 10
-FIRST_TIMEOUT_S, PART_TIMEOUT_S = 90, 60
+# on the H200: the first call 17-19 s (the kit's install 12 s), a part's 0.3-5 s (2026-11-28, 2026-11-30)
+FIRST_TIMEOUT_S, PART_TIMEOUT_S = 60, 40
 
 
 def device_calls(manifest: dict, out: Path, tree_bytes: int | None, base_bytes: int | None) -> list[dict]:
@@ -261,7 +264,11 @@ def device_calls(manifest: dict, out: Path, tree_bytes: int | None, base_bytes: 
     for n, part in enumerate(parts, 1):
         carry, sends = [f"{rel}/{part['folder']}"], part["bytes"] + (tree_bytes or 0)
         if n == len(parts):
-            command, timeout = f"{kit} --steps vllm_part,smoke_vllm --budget {LAST_BUDGET_S}", LAST_BUDGET_S + 30
+            # the lease's rest when the calls before run to their timeouts (more parts, less left), at most 530 s
+            rest = LEASE_S - START_S - BETWEEN_S * (len(parts) - 1) - 30 - sum(c["timeout_s"] for c in calls)
+            budget = min(LAST_BUDGET_S, rest)
+            command = f"{kit} --steps vllm_part,smoke_vllm --budget {budget} --sample-stacks {SAMPLE_S}; {PACK}"
+            timeout, last_budget = budget + 30, budget
         elif n == 1 and base_bytes is not None and sends + base_bytes <= CALL_MIB * 2**20:
             # with the kit's install; the installer's result on stdout
             carry, sends = [CARRY_DIR, *carry], sends + base_bytes
@@ -270,12 +277,35 @@ def device_calls(manifest: dict, out: Path, tree_bytes: int | None, base_bytes: 
             command, timeout = f'{install} --result "$OUT/vllm_install.json"', PART_TIMEOUT_S
         calls.append({"part": part["file"], "mib": round(part["bytes"] / 2**20, 1),
                       "sends_mib": round(sends / 2**20, 1), "command": command, "carry": carry, "timeout_s": timeout})
+        if n == len(parts):
+            calls[-1]["smoke_box_s"] = round(smoke_room_s(last_budget))
     return calls
 
 
 def worst_lease_s(calls: list[dict]) -> int:
     """The device time of ``calls`` when each runs to its timeout: with the machine's start and the gaps."""
     return START_S + sum(c["timeout_s"] for c in calls) + BETWEEN_S * (len(calls) - 1)
+
+
+def _smoke_vllm():
+    from rpg_lab.gpu_kit.steps import STEPS
+
+    return next(s for s in STEPS if s.name == "smoke_vllm")
+
+
+def smoke_room_s(budget_s: float) -> float:
+    """The box the last call's ``smoke_vllm`` gets from a kit ``--budget`` of ``budget_s``: after the install's check
+    and ``vllm_part`` (5 and 20 s on the H200), less the step's grace and the kit's 5 s (a step gets min(its box,
+    what is left - its grace - 5 s))."""
+    return budget_s - 5 - 20 - _smoke_vllm().grace_s - 5
+
+
+def fitting_part_mib(tree_bytes: int | None) -> float:
+    """``--part-mib``'s default: the largest part that a call sends beside this working tree (the tree grows with
+    the project: 6.8 MiB in 2026-11-28's build, 9.3 in 2026-11-30's), at most ``PART_MIB``."""
+    if tree_bytes is None:
+        return PART_MIB
+    return min(PART_MIB, math.floor((CALL_MIB - tree_bytes / 2**20 - TREE_MARGIN_MIB) * 10) / 10)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"carried again (default {CARRY_DIR}; without its manifest, resolved here)")
     ap.add_argument("--out", type=Path, default=CHECKOUT / PARTS_DIR, help=f"the parts' folder (default {PARTS_DIR}; "
                     "replaced: a new folder or one holding parts)")
-    ap.add_argument("--part-mib", type=float, default=PART_MIB, help=f"largest part, MiB (default {PART_MIB:g})")
+    ap.add_argument("--part-mib", type=float, default=None, help=f"largest part, MiB (default: what a call sends "
+                    f"beside this working tree, at most {PART_MIB:g})")
     ap.add_argument("--first-mib", type=float, default=0.0, help="largest first part, MiB (default: --part-mib); "
                     "about 15 lets part 1 ride along with the kit's carry")
     ap.add_argument("--preset", type=int, default=6, choices=range(10), metavar="0-9", help="xz preset (default 6)")
@@ -300,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.calls:
         return calls_again(args.out.resolve(), args.base.resolve())
     python = args.python or default_resolver()
+    if args.part_mib is None:
+        args.part_mib = fitting_part_mib(travelling_tree_bytes())
     try:
         check_inputs(args.out, PARTS_PATHS, python, args.have)
         if args.part_mib <= 0 or args.part_mib > 60 or args.first_mib < 0:
@@ -397,6 +430,11 @@ def summarise(manifest: dict, tree: int | None) -> int:
     for call in manifest["device_calls"]:
         print(f"  {call['part']}: {call['mib']} MiB (the call sends {call['sends_mib']} MiB)\n    command: "
               f"{call['command']}\n    carry: {json.dumps(call['carry'])}  timeout_s: {call['timeout_s']}")
+        box = _smoke_vllm().box_s
+        if call.get("smoke_box_s", box) < box:
+            problems.append(f"{call['part']}: the last call's budget leaves smoke_vllm {call['smoke_box_s']} s of its "
+                            f"{box:g} s box (the parts' calls before it take the rest of the lease): build fewer, "
+                            f"larger parts (a smaller working tree)")
         if tree is not None and call["sends_mib"] > CALL_MIB:
             problems.append(f"{call['part']} and the working tree are {call['sends_mib']} MiB, over the "
                             f"{CALL_MIB:g} MiB a device call sends; build with a smaller --part-mib")

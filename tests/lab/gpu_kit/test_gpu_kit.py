@@ -183,14 +183,15 @@ def test_a_plain_call_runs_the_first_calls_steps_and_says_why_not_the_others(tmp
     assert [s["name"] for s in summary["steps"]] == ["install", "environment", "memory_probe", "model_step",
                                                      "smoke_hf"]
     why = {n["name"]: n["reason"] for n in summary["not_run"]}
-    assert list(why) == ["gpu_tests", "bench_losses", "smoke_resume", "vllm_part", "smoke_vllm", "smoke_vllm_qwen3",
-                         "smoke_vllm_compiled"]
-    assert why["smoke_vllm"].startswith("not a default step: its box (420 s)")
+    assert list(why) == ["gpu_tests", "bench_losses", "smoke_resume", "vllm_part", "smoke_vllm", "smoke_vllm_resume",
+                         "smoke_vllm_qwen3", "smoke_vllm_compiled"]
+    assert why["smoke_vllm"].startswith("not a default step: its box (450 s)")
     assert why["smoke_vllm_compiled"].startswith("not a default step:")
     names(why["smoke_vllm_compiled"], "smoke_vllm passed", "--steps smoke_vllm_compiled")  # when, and the flag
     assert why["gpu_tests"] == why["bench_losses"] and why["gpu_tests"].startswith("not a default step: it ran")
     assert why["smoke_resume"].startswith("not a default step: its run")
     assert why["vllm_part"].startswith("not a default step: it installs")
+    names(why["smoke_vllm_resume"], "smoke_vllm passed", "--steps smoke_vllm_resume")
 
 
 def test_run_walks_every_step_with_stand_ins(tmp_path):
@@ -204,7 +205,7 @@ def test_run_walks_every_step_with_stand_ins(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     summary = json.loads((out / "summary.json").read_text())
     steps = {s["name"]: s for s in summary["steps"]}
-    unasked = ("smoke_resume", "vllm_part", "smoke_vllm_qwen3", "smoke_vllm_compiled")
+    unasked = ("smoke_resume", "vllm_part", "smoke_vllm_resume", "smoke_vllm_qwen3", "smoke_vllm_compiled")
     assert list(steps) == [s.name for s in kit_steps.STEPS if s.name not in unasked]
     assert summary["finished"] and not summary["all_passed"]
     assert {n["name"]: n["reason"] for n in summary["not_run"]} == {name: "not in --steps" for name in unasked}
@@ -260,6 +261,24 @@ def test_smoke_resume_resumes_the_newest_passed_run_1_and_says_when_there_is_non
     assert argv[argv.index("--resume-from") + 1] == str(here)
     hf = next(s for s in kit_steps.STEPS if s.name == "smoke_hf").command(ctx, r)
     assert hf[hf.index("--resume-steps") + 1] == "0"  # run 1 alone
+
+
+def test_the_vllm_resume_resumes_smoke_vllms_run_1_eager_and_never_smoke_hfs(tmp_path, monkeypatch):
+    monkeypatch.setattr(kit_steps.Context, "available", lambda self, module: module == "vllm")
+    checkout = tmp_path / "checkout"
+    ctx = kit_steps.Context(out=tmp_path / "out", work=checkout / "outputs" / "gpu_kit" / "20261130-190000",
+                            carry=tmp_path, site=tmp_path / "site", installed=True, checkout=checkout)
+    step = next(s for s in kit_steps.STEPS if s.name == "smoke_vllm_resume")
+    r = kit_steps.StepRun(step, 360, tmp_path / "log", tmp_path / "work", tmp_path / "result.json")
+    smoke_folder(ctx.work / "smoke_hf", [1, 2, 3, 4], [])  # an HF run 1 is no checkpoint for a vLLM resume
+    assert step.command(ctx, r).startswith("no checkpoint of a passed smoke_vllm run 1 on this node")
+    smoke_folder(ctx.work / "smoke_vllm", [1, 2, 3], ["step 3: nan"])
+    assert step.command(ctx, r).startswith("no checkpoint of a passed smoke_vllm run 1 on this node")
+    earlier = smoke_folder(checkout / "outputs" / "gpu_kit" / "20261130-184226" / "smoke_vllm", [1, 2, 3, 4], [])
+    argv = step.command(ctx, r)
+    assert argv[argv.index("--resume-from") + 1] == str(earlier) and "--resume-steps" not in argv
+    assert argv[argv.index("--rollout") + 1] == "vllm" and "actor_rollout_ref.rollout.enforce_eager=True" in argv
+    assert not step.skip_is_fine  # asked for and skipped: the call does not pass
 
 
 def test_the_first_vllm_smoke_is_eager_and_the_compiled_one_runs_only_once_it_passed(tmp_path, monkeypatch):

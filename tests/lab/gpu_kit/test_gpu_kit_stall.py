@@ -101,6 +101,22 @@ def test_the_h200s_stopped_vllm_start_reads_as_spawned_and_no_further():
     assert "151.9s" in found["reached"][0]["line"]
 
 
+def test_the_h200s_compiled_vllm_start_reads_as_every_phase_in_order(tmp_path):
+    """The committed trainer-log lines of the compiled vLLM smoke run that passed on the H200 (2026-11-30, vLLM 0.24 at
+    INFO): every phase of a compiled start, each at its second of the run, in vLLM's order (the validation's result,
+    the last phase, is in the smoke run's own log, not in these lines)."""
+    excerpt = ROOT / "docs" / "gpu-runs" / "20261130-184916.smoke_vllm_compiled.trainer-excerpt.log"
+    log = tmp_path / "trainer.log"  # the trainer log's lines as they were: grep -n's line numbers taken off
+    log.write_text("".join(line.split(":", 1)[1] for line in excerpt.read_text().splitlines(keepends=True)[1:]))
+    found = stall.phases([log])
+    at = {p["phase"]: p["at_s"] for p in found["reached"]}
+    assert list(at) == [name for name, _ in stall.PHASES][:-1] and found["last"] == "engine ready"
+    assert (at["engine spawned"], at["weights loaded"], at["compile started"], at["compile ended"],
+            at["KV cache allocated"], at["graphs captured"], at["engine ready"]) == (
+        112.6, 148.3, 150.2, 157.7, 164.5, 166.0, 166.4)
+    assert list(at.values()) == sorted(at.values())
+
+
 ENV_OF_STEP = ["{python}", "-c", "import json, os; json.dump({k: v for k, v in os.environ.items() if k.startswith("
                "('VLLM_', 'RPG_GPU_KIT_STACKS', 'PYTHONFAULTHANDLER'))}, open(os.path.join(os.environ["
                "'RPG_GPU_KIT_WORK'], 'env.json'), 'w'))"]
@@ -131,3 +147,42 @@ def test_a_process_that_does_not_catch_sigusr1_is_never_sent_it(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+# a step that passes its box after a slow phase: a driver and a child each busy in a named function for 6 s
+SLOW = '''
+import subprocess, sys, time
+CHILD = "import time\\ndef generating_the_first_batch():\\n    time.sleep(6)\\ngenerating_the_first_batch()\\n"
+child = subprocess.Popen([sys.executable, "-c", CHILD])
+def driver_validates():
+    time.sleep(6)
+driver_validates()
+child.wait()
+'''
+
+
+def test_sampled_stacks_say_where_a_step_that_ended_in_its_box_spent_its_time(tmp_path):
+    """--sample-stacks: every second each process of the step is asked for its stacks; when the step ends (here by
+    itself, well inside its box), the samples are gathered into OUT, each after its time mark."""
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW)
+    step = kit(tmp_path, ["{python}", str(script)], "--box", "smoke_vllm=60", "--sample-stacks", "1")
+    assert step["status"] != "timed_out" and step["seconds"] < 30, step["stdout"]
+    assert "stall" not in step  # not stopped: no end-of-box dump
+    samples = step["samples"]
+    assert samples["every_s"] == 1 and samples["taken"] >= 2 and samples["processes"] == 2, samples
+    text = (tmp_path / "out" / samples["file"]).read_text()
+    for where in ("driver_validates", "generating_the_first_batch"):
+        block = next(b for b in text.split("===== pid ")[1:] if f" in {where}\n" in b)
+        marks = [line for line in block.splitlines() if line.startswith(stall.SAMPLE_MARK)]
+        assert len(marks) >= 2 and block.count("(most recent call first):") >= 2, block
+    # without the flag: no samples, no file
+    (tmp_path / "plain").mkdir()
+    plain = kit(tmp_path / "plain", ["{python}", str(script)], "--box", "smoke_vllm=60")
+    assert "samples" not in plain and not list((tmp_path / "plain" / "out").glob("*.samples.txt"))
+    # more often than once a second: refused in one line before any step
+    p = subprocess.run([sys.executable, "-m", "rpg_lab.gpu_kit.run", "--out", str(tmp_path / "fast"), "--installed",
+                        "--steps", "smoke_vllm", "--sample-stacks", "0.5"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(source_path(ROOT))})
+    assert p.returncode == 2 and "--sample-stacks" in p.stderr and "at least 1 s" in p.stderr, p.stderr
+    assert not (tmp_path / "fast" / "summary.json").exists()

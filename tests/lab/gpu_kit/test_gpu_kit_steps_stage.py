@@ -138,7 +138,8 @@ def test_the_model_step_trains_each_shape_on_cpu(tmp_path):
 
 
 def test_the_smollm2_shape_is_the_built_models_and_its_batch_the_gpu_runs():
-    """SmolLM2's shape against the config transformers builds from its GGUF (the asset, when this machine has it), and
+    """SmolLM2's shape against the config transformers builds from its GGUF (the asset, built here if the stage has
+    not yet), and
     its default batch: the most sequences of the task's longest prompt + response within the GPU run's budget."""
     from transformers import AutoConfig
 
@@ -149,11 +150,9 @@ def test_the_smollm2_shape_is_the_built_models_and_its_batch_the_gpu_runs():
     ours = smollm2_config(own["layers"], own["hidden"], own["vocab"])
     assert own["batch"] * (own["prompt"] + own["response"]) <= GPU_SIZES["token_budget"] < (
         (own["batch"] + 1) * (MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH))
-    cache = Path(os.environ.get("RPG_TINY_CACHE", ROOT / ".cache" / "rpg-tiny"))
-    built = sorted(cache.glob("smollm2-135m-instruct-*/config.json"))
-    if not built:
-        pytest.skip(f"no SmolLM2 asset under {cache} (the smol stage builds it)")
-    theirs = AutoConfig.from_pretrained(built[-1].parent)
+    from rpg.smol import build_smol_assets
+
+    theirs = AutoConfig.from_pretrained(build_smol_assets(quiet=True).model_dir)  # built once per machine (smol extra)
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "tie_word_embeddings", "max_position_embeddings"):
         assert getattr(ours, key) == getattr(theirs, key), key

@@ -18,7 +18,7 @@ import pytest
 from messages import names, one_line
 from test_gpu_kit import make_wheel as wheel
 
-from rpg_lab.gpu_kit import install, source_path, vllm_install, vllm_parts
+from rpg_lab.gpu_kit import PACK, SAMPLE_S, install, source_path, vllm_install, vllm_parts
 from rpg_lab.gpu_kit import steps as kit_steps
 from rpg_lab.gpu_kit.build import BuildError
 
@@ -322,6 +322,7 @@ def test_the_device_calls_carry_one_part_each_the_first_beside_the_kit_the_last_
     assert all(c["command"].endswith('--result "$OUT/vllm_install.json"') for c in middle)
     assert last["carry"] == [f".gpu_kit_vllm/part-{n:02d}"] and "--steps vllm_part,smoke_vllm" in last["command"]
     assert last["timeout_s"] <= 600  # a device call's limit
+    assert f"--sample-stacks {SAMPLE_S}; {PACK}" in last["command"] and len(last["command"]) <= 2000
     # the four parts of the build (15, 56, 56, 55.7 MiB), each call run to its timeout, with the machine's start and
     # the gaps: within one lease's 900 s
     four = {"parts": [{"file": f"part-{i:02d}.bin", "folder": f"part-{i:02d}", "bytes": mib * 2**20}
@@ -331,6 +332,75 @@ def test_the_device_calls_carry_one_part_each_the_first_beside_the_kit_the_last_
     # after the install's check and vllm_part (5 and 20 s on the H200) the eager smoke gets its whole box (the kit
     # gives a step min(its box, what is left - its grace - 5 s))
     smoke = next(s for s in kit_steps.STEPS if s.name == "smoke_vllm")
-    assert vllm_parts.LAST_BUDGET_S - 5 - 20 - smoke.grace_s - 5 >= smoke.box_s
+    assert vllm_parts.smoke_room_s(vllm_parts.LAST_BUDGET_S) >= smoke.box_s
+    # five parts (2026-11-30: a 9.3 MiB tree left 54 MiB a part): the last call's budget is the lease's rest, which
+    # still gives the eager smoke its whole box
+    five = {"parts": [{"file": f"part-{i:02d}.bin", "folder": f"part-{i:02d}", "bytes": mib * 2**20}
+                      for i, mib in enumerate((15, 54, 54, 54, 5.7), 1)]}
+    five = vllm_parts.device_calls(five, ROOT / ".gpu_kit_vllm", tree_bytes=9.3 * 2**20, base_bytes=37 * 2**20)
+    assert len(five) == 5 and vllm_parts.worst_lease_s(five) <= vllm_parts.LEASE_S
+    budget = int(five[-1]["command"].split("--budget ")[1].split()[0])
+    assert budget == five[-1]["timeout_s"] - 30 and five[-1]["smoke_box_s"] == vllm_parts.smoke_room_s(budget)
+    assert vllm_parts.smoke_room_s(budget) >= smoke.box_s
+    # eight parts: the rest leaves the smoke less than its box, which the build names
+    six = {"parts": [{"file": f"part-{i:02d}.bin", "folder": f"part-{i:02d}", "bytes": mib * 2**20}
+                     for i, mib in enumerate((15, 28, 28, 28, 28, 28, 28, 0.7), 1)]}
+    manifest6 = {**six, "device_calls": vllm_parts.device_calls(six, ROOT / ".gpu_kit_vllm", tree_bytes=9.3 * 2**20,
+                                                                 base_bytes=37 * 2**20),
+                 "wheels": {}, "build_s": 1, "compress_s": 1}
+    assert manifest6["device_calls"][-1]["smoke_box_s"] < smoke.box_s
+    assert vllm_parts.summarise(manifest6, 9 * 2**20) == 1
     alone = vllm_parts.device_calls(manifest, ROOT / ".gpu_kit_vllm", tree_bytes=6 * 2**20, base_bytes=60 * 2**20)
     assert alone[0]["carry"] == [".gpu_kit_vllm/part-01"]  # the kit's carry and part 1 would not fit one call
+
+
+def test_a_part_fits_a_call_beside_the_working_tree_it_is_built_in():
+    """--part-mib's default: a part and the tree (tracked and untracked-not-ignored files) within a call's 64 MiB."""
+    for tree_mib in (0.0, 6.8, 9.3, 20.0):
+        part = vllm_parts.fitting_part_mib(int(tree_mib * 2**20))
+        assert part <= vllm_parts.PART_MIB and part + tree_mib <= vllm_parts.CALL_MIB
+        assert part == vllm_parts.PART_MIB or part + tree_mib > vllm_parts.CALL_MIB - 1  # no more room left than 1 MiB
+    assert vllm_parts.fitting_part_mib(None) == vllm_parts.PART_MIB  # outside a checkout
+
+
+def test_pack_leaves_what_a_call_returns_and_unpacks_to_out_as_it_was(tmp_path):
+    """PACK, after a kit run that left 12 files in OUT (a stopped step's Ray logs in a subfolder): the summary and
+    pieces of at most 15 MiB, 8 files at most, the kit's exit code kept; the pieces joined give OUT back."""
+    out = tmp_path / "out"
+    (out / "smoke_vllm.1.ray").mkdir(parents=True)
+    (out / "summary.json").write_text('{"all_passed": false}')
+    files = {"summary.json": b'{"all_passed": false}', "smoke_vllm.1.log": b"log\n" * 1000}
+    (out / "smoke_vllm.1.log").write_bytes(files["smoke_vllm.1.log"])
+    for i in range(10):
+        data = os.urandom(2 * 2**20) if i < 9 else b"raylet\n"  # 18 MiB that do not compress: two pieces
+        (out / "smoke_vllm.1.ray" / f"worker-{i}.out").write_bytes(data)
+        files[f"smoke_vllm.1.ray/worker-{i}.out"] = data
+    p = subprocess.run(["bash", "-c", f"(exit 1); {PACK}"], env={**os.environ, "OUT": str(out)},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr  # the kit's exit code
+    back = sorted(f.name for f in out.iterdir())
+    assert back == ["out.tgz.aa", "out.tgz.ab", "summary.json"] and all(f.is_file() for f in out.iterdir())
+    assert all((out / n).stat().st_size <= 15 * 2**20 for n in back)
+    (unpacked := tmp_path / "unpacked").mkdir()
+    subprocess.run(["bash", "-c", f"cat {out}/out.tgz.* | tar xzf - -C {unpacked}"], check=True, timeout=120)
+    assert {str(f.relative_to(unpacked)): f.read_bytes() for f in unpacked.rglob("*") if f.is_file()} == files
+
+
+def test_a_pack_that_fails_leaves_out_as_the_kit_wrote_it_and_an_unset_out_removes_nothing(tmp_path):
+    out = tmp_path / "out"
+    (out / "a.ray").mkdir(parents=True)
+    (out / "summary.json").write_text("{}")
+    (out / "a.ray" / "raylet.out").write_text("raylet\n")
+    before = sorted(str(f.relative_to(out)) for f in out.rglob("*"))
+    # no temporary folder to pack into (a full disk): nothing removed, one line, the kit's exit code
+    p = subprocess.run(["bash", "-c", f"(exit 3); {PACK}"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "OUT": str(out), "TMPDIR": str(tmp_path / "gone")})
+    assert p.returncode == 3 and "PACK failed" in p.stderr, p.stderr
+    assert sorted(str(f.relative_to(out)) for f in out.rglob("*")) == before
+    # OUT unset: the shell stops at its first use, before any removal (here, where removing ./* would show)
+    (cwd := tmp_path / "cwd").mkdir()
+    (cwd / "keep").write_text("x")
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    p = subprocess.run(["bash", "-c", f"(exit 0); {PACK}"], capture_output=True, text=True, timeout=60, env=env,
+                       cwd=cwd)
+    assert p.returncode != 0 and "OUT: parameter null or not set" in p.stderr and (cwd / "keep").is_file(), p.stderr
