@@ -24,7 +24,11 @@ nothing; ``--render-only`` renders what has finished.
 
 A finished run is reused only when made with this start's settings, code (commit and uncommitted changes) and torch
 threads per process; one made by other code or threads stops the start (and the dry run) with one line naming it,
-unless ``--rerun-other-code`` runs it again (its folder moved to ``<out>/stale``, kept).
+unless ``--rerun-other-code`` runs it again (its folder moved to ``<out>/stale``, kept). A declared study's runs.csv
+in ``--report-dir`` outlives ``--out``: a finished run it records whose folder is not in ``--out`` (made on another
+machine) is kept as its row when the row's settings and threads are this start's and its code (commit and
+uncommitted changes) is this one, or its code is named by ``--keep-recorded-code``; a failed one stays failed
+(``rpg_lab.study.records``).
 
 Every argument is checked before anything is run or written, under ``--dry-run`` too: one line
 (``rpg_lab.study: ...``), exit 2: counts >= 1 (``--seeds 0`` is not the default), ``--timeout`` a finite
@@ -129,6 +133,34 @@ def _begin_attempt(study, report_dir: Path, command: str, out: Path, records: li
     return Attempt(report_dir, command, code, len(records)).begin(sum(r.get("status") == "done" for r in records))
 
 
+def _recorded(study, args, report_dir: Path) -> dict[str, dict]:
+    """A declared study's finished and failed runs.csv rows in ``report_dir`` by run id (``rpg_lab.study.records``:
+    they stand for runs whose folders are gone); ValueError (one line) for a ``--keep-recorded-code`` that names no
+    finished row's code, or with ``--render-only``."""
+    csv_path = report_dir / "runs.csv"
+    rows = study[0].read_csv(csv_path) if study is not None and csv_path.is_file() else []
+    ended = {r["run_id"]: r for r in rows if r["status"] in ("done", "failed")}
+    codes = sorted({r["code"] for r in ended.values() if r["status"] == "done" and r["code"]})
+    for code in args.keep_recorded_code:
+        if args.render_only:
+            raise ValueError(f"--keep-recorded-code {code}: --render-only runs nothing and keeps nothing: drop one")
+        if study is None:
+            raise ValueError(f"--keep-recorded-code {code}: only a declared study (--lag, --model smol) keeps rows of "
+                             "its runs.csv")
+        if code not in codes:
+            raise ValueError(f"--keep-recorded-code {code}: no finished run of {csv_path} was made by it (its codes: "
+                             f"{', '.join(codes) or 'none'})")
+    return ended
+
+
+def _rows(module, out: Path, specs, records: list[dict], design: str) -> list[dict]:
+    """runs.csv's rows: a run's from its folder, or, for a run kept as recorded (its folder gone), its row as it was."""
+    from rpg_lab.study.records import RECORDED
+
+    fresh = module.csv_rows(out, specs, [{} if RECORDED in r else r for r in records], design)
+    return [rec[RECORDED] if RECORDED in rec else row for rec, row in zip(records, fresh)]
+
+
 def _render_declared(study, report_dir: Path) -> int:
     """``--render-only`` of a declared study: its tables and figure from ``report_dir``'s runs.csv alone."""
     from rpg_lab.study.plan_and_results import CSVError
@@ -154,7 +186,7 @@ def _finish_declared(study, out: Path, report_dir: Path, specs, records: list[di
     the tables and figure from it."""
     module, _ = study
     try:
-        module.write_csv(report_dir / "runs.csv", module.csv_rows(out, specs, records, design))
+        module.write_csv(report_dir / "runs.csv", _rows(module, out, specs, records, design))
     except ValueError as err:
         print(f"rpg_lab.study: {err}", file=sys.stderr)
         return 2
@@ -247,6 +279,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rerun-other-code", action="store_true",
                     help="run again the finished runs made by other code (another commit, or other uncommitted "
                          "changes) or another torch thread count (without it the start refuses; never reused)")
+    ap.add_argument("--keep-recorded-code", action="append", default=[], metavar="CODE",
+                    help="with a declared study: its finished runs that --report-dir's runs.csv records as made by "
+                         "CODE (its code column) and whose folders are not in --out are kept as recorded, beside "
+                         "this code's runs (repeatable; without it such rows of other code stop the start)")
     ap.add_argument("--exploratory", action="store_true",
                     help="with --lag or --model smol: run another design than the plan's, said in every output "
                          "(without it the study refuses an option the plan fixes otherwise)")
@@ -333,7 +369,7 @@ def _tiny_grid(args) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from rpg_lab.study.records import all_records, read_record, survey
+    from rpg_lab.study.records import all_records, records_now, survey
     from rpg_lab.study.runner import OtherRunsError, StudyBusyError, run_grid
     from rpg.stop_signals import StopSignal
     from rpg.launch.experiments import ExperimentError
@@ -366,12 +402,14 @@ def main(argv: list[str] | None = None) -> int:
             _folder(flag, path)
         study = _declared(args)
         design = _design(study, args, specs, report_dir)
+        recorded = _recorded(study, args, report_dir) if not args.render_only or args.keep_recorded_code else {}
+        keep = tuple(args.keep_recorded_code)
     except (ValueError, ExperimentError) as err:
         print(f"rpg_lab.study: {err}", file=sys.stderr)
         return 2
     if study and args.render_only:
         return _render_declared(study, report_dir)
-    records = [read_record(args.out, s) or {} for s in specs]
+    records = records_now(args.out, specs, recorded)
     if args.render_only and (problem := _no_study(args.out, records, all_records(args.out))):
         print(f"rpg_lab.study: --render-only: {problem}", file=sys.stderr)
         return 2
@@ -379,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     costs = calibrate(all_records(args.out), _comparison(args).cost_model(specs[0].sizes.val_problems) if on_smol else LAG_COSTS
                       if args.lag else STALENESS_COSTS if args.staleness else BUILTIN_COSTS)
     if args.dry_run:  # what the real start would do, by the same survey, and its start line
-        found = survey(specs, args.out, args.retry_failed, args.rerun_other_code, (report_dir,))
+        found = survey(specs, args.out, args.retry_failed, args.rerun_other_code, (report_dir,), recorded, keep)
         kept = {specs[i].run_id for i in range(len(specs)) if not found.runs(i)}
         if study:
             print(study[0].DESIGN.line(design))
@@ -407,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
             if on_smol:
                 build_smol()
             records = run_grid(specs, args.out, costs, retry_failed=args.retry_failed, timeout_s=timeout, jobs=jobs,
-                               rerun_other=args.rerun_other_code, outputs=(report_dir,))
+                               rerun_other=args.rerun_other_code, outputs=(report_dir,), recorded=recorded,
+                               keep_codes=keep)
             left = sum(r.get("status") != "done" for r in records)
             how = f"{left} runs not finished" if left else "finished"
         # another study on --out; finished runs there of other code or threads; SmolLM2 cannot be built
@@ -418,15 +457,14 @@ def main(argv: list[str] | None = None) -> int:
         except StopSignal as stop:  # the finished runs still reach runs.csv and the report
             how = f"stopped by {stop.name}"
             if study:
-                _finish_declared(study, args.out, report_dir, specs, [read_record(args.out, s) or {} for s in specs],
-                                 design)
+                _finish_declared(study, args.out, report_dir, specs, records_now(args.out, specs, recorded), design)
             raise
         except BaseException as err:
             how = f"error: {type(err).__name__}: {err}"[:300]
             raise
         finally:
             if attempt is not None:
-                attempt.end(how, sum((read_record(args.out, s) or {}).get("status") == "done" for s in specs))
+                attempt.end(how, sum(r.get("status") == "done" for r in records_now(args.out, specs, recorded)))
     if study:
         return _finish_declared(study, args.out, report_dir, specs, records, design)
     from rpg_lab.study.render import render

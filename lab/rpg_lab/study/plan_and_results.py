@@ -263,13 +263,17 @@ class Result:
         return statistics.fmean(self.d) if self.d else None
 
 
+def paired(rows: list[dict], contrast: Contrast) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The seeds whose runs of the contrast's cells all finished with a primary metric, and d_s for each."""
+    by = {(r["cell"], r["seed"]): r["primary"] for r in rows if r["status"] == "done" and r["primary"] is not None}
+    seeds = tuple(s for s in sorted({r["seed"] for r in rows}) if all((c, s) in by for c, _ in contrast.terms))
+    return seeds, tuple(sum(a * by[(c, s)] for c, a in contrast.terms) for s in seeds)
+
+
 def test_contrast(rows: list[dict], contrast: Contrast, level: float = 0.95) -> Result:
     """The contrast's per-seed values over the seeds whose runs of its cells all finished with a primary metric,
     its exact one-sided sign-flip p-value and the ``level`` interval of the mean shift (``rpg_lab.study.stats``)."""
-    by = {(r["cell"], r["seed"]): r["primary"] for r in rows if r["status"] == "done" and r["primary"] is not None}
-    seeds = sorted({r["seed"] for r in rows})
-    seeds = tuple(s for s in seeds if all((c, s) in by for c, _ in contrast.terms))
-    d = tuple(sum(a * by[(c, s)] for c, a in contrast.terms) for s in seeds)
+    seeds, d = paired(rows, contrast)
     if not d:
         return Result(contrast, seeds, d, None, None)
     return Result(contrast, seeds, d, stats.sign_flip_p(d), stats.sign_flip_ci(d, level))

@@ -32,7 +32,7 @@ from rpg.metrics_log.file import MetricsFileError, records, short
 from rpg_lab.study.grid import Costs, RunSpec, fmt_duration, save_json, speedup
 from rpg.override_lists import values
 from rpg.run_record import code_state, ran_on
-from rpg_lab.study.records import RUN_RECORD, move_aside, read_record, run_dir, run_env, survey, threads_of
+from rpg_lab.study.records import RUN_RECORD, move_aside, records_now, run_dir, run_env, survey, threads_of
 
 STUDY_LOCK = ".study.lock"
 
@@ -200,7 +200,8 @@ def _failure(message: str) -> str:
 
 
 def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: bool = False, timeout_s: float = 1800.0,
-             jobs: int = 1, stream=None, rerun_other: bool = False, outputs: tuple[Path, ...] = ()) -> list[dict]:
+             jobs: int = 1, stream=None, rerun_other: bool = False, outputs: tuple[Path, ...] = (),
+             recorded: dict[str, dict] | None = None, keep_codes: tuple[str, ...] = ()) -> list[dict]:
     """Run every spec that is not finished, ``jobs`` at a time; returns the records of all specs.
 
     Runs start in grid order. An interrupt (Ctrl-C, SIGTERM, SIGHUP) or an unexpected error stops every
@@ -208,7 +209,8 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
     that the next call runs it again; finished runs keep their records. StudyBusyError (nothing touched)
     when another study runs on ``out``; OtherRunsError (nothing touched) when a finished run there was made by other
     code or threads and ``rerun_other`` is off. ``outputs``: the study's folders besides ``out`` (its report), which
-    are no code (``rpg.run_record.code_state``).
+    are no code (``rpg.run_record.code_state``). ``recorded``, ``keep_codes``: a declared study's finished runs.csv rows
+    whose folders are gone, kept as recorded (``rpg_lab.study.records``); their records are ``recorded_record``'s.
     """
     if jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {jobs}")
@@ -216,16 +218,17 @@ def run_grid(specs: list[RunSpec], out: Path, costs: Costs, *, retry_failed: boo
     study_lock = lock_study(out)  # before anything is read, wiped or run
     try:
         return _run_grid_locked(specs, out, costs, retry_failed, timeout_s, jobs, stream, rerun_other,
-                                (out, *outputs))
+                                (out, *outputs), recorded or {}, keep_codes)
     finally:
         study_lock.close()
 
 
 def _run_grid_locked(specs: list[RunSpec], out: Path, costs: Costs, retry_failed: bool, timeout_s: float, jobs: int,
-                     stream, rerun_other: bool, outputs: tuple[Path, ...]) -> list[dict]:
+                     stream, rerun_other: bool, outputs: tuple[Path, ...], recorded: dict[str, dict],
+                     keep_codes: tuple[str, ...]) -> list[dict]:
     from rpg.stop_signals import raise_on_stop_signals
 
-    found = survey(specs, out, retry_failed, rerun_other, outputs)
+    found = survey(specs, out, retry_failed, rerun_other, outputs, recorded, keep_codes)
     if refusal := found.refusal():
         raise OtherRunsError(refusal)
     todo = [(specs[i], found.overrides[i], found.identities[i]) for i in found.todo]
@@ -233,7 +236,8 @@ def _run_grid_locked(specs: list[RunSpec], out: Path, costs: Costs, retry_failed
     progress.say(found.line(costs, jobs))
     for i, (spec, st) in enumerate(zip(specs, found.states)):
         if not found.runs(i):
-            progress.say(f"skip {spec.label} k={spec.updates} seed {spec.seed}: {st} ({run_dir(out, spec)})")
+            where = "its runs.csv row; no folder in --out" if st.startswith("recorded") else run_dir(out, spec)
+            progress.say(f"skip {spec.label} k={spec.updates} seed {spec.seed}: {st} ({where})")
     for i in found.aside:
         spec = specs[i]
         why = {"done": "finished", "failed": "failed"}.get(found.before[i], f"{RUN_RECORD} unreadable")
@@ -259,7 +263,7 @@ def _run_grid_locked(specs: list[RunSpec], out: Path, costs: Costs, retry_failed
                 raise
     finally:
         restore()
-    return [read_record(out, s) or {"run_id": s.run_id, "status": "todo"} for s in specs]
+    return [rec or {"run_id": s.run_id, "status": "todo"} for s, rec in zip(specs, records_now(out, specs, recorded))]
 
 
 def _run_one(spec: RunSpec, overrides: list[str], ident: list, index: int, out: Path, progress: Progress,

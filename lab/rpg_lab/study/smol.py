@@ -89,6 +89,7 @@ class Comparison:
     first_seed: int = 1  # the seeds are first_seed .. first_seed + seeds - 1
     rollout_seed_is_seed: bool = False  # each run's rollout seed: its block's seed, else ROLLOUT_SEED for every run
     families: tuple[int, ...] = ()  # the contrasts' Holm families, as the sizes of consecutive runs; (): one family
+    descriptive: tuple[Contrast, ...] = ()  # declared contrasts reported without a test: d_s per seed, mean and SD
 
     @property
     def plan(self) -> str:
@@ -287,6 +288,7 @@ def plan_numbers(seeds: int = PILOT.seeds, sizes: SmolSizes = PILOT.sizes,
 # ----------------------------------------------------------------------------- the CSV and its tables
 
 # (column, metric key): per run the mean over its training steps
+CODE_COLUMNS = ("commit", "changes")
 DIAGNOSTICS: tuple[tuple[str, str], ...] = (
     ("train_score", "critic/score/mean"), ("response_length", "response_length/mean"),
     ("response_clip_ratio", "response_length/clip_ratio"), ("entropy", "actor/entropy"), ("ppo_kl", "actor/ppo_kl"),
@@ -294,13 +296,14 @@ DIAGNOSTICS: tuple[tuple[str, str], ...] = (
     ("refill_gen_batches", "training/rpg/refill_gen_batches"), ("step_s", "timing_s/step"))
 COLUMNS = ("run_id", "cell", "method", "lr", "seed", "order", "status", "primary", *(d[0] for d in DIAGNOSTICS),
            "code", "settings", "threads", "load_start_1m", "load_end_1m", "cpu_count", "wall_time_s", "started", "design",
-           *_columns(SmolSizes()), *plan_and_results.RAN_ON_COLUMNS)
+           *_columns(SmolSizes()), *plan_and_results.RAN_ON_COLUMNS, *CODE_COLUMNS)
 # added after the pilot's runs: its runs.csv reads as the plan's design, threads, settings digest and what it ran on not
-# recorded in it
+# recorded in it; the full commit and the uncommitted changes' digest (``rpg.run_record.code_state``) added during the
+# loss comparison: a row kept when its folder is gone (``rpg_lab.study.records``) is compared by them
 SCHEMA = Schema(COLUMNS, ints=("seed", "order", "cpu_count", *_columns(SmolSizes())),
                 floats=("lr", "primary", *(d[0] for d in DIAGNOSTICS), "load_start_1m", "load_end_1m", "wall_time_s"),
                 added=(("threads", None), ("settings", None), ("design", DECLARED), *PILOT.DESIGN.columns,
-                       *((c, None) for c in plan_and_results.RAN_ON_COLUMNS)))
+                       *((c, None) for c in (*plan_and_results.RAN_ON_COLUMNS, *CODE_COLUMNS))))
 
 
 def csv_rows(study: Comparison, out: Path, specs: list[RunSpec], records: list[dict],
@@ -319,6 +322,7 @@ def csv_rows(study: Comparison, out: Path, specs: list[RunSpec], records: list[d
         row = {"run_id": spec.run_id, "cell": study.cell_of[spec.variant], "method": spec.variant,
                "lr": setting(spec.variant, LR_KEY) * lr_scale(), "seed": spec.seed, "order": order,
                "status": rec.get("status", "todo"), "code": rec.get("code"),
+               **{k: rec.get(k) for k in CODE_COLUMNS},
                "settings": plan_and_results.settings_digest(rec), "load_start_1m": load_start[0],
                "load_end_1m": load_end[0], "cpu_count": rec.get("cpu_count"), "wall_time_s": rec.get("wall_time_s"),
                "started": rec.get("started"), "threads": rec.get("threads"), "design": design, **_columns(s),
@@ -380,7 +384,7 @@ def render_tables(study: Comparison, rows: list[dict], source: str = "runs.csv")
         prim = [v for v in by_seed.values() if v is not None]
         sd = statistics.stdev(prim) if len(prim) > 1 else None
         loads = [r["load_start_1m"] for r in mine if r["load_start_1m"] is not None]
-        out.append(f"| {label_of(method)} | {fmt(mine[0]['lr'], 'g')} | {len(ok)}/{len(mine)} | "
+        out.append(f"| {label_of(method)} | {fmt(mine[0]['lr'], 'g')} | {len(prim)}/{len(mine)} | "
                    + " | ".join(fmt(by_seed.get(s)) for s in seeds) + f" | {fmt(mean_of(prim))} ± {fmt(sd)} | "
                    + " | ".join(fmt(mean_of([r[k] for r in ok]), ".3g") for k, _ in TABLE_STATS)
                    + f" | {fmt(mean_of(loads), '.2f')}, {fmt(max(loads) if loads else None, '.2f')} |")
@@ -398,7 +402,17 @@ def render_tables(study: Comparison, rows: list[dict], source: str = "runs.csv")
         out.append(f"| {r.contrast.name} | {r.contrast.claim} | {r.contrast.formula()} | {len(r.d)} | "
                    f"{', '.join(fmt(x, '+.3f') for x in r.d) or '—'} | {fmt(r.mean)} {level}{ci} | "
                    f"{fmt(t.p, '.4g')} ({'two-sided' if t.two_sided else 'one-sided'}) | {fmt(t.holm, '.4g')} |")
+    if study.descriptive:
+        out += ["", "## Descriptive contrasts (declared in the plan without a test: no p-value, no interval)", "",
+                "| contrast | what | d_s | seeds | per seed | mean d_s ± SD |", "|---|---|---|---|---|---|"]
+        for c in study.descriptive:
+            _, d = plan_and_results.paired(rows, c)
+            out.append(f"| {c.name} | {c.claim} | {c.formula()} | {len(d)} | "
+                       f"{', '.join(fmt(x, '+.3f') for x in d) or '—'} | {fmt(mean_of(list(d)), '+.3f')} ± "
+                       f"{fmt(statistics.stdev(d) if len(d) > 1 else None)} |")
     missing = [f"* {label_of(r['method'])}, seed {r['seed']}: {r['status']}" for r in rows if r["status"] != "done"]
+    missing += [f"* {label_of(r['method'])}, seed {r['seed']}: done without its primary metric (the held-out "
+                f"accuracy at step {r['steps']})" for r in rows if r["status"] == "done" and r["primary"] is None]
     if missing:
         out += ["", "Runs not finished (their seeds leave the contrasts that need them):", ""] + missing
     return "\n".join(out) + "\n"

@@ -45,13 +45,23 @@ FILTER_FAMILY = (
     (Contrast("F3", "RPG-REINFORCE-URKL's loss above GRPO's without the filter and penalty",
               ((RF_URKL_OFF, 1), (GRPO_OFF, -1))), False),
 )
+# PLAN.md's descriptive contrasts (no p-value): the two loss differences it does not test, the interaction of the
+# filter and penalty with the loss (F2 - F1) and the paper comparison's scripts' contrast rebuilt from these arms
+DESCRIPTIVE = (
+    Contrast("D1", "DAPO's loss against GRPO's", ((DAPO, 1), (GRPO, -1))),
+    Contrast("D2", "RPG-UFKL's loss against RPG-REINFORCE-URKL's", ((UFKL, 1), (RF_URKL, -1))),
+    Contrast("D3", "the filter and penalty's change of RPG-REINFORCE-URKL's loss less their change of GRPO's "
+                   "(F2 - F1)", ((RF_URKL, 1), (RF_URKL_OFF, -1), (GRPO, -1), (GRPO_OFF, 1))),
+    Contrast("D4", "the scripts' contrast of the paper comparison (RPG-REINFORCE-URKL's loss with the filter and "
+                   "penalty against GRPO's without)", ((RF_URKL, 1), (GRPO_OFF, -1))),
+)
 LOSS = Comparison(
     "the loss comparison on SmolLM2", "The loss comparison on SmolLM2", "--model smol --loss", "docs/study/smol-loss",
     methods=tuple(method_name(cell) for cell, _, _ in ARMS), cells=tuple(cell for cell, _, _ in ARMS), seeds=12,
     order_seed=79, budget_s=9 * 3600, costs=PAPER_COSTS, contrasts=LOSS_FAMILY + FILTER_FAMILY,
     sizes=SmolSizes(steps=STEPS, test_freq=STEPS, val_n=VAL_N), figure="smol-loss.png", out_name="study_smol_loss",
     first_seed=FIRST_SEED, rollout_seed_is_seed=True, families=(len(LOSS_FAMILY), len(FILTER_FAMILY)),
-    plan_commits=("ff62944",))
+    plan_commits=("ff62944",), descriptive=DESCRIPTIVE)
 
 # Each declared contrast's nearest one in the paper comparison (cells of docs/study/smol-paper/runs.csv): the same
 # losses where it ran them; for the filter's contrasts, DAPO against GRPO, its one contrast across the filter and

@@ -15,7 +15,8 @@ from typing import Sequence
 import numpy as np
 
 # Sums of subsets of accuracy differences that are mathematically 0 can come out as +-1e-17 in floating point; the
-# accuracies are multiples of 1/(problems x samples) (1/240 here), so anything below TIE is a tie.
+# accuracies are multiples of 1/(problems x samples) (1/800 for 200 problems x 4 responses), so anything below TIE
+# is a tie.
 TIE = 1e-9
 MAX_EXACT = 22  # 2^22 subsets: the largest n enumerated exactly (4 M sums, 32 MB)
 

@@ -201,6 +201,35 @@ def test_holm_runs_within_each_family():
         L.LOSS.render_tables(rows)
 
 
+def test_the_plans_descriptive_contrasts_are_reported_without_a_test():
+    """PLAN.md's four descriptive contrasts, each d_s computed here from the rows by its own formula: DAPO - GRPO,
+    RPG-UFKL - RPG-REINFORCE-URKL, the interaction (F2 - F1) and rpg-rf-urkl - grpo-nofilter; no p-value beside
+    them. A run that finished without its primary metric is named and leaves them, as it leaves the tests."""
+    rows = _rows({"dapo": 0.03, "rpg-rf-urkl": 0.05, "grpo-nofilter": -0.02})
+    y = {(r["cell"], r["seed"]): r["primary"] for r in rows}
+    want = {"D1": lambda s: y["dapo", s] - y["grpo", s],
+            "D2": lambda s: y["rpg-ufkl", s] - y["rpg-rf-urkl", s],
+            "D3": lambda s: (y["rpg-rf-urkl", s] - y["rpg-rf-urkl-nofilter", s]) - (y["grpo", s] - y["grpo-nofilter", s]),
+            "D4": lambda s: y["rpg-rf-urkl", s] - y["grpo-nofilter", s]}
+    text = L.LOSS.render_tables(rows)
+    section = text.split("## Descriptive contrasts")[1]
+    for name, f in want.items():
+        d = [f(s) for s in range(101, 113)]
+        line = next(x for x in section.splitlines() if x.startswith(f"| {name} |"))
+        assert f"| 12 | {', '.join(f'{x:+.3f}' for x in d)} | {statistics.fmean(d):+.3f} ± " \
+               f"{statistics.stdev(d):.3f} |" in line, line
+    assert [c.name for c in L.LOSS.descriptive] == list(want)
+    assert "| contrast | what | d_s | seeds | per seed | mean d_s ± SD |" in section  # no p-value column
+    gone = next(r for r in rows if r["cell"] == "dapo" and r["seed"] == 105)
+    gone["primary"] = None  # finished, but no held-out accuracy at step 6 in its metrics
+    text = L.LOSS.render_tables(rows)
+    assert "* DAPO's loss, seed 105: done without its primary metric (the held-out accuracy at step 6)" in text
+    assert f"| {S.label_of(gone['method'])} | 2e-05 | 11/12 | " in text
+    d1 = next(x for x in text.split("## Descriptive contrasts")[1].splitlines() if x.startswith("| D1 |"))
+    l3 = next(t for t in L.LOSS.tested(rows) if t.result.contrast.name == "L3")
+    assert "| 11 |" in d1 and 105 not in l3.result.seeds and len(l3.result.d) == 11
+
+
 def test_the_command_line(tmp_path, capsys):
     assert main(["--loss", "--dry-run", "--out", str(tmp_path / "s")]) == 2
     names(one_line(capsys.readouterr().err), "rpg_lab.study: --loss", "--model smol")  # the flag and the one it needs

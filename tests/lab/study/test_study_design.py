@@ -114,9 +114,9 @@ def test_rows_called_declared_must_be_the_plans_design():
 
 @pytest.mark.parametrize("module, folder", [(L, "lag"), (S.PILOT, "smol")])
 def test_a_csv_without_the_new_columns_reads_as_the_plans_design(module, folder, tmp_path):
-    """runs.csv written before it had the design, sizes, threads, ran-on (and SmolLM2's settings digest) columns (the
-    committed studies') reads as it is: every row the plan's design, threads and what it ran on not recorded; nothing
-    is rewritten."""
+    """runs.csv written before it had the design, sizes, threads, ran-on (and SmolLM2's settings digest and code)
+    columns (the committed studies') reads as it is: every row the plan's design, threads and what it ran on not
+    recorded; nothing is rewritten."""
     committed = ROOT / "docs" / "study" / folder / "runs.csv"
     declared = dict(module.DESIGN.columns)
     if committed.is_file():
@@ -126,7 +126,8 @@ def test_a_csv_without_the_new_columns_reads_as_the_plans_design(module, folder,
     rows = (lag_rows if module is L else smol_rows)({})
     path = module.write_csv(tmp_path / "runs.csv", rows)
     lines = [ln.split(",") for ln in path.read_text().splitlines()]
-    settings = {} if module is L else {"settings": None}  # the SmolLM2 comparisons' settings digest
+    # the SmolLM2 comparisons' settings digest, full commit and uncommitted changes
+    settings = {} if module is L else {"settings": None, **dict.fromkeys(S.CODE_COLUMNS)}
     added = ("threads", "design", *declared, *RAN_ON_COLUMNS, *settings)
     keep = [i for i, c in enumerate(lines[0]) if c not in added]
     path.write_text("".join(",".join(ln[i] for i in keep) + "\n" for ln in lines))  # the file as written before
