@@ -7,7 +7,9 @@ each under Holm.
 * ``LOSS``: the design (a ``rpg_lab.study.smol.Comparison``), its costs the paper comparison's measured ones;
 * ``analogue_sds``: the SD of each declared contrast's nearest contrast in the paper comparison's committed runs.csv,
   and with its evaluation's binomial noise cut to 4 responses per problem; ``plan_numbers``: the plan's generated
-  block (``python -m rpg_lab.study.smol_loss`` prints it).
+  block (``python -m rpg_lab.study.smol_loss`` prints it);
+* ``without_mixed_kernels``: the declared families tested without the seeds whose arms ran on two kinds of CPU
+  kernels (a sensitivity check, not a test, declared in DEVIATIONS.md, section 4, before those seeds' last runs).
 """
 
 from __future__ import annotations
@@ -62,6 +64,24 @@ LOSS = Comparison(
     sizes=SmolSizes(steps=STEPS, test_freq=STEPS, val_n=VAL_N), figure="smol-loss.png", out_name="study_smol_loss",
     first_seed=FIRST_SEED, rollout_seed_is_seed=True, families=(len(LOSS_FAMILY), len(FILTER_FAMILY)),
     plan_commits=("ff62944",), descriptive=DESCRIPTIVE)
+
+def mixed_kernel_seeds(rows: list[dict]) -> tuple[int, ...]:
+    """The seeds whose finished runs record more than one kind of CPU kernels (runs.csv's ``kernels``): the machine
+    was replaced between two arms of the seed (DEVIATIONS.md, section 4: seeds 104 and 107)."""
+    kinds: dict[int, set] = {}
+    for r in rows:
+        if r["status"] == "done":
+            kinds.setdefault(r["seed"], set()).add(r.get("kernels"))
+    return tuple(sorted(s for s, k in kinds.items() if len(k) > 1))
+
+
+def without_mixed_kernels(rows: list[dict]) -> tuple[tuple[int, ...], list]:
+    """The seeds left out and the declared families tested without them (Holm within each family, as results.md
+    tests all 12): whether a result rests on the seeds whose arms ran on two kinds of kernels. A sensitivity check,
+    not a test: the declared analysis is over every seed (docs/study.md's Reading quotes both)."""
+    out = mixed_kernel_seeds(rows)
+    return out, LOSS.tested([r for r in rows if r["seed"] not in out])
+
 
 # Each declared contrast's nearest one in the paper comparison (cells of docs/study/smol-paper/runs.csv): the same
 # losses where it ran them; for the filter's contrasts, DAPO against GRPO, its one contrast across the filter and

@@ -230,6 +230,30 @@ def test_the_plans_descriptive_contrasts_are_reported_without_a_test():
     assert "| 11 |" in d1 and 105 not in l3.result.seeds and len(l3.result.d) == 11
 
 
+def test_the_sensitivity_check_leaves_out_the_seeds_run_on_two_kinds_of_kernels():
+    """Seeds whose arms record two kinds of CPU kernels (104 and 107 in the committed runs.csv) leave the sensitivity
+    check; each family is tested on the other ten seeds, its p-values computed here from the rows by hand."""
+    rows = _rows({"rpg-rf-urkl": 0.04})
+    for r in rows:
+        r["kernels"] = "AVX2" if (r["seed"], r["order"] % 6) in ((104, 1), (107, 2)) else "AVX512"
+    r = next(r for r in rows if r["seed"] == 109 and r["cell"] == "grpo")
+    r["status"], r["kernels"] = "failed", "AVX2"  # a run that did not finish does not split its seed
+    assert L.mixed_kernel_seeds(rows) == (104, 107)
+    left_out, tested = L.without_mixed_kernels(rows)
+    assert left_out == (104, 107)
+    seeds = [s for s in range(101, 113) if s not in (104, 107)]
+    y = {(r["cell"], r["seed"]): r["primary"] for r in rows if r["status"] == "done"}
+    l1 = [y["rpg-rf-urkl", s] - y["grpo", s] for s in seeds if ("grpo", s) in y]
+    f1 = [y["grpo", s] - y["grpo-nofilter", s] for s in seeds if ("grpo", s) in y and ("grpo-nofilter", s) in y]
+    by = {t.result.contrast.name: t for t in tested}
+    assert all(104 not in t.result.seeds and 107 not in t.result.seeds for t in tested)
+    assert by["L1"].result.d == pytest.approx(l1) and by["L1"].p == pytest.approx(stats.sign_flip_p(l1))
+    assert by["F1"].p == pytest.approx(min(1.0, 2 * min(stats.sign_flip_p(f1), stats.sign_flip_p([-x for x in f1]))))
+    ps = [t.p for t in tested]
+    assert [t.holm for t in tested] == pytest.approx(stats.holm(ps[:3]) + stats.holm(ps[3:]))
+    assert L.mixed_kernel_seeds([dict(r, kernels="AVX512") for r in rows]) == ()
+
+
 def test_the_command_line(tmp_path, capsys):
     assert main(["--loss", "--dry-run", "--out", str(tmp_path / "s")]) == 2
     names(one_line(capsys.readouterr().err), "rpg_lab.study: --loss", "--model smol")  # the flag and the one it needs
