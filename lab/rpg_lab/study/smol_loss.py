@@ -9,7 +9,7 @@ each under Holm.
   and with its evaluation's binomial noise cut to 4 responses per problem; ``plan_numbers``: the plan's generated
   block (``python -m rpg_lab.study.smol_loss`` prints it);
 * ``without_mixed_kernels``: the declared families tested without the seeds whose arms ran on two kinds of CPU
-  kernels (a sensitivity check, not a test, declared in DEVIATIONS.md, section 4, before those seeds' last runs).
+  kernels (a sensitivity check, not a test, as DEVIATIONS.md section 4 records it).
 """
 
 from __future__ import annotations
@@ -65,13 +65,18 @@ LOSS = Comparison(
     first_seed=FIRST_SEED, rollout_seed_is_seed=True, families=(len(LOSS_FAMILY), len(FILTER_FAMILY)),
     plan_commits=("ff62944",), descriptive=DESCRIPTIVE)
 
-def mixed_kernel_seeds(rows: list[dict]) -> tuple[int, ...]:
+
+def mixed_kernel_seeds(rows: list[dict], source: str = "runs.csv") -> tuple[int, ...]:
     """The seeds whose finished runs record more than one kind of CPU kernels (runs.csv's ``kernels``): the machine
-    was replaced between two arms of the seed (DEVIATIONS.md, section 4: seeds 104 and 107)."""
+    was replaced between two arms of the seed (DEVIATIONS.md, section 4: seeds 104 and 107). A finished run without
+    its kernels recorded is refused: the check cannot be made without them."""
     kinds: dict[int, set] = {}
     for r in rows:
-        if r["status"] == "done":
-            kinds.setdefault(r["seed"], set()).add(r.get("kernels"))
+        if r["status"] != "done":
+            continue
+        if not r.get("kernels"):
+            raise ValueError(f"{source}: run {r['run_id']} finished without its CPU kernels recorded (kernels)")
+        kinds.setdefault(r["seed"], set()).add(r["kernels"])
     return tuple(sorted(s for s, k in kinds.items() if len(k) > 1))
 
 
