@@ -9,11 +9,14 @@ each under Holm.
   and with its evaluation's binomial noise cut to 4 responses per problem; ``plan_numbers``: the plan's generated
   block (``python -m rpg_lab.study.smol_loss`` prints it);
 * ``without_mixed_kernels``: the declared families tested without the seeds whose arms ran on two kinds of CPU
-  kernels (a sensitivity check, not a test, as DEVIATIONS.md section 4 records it).
+  kernels (a sensitivity check, not a test, as DEVIATIONS.md section 4 records it);
+* ``reading_tables``: docs/study.md's Reading tables from runs.csv once every run is done
+  (``python -m rpg_lab.study.smol_loss --reading`` prints them; refused while a run is unfinished).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import sys
@@ -80,12 +83,42 @@ def mixed_kernel_seeds(rows: list[dict], source: str = "runs.csv") -> tuple[int,
     return tuple(sorted(s for s, k in kinds.items() if len(k) > 1))
 
 
-def without_mixed_kernels(rows: list[dict]) -> tuple[tuple[int, ...], list]:
+def without_mixed_kernels(rows: list[dict], source: str = "runs.csv") -> tuple[tuple[int, ...], list]:
     """The seeds left out and the declared families tested without them (Holm within each family, as results.md
     tests all 12): whether a result rests on the seeds whose arms ran on two kinds of kernels. A sensitivity check,
     not a test: the declared analysis is over every seed (docs/study.md's Reading quotes both)."""
-    out = mixed_kernel_seeds(rows)
+    out = mixed_kernel_seeds(rows, source)
     return out, LOSS.tested([r for r in rows if r["seed"] not in out])
+
+
+ALPHA = 0.05  # family-wise, Holm within each family (PLAN.md, Hypotheses and tests)
+
+
+def _effect(t) -> str:
+    lo, hi = t.result.ci
+    return f"{t.result.mean:+.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def reading_tables(rows: list[dict], source: str = "runs.csv") -> str:
+    """docs/study.md's Reading tables, from runs.csv's rows alone: each declared hypothesis (effect [95 % interval],
+    p, Holm p within its family, verdict), then the same tests without the seeds of two kinds of kernels. Refused
+    while a run of the plan is unfinished: the plan reads no result before all of its runs finish."""
+    open_runs = [r for r in rows if r["status"] != "done"]
+    if open_runs or len(rows) != len(LOSS.cells) * LOSS.seeds:
+        raise ValueError(f"{source}: {len(open_runs)} of {len(rows)} runs not done (the plan declares "
+                         f"{len(LOSS.cells) * LOSS.seeds}); the plan reads no result before all of them finish")
+    out = ["| | claim | effect [95 % CI] | p | Holm p | |", "|---|---|---|---|---|---|"]
+    for t in LOSS.tested(rows):
+        side = "two-sided" if t.two_sided else "one-sided"
+        out.append(f"| {t.result.contrast.name} | {t.result.contrast.claim} ({side}) | {_effect(t)} | {t.p:.2g} | "
+                   f"{t.holm:.2g} | {'supported' if t.holm <= ALPHA else 'not supported'} |")
+    left_out, tested = without_mixed_kernels(rows, source)
+    out += ["", f"Without seeds {', '.join(map(str, left_out))} (a sensitivity check, not a test):", "",
+            "| | seeds | contrast above 0 | effect [95 % CI] | p | Holm p |", "|---|---|---|---|---|---|"]
+    for t in tested:
+        n, up = len(t.result.d), sum(x > 0 for x in t.result.d)
+        out.append(f"| {t.result.contrast.name} | {n} | {up} of {n} | {_effect(t)} | {t.p:.2g} | {t.holm:.2g} |")
+    return "\n".join(out) + "\n"
 
 
 # Each declared contrast's nearest one in the paper comparison (cells of docs/study/smol-paper/runs.csv): the same
@@ -200,6 +233,23 @@ def plan_numbers(sim: stats.PowerSim = stats.PowerSim()) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # the plan's numbers
-    print(plan_numbers())
-    sys.exit(0)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rpg_lab.study.smol_loss",
+                                 description="The plan's numbers (PLAN.md's generated block), or with --reading the "
+                                             "Reading's tables from runs.csv once all of its runs are done.")
+    ap.add_argument("--reading", nargs="?", const=ROOT / LOSS.folder / "runs.csv", type=Path, metavar="RUNS_CSV",
+                    help="print docs/study.md's Reading tables (default: the committed runs.csv)")
+    args = ap.parse_args(argv)
+    if args.reading is None:
+        print(plan_numbers())
+        return 0
+    try:
+        print(reading_tables(LOSS.read_csv(args.reading), str(args.reading)), end="")
+    except (OSError, ValueError) as e:
+        print(f"rpg_lab.study.smol_loss: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from messages import names, one_line
+from reading_rows import ROW, SEEDS_ROW, agrees
 
 from rpg_lab.study import loss_arms as A
 from rpg_lab.study import plan_and_results as DC
@@ -256,6 +257,41 @@ def test_the_sensitivity_check_leaves_out_the_seeds_run_on_two_kinds_of_kernels(
         L.mixed_kernel_seeds([dict(r, kernels=None) if r["seed"] == 101 else r for r in rows])
     # the committed runs.csv splits the seeds DEVIATIONS.md section 4 names, and no other (a new one needs its entry)
     assert L.mixed_kernel_seeds(L.LOSS.read_csv(ROOT / L.LOSS.folder / "runs.csv")) == (104, 107)
+
+
+def test_the_reading_tables_are_the_codes_and_wait_for_every_run(tmp_path, capsys):
+    """``reading_tables`` prints each hypothesis and the same tests without the seeds of two kinds of kernels in the
+    form docs/study.md's Reading check reads back, to the digits printed; the command line prints them from a CSV and
+    refuses, in one line and with no number, while a run is unfinished."""
+    rows = _rows({"rpg-rf-urkl": 0.05, "grpo-nofilter": -0.08})
+    for r in rows:
+        r["kernels"] = "AVX2" if (r["seed"], r["cell"]) == (107, "dapo") else "AVX512"
+    lines = L.reading_tables(rows).splitlines()
+    main_rows = [m for x in lines if (m := ROW.match(x))]
+    seed_rows = [m for x in lines if (m := SEEDS_ROW.match(x))]
+    tested, (left_out, without) = L.LOSS.tested(rows), L.without_mixed_kernels(rows)
+    assert [m["name"] for m in main_rows] == [m["name"] for m in seed_rows] == ["L1", "L2", "L3", "F1", "F2", "F3"]
+    assert left_out == (107,) and "Without seeds 107 (a sensitivity check, not a test):" in lines
+    for ms, ts in ((main_rows, tested), (seed_rows, without)):
+        for m, t in zip(ms, ts):
+            lo, hi = t.result.ci
+            for key, value in (("mean", t.result.mean), ("lo", lo), ("hi", hi), ("p", t.p), ("holm", t.holm)):
+                assert agrees(m[key], value), (m.group(0), key, value)
+    for m, t in zip(main_rows, tested):
+        assert m["verdict"] == ("supported" if t.holm <= 0.05 else "not supported")
+        assert ("(two-sided)" if t.two_sided else "(one-sided)") in m.group(0)
+    planted = {"L1", "L3", "F1", "F2", "F3"}  # 0.05 or 0.08 in every seed against a noise SD of 0.014
+    assert all(m["verdict"] == "supported" for m in main_rows if m["name"] in planted)
+    assert {(int(m["n"]), int(m["up"])) for m in seed_rows[:1]} == {(11, 11)}
+    L.LOSS.write_csv(tmp_path / "runs.csv", rows)
+    assert L.main(["--reading", str(tmp_path / "runs.csv")]) == 0
+    assert capsys.readouterr().out == L.reading_tables(L.LOSS.read_csv(tmp_path / "runs.csv"))
+    rows[5]["status"], rows[5]["primary"] = "todo", None
+    L.LOSS.write_csv(tmp_path / "open.csv", rows)
+    assert L.main(["--reading", str(tmp_path / "open.csv")]) == 2
+    out, err = capsys.readouterr()
+    names(one_line(err), "open.csv", "1 of 72 runs not done", "before all of them finish")
+    assert out == "" and not re.search(r"\d\.\d", err)
 
 
 def test_the_command_line(tmp_path, capsys):

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from reading_rows import ROW, SEEDS_ROW, agrees
 
 from rpg_lab.study.lag import ALPHA, LAG
 from rpg_lab.study.lag_addendum import ADDENDUM
@@ -25,10 +26,6 @@ READINGS = {
     "## The paper's comparison on SmolLM2": (PAPER, "docs/study/smol-paper/runs.csv"),
     "## The loss comparison on SmolLM2": (LOSS, "docs/study/smol-loss/runs.csv"),
 }
-NUMBER = r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
-# | H1 | claim | +0.205 [0.068, 0.343] | 0.0042 | 0.017 | supported |
-ROW = re.compile(rf"^\| (?P<name>[A-Z]\d) \| [^|]+ \| (?P<mean>{NUMBER}) \[(?P<lo>{NUMBER}), (?P<hi>{NUMBER})\] \| "
-                 rf"(?P<p>{NUMBER}) \| (?P<holm>{NUMBER}) \| (?P<verdict>[^|]+) \|$")
 
 
 def section(text: str, heading: str) -> str:
@@ -39,18 +36,6 @@ def section(text: str, heading: str) -> str:
     end = next((i for i in range(start + 1, len(lines))
                 if re.match(rf"^#{{1,{level}}} ", lines[i])), len(lines))
     return "\n".join(lines[start:end])
-
-
-def agrees(printed: str, value: float) -> bool:
-    """``printed`` is ``value`` to the digits printed: within half a unit of its last decimal place (or of its last
-    significant digit in scientific notation)."""
-    x = float(printed)
-    if "e" in printed.lower():
-        mantissa, exponent = printed.lower().split("e")
-        decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
-        return abs(x - value) <= 0.5 * 10.0 ** (int(exponent) - decimals) * (1 + 1e-9)
-    decimals = len(printed.split(".")[1]) if "." in printed else 0
-    return abs(x - value) <= 0.5 * 10.0 ** -decimals + 1e-12
 
 
 def reading_rows(heading: str) -> list[re.Match]:
@@ -86,11 +71,6 @@ def test_the_readings_check_is_one_that_can_fail():
     assert len(lag_rows) == len(LAG.hypotheses)  # the committed lag study's Reading is checked, not skipped
     line = lag_rows[0].group(0)
     assert ROW.match(line.replace("| 0.017 |", "| 0.018 |"))["holm"] == "0.018"
-
-
-# | H1 | 9 | 8 of 9 | +0.065 [0.022, 0.105] | 0.0059 | 0.023 |
-SEEDS_ROW = re.compile(rf"^\| (?P<name>[A-Z]\d) \| (?P<n>\d+) \| (?P<up>\d+) of (?P=n) \| (?P<mean>{NUMBER}) "
-                       rf"\[(?P<lo>{NUMBER}), (?P<hi>{NUMBER})\] \| (?P<p>{NUMBER}) \| (?P<holm>{NUMBER}) \|$")
 
 
 def test_the_paper_comparison_without_the_pilots_seeds_is_the_codes():
