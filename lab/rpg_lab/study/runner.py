@@ -314,6 +314,9 @@ def _run_one_unguarded(spec: RunSpec, overrides: list[str], ident: list, index: 
         record.update(jobs=max(1, round(overlap)), concurrency=round(overlap, 2), status="done", wall_time_s=round(run.wall_time_s, 1), step_time_s=round(step_s, 1),
                       val_time_s=round(val_s, 1), train_wall_s=round(watch.train_wall_s(step_s + val_s), 1),
                       last_step=run.last_step(), leftover_pids=run.leftover_pids)
+        if run.last_step() < spec.sizes.steps:  # a clean exit short of the design's steps is no finished run
+            record.update(status="failed", error=f"the trainer exited with code 0 after step {run.last_step()} of "
+                                                 f"{spec.sizes.steps}")
     except harness.TrainerRunError as err:
         if err.run.stopped:
             progress.say(f"stopped {index}/{total} {spec.label} k={spec.updates} seed {spec.seed} (no record: it runs "

@@ -216,7 +216,8 @@ class LagFakeTrainer:
             lines.append(json.dumps({"step": s, "data": data}))
             on_metrics(s, data)
         (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-        return TrainerRun(0, 30.0, out, out / "trainer.log", out / "metrics.jsonl", [])
+        return TrainerRun(0, 30.0, out, out / "trainer.log", out / "metrics.jsonl", [],
+                          metrics={json.loads(x)["step"]: json.loads(x)["data"] for x in lines})
 
 
 def test_a_runs_record_holds_the_machines_load(monkeypatch, tiny_assets, tmp_path):

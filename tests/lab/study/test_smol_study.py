@@ -273,7 +273,8 @@ class SmolFakeTrainer:
             lines.append(json.dumps({"step": s, "data": data}))
             on_metrics(s, data)
         (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-        return TrainerRun(0, 900.0, out, out / "trainer.log", out / "metrics.jsonl", [])
+        return TrainerRun(0, 900.0, out, out / "trainer.log", out / "metrics.jsonl", [],
+                          metrics={json.loads(x)["step"]: json.loads(x)["data"] for x in lines})
 
 
 def test_runs_to_csv_rows_and_the_records_calibration(monkeypatch, tmp_path):

@@ -425,6 +425,30 @@ def test_a_run_whose_metrics_cannot_be_read_is_failed_naming_the_file_and_line(b
     assert rec["last_step"] == 4 and f"failed 1/1 {specs[0].label}" in capsys.readouterr().out
 
 
+def test_a_clean_exit_short_of_the_designs_steps_is_a_failed_run(fake, tmp_path, monkeypatch, capsys):
+    """A trainer that exits with code 0 after fewer steps than the design's is not recorded done: the run is failed,
+    its record names the step it reached, and --retry-failed runs it again."""
+    from rpg import trainer_process as harness
+
+    specs = G.grid(seeds=1, updates=4, stress=(), sizes=SMALL, methods=G.METHODS[4:5])
+
+    def short(overrides, **kw):
+        steps = int(_kv(overrides)["trainer.total_training_steps"])
+        cut = [o for o in overrides if not o.startswith("trainer.total_training_steps=")]
+        run = fake(cut + [f"trainer.total_training_steps={steps - 1}"], **kw)
+        return run
+
+    monkeypatch.setattr(harness, "run_trainer", short)
+    (rec,) = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS)
+    steps = SMALL.steps
+    assert rec["status"] == "failed" and rec["last_step"] == steps - 1, rec
+    assert rec["error"] == f"the trainer exited with code 0 after step {steps - 1} of {steps}"
+    assert f"failed 1/1 {specs[0].label}" in capsys.readouterr().out
+    monkeypatch.setattr(harness, "run_trainer", fake)
+    (rec,) = R.run_grid(specs, tmp_path, G.BUILTIN_COSTS, retry_failed=True)
+    assert rec["status"] == "done" and rec["last_step"] == steps and "error" not in rec
+
+
 def test_runs_go_jobs_at_a_time_in_grid_order(fake, tmp_path, monkeypatch):
     import threading
     import time
