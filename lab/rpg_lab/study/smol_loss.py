@@ -27,7 +27,7 @@ from rpg.paths.checkout import CHECKOUT
 from rpg_lab.study import stats
 from rpg_lab.study.costs import fmt_duration
 from rpg_lab.study.loss_arms import ARMS, method_name
-from rpg_lab.study.plan_and_results import Contrast
+from rpg_lab.study.plan_and_results import DECLARED, Contrast
 from rpg_lab.study.smol import POWER, Comparison, SmolSizes, design_rows, read_csv
 from rpg_lab.study.smol_paper import PAPER, PAPER_COSTS
 
@@ -103,21 +103,26 @@ def reading_tables(rows: list[dict], source: str = "runs.csv") -> str:
     """docs/study.md's Reading tables, from runs.csv's rows alone: each declared hypothesis (effect [95 % interval],
     p, Holm p within its family, verdict), then the same tests without the seeds of two kinds of kernels. Refused
     while a run of the plan is unfinished: the plan reads no result before all of its runs finish."""
+    if LOSS.DESIGN.check_rows(rows, source) != DECLARED:  # one line for rows not the plan's 72, each once
+        raise ValueError(f"{source}: an exploratory design: its p-values are descriptive, the Reading gives no verdict")
     open_runs = [r for r in rows if r["status"] != "done"]
-    if open_runs or len(rows) != len(LOSS.cells) * LOSS.seeds:
-        raise ValueError(f"{source}: {len(open_runs)} of {len(rows)} runs not done (the plan declares "
-                         f"{len(LOSS.cells) * LOSS.seeds}); the plan reads no result before all of them finish")
+    if open_runs:  # a failed run is rerun once (--retry-failed) first: PLAN.md, Missing data
+        raise ValueError(f"{source}: {len(open_runs)} of {len(rows)} runs not done; the plan reads no result "
+                         "before all of them finish")
+    blank = next((r["run_id"] for r in rows if r["primary"] is None), None)
+    if blank is not None:
+        raise ValueError(f"{source}: run {blank} finished without its primary metric (primary)")
     out = ["| | claim | effect [95 % CI] | p | Holm p | |", "|---|---|---|---|---|---|"]
     for t in LOSS.tested(rows):
         side = "two-sided" if t.two_sided else "one-sided"
-        out.append(f"| {t.result.contrast.name} | {t.result.contrast.claim} ({side}) | {_effect(t)} | {t.p:.2g} | "
-                   f"{t.holm:.2g} | {'supported' if t.holm <= ALPHA else 'not supported'} |")
+        out.append(f"| {t.result.contrast.name} | {t.result.contrast.claim} ({side}) | {_effect(t)} | {t.p:.3g} | "
+                   f"{t.holm:.3g} | {'supported' if t.holm <= ALPHA else 'not supported'} |")
     left_out, tested = without_mixed_kernels(rows, source)
     out += ["", f"Without seeds {', '.join(map(str, left_out))} (a sensitivity check, not a test):", "",
             "| | seeds | contrast above 0 | effect [95 % CI] | p | Holm p |", "|---|---|---|---|---|---|"]
     for t in tested:
         n, up = len(t.result.d), sum(x > 0 for x in t.result.d)
-        out.append(f"| {t.result.contrast.name} | {n} | {up} of {n} | {_effect(t)} | {t.p:.2g} | {t.holm:.2g} |")
+        out.append(f"| {t.result.contrast.name} | {n} | {up} of {n} | {_effect(t)} | {t.p:.3g} | {t.holm:.3g} |")
     return "\n".join(out) + "\n"
 
 

@@ -282,16 +282,40 @@ def test_the_reading_tables_are_the_codes_and_wait_for_every_run(tmp_path, capsy
         assert ("(two-sided)" if t.two_sided else "(one-sided)") in m.group(0)
     planted = {"L1", "L3", "F1", "F2", "F3"}  # 0.05 or 0.08 in every seed against a noise SD of 0.014
     assert all(m["verdict"] == "supported" for m in main_rows if m["name"] in planted)
-    assert {(int(m["n"]), int(m["up"])) for m in seed_rows[:1]} == {(11, 11)}
+    for m, t in zip(seed_rows, without):
+        assert (int(m["n"]), int(m["up"])) == (len(t.result.d), sum(x > 0 for x in t.result.d)) and int(m["n"]) == 11
+    assert (int(seed_rows[0]["n"]), int(seed_rows[0]["up"])) == (11, 11)
     L.LOSS.write_csv(tmp_path / "runs.csv", rows)
     assert L.main(["--reading", str(tmp_path / "runs.csv")]) == 0
     assert capsys.readouterr().out == L.reading_tables(L.LOSS.read_csv(tmp_path / "runs.csv"))
-    rows[5]["status"], rows[5]["primary"] = "todo", None
-    L.LOSS.write_csv(tmp_path / "open.csv", rows)
-    assert L.main(["--reading", str(tmp_path / "open.csv")]) == 2
-    out, err = capsys.readouterr()
-    names(one_line(err), "open.csv", "1 of 72 runs not done", "before all of them finish")
-    assert out == "" and not re.search(r"\d\.\d", err)
+    for status in ("todo", "failed"):  # a failed run is rerun once first (PLAN.md, Missing data)
+        L.LOSS.write_csv(tmp_path / "open.csv", [dict(r, status=status, primary=None) if i == 5 else r
+                                                 for i, r in enumerate(rows)])
+        assert L.main(["--reading", str(tmp_path / "open.csv")]) == 2
+        out, err = capsys.readouterr()
+        names(one_line(err), "open.csv", "1 of 72 runs not done", "before all of them finish")
+        assert out == "" and not re.search(r"\d\.\d", err)
+    with pytest.raises(ValueError, match=r"run .* finished without its primary metric"):
+        L.reading_tables([dict(r, primary=None) if i == 5 else r for i, r in enumerate(rows)])
+    with pytest.raises(ValueError, match="an exploratory design: its p-values are descriptive"):
+        L.reading_tables([dict(r, design="exploratory: --steps 3") for r in rows])
+    with pytest.raises(ValueError, match="not the 72 runs the plan declares"):
+        L.reading_tables(rows[:-1])
+
+
+def test_a_readings_verdict_is_holms_not_the_raw_p():
+    """L2's one-sided p is 0.019 (10 of 12 seeds +0.05, two -0.05), L1's and L3's about 0.5: Holm's 3 x 0.019 > 0.05,
+    so L2 is not supported although its raw p is below 0.05."""
+    rows = _rows({}, noise=0.0)
+    d = dict(zip(range(101, 113), [0.05] * 10 + [-0.05] * 2))
+    for r in rows:
+        up = {"rpg-ufkl": d[r["seed"]], "rpg-rf-urkl": 0.01 * (-1) ** r["seed"]}.get(r["cell"], 0.0)
+        r["primary"] = r[f"{DC.VAL_PREFIX}6"] = r["primary"] + up
+        r["kernels"] = "AVX512"
+    l2 = next(t for t in L.LOSS.tested(rows) if t.result.contrast.name == "L2")
+    assert l2.p <= 0.05 < l2.holm, (l2.p, l2.holm)
+    line = next(x for x in L.reading_tables(rows).splitlines() if x.startswith("| L2 |"))
+    assert ROW.match(line)["verdict"] == "not supported", line
 
 
 def test_the_command_line(tmp_path, capsys):
