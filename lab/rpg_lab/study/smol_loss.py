@@ -27,7 +27,8 @@ from rpg.paths.checkout import CHECKOUT
 from rpg_lab.study import stats
 from rpg_lab.study.costs import fmt_duration
 from rpg_lab.study.loss_arms import ARMS, method_name
-from rpg_lab.study.plan_and_results import DECLARED, Contrast
+from rpg_lab.study.lag import ALPHA  # family-wise 0.05, every declared study's
+from rpg_lab.study.plan_and_results import DECLARED, Contrast, fmt_ci
 from rpg_lab.study.smol import POWER, Comparison, SmolSizes, design_rows, read_csv
 from rpg_lab.study.smol_paper import PAPER, PAPER_COSTS
 
@@ -91,12 +92,8 @@ def without_mixed_kernels(rows: list[dict], source: str = "runs.csv") -> tuple[t
     return out, LOSS.tested([r for r in rows if r["seed"] not in out])
 
 
-ALPHA = 0.05  # family-wise, Holm within each family (PLAN.md, Hypotheses and tests)
-
-
 def _effect(t) -> str:
-    lo, hi = t.result.ci
-    return f"{t.result.mean:+.3f} [{lo:.3f}, {hi:.3f}]"
+    return f"{t.result.mean:+.3f} {fmt_ci(t.result.ci)}"
 
 
 def reading_tables(rows: list[dict], source: str = "runs.csv") -> str:
